@@ -1,0 +1,51 @@
+// The view through which a plugin (or a core section) reads its own TOML table. Every getter
+// records the key as known; after a plugin is created the loader calls check_unknown(), so a
+// misspelt key fails with its name and the list of valid ones, and no plugin can forget to check.
+#pragma once
+#include <cstdint>
+#include <memory>
+#include <optional>
+#include <string>
+#include <vector>
+
+namespace lcx {
+
+class ConfigView {
+ public:
+  struct Impl;
+  ConfigView();  // an empty table named ""
+  explicit ConfigView(std::shared_ptr<Impl> impl);
+  ~ConfigView();
+  ConfigView(const ConfigView&);
+  ConfigView& operator=(const ConfigView&);
+
+  const std::string& name() const;  // the table's name in the manifest, e.g. "loss_chunked"
+  bool has(const std::string& key) const;
+
+  // Defaults are returned when the key is absent; a present key of another type throws with
+  // file:line, key, the type found and the type wanted.
+  int64_t get_int(const std::string& key, int64_t def) const;
+  double get_double(const std::string& key, double def) const;  // integers are accepted
+  bool get_bool(const std::string& key, bool def) const;
+  std::string get_string(const std::string& key, const std::string& def) const;
+  std::vector<std::string> get_strings(const std::string& key,
+                                       const std::vector<std::string>& def) const;
+  // Required keys: absent -> error naming the key and the table.
+  int64_t require_int(const std::string& key) const;
+  std::string require_string(const std::string& key) const;
+  // A sub-table, e.g. rope_parameters inside [rope_yarn].
+  ConfigView table(const std::string& key) const;
+
+  // "file:line" of a key (or of the table when key is empty); "" when unknown (e.g. --set).
+  std::string where(const std::string& key = {}) const;
+  // Throws naming the first key nobody asked for and listing the keys that were asked for.
+  void check_unknown() const;
+  // A value problem the plugin found itself (range, combination): same format as type errors.
+  [[noreturn]] void fail(const std::string& key, const std::string& message,
+                         const std::string& fix = {}) const;
+
+ private:
+  std::shared_ptr<Impl> impl_;
+};
+
+}  // namespace lcx

@@ -1,0 +1,22 @@
+// The plain default provider of each slot, so a manifest with no plugins trains. Part of the SDK
+// so a plugin can wrap or delegate to a default (e.g. a strategy that only handles some layers).
+#pragma once
+#include <memory>
+
+#include "lcx/loss.h"
+#include "lcx/memory_strategy.h"
+#include "lcx/parallelism.h"
+#include "lcx/positional_encoding.h"
+
+namespace lcx {
+
+// Loss "nll": the whole logits matrix [T,V] at once, as transformers' plain loss does.
+std::unique_ptr<Loss> make_full_logits_loss();
+// PositionalEncoding "rope": rotary with rope_theta, no scaling.
+std::unique_ptr<PositionalEncoding> make_default_rope();
+// MemoryStrategy "on_device": each layer's checkpointed input stays where it was computed.
+std::unique_ptr<MemoryStrategy> make_on_device_memory();
+// Parallelism "single": one rank holds the whole sequence.
+std::unique_ptr<Parallelism> make_single_rank();
+
+}  // namespace lcx

@@ -1,0 +1,25 @@
+// Loss slot: fused forward and backward of the language-model head and cross entropy.
+#pragma once
+#include "lcx/plugin.h"
+#include "lcx/tensor.h"
+
+namespace lcx {
+
+struct LossResult {
+  double loss_sum = 0;  // sum of per-token losses over valid targets (fp32 math, fp64 sum)
+  int64_t valid = 0;    // targets that are not -100
+};
+
+class Loss : public Plugin {
+ public:
+  // hidden [T,H] (after the final norm), head [V,H] (tied or not), targets int64 [T] ALREADY
+  // shifted: targets[t] is the token that position t predicts, -100 where ignored.
+  // grad_scale is d(step loss)/d(loss_sum): 1 / (valid targets of the whole step, all ranks).
+  // Writes grad_hidden [T,H] and ACCUMULATES into grad_head [V,H] (fp32).
+  virtual LossResult forward_backward(const Tensor& hidden, const Tensor& head, const Tensor& targets,
+                                      double grad_scale, Tensor& grad_hidden, Tensor& grad_head) = 0;
+  // The same sums without gradients, for evaluation.
+  virtual LossResult forward(const Tensor& hidden, const Tensor& head, const Tensor& targets) = 0;
+};
+
+}  // namespace lcx

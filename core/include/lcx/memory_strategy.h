@@ -1,0 +1,24 @@
+// MemoryStrategy slot: where each layer's checkpointed input waits between forward and backward.
+// The step calls save() right after a layer input is final, fetch() when backward needs it (in
+// reverse layer order), release() once that layer's backward is done. prefetch() is a hint for
+// the layers coming next so a transfer can start before it is needed.
+#pragma once
+#include "lcx/plugin.h"
+#include "lcx/tensor.h"
+
+namespace lcx {
+
+class MemoryStrategy : public Plugin {
+ public:
+  virtual void begin_step(int num_layers) = 0;
+  virtual void save(int layer, const Tensor& input) = 0;
+  virtual Tensor fetch(int layer) = 0;
+  virtual void prefetch(int /*layer*/) {}
+  virtual void release(int layer) = 0;
+  virtual void end_step() = 0;
+  // Bytes the strategy keeps on the device and on the host for `num_layers` inputs of `bytes_each`.
+  virtual int64_t device_bytes(int num_layers, int64_t bytes_each) const = 0;
+  virtual int64_t host_bytes(int num_layers, int64_t bytes_each) const = 0;
+};
+
+}  // namespace lcx

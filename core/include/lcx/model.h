@@ -1,0 +1,69 @@
+// Model slot: parameters by Hugging Face name, explicit forward and backward per layer, HF I/O.
+// There is no autograd: the step (core) runs embed -> layers -> final norm -> Loss, then the
+// layers' backward last to first, recomputing each layer from the input MemoryStrategy kept.
+#pragma once
+#include <string>
+#include <vector>
+
+#include "lcx/parallelism.h"
+#include "lcx/plugin.h"
+#include "lcx/positional_encoding.h"
+#include "lcx/tensor.h"
+
+namespace lcx {
+
+struct ModelConfig {
+  std::string model_type;  // "qwen3"
+  int64_t vocab_size = 0;
+  int64_t hidden_size = 0;
+  int64_t intermediate_size = 0;
+  int64_t num_layers = 0;
+  int64_t num_heads = 0;
+  int64_t num_kv_heads = 0;
+  int64_t head_dim = 0;
+  int64_t max_position_embeddings = 0;
+  double rope_theta = 1e6;
+  double rms_norm_eps = 1e-6;
+  bool tie_word_embeddings = false;
+  std::vector<std::string> layer_types;  // one per layer
+  std::string rope_parameters_json = "{}";
+  std::string torch_dtype = "bfloat16";
+};
+
+struct Parameter {
+  std::string name;  // the HF name, e.g. "model.layers.0.self_attn.q_proj.weight"
+  Tensor value;      // compute copy (bf16 on GPU by default)
+  Tensor grad;       // fp32, accumulated across the step
+  bool decay = true;  // weight decay applies (false for norms)
+};
+
+struct StepContext {
+  const RopeTables* rope = nullptr;
+  Parallelism* parallel = nullptr;
+  Device device;
+};
+
+class Model : public Plugin {
+ public:
+  virtual void load_hf(const std::string& dir, Device device, DType dtype) = 0;
+  // `spec` is a preset name (qwen3-0.6b, ...) or a JSON object of config.json keys.
+  virtual void init_random(const std::string& spec, uint64_t seed, Device device, DType dtype) = 0;
+  // Writes config.json (with `rope_parameters_json`) and safetensors that transformers loads.
+  virtual void save_hf(const std::string& dir, DType dtype, const std::string& rope_parameters_json) const = 0;
+  virtual const ModelConfig& config() const = 0;
+  virtual std::vector<Parameter*> parameters() = 0;
+  virtual void zero_grad() = 0;
+
+  virtual void embed_forward(const Tensor& tokens, Tensor& x) = 0;  // x [T,H]
+  virtual void embed_backward(const Tensor& tokens, const Tensor& dx) = 0;
+  virtual void layer_forward(int layer, const Tensor& x, Tensor& y, StepContext& ctx) = 0;
+  // Recomputes the layer from x, then writes dx and accumulates the layer's parameter grads.
+  virtual void layer_backward(int layer, const Tensor& x, const Tensor& dy, Tensor& dx,
+                              StepContext& ctx) = 0;
+  virtual void final_norm_forward(const Tensor& x, Tensor& y) = 0;
+  virtual void final_norm_backward(const Tensor& x, const Tensor& dy, Tensor& dx) = 0;
+  virtual Tensor head_weight() = 0;  // [V,H]: lm_head, or the embedding when tied
+  virtual Tensor head_grad() = 0;    // fp32 [V,H], shared with the embedding's when tied
+};
+
+}  // namespace lcx

@@ -1,0 +1,59 @@
+// The ops every backend provides with one signature. Each dispatches on the tensors' device to
+// a CPU reference (fp32 math, plain loops, BLAS for GEMM) or a CUDA kernel (bf16 storage, fp32
+// accumulation). Layouts are row-major and contiguous; shapes are checked and named on mismatch.
+#pragma once
+#include "lcx/tensor.h"
+
+namespace lcx::ops {
+
+// c = alpha * op(a) @ op(b) + beta * c, a [M,K] (or [K,M] when trans_a), b [K,N] (or [N,K]).
+void matmul(const Tensor& a, bool trans_a, const Tensor& b, bool trans_b, Tensor& c,
+            float alpha = 1.f, float beta = 0.f);
+
+// ids int32 [T], table [V,H] -> out [T,H]; backward accumulates into grad_table (fp32).
+void embedding_forward(const Tensor& ids, const Tensor& table, Tensor& out);
+void embedding_backward(const Tensor& ids, const Tensor& grad_out, Tensor& grad_table);
+
+// Over the last dimension: y = cast(x * rstd) * w, as transformers' Qwen3RMSNorm. rstd fp32
+// [rows]. Backward writes dx and accumulates dw (fp32). Per-head norms pass x as [T*heads, d].
+void rmsnorm_forward(const Tensor& x, const Tensor& w, float eps, Tensor& y, Tensor& rstd);
+void rmsnorm_backward(const Tensor& x, const Tensor& w, const Tensor& rstd, const Tensor& dy,
+                      Tensor& dx, Tensor& dw);
+
+// x [T,heads,d] in place, rotate-half convention; cos/sin fp32 [T, d/2].
+void rotary_forward(Tensor& x, const Tensor& cos, const Tensor& sin);
+void rotary_backward(Tensor& dx, const Tensor& cos, const Tensor& sin);
+
+// out = silu(gate) * up; backward writes dgate, dup.
+void swiglu_forward(const Tensor& gate, const Tensor& up, Tensor& out);
+void swiglu_backward(const Tensor& gate, const Tensor& up, const Tensor& dout, Tensor& dgate,
+                     Tensor& dup);
+
+void add(const Tensor& a, const Tensor& b, Tensor& out);  // out may alias a or b
+void add_inplace(Tensor& acc, const Tensor& x);             // acc += x (any float dtypes)
+void scale_inplace(Tensor& x, float s);
+void cast(const Tensor& src, Tensor& dst);  // between float dtypes, same shape
+
+// Attention on q [T,Hq,d], k,v [S,Hkv,d] (GQA: Hq % Hkv == 0). Query row i sits at position
+// q_offset + i and key j at k_offset + j; with causal, a query sees keys at positions <= its own.
+// out [T,Hq,d]; lse fp32 [Hq,T] natural log (-inf for a row that sees nothing). Blockwise with a
+// running log-sum-exp: never an T x S matrix.
+struct AttentionParams {
+  float scale = 0;
+  bool causal = true;
+  int64_t q_offset = 0;
+  int64_t k_offset = 0;
+};
+void attention_forward(const Tensor& q, const Tensor& k, const Tensor& v, Tensor& out, Tensor& lse,
+                       const AttentionParams& p);
+// Writes dq, dk, dv.
+void attention_backward(const Tensor& q, const Tensor& k, const Tensor& v, const Tensor& out,
+                        const Tensor& lse, const Tensor& dout, Tensor& dq, Tensor& dk, Tensor& dv,
+                        const AttentionParams& p);
+
+// Cross entropy over rows of logits [T,V] (fp32 math) against targets int64 [T] (-100 ignored).
+// Returns the loss sum; writes dlogits = grad_scale * (softmax - onehot) for valid rows, 0 else.
+double cross_entropy_forward_backward(const Tensor& logits, const Tensor& targets, double grad_scale,
+                                      Tensor* dlogits, int64_t* valid);
+
+}  // namespace lcx::ops

@@ -1,0 +1,53 @@
+// Parallelism slot: how one sequence is cut across ranks and how attention still sees every
+// earlier token. The result must equal a single big device's.
+#pragma once
+#include <string>
+#include <vector>
+
+#include "lcx/plugin.h"
+#include "lcx/tensor.h"
+
+namespace lcx {
+
+// One training sequence on the host, before sharding.
+struct Sequence {
+  Tensor tokens;   // int32 [L]
+  Tensor targets;  // int64 [L], shifted: targets[t] = tokens[t+1], -100 where ignored
+  int documents = 1;  // how many documents were packed into it
+};
+
+struct Shard {
+  Tensor tokens;     // int32 [T] this rank's tokens
+  Tensor targets;    // int64 [T]
+  Tensor positions;  // int64 [T] GLOBAL positions
+  int64_t global_length = 0;
+};
+
+// Facts about the model that a strategy checks before the first step.
+struct ParallelModelInfo {
+  int64_t num_heads = 0;
+  int64_t num_kv_heads = 0;
+  int64_t head_dim = 0;
+  std::vector<std::string> layer_types;  // "full_attention" / "sliding_attention" / ...
+};
+
+struct AttentionArgs {
+  float scale = 0;  // softmax scale, usually 1/sqrt(head_dim)
+  bool causal = true;
+};
+
+class Parallelism : public Plugin {
+ public:
+  virtual void configure(const ParallelModelInfo& info) = 0;
+  virtual int size() const = 0;  // ranks sharing one sequence
+  virtual Shard shard(const Sequence& seq, int rank) const = 0;
+  // q [T,Hq,d], k/v [T,Hkv,d] of this rank; out [T,Hq,d]; lse fp32 [Hq,T] (natural log).
+  virtual void attention_forward(const Tensor& q, const Tensor& k, const Tensor& v, Tensor& out,
+                                 Tensor& lse, const AttentionArgs& args) = 0;
+  // Writes dq, dk, dv (not accumulated).
+  virtual void attention_backward(const Tensor& q, const Tensor& k, const Tensor& v, const Tensor& out,
+                                  const Tensor& lse, const Tensor& dout, Tensor& dq, Tensor& dk,
+                                  Tensor& dv, const AttentionArgs& args) = 0;
+};
+
+}  // namespace lcx

@@ -1,0 +1,41 @@
+#include "app/cli.h"
+
+#include <boost/program_options.hpp>
+#include <sstream>
+
+#include "lcx/error.h"
+
+namespace po = boost::program_options;
+
+namespace lcx {
+
+CliOptions parse_cli(int argc, char** argv) {
+  CliOptions o;
+  po::options_description desc(
+      "lcx-train: long-context fine-tuning of Qwen3 models\n\n"
+      "Usage: lcx-train --config run.toml [--set section.key=value]... [--disable NAME]...\n\n"
+      "Options");
+  desc.add_options()
+      ("config,c", po::value(&o.config)->value_name("FILE"), "the run manifest (TOML)")
+      ("set,s", po::value(&o.sets)->composing()->value_name("KEY=VALUE"),
+       "override a manifest key, e.g. --set train.lr=1e-5 (repeatable, type-checked)")
+      ("disable,d", po::value(&o.disabled)->composing()->value_name("NAME"),
+       "drop a plugin named in [plugins] load; its slot falls back to core's default (repeatable)")
+      ("list-plugins", po::bool_switch(&o.list_plugins), "list the plugins found: name, slot, version, status, path")
+      ("dry-run", po::bool_switch(&o.dry_run), "print the resolved config and each slot's provider, then exit")
+      ("version", po::bool_switch(&o.version), "print the version and exit")
+      ("help,h", po::bool_switch(&o.help), "print this help");
+  std::ostringstream help;
+  help << desc;
+  o.help_text = help.str();
+  try {
+    po::variables_map vm;
+    po::store(po::command_line_parser(argc, argv).options(desc).run(), vm);
+    po::notify(vm);
+  } catch (const po::error& e) {
+    throw Error(e.what(), {}, "see lcx-train --help");
+  }
+  return o;
+}
+
+}  // namespace lcx

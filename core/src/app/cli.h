@@ -1,0 +1,22 @@
+// lcx-train's command line: parsed into one struct, then acted on by main.
+#pragma once
+#include <string>
+#include <vector>
+
+namespace lcx {
+
+struct CliOptions {
+  std::string config;
+  std::vector<std::string> sets;
+  std::vector<std::string> disabled;
+  bool list_plugins = false;
+  bool dry_run = false;
+  bool version = false;
+  bool help = false;
+  std::string help_text;
+};
+
+// Throws lcx::Error on a malformed command line.
+CliOptions parse_cli(int argc, char** argv);
+
+}  // namespace lcx

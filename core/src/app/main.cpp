@@ -1,0 +1,126 @@
+// lcx-train: reads the manifest, resolves each slot's provider, and runs (or describes) the run.
+#include <spdlog/sinks/basic_file_sink.h>
+#include <spdlog/sinks/stdout_color_sinks.h>
+#include <spdlog/spdlog.h>
+#include <unistd.h>
+
+#include <cstdio>
+#include <filesystem>
+#include <iostream>
+#include <nlohmann/json.hpp>
+
+#include "app/cli.h"
+#include "config/core_config.h"
+#include "config/manifest.h"
+#include "lcx/abi.h"
+#include "lcx/error.h"
+#include "plugin/loader.h"
+#include "slots/resolve.h"
+
+namespace lcx {
+namespace {
+
+void print_plugins(const PluginLoader& loader) {
+  std::vector<std::string> problems;
+  auto infos = loader.discover(&problems);
+  std::printf("%-16s %-20s %-8s %-26s %s\n", "NAME", "SLOT", "VERSION", "STATUS", "PATH");
+  for (const auto& i : infos)
+    std::printf("%-16s %-20s %-8s %-26s %s\n", i.name.c_str(), slot_name(i.slot), i.version.c_str(),
+                i.status.c_str(), i.path.c_str());
+  std::printf("core defaults: loss=%s positional_encoding=%s memory_strategy=%s parallelism=%s\n",
+              default_provider_name(LCX_SLOT_LOSS), default_provider_name(LCX_SLOT_POSITIONAL_ENCODING),
+              default_provider_name(LCX_SLOT_MEMORY_STRATEGY), default_provider_name(LCX_SLOT_PARALLELISM));
+  std::printf("searched: ");
+  for (size_t k = 0; k < loader.search_dirs().size(); ++k)
+    std::printf("%s%s", k ? ", " : "", loader.search_dirs()[k].c_str());
+  std::printf("\n");
+  for (const auto& p : problems) std::fprintf(stderr, "warning: skipped %s\n", p.c_str());
+}
+
+void print_providers(const std::map<uint32_t, SlotProvider>& providers) {
+  for (const auto& [slot, p] : providers)
+    std::printf("  %-20s %-16s %s%s\n", slot_name(slot), p.name.c_str(), p.origin.c_str(),
+                p.info.status.empty() || p.info.status == "ready" ? "" : ("  [" + p.info.status + "]").c_str());
+}
+
+void setup_logging(const std::string& level, const std::string& log_file) {
+  std::vector<spdlog::sink_ptr> sinks;
+  auto console = std::make_shared<spdlog::sinks::stderr_color_sink_mt>();
+  console->set_pattern(isatty(STDERR_FILENO) ? "%H:%M:%S %^%l%$ %v" : "[%Y-%m-%d %H:%M:%S.%e] [%l] %v");
+  sinks.push_back(console);
+  if (!log_file.empty()) {
+    auto file = std::make_shared<spdlog::sinks::basic_file_sink_mt>(log_file, true);
+    // One JSON object a line: time, level, message; messages are escaped by nlohmann below.
+    file->set_pattern(R"({"time":"%Y-%m-%dT%H:%M:%S.%f","level":"%l","message":%v})");
+    sinks.push_back(file);
+  }
+  auto logger = std::make_shared<spdlog::logger>("lcx", sinks.begin(), sinks.end());
+  logger->set_level(spdlog::level::from_str(level));
+  spdlog::set_default_logger(logger);
+}
+
+int run(const CliOptions& o) {
+  if (o.help) {
+    std::cout << o.help_text;
+    return 0;
+  }
+  if (o.version) {
+    std::printf("lcx-train %s (git %s, plugin ABI %d.%d)\n", LCX_VERSION, LCX_GIT_HASH, LCX_ABI_MAJOR, LCX_ABI_MINOR);
+    return 0;
+  }
+  std::string dir_entry;
+  std::optional<Manifest> manifest;
+  if (!o.config.empty()) {
+    manifest = Manifest::load(o.config);
+    for (const auto& s : o.sets) manifest->set(s);
+    dir_entry = manifest->section("plugins").get_string("dir", "");
+    if (!dir_entry.empty() && std::filesystem::path(dir_entry).is_relative())
+      dir_entry = (std::filesystem::path(o.config).parent_path() / dir_entry).lexically_normal().string();
+  }
+  PluginLoader loader(PluginLoader::default_search_dirs(dir_entry));
+  if (o.list_plugins) {
+    print_plugins(loader);
+    return 0;
+  }
+  if (!manifest) throw Error("no manifest given", {}, "run lcx-train --config run.toml (see --help)");
+
+  CoreConfig core = read_core_config(*manifest, requested_plugins(*manifest, {}));
+  auto providers = plan_slots(*manifest, loader, o.disabled);
+  if (o.dry_run) {
+    std::printf("# resolved config (%s)\n%s\n\n# slot providers\n", manifest->source().c_str(),
+                manifest->to_toml().c_str());
+    print_providers(providers);
+    // Creating the plugins validates their tables (unknown keys, types) without any GPU work.
+    resolve_slots(*manifest, loader, o.disabled, Device::cpu());
+    std::printf("config OK\n");
+    return 0;
+  }
+
+  std::filesystem::create_directories(core.run.output_dir);
+  setup_logging(core.run.log_level, (std::filesystem::path(core.run.output_dir) / "log.jsonl").string());
+  auto quoted = [](const std::string& s) { return nlohmann::json(s).dump(); };
+  spdlog::info(quoted(str("lcx-train ", LCX_VERSION, " git ", LCX_GIT_HASH)));
+  for (const auto& [slot, p] : providers)
+    spdlog::info(quoted(str("slot ", slot_name(slot), ": ", p.name, " ", p.info.version, " ", p.origin,
+                            p.info.sha256.empty() ? "" : " sha256:" + p.info.sha256)));
+  spdlog::info(quoted("config " + manifest->to_json()));
+  SlotSet slots = resolve_slots(*manifest, loader, o.disabled, Device::cpu());
+  throw Error("training is not built yet in this version of lcx-train", {},
+              "use --dry-run to check a manifest");
+}
+
+}  // namespace
+}  // namespace lcx
+
+int main(int argc, char** argv) {
+  try {
+    return lcx::run(lcx::parse_cli(argc, argv));
+  } catch (const lcx::Error& e) {
+    std::fprintf(stderr, "error: %s\n", e.what());
+    if (!e.fix().empty()) std::fprintf(stderr, "  fix: %s\n", e.fix().c_str());
+    return 2;
+  } catch (const std::exception& e) {
+    std::fprintf(stderr, "error: %s\n", e.what());
+    return 1;
+  }
+}

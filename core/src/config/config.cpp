@@ -1,0 +1,265 @@
+#include <algorithm>
+#include <fstream>
+#include <set>
+#include <sstream>
+#include <toml++/toml.h>
+
+#include "config/manifest.h"
+#include "lcx/error.h"
+#include "util/text.h"
+
+namespace lcx {
+
+struct ConfigView::Impl {
+  std::string name;
+  std::string source;
+  std::shared_ptr<toml::table> root;  // keeps the table alive
+  const toml::table* table = nullptr;
+  mutable std::set<std::string> asked;
+};
+
+namespace {
+
+const char* node_type_name(const toml::node& n) {
+  switch (n.type()) {
+    case toml::node_type::string: return "string";
+    case toml::node_type::integer: return "integer";
+    case toml::node_type::floating_point: return "float";
+    case toml::node_type::boolean: return "boolean";
+    case toml::node_type::array: return "array";
+    case toml::node_type::table: return "table";
+    default: return "date/time";
+  }
+}
+
+std::string location(const std::string& source, const toml::node* n) {
+  if (n && n->source().begin.line > 0) return str(source, ":", n->source().begin.line);
+  if (n) return "--set";
+  return source;
+}
+
+}  // namespace
+
+ConfigView::ConfigView() : impl_(std::make_shared<Impl>()) {}
+ConfigView::ConfigView(std::shared_ptr<Impl> impl) : impl_(std::move(impl)) {}
+ConfigView::~ConfigView() = default;
+ConfigView::ConfigView(const ConfigView&) = default;
+ConfigView& ConfigView::operator=(const ConfigView&) = default;
+
+const std::string& ConfigView::name() const { return impl_->name; }
+
+bool ConfigView::has(const std::string& key) const {
+  impl_->asked.insert(key);
+  return impl_->table && impl_->table->contains(key);
+}
+
+std::string ConfigView::where(const std::string& key) const {
+  if (!impl_->table) return impl_->source;
+  if (key.empty()) return location(impl_->source, impl_->table);
+  return location(impl_->source, impl_->table->get(key));
+}
+
+void ConfigView::fail(const std::string& key, const std::string& message, const std::string& fix) const {
+  std::string full_key = impl_->name.empty() ? key : impl_->name + "." + key;
+  throw Error(str(where(key), ": ", full_key, ": ", message), full_key, fix);
+}
+
+namespace {
+template <typename T>
+const char* wanted_name() {
+  if constexpr (std::is_same_v<T, int64_t>) return "integer";
+  if constexpr (std::is_same_v<T, double>) return "float";
+  if constexpr (std::is_same_v<T, bool>) return "boolean";
+  if constexpr (std::is_same_v<T, std::string>) return "string";
+  return "?";
+}
+
+template <typename T>
+T get_value(const ConfigView& view, const toml::table* table, const std::string& key, const T& def,
+            bool required) {
+  const toml::node* n = table ? table->get(key) : nullptr;
+  if (!n) {
+    if (required) view.fail(key, "is required", str("add `", key, " = ...` to [", view.name(), "]"));
+    return def;
+  }
+  if constexpr (std::is_same_v<T, double>) {
+    if (auto v = n->value<double>()) return *v;  // toml++ converts integers too
+  } else {
+    if (auto v = n->value_exact<T>()) return *v;
+  }
+  view.fail(key, str("expected ", wanted_name<T>(), ", found ", node_type_name(*n)));
+}
+}  // namespace
+
+int64_t ConfigView::get_int(const std::string& key, int64_t def) const {
+  impl_->asked.insert(key);
+  return get_value<int64_t>(*this, impl_->table, key, def, false);
+}
+double ConfigView::get_double(const std::string& key, double def) const {
+  impl_->asked.insert(key);
+  return get_value<double>(*this, impl_->table, key, def, false);
+}
+bool ConfigView::get_bool(const std::string& key, bool def) const {
+  impl_->asked.insert(key);
+  return get_value<bool>(*this, impl_->table, key, def, false);
+}
+std::string ConfigView::get_string(const std::string& key, const std::string& def) const {
+  impl_->asked.insert(key);
+  return get_value<std::string>(*this, impl_->table, key, def, false);
+}
+int64_t ConfigView::require_int(const std::string& key) const {
+  impl_->asked.insert(key);
+  return get_value<int64_t>(*this, impl_->table, key, 0, true);
+}
+std::string ConfigView::require_string(const std::string& key) const {
+  impl_->asked.insert(key);
+  return get_value<std::string>(*this, impl_->table, key, {}, true);
+}
+
+std::vector<std::string> ConfigView::get_strings(const std::string& key,
+                                                 const std::vector<std::string>& def) const {
+  impl_->asked.insert(key);
+  const toml::node* n = impl_->table ? impl_->table->get(key) : nullptr;
+  if (!n) return def;
+  const toml::array* arr = n->as_array();
+  if (!arr) fail(key, str("expected array of strings, found ", node_type_name(*n)));
+  std::vector<std::string> out;
+  for (const auto& item : *arr) {
+    auto s = item.value_exact<std::string>();
+    if (!s) fail(key, str("expected array of strings, found an element of type ", node_type_name(item)));
+    out.push_back(*s);
+  }
+  return out;
+}
+
+ConfigView ConfigView::table(const std::string& key) const {
+  impl_->asked.insert(key);
+  auto sub = std::make_shared<Impl>();
+  sub->name = impl_->name.empty() ? key : impl_->name + "." + key;
+  sub->source = impl_->source;
+  sub->root = impl_->root;
+  const toml::node* n = impl_->table ? impl_->table->get(key) : nullptr;
+  if (n && !n->is_table()) fail(key, str("expected table, found ", node_type_name(*n)));
+  sub->table = n ? n->as_table() : nullptr;
+  return ConfigView(sub);
+}
+
+void ConfigView::check_unknown() const {
+  if (!impl_->table) return;
+  std::vector<std::string> valid(impl_->asked.begin(), impl_->asked.end());
+  for (const auto& [k, v] : *impl_->table) {
+    std::string key(k.str());
+    if (impl_->asked.count(key)) continue;
+    std::string near = closest(key, valid);
+    fail(key, "unknown key",
+         str(near.empty() ? "" : str("did you mean '", near, "'? "), "valid keys: ",
+             valid.empty() ? std::string("(none)") : join(valid, ", ")));
+  }
+}
+
+// ---- Manifest ----
+
+Manifest Manifest::parse(const std::string& text, const std::string& source_name) {
+  Manifest m;
+  m.source_ = source_name;
+  try {
+    m.root_ = std::make_shared<toml::table>(toml::parse(text, source_name));
+  } catch (const toml::parse_error& e) {
+    throw Error(str(source_name, ":", e.source().begin.line, ":", e.source().begin.column, ": ",
+                    e.description()),
+                {}, "fix the TOML syntax at that line");
+  }
+  return m;
+}
+
+Manifest Manifest::load(const std::string& path) {
+  std::ifstream in(path);
+  if (!in) throw Error(str("cannot read config file '", path, "'"), {}, "check the path given to --config");
+  std::stringstream ss;
+  ss << in.rdbuf();
+  return parse(ss.str(), path);
+}
+
+void Manifest::set(const std::string& assignment) {
+  auto eq = assignment.find('=');
+  if (eq == std::string::npos || eq == 0)
+    throw Error(str("--set '", assignment, "': expected section.key=value"), {}, "e.g. --set train.lr=2e-5");
+  std::string path = assignment.substr(0, eq);
+  std::string value = assignment.substr(eq + 1);
+  std::vector<std::string> parts;
+  std::stringstream ps(path);
+  for (std::string p; std::getline(ps, p, '.');) parts.push_back(p);
+  if (parts.size() < 2)
+    throw Error(str("--set '", assignment, "': the key needs its section, e.g. train.", path), path);
+
+  // Parse the value as TOML; a bare word that is not TOML is taken as a string.
+  toml::table parsed;
+  try {
+    parsed = toml::parse("v = " + value);
+  } catch (const toml::parse_error&) {
+    toml::table t;
+    t.insert("v", value);
+    parsed = std::move(t);
+  }
+  toml::node& newv = *parsed.get("v");
+
+  toml::table* t = root_.get();
+  for (size_t i = 0; i + 1 < parts.size(); ++i) {
+    toml::node* n = t->get(parts[i]);
+    if (!n) {
+      t->insert(parts[i], toml::table{});
+      n = t->get(parts[i]);
+    }
+    if (!n->is_table())
+      throw Error(str("--set ", path, ": '", parts[i], "' is a ", node_type_name(*n), ", not a table"), path);
+    t = n->as_table();
+  }
+  const std::string& key = parts.back();
+  if (toml::node* old = t->get(key)) {
+    bool same = old->type() == newv.type() ||
+                (old->type() == toml::node_type::floating_point && newv.type() == toml::node_type::integer);
+    if (!same)
+      throw Error(str("--set ", path, "=", value, ": ", location(source_, old), " has a ",
+                      node_type_name(*old), " there, not a ", node_type_name(newv)),
+                  path, str("give a ", node_type_name(*old), " value"));
+    if (old->type() == toml::node_type::floating_point && newv.type() == toml::node_type::integer) {
+      t->insert_or_assign(key, static_cast<double>(*newv.value<int64_t>()));
+      return;
+    }
+  }
+  newv.visit([&](auto& v) { t->insert_or_assign(key, std::move(v)); });
+}
+
+ConfigView Manifest::section(const std::string& name) const {
+  auto impl = std::make_shared<ConfigView::Impl>();
+  impl->name = name;
+  impl->source = source_;
+  impl->root = root_;
+  const toml::node* n = root_->get(name);
+  if (n && !n->is_table())
+    throw Error(str(location(source_, n), ": ", name, ": expected a table [", name, "], found ",
+                    node_type_name(*n)),
+                name);
+  impl->table = n ? n->as_table() : nullptr;
+  return ConfigView(impl);
+}
+
+std::vector<std::string> Manifest::table_names() const {
+  std::vector<std::string> out;
+  for (const auto& [k, v] : *root_) out.emplace_back(k.str());
+  return out;
+}
+
+std::string Manifest::to_toml() const {
+  std::stringstream ss;
+  ss << *root_;
+  return ss.str();
+}
+
+std::string Manifest::to_json() const {
+  std::stringstream ss;
+  ss << toml::json_formatter{*root_};
+  return ss.str();
+}
+
+}  // namespace lcx

@@ -1,0 +1,117 @@
+#include "config/core_config.h"
+
+#include <algorithm>
+#include <filesystem>
+
+#include "lcx/error.h"
+#include "util/text.h"
+
+namespace lcx {
+
+const std::vector<std::string>& core_section_names() {
+  static const std::vector<std::string> names = {"run", "model", "data", "train", "plugins", "distributed"};
+  return names;
+}
+
+static void one_of(const ConfigView& v, const std::string& key, const std::string& value,
+                   const std::vector<std::string>& allowed) {
+  if (std::find(allowed.begin(), allowed.end(), value) == allowed.end())
+    v.fail(key, str("'", value, "' is not allowed"), str("use one of: ", join(allowed, ", ")));
+}
+
+CoreConfig read_core_config(const Manifest& m, const std::vector<std::string>& plugin_names) {
+  CoreConfig c;
+  {
+    ConfigView v = m.section("run");
+    c.run.output_dir = v.get_string("output_dir", c.run.output_dir);
+    c.run.seed = v.get_int("seed", c.run.seed);
+    c.run.device = v.get_string("device", c.run.device);
+    one_of(v, "device", c.run.device, {"auto", "cpu", "cuda"});
+    c.run.log_level = v.get_string("log_level", c.run.log_level);
+    one_of(v, "log_level", c.run.log_level, {"debug", "info", "warn", "error"});
+    c.run.memory_timeline = v.get_bool("memory_timeline", c.run.memory_timeline);
+    v.check_unknown();
+  }
+  {
+    ConfigView v = m.section("model");
+    c.model.module = v.get_string("module", c.model.module);
+    c.model.path = v.get_string("path", c.model.path);
+    c.model.init = v.get_string("init", c.model.init);
+    c.model.dtype = v.get_string("dtype", c.model.dtype);
+    one_of(v, "dtype", c.model.dtype, {"bf16", "fp16", "fp32"});
+    if (!c.model.path.empty() && !c.model.init.empty())
+      v.fail("init", "both `path` and `init` are set", "keep `path` to load a checkpoint, or `init` for random weights");
+    v.check_unknown();
+  }
+  {
+    ConfigView v = m.section("data");
+    c.data.tokenizer = v.get_string("tokenizer", c.data.tokenizer);
+    c.data.source = v.get_string("source", c.data.source);
+    c.data.format = v.get_string("format", c.data.format);
+    one_of(v, "format", c.data.format, {"auto", "txt", "jsonl", "tokens"});
+    c.data.text_field = v.get_string("text_field", c.data.text_field);
+    c.data.seq_len = v.get_int("seq_len", c.data.seq_len);
+    if (c.data.seq_len < 2) v.fail("seq_len", str(c.data.seq_len, " is too short"), "use at least 2 tokens");
+    c.data.pad_to_multiple_of = v.get_int("pad_to_multiple_of", c.data.pad_to_multiple_of);
+    if (c.data.pad_to_multiple_of < 1) v.fail("pad_to_multiple_of", "must be >= 1");
+    c.data.shuffle = v.get_bool("shuffle", c.data.shuffle);
+    c.data.cache_dir = v.get_string("cache_dir", c.data.cache_dir);
+    v.check_unknown();
+  }
+  {
+    ConfigView v = m.section("train");
+    auto& t = c.train;
+    t.lr = v.get_double("lr", t.lr);
+    t.schedule = v.get_string("schedule", t.schedule);
+    one_of(v, "schedule", t.schedule, {"constant", "linear", "cosine"});
+    t.warmup_steps = v.get_int("warmup_steps", t.warmup_steps);
+    t.max_steps = v.get_int("max_steps", t.max_steps);
+    t.epochs = v.get_double("epochs", t.epochs);
+    t.weight_decay = v.get_double("weight_decay", t.weight_decay);
+    t.beta1 = v.get_double("beta1", t.beta1);
+    t.beta2 = v.get_double("beta2", t.beta2);
+    t.eps = v.get_double("eps", t.eps);
+    t.max_grad_norm = v.get_double("max_grad_norm", t.max_grad_norm);
+    t.grad_accum = v.get_int("grad_accum", t.grad_accum);
+    if (t.grad_accum < 1) v.fail("grad_accum", "must be >= 1");
+    t.master_dtype = v.get_string("master_dtype", t.master_dtype);
+    one_of(v, "master_dtype", t.master_dtype, {"fp32", "bf16"});
+    t.save_steps = v.get_int("save_steps", t.save_steps);
+    t.keep_checkpoints = v.get_int("keep_checkpoints", t.keep_checkpoints);
+    t.log_every = v.get_int("log_every", t.log_every);
+    v.check_unknown();
+  }
+  {
+    ConfigView v = m.section("plugins");
+    c.plugins.dir = v.get_string("dir", c.plugins.dir);
+    if (!c.plugins.dir.empty() && std::filesystem::path(c.plugins.dir).is_relative())
+      c.plugins.dir = (std::filesystem::path(m.source()).parent_path() / c.plugins.dir).lexically_normal().string();
+    c.plugins.load = v.get_strings("load", c.plugins.load);
+    v.check_unknown();
+  }
+  {
+    ConfigView v = m.section("distributed");
+    auto& d = c.distributed;
+    d.nproc_per_node = v.get_int("nproc_per_node", d.nproc_per_node);
+    d.dp = v.get_int("dp", d.dp);
+    d.cp = v.get_int("cp", d.cp);
+    d.sp = v.get_int("sp", d.sp);
+    for (const char* k : {"nproc_per_node", "dp", "cp", "sp"})
+      if (v.get_int(k, 1) < 1) v.fail(k, "must be >= 1");
+    v.check_unknown();
+  }
+  std::vector<std::string> known = core_section_names();
+  known.insert(known.end(), plugin_names.begin(), plugin_names.end());
+  for (const auto& name : m.table_names()) {
+    if (std::find(known.begin(), known.end(), name) != known.end()) continue;
+    std::string near = closest(name, known);
+    throw Error(str(m.section(name).where(), ": unknown table [", name, "]",
+                    near.empty() ? "" : str(": did you mean [", near, "]?")),
+                name,
+                str("tables are the core sections (", join(core_section_names(), ", "),
+                    ") and the plugins listed in [plugins] load"));
+  }
+  return c;
+}
+
+}  // namespace lcx

@@ -1,0 +1,79 @@
+// Core's own manifest sections, read and validated in one place. Each section rejects unknown
+// keys like a plugin table does. Plugin tables are named after the plugin ([loss_chunked]).
+#pragma once
+#include <cstdint>
+#include <string>
+#include <vector>
+
+#include "config/manifest.h"
+
+namespace lcx {
+
+struct RunConfig {
+  std::string output_dir = "runs/default";
+  int64_t seed = 0;
+  std::string device = "auto";  // auto | cpu | cuda
+  std::string log_level = "info";
+  bool memory_timeline = false;
+};
+
+struct ModelSection {
+  std::string module;  // the model module plugin, e.g. "qwen3"
+  std::string path;    // an HF folder to load
+  std::string init;    // a preset name or a JSON object of config.json keys, for random init
+  std::string dtype = "bf16";
+};
+
+struct DataConfig {
+  std::string tokenizer;
+  std::string source;
+  std::string format = "auto";  // auto | txt | jsonl | tokens
+  std::string text_field = "text";
+  int64_t seq_len = 4096;
+  int64_t pad_to_multiple_of = 1;
+  bool shuffle = true;
+  std::string cache_dir;
+};
+
+struct TrainConfig {
+  double lr = 2e-5;
+  std::string schedule = "linear";  // constant | linear | cosine
+  int64_t warmup_steps = 0;
+  int64_t max_steps = -1;
+  double epochs = 1;
+  double weight_decay = 0.0;
+  double beta1 = 0.9, beta2 = 0.999, eps = 1e-8;
+  double max_grad_norm = 1.0;
+  int64_t grad_accum = 1;
+  std::string master_dtype = "fp32";
+  int64_t save_steps = 0;
+  int64_t keep_checkpoints = 2;
+  int64_t log_every = 1;
+};
+
+struct PluginsSection {
+  std::string dir;  // resolved against the manifest's folder
+  std::vector<std::string> load;
+};
+
+struct DistributedConfig {
+  int64_t nproc_per_node = 1;
+  int64_t dp = 1, cp = 1, sp = 1;
+};
+
+struct CoreConfig {
+  RunConfig run;
+  ModelSection model;
+  DataConfig data;
+  TrainConfig train;
+  PluginsSection plugins;
+  DistributedConfig distributed;
+};
+
+// The names of core's sections.
+const std::vector<std::string>& core_section_names();
+// Reads every core section; throws on unknown keys and wrong types. Refuses a top-level table that
+// is neither a core section nor one of `plugin_names` (suggesting the closest).
+CoreConfig read_core_config(const Manifest& m, const std::vector<std::string>& plugin_names);
+
+}  // namespace lcx

@@ -1,0 +1,186 @@
+#include "plugin/loader.h"
+
+#include <algorithm>
+#include <boost/dll/import.hpp>
+#include <boost/dll/runtime_symbol_info.hpp>
+#include <boost/dll/shared_library.hpp>
+#include <cstdlib>
+#include <filesystem>
+#include <map>
+#include <sstream>
+
+#include "lcx/error.h"
+#include "util/sha256.h"
+#include "util/text.h"
+
+namespace fs = std::filesystem;
+
+namespace lcx {
+
+const char* slot_name(uint32_t slot) {
+  switch (slot) {
+    case LCX_SLOT_LOSS: return "loss";
+    case LCX_SLOT_POSITIONAL_ENCODING: return "positional_encoding";
+    case LCX_SLOT_MEMORY_STRATEGY: return "memory_strategy";
+    case LCX_SLOT_PARALLELISM: return "parallelism";
+    case LCX_SLOT_MODEL: return "model";
+  }
+  return "unknown";
+}
+
+namespace {
+
+constexpr const char* kPrefix = "lcx_";
+constexpr const char* kSuffix = ".so";
+
+bool looks_like_path(const std::string& s) {
+  return s.find('/') != std::string::npos || (s.size() > 3 && s.ends_with(kSuffix));
+}
+
+std::shared_ptr<boost::dll::shared_library> open_library(const std::string& path) {
+  boost::dll::fs::error_code ec;
+  // RTLD_LOCAL keeps two plugins' internal symbols apart; lazy binding keeps start-up short.
+  auto lib = std::make_shared<boost::dll::shared_library>();
+  lib->load(path, boost::dll::load_mode::rtld_lazy | boost::dll::load_mode::rtld_local, ec);
+  if (ec)
+    throw Error(str("plugin library '", path, "' cannot be loaded: ", ec.message(),
+                    " (is it a shared library built for this machine?)"));
+  return lib;
+}
+
+PluginInfo read_description(const boost::dll::shared_library& lib, const std::string& path) {
+  if (!lib.has(LCX_DESCRIPTION_SYMBOL))
+    throw Error(str("'", path, "' is not an lcx plugin: it has no '", LCX_DESCRIPTION_SYMBOL, "' symbol"), {},
+                "build it with the LCX_PLUGIN macro of <lcx/plugin.h>");
+  const auto& d = lib.get<const lcx_plugin_description>(LCX_DESCRIPTION_SYMBOL);
+  if (d.magic != LCX_PLUGIN_MAGIC)
+    throw Error(str("'", path, "' is not an lcx plugin: its description has the wrong magic number"));
+  PluginInfo info;
+  info.abi_major = d.abi_major;
+  info.abi_minor = d.abi_minor;
+  info.path = path;
+  info.name = d.name ? d.name : "";
+  if (d.abi_major != LCX_ABI_MAJOR || d.abi_minor > LCX_ABI_MINOR)
+    throw Error(str("plugin '", info.name, "' (", path, ") was built for lcx plugin ABI ", d.abi_major, ".",
+                    d.abi_minor, ", but this lcx has ABI ", LCX_ABI_MAJOR, ".", LCX_ABI_MINOR),
+                {}, "rebuild the plugin against this lcx's SDK headers");
+  info.version = d.version ? d.version : "";
+  info.summary = d.summary ? d.summary : "";
+  info.status = d.status ? d.status : "";
+  info.compiler = d.compiler ? d.compiler : "";
+  info.sdk_build = d.sdk_build ? d.sdk_build : "";
+  info.slot = d.slot;
+  if (std::string(slot_name(d.slot)) == "unknown")
+    throw Error(str("plugin '", info.name, "' (", path, ") names slot ", d.slot, ", which this lcx does not have"));
+  return info;
+}
+
+// Keeps the library alive as long as the object: the deleter owns the library handle, and it
+// destroys the object before letting go of the code that holds the object's destructor.
+template <typename T>
+std::shared_ptr<T> keep_loaded(std::unique_ptr<T> obj, std::shared_ptr<boost::dll::shared_library> lib) {
+  return std::shared_ptr<T>(obj.release(), [lib](T* p) { delete p; });
+}
+
+}  // namespace
+
+PluginLoader::PluginLoader(std::vector<std::string> search_dirs) : dirs_(std::move(search_dirs)) {}
+
+std::string PluginLoader::install_plugin_dir() {
+  fs::path exe = boost::dll::program_location().string();
+  return (exe.parent_path().parent_path() / "lib" / "lcx" / "plugins").string();
+}
+
+std::vector<std::string> PluginLoader::default_search_dirs(const std::string& manifest_dir_entry) {
+  std::vector<std::string> dirs;
+  if (!manifest_dir_entry.empty()) dirs.push_back(manifest_dir_entry);
+  dirs.push_back(install_plugin_dir());
+  if (const char* env = std::getenv("LCX_PLUGIN_PATH")) {
+    std::stringstream ss(env);
+    for (std::string d; std::getline(ss, d, ':');)
+      if (!d.empty()) dirs.push_back(d);
+  }
+  return dirs;
+}
+
+std::string PluginLoader::find(const std::string& name_or_path) const {
+  if (looks_like_path(name_or_path)) {
+    if (!fs::exists(name_or_path))
+      throw Error(str("plugin library missing: '", name_or_path, "' does not exist"), {},
+                  "check the path, or name the plugin without a path to search the plugin folders");
+    return name_or_path;
+  }
+  std::vector<std::string> tried;
+  for (const auto& dir : dirs_) {
+    fs::path p = fs::path(dir) / (kPrefix + name_or_path + kSuffix);
+    tried.push_back(p.string());
+    if (fs::exists(p)) return p.string();
+  }
+  std::vector<std::string> known;
+  for (const auto& info : discover()) known.push_back(info.name);
+  std::string near = closest(name_or_path, known);
+  throw Error(str("unknown plugin '", name_or_path, "'", near.empty() ? "" : str(": did you mean '", near, "'?"),
+                  " Searched: ", join(tried, ", ")),
+              {},
+              str("known plugins: ", known.empty() ? std::string("(none found)") : join(known, ", "),
+                  "; add a folder with [plugins] dir or LCX_PLUGIN_PATH"));
+}
+
+PluginInfo PluginLoader::describe(const std::string& name_or_path) const {
+  std::string path = find(name_or_path);
+  auto lib = open_library(path);
+  PluginInfo info = read_description(*lib, path);
+  info.sha256 = sha256_file(path);
+  return info;
+}
+
+std::vector<PluginInfo> PluginLoader::discover(std::vector<std::string>* problems) const {
+  std::map<std::string, PluginInfo> found;
+  std::vector<std::string> order;
+  for (const auto& dir : dirs_) {
+    std::error_code ec;
+    if (!fs::is_directory(dir, ec)) continue;
+    std::vector<fs::path> files;
+    for (const auto& e : fs::directory_iterator(dir, ec)) {
+      std::string fname = e.path().filename().string();
+      if (fname.starts_with(kPrefix) && fname.ends_with(kSuffix)) files.push_back(e.path());
+    }
+    std::sort(files.begin(), files.end());
+    for (const auto& f : files) {
+      try {
+        auto lib = open_library(f.string());
+        PluginInfo info = read_description(*lib, f.string());
+        info.sha256 = sha256_file(f.string());
+        if (!found.count(info.name)) {
+          order.push_back(info.name);
+          found[info.name] = info;
+        }
+      } catch (const Error& e) {
+        if (problems) problems->push_back(e.what());
+      }
+    }
+  }
+  std::vector<PluginInfo> out;
+  for (const auto& n : order) out.push_back(found[n]);
+  return out;
+}
+
+std::shared_ptr<Plugin> PluginLoader::create(const std::string& name_or_path, const PluginArgs& args,
+                                             PluginInfo* info_out) const {
+  std::string path = find(name_or_path);
+  auto lib = open_library(path);
+  PluginInfo info = read_description(*lib, path);  // before any C++ symbol is touched
+  info.sha256 = sha256_file(path);
+  if (!lib->has(LCX_FACTORY_SYMBOL))
+    throw Error(str("'", path, "' describes plugin '", info.name, "' but exports no factory ('",
+                    LCX_FACTORY_SYMBOL, "')"),
+                {}, "build it with the LCX_PLUGIN macro of <lcx/plugin.h>");
+  auto factory = boost::dll::import_alias<PluginFactory>(*lib, LCX_FACTORY_SYMBOL);
+  std::unique_ptr<Plugin> obj = factory(args);
+  if (!obj) throw Error(str("plugin '", info.name, "' (", path, ") returned no object"));
+  args.config.check_unknown();
+  if (info_out) *info_out = info;
+  return keep_loaded(std::move(obj), lib);
+}
+
+}  // namespace lcx

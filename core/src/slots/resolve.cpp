@@ -1,0 +1,86 @@
+#include "slots/resolve.h"
+
+#include <algorithm>
+
+#include "lcx/error.h"
+#include "lcx/defaults.h"
+#include "util/text.h"
+
+namespace lcx {
+
+const char* default_provider_name(uint32_t slot) {
+  switch (slot) {
+    case LCX_SLOT_LOSS: return "nll";
+    case LCX_SLOT_POSITIONAL_ENCODING: return "rope";
+    case LCX_SLOT_MEMORY_STRATEGY: return "on_device";
+    case LCX_SLOT_PARALLELISM: return "single";
+  }
+  return "(none)";
+}
+
+std::vector<std::string> requested_plugins(const Manifest& m, const std::vector<std::string>& disabled) {
+  ConfigView plugins = m.section("plugins");
+  ConfigView model = m.section("model");
+  std::vector<std::string> names = plugins.get_strings("load", {});
+  std::string module = model.get_string("module", "");
+  if (!module.empty()) names.push_back(module);
+  for (const auto& d : disabled)
+    if (std::find(names.begin(), names.end(), d) == names.end())
+      throw Error(str("--disable ", d, ": no plugin of that name is loaded by ", m.source()), "plugins.load",
+                  str("loaded: ", names.empty() ? std::string("(none)") : join(names, ", ")));
+  std::vector<std::string> out;
+  for (const auto& n : names)
+    if (std::find(disabled.begin(), disabled.end(), n) == disabled.end()) out.push_back(n);
+  return out;
+}
+
+std::map<uint32_t, SlotProvider> plan_slots(const Manifest& m, const PluginLoader& loader,
+                                            const std::vector<std::string>& disabled) {
+  std::map<uint32_t, SlotProvider> providers;
+  for (const auto& name : requested_plugins(m, disabled)) {
+    PluginInfo info = loader.describe(name);
+    auto it = providers.find(info.slot);
+    if (it != providers.end())
+      throw Error(str("two providers for slot ", slot_name(info.slot), ": '", it->second.name, "' (",
+                      it->second.origin, ") and '", info.name, "' (", info.path, ")"),
+                  "plugins.load", str("keep one in [plugins] load, or --disable ", info.name));
+    providers[info.slot] = {info.name, info.path, info};
+  }
+  for (uint32_t slot : {LCX_SLOT_LOSS, LCX_SLOT_POSITIONAL_ENCODING, LCX_SLOT_MEMORY_STRATEGY, LCX_SLOT_PARALLELISM})
+    if (!providers.count(slot)) providers[slot] = {default_provider_name(slot), "core default", {}};
+  return providers;
+}
+
+template <typename T>
+static std::shared_ptr<T> as_slot(std::shared_ptr<Plugin> p, const PluginInfo& info) {
+  auto out = std::dynamic_pointer_cast<T>(p);
+  if (!out)
+    throw Error(str("plugin '", info.name, "' (", info.path, ") says it provides slot ", slot_name(info.slot),
+                    " but its object does not implement that interface"));
+  return out;
+}
+
+SlotSet resolve_slots(const Manifest& m, const PluginLoader& loader, const std::vector<std::string>& disabled,
+                      Device device) {
+  SlotSet s;
+  s.providers = plan_slots(m, loader, disabled);
+  for (auto& [slot, prov] : s.providers) {
+    if (prov.origin == "core default") continue;
+    PluginArgs args{prov.info.name, m.section(prov.info.name), device};
+    std::shared_ptr<Plugin> obj = loader.create(prov.origin, args, &prov.info);
+    switch (slot) {
+      case LCX_SLOT_LOSS: s.loss = as_slot<Loss>(obj, prov.info); break;
+      case LCX_SLOT_POSITIONAL_ENCODING: s.rope = as_slot<PositionalEncoding>(obj, prov.info); break;
+      case LCX_SLOT_MEMORY_STRATEGY: s.memory = as_slot<MemoryStrategy>(obj, prov.info); break;
+      case LCX_SLOT_PARALLELISM: s.parallel = as_slot<Parallelism>(obj, prov.info); break;
+      case LCX_SLOT_MODEL: s.model = as_slot<Model>(obj, prov.info); break;
+    }
+  }
+  if (!s.loss) s.loss = make_full_logits_loss();
+  if (!s.rope) s.rope = make_default_rope();
+  if (!s.memory) s.memory = make_on_device_memory();
+  if (!s.parallel) s.parallel = make_single_rank();
+  return s;
+}
+
+}  // namespace lcx

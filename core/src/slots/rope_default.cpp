@@ -1,0 +1,59 @@
+#include <cmath>
+#include <nlohmann/json.hpp>
+
+#include "lcx/defaults.h"
+
+namespace lcx {
+
+RopeTables PositionalEncoding::tables(const Tensor& positions, Device device) const {
+  LCX_CHECK(positions.dtype() == DType::i64 && positions.dim() == 1, "positions must be int64 [T]");
+  std::vector<double> inv = inv_freq();
+  const int64_t T = positions.size(0), half = static_cast<int64_t>(inv.size());
+  const float scale = static_cast<float>(attention_scaling());
+  Tensor cos = Tensor::empty({T, half}, DType::f32), sin = Tensor::empty({T, half}, DType::f32);
+  const int64_t* pos = positions.data_as<int64_t>();
+  float* c = cos.data_as<float>();
+  float* s = sin.data_as<float>();
+  for (int64_t t = 0; t < T; ++t)
+    for (int64_t i = 0; i < half; ++i) {
+      // transformers multiplies fp32 position by fp32 inv_freq; do the same to match bits.
+      float f = static_cast<float>(pos[t]) * static_cast<float>(inv[static_cast<size_t>(i)]);
+      c[t * half + i] = std::cos(f) * scale;
+      s[t * half + i] = std::sin(f) * scale;
+    }
+  RopeTables out;
+  out.attention_scaling = attention_scaling();
+  out.cos = device.is_cuda() ? cos.to(device) : cos;
+  out.sin = device.is_cuda() ? sin.to(device) : sin;
+  return out;
+}
+
+namespace {
+
+class DefaultRope final : public PositionalEncoding {
+ public:
+  void configure(const RopeModelInfo& info) override { info_ = info; }
+  std::vector<double> inv_freq() const override {
+    const int64_t d = info_.head_dim;
+    std::vector<double> inv(static_cast<size_t>(d / 2));
+    // transformers: 1 / theta ** (arange(0, d, 2, int64).float() / d), in fp32.
+    for (int64_t i = 0; i < d / 2; ++i)
+      inv[static_cast<size_t>(i)] = static_cast<float>(
+          1.0 / std::pow(info_.rope_theta, static_cast<double>(static_cast<float>(2 * i) / static_cast<float>(d))));
+    return inv;
+  }
+  double attention_scaling() const override { return 1.0; }
+  int64_t effective_max_positions() const override { return info_.max_position_embeddings; }
+  std::string hf_rope_parameters() const override {
+    return nlohmann::json{{"rope_type", "default"}, {"rope_theta", info_.rope_theta}}.dump();
+  }
+
+ private:
+  RopeModelInfo info_;
+};
+
+}  // namespace
+
+std::unique_ptr<PositionalEncoding> make_default_rope() { return std::make_unique<DefaultRope>(); }
+
+}  // namespace lcx
