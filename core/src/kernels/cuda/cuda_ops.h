@@ -1,0 +1,31 @@
+// The CUDA twin of every op in lcx/ops.h, one signature each. ops.cpp checks shapes, dtypes and
+// devices before calling in here, so these functions assume valid, contiguous device tensors.
+// Storage is bf16 (fp16 and fp32 where the CPU reference accepts them), math is fp32; kernels run
+// on lcx::cuda::current_stream() (core/src/cuda/stream.h).
+#pragma once
+#include "lcx/ops.h"
+
+namespace lcx::ops::cuda {
+
+void matmul(const Tensor& a, bool trans_a, const Tensor& b, bool trans_b, Tensor& c, float alpha, float beta);
+void embedding_forward(const Tensor& ids, const Tensor& table, Tensor& out);
+void embedding_backward(const Tensor& ids, const Tensor& grad_out, Tensor& grad_table);
+void rmsnorm_forward(const Tensor& x, const Tensor& w, float eps, Tensor& y, Tensor& rstd);
+void rmsnorm_backward(const Tensor& x, const Tensor& w, const Tensor& rstd, const Tensor& dy, Tensor& dx,
+                      Tensor& dw);
+void rotary_forward(Tensor& x, const Tensor& cos, const Tensor& sin);
+void rotary_backward(Tensor& dx, const Tensor& cos, const Tensor& sin);
+void swiglu_forward(const Tensor& gate, const Tensor& up, Tensor& out);
+void swiglu_backward(const Tensor& gate, const Tensor& up, const Tensor& dout, Tensor& dgate, Tensor& dup);
+void add(const Tensor& a, const Tensor& b, Tensor& out);
+void add_inplace(Tensor& acc, const Tensor& x);
+void scale_inplace(Tensor& x, float s);
+void cast(const Tensor& src, Tensor& dst);
+void attention_forward(const Tensor& q, const Tensor& k, const Tensor& v, Tensor& out, Tensor& lse,
+                       const AttentionParams& p);
+void attention_backward(const Tensor& q, const Tensor& k, const Tensor& v, const Tensor& out, const Tensor& lse,
+                        const Tensor& dout, Tensor& dq, Tensor& dk, Tensor& dv, const AttentionParams& p);
+double cross_entropy_forward_backward(const Tensor& logits, const Tensor& targets, double grad_scale,
+                                      Tensor* dlogits, int64_t* valid);
+
+}  // namespace lcx::ops::cuda

@@ -1,0 +1,100 @@
+#include <gtest/gtest.h>
+
+#include "config/core_config.h"
+#include "config/manifest.h"
+#include "lcx/error.h"
+
+namespace lcx {
+namespace {
+
+const char* kManifest = R"([train]
+lr = 1e-4
+max_steps = 10
+schedule = "cosine"
+
+[my_plugin]
+rows = 64
+name = "x"
+flags = ["a", "b"]
+[my_plugin.inner]
+depth = 3
+)";
+
+TEST(ConfigView, ReadsTypedValuesAndDefaults) {
+  Manifest m = Manifest::parse(kManifest, "m.toml");
+  ConfigView v = m.section("my_plugin");
+  EXPECT_EQ(v.get_int("rows", 1), 64);
+  EXPECT_EQ(v.get_int("absent", 7), 7);
+  EXPECT_EQ(v.get_string("name", ""), "x");
+  EXPECT_EQ(v.get_strings("flags", {}), (std::vector<std::string>{"a", "b"}));
+  EXPECT_EQ(v.table("inner").get_int("depth", 0), 3);
+  EXPECT_EQ(v.where("rows"), "m.toml:7");
+  EXPECT_NO_THROW(v.check_unknown());
+}
+
+TEST(ConfigView, WrongTypeNamesFileLineKeyAndTypes) {
+  Manifest m = Manifest::parse(kManifest, "m.toml");
+  ConfigView v = m.section("my_plugin");
+  try {
+    v.get_int("name", 0);
+    FAIL();
+  } catch (const Error& e) {
+    EXPECT_STREQ(e.what(), "m.toml:8: my_plugin.name: expected integer, found string");
+    EXPECT_EQ(e.key(), "my_plugin.name");
+  }
+  EXPECT_THROW(v.get_bool("rows", false), Error);
+  EXPECT_DOUBLE_EQ(m.section("train").get_double("max_steps", 0), 10.0);  // integers read as floats
+}
+
+TEST(ConfigView, UnknownKeyListsTheValidOnes) {
+  Manifest m = Manifest::parse(kManifest, "m.toml");
+  ConfigView v = m.section("my_plugin");
+  v.get_int("rows", 0);
+  v.get_string("nmae", "");
+  try {
+    v.check_unknown();
+    FAIL();
+  } catch (const Error& e) {
+    EXPECT_NE(std::string(e.what()).find("my_plugin.flags: unknown key"), std::string::npos) << e.what();
+    EXPECT_NE(e.fix().find("valid keys: nmae, rows"), std::string::npos) << e.fix();
+  }
+}
+
+TEST(Manifest, SetOverridesAndTypeChecks) {
+  Manifest m = Manifest::parse(kManifest, "m.toml");
+  m.set("train.lr=3");  // an integer where a float was: accepted as float
+  EXPECT_DOUBLE_EQ(m.section("train").get_double("lr", 0), 3.0);
+  m.set("train.schedule=linear");  // bare word -> string
+  EXPECT_EQ(m.section("train").get_string("schedule", ""), "linear");
+  m.set("new_section.key=[1, 2]");
+  EXPECT_TRUE(m.section("new_section").has("key"));
+  EXPECT_THROW(m.set("train.max_steps=1.5"), Error);
+  EXPECT_THROW(m.set("train.max_steps"), Error);
+  EXPECT_THROW(m.set("lr=1"), Error);
+  EXPECT_EQ(m.section("train").where("schedule"), "--set");
+}
+
+TEST(CoreConfig, ValidatesSectionsAndUnknownTables) {
+  Manifest m = Manifest::parse("[train]\nlr = 0.1\nschedule = \"cosine\"\n[run]\ndevice = \"cpu\"\n", "c.toml");
+  CoreConfig c = read_core_config(m, {});
+  EXPECT_DOUBLE_EQ(c.train.lr, 0.1);
+  EXPECT_EQ(c.train.schedule, "cosine");
+  EXPECT_EQ(c.run.device, "cpu");
+  Manifest bad = Manifest::parse("[train]\nschedule = \"exp\"\n", "c.toml");
+  EXPECT_THROW(read_core_config(bad, {}), Error);
+  Manifest plugin_table = Manifest::parse("[offload]\nprefetch = 2\n", "c.toml");
+  EXPECT_THROW(read_core_config(plugin_table, {}), Error);
+  EXPECT_NO_THROW(read_core_config(plugin_table, {"offload"}));
+}
+
+TEST(Manifest, SyntaxErrorNamesLine) {
+  try {
+    Manifest::parse("[a]\nx = 1\ny = \n", "bad.toml");
+    FAIL();
+  } catch (const Error& e) {
+    EXPECT_EQ(std::string(e.what()).rfind("bad.toml:3", 0), 0u) << e.what();
+  }
+}
+
+}  // namespace
+}  // namespace lcx

@@ -1,0 +1,129 @@
+#include <dlfcn.h>
+#include <gtest/gtest.h>
+
+#include "config/manifest.h"
+#include "lcx/loss.h"
+#include "plugin/loader.h"
+#include "slots/resolve.h"
+#include "support/test_util.h"
+
+namespace lcx {
+namespace {
+
+const std::string kFixtures = LCX_FIXTURE_PLUGIN_DIR;
+
+PluginLoader loader_with_fixtures() { return PluginLoader({test::build_plugin_dir(), kFixtures}); }
+
+std::string error_of(const std::function<void()>& f) {
+  try {
+    f();
+  } catch (const Error& e) {
+    return std::string(e.what()) + " | fix: " + e.fix();
+  }
+  return "(no error)";
+}
+
+TEST(PluginLoader, DescribesTheFiveProjectPlugins) {
+  PluginLoader loader({test::build_plugin_dir()});
+  auto infos = loader.discover();
+  std::map<std::string, uint32_t> slots;
+  for (const auto& i : infos) slots[i.name] = i.slot;
+  EXPECT_EQ(slots.at("loss_chunked"), static_cast<uint32_t>(LCX_SLOT_LOSS));
+  EXPECT_EQ(slots.at("rope_yarn"), static_cast<uint32_t>(LCX_SLOT_POSITIONAL_ENCODING));
+  EXPECT_EQ(slots.at("offload"), static_cast<uint32_t>(LCX_SLOT_MEMORY_STRATEGY));
+  EXPECT_EQ(slots.at("cp_ring"), static_cast<uint32_t>(LCX_SLOT_PARALLELISM));
+  EXPECT_EQ(slots.at("sp_ulysses"), static_cast<uint32_t>(LCX_SLOT_PARALLELISM));
+  PluginInfo info = loader.describe("loss_chunked");
+  EXPECT_EQ(info.abi_major, static_cast<uint32_t>(LCX_ABI_MAJOR));
+  EXPECT_EQ(info.sha256.size(), 64u);
+  EXPECT_FALSE(info.version.empty());
+}
+
+TEST(PluginLoader, RefusesMissingLibraryWithItsPath) {
+  auto msg = error_of([] { loader_with_fixtures().describe("/nowhere/lcx_gone.so"); });
+  EXPECT_NE(msg.find("plugin library missing"), std::string::npos) << msg;
+  EXPECT_NE(msg.find("/nowhere/lcx_gone.so"), std::string::npos) << msg;
+}
+
+TEST(PluginLoader, UnknownNameListsSearchedPathsAndSuggests) {
+  auto msg = error_of([] { loader_with_fixtures().describe("loss_chunkd"); });
+  EXPECT_NE(msg.find("unknown plugin 'loss_chunkd'"), std::string::npos) << msg;
+  EXPECT_NE(msg.find("did you mean 'loss_chunked'"), std::string::npos) << msg;
+  EXPECT_NE(msg.find(kFixtures + "/lcx_loss_chunkd.so"), std::string::npos) << msg;
+}
+
+TEST(PluginLoader, RefusesALibraryThatIsNotAPlugin) {
+  auto msg = error_of([] { loader_with_fixtures().describe(kFixtures + "/lcx_not_lcx.so"); });
+  EXPECT_NE(msg.find("is not an lcx plugin"), std::string::npos) << msg;
+}
+
+TEST(PluginLoader, RefusesAFileThatIsNotALibrary) {
+  auto dir = test::temp_dir("notlib");
+  test::write_file(dir / "lcx_text.so", "just text");
+  auto msg = error_of([&] { loader_with_fixtures().describe((dir / "lcx_text.so").string()); });
+  EXPECT_NE(msg.find("cannot be loaded"), std::string::npos) << msg;
+}
+
+TEST(PluginLoader, RefusesAnotherAbiMajorNamingBothVersions) {
+  auto msg = error_of([] { loader_with_fixtures().describe("other_abi"); });
+  EXPECT_NE(msg.find(str("ABI ", LCX_ABI_MAJOR + 1, ".0")), std::string::npos) << msg;
+  EXPECT_NE(msg.find(str("this lcx has ABI ", LCX_ABI_MAJOR, ".", LCX_ABI_MINOR)), std::string::npos) << msg;
+  // create() must refuse too, before importing a factory (the fixture has none).
+  auto msg2 = error_of([] { loader_with_fixtures().create("other_abi", PluginArgs{"other_abi", {}, {}}); });
+  EXPECT_NE(msg2.find("ABI"), std::string::npos) << msg2;
+}
+
+TEST(PluginLoader, RefusesTwoProvidersForOneSlot) {
+  Manifest m = Manifest::parse("[plugins]\nload = [\"loss_chunked\", \"second_loss\"]\n", "two.toml");
+  auto msg = error_of([&] { plan_slots(m, loader_with_fixtures(), {}); });
+  EXPECT_NE(msg.find("two providers for slot loss"), std::string::npos) << msg;
+  EXPECT_NE(msg.find("--disable second_loss"), std::string::npos) << msg;
+  // Disabling one of them resolves it.
+  auto providers = plan_slots(m, loader_with_fixtures(), {"second_loss"});
+  EXPECT_EQ(providers.at(LCX_SLOT_LOSS).name, "loss_chunked");
+}
+
+TEST(PluginLoader, RejectsUnknownKeyNamingValidOnes) {
+  Manifest m = Manifest::parse("[plugins]\nload = [\"loss_chunked\"]\n[loss_chunked]\nchunk_row = 64\n", "k.toml");
+  auto msg = error_of([&] { resolve_slots(m, loader_with_fixtures(), {}, Device::cpu()); });
+  EXPECT_NE(msg.find("k.toml:4: loss_chunked.chunk_row: unknown key"), std::string::npos) << msg;
+  EXPECT_NE(msg.find("did you mean 'chunk_rows'"), std::string::npos) << msg;
+}
+
+TEST(PluginLoader, RejectsWrongTypeWithFileAndLine) {
+  Manifest m = Manifest::parse("[plugins]\nload = [\"loss_chunked\"]\n\n[loss_chunked]\nchunk_rows = \"big\"\n", "t.toml");
+  auto msg = error_of([&] { resolve_slots(m, loader_with_fixtures(), {}, Device::cpu()); });
+  EXPECT_NE(msg.find("t.toml:5: loss_chunked.chunk_rows: expected integer, found string"), std::string::npos) << msg;
+}
+
+TEST(PluginLoader, ThirdPartyProviderFillsASlotWithoutCoreChanges) {
+  Manifest m = Manifest::parse("[plugins]\nload = [\"third_party_loss\"]\n[third_party_loss]\nweight = 2.0\n", "3p.toml");
+  SlotSet s = resolve_slots(m, loader_with_fixtures(), {}, Device::cpu());
+  EXPECT_EQ(s.providers.at(LCX_SLOT_LOSS).name, "third_party_loss");
+  EXPECT_EQ(s.providers.at(LCX_SLOT_LOSS).info.version, "9.9.9");
+  EXPECT_EQ(s.providers.at(LCX_SLOT_POSITIONAL_ENCODING).origin, "core default");
+  ASSERT_NE(s.loss, nullptr);
+}
+
+TEST(PluginLoader, ObjectsKeepTheirLibraryLoaded) {
+  std::string path = kFixtures + "/lcx_third_party_loss.so";
+  ASSERT_EQ(dlopen(path.c_str(), RTLD_NOW | RTLD_NOLOAD), nullptr) << "library loaded before the test";
+  std::shared_ptr<Plugin> obj;
+  {
+    PluginLoader loader = loader_with_fixtures();
+    obj = loader.create("third_party_loss", PluginArgs{"third_party_loss", {}, Device::cpu()});
+  }
+  // The loader is gone; the object still holds its library.
+  void* h = dlopen(path.c_str(), RTLD_NOW | RTLD_NOLOAD);
+  ASSERT_NE(h, nullptr);
+  auto marker = reinterpret_cast<int (*)()>(dlsym(h, "third_party_marker"));
+  ASSERT_NE(marker, nullptr);
+  EXPECT_EQ(marker(), 42);
+  dlclose(h);
+  EXPECT_NE(dynamic_cast<Loss*>(obj.get()), nullptr);
+  obj.reset();
+  EXPECT_EQ(dlopen(path.c_str(), RTLD_NOW | RTLD_NOLOAD), nullptr) << "library still loaded after its last object";
+}
+
+}  // namespace
+}  // namespace lcx
