@@ -1,34 +1,343 @@
-// Interim: the op dispatch before the CPU reference and CUDA kernels exist (issues 3 and 6).
+// The op dispatch: every op checks its arguments here once (dtypes, shapes, one common device),
+// naming the op, the argument and the shapes involved, then routes to the CPU reference
+// (kernels/cpu) or, in a CUDA build, to the CUDA kernels (kernels/cuda). Both backends may
+// therefore assume valid tensors. Values that cost a pass over the data (token ids, targets) are
+// range-checked only on the CPU; the CUDA kernels guard their own reads.
 #include "lcx/ops.h"
 
+#include <cmath>
+#include <initializer_list>
+#include <utility>
+
+#include "kernels/cpu/cpu_ops.h"
+#ifdef LCX_HAVE_CUDA
+#include "kernels/cuda/cuda_ops.h"
+#endif
+
 namespace lcx::ops {
+namespace {
 
-[[noreturn]] static void missing(const char* op) { throw Error(str("op ", op, " is not built yet")); }
+using Arg = std::pair<const char*, const Tensor*>;
 
-void matmul(const Tensor&, bool, const Tensor&, bool, Tensor&, float, float) { missing("matmul"); }
-void embedding_forward(const Tensor&, const Tensor&, Tensor&) { missing("embedding_forward"); }
-void embedding_backward(const Tensor&, const Tensor&, Tensor&) { missing("embedding_backward"); }
-void rmsnorm_forward(const Tensor&, const Tensor&, float, Tensor&, Tensor&) { missing("rmsnorm_forward"); }
-void rmsnorm_backward(const Tensor&, const Tensor&, const Tensor&, const Tensor&, Tensor&, Tensor&) {
-  missing("rmsnorm_backward");
+[[noreturn]] void fail(const char* op, const std::string& what, const std::string& fix = {}) {
+  throw Error(str(op, ": ", what), {}, fix);
 }
-void rotary_forward(Tensor&, const Tensor&, const Tensor&) { missing("rotary_forward"); }
-void rotary_backward(Tensor&, const Tensor&, const Tensor&) { missing("rotary_backward"); }
-void swiglu_forward(const Tensor&, const Tensor&, Tensor&) { missing("swiglu_forward"); }
-void swiglu_backward(const Tensor&, const Tensor&, const Tensor&, Tensor&, Tensor&) { missing("swiglu_backward"); }
-void add(const Tensor&, const Tensor&, Tensor&) { missing("add"); }
-void add_inplace(Tensor&, const Tensor&) { missing("add_inplace"); }
-void scale_inplace(Tensor&, float) { missing("scale_inplace"); }
-void cast(const Tensor&, Tensor&) { missing("cast"); }
-void attention_forward(const Tensor&, const Tensor&, const Tensor&, Tensor&, Tensor&, const AttentionParams&) {
-  missing("attention_forward");
+
+std::string desc(const char* name, const Tensor& t) {
+  return str(name, " ", dtype_name(t.dtype()), shape_str(t.shape()));
 }
-void attention_backward(const Tensor&, const Tensor&, const Tensor&, const Tensor&, const Tensor&, const Tensor&,
-                        Tensor&, Tensor&, Tensor&, const AttentionParams&) {
-  missing("attention_backward");
+
+// All tensors defined and on one device; true when that device is a GPU this build can use.
+bool on_cuda(const char* op, std::initializer_list<Arg> args) {
+  const Arg& first = *args.begin();
+  for (const Arg& a : args) {
+    if (!a.second->defined()) fail(op, str("argument ", a.first, " is an undefined tensor"));
+    if (a.second->device() != first.second->device())
+      fail(op, str(a.first, " is on ", device_name(a.second->device()), " but ", first.first, " is on ",
+                   device_name(first.second->device())),
+           "move all arguments of one op to the same device");
+  }
+  const bool cuda = first.second->device().is_cuda();
+#ifndef LCX_HAVE_CUDA
+  if (cuda)
+    fail(op, str(first.first, " is on ", device_name(first.second->device()), " but this build has no CUDA backend"),
+         "rebuild where nvcc, cuDNN and NCCL are found, or keep tensors on the CPU");
+#endif
+  return cuda;
 }
-double cross_entropy_forward_backward(const Tensor&, const Tensor&, double, Tensor*, int64_t*) {
-  missing("cross_entropy_forward_backward");
+
+void need_float(const char* op, const char* name, const Tensor& t) {
+  if (!is_floating(t.dtype()))
+    fail(op, str(desc(name, t), " must be a float tensor (bf16, fp16 or fp32)"));
 }
+void need_dtype(const char* op, const char* name, const Tensor& t, DType want) {
+  if (t.dtype() != want) fail(op, str(desc(name, t), " must be ", dtype_name(want)));
+}
+void need_dim(const char* op, const char* name, const Tensor& t, int64_t dims) {
+  if (t.dim() != dims) fail(op, str(desc(name, t), " must have ", dims, " dimensions"));
+}
+// t must have shape `want`, which follows from `from` (named in the message).
+void need_shape(const char* op, const char* name, const Tensor& t, const Shape& want, const char* from_name,
+                const Tensor& from) {
+  if (t.shape() != want)
+    fail(op, str(desc(name, t), " must have shape ", shape_str(want), " to match ", desc(from_name, from)));
+}
+void need_same_shape(const char* op, const char* name, const Tensor& t, const char* other_name,
+                     const Tensor& other) {
+  need_shape(op, name, t, other.shape(), other_name, other);
+}
+
+// Product of all but the last dimension: the rows an op sees when it works along the last one.
+int64_t rows_of(const Tensor& t) {
+  int64_t r = 1;
+  for (int64_t i = 0; i + 1 < t.dim(); ++i) r *= t.size(i);
+  return r;
+}
+
+}  // namespace
+
+// One call on the chosen backend. Without CUDA, on_cuda() has already refused device tensors.
+#ifdef LCX_HAVE_CUDA
+#define LCX_ROUTE(cuda_on, fn, ...) return (cuda_on) ? cuda::fn(__VA_ARGS__) : cpu::fn(__VA_ARGS__)
+#else
+#define LCX_ROUTE(cuda_on, fn, ...) return ((void)(cuda_on), cpu::fn(__VA_ARGS__))
+#endif
+
+void matmul(const Tensor& a, bool trans_a, const Tensor& b, bool trans_b, Tensor& c, float alpha, float beta) {
+  const char* op = "matmul";
+  const bool cuda = on_cuda(op, {{"a", &a}, {"b", &b}, {"c", &c}});
+  for (Arg x : {Arg{"a", &a}, Arg{"b", &b}, Arg{"c", &c}}) {
+    need_float(op, x.first, *x.second);
+    if (x.second->dim() < 1) fail(op, str(desc(x.first, *x.second), " must have at least one dimension"));
+  }
+  // Leading dimensions fold into rows: an [T,heads,d] activation is a [T*heads, d] matrix.
+  const int64_t ar = rows_of(a), ac = a.size(-1), br = rows_of(b), bc = b.size(-1);
+  const int64_t M = trans_a ? ac : ar, K = trans_a ? ar : ac;
+  const int64_t Kb = trans_b ? bc : br, N = trans_b ? br : bc;
+  if (K != Kb)
+    fail(op, str("inner dimensions differ: ", desc("a", a), trans_a ? " transposed" : "", " has K=", K, ", ",
+                 desc("b", b), trans_b ? " transposed" : "", " has K=", Kb));
+  if (rows_of(c) != M || c.size(-1) != N)
+    fail(op, str(desc("c", c), " must be [", M, ",", N, "] for ", desc("a", a), trans_a ? " transposed" : "",
+                 " and ", desc("b", b), trans_b ? " transposed" : ""));
+  constexpr int64_t kIntMax = 2147483647;
+  if (M > kIntMax || N > kIntMax || K > kIntMax || ac > kIntMax || bc > kIntMax)
+    fail(op, str("dimensions of ", desc("a", a), " and ", desc("b", b), " exceed the 32-bit BLAS range"));
+  LCX_ROUTE(cuda, matmul, a, trans_a, b, trans_b, c, alpha, beta);
+}
+
+void embedding_forward(const Tensor& ids, const Tensor& table, Tensor& out) {
+  const char* op = "embedding_forward";
+  const bool cuda = on_cuda(op, {{"ids", &ids}, {"table", &table}, {"out", &out}});
+  need_dtype(op, "ids", ids, DType::i32);
+  need_dim(op, "ids", ids, 1);
+  need_float(op, "table", table);
+  need_dim(op, "table", table, 2);
+  need_float(op, "out", out);
+  need_shape(op, "out", out, {ids.size(0), table.size(1)}, "table", table);
+  if (!cuda) {
+    const int32_t* id = ids.data_as<const int32_t>();
+    for (int64_t t = 0; t < ids.numel(); ++t)
+      if (id[t] < 0 || id[t] >= table.size(0))
+        fail(op, str("token id ", id[t], " at position ", t, " is outside ", desc("table", table)),
+             "check that the tokenizer and the model's vocabulary agree");
+  }
+  LCX_ROUTE(cuda, embedding_forward, ids, table, out);
+}
+
+void embedding_backward(const Tensor& ids, const Tensor& grad_out, Tensor& grad_table) {
+  const char* op = "embedding_backward";
+  const bool cuda = on_cuda(op, {{"ids", &ids}, {"grad_out", &grad_out}, {"grad_table", &grad_table}});
+  need_dtype(op, "ids", ids, DType::i32);
+  need_dim(op, "ids", ids, 1);
+  need_dtype(op, "grad_table", grad_table, DType::f32);
+  need_dim(op, "grad_table", grad_table, 2);
+  need_float(op, "grad_out", grad_out);
+  need_shape(op, "grad_out", grad_out, {ids.size(0), grad_table.size(1)}, "grad_table", grad_table);
+  if (!cuda) {
+    const int32_t* id = ids.data_as<const int32_t>();
+    for (int64_t t = 0; t < ids.numel(); ++t)
+      if (id[t] < 0 || id[t] >= grad_table.size(0))
+        fail(op, str("token id ", id[t], " at position ", t, " is outside ", desc("grad_table", grad_table)));
+  }
+  LCX_ROUTE(cuda, embedding_backward, ids, grad_out, grad_table);
+}
+
+namespace {
+void check_rmsnorm(const char* op, const Tensor& x, const Tensor& w, const Tensor& rstd) {
+  need_float(op, "x", x);
+  if (x.dim() < 1) fail(op, str(desc("x", x), " must have at least one dimension"));
+  need_float(op, "w", w);
+  need_shape(op, "w", w, {x.size(-1)}, "x", x);
+  need_dtype(op, "rstd", rstd, DType::f32);
+  if (rstd.numel() != rows_of(x))
+    fail(op, str(desc("rstd", rstd), " must hold one value per row (", rows_of(x), ") of ", desc("x", x)));
+}
+}  // namespace
+
+void rmsnorm_forward(const Tensor& x, const Tensor& w, float eps, Tensor& y, Tensor& rstd) {
+  const char* op = "rmsnorm_forward";
+  const bool cuda = on_cuda(op, {{"x", &x}, {"w", &w}, {"y", &y}, {"rstd", &rstd}});
+  check_rmsnorm(op, x, w, rstd);
+  need_float(op, "y", y);
+  need_same_shape(op, "y", y, "x", x);
+  LCX_ROUTE(cuda, rmsnorm_forward, x, w, eps, y, rstd);
+}
+
+void rmsnorm_backward(const Tensor& x, const Tensor& w, const Tensor& rstd, const Tensor& dy, Tensor& dx,
+                      Tensor& dw) {
+  const char* op = "rmsnorm_backward";
+  const bool cuda = on_cuda(op, {{"x", &x}, {"w", &w}, {"rstd", &rstd}, {"dy", &dy}, {"dx", &dx}, {"dw", &dw}});
+  check_rmsnorm(op, x, w, rstd);
+  need_float(op, "dy", dy);
+  need_same_shape(op, "dy", dy, "x", x);
+  need_float(op, "dx", dx);
+  need_same_shape(op, "dx", dx, "x", x);
+  need_dtype(op, "dw", dw, DType::f32);
+  need_same_shape(op, "dw", dw, "w", w);
+  LCX_ROUTE(cuda, rmsnorm_backward, x, w, rstd, dy, dx, dw);
+}
+
+namespace {
+void check_rotary(const char* op, const char* name, const Tensor& x, const Tensor& cos, const Tensor& sin) {
+  need_float(op, name, x);
+  need_dim(op, name, x, 3);
+  if (x.size(2) % 2 != 0) fail(op, str(desc(name, x), " needs an even head dimension"));
+  need_dtype(op, "cos", cos, DType::f32);
+  need_dtype(op, "sin", sin, DType::f32);
+  need_shape(op, "cos", cos, {x.size(0), x.size(2) / 2}, name, x);
+  need_shape(op, "sin", sin, {x.size(0), x.size(2) / 2}, name, x);
+}
+}  // namespace
+
+void rotary_forward(Tensor& x, const Tensor& cos, const Tensor& sin) {
+  const char* op = "rotary_forward";
+  const bool cuda = on_cuda(op, {{"x", &x}, {"cos", &cos}, {"sin", &sin}});
+  check_rotary(op, "x", x, cos, sin);
+  LCX_ROUTE(cuda, rotary_forward, x, cos, sin);
+}
+
+void rotary_backward(Tensor& dx, const Tensor& cos, const Tensor& sin) {
+  const char* op = "rotary_backward";
+  const bool cuda = on_cuda(op, {{"dx", &dx}, {"cos", &cos}, {"sin", &sin}});
+  check_rotary(op, "dx", dx, cos, sin);
+  LCX_ROUTE(cuda, rotary_backward, dx, cos, sin);
+}
+
+void swiglu_forward(const Tensor& gate, const Tensor& up, Tensor& out) {
+  const char* op = "swiglu_forward";
+  const bool cuda = on_cuda(op, {{"gate", &gate}, {"up", &up}, {"out", &out}});
+  for (Arg x : {Arg{"gate", &gate}, Arg{"up", &up}, Arg{"out", &out}}) need_float(op, x.first, *x.second);
+  need_same_shape(op, "up", up, "gate", gate);
+  need_same_shape(op, "out", out, "gate", gate);
+  LCX_ROUTE(cuda, swiglu_forward, gate, up, out);
+}
+
+void swiglu_backward(const Tensor& gate, const Tensor& up, const Tensor& dout, Tensor& dgate, Tensor& dup) {
+  const char* op = "swiglu_backward";
+  const bool cuda =
+      on_cuda(op, {{"gate", &gate}, {"up", &up}, {"dout", &dout}, {"dgate", &dgate}, {"dup", &dup}});
+  for (Arg x : {Arg{"gate", &gate}, Arg{"up", &up}, Arg{"dout", &dout}, Arg{"dgate", &dgate}, Arg{"dup", &dup}}) {
+    need_float(op, x.first, *x.second);
+    need_same_shape(op, x.first, *x.second, "gate", gate);
+  }
+  LCX_ROUTE(cuda, swiglu_backward, gate, up, dout, dgate, dup);
+}
+
+void add(const Tensor& a, const Tensor& b, Tensor& out) {
+  const char* op = "add";
+  const bool cuda = on_cuda(op, {{"a", &a}, {"b", &b}, {"out", &out}});
+  for (Arg x : {Arg{"a", &a}, Arg{"b", &b}, Arg{"out", &out}}) {
+    need_float(op, x.first, *x.second);
+    need_same_shape(op, x.first, *x.second, "a", a);
+  }
+  LCX_ROUTE(cuda, add, a, b, out);
+}
+
+void add_inplace(Tensor& acc, const Tensor& x) {
+  const char* op = "add_inplace";
+  const bool cuda = on_cuda(op, {{"acc", &acc}, {"x", &x}});
+  need_float(op, "acc", acc);
+  need_float(op, "x", x);
+  need_same_shape(op, "x", x, "acc", acc);
+  LCX_ROUTE(cuda, add_inplace, acc, x);
+}
+
+void scale_inplace(Tensor& x, float s) {
+  const char* op = "scale_inplace";
+  const bool cuda = on_cuda(op, {{"x", &x}});
+  need_float(op, "x", x);
+  LCX_ROUTE(cuda, scale_inplace, x, s);
+}
+
+void cast(const Tensor& src, Tensor& dst) {
+  const char* op = "cast";
+  const bool cuda = on_cuda(op, {{"src", &src}, {"dst", &dst}});
+  need_float(op, "src", src);
+  need_float(op, "dst", dst);
+  need_same_shape(op, "dst", dst, "src", src);
+  LCX_ROUTE(cuda, cast, src, dst);
+}
+
+namespace {
+// Checks q, k, v, out, lse and returns the params with a zero scale resolved to 1/sqrt(d).
+AttentionParams check_attention(const char* op, const Tensor& q, const Tensor& k, const Tensor& v,
+                                const Tensor& out, const Tensor& lse, const AttentionParams& p) {
+  need_float(op, "q", q);
+  need_dim(op, "q", q, 3);
+  need_dtype(op, "k", k, q.dtype());
+  need_dim(op, "k", k, 3);
+  need_dtype(op, "v", v, q.dtype());
+  need_same_shape(op, "v", v, "k", k);
+  if (k.size(2) != q.size(2))
+    fail(op, str("head dimensions differ: ", desc("q", q), " and ", desc("k", k)));
+  if (k.size(1) == 0 || q.size(1) % k.size(1) != 0)
+    fail(op, str("query heads of ", desc("q", q), " must be a multiple of the kv heads of ", desc("k", k)));
+  need_float(op, "out", out);
+  need_same_shape(op, "out", out, "q", q);
+  need_dtype(op, "lse", lse, DType::f32);
+  need_shape(op, "lse", lse, {q.size(1), q.size(0)}, "q", q);
+  AttentionParams r = p;
+  if (r.scale == 0.f) r.scale = 1.f / std::sqrt(static_cast<float>(q.size(2)));
+  return r;
+}
+}  // namespace
+
+void attention_forward(const Tensor& q, const Tensor& k, const Tensor& v, Tensor& out, Tensor& lse,
+                       const AttentionParams& p) {
+  const char* op = "attention_forward";
+  const bool cuda = on_cuda(op, {{"q", &q}, {"k", &k}, {"v", &v}, {"out", &out}, {"lse", &lse}});
+  const AttentionParams r = check_attention(op, q, k, v, out, lse, p);
+  LCX_ROUTE(cuda, attention_forward, q, k, v, out, lse, r);
+}
+
+void attention_backward(const Tensor& q, const Tensor& k, const Tensor& v, const Tensor& out, const Tensor& lse,
+                        const Tensor& dout, Tensor& dq, Tensor& dk, Tensor& dv, const AttentionParams& p) {
+  const char* op = "attention_backward";
+  const bool cuda = on_cuda(op, {{"q", &q},
+                                 {"k", &k},
+                                 {"v", &v},
+                                 {"out", &out},
+                                 {"lse", &lse},
+                                 {"dout", &dout},
+                                 {"dq", &dq},
+                                 {"dk", &dk},
+                                 {"dv", &dv}});
+  const AttentionParams r = check_attention(op, q, k, v, out, lse, p);
+  for (Arg x : {Arg{"dout", &dout}, Arg{"dq", &dq}}) {
+    need_float(op, x.first, *x.second);
+    need_same_shape(op, x.first, *x.second, "q", q);
+  }
+  for (Arg x : {Arg{"dk", &dk}, Arg{"dv", &dv}}) {
+    need_float(op, x.first, *x.second);
+    need_same_shape(op, x.first, *x.second, "k", k);
+  }
+  LCX_ROUTE(cuda, attention_backward, q, k, v, out, lse, dout, dq, dk, dv, r);
+}
+
+double cross_entropy_forward_backward(const Tensor& logits, const Tensor& targets, double grad_scale,
+                                      Tensor* dlogits, int64_t* valid) {
+  const char* op = "cross_entropy_forward_backward";
+  const bool cuda = dlogits ? on_cuda(op, {{"logits", &logits}, {"targets", &targets}, {"dlogits", dlogits}})
+                            : on_cuda(op, {{"logits", &logits}, {"targets", &targets}});
+  need_float(op, "logits", logits);
+  need_dim(op, "logits", logits, 2);
+  need_dtype(op, "targets", targets, DType::i64);
+  need_shape(op, "targets", targets, {logits.size(0)}, "logits", logits);
+  if (dlogits) {
+    need_float(op, "dlogits", *dlogits);
+    need_same_shape(op, "dlogits", *dlogits, "logits", logits);
+  }
+  if (!cuda) {
+    const int64_t* tg = targets.data_as<const int64_t>();
+    for (int64_t t = 0; t < targets.numel(); ++t)
+      if (tg[t] != -100 && (tg[t] < 0 || tg[t] >= logits.size(1)))
+        fail(op, str("target ", tg[t], " at row ", t, " is outside ", desc("logits", logits),
+                     " (and is not the ignore index -100)"));
+  }
+  LCX_ROUTE(cuda, cross_entropy_forward_backward, logits, targets, grad_scale, dlogits, valid);
+}
+
+#undef LCX_ROUTE
 
 }  // namespace lcx::ops

@@ -114,11 +114,10 @@ void attention_backward(const Tensor& q, const Tensor& k, const Tensor& v, const
           float* dkj = &dk_acc[j * m.d];
           float* dvj = &dv_acc[j * m.d];
           for (int64_t c = 0; c < m.d; ++c) {
-            dv_acc[j * m.d + c] += pj * dout_i[c];
+            dvj[c] += pj * dout_i[c];
             dkj[c] += ds * qi[c];
             dq_i[c] += ds * kj[c];
           }
-          (void)dvj;
         }
         for (auto& x : dq_i) x *= p.scale;
         store_f32(dq_i.data(), m.d, dq, row);

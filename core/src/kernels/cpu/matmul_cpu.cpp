@@ -13,8 +13,9 @@ struct Matrix {
   int64_t rows, cols;
 };
 Matrix as_matrix(const Tensor& t) {
-  const int64_t cols = t.size(-1);
-  return {cols == 0 ? 0 : t.numel() / cols, cols};
+  int64_t rows = 1;
+  for (int64_t i = 0; i + 1 < t.dim(); ++i) rows *= t.size(i);
+  return {rows, t.size(-1)};
 }
 
 // fp32 pointer to t's data: the tensor itself when fp32, else a widened copy in scratch.

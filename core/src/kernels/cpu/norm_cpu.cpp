@@ -10,7 +10,7 @@
 namespace lcx::ops::cpu {
 
 void rmsnorm_forward(const Tensor& x, const Tensor& w, float eps, Tensor& y, Tensor& rstd) {
-  const int64_t d = x.size(-1), rows = d == 0 ? 0 : x.numel() / d;
+  const int64_t d = x.size(-1), rows = rstd.numel();
   const std::vector<float> wf = to_f32(w);
   std::vector<float> xr(d), yr(d);
   float* rs = rstd.data_as<float>();
@@ -27,7 +27,7 @@ void rmsnorm_forward(const Tensor& x, const Tensor& w, float eps, Tensor& y, Ten
 
 void rmsnorm_backward(const Tensor& x, const Tensor& w, const Tensor& rstd, const Tensor& dy, Tensor& dx,
                       Tensor& dw) {
-  const int64_t d = x.size(-1), rows = d == 0 ? 0 : x.numel() / d;
+  const int64_t d = x.size(-1), rows = rstd.numel();
   const std::vector<float> wf = to_f32(w);
   std::vector<float> xr(d), dyr(d), dxr(d), dwacc(d, 0.f);
   const float* rs = rstd.data_as<const float>();

@@ -1,5 +1,6 @@
 // The CUDA twin of every op in lcx/ops.h, one signature each. ops.cpp checks shapes, dtypes and
-// devices before calling in here, so these functions assume valid, contiguous device tensors.
+// devices before calling in here (and turns a zero attention scale into 1/sqrt(d)), so these
+// functions assume valid, contiguous device tensors.
 // Storage is bf16 (fp16 and fp32 where the CPU reference accepts them), math is fp32; kernels run
 // on lcx::cuda::current_stream() (core/src/cuda/stream.h).
 #pragma once
