@@ -1,0 +1,66 @@
+// Byte-level BPE: merges applied lowest rank first, leftmost first among equal ranks, which is
+// the order `tokenizers` pops its merge heap in. Words are raw bytes (the ByteLevel alphabet is
+// undone when the vocabulary is loaded). Short words use a linear scan over pair ranks, long ones a
+// heap; a per-thread WordCache remembers the ids of words already seen.
+#pragma once
+#include <cstdint>
+#include <string>
+#include <string_view>
+#include <vector>
+
+namespace lcx {
+
+class BpeModel {
+ public:
+  // `vocab[i]` are the raw bytes of id i (ids without an entry stay empty); merges as id pairs.
+  BpeModel(std::vector<std::string> vocab, const std::vector<std::pair<int32_t, int32_t>>& merges,
+           bool ignore_merges);
+  // Appends the ids of `word` (non-empty) to `out`.
+  void encode_word(std::string_view word, std::vector<int32_t>& out) const;
+  int32_t id_of(std::string_view bytes) const;  // -1 when absent
+  const std::string& bytes_of(int32_t id) const { return vocab_[id]; }
+  size_t size() const { return vocab_.size(); }
+
+ private:
+  struct MergeSlot {
+    uint64_t pair;  // left << 32 | right; kEmpty when unused
+    uint32_t rank;
+    int32_t id;
+  };
+  static constexpr uint64_t kEmpty = ~0ull;
+  const MergeSlot* find_merge(int32_t left, int32_t right) const;
+  void merge_short(std::vector<int32_t>& syms) const;
+  void merge_long(std::vector<int32_t>& syms) const;
+
+  std::vector<std::string> vocab_;
+  std::vector<MergeSlot> merges_;
+  uint64_t merge_mask_ = 0;
+  std::vector<int32_t> byte_id_;  // id of each single byte
+  std::vector<uint32_t> word_slots_;  // open addressing over vocab_: id + 1, 0 when empty
+  uint64_t word_mask_ = 0;
+  bool ignore_merges_ = false;
+};
+
+// Word -> ids memo for one thread; cleared when it grows past a bound.
+class WordCache {
+ public:
+  // Ids of `word`, computing and remembering them on a miss.
+  void lookup(const BpeModel& bpe, std::string_view word, std::vector<int32_t>& out);
+
+ private:
+  struct Slot {
+    uint64_t hash = 0;
+    uint32_t key_off = 0, key_len = 0;  // into keys_; key_len 0 marks an empty slot
+    uint32_t ids_off = 0, ids_len = 0;  // into ids_
+  };
+  void grow();
+  std::vector<Slot> slots_ = std::vector<Slot>(1 << 12);
+  size_t used_ = 0;
+  std::string keys_;
+  std::vector<int32_t> ids_;
+  std::vector<int32_t> scratch_;
+};
+
+uint64_t hash_bytes(std::string_view s);
+
+}  // namespace lcx

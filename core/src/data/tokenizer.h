@@ -1,0 +1,54 @@
+// A Hugging Face tokenizer.json, as Qwen2/Qwen3 use it, giving the same ids as the `tokenizers`
+// library: added tokens matched first (leftmost longest), NFC, the Qwen Split regex, ByteLevel,
+// byte-level BPE; ByteLevel decoding. Features of tokenizer.json not implemented are refused when
+// loading, naming the key and its value.
+//
+//   lcx::Tokenizer tok = lcx::Tokenizer::load("data/qwen3/tokenizer.json");
+//   std::vector<int32_t> ids = tok.encode("Hello world");   // all cores for a long text
+//   std::string text = tok.decode(ids);                     // NFC of the input
+//   int32_t eos = tok.eos_id();                             // <|endoftext|>
+//   std::string key = tok.hash();                           // sha256 of the file, for caches
+//
+// Input that is not valid UTF-8 is repaired first as Python's bytes.decode(errors='replace')
+// would (the only way such bytes reach `tokenizers`); EncodeStats counts the replacements.
+// A Tokenizer is cheap to copy (shared state) and safe to use from several threads at once.
+#pragma once
+#include <cstdint>
+#include <memory>
+#include <string>
+#include <string_view>
+#include <vector>
+
+namespace lcx {
+
+struct EncodeStats {
+  int64_t invalid_utf8 = 0;  // ill-formed sequences replaced by U+FFFD
+};
+
+class Tokenizer {
+ public:
+  static Tokenizer load(const std::string& path);
+
+  // threads: 0 = all hardware threads; texts below a few hundred KB use one.
+  std::vector<int32_t> encode(std::string_view text, int threads = 0, EncodeStats* stats = nullptr) const;
+  // Encodes each text on its own (as tokenizers' encode_batch does), all in parallel; stats, when
+  // given, gets one entry per text.
+  std::vector<std::vector<int32_t>> encode_batch(const std::vector<std::string_view>& texts, int threads = 0,
+                                                 std::vector<EncodeStats>* stats = nullptr) const;
+  // Ids back to text (ByteLevel decoder; ill-formed bytes become U+FFFD); special tokens kept
+  // unless skip_special.
+  std::string decode(const std::vector<int32_t>& ids, bool skip_special = false) const;
+
+  int32_t eos_id() const;  // <|endoftext|>, or the model's eos as the file names it
+  int64_t vocab_size() const;  // one past the largest id
+  int32_t token_to_id(std::string_view token) const;  // -1 when unknown; added tokens by content
+  const std::string& hash() const;  // sha256 of tokenizer.json
+  const std::string& path() const;
+
+  struct Impl;
+
+ private:
+  std::shared_ptr<const Impl> impl_;
+};
+
+}  // namespace lcx
