@@ -11,3 +11,6 @@
       throw ::lcx::Error(::lcx::str(#call " failed: ", cudaGetErrorString(lcx_err_), " at ", \
                                     __FILE__, ":", __LINE__));                                \
   } while (0)
+
+// After a kernel launch: a bad configuration shows here, not at the next unrelated call.
+#define LCX_CUDA_LAUNCH_CHECK() LCX_CUDA_CHECK(cudaGetLastError())

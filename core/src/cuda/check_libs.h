@@ -1,0 +1,23 @@
+// The check macros of the CUDA libraries beside the runtime's LCX_CUDA_CHECK (cuda/check.h):
+// a failed cuBLAS(Lt) or cuDNN call becomes an lcx::Error naming the call, file and line.
+#pragma once
+#include <cublasLt.h>
+#include <cudnn.h>
+
+#include "cuda/check.h"
+
+#define LCX_CUBLAS_CHECK(call)                                                                     \
+  do {                                                                                             \
+    cublasStatus_t lcx_st_ = (call);                                                               \
+    if (lcx_st_ != CUBLAS_STATUS_SUCCESS)                                                          \
+      throw ::lcx::Error(::lcx::str(#call " failed: ", cublasLtGetStatusString(lcx_st_), " at ",   \
+                                    __FILE__, ":", __LINE__));                                     \
+  } while (0)
+
+#define LCX_CUDNN_CHECK(call)                                                                      \
+  do {                                                                                             \
+    cudnnStatus_t lcx_st_ = (call);                                                                \
+    if (lcx_st_ != CUDNN_STATUS_SUCCESS)                                                           \
+      throw ::lcx::Error(::lcx::str(#call " failed: ", cudnnGetErrorString(lcx_st_), " at ",       \
+                                    __FILE__, ":", __LINE__));                                     \
+  } while (0)

@@ -1,0 +1,311 @@
+// Every CUDA op against its CPU twin on fresh random inputs: the same inputs go to both, the GPU
+// outputs start as NaN, and the relative L2 error must stay within 1e-5 for fp32 storage and 1e-2
+// for bf16. Accumulating outputs (grad tables, dw, matmul with beta) start from the same random
+// values on both sides.
+#include <gtest/gtest.h>
+
+#include <cmath>
+#include <random>
+
+#include "gpu/gpu_test_util.h"
+#include "lcx/ops.h"
+
+namespace lcx::test {
+namespace {
+
+class GpuOps : public ::testing::Test {
+ protected:
+  void SetUp() override {
+    LCX_SKIP_WITHOUT_GPU();
+    seed_ = fresh_seed();
+    rng_.seed(seed_);
+    RecordProperty("seed", std::to_string(seed_));
+  }
+  std::string trace() const { return str("seed ", seed_); }
+  uint32_t seed_ = 0;
+  std::mt19937 rng_;
+};
+
+const DType kDtypes[] = {DType::f32, DType::bf16};
+
+TEST_F(GpuOps, MatmulAllTransposesAndOutputDtypes) {
+  SCOPED_TRACE(trace());
+  struct Case {
+    int64_t M, N, K;
+  };
+  for (Case s : {Case{67, 45, 129}, Case{256, 384, 512}, Case{1, 7, 3}}) {
+    for (DType ab : kDtypes) {
+      for (DType ct : {DType::f32, DType::bf16}) {
+        if (ab == DType::f32 && ct == DType::bf16) continue;
+        for (int ta = 0; ta < 2; ++ta) {
+          for (int tb = 0; tb < 2; ++tb) {
+            SCOPED_TRACE(str(s.M, "x", s.N, "x", s.K, " ", dtype_name(ab), "->", dtype_name(ct), " ta=", ta,
+                             " tb=", tb));
+            const Tensor a = host_normal(ta ? Shape{s.K, s.M} : Shape{s.M, s.K}, ab, rng_);
+            const Tensor b = host_normal(tb ? Shape{s.N, s.K} : Shape{s.K, s.N}, ab, rng_);
+            Tensor c = host_normal({s.M, s.N}, ct, rng_);
+            Tensor gc = on_gpu(c);
+            ops::matmul(a, ta, b, tb, c, 0.7f, 0.3f);
+            ops::matmul(on_gpu(a), ta, on_gpu(b), tb, gc, 0.7f, 0.3f);
+            EXPECT_CLOSE(gc, c, ct);
+            // beta = 0 must not read c: a NaN c stays out of the result.
+            Tensor c0 = Tensor::zeros({s.M, s.N}, ct);
+            Tensor gc0 = poisoned_gpu({s.M, s.N}, ct);
+            ops::matmul(a, ta, b, tb, c0, 1.f, 0.f);
+            ops::matmul(on_gpu(a), ta, on_gpu(b), tb, gc0, 1.f, 0.f);
+            EXPECT_CLOSE(gc0, c0, ct);
+          }
+        }
+      }
+    }
+  }
+}
+
+TEST_F(GpuOps, MatmulFoldsLeadingDimensionsAndMixedDtypes) {
+  SCOPED_TRACE(trace());
+  const Tensor a = host_normal({6, 5, 32}, DType::bf16, rng_);  // [T, heads, d] as a [30, 32] matrix
+  const Tensor b = host_normal({48, 32}, DType::f32, rng_);
+  Tensor c = Tensor::zeros({30, 48}, DType::bf16);
+  Tensor gc = poisoned_gpu({30, 48}, DType::bf16);
+  ops::matmul(a, false, b, true, c, 1.f, 0.f);
+  ops::matmul(on_gpu(a), false, on_gpu(b), true, gc, 1.f, 0.f);
+  EXPECT_CLOSE(gc, c, DType::bf16);
+}
+
+TEST_F(GpuOps, EmbeddingForwardBackward) {
+  SCOPED_TRACE(trace());
+  const int64_t V = 1000, H = 96, T = 300;
+  std::uniform_int_distribution<int> pick(0, 40);  // few distinct ids: many repeats in backward
+  std::vector<float> idv(T);
+  for (auto& x : idv) x = static_cast<float>(pick(rng_) * 23 % V);
+  const Tensor ids = Tensor::from_floats(idv, {T}, DType::i32);
+  for (DType t : kDtypes) {
+    SCOPED_TRACE(dtype_name(t));
+    const Tensor table = host_normal({V, H}, t, rng_);
+    Tensor out = Tensor::empty({T, H}, t);
+    Tensor gout = poisoned_gpu({T, H}, t);
+    ops::embedding_forward(ids, table, out);
+    ops::embedding_forward(on_gpu(ids), on_gpu(table), gout);
+    EXPECT_CLOSE(gout, out, t);
+
+    const Tensor grad_out = host_normal({T, H}, t, rng_);
+    Tensor grad_table = host_normal({V, H}, DType::f32, rng_);
+    Tensor g_grad_table = on_gpu(grad_table);
+    ops::embedding_backward(ids, grad_out, grad_table);
+    ops::embedding_backward(on_gpu(ids), on_gpu(grad_out), g_grad_table);
+    EXPECT_CLOSE(g_grad_table, grad_table, DType::f32);
+  }
+}
+
+TEST_F(GpuOps, RmsNormForwardBackwardHiddenAndPerHead) {
+  SCOPED_TRACE(trace());
+  for (Shape shape : {Shape{37, 1024}, Shape{50, 8, 128}, Shape{3, 2560}}) {
+    for (DType t : kDtypes) {
+      SCOPED_TRACE(str(shape_str(shape), " ", dtype_name(t)));
+      const int64_t d = shape.back(), rows = shape_numel(shape) / d;
+      const Tensor x = host_normal(shape, t, rng_, 2.f);
+      std::vector<float> wv = normal(d, rng_, 0.2f);
+      for (auto& w : wv) w += 1.f;
+      const Tensor w = Tensor::from_floats(wv, {d}, t);
+      Tensor y = Tensor::empty(shape, t), rstd = Tensor::empty({rows}, DType::f32);
+      Tensor gy = poisoned_gpu(shape, t), grstd = poisoned_gpu({rows}, DType::f32);
+      ops::rmsnorm_forward(x, w, 1e-6f, y, rstd);
+      ops::rmsnorm_forward(on_gpu(x), on_gpu(w), 1e-6f, gy, grstd);
+      EXPECT_CLOSE(gy, y, t);
+      EXPECT_CLOSE(grstd, rstd, DType::f32);
+
+      const Tensor dy = host_normal(shape, t, rng_);
+      Tensor dx = Tensor::empty(shape, t), dw = host_normal({d}, DType::f32, rng_);
+      Tensor gdx = poisoned_gpu(shape, t), gdw = on_gpu(dw);
+      ops::rmsnorm_backward(x, w, rstd, dy, dx, dw);
+      ops::rmsnorm_backward(on_gpu(x), on_gpu(w), on_gpu(rstd), on_gpu(dy), gdx, gdw);
+      EXPECT_CLOSE(gdx, dx, t);
+      EXPECT_CLOSE(gdw, dw, DType::f32);
+    }
+  }
+}
+
+TEST_F(GpuOps, RotaryForwardBackward) {
+  SCOPED_TRACE(trace());
+  const int64_t T = 50, heads = 6, d = 128;
+  std::vector<float> cv(T * d / 2), sv(T * d / 2);
+  for (int64_t t = 0; t < T; ++t)
+    for (int64_t i = 0; i < d / 2; ++i) {
+      const double angle = (t + 1000) * std::pow(1e6, -2.0 * i / d);
+      cv[t * d / 2 + i] = static_cast<float>(std::cos(angle));
+      sv[t * d / 2 + i] = static_cast<float>(std::sin(angle));
+    }
+  const Tensor cos = Tensor::from_floats(cv, {T, d / 2}, DType::f32);
+  const Tensor sin = Tensor::from_floats(sv, {T, d / 2}, DType::f32);
+  const Tensor gcos = on_gpu(cos), gsin = on_gpu(sin);
+  for (DType t : kDtypes) {
+    SCOPED_TRACE(dtype_name(t));
+    Tensor x = host_normal({T, heads, d}, t, rng_);
+    Tensor gx = on_gpu(x);
+    ops::rotary_forward(x, cos, sin);
+    ops::rotary_forward(gx, gcos, gsin);
+    EXPECT_CLOSE(gx, x, t);
+    Tensor dx = host_normal({T, heads, d}, t, rng_);
+    Tensor gdx = on_gpu(dx);
+    ops::rotary_backward(dx, cos, sin);
+    ops::rotary_backward(gdx, gcos, gsin);
+    EXPECT_CLOSE(gdx, dx, t);
+  }
+}
+
+TEST_F(GpuOps, SwigluForwardBackward) {
+  SCOPED_TRACE(trace());
+  const Shape shape{33, 3072};
+  for (DType t : kDtypes) {
+    SCOPED_TRACE(dtype_name(t));
+    const Tensor gate = host_normal(shape, t, rng_, 3.f), up = host_normal(shape, t, rng_);
+    Tensor out = Tensor::empty(shape, t), gout = poisoned_gpu(shape, t);
+    ops::swiglu_forward(gate, up, out);
+    ops::swiglu_forward(on_gpu(gate), on_gpu(up), gout);
+    EXPECT_CLOSE(gout, out, t);
+    const Tensor dout = host_normal(shape, t, rng_);
+    Tensor dg = Tensor::empty(shape, t), du = Tensor::empty(shape, t);
+    Tensor gdg = poisoned_gpu(shape, t), gdu = poisoned_gpu(shape, t);
+    ops::swiglu_backward(gate, up, dout, dg, du);
+    ops::swiglu_backward(on_gpu(gate), on_gpu(up), on_gpu(dout), gdg, gdu);
+    EXPECT_CLOSE(gdg, dg, t);
+    EXPECT_CLOSE(gdu, du, t);
+  }
+}
+
+TEST_F(GpuOps, AddScaleCastAcrossDtypes) {
+  SCOPED_TRACE(trace());
+  const Shape shape{129, 257};
+  for (DType ta : kDtypes) {
+    for (DType tb : kDtypes) {
+      SCOPED_TRACE(str(dtype_name(ta), " + ", dtype_name(tb)));
+      const Tensor a = host_normal(shape, ta, rng_), b = host_normal(shape, tb, rng_);
+      Tensor out = Tensor::empty(shape, ta), gout = poisoned_gpu(shape, ta);
+      ops::add(a, b, out);
+      ops::add(on_gpu(a), on_gpu(b), gout);
+      EXPECT_CLOSE(gout, out, ta);
+      Tensor acc = a.clone(), gacc = on_gpu(a);
+      ops::add_inplace(acc, b);
+      ops::add_inplace(gacc, on_gpu(b));
+      EXPECT_CLOSE(gacc, acc, ta);
+      ops::scale_inplace(acc, -0.37f);
+      ops::scale_inplace(gacc, -0.37f);
+      EXPECT_CLOSE(gacc, acc, ta);
+    }
+  }
+  // Casts round to nearest even on both sides: the stored values agree exactly.
+  for (auto [from, to] : {std::pair{DType::f32, DType::bf16}, std::pair{DType::bf16, DType::f32},
+                          std::pair{DType::f32, DType::f16}, std::pair{DType::f16, DType::bf16}}) {
+    SCOPED_TRACE(str(dtype_name(from), " -> ", dtype_name(to)));
+    const Tensor src = host_normal(shape, from, rng_, 10.f);
+    Tensor dst = Tensor::empty(shape, to), gdst = poisoned_gpu(shape, to);
+    ops::cast(src, dst);
+    ops::cast(on_gpu(src), gdst);
+    EXPECT_EQ(gdst.to_floats(), dst.to_floats());
+  }
+}
+
+TEST_F(GpuOps, CrossEntropyForwardBackwardAndInPlace) {
+  SCOPED_TRACE(trace());
+  struct Case {
+    int64_t T, V;
+  };
+  for (Case s : {Case{37, 5003}, Case{4, 151936}}) {
+    for (DType t : kDtypes) {
+      SCOPED_TRACE(str(s.T, "x", s.V, " ", dtype_name(t)));
+      const Tensor logits = host_normal({s.T, s.V}, t, rng_, 3.f);
+      std::uniform_int_distribution<int64_t> pick(0, s.V - 1);
+      std::vector<int64_t> tv(static_cast<size_t>(s.T));
+      for (size_t i = 0; i < tv.size(); ++i) tv[i] = i % 4 == 1 ? -100 : pick(rng_);
+      Tensor targets = Tensor::empty({s.T}, DType::i64);
+      std::copy(tv.begin(), tv.end(), targets.data_as<int64_t>());
+      const Tensor gtargets = on_gpu(targets);
+      const double scale = 1.0 / 29;
+
+      Tensor dl = Tensor::empty({s.T, s.V}, t), gdl = poisoned_gpu({s.T, s.V}, t);
+      int64_t valid = -1, gvalid = -2;
+      const double loss = ops::cross_entropy_forward_backward(logits, targets, scale, &dl, &valid);
+      const double gloss = ops::cross_entropy_forward_backward(on_gpu(logits), gtargets, scale, &gdl, &gvalid);
+      EXPECT_EQ(gvalid, valid);
+      EXPECT_NEAR(gloss, loss, 1e-5 * std::abs(loss));
+      EXPECT_CLOSE(gdl, dl, t);
+
+      // Loss only, and the gradient written over the logits themselves.
+      EXPECT_NEAR(ops::cross_entropy_forward_backward(on_gpu(logits), gtargets, scale, nullptr, nullptr), loss,
+                  1e-5 * std::abs(loss));
+      Tensor inplace = on_gpu(logits);
+      EXPECT_NEAR(ops::cross_entropy_forward_backward(inplace, gtargets, scale, &inplace, nullptr), loss,
+                  1e-5 * std::abs(loss));
+      EXPECT_CLOSE(inplace, dl, t);
+    }
+  }
+}
+
+struct AttnCase {
+  int64_t T, S, Hq, Hkv, d;
+  bool causal;
+  int64_t q_offset, k_offset;
+};
+
+std::string attn_name(const AttnCase& c) {
+  return str("T=", c.T, " S=", c.S, " Hq=", c.Hq, " Hkv=", c.Hkv, " d=", c.d, c.causal ? " causal" : " full",
+             " q_offset=", c.q_offset, " k_offset=", c.k_offset);
+}
+
+// lse values agree where finite, and -inf (a row that saw no key) sits in the same places.
+void expect_lse(const Tensor& got, const Tensor& want) {
+  std::vector<float> g = got.to_floats(), w = want.to_floats();
+  ASSERT_EQ(g.size(), w.size());
+  for (size_t i = 0; i < g.size(); ++i) {
+    ASSERT_EQ(std::isinf(g[i]), std::isinf(w[i])) << "lse element " << i << ": " << g[i] << " vs " << w[i];
+    if (std::isinf(w[i])) g[i] = w[i] = 0.f;
+  }
+  const Tensor gt = Tensor::from_floats(g, got.shape(), DType::f32);
+  const Tensor wt = Tensor::from_floats(w, want.shape(), DType::f32);
+  EXPECT_CLOSE(gt, wt, DType::f32);
+}
+
+TEST_F(GpuOps, AttentionForwardBackwardAgainstCpu) {
+  SCOPED_TRACE(trace());
+  const AttnCase cases[] = {
+      {130, 130, 4, 2, 64, true, 0, 0},   // causal, GQA, ragged last tile
+      {70, 200, 4, 1, 64, true, 130, 0},  // the last 70 queries of a 200-token sequence
+      {65, 100, 2, 2, 32, false, 0, 0},   // a full (non-causal) ring block
+      {96, 96, 8, 2, 128, true, 0, 0},    // Qwen3's head_dim and group of 4
+      {50, 50, 2, 1, 80, true, 0, 0},     // a head_dim padded inside its tile
+      {40, 60, 2, 2, 64, true, 0, 20},    // the first 20 queries see no key: lse -inf, out 0
+      {64, 64, 4, 2, 128, false, 128, 0}, // a ring block wholly in the past
+  };
+  for (const AttnCase& c : cases) {
+    for (DType t : kDtypes) {
+      SCOPED_TRACE(str(attn_name(c), " ", dtype_name(t)));
+      ops::AttentionParams p;
+      p.causal = c.causal;
+      p.q_offset = c.q_offset;
+      p.k_offset = c.k_offset;
+      const Tensor q = host_normal({c.T, c.Hq, c.d}, t, rng_);
+      const Tensor k = host_normal({c.S, c.Hkv, c.d}, t, rng_);
+      const Tensor v = host_normal({c.S, c.Hkv, c.d}, t, rng_);
+      const Tensor gq = on_gpu(q), gk = on_gpu(k), gv = on_gpu(v);
+      Tensor out = Tensor::empty({c.T, c.Hq, c.d}, t), lse = Tensor::empty({c.Hq, c.T}, DType::f32);
+      Tensor gout = poisoned_gpu({c.T, c.Hq, c.d}, t), glse = poisoned_gpu({c.Hq, c.T}, DType::f32);
+      ops::attention_forward(q, k, v, out, lse, p);
+      ops::attention_forward(gq, gk, gv, gout, glse, p);
+      EXPECT_CLOSE(gout, out, t);
+      expect_lse(glse, lse);
+
+      // Backward from the CPU's forward results, so only backward is compared.
+      const Tensor dout = host_normal({c.T, c.Hq, c.d}, t, rng_);
+      Tensor dq = Tensor::empty(q.shape(), t), dk = Tensor::empty(k.shape(), t), dv = Tensor::empty(v.shape(), t);
+      Tensor gdq = poisoned_gpu(q.shape(), t), gdk = poisoned_gpu(k.shape(), t), gdv = poisoned_gpu(v.shape(), t);
+      ops::attention_backward(q, k, v, out, lse, dout, dq, dk, dv, p);
+      ops::attention_backward(gq, gk, gv, on_gpu(out), on_gpu(lse), on_gpu(dout), gdq, gdk, gdv, p);
+      EXPECT_CLOSE(gdq, dq, t);
+      EXPECT_CLOSE(gdk, dk, t);
+      EXPECT_CLOSE(gdv, dv, t);
+    }
+  }
+}
+
+}  // namespace
+}  // namespace lcx::test
