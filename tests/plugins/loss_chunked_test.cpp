@@ -65,6 +65,7 @@ struct Case {
   int64_t T, H, V, chunk_rows;
   bool tied;
   std::vector<std::pair<int64_t, int64_t>> ignored;  // row ranges whose labels are all -100
+  DType dtype = DType::f32;  // of hidden, head and grad_hidden (bf16 is what the GPU stores)
 };
 
 // Runs core's loss and the plugin on the same inputs and compares every output. The head gradient
@@ -72,9 +73,9 @@ struct Case {
 // which already holds the embedding's contribution.
 void compare(const Case& c, uint32_t seed) {
   std::mt19937 rng(seed);
-  Tensor hidden = random_tensor({c.T, c.H}, rng, 1.f);
-  Tensor embed = random_tensor({c.V, c.H}, rng, 0.5f);
-  Tensor head = c.tied ? embed : random_tensor({c.V, c.H}, rng, 0.5f);
+  Tensor hidden = random_tensor({c.T, c.H}, rng, 1.f).to(c.dtype);
+  Tensor embed = random_tensor({c.V, c.H}, rng, 0.5f).to(c.dtype);
+  Tensor head = c.tied ? embed : random_tensor({c.V, c.H}, rng, 0.5f).to(c.dtype);
   Tensor targets = make_targets(c.T, c.V, rng, c.ignored);
   Tensor grad_head0 = random_tensor({c.V, c.H}, rng, 0.1f);
 
@@ -82,23 +83,23 @@ void compare(const Case& c, uint32_t seed) {
   auto chunked = load_chunked(c.chunk_rows);
   const double scale = 1.0 / 37;  // as if the step had valid targets on other ranks too
 
-  Tensor gh_ref = Tensor::empty({c.T, c.H}, DType::f32), gw_ref = grad_head0.clone();
+  Tensor gh_ref = Tensor::empty({c.T, c.H}, c.dtype), gw_ref = grad_head0.clone();
   LossResult ref = full->forward_backward(hidden, head, targets, scale, gh_ref, gw_ref);
-  Tensor gh = Tensor::empty({c.T, c.H}, DType::f32), gw = grad_head0.clone();
+  Tensor gh = Tensor::empty({c.T, c.H}, c.dtype), gw = grad_head0.clone();
   // Garbage in grad_hidden: the plugin must write every row, skipped chunks included.
   std::vector<float> junk(static_cast<size_t>(c.T * c.H), 1e3f);
-  gh.copy_from(Tensor::from_floats(junk, {c.T, c.H}, DType::f32));
+  gh.copy_from(Tensor::from_floats(junk, {c.T, c.H}, c.dtype));
   LossResult got = chunked->forward_backward(hidden, head, targets, scale, gh, gw);
 
   EXPECT_EQ(got.valid, ref.valid);
   EXPECT_GT(ref.valid, 0);
-  EXPECT_NEAR(got.loss_sum, ref.loss_sum, 1e-5 * std::fabs(ref.loss_sum) + 1e-5);
-  expect_close(gh, gh_ref, 1e-4f, 1e-6f, "grad_hidden");
-  expect_close(gw, gw_ref, 1e-4f, 1e-6f, "grad_head");
+  EXPECT_NEAR(got.loss_sum, ref.loss_sum, 1e-6 * std::fabs(ref.loss_sum));
+  expect_close(gh, gh_ref, 1e-5f, 1e-7f, "grad_hidden");
+  expect_close(gw, gw_ref, 1e-5f, 1e-7f, "grad_head");
 
   LossResult fwd = chunked->forward(hidden, head, targets);
   EXPECT_EQ(fwd.valid, ref.valid);
-  EXPECT_NEAR(fwd.loss_sum, ref.loss_sum, 1e-5 * std::fabs(ref.loss_sum) + 1e-5);
+  EXPECT_NEAR(fwd.loss_sum, ref.loss_sum, 1e-6 * std::fabs(ref.loss_sum));
 
   // Rows of a chunk with no valid label get a zero gradient, not whatever was in the buffer.
   auto g = gh.to_floats();
@@ -136,6 +137,13 @@ TEST(LossChunked, TSmallerThanChunkRows) {
 TEST(LossChunked, OddVocabulary) {
   compare({128, 20, 1, 32, false, {}}, 9);
   compare({128, 20, 997, 48, true, {}}, 10);
+}
+
+// bf16 storage, as on the GPU: the GEMM against the head runs in bf16 from a cast of dlogits and
+// the head gradient accumulates in fp32 from an fp32 copy of the hidden rows, as in core's loss.
+TEST(LossChunked, Bf16HiddenAndHead) {
+  compare({300, 32, 257, 64, false, {{64, 128}}, DType::bf16}, 15);
+  compare({300, 32, 257, 64, true, {}, DType::bf16}, 16);
 }
 
 TEST(LossChunked, ChunkOfOneRow) { compare({37, 8, 19, 1, false, {{5, 9}}}, 11); }
