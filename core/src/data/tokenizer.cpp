@@ -505,8 +505,11 @@ std::vector<std::vector<int32_t>> Tokenizer::encode_batch(const std::vector<std:
   std::vector<std::vector<int32_t>> pieces(items.size());
   auto work = [&](size_t i, WordCache& cache) {
     const Item& it = items[i];
-    if (it.added >= 0) pieces[i].push_back(it.added);
-    else im.encode_plain(views[it.text].substr(it.begin, it.end - it.begin), cache, pieces[i]);
+    // Filled locally and moved in: neighbouring vectors in `pieces` share cache lines.
+    std::vector<int32_t> ids;
+    if (it.added >= 0) ids.push_back(it.added);
+    else im.encode_plain(views[it.text].substr(it.begin, it.end - it.begin), cache, ids);
+    pieces[i] = std::move(ids);
   };
   threads = static_cast<int>(std::min<size_t>(threads, items.size()));
   if (threads <= 1) {
