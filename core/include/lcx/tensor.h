@@ -46,7 +46,7 @@ class Tensor {
   // Wraps memory the caller owns (mapped files, pinned pools); the caller keeps it alive.
   static Tensor borrow(void* data, Shape shape, DType dtype, Device device);
 
-  bool defined() const { return data_ != nullptr || numel() == 0; }
+  bool defined() const { return storage_ != nullptr || data_ != nullptr; }
   const Shape& shape() const { return shape_; }
   int64_t dim() const { return static_cast<int64_t>(shape_.size()); }
   int64_t size(int64_t axis) const;  // negative axes count from the end

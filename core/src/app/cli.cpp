@@ -23,6 +23,8 @@ CliOptions parse_cli(int argc, char** argv) {
        "drop a plugin named in [plugins] load; its slot falls back to core's default (repeatable)")
       ("list-plugins", po::bool_switch(&o.list_plugins), "list the plugins found: name, slot, version, status, path")
       ("dry-run", po::bool_switch(&o.dry_run), "print the resolved config and each slot's provider, then exit")
+      ("resume", po::value(&o.resume)->value_name("latest|PATH"),
+       "continue from the newest checkpoint in output_dir, or from a checkpoint folder")
       ("version", po::bool_switch(&o.version), "print the version and exit")
       ("help,h", po::bool_switch(&o.help), "print this help");
   std::ostringstream help;

@@ -11,6 +11,7 @@ struct CliOptions {
   std::vector<std::string> disabled;
   bool list_plugins = false;
   bool dry_run = false;
+  std::string resume;  // "latest" or a checkpoint folder
   bool version = false;
   bool help = false;
   std::string help_text;

@@ -1,0 +1,134 @@
+#include "train/checkpoint.h"
+
+#include <unistd.h>
+
+#include <algorithm>
+#include <filesystem>
+#include <fstream>
+#include <nlohmann/json.hpp>
+
+#include "lcx/log.h"
+#include "lcx/safetensors.h"
+
+namespace fs = std::filesystem;
+
+namespace lcx {
+namespace {
+
+constexpr const char* kPrefix = "checkpoint-";
+constexpr const char* kState = "trainer_state.json";
+
+int64_t step_of(const fs::path& p) {
+  std::string name = p.filename().string();
+  if (!name.starts_with(kPrefix)) return -1;
+  std::string digits = name.substr(std::string(kPrefix).size());
+  if (digits.empty() || !std::all_of(digits.begin(), digits.end(), ::isdigit)) return -1;
+  return std::stoll(digits);
+}
+
+void write_text(const fs::path& p, const std::string& text) {
+  std::ofstream out(p, std::ios::binary);
+  out << text;
+  out.flush();
+  if (!out) throw Error(str("cannot write ", p.string()), {}, "check free disk space and permissions");
+}
+
+}  // namespace
+
+std::vector<std::string> list_checkpoints(const std::string& output_dir) {
+  std::vector<std::pair<int64_t, std::string>> found;
+  std::error_code ec;
+  if (!fs::is_directory(output_dir, ec)) return {};
+  for (const auto& e : fs::directory_iterator(output_dir, ec)) {
+    int64_t s = step_of(e.path());
+    if (s >= 0 && fs::exists(e.path() / kState)) found.emplace_back(s, e.path().string());
+  }
+  std::sort(found.begin(), found.end());
+  std::vector<std::string> out;
+  for (auto& [s, p] : found) out.push_back(p);
+  return out;
+}
+
+std::string save_checkpoint(const std::string& output_dir, Model& model, const AdamW& opt,
+                            const TrainerState& state, const CheckpointContents& contents, int64_t keep) {
+  fs::path final_dir = fs::path(output_dir) / str(kPrefix, state.step);
+  fs::path tmp = fs::path(output_dir) / str(".", kPrefix, state.step, ".tmp-", getpid());
+  fs::remove_all(tmp);
+  fs::create_directories(tmp);
+
+  model.save_hf(tmp.string(), contents.model_dtype, contents.rope_parameters_json);
+  if (!contents.tokenizer_path.empty() && fs::exists(contents.tokenizer_path))
+    fs::copy_file(contents.tokenizer_path, tmp / "tokenizer.json", fs::copy_options::overwrite_existing);
+
+  AdamW::State os = opt.state();
+  std::vector<safetensors::NamedTensor> tensors;
+  for (auto& [name, t] : os.tensors) tensors.push_back({name, t});
+  safetensors::write_file((tmp / "optimizer.safetensors").string(), tensors, DType::f32,
+                          {{"format", "lcx-adamw"}, {"step", std::to_string(os.step)}});
+  write_text(tmp / "manifest.toml", contents.manifest_toml);
+  nlohmann::json js = {{"step", state.step},
+                       {"optimizer_step", os.step},
+                       {"sequences_done", state.sequences_done},
+                       {"num_tokens", state.num_tokens},
+                       {"seed", state.seed},
+                       {"nonfinite_in_row", state.nonfinite_in_row},
+                       {"nonfinite_total", state.nonfinite_total}};
+  // The state file is written last: its presence marks the folder complete.
+  write_text(tmp / kState, js.dump(2));
+  ::sync();
+
+  if (fs::exists(final_dir)) fs::remove_all(final_dir);
+  fs::rename(tmp, final_dir);
+
+  if (keep > 0) {
+    auto all = list_checkpoints(output_dir);
+    for (size_t i = 0; i + static_cast<size_t>(keep) < all.size(); ++i) fs::remove_all(all[i]);
+  }
+  return final_dir.string();
+}
+
+std::string resolve_checkpoint(const std::string& output_dir, const std::string& which) {
+  if (which == "latest") {
+    auto all = list_checkpoints(output_dir);
+    if (all.empty())
+      throw Error(str("--resume latest: no complete checkpoint in ", output_dir), "run.output_dir",
+                  "train first, or give --resume PATH to a checkpoint folder");
+    return all.back();
+  }
+  if (!fs::exists(fs::path(which) / kState))
+    throw Error(str("--resume ", which, ": not a complete checkpoint (no ", kState, ")"), {},
+                "give a checkpoint-<step> folder, or --resume latest");
+  return which;
+}
+
+TrainerState load_trainer_state(const std::string& dir) {
+  std::ifstream in(fs::path(dir) / kState);
+  nlohmann::json js;
+  try {
+    in >> js;
+  } catch (const nlohmann::json::exception& e) {
+    throw Error(str(dir, "/", kState, " is unreadable: ", e.what()));
+  }
+  TrainerState s;
+  s.step = js.at("step").get<int64_t>();
+  s.sequences_done = js.at("sequences_done").get<int64_t>();
+  s.num_tokens = js.at("num_tokens").get<double>();
+  s.seed = js.at("seed").get<uint64_t>();
+  s.nonfinite_in_row = js.value("nonfinite_in_row", int64_t{0});
+  s.nonfinite_total = js.value("nonfinite_total", int64_t{0});
+  return s;
+}
+
+void load_optimizer_state(const std::string& dir, AdamW& opt) {
+  auto ckpt = safetensors::Checkpoint::open((fs::path(dir) / "optimizer.safetensors").string());
+  AdamW::State st;
+  st.step = load_trainer_state(dir).step;
+  std::ifstream in(fs::path(dir) / kState);
+  nlohmann::json js;
+  in >> js;
+  st.step = js.value("optimizer_step", st.step);
+  for (const auto& name : ckpt.names()) st.tensors.emplace_back(name, ckpt.load(name, DType::f32));
+  opt.load_state(st);
+}
+
+}  // namespace lcx

@@ -1,0 +1,43 @@
+// Checkpoints: output_dir/checkpoint-<step>/ holds the model as a Hugging Face folder (config.json
+// with the rope parameters used, safetensors), the tokenizer files, optimizer.safetensors (fp32
+// master weights and moments), trainer_state.json (step, data position, RNG seed, counters) and the
+// resolved manifest. A checkpoint is written under a temporary name and renamed when complete, so
+// a crash mid-write leaves the previous one intact; only complete folders are ever resumed.
+#pragma once
+#include <cstdint>
+#include <string>
+#include <vector>
+
+#include "lcx/model.h"
+#include "train/optimizer.h"
+
+namespace lcx {
+
+struct TrainerState {
+  int64_t step = 0;              // optimizer steps done
+  int64_t sequences_done = 0;    // position in the data stream (sequences consumed)
+  double num_tokens = 0;         // tokens trained on, as the reference logs them
+  uint64_t seed = 0;
+  int64_t nonfinite_in_row = 0;
+  int64_t nonfinite_total = 0;
+};
+
+struct CheckpointContents {
+  std::string manifest_toml;
+  std::string tokenizer_path;  // copied beside the model when set
+  std::string rope_parameters_json = "{}";
+  DType model_dtype = DType::bf16;
+};
+
+// Writes checkpoint-<state.step> under `output_dir` and keeps the newest `keep` (0: keep all).
+// Returns the folder written.
+std::string save_checkpoint(const std::string& output_dir, Model& model, const AdamW& opt,
+                            const TrainerState& state, const CheckpointContents& contents, int64_t keep);
+// "latest" -> the newest complete checkpoint in output_dir; else the path itself. Throws when none.
+std::string resolve_checkpoint(const std::string& output_dir, const std::string& which);
+TrainerState load_trainer_state(const std::string& checkpoint_dir);
+void load_optimizer_state(const std::string& checkpoint_dir, AdamW& opt);
+// Checkpoint folders in output_dir, oldest first.
+std::vector<std::string> list_checkpoints(const std::string& output_dir);
+
+}  // namespace lcx

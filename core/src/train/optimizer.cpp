@@ -1,0 +1,91 @@
+#include "train/optimizer.h"
+
+#include <cmath>
+#include <map>
+
+#include "lcx/error.h"
+#include "lcx/ops.h"
+#include "train/adamw_kernel.h"
+
+namespace lcx {
+
+AdamW::AdamW(std::vector<Parameter*> params, AdamWConfig cfg) : cfg_(std::move(cfg)) {
+  const bool bf16_master = cfg_.master_dtype == "bf16";
+  for (Parameter* p : params) {
+    Slot s{p, {}, {}, {}};
+    Device d = p->value.device();
+    if (!bf16_master) {
+      s.master = Tensor::empty(p->value.shape(), DType::f32, d, MemoryCategory::master_weights);
+      ops::cast(p->value, s.master);
+    }
+    DType moment = bf16_master ? p->value.dtype() : DType::f32;
+    s.m = Tensor::zeros(p->value.shape(), moment, d, MemoryCategory::optimizer);
+    s.v = Tensor::zeros(p->value.shape(), moment, d, MemoryCategory::optimizer);
+    slots_.push_back(std::move(s));
+  }
+}
+
+double AdamW::grad_norm() const {
+  double sq = 0;
+  for (const auto& s : slots_) sq += adamw::sum_squares(s.p->grad);
+  return std::sqrt(sq);
+}
+
+void AdamW::scale_grads(double scale) {
+  for (auto& s : slots_) ops::scale_inplace(s.p->grad, static_cast<float>(scale));
+}
+
+void AdamW::step(double lr) {
+  ++step_;
+  adamw::Hyper h;
+  h.lr = static_cast<float>(lr);
+  h.beta1 = static_cast<float>(cfg_.beta1);
+  h.beta2 = static_cast<float>(cfg_.beta2);
+  h.eps = static_cast<float>(cfg_.eps);
+  // torch computes the bias corrections in fp64 (Python floats) and passes fp32-rounded scalars.
+  h.step_size = static_cast<float>(lr / (1.0 - std::pow(cfg_.beta1, static_cast<double>(step_))));
+  h.bias_correction2_sqrt = static_cast<float>(std::sqrt(1.0 - std::pow(cfg_.beta2, static_cast<double>(step_))));
+  for (auto& s : slots_) {
+    h.weight_decay = s.p->decay ? static_cast<float>(cfg_.weight_decay) : 0.0f;
+    adamw::update(s.master, s.p->value, s.p->grad, s.m, s.v, h);
+  }
+}
+
+AdamW::State AdamW::state() const {
+  State st;
+  st.step = step_;
+  for (const auto& s : slots_) {
+    if (s.master.defined()) st.tensors.emplace_back(s.p->name + ".master", s.master.to(Device::cpu()));
+    st.tensors.emplace_back(s.p->name + ".exp_avg", s.m.to(Device::cpu()));
+    st.tensors.emplace_back(s.p->name + ".exp_avg_sq", s.v.to(Device::cpu()));
+  }
+  return st;
+}
+
+void AdamW::load_state(const State& st) {
+  std::map<std::string, const Tensor*> by_name;
+  for (const auto& [n, t] : st.tensors) by_name[n] = &t;
+  auto restore = [&](const std::string& name, Tensor& dst) {
+    auto it = by_name.find(name);
+    if (it == by_name.end())
+      throw Error(str("optimizer state has no tensor '", name, "'"), {}, "resume from a checkpoint of the same model and master_dtype");
+    const Tensor& src = *it->second;
+    if (src.shape() != dst.shape())
+      throw Error(str("optimizer state '", name, "' has shape ", shape_str(src.shape()), ", the run needs ",
+                      shape_str(dst.shape())), {}, "resume from a checkpoint of the same model");
+    // Checkpoints store fp32; bf16 moments round-trip exactly through it.
+    Tensor host = src.dtype() == dst.dtype() ? src : src.to(dst.dtype());
+    dst.copy_from(host);  // across devices when the run is on a GPU
+  };
+  for (auto& s : slots_) {
+    if (s.master.defined()) {
+      restore(s.p->name + ".master", s.master);
+      ops::cast(s.master, s.p->value);
+    }
+    restore(s.p->name + ".exp_avg", s.m);
+    restore(s.p->name + ".exp_avg_sq", s.v);
+  }
+  step_ = st.step;
+}
+
+}  // namespace lcx

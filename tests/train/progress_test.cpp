@@ -1,0 +1,54 @@
+#include <gtest/gtest.h>
+
+#include <cmath>
+#include <numbers>
+
+#include "lcx/error.h"
+#include "train/progress.h"
+#include "train/schedule.h"
+
+namespace lcx {
+namespace {
+
+TEST(PythonFloat, MatchesRepr) {
+  EXPECT_EQ(python_float(2e-05), "2e-05");
+  EXPECT_EQ(python_float(0.0001), "0.0001");
+  EXPECT_EQ(python_float(1049000.0), "1049000.0");
+  EXPECT_EQ(python_float(4.311), "4.311");
+  EXPECT_EQ(python_float(29.25), "29.25");
+  EXPECT_EQ(python_float(0.25), "0.25");
+  EXPECT_EQ(python_float(1e16), "1e+16");
+  EXPECT_EQ(python_float(123456789012345.0), "123456789012345.0");
+  EXPECT_EQ(python_float(-1.5e-07), "-1.5e-07");
+  EXPECT_EQ(python_float(0.1 + 0.2), "0.30000000000000004");
+  EXPECT_EQ(python_float(0.0), "0.0");
+  EXPECT_DOUBLE_EQ(python_round(4.31149, 4), 4.3115);
+}
+
+TEST(StepLog, LooksLikeTheReference) {
+  EXPECT_EQ(step_dict({{"loss", 4.311}, {"grad_norm", 29.25}, {"learning_rate", 2e-05},
+                       {"num_tokens", 1049000.0}, {"epoch", 0.25}}),
+            "{'loss': 4.311, 'grad_norm': 29.25, 'learning_rate': 2e-05, 'num_tokens': 1049000.0, 'epoch': 0.25}");
+  EXPECT_EQ(progress_line(1, 12, 380.10), "  8%|▊         | 1/12 [06:20<1:09:41, 380.10s/it]");
+  EXPECT_EQ(progress_line(12, 12, 24), "100%|██████████| 12/12 [00:24<00:00, 2.00s/it]");
+  EXPECT_EQ(progress_line(0, 5, 0), "  0%|          | 0/5 [00:00<?, ?it/s]");
+  EXPECT_EQ(progress_line(30, 60, 3), " 50%|█████     | 30/60 [00:03<00:03, 10.00it/s]");
+}
+
+TEST(Schedule, TransformersFormulas) {
+  // linear: warmup 2, total 10
+  EXPECT_DOUBLE_EQ(schedule_factor("linear", 0, 2, 10), 0.0);
+  EXPECT_DOUBLE_EQ(schedule_factor("linear", 1, 2, 10), 0.5);
+  EXPECT_DOUBLE_EQ(schedule_factor("linear", 2, 2, 10), 1.0);
+  EXPECT_DOUBLE_EQ(schedule_factor("linear", 6, 2, 10), 0.5);
+  EXPECT_DOUBLE_EQ(schedule_factor("linear", 10, 2, 10), 0.0);
+  // cosine, num_cycles 0.5: halfway through the decay the factor is 0.5
+  EXPECT_NEAR(schedule_factor("cosine", 6, 2, 10), 0.5, 1e-12);
+  EXPECT_NEAR(schedule_factor("cosine", 4, 2, 10), 0.5 * (1 + std::cos(std::numbers::pi * 0.25)), 1e-12);
+  EXPECT_DOUBLE_EQ(schedule_factor("constant", 7, 2, 10), 1.0);
+  EXPECT_DOUBLE_EQ(schedule_factor("linear", 0, 0, 12), 1.0);
+  EXPECT_THROW(schedule_factor("exp", 0, 0, 1), Error);
+}
+
+}  // namespace
+}  // namespace lcx
