@@ -15,7 +15,9 @@
 #include <lcx/plugin.h>
 #include <lcx/positional_encoding.h>
 
+#include <algorithm>
 #include <cmath>
+#include <ios>
 #include <nlohmann/json.hpp>
 #include <numbers>
 #include <optional>
@@ -113,7 +115,8 @@ YarnKeys read_checkpoint(const std::string& text) {
 template <typename T>
 std::optional<T> merge(const char* key, const std::optional<T>& manifest, const std::optional<T>& checkpoint) {
   if (manifest && checkpoint && *manifest != *checkpoint)
-    log::info(str("rope_yarn: [rope_yarn] ", key, " = ", *manifest, " overrides the checkpoint's ", *checkpoint));
+    log::info(str(std::boolalpha, "rope_yarn: [rope_yarn] ", key, " = ", *manifest, " overrides the checkpoint's ",
+                  *checkpoint));
   return manifest ? manifest : checkpoint;
 }
 
