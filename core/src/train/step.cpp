@@ -1,0 +1,145 @@
+#include "train/step.h"
+
+#include <chrono>
+
+namespace lcx {
+namespace {
+
+double now_s() {
+  return std::chrono::duration<double>(std::chrono::steady_clock::now().time_since_epoch()).count();
+}
+
+// Device work is asynchronous; a phase's time is only true once the device has caught up.
+void sync(Device d) {
+  if (!d.is_cuda()) return;
+  if (DeviceBackend* b = backend_for(d)) b->synchronize();
+}
+
+Tensor on(const Tensor& t, Device d) { return t.device() == d ? t : t.to(d); }
+
+// The model's compute dtype: activations take the embedding's.
+DType act_dtype(Model& m) { return m.head_weight().dtype(); }
+
+// embed -> layers -> final norm, without saving anything: the evaluation and logits path.
+Tensor forward_only(StepSlots& s, const Shard& shard, Device device, const RopeTables& rope) {
+  const ModelConfig& cfg = s.model.config();
+  const int64_t T = shard.tokens.size(0), H = cfg.hidden_size;
+  StepContext ctx{&rope, &s.parallel, device};
+  const Tensor tokens = on(shard.tokens, device);
+  Tensor x = Tensor::empty({T, H}, act_dtype(s.model), device, MemoryCategory::activations);
+  s.model.embed_forward(tokens, x);
+  for (int l = 0; l < cfg.num_layers; ++l) {
+    Tensor y = Tensor::empty({T, H}, x.dtype(), device, MemoryCategory::activations);
+    s.model.layer_forward(l, x, y, ctx);
+    x = y;
+  }
+  Tensor hidden = Tensor::empty({T, H}, x.dtype(), device);
+  s.model.final_norm_forward(x, hidden);
+  return hidden;
+}
+
+}  // namespace
+
+void configure_slots(StepSlots& s) {
+  const ModelConfig& c = s.model.config();
+  RopeModelInfo rope;
+  rope.head_dim = c.head_dim;
+  rope.rope_theta = c.rope_theta;
+  rope.max_position_embeddings = c.max_position_embeddings;
+  rope.rope_parameters_json = c.rope_parameters_json;
+  s.rope.configure(rope);
+  ParallelModelInfo par;
+  par.num_heads = c.num_heads;
+  par.num_kv_heads = c.num_kv_heads;
+  par.head_dim = c.head_dim;
+  par.layer_types = c.layer_types;
+  s.parallel.configure(par);
+}
+
+StepResult train_step(StepSlots& s, const Shard& shard, double grad_scale, Device device) {
+  const ModelConfig& cfg = s.model.config();
+  const int L = static_cast<int>(cfg.num_layers);
+  const int64_t T = shard.tokens.size(0), H = cfg.hidden_size;
+  const DType dt = act_dtype(s.model);
+  StepResult r;
+
+  // Forward: each layer's input is handed to the memory strategy before the layer runs.
+  const double t0 = now_s();
+  const RopeTables rope = s.rope.tables(shard.positions, device);
+  StepContext ctx{&rope, &s.parallel, device};
+  const Tensor tokens = on(shard.tokens, device);
+  const Tensor targets = on(shard.targets, device);
+  s.memory.begin_step(L);
+  Tensor x = Tensor::empty({T, H}, dt, device, MemoryCategory::activations);
+  s.model.embed_forward(tokens, x);
+  for (int l = 0; l < L; ++l) {
+    s.memory.save(l, x);
+    Tensor y = Tensor::empty({T, H}, dt, device, MemoryCategory::activations);
+    s.model.layer_forward(l, x, y, ctx);
+    x = y;
+  }
+  Tensor hidden = Tensor::empty({T, H}, dt, device);
+  s.model.final_norm_forward(x, hidden);
+  sync(device);
+  const double t1 = now_s();
+
+  // Loss: forward and backward at once; the head's gradient accumulates (into the embedding's
+  // when tied).
+  Tensor dhidden = Tensor::empty({T, H}, dt, device);
+  Tensor head_grad = s.model.head_grad();
+  LossResult lr = s.loss.forward_backward(hidden, s.model.head_weight(), targets, grad_scale, dhidden, head_grad);
+  r.loss_sum = lr.loss_sum;
+  r.valid = lr.valid;
+  Tensor dx = Tensor::empty({T, H}, dt, device);
+  s.model.final_norm_backward(x, dhidden, dx);
+  hidden = Tensor();
+  dhidden = Tensor();
+  x = Tensor();
+
+  // Backward, last layer first: fetch the saved input, hint the next one, recompute + backward.
+  for (int l = L - 1; l >= 0; --l) {
+    Tensor input = s.memory.fetch(l);
+    if (l > 0) s.memory.prefetch(l - 1);
+    Tensor dinput = Tensor::empty({T, H}, dt, device);
+    s.model.layer_backward(l, input, dx, dinput, ctx);
+    s.memory.release(l);
+    dx = dinput;
+  }
+  s.model.embed_backward(tokens, dx);
+  s.memory.end_step();
+  sync(device);
+  r.forward_s = t1 - t0;
+  r.backward_s = now_s() - t1;
+  return r;
+}
+
+EvalResult eval_step(StepSlots& s, const Shard& shard, Device device, bool per_position) {
+  const RopeTables rope = s.rope.tables(shard.positions, device);
+  const Tensor hidden = forward_only(s, shard, device, rope);
+  const Tensor targets = on(shard.targets, device);
+  const Tensor head = s.model.head_weight();
+  EvalResult r;
+  if (!per_position) {
+    LossResult lr = s.loss.forward(hidden, head, targets);
+    r.loss_sum = lr.loss_sum;
+    r.valid = lr.valid;
+    return r;
+  }
+  // One row at a time: the Loss slot returns sums, and a row's sum is that position's loss.
+  const int64_t T = hidden.size(0);
+  r.per_position.assign(static_cast<size_t>(T), 0.f);
+  for (int64_t t = 0; t < T; ++t) {
+    LossResult lr = s.loss.forward(hidden.rows(t, t + 1), head, targets.rows(t, t + 1));
+    r.per_position[static_cast<size_t>(t)] = static_cast<float>(lr.loss_sum);
+    r.loss_sum += lr.loss_sum;
+    r.valid += lr.valid;
+  }
+  return r;
+}
+
+Tensor forward_hidden(StepSlots& s, const Shard& shard, Device device) {
+  const RopeTables rope = s.rope.tables(shard.positions, device);
+  return forward_only(s, shard, device, rope);
+}
+
+}  // namespace lcx

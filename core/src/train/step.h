@@ -1,0 +1,56 @@
+// One forward and backward pass over this rank's shard of a sequence, through the five slots:
+//
+//   embed -> for each layer: memory.save(l, x), x = layer(x) -> final norm
+//   -> loss (fused forward + backward: grad of the final hidden, grad of the head)
+//   -> final norm backward -> for each layer, last first: x = memory.fetch(l), recompute and
+//   backward the layer, memory.release(l) -> embedding backward
+//
+// Parameter gradients accumulate into the model's fp32 grads (the caller zeroes them per
+// optimizer step), so gradient accumulation is calling this several times.
+#pragma once
+#include <cstdint>
+#include <vector>
+
+#include "lcx/loss.h"
+#include "lcx/memory_strategy.h"
+#include "lcx/model.h"
+#include "lcx/parallelism.h"
+#include "lcx/positional_encoding.h"
+
+namespace lcx {
+
+struct StepSlots {
+  Model& model;
+  Loss& loss;
+  PositionalEncoding& rope;
+  MemoryStrategy& memory;
+  Parallelism& parallel;
+};
+
+struct StepResult {
+  double loss_sum = 0;  // summed over this shard's valid targets
+  int64_t valid = 0;    // targets that are not -100
+  double forward_s = 0;   // embed + layers + final norm
+  double backward_s = 0;  // loss + final norm backward + layers' recompute and backward + embed
+};
+
+// Tells the positional encoding and the parallelism the model's shape (call once after loading).
+void configure_slots(StepSlots& s);
+
+// grad_scale multiplies d(loss_sum): 1 / (valid targets of the whole step, across ranks and
+// accumulated sequences) gives transformers' mean loss.
+StepResult train_step(StepSlots& s, const Shard& shard, double grad_scale, Device device);
+
+struct EvalResult {
+  double loss_sum = 0;
+  int64_t valid = 0;
+  std::vector<float> per_position;  // [T] loss at each position (0 where the target is -100)
+};
+
+// Forward only; no gradients, no memory strategy. With per_position, each position's loss too.
+EvalResult eval_step(StepSlots& s, const Shard& shard, Device device, bool per_position = false);
+
+// The final hidden states [T,H] after the final norm, for callers that need logits themselves.
+Tensor forward_hidden(StepSlots& s, const Shard& shard, Device device);
+
+}  // namespace lcx

@@ -1,0 +1,63 @@
+// Shared by the model and parity suites: the qwen3 module loaded from the build's plugin folder,
+// core's default slots around it, and sequences built from HF-style labels.
+#pragma once
+#include <memory>
+#include <string>
+#include <vector>
+
+#include "config/manifest.h"
+#include "lcx/defaults.h"
+#include "lcx/model.h"
+#include "plugin/loader.h"
+#include "support/test_util.h"
+#include "train/step.h"
+
+namespace lcx::test {
+
+// `table` is the body of the module's [qwen3] table (TOML), e.g. "max_shard_mb = 1".
+inline std::shared_ptr<Model> make_qwen3(const std::string& table = "") {
+  Manifest m = Manifest::parse("[qwen3]\n" + table + "\n", "test manifest");
+  PluginLoader loader({build_plugin_dir()});
+  PluginArgs args{"qwen3", m.section("qwen3"), Device::cpu()};
+  auto model = std::dynamic_pointer_cast<Model>(loader.create("qwen3", args));
+  if (!model) throw Error("the qwen3 module did not create a Model");
+  args.config.check_unknown();
+  return model;
+}
+
+// The core default slots, configured for `model`.
+struct DefaultSlots {
+  std::unique_ptr<Loss> loss = make_full_logits_loss();
+  std::unique_ptr<PositionalEncoding> rope = make_default_rope();
+  std::unique_ptr<MemoryStrategy> memory = make_on_device_memory();
+  std::unique_ptr<Parallelism> parallel = make_single_rank();
+  StepSlots slots;
+  explicit DefaultSlots(Model& model) : slots{model, *loss, *rope, *memory, *parallel} { configure_slots(slots); }
+};
+
+// HF labels (unshifted, -100 ignored) -> lcx targets: targets[t] = labels[t+1], last ignored.
+inline Shard shard_from_labels(const std::vector<int64_t>& ids, const std::vector<int64_t>& labels) {
+  Sequence seq;
+  const int64_t T = static_cast<int64_t>(ids.size());
+  seq.tokens = Tensor::empty({T}, DType::i32);
+  seq.targets = Tensor::empty({T}, DType::i64);
+  for (int64_t t = 0; t < T; ++t) {
+    seq.tokens.data_as<int32_t>()[t] = static_cast<int32_t>(ids[static_cast<size_t>(t)]);
+    seq.targets.data_as<int64_t>()[t] = t + 1 < T ? labels[static_cast<size_t>(t + 1)] : -100;
+  }
+  return make_single_rank()->shard(seq, 0);
+}
+
+// A loss of transformers' kind: mean over valid targets, gradients scaled to match.
+inline StepResult mean_loss_step(DefaultSlots& s, const Shard& shard, int64_t valid) {
+  s.slots.model.zero_grad();
+  return train_step(s.slots, shard, 1.0 / static_cast<double>(valid), Device::cpu());
+}
+
+inline int64_t count_valid(const Shard& s) {
+  int64_t n = 0;
+  for (int64_t t = 0; t < s.targets.size(0); ++t) n += s.targets.data_as<int64_t>()[t] != -100;
+  return n;
+}
+
+}  // namespace lcx::test
