@@ -82,7 +82,8 @@ YarnKeys read_checkpoint(const std::string& text) {
   if (!j.is_object()) return k;
   auto pf = j.find("partial_rotary_factor");
   if (pf != j.end() && pf->is_number() && pf->get<double>() != 1.0)
-    throw Error(str("rope_yarn: partial_rotary_factor ", pf->get<double>(), " is not supported (Qwen3 rotates the whole head)"),
+    throw Error(str("rope_yarn: partial_rotary_factor ", pf->get<double>(),
+                    " is not supported (Qwen3 rotates the whole head)"),
                 "rope_parameters.partial_rotary_factor", "use a model that rotates every dimension of a head");
   std::string type = j.value("rope_type", j.value("type", std::string()));
   if (type != "yarn") {

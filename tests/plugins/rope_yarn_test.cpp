@@ -274,7 +274,8 @@ TEST(RopeYarn, Guards) {
   expect_error_naming(
       [] {
         load_yarn()->configure(
-            model_info(128, 1e6, 40960, {{"rope_type", "yarn"}, {"factor", 0.25}, {"original_max_position_embeddings", 4096}}));
+            model_info(128, 1e6, 40960,
+                       {{"rope_type", "yarn"}, {"factor", 0.25}, {"original_max_position_embeddings", 4096}}));
       },
       "factor");
   expect_error_naming([] { load_yarn()->configure(model_info(127, 1e6, 40960, json::object())); }, "head_dim");
