@@ -12,6 +12,7 @@
 #include "data/pre_tokenizer.h"
 #include "data/utf8.h"
 #include "lcx/error.h"
+#include "lcx/log.h"
 #include "util/sha256.h"
 
 namespace lcx {
@@ -135,11 +136,11 @@ class AddedMatcher {
     return k == pretok::kLetter || k == pretok::kNumber;
   }
   static bool ends_with_word(std::string_view s) {
-    size_t i = s.size();
-    while (i > 0 && (static_cast<unsigned char>(s[i - 1]) & 0xC0) == 0x80) --i;
-    if (i == s.size()) return false;
+    if (s.empty()) return false;
+    size_t j = s.size() - 1;  // start of the last code point
+    while (j > 0 && (static_cast<unsigned char>(s[j]) & 0xC0) == 0x80) --j;
     int len;
-    return is_alnum(utf8::decode(reinterpret_cast<const unsigned char*>(s.data()) + i - 1, len));
+    return is_alnum(utf8::decode(reinterpret_cast<const unsigned char*>(s.data()) + j, len));
   }
   static bool starts_with_word(std::string_view s) {
     if (s.empty()) return false;
@@ -381,6 +382,31 @@ Tokenizer Tokenizer::load(const std::string& path) {
   std::vector<AddedToken> all;
   if (j.contains("added_tokens"))
     for (size_t i = 0; i < j["added_tokens"].size(); ++i) all.push_back(parse_added(path, j["added_tokens"][i], i));
+  // Ids as tokenizers assigns them when it reads the file (the "id" fields only draw a warning
+  // there): a content that is a vocabulary string takes that id, any other the next free id.
+  {
+    const int64_t model_size = impl->vocab_size;
+    int64_t max_added = -1;
+    std::vector<AddedToken> kept;
+    for (auto& a : all) {
+      bool seen = false;
+      for (const auto& k : kept) seen = seen || (k.content == a.content && k.special == a.special && k.lstrip == a.lstrip &&
+                                                 k.rstrip == a.rstrip && k.single_word == a.single_word && k.normalized == a.normalized);
+      if (seen) continue;
+      bool mapped = false;
+      std::string bytes = byte_level_bytes(a.content, &mapped);
+      int32_t in_vocab = mapped ? impl->bpe->id_of(bytes) : -1;
+      int32_t id = in_vocab >= 0 ? in_vocab
+                   : static_cast<int32_t>(max_added < 0 ? model_size : (max_added >= model_size ? max_added + 1 : model_size));
+      if (id != a.id)
+        log::warn(str(path, ": added token ", json(a.content).dump(), " has id ", a.id, " in the file; using ", id,
+                      " as tokenizers does"));
+      a.id = id;
+      max_added = std::max<int64_t>(max_added, id);
+      kept.push_back(a);
+    }
+    all = std::move(kept);
+  }
   int32_t min_id = INT32_MAX, max_id = -1;
   for (auto& a : all) {
     min_id = std::min(min_id, a.id);
