@@ -1,0 +1,75 @@
+#!/usr/bin/env bash
+# Runs on the GPU machine, from the repository root, with a bundle made by scripts/bundle.sh
+# carried (default .bundle): every GPU test binary, then compute-sanitizer memcheck over the GPU
+# tests once, then the GPU micro-benchmarks. Logs go to $OUT (default /tmp/lcx-gpu-check); a short
+# table is printed last.
+#   scripts/gpu_check.sh                  tests, memcheck, benchmarks
+#   LCX_MEMCHECK=0 scripts/gpu_check.sh   skip memcheck
+#   LCX_BENCH=quick|0                     shorter benchmarks, or none
+set -uo pipefail
+bundle=${LCX_BUNDLE:-.bundle}
+out=${OUT:-/tmp/lcx-gpu-check}
+mkdir -p "$out"
+log=$out/gpu_check.log
+: >"$log"
+
+# CUDA libraries: the toolkit's, then the wheels beside the image's PyTorch (cuDNN, NCCL).
+libs=$bundle/lib
+for d in /usr/local/cuda/lib64 /usr/local/cuda/lib; do [[ -d $d ]] && libs+=":$d"; done
+wheel_libs=$(python3 - 2>/dev/null <<'PY'
+import glob, os, site
+roots = site.getsitepackages() + [site.getusersitepackages()]
+print(":".join(sorted({d for r in roots for d in glob.glob(os.path.join(r, "nvidia", "*", "lib"))})))
+PY
+)
+[[ -n $wheel_libs ]] && libs+=":$wheel_libs"
+export LD_LIBRARY_PATH=$libs${LD_LIBRARY_PATH:+:$LD_LIBRARY_PATH}
+
+{
+  echo "== machine"
+  nvidia-smi --query-gpu=name,driver_version,memory.total,clocks.sm,clocks.mem --format=csv 2>&1
+  echo "== unresolved libraries (should be none)"
+  for f in "$bundle"/lib/liblcx_core.so "$bundle"/tests/*; do [[ -f $f ]] && ldd "$f" | grep 'not found'; done
+} >>"$log" 2>&1
+
+rows=()
+for t in "$bundle"/tests/test_gpu*; do
+  [[ -x $t ]] || continue
+  name=$(basename "$t")
+  start=$(date +%s)
+  "$t" --gtest_color=no >"$out/$name.log" 2>&1
+  rc=$?
+  secs=$(($(date +%s) - start))
+  passed=$(grep -c '^\[       OK \]' "$out/$name.log")
+  failed=$(grep -c '^\[  FAILED  \] [A-Za-z].*(' "$out/$name.log")
+  skipped=$(grep -c '^\[  SKIPPED \] [A-Za-z].*(' "$out/$name.log")
+  rows+=("$(printf '%-22s | %6s | %6s | %7s | %4s s | rc %s' "$name" "$passed" "$failed" "$skipped" "$secs" "$rc")")
+  grep -E '^\[  FAILED  \]|Failure|relative L2|error' "$out/$name.log" | head -40 >>"$log"
+done
+
+memcheck="not run"
+if [[ ${LCX_MEMCHECK:-1} != 0 ]] && command -v compute-sanitizer >/dev/null; then
+  compute-sanitizer --tool memcheck --error-exitcode 99 --print-limit 20 "$bundle/tests/test_gpu" --gtest_color=no \
+    >"$out/memcheck.log" 2>&1
+  rc=$?
+  summary=$(grep -E 'ERROR SUMMARY' "$out/memcheck.log" | tail -1)
+  memcheck="rc $rc, ${summary:-no summary}"
+fi
+
+bench="not run"
+if [[ ${LCX_BENCH:-1} != 0 && -x $bundle/tests/bench_gpu ]]; then
+  arg=""
+  [[ ${LCX_BENCH:-1} == quick ]] && arg=--quick
+  "$bundle/tests/bench_gpu" $arg >"$out/bench.log" 2>&1
+  bench="rc $?"
+fi
+
+{
+  echo
+  echo "== GPU tests"
+  printf '%-22s | %6s | %6s | %7s | %6s | %s\n' binary passed failed skipped time status
+  printf '%s\n' "${rows[@]}"
+  echo "memcheck: $memcheck"
+  echo "== benchmarks ($bench)"
+  [[ -f $out/bench.log ]] && cat "$out/bench.log"
+} | tee -a "$log"

@@ -1,0 +1,135 @@
+// GPU micro-benchmarks for scripts/gpu_check.sh: the matrix-product ceiling through cuBLASLt,
+// the Qwen3-4B projection shapes, attention forward and backward (own flash-style kernel, and the
+// fused cuDNN path when it is built), and the memory-bound kernels against the copy bandwidth.
+// Each figure is the median of several timed runs after a warm-up, timed by synchronizing the
+// device around the host clock, on random (never zero) inputs. Prints one line per figure:
+//   name | shape | ms | rate
+#include <algorithm>
+#include <chrono>
+#include <cstdio>
+#include <cstring>
+#include <functional>
+#include <random>
+#include <string>
+#include <vector>
+
+#include "lcx/ops.h"
+#include "lcx/tensor.h"
+
+namespace {
+
+using lcx::DType;
+using lcx::Tensor;
+
+void sync() { lcx::backend_for(lcx::Device::cuda())->synchronize(); }
+
+double median_ms(const std::function<void()>& fn, int reps) {
+  fn();
+  sync();
+  std::vector<double> t;
+  for (int i = 0; i < reps; ++i) {
+    const auto a = std::chrono::steady_clock::now();
+    fn();
+    sync();
+    t.push_back(std::chrono::duration<double, std::milli>(std::chrono::steady_clock::now() - a).count());
+  }
+  std::sort(t.begin(), t.end());
+  return t[t.size() / 2];
+}
+
+// Random normal values generated on the host once per size and reused, cast on upload.
+Tensor gpu_random(lcx::Shape shape, DType t, float scale = 1.f) {
+  static std::mt19937 rng(1234);
+  std::normal_distribution<float> dist(0.f, scale);
+  std::vector<float> v(static_cast<size_t>(lcx::shape_numel(shape)));
+  for (auto& x : v) x = dist(rng);
+  return Tensor::from_floats(v, shape, t, lcx::Device::cuda());
+}
+
+void report(const std::string& name, const std::string& shape, double ms, double rate, const char* unit) {
+  std::printf("%-28s | %-34s | %9.3f ms | %8.1f %s\n", name.c_str(), shape.c_str(), ms, rate, unit);
+  std::fflush(stdout);
+}
+
+void bench_matmul(int64_t M, int64_t N, int64_t K, const char* name) {
+  Tensor a = gpu_random({M, K}, DType::bf16), b = gpu_random({N, K}, DType::bf16);
+  Tensor c = Tensor::empty({M, N}, DType::bf16, lcx::Device::cuda());
+  const double ms = median_ms([&] { lcx::ops::matmul(a, false, b, true, c, 1.f, 0.f); }, 10);
+  report(name, lcx::str(M, "x", N, "x", K, " bf16"), ms, 2.0 * M * N * K / ms / 1e9, "TFLOP/s");
+}
+
+void bench_attention(int64_t T, int64_t Hq, int64_t Hkv, int64_t d, int reps) {
+  Tensor q = gpu_random({T, Hq, d}, DType::bf16), k = gpu_random({T, Hkv, d}, DType::bf16),
+         v = gpu_random({T, Hkv, d}, DType::bf16), dout = gpu_random({T, Hq, d}, DType::bf16);
+  Tensor out = Tensor::empty({T, Hq, d}, DType::bf16, lcx::Device::cuda());
+  Tensor lse = Tensor::empty({Hq, T}, DType::f32, lcx::Device::cuda());
+  Tensor dq = Tensor::empty(q.shape(), DType::bf16, lcx::Device::cuda()), dk = Tensor::empty(k.shape(), DType::bf16, lcx::Device::cuda()),
+         dv = Tensor::empty(v.shape(), DType::bf16, lcx::Device::cuda());
+  lcx::ops::AttentionParams p;
+  // Causal: half of the T x T score matrix, 2 products of 2 d FLOP each per score.
+  const double fwd_flop = 4.0 * T * T * d * Hq / 2;
+  const std::string shape = lcx::str("T=", T, " Hq=", Hq, " Hkv=", Hkv, " d=", d, " causal");
+  const double f = median_ms([&] { lcx::ops::attention_forward(q, k, v, out, lse, p); }, reps);
+  report("attention fwd", shape, f, fwd_flop / f / 1e9, "TFLOP/s");
+  const double b =
+      median_ms([&] { lcx::ops::attention_backward(q, k, v, out, lse, dout, dq, dk, dv, p); }, reps);
+  report("attention bwd", shape, b, 2.5 * fwd_flop / b / 1e9, "TFLOP/s");
+}
+
+void bench_memory_bound(int64_t T, int64_t H, int64_t I, int64_t V) {
+  const lcx::Device g = lcx::Device::cuda();
+  {
+    Tensor src = gpu_random({T, I}, DType::bf16), dst = Tensor::empty({T, I}, DType::f32, g);
+    const double ms = median_ms([&] { lcx::ops::cast(src, dst); }, 10);
+    report("cast bf16->fp32", lcx::str(T, "x", I), ms, T * I * 6.0 / ms / 1e6, "GB/s");
+  }
+  {
+    Tensor x = gpu_random({T, H}, DType::bf16), w = gpu_random({H}, DType::bf16), y = Tensor::empty({T, H}, DType::bf16, g);
+    Tensor rstd = Tensor::empty({T}, DType::f32, g);
+    const double ms = median_ms([&] { lcx::ops::rmsnorm_forward(x, w, 1e-6f, y, rstd); }, 10);
+    report("rmsnorm fwd", lcx::str(T, "x", H, " bf16"), ms, T * H * 4.0 / ms / 1e6, "GB/s");
+    Tensor dy = gpu_random({T, H}, DType::bf16), dx = Tensor::empty({T, H}, DType::bf16, g), dw = Tensor::zeros({H}, DType::f32, g);
+    const double mb = median_ms([&] { lcx::ops::rmsnorm_backward(x, w, rstd, dy, dx, dw); }, 10);
+    report("rmsnorm bwd", lcx::str(T, "x", H, " bf16"), mb, T * H * 2.0 * 5 / mb / 1e6, "GB/s");
+  }
+  {
+    Tensor gate = gpu_random({T, I}, DType::bf16), up = gpu_random({T, I}, DType::bf16), out = Tensor::empty({T, I}, DType::bf16, g);
+    const double ms = median_ms([&] { lcx::ops::swiglu_forward(gate, up, out); }, 10);
+    report("swiglu fwd", lcx::str(T, "x", I, " bf16"), ms, T * I * 6.0 / ms / 1e6, "GB/s");
+    Tensor dg = Tensor::empty({T, I}, DType::bf16, g), du = Tensor::empty({T, I}, DType::bf16, g);
+    const double mb = median_ms([&] { lcx::ops::swiglu_backward(gate, up, out, dg, du); }, 10);
+    report("swiglu bwd", lcx::str(T, "x", I, " bf16"), mb, T * I * 10.0 / mb / 1e6, "GB/s");
+  }
+  {
+    const int64_t rows = 4096;
+    Tensor logits = gpu_random({rows, V}, DType::bf16, 3.f);
+    std::vector<float> tv(static_cast<size_t>(rows));
+    for (int64_t i = 0; i < rows; ++i) tv[static_cast<size_t>(i)] = static_cast<float>((i * 7919) % V);
+    Tensor targets = Tensor::from_floats(tv, {rows}, DType::i64, g);
+    const double ms = median_ms(
+        [&] { lcx::ops::cross_entropy_forward_backward(logits, targets, 1.0 / rows, &logits, nullptr); }, 10);
+    report("cross entropy fwd+bwd", lcx::str(rows, "x", V, " bf16 in place"), ms, rows * V * 6.0 / ms / 1e6, "GB/s");
+  }
+}
+
+}  // namespace
+
+int main(int argc, char** argv) {
+  if (!lcx::cuda_available()) {
+    std::printf("no CUDA device visible: nothing to measure\n");
+    return 0;
+  }
+  const bool quick = argc > 1 && std::strcmp(argv[1], "--quick") == 0;
+  try {
+    bench_matmul(8192, 8192, 8192, "matmul (ceiling)");
+    bench_matmul(8192, 9728, 2560, "matmul 4B gate/up proj");
+    bench_matmul(8192, 2560, 9728, "matmul 4B down proj");
+    bench_memory_bound(32768, 2560, 9728, 151936);
+    bench_attention(4096, 32, 8, 128, 5);
+    if (!quick) bench_attention(16384, 32, 8, 128, 3);
+  } catch (const std::exception& e) {
+    std::printf("bench failed: %s\n", e.what());
+    return 1;
+  }
+  return 0;
+}
