@@ -13,7 +13,8 @@ CliOptions parse_cli(int argc, char** argv) {
   CliOptions o;
   po::options_description desc(
       "lcx-train: long-context fine-tuning of Qwen3 models\n\n"
-      "Usage: lcx-train --config run.toml [--set section.key=value]... [--disable NAME]...\n\n"
+      "Usage: lcx-train --config run.toml [--set section.key=value]... [--disable NAME]...\n"
+      "       lcx-train tokenize --tokenizer FILE (--text STRING | --file PATH) [--count]\n\n"
       "Options");
   desc.add_options()
       ("config,c", po::value(&o.config)->value_name("FILE"), "the run manifest (TOML)")

@@ -20,4 +20,7 @@ struct CliOptions {
 // Throws lcx::Error on a malformed command line.
 CliOptions parse_cli(int argc, char** argv);
 
+// `lcx-train tokenize ...` (argv[0] is "tokenize"): prints token ids; see tokenize_cmd.cpp.
+int tokenize_main(int argc, char** argv);
+
 }  // namespace lcx

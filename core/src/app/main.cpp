@@ -114,6 +114,7 @@ int run(const CliOptions& o) {
 
 int main(int argc, char** argv) {
   try {
+    if (argc > 1 && std::string(argv[1]) == "tokenize") return lcx::tokenize_main(argc - 1, argv + 1);
     return lcx::run(lcx::parse_cli(argc, argv));
   } catch (const lcx::Error& e) {
     std::fprintf(stderr, "error: %s\n", e.what());

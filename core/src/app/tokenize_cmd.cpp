@@ -1,0 +1,74 @@
+// `lcx-train tokenize`: prints the ids lcx's tokenizer gives a text (or only their number), so a
+// user can check what the model will see. Ids are those of Hugging Face `tokenizers`.
+#include <boost/program_options.hpp>
+#include <cstdio>
+#include <fstream>
+#include <iostream>
+#include <sstream>
+
+#include "app/cli.h"
+#include "data/tokenizer.h"
+#include "lcx/error.h"
+
+namespace po = boost::program_options;
+
+namespace lcx {
+
+int tokenize_main(int argc, char** argv) {
+  std::string tokenizer, text, file;
+  bool count = false, help = false;
+  int threads = 0;
+  po::options_description desc(
+      "lcx-train tokenize: the token ids of a text\n\n"
+      "Usage: lcx-train tokenize --tokenizer FILE (--text STRING | --file PATH) [--count]\n\n"
+      "Options");
+  desc.add_options()
+      ("tokenizer", po::value(&tokenizer)->value_name("FILE"), "a Hugging Face tokenizer.json")
+      ("text", po::value(&text)->value_name("STRING"), "the text to tokenize")
+      ("file", po::value(&file)->value_name("PATH"), "a file whose whole content is tokenized")
+      ("count", po::bool_switch(&count), "print only the number of tokens")
+      ("threads", po::value(&threads)->value_name("N"), "encoding threads (default: all cores)")
+      ("help,h", po::bool_switch(&help), "print this help");
+  po::variables_map vm;
+  try {
+    po::store(po::command_line_parser(argc, argv).options(desc).run(), vm);
+    po::notify(vm);
+  } catch (const po::error& e) {
+    throw Error(e.what(), {}, "see lcx-train tokenize --help");
+  }
+  if (help) {
+    std::cout << desc;
+    return 0;
+  }
+  if (tokenizer.empty()) throw Error("tokenize needs --tokenizer", "--tokenizer", "give the path of a tokenizer.json");
+  if (vm.count("text") == vm.count("file"))
+    throw Error("tokenize needs exactly one of --text and --file", "--text", "pass --text STRING or --file PATH");
+  if (!file.empty()) {
+    std::ifstream in(file, std::ios::binary);
+    if (!in) throw Error(str("cannot read ", file), "--file", "give a readable file");
+    std::stringstream s;
+    s << in.rdbuf();
+    text = s.str();
+  }
+  Tokenizer tok = Tokenizer::load(tokenizer);
+  EncodeStats stats;
+  auto ids = tok.encode(text, threads, &stats);
+  if (stats.invalid_utf8 > 0)
+    std::fprintf(stderr, "warning: %lld invalid UTF-8 sequences replaced by U+FFFD (as Python's errors='replace')\n",
+                 static_cast<long long>(stats.invalid_utf8));
+  if (count) {
+    std::printf("%zu\n", ids.size());
+    return 0;
+  }
+  std::string line;
+  line.reserve(ids.size() * 7);
+  for (size_t i = 0; i < ids.size(); ++i) {
+    if (i) line.push_back(' ');
+    line += std::to_string(ids[i]);
+  }
+  line.push_back('\n');
+  std::fwrite(line.data(), 1, line.size(), stdout);
+  return 0;
+}
+
+}  // namespace lcx
