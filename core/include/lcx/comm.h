@@ -1,0 +1,164 @@
+// Communicators and the rank mesh: how ranks that share one training step exchange tensors.
+//
+// Code above this header never knows which implementation it talks to:
+//   - in-process: ranks are threads of one process (CPU tests; "virtual ranks" sharing one GPU).
+//     Data moves through host copies and sums run in fp32 in rank order, so a result does not
+//     depend on timing and equals the serial sum bit for bit.
+//   - NCCL (core, CUDA builds): one process per GPU, bootstrapped from the launch variables.
+//
+// Rules every implementation keeps:
+//   - Collectives are called by every rank of the communicator in the same order. Each call has
+//     a per-communicator sequence number (#1, #2, ...) that errors quote.
+//   - Every call has a timeout (CommOptions::timeout_s, set_timeout). A call that waits longer
+//     throws lcx::Error naming the collective, its sequence number, the communicator and, where
+//     the implementation can tell, the ranks that never arrived.
+//   - When one rank fails (abort(), or an exception inside run_in_process), ranks waiting in any
+//     collective throw "rank N failed: <its message>" promptly instead of waiting out the timeout.
+//   - Tensors are contiguous; shapes only matter through their element counts: "along dim 0"
+//     means in the flat row-major order, as Tensor::rows cuts them. All tensors of one call have
+//     one dtype and live on the communicator's device (in-process: any device, per call).
+//
+// Typical use:
+//   lcx::run_in_process(4, [&](lcx::Communicator& c) {          // tests: 4 thread-ranks
+//     lcx::Mesh mesh(c, {.dp = 1, .cp = 2, .sp = 2});
+//     mesh.cp().send_recv({lcx::P2POp::send(kv, next), lcx::P2POp::recv(kv_in, prev)});
+//   });
+// A Parallelism plugin finds its communicators through current_mesh() (bound per rank thread by
+// the trainer with MeshBinding), so the plugin interface needs no distributed arguments.
+#pragma once
+#include <cstdint>
+#include <functional>
+#include <memory>
+#include <span>
+#include <string>
+#include <vector>
+
+#include "lcx/tensor.h"
+
+namespace lcx {
+
+struct CommOptions {
+  double timeout_s = 300;  // per call; tests use a second or two
+};
+
+// A grouped send/recv in flight. wait() returns when every op of the group completed (receive
+// buffers hold their data) and throws what the blocking call would have thrown.
+class CommWork {
+ public:
+  virtual ~CommWork() = default;
+  virtual void wait() = 0;
+};
+
+// One point-to-point op of a group. A send is matched by the peer's recv in the same order per
+// (sender, receiver) pair; both sides use the same dtype and element count.
+struct P2POp {
+  enum class Kind : uint8_t { send, recv };
+  Kind kind = Kind::send;
+  int peer = 0;  // rank in the communicator
+  Tensor tensor;  // send: read; recv: written
+  static P2POp send(const Tensor& t, int peer) { return {Kind::send, peer, t}; }
+  static P2POp recv(const Tensor& t, int peer) { return {Kind::recv, peer, t}; }
+};
+
+class Communicator {
+ public:
+  virtual ~Communicator() = default;
+  virtual int rank() const = 0;
+  virtual int size() const = 0;
+  // "world", "dp", "cp", "sp", "seq": appears in every error of this communicator.
+  virtual const std::string& name() const = 0;
+  virtual double timeout() const = 0;
+  virtual void set_timeout(double seconds) = 0;
+
+  // Sum over ranks, in place. Floating types accumulate in fp32 (bf16/fp16 rounded once at the
+  // end in-process), integers exactly.
+  virtual void all_reduce(Tensor& t) = 0;
+  // Sum of host scalars in fp64 (loss sums, squared norms, token counts), in place.
+  virtual void all_reduce(std::span<double> values) = 0;
+  // in holds size() equal blocks along dim 0; rank r gets the sum of every rank's block r.
+  // in.numel() == size() * out.numel().
+  virtual void reduce_scatter(const Tensor& in, Tensor& out) = 0;
+  // out = every rank's `in` concatenated along dim 0 in rank order. out.numel() == size() * in.numel().
+  virtual void all_gather(const Tensor& in, Tensor& out) = 0;
+  // in holds size() equal blocks along dim 0; block j goes to rank j, and out's block i is what
+  // rank i sent here. in.numel() == out.numel(), a multiple of size(). in and out must differ.
+  virtual void all_to_all(const Tensor& in, Tensor& out) = 0;
+  // A batch of sends and receives that progress together (a ring step sends to the next rank
+  // while receiving from the previous: issued one by one, both sides would wait on each other).
+  // Sends are posted at once; overlap compute with the returned work and wait() before reading.
+  virtual std::unique_ptr<CommWork> send_recv_async(std::vector<P2POp> ops) = 0;
+  void send_recv(std::vector<P2POp> ops) { send_recv_async(std::move(ops))->wait(); }
+  virtual void barrier() = 0;
+
+  // A collective over this communicator: ranks with the same color form a new communicator,
+  // ordered by key (then by rank here). Like MPI_Comm_split and ncclCommSplit.
+  virtual std::unique_ptr<Communicator> split(int color, int key, const std::string& name) = 0;
+  // This rank failed with `message`: the other ranks' pending and future calls throw
+  // "rank N failed: message" (N is this rank in the world).
+  virtual void abort(const std::string& message) = 0;
+};
+
+// In-process world of `size` thread-ranks; element r is rank r. Hand each to its own thread.
+std::vector<std::unique_ptr<Communicator>> make_in_process_world(int size, CommOptions opts = {});
+
+// Runs fn on `size` threads, each with its rank's communicator, and joins them. When a rank
+// throws, the others are aborted, and this throws lcx::Error "rank N failed: <message>" for the
+// first rank that failed (its key and fix kept), after every thread returned.
+void run_in_process(int size, const std::function<void(Communicator&)>& fn, CommOptions opts = {});
+
+// The ranks of a job as a named grid dp x cp x sp, sp varying fastest:
+//   world rank = (dp_index * cp + cp_index) * sp + sp_index
+// so sp groups (all-to-all every layer) are neighbours, then cp rings, then data-parallel copies.
+struct MeshShape {
+  int dp = 1, cp = 1, sp = 1;
+};
+
+struct MeshCoord {
+  int dp = 0, cp = 0, sp = 0;
+};
+
+class Mesh {
+ public:
+  // Throws lcx::Error naming the [distributed] keys when an axis is < 1 or dp * cp * sp differs
+  // from world_size. Call before any GPU work.
+  static void validate(const MeshShape& shape, int world_size);
+  static MeshCoord coord_of(const MeshShape& shape, int world_rank);
+
+  // A collective over `world` (every rank calls it): validates, then splits one communicator per
+  // axis. `world` must outlive the mesh.
+  Mesh(Communicator& world, const MeshShape& shape);
+  ~Mesh();
+  Mesh(const Mesh&) = delete;
+  Mesh& operator=(const Mesh&) = delete;
+
+  const MeshShape& shape() const { return shape_; }
+  const MeshCoord& coord() const { return coord_; }
+  Communicator& world() const { return world_; }
+  Communicator& dp() const { return *dp_; }
+  Communicator& cp() const { return *cp_; }
+  Communicator& sp() const { return *sp_; }
+  // cp x sp: the ranks that share one sequence (loss and valid-token counts of one sequence).
+  Communicator& seq() const { return *seq_; }
+
+ private:
+  Communicator& world_;
+  MeshShape shape_;
+  MeshCoord coord_;
+  std::unique_ptr<Communicator> dp_, cp_, sp_, seq_;
+};
+
+// The mesh of the rank running on this thread (thread-local, so thread-ranks each see their
+// own); nullptr when none is bound. Plugins read it when configured or called.
+Mesh* current_mesh();
+class MeshBinding {
+ public:
+  explicit MeshBinding(Mesh* m);
+  ~MeshBinding();
+  MeshBinding(const MeshBinding&) = delete;
+  MeshBinding& operator=(const MeshBinding&) = delete;
+
+ private:
+  Mesh* prev_;
+};
+
+}  // namespace lcx

@@ -1,0 +1,438 @@
+// The in-process communicator: ranks are threads sharing one rendezvous.
+//
+// Each collective has a slot keyed by its sequence number. A rank posts a host copy of its input
+// (so in-place calls and CUDA tensors need no care), waits until every rank of the group posted,
+// computes its own output from the immutable posts without the lock, and departs; the last to
+// depart frees the slot. Sums run in fp32 (integers in int64) in rank order, so results are the
+// serial sum bit for bit whatever the thread timing. Point-to-point sends are buffered host copies
+// in a FIFO per (sender, receiver); a receive waits for its message. One mutex and condition
+// variable per world (all split groups share them) let an abort wake every waiting rank at once.
+#include <algorithm>
+#include <chrono>
+#include <condition_variable>
+#include <cstring>
+#include <deque>
+#include <map>
+#include <mutex>
+#include <thread>
+
+#include "lcx/comm.h"
+
+namespace lcx {
+namespace {
+
+using Clock = std::chrono::steady_clock;
+
+struct World {
+  std::mutex mu;
+  std::condition_variable cv;
+  bool aborted = false;
+  int failed_rank = -1;
+  std::string failure, key, fix;
+};
+
+struct Group;
+
+struct Contribution {
+  bool posted = false;
+  Tensor host;  // flat host copy of the input
+  std::vector<double> f64;
+  int color = 0, key = 0;
+};
+
+struct Slot {
+  std::string op;
+  int arrived = 0, departed = 0;
+  std::vector<Contribution> in;
+  // split: each rank's new group and its rank there, built by the last rank to arrive.
+  std::vector<std::shared_ptr<Group>> split_group;
+  std::vector<int> split_rank;
+  std::string mismatch;  // set by the last to arrive when ranks passed different sizes
+};
+
+struct Group {
+  std::shared_ptr<World> world;
+  std::vector<int> world_ranks;  // group rank -> world rank
+  std::string name;
+  std::map<int64_t, Slot> slots;
+  std::map<std::pair<int, int>, std::deque<Tensor>> mail;  // (sender, receiver) -> messages
+};
+
+Tensor host_copy(const Tensor& t) {
+  Tensor h = t.device().is_cuda() ? t.to(Device::cpu()) : t.clone();
+  return h.view({t.numel()});
+}
+
+// Sum of elements [offset, offset + count) of every rank's post, in rank order, as `dtype`.
+Tensor sum_in_rank_order(const Slot& s, int64_t offset, int64_t count, DType dtype) {
+  Tensor out = Tensor::empty({count}, dtype, Device::cpu());
+  if (dtype == DType::i32 || dtype == DType::i64) {
+    std::vector<int64_t> acc(static_cast<size_t>(count), 0);
+    for (const auto& c : s.in)
+      for (int64_t i = 0; i < count; ++i)
+        acc[static_cast<size_t>(i)] += dtype == DType::i32 ? c.host.data_as<int32_t>()[offset + i]
+                                                           : c.host.data_as<int64_t>()[offset + i];
+    for (int64_t i = 0; i < count; ++i) {
+      if (dtype == DType::i32)
+        out.data_as<int32_t>()[i] = static_cast<int32_t>(acc[static_cast<size_t>(i)]);
+      else
+        out.data_as<int64_t>()[i] = acc[static_cast<size_t>(i)];
+    }
+    return out;
+  }
+  std::vector<float> acc(static_cast<size_t>(count), 0.0f);
+  for (size_t r = 0; r < s.in.size(); ++r) {
+    std::vector<float> v = s.in[r].host.rows(offset, offset + count).to_floats();
+    if (r == 0)
+      acc = std::move(v);
+    else
+      for (size_t i = 0; i < acc.size(); ++i) acc[i] += v[i];
+  }
+  return Tensor::from_floats(acc, {count}, dtype);
+}
+
+class InProcessComm;
+
+class InProcessWork final : public CommWork {
+ public:
+  InProcessWork(InProcessComm* comm, int64_t seq, std::vector<P2POp> recvs)
+      : comm_(comm), seq_(seq), recvs_(std::move(recvs)) {}
+  void wait() override;
+
+ private:
+  InProcessComm* comm_;
+  int64_t seq_;
+  std::vector<P2POp> recvs_;
+};
+
+class InProcessComm final : public Communicator {
+ public:
+  InProcessComm(std::shared_ptr<Group> g, int rank, double timeout)
+      : g_(std::move(g)), rank_(rank), timeout_(timeout) {}
+
+  int rank() const override { return rank_; }
+  int size() const override { return static_cast<int>(g_->world_ranks.size()); }
+  const std::string& name() const override { return g_->name; }
+  double timeout() const override { return timeout_; }
+  void set_timeout(double seconds) override { timeout_ = seconds; }
+
+  void all_reduce(Tensor& t) override {
+    Contribution c;
+    c.host = host_copy(t);
+    collective("all_reduce", std::move(c), [&](const Slot& s) {
+      t.copy_from(sum_in_rank_order(s, 0, t.numel(), t.dtype()).view(t.shape()));
+    });
+  }
+
+  void all_reduce(std::span<double> values) override {
+    Contribution c;
+    c.f64.assign(values.begin(), values.end());
+    collective("all_reduce(host fp64)", std::move(c), [&](const Slot& s) {
+                 for (size_t i = 0; i < values.size(); ++i) {
+                   double acc = 0;
+                   for (const auto& in : s.in) acc += in.f64[i];
+                   values[i] = acc;
+                 }
+               });
+  }
+
+  void reduce_scatter(const Tensor& in, Tensor& out) override {
+    require(in.dtype() == out.dtype() && in.numel() == size() * out.numel(), "reduce_scatter", in, out,
+            "in.numel() == size() * out.numel()");
+    Contribution c;
+    c.host = host_copy(in);
+    collective("reduce_scatter", std::move(c), [&](const Slot& s) {
+      const int64_t n = out.numel();
+      out.copy_from(sum_in_rank_order(s, rank_ * n, n, out.dtype()).view(out.shape()));
+    });
+  }
+
+  void all_gather(const Tensor& in, Tensor& out) override {
+    require(in.dtype() == out.dtype() && out.numel() == size() * in.numel(), "all_gather", in, out,
+            "out.numel() == size() * in.numel()");
+    Contribution c;
+    c.host = host_copy(in);
+    collective("all_gather", std::move(c), [&](const Slot& s) {
+      Tensor host = Tensor::empty({out.numel()}, out.dtype(), Device::cpu());
+      const size_t block = in.nbytes();
+      for (size_t r = 0; r < s.in.size(); ++r)
+        if (block) std::memcpy(static_cast<char*>(host.data()) + r * block, s.in[r].host.data(), block);
+      out.copy_from(host.view(out.shape()));
+    });
+  }
+
+  void all_to_all(const Tensor& in, Tensor& out) override {
+    require(in.dtype() == out.dtype() && in.numel() == out.numel() && in.numel() % size() == 0, "all_to_all",
+            in, out, "in.numel() == out.numel(), a multiple of size()");
+    LCX_CHECK(in.numel() == 0 || in.data() != out.data(), "all_to_all needs distinct in and out");
+    Contribution c;
+    c.host = host_copy(in);
+    collective("all_to_all", std::move(c), [&](const Slot& s) {
+      Tensor host = Tensor::empty({out.numel()}, out.dtype(), Device::cpu());
+      const size_t block = in.nbytes() / static_cast<size_t>(size());
+      for (size_t r = 0; r < s.in.size(); ++r)
+        if (block)
+          std::memcpy(static_cast<char*>(host.data()) + r * block,
+                      static_cast<const char*>(s.in[r].host.data()) + static_cast<size_t>(rank_) * block, block);
+      out.copy_from(host.view(out.shape()));
+    });
+  }
+
+  std::unique_ptr<CommWork> send_recv_async(std::vector<P2POp> ops) override {
+    const int64_t seq = ++p2p_seq_;
+    std::vector<P2POp> recvs;
+    for (auto& op : ops) {
+      LCX_CHECK(op.peer >= 0 && op.peer < size(), "send_recv peer ", op.peer, " outside communicator '",
+                name(), "' of size ", size());
+      if (op.kind == P2POp::Kind::recv) {
+        recvs.push_back(std::move(op));
+        continue;
+      }
+      Tensor h = host_copy(op.tensor);
+      std::lock_guard lock(g_->world->mu);
+      g_->mail[{rank_, op.peer}].push_back(std::move(h));
+    }
+    g_->world->cv.notify_all();
+    return std::make_unique<InProcessWork>(this, seq, std::move(recvs));
+  }
+
+  void barrier() override { collective("barrier", Contribution{}, [](const Slot&) {}); }
+
+  std::unique_ptr<Communicator> split(int color, int key, const std::string& name) override {
+    Contribution c;
+    c.color = color;
+    c.key = key;
+    std::unique_ptr<Communicator> result;
+    auto build = [&](Slot& s) {
+      std::map<int, std::vector<int>> members;  // color -> parent ranks, ordered by (key, rank)
+      for (int r = 0; r < size(); ++r) members[s.in[static_cast<size_t>(r)].color].push_back(r);
+      s.split_group.resize(s.in.size());
+      s.split_rank.resize(s.in.size());
+      for (auto& [col, ranks] : members) {
+        std::stable_sort(ranks.begin(), ranks.end(),
+                         [&](int a, int b) { return s.in[static_cast<size_t>(a)].key < s.in[static_cast<size_t>(b)].key; });
+        auto g = std::make_shared<Group>();
+        g->world = g_->world;
+        g->name = name;
+        for (size_t i = 0; i < ranks.size(); ++i) {
+          g->world_ranks.push_back(g_->world_ranks[static_cast<size_t>(ranks[i])]);
+          s.split_group[static_cast<size_t>(ranks[i])] = g;
+          s.split_rank[static_cast<size_t>(ranks[i])] = static_cast<int>(i);
+        }
+      }
+    };
+    collective(
+        "split", std::move(c),
+        [&](const Slot& s) {
+          result = std::make_unique<InProcessComm>(s.split_group[static_cast<size_t>(rank_)],
+                                                   s.split_rank[static_cast<size_t>(rank_)], timeout_);
+        },
+        build);
+    return result;
+  }
+
+  void abort(const std::string& message) override { abort_with(message, {}, {}); }
+
+  void abort_with(const std::string& message, const std::string& key, const std::string& fix) {
+    World& w = *g_->world;
+    {
+      std::lock_guard lock(w.mu);
+      if (!w.aborted) {
+        w.aborted = true;
+        w.failed_rank = world_rank(rank_);
+        w.failure = message;
+        w.key = key;
+        w.fix = fix;
+      }
+    }
+    w.cv.notify_all();
+  }
+
+  // Called with the world lock held: the error every waiting rank throws once a rank failed.
+  void rethrow_failure() const {
+    const World& w = *g_->world;
+    if (w.aborted) throw_aborted();
+  }
+
+  [[noreturn]] void throw_aborted() const {
+    const World& w = *g_->world;
+    throw Error(str("rank ", w.failed_rank, " failed: ", w.failure), w.key, w.fix);
+  }
+
+  std::string describe_missing(const std::vector<int>& missing) const {
+    std::string s;
+    for (int r : missing) {
+      if (!s.empty()) s += ", ";
+      s += std::to_string(r);
+      if (world_rank(r) != r) s += str(" (world rank ", world_rank(r), ")");
+    }
+    return s;
+  }
+
+  std::string where(const std::string& op, int64_t seq) const {
+    return str(op, " #", seq, " on communicator '", name(), "' (rank ", rank_, " of ", size(), ")");
+  }
+
+  void receive(int64_t seq, std::vector<P2POp>& recvs) {
+    World& w = *g_->world;
+    const auto deadline = Clock::now() + std::chrono::duration<double>(timeout_);
+    for (auto& op : recvs) {
+      Tensor msg;
+      {
+        std::unique_lock lock(w.mu);
+        auto& box = g_->mail[{op.peer, rank_}];
+        while (!w.aborted && box.empty()) {
+          if (w.cv.wait_until(lock, deadline) == std::cv_status::timeout && box.empty() && !w.aborted) {
+            std::vector<int> missing;
+            for (const auto& o : recvs)
+              if (g_->mail[{o.peer, rank_}].empty() &&
+                  std::find(missing.begin(), missing.end(), o.peer) == missing.end())
+                missing.push_back(o.peer);
+            throw Error(str(where("send_recv", seq), " timed out after ", timeout_,
+                            " s waiting for messages; ranks missing: ", describe_missing(missing)),
+                        {}, "the missing ranks never sent: check their logs for an earlier failure or a skipped call");
+          }
+        }
+        if (w.aborted) throw_aborted();
+        msg = std::move(box.front());
+        box.pop_front();
+      }
+      if (msg.dtype() != op.tensor.dtype() || msg.numel() != op.tensor.numel())
+        throw Error(str(where("send_recv", seq), ": rank ", op.peer, " sent ", msg.numel(), " ",
+                        dtype_name(msg.dtype()), " elements, the receive expects ", op.tensor.numel(), " ",
+                        dtype_name(op.tensor.dtype())));
+      op.tensor.copy_from(msg.view(op.tensor.shape()));
+    }
+  }
+
+ private:
+  int world_rank(int r) const { return g_->world_ranks[static_cast<size_t>(r)]; }
+
+  void require(bool ok, const char* op, const Tensor& in, const Tensor& out, const char* rule) const {
+    if (!ok)
+      throw Error(str(op, " on communicator '", name(), "' (size ", size(), "): in ", dtype_name(in.dtype()),
+                      shape_str(in.shape()), ", out ", dtype_name(out.dtype()), shape_str(out.shape()),
+                      "; needs one dtype and ", rule));
+  }
+
+  // Posts `c`, waits for every rank, runs `on_complete` (under the lock, by the last to arrive),
+  // then `compute` on the full slot without the lock, then departs.
+  template <typename Compute, typename Complete = void (*)(Slot&)>
+  void collective(const std::string& op, Contribution c, Compute&& compute,
+                  Complete on_complete = [](Slot&) {}) {
+    World& w = *g_->world;
+    const int64_t seq = ++seq_;
+    const auto deadline = Clock::now() + std::chrono::duration<double>(timeout_);
+    Slot* slot = nullptr;
+    {
+      std::unique_lock lock(w.mu);
+      if (w.aborted) throw_aborted();
+      slot = &g_->slots[seq];
+      if (slot->op.empty()) {
+        slot->op = op;
+        slot->in.resize(static_cast<size_t>(size()));
+      } else if (slot->op != op) {
+        throw Error(str(where(op, seq), ": another rank called ", slot->op, " as call #", seq),
+                    {}, "every rank must call the collectives of a communicator in the same order");
+      }
+      c.posted = true;
+      slot->in[static_cast<size_t>(rank_)] = std::move(c);
+      if (++slot->arrived == size()) {
+        check_consistent(*slot, op, seq);
+        on_complete(*slot);
+        w.cv.notify_all();
+      }
+      while (slot->arrived < size() && !w.aborted) {
+        if (w.cv.wait_until(lock, deadline) == std::cv_status::timeout && slot->arrived < size() && !w.aborted) {
+          std::vector<int> missing;
+          for (int r = 0; r < size(); ++r)
+            if (!slot->in[static_cast<size_t>(r)].posted) missing.push_back(r);
+          throw Error(str(where(op, seq), " timed out after ", timeout_, " s; ranks missing: ",
+                          describe_missing(missing)),
+                      {}, "the missing ranks never made this call: check their logs for an earlier failure or a skipped call");
+        }
+      }
+      if (slot->arrived < size()) throw_aborted();
+      if (!slot->mismatch.empty()) {
+        std::string m = slot->mismatch;
+        depart(seq);
+        throw Error(m, {}, "every rank must pass the same dtype and element count");
+      }
+    }
+    compute(*slot);
+    std::lock_guard lock(w.mu);
+    depart(seq);
+  }
+
+  // Called with the lock held.
+  void depart(int64_t seq) {
+    auto it = g_->slots.find(seq);
+    if (++it->second.departed == size()) g_->slots.erase(it);
+  }
+
+  void check_consistent(Slot& s, const std::string& op, int64_t seq) const {
+    for (size_t r = 1; r < s.in.size(); ++r) {
+      const auto& a = s.in[0];
+      const auto& b = s.in[r];
+      const bool same = a.host.defined() == b.host.defined() && a.f64.size() == b.f64.size() &&
+                        (!a.host.defined() || (a.host.dtype() == b.host.dtype() && a.host.numel() == b.host.numel()));
+      if (!same) {
+        s.mismatch = str(op, " #", seq, " on communicator '", name(), "': rank 0 passed ",
+                         a.host.defined() ? a.host.numel() : static_cast<int64_t>(a.f64.size()), " ",
+                         a.host.defined() ? dtype_name(a.host.dtype()) : "fp64", " elements, rank ", r, " ",
+                         b.host.defined() ? b.host.numel() : static_cast<int64_t>(b.f64.size()), " ",
+                         b.host.defined() ? dtype_name(b.host.dtype()) : "fp64");
+        return;
+      }
+    }
+  }
+
+  std::shared_ptr<Group> g_;
+  int rank_;
+  double timeout_;
+  int64_t seq_ = 0;
+  int64_t p2p_seq_ = 0;
+};
+
+void InProcessWork::wait() {
+  if (recvs_.empty()) return;
+  std::vector<P2POp> recvs = std::move(recvs_);
+  recvs_.clear();
+  comm_->receive(seq_, recvs);
+}
+
+}  // namespace
+
+std::vector<std::unique_ptr<Communicator>> make_in_process_world(int size, CommOptions opts) {
+  LCX_CHECK(size >= 1, "world size ", size);
+  auto g = std::make_shared<Group>();
+  g->world = std::make_shared<World>();
+  g->name = "world";
+  for (int r = 0; r < size; ++r) g->world_ranks.push_back(r);
+  std::vector<std::unique_ptr<Communicator>> out;
+  for (int r = 0; r < size; ++r) out.push_back(std::make_unique<InProcessComm>(g, r, opts.timeout_s));
+  return out;
+}
+
+void run_in_process(int size, const std::function<void(Communicator&)>& fn, CommOptions opts) {
+  auto comms = make_in_process_world(size, opts);
+  std::vector<std::thread> threads;
+  for (int r = 0; r < size; ++r) {
+    auto* c = static_cast<InProcessComm*>(comms[static_cast<size_t>(r)].get());
+    threads.emplace_back([c, &fn] {
+      try {
+        fn(*c);
+      } catch (const Error& e) {
+        c->abort_with(e.what(), e.key(), e.fix());
+      } catch (const std::exception& e) {
+        c->abort_with(e.what(), {}, {});
+      }
+    });
+  }
+  for (auto& t : threads) t.join();
+  // Every thread has returned, so the world state is no longer shared.
+  auto* c0 = static_cast<InProcessComm*>(comms[0].get());
+  c0->rethrow_failure();
+}
+
+}  // namespace lcx

@@ -1,0 +1,110 @@
+#include "dist/sharded_params.h"
+
+#include <cmath>
+
+#include "lcx/ops.h"
+#include "train/adamw_kernel.h"
+
+namespace lcx {
+
+ShardedParams::ShardedParams(std::vector<Parameter*> params, Communicator& comm) : comm_(comm) {
+  const int64_t world = comm.size(), rank = comm.rank();
+  entries_.reserve(params.size());
+  for (Parameter* p : params) {
+    LCX_CHECK(p->value.defined(), "parameter ", p->name, " has no value to shard");
+    LCX_CHECK(!by_name_.count(p->name), "parameter ", p->name, " listed twice");
+    Entry e;
+    e.param = p;
+    e.shape = p->value.shape();
+    e.numel = p->value.numel();
+    const int64_t shard = (e.numel + world - 1) / world;
+    const int64_t begin = std::min(e.numel, rank * shard), end = std::min(e.numel, (rank + 1) * shard);
+    const Device d = p->value.device();
+    e.shard.name = p->name;
+    e.shard.decay = p->decay;
+    e.shard.value = Tensor::zeros({shard}, p->value.dtype(), d, MemoryCategory::weights);
+    if (end > begin) e.shard.value.rows(0, end - begin).copy_from(p->value.view({e.numel}).rows(begin, end));
+    e.shard.grad = Tensor::zeros({shard}, DType::f32, d, MemoryCategory::gradients);
+    p->value = Tensor();
+    p->grad = Tensor();
+    by_name_[p->name] = entries_.size();
+    entries_.push_back(std::move(e));
+  }
+}
+
+std::vector<Parameter*> ShardedParams::shards() {
+  std::vector<Parameter*> out;
+  for (auto& e : entries_) out.push_back(&e.shard);
+  return out;
+}
+
+ShardedParams::Entry& ShardedParams::entry(const std::string& name) {
+  auto it = by_name_.find(name);
+  LCX_CHECK(it != by_name_.end(), "no sharded parameter named ", name);
+  return entries_[it->second];
+}
+
+int64_t ShardedParams::shard_numel(const std::string& name) const {
+  auto it = by_name_.find(name);
+  LCX_CHECK(it != by_name_.end(), "no sharded parameter named ", name);
+  return entries_[it->second].shard.value.numel();
+}
+
+std::vector<std::string> ShardedParams::names_with_prefix(const std::string& prefix) const {
+  std::vector<std::string> out;
+  for (const auto& e : entries_)
+    if (e.shard.name.starts_with(prefix)) out.push_back(e.shard.name);
+  return out;
+}
+
+void ShardedParams::gather(const std::vector<std::string>& names, bool with_grads) {
+  for (const auto& n : names) {
+    Entry& e = entry(n);
+    const int64_t padded = e.shard.value.numel() * comm_.size();
+    const Device d = e.shard.value.device();
+    if (!e.param->value.defined()) {
+      Tensor full = Tensor::empty({padded}, e.shard.value.dtype(), d, MemoryCategory::weights);
+      comm_.all_gather(e.shard.value, full);
+      e.param->value = full.rows(0, e.numel).view(e.shape);
+    }
+    if (with_grads && !e.full_grad.defined()) {
+      // The padding stays zero: backward only writes the view.
+      e.full_grad = Tensor::zeros({padded}, DType::f32, d, MemoryCategory::gradients);
+      e.param->grad = e.full_grad.rows(0, e.numel).view(e.shape);
+    }
+  }
+}
+
+void ShardedParams::release(const std::vector<std::string>& names) {
+  for (const auto& n : names) {
+    Entry& e = entry(n);
+    e.param->value = Tensor();
+    e.param->grad = Tensor();
+    e.full_grad = Tensor();
+  }
+}
+
+void ShardedParams::reduce_grads(const std::vector<std::string>& names) {
+  for (const auto& n : names) {
+    Entry& e = entry(n);
+    LCX_CHECK(e.full_grad.defined(), "reduce_grads(", n, ") without gather(..., with_grads=true) first");
+    Tensor mine = Tensor::empty(e.shard.grad.shape(), DType::f32, e.shard.grad.device(), MemoryCategory::communication);
+    comm_.reduce_scatter(e.full_grad, mine);
+    ops::add_inplace(e.shard.grad, mine);
+    e.param->grad = Tensor();
+    e.full_grad = Tensor();
+  }
+}
+
+void ShardedParams::zero_grads() {
+  for (auto& e : entries_) e.shard.grad.zero();
+}
+
+double ShardedParams::grad_norm() {
+  double sq = 0;
+  for (const auto& e : entries_) sq += adamw::sum_squares(e.shard.grad);
+  comm_.all_reduce(std::span<double>(&sq, 1));
+  return std::sqrt(sq);
+}
+
+}  // namespace lcx
