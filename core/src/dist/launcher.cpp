@@ -55,6 +55,8 @@ void on_signal(int sig) {
   [[maybe_unused]] ssize_t n = ::write(g_signal_pipe[1], &b, 1);
 }
 
+}  // namespace
+
 int free_local_port() {
   int fd = ::socket(AF_INET, SOCK_STREAM, 0);
   if (fd < 0) throw Error(str("socket() failed: ", std::strerror(errno)));
@@ -70,6 +72,8 @@ int free_local_port() {
   ::close(fd);
   return ntohs(a.sin_port);
 }
+
+namespace {
 
 struct Child {
   int rank = 0;

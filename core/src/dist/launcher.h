@@ -57,5 +57,6 @@ int launch_workers(int nproc, const std::vector<std::string>& argv, const EnvMap
                    const LaunchOptions& opts = {});
 
 std::string self_executable();  // /proc/self/exe resolved
+int free_local_port();          // a TCP port free on 127.0.0.1 right now
 
 }  // namespace lcx
