@@ -6,46 +6,12 @@
 #include <memory>
 #include <mutex>
 
+#include "cuda/caching_allocator.h"
 #include "cuda/check.h"
 #include "lcx/tensor.h"
 
 namespace lcx {
 namespace {
-
-// Plain cudaMalloc with no caching: correct everywhere, replaced by the expandable-segment
-// allocator of the CUDA backend issue.
-class CudaAllocator final : public Allocator {
- public:
-  explicit CudaAllocator(int index) : index_(index) {}
-  Device device() const override { return Device::cuda(index_); }
-
- protected:
-  void* raw_allocate(size_t bytes) override {
-    LCX_CUDA_CHECK(cudaSetDevice(index_));
-    void* p = nullptr;
-    cudaError_t err = cudaMalloc(&p, bytes);
-    if (err != cudaSuccess)
-      throw Error(str("GPU out of memory: cudaMalloc of ", bytes, " bytes on cuda:", index_, " failed (",
-                      cudaGetErrorString(err), ")"));
-    std::lock_guard lock(mu_);
-    held_ += static_cast<int64_t>(bytes);
-    return p;
-  }
-  void raw_deallocate(void* p, size_t bytes) override {
-    cudaFree(p);
-    std::lock_guard lock(mu_);
-    held_ -= static_cast<int64_t>(bytes);
-  }
-  int64_t reserved() const override {
-    std::lock_guard lock(mu_);
-    return held_;
-  }
-
- private:
-  int index_;
-  mutable std::mutex mu_;
-  int64_t held_ = 0;
-};
 
 class CudaBackend final : public DeviceBackend {
  public:
@@ -67,7 +33,7 @@ bool cuda_available() {
       cudaGetLastError();
       return;
     }
-    for (int i = 0; i < n; ++i) install_allocator(Device::cuda(i), std::make_shared<CudaAllocator>(i));
+    for (int i = 0; i < n; ++i) install_allocator(Device::cuda(i), cuda::make_device_allocator(i));
     install_backend(DeviceType::cuda, std::make_shared<CudaBackend>());
     ok = true;
   });
