@@ -3,6 +3,7 @@
 // decoding gives the book back.
 #include <gtest/gtest.h>
 
+#include "data/dataset.h"
 #include "data/tokenizer.h"
 #include "data_test_util.h"
 #include "util/sha256.h"
@@ -33,6 +34,38 @@ TEST(TokenizerKjv, WholeBookMatchesTheLibrary) {
   EXPECT_EQ(tok.encode(text, 2), ids);
   EXPECT_EQ(tok.encode(text, 16), ids);
   EXPECT_EQ(tok.decode(ids), text);
+}
+
+// The book as a dataset of 262,144-token sequences: four full ones and the remainder padded to a
+// multiple of 8; the ids are the tokenizer's; the second open maps the cache.
+TEST(TokenizerKjv, BookAsDatasetThroughTheCache) {
+  auto tok_path = test::qwen3_tokenizer_path(), kjv = test::kjv_path();
+  LCX_NEED_DATA(tok_path);
+  LCX_NEED_DATA(kjv);
+  Tokenizer tok = Tokenizer::load(tok_path);
+  DataConfig cfg;
+  cfg.source = kjv;
+  cfg.cache_dir = test::temp_dir();
+  cfg.seq_len = 262144;
+  cfg.pad_to_multiple_of = 8;
+  Dataset d = Dataset::open(cfg, tok, {.progress = false});
+  ASSERT_EQ(d.num_sequences(), 5);
+  EXPECT_EQ(d.report().tokens, 1160924);
+  const int64_t rem = 1160924 - 4 * 262144;
+  EXPECT_EQ(d.length(4), (rem + 7) / 8 * 8);
+  EXPECT_EQ(d.report().padding, (rem + 7) / 8 * 8 - rem);
+  auto ids = tok.encode(test::read_file(kjv));
+  Sequence s = d.get(1);
+  for (int64_t t = 0; t < 262144; ++t) {
+    ASSERT_EQ(s.tokens.data_as<int32_t>()[t], ids[262144 + t]) << t;
+    ASSERT_EQ(s.targets.data_as<int64_t>()[t], t + 1 < 262144 ? ids[262144 + t + 1] : -100) << t;
+  }
+  int64_t valid = 0;
+  for (int64_t i = 0; i < d.num_sequences(); ++i) valid += d.valid_labels(i);
+  EXPECT_EQ(valid, 1160924 - 5);
+  Dataset again = Dataset::open(cfg, tok, {.progress = false});
+  EXPECT_TRUE(again.report().from_cache);
+  EXPECT_EQ(again.get(4).tokens.data_as<int32_t>()[0], ids[4 * 262144]);
 }
 
 }  // namespace

@@ -56,6 +56,7 @@ CoreConfig read_core_config(const Manifest& m, const std::vector<std::string>& p
     if (c.data.pad_to_multiple_of < 1) v.fail("pad_to_multiple_of", "must be >= 1");
     c.data.shuffle = v.get_bool("shuffle", c.data.shuffle);
     c.data.cache_dir = v.get_string("cache_dir", c.data.cache_dir);
+    c.data.drop_last = v.get_bool("drop_last", c.data.drop_last);
     v.check_unknown();
   }
   {

@@ -33,6 +33,7 @@ struct DataConfig {
   int64_t pad_to_multiple_of = 1;
   bool shuffle = true;
   std::string cache_dir;
+  bool drop_last = false;  // drop the final partial sequence instead of padding it
 };
 
 struct TrainConfig {

@@ -1,0 +1,537 @@
+#include "data/dataset.h"
+
+#include <unistd.h>
+
+#include <algorithm>
+#include <chrono>
+#include <cstdio>
+#include <filesystem>
+#include <fstream>
+#include <mutex>
+#include <nlohmann/json.hpp>
+#include <sstream>
+
+#include "data/token_cache.h"
+#include "data/utf8.h"
+#include "lcx/error.h"
+#include "lcx/log.h"
+#include "util/sha256.h"
+
+namespace fs = std::filesystem;
+
+namespace lcx {
+
+struct Dataset::State {
+  DataConfig cfg;
+  int64_t seed = 0;
+  int32_t eos = 0;
+  std::shared_ptr<MappedFile> file;  // keeps `tokens` and `doc_starts` mapped
+  const uint32_t* tokens = nullptr;
+  int64_t num_tokens = 0;
+  const uint64_t* doc_starts = nullptr;
+  int64_t num_docs = 0;
+  std::vector<uint64_t> own_doc_starts;  // for a pre-tokenized source, found by scanning for EOS
+  int64_t num_sequences = 0;
+  int64_t last_real = 0;    // tokens in the final sequence before padding
+  int64_t last_length = 0;  // its padded length
+  DataReport report;
+
+  mutable std::mutex perm_mu;
+  mutable int64_t perm_epoch = -1;
+  mutable std::vector<int64_t> perm;
+
+  int64_t real_length(int64_t i) const { return i + 1 == num_sequences ? last_real : cfg.seq_len; }
+};
+
+namespace {
+
+using json = nlohmann::json;
+
+struct SourceFile {
+  fs::path path;
+  std::string rel;
+  uint64_t size = 0;
+  int64_t mtime = 0;
+};
+
+std::string ext_of(const fs::path& p) {
+  std::string e = p.extension().string();
+  std::transform(e.begin(), e.end(), e.begin(), [](unsigned char c) { return std::tolower(c); });
+  return e;
+}
+
+void note(int64_t& count, std::string& first, const std::string& where) {
+  if (count++ == 0) first = where;
+}
+
+// Every file with one of `exts` under `dir`, sorted by relative path; names starting with '.'
+// (the cache folder among them) are skipped. Folders that cannot be listed count as unreadable.
+void walk(const fs::path& dir, const fs::path& root, const std::vector<std::string>& exts,
+          std::vector<SourceFile>& out, DataReport& r) {
+  std::error_code ec;
+  fs::directory_iterator it(dir, ec), end;
+  if (ec) {
+    note(r.unreadable, r.first_unreadable, dir.string());
+    return;
+  }
+  for (; it != end; it.increment(ec)) {
+    if (ec) {
+      note(r.unreadable, r.first_unreadable, dir.string());
+      return;
+    }
+    const fs::path& p = it->path();
+    if (p.filename().string().rfind('.', 0) == 0) continue;
+    std::error_code e2;
+    if (it->is_directory(e2)) {
+      walk(p, root, exts, out, r);
+    } else if (std::find(exts.begin(), exts.end(), ext_of(p)) != exts.end()) {
+      SourceFile f;
+      f.path = p;
+      f.rel = fs::relative(p, root, e2).generic_string();
+      f.size = it->file_size(e2);
+      if (e2) {
+        note(r.unreadable, r.first_unreadable, p.string());
+        continue;
+      }
+      f.mtime = static_cast<int64_t>(fs::last_write_time(p, e2).time_since_epoch().count());
+      out.push_back(std::move(f));
+    }
+  }
+}
+
+std::string resolve_format(const DataConfig& cfg) {
+  fs::path src(cfg.source);
+  if (cfg.format != "auto") return cfg.format;
+  if (fs::is_directory(src)) {
+    std::vector<SourceFile> txt, jsonl;
+    DataReport scratch;
+    walk(src, src, {".txt"}, txt, scratch);
+    if (!txt.empty()) return "txt";
+    walk(src, src, {".jsonl"}, jsonl, scratch);
+    if (!jsonl.empty()) return "jsonl";
+    throw Error(str("data.source ", cfg.source, " holds no .txt or .jsonl file"), "data.source",
+                "point it at a folder of .txt files, a .jsonl file or a .tokens file, or set data.format");
+  }
+  std::string e = ext_of(src);
+  if (e == ".jsonl") return "jsonl";
+  if (e == ".tokens" || e == ".bin") return "tokens";
+  return "txt";
+}
+
+// Reads documents and hands them to the tokenizer in batches of a few tens of MB, all threads at
+// once; a progress line with the rate and ETA goes to stderr.
+class Builder {
+ public:
+  Builder(const Tokenizer& tok, TokenCacheWriter& w, DataReport& r, int threads, bool progress, uint64_t total)
+      : tok_(tok), w_(w), r_(r), threads_(threads), total_(total), start_(clock::now()), last_(start_) {
+    tty_ = progress && isatty(STDERR_FILENO);
+  }
+  void add(std::string text, std::string where) {
+    if (text.empty()) {
+      note(r_.empty, r_.first_empty, where);
+      return;
+    }
+    pending_bytes_ += text.size();
+    texts_.push_back(std::move(text));
+    where_.push_back(std::move(where));
+    if (pending_bytes_ >= (32u << 20) || texts_.size() >= 16384) flush();
+  }
+  void consumed(uint64_t bytes) {
+    done_ += bytes;
+    show(false);
+  }
+  void flush() {
+    if (texts_.empty()) return;
+    std::vector<std::string_view> views(texts_.begin(), texts_.end());
+    std::vector<EncodeStats> stats;
+    auto ids = tok_.encode_batch(views, threads_, &stats);
+    for (size_t i = 0; i < ids.size(); ++i) {
+      if (stats[i].invalid_utf8 > 0) {
+        note(r_.invalid_utf8_documents, r_.first_invalid_utf8, where_[i]);
+        r_.invalid_utf8_sequences += stats[i].invalid_utf8;
+      }
+      w_.add_document(ids[i]);
+      ++r_.documents;
+    }
+    texts_.clear();
+    where_.clear();
+    pending_bytes_ = 0;
+  }
+  void finish() {
+    flush();
+    show(true);
+  }
+
+ private:
+  using clock = std::chrono::steady_clock;
+  void show(bool final) {
+    auto now = clock::now();
+    double since = std::chrono::duration<double>(now - last_).count();
+    if (!final && since < (tty_ ? 0.25 : 30.0)) return;
+    last_ = now;
+    double el = std::chrono::duration<double>(now - start_).count();
+    double rate = el > 0 ? done_ / el : 0;
+    double eta = rate > 0 && total_ > done_ ? (total_ - done_) / rate : 0;
+    std::string line = str("tokenizing ", total_ ? 100 * done_ / total_ : 100, "% ", done_ / 1000000, "/",
+                           total_ / 1000000, " MB, ", static_cast<int64_t>(rate / 1e6), " MB/s, ",
+                           w_.num_tokens(), " tokens, ETA ", static_cast<int64_t>(eta), " s");
+    if (tty_) std::fprintf(stderr, "\r%s\033[K%s", line.c_str(), final ? "\n" : "");
+    else if (!final || el > 30) log::info(line);
+  }
+
+  const Tokenizer& tok_;
+  TokenCacheWriter& w_;
+  DataReport& r_;
+  int threads_;
+  uint64_t total_, done_ = 0;
+  clock::time_point start_, last_;
+  bool tty_ = false;
+  std::vector<std::string> texts_, where_;
+  uint64_t pending_bytes_ = 0;
+};
+
+bool read_whole(const fs::path& p, std::string& out) {
+  std::ifstream in(p, std::ios::binary);
+  if (!in) return false;
+  std::ostringstream s;
+  s << in.rdbuf();
+  if (in.bad()) return false;
+  out = std::move(s).str();
+  return true;
+}
+
+void read_jsonl(const SourceFile& f, const std::string& field, Builder& b, DataReport& r) {
+  std::string all;
+  if (!read_whole(f.path, all)) {
+    note(r.unreadable, r.first_unreadable, f.path.string());
+    return;
+  }
+  size_t line_no = 0, at = 0;
+  while (at < all.size()) {
+    size_t nl = all.find('\n', at);
+    if (nl == std::string::npos) nl = all.size();
+    std::string_view line(all.data() + at, nl - at);
+    at = nl + 1;
+    ++line_no;
+    if (line.find_first_not_of(" \t\r") == std::string_view::npos) continue;  // blank: no document
+    std::string where = str(f.path.string(), ":", line_no);
+    std::string repaired;
+    if (utf8::first_invalid(line) != std::string_view::npos) {
+      int64_t n = 0;
+      repaired = utf8::repair(line, &n);
+      line = repaired;
+      note(r.invalid_utf8_documents, r.first_invalid_utf8, where);
+      r.invalid_utf8_sequences += n;
+    }
+    json j = json::parse(line.begin(), line.end(), nullptr, false);
+    if (j.is_discarded()) {
+      note(r.not_json, r.first_not_json, where);
+      continue;
+    }
+    if (!j.is_object() || !j.contains(field) || !j[field].is_string()) {
+      note(r.missing_field, r.first_missing_field, where);
+      continue;
+    }
+    b.add(j[field].get<std::string>(), where);
+  }
+  // A file with no line but blank ones is one empty input.
+  if (all.find_first_not_of(" \t\r\n") == std::string::npos) note(r.empty, r.first_empty, f.path.string());
+  b.consumed(f.size);
+}
+
+json report_meta(const DataReport& r) {
+  return {{"files", r.files}, {"documents", r.documents}, {"empty", r.empty}, {"unreadable", r.unreadable},
+          {"not_json", r.not_json}, {"missing_field", r.missing_field},
+          {"invalid_utf8_documents", r.invalid_utf8_documents}, {"invalid_utf8_sequences", r.invalid_utf8_sequences},
+          {"first_empty", r.first_empty}, {"first_unreadable", r.first_unreadable}, {"first_not_json", r.first_not_json},
+          {"first_missing_field", r.first_missing_field}, {"first_invalid_utf8", r.first_invalid_utf8}};
+}
+
+void load_meta(const std::string& meta, DataReport& r) {
+  json j = json::parse(meta, nullptr, false);
+  if (j.is_discarded()) return;
+  r.files = j.value("files", 0);
+  r.documents = j.value("documents", 0);
+  r.empty = j.value("empty", 0);
+  r.unreadable = j.value("unreadable", 0);
+  r.not_json = j.value("not_json", 0);
+  r.missing_field = j.value("missing_field", 0);
+  r.invalid_utf8_documents = j.value("invalid_utf8_documents", 0);
+  r.invalid_utf8_sequences = j.value("invalid_utf8_sequences", 0);
+  r.first_empty = j.value("first_empty", "");
+  r.first_unreadable = j.value("first_unreadable", "");
+  r.first_not_json = j.value("first_not_json", "");
+  r.first_missing_field = j.value("first_missing_field", "");
+  r.first_invalid_utf8 = j.value("first_invalid_utf8", "");
+}
+
+// Tokenizes a text source into the cache (or reuses an intact one) and maps it.
+void open_text_source(Dataset::State& s, const DataConfig& cfg, const std::string& format, const Tokenizer& tok,
+                      const Dataset::Options& opt) {
+  fs::path src(cfg.source);
+  DataReport& r = s.report;
+  std::vector<SourceFile> files;
+  if (fs::is_directory(src)) {
+    walk(src, src, {format == "jsonl" ? ".jsonl" : ".txt"}, files, r);
+  } else {
+    std::error_code ec;
+    SourceFile f;
+    f.path = src;
+    f.rel = src.filename().string();
+    f.size = fs::file_size(src, ec);
+    if (ec) throw Error(str("data.source ", cfg.source, " cannot be read: ", ec.message()), "data.source", "give an existing file or folder");
+    f.mtime = static_cast<int64_t>(fs::last_write_time(src, ec).time_since_epoch().count());
+    files.push_back(f);
+  }
+  std::sort(files.begin(), files.end(), [](const SourceFile& a, const SourceFile& b) { return a.rel < b.rel; });
+  r.files = static_cast<int64_t>(files.size());
+  const int64_t walk_unreadable = r.unreadable;
+  const std::string walk_first = r.first_unreadable;
+
+  // The key: everything that changes the token stream.
+  Sha256 key;
+  auto add = [&](const std::string& x) { key.update(x.data(), x.size()), key.update("\n", 1); };
+  add("lcx-token-cache 1");
+  add(tok.hash());
+  add(format);
+  if (format == "jsonl") add(cfg.text_field);
+  for (const auto& f : files) add(str(f.rel, "\t", f.size, "\t", f.mtime));
+  const std::string key_hex = key.hex();
+
+  fs::path dir = cfg.cache_dir.empty() ? (fs::is_directory(src) ? src : src.parent_path()) / ".lcx-cache" : fs::path(cfg.cache_dir);
+  std::string name = sha256_string(str(fs::absolute(src).lexically_normal().string(), "\n", format, "\n",
+                                       format == "jsonl" ? cfg.text_field : "", "\n", tok.hash()))
+                         .substr(0, 16);
+  fs::path path = dir / ("tokens-" + name + ".lcxtok");
+  r.cache_path = path.string();
+
+  std::string why;
+  TokenCacheView v = open_token_cache(path.string(), key_hex, &why);
+  if (!v.file) {
+    if (why != "missing") log::warn(str("data: token cache ", path.string(), " is ", why, "; rebuilding it"));
+    std::error_code ec;
+    fs::create_directories(dir, ec);
+    if (ec)
+      throw Error(str("cannot create the token cache folder ", dir.string(), ": ", ec.message()), "data.cache_dir",
+                  "set data.cache_dir to a writable folder");
+    uint64_t total = 0;
+    for (const auto& f : files) total += f.size;
+    {
+      TokenCacheWriter w(path.string(), key_hex, tok.eos_id());
+      Builder b(tok, w, r, opt.threads, opt.progress, total);
+      for (const auto& f : files) {
+        if (format == "jsonl") {
+          read_jsonl(f, cfg.text_field, b, r);
+          continue;
+        }
+        std::string text;
+        if (!read_whole(f.path, text)) note(r.unreadable, r.first_unreadable, f.path.string());
+        else b.add(std::move(text), f.path.string());
+        b.consumed(f.size);
+      }
+      b.finish();
+      w.finish(report_meta(r).dump());
+    }
+    v = open_token_cache(path.string(), key_hex, &why);
+    if (!v.file) throw Error(str("the token cache just written, ", path.string(), ", is ", why));
+  } else {
+    load_meta(v.meta, r);
+    // Folders that cannot be listed never reach the cache's key; count them on every run.
+    if (walk_unreadable > r.unreadable) r.unreadable = walk_unreadable, r.first_unreadable = walk_first;
+    r.from_cache = true;
+  }
+  s.file = v.file;
+  s.tokens = v.tokens;
+  s.num_tokens = static_cast<int64_t>(v.num_tokens);
+  s.doc_starts = v.doc_starts;
+  s.num_docs = static_cast<int64_t>(v.num_docs);
+  if (v.eos != tok.eos_id()) throw Error(str("token cache ", path.string(), " was written with eos ", v.eos));
+}
+
+// A pre-tokenized file: uint32 ids, little endian, used in place.
+void open_token_source(Dataset::State& s, const DataConfig& cfg, const Tokenizer& tok) {
+  std::string err;
+  auto f = MappedFile::open(cfg.source, &err);
+  if (!f) throw Error(str("data.source ", cfg.source, " cannot be read: ", err), "data.source", "give a readable .tokens file");
+  if (f->size() % 4 != 0)
+    throw Error(str("data.source ", cfg.source, " has ", f->size(), " bytes, not a whole number of uint32 ids"), "data.source",
+                "write the ids as uint32 little endian");
+  s.report.files = 1;
+  s.tokens = reinterpret_cast<const uint32_t*>(f->data());
+  s.num_tokens = static_cast<int64_t>(f->size() / 4);
+  const uint32_t vocab = static_cast<uint32_t>(tok.vocab_size());
+  for (int64_t i = 0; i < s.num_tokens; ++i) {
+    if (s.tokens[i] >= vocab)
+      throw Error(str("data.source ", cfg.source, ": id ", s.tokens[i], " at position ", i, " is outside the tokenizer's ", vocab,
+                      " ids"), "data.source", "pre-tokenize with the tokenizer named in data.tokenizer");
+    if (i == 0 || s.tokens[i - 1] == static_cast<uint32_t>(s.eos)) s.own_doc_starts.push_back(static_cast<uint64_t>(i));
+  }
+  if (s.num_tokens == 0) note(s.report.empty, s.report.first_empty, cfg.source);
+  s.file = std::move(f);
+  s.doc_starts = s.own_doc_starts.data();
+  s.num_docs = static_cast<int64_t>(s.own_doc_starts.size());
+  s.report.documents = s.num_docs;
+}
+
+uint64_t splitmix64(uint64_t& x) {
+  uint64_t z = (x += 0x9E3779B97F4A7C15ull);
+  z = (z ^ (z >> 30)) * 0xBF58476D1CE4E5B9ull;
+  z = (z ^ (z >> 27)) * 0x94D049BB133111EBull;
+  return z ^ (z >> 31);
+}
+
+}  // namespace
+
+std::string DataReport::summary() const {
+  std::string s = str("data: ", files, files == 1 ? " file, " : " files, ", documents, documents == 1 ? " document, " : " documents, ",
+                      tokens, " tokens -> ", sequences, sequences == 1 ? " sequence" : " sequences");
+  if (padding) s += str(" (", padding, " padding tokens in the last)");
+  if (dropped_tokens) s += str(", ", dropped_tokens, " tokens dropped (", dropped_why, ")");
+  std::vector<std::string> bad;
+  auto add = [&](int64_t n, const char* what, const std::string& first) {
+    if (n) bad.push_back(str(n, " ", what, " (first: ", first, ")"));
+  };
+  add(empty, "empty", first_empty);
+  add(unreadable, "unreadable", first_unreadable);
+  add(not_json, "not JSON", first_not_json);
+  add(missing_field, "without the text field", first_missing_field);
+  if (!bad.empty()) {
+    s += "; skipped ";
+    for (size_t i = 0; i < bad.size(); ++i) s += (i ? ", " : "") + bad[i];
+  }
+  if (invalid_utf8_documents)
+    s += str("; ", invalid_utf8_documents, " with invalid UTF-8, ", invalid_utf8_sequences,
+             " sequences replaced by U+FFFD (first: ", first_invalid_utf8, ")");
+  s += from_cache ? str("; token cache ", cache_path) : (cache_path.empty() ? "" : str("; wrote token cache ", cache_path));
+  return s;
+}
+
+Dataset Dataset::open(const DataConfig& cfg, const Tokenizer& tok, const Options& opt) {
+  if (cfg.source.empty()) throw Error("data.source is not set", "data.source", "name a folder of .txt files, a .jsonl file or a .tokens file");
+  if (!fs::exists(cfg.source)) throw Error(str("data.source ", cfg.source, " does not exist"), "data.source", "check the path");
+  if (cfg.seq_len < 2) throw Error(str("data.seq_len = ", cfg.seq_len, " is too short"), "data.seq_len", "use at least 2");
+  if (cfg.pad_to_multiple_of < 1 || cfg.seq_len % cfg.pad_to_multiple_of != 0)
+    throw Error(str("data.seq_len = ", cfg.seq_len, " is not a multiple of data.pad_to_multiple_of = ", cfg.pad_to_multiple_of),
+                "data.seq_len", str("use a multiple of ", cfg.pad_to_multiple_of));
+  auto s = std::make_shared<State>();
+  s->cfg = cfg;
+  s->seed = opt.seed;
+  s->eos = tok.eos_id();
+  const std::string format = resolve_format(cfg);
+  if (format == "tokens") open_token_source(*s, cfg, tok);
+  else open_text_source(*s, cfg, format, tok, opt);
+
+  // Sequences: full ones, then the remainder (kept and padded, unless drop_last).
+  DataReport& r = s->report;
+  r.tokens = s->num_tokens;
+  const int64_t L = cfg.seq_len, rem = s->num_tokens % L;
+  s->num_sequences = s->num_tokens / L;
+  s->last_real = s->last_length = L;
+  if (rem > 0) {
+    if (cfg.drop_last || rem < 2) {
+      r.dropped_tokens = rem;
+      r.dropped_why = cfg.drop_last ? "the final partial sequence, as data.drop_last = true"
+                                    : "a final sequence of one token has no label to learn";
+    } else {
+      const int64_t m = cfg.pad_to_multiple_of;
+      s->last_real = rem;
+      s->last_length = (rem + m - 1) / m * m;
+      r.padding = s->last_length - rem;
+      ++s->num_sequences;
+    }
+  }
+  r.sequences = s->num_sequences;
+  log::info(r.summary());
+  if (r.dropped_tokens) log::warn(str("data: dropped ", r.dropped_tokens, " tokens at the end of the stream: ", r.dropped_why));
+  if (s->num_sequences == 0)
+    throw Error(str("data.source ", cfg.source, " yields no training sequence: ", s->num_tokens, " tokens for data.seq_len = ", L,
+                    (cfg.drop_last ? " with data.drop_last = true" : ""), " (", r.summary(), ")"),
+                "data.source", "add documents, lower data.seq_len, or set data.drop_last = false");
+  Dataset d;
+  d.s_ = std::move(s);
+  return d;
+}
+
+int64_t Dataset::num_sequences() const { return s_->num_sequences; }
+int64_t Dataset::seq_len() const { return s_->cfg.seq_len; }
+int64_t Dataset::num_documents() const { return s_->num_docs; }
+const DataReport& Dataset::report() const { return s_->report; }
+
+int64_t Dataset::length(int64_t index) const {
+  return index + 1 == s_->num_sequences ? s_->last_length : s_->cfg.seq_len;
+}
+
+int64_t Dataset::valid_labels(int64_t index) const { return s_->real_length(index) - 1; }
+
+Sequence Dataset::get(int64_t index) const {
+  const State& s = *s_;
+  if (index < 0 || index >= s.num_sequences)
+    throw Error(str("sequence ", index, " is outside the dataset's ", s.num_sequences));
+  const int64_t L = length(index), real = s.real_length(index), a = index * s.cfg.seq_len;
+  Sequence q;
+  q.tokens = Tensor::empty({L}, DType::i32);
+  q.targets = Tensor::empty({L}, DType::i64);
+  int32_t* tk = q.tokens.data_as<int32_t>();
+  int64_t* tg = q.targets.data_as<int64_t>();
+  const uint32_t* src = s.tokens + a;
+  for (int64_t t = 0; t < L; ++t) {
+    tk[t] = t < real ? static_cast<int32_t>(src[t]) : s.eos;
+    tg[t] = t + 1 < real ? static_cast<int64_t>(src[t + 1]) : -100;
+  }
+  // Documents touching [a, a + real): from the one holding a to the one holding the last token.
+  const uint64_t* b = s.doc_starts;
+  const uint64_t* e = s.doc_starts + s.num_docs;
+  auto first = std::upper_bound(b, e, static_cast<uint64_t>(a));
+  auto last = std::upper_bound(b, e, static_cast<uint64_t>(a + real - 1));
+  q.documents = static_cast<int>(last - first) + 1;
+  return q;
+}
+
+int64_t Dataset::index_at(int64_t epoch, int64_t position) const {
+  const State& s = *s_;
+  if (position < 0 || position >= s.num_sequences) throw Error(str("position ", position, " is outside the epoch"));
+  if (!s.cfg.shuffle) return position;
+  std::lock_guard<std::mutex> lock(s.perm_mu);
+  if (s.perm_epoch != epoch) {
+    // Fisher-Yates driven by splitmix64, with Lemire's unbiased bounded draw: the same order on
+    // every platform and standard library.
+    uint64_t state = static_cast<uint64_t>(s.seed) * 0xD1342543DE82EF95ull + static_cast<uint64_t>(epoch);
+    s.perm.resize(s.num_sequences);
+    for (int64_t i = 0; i < s.num_sequences; ++i) s.perm[i] = i;
+    for (uint64_t i = s.num_sequences; i > 1; --i) {
+      uint64_t j;
+      for (;;) {
+        __uint128_t m = static_cast<__uint128_t>(splitmix64(state)) * i;
+        uint64_t low = static_cast<uint64_t>(m);
+        if (low >= (0 - i) % i) {
+          j = static_cast<uint64_t>(m >> 64);
+          break;
+        }
+      }
+      std::swap(s.perm[i - 1], s.perm[j]);
+    }
+    s.perm_epoch = epoch;
+  }
+  return s.perm[position];
+}
+
+int64_t Dataset::steps_per_epoch(int64_t batch_size) const {
+  if (batch_size < 1) throw Error(str("batch size ", batch_size, " must be at least 1"));
+  return (s_->num_sequences + batch_size - 1) / batch_size;
+}
+
+Batch Dataset::batch(int64_t step, int64_t batch_size) const {
+  const int64_t spe = steps_per_epoch(batch_size);
+  Batch b;
+  b.epoch = step / spe;
+  const int64_t begin = (step % spe) * batch_size, end = std::min(begin + batch_size, s_->num_sequences);
+  for (int64_t p = begin; p < end; ++p) {
+    int64_t i = index_at(b.epoch, p);
+    b.sequences.push_back(get(i));
+    b.tokens += s_->real_length(i);
+    b.valid_labels += valid_labels(i);
+  }
+  return b;
+}
+
+}  // namespace lcx

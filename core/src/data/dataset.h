@@ -1,0 +1,87 @@
+// Training sequences from a corpus: documents tokenized once into a memory-mapped token cache,
+// concatenated end to end with the tokenizer's EOS between them, cut into sequences of seq_len.
+//
+//   lcx::Tokenizer tok = lcx::Tokenizer::load(cfg.data.tokenizer);
+//   lcx::Dataset data = lcx::Dataset::open(cfg.data, tok, {.seed = cfg.run.seed});
+//   for (int64_t step = 0; step < data.steps_per_epoch(1) * epochs; ++step) {
+//     lcx::Batch b = data.batch(step, 1);      // b.sequences[0].tokens int32 [L], .targets int64 [L]
+//     ... b.tokens, b.valid_labels for the log line and the loss mean
+//   }
+//
+// Sources (data.source, data.format): a folder of .txt files (recursive, sorted by path, one
+// document per file; names starting with '.' skipped), a .txt file (one document), .jsonl files
+// (one document per line, its data.text_field), or a pre-tokenized .tokens/.bin file of uint32
+// ids used as is (documents are the stretches between EOS ids).
+// Packing: a document that does not fit in the current sequence continues in the next one; a
+// sequence may hold the tail of one document, whole ones, and the head of another. Targets are
+// shifted (targets[t] = tokens[t+1]); the last position of a sequence and padding get -100.
+// The final partial sequence is kept, padded with EOS up to a multiple of pad_to_multiple_of (so
+// it can be shorter than seq_len), unless data.drop_last; dropped tokens are logged with the reason.
+// Bad input (invalid UTF-8, empty files, lines that are not JSON or lack the field, unreadable
+// files) is counted and reported in one summary line naming the first offending path of each kind.
+#pragma once
+#include <cstdint>
+#include <memory>
+#include <string>
+#include <vector>
+
+#include "config/core_config.h"
+#include "data/tokenizer.h"
+#include "lcx/parallelism.h"
+
+namespace lcx {
+
+// What reading the source found; the summary is logged when the dataset opens.
+struct DataReport {
+  int64_t files = 0, documents = 0;
+  int64_t empty = 0, unreadable = 0, not_json = 0, missing_field = 0;
+  int64_t invalid_utf8_documents = 0, invalid_utf8_sequences = 0;
+  std::string first_empty, first_unreadable, first_not_json, first_missing_field, first_invalid_utf8;
+  int64_t tokens = 0;          // the whole stream, EOS separators included
+  int64_t sequences = 0;
+  int64_t padding = 0;         // EOS tokens added to the final sequence
+  int64_t dropped_tokens = 0;  // at the end of the stream
+  std::string dropped_why;
+  bool from_cache = false;
+  std::string cache_path;
+  std::string summary() const;  // one line
+};
+
+struct Batch {
+  std::vector<Sequence> sequences;
+  int64_t epoch = 0;
+  int64_t tokens = 0;        // non-padding tokens
+  int64_t valid_labels = 0;  // targets != -100
+};
+
+class Dataset {
+ public:
+  struct Options {
+    int64_t seed = 0;      // [run] seed: the shuffle of each epoch derives from it
+    int threads = 0;       // tokenizing threads; 0 = all
+    bool progress = true;  // progress bar with ETA on stderr while tokenizing
+  };
+  static Dataset open(const DataConfig& cfg, const Tokenizer& tok, const Options& opt);
+  static Dataset open(const DataConfig& cfg, const Tokenizer& tok) { return open(cfg, tok, Options{}); }
+
+  int64_t num_sequences() const;
+  int64_t seq_len() const;
+  int64_t num_documents() const;
+  // Sequence `index` in corpus order (0 .. num_sequences-1).
+  Sequence get(int64_t index) const;
+  int64_t length(int64_t index) const;        // its padded length
+  int64_t valid_labels(int64_t index) const;  // its targets that are not -100
+  // The sequence seen at `position` of `epoch`: a permutation drawn from (seed, epoch) when
+  // data.shuffle, else corpus order.
+  int64_t index_at(int64_t epoch, int64_t position) const;
+  int64_t steps_per_epoch(int64_t batch_size) const;  // the last batch of an epoch may be smaller
+  Batch batch(int64_t step, int64_t batch_size) const;  // step counts across epochs
+  const DataReport& report() const;
+
+  struct State;
+
+ private:
+  std::shared_ptr<const State> s_;
+};
+
+}  // namespace lcx
