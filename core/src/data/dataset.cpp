@@ -172,10 +172,11 @@ class Builder {
     double el = std::chrono::duration<double>(now - start_).count();
     double rate = el > 0 ? done_ / el : 0;
     double eta = rate > 0 && total_ > done_ ? (total_ - done_) / rate : 0;
-    std::string line = str("tokenizing ", total_ ? 100 * done_ / total_ : 100, "% ", done_ / 1000000, "/",
-                           total_ / 1000000, " MB, ", static_cast<int64_t>(rate / 1e6), " MB/s, ",
-                           w_.num_tokens(), " tokens, ETA ", static_cast<int64_t>(eta), " s");
-    if (tty_) std::fprintf(stderr, "\r%s\033[K%s", line.c_str(), final ? "\n" : "");
+    char line[160];
+    std::snprintf(line, sizeof line, "tokenizing %3d%% %.1f/%.1f MB, %.1f MB/s, %llu tokens, ETA %llds",
+                  total_ ? static_cast<int>(100 * done_ / total_) : 100, done_ / 1e6, total_ / 1e6, rate / 1e6,
+                  static_cast<unsigned long long>(w_.num_tokens()), static_cast<long long>(eta));
+    if (tty_) std::fprintf(stderr, "\r%s\033[K%s", line, final ? "\n" : "");
     else if (!final || el > 30) log::info(line);
   }
 
