@@ -144,6 +144,7 @@ void attention_forward(const Tensor& q, const Tensor& k, const Tensor& v, Tensor
   p.o = out.data();
   p.to = out.dtype();
   p.lse_out = lse.data_as<float>();
+  if (attn::attention_forward_tc(p)) return;
   if (p.d <= 32)
     attn::launch_fwd<32>(p);
   else if (p.d <= 64)
