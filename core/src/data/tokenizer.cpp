@@ -336,12 +336,13 @@ Tokenizer Tokenizer::load(const std::string& path) {
 
   // Vocabulary: byte-level strings back to the bytes they stand for.
   std::vector<std::string> vocab;
-  std::vector<std::pair<std::string, int32_t>> by_string;
+  int64_t entries = 0;
   for (const auto& [token, id_json] : m.at("vocab").items()) {
     int32_t id = id_json.get<int32_t>();
     if (id < 0) refuse(path, "model.vocab[\"" + token + "\"]", id_json, "non-negative ids");
     if (static_cast<size_t>(id) >= vocab.size()) vocab.resize(id + 1);
     vocab[id] = byte_level_bytes(token);
+    ++entries;
   }
 
   // Merges: ["a", "b"] pairs (or "a b" strings, the older form), as ids.
@@ -385,7 +386,7 @@ Tokenizer Tokenizer::load(const std::string& path) {
   // Ids as tokenizers assigns them when it reads the file (the "id" fields only draw a warning
   // there): a content that is a vocabulary string takes that id, any other the next free id.
   {
-    const int64_t model_size = impl->vocab_size;
+    const int64_t model_size = entries;  // the model's get_vocab_size(): its number of entries
     int64_t max_added = -1;
     std::vector<AddedToken> kept;
     for (auto& a : all) {
