@@ -14,6 +14,7 @@
 #include <set>
 #include <thread>
 
+#include "lcx/config.h"
 #include "lcx/hf_config.h"
 #include "lcx/log.h"
 #include "lcx/model.h"
@@ -361,11 +362,30 @@ class Qwen3Model final : public Model {
   uint64_t max_shard_bytes_;
 };
 
+// "5GB", "200KB", "1MiB", as transformers' max_shard_size: KB/MB/GB are powers of 1000, KiB/MiB/GiB of
+// 1024, a bare number is bytes.
+uint64_t parse_size(const ConfigView& cfg, const std::string& key, const std::string& text) {
+  size_t used = 0;
+  double value = 0;
+  try {
+    value = std::stod(text, &used);
+  } catch (const std::exception&) {
+    cfg.fail(key, str("'", text, "' is not a size"), "e.g. \"5GB\", \"500MB\", \"1MiB\"");
+  }
+  std::string unit = text.substr(used);
+  unit.erase(0, unit.find_first_not_of(' '));
+  static const std::pair<const char*, double> units[] = {{"", 1},     {"B", 1},          {"KB", 1e3},
+                                                         {"MB", 1e6}, {"GB", 1e9},       {"KiB", 1024.0},
+                                                         {"MiB", 1048576.0}, {"GiB", 1073741824.0}};
+  for (const auto& [name, scale] : units)
+    if (unit == name && value > 0) return static_cast<uint64_t>(value * scale);
+  cfg.fail(key, str("'", text, "' is not a positive size"), "e.g. \"5GB\", \"500MB\", \"1MiB\"");
+}
+
 std::unique_ptr<Plugin> create(const PluginArgs& args) {
   const bool check_finite = args.config.get_bool("check_finite", true);
-  const int64_t shard_mb = args.config.get_int("max_shard_mb", 5000);
-  if (shard_mb <= 0) args.config.fail("max_shard_mb", "must be positive", "e.g. 5000 (transformers' 5GB)");
-  return std::make_unique<Qwen3Model>(check_finite, static_cast<uint64_t>(shard_mb) << 20);
+  const uint64_t shard = parse_size(args.config, "max_shard_size", args.config.get_string("max_shard_size", "5GB"));
+  return std::make_unique<Qwen3Model>(check_finite, shard);
 }
 
 }  // namespace

@@ -14,7 +14,7 @@
 
 namespace lcx::test {
 
-// `table` is the body of the module's [qwen3] table (TOML), e.g. "max_shard_mb = 1".
+// `table` is the body of the module's [qwen3] table (TOML), e.g. max_shard_size = "1MiB".
 inline std::shared_ptr<Model> make_qwen3(const std::string& table = "") {
   Manifest m = Manifest::parse("[qwen3]\n" + table + "\n", "test manifest");
   PluginLoader loader({build_plugin_dir()});
@@ -25,14 +25,27 @@ inline std::shared_ptr<Model> make_qwen3(const std::string& table = "") {
   return model;
 }
 
-// The core default slots, configured for `model`.
+// A plugin of the build's plugin folder, created with an empty table.
+template <typename Slot>
+std::shared_ptr<Slot> make_plugin(const std::string& name) {
+  Manifest m = Manifest::parse("", "test manifest");
+  PluginLoader loader({build_plugin_dir()});
+  auto p = std::dynamic_pointer_cast<Slot>(loader.create(name, PluginArgs{name, m.section(name), Device::cpu()}));
+  if (!p) throw Error(str("plugin ", name, " does not implement the asked slot"));
+  return p;
+}
+
+// The core default slots (or another positional encoding), configured for `model`.
 struct DefaultSlots {
   std::unique_ptr<Loss> loss = make_full_logits_loss();
-  std::unique_ptr<PositionalEncoding> rope = make_default_rope();
+  std::shared_ptr<PositionalEncoding> rope;
   std::unique_ptr<MemoryStrategy> memory = make_on_device_memory();
   std::unique_ptr<Parallelism> parallel = make_single_rank();
   StepSlots slots;
-  explicit DefaultSlots(Model& model) : slots{model, *loss, *rope, *memory, *parallel} { configure_slots(slots); }
+  explicit DefaultSlots(Model& model, std::shared_ptr<PositionalEncoding> pe = make_default_rope())
+      : rope(std::move(pe)), slots{model, *loss, *rope, *memory, *parallel} {
+    configure_slots(slots);
+  }
 };
 
 // HF labels (unshifted, -100 ignored) -> lcx targets: targets[t] = labels[t+1], last ignored.

@@ -166,6 +166,14 @@ TEST(Qwen3Init, TransformersInitializerOnAPresetLayer) {
   EXPECT_TRUE(m->parameters()[2]->decay);
 }
 
+TEST(Qwen3Module, TableKeysAreChecked) {
+  EXPECT_NE(error_of([] { test::make_qwen3(R"(max_shard_size = "lots")"); }).find("max_shard_size"), std::string::npos);
+  EXPECT_NE(error_of([] { test::make_qwen3(R"(max_shard_size = "-1GB")"); }).find("not a positive size"),
+            std::string::npos);
+  EXPECT_NE(error_of([] { test::make_qwen3("check_finit = true"); }).find("check_finit"), std::string::npos);
+  EXPECT_EQ(error_of([] { test::make_qwen3(R"(max_shard_size = "500MB")"); }), "(no error)");
+}
+
 TEST(Qwen3Init, DeterministicBySeed) {
   auto a = test::make_qwen3(), b = test::make_qwen3(), c = test::make_qwen3();
   a->init_random(kTiny, 42, Device::cpu(), DType::f32);
@@ -204,11 +212,11 @@ TEST(Qwen3Io, SaveThenLoadIsExactAndWritesATransformersConfig) {
 TEST(Qwen3Io, TiedCheckpointWithRedundantHeadAndShardedFolders) {
   auto dir = test::temp_dir("q3-tied");
   auto a = test::make_qwen3();
-  // 1024 x 256 fp32 embedding is 1 MiB: with max_shard_mb = 1 the folder is sharded.
+  // 1024 x 256 fp32 embedding is 1 MiB: with max_shard_size = "1MiB" the folder is sharded.
   a->init_random(R"({"vocab_size":1024,"hidden_size":256,"intermediate_size":64,"num_hidden_layers":1,
      "num_attention_heads":2,"num_key_value_heads":1,"head_dim":32})",
                  5, Device::cpu(), DType::f32);
-  auto sharder = test::make_qwen3("max_shard_mb = 1");
+  auto sharder = test::make_qwen3("max_shard_size = \"1MiB\"");
   sharder->init_random(R"({"vocab_size":1024,"hidden_size":256,"intermediate_size":64,"num_hidden_layers":1,
      "num_attention_heads":2,"num_key_value_heads":1,"head_dim":32})",
                        5, Device::cpu(), DType::f32);
