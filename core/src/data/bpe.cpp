@@ -38,8 +38,7 @@ uint64_t table_size(size_t n) {
 }
 }  // namespace
 
-BpeModel::BpeModel(std::vector<std::string> vocab, const std::vector<std::pair<int32_t, int32_t>>& merges,
-                   bool ignore_merges)
+BpeModel::BpeModel(std::vector<std::string> vocab, bool ignore_merges)
     : vocab_(std::move(vocab)), ignore_merges_(ignore_merges) {
   word_slots_.assign(table_size(vocab_.size()), 0);
   word_mask_ = word_slots_.size() - 1;
@@ -55,7 +54,11 @@ BpeModel::BpeModel(std::vector<std::string> vocab, const std::vector<std::pair<i
   }
   byte_id_.assign(256, -1);
   for (int b = 0; b < 256; ++b) byte_id_[b] = id_of(std::string(1, static_cast<char>(b)));
+  merges_.assign(16, MergeSlot{kEmpty, 0, 0});
+  merge_mask_ = merges_.size() - 1;
+}
 
+void BpeModel::set_merges(const std::vector<std::pair<int32_t, int32_t>>& merges) {
   merges_.assign(table_size(merges.size()), MergeSlot{kEmpty, 0, 0});
   merge_mask_ = merges_.size() - 1;
   for (size_t rank = 0; rank < merges.size(); ++rank) {

@@ -12,9 +12,10 @@ namespace lcx {
 
 class BpeModel {
  public:
-  // `vocab[i]` are the raw bytes of id i (ids without an entry stay empty); merges as id pairs.
-  BpeModel(std::vector<std::string> vocab, const std::vector<std::pair<int32_t, int32_t>>& merges,
-           bool ignore_merges);
+  // `vocab[i]` are the raw bytes of id i (ids without an entry stay empty).
+  BpeModel(std::vector<std::string> vocab, bool ignore_merges);
+  // Merges as id pairs, rank = position; both parts and their concatenation must be in vocab.
+  void set_merges(const std::vector<std::pair<int32_t, int32_t>>& merges);
   // Appends the ids of `word` (non-empty) to `out`.
   void encode_word(std::string_view word, std::vector<int32_t>& out) const;
   int32_t id_of(std::string_view bytes) const;  // -1 when absent

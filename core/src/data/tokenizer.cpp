@@ -67,6 +67,13 @@ std::string byte_level_bytes(const std::string& token, bool* all_mapped = nullpt
               "lcx implements " + supported);
 }
 
+// j[key] without copying it (json::value returns a copy: the model holds 300k strings).
+const json& member(const json& j, const char* key) {
+  static const json null;
+  auto it = j.find(key);
+  return it == j.end() ? null : *it;
+}
+
 bool is_null_or(const json& j, const char* key, const json& allowed) {
   return !j.contains(key) || j[key].is_null() || j[key] == allowed;
 }
@@ -316,16 +323,16 @@ Tokenizer Tokenizer::load(const std::string& path) {
 
   for (const char* key : {"truncation", "padding"})
     if (j.contains(key) && !j[key].is_null()) refuse(path, key, j[key], "no truncation and no padding in the file (lcx packs sequences itself)");
-  check_normalizer(path, j.value("normalizer", json()), impl->nfc);
-  check_pre_tokenizer(path, j.value("pre_tokenizer", json()));
-  const json& pp = j.value("post_processor", json());
+  check_normalizer(path, member(j, "normalizer"), impl->nfc);
+  check_pre_tokenizer(path, member(j, "pre_tokenizer"));
+  const json& pp = member(j, "post_processor");
   if (!pp.is_null() && pp.value("type", "") != "ByteLevel")
     refuse(path, "post_processor.type", pp.value("type", json()), "no post-processor or ByteLevel (which adds no tokens)");
-  const json& dec = j.value("decoder", json());
+  const json& dec = member(j, "decoder");
   if (dec.is_null() || dec.value("type", "") != "ByteLevel")
     refuse(path, "decoder.type", dec.is_null() ? dec : dec.value("type", json()), "the ByteLevel decoder");
 
-  const json& m = j.value("model", json());
+  const json& m = member(j, "model");
   const std::string bpe_what = "byte-level BPE without dropout, byte fallback, subword prefix or word suffix";
   if (m.value("type", "") != "BPE") refuse(path, "model.type", m.value("type", json()), bpe_what);
   if (m.contains("dropout") && !m["dropout"].is_null() && m["dropout"].get<double>() != 0.0) refuse(path, "model.dropout", m["dropout"], bpe_what);
@@ -345,14 +352,13 @@ Tokenizer Tokenizer::load(const std::string& path) {
     ++entries;
   }
 
-  // Merges: ["a", "b"] pairs (or "a b" strings, the older form), as ids.
-  std::unordered_map<std::string, int32_t> id_of_bytes;
-  id_of_bytes.reserve(vocab.size() * 2);
-  for (size_t id = 0; id < vocab.size(); ++id)
-    if (!vocab[id].empty()) id_of_bytes.emplace(vocab[id], static_cast<int32_t>(id));
+  impl->vocab_size = static_cast<int64_t>(vocab.size());
+  impl->bpe = std::make_unique<BpeModel>(std::move(vocab), ignore_merges);
   for (int b = 0; b < 256; ++b)
-    if (!id_of_bytes.count(std::string(1, static_cast<char>(b))))
+    if (impl->bpe->id_of(std::string(1, static_cast<char>(b))) < 0)
       refuse(path, "model.vocab", json(str("no token for byte ", b)), "a vocabulary holding all 256 ByteLevel bytes");
+
+  // Merges: ["a", "b"] pairs (or "a b" strings, the older form), as ids.
   std::vector<std::pair<int32_t, int32_t>> merges;
   const json& mj = m.at("merges");
   merges.reserve(mj.size());
@@ -362,7 +368,7 @@ Tokenizer Tokenizer::load(const std::string& path) {
       a = mj[r][0].get<std::string>();
       b = mj[r][1].get<std::string>();
     } else if (mj[r].is_string()) {
-      std::string s = mj[r].get<std::string>();
+      const std::string& s = mj[r].get_ref<const std::string&>();
       auto sp = s.find(' ');
       if (sp == std::string::npos) refuse(path, str("model.merges[", r, "]"), mj[r], "merges as pairs");
       a = s.substr(0, sp);
@@ -370,13 +376,13 @@ Tokenizer Tokenizer::load(const std::string& path) {
     } else {
       refuse(path, str("model.merges[", r, "]"), mj[r], "merges as pairs");
     }
-    auto ia = id_of_bytes.find(byte_level_bytes(a)), ib = id_of_bytes.find(byte_level_bytes(b));
-    if (ia == id_of_bytes.end() || ib == id_of_bytes.end() || !id_of_bytes.count(ia->first + ib->first))
+    std::string ba = byte_level_bytes(a), bb = byte_level_bytes(b);
+    int32_t ia = impl->bpe->id_of(ba), ib = impl->bpe->id_of(bb);
+    if (ia < 0 || ib < 0 || impl->bpe->id_of(ba + bb) < 0)
       refuse(path, str("model.merges[", r, "]"), mj[r], "merges whose parts and result are in the vocabulary");
-    merges.emplace_back(ia->second, ib->second);
+    merges.emplace_back(ia, ib);
   }
-  impl->vocab_size = static_cast<int64_t>(vocab.size());
-  impl->bpe = std::make_unique<BpeModel>(std::move(vocab), merges, ignore_merges);
+  impl->bpe->set_merges(merges);
 
   // Added tokens.
   std::vector<AddedToken> raw, normalized;
