@@ -358,6 +358,73 @@ TEST(Qwen3Step, GradientsMatchFiniteDifferences) {
   }
 }
 
+// A strategy that keeps copies (as an offload would) and records the step's calls.
+class RecordingMemory final : public MemoryStrategy {
+ public:
+  std::vector<std::string> calls;
+  void begin_step(int n) override {
+    calls.push_back(str("begin ", n));
+    saved_.assign(static_cast<size_t>(n), Tensor());
+  }
+  void save(int l, const Tensor& x) override {
+    calls.push_back(str("save ", l));
+    saved_[static_cast<size_t>(l)] = x.clone();
+  }
+  Tensor fetch(int l) override {
+    calls.push_back(str("fetch ", l));
+    return saved_[static_cast<size_t>(l)];
+  }
+  void prefetch(int l) override { calls.push_back(str("prefetch ", l)); }
+  void release(int l) override {
+    calls.push_back(str("release ", l));
+    saved_[static_cast<size_t>(l)] = Tensor();
+  }
+  void end_step() override { calls.push_back("end"); }
+  int64_t device_bytes(int n, int64_t b) const override { return n * b; }
+  int64_t host_bytes(int, int64_t) const override { return 0; }
+
+ private:
+  std::vector<Tensor> saved_;
+};
+
+TEST(Qwen3Step, MemoryStrategyIsCalledInStepOrder) {
+  auto m = test::make_qwen3();
+  m->init_random(kTiny, 8, Device::cpu(), DType::f32);
+  test::DefaultSlots s(*m);
+  Shard shard = test::shard_from_labels({3, 1, 4, 1, 5, 9, 2, 6}, {3, 1, 4, 1, 5, 9, 2, 6});
+  test::mean_loss_step(s, shard, 7);
+  std::vector<std::vector<float>> want;
+  for (Parameter* p : m->parameters()) want.push_back(p->grad.to_floats());
+  RecordingMemory rec;
+  StepSlots slots{*m, *s.loss, *s.rope, rec, *s.parallel};
+  m->zero_grad();
+  train_step(slots, shard, 1.0 / 7, Device::cpu());
+  EXPECT_EQ(rec.calls, (std::vector<std::string>{"begin 2", "save 0", "save 1", "fetch 1", "prefetch 0", "release 1",
+                                                 "fetch 0", "release 0", "end"}));
+  for (size_t i = 0; i < want.size(); ++i) EXPECT_EQ(m->parameters()[i]->grad.to_floats(), want[i]);
+}
+
+// bf16 weights and activations (the GPU default) track the fp32 computation of the same model.
+TEST(Qwen3Step, Bf16StepTracksFp32) {
+  auto f = test::make_qwen3(), b = test::make_qwen3();
+  f->init_random(kTiny, 21, Device::cpu(), DType::f32);
+  b->init_random(kTiny, 21, Device::cpu(), DType::bf16);
+  test::DefaultSlots sf(*f), sb(*b);
+  std::vector<int64_t> ids;
+  for (int t = 0; t < 16; ++t) ids.push_back((t * 37 + 5) % 96);
+  Shard shard = test::shard_from_labels(ids, ids);
+  StepResult rf = test::mean_loss_step(sf, shard, 15), rb = test::mean_loss_step(sb, shard, 15);
+  EXPECT_EQ(b->parameters()[1]->value.dtype(), DType::bf16);
+  EXPECT_NEAR(rb.loss_sum, rf.loss_sum, 1e-2 * rf.loss_sum);
+  auto pf = f->parameters(), pb = b->parameters();
+  for (size_t i = 0; i < pf.size(); ++i) {
+    std::vector<float> gf = pf[i]->grad.to_floats(), gb = pb[i]->grad.to_floats();
+    double dot = 0, nf = 0, nb = 0;
+    for (size_t j = 0; j < gf.size(); ++j) dot += double(gf[j]) * gb[j], nf += double(gf[j]) * gf[j], nb += double(gb[j]) * gb[j];
+    EXPECT_GT(dot / std::sqrt(nf * nb + 1e-300), 0.98) << pf[i]->name;
+  }
+}
+
 TEST(Qwen3Step, EvaluationPerPositionAndAccumulation) {
   auto m = test::make_qwen3();
   m->init_random(kTiny, 2, Device::cpu(), DType::f32);

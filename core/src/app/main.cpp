@@ -14,6 +14,7 @@
 #include "config/manifest.h"
 #include "lcx/abi.h"
 #include "lcx/error.h"
+#include "plan/plan.h"
 #include "plugin/loader.h"
 #include "slots/resolve.h"
 
@@ -95,6 +96,7 @@ int run(const CliOptions& o) {
     std::printf("config OK\n");
     return 0;
   }
+  if (o.plan) return run_plan_command(*manifest, core, loader, o.disabled, o.gpu_memory);
 
   std::filesystem::create_directories(core.run.output_dir);
   setup_logging(core.run.log_level, (std::filesystem::path(core.run.output_dir) / "log.jsonl").string());
