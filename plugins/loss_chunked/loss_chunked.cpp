@@ -10,6 +10,7 @@
 // the CPU reference and the CUDA kernels.
 #include <lcx/loss.h>
 #include <lcx/ops.h>
+#include <lcx/plan.h>
 #include <lcx/plugin.h>
 
 #include <algorithm>
@@ -30,6 +31,21 @@ class ChunkedLoss final : public Loss {
   }
   LossResult forward(const Tensor& hidden, const Tensor& head, const Tensor& targets) override {
     return run(hidden, head, targets, 0, nullptr, nullptr);
+  }
+
+  // One chunk's buffers as run() allocates them with gradients: logits and dlogits [C,V] fp32,
+  // dlogits cast to the head's dtype, an fp32 copy of the chunk's hidden rows, and the CUDA
+  // cross entropy's per-row loss; C = min(chunk_rows, T).
+  void plan(const PlanInputs& in, MemoryPlan& plan) const override {
+    const int64_t C = std::min(chunk_rows_, std::max<int64_t>(in.tokens_per_rank, 1));
+    const int64_t V = in.model.vocab_size, H = in.model.hidden_size;
+    plan.add(str("one chunk's logits + dlogits [", C, ",V] fp32"), PlanCategory::transient, 2 * C * V * 4 + C * 4,
+             plan_phase::loss);
+    if (in.weight_dtype != DType::f32) {
+      plan.add(str("one chunk's dlogits cast [", C, ",V]"), PlanCategory::transient,
+               C * V * static_cast<int64_t>(dtype_size(in.weight_dtype)), plan_phase::loss);
+      plan.add(str("one chunk's hidden fp32 [", C, ",H]"), PlanCategory::transient, C * H * 4, plan_phase::loss);
+    }
   }
 
  private:

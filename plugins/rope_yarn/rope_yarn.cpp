@@ -12,6 +12,7 @@
 // rope_theta and head_dim. The cos/sin tables are core's (PositionalEncoding::tables) over the
 // global positions the Parallelism slot hands over.
 #include <lcx/log.h>
+#include <lcx/plan.h>
 #include <lcx/plugin.h>
 #include <lcx/positional_encoding.h>
 
@@ -183,6 +184,12 @@ class YarnRope final : public PositionalEncoding {
     require_configured();
     // The small epsilon keeps 4 * 40960 from landing on 163839 through rounding.
     return static_cast<int64_t>(std::floor(factor_ * static_cast<double>(original_max_) + 1e-6));
+  }
+  // YaRN changes the frequencies, not the tables: cos and sin [T, head_dim/2] fp32 on the GPU
+  // for the whole step (PositionalEncoding::tables), already scaled by the attention factor.
+  void plan(const PlanInputs& in, MemoryPlan& plan) const override {
+    plan.add("rope cos/sin [T,d/2] fp32", PlanCategory::transient, 2 * in.tokens_per_rank * (in.model.head_dim / 2) * 4,
+             plan_phase::step);
   }
   std::string hf_rope_parameters() const override {
     require_configured();

@@ -5,6 +5,9 @@
 
 namespace lcx {
 
+struct PlanInputs;
+struct MemoryPlan;
+
 struct LossResult {
   double loss_sum = 0;  // sum of per-token losses over valid targets (fp32 math, fp64 sum)
   int64_t valid = 0;    // targets that are not -100
@@ -20,6 +23,8 @@ class Loss : public Plugin {
                                       double grad_scale, Tensor& grad_hidden, Tensor& grad_head) = 0;
   // The same sums without gradients, for evaluation.
   virtual LossResult forward(const Tensor& hidden, const Tensor& head, const Tensor& targets) = 0;
+  // Adds what this provider holds during a step to `plan` (lcx/plan.h); the default adds nothing.
+  virtual void plan(const PlanInputs& /*in*/, MemoryPlan& /*plan*/) const {}
 };
 
 }  // namespace lcx

@@ -8,6 +8,9 @@
 
 namespace lcx {
 
+struct PlanInputs;
+struct MemoryPlan;
+
 class MemoryStrategy : public Plugin {
  public:
   virtual void begin_step(int num_layers) = 0;
@@ -19,6 +22,8 @@ class MemoryStrategy : public Plugin {
   // Bytes the strategy keeps on the device and on the host for `num_layers` inputs of `bytes_each`.
   virtual int64_t device_bytes(int num_layers, int64_t bytes_each) const = 0;
   virtual int64_t host_bytes(int num_layers, int64_t bytes_each) const = 0;
+  // Adds what this provider holds during a step to `plan` (lcx/plan.h); the default adds nothing.
+  virtual void plan(const PlanInputs& /*in*/, MemoryPlan& /*plan*/) const {}
 };
 
 }  // namespace lcx

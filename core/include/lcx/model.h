@@ -12,6 +12,9 @@
 
 namespace lcx {
 
+struct PlanInputs;
+struct MemoryPlan;
+
 struct ModelConfig {
   std::string model_type;  // "qwen3"
   int64_t vocab_size = 0;
@@ -64,6 +67,8 @@ class Model : public Plugin {
   virtual void final_norm_backward(const Tensor& x, const Tensor& dy, Tensor& dx) = 0;
   virtual Tensor head_weight() = 0;  // [V,H]: lm_head, or the embedding when tied
   virtual Tensor head_grad() = 0;    // fp32 [V,H], shared with the embedding's when tied
+  // Adds what this provider holds during a step to `plan` (lcx/plan.h); the default adds nothing.
+  virtual void plan(const PlanInputs& /*in*/, MemoryPlan& /*plan*/) const {}
 };
 
 }  // namespace lcx

@@ -9,6 +9,9 @@
 
 namespace lcx {
 
+struct PlanInputs;
+struct MemoryPlan;
+
 // One training sequence on the host, before sharding.
 struct Sequence {
   Tensor tokens;   // int32 [L]
@@ -48,6 +51,8 @@ class Parallelism : public Plugin {
   virtual void attention_backward(const Tensor& q, const Tensor& k, const Tensor& v, const Tensor& out,
                                   const Tensor& lse, const Tensor& dout, Tensor& dq, Tensor& dk,
                                   Tensor& dv, const AttentionArgs& args) = 0;
+  // Adds what this provider holds during a step to `plan` (lcx/plan.h); the default adds nothing.
+  virtual void plan(const PlanInputs& /*in*/, MemoryPlan& /*plan*/) const {}
 };
 
 }  // namespace lcx

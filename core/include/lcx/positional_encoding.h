@@ -9,6 +9,9 @@
 
 namespace lcx {
 
+struct PlanInputs;
+struct MemoryPlan;
+
 struct RopeModelInfo {
   int64_t head_dim = 128;
   double rope_theta = 1e6;
@@ -38,6 +41,8 @@ class PositionalEncoding : public Plugin {
   // positions: int64 [T] on the host. The default builds cos/sin from inv_freq in fp32 the way
   // transformers does (freqs = pos * inv_freq in fp32, then cos/sin, then * attention_scaling).
   virtual RopeTables tables(const Tensor& positions, Device device) const;
+  // Adds what this provider holds during a step to `plan` (lcx/plan.h); the default adds nothing.
+  virtual void plan(const PlanInputs& /*in*/, MemoryPlan& /*plan*/) const {}
 };
 
 }  // namespace lcx

@@ -24,6 +24,10 @@ CliOptions parse_cli(int argc, char** argv) {
        "drop a plugin named in [plugins] load; its slot falls back to core's default (repeatable)")
       ("list-plugins", po::bool_switch(&o.list_plugins), "list the plugins found: name, slot, version, status, path")
       ("dry-run", po::bool_switch(&o.dry_run), "print the resolved config and each slot's provider, then exit")
+      ("plan", po::bool_switch(&o.plan),
+       "print the per-GPU memory plan (no GPU work, no weights loaded) and the longest sequence that fits, then exit")
+      ("gpu-memory", po::value(&o.gpu_memory)->value_name("SIZE"),
+       "GPU memory for --plan, e.g. 80GB or 141GB (GB = GiB); default: the local GPU's")
       ("resume", po::value(&o.resume)->value_name("latest|PATH"),
        "continue from the newest checkpoint in output_dir, or from a checkpoint folder")
       ("version", po::bool_switch(&o.version), "print the version and exit")

@@ -11,6 +11,8 @@ struct CliOptions {
   std::vector<std::string> disabled;
   bool list_plugins = false;
   bool dry_run = false;
+  bool plan = false;
+  std::string gpu_memory;  // --gpu-memory for --plan; "" means the local GPU's
   std::string resume;  // "latest" or a checkpoint folder
   bool version = false;
   bool help = false;

@@ -1,5 +1,6 @@
 #include "lcx/ops.h"
 #include "lcx/defaults.h"
+#include "lcx/plan.h"
 
 namespace lcx {
 namespace {
@@ -12,6 +13,19 @@ class FullLogitsLoss final : public Loss {
   }
   LossResult forward(const Tensor& hidden, const Tensor& head, const Tensor& targets) override {
     return run(hidden, head, targets, 0, nullptr, nullptr);
+  }
+  // What run() allocates with gradients: logits and dlogits [T,V] fp32, dlogits cast to the
+  // head's dtype for the grad-of-hidden GEMM, an fp32 copy of hidden for the head's gradient,
+  // and the CUDA cross entropy's fp32 per-row loss.
+  void plan(const PlanInputs& in, MemoryPlan& plan) const override {
+    const int64_t T = in.tokens_per_rank, V = in.model.vocab_size, H = in.model.hidden_size;
+    const bool cast = in.weight_dtype != DType::f32;
+    plan.add("logits + dlogits [T,V] fp32", PlanCategory::transient, 2 * T * V * 4 + T * 4, plan_phase::loss);
+    if (cast) {
+      plan.add("dlogits cast [T,V]", PlanCategory::transient, T * V * static_cast<int64_t>(dtype_size(in.weight_dtype)),
+               plan_phase::loss);
+      plan.add("hidden fp32 copy [T,H]", PlanCategory::transient, T * H * 4, plan_phase::loss);
+    }
   }
 
  private:

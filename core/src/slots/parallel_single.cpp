@@ -1,5 +1,6 @@
 #include "lcx/ops.h"
 #include "lcx/defaults.h"
+#include "lcx/plan.h"
 
 namespace lcx {
 namespace {
@@ -26,6 +27,12 @@ class SingleRank final : public Parallelism {
                           const Tensor& lse, const Tensor& dout, Tensor& dq, Tensor& dk, Tensor& dv,
                           const AttentionArgs& args) override {
     ops::attention_backward(q, k, v, out, lse, dout, dq, dk, dv, params(args));
+  }
+  // The attention kernels keep no [T,T] matrix; the backward's one buffer is the fp32 row sums
+  // delta [Hq,T] (out . dout). The LSE belongs to the model's layer.
+  void plan(const PlanInputs& in, MemoryPlan& plan) const override {
+    plan.add("attention backward delta [Hq,T] fp32", PlanCategory::transient,
+             in.model.num_heads * in.tokens_per_rank * 4, plan_phase::backward);
   }
 
  private:

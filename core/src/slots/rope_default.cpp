@@ -2,6 +2,7 @@
 #include <nlohmann/json.hpp>
 
 #include "lcx/defaults.h"
+#include "lcx/plan.h"
 
 namespace lcx {
 
@@ -46,6 +47,11 @@ class DefaultRope final : public PositionalEncoding {
   int64_t effective_max_positions() const override { return info_.max_position_embeddings; }
   std::string hf_rope_parameters() const override {
     return nlohmann::json{{"rope_type", "default"}, {"rope_theta", info_.rope_theta}}.dump();
+  }
+  // tables(): cos and sin [T, head_dim/2] fp32 on the GPU for the whole step.
+  void plan(const PlanInputs& in, MemoryPlan& plan) const override {
+    plan.add("rope cos/sin [T,d/2] fp32", PlanCategory::transient, 2 * in.tokens_per_rank * (in.model.head_dim / 2) * 4,
+             plan_phase::step);
   }
 
  private:

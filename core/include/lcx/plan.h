@@ -1,0 +1,95 @@
+// Memory plan: what one training step holds on each GPU (and in pinned host memory), computed from
+// shapes alone, before any GPU work. Every slot provider adds its own terms through its slot's
+// plan() (loss.h, positional_encoding.h, memory_strategy.h, parallelism.h, model.h), so a strategy
+// written later plans itself; core adds the step's own buffers, sums the terms per phase and
+// reports the peak (`lcx-train --plan`, and the out-of-memory message).
+//
+// A term is live either in every phase ("always": weights, optimizer state), through the whole step
+// ("step": saved layer inputs, rope tables), or in one phase. A provider lists what it holds at the
+// worst moment of that phase; the terms of one phase coexist, so a phase's bytes are their sum.
+#pragma once
+#include <cstdint>
+#include <string>
+#include <vector>
+
+#include "lcx/dtype.h"
+#include "lcx/model.h"
+
+namespace lcx {
+
+namespace plan_phase {
+inline constexpr const char* always = "always";
+inline constexpr const char* step = "step";  // forward through the last layer's backward
+inline constexpr const char* forward = "forward";
+inline constexpr const char* loss = "loss";
+inline constexpr const char* final_norm = "final norm backward";
+inline constexpr const char* backward = "layer recompute/backward";
+inline constexpr const char* optimizer = "optimizer";
+}  // namespace plan_phase
+
+enum class PlanCategory : uint8_t {
+  weights,
+  gradients,
+  master_weights,
+  optimizer,
+  activations_gpu,   // checkpointed layer inputs held on the GPU
+  activations_host,  // checkpointed layer inputs in pinned host memory (on_host terms)
+  transient,         // work buffers of one layer, the loss, the attention
+  reserve,           // outside the allocator's count: CUDA context, library workspaces, slack
+  communication,     // gathered parameters, ring blocks, all-to-all buffers
+};
+constexpr int kPlanCategories = 9;
+const char* plan_category_name(PlanCategory c);
+
+struct PlanInputs {
+  ModelConfig model;
+  int64_t seq_len = 0;          // the global sequence length, after padding
+  int64_t tokens_per_rank = 0;  // the tokens one rank's layers see: seq_len / (cp * sp)
+  int64_t world_size = 1;       // dp * cp * sp; parameters and optimizer state shard over it
+  int64_t dp = 1, cp = 1, sp = 1;
+  DType weight_dtype = DType::bf16;  // the compute copy; activations take it too
+  DType master_dtype = DType::f32;   // f32: fp32 master and moments; bf16: no master, moments in weight_dtype
+  int64_t grad_accum = 1;            // accumulation reuses the grads in place: no extra memory
+};
+
+struct PlanTerm {
+  std::string name;  // what the bytes are, e.g. "logits [T,V] fp32"
+  PlanCategory category = PlanCategory::transient;
+  int64_t bytes = 0;
+  std::string phase = plan_phase::always;
+  bool on_host = false;     // pinned host memory rather than the GPU
+  std::string contributor;  // the provider that added it ("nll", "loss_chunked", "step", ...)
+};
+
+struct MemoryPlan {
+  std::vector<PlanTerm> terms;
+  // Stamped on every term add() appends; the planner sets it before each provider's plan().
+  std::string contributor;
+
+  void add(std::string name, PlanCategory category, int64_t bytes, std::string phase, bool on_host = false);
+
+  // The phases a peak can occur in, in step order.
+  static const std::vector<std::string>& phases();
+  static bool live_in(const PlanTerm& t, const std::string& phase);
+  // GPU bytes live in `phase`; with_reserve adds the reserve terms (the allocator does not count them).
+  int64_t gpu_bytes(const std::string& phase, bool with_reserve = true) const;
+  // Pinned host bytes live in `phase`, and their largest over the phases.
+  int64_t host_bytes(const std::string& phase) const;
+  int64_t host_peak() const;
+  struct Peak {
+    std::string phase;
+    int64_t bytes = 0;
+  };
+  Peak peak(bool with_reserve = true) const;  // the phase holding the most GPU bytes
+  // GPU bytes of one category, summed over its terms (each term once, whatever its phase).
+  int64_t category_bytes(PlanCategory c, bool on_host = false) const;
+  // The phase whose transient terms sum highest, and that sum.
+  Peak largest_transient() const;
+};
+
+// The dense decoder (Qwen3 and its kin: RMSNorm, GQA attention with q/k norms, SwiGLU MLP) as
+// core's step runs it: parameters and their optimizer state, one layer's forward and its
+// recompute + backward. A model module whose layers look like this calls it from plan().
+void plan_dense_decoder(const PlanInputs& in, MemoryPlan& plan);
+
+}  // namespace lcx

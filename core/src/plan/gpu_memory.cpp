@@ -1,0 +1,51 @@
+// GPU memory sizes for the plan: parsing --gpu-memory, and the local GPU's total when there is one.
+#include <cctype>
+#include <cmath>
+
+#include "lcx/error.h"
+#include "lcx/tensor.h"
+#include "plan/plan.h"
+#include "util/text.h"
+#ifdef LCX_HAVE_CUDA
+#include <cuda_runtime.h>
+#endif
+
+namespace lcx {
+
+int64_t parse_memory_size(const std::string& text, const std::string& option) {
+  auto bad = [&]() -> Error {
+    return Error(str(option, " '", text, "' is not a size"), option, "e.g. 80GB, 141GiB, 81920MiB or a byte count");
+  };
+  size_t used = 0;
+  double value = 0;
+  try {
+    value = std::stod(text, &used);
+  } catch (const std::exception&) {
+    throw bad();
+  }
+  std::string unit;
+  for (size_t i = used; i < text.size(); ++i)
+    if (!std::isspace(static_cast<unsigned char>(text[i])))
+      unit += static_cast<char>(std::toupper(static_cast<unsigned char>(text[i])));
+  int shift = -1;
+  if (unit.empty() || unit == "B") shift = 0;
+  else if (unit == "K" || unit == "KB" || unit == "KIB") shift = 10;
+  else if (unit == "M" || unit == "MB" || unit == "MIB") shift = 20;
+  else if (unit == "G" || unit == "GB" || unit == "GIB") shift = 30;
+  else if (unit == "T" || unit == "TB" || unit == "TIB") shift = 40;
+  if (shift < 0 || !(value > 0) || !std::isfinite(value)) throw bad();
+  return static_cast<int64_t>(std::ldexp(value, shift));
+}
+
+std::optional<int64_t> local_gpu_memory() {
+#ifdef LCX_HAVE_CUDA
+  if (!cuda_available()) return std::nullopt;
+  cudaDeviceProp prop{};
+  if (cudaGetDeviceProperties(&prop, 0) != cudaSuccess) return std::nullopt;
+  return static_cast<int64_t>(prop.totalGlobalMem);
+#else
+  return std::nullopt;
+#endif
+}
+
+}  // namespace lcx

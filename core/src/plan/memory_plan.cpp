@@ -1,0 +1,87 @@
+// The SDK half of the memory plan (lcx/plan.h): terms and their sums per phase.
+#include <algorithm>
+
+#include "lcx/plan.h"
+
+namespace lcx {
+
+const char* plan_category_name(PlanCategory c) {
+  switch (c) {
+    case PlanCategory::weights: return "weights";
+    case PlanCategory::gradients: return "gradients";
+    case PlanCategory::master_weights: return "master weights";
+    case PlanCategory::optimizer: return "optimizer state";
+    case PlanCategory::activations_gpu: return "saved activations (GPU)";
+    case PlanCategory::activations_host: return "saved activations (host)";
+    case PlanCategory::transient: return "transient";
+    case PlanCategory::reserve: return "reserve";
+    case PlanCategory::communication: return "communication";
+  }
+  return "?";
+}
+
+void MemoryPlan::add(std::string name, PlanCategory category, int64_t bytes, std::string phase, bool on_host) {
+  if (bytes <= 0) return;  // a term of nothing only clutters the breakdown
+  terms.push_back({std::move(name), category, bytes, std::move(phase), on_host, contributor});
+}
+
+const std::vector<std::string>& MemoryPlan::phases() {
+  static const std::vector<std::string> p = {plan_phase::forward, plan_phase::loss, plan_phase::final_norm,
+                                             plan_phase::backward, plan_phase::optimizer};
+  return p;
+}
+
+bool MemoryPlan::live_in(const PlanTerm& t, const std::string& phase) {
+  if (t.phase == plan_phase::always || t.phase == phase) return true;
+  // The step's terms live from the first layer's forward to the last layer's backward.
+  return t.phase == plan_phase::step && phase != plan_phase::optimizer;
+}
+
+int64_t MemoryPlan::gpu_bytes(const std::string& phase, bool with_reserve) const {
+  int64_t n = 0;
+  for (const auto& t : terms)
+    if (!t.on_host && live_in(t, phase) && (with_reserve || t.category != PlanCategory::reserve)) n += t.bytes;
+  return n;
+}
+
+int64_t MemoryPlan::host_bytes(const std::string& phase) const {
+  int64_t n = 0;
+  for (const auto& t : terms)
+    if (t.on_host && live_in(t, phase)) n += t.bytes;
+  return n;
+}
+
+int64_t MemoryPlan::host_peak() const {
+  int64_t n = 0;
+  for (const auto& p : phases()) n = std::max(n, host_bytes(p));
+  return n;
+}
+
+MemoryPlan::Peak MemoryPlan::peak(bool with_reserve) const {
+  Peak best{phases().front(), -1};
+  for (const auto& p : phases()) {
+    const int64_t b = gpu_bytes(p, with_reserve);
+    if (b > best.bytes) best = {p, b};
+  }
+  return best;
+}
+
+int64_t MemoryPlan::category_bytes(PlanCategory c, bool on_host) const {
+  int64_t n = 0;
+  for (const auto& t : terms)
+    if (t.category == c && t.on_host == on_host) n += t.bytes;
+  return n;
+}
+
+MemoryPlan::Peak MemoryPlan::largest_transient() const {
+  Peak best{phases().front(), 0};
+  for (const auto& p : phases()) {
+    int64_t n = 0;
+    for (const auto& t : terms)
+      if (!t.on_host && t.category == PlanCategory::transient && live_in(t, p)) n += t.bytes;
+    if (n > best.bytes) best = {p, n};
+  }
+  return best;
+}
+
+}  // namespace lcx

@@ -1,0 +1,59 @@
+// lcx-train --plan: the memory plan of a manifest, with no GPU work and no weights loaded.
+#include <cstdio>
+
+#include "lcx/error.h"
+#include "plan/plan.h"
+#include "util/text.h"
+
+namespace lcx {
+
+int run_plan_command(const Manifest& m, const CoreConfig& cfg, const PluginLoader& loader,
+                     const std::vector<std::string>& disabled, const std::string& gpu_memory) {
+  int64_t gpu_bytes = 0;
+  if (!gpu_memory.empty()) {
+    gpu_bytes = parse_memory_size(gpu_memory);
+  } else if (auto local = local_gpu_memory()) {
+    gpu_bytes = *local;
+  } else {
+    throw Error("--plan needs the GPU's memory, and this machine has no GPU to ask", "--gpu-memory",
+                "give it, e.g. --gpu-memory 80GB (H100) or --gpu-memory 141GB (H200)");
+  }
+  std::string model_source;
+  const ModelConfig model = plan_model_config(cfg.model, &model_source);
+
+  // A plugin that refuses its table today (a placeholder such as cp_ring with size > 1) would stop
+  // the plan; plan its slot with core's default instead and say so. The mesh comes from
+  // [distributed], not from the plugin.
+  std::vector<std::string> off = disabled;
+  SlotSet slots;
+  for (;;) {
+    try {
+      slots = resolve_slots(m, loader, off, Device::cpu());
+      break;
+    } catch (const Error& e) {
+      std::string refused;
+      for (const auto& [slot, p] : plan_slots(m, loader, off))
+        if (p.origin != "core default" && slot != LCX_SLOT_MODEL &&
+            std::string(e.what()).find(p.name) != std::string::npos)
+          refused = p.name;
+      if (refused.empty()) throw;
+      std::fprintf(stderr, "warning: plugin %s refused its table (%s); planned with its slot's core default\n",
+                   refused.c_str(), e.what());
+      off.push_back(refused);
+    }
+  }
+  const PlanInputs in = plan_inputs(cfg, model, cfg.data.seq_len);
+  const PlanSlots ps = PlanSlots::of(slots);
+  const int64_t unit = plan_seq_unit(in, cfg.data.pad_to_multiple_of);
+  const MemoryPlan plan = build_plan(in, ps);
+  std::printf("# %s, model shape from %s\n%s", m.source().c_str(), model_source.c_str(),
+              format_plan(plan, in, ps, gpu_bytes, unit).c_str());
+  if (plan.peak().bytes > gpu_bytes) {
+    std::printf("\nwhat would make it fit:\n");
+    for (const auto& k : plan_knobs(in, ps, &loader, gpu_bytes, unit))
+      std::printf("  %-6s %s: peak %s\n", k.fits ? "fits" : "short", k.action.c_str(), format_bytes(k.peak).c_str());
+  }
+  return 0;
+}
+
+}  // namespace lcx
