@@ -118,7 +118,7 @@ std::string resolve_format(const DataConfig& cfg) {
   return "txt";
 }
 
-// Reads documents and hands them to the tokenizer in batches of a few tens of MB, all threads at
+// Reads documents and hands them to the tokenizer in batches of about 16 MB, all threads at
 // once; a progress line with the rate and ETA goes to stderr.
 class Builder {
  public:
@@ -134,11 +134,12 @@ class Builder {
     pending_bytes_ += text.size();
     texts_.push_back(std::move(text));
     where_.push_back(std::move(where));
-    if (pending_bytes_ >= (32u << 20) || texts_.size() >= 16384) flush();
+    if (pending_bytes_ >= (16u << 20) || texts_.size() >= 16384) flush();
   }
+  // `bytes` of the source have been read; they count as done once their documents are encoded.
   void consumed(uint64_t bytes) {
-    done_ += bytes;
-    show(false);
+    read_ += bytes;
+    if (texts_.empty()) done_ = read_, show(false);
   }
   void flush() {
     if (texts_.empty()) return;
@@ -156,6 +157,8 @@ class Builder {
     texts_.clear();
     where_.clear();
     pending_bytes_ = 0;
+    done_ = read_;
+    show(false);
   }
   void finish() {
     flush();
@@ -184,7 +187,7 @@ class Builder {
   TokenCacheWriter& w_;
   DataReport& r_;
   int threads_;
-  uint64_t total_, done_ = 0;
+  uint64_t total_, read_ = 0, done_ = 0;
   clock::time_point start_, last_;
   bool tty_ = false;
   std::vector<std::string> texts_, where_;
@@ -326,9 +329,9 @@ void open_text_source(Dataset::State& s, const DataConfig& cfg, const std::strin
           continue;
         }
         std::string text;
+        b.consumed(f.size);
         if (!read_whole(f.path, text)) note(r.unreadable, r.first_unreadable, f.path.string());
         else b.add(std::move(text), f.path.string());
-        b.consumed(f.size);
       }
       b.finish();
       w.finish(report_meta(r).dump());
