@@ -78,6 +78,32 @@ TEST_P(CommWorld, SplitFormsGroupsByColorOrderedByKey) {
   }
 }
 
+TEST_P(CommWorld, AsyncCollectivesCompleteInIssueOrder) {
+  const int world = GetParam();
+  std::atomic<int> checked{0};
+  on_ranks(world, [&](Communicator& c) {
+    Tensor part = Tensor::from_floats(test::rank_values(c.rank(), 8), {8}, DType::f32);
+    Tensor gathered = Tensor::zeros({8 * world}, DType::f32);
+    Tensor grads = Tensor::from_floats(test::rank_values(c.rank(), 4 * world), {4 * world}, DType::f32);
+    Tensor block = Tensor::zeros({4}, DType::f32);
+    auto g = c.all_gather_async(part, gathered);
+    auto r = c.reduce_scatter_async(grads, block);
+    Tensor t = Tensor::from_floats(test::rank_values(c.rank(), 5), {5}, DType::f32);
+    c.all_reduce(t);  // a blocking call issued after both
+    r->wait();
+    g->wait();
+    std::vector<float> want;
+    for (int q = 0; q < world; ++q) {
+      auto v = test::rank_values(q, 8);
+      want.insert(want.end(), v.begin(), v.end());
+    }
+    if (gathered.to_floats() == want && block.to_floats() == test::serial_sum(world, 4 * world, DType::f32, 4 * c.rank(), 4) &&
+        t.to_floats() == test::serial_sum(world, 5, DType::f32))
+      ++checked;
+  });
+  EXPECT_EQ(checked.load(), world);
+}
+
 INSTANTIATE_TEST_SUITE_P(Ranks, CommWorld, ::testing::Values(1, 2, 4),
                          [](const auto& info) { return std::to_string(info.param) + "ranks"; });
 

@@ -135,17 +135,24 @@ TEST_P(Sharded, AdamWOnShardsEqualsFullAdamW) {
     AdamW opt(sh.shards(), cfg);
     for (int s = 0; s < steps; ++s) {
       sh.zero_grads();
-      // Two layers' worth of gather / backward / reduce, as the trainer interleaves them.
-      for (const std::string prefix : {"model.layers.", "model.embed", "model.norm"}) {
-        auto names = sh.names_with_prefix(prefix);
+      // Groups of parameters gathered, given grads and reduced as the trainer does per layer;
+      // odd steps overlap: the next group's gather is prefetched, reductions finish at the norm.
+      const std::vector<std::string> prefixes = {"model.layers.", "model.embed", "model.norm"};
+      const bool overlap = s % 2 == 1;
+      for (size_t k = 0; k < prefixes.size(); ++k) {
+        auto names = sh.names_with_prefix(prefixes[k]);
         sh.gather(names, true);
+        if (overlap && k + 1 < prefixes.size()) sh.prefetch(sh.names_with_prefix(prefixes[k + 1]));
         for (size_t p = 0; p < ps.size(); ++p) {
           if (!ps[p].grad.defined()) continue;
           std::vector<float> g(static_cast<size_t>(ps[p].grad.numel()));
           for (size_t i = 0; i < g.size(); ++i) g[i] = grad_value(s, c.rank(), p, static_cast<int64_t>(i));
           ps[p].grad.copy_from(Tensor::from_floats(g, ps[p].grad.shape(), DType::f32));
         }
-        sh.reduce_grads(names);
+        if (overlap)
+          sh.reduce_grads_async(names);
+        else
+          sh.reduce_grads(names);
         sh.release(names);
       }
       const double norm = sh.grad_norm();

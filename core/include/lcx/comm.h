@@ -77,9 +77,14 @@ class Communicator {
   virtual void all_reduce(std::span<double> values) = 0;
   // in holds size() equal blocks along dim 0; rank r gets the sum of every rank's block r.
   // in.numel() == size() * out.numel().
-  virtual void reduce_scatter(const Tensor& in, Tensor& out) = 0;
+  void reduce_scatter(const Tensor& in, Tensor& out) { reduce_scatter_async(in, out)->wait(); }
   // out = every rank's `in` concatenated along dim 0 in rank order. out.numel() == size() * in.numel().
-  virtual void all_gather(const Tensor& in, Tensor& out) = 0;
+  void all_gather(const Tensor& in, Tensor& out) { all_gather_async(in, out)->wait(); }
+  // The same, started now and finished by wait() (ZeRO-3 gathers the next layer while this one
+  // computes). Issue order is the call order the ranks must agree on; leave in and out untouched
+  // until wait(), and wait() on every work before the communicator goes.
+  virtual std::unique_ptr<CommWork> reduce_scatter_async(const Tensor& in, Tensor& out) = 0;
+  virtual std::unique_ptr<CommWork> all_gather_async(const Tensor& in, Tensor& out) = 0;
   // in holds size() equal blocks along dim 0; block j goes to rank j, and out's block i is what
   // rank i sent here. in.numel() == out.numel(), a multiple of size(). in and out must differ.
   virtual void all_to_all(const Tensor& in, Tensor& out) = 0;

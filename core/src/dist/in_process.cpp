@@ -12,6 +12,7 @@
 #include <condition_variable>
 #include <cstring>
 #include <deque>
+#include <functional>
 #include <map>
 #include <mutex>
 #include <thread>
@@ -105,7 +106,24 @@ class InProcessWork final : public CommWork {
   std::vector<P2POp> recvs_;
 };
 
+// An async collective: posted at issue, completed (waiting for the other ranks, writing the
+// output) in wait().
+class CollectiveWork final : public CommWork {
+ public:
+  CollectiveWork(InProcessComm* comm, std::string op, int64_t seq, std::function<void(const Slot&)> compute)
+      : comm_(comm), op_(std::move(op)), seq_(seq), compute_(std::move(compute)) {}
+  void wait() override;
+
+ private:
+  InProcessComm* comm_;
+  std::string op_;
+  int64_t seq_;
+  std::function<void(const Slot&)> compute_;
+};
+
 class InProcessComm final : public Communicator {
+  friend class CollectiveWork;
+
  public:
   InProcessComm(std::shared_ptr<Group> g, int rank, double timeout)
       : g_(std::move(g)), rank_(rank), timeout_(timeout) {}
@@ -136,25 +154,27 @@ class InProcessComm final : public Communicator {
                });
   }
 
-  void reduce_scatter(const Tensor& in, Tensor& out) override {
+  std::unique_ptr<CommWork> reduce_scatter_async(const Tensor& in, Tensor& out) override {
     require(in.dtype() == out.dtype() && in.numel() == size() * out.numel(), "reduce_scatter", in, out,
             "in.numel() == size() * out.numel()");
     Contribution c;
     c.host = host_copy(in);
-    collective("reduce_scatter", std::move(c), [&](const Slot& s) {
-      const int64_t n = out.numel();
-      out.copy_from(sum_in_rank_order(s, rank_ * n, n, out.dtype()).view(out.shape()));
+    const int64_t seq = post("reduce_scatter", std::move(c));
+    const int64_t n = out.numel(), offset = rank_ * n;
+    return std::make_unique<CollectiveWork>(this, "reduce_scatter", seq, [out, n, offset](const Slot& s) mutable {
+      out.copy_from(sum_in_rank_order(s, offset, n, out.dtype()).view(out.shape()));
     });
   }
 
-  void all_gather(const Tensor& in, Tensor& out) override {
+  std::unique_ptr<CommWork> all_gather_async(const Tensor& in, Tensor& out) override {
     require(in.dtype() == out.dtype() && out.numel() == size() * in.numel(), "all_gather", in, out,
             "out.numel() == size() * in.numel()");
     Contribution c;
     c.host = host_copy(in);
-    collective("all_gather", std::move(c), [&](const Slot& s) {
+    const int64_t seq = post("all_gather", std::move(c));
+    const size_t block = in.nbytes();
+    return std::make_unique<CollectiveWork>(this, "all_gather", seq, [out, block](const Slot& s) mutable {
       Tensor host = Tensor::empty({out.numel()}, out.dtype(), Device::cpu());
-      const size_t block = in.nbytes();
       for (size_t r = 0; r < s.in.size(); ++r)
         if (block) std::memcpy(static_cast<char*>(host.data()) + r * block, s.in[r].host.data(), block);
       out.copy_from(host.view(out.shape()));
@@ -315,33 +335,42 @@ class InProcessComm final : public Communicator {
                       "; needs one dtype and ", rule));
   }
 
-  // Posts `c`, waits for every rank, runs `on_complete` (under the lock, by the last to arrive),
-  // then `compute` on the full slot without the lock, then departs.
-  template <typename Compute, typename Complete = void (*)(Slot&)>
-  void collective(const std::string& op, Contribution c, Compute&& compute,
-                  Complete on_complete = [](Slot&) {}) {
+  // Posts `c` as this rank's part of the next collective and returns its sequence number; the
+  // last rank to post runs `on_complete` under the lock. Never waits.
+  template <typename Complete = void (*)(Slot&)>
+  int64_t post(const std::string& op, Contribution c, Complete on_complete = [](Slot&) {}) {
     World& w = *g_->world;
     const int64_t seq = ++seq_;
+    std::lock_guard lock(w.mu);
+    if (w.aborted) throw_aborted();
+    Slot& slot = g_->slots[seq];
+    if (slot.op.empty()) {
+      slot.op = op;
+      slot.in.resize(static_cast<size_t>(size()));
+    } else if (slot.op != op) {
+      throw Error(str(where(op, seq), ": another rank called ", slot.op, " as call #", seq),
+                  {}, "every rank must call the collectives of a communicator in the same order");
+    }
+    c.posted = true;
+    slot.in[static_cast<size_t>(rank_)] = std::move(c);
+    if (++slot.arrived == size()) {
+      check_consistent(slot, op, seq);
+      on_complete(slot);
+      w.cv.notify_all();
+    }
+    return seq;
+  }
+
+  // Waits until every rank posted collective `seq`, runs `compute` on the full slot without the
+  // lock (posts are immutable until all depart), then departs.
+  template <typename Compute>
+  void complete(const std::string& op, int64_t seq, Compute&& compute) {
+    World& w = *g_->world;
     const auto deadline = Clock::now() + std::chrono::duration<double>(timeout_);
     Slot* slot = nullptr;
     {
       std::unique_lock lock(w.mu);
-      if (w.aborted) throw_aborted();
-      slot = &g_->slots[seq];
-      if (slot->op.empty()) {
-        slot->op = op;
-        slot->in.resize(static_cast<size_t>(size()));
-      } else if (slot->op != op) {
-        throw Error(str(where(op, seq), ": another rank called ", slot->op, " as call #", seq),
-                    {}, "every rank must call the collectives of a communicator in the same order");
-      }
-      c.posted = true;
-      slot->in[static_cast<size_t>(rank_)] = std::move(c);
-      if (++slot->arrived == size()) {
-        check_consistent(*slot, op, seq);
-        on_complete(*slot);
-        w.cv.notify_all();
-      }
+      slot = &g_->slots.at(seq);
       while (slot->arrived < size() && !w.aborted) {
         if (w.cv.wait_until(lock, deadline) == std::cv_status::timeout && slot->arrived < size() && !w.aborted) {
           std::vector<int> missing;
@@ -362,6 +391,12 @@ class InProcessComm final : public Communicator {
     compute(*slot);
     std::lock_guard lock(w.mu);
     depart(seq);
+  }
+
+  template <typename Compute, typename Complete = void (*)(Slot&)>
+  void collective(const std::string& op, Contribution c, Compute&& compute, Complete on_complete = [](Slot&) {}) {
+    const int64_t seq = post(op, std::move(c), on_complete);
+    complete(op, seq, std::forward<Compute>(compute));
   }
 
   // Called with the lock held.
@@ -393,6 +428,13 @@ class InProcessComm final : public Communicator {
   int64_t seq_ = 0;
   int64_t p2p_seq_ = 0;
 };
+
+void CollectiveWork::wait() {
+  if (!compute_) return;
+  auto compute = std::move(compute_);
+  compute_ = nullptr;
+  comm_->complete(op_, seq_, compute);
+}
 
 void InProcessWork::wait() {
   if (recvs_.empty()) return;

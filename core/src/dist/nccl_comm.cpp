@@ -51,7 +51,7 @@ class NcclComm;
 
 class NcclWork final : public CommWork {
  public:
-  NcclWork(NcclComm* c, int64_t seq, cudaEvent_t done) : comm_(c), seq_(seq), done_(done) {}
+  NcclWork(NcclComm* c, const char* op, int64_t seq, cudaEvent_t done) : comm_(c), op_(op), seq_(seq), done_(done) {}
   ~NcclWork() override {
     if (done_) cudaEventDestroy(done_);
   }
@@ -59,6 +59,7 @@ class NcclWork final : public CommWork {
 
  private:
   NcclComm* comm_;
+  const char* op_;
   int64_t seq_;
   cudaEvent_t done_;
 };
@@ -118,21 +119,21 @@ class NcclComm final : public Communicator {
     }
   }
 
-  void reduce_scatter(const Tensor& in, Tensor& out) override {
+  std::unique_ptr<CommWork> reduce_scatter_async(const Tensor& in, Tensor& out) override {
     check_tensor("reduce_scatter", in);
     check_tensor("reduce_scatter", out);
     require(in.dtype() == out.dtype() && in.numel() == size_ * out.numel(), "reduce_scatter", "in.numel() == size() * out.numel()");
-    run("reduce_scatter", [&] {
+    return start("reduce_scatter", ++seq_, [&] {
       return ncclReduceScatter(in.data(), out.data(), static_cast<size_t>(out.numel()), nccl_type(in.dtype()), ncclSum,
                                comm_, stream_);
     });
   }
 
-  void all_gather(const Tensor& in, Tensor& out) override {
+  std::unique_ptr<CommWork> all_gather_async(const Tensor& in, Tensor& out) override {
     check_tensor("all_gather", in);
     check_tensor("all_gather", out);
     require(in.dtype() == out.dtype() && out.numel() == size_ * in.numel(), "all_gather", "out.numel() == size() * in.numel()");
-    run("all_gather", [&] {
+    return start("all_gather", ++seq_, [&] {
       return ncclAllGather(in.data(), out.data(), static_cast<size_t>(in.numel()), nccl_type(in.dtype()), comm_, stream_);
     });
   }
@@ -161,10 +162,7 @@ class NcclComm final : public Communicator {
       check_tensor("send_recv", op.tensor);
       LCX_CHECK(op.peer >= 0 && op.peer < size_, "send_recv peer ", op.peer, " outside communicator '", name_, "'");
     }
-    cudaEvent_t done = nullptr;
-    LCX_CUDA_CHECK(cudaEventCreateWithFlags(&done, cudaEventDisableTiming));
-    auto work = std::make_unique<NcclWork>(this, seq, done);
-    enqueue("send_recv", seq, [&] {
+    return start("send_recv", seq, [&] {
       ncclResult_t r = ncclGroupStart();
       for (const auto& op : ops) {
         if (r != ncclSuccess && r != ncclInProgress) break;
@@ -175,8 +173,6 @@ class NcclComm final : public Communicator {
       ncclResult_t e = ncclGroupEnd();
       return r == ncclSuccess || r == ncclInProgress ? e : r;
     });
-    LCX_CUDA_CHECK(cudaEventRecord(done, stream_));
-    return work;
   }
 
   void barrier() override {
@@ -263,6 +259,17 @@ class NcclComm final : public Communicator {
     settle(op, seq, deadline_after(timeout_));
   }
 
+  // Enqueues and returns a work whose wait() is the host-side wait with the timeout.
+  template <typename F>
+  std::unique_ptr<CommWork> start(const char* op, int64_t seq, F&& call) {
+    cudaEvent_t done = nullptr;
+    LCX_CUDA_CHECK(cudaEventCreateWithFlags(&done, cudaEventDisableTiming));
+    auto work = std::make_unique<NcclWork>(this, op, seq, done);
+    enqueue(op, seq, std::forward<F>(call));
+    LCX_CUDA_CHECK(cudaEventRecord(done, stream_));
+    return work;
+  }
+
   template <typename F>
   void run(const char* op, F&& call) {
     const int64_t seq = ++seq_;
@@ -294,7 +301,7 @@ class NcclComm final : public Communicator {
 
 void NcclWork::wait() {
   if (!done_) return;
-  comm_->wait_event(done_, "send_recv", seq_);
+  comm_->wait_event(done_, op_, seq_);
   cudaEventDestroy(done_);
   done_ = nullptr;
 }

@@ -57,19 +57,32 @@ std::vector<std::string> ShardedParams::names_with_prefix(const std::string& pre
   return out;
 }
 
-void ShardedParams::gather(const std::vector<std::string>& names, bool with_grads) {
+void ShardedParams::prefetch(const std::vector<std::string>& names) {
   for (const auto& n : names) {
     Entry& e = entry(n);
-    const int64_t padded = e.shard.value.numel() * comm_.size();
-    const Device d = e.shard.value.device();
-    if (!e.param->value.defined()) {
-      Tensor full = Tensor::empty({padded}, e.shard.value.dtype(), d, MemoryCategory::weights);
-      comm_.all_gather(e.shard.value, full);
-      e.param->value = full.rows(0, e.numel).view(e.shape);
-    }
+    if (e.param->value.defined() || e.gathering) continue;
+    e.gathered = Tensor::empty({e.shard.value.numel() * comm_.size()}, e.shard.value.dtype(), e.shard.value.device(),
+                               MemoryCategory::weights);
+    e.gathering = comm_.all_gather_async(e.shard.value, e.gathered);
+  }
+}
+
+void ShardedParams::finish_gather(Entry& e) {
+  e.gathering->wait();
+  e.gathering.reset();
+  e.param->value = e.gathered.rows(0, e.numel).view(e.shape);
+  e.gathered = Tensor();
+}
+
+void ShardedParams::gather(const std::vector<std::string>& names, bool with_grads) {
+  prefetch(names);
+  for (const auto& n : names) {
+    Entry& e = entry(n);
+    if (e.gathering) finish_gather(e);
     if (with_grads && !e.full_grad.defined()) {
       // The padding stays zero: backward only writes the view.
-      e.full_grad = Tensor::zeros({padded}, DType::f32, d, MemoryCategory::gradients);
+      e.full_grad = Tensor::zeros({e.shard.value.numel() * comm_.size()}, DType::f32, e.shard.value.device(),
+                                  MemoryCategory::gradients);
       e.param->grad = e.full_grad.rows(0, e.numel).view(e.shape);
     }
   }
@@ -78,29 +91,46 @@ void ShardedParams::gather(const std::vector<std::string>& names, bool with_grad
 void ShardedParams::release(const std::vector<std::string>& names) {
   for (const auto& n : names) {
     Entry& e = entry(n);
+    if (e.gathering) finish_gather(e);  // every rank issued it: it must complete
     e.param->value = Tensor();
     e.param->grad = Tensor();
     e.full_grad = Tensor();
   }
 }
 
-void ShardedParams::reduce_grads(const std::vector<std::string>& names) {
+void ShardedParams::reduce_grads_async(const std::vector<std::string>& names) {
   for (const auto& n : names) {
     Entry& e = entry(n);
     LCX_CHECK(e.full_grad.defined(), "reduce_grads(", n, ") without gather(..., with_grads=true) first");
-    Tensor mine = Tensor::empty(e.shard.grad.shape(), DType::f32, e.shard.grad.device(), MemoryCategory::communication);
-    comm_.reduce_scatter(e.full_grad, mine);
-    ops::add_inplace(e.shard.grad, mine);
+    Reduction r{&e, nullptr, std::move(e.full_grad),
+                Tensor::empty(e.shard.grad.shape(), DType::f32, e.shard.grad.device(), MemoryCategory::communication)};
+    r.work = comm_.reduce_scatter_async(r.full_grad, r.block);
     e.param->grad = Tensor();
     e.full_grad = Tensor();
+    reductions_.push_back(std::move(r));
   }
 }
 
+void ShardedParams::finish_grads() {
+  for (auto& r : reductions_) {
+    r.work->wait();
+    ops::add_inplace(r.entry->shard.grad, r.block);
+  }
+  reductions_.clear();
+}
+
+void ShardedParams::reduce_grads(const std::vector<std::string>& names) {
+  reduce_grads_async(names);
+  finish_grads();
+}
+
 void ShardedParams::zero_grads() {
+  LCX_CHECK(reductions_.empty(), "zero_grads with reductions in flight: finish_grads() first");
   for (auto& e : entries_) e.shard.grad.zero();
 }
 
 double ShardedParams::grad_norm() {
+  finish_grads();
   double sq = 0;
   for (const auto& e : entries_) sq += adamw::sum_squares(e.shard.grad);
   comm_.all_reduce(std::span<double>(&sq, 1));
