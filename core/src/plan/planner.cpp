@@ -254,6 +254,9 @@ std::string format_plan(const MemoryPlan& plan, const PlanInputs& in, const Plan
       << " (same mesh and providers, steps of " << unit << ")\n";
   }
 
+  // One line for scripts (scripts/bench/plan_validate.sh): the figures above in bytes.
+  o << "  plan: peak_bytes=" << peak.bytes << " allocated_bytes=" << allocated.bytes << " phase=\"" << peak.phase
+    << "\" host_bytes=" << plan.host_peak() << " tokens_per_rank=" << in.tokens_per_rank << "\n";
   o << "\nper phase (GPU, reserve included):";
   for (const auto& ph : MemoryPlan::phases()) o << "\n  " << std::left << ph << ": " << format_bytes(plan.gpu_bytes(ph));
   o << "\n\nterms:\n";
