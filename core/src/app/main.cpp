@@ -1,6 +1,7 @@
 // lcx-train: reads the manifest, resolves each slot's provider, and runs (or describes) the run.
 #include <spdlog/sinks/basic_file_sink.h>
 #include <spdlog/sinks/stdout_color_sinks.h>
+#include <spdlog/pattern_formatter.h>
 #include <spdlog/spdlog.h>
 #include <unistd.h>
 
@@ -17,6 +18,7 @@
 #include "plan/plan.h"
 #include "plugin/loader.h"
 #include "slots/resolve.h"
+#include "train/trainer.h"
 
 namespace lcx {
 namespace {
@@ -44,6 +46,16 @@ void print_providers(const std::map<uint32_t, SlotProvider>& providers) {
                 p.info.status.empty() || p.info.status == "ready" ? "" : ("  [" + p.info.status + "]").c_str());
 }
 
+// The log message as a JSON string, so the run folder's log is JSON lines whatever the text.
+class JsonMessageFlag final : public spdlog::custom_flag_formatter {
+ public:
+  void format(const spdlog::details::log_msg& msg, const std::tm&, spdlog::memory_buf_t& dest) override {
+    std::string s = nlohmann::json(std::string(msg.payload.data(), msg.payload.size())).dump();
+    dest.append(s.data(), s.data() + s.size());
+  }
+  std::unique_ptr<custom_flag_formatter> clone() const override { return std::make_unique<JsonMessageFlag>(); }
+};
+
 void setup_logging(const std::string& level, const std::string& log_file) {
   std::vector<spdlog::sink_ptr> sinks;
   auto console = std::make_shared<spdlog::sinks::stderr_color_sink_mt>();
@@ -51,8 +63,11 @@ void setup_logging(const std::string& level, const std::string& log_file) {
   sinks.push_back(console);
   if (!log_file.empty()) {
     auto file = std::make_shared<spdlog::sinks::basic_file_sink_mt>(log_file, true);
-    // One JSON object a line: time, level, message; messages are escaped by nlohmann below.
-    file->set_pattern(R"({"time":"%Y-%m-%dT%H:%M:%S.%f","level":"%l","message":%v})");
+    // One JSON object a line: time, level, message (escaped by the %* flag).
+    auto formatter = std::make_unique<spdlog::pattern_formatter>();
+    formatter->add_flag<JsonMessageFlag>('*').set_pattern(
+        R"({"time":"%Y-%m-%dT%H:%M:%S.%f","level":"%l","message":%*})");
+    file->set_formatter(std::move(formatter));
     sinks.push_back(file);
   }
   auto logger = std::make_shared<spdlog::logger>("lcx", sinks.begin(), sinks.end());
@@ -100,15 +115,13 @@ int run(const CliOptions& o) {
 
   std::filesystem::create_directories(core.run.output_dir);
   setup_logging(core.run.log_level, (std::filesystem::path(core.run.output_dir) / "log.jsonl").string());
-  auto quoted = [](const std::string& s) { return nlohmann::json(s).dump(); };
-  spdlog::info(quoted(str("lcx-train ", LCX_VERSION, " git ", LCX_GIT_HASH)));
+  spdlog::info(str("lcx-train ", LCX_VERSION, " git ", LCX_GIT_HASH));
   for (const auto& [slot, p] : providers)
-    spdlog::info(quoted(str("slot ", slot_name(slot), ": ", p.name, " ", p.info.version, " ", p.origin,
-                            p.info.sha256.empty() ? "" : " sha256:" + p.info.sha256)));
-  spdlog::info(quoted("config " + manifest->to_json()));
-  SlotSet slots = resolve_slots(*manifest, loader, o.disabled, Device::cpu());
-  throw Error("training is not built yet in this version of lcx-train", {},
-              "use --dry-run to check a manifest");
+    spdlog::info(str("slot ", slot_name(slot), ": ", p.name, " ", p.info.version, " ", p.origin,
+                     p.info.sha256.empty() ? "" : " sha256:" + p.info.sha256));
+  spdlog::info("config " + nlohmann::json::parse(manifest->to_json()).dump());
+  SlotSet slots = resolve_slots(*manifest, loader, o.disabled, pick_device(core.run.device));
+  return run_training(core, *manifest, slots, TrainOptions{o.resume});
 }
 
 }  // namespace

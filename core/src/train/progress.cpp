@@ -66,7 +66,8 @@ std::string tqdm_time(double seconds) {
   return buf;
 }
 
-std::string progress_line(int64_t done, int64_t total, double elapsed_s) {
+std::string progress_line(int64_t done, int64_t total, double elapsed_s, int64_t done_here) {
+  if (done_here < 0) done_here = done;
   static const char* partial[] = {" ", "▏", "▎", "▍", "▌", "▋", "▊", "▉"};
   const int width = 10;
   double frac = total > 0 ? std::min(1.0, static_cast<double>(done) / static_cast<double>(total)) : 0.0;
@@ -80,8 +81,8 @@ std::string progress_line(int64_t done, int64_t total, double elapsed_s) {
   char pct[8];
   std::snprintf(pct, sizeof pct, "%3d%%", static_cast<int>(frac * 100));
   std::string rate = "?it/s", remaining = "?";
-  if (done > 0 && elapsed_s > 0) {
-    double per = elapsed_s / static_cast<double>(done);
+  if (done_here > 0 && elapsed_s > 0) {
+    double per = elapsed_s / static_cast<double>(done_here);
     char r[32];
     if (per >= 1.0)
       std::snprintf(r, sizeof r, "%.2fs/it", per);
@@ -96,8 +97,8 @@ std::string progress_line(int64_t done, int64_t total, double elapsed_s) {
 
 ProgressBar::ProgressBar(int64_t total, bool terminal) : total_(total), terminal_(terminal) {}
 
-void ProgressBar::update(int64_t done, double elapsed_s) {
-  last_ = progress_line(done, total_, elapsed_s);
+void ProgressBar::update(int64_t done, double elapsed_s, int64_t done_here) {
+  last_ = progress_line(done, total_, elapsed_s, done_here);
   if (terminal_)
     std::fprintf(stderr, "\r%s\033[K", last_.c_str());
   else

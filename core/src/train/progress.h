@@ -17,7 +17,8 @@ double python_round(double x, int digits);
 std::string step_dict(const std::vector<std::pair<std::string, double>>& items);
 
 // "  8%|▊         | 1/12 [06:20<1:09:41, 380.10s/it]"
-std::string progress_line(int64_t done, int64_t total, double elapsed_s);
+// `done_here` counts the steps timed by elapsed_s (fewer than `done` after a resume).
+std::string progress_line(int64_t done, int64_t total, double elapsed_s, int64_t done_here = -1);
 // tqdm's time format: mm:ss, or h:mm:ss from an hour on.
 std::string tqdm_time(double seconds);
 
@@ -25,7 +26,7 @@ std::string tqdm_time(double seconds);
 class ProgressBar {
  public:
   ProgressBar(int64_t total, bool terminal);
-  void update(int64_t done, double elapsed_s);
+  void update(int64_t done, double elapsed_s, int64_t done_here = -1);
   // Prints a line above the bar (the step dict) without breaking it.
   void message(const std::string& line);
   void finish();

@@ -13,6 +13,9 @@ struct TrainOptions {
   std::string resume;  // "", "latest" or a checkpoint folder
 };
 
+// [run] device: "cpu", "cuda" (refused without a GPU) or "auto" (the first GPU when there is one).
+Device pick_device(const std::string& want);
+
 // Returns the process exit code: 0 when the run finished, 130 when it stopped on a signal after
 // saving. Throws lcx::Error for configuration and data problems.
 int run_training(const CoreConfig& cfg, const Manifest& manifest, SlotSet& slots, const TrainOptions& opts);
