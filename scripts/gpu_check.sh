@@ -1,8 +1,8 @@
 #!/usr/bin/env bash
 # Runs on the GPU machine, from the repository root, with a bundle made by scripts/bundle.sh
 # carried (default .bundle): every GPU test binary, then compute-sanitizer memcheck over the GPU
-# tests once (less the two that fill the device), then the GPU micro-benchmarks. Logs go to $OUT (default /tmp/lcx-gpu-check); a short
-# table is printed last.
+# tests once (less the two that fill the device), then the GPU micro-benchmarks. Logs go to $OUT
+# (default /tmp/lcx-gpu-check); a short table is printed last.
 #   scripts/gpu_check.sh                  tests, memcheck, benchmarks
 #   LCX_MEMCHECK=0 scripts/gpu_check.sh   skip memcheck
 #   LCX_BENCH=quick|0                     shorter benchmarks, or none
@@ -33,7 +33,7 @@ export LD_LIBRARY_PATH=$libs${LD_LIBRARY_PATH:+:$LD_LIBRARY_PATH}
 } >>"$log" 2>&1
 
 rows=()
-for t in "$bundle"/tests/test_gpu*; do
+for t in "$bundle"/tests/test_gpu* "$bundle"/tests/test_pinned; do
   [[ -x $t ]] || continue
   name=$(basename "$t")
   start=$(date +%s)
@@ -63,6 +63,10 @@ if [[ ${LCX_BENCH:-1} != 0 && -x $bundle/tests/bench_gpu ]]; then
   [[ ${LCX_BENCH:-1} == quick ]] && arg=--quick
   "$bundle/tests/bench_gpu" $arg >"$out/bench.log" 2>&1
   bench="rc $?"
+  # The same attention shapes through PyTorch, for the side-by-side.
+  if [[ -z $arg ]] && python3 -c 'import torch' 2>/dev/null; then
+    python3 scripts/bench/attention_torch.py --tokens 4096 16384 32768 >>"$out/bench.log" 2>&1 || bench+=", torch failed"
+  fi
 fi
 
 {

@@ -74,6 +74,7 @@ void bench_attention(int64_t T, int64_t Hq, int64_t Hkv, int64_t d, int reps) {
   const double b =
       median_ms([&] { lcx::ops::attention_backward(q, k, v, out, lse, dout, dq, dk, dv, p); }, reps);
   report("attention bwd", shape, b, 2.5 * fwd_flop / b / 1e9, "TFLOP/s");
+  report("attention fwd+bwd", shape, f + b, 3.5 * fwd_flop / (f + b) / 1e9, "TFLOP/s");
 }
 
 void bench_memory_bound(int64_t T, int64_t H, int64_t I, int64_t V) {
@@ -126,7 +127,10 @@ int main(int argc, char** argv) {
     bench_matmul(8192, 2560, 9728, "matmul 4B down proj");
     bench_memory_bound(32768, 2560, 9728, 151936);
     bench_attention(4096, 32, 8, 128, 5);
-    if (!quick) bench_attention(16384, 32, 8, 128, 3);
+    if (!quick) {
+      bench_attention(16384, 32, 8, 128, 3);
+      bench_attention(32768, 32, 8, 128, 3);
+    }
   } catch (const std::exception& e) {
     std::printf("bench failed: %s\n", e.what());
     return 1;
