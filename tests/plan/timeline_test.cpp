@@ -1,0 +1,85 @@
+// The memory timeline: events to JSON and a stacked SVG, from a hand-made trace and from the CPU
+// allocator's own recorder.
+#include <gtest/gtest.h>
+
+#include <fstream>
+#include <nlohmann/json.hpp>
+#include <sstream>
+
+#include "lcx/tensor.h"
+#include "plan/timeline.h"
+#include "support/test_util.h"
+
+namespace lcx {
+namespace {
+
+std::string read(const std::string& path) {
+  std::ifstream in(path);
+  std::stringstream s;
+  s << in.rdbuf();
+  return s.str();
+}
+
+size_t count(const std::string& text, const std::string& what) {
+  size_t n = 0;
+  for (size_t p = text.find(what); p != std::string::npos; p = text.find(what, p + 1)) ++n;
+  return n;
+}
+
+TEST(MemoryTimeline, StacksCategoriesAndFindsThePeak) {
+  AllocatorStats start;
+  start.live_by_category[static_cast<int>(MemoryCategory::weights)] = 100;
+  std::vector<MemoryEvent> events = {{0.1, 50, 150, 1, MemoryCategory::transient, "layer 0 forward"},
+                                     {0.2, 30, 180, 2, MemoryCategory::activations, "layer 0 forward"},
+                                     {0.3, -50, 130, 1, MemoryCategory::transient, "layer 0 backward"},
+                                     {0.4, -30, 100, 2, MemoryCategory::activations, "layer 0 backward"}};
+  const auto dir = test::temp_dir("timeline");
+  const TimelineFiles f = write_memory_timeline(dir.string(), start, events, 170);
+  const auto j = nlohmann::json::parse(read(f.json));
+  EXPECT_EQ(j["peak_bytes"].get<int64_t>(), 180);
+  EXPECT_EQ(j["planned_peak_bytes"].get<int64_t>(), 170);
+  EXPECT_EQ(j["live_at_start"]["weights"].get<int64_t>(), 100);
+  ASSERT_EQ(j["events"].size(), 4u);
+  EXPECT_EQ(j["events"][1]["category"], "activations");
+  EXPECT_EQ(j["events"][2]["tag"], "layer 0 backward");
+  const std::string svg = read(f.svg);
+  EXPECT_EQ(svg.rfind("<svg", 0), 0u);
+  EXPECT_EQ(count(svg, "<polygon"), 3u);  // weights, activations, transient: empty categories are not drawn
+  EXPECT_NE(svg.find("<title>activations</title>"), std::string::npos);
+  EXPECT_NE(svg.find("plan "), std::string::npos);
+  EXPECT_NE(svg.find("layer 0 backward"), std::string::npos);  // the phase mark where the tag changes
+}
+
+TEST(MemoryTimeline, FromTheCpuAllocatorsRecorder) {
+  Allocator& a = allocator_for(Device::cpu());
+  const AllocatorStats start = a.stats();
+  a.recorder().clear();
+  a.recorder().enable(true);
+  a.recorder().set_tag("step");
+  {
+    Tensor saved = Tensor::empty({1024}, DType::f32, Device::cpu(), MemoryCategory::activations);
+    Tensor work = Tensor::empty({4096}, DType::f32, Device::cpu());
+  }
+  a.recorder().enable(false);
+  const auto events = a.recorder().events();
+  a.recorder().clear();
+  const auto dir = test::temp_dir("timeline-cpu");
+  const TimelineFiles f = write_memory_timeline(dir.string(), start, events);
+  const auto j = nlohmann::json::parse(read(f.json));
+  ASSERT_GE(j["events"].size(), 4u);
+  int64_t activations = 0, transient = 0, net = 0;
+  for (const auto& e : j["events"]) {
+    const int64_t d = e["delta"].get<int64_t>();
+    net += d;
+    if (e["category"] == "activations" && d > 0) activations += d;
+    if (e["category"] == "transient" && d > 0) transient += d;
+  }
+  EXPECT_GE(activations, 4096);
+  EXPECT_GE(transient, 16384);
+  EXPECT_EQ(net, 0);  // everything allocated in the step was freed
+  EXPECT_GE(j["peak_bytes"].get<int64_t>(), start.live_bytes + 4096 + 16384);
+  EXPECT_EQ(read(f.svg).find("plan "), std::string::npos);
+}
+
+}  // namespace
+}  // namespace lcx
