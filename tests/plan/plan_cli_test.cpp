@@ -42,6 +42,13 @@ TEST(PlanCli, TooSmallGpuNamesTheKnobs) {
   EXPECT_NE(r.output.find("lower data.seq_len to "), std::string::npos) << r.output;
 }
 
+TEST(PlanCli, OtherRefusalsStopThePlan) {
+  auto r = run_command(test::lcx_train() + " --plan --config " + recipe() +
+                       " --gpu-memory 80GB --set loss_chunked.chunk_rows=0");
+  EXPECT_EQ(r.exit_code, 2) << r.output;
+  EXPECT_NE(r.output.find("chunk_rows"), std::string::npos) << r.output;
+}
+
 TEST(PlanCli, GpuMemoryIsRequiredWithoutAGpu) {
   if (cuda_available()) GTEST_SKIP() << "this machine has a GPU: --plan asks it";
   auto r = run_command(test::lcx_train() + " --plan --config " + recipe());

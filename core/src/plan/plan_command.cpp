@@ -21,9 +21,9 @@ int run_plan_command(const Manifest& m, const CoreConfig& cfg, const PluginLoade
   std::string model_source;
   const ModelConfig model = plan_model_config(cfg.model, &model_source);
 
-  // A plugin that refuses its table today (a placeholder such as cp_ring with size > 1) would stop
-  // the plan; plan its slot with core's default instead and say so. The mesh comes from
-  // [distributed], not from the plugin.
+  // A parallelism plugin that refuses its table today (the cp_ring placeholder refuses size > 1)
+  // would stop the plan; its slot is planned with core's default and the mesh of [distributed]
+  // instead, with a warning. Any other refusal is a configuration error and stops the plan.
   std::vector<std::string> off = disabled;
   SlotSet slots;
   for (;;) {
@@ -33,11 +33,11 @@ int run_plan_command(const Manifest& m, const CoreConfig& cfg, const PluginLoade
     } catch (const Error& e) {
       std::string refused;
       for (const auto& [slot, p] : plan_slots(m, loader, off))
-        if (p.origin != "core default" && slot != LCX_SLOT_MODEL &&
+        if (p.origin != "core default" && slot == LCX_SLOT_PARALLELISM &&
             std::string(e.what()).find(p.name) != std::string::npos)
           refused = p.name;
       if (refused.empty()) throw;
-      std::fprintf(stderr, "warning: plugin %s refused its table (%s); planned with its slot's core default\n",
+      std::fprintf(stderr, "warning: plugin %s refused its table (%s); planned with [distributed] and core's single-rank attention\n",
                    refused.c_str(), e.what());
       off.push_back(refused);
     }
