@@ -21,8 +21,14 @@
 // Typical use:
 //   lcx::run_in_process(4, [&](lcx::Communicator& c) {          // tests: 4 thread-ranks
 //     lcx::Mesh mesh(c, {.dp = 1, .cp = 2, .sp = 2});
-//     mesh.cp().send_recv({lcx::P2POp::send(kv, next), lcx::P2POp::recv(kv_in, prev)});
+//     auto ring = mesh.cp().send_recv_async({lcx::P2POp::send(kv, next), lcx::P2POp::recv(kv_in, prev)});
+//     ... attention on the block in hand ...
+//     ring->wait();
 //   });
+// Overlap: send_recv_async, all_gather_async and reduce_scatter_async return a CommWork; the
+// call is issued (its sequence number taken) at once and completes in wait(). The NCCL
+// implementation waits on the host in wait() (that is where its timeout lives), so data is
+// ready on every stream afterwards.
 // A Parallelism plugin finds its communicators through current_mesh() (bound per rank thread by
 // the trainer with MeshBinding), so the plugin interface needs no distributed arguments.
 #pragma once
