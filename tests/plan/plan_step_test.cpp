@@ -13,13 +13,24 @@
 namespace lcx {
 namespace {
 
-TEST(PlanAgainstStep, CpuPeakOfOneQwen3StepMatchesThePlan) {
+struct StepCase {
+  DType dtype;
+  const char* loss;  // "nll" (core's) or a plugin name
+};
+
+class PlanAgainstStep : public ::testing::TestWithParam<StepCase> {};
+
+TEST_P(PlanAgainstStep, CpuPeakOfOneQwen3StepMatchesThePlan) {
+  const StepCase c = GetParam();
   const nlohmann::json spec = {{"vocab_size", 2000},       {"hidden_size", 128},        {"intermediate_size", 352},
                                {"num_hidden_layers", 3},   {"num_attention_heads", 4},  {"num_key_value_heads", 2},
                                {"head_dim", 32},           {"tie_word_embeddings", false}};
   auto model = test::make_qwen3();
-  model->init_random(spec.dump(), 5, Device::cpu(), DType::f32);
+  model->init_random(spec.dump(), 5, Device::cpu(), c.dtype);
   test::DefaultSlots s(*model);
+  std::shared_ptr<Loss> chunked;
+  if (std::string(c.loss) != "nll") chunked = test::make_plugin<Loss>(c.loss);
+  StepSlots slots{*model, chunked ? *chunked : *s.loss, *s.rope, *s.memory, *s.parallel};
   const int64_t T = 512;
   std::vector<int64_t> ids(T), labels(T);
   for (int64_t t = 0; t < T; ++t) ids[static_cast<size_t>(t)] = labels[static_cast<size_t>(t)] = (t * 37) % 2000;
@@ -30,15 +41,18 @@ TEST(PlanAgainstStep, CpuPeakOfOneQwen3StepMatchesThePlan) {
   a.reset_peak();
   a.recorder().clear();
   a.recorder().enable(true);
-  train_step(s.slots, shard, 1.0 / T, Device::cpu());
+  train_step(slots, shard, 1.0 / T, Device::cpu());
   a.recorder().enable(false);
   const int64_t measured = a.stats().peak_bytes - before.live_bytes;
 
   PlanInputs in;
   in.model = model->config();
   in.seq_len = in.tokens_per_rank = T;
-  in.weight_dtype = DType::f32;
-  const MemoryPlan plan = build_plan(in, PlanSlots{});
+  in.weight_dtype = c.dtype;
+  PlanSlots ps;
+  ps.loss = chunked.get();
+  ps.loss_name = c.loss;
+  const MemoryPlan plan = build_plan(in, ps);
   int64_t persistent = 0;
   for (const auto& t : plan.terms)
     if (t.phase == plan_phase::always) persistent += t.bytes;
@@ -57,6 +71,13 @@ TEST(PlanAgainstStep, CpuPeakOfOneQwen3StepMatchesThePlan) {
   EXPECT_GT(j["events"].size(), 50u);
   EXPECT_EQ(j["peak_bytes"].get<int64_t>(), a.stats().peak_bytes);
 }
+
+INSTANTIATE_TEST_SUITE_P(DtypesAndLosses, PlanAgainstStep,
+                         ::testing::Values(StepCase{DType::f32, "nll"}, StepCase{DType::bf16, "nll"},
+                                           StepCase{DType::f32, "loss_chunked"}, StepCase{DType::bf16, "loss_chunked"}),
+                         [](const auto& info) {
+                           return std::string(dtype_name(info.param.dtype)) + "_" + info.param.loss;
+                         });
 
 }  // namespace
 }  // namespace lcx
