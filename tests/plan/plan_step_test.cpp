@@ -39,10 +39,8 @@ TEST_P(PlanAgainstStep, CpuPeakOfOneQwen3StepMatchesThePlan) {
   Allocator& a = allocator_for(Device::cpu());
   const AllocatorStats before = a.stats();  // weights and grads are live already
   a.reset_peak();
-  a.recorder().clear();
-  a.recorder().enable(true);
+  StepTimeline timeline(Device::cpu());
   train_step(slots, shard, 1.0 / T, Device::cpu());
-  a.recorder().enable(false);
   const int64_t measured = a.stats().peak_bytes - before.live_bytes;
 
   PlanInputs in;
@@ -64,12 +62,16 @@ TEST_P(PlanAgainstStep, CpuPeakOfOneQwen3StepMatchesThePlan) {
       << "planned " << planned << " measured " << measured << " (peak phase " << peak.phase << ")";
 
   const auto dir = test::temp_dir("plan-step");
-  const TimelineFiles f = write_memory_timeline(dir.string(), before, a.recorder().events(), peak.bytes);
-  a.recorder().clear();
+  const TimelineFiles f = timeline.write(dir.string(), peak.bytes);
   std::ifstream in_json(f.json);
   const auto j = nlohmann::json::parse(in_json);
   EXPECT_GT(j["events"].size(), 50u);
   EXPECT_EQ(j["peak_bytes"].get<int64_t>(), a.stats().peak_bytes);
+  EXPECT_FALSE(a.recorder().enabled());
+  // One band per saved layer input (and the forward's layer outputs, which become the next inputs).
+  std::ifstream in_svg(f.svg);
+  const std::string svg((std::istreambuf_iterator<char>(in_svg)), std::istreambuf_iterator<char>());
+  EXPECT_NE(svg.find(str("saved activation ", in.model.num_layers)), std::string::npos);
 }
 
 INSTANTIATE_TEST_SUITE_P(DtypesAndLosses, PlanAgainstStep,

@@ -45,9 +45,24 @@ TEST(MemoryTimeline, StacksCategoriesAndFindsThePeak) {
   const std::string svg = read(f.svg);
   EXPECT_EQ(svg.rfind("<svg", 0), 0u);
   EXPECT_EQ(count(svg, "<polygon"), 3u);  // weights, activations, transient: empty categories are not drawn
-  EXPECT_NE(svg.find("<title>activations</title>"), std::string::npos);
+  EXPECT_NE(svg.find("<title>saved activation 1</title>"), std::string::npos);
   EXPECT_NE(svg.find("plan "), std::string::npos);
   EXPECT_NE(svg.find("layer 0 backward"), std::string::npos);  // the phase mark where the tag changes
+}
+
+TEST(MemoryTimeline, OneBandPerSavedActivation) {
+  // Three layer inputs saved in the forward and released in reverse in the backward: three
+  // bands, each as tall as its tensor while it lives.
+  std::vector<MemoryEvent> events;
+  for (uint64_t l = 0; l < 3; ++l) events.push_back({0, 10, 0, 100 + l, MemoryCategory::activations, "forward"});
+  for (uint64_t l = 3; l-- > 0;) events.push_back({0, -10, 0, 100 + l, MemoryCategory::activations, "backward"});
+  const auto dir = test::temp_dir("timeline-bands");
+  const std::string svg = read(write_memory_timeline(dir.string(), AllocatorStats{}, events).svg);
+  EXPECT_EQ(count(svg, "<polygon"), 3u);
+  for (const char* t : {"saved activation 1", "saved activation 2", "saved activation 3"})
+    EXPECT_NE(svg.find(t), std::string::npos) << t;
+  EXPECT_EQ(svg.find("saved activation 4"), std::string::npos);
+  EXPECT_NE(svg.find("peak 0.0 MiB"), std::string::npos);  // 30 bytes
 }
 
 TEST(MemoryTimeline, FromTheCpuAllocatorsRecorder) {

@@ -3,9 +3,10 @@
 // optimizer, saved activations, transient, communication) against the event index, with the
 // plan's peak drawn across for comparison.
 //
-// The trainer enables allocator_for(device).recorder() at the start of the recorded step, takes
-// stats() then (the bytes already live, by category, which the events do not repeat), and after
-// the step calls write_memory_timeline with those stats and recorder().events().
+// The trainer records one step with StepTimeline: construct it right before the step (it takes
+// the bytes already live, by category, which the events do not repeat, and starts the device
+// allocator's recorder), call write() right after. Saved activations get a band per tensor, so
+// the per-layer checkpoints show as a staircase.
 #pragma once
 #include <string>
 #include <vector>
@@ -22,5 +23,19 @@ struct TimelineFiles {
 // planned_peak_bytes: the plan's allocated peak (0 leaves the line out).
 TimelineFiles write_memory_timeline(const std::string& dir, const AllocatorStats& at_start,
                                     const std::vector<MemoryEvent>& events, int64_t planned_peak_bytes = 0);
+
+class StepTimeline {
+ public:
+  explicit StepTimeline(Device device);
+  StepTimeline(const StepTimeline&) = delete;
+  StepTimeline& operator=(const StepTimeline&) = delete;
+  ~StepTimeline();  // stops recording if write() was never called (the step threw)
+  TimelineFiles write(const std::string& dir, int64_t planned_peak_bytes = 0);
+
+ private:
+  Device device_;
+  AllocatorStats start_;
+  bool written_ = false;
+};
 
 }  // namespace lcx
