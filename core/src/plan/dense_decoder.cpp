@@ -66,7 +66,9 @@ void plan_dense_decoder(const PlanInputs& in, MemoryPlan& plan) {
            plan_phase::forward);
 
   // layer_backward at its end: the recomputed LayerActs (o and m are gone with forward()) plus
-  // every gradient buffer the backward allocates, none freed before it returns.
+  // every gradient buffer the backward allocates, none freed before it returns. The MLP holds
+  // three [T,I] tensors where PyTorch holds four (gate, silu(gate), up, product): swiglu_forward
+  // writes silu(gate) * up in one pass.
   plan.add("recompute: MLP gate, up, act [T,I]", PlanCategory::transient, 3 * T * s.I * ab, plan_phase::backward);
   plan.add("backward: MLP dact, dgate, dup [T,I]", PlanCategory::transient, 3 * T * s.I * ab, plan_phase::backward);
   plan.add("recompute: q, k, v, normed q/k, attn out", PlanCategory::transient, T * (3 * s.qd + 3 * s.kvd) * ab,
