@@ -1,6 +1,6 @@
 // GPU micro-benchmarks for scripts/gpu_check.sh: the matrix-product ceiling through cuBLASLt,
-// the Qwen3-4B projection shapes, attention forward and backward (own flash-style kernel, and the
-// fused cuDNN path when it is built), and the memory-bound kernels against the copy bandwidth.
+// the Qwen3-4B projection shapes, attention forward and backward (cuDNN's fused kernel where it
+// loads, and the own tensor-core kernels), and the memory-bound kernels against the copy bandwidth.
 // Each figure is the median of several timed runs after a warm-up, timed by synchronizing the
 // device around the host clock, on random (never zero) inputs. Prints one line per figure:
 //   name | shape | ms | rate
@@ -15,6 +15,10 @@
 
 #include "lcx/ops.h"
 #include "lcx/tensor.h"
+
+#ifdef LCX_HAVE_CUDA
+#include "cuda/attention_cudnn.h"
+#endif
 
 namespace {
 
@@ -58,7 +62,7 @@ void bench_matmul(int64_t M, int64_t N, int64_t K, const char* name) {
   report(name, lcx::str(M, "x", N, "x", K, " bf16"), ms, 2.0 * M * N * K / ms / 1e9, "TFLOP/s");
 }
 
-void bench_attention(int64_t T, int64_t Hq, int64_t Hkv, int64_t d, int reps) {
+void bench_attention(const char* kernel, int64_t T, int64_t Hq, int64_t Hkv, int64_t d, int reps) {
   Tensor q = gpu_random({T, Hq, d}, DType::bf16), k = gpu_random({T, Hkv, d}, DType::bf16),
          v = gpu_random({T, Hkv, d}, DType::bf16), dout = gpu_random({T, Hq, d}, DType::bf16);
   Tensor out = Tensor::empty({T, Hq, d}, DType::bf16, lcx::Device::cuda());
@@ -70,11 +74,11 @@ void bench_attention(int64_t T, int64_t Hq, int64_t Hkv, int64_t d, int reps) {
   const double fwd_flop = 4.0 * T * T * d * Hq / 2;
   const std::string shape = lcx::str("T=", T, " Hq=", Hq, " Hkv=", Hkv, " d=", d, " causal");
   const double f = median_ms([&] { lcx::ops::attention_forward(q, k, v, out, lse, p); }, reps);
-  report("attention fwd", shape, f, fwd_flop / f / 1e9, "TFLOP/s");
+  report(lcx::str("attention ", kernel, " fwd"), shape, f, fwd_flop / f / 1e9, "TFLOP/s");
   const double b =
       median_ms([&] { lcx::ops::attention_backward(q, k, v, out, lse, dout, dq, dk, dv, p); }, reps);
-  report("attention bwd", shape, b, 2.5 * fwd_flop / b / 1e9, "TFLOP/s");
-  report("attention fwd+bwd", shape, f + b, 3.5 * fwd_flop / (f + b) / 1e9, "TFLOP/s");
+  report(lcx::str("attention ", kernel, " bwd"), shape, b, 2.5 * fwd_flop / b / 1e9, "TFLOP/s");
+  report(lcx::str("attention ", kernel, " fwd+bwd"), shape, f + b, 3.5 * fwd_flop / (f + b) / 1e9, "TFLOP/s");
 }
 
 void bench_memory_bound(int64_t T, int64_t H, int64_t I, int64_t V) {
@@ -126,10 +130,19 @@ int main(int argc, char** argv) {
     bench_matmul(8192, 9728, 2560, "matmul 4B gate/up proj");
     bench_matmul(8192, 2560, 9728, "matmul 4B down proj");
     bench_memory_bound(32768, 2560, 9728, 151936);
-    bench_attention(4096, 32, 8, 128, 5);
+#ifdef LCX_HAVE_CUDA
+    // cuDNN's fused kernel (where it loads), then the own tensor-core kernels.
+    if (!lcx::cuda::cudnn_version().empty()) {
+      lcx::cuda::set_attention_kernel(lcx::cuda::AttentionKernel::cudnn);
+      std::printf("cuDNN %s\n", lcx::cuda::cudnn_version().c_str());
+      for (int64_t T : {4096, 16384, 32768, 65536}) bench_attention("cudnn", T, 32, 8, 128, 5);
+    }
+    lcx::cuda::set_attention_kernel(lcx::cuda::AttentionKernel::own);
+#endif
+    bench_attention("own", 4096, 32, 8, 128, 5);
     if (!quick) {
-      bench_attention(16384, 32, 8, 128, 3);
-      bench_attention(32768, 32, 8, 128, 3);
+      bench_attention("own", 16384, 32, 8, 128, 3);
+      bench_attention("own", 32768, 32, 8, 128, 3);
     }
   } catch (const std::exception& e) {
     std::printf("bench failed: %s\n", e.what());

@@ -10,6 +10,10 @@
 #include "gpu/gpu_test_util.h"
 #include "lcx/ops.h"
 
+#ifdef LCX_HAVE_CUDA
+#include "cuda/attention_cudnn.h"
+#endif
+
 namespace lcx::test {
 namespace {
 
@@ -265,8 +269,47 @@ void expect_lse(const Tensor& got, const Tensor& want) {
   EXPECT_CLOSE(gt, wt, DType::f32);
 }
 
-TEST_F(GpuOps, AttentionForwardBackwardAgainstCpu) {
+// Forward and backward of one case on the CPU and the GPU from the same inputs; backward starts
+// from the CPU's forward results, so only backward is compared there.
+void compare_attention(const AttnCase& c, DType t, std::mt19937& rng) {
+  ops::AttentionParams p;
+  p.causal = c.causal;
+  p.q_offset = c.q_offset;
+  p.k_offset = c.k_offset;
+  const Tensor q = host_normal({c.T, c.Hq, c.d}, t, rng);
+  const Tensor k = host_normal({c.S, c.Hkv, c.d}, t, rng);
+  const Tensor v = host_normal({c.S, c.Hkv, c.d}, t, rng);
+  const Tensor gq = on_gpu(q), gk = on_gpu(k), gv = on_gpu(v);
+  Tensor out = Tensor::empty({c.T, c.Hq, c.d}, t), lse = Tensor::empty({c.Hq, c.T}, DType::f32);
+  Tensor gout = poisoned_gpu({c.T, c.Hq, c.d}, t), glse = poisoned_gpu({c.Hq, c.T}, DType::f32);
+  ops::attention_forward(q, k, v, out, lse, p);
+  ops::attention_forward(gq, gk, gv, gout, glse, p);
+  EXPECT_CLOSE(gout, out, t);
+  expect_lse(glse, lse);
+
+  const Tensor dout = host_normal({c.T, c.Hq, c.d}, t, rng);
+  Tensor dq = Tensor::empty(q.shape(), t), dk = Tensor::empty(k.shape(), t), dv = Tensor::empty(v.shape(), t);
+  Tensor gdq = poisoned_gpu(q.shape(), t), gdk = poisoned_gpu(k.shape(), t), gdv = poisoned_gpu(v.shape(), t);
+  ops::attention_backward(q, k, v, out, lse, dout, dq, dk, dv, p);
+  ops::attention_backward(gq, gk, gv, on_gpu(out), on_gpu(lse), on_gpu(dout), gdq, gdk, gdv, p);
+  EXPECT_CLOSE(gdq, dq, t);
+  EXPECT_CLOSE(gdk, dk, t);
+  EXPECT_CLOSE(gdv, dv, t);
+}
+
+#ifdef LCX_HAVE_CUDA
+// Selects the attention kernels for one test and restores the automatic choice after it.
+struct KernelChoice {
+  explicit KernelChoice(cuda::AttentionKernel k) { cuda::set_attention_kernel(k); }
+  ~KernelChoice() { cuda::set_attention_kernel(cuda::AttentionKernel::automatic); }
+};
+#endif
+
+TEST_F(GpuOps, AttentionOwnKernelsAgainstCpu) {
   SCOPED_TRACE(trace());
+#ifdef LCX_HAVE_CUDA
+  KernelChoice own(cuda::AttentionKernel::own);
+#endif
   const AttnCase cases[] = {
       {130, 130, 4, 2, 64, true, 0, 0},   // causal, GQA, ragged last tile
       {70, 200, 4, 1, 64, true, 130, 0},  // the last 70 queries of a 200-token sequence
@@ -277,36 +320,63 @@ TEST_F(GpuOps, AttentionForwardBackwardAgainstCpu) {
       {64, 64, 4, 2, 128, false, 128, 0}, // a ring block wholly in the past
   };
   // bf16/fp16 with head_dim 64 or 128 take the tensor-core kernels, everything else the fp32 ones.
-  for (const AttnCase& c : cases) {
+  for (const AttnCase& c : cases)
     for (DType t : {DType::f32, DType::bf16, DType::f16}) {
       SCOPED_TRACE(str(attn_name(c), " ", dtype_name(t)));
-      ops::AttentionParams p;
-      p.causal = c.causal;
-      p.q_offset = c.q_offset;
-      p.k_offset = c.k_offset;
-      const Tensor q = host_normal({c.T, c.Hq, c.d}, t, rng_);
-      const Tensor k = host_normal({c.S, c.Hkv, c.d}, t, rng_);
-      const Tensor v = host_normal({c.S, c.Hkv, c.d}, t, rng_);
-      const Tensor gq = on_gpu(q), gk = on_gpu(k), gv = on_gpu(v);
-      Tensor out = Tensor::empty({c.T, c.Hq, c.d}, t), lse = Tensor::empty({c.Hq, c.T}, DType::f32);
-      Tensor gout = poisoned_gpu({c.T, c.Hq, c.d}, t), glse = poisoned_gpu({c.Hq, c.T}, DType::f32);
-      ops::attention_forward(q, k, v, out, lse, p);
-      ops::attention_forward(gq, gk, gv, gout, glse, p);
-      EXPECT_CLOSE(gout, out, t);
-      expect_lse(glse, lse);
-
-      // Backward from the CPU's forward results, so only backward is compared.
-      const Tensor dout = host_normal({c.T, c.Hq, c.d}, t, rng_);
-      Tensor dq = Tensor::empty(q.shape(), t), dk = Tensor::empty(k.shape(), t), dv = Tensor::empty(v.shape(), t);
-      Tensor gdq = poisoned_gpu(q.shape(), t), gdk = poisoned_gpu(k.shape(), t), gdv = poisoned_gpu(v.shape(), t);
-      ops::attention_backward(q, k, v, out, lse, dout, dq, dk, dv, p);
-      ops::attention_backward(gq, gk, gv, on_gpu(out), on_gpu(lse), on_gpu(dout), gdq, gdk, gdv, p);
-      EXPECT_CLOSE(gdq, dq, t);
-      EXPECT_CLOSE(gdk, dk, t);
-      EXPECT_CLOSE(gdv, dv, t);
+      compare_attention(c, t, rng_);
     }
-  }
 }
+
+#ifdef LCX_HAVE_CUDA
+TEST_F(GpuOps, AttentionCudnnAgainstCpu) {
+  SCOPED_TRACE(trace());
+  if (cuda::cudnn_version().empty()) GTEST_SKIP() << "libcudnn.so.9 is not loadable here";
+  RecordProperty("cudnn", cuda::cudnn_version());
+  KernelChoice cudnn(cuda::AttentionKernel::cudnn);
+  const AttnCase cases[] = {
+      {130, 130, 4, 2, 64, true, 0, 0},
+      {96, 96, 8, 2, 128, true, 0, 0},
+      {256, 256, 4, 4, 128, true, 64, 64},  // equal offsets: a diagonal ring block
+      {65, 100, 2, 2, 64, false, 0, 0},
+      {128, 192, 8, 2, 128, false, 0, 0},
+  };
+  for (const AttnCase& c : cases)
+    for (DType t : {DType::bf16, DType::f16}) {
+      SCOPED_TRACE(str(attn_name(c), " ", dtype_name(t), " cuDNN ", cuda::cudnn_version()));
+      compare_attention(c, t, rng_);
+    }
+}
+
+// cuDNN and the tensor-core kernels on one larger causal GQA case: each is the other's second
+// opinion where the CPU would be slow.
+TEST_F(GpuOps, AttentionCudnnAgreesWithOwnKernels) {
+  SCOPED_TRACE(trace());
+  if (cuda::cudnn_version().empty()) GTEST_SKIP() << "libcudnn.so.9 is not loadable here";
+  const int64_t T = 2048, Hq = 16, Hkv = 4, d = 128;
+  ops::AttentionParams p;
+  const Tensor q = on_gpu(host_normal({T, Hq, d}, DType::bf16, rng_));
+  const Tensor k = on_gpu(host_normal({T, Hkv, d}, DType::bf16, rng_));
+  const Tensor v = on_gpu(host_normal({T, Hkv, d}, DType::bf16, rng_));
+  const Tensor dout = on_gpu(host_normal({T, Hq, d}, DType::bf16, rng_));
+  Tensor out[2], lse[2], dq[2], dk[2], dv[2];
+  const cuda::AttentionKernel kinds[2] = {cuda::AttentionKernel::cudnn, cuda::AttentionKernel::own};
+  for (int i = 0; i < 2; ++i) {
+    KernelChoice choice(kinds[i]);
+    out[i] = poisoned_gpu({T, Hq, d}, DType::bf16);
+    lse[i] = poisoned_gpu({Hq, T}, DType::f32);
+    dq[i] = poisoned_gpu({T, Hq, d}, DType::bf16);
+    dk[i] = poisoned_gpu({T, Hkv, d}, DType::bf16);
+    dv[i] = poisoned_gpu({T, Hkv, d}, DType::bf16);
+    ops::attention_forward(q, k, v, out[i], lse[i], p);
+    ops::attention_backward(q, k, v, out[i], lse[i], dout, dq[i], dk[i], dv[i], p);
+  }
+  EXPECT_CLOSE(out[0], out[1], DType::bf16);
+  EXPECT_LE(rel_l2(lse[0], lse[1]), 1e-4);
+  EXPECT_CLOSE(dq[0], dq[1], DType::bf16);
+  EXPECT_CLOSE(dk[0], dk[1], DType::bf16);
+  EXPECT_CLOSE(dv[0], dv[1], DType::bf16);
+}
+#endif
 
 }  // namespace
 }  // namespace lcx::test

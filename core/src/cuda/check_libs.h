@@ -2,9 +2,17 @@
 // a failed cuBLAS(Lt) or cuDNN call becomes an lcx::Error naming the call, file and line.
 #pragma once
 #include <cublasLt.h>
-#include <cudnn.h>
+#include <cudnn_graph.h>
+
+#include <string>
 
 #include "cuda/check.h"
+
+namespace lcx::cuda {
+// cuDNN is loaded at run time (attention_cudnn.cpp), so its messages come through the loaded
+// library: the status name plus cuDNN's last error message.
+std::string cudnn_error_string(cudnnStatus_t status);
+}  // namespace lcx::cuda
 
 #define LCX_CUBLAS_CHECK(call)                                                                     \
   do {                                                                                             \
@@ -18,6 +26,6 @@
   do {                                                                                             \
     cudnnStatus_t lcx_st_ = (call);                                                                \
     if (lcx_st_ != CUDNN_STATUS_SUCCESS)                                                           \
-      throw ::lcx::Error(::lcx::str(#call " failed: ", cudnnGetErrorString(lcx_st_), " at ",       \
-                                    __FILE__, ":", __LINE__));                                     \
+      throw ::lcx::Error(::lcx::str(#call " failed: ", ::lcx::cuda::cudnn_error_string(lcx_st_),  \
+                                    " at ", __FILE__, ":", __LINE__));                             \
   } while (0)

@@ -8,6 +8,7 @@
 // owner, so the result is deterministic and GQA's sum over the group is a plain loop. Rows that
 // saw no key (lse = -inf) get p = 0. Math is fp32 CUDA-core FMA from fp32 shared-memory tiles,
 // like the forward kernel.
+#include "cuda/attention_cudnn.h"
 #include "kernels/cuda/attention_common.cuh"
 #include "kernels/cuda/cuda_ops.h"
 
@@ -198,6 +199,7 @@ void attention_backward(const Tensor& q, const Tensor& k, const Tensor& v, const
     if (dv.nbytes()) LCX_CUDA_CHECK(cudaMemsetAsync(dv.data(), 0, dv.nbytes(), lcx::cuda::current_stream()));
     return;
   }
+  if (lcx::cuda::cudnn_attention_backward(q, k, v, out, lse, dout, dq, dk, dv, ap)) return;
   if (p.d > 128)
     throw Error(str("attention with head_dim ", p.d, " on the GPU"), {}, "the CUDA kernels take head_dim <= 128");
   p.q = q.data();

@@ -6,7 +6,9 @@
 // ring-attention block can be full, causal or half. Two threads share a query row: each scores
 // half of the tile's keys and accumulates half of the output columns. Math is fp32 CUDA-core FMA
 // from fp32 tiles in shared memory: exact against the CPU to fp32 rounding, the fallback and the
-// second opinion beside cuDNN's fused kernel, not the fast path.
+// second opinion beside the tensor-core kernels (attention_tc.cu) and cuDNN's fused kernel
+// (cuda/attention_cudnn.cpp), which attention_forward tries first.
+#include "cuda/attention_cudnn.h"
 #include "kernels/cuda/attention_common.cuh"
 #include "kernels/cuda/cuda_ops.h"
 
@@ -137,6 +139,7 @@ void attention_forward(const Tensor& q, const Tensor& k, const Tensor& v, Tensor
                        const AttentionParams& ap) {
   attn::Params p = attn::make_params(q, k, ap);
   if (p.T == 0 || p.Hq == 0) return;
+  if (lcx::cuda::cudnn_attention_forward(q, k, v, out, lse, ap)) return;
   p.v = v.data();
   p.tv = v.dtype();
   p.q = q.data();

@@ -1,0 +1,538 @@
+// Attention through cuDNN's fused flash kernels, written against the cuDNN 9 backend API
+// (cudnn_graph.h) as operation graphs the runtime-fusion engines recognise:
+//  forward:  S = Q K^T (fp32) -> * scale -> causal mask (row index >= column index, else a huge
+//            negative) -> softmax as max / sub / exp / sum / div, with stats = max + log(sum) written
+//            out (our lse) -> O = P V (P in the input dtype);
+//  backward: softmax_sum = rowsum(dO * O); P = exp(scale * Q K^T - stats) under the same mask;
+//            dV = P^T dO; dS = P * (dO V^T - softmax_sum) * scale; dK = dS^T Q; dQ = dS K through
+//            an fp32 accumulator. GQA reduces the per-query-head dK/dV over each group.
+// Operands keep lcx's layouts ([T, heads, d] is b=1, strides (d, heads*d, 1) over (h, s, d)); K and
+// V are read transposed through strides, never copied. One plan per shape is built on first use
+// (heuristics mode A, first engine config that finalizes) and cached; a shape cuDNN refuses is
+// remembered too, and the own kernels take it. cuDNN is loaded with dlopen, so liblcx_core runs
+// (and the own kernels serve) where libcudnn.so.9 is absent.
+// Taken: bf16/fp16 q, k, v, out (and dout, dq, dk, dv) of one dtype, head_dim a multiple of 8 up
+// to 128, 16-byte aligned rows, and either a full (non-causal) block or a causal one with equal
+// query and key positions (T == S, q_offset == k_offset). Ring attention's other causal blocks
+// run on the own kernels.
+#include "cuda/attention_cudnn.h"
+
+#include <dlfcn.h>
+
+#include <cfloat>
+#include <cstdlib>
+#include <cstring>
+#include <map>
+#include <memory>
+#include <mutex>
+#include <tuple>
+#include <type_traits>
+#include <vector>
+
+#include "cuda/check_libs.h"
+#include "cuda/stream.h"
+#include "lcx/log.h"
+
+namespace lcx::cuda {
+namespace {
+
+struct Api {
+  decltype(&cudnnGetVersion) get_version = nullptr;
+  decltype(&cudnnGetErrorString) error_string = nullptr;
+  decltype(&cudnnGetLastErrorString) last_error = nullptr;
+  decltype(&cudnnCreate) create = nullptr;
+  decltype(&cudnnSetStream) set_stream = nullptr;
+  decltype(&cudnnBackendCreateDescriptor) make = nullptr;
+  decltype(&cudnnBackendDestroyDescriptor) destroy = nullptr;
+  decltype(&cudnnBackendSetAttribute) set = nullptr;
+  decltype(&cudnnBackendGetAttribute) get = nullptr;
+  decltype(&cudnnBackendFinalize) finalize = nullptr;
+  decltype(&cudnnBackendExecute) execute = nullptr;
+};
+
+// nullptr when libcudnn.so.9 or one of its entry points is missing.
+const Api* api() {
+  static const Api* loaded = []() -> const Api* {
+    void* lib = dlopen("libcudnn.so.9", RTLD_NOW | RTLD_GLOBAL);
+    if (!lib) return nullptr;
+    static Api a;
+    bool ok = true;
+    auto sym = [&](const char* name, auto& fn) {
+      void* p = dlsym(lib, name);
+      ok = ok && p != nullptr;
+      fn = reinterpret_cast<std::remove_reference_t<decltype(fn)>>(p);
+    };
+    sym("cudnnGetVersion", a.get_version);
+    sym("cudnnGetErrorString", a.error_string);
+    sym("cudnnGetLastErrorString", a.last_error);
+    sym("cudnnCreate", a.create);
+    sym("cudnnSetStream", a.set_stream);
+    sym("cudnnBackendCreateDescriptor", a.make);
+    sym("cudnnBackendDestroyDescriptor", a.destroy);
+    sym("cudnnBackendSetAttribute", a.set);
+    sym("cudnnBackendGetAttribute", a.get);
+    sym("cudnnBackendFinalize", a.finalize);
+    sym("cudnnBackendExecute", a.execute);
+    return ok ? &a : nullptr;
+  }();
+  return loaded;
+}
+
+AttentionKernel initial_choice() {
+  const char* env = std::getenv("LCX_ATTENTION");
+  if (!env || !std::strcmp(env, "auto")) return AttentionKernel::automatic;
+  if (!std::strcmp(env, "cudnn")) return AttentionKernel::cudnn;
+  if (!std::strcmp(env, "own")) return AttentionKernel::own;
+  throw Error(str("LCX_ATTENTION=", env), "LCX_ATTENTION", "use auto, cudnn or own");
+}
+
+std::mutex g_mu;  // guards the choice, the handle and the plan cache
+AttentionKernel g_choice = initial_choice();
+
+// One backend descriptor, destroyed with its owner.
+class Desc {
+ public:
+  explicit Desc(cudnnBackendDescriptorType_t t) { LCX_CUDNN_CHECK(api()->make(t, &d_)); }
+  ~Desc() {
+    if (d_) api()->destroy(d_);
+  }
+  Desc(const Desc&) = delete;
+  Desc& operator=(const Desc&) = delete;
+  cudnnBackendDescriptor_t get() const { return d_; }
+  Desc& set(cudnnBackendAttributeName_t n, cudnnBackendAttributeType_t t, int64_t count, const void* v) {
+    LCX_CUDNN_CHECK(api()->set(d_, n, t, count, v));
+    return *this;
+  }
+  Desc& set_desc(cudnnBackendAttributeName_t n, const Desc& other) {
+    cudnnBackendDescriptor_t o = other.get();
+    return set(n, CUDNN_TYPE_BACKEND_DESCRIPTOR, 1, &o);
+  }
+  Desc& set_type(cudnnBackendAttributeName_t n, cudnnDataType_t t) { return set(n, CUDNN_TYPE_DATA_TYPE, 1, &t); }
+  Desc& set_i64(cudnnBackendAttributeName_t n, int64_t v) { return set(n, CUDNN_TYPE_INT64, 1, &v); }
+  void finalize() { LCX_CUDNN_CHECK(api()->finalize(d_)); }
+
+ private:
+  cudnnBackendDescriptor_t d_ = nullptr;
+};
+using DescPtr = std::shared_ptr<Desc>;
+using Dims = std::vector<int64_t>;
+
+// An operation graph under construction; it owns every descriptor it made, for the plan's life.
+class Graph {
+ public:
+  DescPtr tensor(int64_t uid, cudnnDataType_t t, const Dims& dims, const Dims& strides, bool is_virtual = false,
+                 bool by_value = false) {
+    auto d = keep(CUDNN_BACKEND_TENSOR_DESCRIPTOR);
+    const int64_t align = 16;
+    const bool v = is_virtual, bv = by_value;
+    d->set_type(CUDNN_ATTR_TENSOR_DATA_TYPE, t)
+        .set(CUDNN_ATTR_TENSOR_DIMENSIONS, CUDNN_TYPE_INT64, static_cast<int64_t>(dims.size()), dims.data())
+        .set(CUDNN_ATTR_TENSOR_STRIDES, CUDNN_TYPE_INT64, static_cast<int64_t>(strides.size()), strides.data())
+        .set_i64(CUDNN_ATTR_TENSOR_UNIQUE_ID, uid)
+        .set_i64(CUDNN_ATTR_TENSOR_BYTE_ALIGNMENT, align)
+        .set(CUDNN_ATTR_TENSOR_IS_VIRTUAL, CUDNN_TYPE_BOOLEAN, 1, &v);
+    if (by_value) d->set(CUDNN_ATTR_TENSOR_IS_BY_VALUE, CUDNN_TYPE_BOOLEAN, 1, &bv);
+    d->finalize();
+    return d;
+  }
+  DescPtr virt(cudnnDataType_t t, const Dims& dims, const Dims& strides) {
+    return tensor(next_virtual_++, t, dims, strides, true);
+  }
+  // A float passed by value through the variant pack.
+  DescPtr scalar(int64_t uid) { return tensor(uid, CUDNN_DATA_FLOAT, {1, 1, 1, 1}, {1, 1, 1, 1}, false, true); }
+
+  void pointwise(cudnnPointwiseMode_t mode, const DescPtr& x, const DescPtr& b, const DescPtr& y,
+                 const DescPtr& t = nullptr, cudnnDataType_t precision = CUDNN_DATA_FLOAT, int64_t axis = -1) {
+    auto pw = keep(CUDNN_BACKEND_POINTWISE_DESCRIPTOR);
+    pw->set(CUDNN_ATTR_POINTWISE_MODE, CUDNN_TYPE_POINTWISE_MODE, 1, &mode).set_type(CUDNN_ATTR_POINTWISE_MATH_PREC,
+                                                                                    precision);
+    if (axis >= 0) pw->set_i64(CUDNN_ATTR_POINTWISE_AXIS, axis);
+    pw->finalize();
+    auto op = keep(CUDNN_BACKEND_OPERATION_POINTWISE_DESCRIPTOR);
+    op->set_desc(CUDNN_ATTR_OPERATION_POINTWISE_PW_DESCRIPTOR, *pw).set_desc(CUDNN_ATTR_OPERATION_POINTWISE_XDESC, *x);
+    if (b) op->set_desc(CUDNN_ATTR_OPERATION_POINTWISE_BDESC, *b);
+    if (t) op->set_desc(CUDNN_ATTR_OPERATION_POINTWISE_TDESC, *t);
+    op->set_desc(CUDNN_ATTR_OPERATION_POINTWISE_YDESC, *y);
+    op->finalize();
+    ops_.push_back(op);
+  }
+  void reduction(cudnnReduceTensorOp_t mode, const DescPtr& x, const DescPtr& y) {
+    auto red = keep(CUDNN_BACKEND_REDUCTION_DESCRIPTOR);
+    red->set(CUDNN_ATTR_REDUCTION_OPERATOR, CUDNN_TYPE_REDUCTION_OPERATOR_TYPE, 1, &mode)
+        .set_type(CUDNN_ATTR_REDUCTION_COMP_TYPE, CUDNN_DATA_FLOAT);
+    red->finalize();
+    auto op = keep(CUDNN_BACKEND_OPERATION_REDUCTION_DESCRIPTOR);
+    op->set_desc(CUDNN_ATTR_OPERATION_REDUCTION_XDESC, *x)
+        .set_desc(CUDNN_ATTR_OPERATION_REDUCTION_YDESC, *y)
+        .set_desc(CUDNN_ATTR_OPERATION_REDUCTION_DESC, *red);
+    op->finalize();
+    ops_.push_back(op);
+  }
+  void matmul(const DescPtr& a, const DescPtr& b, const DescPtr& c) {
+    auto mm = keep(CUDNN_BACKEND_MATMUL_DESCRIPTOR);
+    mm->set_type(CUDNN_ATTR_MATMUL_COMP_TYPE, CUDNN_DATA_FLOAT);
+    mm->finalize();
+    auto op = keep(CUDNN_BACKEND_OPERATION_MATMUL_DESCRIPTOR);
+    op->set_desc(CUDNN_ATTR_OPERATION_MATMUL_ADESC, *a)
+        .set_desc(CUDNN_ATTR_OPERATION_MATMUL_BDESC, *b)
+        .set_desc(CUDNN_ATTR_OPERATION_MATMUL_CDESC, *c)
+        .set_desc(CUDNN_ATTR_OPERATION_MATMUL_DESC, *mm);
+    op->finalize();
+    ops_.push_back(op);
+  }
+  void reshape(const DescPtr& x, const DescPtr& y) {
+    auto op = keep(CUDNN_BACKEND_OPERATION_RESHAPE_DESCRIPTOR);
+    op->set_desc(CUDNN_ATTR_OPERATION_RESHAPE_XDESC, *x).set_desc(CUDNN_ATTR_OPERATION_RESHAPE_YDESC, *y);
+    op->finalize();
+    ops_.push_back(op);
+  }
+  // Keeps s where the row index >= the column index, else `neg` (uid kNegUid): the causal mask.
+  DescPtr causal_mask(const DescPtr& s, const Dims& dims, const Dims& strides, int64_t neg_uid) {
+    auto row = virt(CUDNN_DATA_INT32, dims, strides), col = virt(CUDNN_DATA_INT32, dims, strides);
+    pointwise(CUDNN_POINTWISE_GEN_INDEX, s, nullptr, row, nullptr, CUDNN_DATA_INT32, 2);
+    pointwise(CUDNN_POINTWISE_GEN_INDEX, s, nullptr, col, nullptr, CUDNN_DATA_INT32, 3);
+    auto keep_it = virt(CUDNN_DATA_BOOLEAN, dims, strides);
+    pointwise(CUDNN_POINTWISE_CMP_GE, row, col, keep_it, nullptr, CUDNN_DATA_BOOLEAN);
+    auto out = virt(CUDNN_DATA_FLOAT, dims, strides);
+    pointwise(CUDNN_POINTWISE_BINARY_SELECT, s, scalar(neg_uid), out, keep_it);
+    return out;
+  }
+  const std::vector<DescPtr>& ops() const { return ops_; }
+
+ private:
+  DescPtr keep(cudnnBackendDescriptorType_t t) {
+    auto d = std::make_shared<Desc>(t);
+    all_.push_back(d);
+    return d;
+  }
+  std::vector<DescPtr> all_, ops_;
+  int64_t next_virtual_ = 1000;
+};
+
+enum Uid : int64_t {
+  kQ = 1, kK, kV, kO, kStats, kScale, kNeg, kDO, kDQ, kDK, kDV, kSoftmaxSum, kDQAccum, kOne
+};
+
+struct Plan {
+  Graph graph;
+  std::unique_ptr<Desc> op_graph, plan;
+  int64_t workspace = 0;
+};
+
+cudnnHandle_t handle() {
+  static cudnnHandle_t h = [] {
+    cudnnHandle_t x = nullptr;
+    LCX_CUDNN_CHECK(api()->create(&x));
+    return x;
+  }();
+  return h;
+}
+
+// Finalizes the graph and the first engine configuration heuristics mode A offers that builds.
+void finalize_plan(Plan& p) {
+  std::vector<cudnnBackendDescriptor_t> ops;
+  for (const auto& op : p.graph.ops()) ops.push_back(op->get());
+  cudnnHandle_t h = handle();
+  p.op_graph = std::make_unique<Desc>(CUDNN_BACKEND_OPERATIONGRAPH_DESCRIPTOR);
+  p.op_graph->set(CUDNN_ATTR_OPERATIONGRAPH_OPS, CUDNN_TYPE_BACKEND_DESCRIPTOR, static_cast<int64_t>(ops.size()),
+                  ops.data())
+      .set(CUDNN_ATTR_OPERATIONGRAPH_HANDLE, CUDNN_TYPE_HANDLE, 1, &h);
+  p.op_graph->finalize();
+
+  Desc heur(CUDNN_BACKEND_ENGINEHEUR_DESCRIPTOR);
+  const cudnnBackendHeurMode_t mode = CUDNN_HEUR_MODE_A;
+  heur.set_desc(CUDNN_ATTR_ENGINEHEUR_OPERATION_GRAPH, *p.op_graph)
+      .set(CUDNN_ATTR_ENGINEHEUR_MODE, CUDNN_TYPE_HEUR_MODE, 1, &mode);
+  heur.finalize();
+  int64_t n = 0;
+  LCX_CUDNN_CHECK(api()->get(heur.get(), CUDNN_ATTR_ENGINEHEUR_RESULTS, CUDNN_TYPE_BACKEND_DESCRIPTOR, 0, &n, nullptr));
+  if (n == 0) throw Error("cuDNN heuristics offer no engine for this attention graph");
+  std::vector<std::unique_ptr<Desc>> cfgs;
+  std::vector<cudnnBackendDescriptor_t> raw;
+  for (int64_t i = 0; i < n; ++i) {
+    cfgs.push_back(std::make_unique<Desc>(CUDNN_BACKEND_ENGINECFG_DESCRIPTOR));
+    raw.push_back(cfgs.back()->get());
+  }
+  LCX_CUDNN_CHECK(api()->get(heur.get(), CUDNN_ATTR_ENGINEHEUR_RESULTS, CUDNN_TYPE_BACKEND_DESCRIPTOR, n, &n, raw.data()));
+  std::string last;
+  for (int64_t i = 0; i < n; ++i) {
+    auto plan = std::make_unique<Desc>(CUDNN_BACKEND_EXECUTION_PLAN_DESCRIPTOR);
+    plan->set(CUDNN_ATTR_EXECUTION_PLAN_HANDLE, CUDNN_TYPE_HANDLE, 1, &h)
+        .set_desc(CUDNN_ATTR_EXECUTION_PLAN_ENGINE_CONFIG, *cfgs[static_cast<size_t>(i)]);
+    const cudnnStatus_t st = api()->finalize(plan->get());
+    if (st != CUDNN_STATUS_SUCCESS) {
+      last = cudnn_error_string(st);
+      continue;
+    }
+    int64_t count = 0;
+    LCX_CUDNN_CHECK(api()->get(plan->get(), CUDNN_ATTR_EXECUTION_PLAN_WORKSPACE_SIZE, CUDNN_TYPE_INT64, 1, &count,
+                               &p.workspace));
+    p.plan = std::move(plan);
+    return;
+  }
+  throw Error(str("none of cuDNN's ", n, " engine configurations builds this attention graph: ", last));
+}
+
+cudnnDataType_t cudnn_type(DType t) { return t == DType::bf16 ? CUDNN_DATA_BFLOAT16 : CUDNN_DATA_HALF; }
+
+struct Shape4 {
+  int64_t T, S, Hq, Hkv, d;
+  Dims q_dims() const { return {1, Hq, T, d}; }
+  Dims q_strides() const { return {T * Hq * d, d, Hq * d, 1}; }
+  Dims kv_dims() const { return {1, Hkv, S, d}; }
+  Dims kv_strides() const { return {S * Hkv * d, d, Hkv * d, 1}; }
+  Dims kvt_dims() const { return {1, Hkv, d, S}; }
+  Dims kvt_strides() const { return {S * Hkv * d, d, 1, Hkv * d}; }
+  Dims s_dims() const { return {1, Hq, T, S}; }
+  Dims s_strides() const { return {Hq * T * S, T * S, S, 1}; }
+  Dims st_dims() const { return {1, Hq, S, T}; }
+  Dims st_strides() const { return {Hq * T * S, T * S, 1, S}; }
+  Dims row_dims() const { return {1, Hq, T, 1}; }
+  Dims row_strides() const { return {Hq * T, T, 1, 1}; }
+};
+
+// The forward graph's operations, each finalized (which checks shapes and types); not yet a plan.
+std::unique_ptr<Plan> forward_plan(const Shape4& s, DType dt, bool causal) {
+  auto p = std::make_unique<Plan>();
+  Graph& g = p->graph;
+  const cudnnDataType_t io = cudnn_type(dt), f32 = CUDNN_DATA_FLOAT;
+  auto Q = g.tensor(kQ, io, s.q_dims(), s.q_strides());
+  auto KT = g.tensor(kK, io, s.kvt_dims(), s.kvt_strides());
+  auto V = g.tensor(kV, io, s.kv_dims(), s.kv_strides());
+  auto O = g.tensor(kO, io, s.q_dims(), s.q_strides());
+  auto stats = g.tensor(kStats, f32, s.row_dims(), s.row_strides());
+  auto S0 = g.virt(f32, s.s_dims(), s.s_strides());
+  g.matmul(Q, KT, S0);
+  auto S1 = g.virt(f32, s.s_dims(), s.s_strides());
+  g.pointwise(CUDNN_POINTWISE_MUL, S0, g.scalar(kScale), S1);
+  auto scores = causal ? g.causal_mask(S1, s.s_dims(), s.s_strides(), kNeg) : S1;
+  auto M = g.virt(f32, s.row_dims(), s.row_strides());
+  g.reduction(CUDNN_REDUCE_TENSOR_MAX, scores, M);
+  auto Z = g.virt(f32, s.s_dims(), s.s_strides());
+  g.pointwise(CUDNN_POINTWISE_SUB, scores, M, Z);
+  auto E = g.virt(f32, s.s_dims(), s.s_strides());
+  g.pointwise(CUDNN_POINTWISE_EXP, Z, nullptr, E);
+  auto L = g.virt(f32, s.row_dims(), s.row_strides());
+  g.reduction(CUDNN_REDUCE_TENSOR_ADD, E, L);
+  auto logL = g.virt(f32, s.row_dims(), s.row_strides());
+  g.pointwise(CUDNN_POINTWISE_LOG, L, nullptr, logL);
+  g.pointwise(CUDNN_POINTWISE_ADD, M, logL, stats);
+  auto P = g.virt(io, s.s_dims(), s.s_strides());
+  g.pointwise(CUDNN_POINTWISE_DIV, E, L, P);
+  g.matmul(P, V, O);
+  return p;
+}
+
+// The backward graph's operations, likewise.
+std::unique_ptr<Plan> backward_plan(const Shape4& s, DType dt, bool causal) {
+  auto p = std::make_unique<Plan>();
+  Graph& g = p->graph;
+  const cudnnDataType_t io = cudnn_type(dt), f32 = CUDNN_DATA_FLOAT;
+  auto Q = g.tensor(kQ, io, s.q_dims(), s.q_strides());
+  auto KT = g.tensor(kK, io, s.kvt_dims(), s.kvt_strides());
+  auto VT = g.tensor(kV, io, s.kvt_dims(), s.kvt_strides());
+  auto O = g.tensor(kO, io, s.q_dims(), s.q_strides());
+  auto stats = g.tensor(kStats, f32, s.row_dims(), s.row_strides());
+  auto dO = g.tensor(kDO, io, s.q_dims(), s.q_strides());
+  auto dQ = g.tensor(kDQ, io, s.q_dims(), s.q_strides());
+  auto dK = g.tensor(kDK, io, s.kv_dims(), s.kv_strides());
+  auto dV = g.tensor(kDV, io, s.kv_dims(), s.kv_strides());
+  auto softmax_sum = g.tensor(kSoftmaxSum, f32, s.row_dims(), s.row_strides());
+  auto dQ_accum = g.tensor(kDQAccum, f32, s.q_dims(), {s.Hq * s.T * s.d, s.T * s.d, s.d, 1});
+  auto scale = g.scalar(kScale);
+
+  // softmax_sum = rowsum(dO * O)
+  auto dOO = g.virt(f32, s.q_dims(), s.q_strides());
+  g.pointwise(CUDNN_POINTWISE_MUL, dO, O, dOO);
+  auto rowsum = g.virt(f32, s.row_dims(), s.row_strides());
+  g.reduction(CUDNN_REDUCE_TENSOR_ADD, dOO, rowsum);
+  g.pointwise(CUDNN_POINTWISE_MUL, rowsum, g.scalar(kOne), softmax_sum);
+
+  // P = exp(scale * Q K^T - stats), masked
+  auto S0 = g.virt(f32, s.s_dims(), s.s_strides());
+  g.matmul(Q, KT, S0);
+  auto S1 = g.virt(f32, s.s_dims(), s.s_strides());
+  g.pointwise(CUDNN_POINTWISE_MUL, S0, scale, S1);
+  auto S2 = g.virt(f32, s.s_dims(), s.s_strides());
+  g.pointwise(CUDNN_POINTWISE_SUB, S1, stats, S2);
+  auto S3 = causal ? g.causal_mask(S2, s.s_dims(), s.s_strides(), kNeg) : S2;
+  auto P = g.virt(f32, s.s_dims(), s.s_strides());
+  g.pointwise(CUDNN_POINTWISE_EXP, S3, nullptr, P);
+
+  // dV = P^T dO, summed over each GQA group
+  auto PT = g.virt(io, s.st_dims(), s.st_strides());
+  g.reshape(P, PT);
+  const bool gqa = s.Hq != s.Hkv;
+  const Dims full_dims{1, s.Hq, s.S, s.d}, full_strides{s.Hq * s.S * s.d, s.S * s.d, s.d, 1};
+  if (gqa) {
+    auto dV_full = g.virt(io, full_dims, full_strides);
+    g.matmul(PT, dO, dV_full);
+    g.reduction(CUDNN_REDUCE_TENSOR_ADD, dV_full, dV);
+  } else {
+    g.matmul(PT, dO, dV);
+  }
+
+  // dS = P * (dO V^T - softmax_sum) * scale
+  auto dP = g.virt(f32, s.s_dims(), s.s_strides());
+  g.matmul(dO, VT, dP);
+  auto dP1 = g.virt(f32, s.s_dims(), s.s_strides());
+  g.pointwise(CUDNN_POINTWISE_SUB, dP, softmax_sum, dP1);
+  auto dS0 = g.virt(f32, s.s_dims(), s.s_strides());
+  g.pointwise(CUDNN_POINTWISE_MUL, dP1, P, dS0);
+  auto dS = g.virt(f32, s.s_dims(), s.s_strides());
+  g.pointwise(CUDNN_POINTWISE_MUL, dS0, scale, dS);
+
+  // dK = dS^T Q, summed over each GQA group
+  auto dST = g.virt(io, s.st_dims(), s.st_strides());
+  g.reshape(dS, dST);
+  if (gqa) {
+    auto dK_full = g.virt(io, full_dims, full_strides);
+    g.matmul(dST, Q, dK_full);
+    g.reduction(CUDNN_REDUCE_TENSOR_ADD, dK_full, dK);
+  } else {
+    g.matmul(dST, Q, dK);
+  }
+
+  // dQ = dS K through the fp32 accumulator
+  auto K = g.virt(io, s.kv_dims(), s.kv_strides());
+  g.reshape(KT, K);
+  g.matmul(dS, K, dQ_accum);
+  g.pointwise(CUDNN_POINTWISE_IDENTITY, dQ_accum, nullptr, dQ);
+  return p;
+}
+
+using PlanKey = std::tuple<bool, int64_t, int64_t, int64_t, int64_t, int64_t, int, bool>;
+std::map<PlanKey, std::unique_ptr<Plan>> g_plans;  // nullptr: cuDNN refused the shape
+
+bool aligned16(const void* p) { return reinterpret_cast<uintptr_t>(p) % 16 == 0; }
+
+// Why cuDNN does not take the call, or nullptr when it does.
+const char* refusal(const std::vector<const Tensor*>& io, const Tensor& q, const Tensor& k,
+                    const ops::AttentionParams& p) {
+  if (!api()) return "libcudnn.so.9 is not loadable";
+  const DType t = q.dtype();
+  if (t != DType::bf16 && t != DType::f16) return "cuDNN attention takes bf16 or fp16";
+  for (const Tensor* x : io) {
+    if (x->dtype() != t) return "cuDNN attention takes one dtype for every tensor";
+    if (!aligned16(x->data())) return "cuDNN attention takes 16-byte aligned tensors";
+  }
+  const int64_t d = q.size(2);
+  if (d % 8 != 0 || d > 128) return "cuDNN attention takes head_dim a multiple of 8 up to 128";
+  if (p.causal && (q.size(0) != k.size(0) || p.q_offset != p.k_offset))
+    return "cuDNN attention takes causal blocks only with equal query and key positions";
+  if (q.size(0) == 0 || k.size(0) == 0) return "empty sequence";
+  return nullptr;
+}
+
+// The cached plan for the call, built on first use; nullptr when cuDNN refuses it (logged once,
+// or thrown when the choice is `cudnn`). Called under g_mu.
+Plan* plan_for(bool backward, const Shape4& s, DType t, bool causal) {
+  const PlanKey key{backward, s.T, s.S, s.Hq, s.Hkv, s.d, static_cast<int>(t), causal};
+  auto it = g_plans.find(key);
+  if (it == g_plans.end()) {
+    std::unique_ptr<Plan> plan;
+    try {
+      plan = backward ? backward_plan(s, t, causal) : forward_plan(s, t, causal);
+      finalize_plan(*plan);
+    } catch (const Error& e) {
+      if (g_choice == AttentionKernel::cudnn) throw;
+      log::warn(str("cuDNN attention ", backward ? "backward" : "forward", " refused T=", s.T, " S=", s.S, " Hq=",
+                    s.Hq, " Hkv=", s.Hkv, " d=", s.d, causal ? " causal" : " full", ": ", e.what(),
+                    "; the own kernels run it"));
+    }
+    it = g_plans.emplace(key, std::move(plan)).first;
+  }
+  if (!it->second && g_choice == AttentionKernel::cudnn)
+    throw Error("cuDNN refused this attention shape earlier (see the log); LCX_ATTENTION=auto runs the own kernels");
+  return it->second.get();
+}
+
+void execute(Plan& plan, const std::vector<int64_t>& uids, const std::vector<void*>& ptrs, Device device) {
+  Tensor workspace = Tensor::empty({std::max<int64_t>(1, (plan.workspace + 7) / 8)}, DType::i64, device);
+  Desc pack(CUDNN_BACKEND_VARIANT_PACK_DESCRIPTOR);
+  void* ws = workspace.data();
+  pack.set(CUDNN_ATTR_VARIANT_PACK_UNIQUE_IDS, CUDNN_TYPE_INT64, static_cast<int64_t>(uids.size()), uids.data())
+      .set(CUDNN_ATTR_VARIANT_PACK_DATA_POINTERS, CUDNN_TYPE_VOID_PTR, static_cast<int64_t>(ptrs.size()), ptrs.data())
+      .set(CUDNN_ATTR_VARIANT_PACK_WORKSPACE, CUDNN_TYPE_VOID_PTR, 1, &ws);
+  pack.finalize();
+  LCX_CUDNN_CHECK(api()->set_stream(handle(), current_stream()));
+  LCX_CUDNN_CHECK(api()->execute(handle(), plan.plan->get(), pack.get()));
+}
+
+}  // namespace
+
+std::string cudnn_error_string(cudnnStatus_t status) {
+  const Api* a = api();
+  if (!a) return str("cuDNN status ", static_cast<int>(status));
+  char msg[512] = {};
+  a->last_error(msg, sizeof msg);
+  return str(a->error_string(status), msg[0] ? str(" (", msg, ")") : std::string());
+}
+
+void set_attention_kernel(AttentionKernel k) {
+  std::lock_guard lock(g_mu);
+  g_choice = k;
+}
+
+AttentionKernel attention_kernel() {
+  std::lock_guard lock(g_mu);
+  return g_choice;
+}
+
+std::string cudnn_version() {
+  const Api* a = api();
+  if (!a) return {};
+  const size_t v = a->get_version();
+  return str(v / 10000, ".", (v % 10000) / 100, ".", v % 100);
+}
+
+bool cudnn_attention_forward(const Tensor& q, const Tensor& k, const Tensor& v, Tensor& out, Tensor& lse,
+                             const ops::AttentionParams& p) {
+  std::lock_guard lock(g_mu);
+  if (g_choice == AttentionKernel::own) return false;
+  if (const char* why = refusal({&q, &k, &v, &out}, q, k, p)) {
+    if (g_choice == AttentionKernel::cudnn) throw Error(str("LCX_ATTENTION=cudnn: ", why));
+    return false;
+  }
+  const Shape4 s{q.size(0), k.size(0), q.size(1), k.size(1), q.size(2)};
+  Plan* plan = plan_for(false, s, q.dtype(), p.causal);
+  if (!plan) return false;
+  float scale = p.scale, neg = -FLT_MAX;
+  std::vector<int64_t> uids{kQ, kK, kV, kO, kStats, kScale};
+  std::vector<void*> ptrs{q.data(), k.data(), v.data(), out.data(), lse.data(), &scale};
+  if (p.causal) {
+    uids.push_back(kNeg);
+    ptrs.push_back(&neg);
+  }
+  execute(*plan, uids, ptrs, q.device());
+  return true;
+}
+
+bool cudnn_attention_backward(const Tensor& q, const Tensor& k, const Tensor& v, const Tensor& out,
+                              const Tensor& lse, const Tensor& dout, Tensor& dq, Tensor& dk, Tensor& dv,
+                              const ops::AttentionParams& p) {
+  std::lock_guard lock(g_mu);
+  if (g_choice == AttentionKernel::own) return false;
+  if (const char* why = refusal({&q, &k, &v, &out, &dout, &dq, &dk, &dv}, q, k, p)) {
+    if (g_choice == AttentionKernel::cudnn) throw Error(str("LCX_ATTENTION=cudnn: ", why));
+    return false;
+  }
+  const Shape4 s{q.size(0), k.size(0), q.size(1), k.size(1), q.size(2)};
+  Plan* plan = plan_for(true, s, q.dtype(), p.causal);
+  if (!plan) return false;
+  Tensor softmax_sum = Tensor::empty({s.Hq, s.T}, DType::f32, q.device());
+  Tensor dq_accum = Tensor::empty({s.Hq, s.T, s.d}, DType::f32, q.device());
+  LCX_CUDA_CHECK(cudaMemsetAsync(dq_accum.data(), 0, dq_accum.nbytes(), current_stream()));
+  float scale = p.scale, neg = -FLT_MAX, one = 1.f;
+  std::vector<int64_t> uids{kQ, kK, kV, kO, kStats, kScale, kDO, kDQ, kDK, kDV, kSoftmaxSum, kDQAccum, kOne};
+  std::vector<void*> ptrs{q.data(),  k.data(),  v.data(),           out.data(),      lse.data(), &scale, dout.data(),
+                          dq.data(), dk.data(), dv.data(), softmax_sum.data(), dq_accum.data(), &one};
+  if (p.causal) {
+    uids.push_back(kNeg);
+    ptrs.push_back(&neg);
+  }
+  execute(*plan, uids, ptrs, q.device());
+  return true;
+}
+
+}  // namespace lcx::cuda

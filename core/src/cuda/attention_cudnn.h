@@ -1,0 +1,28 @@
+// Attention through cuDNN's fused flash kernels (cuDNN 9 backend graph API), forward with the
+// log-sum-exp ("stats") output and backward. The CUDA ops try it first and fall back to lcx's own
+// kernels where cuDNN is absent or refuses the call: see attention_cudnn.cpp for what it takes.
+#pragma once
+#include <string>
+
+#include "lcx/ops.h"
+
+namespace lcx::cuda {
+
+// Which attention kernels the CUDA ops use. automatic: cuDNN where it takes the call, else the
+// own kernels. cudnn: cuDNN or an error naming why not (tests, benchmarks). own: never cuDNN.
+// The environment variable LCX_ATTENTION (auto, cudnn, own) sets the starting choice.
+enum class AttentionKernel { automatic, cudnn, own };
+void set_attention_kernel(AttentionKernel k);
+AttentionKernel attention_kernel();
+
+// The loaded cuDNN's version (e.g. "9.10.2"), or "" when libcudnn.so.9 could not be loaded.
+std::string cudnn_version();
+
+// true when the call ran on cuDNN; false, launching nothing, when it should run elsewhere.
+bool cudnn_attention_forward(const Tensor& q, const Tensor& k, const Tensor& v, Tensor& out, Tensor& lse,
+                             const ops::AttentionParams& p);
+bool cudnn_attention_backward(const Tensor& q, const Tensor& k, const Tensor& v, const Tensor& out,
+                              const Tensor& lse, const Tensor& dout, Tensor& dq, Tensor& dk, Tensor& dv,
+                              const ops::AttentionParams& p);
+
+}  // namespace lcx::cuda
