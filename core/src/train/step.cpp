@@ -57,6 +57,8 @@ void configure_slots(StepSlots& s) {
 }
 
 StepResult train_step(StepSlots& s, const Shard& shard, double grad_scale, Device device) {
+  StepHooks none;
+  StepHooks& hooks = s.hooks ? *s.hooks : none;
   const ModelConfig& cfg = s.model.config();
   const int L = static_cast<int>(cfg.num_layers);
   const int64_t T = shard.tokens.size(0), H = cfg.hidden_size;
@@ -70,12 +72,15 @@ StepResult train_step(StepSlots& s, const Shard& shard, double grad_scale, Devic
   const Tensor tokens = on(shard.tokens, device);
   const Tensor targets = on(shard.targets, device);
   s.memory.begin_step(L);
+  hooks.begin_step();
   Tensor x = Tensor::empty({T, H}, dt, device, MemoryCategory::activations);
   s.model.embed_forward(tokens, x);
   for (int l = 0; l < L; ++l) {
     s.memory.save(l, x);
     Tensor y = Tensor::empty({T, H}, dt, device, MemoryCategory::activations);
+    hooks.before_layer_forward(l);
     s.model.layer_forward(l, x, y, ctx);
+    hooks.after_layer_forward(l);
     x = y;
   }
   Tensor hidden = Tensor::empty({T, H}, dt, device);
@@ -101,11 +106,14 @@ StepResult train_step(StepSlots& s, const Shard& shard, double grad_scale, Devic
     Tensor input = s.memory.fetch(l);
     if (l > 0) s.memory.prefetch(l - 1);
     Tensor dinput = Tensor::empty({T, H}, dt, device);
+    hooks.before_layer_backward(l);
     s.model.layer_backward(l, input, dx, dinput, ctx);
+    hooks.after_layer_backward(l);
     s.memory.release(l);
     dx = dinput;
   }
   s.model.embed_backward(tokens, dx);
+  hooks.end_step();
   s.memory.end_step();
   sync(device);
   r.forward_s = t1 - t0;

@@ -19,12 +19,26 @@
 
 namespace lcx {
 
+// Called around each piece of the step; ZeRO-3 sharding gathers a layer's weights in
+// before_*() and releases them (and reduce-scatters its gradients) in after_*().
+class StepHooks {
+ public:
+  virtual ~StepHooks() = default;
+  virtual void begin_step() {}  // before the embedding: non-layer weights
+  virtual void before_layer_forward(int /*layer*/) {}
+  virtual void after_layer_forward(int /*layer*/) {}
+  virtual void before_layer_backward(int /*layer*/) {}
+  virtual void after_layer_backward(int /*layer*/) {}
+  virtual void end_step() {}  // after the embedding's backward
+};
+
 struct StepSlots {
   Model& model;
   Loss& loss;
   PositionalEncoding& rope;
   MemoryStrategy& memory;
   Parallelism& parallel;
+  StepHooks* hooks = nullptr;
 };
 
 struct StepResult {
