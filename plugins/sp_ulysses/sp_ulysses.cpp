@@ -1,19 +1,321 @@
-// sp_ulysses: all-to-all from sequence shards to head shards. Until its issue (13) lands it
-// accepts only sp = 1 and delegates to core's single-rank parallelism; --list-plugins says so.
-#include <lcx/defaults.h>
+// sp_ulysses: Ulysses sequence parallelism. Each of the sp ranks of a sequence holds a contiguous
+// slice of L/sp tokens everywhere except inside attention. Around attention an all-to-all trades
+// the slicing: q, k, v go from [L/sp tokens, all heads, d] to [L tokens, heads/sp, d], each rank
+// runs plain causal attention over the whole sequence on its heads, and the output goes back the
+// same way. The result is the single-rank one up to summation order (only the gradients of
+// replicated kv heads are summed differently).
+//
+// Heads: rank r takes query heads [r Hq/sp, (r+1) Hq/sp). With Hkv >= sp it takes kv heads
+// [r Hkv/sp, (r+1) Hkv/sp); with Hkv < sp (sp a multiple of Hkv) it takes the one kv head
+// r Hkv/sp, so the sp/Hkv ranks of one GQA group each get a replica and their dk/dv are summed
+// on the way back. Both follow GQA's rule that query head h reads kv head h / (Hq/Hkv).
+//
+// Layout moves are row gathers (ops::embedding_forward on a table of rows) and, for the replica
+// sums, its fp32 scatter-add (ops::embedding_backward), so the same code runs on every backend
+// with no kernels of its own. all_to_all sends dim-0 block j to rank j: packing puts block j =
+// rank j's heads for this rank's tokens; what arrives is already [L, heads/sp, d] in token order.
+//
+// The head-layout q, k, v, out and LSE of the last forward are kept (with the caller's tensors,
+// so their addresses cannot be reused) and the backward that follows the recompute only sends
+// dout forward and dq, dk, dv back. A backward for other tensors moves its inputs again.
+#include <lcx/comm.h>
+#include <lcx/log.h>
+#include <lcx/ops.h>
+#include <lcx/parallelism.h>
+#include <lcx/plan.h>
 #include <lcx/plugin.h>
+
+#include <algorithm>
+#include <map>
+#include <tuple>
 
 namespace lcx {
 namespace {
 
+constexpr double kMiB = 1024.0 * 1024.0;
+
+class Ulysses final : public Parallelism {
+ public:
+  Ulysses(int64_t size, std::string table) : sp_(size), table_(std::move(table)) {}
+
+  void configure(const ParallelModelInfo& info) override {
+    const std::string key = table_ + ".size";
+    for (size_t l = 0; l < info.layer_types.size(); ++l)
+      if (info.layer_types[l] != "full_attention")
+        throw Error(str(table_, ": layer ", l, " is ", info.layer_types[l],
+                        "; Ulysses gives every rank the whole sequence of its heads and computes full causal "
+                        "attention only"),
+                    key, "use a model with full attention in every layer (Qwen3, Qwen3-MoE), or drop sp_ulysses");
+    if (info.num_heads % sp_ != 0)
+      throw Error(str(table_, ": ", info.num_heads, " query heads do not divide over size = ", sp_,
+                      " ranks (each rank takes num_heads / size of them)"),
+                  key, str("use a size that divides ", info.num_heads));
+    if (info.num_kv_heads >= sp_ && info.num_kv_heads % sp_ != 0)
+      throw Error(str(table_, ": ", info.num_kv_heads, " key/value heads do not divide over size = ", sp_, " ranks"),
+                  key, str("use a size that divides ", info.num_kv_heads));
+    if (info.num_kv_heads < sp_ && sp_ % info.num_kv_heads != 0)
+      throw Error(str(table_, ": ", info.num_kv_heads, " key/value heads cannot be replicated evenly over size = ", sp_,
+                      " ranks (a rank's query heads must share one kv head)"),
+                  key, str("use a size that is a multiple of ", info.num_kv_heads));
+    if (Mesh* m = current_mesh()) check_mesh(*m);
+    info_ = info;
+    kv_local_ = std::max<int64_t>(1, info.num_kv_heads / sp_);
+    kv_blocks_ = info.num_kv_heads / kv_local_;
+    configured_ = true;
+  }
+
+  int size() const override { return static_cast<int>(sp_); }
+
+  Shard shard(const Sequence& seq, int rank) const override {
+    const int64_t L = seq.tokens.size(0);
+    LCX_CHECK(rank >= 0 && rank < sp_, "sp_ulysses has no rank ", rank, " of ", sp_);
+    if (L % sp_ != 0)
+      throw Error(str(table_, ": a sequence of ", L, " tokens does not split into size = ", sp_,
+                      " equal contiguous shards"),
+                  table_ + ".size", str("pad sequences to a multiple of ", sp_, " ([data] pad_to_multiple_of = ", sp_,
+                                        ") or choose a seq_len divisible by it"));
+    const int64_t T = L / sp_, begin = rank * T;
+    Shard s;
+    s.tokens = seq.tokens.rows(begin, begin + T);
+    s.targets = seq.targets.rows(begin, begin + T);
+    s.positions = Tensor::empty({T}, DType::i64);
+    for (int64_t i = 0; i < T; ++i) s.positions.data_as<int64_t>()[i] = begin + i;
+    s.global_length = L;
+    return s;
+  }
+
+  void attention_forward(const Tensor& q, const Tensor& k, const Tensor& v, Tensor& out, Tensor& lse,
+                         const AttentionArgs& args) override {
+    check_inputs(q, k, v);
+    if (sp_ == 1) return ops::attention_forward(q, k, v, out, lse, params(args));
+    cache_ = {};  // the previous layer's buffers go before this one's arrive
+    Communicator& c = comm();
+    const int64_t T = q.size(0), L = T * sp_, Hr = heads_per_rank(), d = info_.head_dim;
+    if (!logged_ && current_mesh()->world().rank() == 0) log_traffic(T, q.dtype());
+    logged_ = true;
+
+    Cache h;
+    h.q = q;
+    h.k = k;
+    h.v = v;
+    h.out = out;
+    h.qh = to_heads(c, q, sp_, Hr);
+    h.kh = to_heads(c, k, kv_blocks_, kv_local_);
+    h.vh = to_heads(c, v, kv_blocks_, kv_local_);
+    h.oh = Tensor::empty({L, Hr, d}, out.dtype(), out.device(), MemoryCategory::communication);
+    h.lseh = Tensor::empty({Hr, L}, DType::f32, out.device(), MemoryCategory::communication);
+    ops::attention_forward(h.qh, h.kh, h.vh, h.oh, h.lseh, params(args));
+
+    from_heads(c, h.oh, out, sp_);
+    // LSE [Hr, sp, T] -> blocks per destination [sp, Hr, T]; what arrives is [Hq, T] in head order.
+    Tensor send = Tensor::empty({Hr * sp_, T}, DType::f32, lse.device(), MemoryCategory::communication);
+    ops::embedding_forward(pack_ids(Hr, sp_, lse.device()), h.lseh.view({Hr * sp_, T}), send);
+    c.all_to_all(send, lse);
+    cache_ = std::move(h);
+  }
+
+  void attention_backward(const Tensor& q, const Tensor& k, const Tensor& v, const Tensor& out, const Tensor& lse,
+                          const Tensor& dout, Tensor& dq, Tensor& dk, Tensor& dv, const AttentionArgs& args) override {
+    check_inputs(q, k, v);
+    if (sp_ == 1) return ops::attention_backward(q, k, v, out, lse, dout, dq, dk, dv, params(args));
+    Communicator& c = comm();
+    const int64_t T = q.size(0), L = T * sp_, Hr = heads_per_rank(), d = info_.head_dim;
+    Cache h = std::move(cache_);
+    cache_ = {};
+    if (!h.holds(q, k, v, out)) {
+      h = {};
+      h.qh = to_heads(c, q, sp_, Hr);
+      h.kh = to_heads(c, k, kv_blocks_, kv_local_);
+      h.vh = to_heads(c, v, kv_blocks_, kv_local_);
+      h.oh = to_heads(c, out, sp_, Hr);
+      // lse [Hq, T] is already blocked by destination; what arrives is [sp, Hr, T] -> [Hr, sp, T].
+      Tensor recv = Tensor::empty({sp_ * Hr, T}, DType::f32, lse.device(), MemoryCategory::communication);
+      c.all_to_all(lse, recv);
+      h.lseh = Tensor::empty({Hr, L}, DType::f32, lse.device(), MemoryCategory::communication);
+      Tensor lseh = h.lseh.view({Hr * sp_, T});
+      ops::embedding_forward(unpack_ids(Hr, lse.device()), recv, lseh);
+    }
+    Tensor dqh = Tensor::empty({L, Hr, d}, dq.dtype(), dq.device(), MemoryCategory::communication);
+    Tensor dkh = Tensor::empty({L, kv_local_, d}, dk.dtype(), dk.device(), MemoryCategory::communication);
+    Tensor dvh = Tensor::empty({L, kv_local_, d}, dv.dtype(), dv.device(), MemoryCategory::communication);
+    {
+      const Tensor douth = to_heads(c, dout, sp_, Hr);
+      ops::attention_backward(h.qh, h.kh, h.vh, h.oh, h.lseh, douth, dqh, dkh, dvh, params(args));
+    }
+    h = {};
+    from_heads(c, dqh, dq, sp_);
+    dqh = Tensor();
+    from_heads(c, dkh, dk, kv_blocks_);
+    dkh = Tensor();
+    from_heads(c, dvh, dv, kv_blocks_);
+  }
+
+  // Per rank, T = L/sp tokens: the head-layout tensors are the size of the sequence-layout ones
+  // (kv times sp/Hkv when replicated). Forward keeps q, k, v, out and the LSE for the backward
+  // and moves one tensor at a time through a send and a receive buffer; the backward adds dout,
+  // dq, dk, dv in head layout, the kernel's fp32 delta and, with replicas, an fp32 [T,Hkv,d] sum.
+  void plan(const PlanInputs& in, MemoryPlan& plan) const override {
+    const int64_t sp = std::max<int64_t>(1, in.sp), T = in.tokens_per_rank, d = in.model.head_dim;
+    const int64_t Hq = in.model.num_heads, Hkv = in.model.num_kv_heads;
+    const int64_t ab = static_cast<int64_t>(dtype_size(in.weight_dtype));
+    const int64_t kv_sent = std::max(Hkv, sp);  // kv heads per token leaving a rank, replicas included
+    const int64_t heads = T * (2 * Hq + 2 * kv_sent) * d * ab;
+    const int64_t one_buffer = T * std::max(Hq, kv_sent) * d * ab;
+    const int64_t ids = 4 * sp * T * (Hkv < sp ? 3 : 2);
+    plan.add("all-to-all: q, k, v, out in head layout [L,heads/sp,d], kept for the backward",
+             PlanCategory::communication, heads, plan_phase::forward);
+    plan.add("all-to-all: fp32 LSE in head layout [Hq/sp,L]", PlanCategory::communication, T * Hq * 4,
+             plan_phase::forward);
+    plan.add("all-to-all: send + receive buffer of one tensor, row index tables", PlanCategory::communication,
+             2 * one_buffer + ids, plan_phase::forward);
+    plan.add("all-to-all: q, k, v, out and dout, dq, dk, dv in head layout", PlanCategory::communication, 2 * heads,
+             plan_phase::backward);
+    plan.add("all-to-all: fp32 LSE and attention backward delta [Hq/sp,L]", PlanCategory::communication,
+             2 * T * Hq * 4, plan_phase::backward);
+    plan.add("all-to-all: send + receive buffer of one tensor, row index tables", PlanCategory::communication,
+             2 * one_buffer + ids, plan_phase::backward);
+    if (Hkv < sp)
+      plan.add("all-to-all: fp32 sum of replicated dk/dv [T,Hkv,d]", PlanCategory::communication, T * Hkv * d * 4,
+               plan_phase::backward);
+  }
+
+ private:
+  struct Cache {
+    Tensor q, k, v, out;           // the caller's tensors, held so their addresses stay theirs
+    Tensor qh, kh, vh, oh, lseh;   // head layout
+    bool holds(const Tensor& q2, const Tensor& k2, const Tensor& v2, const Tensor& o2) const {
+      auto same = [](const Tensor& a, const Tensor& b) {
+        return a.defined() && a.data() == b.data() && a.shape() == b.shape() && a.dtype() == b.dtype();
+      };
+      return same(q, q2) && same(k, k2) && same(v, v2) && same(out, o2);
+    }
+  };
+
+  int64_t heads_per_rank() const { return info_.num_heads / sp_; }
+
+  void check_mesh(const Mesh& m) const {
+    if (m.shape().sp != sp_)
+      throw Error(str(table_, ": size = ", sp_, " but the mesh's sp axis is ", m.shape().sp), table_ + ".size",
+                  str("set [distributed] sp = ", sp_, " or ", table_, ".size = ", m.shape().sp));
+    if (m.shape().cp != 1)
+      throw Error(str(table_, " shards a sequence over the sp axis only, but the mesh has cp = ", m.shape().cp),
+                  "distributed.cp", "set [distributed] cp = 1 with sp_ulysses");
+  }
+
+  Communicator& comm() const {
+    Mesh* m = current_mesh();
+    if (!m)
+      throw Error(str(table_, ": size = ", sp_, " needs a mesh bound on this rank's thread"), table_ + ".size",
+                  str("run with [distributed] sp = ", sp_, " (the trainer binds the mesh), or size = 1"));
+    check_mesh(*m);
+    return m->sp();
+  }
+
+  void check_inputs(const Tensor& q, const Tensor& k, const Tensor& v) const {
+    LCX_CHECK(configured_, "sp_ulysses: attention before configure()");
+    LCX_CHECK(q.dim() == 3 && q.size(1) == info_.num_heads && q.size(2) == info_.head_dim, "q is ",
+              shape_str(q.shape()));
+    LCX_CHECK(k.shape() == v.shape() && k.dim() == 3 && k.size(0) == q.size(0) && k.size(1) == info_.num_kv_heads &&
+                  k.size(2) == info_.head_dim,
+              "k is ", shape_str(k.shape()), ", v is ", shape_str(v.shape()));
+  }
+
+  static ops::AttentionParams params(const AttentionArgs& a) {
+    ops::AttentionParams p;
+    p.scale = a.scale;
+    p.causal = a.causal;
+    return p;
+  }
+
+  // x [T, blocks * per, d] in sequence layout -> [sp T, per, d] in head layout. Send block j holds
+  // head block j*blocks/sp of every token (blocks < sp sends one block to several ranks).
+  Tensor to_heads(Communicator& c, const Tensor& x, int64_t blocks, int64_t per) {
+    const int64_t T = x.size(0), row = per * info_.head_dim;
+    Tensor send = Tensor::empty({sp_ * T, row}, x.dtype(), x.device(), MemoryCategory::communication);
+    ops::embedding_forward(pack_ids(T, blocks, x.device()), x.view({T * blocks, row}), send);
+    Tensor recv = Tensor::empty({sp_ * T, per, info_.head_dim}, x.dtype(), x.device(), MemoryCategory::communication);
+    c.all_to_all(send, recv);
+    return recv;
+  }
+
+  // The inverse: xh [sp T, per, d] -> x [T, blocks * per, d]. Block i of what arrives is rank i's
+  // heads for this rank's tokens; replicas of one head block (blocks < sp) are summed in fp32.
+  void from_heads(Communicator& c, const Tensor& xh, Tensor& x, int64_t blocks) {
+    const int64_t T = x.size(0), row = xh.size(1) * info_.head_dim;
+    Tensor recv = Tensor::empty({sp_ * T, row}, xh.dtype(), xh.device(), MemoryCategory::communication);
+    c.all_to_all(xh, recv);
+    Tensor rows = x.view({T * blocks, row});
+    if (blocks == sp_) {
+      ops::embedding_forward(unpack_ids(T, x.device()), recv, rows);
+      return;
+    }
+    if (x.dtype() == DType::f32) {
+      rows.zero();
+      ops::embedding_backward(pack_ids(T, blocks, x.device()), recv, rows);
+      return;
+    }
+    Tensor sum = Tensor::zeros({T * blocks, row}, DType::f32, x.device(), MemoryCategory::communication);
+    ops::embedding_backward(pack_ids(T, blocks, x.device()), recv, sum);
+    ops::cast(sum, rows);
+  }
+
+  // Rows of a [n, blocks] grid to send blocks: ids[j n + t] = t blocks + j blocks / sp.
+  const Tensor& pack_ids(int64_t n, int64_t blocks, Device dev) {
+    return ids(0, n, blocks, dev, [&](int32_t* id) {
+      for (int64_t j = 0; j < sp_; ++j)
+        for (int64_t t = 0; t < n; ++t) id[j * n + t] = static_cast<int32_t>(t * blocks + j * blocks / sp_);
+    });
+  }
+  // Received blocks [sp, n] back to a [n, sp] grid: ids[t sp + j] = j n + t.
+  const Tensor& unpack_ids(int64_t n, Device dev) {
+    return ids(1, n, sp_, dev, [&](int32_t* id) {
+      for (int64_t t = 0; t < n; ++t)
+        for (int64_t j = 0; j < sp_; ++j) id[t * sp_ + j] = static_cast<int32_t>(j * n + t);
+    });
+  }
+  template <typename Fill>
+  const Tensor& ids(int kind, int64_t n, int64_t blocks, Device dev, Fill fill) {
+    LCX_CHECK(n * std::max(blocks, sp_) < (int64_t{1} << 31), "sp_ulysses: ", n, " rows overflow int32 row ids");
+    auto key = std::make_tuple(kind, n, blocks, static_cast<int>(dev.type), dev.index);
+    auto it = ids_.find(key);
+    if (it != ids_.end()) return it->second;
+    Tensor host = Tensor::empty({sp_ * n}, DType::i32);
+    fill(host.data_as<int32_t>());
+    return ids_.emplace(key, dev == Device::cpu() ? host : host.to(dev)).first->second;
+  }
+
+  // Bytes this rank hands to all_to_all per layer; (sp-1)/sp of them leave the rank.
+  void log_traffic(int64_t T, DType dt) const {
+    const double b = static_cast<double>(dtype_size(dt));
+    const double qb = static_cast<double>(T * info_.num_heads * info_.head_dim) * b;
+    const double kb = static_cast<double>(T * std::max<int64_t>(info_.num_kv_heads, sp_) * info_.head_dim) * b;
+    const double lb = static_cast<double>(T * info_.num_heads) * 4;
+    log::info(str(table_, ": all-to-all per layer and rank (", T, " tokens of ", T * sp_, ", sp ", sp_, "): forward ",
+                  (2 * qb + 2 * kb + lb) / kMiB, " MiB (q, out ", qb / kMiB, " each; k, v ", kb / kMiB,
+                  " each; LSE ", lb / kMiB, "), backward ", (2 * qb + 2 * kb) / kMiB,
+                  " MiB (dout, dq, dk, dv); ", sp_ - 1, "/", sp_, " of it crosses the interconnect"));
+  }
+
+  int64_t sp_;
+  std::string table_;
+  ParallelModelInfo info_;
+  int64_t kv_local_ = 1;   // kv heads per rank
+  int64_t kv_blocks_ = 1;  // kv head blocks per token: sp, or Hkv when replicated
+  bool configured_ = false;
+  bool logged_ = false;
+  Cache cache_;
+  std::map<std::tuple<int, int64_t, int64_t, int, int>, Tensor> ids_;  // row ids per shape and device
+};
+
 std::unique_ptr<Plugin> create(const PluginArgs& args) {
-  int64_t sp = args.config.get_int("size", 1);
-  if (sp != 1) args.config.fail("size", "Ulysses across ranks is not built yet", "use size = 1");
-  return make_single_rank();
+  const int64_t sp = args.config.get_int("size", 1);
+  if (sp < 1) args.config.fail("size", "must be >= 1", "set size to the number of ranks that share a sequence");
+  if (sp > (int64_t{1} << 16)) args.config.fail("size", "is implausibly large");
+  return std::make_unique<Ulysses>(sp, args.config.name().empty() ? std::string("sp_ulysses") : args.config.name());
 }
 
 }  // namespace
 }  // namespace lcx
 
-LCX_PLUGIN(LCX_SLOT_PARALLELISM, "sp_ulysses", "0.1.0", "Ulysses all-to-all sequence parallelism",
-           "delegates to single", lcx::create)
+LCX_PLUGIN(LCX_SLOT_PARALLELISM, "sp_ulysses", "0.2.0", "Ulysses all-to-all sequence parallelism", "ready",
+           lcx::create)

@@ -1,0 +1,273 @@
+// sp_ulysses against one rank holding the whole sequence, shared by the CPU suite (thread-ranks)
+// and the GPU suite (virtual ranks: thread-ranks whose tensors live on one GPU):
+//   - attention: each rank's slice of out, lse, dq, dk, dv equals the single-rank op's rows;
+//   - a whole training step of a tiny qwen3: loss and every parameter gradient (summed over the
+//     ranks) equal the single-rank step's.
+#pragma once
+#include <gtest/gtest.h>
+
+#include <algorithm>
+#include <cmath>
+#include <map>
+#include <mutex>
+#include <random>
+
+#include "config/manifest.h"
+#include "lcx/comm.h"
+#include "lcx/ops.h"
+#include "lcx/parallelism.h"
+#include "models/model_util.h"
+#include "plugin/loader.h"
+
+namespace lcx::test {
+
+// A plugin of the build's plugin folder, created with `table` as the body of its TOML table.
+template <typename Slot>
+std::shared_ptr<Slot> load_plugin(const std::string& name, const std::string& table, PluginInfo* info = nullptr) {
+  Manifest m = Manifest::parse("[" + name + "]\n" + table + "\n", "sp_ulysses_test.toml");
+  PluginLoader loader({build_plugin_dir()});
+  PluginArgs args{name, m.section(name), Device::cpu()};
+  auto p = std::dynamic_pointer_cast<Slot>(loader.create(name, args, info));
+  if (!p) throw Error(str("plugin ", name, " does not implement the asked slot"));
+  args.config.check_unknown();
+  return p;
+}
+
+inline std::shared_ptr<Parallelism> load_ulysses(int sp) {
+  return load_plugin<Parallelism>("sp_ulysses", str("size = ", sp));
+}
+
+// max |got - want| / (atol + rtol |want|) over the elements; <= 1 passes.
+inline double excess(const std::vector<float>& got, const std::vector<float>& want, double rtol, double atol) {
+  if (got.size() != want.size()) return INFINITY;
+  double worst = 0;
+  for (size_t i = 0; i < got.size(); ++i) {
+    const double e = std::fabs(static_cast<double>(got[i]) - want[i]) / (atol + rtol * std::fabs(want[i]));
+    if (!(e <= worst)) worst = std::isnan(e) ? INFINITY : e;
+  }
+  return worst;
+}
+
+// ||got - want|| / ||want||; NaN anywhere gives infinity.
+inline double rel_l2(const std::vector<float>& got, const std::vector<float>& want) {
+  if (got.size() != want.size()) return INFINITY;
+  double num = 0, den = 0;
+  for (size_t i = 0; i < got.size(); ++i) {
+    const double d = static_cast<double>(got[i]) - want[i];
+    num += d * d;
+    den += static_cast<double>(want[i]) * want[i];
+  }
+  return std::isnan(num) ? INFINITY : std::sqrt(num / std::max(den, 1e-30));
+}
+
+// Elementwise (rtol, atol) when l2 is 0, else relative L2 <= l2 (low-precision GPU runs).
+struct Tolerance {
+  double rtol = 1e-5, atol = 1e-5, l2 = 0;
+  bool ok(const std::vector<float>& got, const std::vector<float>& want, double atol_scale = 1) const {
+    return l2 > 0 ? rel_l2(got, want) <= l2 : excess(got, want, rtol, atol * atol_scale) <= 1.0;
+  }
+};
+
+struct AttentionCase {
+  int sp = 2;
+  int64_t tokens_per_rank = 5, Hq = 16, Hkv = 2, d = 8;
+  Device device = Device::cpu();
+  DType dtype = DType::f32;
+  Tolerance tol;
+  bool reuse_forward = true;  // false: backward on copies, so the plugin moves its inputs again
+};
+
+// Runs single-rank attention over [L,H,d] and sp_ulysses over sp thread-ranks; every rank's
+// rows must match. Returns nothing: failures are gtest expectations naming the case.
+inline void check_attention(const AttentionCase& c) {
+  const int sp = c.sp;
+  const int64_t T = c.tokens_per_rank, L = T * sp, Hq = c.Hq, Hkv = c.Hkv, d = c.d;
+  const std::string what = str("sp ", sp, ", Hq ", Hq, ", Hkv ", Hkv, ", d ", d, ", T/rank ", T, ", ",
+                               dtype_name(c.dtype), c.reuse_forward ? "" : ", backward on copies");
+  std::mt19937 rng(static_cast<uint32_t>(1000 * sp + 10 * Hkv + d));
+  std::normal_distribution<float> dist(0.f, 1.f);
+  auto rnd = [&](Shape s) {
+    std::vector<float> v(static_cast<size_t>(shape_numel(s)));
+    for (auto& x : v) x = dist(rng);
+    return Tensor::from_floats(v, std::move(s), c.dtype, c.device);
+  };
+  const Tensor q = rnd({L, Hq, d}), k = rnd({L, Hkv, d}), v = rnd({L, Hkv, d}), dout = rnd({L, Hq, d});
+  AttentionArgs args;
+  args.scale = 1.f / std::sqrt(static_cast<float>(d));
+  ops::AttentionParams p;
+  p.scale = args.scale;
+
+  Tensor out = Tensor::empty({L, Hq, d}, c.dtype, c.device), lse = Tensor::empty({Hq, L}, DType::f32, c.device);
+  ops::attention_forward(q, k, v, out, lse, p);
+  Tensor dq = Tensor::empty(q.shape(), c.dtype, c.device), dk = Tensor::empty(k.shape(), c.dtype, c.device),
+         dv = Tensor::empty(v.shape(), c.dtype, c.device);
+  ops::attention_backward(q, k, v, out, lse, dout, dq, dk, dv, p);
+
+  ParallelModelInfo info;
+  info.num_heads = Hq;
+  info.num_kv_heads = Hkv;
+  info.head_dim = d;
+  info.layer_types = {"full_attention", "full_attention"};
+  std::vector<std::shared_ptr<Parallelism>> plugins;
+  for (int r = 0; r < sp; ++r) plugins.push_back(load_ulysses(sp));
+
+  struct Got {
+    Tensor out, lse, dq, dk, dv;
+  };
+  std::vector<Got> got(static_cast<size_t>(sp));
+  run_in_process(sp, [&](Communicator& comm) {
+    Mesh mesh(comm, {.dp = 1, .cp = 1, .sp = sp});
+    MeshBinding bind(&mesh);
+    const int r = comm.rank();
+    Parallelism& par = *plugins[static_cast<size_t>(r)];
+    par.configure(info);
+    auto mine = [&](const Tensor& x) { return x.rows(r * T, (r + 1) * T).clone(); };
+    Tensor qr = mine(q), kr = mine(k), vr = mine(v), dor = mine(dout);
+    Got& g = got[static_cast<size_t>(r)];
+    g.out = Tensor::empty({T, Hq, d}, c.dtype, c.device);
+    g.lse = Tensor::empty({Hq, T}, DType::f32, c.device);
+    g.dq = Tensor::empty({T, Hq, d}, c.dtype, c.device);
+    g.dk = Tensor::empty({T, Hkv, d}, c.dtype, c.device);
+    g.dv = Tensor::empty({T, Hkv, d}, c.dtype, c.device);
+    // Two layers' worth, as the step calls it: the second forward replaces the first's buffers.
+    par.attention_forward(qr, kr, vr, g.out, g.lse, args);
+    par.attention_forward(qr, kr, vr, g.out, g.lse, args);
+    if (c.reuse_forward) {
+      par.attention_backward(qr, kr, vr, g.out, g.lse, dor, g.dq, g.dk, g.dv, args);
+    } else {
+      par.attention_backward(qr.clone(), kr.clone(), vr.clone(), g.out.clone(), g.lse.clone(), dor, g.dq, g.dk, g.dv,
+                             args);
+    }
+  });
+
+  const std::vector<float> lse_all = lse.to_floats();
+  for (int r = 0; r < sp; ++r) {
+    const Got& g = got[static_cast<size_t>(r)];
+    auto rows = [&](const Tensor& x) { return x.rows(r * T, (r + 1) * T).to_floats(); };
+    EXPECT_TRUE(c.tol.ok(g.out.to_floats(), rows(out))) << "out, rank " << r << ": " << what;
+    EXPECT_TRUE(c.tol.ok(g.dq.to_floats(), rows(dq))) << "dq, rank " << r << ": " << what;
+    EXPECT_TRUE(c.tol.ok(g.dk.to_floats(), rows(dk))) << "dk, rank " << r << ": " << what;
+    EXPECT_TRUE(c.tol.ok(g.dv.to_floats(), rows(dv))) << "dv, rank " << r << ": " << what;
+    std::vector<float> want_lse;
+    for (int64_t h = 0; h < Hq; ++h)
+      for (int64_t t = 0; t < T; ++t) want_lse.push_back(lse_all[static_cast<size_t>(h * L + r * T + t)]);
+    EXPECT_TRUE(c.tol.ok(g.lse.to_floats(), want_lse)) << "lse, rank " << r << ": " << what;
+  }
+}
+
+// The kv head counts worth testing for sp ranks and Hq query heads: replicated (Hkv < sp), one
+// per rank (Hkv == sp) and several per rank (Hkv > sp).
+inline std::vector<int64_t> kv_cases(int sp, int64_t Hq) {
+  std::vector<int64_t> out;
+  for (int64_t h : {int64_t{1}, int64_t{sp / 2}, int64_t{sp}, int64_t{2 * sp}, Hq})
+    if (h >= 1 && Hq % h == 0 && std::find(out.begin(), out.end(), h) == out.end()) out.push_back(h);
+  return out;
+}
+
+struct StepCase {
+  int sp = 2;
+  int64_t L = 48, Hq = 8, Hkv = 2, d = 8, hidden = 32, vocab = 96;
+  Device device = Device::cpu();
+  DType weight_dtype = DType::f32;
+  std::string loss = "loss_chunked";  // or "nll"
+  std::string rope_yarn_table;        // non-empty: rope_yarn with this table instead of core's rope
+  Tolerance tol{2e-5, 2e-6, 0};  // atol is relative to each tensor's largest gradient
+  double loss_rtol = 1e-5;
+};
+
+struct Slots {
+  std::shared_ptr<Model> model;
+  std::shared_ptr<Loss> loss;
+  std::shared_ptr<PositionalEncoding> rope;
+  std::unique_ptr<MemoryStrategy> memory = make_on_device_memory();
+  std::shared_ptr<Parallelism> parallel;
+  StepSlots slots() { return {*model, *loss, *rope, *memory, *parallel}; }
+};
+
+inline Slots make_slots(const StepCase& c, std::shared_ptr<Parallelism> parallel) {
+  Slots s;
+  s.model = make_qwen3();
+  s.model->init_random(str(R"({"vocab_size":)", c.vocab, R"(,"hidden_size":)", c.hidden,
+                           R"(,"intermediate_size":48,"num_hidden_layers":2,"num_attention_heads":)", c.Hq,
+                           R"(,"num_key_value_heads":)", c.Hkv, R"(,"head_dim":)", c.d,
+                           R"(,"max_position_embeddings":32,"rope_theta":10000.0,"tie_word_embeddings":false})"),
+                       11, c.device, c.weight_dtype);
+  s.loss = c.loss == "nll" ? std::shared_ptr<Loss>(make_full_logits_loss())
+                           : load_plugin<Loss>("loss_chunked", "chunk_rows = 5");
+  s.rope = c.rope_yarn_table.empty() ? std::shared_ptr<PositionalEncoding>(make_default_rope())
+                                     : load_plugin<PositionalEncoding>("rope_yarn", c.rope_yarn_table);
+  s.parallel = std::move(parallel);
+  return s;
+}
+
+// One training step of the whole sequence on one rank, then the same sequence over sp ranks
+// (each: its shard, train_step with the whole sequence's mean, then the grads summed over the
+// ranks as the trainer's all-reduce does). Loss sums and every gradient must agree.
+inline void check_step(const StepCase& c) {
+  const std::string what = str("sp ", c.sp, ", Hq ", c.Hq, ", Hkv ", c.Hkv, ", ", c.loss,
+                               c.rope_yarn_table.empty() ? "" : ", rope_yarn", ", ", device_name(c.device), " ",
+                               dtype_name(c.weight_dtype));
+  std::mt19937 rng(7);
+  std::uniform_int_distribution<int32_t> tok(0, static_cast<int32_t>(c.vocab) - 1);
+  Sequence seq;
+  seq.tokens = Tensor::empty({c.L}, DType::i32);
+  seq.targets = Tensor::empty({c.L}, DType::i64);
+  for (int64_t t = 0; t < c.L; ++t) seq.tokens.data_as<int32_t>()[t] = tok(rng);
+  int64_t valid = 0;
+  for (int64_t t = 0; t < c.L; ++t) {
+    // A run of ignored targets across a shard boundary, and the last target, as the data gives.
+    const bool ignored = t + 1 == c.L || (t >= c.L / 2 - 3 && t < c.L / 2 + 2);
+    seq.targets.data_as<int64_t>()[t] = ignored ? -100 : seq.tokens.data_as<int32_t>()[(t + 1) % c.L];
+    valid += !ignored;
+  }
+  const double scale = 1.0 / static_cast<double>(valid);
+
+  Slots one = make_slots(c, std::shared_ptr<Parallelism>(make_single_rank()));
+  StepSlots one_slots = one.slots();
+  configure_slots(one_slots);
+  one.model->zero_grad();
+  const StepResult want = train_step(one_slots, one.parallel->shard(seq, 0), scale, c.device);
+  ASSERT_EQ(want.valid, valid) << what;
+
+  std::vector<Slots> ranks;
+  for (int r = 0; r < c.sp; ++r) ranks.push_back(make_slots(c, load_ulysses(c.sp)));
+  std::vector<double> loss_sum(static_cast<size_t>(c.sp));
+  std::vector<int64_t> valid_sum(static_cast<size_t>(c.sp));
+  run_in_process(c.sp, [&](Communicator& comm) {
+    Mesh mesh(comm, {.dp = 1, .cp = 1, .sp = c.sp});
+    MeshBinding bind(&mesh);
+    const int r = comm.rank();
+    Slots& s = ranks[static_cast<size_t>(r)];
+    StepSlots slots = s.slots();
+    configure_slots(slots);
+    s.model->zero_grad();
+    const Shard shard = s.parallel->shard(seq, r);
+    const StepResult got = train_step(slots, shard, scale, c.device);
+    double sums[2] = {got.loss_sum, static_cast<double>(got.valid)};
+    mesh.sp().all_reduce(std::span<double>(sums, 2));
+    for (Parameter* p : s.model->parameters()) mesh.sp().all_reduce(p->grad);
+    loss_sum[static_cast<size_t>(r)] = sums[0];
+    valid_sum[static_cast<size_t>(r)] = static_cast<int64_t>(sums[1]);
+  });
+
+  for (int r = 0; r < c.sp; ++r) {
+    EXPECT_NEAR(loss_sum[static_cast<size_t>(r)], want.loss_sum, c.loss_rtol * std::fabs(want.loss_sum)) << what;
+    EXPECT_EQ(valid_sum[static_cast<size_t>(r)], valid) << what;
+  }
+  const std::vector<Parameter*> ps = one.model->parameters();
+  for (int r = 0; r < c.sp; ++r) {
+    const std::vector<Parameter*> qs = ranks[static_cast<size_t>(r)].model->parameters();
+    ASSERT_EQ(ps.size(), qs.size());
+    for (size_t i = 0; i < ps.size(); ++i) {
+      const std::vector<float> w = ps[i]->grad.to_floats();
+      float norm = 0;
+      for (float x : w) norm = std::max(norm, std::fabs(x));
+      ASSERT_GT(norm, 0.f) << ps[i]->name << " has no gradient: " << what;
+      // atol relative to the tensor's largest gradient: entries near zero carry summation noise.
+      EXPECT_TRUE(c.tol.ok(qs[i]->grad.to_floats(), w, std::max(1.f, norm)))
+          << ps[i]->name << ", rank " << r << ": " << what;
+    }
+  }
+}
+
+}  // namespace lcx::test

@@ -1,0 +1,69 @@
+// sp_ulysses with virtual ranks: thread-ranks whose tensors all live on one GPU, exchanging
+// through the in-process communicator. The same cases as the CPU suite at GPU sizes (d = 128, the
+// cuDNN path for bf16), each against the single-rank run of the same kernels and dtype.
+#include <gtest/gtest.h>
+
+#include "gpu/gpu_test_util.h"
+#include "plugins/sp_ulysses_cases.h"
+
+namespace lcx {
+namespace {
+
+TEST(SpUlyssesGpu, AttentionEqualsSingleRank) {
+  LCX_SKIP_WITHOUT_GPU();
+  for (DType dt : {DType::bf16, DType::f32})
+    for (int sp : {2, 4, 8})
+      for (int64_t Hkv : test::kv_cases(sp, 32)) {
+        test::AttentionCase c;
+        c.sp = sp;
+        c.Hq = 32;
+        c.Hkv = Hkv;
+        c.d = 128;
+        c.tokens_per_rank = 512 / sp * 3;
+        c.device = Device::cuda();
+        c.dtype = dt;
+        c.tol.l2 = dt == DType::f32 ? 1e-5 : 1e-2;
+        test::check_attention(c);
+      }
+}
+
+TEST(SpUlyssesGpu, AttentionBackwardWithoutItsForward) {
+  LCX_SKIP_WITHOUT_GPU();
+  for (int64_t Hkv : {int64_t{2}, int64_t{8}}) {
+    test::AttentionCase c;
+    c.sp = 4;
+    c.Hq = 16;
+    c.Hkv = Hkv;
+    c.d = 128;
+    c.tokens_per_rank = 300;
+    c.device = Device::cuda();
+    c.dtype = DType::bf16;
+    c.tol.l2 = 1e-2;
+    c.reuse_forward = false;
+    test::check_attention(c);
+  }
+}
+
+TEST(SpUlyssesGpu, TrainingStepEqualsSingleRank) {
+  LCX_SKIP_WITHOUT_GPU();
+  for (DType dt : {DType::f32, DType::bf16})
+    for (int sp : {2, 4, 8})
+      for (int64_t Hkv : {int64_t{2}, int64_t{8}}) {
+        test::StepCase c;
+        c.sp = sp;
+        c.L = 1024;
+        c.Hq = 8;
+        c.Hkv = Hkv;
+        c.d = 64;
+        c.hidden = 128;
+        c.vocab = 512;
+        c.device = Device::cuda();
+        c.weight_dtype = dt;
+        c.tol.l2 = dt == DType::f32 ? 1e-4 : 3e-2;
+        c.loss_rtol = dt == DType::f32 ? 1e-5 : 1e-2;
+        test::check_step(c);
+      }
+}
+
+}  // namespace
+}  // namespace lcx

@@ -1,0 +1,206 @@
+// sp_ulysses on CPU with thread-ranks: attention and a whole qwen3 training step equal the
+// single-rank results for sp = 2, 4, 8 with kv heads replicated (Hkv < sp), one per rank and
+// several per rank; the refusals name their key and fix; the plugin plans its buffers.
+#include <gtest/gtest.h>
+
+#include "lcx/plan.h"
+#include "plugins/sp_ulysses_cases.h"
+
+namespace lcx {
+namespace {
+
+std::string error_of(const std::function<void()>& f) {
+  try {
+    f();
+  } catch (const Error& e) {
+    return std::string(e.what()) + " | key: " + e.key() + " | fix: " + e.fix();
+  }
+  return "(no error)";
+}
+
+ParallelModelInfo model_info(int64_t Hq, int64_t Hkv, std::vector<std::string> types = {"full_attention"}) {
+  ParallelModelInfo info;
+  info.num_heads = Hq;
+  info.num_kv_heads = Hkv;
+  info.head_dim = 8;
+  info.layer_types = std::move(types);
+  return info;
+}
+
+TEST(SpUlysses, LoadsReadyWithItsSize) {
+  PluginInfo info;
+  auto p = test::load_plugin<Parallelism>("sp_ulysses", "size = 4", &info);
+  EXPECT_EQ(info.status, "ready");
+  EXPECT_EQ(p->size(), 4);
+  EXPECT_EQ(test::load_plugin<Parallelism>("sp_ulysses", "")->size(), 1);
+  EXPECT_NE(error_of([] { test::load_plugin<Parallelism>("sp_ulysses", "size = 0"); }).find("size"), std::string::npos);
+  EXPECT_NE(error_of([] { test::load_plugin<Parallelism>("sp_ulysses", "sise = 2"); }).find("sise"), std::string::npos);
+}
+
+TEST(SpUlysses, ShardsAreContiguousWithGlobalPositions) {
+  auto p = test::load_ulysses(4);
+  Sequence seq;
+  seq.tokens = Tensor::empty({12}, DType::i32);
+  seq.targets = Tensor::empty({12}, DType::i64);
+  for (int i = 0; i < 12; ++i) seq.tokens.data_as<int32_t>()[i] = 100 + i, seq.targets.data_as<int64_t>()[i] = 200 + i;
+  for (int r = 0; r < 4; ++r) {
+    Shard s = p->shard(seq, r);
+    ASSERT_EQ(s.tokens.size(0), 3);
+    EXPECT_EQ(s.global_length, 12);
+    for (int i = 0; i < 3; ++i) {
+      EXPECT_EQ(s.tokens.data_as<int32_t>()[i], 100 + 3 * r + i);
+      EXPECT_EQ(s.targets.data_as<int64_t>()[i], 200 + 3 * r + i);
+      EXPECT_EQ(s.positions.data_as<int64_t>()[i], 3 * r + i);
+    }
+  }
+  seq.tokens = seq.tokens.rows(0, 10);
+  seq.targets = seq.targets.rows(0, 10);
+  std::string e = error_of([&] { p->shard(seq, 0); });
+  EXPECT_NE(e.find("10 tokens"), std::string::npos) << e;
+  EXPECT_NE(e.find("pad_to_multiple_of = 4"), std::string::npos) << e;
+}
+
+TEST(SpUlysses, RefusesHeadsThatDoNotSplitAndSlidingLayers) {
+  auto p = test::load_ulysses(4);
+  std::string e = error_of([&] { p->configure(model_info(6, 2)); });
+  EXPECT_NE(e.find("6 query heads"), std::string::npos) << e;
+  EXPECT_NE(e.find("key: sp_ulysses.size"), std::string::npos) << e;
+  e = error_of([&] { p->configure(model_info(12, 6)); });
+  EXPECT_NE(e.find("6 key/value heads do not divide"), std::string::npos) << e;
+  e = error_of([&] { test::load_ulysses(4)->configure(model_info(12, 3)); });
+  EXPECT_NE(e.find("cannot be replicated evenly"), std::string::npos) << e;
+  e = error_of([&] { p->configure(model_info(8, 2, {"full_attention", "sliding_attention"})); });
+  EXPECT_NE(e.find("layer 1 is sliding_attention"), std::string::npos) << e;
+  e = error_of([&] { p->configure(model_info(8, 2, {"chunked_attention"})); });
+  EXPECT_NE(e.find("chunked_attention"), std::string::npos) << e;
+  EXPECT_EQ(error_of([&] { p->configure(model_info(8, 2)); }), "(no error)");
+  EXPECT_EQ(error_of([&] { p->configure(model_info(8, 8)); }), "(no error)");
+}
+
+TEST(SpUlysses, NeedsAMatchingMesh) {
+  auto p = test::load_ulysses(2);
+  p->configure(model_info(4, 2));
+  Tensor q = Tensor::zeros({2, 4, 8}, DType::f32), k = Tensor::zeros({2, 2, 8}, DType::f32), v = k.clone();
+  Tensor out = q.clone(), lse = Tensor::zeros({4, 2}, DType::f32);
+  std::string e = error_of([&] { p->attention_forward(q, k, v, out, lse, AttentionArgs{0.3f, true}); });
+  EXPECT_NE(e.find("needs a mesh"), std::string::npos) << e;
+  std::vector<std::string> errors(4);
+  run_in_process(4, [&](Communicator& c) {
+    Mesh mesh(c, {.dp = 1, .cp = 1, .sp = 4});
+    MeshBinding bind(&mesh);
+    errors[static_cast<size_t>(c.rank())] = error_of([&] { test::load_ulysses(2)->configure(model_info(4, 2)); });
+  });
+  for (const auto& m : errors) EXPECT_NE(m.find("mesh's sp axis is 4"), std::string::npos) << m;
+  run_in_process(2, [&](Communicator& c) {
+    Mesh mesh(c, {.dp = 1, .cp = 2, .sp = 1});
+    MeshBinding bind(&mesh);
+    errors[static_cast<size_t>(c.rank())] = error_of([&] { test::load_ulysses(1)->configure(model_info(4, 2)); });
+  });
+  EXPECT_NE(errors[0].find("cp = 2"), std::string::npos) << errors[0];
+}
+
+TEST(SpUlysses, SizeOneWithoutAMeshIsSingleRank) {
+  auto p = test::load_ulysses(1);
+  p->configure(model_info(4, 2));
+  test::AttentionCase c;
+  std::mt19937 rng(3);
+  std::normal_distribution<float> dist;
+  auto rnd = [&](Shape s) {
+    std::vector<float> v(static_cast<size_t>(shape_numel(s)));
+    for (auto& x : v) x = dist(rng);
+    return Tensor::from_floats(v, std::move(s), DType::f32);
+  };
+  Tensor q = rnd({6, 4, 8}), k = rnd({6, 2, 8}), v = rnd({6, 2, 8});
+  Tensor out = Tensor::empty({6, 4, 8}, DType::f32), lse = Tensor::empty({4, 6}, DType::f32);
+  Tensor out1 = out.clone(), lse1 = lse.clone();
+  p->attention_forward(q, k, v, out, lse, AttentionArgs{0.35f, true});
+  ops::attention_forward(q, k, v, out1, lse1, ops::AttentionParams{0.35f, true, 0, 0});
+  EXPECT_EQ(out.to_floats(), out1.to_floats());
+  EXPECT_EQ(lse.to_floats(), lse1.to_floats());
+}
+
+TEST(SpUlyssesExact, AttentionEqualsSingleRank) {
+  for (int sp : {2, 4, 8})
+    for (int64_t Hkv : test::kv_cases(sp, 16)) {
+      test::AttentionCase c;
+      c.sp = sp;
+      c.Hkv = Hkv;
+      test::check_attention(c);
+    }
+}
+
+TEST(SpUlyssesExact, AttentionBackwardWithoutItsForwardMovesTheInputsAgain) {
+  for (int sp : {2, 4})
+    for (int64_t Hkv : {int64_t{1}, int64_t{sp}, int64_t{2 * sp}}) {
+      test::AttentionCase c;
+      c.sp = sp;
+      c.Hkv = Hkv;
+      c.reuse_forward = false;
+      test::check_attention(c);
+    }
+}
+
+TEST(SpUlyssesExact, AttentionWithOneTokenPerRankAndManyHeadsPerRank) {
+  test::AttentionCase c;
+  c.sp = 8;
+  c.tokens_per_rank = 1;
+  c.Hq = 32;
+  c.Hkv = 4;
+  test::check_attention(c);
+  c.sp = 2;
+  c.tokens_per_rank = 17;
+  c.Hkv = 32;
+  c.d = 16;
+  test::check_attention(c);
+}
+
+TEST(SpUlyssesExact, TrainingStepEqualsSingleRank) {
+  // Hkv 2: one kv head per rank at sp 2, replicated at sp 4 and 8; Hkv 8: several per rank.
+  for (int sp : {2, 4, 8})
+    for (int64_t Hkv : {int64_t{2}, int64_t{8}}) {
+      test::StepCase c;
+      c.sp = sp;
+      c.Hkv = Hkv;
+      test::check_step(c);
+    }
+}
+
+TEST(SpUlyssesExact, TrainingStepWithCoreLossAndRopeYarn) {
+  test::StepCase c;
+  c.sp = 4;
+  c.Hkv = 1;
+  c.loss = "nll";
+  c.rope_yarn_table = "factor = 2.0\noriginal_max_position_embeddings = 24";
+  test::check_step(c);
+  c.loss = "loss_chunked";
+  test::check_step(c);
+}
+
+TEST(SpUlysses, PlansItsBuffers) {
+  PlanInputs in;
+  in.model.num_heads = 32;
+  in.model.num_kv_heads = 8;
+  in.model.head_dim = 128;
+  in.sp = 4;
+  in.seq_len = 1 << 20;
+  in.tokens_per_rank = in.seq_len / 4;
+  MemoryPlan plan;
+  test::load_ulysses(4)->plan(in, plan);
+  ASSERT_FALSE(plan.terms.empty());
+  for (const PlanTerm& t : plan.terms) EXPECT_EQ(t.category, PlanCategory::communication) << t.name;
+  // q, k, v, out in head layout: T (2 Hq + 2 Hkv) d bf16 in the forward, twice that backward.
+  const int64_t heads = in.tokens_per_rank * (2 * 32 + 2 * 8) * 128 * 2;
+  EXPECT_EQ(plan.terms[0].bytes, heads);
+  EXPECT_EQ(plan.gpu_bytes(plan_phase::backward, false) - plan.gpu_bytes(plan_phase::forward, false),
+            heads + in.tokens_per_rank * 32 * 4);
+  // Replication: with 2 kv heads over 8 ranks every rank sends 8 heads' worth of k and v.
+  in.model.num_kv_heads = 2;
+  in.sp = 8;
+  in.tokens_per_rank = in.seq_len / 8;
+  MemoryPlan rep;
+  test::load_ulysses(8)->plan(in, rep);
+  EXPECT_EQ(rep.terms[0].bytes, in.tokens_per_rank * (2 * 32 + 2 * 8) * 128 * 2);
+}
+
+}  // namespace
+}  // namespace lcx
