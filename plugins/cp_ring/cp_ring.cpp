@@ -1,19 +1,312 @@
-// cp_ring: ring attention over a zigzag-sharded sequence. Until its issue (12) lands it accepts
-// only cp = 1 and delegates to core's single-rank parallelism; --list-plugins says so.
-#include <lcx/defaults.h>
+// cp_ring: context parallelism by ring attention over a zigzag-sharded sequence (README.md).
+//
+// Sharding: the sequence is cut into 2 x cp equal chunks and rank r holds chunks r and 2cp-1-r,
+// so every rank holds one early and one late chunk and the causal work per rank is equal.
+//
+// Attention: at ring step s a rank holds the K/V of rank j = r - s (mod cp). Against its two
+// query chunks that block is
+//   j == r: its own block: causal on the two diagonal chunk pairs, full for (late q, early k);
+//   j <  r: both query chunks see only j's early chunk, fully;
+//   j >  r: only the late query chunk sees anything, and it sees both of j's chunks fully;
+// so each step past the first is one full [2c x c] or [c x 2c] piece of work, equal on every rank.
+// Each piece runs through ops::attention_forward/backward (CPU reference or CUDA kernels); full
+// pieces run without a mask, diagonal ones with equal offsets (the cuDNN fused path takes both).
+// While a piece computes, the next K/V block is already moving (send to r+1, receive from r-1).
+// Forward partial results merge by log-sum-exp in fp32 (ring_merge.h). Backward: each block's
+// backward with the final out and LSE gives that block's exact share of dQ, dK and dV (flash
+// attention's identity); dQ adds up locally, dK/dV add up in fp32 accumulators that travel around
+// the ring behind their K/V and reach their owner after the last step.
+#include <lcx/comm.h>
+#include <lcx/ops.h>
+#include <lcx/parallelism.h>
+#include <lcx/plan.h>
 #include <lcx/plugin.h>
+
+#include <array>
+#include <memory>
+#include <utility>
+#include <vector>
+
+#include "ring_merge.h"
 
 namespace lcx {
 namespace {
 
+// One query-rows x key-rows piece of a ring step, in the rank's local rows.
+struct Piece {
+  int64_t q_begin, q_end, k_begin, k_end;
+  bool causal;  // a diagonal chunk pair: equal positions, mask above the diagonal
+};
+
+// The pieces of rank r's queries against the block of rank j; c is one chunk's length.
+std::vector<Piece> pieces_for(int r, int j, int64_t c, bool causal) {
+  if (!causal) return {{0, 2 * c, 0, 2 * c, false}};
+  if (j == r) return {{0, c, 0, c, true}, {c, 2 * c, 0, c, false}, {c, 2 * c, c, 2 * c, true}};
+  if (j < r) return {{0, 2 * c, 0, c, false}};
+  return {{c, 2 * c, 0, 2 * c, false}};
+}
+
+ops::AttentionParams params_of(const AttentionArgs& a, bool causal) {
+  ops::AttentionParams p;
+  p.scale = a.scale;
+  p.causal = causal;
+  return p;  // offsets stay 0: diagonal pieces have equal positions, full ones need none
+}
+
+// Columns [col0, col0 + n) of an fp32 [H,T] LSE as a contiguous [H,n] tensor.
+Tensor lse_columns(const Tensor& lse, int64_t col0, int64_t n) {
+  const int64_t H = lse.size(0), T = lse.size(1);
+  Tensor out = Tensor::empty({H, n}, DType::f32, lse.device());
+  for (int64_t h = 0; h < H; ++h) {
+    Tensor dst = out.rows(h, h + 1).view({n});
+    dst.copy_from(Tensor::borrow(lse.data_as<float>() + h * T + col0, {n}, DType::f32, lse.device()));
+  }
+  return out;
+}
+
+// Two receive buffers per tensor: the block in hand is sent on while the next one arrives in
+// the other buffer, which no one reads until the exchange's wait().
+class KvRing {
+ public:
+  KvRing(const Tensor& k, const Tensor& v)
+      : k_(k), v_(v) {
+    for (auto& b : kbuf_) b = Tensor::empty(k.shape(), k.dtype(), k.device(), MemoryCategory::communication);
+    for (auto& b : vbuf_) b = Tensor::empty(v.shape(), v.dtype(), v.device(), MemoryCategory::communication);
+  }
+  const Tensor& k() const { return k_; }
+  const Tensor& v() const { return v_; }
+  std::unique_ptr<CommWork> pass(Communicator& c, int next, int prev) {
+    Tensor& kn = kbuf_[static_cast<size_t>(slot_)];
+    Tensor& vn = vbuf_[static_cast<size_t>(slot_)];
+    return c.send_recv_async({P2POp::send(k_, next), P2POp::send(v_, next), P2POp::recv(kn, prev), P2POp::recv(vn, prev)});
+  }
+  void advance() {
+    k_ = kbuf_[static_cast<size_t>(slot_)];
+    v_ = vbuf_[static_cast<size_t>(slot_)];
+    slot_ ^= 1;
+  }
+
+ private:
+  Tensor k_, v_;
+  std::array<Tensor, 2> kbuf_, vbuf_;
+  int slot_ = 0;
+};
+
+class CpRing final : public Parallelism {
+ public:
+  explicit CpRing(int cp) : cp_(cp) {}
+
+  void configure(const ParallelModelInfo& info) override {
+    for (size_t l = 0; l < info.layer_types.size(); ++l)
+      if (info.layer_types[l] != "full_attention")
+        throw Error(str("cp_ring: layer ", l, " is ", info.layer_types[l],
+                        "; ring attention computes full causal attention only, and a sliding-window or chunked "
+                        "layer would need its window cut across the ring"),
+                    "layer_types", "use a model with full attention in every layer (Qwen3, Qwen3-MoE), or drop cp_ring");
+    if (Mesh* m = current_mesh()) check_mesh(*m);
+  }
+
+  int size() const override { return cp_; }
+
+  Shard shard(const Sequence& seq, int rank) const override {
+    const int64_t L = seq.tokens.size(0);
+    if (rank < 0 || rank >= cp_) throw Error(str("cp_ring: shard for rank ", rank, " of cp = ", cp_));
+    if (seq.targets.size(0) != L)
+      throw Error(str("cp_ring: a sequence of ", L, " tokens has ", seq.targets.size(0), " targets"));
+    Shard s;
+    s.global_length = L;
+    if (cp_ == 1) {  // one rank holds the sequence as it is
+      s.tokens = seq.tokens;
+      s.targets = seq.targets;
+      s.positions = Tensor::empty({L}, DType::i64);
+      for (int64_t i = 0; i < L; ++i) s.positions.data_as<int64_t>()[i] = i;
+      return s;
+    }
+    if (seq.documents > 1)
+      throw Error(str("cp_ring: the sequence packs ", seq.documents,
+                      " documents; packed documents need a block-diagonal mask, which ring attention does not "
+                      "build (a varlen ring would), and without it tokens would attend across documents"),
+                  "data.seq_len", "train on one document per sequence (long documents, seq_len no longer than "
+                                  "them), or run without cp_ring");
+    const int64_t chunks = 2 * static_cast<int64_t>(cp_);
+    if (L % chunks != 0)
+      throw Error(str("cp_ring: a sequence of ", L, " tokens cannot be cut into 2 x cp = ", chunks,
+                      " equal chunks (zigzag sharding: rank r holds chunks r and ", chunks - 1, " - r)"),
+                  "data.pad_to_multiple_of", str("set data.pad_to_multiple_of = ", chunks, " (a multiple of 2 x cp)"));
+    const int64_t c = L / chunks;
+    const int64_t starts[2] = {rank * c, (chunks - 1 - rank) * c};
+    s.tokens = Tensor::empty({2 * c}, DType::i32);
+    s.targets = Tensor::empty({2 * c}, DType::i64);
+    s.positions = Tensor::empty({2 * c}, DType::i64);
+    const Tensor tokens = seq.tokens.device().is_cuda() ? seq.tokens.to(Device::cpu()) : seq.tokens;
+    const Tensor targets = seq.targets.device().is_cuda() ? seq.targets.to(Device::cpu()) : seq.targets;
+    for (int h = 0; h < 2; ++h) {
+      s.tokens.rows(h * c, (h + 1) * c).copy_from(tokens.rows(starts[h], starts[h] + c));
+      s.targets.rows(h * c, (h + 1) * c).copy_from(targets.rows(starts[h], starts[h] + c));
+      for (int64_t i = 0; i < c; ++i) s.positions.data_as<int64_t>()[h * c + i] = starts[h] + i;
+    }
+    return s;
+  }
+
+  void attention_forward(const Tensor& q, const Tensor& k, const Tensor& v, Tensor& out, Tensor& lse,
+                         const AttentionArgs& args) override {
+    Communicator* ring = ring_comm();
+    if (!ring) return ops::attention_forward(q, k, v, out, lse, params_of(args, args.causal));
+    const int r = ring->rank(), n = ring->size(), next = (r + 1) % n, prev = (r + n - 1) % n;
+    const int64_t c = chunk_of(q);
+    const Device dev = q.device();
+    // LSE accumulates in place (it is fp32); the output in fp32 unless it already is.
+    Tensor acc = out.dtype() == DType::f32 ? out : Tensor::empty(out.shape(), DType::f32, dev);
+    KvRing kv(k, v);
+    bool seen[2] = {false, false};  // whether each query chunk has a partial result yet
+    for (int s = 0; s < n; ++s) {
+      const int j = (r - s + n) % n;
+      std::unique_ptr<CommWork> moving = s + 1 < n ? kv.pass(*ring, next, prev) : nullptr;
+      for (const Piece& p : pieces_for(r, j, c, args.causal)) {
+        const int64_t nq = p.q_end - p.q_begin;
+        Tensor o = Tensor::empty({nq, q.size(1), q.size(2)}, q.dtype(), dev);
+        Tensor l = Tensor::empty({q.size(1), nq}, DType::f32, dev);
+        ops::attention_forward(q.rows(p.q_begin, p.q_end), kv.k().rows(p.k_begin, p.k_end),
+                               kv.v().rows(p.k_begin, p.k_end), o, l, params_of(args, p.causal));
+        const bool first = !seen[p.q_begin / c];
+        cp_ring::merge_partial(acc, lse, p.q_begin, o, l, first);
+        for (int64_t h = p.q_begin / c; h < p.q_end / c; ++h) seen[h] = true;
+      }
+      if (moving) {
+        moving->wait();
+        kv.advance();
+      }
+    }
+    if (acc.data() != out.data()) ops::cast(acc, out);
+  }
+
+  void attention_backward(const Tensor& q, const Tensor& k, const Tensor& v, const Tensor& out, const Tensor& lse,
+                          const Tensor& dout, Tensor& dq, Tensor& dk, Tensor& dv, const AttentionArgs& args) override {
+    Communicator* ring = ring_comm();
+    if (!ring) return ops::attention_backward(q, k, v, out, lse, dout, dq, dk, dv, params_of(args, args.causal));
+    const int r = ring->rank(), n = ring->size(), next = (r + 1) % n, prev = (r + n - 1) % n;
+    const int64_t c = chunk_of(q), T = 2 * c;
+    const Device dev = q.device();
+    // A piece's LSE rows must be contiguous: the whole [Hq,T] serves pieces over both chunks.
+    const Tensor lse_half[2] = {lse_columns(lse, 0, c), lse_columns(lse, c, c)};
+    auto lse_rows = [&](int64_t b, int64_t e) { return e - b == T ? lse : lse_half[b / c]; };
+
+    Tensor dq_acc = Tensor::zeros(q.shape(), DType::f32, dev);
+    // dK/dV accumulators travel: the one in hand is sent on while the next one arrives.
+    std::array<Tensor, 2> dk_acc, dv_acc;
+    for (auto& t : dk_acc) t = Tensor::empty(k.shape(), DType::f32, dev, MemoryCategory::communication);
+    for (auto& t : dv_acc) t = Tensor::empty(v.shape(), DType::f32, dev, MemoryCategory::communication);
+    dk_acc[0].zero();
+    dv_acc[0].zero();
+    size_t cur = 0;
+    std::unique_ptr<CommWork> grads_moving;  // the accumulator for the next block, arriving
+
+    KvRing kv(k, v);
+    for (int s = 0; s < n; ++s) {
+      const int j = (r - s + n) % n;
+      std::unique_ptr<CommWork> moving = s + 1 < n ? kv.pass(*ring, next, prev) : nullptr;
+      struct KeyGrad {
+        int64_t k_begin, k_end;
+        Tensor dk, dv;
+      };
+      std::vector<KeyGrad> pending;  // this rank's share of block j's dK/dV, until its accumulator arrives
+      for (const Piece& p : pieces_for(r, j, c, args.causal)) {
+        const int64_t nq = p.q_end - p.q_begin, nk = p.k_end - p.k_begin;
+        Tensor dq_p = Tensor::empty({nq, q.size(1), q.size(2)}, q.dtype(), dev);
+        Tensor dk_p = Tensor::empty({nk, k.size(1), k.size(2)}, q.dtype(), dev);
+        Tensor dv_p = Tensor::empty({nk, v.size(1), v.size(2)}, q.dtype(), dev);
+        ops::attention_backward(q.rows(p.q_begin, p.q_end), kv.k().rows(p.k_begin, p.k_end),
+                                kv.v().rows(p.k_begin, p.k_end), out.rows(p.q_begin, p.q_end),
+                                lse_rows(p.q_begin, p.q_end), dout.rows(p.q_begin, p.q_end), dq_p, dk_p, dv_p,
+                                params_of(args, p.causal));
+        Tensor dq_rows = dq_acc.rows(p.q_begin, p.q_end);
+        ops::add_inplace(dq_rows, dq_p);
+        pending.push_back({p.k_begin, p.k_end, std::move(dk_p), std::move(dv_p)});
+      }
+      if (grads_moving) {
+        grads_moving->wait();
+        grads_moving.reset();
+      }
+      for (const KeyGrad& g : pending) {
+        Tensor dk_rows = dk_acc[cur].rows(g.k_begin, g.k_end), dv_rows = dv_acc[cur].rows(g.k_begin, g.k_end);
+        ops::add_inplace(dk_rows, g.dk);
+        ops::add_inplace(dv_rows, g.dv);
+      }
+      // Block j's accumulator goes on to r+1; after the last step it reaches j itself.
+      grads_moving = ring->send_recv_async({P2POp::send(dk_acc[cur], next), P2POp::send(dv_acc[cur], next),
+                                            P2POp::recv(dk_acc[cur ^ 1], prev), P2POp::recv(dv_acc[cur ^ 1], prev)});
+      cur ^= 1;
+      if (moving) {
+        moving->wait();
+        kv.advance();
+      }
+    }
+    grads_moving->wait();
+    ops::cast(dq_acc, dq);
+    ops::cast(dk_acc[cur], dk);
+    ops::cast(dv_acc[cur], dv);
+  }
+
+  // Per rank, T = tokens_per_rank; what a ring step holds beside the model's own attention tensors.
+  void plan(const PlanInputs& in, MemoryPlan& plan) const override {
+    const int64_t T = in.tokens_per_rank, Hq = in.model.num_heads, Hkv = in.model.num_kv_heads, d = in.model.head_dim;
+    const int64_t w = static_cast<int64_t>(dtype_size(in.weight_dtype));
+    if (in.cp <= 1) {
+      plan.add("attention backward delta [Hq,T] fp32", PlanCategory::transient, Hq * T * 4, plan_phase::backward);
+      return;
+    }
+    const int64_t q_elems = T * Hq * d, kv_elems = T * Hkv * d;
+    for (const char* phase : {plan_phase::forward, plan_phase::backward})
+      plan.add("ring K/V receive buffers 2 x (K,V) [T,Hkv,d]", PlanCategory::communication, 4 * kv_elems * w, phase);
+    if (w != 4)
+      plan.add("ring output accumulator [T,Hq,d] fp32", PlanCategory::transient, q_elems * 4, plan_phase::forward);
+    plan.add("one piece's partial output [T,Hq,d] and LSE [Hq,T]", PlanCategory::transient, q_elems * w + Hq * T * 4,
+             plan_phase::forward);
+    plan.add("travelling dK/dV accumulators 2 x (dK,dV) [T,Hkv,d] fp32", PlanCategory::communication,
+             4 * kv_elems * 4, plan_phase::backward);
+    plan.add("ring dQ accumulator [T,Hq,d] fp32", PlanCategory::transient, q_elems * 4, plan_phase::backward);
+    plan.add("one piece's dQ, dK, dV", PlanCategory::transient, (q_elems + 2 * kv_elems) * w, plan_phase::backward);
+    plan.add("LSE halves and attention backward delta [Hq,T] fp32", PlanCategory::transient, 2 * Hq * T * 4,
+             plan_phase::backward);
+  }
+
+ private:
+  void check_mesh(const Mesh& m) const {
+    if (m.shape().cp != cp_)
+      throw Error(str("cp_ring.size = ", cp_, " but the rank mesh has cp = ", m.shape().cp), "cp_ring.size",
+                  str("set cp_ring.size equal to distributed.cp (", m.shape().cp, ")"));
+  }
+
+  // The cp communicator of this rank's mesh; nullptr when one rank holds the sequence.
+  Communicator* ring_comm() const {
+    Mesh* m = current_mesh();
+    if (!m) {
+      if (cp_ == 1) return nullptr;
+      throw Error(str("cp_ring.size = ", cp_, " but no rank mesh is bound on this thread"), "cp_ring.size",
+                  "run with distributed.cp = cp_ring.size (the trainer binds each rank's mesh), or set size = 1");
+    }
+    check_mesh(*m);
+    return cp_ == 1 ? nullptr : &m->cp();
+  }
+
+  static int64_t chunk_of(const Tensor& q) {
+    if (q.size(0) % 2 != 0)
+      throw Error(str("cp_ring: a rank's attention got ", q.size(0), " query rows; its shard holds two equal chunks"),
+                  {}, "hand attention the rows of this rank's shard (cp_ring.shard)");
+    return q.size(0) / 2;
+  }
+
+  int cp_;
+};
+
 std::unique_ptr<Plugin> create(const PluginArgs& args) {
-  int64_t cp = args.config.get_int("size", 1);
-  if (cp != 1) args.config.fail("size", "ring attention across ranks is not built yet", "use size = 1");
-  return make_single_rank();
+  const int64_t cp = args.config.get_int("size", 1);
+  if (cp < 1 || cp > 4096) args.config.fail("size", str("must be between 1 and 4096, got ", cp), "set it to distributed.cp");
+  return std::make_unique<CpRing>(static_cast<int>(cp));
 }
 
 }  // namespace
 }  // namespace lcx
 
-LCX_PLUGIN(LCX_SLOT_PARALLELISM, "cp_ring", "0.1.0", "ring attention over a zigzag-sharded sequence",
-           "delegates to single", lcx::create)
+LCX_PLUGIN(LCX_SLOT_PARALLELISM, "cp_ring", "1.0.0", "ring attention over a zigzag-sharded sequence",
+           "exact forward and backward; in-process and NCCL rings", lcx::create)

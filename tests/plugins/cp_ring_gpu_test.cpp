@@ -1,0 +1,61 @@
+// cp_ring with virtual ranks: the in-process thread-ranks of the CPU suite, each computing on the
+// same GPU through the CUDA kernels (cuDNN's fused attention where present) and the plugin's merge
+// kernel. bf16 attention is held to the bf16 bar against an fp32 CPU reference on the same
+// rounded inputs; whole training steps against the single-rank step on the GPU.
+#include <gtest/gtest.h>
+
+#include "plugins/cp_ring_cases.h"
+
+namespace lcx {
+namespace {
+
+#define LCX_SKIP_WITHOUT_GPU() \
+  if (!::lcx::cuda_available()) GTEST_SKIP() << "no CUDA device visible"
+
+constexpr double kBf16Tol = 1e-2;
+
+class CpRingAttentionGpu : public ::testing::TestWithParam<int> {};
+
+TEST_P(CpRingAttentionGpu, Bf16Gqa1) {
+  LCX_SKIP_WITHOUT_GPU();
+  test::expect_ring_attention({GetParam(), 96, 4, 4, 128}, Device::cuda(), DType::bf16, kBf16Tol);
+}
+
+TEST_P(CpRingAttentionGpu, Bf16Gqa4) {
+  LCX_SKIP_WITHOUT_GPU();
+  test::expect_ring_attention({GetParam(), 80, 8, 2, 64}, Device::cuda(), DType::bf16, kBf16Tol);
+}
+
+TEST_P(CpRingAttentionGpu, Fp32Gqa4) {
+  LCX_SKIP_WITHOUT_GPU();
+  test::expect_ring_attention({GetParam(), 40, 8, 2, 64}, Device::cuda(), DType::f32, 1e-4);
+}
+
+INSTANTIATE_TEST_SUITE_P(Ranks, CpRingAttentionGpu, ::testing::Values(2, 4, 8),
+                         [](const auto& info) { return str("cp", info.param); });
+
+class CpRingStepGpu : public ::testing::TestWithParam<int> {};
+
+TEST_P(CpRingStepGpu, Fp32EqualsSingleRankStep) {
+  LCX_SKIP_WITHOUT_GPU();
+  const int cp = GetParam();
+  const Sequence seq = test::random_sequence(64, 64, 9);
+  const test::StepOutcome want = test::single_rank_step(seq, Device::cuda(), DType::f32);
+  const test::StepOutcome got = test::cp_step(seq, cp, Device::cuda(), DType::f32);
+  test::expect_same_step(got, want, 1e-4, 2e-3, str("cp = ", cp, " fp32 on the GPU"));
+}
+
+TEST_P(CpRingStepGpu, Bf16TracksSingleRankStep) {
+  LCX_SKIP_WITHOUT_GPU();
+  const int cp = GetParam();
+  const Sequence seq = test::random_sequence(64, 64, 9);
+  const test::StepOutcome want = test::single_rank_step(seq, Device::cuda(), DType::bf16);
+  const test::StepOutcome got = test::cp_step(seq, cp, Device::cuda(), DType::bf16);
+  test::expect_same_step(got, want, 1e-2, 5e-2, str("cp = ", cp, " bf16 on the GPU"));
+}
+
+INSTANTIATE_TEST_SUITE_P(Ranks, CpRingStepGpu, ::testing::Values(2, 4),
+                         [](const auto& info) { return str("cp", info.param); });
+
+}  // namespace
+}  // namespace lcx

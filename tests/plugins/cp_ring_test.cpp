@@ -1,0 +1,171 @@
+// cp_ring on the CPU with in-process thread-ranks: zigzag sharding, ring attention (forward and
+// backward, causal and full, GQA 1 and 4) equal to one rank's attention over the whole sequence,
+// a whole Qwen3 training step with cp = 2 and 4 equal to the single-rank step, the refusals, and
+// the memory-plan terms.
+#include <gtest/gtest.h>
+
+#include "lcx/plan.h"
+#include "plugins/cp_ring_cases.h"
+
+namespace lcx {
+namespace {
+
+std::string error_of(const std::function<void()>& f) {
+  try {
+    f();
+  } catch (const Error& e) {
+    return std::string(e.what()) + " | key: " + e.key() + " | fix: " + e.fix();
+  }
+  return "(no error)";
+}
+
+TEST(CpRingShard, ZigzagChunksWithGlobalPositions) {
+  auto p = test::make_cp_ring(4);
+  const Sequence seq = test::iota_sequence(24);  // 8 chunks of 3
+  const int64_t want_first[4][2] = {{0, 21}, {3, 18}, {6, 15}, {9, 12}};
+  std::vector<int> seen(24, 0);
+  for (int r = 0; r < 4; ++r) {
+    const Shard s = p->shard(seq, r);
+    EXPECT_EQ(s.global_length, 24);
+    ASSERT_EQ(s.tokens.numel(), 6);
+    for (int h = 0; h < 2; ++h)
+      for (int i = 0; i < 3; ++i) {
+        const int64_t at = h * 3 + i, want = want_first[r][h] + i;
+        EXPECT_EQ(s.positions.data_as<int64_t>()[at], want) << "rank " << r;
+        EXPECT_EQ(s.tokens.data_as<int32_t>()[at], want) << "rank " << r;
+        EXPECT_EQ(s.targets.data_as<int64_t>()[at], want + 1) << "rank " << r;
+        ++seen[static_cast<size_t>(want)];
+      }
+  }
+  for (int i = 0; i < 24; ++i) EXPECT_EQ(seen[static_cast<size_t>(i)], 1) << "position " << i;
+}
+
+TEST(CpRingShard, SizeOneHoldsTheWholeSequence) {
+  auto p = test::make_cp_ring(1);
+  const Shard s = p->shard(test::iota_sequence(7, 3), 0);  // any length; packing is single-rank attention
+  ASSERT_EQ(s.positions.numel(), 7);
+  for (int64_t i = 0; i < 7; ++i) EXPECT_EQ(s.positions.data_as<int64_t>()[i], i);
+}
+
+TEST(CpRingRefuses, LengthTheShardingCannotSplit) {
+  auto p = test::make_cp_ring(4);
+  const std::string e = error_of([&] { p->shard(test::iota_sequence(20), 0); });
+  EXPECT_NE(e.find("2 x cp = 8"), std::string::npos) << e;
+  EXPECT_NE(e.find("data.pad_to_multiple_of = 8"), std::string::npos) << e;
+  EXPECT_NE(e.find("key: data.pad_to_multiple_of"), std::string::npos) << e;
+}
+
+TEST(CpRingRefuses, PackedDocuments) {
+  auto p = test::make_cp_ring(2);
+  const std::string e = error_of([&] { p->shard(test::iota_sequence(8, 2), 1); });
+  EXPECT_NE(e.find("block-diagonal"), std::string::npos) << e;
+  EXPECT_NE(e.find("2 documents"), std::string::npos) << e;
+}
+
+TEST(CpRingRefuses, SlidingWindowAndChunkedLayers) {
+  auto p = test::make_cp_ring(2);
+  ParallelModelInfo info;
+  info.num_heads = info.num_kv_heads = 2;
+  info.head_dim = 8;
+  for (const char* kind : {"sliding_attention", "chunked_attention"}) {
+    info.layer_types = {"full_attention", kind};
+    const std::string e = error_of([&] { p->configure(info); });
+    EXPECT_NE(e.find(str("layer 1 is ", kind)), std::string::npos) << e;
+    EXPECT_NE(e.find("key: layer_types"), std::string::npos) << e;
+  }
+  info.layer_types = {"full_attention", "full_attention"};
+  EXPECT_EQ(error_of([&] { p->configure(info); }), "(no error)");
+}
+
+TEST(CpRingRefuses, SizeThatDiffersFromTheMesh) {
+  auto p = test::make_cp_ring(2);
+  ParallelModelInfo info;
+  info.layer_types = {"full_attention"};
+  std::vector<std::string> errors(4);
+  run_in_process(4, [&](Communicator& c) {
+    Mesh mesh(c, {.dp = 1, .cp = 4, .sp = 1});
+    MeshBinding bind(&mesh);
+    errors[static_cast<size_t>(c.rank())] = error_of([&] { p->configure(info); });
+  });
+  for (const std::string& e : errors) {
+    EXPECT_NE(e.find("cp_ring.size = 2 but the rank mesh has cp = 4"), std::string::npos) << e;
+    EXPECT_NE(e.find("key: cp_ring.size"), std::string::npos) << e;
+  }
+  // No mesh at all: attention cannot find its ring.
+  Tensor q = Tensor::zeros({4, 2, 8}, DType::f32), k = Tensor::zeros({4, 2, 8}, DType::f32);
+  Tensor out = Tensor::empty({4, 2, 8}, DType::f32), lse = Tensor::empty({2, 4}, DType::f32);
+  const std::string e = error_of([&] { p->attention_forward(q, k, k, out, lse, AttentionArgs{}); });
+  EXPECT_NE(e.find("no rank mesh is bound"), std::string::npos) << e;
+}
+
+TEST(CpRingRefuses, BadSize) {
+  EXPECT_NE(error_of([] { test::make_cp_ring(0); }).find("size"), std::string::npos);
+  EXPECT_NE(error_of([] { test::make_cp_ring("size = 2\nchunks = 3"); }).find("chunks"), std::string::npos);
+}
+
+// fp32 on the CPU: the ring's only differences from one rank are summation orders.
+constexpr double kFp32Tol = 1e-5;
+
+TEST(CpRingAttention, SizeOneIsSingleRank) {
+  test::expect_ring_attention({1, 9, 4, 1, 16}, Device::cpu(), DType::f32, kFp32Tol);
+}
+
+class CpRingAttentionCpu : public ::testing::TestWithParam<int> {};
+
+TEST_P(CpRingAttentionCpu, EqualsSingleRankGqa1) {
+  test::expect_ring_attention({GetParam(), 5, 4, 4, 16}, Device::cpu(), DType::f32, kFp32Tol);
+}
+
+TEST_P(CpRingAttentionCpu, EqualsSingleRankGqa4) {
+  test::expect_ring_attention({GetParam(), 3, 8, 2, 8}, Device::cpu(), DType::f32, kFp32Tol);
+}
+
+TEST_P(CpRingAttentionCpu, EqualsSingleRankFullAttention) {
+  test::expect_ring_attention({GetParam(), 4, 4, 1, 8, false}, Device::cpu(), DType::f32, kFp32Tol);
+}
+
+INSTANTIATE_TEST_SUITE_P(Ranks, CpRingAttentionCpu, ::testing::Values(2, 4, 8),
+                         [](const auto& info) { return str("cp", info.param); });
+
+// Chunks longer than the CPU kernel's key block, so each piece runs several blocks.
+TEST(CpRingAttention, ChunksSpanningSeveralKeyBlocks) {
+  test::expect_ring_attention({2, 70, 4, 1, 16}, Device::cpu(), DType::f32, kFp32Tol);
+}
+
+class CpRingStepCpu : public ::testing::TestWithParam<int> {};
+
+TEST_P(CpRingStepCpu, EqualsSingleRankStep) {
+  const int cp = GetParam();
+  const Sequence seq = test::random_sequence(32, 64, 5);
+  const test::StepOutcome want = test::single_rank_step(seq, Device::cpu(), DType::f32);
+  const test::StepOutcome got = test::cp_step(seq, cp, Device::cpu(), DType::f32);
+  test::expect_same_step(got, want, 1e-6, 2e-5, str("cp = ", cp));
+}
+
+INSTANTIATE_TEST_SUITE_P(Ranks, CpRingStepCpu, ::testing::Values(2, 4),
+                         [](const auto& info) { return str("cp", info.param); });
+
+TEST(CpRingPlan, RingBuffersAndAccumulators) {
+  auto p = test::make_cp_ring(4);
+  PlanInputs in;
+  in.model.num_heads = 32;
+  in.model.num_kv_heads = 8;
+  in.model.head_dim = 128;
+  in.seq_len = 1 << 20;
+  in.cp = 4;
+  in.tokens_per_rank = in.seq_len / 4;
+  in.weight_dtype = DType::bf16;
+  MemoryPlan plan;
+  p->plan(in, plan);
+  const int64_t kv = in.tokens_per_rank * 8 * 128;
+  // K/V receive buffers in both phases, the fp32 dK/dV accumulators in backward.
+  EXPECT_EQ(plan.category_bytes(PlanCategory::communication), 2 * 4 * kv * 2 + 4 * kv * 4);
+  EXPECT_GT(plan.gpu_bytes(plan_phase::backward), plan.gpu_bytes(plan_phase::forward));
+  MemoryPlan single;
+  in.cp = 1;
+  p->plan(in, single);
+  EXPECT_EQ(single.category_bytes(PlanCategory::communication), 0);
+}
+
+}  // namespace
+}  // namespace lcx
