@@ -6,6 +6,8 @@
 #   scripts/gpu_check.sh                  tests, memcheck, benchmarks
 #   LCX_MEMCHECK=0 scripts/gpu_check.sh   skip memcheck
 #   LCX_BENCH=quick|0                     shorter benchmarks, or none
+#   LCX_GPU_TESTS="test_x test_y"         more test binaries of the bundle to run (test_gpu* and
+#                                         test_pinned always run)
 set -uo pipefail
 bundle=${LCX_BUNDLE:-.bundle}
 out=${OUT:-/tmp/lcx-gpu-check}
@@ -33,7 +35,9 @@ export LD_LIBRARY_PATH=$libs${LD_LIBRARY_PATH:+:$LD_LIBRARY_PATH}
 } >>"$log" 2>&1
 
 rows=()
-for t in "$bundle"/tests/test_gpu* "$bundle"/tests/test_pinned; do
+extra=()
+for name in ${LCX_GPU_TESTS:-}; do extra+=("$bundle/tests/$name"); done
+for t in "$bundle"/tests/test_gpu* "$bundle"/tests/test_pinned "${extra[@]}"; do
   [[ -x $t ]] || continue
   name=$(basename "$t")
   start=$(date +%s)

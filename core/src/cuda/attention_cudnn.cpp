@@ -25,6 +25,7 @@
 #include <map>
 #include <memory>
 #include <mutex>
+#include <optional>
 #include <tuple>
 #include <type_traits>
 #include <vector>
@@ -78,16 +79,25 @@ const Api* api() {
   return loaded;
 }
 
-AttentionKernel initial_choice() {
-  const char* env = std::getenv("LCX_ATTENTION");
-  if (!env || !std::strcmp(env, "auto")) return AttentionKernel::automatic;
-  if (!std::strcmp(env, "cudnn")) return AttentionKernel::cudnn;
-  if (!std::strcmp(env, "own")) return AttentionKernel::own;
-  throw Error(str("LCX_ATTENTION=", env), "LCX_ATTENTION", "use auto, cudnn or own");
-}
-
 std::mutex g_mu;  // guards the choice, the handle and the plan cache
-AttentionKernel g_choice = initial_choice();
+std::optional<AttentionKernel> g_choice;
+
+// The choice, read from LCX_ATTENTION on first use (not at load, where an error could not be
+// reported). Called under g_mu.
+AttentionKernel choice() {
+  if (!g_choice) {
+    const char* env = std::getenv("LCX_ATTENTION");
+    if (!env || !std::strcmp(env, "auto"))
+      g_choice = AttentionKernel::automatic;
+    else if (!std::strcmp(env, "cudnn"))
+      g_choice = AttentionKernel::cudnn;
+    else if (!std::strcmp(env, "own"))
+      g_choice = AttentionKernel::own;
+    else
+      throw Error(str("LCX_ATTENTION=", env), "LCX_ATTENTION", "use auto, cudnn or own");
+  }
+  return *g_choice;
+}
 
 // One backend descriptor, destroyed with its owner.
 class Desc {
@@ -435,14 +445,14 @@ Plan* plan_for(bool backward, const Shape4& s, DType t, bool causal) {
       plan = backward ? backward_plan(s, t, causal) : forward_plan(s, t, causal);
       finalize_plan(*plan);
     } catch (const Error& e) {
-      if (g_choice == AttentionKernel::cudnn) throw;
+      if (choice() == AttentionKernel::cudnn) throw;
       log::warn(str("cuDNN attention ", backward ? "backward" : "forward", " refused T=", s.T, " S=", s.S, " Hq=",
                     s.Hq, " Hkv=", s.Hkv, " d=", s.d, causal ? " causal" : " full", ": ", e.what(),
                     "; the own kernels run it"));
     }
     it = g_plans.emplace(key, std::move(plan)).first;
   }
-  if (!it->second && g_choice == AttentionKernel::cudnn)
+  if (!it->second && choice() == AttentionKernel::cudnn)
     throw Error("cuDNN refused this attention shape earlier (see the log); LCX_ATTENTION=auto runs the own kernels");
   return it->second.get();
 }
@@ -476,7 +486,7 @@ void set_attention_kernel(AttentionKernel k) {
 
 AttentionKernel attention_kernel() {
   std::lock_guard lock(g_mu);
-  return g_choice;
+  return choice();
 }
 
 std::string cudnn_version() {
@@ -489,9 +499,9 @@ std::string cudnn_version() {
 bool cudnn_attention_forward(const Tensor& q, const Tensor& k, const Tensor& v, Tensor& out, Tensor& lse,
                              const ops::AttentionParams& p) {
   std::lock_guard lock(g_mu);
-  if (g_choice == AttentionKernel::own) return false;
+  if (choice() == AttentionKernel::own) return false;
   if (const char* why = refusal({&q, &k, &v, &out}, q, k, p)) {
-    if (g_choice == AttentionKernel::cudnn) throw Error(str("LCX_ATTENTION=cudnn: ", why));
+    if (choice() == AttentionKernel::cudnn) throw Error(str("LCX_ATTENTION=cudnn: ", why));
     return false;
   }
   const Shape4 s{q.size(0), k.size(0), q.size(1), k.size(1), q.size(2)};
@@ -512,9 +522,9 @@ bool cudnn_attention_backward(const Tensor& q, const Tensor& k, const Tensor& v,
                               const Tensor& lse, const Tensor& dout, Tensor& dq, Tensor& dk, Tensor& dv,
                               const ops::AttentionParams& p) {
   std::lock_guard lock(g_mu);
-  if (g_choice == AttentionKernel::own) return false;
+  if (choice() == AttentionKernel::own) return false;
   if (const char* why = refusal({&q, &k, &v, &out, &dout, &dq, &dk, &dv}, q, k, p)) {
-    if (g_choice == AttentionKernel::cudnn) throw Error(str("LCX_ATTENTION=cudnn: ", why));
+    if (choice() == AttentionKernel::cudnn) throw Error(str("LCX_ATTENTION=cudnn: ", why));
     return false;
   }
   const Shape4 s{q.size(0), k.size(0), q.size(1), k.size(1), q.size(2)};
