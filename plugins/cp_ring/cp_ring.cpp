@@ -17,12 +17,14 @@
 // attention's identity); dQ adds up locally, dK/dV add up in fp32 accumulators that travel around
 // the ring behind their K/V and reach their owner after the last step.
 #include <lcx/comm.h>
+#include <lcx/log.h>
 #include <lcx/ops.h>
 #include <lcx/parallelism.h>
 #include <lcx/plan.h>
 #include <lcx/plugin.h>
 
 #include <array>
+#include <atomic>
 #include <memory>
 #include <utility>
 #include <vector>
@@ -104,6 +106,7 @@ class CpRing final : public Parallelism {
                         "layer would need its window cut across the ring"),
                     "layer_types", "use a model with full attention in every layer (Qwen3, Qwen3-MoE), or drop cp_ring");
     if (Mesh* m = current_mesh()) check_mesh(*m);
+    layers_ = static_cast<int64_t>(info.layer_types.size());
   }
 
   int size() const override { return cp_; }
@@ -155,6 +158,7 @@ class CpRing final : public Parallelism {
     const int r = ring->rank(), n = ring->size(), next = (r + 1) % n, prev = (r + n - 1) % n;
     const int64_t c = chunk_of(q);
     const Device dev = q.device();
+    if (r == 0 && !logged_.exchange(true)) log_traffic(2 * c, k, n);
     // LSE accumulates in place (it is fp32); the output in fp32 unless it already is.
     Tensor acc = out.dtype() == DType::f32 ? out : Tensor::empty(out.shape(), DType::f32, dev);
     KvRing kv(k, v);
@@ -289,6 +293,19 @@ class CpRing final : public Parallelism {
     return cp_ == 1 ? nullptr : &m->cp();
   }
 
+  // What one rank sends per layer and per step; every rank sends the same.
+  void log_traffic(int64_t T, const Tensor& k, int n) const {
+    constexpr double kMiB = 1024.0 * 1024.0;
+    const double kv = 2.0 * static_cast<double>(k.nbytes());                    // K and V of one block
+    const double grads = 2.0 * static_cast<double>(k.numel()) * 4;              // fp32 dK and dV
+    const double fwd = (n - 1) * kv, bwd = (n - 1) * kv + n * grads;
+    const double step = static_cast<double>(layers_) * (2 * fwd + bwd);  // forward, recompute, backward
+    log::info(str("cp_ring: ring traffic per rank (", T, " tokens of ", T * n, ", cp ", n, "): per layer forward ",
+                  fwd / kMiB, " MiB (", n - 1, " K/V blocks), backward ", bwd / kMiB,
+                  " MiB (K/V again, dK/dV fp32 ", n * grads / kMiB, "); per step (", layers_,
+                  " layers, forward + recompute + backward) ", step / kMiB, " MiB"));
+  }
+
   static int64_t chunk_of(const Tensor& q) {
     if (q.size(0) % 2 != 0)
       throw Error(str("cp_ring: a rank's attention got ", q.size(0), " query rows; its shard holds two equal chunks"),
@@ -297,6 +314,8 @@ class CpRing final : public Parallelism {
   }
 
   int cp_;
+  int64_t layers_ = 0;
+  std::atomic<bool> logged_{false};
 };
 
 std::unique_ptr<Plugin> create(const PluginArgs& args) {

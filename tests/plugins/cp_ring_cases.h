@@ -5,6 +5,7 @@
 #include <gtest/gtest.h>
 
 #include <cmath>
+#include <functional>
 #include <map>
 #include <memory>
 #include <random>
@@ -21,15 +22,19 @@
 
 namespace lcx::test {
 
-// cp_ring created through the loader with `table` as the body of its [cp_ring] table.
-inline std::shared_ptr<Parallelism> make_cp_ring(const std::string& table) {
-  Manifest m = Manifest::parse("[cp_ring]\n" + table + "\n", "test manifest");
+// A plugin of the build's plugin folder, `table` the body of its own TOML table.
+template <typename Slot>
+std::shared_ptr<Slot> make_slot(const std::string& name, const std::string& table) {
+  Manifest m = Manifest::parse(str("[", name, "]\n", table, "\n"), "test manifest");
   PluginLoader loader({build_plugin_dir()});
-  PluginArgs args{"cp_ring", m.section("cp_ring"), Device::cpu()};
-  auto p = std::dynamic_pointer_cast<Parallelism>(loader.create("cp_ring", args));
-  if (!p) throw Error("cp_ring did not create a Parallelism");
+  PluginArgs args{name, m.section(name), Device::cpu()};
+  auto p = std::dynamic_pointer_cast<Slot>(loader.create(name, args));
+  if (!p) throw Error(str(name, " does not implement the asked slot"));
   args.config.check_unknown();
   return p;
+}
+inline std::shared_ptr<Parallelism> make_cp_ring(const std::string& table) {
+  return make_slot<Parallelism>("cp_ring", table);
 }
 inline std::shared_ptr<Parallelism> make_cp_ring(int cp) { return make_cp_ring(str("size = ", cp)); }
 
@@ -201,6 +206,14 @@ struct StepOutcome {
   std::map<std::string, std::vector<float>> grads;
 };
 
+// The Loss and PositionalEncoding a step uses: core's defaults, or plugins (each rank its own).
+struct StepPlugins {
+  std::function<std::shared_ptr<Loss>()> loss = [] { return std::shared_ptr<Loss>(make_full_logits_loss()); };
+  std::function<std::shared_ptr<PositionalEncoding>()> rope = [] {
+    return std::shared_ptr<PositionalEncoding>(make_default_rope());
+  };
+};
+
 inline std::shared_ptr<Model> tiny_model(Device device, DType dtype) {
   auto m = make_qwen3();
   m->init_random(kTinyQwen3, 11, device, dtype);
@@ -215,31 +228,38 @@ inline StepOutcome grads_of(Model& m, double loss_sum, int64_t valid) {
   return o;
 }
 
-// One rank holding the sequence, core's default slots.
-inline StepOutcome single_rank_step(const Sequence& seq, Device device, DType dtype) {
+// One rank holding the sequence through core's single-rank parallelism.
+inline StepOutcome single_rank_step(const Sequence& seq, Device device, DType dtype, const StepPlugins& with = {}) {
   auto model = tiny_model(device, dtype);
-  DefaultSlots s(*model);
-  const Shard sh = s.parallel->shard(seq, 0);
+  auto loss = with.loss();
+  auto rope = with.rope();
+  auto memory = make_on_device_memory();
+  auto parallel = make_single_rank();
+  StepSlots slots{*model, *loss, *rope, *memory, *parallel};
+  configure_slots(slots);
+  const Shard sh = parallel->shard(seq, 0);
   model->zero_grad();
-  const StepResult r = train_step(s.slots, sh, 1.0 / static_cast<double>(valid_targets(seq)), device);
+  const StepResult r = train_step(slots, sh, 1.0 / static_cast<double>(valid_targets(seq)), device);
   return grads_of(*model, r.loss_sum, r.valid);
 }
 
 // cp in-process ranks as the trainer runs them: each binds its mesh, takes its shard, steps with
 // grad_scale = 1 / (valid targets of the whole sequence), then the grads and the loss are summed
 // over the ranks. Rank 0's result.
-inline StepOutcome cp_step(const Sequence& seq, int cp, Device device, DType dtype) {
+inline StepOutcome cp_step(const Sequence& seq, int cp, Device device, DType dtype, const StepPlugins& with = {}) {
   struct Rank {
     std::shared_ptr<Model> model;
     std::shared_ptr<Parallelism> parallel;
-    std::unique_ptr<Loss> loss = make_full_logits_loss();
-    std::unique_ptr<PositionalEncoding> rope = make_default_rope();
+    std::shared_ptr<Loss> loss;
+    std::shared_ptr<PositionalEncoding> rope;
     std::unique_ptr<MemoryStrategy> memory = make_on_device_memory();
   };
   std::vector<Rank> ranks(static_cast<size_t>(cp));
   for (Rank& r : ranks) {
     r.model = tiny_model(device, dtype);
     r.parallel = make_cp_ring(cp);
+    r.loss = with.loss();
+    r.rope = with.rope();
   }
   const double scale = 1.0 / static_cast<double>(valid_targets(seq));
   StepOutcome result;

@@ -145,6 +145,24 @@ TEST_P(CpRingStepCpu, EqualsSingleRankStep) {
 INSTANTIATE_TEST_SUITE_P(Ranks, CpRingStepCpu, ::testing::Values(2, 4),
                          [](const auto& info) { return str("cp", info.param); });
 
+// Composes with loss_chunked (each rank's rows, the global valid count through grad_scale) and
+// rope_yarn (global positions of the zigzag shard past the original length).
+TEST(CpRingStepCpu, ComposesWithLossChunkedAndRopeYarn) {
+  test::StepPlugins with;
+  with.loss = [] { return test::make_slot<Loss>("loss_chunked", "chunk_rows = 5"); };
+  with.rope = [] {
+    return test::make_slot<PositionalEncoding>("rope_yarn", "factor = 4.0\noriginal_max_position_embeddings = 16");
+  };
+  const Sequence seq = test::random_sequence(64, 64, 6);
+  const test::StepOutcome want = test::single_rank_step(seq, Device::cpu(), DType::f32, with);
+  const test::StepOutcome plain = test::single_rank_step(seq, Device::cpu(), DType::f32);
+  EXPECT_GT(std::abs(want.loss_sum - plain.loss_sum), 1e-4) << "rope_yarn changed nothing: the check would be blind";
+  for (int cp : {2, 4}) {
+    const test::StepOutcome got = test::cp_step(seq, cp, Device::cpu(), DType::f32, with);
+    test::expect_same_step(got, want, 1e-6, 2e-5, str("cp = ", cp, " with loss_chunked and rope_yarn"));
+  }
+}
+
 TEST(CpRingPlan, RingBuffersAndAccumulators) {
   auto p = test::make_cp_ring(4);
   PlanInputs in;
