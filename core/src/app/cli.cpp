@@ -32,6 +32,7 @@ CliOptions parse_cli(int argc, char** argv) {
        "continue from the newest checkpoint in output_dir, or from a checkpoint folder")
       ("version", po::bool_switch(&o.version), "print the version and exit")
       ("help,h", po::bool_switch(&o.help), "print this help");
+  o.argv.assign(argv, argv + argc);
   std::ostringstream help;
   help << desc;
   o.help_text = help.str();

@@ -13,7 +13,8 @@ struct CliOptions {
   bool dry_run = false;
   bool plan = false;
   std::string gpu_memory;  // --gpu-memory for --plan; "" means the local GPU's
-  std::string resume;  // "latest" or a checkpoint folder
+  std::string resume;
+  std::vector<std::string> argv;  // as given, for the launcher to start workers alike  // "latest" or a checkpoint folder
   bool version = false;
   bool help = false;
   std::string help_text;

@@ -120,8 +120,8 @@ int run(const CliOptions& o) {
     spdlog::info(str("slot ", slot_name(slot), ": ", p.name, " ", p.info.version, " ", p.origin,
                      p.info.sha256.empty() ? "" : " sha256:" + p.info.sha256));
   spdlog::info("config " + nlohmann::json::parse(manifest->to_json()).dump());
-  SlotSet slots = resolve_slots(*manifest, loader, o.disabled, pick_device(core.run.device));
-  return run_training(core, *manifest, slots, TrainOptions{o.resume});
+  SlotFactory make_slots = [&](Device device) { return resolve_slots(*manifest, loader, o.disabled, device); };
+  return run_training(core, *manifest, make_slots, TrainOptions{o.resume, o.argv});
 }
 
 }  // namespace

@@ -79,6 +79,7 @@ CoreConfig read_core_config(const Manifest& m, const std::vector<std::string>& p
     one_of(v, "master_dtype", t.master_dtype, {"fp32", "bf16"});
     t.save_steps = v.get_int("save_steps", t.save_steps);
     t.keep_checkpoints = v.get_int("keep_checkpoints", t.keep_checkpoints);
+    t.save_final = v.get_bool("save_final", t.save_final);
     t.log_every = v.get_int("log_every", t.log_every);
     v.check_unknown();
   }
@@ -99,6 +100,9 @@ CoreConfig read_core_config(const Manifest& m, const std::vector<std::string>& p
     d.sp = v.get_int("sp", d.sp);
     for (const char* k : {"nproc_per_node", "dp", "cp", "sp"})
       if (v.get_int(k, 1) < 1) v.fail(k, "must be >= 1");
+    d.shard_parameters = v.get_bool("shard_parameters", d.shard_parameters);
+    d.virtual_ranks = v.get_bool("virtual_ranks", d.virtual_ranks);
+    d.timeout_s = v.get_double("timeout_s", d.timeout_s);
     v.check_unknown();
   }
   std::vector<std::string> known = core_section_names();

@@ -49,6 +49,7 @@ struct TrainConfig {
   std::string master_dtype = "fp32";
   int64_t save_steps = 0;
   int64_t keep_checkpoints = 2;
+  bool save_final = true;  // a checkpoint after the last step (benchmarks turn it off)
   int64_t log_every = 1;
 };
 
@@ -60,6 +61,12 @@ struct PluginsSection {
 struct DistributedConfig {
   int64_t nproc_per_node = 1;
   int64_t dp = 1, cp = 1, sp = 1;
+  // Parameters, gradients and optimizer state split across all ranks (ZeRO-3); else replicated
+  // with gradients all-reduced.
+  bool shard_parameters = true;
+  // Thread-ranks in one process sharing one GPU (tests and debugging) instead of one process per GPU.
+  bool virtual_ranks = false;
+  double timeout_s = 600;  // per collective
 };
 
 struct CoreConfig {

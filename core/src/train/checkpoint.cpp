@@ -7,6 +7,7 @@
 #include <fstream>
 #include <nlohmann/json.hpp>
 
+#include "lcx/comm.h"
 #include "lcx/log.h"
 #include "lcx/safetensors.h"
 
@@ -49,25 +50,43 @@ std::vector<std::string> list_checkpoints(const std::string& output_dir) {
   return out;
 }
 
+static std::string optimizer_file(const RankIO& io) {
+  return io.sharded ? str("optimizer-rank", io.rank, "-of-", io.size, ".safetensors") : "optimizer.safetensors";
+}
+
 std::string save_checkpoint(const std::string& output_dir, Model& model, const AdamW& opt,
-                            const TrainerState& state, const CheckpointContents& contents, int64_t keep) {
+                            const TrainerState& state, const CheckpointContents& contents, int64_t keep,
+                            const RankIO& io) {
   fs::path final_dir = fs::path(output_dir) / str(kPrefix, state.step);
-  fs::path tmp = fs::path(output_dir) / str(".", kPrefix, state.step, ".tmp-", getpid());
-  fs::remove_all(tmp);
-  fs::create_directories(tmp);
-
-  model.save_hf(tmp.string(), contents.model_dtype, contents.rope_parameters_json);
-  if (!contents.tokenizer_path.empty() && fs::exists(contents.tokenizer_path))
-    fs::copy_file(contents.tokenizer_path, tmp / "tokenizer.json", fs::copy_options::overwrite_existing);
-
-  AdamW::State os = opt.state();
-  std::vector<safetensors::NamedTensor> tensors;
-  for (auto& [name, t] : os.tensors) tensors.push_back({name, t});
-  safetensors::write_file((tmp / "optimizer.safetensors").string(), tensors, DType::f32,
-                          {{"format", "lcx-adamw"}, {"step", std::to_string(os.step)}});
-  write_text(tmp / "manifest.toml", contents.manifest_toml);
+  fs::path tmp = fs::path(output_dir) / str(".", kPrefix, state.step, ".tmp");
+  auto barrier = [&] {
+    if (io.comm) io.comm->barrier();
+  };
+  if (io.rank == 0) {
+    fs::remove_all(tmp);
+    fs::create_directories(tmp);
+    model.save_hf(tmp.string(), contents.model_dtype, contents.rope_parameters_json);
+    if (!contents.tokenizer_path.empty() && fs::exists(contents.tokenizer_path))
+      fs::copy_file(contents.tokenizer_path, tmp / "tokenizer.json", fs::copy_options::overwrite_existing);
+    write_text(tmp / "manifest.toml", contents.manifest_toml);
+  }
+  barrier();
+  if (io.rank == 0 || io.sharded) {
+    AdamW::State os = opt.state();
+    std::vector<safetensors::NamedTensor> tensors;
+    for (auto& [name, t] : os.tensors) tensors.push_back({name, t});
+    safetensors::write_file((tmp / optimizer_file(io)).string(), tensors, DType::f32,
+                            {{"format", "lcx-adamw"}, {"step", std::to_string(os.step)}, {"world_size", std::to_string(io.size)}});
+  }
+  barrier();
+  if (io.rank != 0) {
+    barrier();  // rank 0 renames
+    return final_dir.string();
+  }
   nlohmann::json js = {{"step", state.step},
-                       {"optimizer_step", os.step},
+                       {"optimizer_step", opt.steps()},
+                       {"world_size", io.size},
+                       {"sharded", io.sharded},
                        {"sequences_done", state.sequences_done},
                        {"num_tokens", state.num_tokens},
                        {"seed", state.seed},
@@ -84,6 +103,7 @@ std::string save_checkpoint(const std::string& output_dir, Model& model, const A
     auto all = list_checkpoints(output_dir);
     for (size_t i = 0; i + static_cast<size_t>(keep) < all.size(); ++i) fs::remove_all(all[i]);
   }
+  barrier();
   return final_dir.string();
 }
 
@@ -119,14 +139,19 @@ TrainerState load_trainer_state(const std::string& dir) {
   return s;
 }
 
-void load_optimizer_state(const std::string& dir, AdamW& opt) {
-  auto ckpt = safetensors::Checkpoint::open((fs::path(dir) / "optimizer.safetensors").string());
-  AdamW::State st;
-  st.step = load_trainer_state(dir).step;
+void load_optimizer_state(const std::string& dir, AdamW& opt, const RankIO& io) {
   std::ifstream in(fs::path(dir) / kState);
   nlohmann::json js;
   in >> js;
-  st.step = js.value("optimizer_step", st.step);
+  const bool was_sharded = js.value("sharded", false);
+  const int was_world = js.value("world_size", 1);
+  if (was_sharded != io.sharded || (io.sharded && was_world != io.size))
+    throw Error(str(dir, " holds ", was_sharded ? str("optimizer state sharded over ", was_world, " ranks") : "whole optimizer state",
+                    "; this run has ", io.sharded ? str("state sharded over ", io.size, " ranks") : "whole state"),
+                "distributed.nproc_per_node", "resume with the same number of ranks and distributed.shard_parameters");
+  auto ckpt = safetensors::Checkpoint::open((fs::path(dir) / optimizer_file(io)).string());
+  AdamW::State st;
+  st.step = js.value("optimizer_step", js.at("step").get<int64_t>());
   for (const auto& name : ckpt.names()) st.tensors.emplace_back(name, ckpt.load(name, DType::f32));
   opt.load_state(st);
 }

@@ -22,6 +22,18 @@ struct TrainerState {
   int64_t nonfinite_total = 0;
 };
 
+class Communicator;
+
+// Which rank writes what: rank 0 writes the model and the trainer state; with sharded parameters
+// each rank writes its own optimizer shard (optimizer-rank<r>-of-<n>.safetensors). Saving is a
+// collective when `comm` is set.
+struct RankIO {
+  int rank = 0;
+  int size = 1;
+  Communicator* comm = nullptr;
+  bool sharded = false;
+};
+
 struct CheckpointContents {
   std::string manifest_toml;
   std::string tokenizer_path;  // copied beside the model when set
@@ -31,12 +43,15 @@ struct CheckpointContents {
 
 // Writes checkpoint-<state.step> under `output_dir` and keeps the newest `keep` (0: keep all).
 // Returns the folder written.
+// With sharded parameters the model's full values must be gathered around the call.
 std::string save_checkpoint(const std::string& output_dir, Model& model, const AdamW& opt,
-                            const TrainerState& state, const CheckpointContents& contents, int64_t keep);
+                            const TrainerState& state, const CheckpointContents& contents, int64_t keep,
+                            const RankIO& io = {});
 // "latest" -> the newest complete checkpoint in output_dir; else the path itself. Throws when none.
 std::string resolve_checkpoint(const std::string& output_dir, const std::string& which);
 TrainerState load_trainer_state(const std::string& checkpoint_dir);
-void load_optimizer_state(const std::string& checkpoint_dir, AdamW& opt);
+// A sharded checkpoint resumes on the same world size only (the error says so).
+void load_optimizer_state(const std::string& checkpoint_dir, AdamW& opt, const RankIO& io = {});
 // Checkpoint folders in output_dir, oldest first.
 std::vector<std::string> list_checkpoints(const std::string& output_dir);
 

@@ -1,7 +1,9 @@
 // The training run: model and data in, steps of AdamW out, with the reference's step log, a
 // metrics line per step, checkpoints, exact resume, and a clean stop on SIGINT/SIGTERM.
 #pragma once
+#include <functional>
 #include <string>
+#include <vector>
 
 #include "config/core_config.h"
 #include "config/manifest.h"
@@ -11,13 +13,22 @@ namespace lcx {
 
 struct TrainOptions {
   std::string resume;  // "", "latest" or a checkpoint folder
+  // argv of this process, for the launcher to start its workers with the same arguments.
+  std::vector<std::string> argv;
 };
+
+// Each rank creates its own slot objects (a plugin may hold per-rank state), after its mesh is
+// bound, so a Parallelism plugin finds its communicators.
+using SlotFactory = std::function<SlotSet(Device)>;
 
 // [run] device: "cpu", "cuda" (refused without a GPU) or "auto" (the first GPU when there is one).
 Device pick_device(const std::string& want);
 
 // Returns the process exit code: 0 when the run finished, 130 when it stopped on a signal after
 // saving. Throws lcx::Error for configuration and data problems.
-int run_training(const CoreConfig& cfg, const Manifest& manifest, SlotSet& slots, const TrainOptions& opts);
+// With [distributed] nproc_per_node = N > 1: on GPUs, N worker processes (one per GPU) joined by
+// NCCL; on the CPU, or with [distributed] virtual_ranks = true on one GPU, N thread-ranks.
+int run_training(const CoreConfig& cfg, const Manifest& manifest, const SlotFactory& make_slots,
+                 const TrainOptions& opts);
 
 }  // namespace lcx

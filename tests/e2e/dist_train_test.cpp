@@ -1,0 +1,108 @@
+// Data-parallel training with thread-ranks on the CPU: N ranks, each one sequence a step, must
+// train the same model as one rank that accumulates the same N sequences, with and without
+// ZeRO-3 sharding of parameters, gradients and optimizer state.
+#include <gtest/gtest.h>
+
+#include <fstream>
+#include <nlohmann/json.hpp>
+
+#include "lcx/error.h"
+#include "lcx/safetensors.h"
+#include "support/test_util.h"
+
+namespace lcx {
+namespace {
+
+const std::string kTokenizer = std::string(LCX_SOURCE_DIR) + "/data/qwen3/tokenizer.json";
+
+struct DistTrain : ::testing::Test {
+  std::filesystem::path dir = test::temp_dir("dist");
+  void SetUp() override {
+    if (!std::filesystem::exists(kTokenizer)) GTEST_SKIP() << "data/qwen3/tokenizer.json absent: run scripts/fetch_data.sh";
+    std::ofstream out(dir / "data.tokens", std::ios::binary);
+    std::mt19937 rng(7);
+    for (int i = 0; i < 32 * 24; ++i) {
+      uint32_t t = rng() % 256;
+      out.write(reinterpret_cast<const char*>(&t), 4);
+    }
+  }
+
+  // Trains 3 steps; returns the losses and the final weights.
+  std::pair<std::vector<double>, std::map<std::string, std::vector<float>>> train(const std::string& name,
+                                                                                  const std::string& extra) {
+    auto out = dir / name;
+    std::string text = str(R"([run]
+output_dir = ")", out.string(), R"("
+seed = 5
+device = "cpu"
+[model]
+module = "qwen3"
+init = '{"vocab_size": 256, "hidden_size": 32, "intermediate_size": 64, "num_hidden_layers": 2, "num_attention_heads": 4, "num_key_value_heads": 2, "head_dim": 8, "tie_word_embeddings": false}'
+dtype = "fp32"
+[data]
+tokenizer = ")", kTokenizer, R"("
+source = ")", (dir / "data.tokens").string(), R"("
+seq_len = 32
+drop_last = true
+[train]
+lr = 0.01
+max_steps = 3
+weight_decay = 0.1
+)", extra);
+    test::write_file(out / "run.toml", text);
+    auto r = test::run_command(test::lcx_train() + " --config " + (out / "run.toml").string());
+    EXPECT_EQ(r.exit_code, 0) << r.output;
+    std::vector<double> losses;
+    std::ifstream in(out / "metrics.jsonl");
+    for (std::string line; std::getline(in, line);) losses.push_back(nlohmann::json::parse(line).at("loss").get<double>());
+    std::map<std::string, std::vector<float>> weights;
+    auto ck = safetensors::Checkpoint::open((out / "checkpoint-3").string());
+    for (const auto& n : ck.names()) weights[n] = ck.load(n, DType::f32).to_floats();
+    return {losses, weights};
+  }
+};
+
+void expect_close(const std::map<std::string, std::vector<float>>& a, const std::map<std::string, std::vector<float>>& b) {
+  ASSERT_EQ(a.size(), b.size());
+  for (const auto& [name, va] : a) {
+    const auto& vb = b.at(name);
+    ASSERT_EQ(va.size(), vb.size()) << name;
+    double num = 0, den = 0;
+    for (size_t i = 0; i < va.size(); ++i) num += (va[i] - vb[i]) * (va[i] - vb[i]), den += va[i] * va[i];
+    EXPECT_LE(std::sqrt(num / std::max(den, 1e-30)), 1e-5) << name;
+  }
+}
+
+TEST_F(DistTrain, RanksMatchOneRankWithAndWithoutSharding) {
+  for (int n : {2, 4}) {
+    auto one = train(str("one", n), str("grad_accum = ", n, "\n"));
+    ASSERT_EQ(one.first.size(), 3u);
+    for (bool shard : {false, true}) {
+      auto many = train(str("ranks", n, shard ? "z" : "r"),
+                        str("[distributed]\nnproc_per_node = ", n, "\nshard_parameters = ", shard ? "true" : "false", "\n"));
+      ASSERT_EQ(many.first.size(), 3u) << n << " ranks, shard " << shard;
+      for (size_t i = 0; i < 3; ++i) EXPECT_NEAR(many.first[i], one.first[i], 1e-5 * one.first[i]) << n << " ranks step " << i;
+      expect_close(many.second, one.second);
+    }
+  }
+}
+
+TEST_F(DistTrain, ShardedCheckpointResumesOnTheSameRanksOnly) {
+  auto full = train("z", "save_steps = 1\n[distributed]\nnproc_per_node = 2\n");
+  ASSERT_TRUE(std::filesystem::exists(dir / "z" / "checkpoint-2" / "optimizer-rank1-of-2.safetensors"));
+  auto m = (dir / "z" / "run.toml").string();
+  std::filesystem::remove_all(dir / "z" / "checkpoint-3");
+  std::filesystem::remove(dir / "z" / "metrics.jsonl");
+  auto r = test::run_command(test::lcx_train() + " --config " + m + " --resume latest");
+  ASSERT_EQ(r.exit_code, 0) << r.output;
+  std::ifstream in(dir / "z" / "metrics.jsonl");
+  std::string line;
+  ASSERT_TRUE(std::getline(in, line));
+  EXPECT_EQ(nlohmann::json::parse(line).at("loss").get<double>(), full.first[2]);
+  auto bad = test::run_command(test::lcx_train() + " --config " + m + " --resume latest --set distributed.nproc_per_node=4");
+  EXPECT_NE(bad.exit_code, 0);
+  EXPECT_NE(bad.output.find("sharded over 2 ranks"), std::string::npos) << bad.output;
+}
+
+}  // namespace
+}  // namespace lcx
