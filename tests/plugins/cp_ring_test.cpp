@@ -40,6 +40,23 @@ TEST(CpRingShard, ZigzagChunksWithGlobalPositions) {
   for (int i = 0; i < 24; ++i) EXPECT_EQ(seen[static_cast<size_t>(i)], 1) << "position " << i;
 }
 
+// Zigzag's point: a causal query at position p attends p + 1 keys, and every rank's queries
+// attend the same number of keys in total (contiguous shards would give rank cp-1 2cp-1 times
+// rank 0's work).
+TEST(CpRingShard, CausalWorkIsEqualOnEveryRank) {
+  for (int cp : {2, 4, 8}) {
+    auto p = test::make_cp_ring(cp);
+    const Sequence seq = test::iota_sequence(2 * cp * 16);
+    std::vector<int64_t> work;
+    for (int r = 0; r < cp; ++r) {
+      int64_t w = 0;
+      for (int64_t pos : test::positions_of(p->shard(seq, r))) w += pos + 1;
+      work.push_back(w);
+    }
+    for (int r = 1; r < cp; ++r) EXPECT_EQ(work[static_cast<size_t>(r)], work[0]) << "cp " << cp << " rank " << r;
+  }
+}
+
 TEST(CpRingShard, SizeOneHoldsTheWholeSequence) {
   auto p = test::make_cp_ring(1);
   const Shard s = p->shard(test::iota_sequence(7, 3), 0);  // any length; packing is single-rank attention
