@@ -1,0 +1,90 @@
+#!/usr/bin/env bash
+# One training step of lcx beside transformers + PyTorch on the same GPU in the same run.
+# Runs on the GPU machine from the repository root, with a build (or bundle) folder holding
+# bin/lcx-train and data/qwen3/tokenizer.json present. For each model shape and length: lcx-train
+# on random token ids (random-init weights, bf16, checkpointed layers, the plugins named in
+# PLUGINS), then scripts/bench/torch_step.py (bf16, gradient checkpointing, SDPA, fused AdamW,
+# chunked loss). Step time is the median of the steps after the first. Prints a markdown table.
+#   CASES="qwen3-0.6b:8192 qwen3-4b:65536" PLUGINS="loss_chunked" scripts/bench/step_bench.sh .bundle
+set -uo pipefail
+build=${1:-build}
+out=${OUT:-/tmp/lcx-bench}
+cases=${CASES:-"qwen3-0.6b:8192 qwen3-0.6b:32768 qwen3-4b:32768 qwen3-4b:65536"}
+plugins=${PLUGINS:-loss_chunked}
+steps=${STEPS:-3}
+limit=${LCX_STEP_TIMEOUT:-240}
+mkdir -p "$out"
+table="$out/step_bench.md"
+echo "| model | tokens | lcx step s | lcx tokens/s | lcx MFU | lcx peak GiB | PyTorch step s | PyTorch tokens/s | PyTorch peak GiB | lcx / PyTorch time |" >"$table"
+echo "|---|---|---|---|---|---|---|---|---|---|" >>"$table"
+load=$(printf '"%s",' $plugins)
+for c in $cases; do
+  model=${c%%:*}
+  tokens=${c##*:}
+  layers=${LAYERS:-}
+  run=$out/$model-$tokens
+  rm -rf "$run" && mkdir -p "$run"
+  python3 -c "import numpy as np; np.random.default_rng(0).integers(0, 151643, size=$tokens*($steps+1), dtype=np.uint32).tofile('$run/ids.tokens')"
+  init="{\"preset\": \"$model\"${layers:+, \"num_hidden_layers\": $layers}}"
+  cat >"$run/run.toml" <<TOML
+[run]
+output_dir = "$run/out"
+device = "cuda"
+seed = 0
+[model]
+module = "qwen3"
+init = '$init'
+dtype = "bf16"
+[data]
+tokenizer = "data/qwen3/tokenizer.json"
+source = "$run/ids.tokens"
+seq_len = $tokens
+drop_last = true
+shuffle = false
+[train]
+lr = 1e-5
+max_steps = $steps
+save_final = false
+[plugins]
+load = [${load%,}]
+TOML
+  timeout "$limit" "$build/bin/lcx-train" --config "$run/run.toml" >"$run/lcx.log" 2>&1
+  rc=$?
+  lcx=$(python3 - "$run/out/metrics.jsonl" "$rc" <<'PY'
+import json, statistics, sys
+try:
+    rows = [json.loads(l) for l in open(sys.argv[1])]
+except OSError:
+    rows = []
+if len(rows) < 2:
+    print(f"failed (rc {sys.argv[2]})|-|-|-")
+else:
+    t = statistics.median(r["step_s"] for r in rows[1:])
+    peak = max(r.get("peak_gpu_bytes", 0) for r in rows) / 2**30
+    mfu = statistics.median(r.get("mfu", 0) for r in rows[1:])
+    tokens = rows[0]["num_tokens"]  # one step's tokens
+    print(f"{t:.3f}|{tokens / t:,.0f}|{mfu*100:.1f}%|{peak:.1f}|{t}")
+PY
+)
+  torch=$(PYTHONUNBUFFERED=1 timeout "$limit" python3 scripts/bench/torch_step.py --model "$model" --tokens "$tokens" \
+          --steps $((steps - 1)) ${layers:+--layers $layers} 2>"$run/torch.err" | tail -1)
+  echo "$torch" >"$run/torch.json"
+  row=$(python3 - "$lcx" "$torch" "$model" "$tokens" <<'PY'
+import json, sys
+l = sys.argv[1].split("|")
+try:
+    t = json.loads(sys.argv[2])
+except ValueError:
+    t = {"error": "no result"}
+if "step_s" in t:
+    ts, ttps, tpk = f"{t['step_s']:.3f}", f"{t['tokens_per_s']:,.0f}", f"{t['peak_gib']:.1f}"
+else:
+    ts, ttps, tpk = t.get("error", "failed"), "-", "-"
+ratio = f"{float(l[4]) / t['step_s']:.2f}" if len(l) > 4 and "step_s" in t else "-"
+print(f"| {sys.argv[3]} | {int(sys.argv[4]):,} | {l[0]} | {l[1]} | {l[2]} | {l[3]} | {ts} | {ttps} | {tpk} | {ratio} |")
+PY
+)
+  echo "$row" | tee -a "$table"
+done
+echo
+cat "$table"

@@ -1,0 +1,132 @@
+#!/usr/bin/env python3
+"""The peer's training step, for side-by-side benchmarks: transformers + PyTorch on one GPU.
+
+Random-init Qwen3 of a public shape, bf16 weights, gradient checkpointing, SDPA attention (cuDNN's
+fused kernel is PyTorch's default on Hopper), fused AdamW, and a chunked loss of 256 rows as TRL
+computes it. Prints one JSON line per configuration: step seconds (median of the timed steps),
+tokens/s and peak GPU memory.
+
+    python3 scripts/bench/torch_step.py --model qwen3-0.6b --tokens 8192 32768 --steps 3
+"""
+import argparse
+import json
+import os
+import statistics
+import time
+
+os.environ.setdefault("PYTORCH_CUDA_ALLOC_CONF", "expandable_segments:True")
+import torch  # noqa: E402
+from transformers import Qwen3Config, Qwen3ForCausalLM  # noqa: E402
+
+SHAPES = {
+    "qwen3-0.6b": dict(hidden_size=1024, intermediate_size=3072, num_hidden_layers=28, num_attention_heads=16,
+                       num_key_value_heads=8, tie_word_embeddings=True),
+    "qwen3-1.7b": dict(hidden_size=2048, intermediate_size=6144, num_hidden_layers=28, num_attention_heads=16,
+                       num_key_value_heads=8, tie_word_embeddings=True),
+    "qwen3-4b": dict(hidden_size=2560, intermediate_size=9728, num_hidden_layers=36, num_attention_heads=32,
+                     num_key_value_heads=8, tie_word_embeddings=True),
+    "qwen3-8b": dict(hidden_size=4096, intermediate_size=12288, num_hidden_layers=36, num_attention_heads=32,
+                     num_key_value_heads=8, tie_word_embeddings=False),
+}
+
+
+def chunked_loss(hidden, head, labels, rows=256):
+    """Sum of token losses over row chunks, divided by the valid count (TRL's chunked NLL)."""
+    total = hidden.new_zeros((), dtype=torch.float32)
+    valid = (labels != -100).sum()
+    for s in range(0, hidden.shape[0], rows):
+        h = hidden[s:s + rows]
+        y = labels[s:s + rows]
+        logits = (h @ head.t()).float()
+        total = total + torch.nn.functional.cross_entropy(logits, y, ignore_index=-100, reduction="sum")
+    return total / valid
+
+
+class ChunkedLossCheckpoint(torch.autograd.Function):
+    """Recomputes each chunk's logits in backward so that only one chunk's logits live at a time."""
+
+    @staticmethod
+    def forward(ctx, hidden, head, labels, rows):
+        ctx.save_for_backward(hidden, head, labels)
+        ctx.rows = rows
+        with torch.no_grad():
+            return chunked_loss(hidden, head, labels, rows)
+
+    @staticmethod
+    def backward(ctx, grad):
+        hidden, head, labels = ctx.saved_tensors
+        dh = torch.zeros_like(hidden)
+        dw = torch.zeros_like(head, dtype=torch.float32)
+        valid = (labels != -100).sum()
+        for s in range(0, hidden.shape[0], ctx.rows):
+            h = hidden[s:s + ctx.rows].detach().requires_grad_(True)
+            w = head.detach().requires_grad_(True)
+            y = labels[s:s + ctx.rows]
+            if (y != -100).sum() == 0:
+                continue
+            logits = (h @ w.t()).float()
+            loss = torch.nn.functional.cross_entropy(logits, y, ignore_index=-100, reduction="sum") / valid
+            gh, gw = torch.autograd.grad(loss * grad, (h, w))
+            dh[s:s + ctx.rows] = gh
+            dw += gw.float()
+        return dh, dw.to(head.dtype), None, None
+
+
+def run(model_name, tokens, steps, layers=None):
+    cfg = Qwen3Config(vocab_size=151936, head_dim=128, rope_theta=1e6, rms_norm_eps=1e-6,
+                      max_position_embeddings=max(40960, tokens), **SHAPES[model_name])
+    if layers:
+        cfg.num_hidden_layers = layers
+    cfg._attn_implementation = "sdpa"
+    torch.manual_seed(0)
+    with torch.device("cuda"):
+        model = Qwen3ForCausalLM(cfg).to(torch.bfloat16)
+    model.gradient_checkpointing_enable(gradient_checkpointing_kwargs={"use_reentrant": False})
+    model.config.use_cache = False
+    model.train()
+    opt = torch.optim.AdamW(model.parameters(), lr=1e-5, fused=True)
+    ids = torch.randint(0, cfg.vocab_size, (1, tokens), device="cuda")
+    labels = torch.roll(ids, -1, dims=1)[0]
+    labels[-1] = -100
+    head = model.lm_head.weight
+    times = []
+    torch.cuda.reset_peak_memory_stats()
+    for i in range(steps + 1):
+        torch.cuda.synchronize()
+        t0 = time.perf_counter()
+        hidden = model.model(input_ids=ids).last_hidden_state[0]
+        loss = ChunkedLossCheckpoint.apply(hidden, head, labels, 256)
+        loss.backward()
+        torch.nn.utils.clip_grad_norm_(model.parameters(), 1.0)
+        opt.step()
+        opt.zero_grad(set_to_none=True)
+        torch.cuda.synchronize()
+        if i > 0:  # the first step warms up allocator and kernels
+            times.append(time.perf_counter() - t0)
+    step = statistics.median(times)
+    out = dict(system="pytorch", model=model_name, layers=cfg.num_hidden_layers, tokens=tokens, step_s=step,
+               tokens_per_s=tokens / step, peak_gib=torch.cuda.max_memory_allocated() / 2**30,
+               loss=float(loss))
+    print(json.dumps(out), flush=True)
+    del model, opt
+    torch.cuda.empty_cache()
+    return out
+
+
+def main():
+    ap = argparse.ArgumentParser()
+    ap.add_argument("--model", default="qwen3-0.6b", choices=sorted(SHAPES))
+    ap.add_argument("--tokens", type=int, nargs="+", default=[8192])
+    ap.add_argument("--steps", type=int, default=2)
+    ap.add_argument("--layers", type=int, default=None)
+    a = ap.parse_args()
+    for t in a.tokens:
+        try:
+            run(a.model, t, a.steps, a.layers)
+        except torch.OutOfMemoryError:
+            print(json.dumps(dict(system="pytorch", model=a.model, tokens=t, error="out of memory")), flush=True)
+            torch.cuda.empty_cache()
+
+
+if __name__ == "__main__":
+    main()
