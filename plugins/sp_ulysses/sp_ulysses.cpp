@@ -152,11 +152,16 @@ class Ulysses final : public Parallelism {
 
   // Per rank, T = L/sp tokens: the head-layout tensors are the size of the sequence-layout ones
   // (kv times sp/Hkv when replicated). Forward keeps q, k, v, out and the LSE for the backward
-  // and moves one tensor at a time through a send and a receive buffer; the backward adds dout,
+  // and moves one tensor at a time through one staging buffer (the send side on the way in, the
+  // receive side on the way out: the other side is a head-layout tensor); the backward adds dout,
   // dq, dk, dv in head layout, the kernel's fp32 delta and, with replicas, an fp32 [T,Hkv,d] sum.
   void plan(const PlanInputs& in, MemoryPlan& plan) const override {
     const int64_t sp = std::max<int64_t>(1, in.sp), T = in.tokens_per_rank, d = in.model.head_dim;
     const int64_t Hq = in.model.num_heads, Hkv = in.model.num_kv_heads;
+    if (sp == 1) {  // plain attention, as the single-rank default
+      plan.add("attention backward delta [Hq,T] fp32", PlanCategory::transient, Hq * T * 4, plan_phase::backward);
+      return;
+    }
     const int64_t ab = static_cast<int64_t>(dtype_size(in.weight_dtype));
     const int64_t kv_sent = std::max(Hkv, sp);  // kv heads per token leaving a rank, replicas included
     const int64_t heads = T * (2 * Hq + 2 * kv_sent) * d * ab;
@@ -166,14 +171,14 @@ class Ulysses final : public Parallelism {
              PlanCategory::communication, heads, plan_phase::forward);
     plan.add("all-to-all: fp32 LSE in head layout [Hq/sp,L]", PlanCategory::communication, T * Hq * 4,
              plan_phase::forward);
-    plan.add("all-to-all: send + receive buffer of one tensor, row index tables", PlanCategory::communication,
-             2 * one_buffer + ids, plan_phase::forward);
+    plan.add("all-to-all: staging buffer of one tensor, row index tables", PlanCategory::communication,
+             one_buffer + ids, plan_phase::forward);
     plan.add("all-to-all: q, k, v, out and dout, dq, dk, dv in head layout", PlanCategory::communication, 2 * heads,
              plan_phase::backward);
     plan.add("all-to-all: fp32 LSE and attention backward delta [Hq/sp,L]", PlanCategory::communication,
              2 * T * Hq * 4, plan_phase::backward);
-    plan.add("all-to-all: send + receive buffer of one tensor, row index tables", PlanCategory::communication,
-             2 * one_buffer + ids, plan_phase::backward);
+    plan.add("all-to-all: staging buffer of one tensor, row index tables", PlanCategory::communication,
+             one_buffer + ids, plan_phase::backward);
     if (Hkv < sp)
       plan.add("all-to-all: fp32 sum of replicated dk/dv [T,Hkv,d]", PlanCategory::communication, T * Hkv * d * 4,
                plan_phase::backward);

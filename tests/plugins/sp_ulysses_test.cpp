@@ -200,6 +200,15 @@ TEST(SpUlysses, PlansItsBuffers) {
   MemoryPlan rep;
   test::load_ulysses(8)->plan(in, rep);
   EXPECT_EQ(rep.terms[0].bytes, in.tokens_per_rank * (2 * 32 + 2 * 8) * 128 * 2);
+  // size 1 moves nothing: only the attention's own delta, as the single-rank default plans it.
+  in.sp = 1;
+  in.tokens_per_rank = in.seq_len;
+  MemoryPlan one, single;
+  test::load_ulysses(1)->plan(in, one);
+  make_single_rank()->plan(in, single);
+  ASSERT_EQ(one.terms.size(), single.terms.size());
+  EXPECT_EQ(one.terms[0].bytes, single.terms[0].bytes);
+  EXPECT_EQ(one.category_bytes(PlanCategory::communication), 0);
 }
 
 }  // namespace
