@@ -18,6 +18,8 @@
 #include "dist/launcher.h"
 #include "dist/sharded_params.h"
 #include "lcx/comm.h"
+#include "plan/plan.h"
+#include "plan/timeline.h"
 #include "data/tokenizer.h"
 #include "lcx/log.h"
 #include "train/checkpoint.h"
@@ -279,14 +281,29 @@ int train_rank(const CoreConfig& cfg, const Manifest& manifest, const SlotFactor
     const size_t mine_end = std::min(batch.sequences.size(), mine_begin + static_cast<size_t>(accum));
 
     double loss_sum = 0, forward_s = 0, backward_s = 0;
-    if (valid_total > 0) {
-      for (size_t j = mine_begin; j < mine_end; ++j) {
-        Shard shard = slots.parallel->shard(batch.sequences[j], seq_rank);
-        StepResult r = train_step(step_slots, shard, 1.0 / static_cast<double>(valid_total), device);
-        loss_sum += r.loss_sum;
-        forward_s += r.forward_s;
-        backward_s += r.backward_s;
+    // The first step of the run, when asked: every allocation of it, for the memory timeline.
+    std::unique_ptr<StepTimeline> timeline;
+    if (cfg.run.memory_timeline && lead && state.step == first_step) timeline = std::make_unique<StepTimeline>(device);
+    try {
+      if (valid_total > 0) {
+        for (size_t j = mine_begin; j < mine_end; ++j) {
+          Shard shard = slots.parallel->shard(batch.sequences[j], seq_rank);
+          StepResult r = train_step(step_slots, shard, 1.0 / static_cast<double>(valid_total), device);
+          loss_sum += r.loss_sum;
+          forward_s += r.forward_s;
+          backward_s += r.backward_s;
+        }
       }
+    } catch (const Error& e) {
+      // Out of memory: say where the memory goes for this run and which setting makes it fit.
+      if (device.is_cuda() && std::string(e.what()).find("out of memory") != std::string::npos)
+        throw Error(format_out_of_memory(cfg, slots, mc, 0, e.what()), "data.seq_len");
+      throw;
+    }
+    if (timeline) {
+      TimelineFiles f = timeline->write(cfg.run.output_dir,
+                                        build_plan(plan_inputs(cfg, mc, seq_len), PlanSlots::of(slots)).peak(false).bytes);
+      log::info(str("memory timeline of step ", state.step + 1, ": ", f.svg, " and ", f.json));
     }
     const double t_comm = now_s();
     // Sums over ranks: the loss, and whether any rank was asked to stop (so all stop together).
