@@ -155,6 +155,7 @@ class Ulysses final : public Parallelism {
   // and moves one tensor at a time through one staging buffer (the send side on the way in, the
   // receive side on the way out: the other side is a head-layout tensor); the backward adds dout,
   // dq, dk, dv in head layout, the kernel's fp32 delta and, with replicas, an fp32 [T,Hkv,d] sum.
+  // Through the loss the last layer's forward buffers are still held (its recompute replaces them).
   void plan(const PlanInputs& in, MemoryPlan& plan) const override {
     const int64_t sp = std::max<int64_t>(1, in.sp), T = in.tokens_per_rank, d = in.model.head_dim;
     const int64_t Hq = in.model.num_heads, Hkv = in.model.num_kv_heads;
@@ -179,6 +180,11 @@ class Ulysses final : public Parallelism {
              2 * T * Hq * 4, plan_phase::backward);
     plan.add("all-to-all: staging buffer of one tensor, row index tables", PlanCategory::communication,
              one_buffer + ids, plan_phase::backward);
+    // The last layer's forward buffers wait for its recompute, through the loss.
+    const int64_t inputs = T * (2 * Hq + 2 * Hkv) * d * ab;
+    for (const char* phase : {plan_phase::loss, plan_phase::final_norm})
+      plan.add("all-to-all: last layer's head-layout q, k, v, out, LSE and its q, k, v, out, until its recompute",
+               PlanCategory::communication, heads + T * Hq * 4 + inputs, phase);
     if (Hkv < sp)
       plan.add("all-to-all: fp32 sum of replicated dk/dv [T,Hkv,d]", PlanCategory::communication, T * Hkv * d * 4,
                plan_phase::backward);
