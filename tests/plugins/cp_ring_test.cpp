@@ -4,7 +4,12 @@
 // the memory-plan terms.
 #include <gtest/gtest.h>
 
+#include <filesystem>
+#include <fstream>
+#include <nlohmann/json.hpp>
+
 #include "lcx/plan.h"
+#include "lcx/safetensors.h"
 #include "plugins/cp_ring_cases.h"
 
 namespace lcx {
@@ -178,6 +183,85 @@ TEST(CpRingStepCpu, ComposesWithLossChunkedAndRopeYarn) {
     const test::StepOutcome got = test::cp_step(seq, cp, Device::cpu(), DType::f32, with);
     test::expect_same_step(got, want, 1e-6, 2e-5, str("cp = ", cp, " with loss_chunked and rope_yarn"));
   }
+}
+
+// lcx-train itself with cp thread-ranks ([distributed] nproc_per_node = cp = cp_ring.size): three
+// optimizer steps give the losses, gradient norms and weights of one rank.
+struct TrainRun {
+  std::vector<double> losses, grad_norms;
+  std::map<std::string, std::vector<float>> weights;
+};
+
+TrainRun train_with(const std::filesystem::path& dir, int cp) {
+  const auto out = dir / str("cp", cp);
+  const std::string tokenizer = std::string(LCX_SOURCE_DIR) + "/data/qwen3/tokenizer.json";
+  std::string text = str(R"([run]
+output_dir = ")", out.string(), R"("
+seed = 5
+device = "cpu"
+[model]
+module = "qwen3"
+init = '{"vocab_size": 256, "hidden_size": 32, "intermediate_size": 64, "num_hidden_layers": 2, "num_attention_heads": 4, "num_key_value_heads": 2, "head_dim": 8, "tie_word_embeddings": false}'
+dtype = "fp32"
+[data]
+tokenizer = ")", tokenizer, R"("
+source = ")", (dir / "data.tokens").string(), R"("
+seq_len = 32
+drop_last = true
+[train]
+lr = 0.01
+max_steps = 3
+weight_decay = 0.1
+)");
+  if (cp > 1)
+    text += str("[plugins]\nload = [\"cp_ring\"]\n[cp_ring]\nsize = ", cp, "\n[distributed]\nnproc_per_node = ", cp,
+                "\ncp = ", cp, "\n");
+  test::write_file(out / "run.toml", text);
+  const auto r = test::run_command(test::lcx_train() + " --config " + (out / "run.toml").string());
+  EXPECT_EQ(r.exit_code, 0) << r.output;
+  TrainRun run;
+  std::ifstream in(out / "metrics.jsonl");
+  for (std::string line; std::getline(in, line);) {
+    const auto j = nlohmann::json::parse(line);
+    run.losses.push_back(j.at("loss").get<double>());
+    run.grad_norms.push_back(j.at("grad_norm").get<double>());
+  }
+  if (std::filesystem::exists(out / "checkpoint-3")) {
+    auto ck = safetensors::Checkpoint::open((out / "checkpoint-3").string());
+    for (const auto& n : ck.names()) run.weights[n] = ck.load(n, DType::f32).to_floats();
+  }
+  return run;
+}
+
+TEST(CpRingTrainer, ThreadRanksTrainAsOneRank) {
+  if (!std::filesystem::exists(std::string(LCX_SOURCE_DIR) + "/data/qwen3/tokenizer.json"))
+    GTEST_SKIP() << "data/qwen3/tokenizer.json absent: run scripts/fetch_data.sh";
+  const auto dir = test::temp_dir("cp-train");
+  {
+    // Token ids below 256 and no EOS: each sequence is one stretch of one document.
+    std::ofstream out(dir / "data.tokens", std::ios::binary);
+    std::mt19937 rng(7);
+    for (int i = 0; i < 32 * 24; ++i) {
+      const uint32_t t = rng() % 256;
+      out.write(reinterpret_cast<const char*>(&t), 4);
+    }
+  }
+  const TrainRun want = train_with(dir, 1);
+  ASSERT_EQ(want.losses.size(), 3u);
+  for (int cp : {2, 4}) {
+    const TrainRun got = train_with(dir, cp);
+    ASSERT_EQ(got.losses.size(), 3u) << "cp " << cp;
+    for (size_t i = 0; i < 3; ++i) {
+      EXPECT_NEAR(got.losses[i], want.losses[i], 1e-6 * want.losses[i]) << "cp " << cp << " step " << i + 1;
+      EXPECT_NEAR(got.grad_norms[i], want.grad_norms[i], 5e-5 * want.grad_norms[i]) << "cp " << cp << " step " << i + 1;
+    }
+    // AdamW normalises each element's step, so an element whose gradient is near zero moves by up
+    // to lr on rounding-level differences of that gradient: weights are held looser than losses.
+    ASSERT_EQ(got.weights.size(), want.weights.size()) << "cp " << cp;
+    for (const auto& [name, w] : want.weights)
+      EXPECT_LE(test::rel_l2(got.weights.at(name), w), 3e-4) << "cp " << cp << ": " << name;
+  }
+  if (!HasFailure()) std::filesystem::remove_all(dir);
 }
 
 TEST(CpRingPlan, RingBuffersAndAccumulators) {
