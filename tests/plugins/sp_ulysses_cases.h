@@ -171,6 +171,7 @@ struct StepCase {
   DType weight_dtype = DType::f32;
   std::string loss = "loss_chunked";  // or "nll"
   std::string rope_yarn_table;        // non-empty: rope_yarn with this table instead of core's rope
+  bool offload = false;               // the offload plugin instead of core's on-device strategy
   Tolerance tol{2e-5, 2e-6, 0};  // atol is relative to each tensor's largest gradient
   double loss_rtol = 1e-5;
 };
@@ -179,7 +180,7 @@ struct Slots {
   std::shared_ptr<Model> model;
   std::shared_ptr<Loss> loss;
   std::shared_ptr<PositionalEncoding> rope;
-  std::unique_ptr<MemoryStrategy> memory = make_on_device_memory();
+  std::shared_ptr<MemoryStrategy> memory;
   std::shared_ptr<Parallelism> parallel;
   StepSlots slots() { return {*model, *loss, *rope, *memory, *parallel}; }
 };
@@ -196,6 +197,8 @@ inline Slots make_slots(const StepCase& c, std::shared_ptr<Parallelism> parallel
                            : load_plugin<Loss>("loss_chunked", "chunk_rows = 5");
   s.rope = c.rope_yarn_table.empty() ? std::shared_ptr<PositionalEncoding>(make_default_rope())
                                      : load_plugin<PositionalEncoding>("rope_yarn", c.rope_yarn_table);
+  s.memory = c.offload ? load_plugin<MemoryStrategy>("offload", "")
+                       : std::shared_ptr<MemoryStrategy>(make_on_device_memory());
   s.parallel = std::move(parallel);
   return s;
 }
@@ -205,7 +208,7 @@ inline Slots make_slots(const StepCase& c, std::shared_ptr<Parallelism> parallel
 // ranks as the trainer's all-reduce does). Loss sums and every gradient must agree.
 inline void check_step(const StepCase& c) {
   const std::string what = str("sp ", c.sp, ", Hq ", c.Hq, ", Hkv ", c.Hkv, ", ", c.loss,
-                               c.rope_yarn_table.empty() ? "" : ", rope_yarn", ", ", device_name(c.device), " ",
+                               c.rope_yarn_table.empty() ? "" : ", rope_yarn", c.offload ? ", offload" : "", ", ", device_name(c.device), " ",
                                dtype_name(c.weight_dtype));
   std::mt19937 rng(7);
   std::uniform_int_distribution<int32_t> tok(0, static_cast<int32_t>(c.vocab) - 1);

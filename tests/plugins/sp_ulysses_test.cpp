@@ -165,7 +165,7 @@ TEST(SpUlyssesExact, TrainingStepEqualsSingleRank) {
     }
 }
 
-TEST(SpUlyssesExact, TrainingStepWithCoreLossAndRopeYarn) {
+TEST(SpUlyssesExact, TrainingStepComposesWithLossRopeYarnAndOffload) {
   test::StepCase c;
   c.sp = 4;
   c.Hkv = 1;
@@ -173,6 +173,9 @@ TEST(SpUlyssesExact, TrainingStepWithCoreLossAndRopeYarn) {
   c.rope_yarn_table = "factor = 2.0\noriginal_max_position_embeddings = 24";
   test::check_step(c);
   c.loss = "loss_chunked";
+  test::check_step(c);
+  c.Hkv = 2;
+  c.offload = true;
   test::check_step(c);
 }
 
