@@ -72,8 +72,8 @@ class Ulysses final : public Parallelism {
     if (L % sp_ != 0)
       throw Error(str(table_, ": a sequence of ", L, " tokens does not split into size = ", sp_,
                       " equal contiguous shards"),
-                  table_ + ".size", str("pad sequences to a multiple of ", sp_, " ([data] pad_to_multiple_of = ", sp_,
-                                        ") or choose a seq_len divisible by it"));
+                  table_ + ".size", str("set [data] seq_len to a multiple of ", sp_, " and pad_to_multiple_of = ", sp_,
+                                        " (a short final sequence is padded to it)"));
     const int64_t T = L / sp_, begin = rank * T;
     Shard s;
     s.tokens = seq.tokens.rows(begin, begin + T);
