@@ -113,7 +113,10 @@ class CpRing final : public Parallelism {
 
   Shard shard(const Sequence& seq, int rank) const override {
     const int64_t L = seq.tokens.size(0);
-    if (rank < 0 || rank >= cp_) throw Error(str("cp_ring: shard for rank ", rank, " of cp = ", cp_));
+    if (rank < 0 || rank >= cp_)
+      throw Error(str("cp_ring: shard() for rank ", rank, " but cp_ring.size = ", cp_,
+                      "; it takes the rank's cp coordinate, 0 to ", cp_ - 1),
+                  "distributed.sp", "run cp_ring with sp = 1: it does not compose with sp_ulysses yet");
     if (seq.targets.size(0) != L)
       throw Error(str("cp_ring: a sequence of ", L, " tokens has ", seq.targets.size(0), " targets"));
     Shard s;
