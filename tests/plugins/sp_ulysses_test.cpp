@@ -3,6 +3,9 @@
 // several per rank; the refusals name their key and fix; the plugin plans its buffers.
 #include <gtest/gtest.h>
 
+#include <fstream>
+#include <nlohmann/json.hpp>
+
 #include "lcx/plan.h"
 #include "plugins/sp_ulysses_cases.h"
 
@@ -177,6 +180,69 @@ TEST(SpUlyssesExact, TrainingStepComposesWithLossRopeYarnAndOffload) {
   c.Hkv = 2;
   c.offload = true;
   test::check_step(c);
+}
+
+// lcx-train as a user runs it: [distributed] sp thread-ranks on the CPU, the trainer binding the
+// mesh, sharding and reducing. Three optimizer steps trace the single-rank run's losses and norms.
+TEST(SpUlyssesTrainer, RunsTrackTheSingleRankRun) {
+  const std::string tokenizer = std::string(LCX_SOURCE_DIR) + "/data/qwen3/tokenizer.json";
+  if (!std::filesystem::exists(tokenizer)) GTEST_SKIP() << "data/qwen3/tokenizer.json absent: run scripts/fetch_data.sh";
+  const auto dir = test::temp_dir("sp-train");
+  {
+    std::mt19937 rng(5);
+    std::vector<uint32_t> pattern(40);
+    for (auto& x : pattern) x = rng() % 256;
+    std::ofstream out(dir / "data.tokens", std::ios::binary);
+    for (int r = 0; r < 12; ++r) out.write(reinterpret_cast<const char*>(pattern.data()), pattern.size() * 4);
+  }
+  auto run = [&](int sp) {
+    const auto out = dir / str("out", sp);
+    test::write_file(dir / str("run", sp, ".toml"), str(R"([run]
+output_dir = ")", out.string(), R"("
+seed = 3
+device = "cpu"
+[model]
+module = "qwen3"
+init = '{"vocab_size": 256, "hidden_size": 32, "intermediate_size": 64, "num_hidden_layers": 2, "num_attention_heads": 4, "num_key_value_heads": 2, "head_dim": 8}'
+dtype = "fp32"
+[data]
+tokenizer = ")", tokenizer, R"("
+source = ")", (dir / "data.tokens").string(), R"("
+seq_len = 32
+drop_last = true
+[train]
+lr = 0.01
+max_steps = 3
+[plugins]
+load = ["sp_ulysses", "loss_chunked"]
+[sp_ulysses]
+size = )", sp, R"(
+[distributed]
+nproc_per_node = )", sp, R"(
+sp = )", sp, "\n"));
+    const test::CommandResult r = test::run_command(test::lcx_train() + " --config " + (dir / str("run", sp, ".toml")).string());
+    EXPECT_EQ(r.exit_code, 0) << r.output;
+    if (sp > 1) {
+      EXPECT_NE(r.output.find("sp_ulysses: all-to-all per layer and rank"), std::string::npos) << r.output;
+    }
+    std::vector<std::pair<double, double>> steps;
+    std::ifstream in(out / "metrics.jsonl");
+    for (std::string line; std::getline(in, line);) {
+      auto j = nlohmann::json::parse(line);
+      steps.emplace_back(j.at("loss").get<double>(), j.at("grad_norm").get<double>());
+    }
+    return steps;
+  };
+  const auto one = run(1);
+  ASSERT_EQ(one.size(), 3u);
+  for (int sp : {2, 4}) {  // Hkv 2: one kv head per rank, then replicated
+    const auto got = run(sp);
+    ASSERT_EQ(got.size(), 3u) << "sp " << sp;
+    for (size_t i = 0; i < 3; ++i) {
+      EXPECT_NEAR(got[i].first, one[i].first, 1e-6 * one[i].first) << "loss, step " << i + 1 << ", sp " << sp;
+      EXPECT_NEAR(got[i].second, one[i].second, 1e-5 * one[i].second) << "grad_norm, step " << i + 1 << ", sp " << sp;
+    }
+  }
 }
 
 TEST(SpUlysses, PlansItsBuffers) {
