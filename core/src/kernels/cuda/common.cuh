@@ -8,6 +8,7 @@
 #include <cuda_runtime.h>
 
 #include <cstdint>
+#include <initializer_list>
 
 #include "cuda/check.h"
 #include "cuda/stream.h"
@@ -71,6 +72,34 @@ inline unsigned grid_for(int64_t n, int threads, int64_t cap = 65535LL * 16) {
 
 __host__ __device__ __forceinline__ int64_t lmin(int64_t a, int64_t b) { return a < b ? a : b; }
 __host__ __device__ __forceinline__ int64_t lmax(int64_t a, int64_t b) { return a > b ? a : b; }
+
+// Eight bf16 values as one 16-byte access, widened to / rounded from fp32 (round to nearest even,
+// as the scalar st() does, so both paths store identical bits).
+__device__ __forceinline__ void load8(const void* p, float f[8]) {
+  const uint4 u = *static_cast<const uint4*>(p);
+  const __nv_bfloat162* h = reinterpret_cast<const __nv_bfloat162*>(&u);
+#pragma unroll
+  for (int i = 0; i < 4; ++i) {
+    const float2 x = __bfloat1622float2(h[i]);
+    f[2 * i] = x.x;
+    f[2 * i + 1] = x.y;
+  }
+}
+
+__device__ __forceinline__ void store8(void* p, const float f[8]) {
+  uint4 u;
+  __nv_bfloat162* h = reinterpret_cast<__nv_bfloat162*>(&u);
+#pragma unroll
+  for (int i = 0; i < 4; ++i) h[i] = __floats2bfloat162_rn(f[2 * i], f[2 * i + 1]);
+  *static_cast<uint4*>(p) = u;
+}
+
+// True when every tensor is bf16 and starts on a 16-byte boundary: the vectorized paths apply.
+inline bool bf16_vectorizable(std::initializer_list<const Tensor*> ts) {
+  for (const Tensor* t : ts)
+    if (t->dtype() != DType::bf16 || reinterpret_cast<uintptr_t>(t->data()) % 16 != 0) return false;
+  return true;
+}
 
 // Rows of a tensor viewed as [rows, last dim].
 inline int64_t rows_of(const Tensor& t) {
