@@ -4,8 +4,10 @@
 //   h1 = rmsnorm(x) ; q,k,v = h1 @ Wq^T, Wk^T, Wv^T ; q,k = rmsnorm per head (q_norm, k_norm)
 //   q,k = rotary(q,k) ; a = attention(q,k,v) through the Parallelism slot ; x1 = x + a @ Wo^T
 //   h2 = rmsnorm(x1) ; y = x1 + (silu(h2 @ Wg^T) * (h2 @ Wu^T)) @ Wd^T
-// Backward recomputes that forward from x (the only thing kept between forward and backward, by
-// the MemoryStrategy slot), holds the intermediates for the duration of the call, and walks the
+// The MLP (gate/up, silu * up, down) runs through the MLP slot (StepContext::mlp), which decides how
+// many rows it works on at once. Backward recomputes the attention half from x (the only thing
+// kept between forward and backward, by the MemoryStrategy slot), holds its intermediates for the
+// duration of the call, lets the MLP slot recompute and differentiate its own half, and walks the
 // same lines upward. Parameter gradients are fp32 and accumulate across calls.
 #include <cmath>
 #include <algorithm>
@@ -15,6 +17,7 @@
 #include <thread>
 
 #include "lcx/config.h"
+#include "lcx/defaults.h"
 #include "lcx/hf_config.h"
 #include "lcx/log.h"
 #include "lcx/model.h"
@@ -85,8 +88,7 @@ struct LayerActs {
   Tensor rstd_q, rstd_k;   // fp32 [T*Hq], [T*Hkv]
   Tensor attn, lse;        // [T,Hq,d], fp32 [Hq,T]
   Tensor x1;               // after the attention residual [T,H]
-  Tensor h2, rstd2;        // post-attention norm
-  Tensor gate, up, act;    // [T,I]
+  Tensor h2, rstd2;        // post-attention norm, the MLP's input
 };
 
 class Qwen3Model final : public Model {
@@ -176,48 +178,43 @@ class Qwen3Model final : public Model {
 
   void layer_backward(int layer, const Tensor& x, const Tensor& dy, Tensor& dx, StepContext& ctx) override {
     const LayerParams& L = layers_.at(static_cast<size_t>(layer));
-    const int64_t T = x.size(0), H = cfg_.hidden_size, I = cfg_.intermediate_size;
+    const int64_t T = x.size(0), H = cfg_.hidden_size;
     const int64_t Hq = cfg_.num_heads, Hkv = cfg_.num_kv_heads, d = cfg_.head_dim;
     const DType dt = x.dtype();
     const Device dev = x.device();
     LayerActs a;
-    Tensor y = Tensor::empty({T, H}, dt, dev);
-    forward(layer, x, a, ctx, y);
+    Tensor no_output;  // the recompute stops at the MLP's input; the MLP slot recomputes its half
+    forward(layer, x, a, ctx, no_output);
+    // Every gradient buffer of the layer is taken before the MLP's backward runs, so the layer's
+    // peak is one sum (what the plan counts, plan_dense_decoder + the MLP slot's terms) rather
+    // than a maximum over its halves; beside the MLP's own transient these are small.
+    Tensor dh2 = Tensor::empty({T, H}, dt, dev), dx1 = Tensor::empty({T, H}, dt, dev);
+    Tensor dattn = Tensor::empty({T, Hq, d}, dt, dev);
+    Tensor dq = Tensor::empty({T, Hq, d}, dt, dev), dk = Tensor::empty({T, Hkv, d}, dt, dev),
+           dv = Tensor::empty({T, Hkv, d}, dt, dev);
+    Tensor dq_raw = Tensor::empty({T * Hq, d}, dt, dev), dk_raw = Tensor::empty({T * Hkv, d}, dt, dev);
+    Tensor dh1 = Tensor::empty({T, H}, dt, dev);
 
-    // MLP: y = x1 + act @ Wd^T, act = silu(gate) * up.
-    Tensor dact = Tensor::empty({T, I}, dt, dev);
-    ops::matmul(dy, true, a.act, false, G(L.down), 1.f, 1.f);
-    ops::matmul(dy, false, W(L.down), false, dact);
-    Tensor dgate = Tensor::empty({T, I}, dt, dev), dup = Tensor::empty({T, I}, dt, dev);
-    ops::swiglu_backward(a.gate, a.up, dact, dgate, dup);
-    ops::matmul(dgate, true, a.h2, false, G(L.gate), 1.f, 1.f);
-    ops::matmul(dup, true, a.h2, false, G(L.up), 1.f, 1.f);
-    Tensor dh2 = Tensor::empty({T, H}, dt, dev);
-    ops::matmul(dgate, false, W(L.gate), false, dh2);
-    ops::matmul(dup, false, W(L.up), false, dh2, 1.f, 1.f);
-    Tensor dx1 = Tensor::empty({T, H}, dt, dev);
+    // MLP: y = x1 + mlp(h2).
+    MlpWeights grads{G(L.gate), G(L.up), G(L.down)};
+    mlp(ctx).backward(a.h2, mlp_weights(L), dy, dh2, grads);
     ops::rmsnorm_backward(a.x1, W(L.post_norm), a.rstd2, dh2, dx1, G(L.post_norm));
     ops::add(dx1, dy, dx1);  // the residual path
 
     // Attention: x1 = x + attn @ Wo^T.
     Tensor attn2 = a.attn.view({T, Hq * d});
     ops::matmul(dx1, true, attn2, false, G(L.o), 1.f, 1.f);
-    Tensor dattn = Tensor::empty({T, Hq, d}, dt, dev);
     Tensor dattn2 = dattn.view({T, Hq * d});
     ops::matmul(dx1, false, W(L.o), false, dattn2);
-    Tensor dq = Tensor::empty({T, Hq, d}, dt, dev), dk = Tensor::empty({T, Hkv, d}, dt, dev),
-           dv = Tensor::empty({T, Hkv, d}, dt, dev);
     ctx.parallel->attention_backward(a.qr, a.kr, a.v.view({T, Hkv, d}), a.attn, a.lse, dattn, dq, dk, dv, args());
     ops::rotary_backward(dq, ctx.rope->cos, ctx.rope->sin);
     ops::rotary_backward(dk, ctx.rope->cos, ctx.rope->sin);
-    Tensor dq_raw = Tensor::empty({T * Hq, d}, dt, dev), dk_raw = Tensor::empty({T * Hkv, d}, dt, dev);
     ops::rmsnorm_backward(a.q.view({T * Hq, d}), W(L.q_norm), a.rstd_q, dq.view({T * Hq, d}), dq_raw, G(L.q_norm));
     ops::rmsnorm_backward(a.k.view({T * Hkv, d}), W(L.k_norm), a.rstd_k, dk.view({T * Hkv, d}), dk_raw, G(L.k_norm));
     Tensor dq2 = dq_raw.view({T, Hq * d}), dk2 = dk_raw.view({T, Hkv * d}), dv2 = dv.view({T, Hkv * d});
     ops::matmul(dq2, true, a.h1, false, G(L.q), 1.f, 1.f);
     ops::matmul(dk2, true, a.h1, false, G(L.k), 1.f, 1.f);
     ops::matmul(dv2, true, a.h1, false, G(L.v), 1.f, 1.f);
-    Tensor dh1 = Tensor::empty({T, H}, dt, dev);
     ops::matmul(dq2, false, W(L.q), false, dh1);
     ops::matmul(dk2, false, W(L.k), false, dh1, 1.f, 1.f);
     ops::matmul(dv2, false, W(L.v), false, dh1, 1.f, 1.f);
@@ -244,6 +241,8 @@ class Qwen3Model final : public Model {
   float eps() const { return static_cast<float>(cfg_.rms_norm_eps); }
   Tensor& W(int i) { return params_[static_cast<size_t>(i)].value; }
   Tensor& G(int i) { return params_[static_cast<size_t>(i)].grad; }
+  MlpWeights mlp_weights(const LayerParams& L) { return {W(L.gate), W(L.up), W(L.down)}; }
+  MlpStrategy& mlp(const StepContext& ctx) { return ctx.mlp ? *ctx.mlp : *whole_mlp_; }
   AttentionArgs args() const {
     AttentionArgs a;
     a.scale = static_cast<float>(1.0 / std::sqrt(static_cast<double>(cfg_.head_dim)));
@@ -298,6 +297,7 @@ class Qwen3Model final : public Model {
                       "; this module computes full causal attention only and will refuse to run it"));
   }
 
+  // Writes y when it is defined; an undefined y stops after the MLP's input h2 (the recompute).
   void forward(int layer, const Tensor& x, LayerActs& a, StepContext& ctx, Tensor& y) {
     const LayerParams& L = layers_.at(static_cast<size_t>(layer));
     if (cfg_.layer_types[static_cast<size_t>(layer)] != "full_attention")
@@ -305,7 +305,7 @@ class Qwen3Model final : public Model {
                       ", which this module does not compute"),
                   "layer_types", "use a checkpoint with full attention in every layer (use_sliding_window false)");
     LCX_CHECK(ctx.rope && ctx.parallel, "layer_forward needs rope tables and a parallelism in its StepContext");
-    const int64_t T = x.size(0), H = cfg_.hidden_size, I = cfg_.intermediate_size;
+    const int64_t T = x.size(0), H = cfg_.hidden_size;
     const int64_t Hq = cfg_.num_heads, Hkv = cfg_.num_kv_heads, d = cfg_.head_dim;
     const DType dt = x.dtype();
     const Device dev = x.device();
@@ -343,14 +343,9 @@ class Qwen3Model final : public Model {
     a.h2 = act({T, H});
     a.rstd2 = f32({T});
     ops::rmsnorm_forward(a.x1, W(L.post_norm), eps(), a.h2, a.rstd2);
-    a.gate = act({T, I});
-    a.up = act({T, I});
-    ops::matmul(a.h2, false, W(L.gate), true, a.gate);
-    ops::matmul(a.h2, false, W(L.up), true, a.up);
-    a.act = act({T, I});
-    ops::swiglu_forward(a.gate, a.up, a.act);
+    if (!y.defined()) return;
     Tensor m = act({T, H});
-    ops::matmul(a.act, false, W(L.down), true, m);
+    mlp(ctx).forward(a.h2, mlp_weights(L), m);
     ops::add(a.x1, m, y);
   }
 
@@ -360,6 +355,7 @@ class Qwen3Model final : public Model {
   int embed_ = 0, final_norm_ = 0, head_ = 0;
   bool check_finite_;
   uint64_t max_shard_bytes_;
+  std::unique_ptr<MlpStrategy> whole_mlp_ = make_whole_mlp();  // for callers whose StepContext names no MLP
 };
 
 // "5GB", "200KB", "1MiB", as transformers' max_shard_size: KB/MB/GB are powers of 1000, KiB/MiB/GiB of

@@ -1,19 +1,291 @@
-// offload: checkpointed layer inputs wait in pinned host memory. Until its issue (9) lands it
-// validates its table and delegates to core's on-device strategy; --list-plugins says so.
-#include <lcx/defaults.h>
+// offload: checkpointed layer inputs wait in pinned host memory between forward and backward.
+//
+// Forward, save(l, x): the copy stream waits on an event recorded on the compute stream after x
+// was written, copies x to layer l's slot of the pinned pool and records `copied`. The device x
+// is kept until that event completes, then dropped at a later save (never by stalling compute);
+// if more than prefetch + 1 inputs would be held, the host waits for the oldest copy, which the
+// GPU finished long ago unless the host ran far ahead of it.
+//
+// Backward, fetch(l): the inputs still on the device from the forward's tail are used as they
+// are; the others were loaded ahead (prefetch layers below the one being fetched) into fresh
+// device tensors on the copy stream, and the compute stream waits on their `copied` event
+// (cudaStreamWaitEvent: no host sync). Timing events around that wait give wait_seconds().
+// Fresh device tensors come from a stream-ordered allocator that may hand out memory compute
+// work still reads, so each load first waits on an event recorded on the compute stream.
+//
+// The pool is one pinned buffer of num_layers x bytes per input, pinned at the first step (its
+// size logged, refused beyond the host's available memory) and reused by every later step.
+//
+// On CPU tensors the same code runs with copies between host buffers and events that are always
+// complete (lcx/stream.h): the bookkeeping CI tests is the bookkeeping the GPU runs.
+#include <lcx/log.h>
+#include <lcx/memory_strategy.h>
+#include <lcx/pinned.h>
+#include <lcx/plan.h>
 #include <lcx/plugin.h>
+#include <lcx/stream.h>
+
+#include <algorithm>
+#include <chrono>
+#include <fstream>
+#include <sstream>
+#include <vector>
 
 namespace lcx {
 namespace {
 
+constexpr double kMiB = 1024.0 * 1024.0, kGiB = kMiB * 1024.0;
+
+// MemAvailable of /proc/meminfo in bytes; -1 where the file or the line is missing.
+int64_t host_mem_available() {
+  std::ifstream in("/proc/meminfo");
+  std::string line;
+  while (std::getline(in, line)) {
+    if (line.rfind("MemAvailable:", 0) != 0) continue;
+    std::istringstream fields(line.substr(13));
+    int64_t kib = -1;
+    fields >> kib;
+    return kib < 0 ? -1 : kib * 1024;
+  }
+  return -1;
+}
+
+std::string gib(double bytes) { return str(static_cast<double>(static_cast<int64_t>(bytes / kGiB * 100)) / 100, " GiB"); }
+
+class Offload final : public MemoryStrategy {
+ public:
+  Offload(int prefetch, int64_t max_host_bytes) : prefetch_(prefetch), max_host_bytes_(max_host_bytes) {}
+
+  void begin_step(int num_layers) override {
+    LCX_CHECK(num_layers >= 0, "offload: ", num_layers, " layers");
+    // Events live across steps (creating them is not free); everything else starts clean.
+    if (static_cast<int>(slots_.size()) != num_layers) {
+      slots_.clear();
+      slots_.resize(static_cast<size_t>(num_layers));
+    }
+    for (Slot& s : slots_) {
+      s.device = Tensor();
+      s.state = State::empty;
+      s.waited = false;
+    }
+    max_held_ = 0;
+    misses_ = 0;
+    host_wait_s_ = 0;
+  }
+
+  void save(int layer, const Tensor& x) override {
+    Slot& s = slot(layer);
+    prepare(x);
+    reap();
+    while (held() >= prefetch_ + 1) {  // bound the inputs on the device: wait for the oldest copy out
+      Slot* oldest = nullptr;
+      for (Slot& o : slots_)
+        if (o.state == State::saving) {
+          oldest = &o;
+          break;
+        }
+      LCX_CHECK(oldest, "offload: ", held(), " inputs held on the device but none is being copied out");
+      const auto t0 = std::chrono::steady_clock::now();
+      oldest->copied.synchronize();
+      host_wait_s_ += std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
+      oldest->device = Tensor();
+      oldest->state = State::on_host;
+    }
+    if (s.host.shape() != x.shape() || s.host.dtype() != x.dtype())
+      s.host = Tensor::borrow(static_cast<char*>(pool_.data()) + static_cast<size_t>(layer) * x.nbytes(), x.shape(),
+                              x.dtype(), Device::cpu());
+    const Stream compute = Stream::compute(device_);
+    produced_.record(compute);
+    copy_.wait(produced_);
+    copy_async(s.host, x, copy_);
+    s.copied.record(copy_);
+    s.device = x;
+    s.state = State::saving;
+    note_held();
+  }
+
+  Tensor fetch(int layer) override {
+    Slot& s = slot(layer);
+    LCX_CHECK(s.state != State::empty, "offload: layer ", layer, " input was never saved");
+    if (s.state == State::on_host) {  // not loaded ahead: a miss, the wait below is the whole copy
+      ++misses_;
+      load(s);
+    }
+    if (s.state == State::loading) {
+      const Stream compute = Stream::compute(device_);
+      s.wait_start.record(compute);
+      compute.wait(s.copied);
+      s.wait_end.record(compute);
+      s.waited = true;
+    }
+    // A saving slot still holds the input the forward wrote: nothing to wait for.
+    s.state = State::fetched;
+    for (int k = layer - 1; k >= std::max(0, layer - prefetch_); --k) prefetch(k);
+    return s.device;
+  }
+
+  void prefetch(int layer) override {
+    Slot& s = slot(layer);
+    if (s.state == State::on_host && held() < prefetch_ + 1) load(s);
+  }
+
+  void release(int layer) override { drop(slot(layer)); }
+
+  void end_step() override {
+    for (Slot& s : slots_) drop(s);
+    if (max_held_ > 0)
+      log::debug(str("offload: at most ", max_held_, " layer inputs on ", device_name(device_), ", ", misses_,
+                     " fetches not loaded ahead, host waited ", host_wait_s_, " s for copies out"));
+  }
+
+  int64_t device_bytes(int num_layers, int64_t bytes_each) const override {
+    return std::min<int64_t>(num_layers, prefetch_ + 1) * bytes_each;
+  }
+  int64_t host_bytes(int num_layers, int64_t bytes_each) const override { return num_layers * bytes_each; }
+
+  // The compute stream's waits on copies in, over the last step; read after the step's sync.
+  double wait_seconds() const override {
+    double total = 0;
+    for (const Slot& s : slots_)
+      if (s.waited) {
+        s.wait_end.synchronize();
+        total += s.wait_end.seconds_since(s.wait_start);
+      }
+    return total;
+  }
+
+  void plan(const PlanInputs& in, MemoryPlan& plan) const override {
+    const int L = static_cast<int>(in.model.num_layers);
+    const int64_t each = in.tokens_per_rank * in.model.hidden_size * static_cast<int64_t>(dtype_size(in.weight_dtype));
+    plan.add(str("saved layer inputs on the GPU: at most ", std::min(L, prefetch_ + 1), " x [T,H] (prefetch ",
+                 prefetch_, ")"),
+             PlanCategory::activations_gpu, device_bytes(L, each), plan_phase::step);
+    // Pinned once and kept across steps.
+    plan.add(str("saved layer inputs in pinned host memory: ", L, " x [T,H]"), PlanCategory::activations_host,
+             host_bytes(L, each), plan_phase::always, true);
+  }
+
+ private:
+  // empty -> saving (copy out in flight, device input kept) -> on_host -> loading (copy in
+  // flight) -> fetched -> empty at release. A saving slot may be fetched directly.
+  enum class State { empty, saving, on_host, loading, fetched };
+  struct Slot {
+    Tensor host;    // this layer's part of the pinned pool
+    Tensor device;  // the input on the device, while the state holds one
+    State state = State::empty;
+    Event copied;  // the last copy out or in is done
+    Event wait_start, wait_end;
+    bool waited = false;  // the compute stream waited on `copied` this step
+    bool has_events = false;  // the events above were made for device_
+  };
+
+  Slot& slot(int layer) {
+    LCX_CHECK(layer >= 0 && layer < static_cast<int>(slots_.size()), "offload: layer ", layer, " of ",
+              slots_.size());
+    return slots_[static_cast<size_t>(layer)];
+  }
+
+  int held() const {
+    int n = 0;
+    for (const Slot& s : slots_) n += s.device.defined();
+    return n;
+  }
+
+  void note_held() {
+    max_held_ = std::max(max_held_, held());
+    LCX_CHECK(max_held_ <= prefetch_ + 1, "offload: ", max_held_, " layer inputs on the device, more than prefetch + 1");
+  }
+
+  // The streams and events for the device of the first input, and the pool sized for this step.
+  void prepare(const Tensor& x) {
+    if (!copy_made_ || x.device() != device_) {
+      device_ = x.device();
+      copy_ = Stream::create_copy(device_);
+      produced_ = Event::create(device_);
+      for (Slot& s : slots_) s.has_events = false;
+      copy_made_ = true;
+    }
+    for (Slot& s : slots_)
+      if (!s.has_events) {
+        s.copied = Event::create(device_);
+        s.wait_start = Event::create(device_, true);
+        s.wait_end = Event::create(device_, true);
+        s.has_events = true;
+      }
+    const size_t need = slots_.size() * x.nbytes();
+    if (pool_.bytes() >= need) return;
+    const int64_t available = host_mem_available();
+    int64_t limit = available;
+    const bool capped = max_host_bytes_ > 0 && (limit < 0 || max_host_bytes_ < limit);
+    if (capped) limit = max_host_bytes_;
+    const std::string what = str(slots_.size(), " layer inputs of ", x.nbytes() / kMiB, " MiB");
+    if (limit >= 0 && static_cast<int64_t>(need) > limit)
+      throw Error(str("offload: ", what, " need ", gib(static_cast<double>(need)), " of pinned host memory, but only ",
+                      gib(static_cast<double>(limit)), " is available (",
+                      capped ? "offload.max_host_mib" : "MemAvailable in /proc/meminfo", ")"),
+                  "offload", "shorten data.seq_len, free host memory, or drop offload from [plugins] load");
+    if (pool_.bytes() > 0) {  // a smaller pool from an earlier, shorter step is unpinned first
+      pool_ = PinnedBuffer();
+      release_cached_pinned();
+    }
+    pool_ = pinned_alloc(need, MemoryCategory::activations);
+    for (Slot& s : slots_) s.host = Tensor();
+    log::info(str("offload: ", what, " in ", pinned_is_page_locked() ? "pinned" : "(unpinned) host",
+                  " memory: ", gib(static_cast<double>(need)), " of ",
+                  available < 0 ? std::string("unknown") : gib(static_cast<double>(available)),
+                  " available; at most ", prefetch_ + 1, " inputs on ", device_name(device_)));
+  }
+
+  // Drops the device inputs whose copy out has completed.
+  void reap() {
+    for (Slot& s : slots_)
+      if (s.state == State::saving && s.copied.done()) {
+        s.device = Tensor();
+        s.state = State::on_host;
+      }
+  }
+
+  void load(Slot& s) {
+    s.device = Tensor::empty(s.host.shape(), s.host.dtype(), device_, MemoryCategory::activations);
+    produced_.record(Stream::compute(device_));
+    copy_.wait(produced_);
+    copy_async(s.device, s.host, copy_);
+    s.copied.record(copy_);
+    s.state = State::loading;
+    note_held();
+  }
+
+  // Gives the slot's device input back. One still being copied out (read by the copy stream) or
+  // in (written by it): the compute stream, which reuses freed memory, waits for that copy first.
+  void drop(Slot& s) {
+    if (s.state == State::saving || s.state == State::loading) Stream::compute(device_).wait(s.copied);
+    s.device = Tensor();
+    s.state = State::empty;
+  }
+
+  const int prefetch_;
+  const int64_t max_host_bytes_;
+  std::vector<Slot> slots_;
+  PinnedBuffer pool_;
+  Device device_;
+  bool copy_made_ = false;
+  Stream copy_;
+  Event produced_;  // a point on the compute stream the copy stream waits for
+  int max_held_ = 0;
+  int misses_ = 0;
+  double host_wait_s_ = 0;
+};
+
 std::unique_ptr<Plugin> create(const PluginArgs& args) {
-  int64_t depth = args.config.get_int("prefetch", 2);
-  if (depth < 0) args.config.fail("prefetch", "must be >= 0");
-  return make_on_device_memory();
+  const int64_t depth = args.config.get_int("prefetch", 2);
+  if (depth < 0 || depth > 64) args.config.fail("prefetch", str(depth, " is out of range"), "0 to 64; 2 hides the copies");
+  const int64_t max_mib = args.config.get_int("max_host_mib", 0);
+  if (max_mib < 0) args.config.fail("max_host_mib", "must be >= 0", "0 means the host's MemAvailable");
+  return std::make_unique<Offload>(static_cast<int>(depth), max_mib * 1024 * 1024);
 }
 
 }  // namespace
 }  // namespace lcx
 
-LCX_PLUGIN(LCX_SLOT_MEMORY_STRATEGY, "offload", "0.1.0", "checkpointed activations in pinned host memory",
-           "delegates to on_device", lcx::create)
+LCX_PLUGIN(LCX_SLOT_MEMORY_STRATEGY, "offload", "0.2.0", "checkpointed activations in pinned host memory",
+           "ready", lcx::create)

@@ -95,7 +95,10 @@ TEST(PlanArithmetic, LayerTransientIsNearThePeersMeasuredFigure) {
   // lcx's layer_backward holds the same kinds of tensors, so it must land near it.
   const PlanInputs in = inputs("qwen3-4b", 65536);
   const MemoryPlan p = build_plan(in, PlanSlots{});
-  const double per_token = static_cast<double>(sum_by(p, "model (core)", plan_phase::backward)) / 65536.0;
+  // The layer's terms and the MLP slot's (core's whole MLP) together.
+  const double per_token =
+      static_cast<double>(sum_by(p, "model (core)", plan_phase::backward) + sum_by(p, "whole", plan_phase::backward)) /
+      65536.0;
   EXPECT_GT(per_token, 0.9 * 210e3);
   EXPECT_LT(per_token, 1.1 * 210e3);
   // The saved checkpoint is 5 KB per token per layer: [T,H] bf16 with H = 2560.
@@ -104,7 +107,7 @@ TEST(PlanArithmetic, LayerTransientIsNearThePeersMeasuredFigure) {
 
 TEST(PlanArithmetic, EveryDefaultProviderContributes) {
   const MemoryPlan p = build_plan(inputs("qwen3-0.6b", 8192), PlanSlots{});
-  for (const char* who : {"model (core)", "nll", "rope", "on_device", "single", "step", "core"})
+  for (const char* who : {"model (core)", "whole", "nll", "rope", "on_device", "single", "step", "core"})
     EXPECT_TRUE(std::any_of(p.terms.begin(), p.terms.end(), [&](const PlanTerm& t) { return t.contributor == who; }))
         << who;
   EXPECT_EQ(term(p, "logits + dlogits").bytes, 2LL * 8192 * 151936 * 4 + 8192 * 4);
@@ -263,10 +266,10 @@ TEST(PlanArithmetic, KnobsNameWhatWouldFit) {
   ASSERT_NE(seq, nullptr);
   EXPECT_TRUE(seq->fits);
   EXPECT_LE(seq->peak, gpu);
-  // offload delegates to on_device today: it is offered, and honestly saves nothing yet.
+  // offload keeps prefetch + 1 of the 36 layer inputs on the GPU.
   const PlanKnob* offload = find("load offload");
   ASSERT_NE(offload, nullptr);
-  EXPECT_EQ(offload->peak, build_plan(in, PlanSlots{}).peak().bytes);
+  EXPECT_LT(offload->peak, build_plan(in, PlanSlots{}).peak().bytes);
 }
 
 TEST(PlanArithmetic, OutOfMemoryReportNamesTheKnob) {

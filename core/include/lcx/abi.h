@@ -7,7 +7,7 @@
 // Major: any change to a slot interface, Tensor layout or factory signature. Minor: additions
 // that older plugins can ignore. A plugin loads when majors match and its minor <= core's.
 #define LCX_ABI_MAJOR 1
-#define LCX_ABI_MINOR 0
+#define LCX_ABI_MINOR 1  // 1: the MLP slot
 #define LCX_PLUGIN_MAGIC 0x4C43585055474E31ull  // "LCXPUGN1"
 
 #define LCX_STRINGIFY_(x) #x
@@ -34,6 +34,7 @@ enum lcx_slot {
   LCX_SLOT_MEMORY_STRATEGY = 3,
   LCX_SLOT_PARALLELISM = 4,
   LCX_SLOT_MODEL = 5,
+  LCX_SLOT_MLP = 6,
 };
 
 struct lcx_plugin_description {

@@ -5,6 +5,7 @@
 
 #include "lcx/loss.h"
 #include "lcx/memory_strategy.h"
+#include "lcx/mlp_strategy.h"
 #include "lcx/parallelism.h"
 #include "lcx/positional_encoding.h"
 
@@ -18,5 +19,7 @@ std::unique_ptr<PositionalEncoding> make_default_rope();
 std::unique_ptr<MemoryStrategy> make_on_device_memory();
 // Parallelism "single": one rank holds the whole sequence.
 std::unique_ptr<Parallelism> make_single_rank();
+// MlpStrategy "whole": the SwiGLU MLP over the whole sequence at once, as transformers runs it.
+std::unique_ptr<MlpStrategy> make_whole_mlp();
 
 }  // namespace lcx

@@ -5,6 +5,7 @@
 #include <string>
 #include <vector>
 
+#include "lcx/mlp_strategy.h"
 #include "lcx/parallelism.h"
 #include "lcx/plugin.h"
 #include "lcx/positional_encoding.h"
@@ -44,6 +45,7 @@ struct StepContext {
   const RopeTables* rope = nullptr;
   Parallelism* parallel = nullptr;
   Device device;
+  MlpStrategy* mlp = nullptr;  // the MLP slot; a model runs its own whole MLP when null
 };
 
 class Model : public Plugin {

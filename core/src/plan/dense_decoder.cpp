@@ -56,26 +56,22 @@ void plan_dense_decoder(const PlanInputs& in, MemoryPlan& plan) {
   }
 
   // layer_forward at its end (LayerActs, then o and m): h1, x1, h2, o, m [T,H]; q, qr, attn
-  // [T,Hq*d]; k, v, kr [T,Hkv*d]; gate, up, act [T,I]; fp32 rstd1, rstd2 [T], rstd_q, lse
-  // [Hq,T], rstd_k [Hkv,T].
+  // [T,Hq*d]; k, v, kr [T,Hkv*d]; fp32 rstd1, rstd2 [T], rstd_q, lse [Hq,T], rstd_k [Hkv,T]. The
+  // MLP's own [T,I] work buffers are the MLP slot's terms (lcx/mlp_strategy.h).
   const int64_t f32_rows = 4 * (2 + 2 * s.Hq + s.Hkv);
-  plan.add("layer forward: gate, up, act [T,I]", PlanCategory::transient, 3 * T * s.I * ab, plan_phase::forward);
   plan.add("layer forward: q, k, v, normed q/k, attn out; h1, x1, h2, o, mlp out", PlanCategory::transient,
            T * (3 * s.qd + 3 * s.kvd + 5 * s.H) * ab, plan_phase::forward);
   plan.add("layer forward: fp32 norm rstd and attention LSE", PlanCategory::transient, T * f32_rows,
            plan_phase::forward);
 
-  // layer_backward at its end: the recomputed LayerActs (o and m are gone with forward()) plus
-  // every gradient buffer the backward allocates, none freed before it returns. The MLP holds
-  // three [T,I] tensors where PyTorch holds four (gate, silu(gate), up, product): swiglu_forward
-  // writes silu(gate) * up in one pass.
-  plan.add("recompute: MLP gate, up, act [T,I]", PlanCategory::transient, 3 * T * s.I * ab, plan_phase::backward);
-  plan.add("backward: MLP dact, dgate, dup [T,I]", PlanCategory::transient, 3 * T * s.I * ab, plan_phase::backward);
+  // layer_backward while the MLP slot's backward runs: the recomputed LayerActs up to h2 (o is
+  // gone with forward()) plus every gradient buffer of the layer, all taken before the MLP's
+  // backward so the peak is this sum plus the MLP slot's terms.
   plan.add("recompute: q, k, v, normed q/k, attn out", PlanCategory::transient, T * (3 * s.qd + 3 * s.kvd) * ab,
            plan_phase::backward);
   plan.add("backward: dattn, dq, dk, dv, dq/dk before norm", PlanCategory::transient,
            T * (3 * s.qd + 3 * s.kvd) * ab, plan_phase::backward);
-  plan.add("recompute/backward: y, h1, x1, h2, dh2, dx1, dh1 [T,H]", PlanCategory::transient, 7 * T * s.H * ab,
+  plan.add("recompute/backward: h1, x1, h2, dh2, dx1, dh1 [T,H]", PlanCategory::transient, 6 * T * s.H * ab,
            plan_phase::backward);
   plan.add("recompute: fp32 norm rstd and attention LSE", PlanCategory::transient, T * f32_rows,
            plan_phase::backward);

@@ -27,6 +27,8 @@ struct PlanSlots {
   std::string parallel_name = "single";
   const Model* model = nullptr;  // may be null: core's dense-decoder arithmetic plans the model
   std::string model_name = "model";
+  const MlpStrategy* mlp = nullptr;
+  std::string mlp_name = "whole";
 
   static PlanSlots of(const SlotSet& s);
 };

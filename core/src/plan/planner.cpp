@@ -99,6 +99,8 @@ PlanSlots PlanSlots::of(const SlotSet& s) {
   p.parallel_name = name(LCX_SLOT_PARALLELISM, "single");
   p.model = s.model.get();
   p.model_name = name(LCX_SLOT_MODEL, "model");
+  p.mlp = s.mlp.get();
+  p.mlp_name = name(LCX_SLOT_MLP, "whole");
   return p;
 }
 
@@ -127,10 +129,12 @@ MemoryPlan build_plan(const PlanInputs& in, const PlanSlots& s) {
   std::unique_ptr<PositionalEncoding> rope_default;
   std::unique_ptr<MemoryStrategy> memory_default;
   std::unique_ptr<Parallelism> parallel_default;
+  std::unique_ptr<MlpStrategy> mlp_default;
   const Loss* loss = s.loss ? s.loss : (loss_default = make_full_logits_loss()).get();
   const PositionalEncoding* rope = s.rope ? s.rope : (rope_default = make_default_rope()).get();
   const MemoryStrategy* memory = s.memory ? s.memory : (memory_default = make_on_device_memory()).get();
   const Parallelism* parallel = s.parallel ? s.parallel : (parallel_default = make_single_rank()).get();
+  const MlpStrategy* mlp = s.mlp ? s.mlp : (mlp_default = make_whole_mlp()).get();
 
   MemoryPlan p;
   size_t before = p.terms.size();
@@ -140,6 +144,8 @@ MemoryPlan build_plan(const PlanInputs& in, const PlanSlots& s) {
     p.contributor = s.model_name + " (core)";
     plan_dense_decoder(in, p);
   }
+  p.contributor = s.mlp_name;
+  mlp->plan(in, p);
   p.contributor = s.loss_name;
   loss->plan(in, p);
   p.contributor = s.rope_name;

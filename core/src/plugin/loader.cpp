@@ -24,6 +24,7 @@ const char* slot_name(uint32_t slot) {
     case LCX_SLOT_MEMORY_STRATEGY: return "memory_strategy";
     case LCX_SLOT_PARALLELISM: return "parallelism";
     case LCX_SLOT_MODEL: return "model";
+    case LCX_SLOT_MLP: return "mlp";
   }
   return "unknown";
 }

@@ -14,6 +14,7 @@ const char* default_provider_name(uint32_t slot) {
     case LCX_SLOT_POSITIONAL_ENCODING: return "rope";
     case LCX_SLOT_MEMORY_STRATEGY: return "on_device";
     case LCX_SLOT_PARALLELISM: return "single";
+    case LCX_SLOT_MLP: return "whole";
   }
   return "(none)";
 }
@@ -46,7 +47,8 @@ std::map<uint32_t, SlotProvider> plan_slots(const Manifest& m, const PluginLoade
                   "plugins.load", str("keep one in [plugins] load, or --disable ", info.name));
     providers[info.slot] = {info.name, info.path, info};
   }
-  for (uint32_t slot : {LCX_SLOT_LOSS, LCX_SLOT_POSITIONAL_ENCODING, LCX_SLOT_MEMORY_STRATEGY, LCX_SLOT_PARALLELISM})
+  for (uint32_t slot :
+       {LCX_SLOT_LOSS, LCX_SLOT_POSITIONAL_ENCODING, LCX_SLOT_MEMORY_STRATEGY, LCX_SLOT_PARALLELISM, LCX_SLOT_MLP})
     if (!providers.count(slot)) providers[slot] = {default_provider_name(slot), "core default", {}};
   return providers;
 }
@@ -74,12 +76,14 @@ SlotSet resolve_slots(const Manifest& m, const PluginLoader& loader, const std::
       case LCX_SLOT_MEMORY_STRATEGY: s.memory = as_slot<MemoryStrategy>(obj, prov.info); break;
       case LCX_SLOT_PARALLELISM: s.parallel = as_slot<Parallelism>(obj, prov.info); break;
       case LCX_SLOT_MODEL: s.model = as_slot<Model>(obj, prov.info); break;
+      case LCX_SLOT_MLP: s.mlp = as_slot<MlpStrategy>(obj, prov.info); break;
     }
   }
   if (!s.loss) s.loss = make_full_logits_loss();
   if (!s.rope) s.rope = make_default_rope();
   if (!s.memory) s.memory = make_on_device_memory();
   if (!s.parallel) s.parallel = make_single_rank();
+  if (!s.mlp) s.mlp = make_whole_mlp();
   return s;
 }
 

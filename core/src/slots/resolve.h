@@ -9,6 +9,7 @@
 #include "config/manifest.h"
 #include "lcx/loss.h"
 #include "lcx/memory_strategy.h"
+#include "lcx/mlp_strategy.h"
 #include "lcx/model.h"
 #include "lcx/parallelism.h"
 #include "lcx/positional_encoding.h"
@@ -28,6 +29,7 @@ struct SlotSet {
   std::shared_ptr<MemoryStrategy> memory;
   std::shared_ptr<Parallelism> parallel;
   std::shared_ptr<Model> model;  // null when the manifest names no model module
+  std::shared_ptr<MlpStrategy> mlp;
   std::map<uint32_t, SlotProvider> providers;
 };
 

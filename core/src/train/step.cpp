@@ -2,6 +2,8 @@
 
 #include <chrono>
 
+#include "lcx/defaults.h"
+
 namespace lcx {
 namespace {
 
@@ -15,6 +17,12 @@ void sync(Device d) {
   if (DeviceBackend* b = backend_for(d)) b->synchronize();
 }
 
+// The MLP slot's provider, or core's whole MLP for callers that name none.
+MlpStrategy* mlp_of(StepSlots& s) {
+  static const std::unique_ptr<MlpStrategy> whole = make_whole_mlp();
+  return s.mlp ? s.mlp : whole.get();
+}
+
 Tensor on(const Tensor& t, Device d) { return t.device() == d ? t : t.to(d); }
 
 // The model's compute dtype: activations take the embedding's.
@@ -24,7 +32,7 @@ DType act_dtype(Model& m) { return m.head_weight().dtype(); }
 Tensor forward_only(StepSlots& s, const Shard& shard, Device device, const RopeTables& rope) {
   const ModelConfig& cfg = s.model.config();
   const int64_t T = shard.tokens.size(0), H = cfg.hidden_size;
-  StepContext ctx{&rope, &s.parallel, device};
+  StepContext ctx{&rope, &s.parallel, device, mlp_of(s)};
   const Tensor tokens = on(shard.tokens, device);
   Tensor x = Tensor::empty({T, H}, act_dtype(s.model), device, MemoryCategory::activations);
   s.model.embed_forward(tokens, x);
@@ -68,7 +76,7 @@ StepResult train_step(StepSlots& s, const Shard& shard, double grad_scale, Devic
   // Forward: each layer's input is handed to the memory strategy before the layer runs.
   const double t0 = now_s();
   const RopeTables rope = s.rope.tables(shard.positions, device);
-  StepContext ctx{&rope, &s.parallel, device};
+  StepContext ctx{&rope, &s.parallel, device, mlp_of(s)};
   const Tensor tokens = on(shard.tokens, device);
   const Tensor targets = on(shard.targets, device);
   s.memory.begin_step(L);

@@ -1,4 +1,4 @@
-// One forward and backward pass over this rank's shard of a sequence, through the five slots:
+// One forward and backward pass over this rank's shard of a sequence, through the slots:
 //
 //   embed -> for each layer: memory.save(l, x), x = layer(x) -> final norm
 //   -> loss (fused forward + backward: grad of the final hidden, grad of the head)
@@ -13,6 +13,7 @@
 
 #include "lcx/loss.h"
 #include "lcx/memory_strategy.h"
+#include "lcx/mlp_strategy.h"
 #include "lcx/model.h"
 #include "lcx/parallelism.h"
 #include "lcx/positional_encoding.h"
@@ -39,6 +40,7 @@ struct StepSlots {
   MemoryStrategy& memory;
   Parallelism& parallel;
   StepHooks* hooks = nullptr;
+  MlpStrategy* mlp = nullptr;  // core's whole MLP when null
 };
 
 struct StepResult {

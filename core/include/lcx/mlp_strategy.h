@@ -1,0 +1,33 @@
+// MLP slot: how a layer's SwiGLU MLP runs over the sequence. The model hands over the normed
+// input and the three weights; the strategy decides how much of the sequence it works on at once.
+// Core's "whole" runs every row together (four [T,I] intermediates at full length); a strategy
+// may cut the rows into tiles, since each row's output depends only on that row.
+//
+//   out [T,H] = (silu(x @ w_gate^T) * (x @ w_up^T)) @ w_down^T
+//
+// backward recomputes what it needs from x (nothing is kept between forward and backward), writes
+// dx and accumulates the weights' fp32 gradients (beta 1), as the model's other gradients do.
+#pragma once
+#include "lcx/plugin.h"
+#include "lcx/tensor.h"
+
+namespace lcx {
+
+struct PlanInputs;
+struct MemoryPlan;
+
+// gate [I,H], up [I,H], down [H,I]: HF's gate_proj, up_proj, down_proj (values or fp32 grads).
+struct MlpWeights {
+  Tensor gate, up, down;
+};
+
+class MlpStrategy : public Plugin {
+ public:
+  virtual void forward(const Tensor& x, const MlpWeights& w, Tensor& out) = 0;
+  virtual void backward(const Tensor& x, const MlpWeights& w, const Tensor& dout, Tensor& dx, MlpWeights& grad) = 0;
+  // Adds the MLP's transient buffers in the forward and in the layer backward phases to `plan`
+  // (lcx/plan.h); the model's plan leaves them out.
+  virtual void plan(const PlanInputs& /*in*/, MemoryPlan& /*plan*/) const {}
+};
+
+}  // namespace lcx

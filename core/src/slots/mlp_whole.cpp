@@ -1,0 +1,55 @@
+// MlpStrategy "whole": the MLP over every row at once. gate, up and act = silu(gate) * up are
+// [T,I] (swiglu_forward writes act in one pass, so three tensors where PyTorch holds four); the
+// backward recomputes them and adds dact, dgate, dup.
+#include "lcx/defaults.h"
+#include "lcx/ops.h"
+#include "lcx/plan.h"
+
+namespace lcx {
+namespace {
+
+class WholeMlp final : public MlpStrategy {
+ public:
+  void forward(const Tensor& x, const MlpWeights& w, Tensor& out) override {
+    const int64_t T = x.size(0), I = w.gate.size(0);
+    Tensor gate = Tensor::empty({T, I}, x.dtype(), x.device()), up = Tensor::empty({T, I}, x.dtype(), x.device());
+    ops::matmul(x, false, w.gate, true, gate);
+    ops::matmul(x, false, w.up, true, up);
+    Tensor act = Tensor::empty({T, I}, x.dtype(), x.device());
+    ops::swiglu_forward(gate, up, act);
+    ops::matmul(act, false, w.down, true, out);
+  }
+
+  void backward(const Tensor& x, const MlpWeights& w, const Tensor& dout, Tensor& dx, MlpWeights& grad) override {
+    const int64_t T = x.size(0), I = w.gate.size(0);
+    const DType dt = x.dtype();
+    const Device dev = x.device();
+    Tensor gate = Tensor::empty({T, I}, dt, dev), up = Tensor::empty({T, I}, dt, dev);
+    ops::matmul(x, false, w.gate, true, gate);
+    ops::matmul(x, false, w.up, true, up);
+    Tensor act = Tensor::empty({T, I}, dt, dev);
+    ops::swiglu_forward(gate, up, act);
+    Tensor dact = Tensor::empty({T, I}, dt, dev);
+    ops::matmul(dout, true, act, false, grad.down, 1.f, 1.f);
+    ops::matmul(dout, false, w.down, false, dact);
+    Tensor dgate = Tensor::empty({T, I}, dt, dev), dup = Tensor::empty({T, I}, dt, dev);
+    ops::swiglu_backward(gate, up, dact, dgate, dup);
+    ops::matmul(dgate, true, x, false, grad.gate, 1.f, 1.f);
+    ops::matmul(dup, true, x, false, grad.up, 1.f, 1.f);
+    ops::matmul(dgate, false, w.gate, false, dx);
+    ops::matmul(dup, false, w.up, false, dx, 1.f, 1.f);
+  }
+
+  void plan(const PlanInputs& in, MemoryPlan& plan) const override {
+    const int64_t TI = in.tokens_per_rank * in.model.intermediate_size * static_cast<int64_t>(dtype_size(in.weight_dtype));
+    plan.add("layer forward: MLP gate, up, act [T,I]", PlanCategory::transient, 3 * TI, plan_phase::forward);
+    plan.add("recompute: MLP gate, up, act [T,I]", PlanCategory::transient, 3 * TI, plan_phase::backward);
+    plan.add("backward: MLP dact, dgate, dup [T,I]", PlanCategory::transient, 3 * TI, plan_phase::backward);
+  }
+};
+
+}  // namespace
+
+std::unique_ptr<MlpStrategy> make_whole_mlp() { return std::make_unique<WholeMlp>(); }
+
+}  // namespace lcx

@@ -1,0 +1,191 @@
+#!/usr/bin/env bash
+# Issue 9, parts 4-5: step time and peak GPU memory of the Qwen3-4B shape with the checkpointed
+# layer inputs on the GPU, offloaded to pinned host memory, and offloaded with the tiled MLP, at
+# 64k and 128k tokens, beside transformers + PyTorch (scripts/bench/torch_step.py) on the same GPU.
+# Runs ON the GPU machine from the repository root, with a bundle of a build (scripts/bundle.sh)
+# and the tokenizer carried:
+#
+#   scripts/bundle.sh build .bundle          (here)
+#   scripts/bench/offload_bench.sh           (there; carry .bundle and data/qwen3)
+#
+# Each lcx case trains a random-init model of the public shape with LAYERS layers (default 4, so
+# the whole table takes about 5 minutes) for 2 steps on random token ids, with the chunked loss
+# (as the peer computes its loss), and reads the second step's step_s, peak_gpu_bytes and
+# time_memory_wait_s from metrics.jsonl. PyTorch runs the same shape once per length (its own
+# offload too when torch_step.py offers --offload). A markdown table goes to stdout and $OUT.
+#
+# LONG_TOKENS=1048576 adds part 5: offload + tiled MLP at that length with 1 and 2 layers (one
+# step each), and the peak extrapolated linearly to the full 36 layers (each layer adds the same
+# weights, gradients and optimizer state; the offloaded activations stay on the host). Slow: a
+# layer at 1M tokens takes minutes.
+#
+# Environment: LAYERS, SEQS, LONG_TOKENS, PREFETCH, TILE_ROWS, TIMEOUT_S, LCX_BUNDLE, OUT.
+set -uo pipefail
+bundle=${LCX_BUNDLE:-.bundle}
+out=${OUT:-/tmp/lcx-offload-bench}
+LAYERS=${LAYERS:-4}
+SEQS=${SEQS:-"65536 131072"}
+LONG_TOKENS=${LONG_TOKENS:-}
+PREFETCH=${PREFETCH:-2}
+TILE_ROWS=${TILE_ROWS:-0}
+TIMEOUT_S=${TIMEOUT_S:-240}
+tokenizer=data/qwen3/tokenizer.json
+lcx=$bundle/bin/lcx-train
+[[ -x $lcx ]] || { echo "no $lcx: make a bundle with scripts/bundle.sh and carry it" >&2; exit 2; }
+[[ -f $tokenizer ]] || { echo "no $tokenizer: carry data/qwen3" >&2; exit 2; }
+mkdir -p "$out"
+work=$(mktemp -d /tmp/lcx-offload-bench.XXXXXX)
+trap 'rm -rf "$work"' EXIT
+
+# CUDA libraries: the toolkit's, then the wheels beside the image's PyTorch (cuDNN, NCCL).
+libs=$bundle/lib
+for d in /usr/local/cuda/lib64 /usr/local/cuda/lib; do [[ -d $d ]] && libs+=":$d"; done
+wheel_libs=$(python3 - 2>/dev/null <<'PY'
+import glob, os, site
+roots = site.getsitepackages() + [site.getusersitepackages()]
+print(":".join(sorted({d for r in roots for d in glob.glob(os.path.join(r, "nvidia", "*", "lib"))})))
+PY
+)
+[[ -n $wheel_libs ]] && libs+=":$wheel_libs"
+export LD_LIBRARY_PATH=$libs${LD_LIBRARY_PATH:+:$LD_LIBRARY_PATH}
+
+# Random ids below the tokenizer's first special token (no EOS: one long document), enough for
+# every step of the longest case.
+max_seq=$(echo $SEQS $LONG_TOKENS | tr ' ' '\n' | sort -n | tail -1)
+python3 - "$work/random.tokens" $((3 * max_seq + 1)) <<'PY'
+import array, random, sys
+rng = random.Random(0)
+with open(sys.argv[1], "wb") as f:
+    array.array("I", (rng.randrange(151643) for _ in range(int(sys.argv[2])))).tofile(f)
+PY
+
+results=$out/offload_bench.jsonl
+: >"$results"
+
+# run_lcx NAME LAYERS SEQ STEPS PLUGIN... : one training run, one JSON line appended to $results
+run_lcx() {
+  local name=$1 layers=$2 seq=$3 steps=$4
+  shift 4
+  local load="" p
+  for p in "$@"; do load+="${load:+, }\"$p\""; done
+  local dir=$work/run_${name}_${layers}_${seq}
+  cat >"$work/m.toml" <<EOF
+[run]
+output_dir = "$dir"
+seed = 0
+device = "cuda"
+
+[model]
+module = "qwen3"
+init = '{"preset": "qwen3-4b", "num_hidden_layers": $layers}'
+dtype = "bf16"
+
+[data]
+tokenizer = "$tokenizer"
+source = "$work/random.tokens"
+format = "tokens"
+seq_len = $seq
+
+[train]
+lr = 1e-5
+max_steps = $steps
+
+[plugins]
+load = [$load]
+
+[offload]
+prefetch = $PREFETCH
+
+[tiled_mlp]
+tile_rows = $TILE_ROWS
+EOF
+  # A table for a plugin that is not loaded would be refused as unknown: keep only the loaded ones.
+  for p in offload tiled_mlp; do
+    [[ " $* " == *" $p "* ]] || python3 - "$work/m.toml" "$p" <<'PY'
+import re, sys
+path, name = sys.argv[1], sys.argv[2]
+text = open(path).read()
+open(path, "w").write(re.sub(r"\n\[%s\]\n[^\[]*" % name, "\n", text))
+PY
+  done
+  echo "== lcx $name layers=$layers tokens=$seq" >&2
+  local rc=0 start=$SECONDS
+  timeout "$TIMEOUT_S" "$lcx" --config "$work/m.toml" >"$out/lcx_${name}_${layers}_${seq}.log" 2>&1 || rc=$?
+  python3 - "$dir/metrics.jsonl" "$name" "$layers" "$seq" "$rc" "$((SECONDS - start))" \
+      "$out/lcx_${name}_${layers}_${seq}.log" >>"$results" <<'PY'
+import json, sys
+path, name, layers, seq, rc, wall, log = sys.argv[1:]
+row = dict(system="lcx", config=name, layers=int(layers), tokens=int(seq), rc=int(rc), wall_s=int(wall))
+try:
+    lines = [json.loads(l) for l in open(path) if l.strip()]
+    steps = [l for l in lines if "step_s" in l]
+    last = steps[-1]
+    row.update(step_s=last["step_s"], peak_gib=last.get("peak_gpu_bytes", 0) / 2**30,
+               wait_s=last.get("time_memory_wait_s"), loss=last.get("loss"))
+except (OSError, IndexError, KeyError, ValueError):
+    text = open(log, errors="replace").read()
+    row["error"] = "out of memory" if "out of memory" in text.lower() else "failed (rc %s): %s" % (rc, (text.strip().splitlines() or [""])[-1])
+print(json.dumps(row), flush=True)
+PY
+  tail -n 1 "$results" >&2
+  rm -rf "$dir"
+}
+
+for seq in $SEQS; do
+  run_lcx gpu "$LAYERS" "$seq" 2 loss_chunked
+  run_lcx offload "$LAYERS" "$seq" 2 loss_chunked offload
+  run_lcx offload+tiled "$LAYERS" "$seq" 2 loss_chunked offload tiled_mlp
+done
+
+echo "== pytorch layers=$LAYERS tokens=$SEQS" >&2
+torch_args=(--model qwen3-4b --tokens $SEQS --steps 1 --layers "$LAYERS")
+timeout $((2 * TIMEOUT_S)) python3 scripts/bench/torch_step.py "${torch_args[@]}" 2>"$out/torch.log" \
+  | python3 -c 'import json,sys
+for l in sys.stdin:
+    r = json.loads(l); r["config"] = "gpu"; print(json.dumps(r), flush=True)' >>"$results"
+if grep -q -- '--offload' scripts/bench/torch_step.py; then
+  timeout $((2 * TIMEOUT_S)) python3 scripts/bench/torch_step.py "${torch_args[@]}" --offload 2>>"$out/torch.log" \
+    | python3 -c 'import json,sys
+for l in sys.stdin:
+    r = json.loads(l); r["config"] = "offload"; print(json.dumps(r), flush=True)' >>"$results"
+fi
+
+if [[ -n $LONG_TOKENS ]]; then
+  run_lcx offload+tiled 1 "$LONG_TOKENS" 1 loss_chunked offload tiled_mlp
+  run_lcx offload+tiled 2 "$LONG_TOKENS" 1 loss_chunked offload tiled_mlp
+fi
+
+python3 - "$results" "$LAYERS" "$LONG_TOKENS" <<'PY' | tee "$out/offload_bench.md"
+import json, sys
+rows = [json.loads(l) for l in open(sys.argv[1]) if l.strip()]
+layers, long_tokens = int(sys.argv[2]), sys.argv[3]
+def fmt(v, spec):
+    return format(v, spec) if isinstance(v, (int, float)) else "-"
+base = {(r["system"], r["tokens"]): r for r in rows if r.get("config") == "gpu" and "step_s" in r}
+torch_off = {r["tokens"]: r for r in rows if r["system"] == "pytorch" and r.get("config") == "offload" and "peak_gib" in r}
+print(f"Qwen3-4B shape, {layers} layers, bf16, chunked loss, one H200; second step.\n")
+print("| system | checkpoints | tokens | step s | vs on GPU | peak GiB | compute waited on copies s | peak vs PyTorch offload |")
+print("|---|---|---|---|---|---|---|---|")
+for r in rows:
+    if r.get("layers", layers) != layers:
+        continue
+    if "error" in r:
+        print(f"| {r['system']} | {r['config']} | {r['tokens']} | {r['error']} | | | | |")
+        continue
+    b = base.get((r["system"], r["tokens"]))
+    rel = f"{100 * (r['step_s'] / b['step_s'] - 1):+.1f}%" if b and b is not r else ""
+    t = torch_off.get(r["tokens"])
+    vs = f"{100 * r['peak_gib'] / t['peak_gib']:.0f}%" if t and r["system"] == "lcx" else ""
+    print(f"| {r['system']} | {r['config']} | {r['tokens']} | {fmt(r['step_s'], '.2f')} | {rel} | "
+          f"{fmt(r['peak_gib'], '.2f')} | {fmt(r.get('wait_s'), '.3f')} | {vs} |")
+long = {r["layers"]: r for r in rows if long_tokens and r["tokens"] == int(long_tokens) and "peak_gib" in r}
+if 1 in long and 2 in long:
+    per_layer = long[2]["peak_gib"] - long[1]["peak_gib"]
+    full = long[1]["peak_gib"] + 35 * per_layer
+    print(f"\nLongest sequence (part 5): offload + tiled MLP at {long_tokens} tokens, peak {long[1]['peak_gib']:.2f} GiB "
+          f"with 1 layer, {long[2]['peak_gib']:.2f} with 2: {per_layer:.2f} GiB a layer, so {full:.1f} GiB for all 36 "
+          f"layers ({'fits' if full < 139 else 'does not fit'} in an H200's 139 GiB usable); host memory for the "
+          f"checkpoints: {36 * int(long_tokens) * 2560 * 2 / 2**30:.1f} GiB pinned.")
+elif long_tokens:
+    print(f"\nLongest sequence (part 5): the {long_tokens}-token runs did not both finish; see offload_bench.jsonl.")
+PY
