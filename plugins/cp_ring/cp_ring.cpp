@@ -96,7 +96,7 @@ class KvRing {
 
 class CpRing final : public Parallelism {
  public:
-  explicit CpRing(int cp) : cp_(cp) {}
+  CpRing(int cp, bool across_documents) : cp_(cp), across_documents_(across_documents) {}
 
   void configure(const ParallelModelInfo& info) override {
     for (size_t l = 0; l < info.layer_types.size(); ++l)
@@ -128,12 +128,14 @@ class CpRing final : public Parallelism {
       for (int64_t i = 0; i < L; ++i) s.positions.data_as<int64_t>()[i] = i;
       return s;
     }
-    if (seq.documents > 1)
+    if (seq.documents > 1 && !across_documents_)
       throw Error(str("cp_ring: the sequence packs ", seq.documents,
                       " documents; packed documents need a block-diagonal mask, which ring attention does not "
-                      "build (a varlen ring would), and without it tokens would attend across documents"),
-                  "data.seq_len", "train on one document per sequence (long documents, seq_len no longer than "
-                                  "them), or run without cp_ring");
+                      "build (a varlen ring would), and without it tokens attend across documents"),
+                  "cp_ring.attend_across_documents",
+                  "train on one document per sequence, or set cp_ring.attend_across_documents = true when the "
+                  "documents are one continuous text (books concatenated end to end, as the reference recipe): "
+                  "then every token attends to all earlier ones, exactly as one rank does");
     const int64_t chunks = 2 * static_cast<int64_t>(cp_);
     if (L % chunks != 0)
       throw Error(str("cp_ring: a sequence of ", L, " tokens cannot be cut into 2 x cp = ", chunks,
@@ -317,6 +319,7 @@ class CpRing final : public Parallelism {
   }
 
   int cp_;
+  bool across_documents_;
   int64_t layers_ = 0;
   std::atomic<bool> logged_{false};
 };
@@ -324,7 +327,8 @@ class CpRing final : public Parallelism {
 std::unique_ptr<Plugin> create(const PluginArgs& args) {
   const int64_t cp = args.config.get_int("size", 1);
   if (cp < 1 || cp > 4096) args.config.fail("size", str("must be between 1 and 4096, got ", cp), "set it to distributed.cp");
-  return std::make_unique<CpRing>(static_cast<int>(cp));
+  const bool across = args.config.get_bool("attend_across_documents", false);
+  return std::make_unique<CpRing>(static_cast<int>(cp), across);
 }
 
 }  // namespace

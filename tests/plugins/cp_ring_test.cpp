@@ -82,6 +82,11 @@ TEST(CpRingRefuses, PackedDocuments) {
   const std::string e = error_of([&] { p->shard(test::iota_sequence(8, 2), 1); });
   EXPECT_NE(e.find("block-diagonal"), std::string::npos) << e;
   EXPECT_NE(e.find("2 documents"), std::string::npos) << e;
+  EXPECT_NE(e.find("attend_across_documents = true"), std::string::npos) << e;
+  // One continuous text made of several documents is accepted when asked for.
+  auto q = test::make_cp_ring("size = 2\nattend_across_documents = true");
+  Shard s = q->shard(test::iota_sequence(8, 2), 1);
+  EXPECT_EQ(s.tokens.size(0), 4);
 }
 
 TEST(CpRingRefuses, SlidingWindowAndChunkedLayers) {
