@@ -7,6 +7,7 @@
 //
 // Written against the SDK headers only: a strategy that core does not know, loaded by name.
 #include <lcx/defaults.h>
+#include <lcx/log.h>
 #include <lcx/mlp_strategy.h>
 #include <lcx/plan.h>
 #include <lcx/plugin.h>
@@ -24,7 +25,12 @@ class TiledMlp final : public MlpStrategy {
   explicit TiledMlp(int64_t tile_rows) : tile_rows_(tile_rows), whole_(make_whole_mlp()) {}
 
   void forward(const Tensor& x, const MlpWeights& w, Tensor& out) override {
-    const int64_t T = x.size(0), R = rows(w.gate.size(0), x.dtype());
+    const int64_t T = x.size(0), I = w.gate.size(0), R = rows(I, x.dtype());
+    if (!logged_) {  // once: the run log says the tiles are in use, and how large
+      log::info(str("tiled_mlp: ", T, " rows in ", (T + R - 1) / R, " tiles of ", std::min(T, R), " rows; [rows,I] buffers of ",
+                    std::min(T, R) * I * static_cast<int64_t>(dtype_size(x.dtype())) / (1 << 20), " MiB"));
+      logged_ = true;
+    }
     for (int64_t r0 = 0; r0 < T; r0 += R) {
       const int64_t r1 = std::min(T, r0 + R);
       Tensor out_tile = out.rows(r0, r1);
@@ -61,6 +67,7 @@ class TiledMlp final : public MlpStrategy {
   }
 
   const int64_t tile_rows_;  // 0: automatic
+  bool logged_ = false;
   std::unique_ptr<MlpStrategy> whole_;
 };
 

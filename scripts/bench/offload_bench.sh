@@ -122,6 +122,9 @@ try:
     last = steps[-1]
     row.update(step_s=last["step_s"], peak_gib=last.get("peak_gpu_bytes", 0) / 2**30,
                wait_s=last.get("time_memory_wait_s"), loss=last.get("loss"))
+    # A plugin that loads but is not wired into the step would measure the default silently.
+    if "tiled" in name and "tiled_mlp: " not in open(log, errors="replace").read():
+        row["config"] += " (tiled_mlp never ran: the step got no MLP slot)"
 except (OSError, IndexError, KeyError, ValueError):
     text = open(log, errors="replace").read()
     row["error"] = "out of memory" if "out of memory" in text.lower() else "failed (rc %s): %s" % (rc, (text.strip().splitlines() or [""])[-1])
