@@ -175,6 +175,15 @@ int train_rank(const CoreConfig& cfg, const Manifest& manifest, const SlotFactor
   if (lead) log::info(str("device ", device_name(device), ", weights ", dtype_name(dtype), ", ", world, world == 1 ? " rank" : " ranks",
                           rs.mesh ? str(" (dp ", shape.dp, " x cp ", shape.cp, " x sp ", shape.sp, ")") : ""));
 
+  if (cfg.data.tokenizer.empty()) throw Error("[data] tokenizer is not set", "data.tokenizer", "give the path of a tokenizer.json");
+  Tokenizer tokenizer = Tokenizer::load(cfg.data.tokenizer);
+  Dataset::Options dopt;
+  dopt.seed = cfg.run.seed;
+  dopt.progress = lead;
+  Dataset data = Dataset::open(cfg.data, tokenizer, dopt);
+  // A length the parallelism cannot split fails here, before any weight is loaded.
+  if (data.num_sequences() > 0) slots.parallel->shard(data.get(0), seq_rank);
+
   std::string resume_dir;
   if (!opts.resume.empty()) resume_dir = resolve_checkpoint(cfg.run.output_dir, opts.resume);
   if (!resume_dir.empty()) {
@@ -200,12 +209,6 @@ int train_rank(const CoreConfig& cfg, const Manifest& manifest, const SlotFactor
     step_slots.hooks = hooks.get();
   }
 
-  if (cfg.data.tokenizer.empty()) throw Error("[data] tokenizer is not set", "data.tokenizer", "give the path of a tokenizer.json");
-  Tokenizer tokenizer = Tokenizer::load(cfg.data.tokenizer);
-  Dataset::Options dopt;
-  dopt.seed = cfg.run.seed;
-  dopt.progress = lead;
-  Dataset data = Dataset::open(cfg.data, tokenizer, dopt);
   const int64_t per_epoch = data.num_sequences();
   const int64_t seq_len = data.seq_len();
   if (lead && seq_len > slots.rope->effective_max_positions())
