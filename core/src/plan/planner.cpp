@@ -294,7 +294,7 @@ std::vector<PlanKnob> plan_knobs(const PlanInputs& in, const PlanSlots& slots, c
   };
   PlanSlots combined = slots;
   std::vector<std::string> loads;
-  std::shared_ptr<Plugin> chunked, offload;
+  std::shared_ptr<Plugin> chunked, offload, tiled;
   if (slots.loss_name == "nll" && (chunked = create("loss_chunked"))) {
     PlanSlots s = slots;
     s.loss = dynamic_cast<const Loss*>(chunked.get());
@@ -315,6 +315,17 @@ std::vector<PlanKnob> plan_knobs(const PlanInputs& in, const PlanSlots& slots, c
       combined.memory = s.memory;
       combined.memory_name = s.memory_name;
       loads.push_back("offload");
+    }
+  }
+  if (slots.mlp_name == "whole" && (tiled = create("tiled_mlp"))) {
+    PlanSlots s = slots;
+    s.mlp = dynamic_cast<const MlpStrategy*>(tiled.get());
+    s.mlp_name = "tiled_mlp";
+    if (s.mlp) {
+      add("load tiled_mlp (the MLP's [T,I] intermediates one tile at a time)", in, s);
+      combined.mlp = s.mlp;
+      combined.mlp_name = s.mlp_name;
+      loads.push_back("tiled_mlp");
     }
   }
   if (loads.size() > 1) add("load " + join(loads, " and "), in, combined);
