@@ -64,8 +64,7 @@ class Offload final : public MemoryStrategy {
       slots_.resize(static_cast<size_t>(num_layers));
     }
     for (Slot& s : slots_) {
-      s.device = Tensor();
-      s.state = State::empty;
+      drop(s);  // after a step that threw midway, copies may still touch the inputs it held
       s.waited = false;
     }
     max_held_ = 0;
@@ -255,10 +254,11 @@ class Offload final : public MemoryStrategy {
     note_held();
   }
 
-  // Gives the slot's device input back. One still being copied out (read by the copy stream) or
-  // in (written by it): the compute stream, which reuses freed memory, waits for that copy first.
+  // Gives the slot's device input back. Its last copy out (reading it) or in (writing it) may
+  // still run, even after a fetch of an input the forward left on the device: the compute stream,
+  // which reuses freed memory, waits for that copy first (a no-op once it has completed).
   void drop(Slot& s) {
-    if (s.state == State::saving || s.state == State::loading) Stream::compute(device_).wait(s.copied);
+    if (s.device.defined()) Stream::compute(device_).wait(s.copied);
     s.device = Tensor();
     s.state = State::empty;
   }
