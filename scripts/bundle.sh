@@ -18,12 +18,16 @@ cp -L "$build"/lib/*.so* "$out/lib/"
 [[ -d $build/lib/lcx/plugins ]] && cp -a "$build"/lib/lcx/plugins/. "$out/lib/lcx/plugins/"
 if [[ -d $build/tests ]]; then
   find "$build/tests" -maxdepth 1 -type f -perm -u+x -exec cp {} "$out/tests/" \;
-  [[ -d $build/tests/plugins ]] && cp -a "$build/tests/plugins" "$out/tests/"
+  if [[ -d $build/tests/plugins ]]; then
+    mkdir -p "$out/tests/plugins"
+    cp -a "$build"/tests/plugins/*.so "$out/tests/plugins/"
+  fi
 fi
 
-# The libraries to carry along: those the GPU machine's image lacks (its system has glibc, libstdc++
-# and the CUDA stack).
-carry='libtomlplusplus|libboost_program_options|libspdlog|libfmt|libutf8proc|libopenblas|libgfortran|libquadmath|libgtest|libgmock'
+# The libraries to carry along: those the GPU machine's image lacks (its system has glibc, libstdc++,
+# OpenBLAS and the CUDA stack). LCX_BUNDLE_BLAS=1 carries OpenBLAS too (36 MB) for machines without it.
+carry='libtomlplusplus|libboost_program_options|libspdlog|libfmt|libutf8proc|libgtest|libgmock'
+[[ ${LCX_BUNDLE_BLAS:-0} != 0 ]] && carry+='|libopenblas|libgfortran|libquadmath'
 mapfile -t elves < <(find "$out" -type f \( -name '*.so*' -o -perm -u+x \) -exec sh -c 'head -c4 "$1" | grep -q ELF && echo "$1"' _ {} \;)
 for f in "${elves[@]}"; do
   ldd "$f" 2>/dev/null | awk '/=>/ && $3 ~ /^\// {print $1, $3}' | while read -r name path; do
@@ -34,4 +38,8 @@ for f in "${elves[@]}" "$out"/lib/*.so*; do strip --strip-unneeded "$f" 2>/dev/n
 
 missing=$(for f in "${elves[@]}"; do LD_LIBRARY_PATH=$out/lib ldd "$f" 2>/dev/null | grep 'not found' || true; done | sort -u)
 [[ -z $missing ]] || { echo "bundle: unresolved libraries:" >&2; echo "$missing" >&2; exit 1; }
+# Test binaries name fixtures by the source and build folders they were built at; record them so
+# the GPU machine can put links there (scripts/gpu_all.sh).
+sed -n 's/^CMAKE_HOME_DIRECTORY:INTERNAL=//p' "$build/CMakeCache.txt" >"$out/source_dir"
+(cd "$build" && pwd) >"$out/build_dir"
 echo "bundle: $out, $(du -sh "$out" | cut -f1)"

@@ -1,0 +1,51 @@
+#!/usr/bin/env bash
+# Every GPU check of the project in one call of the GPU machine, from the repository root with the
+# bundle (scripts/bundle.sh) carried as .bundle and data/qwen3 carried: the GPU test binaries
+# (scripts/gpu_check.sh), the quickstart trained on the GPU, then the benchmarks beside PyTorch.
+# Logs go to $OUT; the tables are printed last.
+#   STEP_CASES="qwen3-4b:65536" OFFLOAD=1 scripts/gpu_all.sh
+set -uo pipefail
+root=$PWD
+out=${OUT:-/tmp/lcx-gpu-all}
+mkdir -p "$out"
+# Test binaries know the build and source folders by the paths they were built at; point those
+# paths at this copy so fixtures, plugins and lcx-train are found.
+built_src=$(cat .bundle/source_dir 2>/dev/null)
+built_build=$(cat .bundle/build_dir 2>/dev/null)
+if [[ -n $built_src && $built_src != "$root" && ! -e $built_src ]]; then
+  mkdir -p "$(dirname "$built_src")"
+  ln -sfn "$root" "$built_src"
+fi
+ln -sfn "$root/.bundle" "$root/build"
+[[ -n $built_build && ! -e $built_build ]] && ln -sfn "$root/.bundle" "$built_build"
+export LD_LIBRARY_PATH=$root/.bundle/lib:/usr/local/cuda/lib64${LD_LIBRARY_PATH:+:$LD_LIBRARY_PATH}
+for d in $(python3 -c 'import glob,site;print(" ".join(glob.glob(site.getsitepackages()[0]+"/nvidia/*/lib")))' 2>/dev/null); do
+  LD_LIBRARY_PATH+=":$d"
+done
+export NCCL_NVLS_ENABLE=0
+
+LCX_MEMCHECK=${LCX_MEMCHECK:-0} LCX_BENCH=${LCX_BENCH:-0} \
+  LCX_GPU_TESTS=${LCX_GPU_TESTS:-"test_parity test_dist_gpu test_cp_ring_gpu test_sp_ulysses_gpu test_offload test_tiled_mlp test_core"} \
+  OUT=$out/tests scripts/gpu_check.sh >"$out/gpu_check.out" 2>&1
+
+# The quickstart on the GPU: same manifest, the device picked automatically.
+start=$(date +%s)
+build/bin/lcx-train --config configs/quickstart.toml --set run.output_dir="$out/quickstart" >"$out/quickstart.log" 2>&1
+qs_rc=$?
+qs_s=$(($(date +%s) - start))
+qs_first=$(grep -m1 -o "{'loss': [0-9.]*" "$out/quickstart.log" | tail -c +11)
+qs_last=$(grep -o "{'loss': [0-9.]*" "$out/quickstart.log" | tail -1 | tail -c +11)
+
+if [[ -n ${STEP_CASES:-} ]]; then
+  CASES=$STEP_CASES OUT=$out/step scripts/bench/step_bench.sh build >"$out/step_bench.out" 2>&1
+fi
+if [[ ${OFFLOAD:-0} != 0 && -x scripts/bench/offload_bench.sh ]]; then
+  OUT=$out/offload scripts/bench/offload_bench.sh build >"$out/offload_bench.out" 2>&1
+fi
+
+echo "== GPU tests"
+sed -n '/== GPU tests/,/memcheck/p' "$out/gpu_check.out" | tail -n +2
+echo "== quickstart on the GPU: rc $qs_rc, ${qs_s} s, loss $qs_first -> $qs_last"
+[[ -f $out/step/step_bench.md ]] && { echo "== step benchmark"; cat "$out/step/step_bench.md"; }
+[[ -f $out/offload_bench.out ]] && { echo "== offload benchmark"; tail -20 "$out/offload_bench.out"; }
+exit 0
