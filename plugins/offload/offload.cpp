@@ -50,7 +50,11 @@ int64_t host_mem_available() {
   return -1;
 }
 
-std::string gib(double bytes) { return str(static_cast<double>(static_cast<int64_t>(bytes / kGiB * 100)) / 100, " GiB"); }
+// "180.5 GiB", or "12.25 MiB" below a GiB: two decimals.
+std::string gib(double bytes) {
+  const bool big = bytes >= kGiB;
+  return str(static_cast<double>(static_cast<int64_t>(bytes / (big ? kGiB : kMiB) * 100)) / 100, big ? " GiB" : " MiB");
+}
 
 class Offload final : public MemoryStrategy {
  public:

@@ -19,7 +19,10 @@
 # weights, gradients and optimizer state; the offloaded activations stay on the host). Slow: a
 # layer at 1M tokens takes minutes.
 #
-# Environment: LAYERS, SEQS, LONG_TOKENS, PREFETCH, TILE_ROWS, TIMEOUT_S, LCX_BUNDLE, OUT.
+# MASTER=bf16 (default) keeps AdamW's moments in bf16 without an fp32 master copy, as the peer's
+# bf16 model with torch.optim.AdamW does; MASTER=fp32 is lcx's default (16 more bytes a parameter).
+#
+# Environment: LAYERS, SEQS, LONG_TOKENS, PREFETCH, TILE_ROWS, MASTER, TIMEOUT_S, LCX_BUNDLE, OUT.
 set -uo pipefail
 bundle=${LCX_BUNDLE:-.bundle}
 out=${OUT:-/tmp/lcx-offload-bench}
@@ -28,6 +31,7 @@ SEQS=${SEQS:-"65536 131072"}
 LONG_TOKENS=${LONG_TOKENS:-}
 PREFETCH=${PREFETCH:-2}
 TILE_ROWS=${TILE_ROWS:-0}
+MASTER=${MASTER:-bf16}
 TIMEOUT_S=${TIMEOUT_S:-240}
 tokenizer=data/qwen3/tokenizer.json
 lcx=$bundle/bin/lcx-train
@@ -89,6 +93,7 @@ seq_len = $seq
 [train]
 lr = 1e-5
 max_steps = $steps
+master_dtype = "$MASTER"
 
 [plugins]
 load = [$load]
@@ -158,15 +163,15 @@ if [[ -n $LONG_TOKENS ]]; then
   run_lcx offload+tiled 2 "$LONG_TOKENS" 1 loss_chunked offload tiled_mlp
 fi
 
-python3 - "$results" "$LAYERS" "$LONG_TOKENS" <<'PY' | tee "$out/offload_bench.md"
+python3 - "$results" "$LAYERS" "$LONG_TOKENS" "$MASTER" <<'PY' | tee "$out/offload_bench.md"
 import json, sys
 rows = [json.loads(l) for l in open(sys.argv[1]) if l.strip()]
-layers, long_tokens = int(sys.argv[2]), sys.argv[3]
+layers, long_tokens, master = int(sys.argv[2]), sys.argv[3], sys.argv[4]
 def fmt(v, spec):
     return format(v, spec) if isinstance(v, (int, float)) else "-"
 base = {(r["system"], r["tokens"]): r for r in rows if r.get("config") == "gpu" and "step_s" in r}
 torch_off = {r["tokens"]: r for r in rows if r["system"] == "pytorch" and r.get("config") == "offload" and "peak_gib" in r}
-print(f"Qwen3-4B shape, {layers} layers, bf16, chunked loss, one H200; second step.\n")
+print(f"Qwen3-4B shape, {layers} layers, bf16, chunked loss, one H200; second step; lcx master_dtype {master}.\n")
 print("| system | checkpoints | tokens | step s | vs on GPU | peak GiB | compute waited on copies s | peak vs PyTorch offload |")
 print("|---|---|---|---|---|---|---|---|")
 for r in rows:
