@@ -6,8 +6,10 @@
 #   STEP_CASES="qwen3-4b:65536" OFFLOAD=1 scripts/gpu_all.sh
 set -uo pipefail
 root=$PWD
-out=${OUT:-/tmp/lcx-gpu-all}
-mkdir -p "$out"
+# Everything is written under a work folder; $OUT (when set) receives one tarball of it and the
+# summary, since the GPU machine returns only a few files.
+result=${OUT:-}
+out=$(mktemp -d /tmp/lcx-gpu-all.XXXXXX)
 # Test binaries know the build and source folders by the paths they were built at; point those
 # paths at this copy so fixtures, plugins and lcx-train are found.
 built_src=$(cat .bundle/source_dir 2>/dev/null)
@@ -33,8 +35,8 @@ start=$(date +%s)
 build/bin/lcx-train --config configs/quickstart.toml --set run.output_dir="$out/quickstart" >"$out/quickstart.log" 2>&1
 qs_rc=$?
 qs_s=$(($(date +%s) - start))
-qs_first=$(grep -m1 -o "{'loss': [0-9.]*" "$out/quickstart.log" | tail -c +11)
-qs_last=$(grep -o "{'loss': [0-9.]*" "$out/quickstart.log" | tail -1 | tail -c +11)
+qs_first=$(grep -o "{'loss': [0-9.]*" "$out/quickstart.log" | head -1 | cut -d' ' -f2)
+qs_last=$(grep -o "{'loss': [0-9.]*" "$out/quickstart.log" | tail -1 | cut -d' ' -f2)
 
 if [[ -n ${STEP_CASES:-} ]]; then
   CASES=$STEP_CASES OUT=$out/step scripts/bench/step_bench.sh build >"$out/step_bench.out" 2>&1
@@ -45,7 +47,15 @@ fi
 
 echo "== GPU tests"
 sed -n '/== GPU tests/,/memcheck/p' "$out/gpu_check.out" | tail -n +2
+for f in "$out"/tests/test_*.log; do
+  grep -q '^\[  FAILED  \]' "$f" || continue
+  echo "-- failures in $(basename "$f" .log):"
+  grep -E -B2 -A6 'Failure$' "$f" | head -60
+done
 echo "== quickstart on the GPU: rc $qs_rc, ${qs_s} s, loss $qs_first -> $qs_last"
 [[ -f $out/step/step_bench.md ]] && { echo "== step benchmark"; cat "$out/step/step_bench.md"; }
 [[ -f $out/offload_bench.out ]] && { echo "== offload benchmark"; tail -20 "$out/offload_bench.out"; }
+if [[ -n $result ]]; then
+  tar czf "$result/gpu_all_logs.tgz" -C "$out" . 2>/dev/null
+fi
 exit 0

@@ -12,6 +12,7 @@ out=${OUT:-/tmp/lcx-bench}
 cases=${CASES:-"qwen3-0.6b:8192 qwen3-0.6b:32768 qwen3-4b:32768 qwen3-4b:65536"}
 plugins=${PLUGINS:-loss_chunked}
 steps=${STEPS:-3}
+master=${MASTER:-fp32}  # bf16: no fp32 master copy, bf16 moments (the peer's optimizer state)
 limit=${LCX_STEP_TIMEOUT:-240}
 mkdir -p "$out"
 table="$out/step_bench.md"
@@ -45,6 +46,7 @@ shuffle = false
 lr = 1e-5
 max_steps = $steps
 save_final = false
+master_dtype = "$master"
 [plugins]
 load = [${load%,}]
 TOML
@@ -85,6 +87,8 @@ print(f"| {sys.argv[3]} | {int(sys.argv[4]):,} | {l[0]} | {l[1]} | {l[2]} | {l[3
 PY
 )
   echo "$row" | tee -a "$table"
+  if ! grep -q step_s "$run/torch.json"; then echo "PyTorch failed:"; tail -5 "$run/torch.err"; fi
+  if [[ ! -s $run/out/metrics.jsonl ]]; then echo "lcx failed:"; tail -5 "$run/lcx.log"; fi
 done
 echo
 cat "$table"

@@ -9,6 +9,7 @@ tokens/s and peak GPU memory.
     python3 scripts/bench/torch_step.py --model qwen3-0.6b --tokens 8192 32768 --steps 3
 """
 import argparse
+import contextlib
 import json
 import os
 import statistics
@@ -59,20 +60,22 @@ class ChunkedLossCheckpoint(torch.autograd.Function):
         dw = torch.zeros_like(head, dtype=torch.float32)
         valid = (labels != -100).sum()
         for s in range(0, hidden.shape[0], ctx.rows):
-            h = hidden[s:s + ctx.rows].detach().requires_grad_(True)
-            w = head.detach().requires_grad_(True)
             y = labels[s:s + ctx.rows]
             if (y != -100).sum() == 0:
                 continue
-            logits = (h @ w.t()).float()
-            loss = torch.nn.functional.cross_entropy(logits, y, ignore_index=-100, reduction="sum") / valid
-            gh, gw = torch.autograd.grad(loss * grad, (h, w))
+            # backward() runs with grad mode off; each chunk's small graph is built here.
+            with torch.enable_grad():
+                h = hidden[s:s + ctx.rows].detach().requires_grad_(True)
+                w = head.detach().requires_grad_(True)
+                logits = (h @ w.t()).float()
+                loss = torch.nn.functional.cross_entropy(logits, y, ignore_index=-100, reduction="sum") / valid
+                gh, gw = torch.autograd.grad(loss * grad, (h, w))
             dh[s:s + ctx.rows] = gh
             dw += gw.float()
         return dh, dw.to(head.dtype), None, None
 
 
-def run(model_name, tokens, steps, layers=None):
+def run(model_name, tokens, steps, layers=None, offload=False):
     cfg = Qwen3Config(vocab_size=151936, head_dim=128, rope_theta=1e6, rms_norm_eps=1e-6,
                       max_position_embeddings=max(40960, tokens), **SHAPES[model_name])
     if layers:
@@ -94,8 +97,12 @@ def run(model_name, tokens, steps, layers=None):
     for i in range(steps + 1):
         torch.cuda.synchronize()
         t0 = time.perf_counter()
-        hidden = model.model(input_ids=ids).last_hidden_state[0]
-        loss = ChunkedLossCheckpoint.apply(hidden, head, labels, 256)
+        # Offload: what autograd saves (with checkpointing, each layer's input) waits in pinned
+        # host memory, as the peer's activation offload does.
+        saving = torch.autograd.graph.save_on_cpu(pin_memory=True) if offload else contextlib.nullcontext()
+        with saving:
+            hidden = model.model(input_ids=ids).last_hidden_state[0]
+            loss = ChunkedLossCheckpoint.apply(hidden, head, labels, 256)
         loss.backward()
         torch.nn.utils.clip_grad_norm_(model.parameters(), 1.0)
         opt.step()
@@ -104,7 +111,7 @@ def run(model_name, tokens, steps, layers=None):
         if i > 0:  # the first step warms up allocator and kernels
             times.append(time.perf_counter() - t0)
     step = statistics.median(times)
-    out = dict(system="pytorch", model=model_name, layers=cfg.num_hidden_layers, tokens=tokens, step_s=step,
+    out = dict(system="pytorch", model=model_name, layers=cfg.num_hidden_layers, tokens=tokens, offload=offload, step_s=step,
                tokens_per_s=tokens / step, peak_gib=torch.cuda.max_memory_allocated() / 2**30,
                loss=float(loss))
     print(json.dumps(out), flush=True)
@@ -119,10 +126,11 @@ def main():
     ap.add_argument("--tokens", type=int, nargs="+", default=[8192])
     ap.add_argument("--steps", type=int, default=2)
     ap.add_argument("--layers", type=int, default=None)
+    ap.add_argument("--offload", action="store_true", help="checkpointed activations in pinned host memory")
     a = ap.parse_args()
     for t in a.tokens:
         try:
-            run(a.model, t, a.steps, a.layers)
+            run(a.model, t, a.steps, a.layers, a.offload)
         except torch.OutOfMemoryError:
             print(json.dumps(dict(system="pytorch", model=a.model, tokens=t, error="out of memory")), flush=True)
             torch.cuda.empty_cache()

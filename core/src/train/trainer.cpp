@@ -197,6 +197,7 @@ int train_rank(const CoreConfig& cfg, const Manifest& manifest, const SlotFactor
                 "set path = \"<HF folder>\" or init = \"qwen3-0.6b\" (or a JSON object of config keys)");
   }
   StepSlots step_slots{model, *slots.loss, *slots.rope, *slots.memory, *slots.parallel};
+  step_slots.mlp = slots.mlp.get();
   configure_slots(step_slots);
   const ModelConfig& mc = model.config();
 
