@@ -123,8 +123,11 @@ void matmul(const Tensor& a, bool trans_a, const Tensor& b, bool trans_b, Tensor
   const AlgoKey key{M, N, K, trans_a, trans_b, static_cast<int>(a.dtype()), static_cast<int>(c.dtype()),
                     al_a, al_b, al_c};
   cublasLtMatmulAlgo_t algo;
+  // The lock covers the launch too: the workspace is shared, and an algorithm of several kernels
+  // (split-K: partial products, then their reduction) must not interleave with another host
+  // thread's launches on the same stream (virtual ranks are threads sharing one GPU).
+  std::lock_guard lock(lt.mu);
   {
-    std::lock_guard lock(lt.mu);
     auto it = lt.algos.find(key);
     if (it != lt.algos.end()) {
       algo = it->second;
