@@ -13,13 +13,13 @@ std::string recipe() { return std::string(LCX_SOURCE_DIR) + "/configs/qwen3_8b_1
 
 TEST(PlanCli, RecipePrintsTheBreakdownWithoutAGpu) {
   // models/Qwen3-8B is not downloaded here: the plan takes the public Qwen3-8B shape by the
-  // folder's name, and cp_ring (a placeholder refusing size 8) is planned from [distributed].
+  // folder's name; cp_ring plans its own ring buffers.
   auto r = run_command(test::lcx_train() + " --plan --config " + recipe() + " --gpu-memory 80GB");
   ASSERT_EQ(r.exit_code, 0) << r.output;
   for (const char* s : {"the public qwen3-8b shape", "1,048,576 tokens", "cp 8", "131,072 tokens per rank",
                         "weights", "gradients", "master weights", "optimizer state", "saved activations (GPU)",
                         "saved activations (host)", "largest transient", "allocator reserve", "peak",
-                        "pinned host memory", "longest sequence that fits", "warning: plugin cp_ring refused",
+                        "pinned host memory", "longest sequence that fits", "ring K/V receive buffers",
                         "loss_chunked", "rope_yarn", "plan: peak_bytes="})
     EXPECT_NE(r.output.find(s), std::string::npos) << s << "\n" << r.output;
 }
