@@ -334,5 +334,6 @@ std::unique_ptr<Plugin> create(const PluginArgs& args) {
 }  // namespace
 }  // namespace lcx
 
-LCX_PLUGIN(LCX_SLOT_PARALLELISM, "cp_ring", "1.0.0", "ring attention over a zigzag-sharded sequence",
-           "exact forward and backward; in-process and NCCL rings", lcx::create)
+LCX_PLUGIN(LCX_SLOT_PARALLELISM, "cp_ring", "1.0.0",
+           "ring attention over a zigzag-sharded sequence: exact forward and backward, in-process and NCCL rings",
+           "ready", lcx::create)
