@@ -13,12 +13,11 @@
 namespace lcx {
 namespace {
 
-const std::string kTokenizer = std::string(LCX_SOURCE_DIR) + "/data/qwen3/tokenizer.json";
 
 struct DistTrain : ::testing::Test {
   std::filesystem::path dir = test::temp_dir("dist");
   void SetUp() override {
-    if (!std::filesystem::exists(kTokenizer)) GTEST_SKIP() << "data/qwen3/tokenizer.json absent: run scripts/fetch_data.sh";
+    if (!std::filesystem::exists(test::qwen3_tokenizer())) GTEST_SKIP() << "data/qwen3/tokenizer.json absent: run scripts/fetch_data.sh";
     std::ofstream out(dir / "data.tokens", std::ios::binary);
     std::mt19937 rng(7);
     for (int i = 0; i < 32 * 24; ++i) {
@@ -31,24 +30,8 @@ struct DistTrain : ::testing::Test {
   std::pair<std::vector<double>, std::map<std::string, std::vector<float>>> train(const std::string& name,
                                                                                   const std::string& extra) {
     auto out = dir / name;
-    std::string text = str(R"([run]
-output_dir = ")", out.string(), R"("
-seed = 5
-device = "cpu"
-[model]
-module = "qwen3"
-init = '{"vocab_size": 256, "hidden_size": 32, "intermediate_size": 64, "num_hidden_layers": 2, "num_attention_heads": 4, "num_key_value_heads": 2, "head_dim": 8, "tie_word_embeddings": false}'
-dtype = "fp32"
-[data]
-tokenizer = ")", kTokenizer, R"("
-source = ")", (dir / "data.tokens").string(), R"("
-seq_len = 32
-drop_last = true
-[train]
-lr = 0.01
-max_steps = 3
-weight_decay = 0.1
-)", extra);
+    // extra: [train] lines first, then other tables.
+    std::string text = test::tiny_run_manifest(out, dir / "data.tokens", 5, false, "max_steps = 3\nweight_decay = 0.1\n" + extra);
     test::write_file(out / "run.toml", text);
     auto r = test::run_command(test::lcx_train() + " --config " + (out / "run.toml").string());
     EXPECT_EQ(r.exit_code, 0) << r.output;

@@ -15,13 +15,12 @@
 namespace lcx {
 namespace {
 
-const std::string kTokenizer = std::string(LCX_SOURCE_DIR) + "/data/qwen3/tokenizer.json";
 
 struct TrainRun : ::testing::Test {
   std::filesystem::path dir = test::temp_dir("train");
 
   void SetUp() override {
-    if (!std::filesystem::exists(kTokenizer)) GTEST_SKIP() << "data/qwen3/tokenizer.json absent: run scripts/fetch_data.sh";
+    if (!std::filesystem::exists(test::qwen3_tokenizer())) GTEST_SKIP() << "data/qwen3/tokenizer.json absent: run scripts/fetch_data.sh";
   }
 
   // A token stream over a vocabulary of 256 ids: `pattern` repeated, so a model can learn it.
@@ -31,25 +30,8 @@ struct TrainRun : ::testing::Test {
   }
 
   std::string manifest(const std::string& extra) {
-    std::string text = str(R"([run]
-output_dir = ")", (dir / "out").string(), R"("
-seed = 3
-device = "cpu"
-[model]
-module = "qwen3"
-init = '{"vocab_size": 256, "hidden_size": 32, "intermediate_size": 64, "num_hidden_layers": 2, "num_attention_heads": 4, "num_key_value_heads": 2, "head_dim": 8}'
-dtype = "fp32"
-[data]
-tokenizer = ")", kTokenizer, R"("
-source = ")", (dir / "data.tokens").string(), R"("
-seq_len = 32
-drop_last = true
-[train]
-lr = 0.01
-warmup_steps = 2
-schedule = "cosine"
-)", extra);
-    test::write_file(dir / "run.toml", text);
+    test::write_file(dir / "run.toml", test::tiny_run_manifest(dir / "out", dir / "data.tokens", 3, true,
+                                                               "warmup_steps = 2\nschedule = \"cosine\"\n" + extra));
     return (dir / "run.toml").string();
   }
 

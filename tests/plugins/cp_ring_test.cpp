@@ -199,25 +199,7 @@ struct TrainRun {
 
 TrainRun train_with(const std::filesystem::path& dir, int cp) {
   const auto out = dir / str("cp", cp);
-  const std::string tokenizer = std::string(LCX_SOURCE_DIR) + "/data/qwen3/tokenizer.json";
-  std::string text = str(R"([run]
-output_dir = ")", out.string(), R"("
-seed = 5
-device = "cpu"
-[model]
-module = "qwen3"
-init = '{"vocab_size": 256, "hidden_size": 32, "intermediate_size": 64, "num_hidden_layers": 2, "num_attention_heads": 4, "num_key_value_heads": 2, "head_dim": 8, "tie_word_embeddings": false}'
-dtype = "fp32"
-[data]
-tokenizer = ")", tokenizer, R"("
-source = ")", (dir / "data.tokens").string(), R"("
-seq_len = 32
-drop_last = true
-[train]
-lr = 0.01
-max_steps = 3
-weight_decay = 0.1
-)");
+  std::string text = test::tiny_run_manifest(out, dir / "data.tokens", 5, false, "max_steps = 3\nweight_decay = 0.1\n");
   if (cp > 1)
     text += str("[plugins]\nload = [\"cp_ring\"]\n[cp_ring]\nsize = ", cp, "\n[distributed]\nnproc_per_node = ", cp,
                 "\ncp = ", cp, "\n");
@@ -239,7 +221,7 @@ weight_decay = 0.1
 }
 
 TEST(CpRingTrainer, ThreadRanksTrainAsOneRank) {
-  if (!std::filesystem::exists(std::string(LCX_SOURCE_DIR) + "/data/qwen3/tokenizer.json"))
+  if (!std::filesystem::exists(test::qwen3_tokenizer()))
     GTEST_SKIP() << "data/qwen3/tokenizer.json absent: run scripts/fetch_data.sh";
   const auto dir = test::temp_dir("cp-train");
   {

@@ -185,8 +185,7 @@ TEST(SpUlyssesExact, TrainingStepComposesWithLossRopeYarnAndOffload) {
 // lcx-train as a user runs it: [distributed] sp thread-ranks on the CPU, the trainer binding the
 // mesh, sharding and reducing. Three optimizer steps trace the single-rank run's losses and norms.
 TEST(SpUlyssesTrainer, RunsTrackTheSingleRankRun) {
-  const std::string tokenizer = std::string(LCX_SOURCE_DIR) + "/data/qwen3/tokenizer.json";
-  if (!std::filesystem::exists(tokenizer)) GTEST_SKIP() << "data/qwen3/tokenizer.json absent: run scripts/fetch_data.sh";
+  if (!std::filesystem::exists(test::qwen3_tokenizer())) GTEST_SKIP() << "data/qwen3/tokenizer.json absent: run scripts/fetch_data.sh";
   const auto dir = test::temp_dir("sp-train");
   {
     std::mt19937 rng(5);
@@ -197,29 +196,10 @@ TEST(SpUlyssesTrainer, RunsTrackTheSingleRankRun) {
   }
   auto run = [&](int sp) {
     const auto out = dir / str("out", sp);
-    test::write_file(dir / str("run", sp, ".toml"), str(R"([run]
-output_dir = ")", out.string(), R"("
-seed = 3
-device = "cpu"
-[model]
-module = "qwen3"
-init = '{"vocab_size": 256, "hidden_size": 32, "intermediate_size": 64, "num_hidden_layers": 2, "num_attention_heads": 4, "num_key_value_heads": 2, "head_dim": 8}'
-dtype = "fp32"
-[data]
-tokenizer = ")", tokenizer, R"("
-source = ")", (dir / "data.tokens").string(), R"("
-seq_len = 32
-drop_last = true
-[train]
-lr = 0.01
-max_steps = 3
-[plugins]
-load = ["sp_ulysses", "loss_chunked"]
-[sp_ulysses]
-size = )", sp, R"(
-[distributed]
-nproc_per_node = )", sp, R"(
-sp = )", sp, "\n"));
+    test::write_file(dir / str("run", sp, ".toml"),
+                     test::tiny_run_manifest(out, dir / "data.tokens", 3, true, "max_steps = 3\n",
+                                             str("[plugins]\nload = [\"sp_ulysses\", \"loss_chunked\"]\n[sp_ulysses]\nsize = ", sp,
+                                                 "\n[distributed]\nnproc_per_node = ", sp, "\nsp = ", sp, "\n")));
     const test::CommandResult r = test::run_command(test::lcx_train() + " --config " + (dir / str("run", sp, ".toml")).string());
     EXPECT_EQ(r.exit_code, 0) << r.output;
     if (sp > 1) {

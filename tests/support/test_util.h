@@ -40,6 +40,20 @@ inline CommandResult run_command(const std::string& cmd) {
 }
 
 inline std::string lcx_train() { return std::string(LCX_BUILD_DIR) + "/bin/lcx-train"; }
+inline std::string qwen3_tokenizer() { return std::string(LCX_SOURCE_DIR) + "/data/qwen3/tokenizer.json"; }
+
+// The manifest of a tiny random-init Qwen3 (vocabulary 256, 2 layers, hidden 32) trained on the
+// CPU from a uint32 token file in sequences of 32 at lr 0.01. `train` adds lines to [train];
+// `tables` adds whole tables after it ([plugins], [distributed], ...).
+inline std::string tiny_run_manifest(const std::filesystem::path& output_dir, const std::filesystem::path& tokens,
+                                     int seed, bool tied, const std::string& train, const std::string& tables = {}) {
+  return "[run]\noutput_dir = \"" + output_dir.string() + "\"\nseed = " + std::to_string(seed) +
+         "\ndevice = \"cpu\"\n[model]\nmodule = \"qwen3\"\n"
+         "init = '{\"vocab_size\": 256, \"hidden_size\": 32, \"intermediate_size\": 64, \"num_hidden_layers\": 2, "
+         "\"num_attention_heads\": 4, \"num_key_value_heads\": 2, \"head_dim\": 8, \"tie_word_embeddings\": " +
+         (tied ? "true" : "false") + "}'\ndtype = \"fp32\"\n[data]\ntokenizer = \"" + qwen3_tokenizer() +
+         "\"\nsource = \"" + tokens.string() + "\"\nseq_len = 32\ndrop_last = true\n[train]\nlr = 0.01\n" + train + tables;
+}
 inline std::string build_plugin_dir() { return std::string(LCX_BUILD_DIR) + "/lib/lcx/plugins"; }
 
 }  // namespace lcx::test
