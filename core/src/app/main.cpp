@@ -11,6 +11,7 @@
 #include <nlohmann/json.hpp>
 
 #include "app/cli.h"
+#include "app/eval_cmd.h"
 #include "config/core_config.h"
 #include "config/manifest.h"
 #include "lcx/abi.h"
@@ -131,6 +132,8 @@ int run(const CliOptions& o) {
 int main(int argc, char** argv) {
   try {
     if (argc > 1 && std::string(argv[1]) == "tokenize") return lcx::tokenize_main(argc - 1, argv + 1);
+    if (argc > 1 && std::string(argv[1]) == "eval") return lcx::eval_main(argc - 1, argv + 1);
+    if (argc > 1 && std::string(argv[1]) == "eval-plot") return lcx::eval_plot_main(argc - 1, argv + 1);
     return lcx::run(lcx::parse_cli(argc, argv));
   } catch (const lcx::Error& e) {
     std::fprintf(stderr, "error: %s\n", e.what());

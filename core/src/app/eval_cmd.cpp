@@ -1,0 +1,266 @@
+// `lcx-train eval`: per-position loss of a model over sequences of --seq-len tokens from the
+// manifest's [data], with the manifest's slots (so rope_yarn applies when it is loaded, and
+// --disable rope_yarn compares without). Runs written into one --out folder share one plot.
+#include "app/eval_cmd.h"
+
+#include <algorithm>
+#include <boost/program_options.hpp>
+#include <chrono>
+#include <cmath>
+#include <cstdio>
+#include <filesystem>
+#include <fstream>
+#include <iostream>
+#include <nlohmann/json.hpp>
+#include <sstream>
+
+#include "config/core_config.h"
+#include "config/manifest.h"
+#include "data/dataset.h"
+#include "data/tokenizer.h"
+#include "eval/position_loss.h"
+#include "lcx/error.h"
+#include "lcx/log.h"
+#include "plugin/loader.h"
+#include "slots/resolve.h"
+#include "train/checkpoint.h"
+#include "train/step.h"
+#include "train/trainer.h"
+
+namespace po = boost::program_options;
+namespace fs = std::filesystem;
+
+namespace lcx {
+namespace {
+
+std::string read_text(const fs::path& p) {
+  std::ifstream in(p, std::ios::binary);
+  if (!in) throw Error(str("cannot read ", p.string()), {}, "check the path");
+  std::stringstream s;
+  s << in.rdbuf();
+  return s.str();
+}
+
+void write_text(const fs::path& p, const std::string& text) {
+  std::ofstream out(p, std::ios::binary);
+  if (!out || !(out << text)) throw Error(str("cannot write ", p.string()), "--out", "give a writable folder");
+}
+
+bool is_bins_csv(const fs::path& p) {
+  const std::string n = p.filename().string();
+  const std::string tokens = ".tokens.csv";
+  const bool is_tokens = n.size() >= tokens.size() && n.compare(n.size() - tokens.size(), tokens.size(), tokens) == 0;
+  return p.extension() == ".csv" && !is_tokens;
+}
+
+// The runs of the CSVs given (a folder stands for its bins CSVs, sorted by name), and the
+// entropy (when asked and still NaN) from the first <label>.json found beside them.
+std::vector<RunCurve> collect_runs(const std::vector<std::string>& inputs, double* entropy) {
+  std::vector<fs::path> files;
+  for (const auto& in : inputs) {
+    if (fs::is_directory(in)) {
+      std::vector<fs::path> here;
+      for (const auto& e : fs::directory_iterator(in))
+        if (e.is_regular_file() && is_bins_csv(e.path())) here.push_back(e.path());
+      std::sort(here.begin(), here.end());
+      files.insert(files.end(), here.begin(), here.end());
+    } else {
+      files.emplace_back(in);
+    }
+  }
+  std::vector<RunCurve> runs;
+  for (const auto& f : files) {
+    auto r = parse_bins_csv(read_text(f));
+    runs.insert(runs.end(), r.begin(), r.end());
+    fs::path meta = f;
+    meta.replace_extension(".json");
+    if (entropy && std::isnan(*entropy) && fs::exists(meta)) {
+      auto j = nlohmann::json::parse(read_text(meta));
+      if (j.contains("unigram_entropy_nats") && j["unigram_entropy_nats"].is_number())
+        *entropy = j["unigram_entropy_nats"].get<double>();
+    }
+  }
+  return runs;
+}
+
+void parse(po::options_description& desc, po::variables_map& vm, int argc, char** argv, const char* cmd) {
+  try {
+    po::store(po::command_line_parser(argc, argv).options(desc).run(), vm);
+    po::notify(vm);
+  } catch (const po::error& e) {
+    throw Error(e.what(), {}, str("see lcx-train ", cmd, " --help"));
+  }
+}
+
+}  // namespace
+
+int eval_main(int argc, char** argv) {
+  std::string config, checkpoint, model_dir, out, label, title;
+  std::vector<std::string> sets, disabled;
+  int64_t seq_len = 0, max_sequences = 4, chunk = 256;
+  int bins = 64;
+  bool help = false;
+  po::options_description desc(
+      "lcx-train eval: loss by position of a model over long sequences\n\n"
+      "Usage: lcx-train eval --config run.toml (--checkpoint DIR | --model DIR) --seq-len N --out DIR\n"
+      "                      [--set KEY=VALUE]... [--disable NAME]... [--bins B] [--max-sequences K] [--label NAME]\n\n"
+      "Writes DIR/<label>.csv (label,bin_start,bin_end,mean_loss,count), DIR/<label>.tokens.csv (the token\n"
+      "ids of each sequence), DIR/<label>.json (means, unigram entropy) and redraws DIR/loss_by_position.svg\n"
+      "with every run in DIR.\n\nOptions");
+  desc.add_options()
+      ("config,c", po::value(&config)->value_name("FILE"), "the run's manifest: its [model], [data] and [plugins]")
+      ("set,s", po::value(&sets)->composing()->value_name("KEY=VALUE"), "override a manifest key (repeatable)")
+      ("disable,d", po::value(&disabled)->composing()->value_name("NAME"), "do not load this plugin (repeatable)")
+      ("checkpoint", po::value(&checkpoint)->value_name("DIR"), "a checkpoint folder, or `latest` of [run] output_dir")
+      ("model", po::value(&model_dir)->value_name("DIR"), "a Hugging Face model folder")
+      ("seq-len", po::value(&seq_len)->value_name("N"), "tokens per evaluated sequence")
+      ("out", po::value(&out)->value_name("DIR"), "folder for the CSV, JSON and SVG (shared by runs to compare)")
+      ("bins", po::value(&bins)->value_name("B"), "position bins (default 64)")
+      ("max-sequences", po::value(&max_sequences)->value_name("K"), "sequences evaluated, from the corpus start (default 4)")
+      ("label", po::value(&label)->value_name("NAME"), "the run's name in the plot and file names (default: model folder@N)")
+      ("title", po::value(&title)->value_name("TEXT"), "the plot's title")
+      ("chunk-rows", po::value(&chunk)->value_name("R"), "rows of logits computed at once (default 256)")
+      ("help,h", po::bool_switch(&help), "print this help");
+  po::variables_map vm;
+  parse(desc, vm, argc, argv, "eval");
+  if (help) {
+    std::cout << desc;
+    return 0;
+  }
+  if (config.empty()) throw Error("eval needs --config", "--config", "pass the run's manifest");
+  if (checkpoint.empty() == model_dir.empty())
+    throw Error("eval needs exactly one of --checkpoint and --model", "--model", "pass --checkpoint DIR or --model DIR");
+  if (seq_len < 2) throw Error("eval needs --seq-len of at least 2", "--seq-len", "pass --seq-len 4096");
+  if (out.empty()) throw Error("eval needs --out", "--out", "pass a folder for the results");
+  if (max_sequences < 1) throw Error("--max-sequences must be at least 1", "--max-sequences", "pass --max-sequences 4");
+  if (chunk < 1) throw Error("--chunk-rows must be at least 1", "--chunk-rows", "pass --chunk-rows 256");
+
+  Manifest manifest = Manifest::load(config);
+  for (const auto& s : sets) manifest.set(s);
+  std::string dir_entry = manifest.section("plugins").get_string("dir", "");
+  if (!dir_entry.empty() && fs::path(dir_entry).is_relative())
+    dir_entry = (fs::path(config).parent_path() / dir_entry).lexically_normal().string();
+  PluginLoader loader(PluginLoader::default_search_dirs(dir_entry));
+  const CoreConfig core = read_core_config(manifest, requested_plugins(manifest, disabled));
+  const Device device = pick_device(core.run.device);
+  SlotSet slots = resolve_slots(manifest, loader, disabled, device);
+  if (!slots.model) throw Error("the manifest names no model module", "model.module", "add `module = \"qwen3\"` to [model]");
+  if (slots.parallel->size() != 1)
+    throw Error("eval runs on one rank", "distributed", "evaluate with --disable of the parallelism plugin");
+
+  const std::string dir = checkpoint.empty() ? model_dir : resolve_checkpoint(core.run.output_dir, checkpoint);
+  if (label.empty()) label = str(fs::path(dir).lexically_normal().filename().string(), "@", seq_len);
+
+  if (core.data.tokenizer.empty()) throw Error("[data] tokenizer is not set", "data.tokenizer", "give the path of a tokenizer.json");
+  Tokenizer tokenizer = Tokenizer::load(core.data.tokenizer);
+  DataConfig dc = core.data;
+  dc.seq_len = seq_len;
+  Dataset::Options dopt;
+  dopt.seed = core.run.seed;
+  Dataset data = Dataset::open(dc, tokenizer, dopt);
+
+  Model& model = *slots.model;
+  model.load_hf(dir, device, dtype_from_name(core.model.dtype));
+  StepSlots step{model, *slots.loss, *slots.rope, *slots.memory, *slots.parallel};
+  step.mlp = slots.mlp.get();
+  configure_slots(step);
+  if (seq_len > slots.rope->effective_max_positions())
+    log::warn(str("sequences of ", seq_len, " tokens go beyond the ", slots.rope->effective_max_positions(),
+                  " positions this model and positional encoding place correctly"));
+
+  // The evaluated text's unigram entropy: the distribution of every target of the dataset.
+  std::vector<int64_t> counts(static_cast<size_t>(model.config().vocab_size), 0);
+  for (int64_t i = 0; i < data.num_sequences(); ++i) {
+    const Sequence s = data.get(i);
+    const int64_t* t = s.targets.data_as<int64_t>();
+    for (int64_t k = 0; k < s.targets.numel(); ++k)
+      if (t[k] >= 0 && t[k] < static_cast<int64_t>(counts.size())) counts[static_cast<size_t>(t[k])]++;
+  }
+  const double entropy = unigram_entropy(counts);
+
+  PositionLoss pl;
+  std::string tokens_csv = "sequence,token_ids\n";
+  int64_t done = 0;
+  for (int64_t i = 0; i < data.num_sequences() && done < max_sequences; ++i) {
+    if (data.length(i) != seq_len) continue;  // the corpus' short tail
+    const Sequence s = data.get(i);
+    const auto t0 = std::chrono::steady_clock::now();
+    const Shard shard = slots.parallel->shard(s, 0);
+    pl.add(per_position_loss(step, shard, device, chunk), shard.targets);
+    const double secs = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
+    std::string ids;
+    const int32_t* tk = s.tokens.data_as<int32_t>();
+    for (int64_t k = 0; k < s.tokens.numel(); ++k) ids += str(k ? " " : "", tk[k]);
+    tokens_csv += str(i, ",", ids, "\n");
+    ++done;
+    log::info(str("eval ", label, ": sequence ", i, " (", done, "/", max_sequences, ") in ", secs, " s"));
+  }
+  if (done == 0)
+    throw Error(str("the data holds no full sequence of ", seq_len, " tokens"), "--seq-len", "pass a smaller --seq-len or more data");
+
+  RunCurve run{label, bin_positions(pl, bins)};
+  const double mean_all = pl.mean(0, seq_len);
+  const int64_t tail_start = seq_len - seq_len / 10;
+  const double mean_tail = pl.mean(tail_start, seq_len);
+  fs::create_directories(out);
+  write_text(fs::path(out) / (label + ".csv"), bins_csv(run));
+  write_text(fs::path(out) / (label + ".tokens.csv"), tokens_csv);
+  nlohmann::json meta = {{"label", label},
+                         {"model", dir},
+                         {"seq_len", seq_len},
+                         {"sequences", done},
+                         {"effective_max_positions", slots.rope->effective_max_positions()},
+                         {"disabled", disabled},
+                         {"sets", sets},
+                         {"mean_loss", mean_all},
+                         {"mean_loss_last_10pct", mean_tail},
+                         {"last_10pct_from", tail_start},
+                         {"unigram_entropy_nats", entropy}};
+  write_text(fs::path(out) / (label + ".json"), meta.dump(2) + "\n");
+
+  auto runs = collect_runs({out}, nullptr);
+  write_text(fs::path(out) / "loss_by_position.svg",
+             loss_plot_svg(runs, entropy, title.empty() ? "loss by position" : title));
+  std::printf("%s: %lld sequences of %lld tokens, mean loss %.4f, last 10%% %.4f, unigram entropy %.4f nats\n",
+              label.c_str(), static_cast<long long>(done), static_cast<long long>(seq_len), mean_all, mean_tail, entropy);
+  return 0;
+}
+
+int eval_plot_main(int argc, char** argv) {
+  std::vector<std::string> inputs;
+  std::string out, title = "loss by position";
+  double entropy = std::nan("");
+  bool help = false;
+  po::options_description desc(
+      "lcx-train eval-plot: one SVG from the bins CSVs of lcx-train eval\n\n"
+      "Usage: lcx-train eval-plot --out FILE.svg [--title TEXT] [--entropy NATS] CSV_OR_DIR...\n\n"
+      "The entropy line comes from --entropy, else from the first <label>.json beside a CSV.\n\nOptions");
+  desc.add_options()
+      ("out", po::value(&out)->value_name("FILE"), "the SVG to write")
+      ("title", po::value(&title)->value_name("TEXT"), "the plot's title")
+      ("entropy", po::value(&entropy)->value_name("NATS"), "the dashed reference line")
+      ("input", po::value(&inputs)->composing(), "bins CSVs or folders of them")
+      ("help,h", po::bool_switch(&help), "print this help");
+  po::positional_options_description pos;
+  pos.add("input", -1);
+  po::variables_map vm;
+  try {
+    po::store(po::command_line_parser(argc, argv).options(desc).positional(pos).run(), vm);
+    po::notify(vm);
+  } catch (const po::error& e) {
+    throw Error(e.what(), {}, "see lcx-train eval-plot --help");
+  }
+  if (help) {
+    std::cout << desc;
+    return 0;
+  }
+  if (out.empty() || inputs.empty())
+    throw Error("eval-plot needs --out and at least one CSV or folder", "--out", "see lcx-train eval-plot --help");
+  auto runs = collect_runs(inputs, &entropy);
+  if (runs.empty()) throw Error("no bins CSV found in the inputs", {}, "give CSVs written by lcx-train eval");
+  write_text(out, loss_plot_svg(runs, entropy, title));
+  std::printf("%s: %zu runs\n", out.c_str(), runs.size());
+  return 0;
+}
+
+}  // namespace lcx
