@@ -41,7 +41,9 @@ ModelConfig preset(const std::string& name) {
   static const Shape shapes[] = {{"qwen3-0.6b", 1024, 3072, 28, 16, 8, true},
                                  {"qwen3-1.7b", 2048, 6144, 28, 16, 8, true},
                                  {"qwen3-4b", 2560, 9728, 36, 32, 8, true},
-                                 {"qwen3-8b", 4096, 12288, 36, 32, 8, false}};
+                                 {"qwen3-8b", 4096, 12288, 36, 32, 8, false},
+                                 {"qwen3-14b", 5120, 17408, 40, 40, 8, false},
+                                 {"qwen3-32b", 5120, 25600, 64, 64, 8, false}};
   for (const auto& s : shapes)
     if (name == s.name) {
       c.hidden_size = s.hidden;
@@ -54,7 +56,7 @@ ModelConfig preset(const std::string& name) {
       return c;
     }
   throw Error(str("model init '", name, "' is neither a preset nor a JSON object"), "model.init",
-              "use qwen3-0.6b, qwen3-1.7b, qwen3-4b, qwen3-8b, or {\"hidden_size\": 256, ...}");
+              "use qwen3-0.6b, qwen3-1.7b, qwen3-4b, qwen3-8b, qwen3-14b, qwen3-32b, or {\"hidden_size\": 256, ...}");
 }
 
 // Small enough for a CPU test, shaped like the real thing (GQA 2, tied).

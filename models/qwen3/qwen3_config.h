@@ -11,7 +11,7 @@ namespace lcx::qwen3 {
 
 // A checkpoint's config.json (HfConfig::load of the folder).
 ModelConfig config_from_hf(const HfConfig& c);
-// A preset name (qwen3-0.6b, qwen3-1.7b, qwen3-4b, qwen3-8b) or a JSON object of config.json keys
+// A preset name (qwen3-0.6b, qwen3-1.7b, qwen3-4b, qwen3-8b, qwen3-14b, qwen3-32b) or a JSON object of config.json keys
 // over a small default shape; the object may name a "preset" to start from. `init_std` receives
 // initializer_range (0.02 unless the spec sets it).
 ModelConfig config_from_spec(const std::string& spec, double* init_std = nullptr);

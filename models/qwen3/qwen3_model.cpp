@@ -127,6 +127,12 @@ class Qwen3Model final : public Model {
                   parameter_count(), " parameters, ", dtype_name(dtype), ")"));
   }
 
+  ModelConfig describe(const std::string& spec) const override {
+    if (std::filesystem::is_directory(spec) || std::filesystem::path(spec).filename() == "config.json")
+      return config_from_hf(HfConfig::load(spec));
+    return config_from_spec(spec);
+  }
+
   void init_random(const std::string& spec, uint64_t seed, Device device, DType dtype) override {
     double std = 0.02;
     ModelConfig cfg = config_from_spec(spec, &std);

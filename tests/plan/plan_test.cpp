@@ -15,10 +15,22 @@ namespace {
 
 constexpr double kGiB = 1024.0 * 1024.0 * 1024.0;
 
+std::shared_ptr<Plugin> create_plugin(const std::string& name, const std::string& table = {}) {
+  PluginLoader loader({test::build_plugin_dir()});
+  Manifest m = Manifest::parse(str("[", name, "]\n", table), "plan_test.toml");
+  return loader.create(name, PluginArgs{name, m.section(name), Device::cpu()});
+}
+
+// The qwen3 module describes shapes without creating weights.
+const Model& qwen3() {
+  static std::shared_ptr<Plugin> module = create_plugin("qwen3");
+  return dynamic_cast<const Model&>(*module);
+}
+
 ModelConfig preset(const std::string& name) {
   ModelSection s;
   s.init = name;
-  return plan_model_config(s);
+  return plan_model_config(s, qwen3());
 }
 
 PlanInputs inputs(const std::string& model, int64_t seq_len, int64_t cp = 1, const std::string& master = "fp32") {
@@ -42,12 +54,6 @@ int64_t sum_by(const MemoryPlan& p, const std::string& contributor, const std::s
   for (const auto& t : p.terms)
     if (t.contributor == contributor && t.phase == phase) n += t.bytes;
   return n;
-}
-
-std::shared_ptr<Plugin> create_plugin(const std::string& name, const std::string& table = {}) {
-  PluginLoader loader({test::build_plugin_dir()});
-  Manifest m = Manifest::parse(str("[", name, "]\n", table), "plan_test.toml");
-  return loader.create(name, PluginArgs{name, m.section(name), Device::cpu()});
 }
 
 TEST(PlanArithmetic, MlpIntermediateIs19GiBAtOneMillionTokens) {
@@ -304,12 +310,12 @@ TEST(PlanModelShape, FromPresetJsonAndConfigJson) {
   EXPECT_FALSE(m8.tie_word_embeddings);
   ModelSection s;
   s.init = R"({"preset": "qwen3-4b", "num_hidden_layers": 4})";
-  const ModelConfig four = plan_model_config(s);
+  const ModelConfig four = plan_model_config(s, qwen3());
   EXPECT_EQ(four.num_layers, 4);
   EXPECT_EQ(four.intermediate_size, 9728);
   s.init = R"({"hidden_size": 64, "intermediate_size": 192, "num_hidden_layers": 2, "num_attention_heads": 4,
               "num_key_value_heads": 2, "head_dim": 16})";
-  const ModelConfig tiny = plan_model_config(s);
+  const ModelConfig tiny = plan_model_config(s, qwen3());
   EXPECT_EQ(tiny.vocab_size, 1024);  // the qwen3 module's small default
   EXPECT_EQ(tiny.head_dim, 16);
 
@@ -321,9 +327,9 @@ TEST(PlanModelShape, FromPresetJsonAndConfigJson) {
   ModelSection p;
   p.path = dir.string();
   std::string source;
-  const ModelConfig c = plan_model_config(p, &source);
+  const ModelConfig c = plan_model_config(p, qwen3(), &source);
   EXPECT_EQ(c.vocab_size, 5000);
-  EXPECT_EQ(c.head_dim, 32);  // hidden / heads when config.json has no head_dim
+  EXPECT_EQ(c.head_dim, 128);  // Qwen3Config's default when config.json has no head_dim, as the module reads it
   EXPECT_NE(source.find("config.json"), std::string::npos);
 }
 
@@ -331,19 +337,19 @@ TEST(PlanModelShape, MissingFolderNamedAfterAPublicModel) {
   ModelSection s;
   s.path = "models/Qwen3-8B";
   std::string source;
-  const ModelConfig c = plan_model_config(s, &source);
+  const ModelConfig c = plan_model_config(s, qwen3(), &source);
   EXPECT_EQ(c.intermediate_size, 12288);
   EXPECT_NE(source.find("has no config.json"), std::string::npos);
   s.path = "models/my-finetune";
   try {
-    plan_model_config(s);
+    plan_model_config(s, qwen3());
     ADD_FAILURE() << "an unknown missing folder must be refused";
   } catch (const Error& e) {
     EXPECT_NE(e.fix().find("--set model.init=qwen3-8b"), std::string::npos) << e.fix();
   }
   ModelSection bad;
   bad.init = "qwen3-9b";
-  EXPECT_THROW(plan_model_config(bad), Error);
+  EXPECT_THROW(plan_model_config(bad, qwen3()), Error);
 }
 
 }  // namespace

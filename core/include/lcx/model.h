@@ -56,6 +56,10 @@ class Model : public Plugin {
   // Writes config.json (with `rope_parameters_json`) and safetensors that transformers loads.
   virtual void save_hf(const std::string& dir, DType dtype, const std::string& rope_parameters_json) const = 0;
   virtual const ModelConfig& config() const = 0;
+  // The configuration `spec` would give, with no weight created: a Hugging Face folder (its
+  // config.json), a preset name, or a JSON object as init_random takes. For plans and checks made
+  // before anything is loaded; throws naming the spec when the module does not know it.
+  virtual ModelConfig describe(const std::string& spec) const = 0;
   virtual std::vector<Parameter*> parameters() = 0;
   virtual void zero_grad() = 0;
 

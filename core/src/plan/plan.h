@@ -75,9 +75,10 @@ int64_t parse_memory_size(const std::string& text, const std::string& option = "
 std::optional<int64_t> local_gpu_memory();
 std::string format_bytes(int64_t bytes);  // "12.34 GiB"
 
-// The model's shape without its weights: config.json under [model] path when it exists, else
-// [model] init (a public Qwen3 preset or a JSON object of config.json keys). `source` says which.
-ModelConfig plan_model_config(const ModelSection& model, std::string* source = nullptr);
+// The model's shape without its weights, as the model module describes it: config.json under
+// [model] path when it exists, else [model] init (a preset or a JSON object of config.json keys),
+// else a missing folder named after a preset (models/Qwen3-8B). `source` says which.
+ModelConfig plan_model_config(const ModelSection& model, const Model& module, std::string* source = nullptr);
 
 // lcx-train --plan: resolves the slots without GPU work (a provider that refuses its table is
 // planned by its slot's default, with a warning), prints the breakdown and the longest sequence

@@ -18,9 +18,6 @@ int run_plan_command(const Manifest& m, const CoreConfig& cfg, const PluginLoade
     throw Error("--plan needs the GPU's memory, and this machine has no GPU to ask", "--gpu-memory",
                 "give it, e.g. --gpu-memory 80GB (H100) or --gpu-memory 141GB (H200)");
   }
-  std::string model_source;
-  const ModelConfig model = plan_model_config(cfg.model, &model_source);
-
   // A parallelism plugin that refuses its table today (the cp_ring placeholder refuses size > 1)
   // would stop the plan; its slot is planned with core's default and the mesh of [distributed]
   // instead, with a warning. Any other refusal is a configuration error and stops the plan.
@@ -42,6 +39,11 @@ int run_plan_command(const Manifest& m, const CoreConfig& cfg, const PluginLoade
       off.push_back(refused);
     }
   }
+  if (!slots.model)
+    throw Error("the manifest names no model module, and the plan needs the model's shape", "model.module",
+                "add `module = \"qwen3\"` to [model]");
+  std::string model_source;
+  const ModelConfig model = plan_model_config(cfg.model, *slots.model, &model_source);
   const PlanInputs in = plan_inputs(cfg, model, cfg.data.seq_len);
   const PlanSlots ps = PlanSlots::of(slots);
   const int64_t unit = plan_seq_unit(in, cfg.data.pad_to_multiple_of);
