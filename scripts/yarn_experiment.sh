@@ -46,7 +46,7 @@ done
 
 # 4. One plot per length.
 for N in 2048 4096; do
-  "$LCX" eval-plot --out docs/yarn_experiment_$N.svg \
+  "$LCX" eval-plot --out docs/yarn_experiment_$N.svg --mark 256 --mark-label "trained length (256)" \
     --title "Qwen3 (4 layers, hidden 128) trained at 256 positions, evaluated at $N (KJV)" "$RUNS/eval_$N"
 done
 grep -h '"label"\|mean_loss\|entropy' "$RUNS"/eval_*/*.json

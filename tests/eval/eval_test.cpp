@@ -93,6 +93,10 @@ TEST(PositionLoss, SvgHasOnePolylinePerRunAndTheEntropyLine) {
   const std::string pts = svg.substr(svg.find("points=\"", p2) + 8);
   EXPECT_EQ(count_of(pts.substr(0, pts.find('"')), ","), 2u);
   EXPECT_EQ(count_of(loss_plot_svg(runs, std::nan(""), "t"), "stroke-dasharray"), 0u);
+  const std::string marked = loss_plot_svg(runs, std::nan(""), "t", 10, "trained <10>");
+  EXPECT_EQ(count_of(marked, "stroke-dasharray=\"2,3\""), 1u);
+  EXPECT_NE(marked.find("trained &lt;10&gt;"), std::string::npos);
+  EXPECT_EQ(count_of(marked, "<text"), count_of(marked, "</text>"));
 }
 
 // `lcx-train eval` on a tiny model trained for a few steps: files, counts, the tokens used, the

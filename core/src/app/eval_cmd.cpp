@@ -228,17 +228,20 @@ int eval_main(int argc, char** argv) {
 
 int eval_plot_main(int argc, char** argv) {
   std::vector<std::string> inputs;
-  std::string out, title = "loss by position";
+  std::string out, title = "loss by position", mark_label = "trained length";
   double entropy = std::nan("");
+  int64_t mark = 0;
   bool help = false;
   po::options_description desc(
       "lcx-train eval-plot: one SVG from the bins CSVs of lcx-train eval\n\n"
-      "Usage: lcx-train eval-plot --out FILE.svg [--title TEXT] [--entropy NATS] CSV_OR_DIR...\n\n"
+      "Usage: lcx-train eval-plot --out FILE.svg [--title TEXT] [--entropy NATS] [--mark N] CSV_OR_DIR...\n\n"
       "The entropy line comes from --entropy, else from the first <label>.json beside a CSV.\n\nOptions");
   desc.add_options()
       ("out", po::value(&out)->value_name("FILE"), "the SVG to write")
       ("title", po::value(&title)->value_name("TEXT"), "the plot's title")
       ("entropy", po::value(&entropy)->value_name("NATS"), "the dashed reference line")
+      ("mark", po::value(&mark)->value_name("N"), "a dotted vertical line at position N (e.g. the trained length)")
+      ("mark-label", po::value(&mark_label)->value_name("TEXT"), "its name (default: trained length)")
       ("input", po::value(&inputs)->composing(), "bins CSVs or folders of them")
       ("help,h", po::bool_switch(&help), "print this help");
   po::positional_options_description pos;
@@ -258,7 +261,7 @@ int eval_plot_main(int argc, char** argv) {
     throw Error("eval-plot needs --out and at least one CSV or folder", "--out", "see lcx-train eval-plot --help");
   auto runs = collect_runs(inputs, &entropy);
   if (runs.empty()) throw Error("no bins CSV found in the inputs", {}, "give CSVs written by lcx-train eval");
-  write_text(out, loss_plot_svg(runs, entropy, title));
+  write_text(out, loss_plot_svg(runs, entropy, title, mark, mark_label));
   std::printf("%s: %zu runs\n", out.c_str(), runs.size());
   return 0;
 }

@@ -155,24 +155,33 @@ std::string tick_label(double v) {
 
 }  // namespace
 
-std::string loss_plot_svg(const std::vector<RunCurve>& runs, double entropy_nats, const std::string& title) {
+std::string loss_plot_svg(const std::vector<RunCurve>& runs, double entropy_nats, const std::string& title,
+                          int64_t mark_position, const std::string& mark_label) {
   static const char* colors[] = {"#1f77b4", "#d62728", "#2ca02c", "#ff7f0e", "#9467bd",
                                  "#8c564b", "#e377c2", "#17becf", "#7f7f7f", "#bcbd22"};
   const double W = 900, Hh = 520, left = 70, right = 230, top = 50, bottom = 60;
   const double pw = W - left - right, ph = Hh - top - bottom;
-  double xmax = 1, ymax = 0;
+  // The y range spans the values, not zero to the top: runs that differ by hundredths of a nat
+  // must stay apart.
+  double xmax = 1, ymin = std::numeric_limits<double>::infinity(), ymax = -ymin;
+  auto extend = [&](double v) {
+    ymin = std::min(ymin, v);
+    ymax = std::max(ymax, v);
+  };
   for (const auto& r : runs)
     for (const auto& b : r.bins) {
       xmax = std::max(xmax, static_cast<double>(b.end));
-      if (!std::isnan(b.mean_loss)) ymax = std::max(ymax, b.mean_loss);
+      if (!std::isnan(b.mean_loss)) extend(b.mean_loss);
     }
-  if (!std::isnan(entropy_nats)) ymax = std::max(ymax, entropy_nats);
-  const double ystep = nice_step(std::max(ymax, 1.0), 6);
+  if (!std::isnan(entropy_nats)) extend(entropy_nats);
+  if (ymin > ymax) ymin = 0, ymax = 1;
+  const double ystep = nice_step(std::max(ymax - ymin, 0.1), 6);
+  ymin = std::max(0.0, std::floor(ymin / ystep - 1e-9) * ystep);
   ymax = std::ceil(ymax / ystep + 1e-9) * ystep;
-  if (ymax <= 0) ymax = 1;
+  if (ymax <= ymin) ymax = ymin + ystep;
   const double xstep = nice_step(xmax, 8);
   auto X = [&](double v) { return left + v / xmax * pw; };
-  auto Y = [&](double v) { return top + ph - v / ymax * ph; };
+  auto Y = [&](double v) { return top + ph - (v - ymin) / (ymax - ymin) * ph; };
 
   std::ostringstream o;
   o << "<svg xmlns=\"http://www.w3.org/2000/svg\" width=\"" << W << "\" height=\"" << Hh << "\" viewBox=\"0 0 " << W
@@ -180,7 +189,7 @@ std::string loss_plot_svg(const std::vector<RunCurve>& runs, double entropy_nats
   o << "<rect x=\"0\" y=\"0\" width=\"" << W << "\" height=\"" << Hh << "\" fill=\"white\"/>\n";
   o << "<text x=\"" << W / 2 << "\" y=\"24\" text-anchor=\"middle\" font-size=\"15\">" << xml_escape(title) << "</text>\n";
   // Grid and ticks.
-  for (double v = 0; v <= ymax + 1e-9; v += ystep) {
+  for (double v = ymin; v <= ymax + 1e-9; v += ystep) {
     o << "<line x1=\"" << num(left) << "\" y1=\"" << num(Y(v)) << "\" x2=\"" << num(left + pw) << "\" y2=\"" << num(Y(v))
       << "\" stroke=\"#e0e0e0\"/>\n";
     o << "<text x=\"" << num(left - 6) << "\" y=\"" << num(Y(v) + 4) << "\" text-anchor=\"end\">" << tick_label(v)
@@ -212,6 +221,12 @@ std::string loss_plot_svg(const std::vector<RunCurve>& runs, double entropy_nats
     std::snprintf(buf, sizeof buf, "unigram entropy %.2f", entropy_nats);
     o << "<text x=\"" << num(lx + 32) << "\" y=\"" << num(ly + 4) << "\">" << buf << "</text>\n";
     ly += 20;
+  }
+  if (mark_position > 0 && static_cast<double>(mark_position) <= xmax) {
+    const double mx = X(static_cast<double>(mark_position));
+    o << "<line x1=\"" << num(mx) << "\" y1=\"" << num(top) << "\" x2=\"" << num(mx) << "\" y2=\"" << num(top + ph)
+      << "\" stroke=\"#555\" stroke-dasharray=\"2,3\"/>\n";
+    o << "<text x=\"" << num(mx + 4) << "\" y=\"" << num(top + 12) << "\">" << xml_escape(mark_label) << "</text>\n";
   }
   // One polyline per run (bins without a value are left out), drawn at each bin's middle.
   for (size_t k = 0; k < runs.size(); ++k) {

@@ -44,8 +44,10 @@ std::vector<RunCurve> parse_bins_csv(const std::string& text);
 double unigram_entropy(const std::vector<int64_t>& counts);
 
 // The SVG text: position on x, mean loss on y, one polyline per run, a legend, and the entropy
-// as a dashed line (skipped when NaN).
-std::string loss_plot_svg(const std::vector<RunCurve>& runs, double entropy_nats, const std::string& title);
+// as a dashed line (skipped when NaN). A mark_position > 0 draws a dotted vertical line there
+// (e.g. the length the model was trained at) named mark_label.
+std::string loss_plot_svg(const std::vector<RunCurve>& runs, double entropy_nats, const std::string& title,
+                          int64_t mark_position = 0, const std::string& mark_label = {});
 
 // Each position's loss of one shard: the final hidden states through the model's head in row
 // chunks (a [chunk, V] block of logits at a time), log-softmax in fp64 on the host.
