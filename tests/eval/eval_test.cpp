@@ -157,6 +157,10 @@ TEST(EvalCommand, WritesBinsTokensAndAPlotOfEveryRun) {
   EXPECT_NEAR(meta.at("unigram_entropy_nats").get<double>(), unigram_entropy(counts), 1e-9);
   EXPECT_EQ(meta.at("sequences").get<int>(), 2);
   EXPECT_TRUE(std::isfinite(meta.at("mean_loss_last_10pct").get<double>()));
+  // eval's own head + log-softmax against the Loss slot on the first sequence.
+  const double slot_sum = meta.at("first_sequence_loss_slot_sum").get<double>();
+  EXPECT_GT(slot_sum, 0.0);
+  EXPECT_NEAR(meta.at("first_sequence_loss_sum").get<double>(), slot_sum, 1e-4 * slot_sum);
 
   r = test::run_command(base + " --label second --max-sequences 1");
   ASSERT_EQ(r.exit_code, 0) << r.output;

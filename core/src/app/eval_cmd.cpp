@@ -181,12 +181,22 @@ int eval_main(int argc, char** argv) {
   PositionLoss pl;
   std::string tokens_csv = "sequence,token_ids\n";
   int64_t done = 0;
+  double slot_sum = 0, own_sum = 0;  // the first sequence's, as a check
   for (int64_t i = 0; i < data.num_sequences() && done < max_sequences; ++i) {
     if (data.length(i) != seq_len) continue;  // the corpus' short tail
     const Sequence s = data.get(i);
     const auto t0 = std::chrono::steady_clock::now();
     const Shard shard = slots.parallel->shard(s, 0);
-    pl.add(per_position_loss(step, shard, device, chunk), shard.targets);
+    const std::vector<float> loss = per_position_loss(step, shard, device, chunk);
+    pl.add(loss, shard.targets);
+    if (done == 0) {
+      // The head and log-softmax here are eval's own; the Loss slot's sum over the same
+      // sequence says they agree with what training optimizes.
+      slot_sum = eval_step(step, shard, device).loss_sum;
+      for (float v : loss) own_sum += v;
+      if (std::fabs(slot_sum - own_sum) > 1e-3 * std::fabs(slot_sum))
+        log::warn(str("per-position losses sum to ", own_sum, " but the loss slot gives ", slot_sum, " on sequence ", i));
+    }
     const double secs = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
     std::string ids;
     const int32_t* tk = s.tokens.data_as<int32_t>();
@@ -215,7 +225,9 @@ int eval_main(int argc, char** argv) {
                          {"mean_loss", mean_all},
                          {"mean_loss_last_10pct", mean_tail},
                          {"last_10pct_from", tail_start},
-                         {"unigram_entropy_nats", entropy}};
+                         {"unigram_entropy_nats", entropy},
+                         {"first_sequence_loss_sum", own_sum},
+                         {"first_sequence_loss_slot_sum", slot_sum}};
   write_text(fs::path(out) / (label + ".json"), meta.dump(2) + "\n");
 
   auto runs = collect_runs({out}, nullptr);
