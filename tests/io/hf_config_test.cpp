@@ -11,14 +11,7 @@
 namespace lcx {
 namespace {
 
-std::string error_of(const std::function<void()>& f) {
-  try {
-    f();
-  } catch (const Error& e) {
-    return e.what();
-  }
-  return "(no error)";
-}
+using test::error_of;
 
 TEST(HfConfig, TransformersFiveRopeParameters) {
   HfConfig c = HfConfig::parse(R"({"model_type":"qwen3","rope_parameters":{"rope_type":"yarn","rope_theta":1000000.0,

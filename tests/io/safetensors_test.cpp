@@ -13,17 +13,10 @@
 namespace lcx {
 namespace {
 
+using test::error_of;
+
 namespace fs = std::filesystem;
 namespace st = safetensors;
-
-std::string error_of(const std::function<void()>& f) {
-  try {
-    f();
-  } catch (const Error& e) {
-    return e.what();
-  }
-  return "(no error)";
-}
 
 std::string read_bytes(const fs::path& p) {
   std::ifstream in(p, std::ios::binary);

@@ -1,18 +1,12 @@
 // The op dispatch: arguments on different devices, device tensors in a CPU-only build, and the
 // messages that name the op, the argument and the shapes.
 #include "kernels/kernel_test_util.h"
+#include "support/test_util.h"
 
 namespace lcx {
 namespace {
 
-std::string error_of(const std::function<void()>& f) {
-  try {
-    f();
-  } catch (const Error& e) {
-    return e.what();
-  }
-  return "";
-}
+using test::error_of;
 
 TEST(OpsDispatch, MixedDevicesAreRefusedBeforeAnyWork) {
   // A borrowed "device" tensor over host memory: the dispatch must refuse it without reading it.

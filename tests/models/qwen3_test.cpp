@@ -3,6 +3,8 @@
 // step driver against finite differences.
 #include <gtest/gtest.h>
 
+#include "support/test_util.h"
+
 #include <cmath>
 #include <filesystem>
 #include <fstream>
@@ -16,16 +18,9 @@
 namespace lcx {
 namespace {
 
-namespace fs = std::filesystem;
+using test::error_of;
 
-std::string error_of(const std::function<void()>& f) {
-  try {
-    f();
-  } catch (const Error& e) {
-    return std::string(e.what()) + " | fix: " + e.fix();
-  }
-  return "(no error)";
-}
+namespace fs = std::filesystem;
 
 const char* kTiny = R"({"vocab_size":96,"hidden_size":32,"intermediate_size":48,"num_hidden_layers":2,
   "num_attention_heads":4,"num_key_value_heads":2,"head_dim":16,"rope_theta":10000.0,"tie_word_embeddings":false})";

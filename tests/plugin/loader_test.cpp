@@ -10,18 +10,11 @@
 namespace lcx {
 namespace {
 
+using test::error_of;
+
 const std::string kFixtures = LCX_FIXTURE_PLUGIN_DIR;
 
 PluginLoader loader_with_fixtures() { return PluginLoader({test::build_plugin_dir(), kFixtures}); }
-
-std::string error_of(const std::function<void()>& f) {
-  try {
-    f();
-  } catch (const Error& e) {
-    return std::string(e.what()) + " | fix: " + e.fix();
-  }
-  return "(no error)";
-}
 
 TEST(PluginLoader, DescribesTheFiveProjectPlugins) {
   PluginLoader loader({test::build_plugin_dir()});

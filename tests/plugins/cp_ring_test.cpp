@@ -4,6 +4,8 @@
 // the memory-plan terms.
 #include <gtest/gtest.h>
 
+#include "support/test_util.h"
+
 #include <filesystem>
 #include <fstream>
 #include <nlohmann/json.hpp>
@@ -15,14 +17,7 @@
 namespace lcx {
 namespace {
 
-std::string error_of(const std::function<void()>& f) {
-  try {
-    f();
-  } catch (const Error& e) {
-    return std::string(e.what()) + " | key: " + e.key() + " | fix: " + e.fix();
-  }
-  return "(no error)";
-}
+using test::error_of;
 
 TEST(CpRingShard, ZigzagChunksWithGlobalPositions) {
   auto p = test::make_cp_ring(4);

@@ -3,6 +3,8 @@
 // several per rank; the refusals name their key and fix; the plugin plans its buffers.
 #include <gtest/gtest.h>
 
+#include "support/test_util.h"
+
 #include <fstream>
 #include <nlohmann/json.hpp>
 
@@ -12,14 +14,7 @@
 namespace lcx {
 namespace {
 
-std::string error_of(const std::function<void()>& f) {
-  try {
-    f();
-  } catch (const Error& e) {
-    return std::string(e.what()) + " | key: " + e.key() + " | fix: " + e.fix();
-  }
-  return "(no error)";
-}
+using test::error_of;
 
 ParallelModelInfo model_info(int64_t Hq, int64_t Hkv, std::vector<std::string> types = {"full_attention"}) {
   ParallelModelInfo info;

@@ -6,7 +6,10 @@
 #include <filesystem>
 #include <fstream>
 #include <random>
+#include <functional>
 #include <string>
+
+#include "lcx/error.h"
 
 namespace lcx::test {
 
@@ -20,6 +23,16 @@ inline std::filesystem::path temp_dir(const std::string& tag) {
 inline void write_file(const std::filesystem::path& p, const std::string& text) {
   std::filesystem::create_directories(p.parent_path());
   std::ofstream(p) << text;
+}
+
+// What `f` throws as one searchable line: "message | key: K | fix: F"; "(no error)" when it returns.
+inline std::string error_of(const std::function<void()>& f) {
+  try {
+    f();
+  } catch (const Error& e) {
+    return std::string(e.what()) + " | key: " + e.key() + " | fix: " + e.fix();
+  }
+  return "(no error)";
 }
 
 struct CommandResult {

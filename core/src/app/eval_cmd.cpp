@@ -141,7 +141,7 @@ int eval_main(int argc, char** argv) {
   if (!dir_entry.empty() && fs::path(dir_entry).is_relative())
     dir_entry = (fs::path(config).parent_path() / dir_entry).lexically_normal().string();
   PluginLoader loader(PluginLoader::default_search_dirs(dir_entry));
-  const CoreConfig core = read_core_config(manifest, requested_plugins(manifest, disabled));
+  const CoreConfig core = read_core_config(manifest, requested_plugins(manifest, {}));
   const Device device = pick_device(core.run.device);
   SlotSet slots = resolve_slots(manifest, loader, disabled, device);
   if (!slots.model) throw Error("the manifest names no model module", "model.module", "add `module = \"qwen3\"` to [model]");
