@@ -284,7 +284,7 @@ int train_rank(const CoreConfig& cfg, const Manifest& manifest, const SlotFactor
     const size_t mine_begin = std::min(batch.sequences.size(), static_cast<size_t>(coord.dp * accum));
     const size_t mine_end = std::min(batch.sequences.size(), mine_begin + static_cast<size_t>(accum));
 
-    double loss_sum = 0, forward_s = 0, backward_s = 0;
+    double loss_sum = 0, forward_s = 0, backward_s = 0, memory_wait_s = 0;
     // The first step of the run, when asked: every allocation of it, for the memory timeline.
     std::unique_ptr<StepTimeline> timeline;
     if (cfg.run.memory_timeline && lead && state.step == first_step) timeline = std::make_unique<StepTimeline>(device);
@@ -296,6 +296,7 @@ int train_rank(const CoreConfig& cfg, const Manifest& manifest, const SlotFactor
           loss_sum += r.loss_sum;
           forward_s += r.forward_s;
           backward_s += r.backward_s;
+          memory_wait_s += slots.memory->wait_seconds();  // per train_step, so summed over the step's sequences
         }
       }
     } catch (const Error& e) {
@@ -369,7 +370,7 @@ int train_rank(const CoreConfig& cfg, const Manifest& manifest, const SlotFactor
                           {"time_backward_s", backward_s},
                           {"time_optimizer_s", t_end - t_opt},
                           {"time_communication_s", t_opt - t_comm},
-                          {"time_memory_wait_s", slots.memory->wait_seconds()},
+                          {"time_memory_wait_s", memory_wait_s},
                           {"peak_host_bytes", host_peak_bytes()},
                           {"skipped", !finite}};
       if (device.is_cuda()) {
