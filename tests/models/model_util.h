@@ -15,25 +15,7 @@
 namespace lcx::test {
 
 // `table` is the body of the module's [qwen3] table (TOML), e.g. max_shard_size = "1MiB".
-inline std::shared_ptr<Model> make_qwen3(const std::string& table = "") {
-  Manifest m = Manifest::parse("[qwen3]\n" + table + "\n", "test manifest");
-  PluginLoader loader({build_plugin_dir()});
-  PluginArgs args{"qwen3", m.section("qwen3"), Device::cpu()};
-  auto model = std::dynamic_pointer_cast<Model>(loader.create("qwen3", args));
-  if (!model) throw Error("the qwen3 module did not create a Model");
-  args.config.check_unknown();
-  return model;
-}
-
-// A plugin of the build's plugin folder, created with an empty table.
-template <typename Slot>
-std::shared_ptr<Slot> make_plugin(const std::string& name) {
-  Manifest m = Manifest::parse("", "test manifest");
-  PluginLoader loader({build_plugin_dir()});
-  auto p = std::dynamic_pointer_cast<Slot>(loader.create(name, PluginArgs{name, m.section(name), Device::cpu()}));
-  if (!p) throw Error(str("plugin ", name, " does not implement the asked slot"));
-  return p;
-}
+inline std::shared_ptr<Model> make_qwen3(const std::string& table = "") { return make_plugin<Model>("qwen3", table); }
 
 // The core default slots (or another positional encoding), configured for `model`.
 struct DefaultSlots {

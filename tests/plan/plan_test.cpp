@@ -16,9 +16,7 @@ namespace {
 constexpr double kGiB = 1024.0 * 1024.0 * 1024.0;
 
 std::shared_ptr<Plugin> create_plugin(const std::string& name, const std::string& table = {}) {
-  PluginLoader loader({test::build_plugin_dir()});
-  Manifest m = Manifest::parse(str("[", name, "]\n", table), "plan_test.toml");
-  return loader.create(name, PluginArgs{name, m.section(name), Device::cpu()});
+  return test::make_plugin(name, table);
 }
 
 // The qwen3 module describes shapes without creating weights.

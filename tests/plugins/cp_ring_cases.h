@@ -22,19 +22,8 @@
 
 namespace lcx::test {
 
-// A plugin of the build's plugin folder, `table` the body of its own TOML table.
-template <typename Slot>
-std::shared_ptr<Slot> make_slot(const std::string& name, const std::string& table) {
-  Manifest m = Manifest::parse(str("[", name, "]\n", table, "\n"), "test manifest");
-  PluginLoader loader({build_plugin_dir()});
-  PluginArgs args{name, m.section(name), Device::cpu()};
-  auto p = std::dynamic_pointer_cast<Slot>(loader.create(name, args));
-  if (!p) throw Error(str(name, " does not implement the asked slot"));
-  args.config.check_unknown();
-  return p;
-}
 inline std::shared_ptr<Parallelism> make_cp_ring(const std::string& table) {
-  return make_slot<Parallelism>("cp_ring", table);
+  return make_plugin<Parallelism>("cp_ring", table);
 }
 inline std::shared_ptr<Parallelism> make_cp_ring(int cp) { return make_cp_ring(str("size = ", cp)); }
 

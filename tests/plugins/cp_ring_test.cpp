@@ -171,9 +171,9 @@ INSTANTIATE_TEST_SUITE_P(Ranks, CpRingStepCpu, ::testing::Values(2, 4),
 // rope_yarn (global positions of the zigzag shard past the original length).
 TEST(CpRingStepCpu, ComposesWithLossChunkedAndRopeYarn) {
   test::StepPlugins with;
-  with.loss = [] { return test::make_slot<Loss>("loss_chunked", "chunk_rows = 5"); };
+  with.loss = [] { return test::make_plugin<Loss>("loss_chunked", "chunk_rows = 5"); };
   with.rope = [] {
-    return test::make_slot<PositionalEncoding>("rope_yarn", "factor = 4.0\noriginal_max_position_embeddings = 16");
+    return test::make_plugin<PositionalEncoding>("rope_yarn", "factor = 4.0\noriginal_max_position_embeddings = 16");
   };
   const Sequence seq = test::random_sequence(64, 64, 6);
   const test::StepOutcome want = test::single_rank_step(seq, Device::cpu(), DType::f32, with);

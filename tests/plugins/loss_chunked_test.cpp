@@ -18,14 +18,9 @@ namespace lcx {
 namespace {
 
 std::shared_ptr<Loss> load_chunked(int64_t chunk_rows) {
-  PluginLoader loader({test::build_plugin_dir()});
-  Manifest m = Manifest::parse(str("[loss_chunked]\nchunk_rows = ", chunk_rows, "\n"), "loss_test.toml");
-  PluginArgs args{"loss_chunked", m.section("loss_chunked"), Device::cpu()};
   PluginInfo info;
-  auto plugin = loader.create("loss_chunked", args, &info);
+  auto loss = test::make_plugin<Loss>("loss_chunked", str("chunk_rows = ", chunk_rows), Device::cpu(), &info);
   EXPECT_EQ(info.status, "ready");
-  auto loss = std::dynamic_pointer_cast<Loss>(plugin);
-  if (!loss) throw Error("loss_chunked did not create a Loss");
   return loss;
 }
 

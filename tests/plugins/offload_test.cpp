@@ -16,13 +16,7 @@ namespace lcx {
 namespace {
 
 std::shared_ptr<MemoryStrategy> make_offload(const std::string& table, Device device = Device::cpu()) {
-  Manifest m = Manifest::parse("[offload]\n" + table + "\n", "offload_test.toml");
-  PluginLoader loader({test::build_plugin_dir()});
-  PluginArgs args{"offload", m.section("offload"), device};
-  auto p = std::dynamic_pointer_cast<MemoryStrategy>(loader.create("offload", args));
-  if (!p) throw Error("offload did not create a MemoryStrategy");
-  args.config.check_unknown();
-  return p;
+  return test::make_plugin<MemoryStrategy>("offload", table, device);
 }
 
 std::string tiny_spec(int layers, int hidden) {

@@ -23,14 +23,9 @@ namespace {
 using nlohmann::json;
 
 std::shared_ptr<PositionalEncoding> load_yarn(const std::string& table_toml = "") {
-  PluginLoader loader({test::build_plugin_dir()});
-  Manifest m = Manifest::parse("[rope_yarn]\n" + table_toml, "rope_test.toml");
-  PluginArgs args{"rope_yarn", m.section("rope_yarn"), Device::cpu()};
   PluginInfo info;
-  auto plugin = loader.create("rope_yarn", args, &info);
+  auto rope = test::make_plugin<PositionalEncoding>("rope_yarn", table_toml, Device::cpu(), &info);
   EXPECT_EQ(info.status, "ready");
-  auto rope = std::dynamic_pointer_cast<PositionalEncoding>(plugin);
-  if (!rope) throw Error("rope_yarn did not create a PositionalEncoding");
   return rope;
 }
 

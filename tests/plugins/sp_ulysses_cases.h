@@ -21,20 +21,8 @@
 
 namespace lcx::test {
 
-// A plugin of the build's plugin folder, created with `table` as the body of its TOML table.
-template <typename Slot>
-std::shared_ptr<Slot> load_plugin(const std::string& name, const std::string& table, PluginInfo* info = nullptr) {
-  Manifest m = Manifest::parse("[" + name + "]\n" + table + "\n", "sp_ulysses_test.toml");
-  PluginLoader loader({build_plugin_dir()});
-  PluginArgs args{name, m.section(name), Device::cpu()};
-  auto p = std::dynamic_pointer_cast<Slot>(loader.create(name, args, info));
-  if (!p) throw Error(str("plugin ", name, " does not implement the asked slot"));
-  args.config.check_unknown();
-  return p;
-}
-
 inline std::shared_ptr<Parallelism> load_ulysses(int sp) {
-  return load_plugin<Parallelism>("sp_ulysses", str("size = ", sp));
+  return make_plugin<Parallelism>("sp_ulysses", str("size = ", sp));
 }
 
 // max |got - want| / (atol + rtol |want|) over the elements; <= 1 passes.
@@ -194,10 +182,10 @@ inline Slots make_slots(const StepCase& c, std::shared_ptr<Parallelism> parallel
                            R"(,"max_position_embeddings":32,"rope_theta":10000.0,"tie_word_embeddings":false})"),
                        11, c.device, c.weight_dtype);
   s.loss = c.loss == "nll" ? std::shared_ptr<Loss>(make_full_logits_loss())
-                           : load_plugin<Loss>("loss_chunked", "chunk_rows = 5");
+                           : make_plugin<Loss>("loss_chunked", "chunk_rows = 5");
   s.rope = c.rope_yarn_table.empty() ? std::shared_ptr<PositionalEncoding>(make_default_rope())
-                                     : load_plugin<PositionalEncoding>("rope_yarn", c.rope_yarn_table);
-  s.memory = c.offload ? load_plugin<MemoryStrategy>("offload", "")
+                                     : make_plugin<PositionalEncoding>("rope_yarn", c.rope_yarn_table);
+  s.memory = c.offload ? make_plugin<MemoryStrategy>("offload", "")
                        : std::shared_ptr<MemoryStrategy>(make_on_device_memory());
   s.parallel = std::move(parallel);
   return s;

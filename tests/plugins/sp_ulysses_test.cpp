@@ -27,12 +27,12 @@ ParallelModelInfo model_info(int64_t Hq, int64_t Hkv, std::vector<std::string> t
 
 TEST(SpUlysses, LoadsReadyWithItsSize) {
   PluginInfo info;
-  auto p = test::load_plugin<Parallelism>("sp_ulysses", "size = 4", &info);
+  auto p = test::make_plugin<Parallelism>("sp_ulysses", "size = 4", Device::cpu(), &info);
   EXPECT_EQ(info.status, "ready");
   EXPECT_EQ(p->size(), 4);
-  EXPECT_EQ(test::load_plugin<Parallelism>("sp_ulysses", "")->size(), 1);
-  EXPECT_NE(error_of([] { test::load_plugin<Parallelism>("sp_ulysses", "size = 0"); }).find("size"), std::string::npos);
-  EXPECT_NE(error_of([] { test::load_plugin<Parallelism>("sp_ulysses", "sise = 2"); }).find("sise"), std::string::npos);
+  EXPECT_EQ(test::make_plugin<Parallelism>("sp_ulysses", "")->size(), 1);
+  EXPECT_NE(error_of([] { test::make_plugin<Parallelism>("sp_ulysses", "size = 0"); }).find("size"), std::string::npos);
+  EXPECT_NE(error_of([] { test::make_plugin<Parallelism>("sp_ulysses", "sise = 2"); }).find("sise"), std::string::npos);
 }
 
 TEST(SpUlysses, ShardsAreContiguousWithGlobalPositions) {

@@ -17,13 +17,7 @@ namespace lcx {
 namespace {
 
 std::shared_ptr<MlpStrategy> make_tiled(const std::string& table, Device device = Device::cpu()) {
-  Manifest m = Manifest::parse("[tiled_mlp]\n" + table + "\n", "tiled_mlp_test.toml");
-  PluginLoader loader({test::build_plugin_dir()});
-  PluginArgs args{"tiled_mlp", m.section("tiled_mlp"), device};
-  auto p = std::dynamic_pointer_cast<MlpStrategy>(loader.create("tiled_mlp", args));
-  if (!p) throw Error("tiled_mlp did not create an MlpStrategy");
-  args.config.check_unknown();
-  return p;
+  return test::make_plugin<MlpStrategy>("tiled_mlp", table, device);
 }
 
 Tensor random(Shape shape, DType dt, std::mt19937& rng, Device d = Device::cpu(), float scale = 0.5f) {

@@ -9,7 +9,9 @@
 #include <functional>
 #include <string>
 
+#include "config/manifest.h"
 #include "lcx/error.h"
+#include "plugin/loader.h"
 
 namespace lcx::test {
 
@@ -53,7 +55,20 @@ inline CommandResult run_command(const std::string& cmd) {
 }
 
 inline std::string lcx_train() { return std::string(LCX_BUILD_DIR) + "/bin/lcx-train"; }
+inline std::string build_plugin_dir() { return std::string(LCX_BUILD_DIR) + "/lib/lcx/plugins"; }
 inline std::string qwen3_tokenizer() { return std::string(LCX_SOURCE_DIR) + "/data/qwen3/tokenizer.json"; }
+
+// A plugin of the build's plugin folder, created as the trainer creates it, with `table` as the
+// body of its own TOML table; throws when it does not implement `Slot`.
+template <typename Slot = Plugin>
+std::shared_ptr<Slot> make_plugin(const std::string& name, const std::string& table = {},
+                                  Device device = Device::cpu(), PluginInfo* info = nullptr) {
+  Manifest m = Manifest::parse("[" + name + "]\n" + table + "\n", "test manifest");
+  PluginLoader loader({build_plugin_dir()});
+  auto p = std::dynamic_pointer_cast<Slot>(loader.create(name, PluginArgs{name, m.section(name), device}, info));
+  if (!p) throw Error(str("plugin ", name, " does not implement the asked slot"));
+  return p;
+}
 
 // The manifest of a tiny random-init Qwen3 (vocabulary 256, 2 layers, hidden 32) trained on the
 // CPU from a uint32 token file in sequences of 32 at lr 0.01. `train` adds lines to [train];
@@ -67,6 +82,5 @@ inline std::string tiny_run_manifest(const std::filesystem::path& output_dir, co
          (tied ? "true" : "false") + "}'\ndtype = \"fp32\"\n[data]\ntokenizer = \"" + qwen3_tokenizer() +
          "\"\nsource = \"" + tokens.string() + "\"\nseq_len = 32\ndrop_last = true\n[train]\nlr = 0.01\n" + train + tables;
 }
-inline std::string build_plugin_dir() { return std::string(LCX_BUILD_DIR) + "/lib/lcx/plugins"; }
 
 }  // namespace lcx::test
