@@ -20,11 +20,7 @@ if [[ -n $built_src && $built_src != "$root" && ! -e $built_src ]]; then
 fi
 ln -sfn "$root/.bundle" "$root/build"
 [[ -n $built_build && ! -e $built_build ]] && ln -sfn "$root/.bundle" "$built_build"
-export LD_LIBRARY_PATH=$root/.bundle/lib:/usr/local/cuda/lib64${LD_LIBRARY_PATH:+:$LD_LIBRARY_PATH}
-for d in $(python3 -c 'import glob,site;print(" ".join(glob.glob(site.getsitepackages()[0]+"/nvidia/*/lib")))' 2>/dev/null); do
-  LD_LIBRARY_PATH+=":$d"
-done
-export NCCL_NVLS_ENABLE=0
+source scripts/gpu_env.sh "$root/.bundle"
 
 LCX_MEMCHECK=${LCX_MEMCHECK:-0} LCX_BENCH=${LCX_BENCH:-0} \
   LCX_GPU_TESTS=${LCX_GPU_TESTS:-"test_parity test_dist_gpu test_cp_ring_gpu test_sp_ulysses_gpu test_offload test_tiled_mlp test_core test_e2e_dist_train"} \

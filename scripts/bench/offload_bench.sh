@@ -41,17 +41,7 @@ mkdir -p "$out"
 work=$(mktemp -d /tmp/lcx-offload-bench.XXXXXX)
 trap 'rm -rf "$work"' EXIT
 
-# CUDA libraries: the toolkit's, then the wheels beside the image's PyTorch (cuDNN, NCCL).
-libs=$bundle/lib
-for d in /usr/local/cuda/lib64 /usr/local/cuda/lib; do [[ -d $d ]] && libs+=":$d"; done
-wheel_libs=$(python3 - 2>/dev/null <<'PY'
-import glob, os, site
-roots = site.getsitepackages() + [site.getusersitepackages()]
-print(":".join(sorted({d for r in roots for d in glob.glob(os.path.join(r, "nvidia", "*", "lib"))})))
-PY
-)
-[[ -n $wheel_libs ]] && libs+=":$wheel_libs"
-export LD_LIBRARY_PATH=$libs${LD_LIBRARY_PATH:+:$LD_LIBRARY_PATH}
+source "$(dirname "${BASH_SOURCE[0]}")/../gpu_env.sh" "$bundle"
 
 # Random ids below the tokenizer's first special token (no EOS: one long document), enough for
 # every step of the longest case.
