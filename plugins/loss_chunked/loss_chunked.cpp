@@ -2,12 +2,19 @@
 // [T,V] logits never exist whole (at 128k tokens and V = 151,936 they would be 80 GB in fp32).
 //
 // Rows separate cleanly: each row's softmax runs over its own vocabulary and the loss is a sum
-// over rows. Per chunk: logits = hidden_c @ head^T (fp32 out), fused softmax cross entropy and its
-// gradient (fp32), grad_hidden_c = dlogits @ head, grad_head += dlogits^T @ hidden_c (fp32). The
-// chunk's logits and dlogits buffers are allocated once and reused, so exactly one chunk's worth
-// is alive. A chunk whose targets are all ignored contributes nothing and is skipped (its
+// over rows. Per chunk: logits = hidden_c @ head^T (fp32 out), then one fused op
+// (ops::cross_entropy_chunk) writes the rows' losses into a per-token buffer and the gradient
+// grad_scale * (softmax - onehot) in the head's dtype (bf16 on GPU, straight from the kernel; in
+// place over the logits when the head is fp32); grad_hidden_c = dlogits @ head and
+// grad_head += dlogits^T @ hidden_c, both GEMMs in the head's dtype with fp32 accumulation, the
+// head's gradient accumulated in fp32. The chunk's buffers are allocated once and reused, so
+// exactly one chunk's worth is alive. A chunk whose targets are all ignored is skipped (its
 // grad_hidden rows are zeroed). Every op dispatches on the tensors' device, so the same code runs
 // the CPU reference and the CUDA kernels.
+//
+// The host waits on the device twice per call, never per chunk: once for the targets (which
+// chunks have a valid label, and the valid count) and once at the end for the per-token losses,
+// summed in row order in double so the loss is deterministic.
 #include <lcx/loss.h>
 #include <lcx/ops.h>
 #include <lcx/plan.h>
@@ -33,19 +40,18 @@ class ChunkedLoss final : public Loss {
     return run(hidden, head, targets, 0, nullptr, nullptr);
   }
 
-  // One chunk's buffers as run() allocates them with gradients: logits and dlogits [C,V] fp32,
-  // dlogits cast to the head's dtype, an fp32 copy of the chunk's hidden rows, and the CUDA
-  // cross entropy's per-row loss; C = min(chunk_rows, T).
+  // What run() allocates with gradients: one chunk's logits [C,V] fp32, its gradient [C,V] in the
+  // head's dtype (none for an fp32 head: written over the logits), and the per-token losses [T]
+  // fp32; C = min(chunk_rows, T).
   void plan(const PlanInputs& in, MemoryPlan& plan) const override {
-    const int64_t C = std::min(chunk_rows_, std::max<int64_t>(in.tokens_per_rank, 1));
-    const int64_t V = in.model.vocab_size, H = in.model.hidden_size;
-    plan.add(str("one chunk's logits + dlogits [", C, ",V] fp32"), PlanCategory::transient, 2 * C * V * 4 + C * 4,
+    const int64_t T = std::max<int64_t>(in.tokens_per_rank, 1);
+    const int64_t C = std::min(chunk_rows_, T);
+    const int64_t V = in.model.vocab_size;
+    plan.add(str("one chunk's logits [", C, ",V] fp32 + per-token loss"), PlanCategory::transient, C * V * 4 + T * 4,
              plan_phase::loss);
-    if (in.weight_dtype != DType::f32) {
-      plan.add(str("one chunk's dlogits cast [", C, ",V]"), PlanCategory::transient,
+    if (in.weight_dtype != DType::f32)
+      plan.add(str("one chunk's dlogits [", C, ",V] ", dtype_name(in.weight_dtype)), PlanCategory::transient,
                C * V * static_cast<int64_t>(dtype_size(in.weight_dtype)), plan_phase::loss);
-      plan.add(str("one chunk's hidden fp32 [", C, ",H]"), PlanCategory::transient, C * H * 4, plan_phase::loss);
-    }
   }
 
  private:
@@ -55,23 +61,22 @@ class ChunkedLoss final : public Loss {
     const int64_t T = hidden.size(0), H = hidden.size(1), V = head.size(0);
     const Device dev = hidden.device();
     const int64_t C = std::min(chunk_rows_, std::max<int64_t>(T, 1));
-    const std::vector<bool> has_valid = chunks_with_valid_targets(targets, C);
+    LossResult result;
+    const std::vector<bool> has_valid = chunks_with_valid_targets(targets, C, &result.valid);
     const bool backward = grad_hidden != nullptr;
 
     // Work buffers for one chunk, reused by every chunk; the last chunk uses their first rows.
     Tensor logits = Tensor::empty({C, V}, DType::f32, dev);
-    Tensor dlogits, dlogits_cast, hidden_f32;
-    const bool cast_dlogits = backward && head.dtype() != DType::f32;
-    const bool cast_hidden = backward && hidden.dtype() != DType::f32;
+    // Skipped chunks' rows stay 0 and add nothing to the sum.
+    Tensor row_loss = Tensor::zeros({T}, DType::f32, dev);
+    // The gradient is stored in the head's dtype, so both GEMMs against the head run in it (bf16
+    // on GPU, as core's plain loss does for grad_hidden); an fp32 head takes it in place.
+    Tensor dlogits, hidden_cast;
     if (backward) {
-      dlogits = Tensor::empty({C, V}, DType::f32, dev);
-      // The GEMM against the head runs in the head's dtype (bf16 on GPU), as core's plain loss does.
-      if (cast_dlogits) dlogits_cast = Tensor::empty({C, V}, head.dtype(), dev);
-      // The head gradient accumulates in fp32 from an fp32 copy of the chunk's hidden rows.
-      if (cast_hidden) hidden_f32 = Tensor::empty({C, H}, DType::f32, dev);
+      dlogits = head.dtype() == DType::f32 ? logits : Tensor::empty({C, V}, head.dtype(), dev);
+      if (hidden.dtype() != head.dtype()) hidden_cast = Tensor::empty({C, H}, head.dtype(), dev);
     }
 
-    LossResult result;
     for (int64_t begin = 0, c = 0; begin < T; begin += C, ++c) {
       const int64_t end = std::min(T, begin + C), n = end - begin;
       if (!has_valid[static_cast<size_t>(c)]) {
@@ -82,41 +87,47 @@ class ChunkedLoss final : public Loss {
         continue;
       }
       const Tensor h = hidden.rows(begin, end);
-      const Tensor tgt = targets.rows(begin, end);
       Tensor lg = logits.rows(0, n);
-      ops::matmul(h, false, head, true, lg);  // [n,H] @ [V,H]^T -> [n,V]
-      int64_t valid = 0;
+      ops::matmul(h, false, head, true, lg);  // [n,H] @ [V,H]^T -> [n,V] fp32
+      Tensor losses = row_loss.rows(begin, end);
       Tensor dl = backward ? dlogits.rows(0, n) : Tensor();
-      result.loss_sum += ops::cross_entropy_forward_backward(lg, tgt, grad_scale, backward ? &dl : nullptr, &valid);
-      result.valid += valid;
+      ops::cross_entropy_chunk(lg, targets.rows(begin, end), static_cast<float>(grad_scale), losses,
+                               backward ? &dl : nullptr);
       if (!backward) continue;
 
-      Tensor dl_head = dl;
-      if (cast_dlogits) {
-        dl_head = dlogits_cast.rows(0, n);
-        ops::cast(dl, dl_head);
-      }
       Tensor gh = grad_hidden->rows(begin, end);
-      ops::matmul(dl_head, false, head, false, gh);  // [n,V] @ [V,H] -> [n,H]
-      Tensor h32 = h;
-      if (cast_hidden) {
-        h32 = hidden_f32.rows(0, n);
-        ops::cast(h, h32);
+      ops::matmul(dl, false, head, false, gh);  // [n,V] @ [V,H] -> [n,H]
+      Tensor hc = h;
+      if (hidden_cast.defined()) {
+        hc = hidden_cast.rows(0, n);
+        ops::cast(h, hc);
       }
-      ops::matmul(dl, true, h32, false, *grad_head, 1.f, 1.f);  // [n,V]^T @ [n,H], accumulated
+      ops::matmul(dl, true, hc, false, *grad_head, 1.f, 1.f);  // [n,V]^T @ [n,H], accumulated in fp32
     }
+    result.loss_sum = sum_rows(row_loss);
     return result;
   }
 
-  // One flag per chunk, from a host copy of the targets (they are small: 8 bytes a token).
-  static std::vector<bool> chunks_with_valid_targets(const Tensor& targets, int64_t C) {
+  // One flag per chunk and the valid count, from a host copy of the targets (8 bytes a token).
+  static std::vector<bool> chunks_with_valid_targets(const Tensor& targets, int64_t C, int64_t* valid) {
     const Tensor host = targets.device().is_cuda() ? targets.to(Device::cpu()) : targets;
     const int64_t T = host.size(0);
     const int64_t* t = host.data_as<int64_t>();
     std::vector<bool> flags(static_cast<size_t>((T + C - 1) / C), false);
+    *valid = 0;
     for (int64_t i = 0; i < T; ++i)
-      if (t[i] != kIgnoreIndex) flags[static_cast<size_t>(i / C)] = true;
+      if (t[i] != kIgnoreIndex) {
+        flags[static_cast<size_t>(i / C)] = true;
+        ++*valid;
+      }
     return flags;
+  }
+
+  // The per-token losses summed in row order, in double: the call's one read of the loss.
+  static double sum_rows(const Tensor& row_loss) {
+    double sum = 0;
+    for (float x : row_loss.to_floats()) sum += x;
+    return sum;
   }
 
   static void check_shapes(const Tensor& hidden, const Tensor& head, const Tensor& targets,
@@ -149,5 +160,5 @@ std::unique_ptr<Plugin> create(const PluginArgs& args) {
 }  // namespace
 }  // namespace lcx
 
-LCX_PLUGIN(LCX_SLOT_LOSS, "loss_chunked", "0.2.0", "chunked linear + cross entropy, logits never whole", "ready",
+LCX_PLUGIN(LCX_SLOT_LOSS, "loss_chunked", "0.3.0", "chunked linear + cross entropy, logits never whole", "ready",
            lcx::create)

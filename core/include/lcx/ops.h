@@ -56,4 +56,13 @@ void attention_backward(const Tensor& q, const Tensor& k, const Tensor& v, const
 double cross_entropy_forward_backward(const Tensor& logits, const Tensor& targets, double grad_scale,
                                       Tensor* dlogits, int64_t* valid);
 
+// One chunk of a chunked loss, fused and with no host sync: rows of logits fp32 [n,V] against
+// targets int64 [n] (-100 ignored). Writes each row's loss (log-sum-exp minus the target logit, 0
+// when ignored) into row_loss fp32 [n]: a slice of a per-token buffer that stays on the device
+// until the caller sums it once. With dlogits, writes grad_scale * (softmax - onehot), 0 for
+// ignored rows: fp32 dlogits may be the logits themselves (in place); bf16/fp16 dlogits receive
+// the rounded gradient directly, ready for the GEMMs against the head.
+void cross_entropy_chunk(const Tensor& logits, const Tensor& targets, float grad_scale, Tensor& row_loss,
+                         Tensor* dlogits);
+
 }  // namespace lcx::ops

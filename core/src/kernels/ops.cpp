@@ -338,6 +338,32 @@ double cross_entropy_forward_backward(const Tensor& logits, const Tensor& target
   LCX_ROUTE(cuda, cross_entropy_forward_backward, logits, targets, grad_scale, dlogits, valid);
 }
 
+void cross_entropy_chunk(const Tensor& logits, const Tensor& targets, float grad_scale, Tensor& row_loss,
+                         Tensor* dlogits) {
+  const char* op = "cross_entropy_chunk";
+  const bool cuda =
+      dlogits ? on_cuda(op, {{"logits", &logits}, {"targets", &targets}, {"row_loss", &row_loss}, {"dlogits", dlogits}})
+              : on_cuda(op, {{"logits", &logits}, {"targets", &targets}, {"row_loss", &row_loss}});
+  need_dtype(op, "logits", logits, DType::f32);
+  need_dim(op, "logits", logits, 2);
+  need_dtype(op, "targets", targets, DType::i64);
+  need_shape(op, "targets", targets, {logits.size(0)}, "logits", logits);
+  need_dtype(op, "row_loss", row_loss, DType::f32);
+  need_shape(op, "row_loss", row_loss, {logits.size(0)}, "logits", logits);
+  if (dlogits) {
+    need_float(op, "dlogits", *dlogits);
+    need_same_shape(op, "dlogits", *dlogits, "logits", logits);
+  }
+  if (!cuda) {
+    const int64_t* tg = targets.data_as<const int64_t>();
+    for (int64_t t = 0; t < targets.numel(); ++t)
+      if (tg[t] != -100 && (tg[t] < 0 || tg[t] >= logits.size(1)))
+        fail(op, str("target ", tg[t], " at row ", t, " is outside ", desc("logits", logits),
+                     " (and is not the ignore index -100)"));
+  }
+  LCX_ROUTE(cuda, cross_entropy_chunk, logits, targets, grad_scale, row_loss, dlogits);
+}
+
 #undef LCX_ROUTE
 
 }  // namespace lcx::ops

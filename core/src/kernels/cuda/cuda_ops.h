@@ -28,5 +28,7 @@ void attention_backward(const Tensor& q, const Tensor& k, const Tensor& v, const
                         const Tensor& dout, Tensor& dq, Tensor& dk, Tensor& dv, const AttentionParams& p);
 double cross_entropy_forward_backward(const Tensor& logits, const Tensor& targets, double grad_scale,
                                       Tensor* dlogits, int64_t* valid);
+void cross_entropy_chunk(const Tensor& logits, const Tensor& targets, float grad_scale, Tensor& row_loss,
+                         Tensor* dlogits);
 
 }  // namespace lcx::ops::cuda
