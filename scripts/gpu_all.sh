@@ -23,7 +23,7 @@ ln -sfn "$root/.bundle" "$root/build"
 source scripts/gpu_env.sh "$root/.bundle"
 
 LCX_MEMCHECK=${LCX_MEMCHECK:-0} LCX_BENCH=${LCX_BENCH:-0} \
-  LCX_GPU_TESTS=${LCX_GPU_TESTS:-"test_parity test_dist_gpu test_cp_ring_gpu test_sp_ulysses_gpu test_offload test_tiled_mlp test_core test_e2e_dist_train"} \
+  LCX_GPU_TESTS=${LCX_GPU_TESTS:-"test_parity test_dist_gpu test_cp_ring_gpu test_sp_ulysses_gpu test_offload test_tiled_mlp test_core test_e2e_dist_train test_multi_gpu"} \
   OUT=$out/tests scripts/gpu_check.sh >"$out/gpu_check.out" 2>&1
 
 # The quickstart on the GPU: same manifest, the device picked automatically.
@@ -36,6 +36,10 @@ qs_last=$(grep -o "{'loss': [0-9.]*" "$out/quickstart.log" | tail -1 | cut -d' '
 
 if [[ -n ${STEP_CASES:-} ]]; then
   CASES=$STEP_CASES OUT=$out/step scripts/bench/step_bench.sh build >"$out/step_bench.out" 2>&1
+fi
+# Several GPUs: cp_ring and sp_ulysses over NCCL workers, one per GPU.
+if [[ ${MULTI:-0} != 0 ]] && (($(nvidia-smi -L | wc -l) > 1)); then
+  OUT=$out/multi timeout "${MULTI_TIMEOUT:-300}" scripts/bench/multi_gpu_bench.sh build >"$out/multi_gpu_bench.out" 2>&1
 fi
 if [[ ${OFFLOAD:-0} != 0 && -x scripts/bench/offload_bench.sh ]]; then
   OUT=$out/offload scripts/bench/offload_bench.sh build >"$out/offload_bench.out" 2>&1
@@ -50,6 +54,7 @@ for f in "$out"/tests/test_*.log; do
 done
 echo "== quickstart on the GPU: rc $qs_rc, ${qs_s} s, loss $qs_first -> $qs_last"
 [[ -f $out/step/step_bench.md ]] && { echo "== step benchmark"; cat "$out/step/step_bench.md"; }
+[[ -f $out/multi/multi_gpu_bench.md ]] && { echo "== several GPUs"; cat "$out/multi/multi_gpu_bench.md"; }
 [[ -f $out/offload_bench.out ]] && { echo "== offload benchmark"; tail -20 "$out/offload_bench.out"; }
 if [[ -n $result ]]; then
   tar czf "$result/gpu_all_logs.tgz" -C "$out" . 2>/dev/null

@@ -6,6 +6,7 @@
 # PLUGINS), then scripts/bench/torch_step.py (bf16, gradient checkpointing, SDPA, fused AdamW,
 # chunked loss). Step time is the median of the steps after the first. Prints a markdown table.
 #   CASES="qwen3-0.6b:8192 qwen3-4b:65536" PLUGINS="loss_chunked" scripts/bench/step_bench.sh .bundle
+# TABLES adds TOML tables to the manifest (e.g. a [distributed] mesh); TORCH=0 skips the peer.
 set -uo pipefail
 build=${1:-build}
 out=${OUT:-/tmp/lcx-bench}
@@ -50,6 +51,7 @@ master_dtype = "$master"
 [plugins]
 load = [${load%,}]
 TOML
+  printf '%b' "${TABLES:-}" >>"$run/run.toml"
   timeout "$limit" "$build/bin/lcx-train" --config "$run/run.toml" >"$run/lcx.log" 2>&1
   rc=$?
   lcx=$(python3 - "$run/out/metrics.jsonl" "$rc" <<'PY'
@@ -68,7 +70,8 @@ else:
     print(f"{t:.3f}|{tokens / t:,.0f}|{mfu*100:.1f}%|{peak:.1f}|{t}")
 PY
 )
-  torch=$(PYTHONUNBUFFERED=1 timeout "$limit" python3 scripts/bench/torch_step.py --model "$model" --tokens "$tokens" \
+  torch='{"error": "not run"}'
+  [[ ${TORCH:-1} != 0 ]] && torch=$(PYTHONUNBUFFERED=1 timeout "$limit" python3 scripts/bench/torch_step.py --model "$model" --tokens "$tokens" \
           --steps $((steps - 1)) ${layers:+--layers $layers} 2>"$run/torch.err" | tail -1)
   echo "$torch" >"$run/torch.json"
   row=$(python3 - "$lcx" "$torch" "$model" "$tokens" <<'PY'

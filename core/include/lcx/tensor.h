@@ -97,5 +97,6 @@ class DeviceBackend {
 DeviceBackend* backend_for(Device d);  // nullptr when the device has no backend in this build
 void install_backend(DeviceType t, std::shared_ptr<DeviceBackend> b);
 bool cuda_available();  // a CUDA build with at least one visible GPU
+int cuda_device_count();  // visible GPUs; 0 in a build without CUDA
 
 }  // namespace lcx

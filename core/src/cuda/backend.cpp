@@ -24,6 +24,10 @@ class CudaBackend final : public DeviceBackend {
 
 }  // namespace
 
+namespace {
+int device_count = 0;
+}  // namespace
+
 bool cuda_available() {
   static std::once_flag once;
   static bool ok = false;
@@ -33,11 +37,14 @@ bool cuda_available() {
       cudaGetLastError();
       return;
     }
+    device_count = n;
     for (int i = 0; i < n; ++i) install_allocator(Device::cuda(i), cuda::make_device_allocator(i));
     install_backend(DeviceType::cuda, std::make_shared<CudaBackend>());
     ok = true;
   });
   return ok;
 }
+
+int cuda_device_count() { return cuda_available() ? device_count : 0; }
 
 }  // namespace lcx

@@ -4,5 +4,6 @@
 
 namespace lcx {
 bool cuda_available() { return false; }
+int cuda_device_count() { return 0; }
 }  // namespace lcx
 #endif
