@@ -5,10 +5,16 @@
 //   q,k = rotary(q,k) ; a = attention(q,k,v) through the Parallelism slot ; x1 = x + a @ Wo^T
 //   h2 = rmsnorm(x1) ; y = x1 + (silu(h2 @ Wg^T) * (h2 @ Wu^T)) @ Wd^T
 // The MLP (gate/up, silu * up, down) runs through the MLP slot (StepContext::mlp), which decides how
-// many rows it works on at once. Backward recomputes the attention half from x (the only thing
-// kept between forward and backward, by the MemoryStrategy slot), holds its intermediates for the
-// duration of the call, lets the MLP slot recompute and differentiate its own half, and walks the
-// same lines upward. Parameter gradients are fp32 and accumulate across calls.
+// many rows it works on at once. The attention half runs one head group at a time
+// (attention_head_groups): a group of kv heads with the query heads GQA maps to them is
+// self-contained, so its q, k, v, attention output and their gradients exist for one group only,
+// and o_proj accumulates each group's columns. Backward recomputes the attention half from x (the
+// only thing kept between forward and backward, by the MemoryStrategy slot) up to the MLP's input,
+// lets the MLP slot recompute and differentiate its own half, then recomputes each group again for
+// its attention backward (one group: the recompute's tensors serve, as nothing is cut). Buffers
+// go as soon as their last reader has run, so the layer's peak is the larger of two moments, the
+// MLP's backward and one group's attention backward (plan_dense_decoder counts both). Parameter
+// gradients are fp32 and accumulate across calls.
 #include <cmath>
 #include <algorithm>
 #include <filesystem>
@@ -22,6 +28,7 @@
 #include "lcx/log.h"
 #include "lcx/model.h"
 #include "lcx/ops.h"
+#include "lcx/plan.h"
 #include "lcx/plugin.h"
 #include "lcx/safetensors.h"
 #include "qwen3_config.h"
@@ -80,21 +87,25 @@ struct LayerParams {
   int input_norm, q, k, v, o, q_norm, k_norm, post_norm, gate, up, down;
 };
 
-// Everything one layer's forward produces, kept only inside one layer_backward call.
-struct LayerActs {
-  Tensor h1, rstd1;        // input norm [T,H], fp32 [T]
-  Tensor q, k, v;          // projections [T,Hq*d], [T,Hkv*d], [T,Hkv*d]
-  Tensor qr, kr;           // per-head norm then rotary [T,Hq,d], [T,Hkv,d]
-  Tensor rstd_q, rstd_k;   // fp32 [T*Hq], [T*Hkv]
-  Tensor attn, lse;        // [T,Hq,d], fp32 [Hq,T]
-  Tensor x1;               // after the attention residual [T,H]
-  Tensor h2, rstd2;        // post-attention norm, the MLP's input
+// One head group: query heads [q0, q0 + nq) and the kv heads [kv0, kv0 + nkv) they read.
+struct HeadGroup {
+  int64_t q0, nq, kv0, nkv;
+};
+
+// One head group's attention tensors, from its projections to its output.
+struct GroupActs {
+  Tensor q, k, v;         // projections [T,nq*d], [T,nkv*d], [T,nkv*d]
+  Tensor qr, kr;          // per-head norm then rotary [T,nq,d], [T,nkv,d]
+  Tensor rstd_q, rstd_k;  // fp32 [T*nq], [T*nkv]
+  Tensor attn, lse;       // [T,nq,d], fp32 [nq,T]
 };
 
 class Qwen3Model final : public Model {
  public:
-  Qwen3Model(bool check_finite, uint64_t max_shard_bytes)
-      : check_finite_(check_finite), max_shard_bytes_(max_shard_bytes) {}
+  // head_groups: 0 for "auto" (one kv head per group on a single rank, see groups_for()).
+  Qwen3Model(bool check_finite, uint64_t max_shard_bytes, int64_t head_groups, std::string table)
+      : check_finite_(check_finite), max_shard_bytes_(max_shard_bytes), head_groups_(head_groups),
+        table_(std::move(table)) {}
 
   void load_hf(const std::string& dir, Device device, DType dtype) override {
     HfConfig hc = HfConfig::load(dir);
@@ -178,54 +189,94 @@ class Qwen3Model final : public Model {
   }
 
   void layer_forward(int layer, const Tensor& x, Tensor& y, StepContext& ctx) override {
-    LayerActs a;
-    forward(layer, x, a, ctx, y);
+    const LayerParams& L = checked_layer(layer, ctx);
+    Tensor x1;
+    {
+      Tensor rstd1;
+      const Tensor h1 = input_norm(L, x, rstd1);
+      x1 = attention_out(L, h1, ctx, groups_for(ctx), nullptr);
+    }
+    ops::add(x, x1, x1);  // x1 = x + o, in o's buffer
+    Tensor rstd2;
+    Tensor h2 = post_norm(L, x1, rstd2);
+    mlp(ctx).forward(h2, mlp_weights(L), y);
+    h2 = Tensor();
+    ops::add(x1, y, y);
   }
 
   void layer_backward(int layer, const Tensor& x, const Tensor& dy, Tensor& dx, StepContext& ctx) override {
-    const LayerParams& L = layers_.at(static_cast<size_t>(layer));
-    const int64_t T = x.size(0), H = cfg_.hidden_size;
-    const int64_t Hq = cfg_.num_heads, Hkv = cfg_.num_kv_heads, d = cfg_.head_dim;
-    const DType dt = x.dtype();
-    const Device dev = x.device();
-    LayerActs a;
-    Tensor no_output;  // the recompute stops at the MLP's input; the MLP slot recomputes its half
-    forward(layer, x, a, ctx, no_output);
-    // Every gradient buffer of the layer is taken before the MLP's backward runs, so the layer's
-    // peak is one sum (what the plan counts, plan_dense_decoder + the MLP slot's terms) rather
-    // than a maximum over its halves; beside the MLP's own transient these are small.
-    Tensor dh2 = Tensor::empty({T, H}, dt, dev), dx1 = Tensor::empty({T, H}, dt, dev);
-    Tensor dattn = Tensor::empty({T, Hq, d}, dt, dev);
-    Tensor dq = Tensor::empty({T, Hq, d}, dt, dev), dk = Tensor::empty({T, Hkv, d}, dt, dev),
-           dv = Tensor::empty({T, Hkv, d}, dt, dev);
-    Tensor dq_raw = Tensor::empty({T * Hq, d}, dt, dev), dk_raw = Tensor::empty({T * Hkv, d}, dt, dev);
-    Tensor dh1 = Tensor::empty({T, H}, dt, dev);
+    const LayerParams& L = checked_layer(layer, ctx);
+    const int64_t T = x.size(0), d = cfg_.head_dim;
+    const int64_t groups = groups_for(ctx);
+    // Recompute up to the MLP's input. With one group its tensors serve the attention backward.
+    GroupActs kept;
+    Tensor x1;
+    {
+      Tensor rstd1;
+      const Tensor h1 = input_norm(L, x, rstd1);
+      x1 = attention_out(L, h1, ctx, groups, groups == 1 ? &kept : nullptr);
+    }
+    ops::add(x, x1, x1);
+    Tensor rstd2;
+    Tensor h2 = post_norm(L, x1, rstd2);
 
-    // MLP: y = x1 + mlp(h2).
+    // MLP: y = x1 + mlp(h2). dx holds dh2 until the attention's backward needs it for dh1.
     MlpWeights grads{G(L.gate), G(L.up), G(L.down)};
-    mlp(ctx).backward(a.h2, mlp_weights(L), dy, dh2, grads);
-    ops::rmsnorm_backward(a.x1, W(L.post_norm), a.rstd2, dh2, dx1, G(L.post_norm));
+    mlp(ctx).backward(h2, mlp_weights(L), dy, dx, grads);
+    h2 = Tensor();
+    Tensor dx1 = act({T, cfg_.hidden_size}, x);
+    ops::rmsnorm_backward(x1, W(L.post_norm), rstd2, dx, dx1, G(L.post_norm));
     ops::add(dx1, dy, dx1);  // the residual path
+    x1 = Tensor();
+    rstd2 = Tensor();
 
-    // Attention: x1 = x + attn @ Wo^T.
-    Tensor attn2 = a.attn.view({T, Hq * d});
-    ops::matmul(dx1, true, attn2, false, G(L.o), 1.f, 1.f);
-    Tensor dattn2 = dattn.view({T, Hq * d});
-    ops::matmul(dx1, false, W(L.o), false, dattn2);
-    ctx.parallel->attention_backward(a.qr, a.kr, a.v.view({T, Hkv, d}), a.attn, a.lse, dattn, dq, dk, dv, args());
-    ops::rotary_backward(dq, ctx.rope->cos, ctx.rope->sin);
-    ops::rotary_backward(dk, ctx.rope->cos, ctx.rope->sin);
-    ops::rmsnorm_backward(a.q.view({T * Hq, d}), W(L.q_norm), a.rstd_q, dq.view({T * Hq, d}), dq_raw, G(L.q_norm));
-    ops::rmsnorm_backward(a.k.view({T * Hkv, d}), W(L.k_norm), a.rstd_k, dk.view({T * Hkv, d}), dk_raw, G(L.k_norm));
-    Tensor dq2 = dq_raw.view({T, Hq * d}), dk2 = dk_raw.view({T, Hkv * d}), dv2 = dv.view({T, Hkv * d});
-    ops::matmul(dq2, true, a.h1, false, G(L.q), 1.f, 1.f);
-    ops::matmul(dk2, true, a.h1, false, G(L.k), 1.f, 1.f);
-    ops::matmul(dv2, true, a.h1, false, G(L.v), 1.f, 1.f);
-    ops::matmul(dq2, false, W(L.q), false, dh1);
-    ops::matmul(dk2, false, W(L.k), false, dh1, 1.f, 1.f);
-    ops::matmul(dv2, false, W(L.v), false, dh1, 1.f, 1.f);
-    ops::rmsnorm_backward(x, W(L.input_norm), a.rstd1, dh1, dx, G(L.input_norm));
-    ops::add(dx, dx1, dx);
+    // Attention: x1 = x + sum over groups of attn_g @ Wo[:, group's columns]^T. h1 is recomputed
+    // (the same bits) rather than held through the MLP; dh1 accumulates in dx.
+    Tensor rstd1;
+    Tensor h1 = input_norm(L, x, rstd1);
+    for (int64_t g = 0; g < groups; ++g) {
+      const HeadGroup hg = head_group(g, groups);
+      GroupActs a = groups == 1 ? std::move(kept) : group_forward(L, h1, hg, ctx);
+      const Tensor attn2 = a.attn.view({T, hg.nq * d});
+      Tensor dattn = act({T, hg.nq, d}, x);
+      {
+        Tensor dattn2 = dattn.view({T, hg.nq * d});
+        ops::matmul(dx1, false, o_columns(L, hg), false, dattn2);
+      }
+      accumulate_o_grad(L, hg, dx1, attn2);
+      Tensor dq = act({T, hg.nq, d}, x), dk = act({T, hg.nkv, d}, x), dv = act({T, hg.nkv, d}, x);
+      ctx.parallel->attention_backward(a.qr, a.kr, a.v.view({T, hg.nkv, d}), a.attn, a.lse, dattn, dq, dk, dv, args());
+      dattn = Tensor();
+      a.attn = a.lse = a.qr = a.kr = Tensor();
+      ops::rotary_backward(dq, ctx.rope->cos, ctx.rope->sin);
+      ops::rotary_backward(dk, ctx.rope->cos, ctx.rope->sin);
+      Tensor dq_raw = act({T * hg.nq, d}, x);
+      ops::rmsnorm_backward(a.q.view({T * hg.nq, d}), W(L.q_norm), a.rstd_q, dq.view({T * hg.nq, d}), dq_raw,
+                            G(L.q_norm));
+      dq = a.q = a.rstd_q = Tensor();
+      Tensor dk_raw = act({T * hg.nkv, d}, x);
+      ops::rmsnorm_backward(a.k.view({T * hg.nkv, d}), W(L.k_norm), a.rstd_k, dk.view({T * hg.nkv, d}), dk_raw,
+                            G(L.k_norm));
+      dk = a.k = a.rstd_k = Tensor();
+      const Tensor dq2 = dq_raw.view({T, hg.nq * d}), dk2 = dk_raw.view({T, hg.nkv * d}),
+                   dv2 = dv.view({T, hg.nkv * d});
+      Tensor gq = q_rows(G(L.q), hg), gk = kv_rows(G(L.k), hg), gv = kv_rows(G(L.v), hg);
+      ops::matmul(dq2, true, h1, false, gq, 1.f, 1.f);
+      ops::matmul(dk2, true, h1, false, gk, 1.f, 1.f);
+      ops::matmul(dv2, true, h1, false, gv, 1.f, 1.f);
+      ops::matmul(dq2, false, q_rows(W(L.q), hg), false, dx, 1.f, g == 0 ? 0.f : 1.f);
+      ops::matmul(dk2, false, kv_rows(W(L.k), hg), false, dx, 1.f, 1.f);
+      ops::matmul(dv2, false, kv_rows(W(L.v), hg), false, dx, 1.f, 1.f);
+    }
+    h1 = Tensor();
+    Tensor dxn = act({T, cfg_.hidden_size}, x);
+    ops::rmsnorm_backward(x, W(L.input_norm), rstd1, dx, dxn, G(L.input_norm));
+    ops::add(dxn, dx1, dx);
+  }
+
+  // The dense decoder's terms with this module's head groups (auto resolved as groups_for() does).
+  void plan(const PlanInputs& in, MemoryPlan& plan) const override {
+    plan_dense_decoder(in, plan, resolve_groups(in.model.num_kv_heads, in.cp * in.sp == 1));
   }
 
   void final_norm_forward(const Tensor& x, Tensor& y) override {
@@ -264,6 +315,7 @@ class Qwen3Model final : public Model {
   // The parameter list in HF order, with zeroed fp32 grads and values to be filled.
   void build(const ModelConfig& cfg, Device device, DType dtype) {
     if (!is_floating(dtype)) throw Error(str("qwen3: weights must be a float dtype, not ", dtype_name(dtype)));
+    resolve_groups(cfg.num_kv_heads, true);  // an explicit count must divide the kv heads: refused before any weight
     cfg_ = cfg;
     params_.clear();
     layers_.clear();
@@ -303,56 +355,117 @@ class Qwen3Model final : public Model {
                       "; this module computes full causal attention only and will refuse to run it"));
   }
 
-  // Writes y when it is defined; an undefined y stops after the MLP's input h2 (the recompute).
-  void forward(int layer, const Tensor& x, LayerActs& a, StepContext& ctx, Tensor& y) {
-    const LayerParams& L = layers_.at(static_cast<size_t>(layer));
+  const LayerParams& checked_layer(int layer, const StepContext& ctx) const {
     if (cfg_.layer_types[static_cast<size_t>(layer)] != "full_attention")
       throw Error(str("qwen3: layer ", layer, " is ", cfg_.layer_types[static_cast<size_t>(layer)],
                       ", which this module does not compute"),
                   "layer_types", "use a checkpoint with full attention in every layer (use_sliding_window false)");
     LCX_CHECK(ctx.rope && ctx.parallel, "layer_forward needs rope tables and a parallelism in its StepContext");
-    const int64_t T = x.size(0), H = cfg_.hidden_size;
-    const int64_t Hq = cfg_.num_heads, Hkv = cfg_.num_kv_heads, d = cfg_.head_dim;
-    const DType dt = x.dtype();
-    const Device dev = x.device();
-    auto act = [&](Shape s) { return Tensor::empty(std::move(s), dt, dev); };
-    auto f32 = [&](Shape s) { return Tensor::empty(std::move(s), DType::f32, dev); };
+    return layers_.at(static_cast<size_t>(layer));
+  }
 
-    a.h1 = act({T, H});
-    a.rstd1 = f32({T});
-    ops::rmsnorm_forward(x, W(L.input_norm), eps(), a.h1, a.rstd1);
-    a.q = act({T, Hq * d});
-    a.k = act({T, Hkv * d});
-    a.v = act({T, Hkv * d});
-    ops::matmul(a.h1, false, W(L.q), true, a.q);
-    ops::matmul(a.h1, false, W(L.k), true, a.k);
-    ops::matmul(a.h1, false, W(L.v), true, a.v);
-    // Per-head norm over head_dim, before rotary (Qwen3's q_norm / k_norm).
-    a.qr = act({T * Hq, d});
-    a.kr = act({T * Hkv, d});
-    a.rstd_q = f32({T * Hq});
-    a.rstd_k = f32({T * Hkv});
-    ops::rmsnorm_forward(a.q.view({T * Hq, d}), W(L.q_norm), eps(), a.qr, a.rstd_q);
-    ops::rmsnorm_forward(a.k.view({T * Hkv, d}), W(L.k_norm), eps(), a.kr, a.rstd_k);
-    a.qr = a.qr.view({T, Hq, d});
-    a.kr = a.kr.view({T, Hkv, d});
+  // The head groups of a run: as configured, or "auto": one kv head per group where one rank holds
+  // every head (single rank: its attention takes any head count), one group otherwise, since a
+  // provider that splits heads across ranks (sp_ulysses) needs them all. The plan resolves the
+  // same way from the mesh (cp * sp == 1 is a Parallelism of size 1).
+  int64_t resolve_groups(int64_t kv_heads, bool one_rank) const {
+    if (head_groups_ == 0) return one_rank ? kv_heads : 1;
+    if (kv_heads % head_groups_ != 0)
+      throw Error(str(table_, ".attention_head_groups = ", head_groups_, " does not divide the model's ", kv_heads,
+                      " key/value heads"),
+                  str(table_, ".attention_head_groups"), str("use \"auto\" or a divisor of ", kv_heads));
+    return head_groups_;
+  }
+  int64_t groups_for(const StepContext& ctx) const {
+    return resolve_groups(cfg_.num_kv_heads, ctx.parallel->size() == 1);
+  }
+  HeadGroup head_group(int64_t g, int64_t groups) const {
+    const int64_t nq = cfg_.num_heads / groups, nkv = cfg_.num_kv_heads / groups;
+    return {g * nq, nq, g * nkv, nkv};
+  }
+  // A group's rows of q_proj and of k_proj / v_proj (values or grads): contiguous views.
+  Tensor q_rows(const Tensor& w, const HeadGroup& hg) const {
+    return w.rows(hg.q0 * cfg_.head_dim, (hg.q0 + hg.nq) * cfg_.head_dim);
+  }
+  Tensor kv_rows(const Tensor& w, const HeadGroup& hg) const {
+    return w.rows(hg.kv0 * cfg_.head_dim, (hg.kv0 + hg.nkv) * cfg_.head_dim);
+  }
+  // A group's columns of o_proj [H, Hq*d]: the weight itself when the group holds every head, else
+  // a copy (strided columns; [H, nq*d] is small beside the activations).
+  Tensor o_columns(const LayerParams& L, const HeadGroup& hg) {
+    Tensor& w = W(L.o);
+    if (hg.nq == cfg_.num_heads) return w;
+    const int64_t cols = hg.nq * cfg_.head_dim;
+    Tensor c = Tensor::empty({w.size(0), cols}, w.dtype(), w.device());
+    ops::copy_columns(w, hg.q0 * cfg_.head_dim, c, 0, cols);
+    return c;
+  }
+  // o_proj's grad over a group's columns += dx1^T @ attn: in place for one group, else through a
+  // copy of those columns, so the sum is the same beta = 1 accumulation.
+  void accumulate_o_grad(const LayerParams& L, const HeadGroup& hg, const Tensor& dx1, const Tensor& attn2) {
+    Tensor& gw = G(L.o);
+    if (hg.nq == cfg_.num_heads) return ops::matmul(dx1, true, attn2, false, gw, 1.f, 1.f);
+    const int64_t cols = hg.nq * cfg_.head_dim, c0 = hg.q0 * cfg_.head_dim;
+    Tensor part = Tensor::empty({gw.size(0), cols}, gw.dtype(), gw.device());
+    ops::copy_columns(gw, c0, part, 0, cols);
+    ops::matmul(dx1, true, attn2, false, part, 1.f, 1.f);
+    ops::copy_columns(part, 0, gw, c0, cols);
+  }
+
+  static Tensor act(Shape s, const Tensor& like) { return Tensor::empty(std::move(s), like.dtype(), like.device()); }
+  static Tensor f32(Shape s, const Tensor& like) { return Tensor::empty(std::move(s), DType::f32, like.device()); }
+
+  Tensor input_norm(const LayerParams& L, const Tensor& x, Tensor& rstd) {
+    Tensor h = act(x.shape(), x);
+    rstd = f32({x.size(0)}, x);
+    ops::rmsnorm_forward(x, W(L.input_norm), eps(), h, rstd);
+    return h;
+  }
+  Tensor post_norm(const LayerParams& L, const Tensor& x1, Tensor& rstd) {
+    Tensor h = act(x1.shape(), x1);
+    rstd = f32({x1.size(0)}, x1);
+    ops::rmsnorm_forward(x1, W(L.post_norm), eps(), h, rstd);
+    return h;
+  }
+
+  // q, k, v of one group, per-head norm (Qwen3's q_norm / k_norm, before rotary), rotary, attention.
+  GroupActs group_forward(const LayerParams& L, const Tensor& h1, const HeadGroup& hg, StepContext& ctx) {
+    const int64_t T = h1.size(0), d = cfg_.head_dim;
+    GroupActs a;
+    a.q = act({T, hg.nq * d}, h1);
+    a.k = act({T, hg.nkv * d}, h1);
+    a.v = act({T, hg.nkv * d}, h1);
+    ops::matmul(h1, false, q_rows(W(L.q), hg), true, a.q);
+    ops::matmul(h1, false, kv_rows(W(L.k), hg), true, a.k);
+    ops::matmul(h1, false, kv_rows(W(L.v), hg), true, a.v);
+    a.qr = act({T * hg.nq, d}, h1);
+    a.kr = act({T * hg.nkv, d}, h1);
+    a.rstd_q = f32({T * hg.nq}, h1);
+    a.rstd_k = f32({T * hg.nkv}, h1);
+    ops::rmsnorm_forward(a.q.view({T * hg.nq, d}), W(L.q_norm), eps(), a.qr, a.rstd_q);
+    ops::rmsnorm_forward(a.k.view({T * hg.nkv, d}), W(L.k_norm), eps(), a.kr, a.rstd_k);
+    a.qr = a.qr.view({T, hg.nq, d});
+    a.kr = a.kr.view({T, hg.nkv, d});
     ops::rotary_forward(a.qr, ctx.rope->cos, ctx.rope->sin);
     ops::rotary_forward(a.kr, ctx.rope->cos, ctx.rope->sin);
-    a.attn = act({T, Hq, d});
-    a.lse = f32({Hq, T});
-    ctx.parallel->attention_forward(a.qr, a.kr, a.v.view({T, Hkv, d}), a.attn, a.lse, args());
-    Tensor o = act({T, H});
-    ops::matmul(a.attn.view({T, Hq * d}), false, W(L.o), true, o);
-    a.x1 = act({T, H});
-    ops::add(x, o, a.x1);
+    a.attn = act({T, hg.nq, d}, h1);
+    a.lse = f32({hg.nq, T}, h1);
+    ctx.parallel->attention_forward(a.qr, a.kr, a.v.view({T, hg.nkv, d}), a.attn, a.lse, args());
+    return a;
+  }
 
-    a.h2 = act({T, H});
-    a.rstd2 = f32({T});
-    ops::rmsnorm_forward(a.x1, W(L.post_norm), eps(), a.h2, a.rstd2);
-    if (!y.defined()) return;
-    Tensor m = act({T, H});
-    mlp(ctx).forward(a.h2, mlp_weights(L), m);
-    ops::add(a.x1, m, y);
+  // o = attention(h1) @ Wo^T [T,H], one group at a time, each group's tensors gone before the
+  // next one's; `keep` (one group only) takes them for the backward.
+  Tensor attention_out(const LayerParams& L, const Tensor& h1, StepContext& ctx, int64_t groups, GroupActs* keep) {
+    const int64_t T = h1.size(0);
+    Tensor o = act({T, cfg_.hidden_size}, h1);
+    for (int64_t g = 0; g < groups; ++g) {
+      const HeadGroup hg = head_group(g, groups);
+      GroupActs a = group_forward(L, h1, hg, ctx);
+      ops::matmul(a.attn.view({T, hg.nq * cfg_.head_dim}), false, o_columns(L, hg), true, o, 1.f, g == 0 ? 0.f : 1.f);
+      if (keep) *keep = std::move(a);
+    }
+    return o;
   }
 
   ModelConfig cfg_;
@@ -361,6 +474,8 @@ class Qwen3Model final : public Model {
   int embed_ = 0, final_norm_ = 0, head_ = 0;
   bool check_finite_;
   uint64_t max_shard_bytes_;
+  int64_t head_groups_;  // 0: auto
+  std::string table_;    // the manifest's name for this module's table, for errors
   std::unique_ptr<MlpStrategy> whole_mlp_ = make_whole_mlp();  // for callers whose StepContext names no MLP
 };
 
@@ -384,10 +499,30 @@ uint64_t parse_size(const ConfigView& cfg, const std::string& key, const std::st
   cfg.fail(key, str("'", text, "' is not a positive size"), "e.g. \"5GB\", \"500MB\", \"1MiB\"");
 }
 
+// attention_head_groups: "auto" (0 here) or a positive count; that it divides the model's kv
+// heads is checked once the model's shape is known.
+int64_t parse_head_groups(const ConfigView& cfg) {
+  const char* key = "attention_head_groups";
+  const char* fix = "\"auto\" or a positive divisor of the model's key/value head count";
+  if (!cfg.has(key)) return 0;
+  int64_t n = 0;
+  try {
+    n = cfg.get_int(key, 0);
+  } catch (const Error&) {  // not an integer: the one string it may be is "auto"
+    const std::string text = cfg.get_string(key, "auto");
+    if (text == "auto") return 0;
+    cfg.fail(key, str("'", text, "' is neither \"auto\" nor a count"), fix);
+  }
+  if (n < 1) cfg.fail(key, str(n, " is not a positive count"), fix);
+  return n;
+}
+
 std::unique_ptr<Plugin> create(const PluginArgs& args) {
   const bool check_finite = args.config.get_bool("check_finite", true);
   const uint64_t shard = parse_size(args.config, "max_shard_size", args.config.get_string("max_shard_size", "5GB"));
-  return std::make_unique<Qwen3Model>(check_finite, shard);
+  const int64_t groups = parse_head_groups(args.config);
+  const std::string table = args.config.name().empty() ? std::string("qwen3") : args.config.name();
+  return std::make_unique<Qwen3Model>(check_finite, shard, groups, table);
 }
 
 }  // namespace

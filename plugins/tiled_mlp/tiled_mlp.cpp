@@ -54,9 +54,9 @@ class TiledMlp final : public MlpStrategy {
     plan.add(str("layer forward: MLP gate, up, act ", shape, " (one tile)"), PlanCategory::transient, 3 * tile,
              plan_phase::forward);
     plan.add(str("recompute: MLP gate, up, act ", shape, " (one tile)"), PlanCategory::transient, 3 * tile,
-             plan_phase::backward);
+             plan_phase::mlp_backward);
     plan.add(str("backward: MLP dact, dgate, dup ", shape, " (one tile)"), PlanCategory::transient, 3 * tile,
-             plan_phase::backward);
+             plan_phase::mlp_backward);
   }
 
  private:

@@ -48,6 +48,8 @@ TEST_P(PlanAgainstStep, CpuPeakOfOneQwen3StepMatchesThePlan) {
   in.seq_len = in.tokens_per_rank = T;
   in.weight_dtype = c.dtype;
   PlanSlots ps;
+  ps.model = model.get();  // the module's own plan: its head groups (auto: one kv head each)
+  ps.model_name = "qwen3";
   ps.loss = chunked.get();
   ps.loss_name = c.loss;
   const MemoryPlan plan = build_plan(in, ps);

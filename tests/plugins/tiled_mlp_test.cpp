@@ -127,18 +127,18 @@ TEST(TiledMlp, PlanHoldsOneTileOfTheIntermediates) {
   };
   auto whole = make_whole_mlp();
   const int64_t TI = 1048576LL * 9728 * 2;  // 19 GiB
-  EXPECT_EQ(transient(*whole, plan_phase::backward), 6 * TI);
+  EXPECT_EQ(transient(*whole, plan_phase::mlp_backward), 6 * TI);
   EXPECT_EQ(transient(*whole, plan_phase::forward), 3 * TI);
   // Automatic tiles: the largest multiple of 256 rows within 256 MiB per [rows, I] buffer.
   const int64_t auto_rows = (256LL << 20) / (9728 * 2) / 256 * 256;
   EXPECT_EQ(auto_rows, 13568);
   auto tiled = make_tiled("");
-  EXPECT_EQ(transient(*tiled, plan_phase::backward), 6 * auto_rows * 9728 * 2);
+  EXPECT_EQ(transient(*tiled, plan_phase::mlp_backward), 6 * auto_rows * 9728 * 2);
   EXPECT_EQ(transient(*tiled, plan_phase::forward), 3 * auto_rows * 9728 * 2);
   auto fixed = make_tiled("tile_rows = 8192");
-  EXPECT_EQ(transient(*fixed, plan_phase::backward), 6 * 8192LL * 9728 * 2);
+  EXPECT_EQ(transient(*fixed, plan_phase::mlp_backward), 6 * 8192LL * 9728 * 2);
   in.tokens_per_rank = 1000;  // a sequence shorter than a tile holds only its own rows
-  EXPECT_EQ(transient(*fixed, plan_phase::backward), 6 * 1000LL * 9728 * 2);
+  EXPECT_EQ(transient(*fixed, plan_phase::mlp_backward), 6 * 1000LL * 9728 * 2);
 }
 
 TEST(TiledMlp, RefusesNegativeTileRowsByName) {

@@ -25,8 +25,8 @@ class MlpStrategy : public Plugin {
  public:
   virtual void forward(const Tensor& x, const MlpWeights& w, Tensor& out) = 0;
   virtual void backward(const Tensor& x, const MlpWeights& w, const Tensor& dout, Tensor& dx, MlpWeights& grad) = 0;
-  // Adds the MLP's transient buffers in the forward and in the layer backward phases to `plan`
-  // (lcx/plan.h); the model's plan leaves them out.
+  // Adds the MLP's transient buffers in the forward and in the layer MLP backward phases to `plan`
+  // (lcx/plan.h: plan_phase::forward, plan_phase::mlp_backward); the model's plan leaves them out.
   virtual void plan(const PlanInputs& /*in*/, MemoryPlan& /*plan*/) const {}
 };
 

@@ -33,6 +33,10 @@ void add(const Tensor& a, const Tensor& b, Tensor& out);  // out may alias a or 
 void add_inplace(Tensor& acc, const Tensor& x);             // acc += x (any float dtypes)
 void scale_inplace(Tensor& x, float s);
 void cast(const Tensor& src, Tensor& dst);  // between float dtypes, same shape
+// dst[:, dst_col : dst_col + cols] = src[:, src_col : src_col + cols] over 2-D views (leading
+// dimensions folded into rows) of one dtype and one row count: a block of columns, such as one head
+// group's columns of a projection weight, gathered into or scattered from a contiguous tensor.
+void copy_columns(const Tensor& src, int64_t src_col, Tensor& dst, int64_t dst_col, int64_t cols);
 
 // Attention on q [T,Hq,d], k,v [S,Hkv,d] (GQA: Hq % Hkv == 0). Query row i sits at position
 // q_offset + i and key j at k_offset + j; with causal, a query sees keys at positions <= its own.

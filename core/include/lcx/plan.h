@@ -23,6 +23,10 @@ inline constexpr const char* step = "step";  // forward through the last layer's
 inline constexpr const char* forward = "forward";
 inline constexpr const char* loss = "loss";
 inline constexpr const char* final_norm = "final norm backward";
+// A layer's backward has two moments: its MLP's backward (beside the recomputed MLP input), then
+// its attention's (recompute of the attention half, attention backward). Their buffers never
+// coexist, so each is a phase: the MLP slot plans mlp_backward, the Parallelism slot backward.
+inline constexpr const char* mlp_backward = "layer MLP backward";
 inline constexpr const char* backward = "layer recompute/backward";
 inline constexpr const char* optimizer = "optimizer";
 }  // namespace plan_phase
@@ -90,6 +94,8 @@ struct MemoryPlan {
 // The dense decoder (Qwen3 and its kin: RMSNorm, GQA attention with q/k norms, SwiGLU MLP) as
 // core's step runs it: parameters and their optimizer state, one layer's forward and its
 // recompute + backward. A model module whose layers look like this calls it from plan().
-void plan_dense_decoder(const PlanInputs& in, MemoryPlan& plan);
+// attention_head_groups: the attention half runs on num_kv_heads / groups kv heads (and their
+// query heads) at a time, as models/qwen3 does; it must divide num_kv_heads.
+void plan_dense_decoder(const PlanInputs& in, MemoryPlan& plan, int64_t attention_head_groups = 1);
 
 }  // namespace lcx

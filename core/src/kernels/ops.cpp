@@ -259,6 +259,19 @@ void cast(const Tensor& src, Tensor& dst) {
   LCX_ROUTE(cuda, cast, src, dst);
 }
 
+void copy_columns(const Tensor& src, int64_t src_col, Tensor& dst, int64_t dst_col, int64_t cols) {
+  const char* op = "copy_columns";
+  const bool cuda = on_cuda(op, {{"src", &src}, {"dst", &dst}});
+  need_dtype(op, "dst", dst, src.dtype());
+  if (src.dim() < 1 || dst.dim() < 1) fail(op, "src and dst must have at least one dimension");
+  if (rows_of(src) != rows_of(dst))
+    fail(op, str(desc("src", src), " and ", desc("dst", dst), " must have the same number of rows"));
+  if (cols < 0 || src_col < 0 || dst_col < 0 || src_col + cols > src.size(-1) || dst_col + cols > dst.size(-1))
+    fail(op, str("columns [", src_col, ",", src_col + cols, ") of ", desc("src", src), " into [", dst_col, ",",
+                 dst_col + cols, ") of ", desc("dst", dst), " fall outside a row"));
+  LCX_ROUTE(cuda, copy_columns, src, src_col, dst, dst_col, cols);
+}
+
 namespace {
 // Checks q, k, v, out, lse and returns the params with a zero scale resolved to 1/sqrt(d).
 AttentionParams check_attention(const char* op, const Tensor& q, const Tensor& k, const Tensor& v,

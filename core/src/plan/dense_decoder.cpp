@@ -3,7 +3,9 @@
 // per token are exact for those tensors; what the kernels allocate beyond them is the attention
 // provider's (attention workspace) or core's (cuBLASLt workspace, reserve).
 #include <algorithm>
+#include <string>
 
+#include "lcx/error.h"
 #include "lcx/plan.h"
 
 namespace lcx {
@@ -27,8 +29,12 @@ int64_t layer_params(const DecoderDims& s) {
 
 }  // namespace
 
-void plan_dense_decoder(const PlanInputs& in, MemoryPlan& plan) {
+void plan_dense_decoder(const PlanInputs& in, MemoryPlan& plan, int64_t attention_head_groups) {
   const DecoderDims s = shape_of(in.model);
+  const int64_t G = attention_head_groups;
+  if (G < 1 || s.Hkv % G != 0)
+    throw Error(str("plan: ", G, " attention head groups do not divide ", s.Hkv, " key/value heads"),
+                "attention_head_groups", str("use a divisor of ", s.Hkv));
   const int64_t T = in.tokens_per_rank;
   const int64_t ab = static_cast<int64_t>(dtype_size(in.weight_dtype));  // activations take the weights' dtype
   const int64_t head = in.model.tie_word_embeddings ? 0 : s.V * s.H;
@@ -49,31 +55,46 @@ void plan_dense_decoder(const PlanInputs& in, MemoryPlan& plan) {
     // for its recompute + backward until reduce_grads; the head's for the loss.
     const int64_t lp = layer_params(s);
     plan.add("one layer's gathered weights", PlanCategory::communication, lp * ab, plan_phase::forward);
-    plan.add("one layer's gathered weights + full fp32 grads", PlanCategory::communication, lp * (ab + 4),
-             plan_phase::backward);
+    for (const char* phase : {plan_phase::mlp_backward, plan_phase::backward})
+      plan.add("one layer's gathered weights + full fp32 grads", PlanCategory::communication, lp * (ab + 4), phase);
     plan.add("gathered head weight + its full fp32 grad", PlanCategory::communication, s.V * s.H * (ab + 4),
              plan_phase::loss);
   }
 
-  // layer_forward at its end (LayerActs, then o and m): h1, x1, h2, o, m [T,H]; q, qr, attn
-  // [T,Hq*d]; k, v, kr [T,Hkv*d]; fp32 rstd1, rstd2 [T], rstd_q, lse [Hq,T], rstd_k [Hkv,T]. The
-  // MLP's own [T,I] work buffers are the MLP slot's terms (lcx/mlp_strategy.h).
-  const int64_t f32_rows = 4 * (2 + 2 * s.Hq + s.Hkv);
-  plan.add("layer forward: q, k, v, normed q/k, attn out; h1, x1, h2, o, mlp out", PlanCategory::transient,
-           T * (3 * s.qd + 3 * s.kvd + 5 * s.H) * ab, plan_phase::forward);
-  plan.add("layer forward: fp32 norm rstd and attention LSE", PlanCategory::transient, T * f32_rows,
-           plan_phase::forward);
+  // The attention half runs one head group at a time: nq query and nkv kv heads, per token q, qr,
+  // attn (and their grads) of nq*d, k, kr, v (and grads) of nkv*d; fp32 q/k norm rstd and LSE.
+  const int64_t nq = s.Hq / G, nkv = s.Hkv / G, gq = nq * s.d, gkv = nkv * s.d;
+  const std::string heads = G == 1 ? std::string("all heads") : str("one of ", G, " head groups");
+  const int64_t group_f32 = T * 4 * (2 * nq + nkv);
 
-  // layer_backward while the MLP slot's backward runs: the recomputed LayerActs up to h2 (o is
-  // gone with forward()) plus every gradient buffer of the layer, all taken before the MLP's
-  // backward so the peak is this sum plus the MLP slot's terms.
-  plan.add("recompute: q, k, v, normed q/k, attn out", PlanCategory::transient, T * (3 * s.qd + 3 * s.kvd) * ab,
+  // layer_forward at its worst: the attention moment (h1, o [T,H], one group's q, k, v, qr, kr,
+  // attn and, with groups, its o_proj columns) and then the MLP's (x1 = o, h2 and the MLP slot's
+  // buffers). Listed as one sum, an upper bound of both: the forward never holds the peak, as the
+  // backward holds one [T,H] more and the larger group transient.
+  plan.add("layer forward: h1, o/x1 [T,H]", PlanCategory::transient, 2 * T * s.H * ab, plan_phase::forward);
+  plan.add("layer forward: q, k, v, normed q/k, attn out (" + heads + ")", PlanCategory::transient,
+           T * (3 * gq + 3 * gkv) * ab, plan_phase::forward);
+  plan.add("layer forward: fp32 norm rstd, q/k norm rstd and LSE (" + heads + ")", PlanCategory::transient,
+           T * 4 + group_f32, plan_phase::forward);
+  if (G > 1)
+    plan.add("layer forward: one group's o_proj columns [H," + std::to_string(gq) + "]", PlanCategory::transient,
+             s.H * gq * ab, plan_phase::forward);
+
+  // layer_backward, first moment: the MLP slot's backward on the recomputed x1, h2 (dh2 goes to the
+  // caller's dx). The recompute itself (h1, o and one group) holds less than the attention moment.
+  // With one group its attention tensors stay for the attention backward, as nothing is cut.
+  plan.add("MLP backward: x1, h2 [T,H], fp32 rstd", PlanCategory::transient, T * (2 * s.H * ab + 4),
+           plan_phase::mlp_backward);
+  if (G == 1)
+    plan.add("MLP backward: q, k, v, normed q/k, attn out, LSE kept for the attention backward",
+             PlanCategory::transient, T * (3 * gq + 3 * gkv) * ab + group_f32, plan_phase::mlp_backward);
+  // Second moment: the attention backward of one group, beside dx1 and the recomputed h1 (dh1
+  // accumulates in the caller's dx): the group's recomputed tensors and dattn, dq, dk, dv.
+  plan.add("attention backward: h1, dx1 [T,H], fp32 rstd", PlanCategory::transient, T * (2 * s.H * ab + 4),
            plan_phase::backward);
-  plan.add("backward: dattn, dq, dk, dv, dq/dk before norm", PlanCategory::transient,
-           T * (3 * s.qd + 3 * s.kvd) * ab, plan_phase::backward);
-  plan.add("recompute/backward: h1, x1, h2, dh2, dx1, dh1 [T,H]", PlanCategory::transient, 6 * T * s.H * ab,
-           plan_phase::backward);
-  plan.add("recompute: fp32 norm rstd and attention LSE", PlanCategory::transient, T * f32_rows,
+  plan.add("attention backward: q, k, v, normed q/k, attn out, dattn, dq, dk, dv (" + heads + ")",
+           PlanCategory::transient, T * (5 * gq + 5 * gkv) * ab, plan_phase::backward);
+  plan.add("attention backward: fp32 q/k norm rstd and LSE (" + heads + ")", PlanCategory::transient, group_f32,
            plan_phase::backward);
 
   // final_norm_backward recomputes the norm: y [T,H] and fp32 rstd [T].

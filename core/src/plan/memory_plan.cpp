@@ -27,7 +27,7 @@ void MemoryPlan::add(std::string name, PlanCategory category, int64_t bytes, std
 
 const std::vector<std::string>& MemoryPlan::phases() {
   static const std::vector<std::string> p = {plan_phase::forward, plan_phase::loss, plan_phase::final_norm,
-                                             plan_phase::backward, plan_phase::optimizer};
+                                             plan_phase::mlp_backward, plan_phase::backward, plan_phase::optimizer};
   return p;
 }
 

@@ -38,7 +38,8 @@ void plan_step(const PlanInputs& in, MemoryPlan& p) {
   p.add("last layer output, final hidden, its grad [T,H] x3", PlanCategory::transient, 3 * TH, plan_phase::loss);
   p.add("last layer output, final hidden, its grad, dx [T,H] x4", PlanCategory::transient, 4 * TH,
         plan_phase::final_norm);
-  p.add("layer dy, dx [T,H] x2", PlanCategory::transient, 2 * TH, plan_phase::backward);
+  for (const char* phase : {plan_phase::mlp_backward, plan_phase::backward})
+    p.add("layer dy, dx [T,H] x2", PlanCategory::transient, 2 * TH, phase);
 }
 
 // Until cp_ring and sp_ulysses plan themselves: what a ring or an all-to-all must hold at least.

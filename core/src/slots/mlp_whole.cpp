@@ -43,8 +43,8 @@ class WholeMlp final : public MlpStrategy {
   void plan(const PlanInputs& in, MemoryPlan& plan) const override {
     const int64_t TI = in.tokens_per_rank * in.model.intermediate_size * static_cast<int64_t>(dtype_size(in.weight_dtype));
     plan.add("layer forward: MLP gate, up, act [T,I]", PlanCategory::transient, 3 * TI, plan_phase::forward);
-    plan.add("recompute: MLP gate, up, act [T,I]", PlanCategory::transient, 3 * TI, plan_phase::backward);
-    plan.add("backward: MLP dact, dgate, dup [T,I]", PlanCategory::transient, 3 * TI, plan_phase::backward);
+    plan.add("recompute: MLP gate, up, act [T,I]", PlanCategory::transient, 3 * TI, plan_phase::mlp_backward);
+    plan.add("backward: MLP dact, dgate, dup [T,I]", PlanCategory::transient, 3 * TI, plan_phase::mlp_backward);
   }
 };
 
