@@ -2,15 +2,21 @@
 // [T,V] logits never exist whole (at 128k tokens and V = 151,936 they would be 80 GB in fp32).
 //
 // Rows separate cleanly: each row's softmax runs over its own vocabulary and the loss is a sum
-// over rows. Per chunk: logits = hidden_c @ head^T (fp32 out), then one fused op
-// (ops::cross_entropy_chunk) writes the rows' losses into a per-token buffer and the gradient
-// grad_scale * (softmax - onehot) in the head's dtype (bf16 on GPU, straight from the kernel; in
-// place over the logits when the head is fp32); grad_hidden_c = dlogits @ head and
-// grad_head += dlogits^T @ hidden_c, both GEMMs in the head's dtype with fp32 accumulation, the
-// head's gradient accumulated in fp32. The chunk's buffers are allocated once and reused, so
-// exactly one chunk's worth is alive. A chunk whose targets are all ignored is skipped (its
-// grad_hidden rows are zeroed). Every op dispatches on the tensors' device, so the same code runs
-// the CPU reference and the CUDA kernels.
+// over rows. Per chunk, in slices of at most kLogitRows rows: logits = hidden_s @ head^T (fp32
+// out), then one fused op (ops::cross_entropy_chunk) writes the rows' losses into a per-token
+// buffer and the gradient grad_scale * (softmax - onehot) in the head's dtype (bf16 on GPU,
+// straight from the kernel; in place over the logits when the head is fp32). Then, for the whole
+// chunk, grad_hidden_c = dlogits @ head and grad_head += dlogits^T @ hidden_c, both GEMMs in the
+// head's dtype with fp32 accumulation, the head's gradient accumulated in fp32.
+//
+// Why slices: the head-gradient GEMM reads and writes all of the fp32 [V,H] gradient (3.1 GB for
+// Qwen3-4B) once per chunk, whatever the chunk's rows; at 256 rows that traffic outweighs the
+// GEMM's arithmetic on an H200, so larger chunks run faster. Their cost is the [C,V] buffers; the
+// fp32 logits (4 bytes an element) only ever need one slice, so a chunk holds its bf16 gradient
+// (2 bytes) whole and its fp32 logits 256 rows at a time. The chunk's buffers are allocated once
+// and reused, so exactly one chunk's worth is alive. A chunk whose targets are all ignored is
+// skipped (its grad_hidden rows are zeroed). Every op dispatches on the tensors' device, so the
+// same code runs the CPU reference and the CUDA kernels.
 //
 // The host waits on the device twice per call, never per chunk: once for the targets (which
 // chunks have a valid label, and the valid count) and once at the end for the per-token losses,
@@ -27,6 +33,9 @@ namespace lcx {
 namespace {
 
 constexpr int64_t kIgnoreIndex = -100;
+// Rows of fp32 logits computed at once: 256 fills an H100/H200 with the fused kernel's blocks
+// (one a row) and keeps the logits GEMM efficient, at 155 MB for V = 151,936.
+constexpr int64_t kLogitRows = 256;
 
 class ChunkedLoss final : public Loss {
  public:
@@ -40,16 +49,18 @@ class ChunkedLoss final : public Loss {
     return run(hidden, head, targets, 0, nullptr, nullptr);
   }
 
-  // What run() allocates with gradients: one chunk's logits [C,V] fp32, its gradient [C,V] in the
-  // head's dtype (none for an fp32 head: written over the logits), and the per-token losses [T]
-  // fp32; C = min(chunk_rows, T).
+  // What run() allocates with gradients: the fp32 logits of one slice [S,V], the chunk's gradient
+  // [C,V] in the head's dtype (none for an fp32 head: written over the logits, S = C), and the
+  // per-token losses [T] fp32; C = min(chunk_rows, T).
   void plan(const PlanInputs& in, MemoryPlan& plan) const override {
     const int64_t T = std::max<int64_t>(in.tokens_per_rank, 1);
     const int64_t C = std::min(chunk_rows_, T);
+    const bool in_place = in.weight_dtype == DType::f32;
+    const int64_t S = slice_rows(C, in_place);
     const int64_t V = in.model.vocab_size;
-    plan.add(str("one chunk's logits [", C, ",V] fp32 + per-token loss"), PlanCategory::transient, C * V * 4 + T * 4,
+    plan.add(str("logits of one slice [", S, ",V] fp32 + per-token loss"), PlanCategory::transient, S * V * 4 + T * 4,
              plan_phase::loss);
-    if (in.weight_dtype != DType::f32)
+    if (!in_place)
       plan.add(str("one chunk's dlogits [", C, ",V] ", dtype_name(in.weight_dtype)), PlanCategory::transient,
                C * V * static_cast<int64_t>(dtype_size(in.weight_dtype)), plan_phase::loss);
   }
@@ -66,14 +77,16 @@ class ChunkedLoss final : public Loss {
     const bool backward = grad_hidden != nullptr;
 
     // Work buffers for one chunk, reused by every chunk; the last chunk uses their first rows.
-    Tensor logits = Tensor::empty({C, V}, DType::f32, dev);
-    // Skipped chunks' rows stay 0 and add nothing to the sum.
-    Tensor row_loss = Tensor::zeros({T}, DType::f32, dev);
     // The gradient is stored in the head's dtype, so both GEMMs against the head run in it (bf16
     // on GPU, as core's plain loss does for grad_hidden); an fp32 head takes it in place.
+    const bool in_place = backward && head.dtype() == DType::f32;
+    const int64_t S = slice_rows(C, in_place);
+    Tensor logits = Tensor::empty({S, V}, DType::f32, dev);
+    // Skipped chunks' rows stay 0 and add nothing to the sum.
+    Tensor row_loss = Tensor::zeros({T}, DType::f32, dev);
     Tensor dlogits, hidden_cast;
     if (backward) {
-      dlogits = head.dtype() == DType::f32 ? logits : Tensor::empty({C, V}, head.dtype(), dev);
+      dlogits = in_place ? logits : Tensor::empty({C, V}, head.dtype(), dev);
       if (hidden.dtype() != head.dtype()) hidden_cast = Tensor::empty({C, H}, head.dtype(), dev);
     }
 
@@ -86,15 +99,18 @@ class ChunkedLoss final : public Loss {
         }
         continue;
       }
-      const Tensor h = hidden.rows(begin, end);
-      Tensor lg = logits.rows(0, n);
-      ops::matmul(h, false, head, true, lg);  // [n,H] @ [V,H]^T -> [n,V] fp32
-      Tensor losses = row_loss.rows(begin, end);
-      Tensor dl = backward ? dlogits.rows(0, n) : Tensor();
-      ops::cross_entropy_chunk(lg, targets.rows(begin, end), static_cast<float>(grad_scale), losses,
-                               backward ? &dl : nullptr);
+      for (int64_t s0 = 0; s0 < n; s0 += S) {
+        const int64_t s1 = std::min(n, s0 + S);
+        Tensor lg = logits.rows(0, s1 - s0);
+        ops::matmul(hidden.rows(begin + s0, begin + s1), false, head, true, lg);  // [s,H] @ [V,H]^T -> [s,V] fp32
+        Tensor losses = row_loss.rows(begin + s0, begin + s1);
+        Tensor dl = backward ? dlogits.rows(s0, s1) : Tensor();
+        ops::cross_entropy_chunk(lg, targets.rows(begin + s0, begin + s1), static_cast<float>(grad_scale), losses,
+                                 backward ? &dl : nullptr);
+      }
       if (!backward) continue;
 
+      const Tensor h = hidden.rows(begin, end), dl = dlogits.rows(0, n);
       Tensor gh = grad_hidden->rows(begin, end);
       ops::matmul(dl, false, head, false, gh);  // [n,V] @ [V,H] -> [n,H]
       Tensor hc = h;
@@ -107,6 +123,10 @@ class ChunkedLoss final : public Loss {
     result.loss_sum = sum_rows(row_loss);
     return result;
   }
+
+  // Rows of fp32 logits computed at once in a chunk of C rows: the whole chunk when its gradient
+  // is written over them (fp32 head), else at most kLogitRows.
+  static int64_t slice_rows(int64_t C, bool in_place) { return in_place ? C : std::min(C, kLogitRows); }
 
   // One flag per chunk and the valid count, from a host copy of the targets (8 bytes a token).
   static std::vector<bool> chunks_with_valid_targets(const Tensor& targets, int64_t C, int64_t* valid) {

@@ -127,7 +127,8 @@ inline std::string describe(const LossCase& c) {
 }
 
 // The cases part 2 of issue 7 names: tied and untied heads, chunks with every label ignored, T not
-// a multiple of chunk_rows, T smaller than chunk_rows, odd V (and one-row chunks).
+// a multiple of chunk_rows, T smaller than chunk_rows, odd V (and one-row chunks, and chunks cut
+// into slices of logits).
 inline std::vector<LossCase> issue_cases(DType dtype) {
   return {
       {300, 32, 257, 64, false, {}, dtype},
@@ -141,6 +142,9 @@ inline std::vector<LossCase> issue_cases(DType dtype) {
       {128, 20, 1, 32, false, {}, dtype},
       {128, 20, 997, 48, true, {}, dtype},
       {37, 8, 19, 1, false, {{5, 9}}, dtype},
+      // Chunks above 256 rows: with a bf16 head their fp32 logits come 256 rows at a time.
+      {1000, 16, 97, 600, false, {}, dtype},
+      {700, 16, 64, 512, true, {{512, 700}}, dtype},
   };
 }
 

@@ -232,5 +232,23 @@ TEST(LossChunked, PeakTransientMemoryIsOneChunk) {
   EXPECT_LT(chunked_peak * 30, full_peak);
 }
 
+// With a bf16 head the chunk's gradient is bf16 and whole, its fp32 logits one 256-row slice.
+TEST(LossChunked, PeakWithBf16HeadIsOneSliceOfLogitsAndOneChunkOfGradient) {
+  const int64_t T = 3000, H = 32, V = 1001;
+  std::mt19937 rng(17);
+  Tensor hidden = random_tensor({T, H}, rng, 1.f).to(DType::bf16), head = random_tensor({V, H}, rng, 0.5f).to(DType::bf16);
+  Tensor targets = make_targets(T, V, rng, {});
+  Tensor gh = Tensor::empty({T, H}, DType::bf16), gw = Tensor::zeros({V, H}, DType::f32);
+  Allocator& cpu = allocator_for(Device::cpu());
+  for (int64_t C : {int64_t{128}, int64_t{1024}}) {
+    auto chunked = load_chunked(C);
+    const int64_t live = cpu.stats().live_bytes;
+    cpu.reset_peak();
+    chunked->forward_backward(hidden, head, targets, 1.0 / T, gh, gw);
+    const int64_t peak = cpu.stats().peak_bytes - live;
+    EXPECT_EQ(peak, std::min<int64_t>(C, 256) * V * 4 + C * V * 2 + T * 4) << "chunk_rows " << C;
+  }
+}
+
 }  // namespace
 }  // namespace lcx
