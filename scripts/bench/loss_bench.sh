@@ -9,7 +9,7 @@
 # lines beside it. About a minute and a half on an H200; every part is under a timeout (3 minutes
 # in all), and a part that fails or times out leaves a row that says so.
 #   OUT=/tmp/loss scripts/bench/loss_bench.sh build
-#   DEVICE=cpu TOKENS="1024 2048" HIDDEN=64 VOCAB=1001 TORCH=0 scripts/bench/loss_bench.sh build-loss   (smoke run)
+#   DEVICE=cpu DTYPE=bf16 TOKENS="1024 2048" HIDDEN=64 VOCAB=1001 TORCH=0 scripts/bench/loss_bench.sh build-loss   (smoke run)
 set -uo pipefail
 build=${1:-build}
 out=${OUT:-/tmp/lcx-loss-bench}
@@ -19,6 +19,7 @@ hidden=${HIDDEN:-2560}
 vocab=${VOCAB:-151936}
 sweep=${SWEEP:-64,128,256,512,1024,2048,4096}
 torch=${TORCH:-1}
+dtype=${DTYPE:-}  # of hidden and head; loss_bench's default: bf16 on cuda, fp32 on cpu
 mkdir -p "$out"
 raw=$out/loss_bench.jsonl
 : >"$raw"
@@ -29,7 +30,7 @@ for t in $tokens; do
   # 128k is four times the GEMM work of 32k; the sweep's smallest chunks are the slowest.
   limit=$((t > 65536 ? 80 : 40))
   timeout "$limit" "$bench" --device "$device" --tokens "$t" --hidden "$hidden" --vocab "$vocab" --sweep "$sweep" \
-    --plugin-dir "$build/lib/lcx/plugins" >>"$raw" 2>"$out/loss_bench_$t.err"
+    ${dtype:+--dtype "$dtype"} --plugin-dir "$build/lib/lcx/plugins" >>"$raw" 2>"$out/loss_bench_$t.err"
   rc=$?
   if [[ $rc -ne 0 ]]; then
     why="loss_bench rc $rc$([[ $rc -eq 124 ]] && echo ', timed out')"
@@ -71,7 +72,8 @@ def find(**kw):
     return None
 
 tokens = sorted({r["tokens"] for r in rows if "tokens" in r})
-print(f"Loss alone, forward + backward, H {H:,}, V {V:,} ({'bf16' if device == 'cuda' else 'fp32'}, {device}); "
+dtypes = sorted({r["dtype"] for r in rows if "dtype" in r}) or ["?"]
+print(f"Loss alone, forward + backward, H {H:,}, V {V:,} ({'/'.join(dtypes)}, {device}); "
       "memory: what the loss adds over hidden, grad_hidden, head and its gradient. "
       "Plain fp32 logits alone would be " + ", ".join(f"{gb(t * V * 4)} at {t:,}" for t in tokens) + ".\n")
 print("| tokens | loss | chunk rows | time ms | GEMM TFLOP/s | memory added | time / lcx chunked |")

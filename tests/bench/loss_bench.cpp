@@ -8,7 +8,7 @@
 // fitting and the next one goes on. One JSON line per run on stdout, for scripts/bench/loss_bench.sh.
 //
 //   loss_bench --device cuda --tokens 32768,131072 --sweep 64,128,256,512,1024,2048,4096
-//   loss_bench --device cpu --tokens 1024 --hidden 64 --vocab 1001 --sweep 64,256   (a smoke run)
+//   loss_bench --device cpu --dtype bf16 --tokens 1024 --hidden 64 --vocab 1001 --sweep 64,1024   (a smoke run)
 #include <algorithm>
 #include <chrono>
 #include <cmath>
@@ -36,6 +36,7 @@ struct Options {
   int reps = 3;
   bool plain = true;
   std::string plugin_dir;
+  std::string dtype;  // of hidden and head: bf16 on a GPU, fp32 on the CPU unless asked
 };
 
 std::vector<int64_t> parse_list(const std::string& s) {
@@ -70,6 +71,9 @@ Options parse(int argc, char** argv) {
       o.chunk_rows = std::stoll(value());
     } else if (a == "--reps") {
       o.reps = std::max(1, std::stoi(value()));
+    } else if (a == "--dtype") {
+      o.dtype = value();
+      if (o.dtype != "bf16" && o.dtype != "fp32") throw Error(str("loss_bench: --dtype is bf16 or fp32, got ", o.dtype));
     } else if (a == "--no-plain") {
       o.plain = false;
     } else if (a == "--plugin-dir") {
@@ -106,7 +110,8 @@ struct Inputs {
 };
 
 Inputs make_inputs(const Options& o, int64_t T) {
-  const DType dt = o.device.is_cuda() ? DType::bf16 : DType::f32;
+  const DType dt = o.dtype.empty() ? (o.device.is_cuda() ? DType::bf16 : DType::f32)
+                                    : o.dtype == "bf16" ? DType::bf16 : DType::f32;
   Inputs in;
   in.hidden = random_uniform({T, o.hidden}, dt, o.device, 1.f, 1);
   in.head = random_uniform({o.vocab, o.hidden}, dt, o.device, 0.02f, 2);
@@ -141,9 +146,9 @@ std::string json_escape(const std::string& s) {
 void run_one(const Options& o, Loss& loss, const std::string& name, int64_t chunk_rows, Inputs& in) {
   const int64_t T = in.hidden.size(0);
   Allocator& a = allocator_for(o.device);
-  std::printf("{\"loss\": \"%s\", \"device\": \"%s\", \"tokens\": %lld, \"hidden\": %lld, \"vocab\": %lld, "
-              "\"chunk_rows\": %lld, ",
-              name.c_str(), device_name(o.device).c_str(), static_cast<long long>(T),
+  std::printf("{\"loss\": \"%s\", \"device\": \"%s\", \"dtype\": \"%s\", \"tokens\": %lld, \"hidden\": %lld, "
+              "\"vocab\": %lld, \"chunk_rows\": %lld, ",
+              name.c_str(), device_name(o.device).c_str(), dtype_name(in.hidden.dtype()), static_cast<long long>(T),
               static_cast<long long>(o.hidden), static_cast<long long>(o.vocab), static_cast<long long>(chunk_rows));
   try {
     LossResult r;
