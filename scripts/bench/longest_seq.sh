@@ -16,8 +16,9 @@
 #
 # Runs on the GPU machine from the repository root with the bundle as BUILD and
 # data/qwen3/tokenizer.json present. Every run is under `timeout`; one that fails, runs out of
-# memory or would pass the time budget leaves a row saying so. About 4 minutes on an H200
-# (BUDGET_S, default 290, stops starting runs after that). Writes $OUT/longest_seq.md, the
+# memory or would pass the time budget leaves a row saying so. About 4.5 minutes on an H200
+# (BUDGET_S, default 280, stops starting runs after that; the last may take RUN_TIMEOUT or
+# TORCH_TIMEOUT more). Lengths: PLAIN_LENGTHS, CHUNKED_LENGTHS (PyTorch runs the chunked ones). Writes $OUT/longest_seq.md, the
 # measured peaks as $OUT/longest_seq.csv, and each run's log.
 #   OUT=/tmp/longest scripts/bench/longest_seq.sh build
 #   FIT_ONLY=peaks.csv scripts/bench/longest_seq.sh build   (no runs: fits a CSV of the same columns)
@@ -26,12 +27,12 @@ build=${1:-build}
 out=${OUT:-/tmp/lcx-longest-seq}
 layers=${LAYERS:-"2 4"}
 plain_lengths=${PLAIN_LENGTHS:-"32768 49152"}
-chunked_lengths=${CHUNKED_LENGTHS:-"131072 262144"}
+chunked_lengths=${CHUNKED_LENGTHS:-"131072 196608"}
 full_layers=${FULL_LAYERS:-36}
 check_tokens=${CHECK_TOKENS:-32768}
 check_losses=${CHECK:-chunked}
 torch=${TORCH:-1}
-budget_s=${BUDGET_S:-290}
+budget_s=${BUDGET_S:-280}
 reserve_gib=${RESERVE_GIB:-2}
 run_timeout=${RUN_TIMEOUT:-100}
 torch_timeout=${TORCH_TIMEOUT:-150}
