@@ -237,13 +237,12 @@ class Qwen3Model final : public Model {
     for (int64_t g = 0; g < groups; ++g) {
       const HeadGroup hg = head_group(g, groups);
       GroupActs a = groups == 1 ? std::move(kept) : group_forward(L, h1, hg, ctx);
-      const Tensor attn2 = a.attn.view({T, hg.nq * d});
       Tensor dattn = act({T, hg.nq, d}, x);
       {
         Tensor dattn2 = dattn.view({T, hg.nq * d});
         ops::matmul(dx1, false, o_columns(L, hg), false, dattn2);
       }
-      accumulate_o_grad(L, hg, dx1, attn2);
+      accumulate_o_grad(L, hg, dx1, a.attn.view({T, hg.nq * d}));
       Tensor dq = act({T, hg.nq, d}, x), dk = act({T, hg.nkv, d}, x), dv = act({T, hg.nkv, d}, x);
       ctx.parallel->attention_backward(a.qr, a.kr, a.v.view({T, hg.nkv, d}), a.attn, a.lse, dattn, dq, dk, dv, args());
       dattn = Tensor();

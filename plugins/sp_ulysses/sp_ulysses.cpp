@@ -86,8 +86,9 @@ class Ulysses final : public Parallelism {
 
   void attention_forward(const Tensor& q, const Tensor& k, const Tensor& v, Tensor& out, Tensor& lse,
                          const AttentionArgs& args) override {
-    check_inputs(q, k, v);
+    // One rank is plain attention over whatever heads come (a model may pass one head group).
     if (sp_ == 1) return ops::attention_forward(q, k, v, out, lse, params(args));
+    check_inputs(q, k, v);
     cache_ = {};  // the previous layer's buffers go before this one's arrive
     Communicator& c = comm();
     const int64_t T = q.size(0), L = T * sp_, Hr = heads_per_rank(), d = info_.head_dim;
@@ -116,8 +117,8 @@ class Ulysses final : public Parallelism {
 
   void attention_backward(const Tensor& q, const Tensor& k, const Tensor& v, const Tensor& out, const Tensor& lse,
                           const Tensor& dout, Tensor& dq, Tensor& dk, Tensor& dv, const AttentionArgs& args) override {
-    check_inputs(q, k, v);
     if (sp_ == 1) return ops::attention_backward(q, k, v, out, lse, dout, dq, dk, dv, params(args));
+    check_inputs(q, k, v);
     Communicator& c = comm();
     const int64_t T = q.size(0), L = T * sp_, Hr = heads_per_rank(), d = info_.head_dim;
     Cache h = std::move(cache_);

@@ -212,6 +212,24 @@ TEST_F(GpuOps, AddScaleCastAcrossDtypes) {
   }
 }
 
+// A head group's columns of a projection weight, gathered and scattered back: bytes only, so the
+// GPU's pitched copy equals the CPU's row copies exactly.
+TEST_F(GpuOps, CopyColumnsGathersAndScatters) {
+  SCOPED_TRACE(trace());
+  for (DType t : kDtypes) {
+    SCOPED_TRACE(dtype_name(t));
+    const Tensor w = host_normal({257, 4096}, t, rng_);
+    Tensor part = Tensor::empty({257, 512}, t), gpart = poisoned_gpu({257, 512}, t);
+    ops::copy_columns(w, 1536, part, 0, 512);
+    ops::copy_columns(on_gpu(w), 1536, gpart, 0, 512);
+    EXPECT_EQ(gpart.to_floats(), part.to_floats());
+    Tensor back = host_normal({257, 4096}, t, rng_), gback = on_gpu(back);
+    ops::copy_columns(part, 0, back, 512, 512);
+    ops::copy_columns(gpart, 0, gback, 512, 512);
+    EXPECT_EQ(gback.to_floats(), back.to_floats());
+  }
+}
+
 TEST_F(GpuOps, CrossEntropyForwardBackwardAndInPlace) {
   SCOPED_TRACE(trace());
   struct Case {

@@ -149,5 +149,25 @@ TEST(ElementwiseCpu, CastRoundsToNearestEven) {
   EXPECT_THROW(ops::cast(src, wrong), Error);
 }
 
+TEST(ElementwiseCpu, CopyColumnsGathersAndScattersABlock) {
+  // src [2,5] = 0..9; columns [1,3) of each row into columns [2,4) of dst [2,4].
+  std::vector<float> v(10);
+  for (int i = 0; i < 10; ++i) v[static_cast<size_t>(i)] = static_cast<float>(i);
+  for (DType t : {DType::f32, DType::bf16}) {
+    const Tensor src = Tensor::from_floats(v, {2, 5}, t);
+    Tensor dst = Tensor::zeros({2, 4}, t);
+    ops::copy_columns(src, 1, dst, 2, 2);
+    EXPECT_EQ(dst.to_floats(), (std::vector<float>{0, 0, 1, 2, 0, 0, 6, 7}));
+    Tensor back = Tensor::zeros({2, 5}, t);
+    ops::copy_columns(dst, 2, back, 3, 2);
+    EXPECT_EQ(back.to_floats(), (std::vector<float>{0, 0, 0, 1, 2, 0, 0, 0, 6, 7}));
+  }
+  Tensor src = Tensor::zeros({2, 5}, DType::f32), short_rows = Tensor::zeros({3, 4}, DType::f32);
+  EXPECT_THROW(ops::copy_columns(src, 0, short_rows, 0, 2), Error);  // row counts differ
+  Tensor dst = Tensor::zeros({2, 4}, DType::f32), other = Tensor::zeros({2, 4}, DType::bf16);
+  EXPECT_THROW(ops::copy_columns(src, 4, dst, 0, 2), Error);  // past the end of a row
+  EXPECT_THROW(ops::copy_columns(src, 0, other, 0, 2), Error);  // dtypes differ
+}
+
 }  // namespace
 }  // namespace lcx

@@ -201,11 +201,13 @@ struct StepPlugins {
   std::function<std::shared_ptr<PositionalEncoding>()> rope = [] {
     return std::shared_ptr<PositionalEncoding>(make_default_rope());
   };
+  std::string model_spec = kTinyQwen3;
+  std::string model_table;  // the [qwen3] table, e.g. attention_head_groups = 2
 };
 
-inline std::shared_ptr<Model> tiny_model(Device device, DType dtype) {
-  auto m = make_qwen3();
-  m->init_random(kTinyQwen3, 11, device, dtype);
+inline std::shared_ptr<Model> tiny_model(Device device, DType dtype, const StepPlugins& with = {}) {
+  auto m = make_qwen3(with.model_table);
+  m->init_random(with.model_spec, 11, device, dtype);
   return m;
 }
 
@@ -219,7 +221,7 @@ inline StepOutcome grads_of(Model& m, double loss_sum, int64_t valid) {
 
 // One rank holding the sequence through core's single-rank parallelism.
 inline StepOutcome single_rank_step(const Sequence& seq, Device device, DType dtype, const StepPlugins& with = {}) {
-  auto model = tiny_model(device, dtype);
+  auto model = tiny_model(device, dtype, with);
   auto loss = with.loss();
   auto rope = with.rope();
   auto memory = make_on_device_memory();
@@ -245,7 +247,7 @@ inline StepOutcome cp_step(const Sequence& seq, int cp, Device device, DType dty
   };
   std::vector<Rank> ranks(static_cast<size_t>(cp));
   for (Rank& r : ranks) {
-    r.model = tiny_model(device, dtype);
+    r.model = tiny_model(device, dtype, with);
     r.parallel = make_cp_ring(cp);
     r.loss = with.loss();
     r.rope = with.rope();

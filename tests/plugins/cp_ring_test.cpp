@@ -185,6 +185,20 @@ TEST(CpRingStepCpu, ComposesWithLossChunkedAndRopeYarn) {
   }
 }
 
+// The qwen3 module's attention head groups under the ring: each group's q/k/v travel the ring on
+// their own (cp_ring reads head counts from the tensors), and the step is one rank's.
+TEST(CpRingStepCpu, QwenHeadGroupsRideTheRing) {
+  test::StepPlugins with;
+  with.model_spec = R"({"vocab_size":64,"hidden_size":32,"intermediate_size":48,"num_hidden_layers":2,
+    "num_attention_heads":4,"num_key_value_heads":2,"head_dim":16,"rope_theta":10000.0,"tie_word_embeddings":false})";
+  with.model_table = "attention_head_groups = 1";
+  const Sequence seq = test::random_sequence(32, 64, 7);
+  const test::StepOutcome want = test::single_rank_step(seq, Device::cpu(), DType::f32, with);
+  with.model_table = "attention_head_groups = 2";
+  const test::StepOutcome got = test::cp_step(seq, 2, Device::cpu(), DType::f32, with);
+  test::expect_same_step(got, want, 1e-6, 2e-5, "cp = 2 with 2 head groups");
+}
+
 // lcx-train itself with cp thread-ranks ([distributed] nproc_per_node = cp = cp_ring.size): three
 // optimizer steps give the losses, gradient norms and weights of one rank.
 struct TrainRun {
