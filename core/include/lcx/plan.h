@@ -69,6 +69,10 @@ struct MemoryPlan {
   std::vector<PlanTerm> terms;
   // Stamped on every term add() appends; the planner sets it before each provider's plan().
   std::string contributor;
+  // Set by the model's plan, which the planner asks first: the head groups its attention half runs
+  // one at a time (plan_dense_decoder), so a Parallelism sizes one attention call's buffers by
+  // num_heads / attention_head_groups query heads.
+  int64_t attention_head_groups = 1;
 
   void add(std::string name, PlanCategory category, int64_t bytes, std::string phase, bool on_host = false);
 

@@ -35,6 +35,7 @@ void plan_dense_decoder(const PlanInputs& in, MemoryPlan& plan, int64_t attentio
   if (G < 1 || s.Hkv % G != 0)
     throw Error(str("plan: ", G, " attention head groups do not divide ", s.Hkv, " key/value heads"),
                 "attention_head_groups", str("use a divisor of ", s.Hkv));
+  plan.attention_head_groups = G;
   const int64_t T = in.tokens_per_rank;
   const int64_t ab = static_cast<int64_t>(dtype_size(in.weight_dtype));  // activations take the weights' dtype
   const int64_t head = in.model.tie_word_embeddings ? 0 : s.V * s.H;

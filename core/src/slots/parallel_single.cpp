@@ -1,3 +1,5 @@
+#include <algorithm>
+
 #include "lcx/ops.h"
 #include "lcx/defaults.h"
 #include "lcx/plan.h"
@@ -28,11 +30,17 @@ class SingleRank final : public Parallelism {
                           const AttentionArgs& args) override {
     ops::attention_backward(q, k, v, out, lse, dout, dq, dk, dv, params(args));
   }
-  // The attention kernels keep no [T,T] matrix; the backward's one buffer is the fp32 row sums
-  // delta [Hq,T] (out . dout). The LSE belongs to the model's layer.
+  // The attention kernels keep no [T,T] matrix; the backward holds the fp32 row sums delta [Hq,T]
+  // (out . dout) and, in cuDNN's kernel (the GPU's default where it loads), an fp32 dQ
+  // accumulator [Hq,T,d]. Hq is one call's: the model's head groups divide it. The LSE belongs to
+  // the model's layer.
   void plan(const PlanInputs& in, MemoryPlan& plan) const override {
-    plan.add("attention backward delta [Hq,T] fp32", PlanCategory::transient,
-             in.model.num_heads * in.tokens_per_rank * 4, plan_phase::backward);
+    const int64_t hq = in.model.num_heads / std::max<int64_t>(1, plan.attention_head_groups);
+    const int64_t d = in.model.head_dim > 0 ? in.model.head_dim : in.model.hidden_size / std::max<int64_t>(1, in.model.num_heads);
+    plan.add("attention backward delta [Hq,T] fp32", PlanCategory::transient, hq * in.tokens_per_rank * 4,
+             plan_phase::backward);
+    plan.add("attention backward dQ accumulator [Hq,T,d] fp32 (cuDNN)", PlanCategory::transient,
+             hq * in.tokens_per_rank * d * 4, plan_phase::backward);
   }
 
  private:
