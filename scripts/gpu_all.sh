@@ -23,7 +23,7 @@ ln -sfn "$root/.bundle" "$root/build"
 source scripts/gpu_env.sh "$root/.bundle"
 
 LCX_MEMCHECK=${LCX_MEMCHECK:-0} LCX_BENCH=${LCX_BENCH:-0} \
-  LCX_GPU_TESTS=${LCX_GPU_TESTS:-"test_parity test_dist_gpu test_cp_ring_gpu test_sp_ulysses_gpu test_offload test_tiled_mlp test_core test_e2e_dist_train test_multi_gpu"} \
+  LCX_GPU_TESTS=${LCX_GPU_TESTS:-"test_parity test_dist_gpu test_cp_ring_gpu test_sp_ulysses_gpu test_offload test_tiled_mlp test_core test_e2e_dist_train test_multi_gpu test_loss_chunked_gpu"} \
   OUT=$out/tests scripts/gpu_check.sh >"$out/gpu_check.out" 2>&1
 
 # The quickstart on the GPU: same manifest, the device picked automatically.
@@ -36,6 +36,12 @@ qs_last=$(grep -o "{'loss': [0-9.]*" "$out/quickstart.log" | tail -1 | cut -d' '
 
 if [[ -n ${STEP_CASES:-} ]]; then
   CASES=$STEP_CASES OUT=$out/step scripts/bench/step_bench.sh build >"$out/step_bench.out" 2>&1
+fi
+if [[ ${LOSS:-0} != 0 ]]; then
+  OUT=$out/loss timeout 240 scripts/bench/loss_bench.sh build >"$out/loss_bench.out" 2>&1
+fi
+if [[ ${LONGEST:-0} != 0 ]]; then
+  OUT=$out/longest timeout "${LONGEST_TIMEOUT:-420}" scripts/bench/longest_seq.sh build >"$out/longest_seq.out" 2>&1
 fi
 # Several GPUs: cp_ring and sp_ulysses over NCCL workers, one per GPU.
 if [[ ${MULTI:-0} != 0 ]] && (($(nvidia-smi -L | wc -l) > 1)); then
@@ -54,9 +60,13 @@ for f in "$out"/tests/test_*.log; do
 done
 echo "== quickstart on the GPU: rc $qs_rc, ${qs_s} s, loss $qs_first -> $qs_last"
 [[ -f $out/step/step_bench.md ]] && { echo "== step benchmark"; cat "$out/step/step_bench.md"; }
-[[ -f $out/multi/multi_gpu_bench.md ]] && { echo "== several GPUs"; cat "$out/multi/multi_gpu_bench.md"; }
+[[ -f $out/loss_bench.out ]] && { echo "== loss"; cat "$out/loss/loss_bench.md" 2>/dev/null || tail -20 "$out/loss_bench.out"; }
+[[ -f $out/longest_seq.out ]] && { echo "== longest sequence"; cat "$out/longest/longest_seq.md" 2>/dev/null || tail -20 "$out/longest_seq.out"; }
+[[ -f $out/multi_gpu_bench.out ]] && { echo "== several GPUs"; tail -30 "$out/multi_gpu_bench.out"; }
 [[ -f $out/offload_bench.out ]] && { echo "== offload benchmark"; tail -20 "$out/offload_bench.out"; }
 if [[ -n $result ]]; then
-  tar czf "$result/gpu_all_logs.tgz" -C "$out" . 2>/dev/null
+  # Logs and tables only: checkpoints and token files stay behind.
+  tar czf "$result/gpu_all_logs.tgz" -C "$out" --exclude='*.safetensors' --exclude='*.tokens' --exclude='*.bin' \
+    --exclude='*.pt' . 2>/dev/null
 fi
 exit 0

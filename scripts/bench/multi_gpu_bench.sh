@@ -16,10 +16,12 @@ for kind in ${KINDS:-cp_ring sp_ulysses}; do
   [[ $kind == sp_ulysses ]] && axis=sp
   tables="[$kind]\nsize = $n\n[distributed]\nnproc_per_node = $n\n$axis = $n\nshard_parameters = true\n"
   CASES="$model:$tokens" PLUGINS="loss_chunked $kind" MASTER=bf16 STEPS=${STEPS:-3} TORCH=0 TABLES="$tables" \
-    OUT="$out/$kind" "$(dirname "$0")/step_bench.sh" "$build" >"$out/$kind.out" 2>&1
+    LCX_STEP_TIMEOUT=${LCX_STEP_TIMEOUT:-240} OUT="$out/$kind" "$(dirname "$0")/step_bench.sh" "$build" >"$out/$kind.out" 2>&1
   row=$(grep "^| $model" "$out/$kind/step_bench.md" | head -1 | cut -d'|' -f2-7)
-  echo "| $kind $axis=$n |$row"
-done | tee "$out/rows.md"
+  echo "| $kind $axis=$n |$row" >>"$out/rows.md"
+  # The run's own account: per-step lines, and the error when it failed.
+  grep -E "'loss'|error|Error|rank [0-9]+ exited" "$out/$kind/$model-$tokens/lcx.log" | tail -8 | sed "s/^/  $kind: /" >&2
+done
 {
   echo "| strategy | model | tokens | step s | tokens/s | MFU | peak GiB (rank 0) |"
   echo "|---|---|---|---|---|---|---|"
