@@ -19,6 +19,7 @@
 // so their addresses cannot be reused) and the backward that follows the recompute only sends
 // dout forward and dq, dk, dv back. A backward for other tensors moves its inputs again.
 #include <lcx/comm.h>
+#include <lcx/defaults.h>
 #include <lcx/log.h>
 #include <lcx/ops.h>
 #include <lcx/parallelism.h>
@@ -160,10 +161,7 @@ class Ulysses final : public Parallelism {
   void plan(const PlanInputs& in, MemoryPlan& plan) const override {
     const int64_t sp = std::max<int64_t>(1, in.sp), T = in.tokens_per_rank, d = in.model.head_dim;
     const int64_t Hq = in.model.num_heads, Hkv = in.model.num_kv_heads;
-    if (sp == 1) {  // plain attention, as the single-rank default
-      plan.add("attention backward delta [Hq,T] fp32", PlanCategory::transient, Hq * T * 4, plan_phase::backward);
-      return;
-    }
+    if (sp == 1) return make_single_rank()->plan(in, plan);  // plain attention: the single-rank default's terms
     const int64_t ab = static_cast<int64_t>(dtype_size(in.weight_dtype));
     const int64_t kv_sent = std::max(Hkv, sp);  // kv heads per token leaving a rank, replicas included
     const int64_t heads = T * (2 * Hq + 2 * kv_sent) * d * ab;
