@@ -11,7 +11,9 @@
 // and o_proj accumulates each group's columns. Backward recomputes the attention half from x (the
 // only thing kept between forward and backward, by the MemoryStrategy slot) up to the MLP's input,
 // lets the MLP slot recompute and differentiate its own half, then recomputes each group again for
-// its attention backward (one group: the recompute's tensors serve, as nothing is cut). Buffers
+// its attention backward (one group: the recompute's tensors serve, as nothing is cut; with
+// attention_keep_outputs each group's output and LSE are kept from the recompute, so only its
+// q, k, v are made again and no attention forward runs twice). Buffers
 // go as soon as their last reader has run, so the layer's peak is the larger of two moments, the
 // MLP's backward and one group's attention backward (plan_dense_decoder counts both). Parameter
 // gradients are fp32 and accumulate across calls.
@@ -21,6 +23,7 @@
 #include <fstream>
 #include <set>
 #include <thread>
+#include <vector>
 
 #include "lcx/config.h"
 #include "lcx/defaults.h"
@@ -103,9 +106,9 @@ struct GroupActs {
 class Qwen3Model final : public Model {
  public:
   // head_groups: 0 for "auto" (one kv head per group on a single rank, see groups_for()).
-  Qwen3Model(bool check_finite, uint64_t max_shard_bytes, int64_t head_groups, std::string table)
+  Qwen3Model(bool check_finite, uint64_t max_shard_bytes, int64_t head_groups, bool keep_outputs, std::string table)
       : check_finite_(check_finite), max_shard_bytes_(max_shard_bytes), head_groups_(head_groups),
-        table_(std::move(table)) {}
+        keep_outputs_(keep_outputs), table_(std::move(table)) {}
 
   void load_hf(const std::string& dir, Device device, DType dtype) override {
     HfConfig hc = HfConfig::load(dir);
@@ -208,13 +211,14 @@ class Qwen3Model final : public Model {
     const LayerParams& L = checked_layer(layer, ctx);
     const int64_t T = x.size(0), d = cfg_.head_dim;
     const int64_t groups = groups_for(ctx);
-    // Recompute up to the MLP's input. With one group its tensors serve the attention backward.
-    GroupActs kept;
+    // Recompute up to the MLP's input. With one group its tensors serve the attention backward;
+    // with attention_keep_outputs every group's output and LSE do.
+    std::vector<GroupActs> kept;
     Tensor x1;
     {
       Tensor rstd1;
       const Tensor h1 = input_norm(L, x, rstd1);
-      x1 = attention_out(L, h1, ctx, groups, groups == 1 ? &kept : nullptr);
+      x1 = attention_out(L, h1, ctx, groups, groups == 1 || keep_outputs_ ? &kept : nullptr);
     }
     ops::add(x, x1, x1);
     Tensor rstd2;
@@ -236,7 +240,16 @@ class Qwen3Model final : public Model {
     Tensor h1 = input_norm(L, x, rstd1);
     for (int64_t g = 0; g < groups; ++g) {
       const HeadGroup hg = head_group(g, groups);
-      GroupActs a = groups == 1 ? std::move(kept) : group_forward(L, h1, hg, ctx);
+      GroupActs a;
+      if (groups == 1) {
+        a = std::move(kept[0]);
+      } else if (keep_outputs_) {
+        a = group_inputs(L, h1, hg, ctx);
+        a.attn = std::move(kept[static_cast<size_t>(g)].attn);
+        a.lse = std::move(kept[static_cast<size_t>(g)].lse);
+      } else {
+        a = group_forward(L, h1, hg, ctx);
+      }
       Tensor dattn = act({T, hg.nq, d}, x);
       {
         Tensor dattn2 = dattn.view({T, hg.nq * d});
@@ -275,7 +288,7 @@ class Qwen3Model final : public Model {
 
   // The dense decoder's terms with this module's head groups (auto resolved as groups_for() does).
   void plan(const PlanInputs& in, MemoryPlan& plan) const override {
-    plan_dense_decoder(in, plan, resolve_groups(in.model.num_kv_heads, in.cp * in.sp == 1));
+    plan_dense_decoder(in, plan, {resolve_groups(in.model.num_kv_heads, in.cp * in.sp == 1), keep_outputs_});
   }
 
   void final_norm_forward(const Tensor& x, Tensor& y) override {
@@ -427,8 +440,8 @@ class Qwen3Model final : public Model {
     return h;
   }
 
-  // q, k, v of one group, per-head norm (Qwen3's q_norm / k_norm, before rotary), rotary, attention.
-  GroupActs group_forward(const LayerParams& L, const Tensor& h1, const HeadGroup& hg, StepContext& ctx) {
+  // q, k, v of one group, per-head norm (Qwen3's q_norm / k_norm, before rotary), rotary.
+  GroupActs group_inputs(const LayerParams& L, const Tensor& h1, const HeadGroup& hg, StepContext& ctx) {
     const int64_t T = h1.size(0), d = cfg_.head_dim;
     GroupActs a;
     a.q = act({T, hg.nq * d}, h1);
@@ -447,6 +460,13 @@ class Qwen3Model final : public Model {
     a.kr = a.kr.view({T, hg.nkv, d});
     ops::rotary_forward(a.qr, ctx.rope->cos, ctx.rope->sin);
     ops::rotary_forward(a.kr, ctx.rope->cos, ctx.rope->sin);
+    return a;
+  }
+
+  // group_inputs, then the attention through the Parallelism slot.
+  GroupActs group_forward(const LayerParams& L, const Tensor& h1, const HeadGroup& hg, StepContext& ctx) {
+    const int64_t T = h1.size(0), d = cfg_.head_dim;
+    GroupActs a = group_inputs(L, h1, hg, ctx);
     a.attn = act({T, hg.nq, d}, h1);
     a.lse = f32({hg.nq, T}, h1);
     ctx.parallel->attention_forward(a.qr, a.kr, a.v.view({T, hg.nkv, d}), a.attn, a.lse, args());
@@ -454,15 +474,18 @@ class Qwen3Model final : public Model {
   }
 
   // o = attention(h1) @ Wo^T [T,H], one group at a time, each group's tensors gone before the
-  // next one's; `keep` (one group only) takes them for the backward.
-  Tensor attention_out(const LayerParams& L, const Tensor& h1, StepContext& ctx, int64_t groups, GroupActs* keep) {
+  // next one's. `keep` takes them for the backward: all of them when there is one group, else each
+  // group's output and LSE.
+  Tensor attention_out(const LayerParams& L, const Tensor& h1, StepContext& ctx, int64_t groups,
+                       std::vector<GroupActs>* keep) {
     const int64_t T = h1.size(0);
     Tensor o = act({T, cfg_.hidden_size}, h1);
     for (int64_t g = 0; g < groups; ++g) {
       const HeadGroup hg = head_group(g, groups);
       GroupActs a = group_forward(L, h1, hg, ctx);
       ops::matmul(a.attn.view({T, hg.nq * cfg_.head_dim}), false, o_columns(L, hg), true, o, 1.f, g == 0 ? 0.f : 1.f);
-      if (keep) *keep = std::move(a);
+      if (keep && groups == 1) keep->push_back(std::move(a));
+      if (keep && groups > 1) keep->push_back(GroupActs{.attn = std::move(a.attn), .lse = std::move(a.lse)});
     }
     return o;
   }
@@ -474,6 +497,7 @@ class Qwen3Model final : public Model {
   bool check_finite_;
   uint64_t max_shard_bytes_;
   int64_t head_groups_;  // 0: auto
+  bool keep_outputs_;    // keep each group's attention output and LSE from the backward's recompute
   std::string table_;    // the manifest's name for this module's table, for errors
   std::unique_ptr<MlpStrategy> whole_mlp_ = make_whole_mlp();  // for callers whose StepContext names no MLP
 };
@@ -520,8 +544,9 @@ std::unique_ptr<Plugin> create(const PluginArgs& args) {
   const bool check_finite = args.config.get_bool("check_finite", true);
   const uint64_t shard = parse_size(args.config, "max_shard_size", args.config.get_string("max_shard_size", "5GB"));
   const int64_t groups = parse_head_groups(args.config);
+  const bool keep_outputs = args.config.get_bool("attention_keep_outputs", false);
   const std::string table = args.config.name().empty() ? std::string("qwen3") : args.config.name();
-  return std::make_unique<Qwen3Model>(check_finite, shard, groups, table);
+  return std::make_unique<Qwen3Model>(check_finite, shard, groups, keep_outputs, table);
 }
 
 }  // namespace

@@ -1,6 +1,7 @@
 // attention_head_groups: the attention half of a layer run one group of kv heads (with their
 // query heads) at a time gives the one-group layer's output, input gradient and every parameter
-// gradient, while the layer backward's peak falls, as the plan's layer terms say it does.
+// gradient, while the layer backward's peak falls, as the plan's layer terms say it does; so does
+// attention_keep_outputs (each group's output and LSE kept from the recompute), at a higher peak.
 #include <gtest/gtest.h>
 
 #include <cmath>
@@ -77,7 +78,9 @@ double relative_error(const std::vector<float>& a, const std::vector<float>& b) 
 
 TEST(Qwen3HeadGroups, EveryGroupCountGivesTheOneGroupLayer) {
   const LayerRun one = run_layer("attention_head_groups = 1");
-  for (const char* table : {"attention_head_groups = 2", "attention_head_groups = 4", ""}) {
+  for (const char* table : {"attention_head_groups = 2", "attention_head_groups = 4", "",
+                            "attention_head_groups = 2\nattention_keep_outputs = true",
+                            "attention_head_groups = 4\nattention_keep_outputs = true"}) {
     const LayerRun g = run_layer(table);
     EXPECT_LT(relative_error(g.y, one.y), 1e-5) << table;
     EXPECT_LT(relative_error(g.dx, one.dx), 1e-5) << table;
@@ -126,6 +129,14 @@ TEST(Qwen3HeadGroups, BackwardPeakFallsWithGroupsAsPlanned) {
   }
   // auto on one rank: one kv head per group.
   EXPECT_EQ(run_layer("").backward_peak, previous);
+  // Keeping every group's output and LSE from the recompute holds more, as planned.
+  for (int64_t groups : {2, 4}) {
+    const LayerRun r = run_layer(str("attention_head_groups = ", groups, "\nattention_keep_outputs = true"));
+    const int64_t planned = planned_layer_backward(*r.model);
+    EXPECT_NEAR(static_cast<double>(planned), static_cast<double>(r.backward_peak), 0.05 * static_cast<double>(r.backward_peak))
+        << groups << " groups, outputs kept: planned " << planned << " measured " << r.backward_peak;
+    EXPECT_GT(r.backward_peak, run_layer(str("attention_head_groups = ", groups)).backward_peak);
+  }
 }
 
 TEST(Qwen3HeadGroups, CountsThatDoNotDivideTheKvHeadsAreRefusedByName) {

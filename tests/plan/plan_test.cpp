@@ -111,7 +111,7 @@ TEST(PlanArithmetic, LayerTransientIsBelowThePeersMeasuredFigure) {
   EXPECT_LT(static_cast<double>(mlp) / T, 0.8 * 210e3);
   // With one kv head per group (8 groups) the attention moment holds an eighth of those tensors.
   MemoryPlan g;
-  plan_dense_decoder(in, g, 8);
+  plan_dense_decoder(in, g, {8});
   EXPECT_EQ(sum_by(g, "", plan_phase::backward), T * (2 * H * 2 + 4 + (5 * qd + 5 * kvd) * 2 / 8 + f32 / 8));
   // The saved checkpoint is 5 KB per token per layer: [T,H] bf16 with H = 2560.
   EXPECT_EQ(p.category_bytes(PlanCategory::activations_gpu), 36LL * 65536 * 2560 * 2);

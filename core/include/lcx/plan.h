@@ -98,8 +98,14 @@ struct MemoryPlan {
 // The dense decoder (Qwen3 and its kin: RMSNorm, GQA attention with q/k norms, SwiGLU MLP) as
 // core's step runs it: parameters and their optimizer state, one layer's forward and its
 // recompute + backward. A model module whose layers look like this calls it from plan().
-// attention_head_groups: the attention half runs on num_kv_heads / groups kv heads (and their
-// query heads) at a time, as models/qwen3 does; it must divide num_kv_heads.
-void plan_dense_decoder(const PlanInputs& in, MemoryPlan& plan, int64_t attention_head_groups = 1);
+struct DenseDecoderAttention {
+  // The attention half runs on num_kv_heads / head_groups kv heads (and their query heads) at a
+  // time, as models/qwen3 does; it must divide num_kv_heads.
+  int64_t head_groups = 1;
+  // With several groups: each group's output and LSE are kept from the backward's recompute (else
+  // the group's attention forward runs again in its backward).
+  bool keep_outputs = false;
+};
+void plan_dense_decoder(const PlanInputs& in, MemoryPlan& plan, const DenseDecoderAttention& attention = {});
 
 }  // namespace lcx

@@ -29,9 +29,9 @@ int64_t layer_params(const DecoderDims& s) {
 
 }  // namespace
 
-void plan_dense_decoder(const PlanInputs& in, MemoryPlan& plan, int64_t attention_head_groups) {
+void plan_dense_decoder(const PlanInputs& in, MemoryPlan& plan, const DenseDecoderAttention& attention) {
   const DecoderDims s = shape_of(in.model);
-  const int64_t G = attention_head_groups;
+  const int64_t G = attention.head_groups;
   if (G < 1 || s.Hkv % G != 0)
     throw Error(str("plan: ", G, " attention head groups do not divide ", s.Hkv, " key/value heads"),
                 "attention_head_groups", str("use a divisor of ", s.Hkv));
@@ -83,20 +83,37 @@ void plan_dense_decoder(const PlanInputs& in, MemoryPlan& plan, int64_t attentio
 
   // layer_backward, first moment: the MLP slot's backward on the recomputed x1, h2 (dh2 goes to the
   // caller's dx). The recompute itself (h1, o and one group) holds less than the attention moment.
-  // With one group its attention tensors stay for the attention backward, as nothing is cut.
+  // With one group its attention tensors stay for the attention backward, as nothing is cut; with
+  // keep_outputs every group's output and LSE stay.
+  const bool keep = G > 1 && attention.keep_outputs;
+  const int64_t outputs = T * (s.qd * ab + s.Hq * 4);  // every group's attn [T,nq,d] and fp32 LSE [nq,T]
   plan.add("MLP backward: x1, h2 [T,H], fp32 rstd", PlanCategory::transient, T * (2 * s.H * ab + 4),
            plan_phase::mlp_backward);
   if (G == 1)
     plan.add("MLP backward: q, k, v, normed q/k, attn out, LSE kept for the attention backward",
              PlanCategory::transient, T * (3 * gq + 3 * gkv) * ab + group_f32, plan_phase::mlp_backward);
+  if (keep)
+    plan.add("MLP backward: every group's attn out and LSE, kept for the attention backward", PlanCategory::transient,
+             outputs, plan_phase::mlp_backward);
   // Second moment: the attention backward of one group, beside dx1 and the recomputed h1 (dh1
-  // accumulates in the caller's dx): the group's recomputed tensors and dattn, dq, dk, dv.
+  // accumulates in the caller's dx): the group's recomputed tensors and dattn, dq, dk, dv; with
+  // keep_outputs the group's q, k, v, normed q/k beside every group's kept output (the first
+  // group's backward holds them all).
   plan.add("attention backward: h1, dx1 [T,H], fp32 rstd", PlanCategory::transient, T * (2 * s.H * ab + 4),
            plan_phase::backward);
-  plan.add("attention backward: q, k, v, normed q/k, attn out, dattn, dq, dk, dv (" + heads + ")",
-           PlanCategory::transient, T * (5 * gq + 5 * gkv) * ab, plan_phase::backward);
-  plan.add("attention backward: fp32 q/k norm rstd and LSE (" + heads + ")", PlanCategory::transient, group_f32,
-           plan_phase::backward);
+  if (keep) {
+    plan.add("attention backward: every group's attn out and LSE, kept from the recompute", PlanCategory::transient,
+             outputs, plan_phase::backward);
+    plan.add("attention backward: q, k, v, normed q/k, dattn, dq, dk, dv (" + heads + ")", PlanCategory::transient,
+             T * (4 * gq + 5 * gkv) * ab, plan_phase::backward);
+    plan.add("attention backward: fp32 q/k norm rstd (" + heads + ")", PlanCategory::transient,
+             T * 4 * (nq + nkv), plan_phase::backward);
+  } else {
+    plan.add("attention backward: q, k, v, normed q/k, attn out, dattn, dq, dk, dv (" + heads + ")",
+             PlanCategory::transient, T * (5 * gq + 5 * gkv) * ab, plan_phase::backward);
+    plan.add("attention backward: fp32 q/k norm rstd and LSE (" + heads + ")", PlanCategory::transient, group_f32,
+             plan_phase::backward);
+  }
 
   // final_norm_backward recomputes the norm: y [T,H] and fp32 rstd [T].
   plan.add("final norm recompute: y [T,H], rstd", PlanCategory::transient, T * (s.H * ab + 4),
