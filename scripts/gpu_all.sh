@@ -40,17 +40,30 @@ fi
 if [[ ${LOSS:-0} != 0 ]]; then
   OUT=$out/loss timeout 240 scripts/bench/loss_bench.sh build >"$out/loss_bench.out" 2>&1
 fi
-if [[ ${LONGEST:-0} != 0 ]]; then
-  OUT=$out/longest timeout "${LONGEST_TIMEOUT:-420}" scripts/bench/longest_seq.sh build >"$out/longest_seq.out" 2>&1
-fi
 # Several GPUs: cp_ring and sp_ulysses over NCCL workers, one per GPU.
 if [[ ${MULTI:-0} != 0 ]] && (($(nvidia-smi -L | wc -l) > 1)); then
   OUT=$out/multi timeout "${MULTI_TIMEOUT:-300}" scripts/bench/multi_gpu_bench.sh build >"$out/multi_gpu_bench.out" 2>&1
 fi
-if [[ ${OFFLOAD:-0} != 0 && -x scripts/bench/offload_bench.sh ]]; then
-  OUT=$out/offload scripts/bench/offload_bench.sh build >"$out/offload_bench.out" 2>&1
+# Timed: alone on the GPU.
+if [[ ${OFFLOAD:-0} != 0 ]]; then
+  LONG_TOKENS= CHECK_TOKENS= OUT=$out/offload scripts/bench/offload_bench.sh build >"$out/offload_bench.out" 2>&1
 fi
-
+# Memory only from here: these runs share the GPU, each peak is its own process's allocator's, and
+# their times are not comparable.
+if [[ -n ${LONG_TOKENS:-} ]]; then
+  LONG_TOKENS=$LONG_TOKENS CHECK_TOKENS=${CHECK_TOKENS:-} APPEND=1 SEQS= LAYERS=4 OUT=$out/offload \
+    timeout "${LONG_TIMEOUT:-400}" scripts/bench/offload_bench.sh build >"$out/offload_long.out" 2>&1 &
+fi
+if [[ -n ${VALIDATE_MODELS:-} ]]; then
+  MODELS=$VALIDATE_MODELS SEQS=${VALIDATE_SEQS:-"32768 131072"} PLUGINS=${VALIDATE_PLUGINS:-"loss_chunked loss_chunked+offload+tiled_mlp"} \
+    LAYERS= MASTER=bf16 TIMEOUT_S=120 timeout "${VALIDATE_TIMEOUT:-260}" \
+    scripts/bench/plan_validate.sh measure build "$out/plan_validate.csv" >"$out/plan_validate.out" 2>&1 &
+fi
+if [[ ${LONGEST:-0} != 0 ]]; then
+  LAYERS="2 4" CHECK_TOKENS=32768 BUDGET_S=${LONGEST_BUDGET_S:-280} OUT=$out/longest timeout "${LONGEST_TIMEOUT:-420}" scripts/bench/longest_seq.sh build \
+    >"$out/longest_seq.out" 2>&1
+fi
+wait
 echo "== GPU tests"
 sed -n '/== GPU tests/,/memcheck/p' "$out/gpu_check.out" | tail -n +2
 for f in "$out"/tests/test_*.log; do
@@ -63,8 +76,12 @@ echo "== quickstart on the GPU: rc $qs_rc, ${qs_s} s, loss $qs_first -> $qs_last
 [[ -f $out/loss_bench.out ]] && { echo "== loss"; cat "$out/loss/loss_bench.md" 2>/dev/null || tail -20 "$out/loss_bench.out"; }
 [[ -f $out/longest_seq.out ]] && { echo "== longest sequence"; cat "$out/longest/longest_seq.md" 2>/dev/null || tail -20 "$out/longest_seq.out"; }
 [[ -f $out/multi_gpu_bench.out ]] && { echo "== several GPUs"; tail -30 "$out/multi_gpu_bench.out"; }
-[[ -f $out/offload_bench.out ]] && { echo "== offload benchmark"; tail -20 "$out/offload_bench.out"; }
+[[ -f $out/offload/offload_bench.md ]] && { echo "== offload benchmark"; cat "$out/offload/offload_bench.md"; }
+[[ -f $out/plan_validate.csv ]] && { echo "== plan validation (measured)"; cat "$out/plan_validate.csv"; }
 if [[ -n $result ]]; then
+  # The tables and measured rows as plain files too, in case the tarball is too big to come back.
+  find "$out" -maxdepth 2 -type f \( -name '*.md' -o -name '*.csv' -o -name '*.jsonl' \) -size -512k \
+    -exec sh -c 'for f; do cp "$f" "$0/$(basename "$(dirname "$f")")_$(basename "$f")"; done' "$result" {} +
   # Logs and tables only: checkpoints and token files stay behind.
   tar czf "$result/gpu_all_logs.tgz" -C "$out" --exclude='*.safetensors' --exclude='*.tokens' --exclude='*.bin' \
     --exclude='*.pt' . 2>/dev/null

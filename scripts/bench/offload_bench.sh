@@ -27,7 +27,7 @@ set -uo pipefail
 bundle=${LCX_BUNDLE:-.bundle}
 out=${OUT:-/tmp/lcx-offload-bench}
 LAYERS=${LAYERS:-4}
-SEQS=${SEQS:-"65536 131072"}
+SEQS=${SEQS-"65536 131072"}
 LONG_TOKENS=${LONG_TOKENS:-}
 PREFETCH=${PREFETCH:-2}
 TILE_ROWS=${TILE_ROWS:-0}
@@ -54,10 +54,10 @@ with open(sys.argv[1], "wb") as f:
 PY
 
 results=$out/offload_bench.jsonl
-: >"$results"
+[[ ${APPEND:-0} == 1 ]] || : >"$results"  # APPEND=1: add to an earlier run's rows in the same $OUT
 
-# run_lcx NAME LAYERS SEQ STEPS PLUGIN... : one training run, one JSON line appended to $results
-run_lcx() {
+# write_manifest NAME LAYERS SEQ STEPS PLUGIN... : the run's manifest at $work/m.toml
+write_manifest() {
   local name=$1 layers=$2 seq=$3 steps=$4
   shift 4
   local load="" p
@@ -103,6 +103,22 @@ text = open(path).read()
 open(path, "w").write(re.sub(r"\n\[%s\]\n[^\[]*" % name, "\n", text))
 PY
   done
+}
+
+# plan_peak LAYERS SEQ PLUGIN... : lcx-train --plan's allocated peak in bytes for that run
+plan_peak() {
+  local layers=$1 seq=$2
+  shift 2
+  write_manifest plan "$layers" "$seq" 1 "$@"
+  "$lcx" --plan --config "$work/m.toml" --gpu-memory 141GB 2>/dev/null | sed -n 's/.*allocated_bytes=\([0-9]*\).*/\1/p'
+}
+
+# run_lcx NAME LAYERS SEQ STEPS PLUGIN... : one training run, one JSON line appended to $results
+run_lcx() {
+  local name=$1 layers=$2 seq=$3 steps=$4
+  write_manifest "$@"
+  shift 4
+  local dir=$work/run_${name}_${layers}_${seq}
   echo "== lcx $name layers=$layers tokens=$seq" >&2
   local rc=0 start=$SECONDS
   timeout "$TIMEOUT_S" "$lcx" --config "$work/m.toml" >"$out/lcx_${name}_${layers}_${seq}.log" 2>&1 || rc=$?
@@ -135,25 +151,36 @@ for seq in $SEQS; do
   run_lcx offload+tiled "$LAYERS" "$seq" 2 loss_chunked offload tiled_mlp
 done
 
-echo "== pytorch layers=$LAYERS tokens=$SEQS" >&2
+[[ -n $SEQS ]] && echo "== pytorch layers=$LAYERS tokens=$SEQS" >&2
 torch_args=(--model qwen3-4b --tokens $SEQS --steps 1 --layers "$LAYERS")
-timeout $((2 * TIMEOUT_S)) python3 scripts/bench/torch_step.py "${torch_args[@]}" 2>"$out/torch.log" \
+[[ -n $SEQS ]] && timeout $((2 * TIMEOUT_S)) python3 scripts/bench/torch_step.py "${torch_args[@]}" 2>"$out/torch.log" \
   | python3 -c 'import json,sys
 for l in sys.stdin:
     r = json.loads(l); r["config"] = "gpu"; print(json.dumps(r), flush=True)' >>"$results"
-if grep -q -- '--offload' scripts/bench/torch_step.py; then
+if [[ -n $SEQS ]] && grep -q -- '--offload' scripts/bench/torch_step.py; then
   timeout $((2 * TIMEOUT_S)) python3 scripts/bench/torch_step.py "${torch_args[@]}" --offload 2>>"$out/torch.log" \
     | python3 -c 'import json,sys
 for l in sys.stdin:
     r = json.loads(l); r["config"] = "offload"; print(json.dumps(r), flush=True)' >>"$results"
 fi
 
+# Part 5: the long run with LONG_LAYERS layers, extrapolated to the full 36 by the plan's
+# difference between 36 layers and LONG_LAYERS (per layer: weights, gradients, optimizer state;
+# the offloaded inputs on the GPU stop growing at prefetch + 1 layers). CHECK_TOKENS: the full
+# 36-layer model once at that length, against the same extrapolation from LAYERS layers.
+LONG_LAYERS=${LONG_LAYERS:-1}
+long_plan=""
 if [[ -n $LONG_TOKENS ]]; then
-  run_lcx offload+tiled 1 "$LONG_TOKENS" 1 loss_chunked offload tiled_mlp
-  run_lcx offload+tiled 2 "$LONG_TOKENS" 1 loss_chunked offload tiled_mlp
+  run_lcx offload+tiled "$LONG_LAYERS" "$LONG_TOKENS" 1 loss_chunked offload tiled_mlp
+  long_plan="$(plan_peak "$LONG_LAYERS" "$LONG_TOKENS" loss_chunked offload tiled_mlp) $(plan_peak 36 "$LONG_TOKENS" loss_chunked offload tiled_mlp)"
+fi
+check_plan=""
+if [[ -n ${CHECK_TOKENS:-} ]]; then
+  run_lcx offload+tiled 36 "$CHECK_TOKENS" 1 loss_chunked offload tiled_mlp
+  check_plan="$(plan_peak "$LAYERS" "$CHECK_TOKENS" loss_chunked offload tiled_mlp) $(plan_peak 36 "$CHECK_TOKENS" loss_chunked offload tiled_mlp)"
 fi
 
-python3 - "$results" "$LAYERS" "$LONG_TOKENS" "$MASTER" <<'PY' | tee "$out/offload_bench.md"
+python3 - "$results" "$LAYERS" "$LONG_TOKENS" "$MASTER" "$LONG_LAYERS" "$long_plan" "${CHECK_TOKENS:-}" "$check_plan" <<'PY' | tee "$out/offload_bench.md"
 import json, sys
 rows = [json.loads(l) for l in open(sys.argv[1]) if l.strip()]
 layers, long_tokens, master = int(sys.argv[2]), sys.argv[3], sys.argv[4]
@@ -165,7 +192,7 @@ print(f"Qwen3-4B shape, {layers} layers, bf16, chunked loss, one H200; second st
 print("| system | checkpoints | tokens | step s | vs on GPU | peak GiB | compute waited on copies s | peak vs PyTorch offload |")
 print("|---|---|---|---|---|---|---|---|")
 for r in rows:
-    if r.get("layers", layers) != layers:
+    if r.get("layers", layers) != layers or (long_tokens and r["tokens"] == int(long_tokens)):
         continue
     if "error" in r:
         print(f"| {r['system']} | {r['config']} | {r['tokens']} | {r['error']} | | | | |")
@@ -176,14 +203,31 @@ for r in rows:
     vs = f"{100 * r['peak_gib'] / t['peak_gib']:.0f}%" if t and r["system"] == "lcx" else ""
     print(f"| {r['system']} | {r['config']} | {r['tokens']} | {fmt(r['step_s'], '.2f')} | {rel} | "
           f"{fmt(r['peak_gib'], '.2f')} | {fmt(r.get('wait_s'), '.3f')} | {vs} |")
-long = {r["layers"]: r for r in rows if long_tokens and r["tokens"] == int(long_tokens) and "peak_gib" in r}
-if 1 in long and 2 in long:
-    per_layer = long[2]["peak_gib"] - long[1]["peak_gib"]
-    full = long[1]["peak_gib"] + 35 * per_layer
-    print(f"\nLongest sequence (part 5): offload + tiled MLP at {long_tokens} tokens, peak {long[1]['peak_gib']:.2f} GiB "
-          f"with 1 layer, {long[2]['peak_gib']:.2f} with 2: {per_layer:.2f} GiB a layer, so {full:.1f} GiB for all 36 "
-          f"layers ({'fits' if full < 139 else 'does not fit'} in an H200's 139 GiB usable); host memory for the "
-          f"checkpoints: {36 * int(long_tokens) * 2560 * 2 / 2**30:.1f} GiB pinned.")
-elif long_tokens:
-    print(f"\nLongest sequence (part 5): the {long_tokens}-token runs did not both finish; see offload_bench.jsonl.")
+GiB = 2**30
+long_layers, long_plan, check_tokens, check_plan = int(sys.argv[5]), sys.argv[6].split(), sys.argv[7], sys.argv[8].split()
+def extrapolate(measured, plans):
+    return measured + (int(plans[1]) - int(plans[0])) / GiB
+def find(layers, tokens, config="offload+tiled"):
+    return next((r for r in rows if r["system"] == "lcx" and r.get("config") == config and r.get("layers") == layers
+                 and r["tokens"] == tokens and "peak_gib" in r), None)
+if long_tokens:
+    r = find(long_layers, int(long_tokens))
+    if r and len(long_plan) == 2:
+        full = extrapolate(r["peak_gib"], long_plan)
+        print(f"\nLongest sequence (part 5): offload + tiled MLP at {int(long_tokens):,} tokens with {long_layers} layer(s): "
+              f"peak {r['peak_gib']:.2f} GiB measured (plan {int(long_plan[0]) / GiB:.2f}), step {r['step_s']:.0f} s; "
+              f"extrapolated to 36 layers by the plan's per-layer terms: {full:.1f} GiB "
+              f"({'fits' if full < 139 else 'does not fit'} in an H200's 139 GiB usable); pinned host memory for the "
+              f"36 checkpoints: {36 * int(long_tokens) * 2560 * 2 / GiB:.1f} GiB.")
+    else:
+        print(f"\nLongest sequence (part 5): the {long_tokens}-token run did not finish; see offload_bench.jsonl.")
+if check_tokens:
+    small, full = find(layers, int(check_tokens)), find(36, int(check_tokens))
+    if small and full and len(check_plan) == 2:
+        pred = extrapolate(small["peak_gib"], check_plan)
+        print(f"\nExtrapolation check at {int(check_tokens):,} tokens: {layers} layers measured {small['peak_gib']:.2f} GiB, "
+              f"extrapolated to 36 layers {pred:.2f} GiB, the 36-layer run measured {full['peak_gib']:.2f} GiB "
+              f"({100 * (pred / full['peak_gib'] - 1):+.1f}%), step {full['step_s']:.1f} s.")
+    else:
+        print(f"\nExtrapolation check at {check_tokens} tokens: a run did not finish; see offload_bench.jsonl.")
 PY

@@ -146,11 +146,14 @@ TEST(PlanArithmetic, ChunkedLossIsFarBelowFullLogits) {
   EXPECT_LT(b.peak().bytes, a.peak().bytes);
   // chunk_rows sets the chunk: its bf16 gradient grows with the rows, its fp32 logits stay one
   // 256-row slice.
-  auto big = create_plugin("loss_chunked", "chunk_rows = 512\n");
-  PlanSlots c2 = chunked;
-  c2.loss = dynamic_cast<const Loss*>(big.get());
-  const int64_t chunk512 = sum_by(build_plan(in, c2), "loss_chunked", plan_phase::loss);
-  EXPECT_EQ(chunk512 - chunk_loss, 256LL * 151936 * 2);
+  auto rows = [&](int n) {
+    auto p = create_plugin("loss_chunked", str("chunk_rows = ", n, "\n"));
+    PlanSlots c = chunked;
+    c.loss = dynamic_cast<const Loss*>(p.get());
+    return sum_by(build_plan(in, c), "loss_chunked", plan_phase::loss);
+  };
+  EXPECT_EQ(rows(512) - rows(256), 256LL * 151936 * 2);
+  EXPECT_EQ(rows(1024), chunk_loss);  // the default
 }
 
 // An offload as issue 9 describes it: two layer inputs on the GPU, every input in pinned memory.
