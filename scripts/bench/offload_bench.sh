@@ -151,6 +151,12 @@ for seq in $SEQS; do
   run_lcx offload+tiled "$LAYERS" "$seq" 2 loss_chunked offload tiled_mlp
 done
 
+# EXTRA_RUNS="NAME:LAYERS:TOKENS:PLUGIN+PLUGIN ...": more single-step runs, e.g. a full-depth check.
+for spec in ${EXTRA_RUNS:-}; do
+  IFS=: read -r x_name x_layers x_tokens x_plugins <<<"$spec"
+  run_lcx "$x_name" "$x_layers" "$x_tokens" 1 ${x_plugins//+/ }
+done
+
 [[ -n $SEQS ]] && echo "== pytorch layers=$LAYERS tokens=$SEQS" >&2
 torch_args=(--model qwen3-4b --tokens $SEQS --steps 1 --layers "$LAYERS")
 [[ -n $SEQS ]] && timeout $((2 * TIMEOUT_S)) python3 scripts/bench/torch_step.py "${torch_args[@]}" 2>"$out/torch.log" \
