@@ -45,7 +45,7 @@ source "$(dirname "${BASH_SOURCE[0]}")/../gpu_env.sh" "$bundle"
 
 # Random ids below the tokenizer's first special token (no EOS: one long document), enough for
 # every step of the longest case.
-max_seq=$(echo $SEQS $LONG_TOKENS | tr ' ' '\n' | sort -n | tail -1)
+max_seq=$(echo $SEQS $LONG_TOKENS ${CHECK_TOKENS:-} $(for x in ${EXTRA_RUNS:-}; do echo "$x" | cut -d: -f3; done) | tr ' ' '\n' | sort -n | tail -1)
 python3 - "$work/random.tokens" $((3 * max_seq + 1)) <<'PY'
 import array, random, sys
 rng = random.Random(0)
