@@ -4,6 +4,8 @@
 # loss, with cp_ring and then sp_ulysses over every visible GPU. Step time is the median of the
 # steps after the first; peak is rank 0's GPU peak. Writes $OUT/multi_gpu_bench.md.
 #   TOKENS=131072 scripts/bench/multi_gpu_bench.sh build
+# Each run's last log lines (steps, progress, errors) are printed after it, so a run cut short by a
+# time limit still says how far it got.
 set -uo pipefail
 build=${1:-build}
 out=${OUT:-/tmp/lcx-multi-gpu}
@@ -15,12 +17,12 @@ for kind in ${KINDS:-cp_ring sp_ulysses}; do
   axis=cp
   [[ $kind == sp_ulysses ]] && axis=sp
   tables="[$kind]\nsize = $n\n[distributed]\nnproc_per_node = $n\n$axis = $n\nshard_parameters = true\n"
-  CASES="$model:$tokens" PLUGINS="loss_chunked $kind" MASTER=bf16 STEPS=${STEPS:-3} TORCH=0 TABLES="$tables" \
+  CASES="$model:$tokens" PLUGINS="loss_chunked $kind" MASTER=bf16 STEPS=${STEPS:-2} TORCH=0 TABLES="$tables" \
     LCX_STEP_TIMEOUT=${LCX_STEP_TIMEOUT:-240} OUT="$out/$kind" "$(dirname "$0")/step_bench.sh" "$build" >"$out/$kind.out" 2>&1
   row=$(grep "^| $model" "$out/$kind/step_bench.md" | head -1 | cut -d'|' -f2-7)
   echo "| $kind $axis=$n |$row" >>"$out/rows.md"
   # The run's own account: per-step lines, and the error when it failed.
-  grep -E "'loss'|error|Error|rank [0-9]+ exited" "$out/$kind/$model-$tokens/lcx.log" | tail -8 | sed "s/^/  $kind: /" >&2
+  tail -c 4000 "$out/$kind/$model-$tokens/lcx.log" | tr '\r' '\n' | grep -v '^$' | tail -12 | sed "s/^/  $kind: /" >&2
 done
 {
   echo "| strategy | model | tokens | step s | tokens/s | MFU | peak GiB (rank 0) |"
