@@ -53,10 +53,7 @@ void expect_close(const std::map<std::string, std::vector<float>>& a, const std:
   ASSERT_EQ(a.size(), b.size());
   for (const auto& [name, va] : a) {
     const auto& vb = b.at(name);
-    ASSERT_EQ(va.size(), vb.size()) << name;
-    double num = 0, den = 0;
-    for (size_t i = 0; i < va.size(); ++i) num += (va[i] - vb[i]) * (va[i] - vb[i]), den += va[i] * va[i];
-    EXPECT_LE(std::sqrt(num / std::max(den, 1e-30)), tol) << name;
+    EXPECT_LE(test::rel_l2(va, vb), tol) << name;
   }
 }
 

@@ -5,20 +5,16 @@
 #include <gtest/gtest.h>
 
 #include <fstream>
-#include <nlohmann/json.hpp>
 #include <random>
 
-#include "lcx/safetensors.h"
 #include "lcx/tensor.h"
 #include "support/test_util.h"
+#include "support/trained_run.h"
 
 namespace lcx {
 namespace {
 
-struct Trained {
-  std::vector<double> losses, grad_norms;
-  std::map<std::string, std::vector<float>> weights;
-};
+using Trained = test::TrainedRun;
 
 struct MultiGpu : ::testing::Test {
   std::filesystem::path dir = test::temp_dir("multi-gpu");
@@ -40,18 +36,7 @@ struct MultiGpu : ::testing::Test {
                                                                "max_steps = 3\nweight_decay = 0.1\n" + train_lines, tables));
     const auto r = test::run_command(test::lcx_train() + " --config " + (out / "run.toml").string() + " --set run.device=cuda");
     EXPECT_EQ(r.exit_code, 0) << r.output;
-    Trained t;
-    std::ifstream in(out / "metrics.jsonl");
-    for (std::string line; std::getline(in, line);) {
-      const auto j = nlohmann::json::parse(line);
-      t.losses.push_back(j.at("loss").get<double>());
-      t.grad_norms.push_back(j.at("grad_norm").get<double>());
-    }
-    if (std::filesystem::exists(out / "checkpoint-3")) {
-      auto ck = safetensors::Checkpoint::open((out / "checkpoint-3").string());
-      for (const auto& n : ck.names()) t.weights[n] = ck.load(n, DType::f32).to_floats();
-    }
-    return t;
+    return test::read_trained_run(out, "checkpoint-3");
   }
 };
 
@@ -65,10 +50,7 @@ void expect_same(const Trained& got, const Trained& want, double loss_tol, doubl
   ASSERT_EQ(got.weights.size(), want.weights.size()) << what;
   for (const auto& [name, a] : got.weights) {
     const auto& b = want.weights.at(name);
-    ASSERT_EQ(a.size(), b.size()) << name;
-    double num = 0, den = 0;
-    for (size_t i = 0; i < a.size(); ++i) num += (a[i] - b[i]) * (a[i] - b[i]), den += b[i] * b[i];
-    EXPECT_LE(std::sqrt(num / std::max(den, 1e-30)), weight_tol) << what << ": " << name;
+    EXPECT_LE(test::rel_l2(a, b), weight_tol) << what << ": " << name;
   }
 }
 

@@ -10,6 +10,7 @@
 
 #include "lcx/ops.h"
 #include "lcx/tensor.h"
+#include "support/test_util.h"
 
 namespace lcx::test {
 
@@ -37,20 +38,6 @@ inline Tensor on_gpu(const Tensor& host) { return host.to(Device::cuda()); }
 inline Tensor poisoned_gpu(Shape shape, DType t) {
   return Tensor::from_floats(std::vector<float>(static_cast<size_t>(shape_numel(shape)), NAN), shape, t,
                              Device::cuda());
-}
-
-// ||got - want|| / ||want||; NaN anywhere gives infinity.
-inline double rel_l2(const Tensor& got, const Tensor& want) {
-  const std::vector<float> g = got.to_floats(), w = want.to_floats();
-  if (g.size() != w.size()) return INFINITY;
-  double num = 0, den = 0;
-  for (size_t i = 0; i < g.size(); ++i) {
-    if (std::isnan(g[i]) || std::isnan(w[i])) return INFINITY;
-    const double d = static_cast<double>(g[i]) - w[i];
-    num += d * d;
-    den += static_cast<double>(w[i]) * w[i];
-  }
-  return den > 0 ? std::sqrt(num / den) : std::sqrt(num);
 }
 
 // The bar: fp32 <= 1e-5, bf16 (and fp16) <= 1e-2.

@@ -19,6 +19,7 @@
 #include "models/model_util.h"
 #include "plugin/loader.h"
 #include "train/step.h"
+#include "support/test_util.h"
 
 namespace lcx::test {
 
@@ -27,18 +28,6 @@ inline std::shared_ptr<Parallelism> make_cp_ring(const std::string& table) {
 }
 inline std::shared_ptr<Parallelism> make_cp_ring(int cp) { return make_cp_ring(str("size = ", cp)); }
 
-// ||got - want|| / ||want|| over host floats; NaN anywhere gives infinity.
-inline double rel_l2(const std::vector<float>& got, const std::vector<float>& want) {
-  if (got.size() != want.size()) return INFINITY;
-  double num = 0, den = 0;
-  for (size_t i = 0; i < got.size(); ++i) {
-    if (std::isnan(got[i]) || std::isnan(want[i])) return INFINITY;
-    const double d = static_cast<double>(got[i]) - want[i];
-    num += d * d;
-    den += static_cast<double>(want[i]) * want[i];
-  }
-  return den > 0 ? std::sqrt(num / den) : std::sqrt(num);
-}
 
 inline Sequence iota_sequence(int64_t L, int documents = 1) {
   Sequence s;

@@ -5,6 +5,7 @@
 #include <gtest/gtest.h>
 
 #include "support/test_util.h"
+#include "support/trained_run.h"
 
 #include <filesystem>
 #include <fstream>
@@ -201,12 +202,7 @@ TEST(CpRingStepCpu, QwenHeadGroupsRideTheRing) {
 
 // lcx-train itself with cp thread-ranks ([distributed] nproc_per_node = cp = cp_ring.size): three
 // optimizer steps give the losses, gradient norms and weights of one rank.
-struct TrainRun {
-  std::vector<double> losses, grad_norms;
-  std::map<std::string, std::vector<float>> weights;
-};
-
-TrainRun train_with(const std::filesystem::path& dir, int cp) {
+test::TrainedRun train_with(const std::filesystem::path& dir, int cp) {
   const auto out = dir / str("cp", cp);
   std::string text = test::tiny_run_manifest(out, dir / "data.tokens", 5, false, "max_steps = 3\nweight_decay = 0.1\n");
   if (cp > 1)
@@ -215,18 +211,7 @@ TrainRun train_with(const std::filesystem::path& dir, int cp) {
   test::write_file(out / "run.toml", text);
   const auto r = test::run_command(test::lcx_train() + " --config " + (out / "run.toml").string());
   EXPECT_EQ(r.exit_code, 0) << r.output;
-  TrainRun run;
-  std::ifstream in(out / "metrics.jsonl");
-  for (std::string line; std::getline(in, line);) {
-    const auto j = nlohmann::json::parse(line);
-    run.losses.push_back(j.at("loss").get<double>());
-    run.grad_norms.push_back(j.at("grad_norm").get<double>());
-  }
-  if (std::filesystem::exists(out / "checkpoint-3")) {
-    auto ck = safetensors::Checkpoint::open((out / "checkpoint-3").string());
-    for (const auto& n : ck.names()) run.weights[n] = ck.load(n, DType::f32).to_floats();
-  }
-  return run;
+  return test::read_trained_run(out, "checkpoint-3");
 }
 
 TEST(CpRingTrainer, ThreadRanksTrainAsOneRank) {
@@ -242,10 +227,10 @@ TEST(CpRingTrainer, ThreadRanksTrainAsOneRank) {
       out.write(reinterpret_cast<const char*>(&t), 4);
     }
   }
-  const TrainRun want = train_with(dir, 1);
+  const test::TrainedRun want = train_with(dir, 1);
   ASSERT_EQ(want.losses.size(), 3u);
   for (int cp : {2, 4}) {
-    const TrainRun got = train_with(dir, cp);
+    const test::TrainedRun got = train_with(dir, cp);
     ASSERT_EQ(got.losses.size(), 3u) << "cp " << cp;
     for (size_t i = 0; i < 3; ++i) {
       EXPECT_NEAR(got.losses[i], want.losses[i], 1e-6 * want.losses[i]) << "cp " << cp << " step " << i + 1;

@@ -106,19 +106,6 @@ inline int64_t expect_skipped_rows_zero(const Tensor& grad_hidden, const Tensor&
   return skipped;
 }
 
-// ||got - want|| / ||want||; NaN anywhere gives infinity.
-inline double rel_l2_of(const Tensor& got, const Tensor& want) {
-  const std::vector<float> g = got.to_floats(), w = want.to_floats();
-  if (g.size() != w.size()) return INFINITY;
-  double num = 0, den = 0;
-  for (size_t i = 0; i < g.size(); ++i) {
-    if (std::isnan(g[i]) || std::isnan(w[i])) return INFINITY;
-    const double d = static_cast<double>(g[i]) - w[i];
-    num += d * d;
-    den += static_cast<double>(w[i]) * w[i];
-  }
-  return den > 0 ? std::sqrt(num / den) : std::sqrt(num);
-}
 
 // The case's shapes as a line for failure messages.
 inline std::string describe(const LossCase& c) {

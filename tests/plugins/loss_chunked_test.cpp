@@ -56,14 +56,14 @@ void compare(const LossCase& c, uint32_t seed) {
     expect_close(got.grad_hidden, ref.grad_hidden, 1e-5f, 1e-7f, "grad_hidden");
     expect_close(got.grad_head, ref.grad_head, 1e-5f, 1e-7f, "grad_head");
   } else {
-    EXPECT_LT(test::rel_l2_of(got.grad_hidden, ref.grad_hidden), 2e-3) << "grad_hidden";
+    EXPECT_LT(test::rel_l2(got.grad_hidden, ref.grad_hidden), 2e-3) << "grad_hidden";
     // The head gradient minus its starting value: what the loss added, bf16-rounded terms.
     Tensor added = got.grad_head.clone(), added_ref = ref.grad_head.clone();
     Tensor minus = in.grad_head0.clone();
     ops::scale_inplace(minus, -1.f);
     ops::add_inplace(added, minus);
     ops::add_inplace(added_ref, minus);
-    EXPECT_LT(test::rel_l2_of(added, added_ref), 5e-3) << "grad_head";
+    EXPECT_LT(test::rel_l2(added, added_ref), 5e-3) << "grad_head";
   }
   const int64_t skipped = test::expect_skipped_rows_zero(got.grad_hidden, in.targets, c.chunk_rows);
   // A one-row last chunk may be ignored by chance; the cases with ignored ranges must skip.

@@ -18,6 +18,7 @@
 #include "lcx/parallelism.h"
 #include "models/model_util.h"
 #include "plugin/loader.h"
+#include "support/test_util.h"
 
 namespace lcx::test {
 
@@ -36,17 +37,6 @@ inline double excess(const std::vector<float>& got, const std::vector<float>& wa
   return worst;
 }
 
-// ||got - want|| / ||want||; NaN anywhere gives infinity.
-inline double rel_l2(const std::vector<float>& got, const std::vector<float>& want) {
-  if (got.size() != want.size()) return INFINITY;
-  double num = 0, den = 0;
-  for (size_t i = 0; i < got.size(); ++i) {
-    const double d = static_cast<double>(got[i]) - want[i];
-    num += d * d;
-    den += static_cast<double>(want[i]) * want[i];
-  }
-  return std::isnan(num) ? INFINITY : std::sqrt(num / std::max(den, 1e-30));
-}
 
 // Elementwise (rtol, atol) when l2 is 0, else relative L2 <= l2 (low-precision GPU runs).
 struct Tolerance {

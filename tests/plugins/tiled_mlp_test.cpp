@@ -12,9 +12,12 @@
 #include "lcx/ops.h"
 #include "lcx/plan.h"
 #include "models/model_util.h"
+#include "support/test_util.h"
 
 namespace lcx {
 namespace {
+
+using test::rel_l2;
 
 std::shared_ptr<MlpStrategy> make_tiled(const std::string& table, Device device = Device::cpu()) {
   return test::make_plugin<MlpStrategy>("tiled_mlp", table, device);
@@ -25,12 +28,6 @@ Tensor random(Shape shape, DType dt, std::mt19937& rng, Device d = Device::cpu()
   std::vector<float> v(static_cast<size_t>(shape_numel(shape)));
   for (float& x : v) x = dist(rng);
   return Tensor::from_floats(v, shape, dt, d);
-}
-
-double rel_l2(const std::vector<float>& a, const std::vector<float>& b) {
-  double d = 0, n = 0;
-  for (size_t i = 0; i < a.size(); ++i) d += (double(a[i]) - b[i]) * (double(a[i]) - b[i]), n += double(b[i]) * b[i];
-  return std::sqrt(d / (n + 1e-300));
 }
 
 struct MlpRun {

@@ -2,15 +2,18 @@
 #pragma once
 #include <sys/wait.h>
 
+#include <cmath>
 #include <cstdio>
 #include <filesystem>
 #include <fstream>
 #include <random>
 #include <functional>
 #include <string>
+#include <vector>
 
 #include "config/manifest.h"
 #include "lcx/error.h"
+#include "lcx/tensor.h"
 #include "plugin/loader.h"
 
 namespace lcx::test {
@@ -82,5 +85,20 @@ inline std::string tiny_run_manifest(const std::filesystem::path& output_dir, co
          (tied ? "true" : "false") + "}'\ndtype = \"fp32\"\n[data]\ntokenizer = \"" + qwen3_tokenizer() +
          "\"\nsource = \"" + tokens.string() + "\"\nseq_len = 32\ndrop_last = true\n[train]\nlr = 0.01\n" + train + tables;
 }
+
+// ||got - want|| / ||want||, the tests' distance; NaN anywhere gives infinity, and an all-zero
+// `want` gives the absolute ||got||.
+inline double rel_l2(const std::vector<float>& got, const std::vector<float>& want) {
+  if (got.size() != want.size()) return INFINITY;
+  double num = 0, den = 0;
+  for (size_t i = 0; i < got.size(); ++i) {
+    if (std::isnan(got[i]) || std::isnan(want[i])) return INFINITY;
+    const double d = static_cast<double>(got[i]) - want[i];
+    num += d * d;
+    den += static_cast<double>(want[i]) * want[i];
+  }
+  return den > 0 ? std::sqrt(num / den) : std::sqrt(num);
+}
+inline double rel_l2(const Tensor& got, const Tensor& want) { return rel_l2(got.to_floats(), want.to_floats()); }
 
 }  // namespace lcx::test

@@ -31,6 +31,11 @@ void attention_forward(const Tensor& q, const Tensor& k, const Tensor& v, Tensor
                        const AttentionParams& p);
 void attention_backward(const Tensor& q, const Tensor& k, const Tensor& v, const Tensor& out, const Tensor& lse,
                         const Tensor& dout, Tensor& dq, Tensor& dk, Tensor& dv, const AttentionParams& p);
+// Row t of the logits: returns its loss (0 when target < 0, ignored) and, when dlogits is given,
+// writes grad_scale * (softmax - onehot) (zeros when ignored) into its row t. `x` is V floats of
+// scratch, so dlogits may be the logits themselves. Both cross entropies below are this per row.
+double cross_entropy_row(const Tensor& logits, int64_t t, int64_t target, double grad_scale, Tensor* dlogits,
+                         std::vector<float>& x);
 double cross_entropy_forward_backward(const Tensor& logits, const Tensor& targets, double grad_scale,
                                       Tensor* dlogits, int64_t* valid);
 void cross_entropy_chunk(const Tensor& logits, const Tensor& targets, float grad_scale, Tensor& row_loss,
