@@ -124,7 +124,9 @@ TEST(Qwen3HeadGroups, BackwardPeakFallsWithGroupsAsPlanned) {
     const int64_t planned = planned_layer_backward(*r.model);
     EXPECT_NEAR(static_cast<double>(planned), static_cast<double>(r.backward_peak), 0.05 * static_cast<double>(r.backward_peak))
         << groups << " groups: planned " << planned << " measured " << r.backward_peak;
-    if (previous) EXPECT_LT(r.backward_peak, previous) << groups << " groups";
+    if (previous) {
+      EXPECT_LT(r.backward_peak, previous) << groups << " groups";
+    }
     previous = r.backward_peak;
   }
   // auto on one rank: one kv head per group.
