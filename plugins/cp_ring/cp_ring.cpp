@@ -30,23 +30,13 @@
 #include <vector>
 
 #include "ring_merge.h"
+#include "ring_pieces.h"
 
 namespace lcx {
 namespace {
 
-// One query-rows x key-rows piece of a ring step, in the rank's local rows.
-struct Piece {
-  int64_t q_begin, q_end, k_begin, k_end;
-  bool causal;  // a diagonal chunk pair: equal positions, mask above the diagonal
-};
-
-// The pieces of rank r's queries against the block of rank j; c is one chunk's length.
-std::vector<Piece> pieces_for(int r, int j, int64_t c, bool causal) {
-  if (!causal) return {{0, 2 * c, 0, 2 * c, false}};
-  if (j == r) return {{0, c, 0, c, true}, {c, 2 * c, 0, c, false}, {c, 2 * c, c, 2 * c, true}};
-  if (j < r) return {{0, 2 * c, 0, c, false}};
-  return {{c, 2 * c, 0, 2 * c, false}};
-}
+using cp_ring::Piece;
+using cp_ring::pieces_for;
 
 ops::AttentionParams params_of(const AttentionArgs& a, bool causal) {
   ops::AttentionParams p;

@@ -13,7 +13,8 @@
 # the reserve exceeds GPU_MEMORY. Target: |plan - measured| <= max(5% of measured, 1 GiB).
 #
 # Environment: MODELS, SEQS, PLUGINS (sets joined by '+', "none" for core's defaults), LAYERS,
-# MASTER (fp32|bf16), GPU_MEMORY (for the OOM rows), DATA_TOKENIZER, DATA_SOURCE, TIMEOUT_S.
+# MASTER (fp32|bf16), GPU_MEMORY (for the OOM rows), DATA_TOKENIZER, DATA_SOURCE, TIMEOUT_S;
+# TIMELINE_DIR keeps each measured run's memory timeline (JSON + SVG) there, to explain a mismatch.
 set -euo pipefail
 
 usage() { sed -n '2,4p' "$0" >&2; exit 2; }
@@ -45,6 +46,7 @@ manifest() {
 output_dir = "$out"
 seed = 0
 device = "cuda"
+memory_timeline = $timeline
 
 [model]
 module = "qwen3"
@@ -67,6 +69,9 @@ EOF
   echo "$path"
 }
 
+timeline=false
+[[ -n ${TIMELINE_DIR:-} ]] && timeline=true
+
 gib() { awk -v b="$1" 'BEGIN { printf "%.2f", b / 1073741824 }'; }
 
 case $mode in
@@ -87,6 +92,10 @@ case $mode in
         if grep -qi "out of memory" "$work/log"; then measured=OOM; else measured="FAIL(rc=$rc)"; tail -n 5 "$work/log" >&2; fi
       fi
       echo "$model,${LAYERS},$seq,$set,$measured" | tee -a "$csv" >&2
+      if [[ -n ${TIMELINE_DIR:-} ]]; then
+        mkdir -p "$TIMELINE_DIR/${model}_${LAYERS:-all}_${seq}_${set}"
+        cp "$out"/memory_timeline.* "$TIMELINE_DIR/${model}_${LAYERS:-all}_${seq}_${set}/" 2>/dev/null || true
+      fi
       rm -rf "$out"
     done; done; done
     ;;

@@ -14,6 +14,7 @@
 #include "lcx/plan.h"
 #include "lcx/safetensors.h"
 #include "plugins/cp_ring_cases.h"
+#include "ring_pieces.h"
 
 namespace lcx {
 namespace {
@@ -55,6 +56,35 @@ TEST(CpRingShard, CausalWorkIsEqualOnEveryRank) {
       work.push_back(w);
     }
     for (int r = 1; r < cp; ++r) EXPECT_EQ(work[static_cast<size_t>(r)], work[0]) << "cp " << cp << " rank " << r;
+  }
+}
+
+// The ring's schedule (ring_pieces.h): over all steps, rank r's pieces cover each causal
+// (query, key) pair of its queries exactly once and never a pair above the diagonal.
+TEST(CpRingShard, ScheduleCoversTheCausalPairsOnce) {
+  constexpr int64_t c = 4;
+  for (int cp : {1, 2, 4, 8}) {
+    auto position = [&](int rank, int64_t row) {  // global position of a local row (zigzag)
+      return row < c ? rank * c + row : (2 * cp - 1 - rank) * c + row - c;
+    };
+    const int64_t L = 2 * cp * c;
+    for (int r = 0; r < cp; ++r) {
+      std::vector<int> seen(static_cast<size_t>(L * L), 0);
+      for (int s = 0; s < cp; ++s) {
+        const int j = (r - s + cp) % cp;
+        for (const cp_ring::Piece& p : cp_ring::pieces_for(r, j, c, true))
+          for (int64_t q = p.q_begin; q < p.q_end; ++q)
+            for (int64_t k = p.k_begin; k < p.k_end; ++k) {
+              if (p.causal && q - p.q_begin < k - p.k_begin) continue;
+              const int64_t qp = position(r, q), kp = position(j, k);
+              ASSERT_GE(qp, kp) << "cp " << cp << " rank " << r << " step " << s;
+              ++seen[static_cast<size_t>(qp * L + kp)];
+            }
+      }
+      for (int64_t q = 0; q < 2 * c; ++q)
+        for (int64_t kp = 0; kp <= position(r, q); ++kp)
+          EXPECT_EQ(seen[static_cast<size_t>(position(r, q) * L + kp)], 1) << "cp " << cp << " rank " << r;
+    }
   }
 }
 

@@ -1,0 +1,28 @@
+#!/usr/bin/env bash
+# Work per rank under cp_ring (issue 12, part 5): each virtual rank's ring schedule timed alone on
+# the GPU (tests/bench/cp_balance_bench.cpp says why alone), zigzag beside contiguous sharding,
+# Qwen3-8B's attention shape. Writes $OUT/cp_balance.jsonl and $OUT/cp_balance.md; about 30 s.
+#   TOKENS="131072 262144" CPS=2,4,8 scripts/bench/cp_balance.sh build
+set -euo pipefail
+build=${1:-build}
+out=${OUT:-/tmp/lcx-cp-balance}
+mkdir -p "$out"
+: >"$out/cp_balance.jsonl"
+for t in ${TOKENS:-131072 262144}; do
+  "$build/tests/cp_balance_bench" --device "${DEVICE:-cuda}" --tokens "$t" --cp "${CPS:-2,4,8}" ${BENCH_ARGS:-} \
+    >>"$out/cp_balance.jsonl"
+done
+python3 - "$out/cp_balance.jsonl" >"$out/cp_balance.md" <<'PY'
+import json, sys
+rows = [json.loads(l) for l in open(sys.argv[1]) if l.strip()]
+print("| tokens | cp | sharding | per-rank attention fwd+bwd ms (rank 0, 1, ...) | work units per rank | max / min | spread (max-min)/mean | sent per layer fwd / bwd MiB |")
+print("|---|---|---|---|---|---|---|---|")
+for s in (r for r in rows if r.get("summary")):
+    ranks = [r for r in rows if not r.get("summary") and r["layout"] == s["layout"] and r["cp"] == s["cp"] and r["tokens"] == s["tokens"]]
+    ms = ", ".join(f"{r['total_ms']:.1f}" for r in ranks)
+    units = sorted({r["work_units"] for r in ranks})
+    units = f"{units[0]:g}" if len(units) == 1 else f"{units[0]:g} to {units[-1]:g}"
+    print(f"| {s['tokens']:,} | {s['cp']} | {s['layout']} | {ms} | {units} | {s['max_over_min']:.3f} | {s['spread_pct']:.1f}% | "
+          f"{s['sent_per_layer_forward_mib']:.0f} / {s['sent_per_layer_backward_mib']:.0f} |")
+PY
+cat "$out/cp_balance.md"

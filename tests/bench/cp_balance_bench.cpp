@@ -1,0 +1,227 @@
+// Work per rank under cp_ring (issue 12, part 5). Virtual ranks sharing one GPU run at once, so
+// their kernels overlap and a rank's own time cannot be read off a joint run; instead each rank's
+// ring schedule runs alone on the device: at every ring step the attention pieces cp_ring computes
+// for it (ring_pieces.h, the plugin's own schedule), forward and backward, on tensors of the
+// model's attention shape. The device is synchronized around each rank's schedule and the host
+// clock read; the median of --reps repetitions is reported. The same is done for contiguous
+// sharding (rank r holds the r-th L/cp tokens), the layout zigzag replaces, so the table shows the
+// imbalance zigzag removes. Also printed: the bytes one rank sends per layer (K/V blocks in the
+// forward; K/V again and the fp32 dK/dV accumulators in the backward), the figure the plugin logs.
+// One JSON line per (layout, cp, rank) and one summary line per (layout, cp) on stdout.
+//
+//   cp_balance_bench --device cuda --tokens 131072 --cp 2,4,8
+//   cp_balance_bench --device cpu --tokens 512 --cp 2,4 --heads 4 --kv-heads 2 --head-dim 16   (a smoke run)
+#include <algorithm>
+#include <chrono>
+#include <cmath>
+#include <cstdio>
+#include <sstream>
+#include <string>
+#include <vector>
+
+#include "lcx/error.h"
+#include "lcx/ops.h"
+#include "lcx/tensor.h"
+#include "ring_pieces.h"
+
+namespace lcx {
+namespace {
+
+struct Options {
+  Device device = Device::cuda();
+  int64_t tokens = 131072, heads = 32, kv_heads = 8, head_dim = 128;  // Qwen3-8B's attention
+  std::vector<int64_t> cps = {2, 4, 8};
+  int reps = 3;
+};
+
+std::vector<int64_t> parse_list(const std::string& s) {
+  std::vector<int64_t> v;
+  std::stringstream ss(s);
+  for (std::string item; std::getline(ss, item, ',');)
+    if (!item.empty()) v.push_back(std::stoll(item));
+  return v;
+}
+
+Options parse(int argc, char** argv) {
+  Options o;
+  for (int i = 1; i < argc; ++i) {
+    const std::string a = argv[i];
+    auto value = [&]() -> std::string {
+      if (i + 1 >= argc) throw Error(str("cp_balance_bench: ", a, " needs a value"));
+      return argv[++i];
+    };
+    if (a == "--device") {
+      const std::string d = value();
+      if (d != "cuda" && d != "cpu") throw Error(str("cp_balance_bench: --device is cuda or cpu, got ", d));
+      o.device = d == "cuda" ? Device::cuda() : Device::cpu();
+    } else if (a == "--tokens") {
+      o.tokens = std::stoll(value());
+    } else if (a == "--cp") {
+      o.cps = parse_list(value());
+    } else if (a == "--heads") {
+      o.heads = std::stoll(value());
+    } else if (a == "--kv-heads") {
+      o.kv_heads = std::stoll(value());
+    } else if (a == "--head-dim") {
+      o.head_dim = std::stoll(value());
+    } else if (a == "--reps") {
+      o.reps = std::max(1, std::stoi(value()));
+    } else {
+      throw Error(str("cp_balance_bench: unknown argument ", a), {},
+                  "see the usage at the top of tests/bench/cp_balance_bench.cpp");
+    }
+  }
+  return o;
+}
+
+void sync(Device d) {
+  if (d.is_cuda()) backend_for(d)->synchronize();
+}
+
+// Small random values (their distribution does not change the kernels' speed).
+Tensor random_tensor(Shape shape, Device d, uint64_t seed) {
+  std::vector<float> v(static_cast<size_t>(shape_numel(shape)));
+  uint64_t s = seed * 0x9E3779B97F4A7C15ull + 1;
+  for (auto& x : v) {
+    s ^= s << 13;
+    s ^= s >> 7;
+    s ^= s << 17;
+    x = static_cast<float>(static_cast<int64_t>(s >> 40) - (1 << 23)) / static_cast<float>(1 << 23);
+  }
+  return Tensor::from_floats(v, std::move(shape), d.is_cuda() ? DType::bf16 : DType::f32, d);
+}
+
+enum class Layout { zigzag, contiguous };
+
+// Rank r's pieces against rank j's block. Contiguous: r holds tokens [2rc, 2(r+1)c), so its own
+// block is causal, earlier blocks are full and later ones are not seen at all.
+std::vector<cp_ring::Piece> schedule(Layout layout, int r, int j, int64_t c) {
+  if (layout == Layout::zigzag) return cp_ring::pieces_for(r, j, c, true);
+  if (j == r) return {{0, 2 * c, 0, 2 * c, true}};
+  if (j < r) return {{0, 2 * c, 0, 2 * c, false}};
+  return {};
+}
+
+struct RankTime {
+  double forward_s = 0, backward_s = 0;
+  double units = 0;  // score-matrix entries computed, in units of c x c (a causal c x c counts one half)
+};
+
+// One rank's whole ring, forward then backward, alone on the device.
+RankTime time_rank(const Options& o, Layout layout, int r, int n, const Tensor& q, const Tensor& k, const Tensor& v,
+                   const Tensor& dout) {
+  const int64_t c = q.size(0) / 2;
+  const Device dev = o.device;
+  const DType dt = q.dtype();
+  ops::AttentionParams p;
+  p.scale = 1.f / std::sqrt(static_cast<float>(o.head_dim));
+  RankTime t;
+  auto clock = [] { return std::chrono::steady_clock::now(); };
+  auto seconds = [](auto a, auto b) { return std::chrono::duration<double>(b - a).count(); };
+  // The LSE of a piece comes from its own forward (its values do not change the backward's speed).
+  std::vector<std::pair<Tensor, Tensor>> outs;
+  sync(dev);
+  auto t0 = clock();
+  for (int s = 0; s < n; ++s) {
+    const int j = (r - s + n) % n;
+    for (const cp_ring::Piece& pc : schedule(layout, r, j, c)) {
+      const int64_t nq = pc.q_end - pc.q_begin, nk = pc.k_end - pc.k_begin;
+      Tensor out = Tensor::empty({nq, q.size(1), q.size(2)}, dt, dev);
+      Tensor lse = Tensor::empty({q.size(1), nq}, DType::f32, dev);
+      p.causal = pc.causal;
+      ops::attention_forward(q.rows(pc.q_begin, pc.q_end), k.rows(pc.k_begin, pc.k_end), v.rows(pc.k_begin, pc.k_end),
+                             out, lse, p);
+      outs.emplace_back(std::move(out), std::move(lse));
+      t.units += static_cast<double>(nq * nk) / static_cast<double>(c * c) * (pc.causal ? 0.5 : 1.0);
+    }
+  }
+  sync(dev);
+  auto t1 = clock();
+  size_t i = 0;
+  for (int s = 0; s < n; ++s) {
+    const int j = (r - s + n) % n;
+    for (const cp_ring::Piece& pc : schedule(layout, r, j, c)) {
+      const int64_t nq = pc.q_end - pc.q_begin, nk = pc.k_end - pc.k_begin;
+      Tensor dq = Tensor::empty({nq, q.size(1), q.size(2)}, dt, dev);
+      Tensor dk = Tensor::empty({nk, k.size(1), k.size(2)}, dt, dev), dv = Tensor::empty({nk, v.size(1), v.size(2)}, dt, dev);
+      p.causal = pc.causal;
+      const auto& [out, lse] = outs[i++];
+      ops::attention_backward(q.rows(pc.q_begin, pc.q_end), k.rows(pc.k_begin, pc.k_end), v.rows(pc.k_begin, pc.k_end),
+                              out, lse, dout.rows(pc.q_begin, pc.q_end), dq, dk, dv, p);
+    }
+  }
+  sync(dev);
+  auto t2 = clock();
+  t.forward_s = seconds(t0, t1);
+  t.backward_s = seconds(t1, t2);
+  return t;
+}
+
+double median(std::vector<double> v) {
+  std::sort(v.begin(), v.end());
+  return v[v.size() / 2];
+}
+
+int run(const Options& o) {
+  constexpr double kMiB = 1024.0 * 1024.0;
+  const double elem = o.device.is_cuda() ? 2.0 : 4.0;
+  for (const int64_t cp : o.cps) {
+    if (o.tokens % (2 * cp) != 0)
+      throw Error(str("cp_balance_bench: ", o.tokens, " tokens do not cut into 2 x cp = ", 2 * cp, " chunks"), {},
+                  "pick --tokens a multiple of 2 x cp");
+    const int64_t c = o.tokens / (2 * cp);
+    const Tensor q = random_tensor({2 * c, o.heads, o.head_dim}, o.device, 1);
+    const Tensor k = random_tensor({2 * c, o.kv_heads, o.head_dim}, o.device, 2);
+    const Tensor v = random_tensor({2 * c, o.kv_heads, o.head_dim}, o.device, 3);
+    const Tensor dout = random_tensor({2 * c, o.heads, o.head_dim}, o.device, 4);
+    const double kv_block = 2.0 * static_cast<double>(k.numel()) * elem, grads = 2.0 * static_cast<double>(k.numel()) * 4;
+    const double fwd_bytes = static_cast<double>(cp - 1) * kv_block;
+    const double bwd_bytes = static_cast<double>(cp - 1) * kv_block + static_cast<double>(cp) * grads;
+    for (Layout layout : {Layout::zigzag, Layout::contiguous}) {
+      const char* name = layout == Layout::zigzag ? "zigzag" : "contiguous";
+      time_rank(o, layout, static_cast<int>(cp - 1), static_cast<int>(cp), q, k, v, dout);  // warm-up
+      std::vector<double> totals;
+      for (int r = 0; r < cp; ++r) {
+        std::vector<double> f, b;
+        RankTime last;
+        for (int rep = 0; rep < o.reps; ++rep) {
+          last = time_rank(o, layout, r, static_cast<int>(cp), q, k, v, dout);
+          f.push_back(last.forward_s);
+          b.push_back(last.backward_s);
+        }
+        const double fm = median(f), bm = median(b);
+        totals.push_back(fm + bm);
+        std::printf(
+            "{\"layout\": \"%s\", \"cp\": %lld, \"rank\": %d, \"tokens\": %lld, \"work_units\": %.1f, \"forward_ms\": %.3f, "
+            "\"backward_ms\": %.3f, \"total_ms\": %.3f}\n",
+            name, static_cast<long long>(cp), r, static_cast<long long>(o.tokens), last.units, fm * 1e3, bm * 1e3,
+            (fm + bm) * 1e3);
+        std::fflush(stdout);
+      }
+      const double mx = *std::max_element(totals.begin(), totals.end());
+      const double mn = *std::min_element(totals.begin(), totals.end());
+      double mean = 0;
+      for (double x : totals) mean += x / static_cast<double>(totals.size());
+      std::printf(
+          "{\"summary\": true, \"layout\": \"%s\", \"cp\": %lld, \"tokens\": %lld, \"min_ms\": %.3f, \"max_ms\": %.3f, "
+          "\"mean_ms\": %.3f, \"spread_pct\": %.2f, \"max_over_min\": %.4f, \"sent_per_layer_forward_mib\": %.1f, "
+          "\"sent_per_layer_backward_mib\": %.1f}\n",
+          name, static_cast<long long>(cp), static_cast<long long>(o.tokens), mn * 1e3, mx * 1e3, mean * 1e3,
+          100.0 * (mx - mn) / mean, mx / mn, fwd_bytes / kMiB, bwd_bytes / kMiB);
+      std::fflush(stdout);
+    }
+  }
+  return 0;
+}
+
+}  // namespace
+}  // namespace lcx
+
+int main(int argc, char** argv) {
+  try {
+    return lcx::run(lcx::parse(argc, argv));
+  } catch (const std::exception& e) {
+    std::fprintf(stderr, "error: %s\n", e.what());
+    return 1;
+  }
+}
