@@ -47,6 +47,7 @@ output_dir = "$out"
 seed = 0
 device = "cuda"
 memory_timeline = $timeline
+memory_timeline_step = 2
 
 [model]
 module = "qwen3"
@@ -94,7 +95,7 @@ case $mode in
       echo "$model,${LAYERS},$seq,$set,$measured" | tee -a "$csv" >&2
       if [[ -n ${TIMELINE_DIR:-} ]]; then
         mkdir -p "$TIMELINE_DIR/${model}_${LAYERS:-all}_${seq}_${set}"
-        cp "$out"/memory_timeline.* "$TIMELINE_DIR/${model}_${LAYERS:-all}_${seq}_${set}/" 2>/dev/null || true
+        cp "$out"/memory_timeline.* "$out"/metrics.jsonl "$TIMELINE_DIR/${model}_${LAYERS:-all}_${seq}_${set}/" 2>/dev/null || true
       fi
       rm -rf "$out"
     done; done; done

@@ -120,5 +120,23 @@ TEST_F(TrainRun, ResumeWithoutCheckpointSaysSo) {
   EXPECT_NE(r.output.find("no complete checkpoint"), std::string::npos) << r.output;
 }
 
+TEST_F(TrainRun, MemoryTimelineOfTheStepAskedFor) {
+  write_tokens(random_pattern(64, 4), 8);
+  auto m = manifest("max_steps = 3\n");
+  auto r = train("--config " + m + " --set run.memory_timeline=true --set run.memory_timeline_step=2");
+  ASSERT_EQ(r.exit_code, 0) << r.output;
+  EXPECT_NE(r.output.find("memory timeline of step 2"), std::string::npos) << r.output;
+  EXPECT_EQ(r.output.find("memory timeline of step 1"), std::string::npos) << r.output;
+  std::ifstream in(dir / "out" / "memory_timeline.json");
+  ASSERT_TRUE(in) << "no memory_timeline.json";
+  const auto j = nlohmann::json::parse(in);
+  EXPECT_GT(j.at("peak_bytes").get<int64_t>(), 0);
+  EXPECT_FALSE(j.at("events").empty());
+
+  auto bad = train("--config " + m + " --set run.memory_timeline=true --set run.memory_timeline_step=0");
+  EXPECT_NE(bad.exit_code, 0);
+  EXPECT_NE(bad.output.find("memory_timeline_step"), std::string::npos) << bad.output;
+}
+
 }  // namespace
 }  // namespace lcx

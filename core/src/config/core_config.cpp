@@ -30,6 +30,10 @@ CoreConfig read_core_config(const Manifest& m, const std::vector<std::string>& p
     c.run.log_level = v.get_string("log_level", c.run.log_level);
     one_of(v, "log_level", c.run.log_level, {"debug", "info", "warn", "error"});
     c.run.memory_timeline = v.get_bool("memory_timeline", c.run.memory_timeline);
+    c.run.memory_timeline_step = v.get_int("memory_timeline_step", c.run.memory_timeline_step);
+    if (c.run.memory_timeline_step < 1)
+      v.fail("memory_timeline_step", str("must be 1 or more, got ", c.run.memory_timeline_step),
+             "1 records the first step of the run, 2 the second (without the first step's one-time allocations)");
     v.check_unknown();
   }
   {

@@ -15,6 +15,7 @@ struct RunConfig {
   std::string device = "auto";  // auto | cpu | cuda
   std::string log_level = "info";
   bool memory_timeline = false;
+  int64_t memory_timeline_step = 1;  // which step of this run the timeline records, 1 = the first
 };
 
 struct ModelSection {

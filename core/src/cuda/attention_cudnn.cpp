@@ -518,6 +518,14 @@ bool cudnn_attention_forward(const Tensor& q, const Tensor& k, const Tensor& v, 
   return true;
 }
 
+int64_t cudnn_attention_workspace(bool backward, int64_t T, int64_t S, int64_t Hq, int64_t Hkv, int64_t d, DType t,
+                                  bool causal) {
+  std::lock_guard lock(g_mu);
+  if (!api() || choice() == AttentionKernel::own) return -1;
+  const Plan* plan = plan_for(backward, Shape4{T, S, Hq, Hkv, d}, t, causal);
+  return plan ? plan->workspace : -1;
+}
+
 bool cudnn_attention_backward(const Tensor& q, const Tensor& k, const Tensor& v, const Tensor& out,
                               const Tensor& lse, const Tensor& dout, Tensor& dq, Tensor& dk, Tensor& dv,
                               const ops::AttentionParams& p) {

@@ -25,4 +25,10 @@ bool cudnn_attention_backward(const Tensor& q, const Tensor& k, const Tensor& v,
                               const Tensor& lse, const Tensor& dout, Tensor& dq, Tensor& dk, Tensor& dv,
                               const ops::AttentionParams& p);
 
+// The workspace in bytes cuDNN asks of one attention call of this shape (what execute() allocates
+// beside the call's tensors); -1 when cuDNN is absent or refuses the shape. Builds and caches the
+// plan the call would use; allocates no device memory. For the memory plan's checks.
+int64_t cudnn_attention_workspace(bool backward, int64_t T, int64_t S, int64_t Hq, int64_t Hkv, int64_t d, DType t,
+                                  bool causal);
+
 }  // namespace lcx::cuda

@@ -285,9 +285,9 @@ int train_rank(const CoreConfig& cfg, const Manifest& manifest, const SlotFactor
     const size_t mine_end = std::min(batch.sequences.size(), mine_begin + static_cast<size_t>(accum));
 
     double loss_sum = 0, forward_s = 0, backward_s = 0, memory_wait_s = 0;
-    // The first step of the run, when asked: every allocation of it, for the memory timeline.
+    // One step of the run, when asked (memory_timeline_step): every allocation of it, for the timeline.
     std::unique_ptr<StepTimeline> timeline;
-    if (cfg.run.memory_timeline && lead && state.step == first_step) timeline = std::make_unique<StepTimeline>(device);
+    if (cfg.run.memory_timeline && lead && state.step == first_step + cfg.run.memory_timeline_step - 1) timeline = std::make_unique<StepTimeline>(device);
     try {
       if (valid_total > 0) {
         for (size_t j = mine_begin; j < mine_end; ++j) {
