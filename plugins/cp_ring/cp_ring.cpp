@@ -17,6 +17,7 @@
 // attention's identity); dQ adds up locally, dK/dV add up in fp32 accumulators that travel around
 // the ring behind their K/V and reach their owner after the last step.
 #include <lcx/comm.h>
+#include <lcx/defaults.h>
 #include <lcx/log.h>
 #include <lcx/ops.h>
 #include <lcx/parallelism.h>
@@ -250,10 +251,7 @@ class CpRing final : public Parallelism {
   void plan(const PlanInputs& in, MemoryPlan& plan) const override {
     const int64_t T = in.tokens_per_rank, Hq = in.model.num_heads, Hkv = in.model.num_kv_heads, d = in.model.head_dim;
     const int64_t w = static_cast<int64_t>(dtype_size(in.weight_dtype));
-    if (in.cp <= 1) {
-      plan.add("attention backward delta [Hq,T] fp32", PlanCategory::transient, Hq * T * 4, plan_phase::backward);
-      return;
-    }
+    if (in.cp <= 1) return make_single_rank()->plan(in, plan);  // plain attention: the single-rank default's terms
     const int64_t q_elems = T * Hq * d, kv_elems = T * Hkv * d;
     for (const char* phase : {plan_phase::forward, plan_phase::backward})
       plan.add("ring K/V receive buffers 2 x (K,V) [T,Hkv,d]", PlanCategory::communication, 4 * kv_elems * w, phase);
@@ -267,6 +265,10 @@ class CpRing final : public Parallelism {
     plan.add("one piece's dQ, dK, dV", PlanCategory::transient, (q_elems + 2 * kv_elems) * w, plan_phase::backward);
     plan.add("LSE halves and attention backward delta [Hq,T] fp32", PlanCategory::transient, 2 * Hq * T * 4,
              plan_phase::backward);
+    // The largest piece has T query rows (lcx/plan.h: what the fused attention allocates per call).
+    plan.add("attention forward workspace (cuDNN)", PlanCategory::transient, kCudnnForwardWorkspace, plan_phase::forward);
+    plan.add("one piece's backward dQ accumulator and workspace (cuDNN) [Hq,T,d] fp32 x 2", PlanCategory::transient,
+             cudnn_dq_accumulator_bytes(Hq, T, d) + cudnn_backward_workspace_bytes(Hq, T, d), plan_phase::backward);
   }
 
  private:

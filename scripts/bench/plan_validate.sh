@@ -58,6 +58,7 @@ dtype = "bf16"
 tokenizer = "$DATA_TOKENIZER"
 source = "$DATA_SOURCE"
 seq_len = $seq
+drop_last = true  # every step a full sequence: the tail of the text would make a shorter, lighter one
 
 [train]
 lr = 1e-5

@@ -9,6 +9,7 @@
 
 #include "gpu/gpu_test_util.h"
 #include "lcx/ops.h"
+#include "lcx/plan.h"
 
 #ifdef LCX_HAVE_CUDA
 #include "cuda/attention_cudnn.h"
@@ -396,6 +397,22 @@ TEST_F(GpuOps, AttentionCudnnAgreesWithOwnKernels) {
   EXPECT_CLOSE(dq[0], dq[1], DType::bf16);
   EXPECT_CLOSE(dk[0], dk[1], DType::bf16);
   EXPECT_CLOSE(dv[0], dv[1], DType::bf16);
+}
+
+// The memory plan's cuDNN terms (lcx/plan.h) against what the loaded cuDNN asks, for the head
+// groups and lengths the plan is used at (one kv head per group of Qwen3 shapes, 32k to 1M).
+TEST_F(GpuOps, PlanCudnnWorkspacesAreWhatCudnnAsks) {
+  if (cuda::cudnn_version().empty()) GTEST_SKIP() << "libcudnn.so.9 is not loadable here";
+  RecordProperty("cudnn", cuda::cudnn_version());
+  KernelChoice cudnn(cuda::AttentionKernel::cudnn);
+  const int64_t heads[][2] = {{2, 1}, {4, 1}, {32, 8}};
+  for (const auto& h : heads)
+    for (int64_t T : {32768, 131072, 1048576}) {
+      SCOPED_TRACE(str("Hq ", h[0], " Hkv ", h[1], " T ", T, " cuDNN ", cuda::cudnn_version()));
+      EXPECT_EQ(cuda::cudnn_attention_workspace(false, T, T, h[0], h[1], 128, DType::bf16, true), kCudnnForwardWorkspace);
+      EXPECT_EQ(cuda::cudnn_attention_workspace(true, T, T, h[0], h[1], 128, DType::bf16, true),
+                cudnn_backward_workspace_bytes(h[0], T, 128));
+    }
 }
 #endif
 

@@ -231,12 +231,19 @@ TEST(SpUlysses, PlansItsBuffers) {
   MemoryPlan plan;
   test::load_ulysses(4)->plan(in, plan);
   ASSERT_FALSE(plan.terms.empty());
-  for (const PlanTerm& t : plan.terms) EXPECT_EQ(t.category, PlanCategory::communication) << t.name;
-  // q, k, v, out in head layout: T (2 Hq + 2 Hkv) d bf16 in the forward, twice that backward.
+  // Buffers of the all-to-all, and the fused attention's own scratch (lcx/plan.h) as transient.
+  for (const PlanTerm& t : plan.terms)
+    EXPECT_EQ(t.category, t.name.find("(cuDNN)") != std::string::npos ? PlanCategory::transient
+                                                                        : PlanCategory::communication)
+        << t.name;
+  // q, k, v, out in head layout: T (2 Hq + 2 Hkv) d bf16 in the forward, twice that backward; the
+  // backward adds the fp32 LSE/delta and cuDNN's dQ accumulator and workspace over Hq/sp heads x L rows.
   const int64_t heads = in.tokens_per_rank * (2 * 32 + 2 * 8) * 128 * 2;
   EXPECT_EQ(plan.terms[0].bytes, heads);
+  const int64_t L = in.seq_len;
   EXPECT_EQ(plan.gpu_bytes(plan_phase::backward, false) - plan.gpu_bytes(plan_phase::forward, false),
-            heads + in.tokens_per_rank * 32 * 4);
+            heads + in.tokens_per_rank * 32 * 4 + cudnn_dq_accumulator_bytes(32 / 4, L, 128) +
+                cudnn_backward_workspace_bytes(32 / 4, L, 128) - kCudnnForwardWorkspace);
   // Replication: with 2 kv heads over 8 ranks every rank sends 8 heads' worth of k and v.
   in.model.num_kv_heads = 2;
   in.sp = 8;
