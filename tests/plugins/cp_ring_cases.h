@@ -184,11 +184,15 @@ struct StepOutcome {
   std::map<std::string, std::vector<float>> grads;
 };
 
-// The Loss and PositionalEncoding a step uses: core's defaults, or plugins (each rank its own).
+// The Loss, PositionalEncoding and MemoryStrategy a step uses: core's defaults, or plugins (each
+// rank its own).
 struct StepPlugins {
   std::function<std::shared_ptr<Loss>()> loss = [] { return std::shared_ptr<Loss>(make_full_logits_loss()); };
   std::function<std::shared_ptr<PositionalEncoding>()> rope = [] {
     return std::shared_ptr<PositionalEncoding>(make_default_rope());
+  };
+  std::function<std::shared_ptr<MemoryStrategy>()> memory = [] {
+    return std::shared_ptr<MemoryStrategy>(make_on_device_memory());
   };
   std::string model_spec = kTinyQwen3;
   std::string model_table;  // the [qwen3] table, e.g. attention_head_groups = 2
@@ -213,7 +217,7 @@ inline StepOutcome single_rank_step(const Sequence& seq, Device device, DType dt
   auto model = tiny_model(device, dtype, with);
   auto loss = with.loss();
   auto rope = with.rope();
-  auto memory = make_on_device_memory();
+  auto memory = with.memory();
   auto parallel = make_single_rank();
   StepSlots slots{*model, *loss, *rope, *memory, *parallel};
   configure_slots(slots);
@@ -232,7 +236,7 @@ inline StepOutcome cp_step(const Sequence& seq, int cp, Device device, DType dty
     std::shared_ptr<Parallelism> parallel;
     std::shared_ptr<Loss> loss;
     std::shared_ptr<PositionalEncoding> rope;
-    std::unique_ptr<MemoryStrategy> memory = make_on_device_memory();
+    std::shared_ptr<MemoryStrategy> memory;
   };
   std::vector<Rank> ranks(static_cast<size_t>(cp));
   for (Rank& r : ranks) {
@@ -240,6 +244,7 @@ inline StepOutcome cp_step(const Sequence& seq, int cp, Device device, DType dty
     r.parallel = make_cp_ring(cp);
     r.loss = with.loss();
     r.rope = with.rope();
+    r.memory = with.memory();
   }
   const double scale = 1.0 / static_cast<double>(valid_targets(seq));
   StepOutcome result;

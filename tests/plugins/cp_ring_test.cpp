@@ -218,6 +218,22 @@ TEST(CpRingStepCpu, ComposesWithLossChunkedAndRopeYarn) {
 
 // The qwen3 module's attention head groups under the ring: each group's q/k/v travel the ring on
 // their own (cp_ring reads head counts from the tensors), and the step is one rank's.
+// Composes with offload: each rank's saved layer inputs go to host buffers and come back for the
+// recompute; the ring step equals one rank that keeps them on the device.
+TEST(CpRingStepCpu, ComposesWithOffload) {
+  test::StepPlugins offload;
+  offload.loss = [] { return test::make_plugin<Loss>("loss_chunked", "chunk_rows = 7"); };
+  offload.memory = [] { return test::make_plugin<MemoryStrategy>("offload", "prefetch = 1"); };
+  test::StepPlugins on_device;
+  on_device.loss = offload.loss;
+  const Sequence seq = test::random_sequence(48, 64, 8);
+  const test::StepOutcome want = test::single_rank_step(seq, Device::cpu(), DType::f32, on_device);
+  for (int cp : {2, 4}) {
+    const test::StepOutcome got = test::cp_step(seq, cp, Device::cpu(), DType::f32, offload);
+    test::expect_same_step(got, want, 1e-6, 2e-5, str("cp = ", cp, " with offload and loss_chunked"));
+  }
+}
+
 TEST(CpRingStepCpu, QwenHeadGroupsRideTheRing) {
   test::StepPlugins with;
   with.model_spec = R"({"vocab_size":64,"hidden_size":32,"intermediate_size":48,"num_hidden_layers":2,
