@@ -1,12 +1,18 @@
 // The in-process communicator: ranks are threads sharing one rendezvous.
 //
-// Each collective has a slot keyed by its sequence number. A rank posts a host copy of its input
-// (so in-place calls and CUDA tensors need no care), waits until every rank of the group posted,
-// computes its own output from the immutable posts without the lock, and departs; the last to
-// depart frees the slot. Sums run in fp32 (integers in int64) in rank order, so results are the
-// serial sum bit for bit whatever the thread timing. Point-to-point sends are buffered host copies
-// in a FIFO per (sender, receiver); a receive waits for its message. One mutex and condition
-// variable per world (all split groups share them) let an abort wake every waiting rank at once.
+// Each collective has a slot keyed by its sequence number. A rank posts a copy of its input (so
+// in-place calls need no care), waits until every rank of the group posted, computes its own
+// output from the immutable posts without the lock, and departs; the last to depart frees the
+// slot. Sums run in fp32 (integers in int64) in rank order, so results are the serial sum bit for
+// bit whatever the thread timing. Point-to-point sends are buffered copies in a FIFO per (sender,
+// receiver); a receive waits for its message. One mutex and condition variable per world (all
+// split groups share them) let an abort wake every waiting rank at once.
+//
+// Copies of CUDA tensors stay on their device (virtual ranks share one GPU: through the host, a
+// ZeRO-3 step of an 8B model moved gigabytes per layer through one thread and summed them there).
+// Every rank issues its work on the legacy default stream, which orders a post's copy before any
+// rank's read of it; a rank that wrote its output synchronizes the device before departing, so a
+// post's memory is not reused by a copy stream while a read of it is still queued.
 #include <algorithm>
 #include <chrono>
 #include <condition_variable>
@@ -18,6 +24,7 @@
 #include <thread>
 
 #include "lcx/comm.h"
+#include "lcx/ops.h"
 
 namespace lcx {
 namespace {
@@ -36,7 +43,7 @@ struct Group;
 
 struct Contribution {
   bool posted = false;
-  Tensor host;  // flat host copy of the input
+  Tensor host;  // flat copy of the input: on the input's CUDA device, else on the host
   std::vector<double> f64;
   int color = 0, key = 0;
 };
@@ -60,19 +67,36 @@ struct Group {
 };
 
 Tensor host_copy(const Tensor& t) {
-  Tensor h = t.device().is_cuda() ? t.to(Device::cpu()) : t.clone();
-  return h.view({t.numel()});
+  if (!t.device().is_cuda()) return t.clone().view({t.numel()});
+  Tensor d = Tensor::empty({t.numel()}, t.dtype(), t.device(), MemoryCategory::communication);
+  d.copy_from(t.view({t.numel()}));
+  return d;
 }
+
+// A post as `device` holds it: as it is when it already lives there.
+Tensor on_device(const Tensor& post, Device device) { return post.device() == device ? post : post.to(device); }
+
+// After a rank wrote a CUDA output from the posts (see the header comment).
+void settle(const Tensor& out) {
+  if (out.device().is_cuda()) backend_for(out.device())->synchronize();
+}
+
+bool float_dtype(DType t) { return t == DType::f32 || t == DType::bf16 || t == DType::f16; }
 
 // Sum of elements [offset, offset + count) of every rank's post, in rank order, as `dtype`.
 Tensor sum_in_rank_order(const Slot& s, int64_t offset, int64_t count, DType dtype) {
   Tensor out = Tensor::empty({count}, dtype, Device::cpu());
+  auto host_rows = [&](const Contribution& c) {
+    const Tensor rows = c.host.rows(offset, offset + count);
+    return rows.device().is_cuda() ? rows.to(Device::cpu()) : rows;
+  };
   if (dtype == DType::i32 || dtype == DType::i64) {
     std::vector<int64_t> acc(static_cast<size_t>(count), 0);
-    for (const auto& c : s.in)
+    for (const auto& c : s.in) {
+      const Tensor rows = host_rows(c);
       for (int64_t i = 0; i < count; ++i)
-        acc[static_cast<size_t>(i)] += dtype == DType::i32 ? c.host.data_as<int32_t>()[offset + i]
-                                                           : c.host.data_as<int64_t>()[offset + i];
+        acc[static_cast<size_t>(i)] += dtype == DType::i32 ? rows.data_as<int32_t>()[i] : rows.data_as<int64_t>()[i];
+    }
     for (int64_t i = 0; i < count; ++i) {
       if (dtype == DType::i32)
         out.data_as<int32_t>()[i] = static_cast<int32_t>(acc[static_cast<size_t>(i)]);
@@ -83,13 +107,35 @@ Tensor sum_in_rank_order(const Slot& s, int64_t offset, int64_t count, DType dty
   }
   std::vector<float> acc(static_cast<size_t>(count), 0.0f);
   for (size_t r = 0; r < s.in.size(); ++r) {
-    std::vector<float> v = s.in[r].host.rows(offset, offset + count).to_floats();
+    std::vector<float> v = host_rows(s.in[r]).to_floats();
     if (r == 0)
       acc = std::move(v);
     else
       for (size_t i = 0; i < acc.size(); ++i) acc[i] += v[i];
   }
   return Tensor::from_floats(acc, {count}, dtype);
+}
+
+// out <- the rank-order sum of elements [offset, offset + out.numel()) of the posts. A float
+// output on a GPU is summed there (fp32 accumulator, the same additions as the host loop);
+// anything else on the host.
+void reduce_into(const Slot& s, int64_t offset, Tensor& out) {
+  const int64_t n = out.numel();
+  Tensor flat = out.view({n});
+  if (!out.device().is_cuda() || !float_dtype(out.dtype())) {
+    flat.copy_from(sum_in_rank_order(s, offset, n, out.dtype()));
+    return;
+  }
+  Tensor acc = Tensor::empty({n}, DType::f32, out.device(), MemoryCategory::communication);
+  for (size_t r = 0; r < s.in.size(); ++r) {
+    const Tensor x = on_device(s.in[r].host, out.device()).rows(offset, offset + n);
+    if (r == 0)
+      ops::cast(x, acc);
+    else
+      ops::add_inplace(acc, x);
+  }
+  ops::cast(acc, flat);
+  settle(out);
 }
 
 class InProcessComm;
@@ -138,7 +184,7 @@ class InProcessComm final : public Communicator {
     Contribution c;
     c.host = host_copy(t);
     collective("all_reduce", std::move(c), [&](const Slot& s) {
-      t.copy_from(sum_in_rank_order(s, 0, t.numel(), t.dtype()).view(t.shape()));
+      reduce_into(s, 0, t);
     });
   }
 
@@ -161,9 +207,8 @@ class InProcessComm final : public Communicator {
     c.host = host_copy(in);
     const int64_t seq = post("reduce_scatter", std::move(c));
     const int64_t n = out.numel(), offset = rank_ * n;
-    return std::make_unique<CollectiveWork>(this, "reduce_scatter", seq, [out, n, offset](const Slot& s) mutable {
-      out.copy_from(sum_in_rank_order(s, offset, n, out.dtype()).view(out.shape()));
-    });
+    return std::make_unique<CollectiveWork>(this, "reduce_scatter", seq,
+                                            [out, offset](const Slot& s) mutable { reduce_into(s, offset, out); });
   }
 
   std::unique_ptr<CommWork> all_gather_async(const Tensor& in, Tensor& out) override {
@@ -172,12 +217,14 @@ class InProcessComm final : public Communicator {
     Contribution c;
     c.host = host_copy(in);
     const int64_t seq = post("all_gather", std::move(c));
-    const size_t block = in.nbytes();
-    return std::make_unique<CollectiveWork>(this, "all_gather", seq, [out, block](const Slot& s) mutable {
-      Tensor host = Tensor::empty({out.numel()}, out.dtype(), Device::cpu());
-      for (size_t r = 0; r < s.in.size(); ++r)
-        if (block) std::memcpy(static_cast<char*>(host.data()) + r * block, s.in[r].host.data(), block);
-      out.copy_from(host.view(out.shape()));
+    const int64_t n = in.numel();
+    return std::make_unique<CollectiveWork>(this, "all_gather", seq, [out, n](const Slot& s) mutable {
+      Tensor flat = out.view({out.numel()});
+      for (size_t r = 0; r < s.in.size(); ++r) {
+        Tensor dst = flat.rows(static_cast<int64_t>(r) * n, static_cast<int64_t>(r + 1) * n);
+        dst.copy_from(s.in[r].host);
+      }
+      settle(out);
     });
   }
 
@@ -188,13 +235,13 @@ class InProcessComm final : public Communicator {
     Contribution c;
     c.host = host_copy(in);
     collective("all_to_all", std::move(c), [&](const Slot& s) {
-      Tensor host = Tensor::empty({out.numel()}, out.dtype(), Device::cpu());
-      const size_t block = in.nbytes() / static_cast<size_t>(size());
-      for (size_t r = 0; r < s.in.size(); ++r)
-        if (block)
-          std::memcpy(static_cast<char*>(host.data()) + r * block,
-                      static_cast<const char*>(s.in[r].host.data()) + static_cast<size_t>(rank_) * block, block);
-      out.copy_from(host.view(out.shape()));
+      Tensor flat = out.view({out.numel()});
+      const int64_t b = in.numel() / size();
+      for (size_t r = 0; r < s.in.size(); ++r) {
+        Tensor dst = flat.rows(static_cast<int64_t>(r) * b, static_cast<int64_t>(r + 1) * b);
+        dst.copy_from(s.in[r].host.rows(rank_ * b, (rank_ + 1) * b));
+      }
+      settle(out);
     });
   }
 
@@ -322,6 +369,7 @@ class InProcessComm final : public Communicator {
                         dtype_name(msg.dtype()), " elements, the receive expects ", op.tensor.numel(), " ",
                         dtype_name(op.tensor.dtype())));
       op.tensor.copy_from(msg.view(op.tensor.shape()));
+      settle(op.tensor);
     }
   }
 
