@@ -26,7 +26,12 @@ MlpStrategy* mlp_of(StepSlots& s) {
 Tensor on(const Tensor& t, Device d) { return t.device() == d ? t : t.to(d); }
 
 // The model's compute dtype: activations take the embedding's.
-DType act_dtype(Model& m) { return m.head_weight().dtype(); }
+DType act_dtype(const StepSlots& s) {
+  if (s.activation_dtype) return *s.activation_dtype;
+  const Tensor head = s.model.head_weight();
+  LCX_CHECK(head.defined(), "the head weight has no value (sharded between layers?): set StepSlots::activation_dtype");
+  return head.dtype();
+}
 
 // embed -> layers -> final norm, without saving anything: the evaluation and logits path.
 Tensor forward_only(StepSlots& s, const Shard& shard, Device device, const RopeTables& rope) {
@@ -34,7 +39,7 @@ Tensor forward_only(StepSlots& s, const Shard& shard, Device device, const RopeT
   const int64_t T = shard.tokens.size(0), H = cfg.hidden_size;
   StepContext ctx{&rope, &s.parallel, device, mlp_of(s)};
   const Tensor tokens = on(shard.tokens, device);
-  Tensor x = Tensor::empty({T, H}, act_dtype(s.model), device, MemoryCategory::activations);
+  Tensor x = Tensor::empty({T, H}, act_dtype(s), device, MemoryCategory::activations);
   s.model.embed_forward(tokens, x);
   for (int l = 0; l < cfg.num_layers; ++l) {
     Tensor y = Tensor::empty({T, H}, x.dtype(), device, MemoryCategory::activations);
@@ -70,7 +75,7 @@ StepResult train_step(StepSlots& s, const Shard& shard, double grad_scale, Devic
   const ModelConfig& cfg = s.model.config();
   const int L = static_cast<int>(cfg.num_layers);
   const int64_t T = shard.tokens.size(0), H = cfg.hidden_size;
-  const DType dt = act_dtype(s.model);
+  const DType dt = act_dtype(s);
   StepResult r;
 
   // Forward: each layer's input is handed to the memory strategy before the layer runs.

@@ -9,6 +9,7 @@
 // optimizer step), so gradient accumulation is calling this several times.
 #pragma once
 #include <cstdint>
+#include <optional>
 #include <vector>
 
 #include "lcx/loss.h"
@@ -41,6 +42,10 @@ struct StepSlots {
   Parallelism& parallel;
   StepHooks* hooks = nullptr;
   MlpStrategy* mlp = nullptr;  // core's whole MLP when null
+  // The activations' dtype, the weights' compute dtype. Unset: the head weight's, which then
+  // must be present; under ZeRO-3 sharding no parameter has a full value between layers, so the
+  // trainer sets it.
+  std::optional<DType> activation_dtype;
 };
 
 struct StepResult {

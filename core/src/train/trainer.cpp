@@ -198,6 +198,7 @@ int train_rank(const CoreConfig& cfg, const Manifest& manifest, const SlotFactor
   }
   StepSlots step_slots{model, *slots.loss, *slots.rope, *slots.memory, *slots.parallel};
   step_slots.mlp = slots.mlp.get();
+  step_slots.activation_dtype = dtype;
   configure_slots(step_slots);
   const ModelConfig& mc = model.config();
 
