@@ -26,6 +26,8 @@
 #include <memory>
 #include <mutex>
 #include <optional>
+#include <set>
+#include <string>
 #include <tuple>
 #include <type_traits>
 #include <vector>
@@ -496,12 +498,28 @@ std::string cudnn_version() {
   return str(v / 10000, ".", (v % 10000) / 100, ".", v % 100);
 }
 
+namespace {
+
+// A refusal of a large attention is worth a line: the own kernels are several times slower than
+// cuDNN's, and the reason (most often fp32 activations) is usually an accident of the setup. Once
+// per reason. Called under g_mu.
+void note_refusal(const char* why, const Tensor& q, const Tensor& k) {
+  static std::set<std::string> told;
+  if (q.size(0) * k.size(0) < (int64_t{1} << 24) || !told.insert(why).second) return;
+  log::warn(str("attention of ", q.size(0), " x ", k.size(0), " rows (", dtype_name(q.dtype()),
+                ") runs on lcx's own kernels, several times slower than cuDNN's: ", why,
+                ". Later refusals for this reason are not logged"));
+}
+
+}  // namespace
+
 bool cudnn_attention_forward(const Tensor& q, const Tensor& k, const Tensor& v, Tensor& out, Tensor& lse,
                              const ops::AttentionParams& p) {
   std::lock_guard lock(g_mu);
   if (choice() == AttentionKernel::own) return false;
   if (const char* why = refusal({&q, &k, &v, &out}, q, k, p)) {
     if (choice() == AttentionKernel::cudnn) throw Error(str("LCX_ATTENTION=cudnn: ", why));
+    note_refusal(why, q, k);
     return false;
   }
   const Shape4 s{q.size(0), k.size(0), q.size(1), k.size(1), q.size(2)};
@@ -533,6 +551,7 @@ bool cudnn_attention_backward(const Tensor& q, const Tensor& k, const Tensor& v,
   if (choice() == AttentionKernel::own) return false;
   if (const char* why = refusal({&q, &k, &v, &out, &dout, &dq, &dk, &dv}, q, k, p)) {
     if (choice() == AttentionKernel::cudnn) throw Error(str("LCX_ATTENTION=cudnn: ", why));
+    note_refusal(why, q, k);
     return false;
   }
   const Shape4 s{q.size(0), k.size(0), q.size(1), k.size(1), q.size(2)};
