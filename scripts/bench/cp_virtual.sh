@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # Where a context-parallel step's time goes, on one GPU: the Qwen3-8B shape (LAYERS layers) at
 # TOKENS, one rank beside cp_ring / sp_ulysses over 2 virtual ranks (threads sharing the GPU),
-# with and without ZeRO-3 sharding. Each run is killed at LIMIT_S; its last metrics line (time
+# with and without ZeRO-3 sharding (on by default, so sp2 is sharded). Each run is killed at LIMIT_S; its last metrics line (time
 # split) or its last log lines are printed. Virtual ranks serialize on the one GPU, so a cp = 2
 # step should take about one rank's step plus the ring's copies.
 #   LAYERS=2 TOKENS=32768 scripts/bench/cp_virtual.sh build
@@ -38,7 +38,7 @@ uly=$'[sp_ulysses]\nsize = 2\n[distributed]\nnproc_per_node = 2\nsp = 2\nvirtual
 for what in ${CASES:-one cp2 cp2-zero3 sp2}; do
   case $what in
     one) run one '"loss_chunked"' "" ;;
-    cp2) run cp2 '"loss_chunked","cp_ring"' "$ring" ;;
+    cp2) run cp2 '"loss_chunked","cp_ring"' "${ring}shard_parameters = false\n" ;;
     cp2-zero3) run cp2-zero3 '"loss_chunked","cp_ring"' "${ring}shard_parameters = true\n" ;;
     sp2) run sp2 '"loss_chunked","sp_ulysses"' "$uly" ;;
   esac
