@@ -19,6 +19,7 @@
 #include <string>
 #include <vector>
 
+#include "bench_util.h"
 #include "lcx/error.h"
 #include "lcx/ops.h"
 #include "lcx/tensor.h"
@@ -33,14 +34,6 @@ struct Options {
   std::vector<int64_t> cps = {2, 4, 8};
   int reps = 3;
 };
-
-std::vector<int64_t> parse_list(const std::string& s) {
-  std::vector<int64_t> v;
-  std::stringstream ss(s);
-  for (std::string item; std::getline(ss, item, ',');)
-    if (!item.empty()) v.push_back(std::stoll(item));
-  return v;
-}
 
 Options parse(int argc, char** argv) {
   Options o;
@@ -57,7 +50,7 @@ Options parse(int argc, char** argv) {
     } else if (a == "--tokens") {
       o.tokens = std::stoll(value());
     } else if (a == "--cp") {
-      o.cps = parse_list(value());
+      o.cps = bench::parse_list(value());
     } else if (a == "--heads") {
       o.heads = std::stoll(value());
     } else if (a == "--kv-heads") {
@@ -74,21 +67,9 @@ Options parse(int argc, char** argv) {
   return o;
 }
 
-void sync(Device d) {
-  if (d.is_cuda()) backend_for(d)->synchronize();
-}
-
-// Small random values (their distribution does not change the kernels' speed).
+// Values in [-1, 1): bf16 on a GPU (cuDNN's input), fp32 on the CPU.
 Tensor random_tensor(Shape shape, Device d, uint64_t seed) {
-  std::vector<float> v(static_cast<size_t>(shape_numel(shape)));
-  uint64_t s = seed * 0x9E3779B97F4A7C15ull + 1;
-  for (auto& x : v) {
-    s ^= s << 13;
-    s ^= s >> 7;
-    s ^= s << 17;
-    x = static_cast<float>(static_cast<int64_t>(s >> 40) - (1 << 23)) / static_cast<float>(1 << 23);
-  }
-  return Tensor::from_floats(v, std::move(shape), d.is_cuda() ? DType::bf16 : DType::f32, d);
+  return bench::random_uniform(std::move(shape), d.is_cuda() ? DType::bf16 : DType::f32, d, 1.f, seed);
 }
 
 enum class Layout { zigzag, contiguous };
@@ -120,7 +101,7 @@ RankTime time_rank(const Options& o, Layout layout, int r, int n, const Tensor& 
   auto seconds = [](auto a, auto b) { return std::chrono::duration<double>(b - a).count(); };
   // The LSE of a piece comes from its own forward (its values do not change the backward's speed).
   std::vector<std::pair<Tensor, Tensor>> outs;
-  sync(dev);
+  bench::sync(dev);
   auto t0 = clock();
   for (int s = 0; s < n; ++s) {
     const int j = (r - s + n) % n;
@@ -135,7 +116,7 @@ RankTime time_rank(const Options& o, Layout layout, int r, int n, const Tensor& 
       t.units += static_cast<double>(nq * nk) / static_cast<double>(c * c) * (pc.causal ? 0.5 : 1.0);
     }
   }
-  sync(dev);
+  bench::sync(dev);
   auto t1 = clock();
   size_t i = 0;
   for (int s = 0; s < n; ++s) {
@@ -150,7 +131,7 @@ RankTime time_rank(const Options& o, Layout layout, int r, int n, const Tensor& 
                               out, lse, dout.rows(pc.q_begin, pc.q_end), dq, dk, dv, p);
     }
   }
-  sync(dev);
+  bench::sync(dev);
   auto t2 = clock();
   t.forward_s = seconds(t0, t1);
   t.backward_s = seconds(t1, t2);

@@ -19,6 +19,7 @@
 #include <string>
 #include <vector>
 
+#include "bench_util.h"
 #include "config/manifest.h"
 #include "lcx/defaults.h"
 #include "lcx/loss.h"
@@ -39,14 +40,6 @@ struct Options {
   std::string dtype;  // of hidden and head: bf16 on a GPU, fp32 on the CPU unless asked
 };
 
-std::vector<int64_t> parse_list(const std::string& s) {
-  std::vector<int64_t> v;
-  std::stringstream ss(s);
-  for (std::string item; std::getline(ss, item, ',');)
-    if (!item.empty()) v.push_back(std::stoll(item));
-  return v;
-}
-
 Options parse(int argc, char** argv) {
   Options o;
   for (int i = 1; i < argc; ++i) {
@@ -60,9 +53,9 @@ Options parse(int argc, char** argv) {
       if (d != "cuda" && d != "cpu") throw Error(str("loss_bench: --device is cuda or cpu, got ", d));
       o.device = d == "cuda" ? Device::cuda() : Device::cpu();
     } else if (a == "--tokens") {
-      o.tokens = parse_list(value());
+      o.tokens = bench::parse_list(value());
     } else if (a == "--sweep") {
-      o.sweep = parse_list(value());
+      o.sweep = bench::parse_list(value());
     } else if (a == "--hidden") {
       o.hidden = std::stoll(value());
     } else if (a == "--vocab") {
@@ -86,23 +79,9 @@ Options parse(int argc, char** argv) {
   return o;
 }
 
-void sync(Device d) {
-  if (d.is_cuda()) backend_for(d)->synchronize();
-}
-
-// Uniform values with standard deviation `std`, from a cheap generator: the bench fills about a
-// billion values and their distribution does not matter to a GEMM's or a softmax's speed.
-Tensor random_uniform(Shape shape, DType t, Device d, float std, uint64_t seed) {
-  std::vector<float> v(static_cast<size_t>(shape_numel(shape)));
-  uint64_t s = seed * 0x9E3779B97F4A7C15ull + 1;
-  const float k = std::sqrt(3.f) * std / static_cast<float>(1u << 23);
-  for (auto& x : v) {
-    s ^= s << 13;
-    s ^= s >> 7;
-    s ^= s << 17;
-    x = (static_cast<float>(static_cast<int64_t>(s >> 40) - (1 << 23))) * k;
-  }
-  return Tensor::from_floats(v, std::move(shape), t, d);
+// Standard deviation `std`: uniform values of half-width sqrt(3) std.
+Tensor random_normalish(Shape shape, DType t, Device d, float std, uint64_t seed) {
+  return bench::random_uniform(std::move(shape), t, d, std::sqrt(3.f) * std, seed);
 }
 
 struct Inputs {
@@ -113,8 +92,8 @@ Inputs make_inputs(const Options& o, int64_t T) {
   const DType dt = o.dtype.empty() ? (o.device.is_cuda() ? DType::bf16 : DType::f32)
                                     : o.dtype == "bf16" ? DType::bf16 : DType::f32;
   Inputs in;
-  in.hidden = random_uniform({T, o.hidden}, dt, o.device, 1.f, 1);
-  in.head = random_uniform({o.vocab, o.hidden}, dt, o.device, 0.02f, 2);
+  in.hidden = random_normalish({T, o.hidden}, dt, o.device, 1.f, 1);
+  in.head = random_normalish({o.vocab, o.hidden}, dt, o.device, 0.02f, 2);
   Tensor t = Tensor::empty({T}, DType::i64);
   uint64_t s = 12345;
   int64_t* p = t.data_as<int64_t>();
@@ -155,13 +134,13 @@ void run_one(const Options& o, Loss& loss, const std::string& name, int64_t chun
     int64_t added = 0;
     std::vector<double> ms;
     for (int i = 0; i <= o.reps; ++i) {
-      sync(o.device);
+      bench::sync(o.device);
       const int64_t live = a.stats().live_bytes;
       a.reset_peak();
       const auto t0 = std::chrono::steady_clock::now();
       r = loss.forward_backward(in.hidden, in.head, in.targets, 1.0 / static_cast<double>(T), in.grad_hidden,
                                 in.grad_head);
-      sync(o.device);
+      bench::sync(o.device);
       const double t = std::chrono::duration<double, std::milli>(std::chrono::steady_clock::now() - t0).count();
       added = std::max(added, a.stats().peak_bytes - live);
       if (i > 0) ms.push_back(t);  // the first call picks GEMM algorithms and grows the allocator's cache
