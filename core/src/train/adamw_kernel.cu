@@ -16,8 +16,6 @@ template <>
 __device__ float ld<float>(const float* p, int64_t i) { return p[i]; }
 template <>
 __device__ float ld<__nv_bfloat16>(const __nv_bfloat16* p, int64_t i) { return __bfloat162float(p[i]); }
-template <>
-__device__ float ld<__half>(const __half* p, int64_t i) { return __half2float(p[i]); }
 
 template <typename T>
 __device__ void st(T* p, int64_t i, float x);
