@@ -1,6 +1,7 @@
 // Cross entropy on the CPU: loss against a naive log-softmax, ignored rows, the gradient against
 // central finite differences, and refusal of out-of-range targets.
 #include "kernels/kernel_test_util.h"
+#include "support/test_util.h"
 
 namespace lcx {
 namespace {
@@ -65,6 +66,11 @@ TEST(CrossEntropyCpu, RefusesTargetsOutsideTheVocabulary) {
   int64_t valid = 0;
   EXPECT_EQ(ops::cross_entropy_forward_backward(logits, targets_of({-100, -100}), 1.0, nullptr, &valid), 0.0);
   EXPECT_EQ(valid, 0);
+  // The per-chunk op of the chunked loss refuses them the same way, naming the row.
+  Tensor row_loss = Tensor::empty({2}, DType::f32);
+  const std::string e = test::error_of([&] { ops::cross_entropy_chunk(logits, targets_of({0, 7}), 1.f, row_loss, nullptr); });
+  EXPECT_NE(e.find("target 7 at row 1"), std::string::npos) << e;
+  EXPECT_THROW(ops::cross_entropy_chunk(logits, targets_of({-3, 0}), 1.f, row_loss, nullptr), Error);
 }
 
 }  // namespace

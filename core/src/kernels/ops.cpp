@@ -328,6 +328,20 @@ void attention_backward(const Tensor& q, const Tensor& k, const Tensor& v, const
   LCX_ROUTE(cuda, attention_backward, q, k, v, out, lse, dout, dq, dk, dv, r);
 }
 
+namespace {
+
+// On the CPU a target past the vocabulary fails here, naming it; the CUDA kernels cannot stop
+// the host, so they write NaN for that row's loss instead.
+void need_targets_in_vocabulary(const char* op, const Tensor& targets, const Tensor& logits) {
+  const int64_t* tg = targets.data_as<const int64_t>();
+  for (int64_t t = 0; t < targets.numel(); ++t)
+    if (tg[t] != -100 && (tg[t] < 0 || tg[t] >= logits.size(1)))
+      fail(op, str("target ", tg[t], " at row ", t, " is outside ", desc("logits", logits),
+                   " (and is not the ignore index -100)"));
+}
+
+}  // namespace
+
 double cross_entropy_forward_backward(const Tensor& logits, const Tensor& targets, double grad_scale,
                                       Tensor* dlogits, int64_t* valid) {
   const char* op = "cross_entropy_forward_backward";
@@ -341,13 +355,7 @@ double cross_entropy_forward_backward(const Tensor& logits, const Tensor& target
     need_float(op, "dlogits", *dlogits);
     need_same_shape(op, "dlogits", *dlogits, "logits", logits);
   }
-  if (!cuda) {
-    const int64_t* tg = targets.data_as<const int64_t>();
-    for (int64_t t = 0; t < targets.numel(); ++t)
-      if (tg[t] != -100 && (tg[t] < 0 || tg[t] >= logits.size(1)))
-        fail(op, str("target ", tg[t], " at row ", t, " is outside ", desc("logits", logits),
-                     " (and is not the ignore index -100)"));
-  }
+  if (!cuda) need_targets_in_vocabulary(op, targets, logits);
   LCX_ROUTE(cuda, cross_entropy_forward_backward, logits, targets, grad_scale, dlogits, valid);
 }
 
@@ -367,13 +375,7 @@ void cross_entropy_chunk(const Tensor& logits, const Tensor& targets, float grad
     need_float(op, "dlogits", *dlogits);
     need_same_shape(op, "dlogits", *dlogits, "logits", logits);
   }
-  if (!cuda) {
-    const int64_t* tg = targets.data_as<const int64_t>();
-    for (int64_t t = 0; t < targets.numel(); ++t)
-      if (tg[t] != -100 && (tg[t] < 0 || tg[t] >= logits.size(1)))
-        fail(op, str("target ", tg[t], " at row ", t, " is outside ", desc("logits", logits),
-                     " (and is not the ignore index -100)"));
-  }
+  if (!cuda) need_targets_in_vocabulary(op, targets, logits);
   LCX_ROUTE(cuda, cross_entropy_chunk, logits, targets, grad_scale, row_loss, dlogits);
 }
 
