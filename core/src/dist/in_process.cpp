@@ -43,7 +43,7 @@ struct Group;
 
 struct Contribution {
   bool posted = false;
-  Tensor host;  // flat copy of the input: on the input's CUDA device, else on the host
+  Tensor data;  // flat copy of the input: on the input's CUDA device, else on the host
   std::vector<double> f64;
   int color = 0, key = 0;
 };
@@ -66,7 +66,7 @@ struct Group {
   std::map<std::pair<int, int>, std::deque<Tensor>> mail;  // (sender, receiver) -> messages
 };
 
-Tensor host_copy(const Tensor& t) {
+Tensor post_copy(const Tensor& t) {
   if (!t.device().is_cuda()) return t.clone().view({t.numel()});
   Tensor d = Tensor::empty({t.numel()}, t.dtype(), t.device(), MemoryCategory::communication);
   d.copy_from(t.view({t.numel()}));
@@ -87,7 +87,7 @@ bool float_dtype(DType t) { return t == DType::f32 || t == DType::bf16 || t == D
 Tensor sum_in_rank_order(const Slot& s, int64_t offset, int64_t count, DType dtype) {
   Tensor out = Tensor::empty({count}, dtype, Device::cpu());
   auto host_rows = [&](const Contribution& c) {
-    const Tensor rows = c.host.rows(offset, offset + count);
+    const Tensor rows = c.data.rows(offset, offset + count);
     return rows.device().is_cuda() ? rows.to(Device::cpu()) : rows;
   };
   if (dtype == DType::i32 || dtype == DType::i64) {
@@ -128,7 +128,7 @@ void reduce_into(const Slot& s, int64_t offset, Tensor& out) {
   }
   Tensor acc = Tensor::empty({n}, DType::f32, out.device(), MemoryCategory::communication);
   for (size_t r = 0; r < s.in.size(); ++r) {
-    const Tensor x = on_device(s.in[r].host, out.device()).rows(offset, offset + n);
+    const Tensor x = on_device(s.in[r].data, out.device()).rows(offset, offset + n);
     if (r == 0)
       ops::cast(x, acc);
     else
@@ -182,7 +182,7 @@ class InProcessComm final : public Communicator {
 
   void all_reduce(Tensor& t) override {
     Contribution c;
-    c.host = host_copy(t);
+    c.data = post_copy(t);
     collective("all_reduce", std::move(c), [&](const Slot& s) {
       reduce_into(s, 0, t);
     });
@@ -204,7 +204,7 @@ class InProcessComm final : public Communicator {
     require(in.dtype() == out.dtype() && in.numel() == size() * out.numel(), "reduce_scatter", in, out,
             "in.numel() == size() * out.numel()");
     Contribution c;
-    c.host = host_copy(in);
+    c.data = post_copy(in);
     const int64_t seq = post("reduce_scatter", std::move(c));
     const int64_t n = out.numel(), offset = rank_ * n;
     return std::make_unique<CollectiveWork>(this, "reduce_scatter", seq,
@@ -215,14 +215,14 @@ class InProcessComm final : public Communicator {
     require(in.dtype() == out.dtype() && out.numel() == size() * in.numel(), "all_gather", in, out,
             "out.numel() == size() * in.numel()");
     Contribution c;
-    c.host = host_copy(in);
+    c.data = post_copy(in);
     const int64_t seq = post("all_gather", std::move(c));
     const int64_t n = in.numel();
     return std::make_unique<CollectiveWork>(this, "all_gather", seq, [out, n](const Slot& s) mutable {
       Tensor flat = out.view({out.numel()});
       for (size_t r = 0; r < s.in.size(); ++r) {
         Tensor dst = flat.rows(static_cast<int64_t>(r) * n, static_cast<int64_t>(r + 1) * n);
-        dst.copy_from(s.in[r].host);
+        dst.copy_from(s.in[r].data);
       }
       settle(out);
     });
@@ -233,13 +233,13 @@ class InProcessComm final : public Communicator {
             in, out, "in.numel() == out.numel(), a multiple of size()");
     LCX_CHECK(in.numel() == 0 || in.data() != out.data(), "all_to_all needs distinct in and out");
     Contribution c;
-    c.host = host_copy(in);
+    c.data = post_copy(in);
     collective("all_to_all", std::move(c), [&](const Slot& s) {
       Tensor flat = out.view({out.numel()});
       const int64_t b = in.numel() / size();
       for (size_t r = 0; r < s.in.size(); ++r) {
         Tensor dst = flat.rows(static_cast<int64_t>(r) * b, static_cast<int64_t>(r + 1) * b);
-        dst.copy_from(s.in[r].host.rows(rank_ * b, (rank_ + 1) * b));
+        dst.copy_from(s.in[r].data.rows(rank_ * b, (rank_ + 1) * b));
       }
       settle(out);
     });
@@ -255,7 +255,7 @@ class InProcessComm final : public Communicator {
         recvs.push_back(std::move(op));
         continue;
       }
-      Tensor h = host_copy(op.tensor);
+      Tensor h = post_copy(op.tensor);
       std::lock_guard lock(g_->world->mu);
       g_->mail[{rank_, op.peer}].push_back(std::move(h));
     }
@@ -457,14 +457,14 @@ class InProcessComm final : public Communicator {
     for (size_t r = 1; r < s.in.size(); ++r) {
       const auto& a = s.in[0];
       const auto& b = s.in[r];
-      const bool same = a.host.defined() == b.host.defined() && a.f64.size() == b.f64.size() &&
-                        (!a.host.defined() || (a.host.dtype() == b.host.dtype() && a.host.numel() == b.host.numel()));
+      const bool same = a.data.defined() == b.data.defined() && a.f64.size() == b.f64.size() &&
+                        (!a.data.defined() || (a.data.dtype() == b.data.dtype() && a.data.numel() == b.data.numel()));
       if (!same) {
         s.mismatch = str(op, " #", seq, " on communicator '", name(), "': rank 0 passed ",
-                         a.host.defined() ? a.host.numel() : static_cast<int64_t>(a.f64.size()), " ",
-                         a.host.defined() ? dtype_name(a.host.dtype()) : "fp64", " elements, rank ", r, " ",
-                         b.host.defined() ? b.host.numel() : static_cast<int64_t>(b.f64.size()), " ",
-                         b.host.defined() ? dtype_name(b.host.dtype()) : "fp64");
+                         a.data.defined() ? a.data.numel() : static_cast<int64_t>(a.f64.size()), " ",
+                         a.data.defined() ? dtype_name(a.data.dtype()) : "fp64", " elements, rank ", r, " ",
+                         b.data.defined() ? b.data.numel() : static_cast<int64_t>(b.f64.size()), " ",
+                         b.data.defined() ? dtype_name(b.data.dtype()) : "fp64");
         return;
       }
     }
