@@ -13,7 +13,10 @@
 // lets the MLP slot recompute and differentiate its own half, then recomputes each group again for
 // its attention backward (one group: the recompute's tensors serve, as nothing is cut; with
 // attention_keep_outputs each group's output and LSE are kept from the recompute, so only its
-// q, k, v are made again and no attention forward runs twice). Buffers
+// q, k, v are made again and no attention forward runs twice). With keep_attention (selective
+// recompute) every group's output and LSE are kept from the forward through the memory strategy
+// (MemoryStrategy::keep, so they may wait in host memory like the input): the backward rebuilds
+// x1 from them with o_proj alone and no attention forward runs in it at all. Buffers
 // go as soon as their last reader has run, so the layer's peak is the larger of two moments, the
 // MLP's backward and one group's attention backward (plan_dense_decoder counts both). Parameter
 // gradients are fp32 and accumulate across calls.
@@ -106,9 +109,11 @@ struct GroupActs {
 class Qwen3Model final : public Model {
  public:
   // head_groups: 0 for "auto" (one kv head per group on a single rank, see groups_for()).
-  Qwen3Model(bool check_finite, uint64_t max_shard_bytes, int64_t head_groups, bool keep_outputs, std::string table)
+  // keep_attention: -1 for "auto" (the recipe's choice), else 0 or 1.
+  Qwen3Model(bool check_finite, uint64_t max_shard_bytes, int64_t head_groups, bool keep_outputs, int keep_attention,
+             std::string table)
       : check_finite_(check_finite), max_shard_bytes_(max_shard_bytes), head_groups_(head_groups),
-        keep_outputs_(keep_outputs), table_(std::move(table)) {}
+        keep_outputs_(keep_outputs), keep_attention_(keep_attention), table_(std::move(table)) {}
 
   void load_hf(const std::string& dir, Device device, DType dtype) override {
     HfConfig hc = HfConfig::load(dir);
@@ -197,7 +202,13 @@ class Qwen3Model final : public Model {
     {
       Tensor rstd1;
       const Tensor h1 = input_norm(L, x, rstd1);
-      x1 = attention_out(L, h1, ctx, groups_for(ctx), nullptr);
+      std::vector<GroupActs> kept;
+      const bool keep = keeps_attention(ctx);
+      x1 = attention_out(L, h1, ctx, groups_for(ctx), keep ? &kept : nullptr, true);
+      for (GroupActs& a : kept) {
+        ctx.memory->keep(layer, a.attn);
+        ctx.memory->keep(layer, a.lse);
+      }
     }
     ops::add(x, x1, x1);  // x1 = x + o, in o's buffer
     Tensor rstd2;
@@ -211,14 +222,24 @@ class Qwen3Model final : public Model {
     const LayerParams& L = checked_layer(layer, ctx);
     const int64_t T = x.size(0), d = cfg_.head_dim;
     const int64_t groups = groups_for(ctx);
-    // Recompute up to the MLP's input. With one group its tensors serve the attention backward;
+    // Recompute up to the MLP's input: from the outputs kept in the forward (o_proj only), or
+    // through the attention. Recomputed with one group, its tensors serve the attention backward;
     // with attention_keep_outputs every group's output and LSE do.
     std::vector<GroupActs> kept;
+    const bool from_forward = keeps_attention(ctx);
     Tensor x1;
-    {
+    if (from_forward) {
+      const std::vector<Tensor> outputs = ctx.memory->kept(layer);
+      LCX_CHECK(static_cast<int64_t>(outputs.size()) == 2 * groups, "qwen3: layer ", layer, " kept ", outputs.size(),
+                " tensors, its ", groups, " head groups need ", 2 * groups);
+      for (int64_t g = 0; g < groups; ++g)
+        kept.push_back(GroupActs{.attn = outputs[static_cast<size_t>(2 * g)], .lse = outputs[static_cast<size_t>(2 * g + 1)]});
+      x1 = act({T, cfg_.hidden_size}, x);
+      for (int64_t g = 0; g < groups; ++g) project_out(L, head_group(g, groups), kept[static_cast<size_t>(g)].attn, x1, g);
+    } else {
       Tensor rstd1;
       const Tensor h1 = input_norm(L, x, rstd1);
-      x1 = attention_out(L, h1, ctx, groups, groups == 1 || keep_outputs_ ? &kept : nullptr);
+      x1 = attention_out(L, h1, ctx, groups, groups == 1 || keep_outputs_ ? &kept : nullptr, false);
     }
     ops::add(x, x1, x1);
     Tensor rstd2;
@@ -241,9 +262,9 @@ class Qwen3Model final : public Model {
     for (int64_t g = 0; g < groups; ++g) {
       const HeadGroup hg = head_group(g, groups);
       GroupActs a;
-      if (groups == 1) {
+      if (groups == 1 && !from_forward) {
         a = std::move(kept[0]);
-      } else if (keep_outputs_) {
+      } else if (keep_outputs_ || from_forward) {
         a = group_inputs(L, h1, hg, ctx);
         a.attn = std::move(kept[static_cast<size_t>(g)].attn);
         a.lse = std::move(kept[static_cast<size_t>(g)].lse);
@@ -288,7 +309,9 @@ class Qwen3Model final : public Model {
 
   // The dense decoder's terms with this module's head groups (auto resolved as groups_for() does).
   void plan(const PlanInputs& in, MemoryPlan& plan) const override {
-    plan_dense_decoder(in, plan, {resolve_groups(in.model.num_kv_heads, in.cp * in.sp == 1), keep_outputs_});
+    const bool keep = keep_attention_ < 0 ? in.recipe.keep_attention : keep_attention_ == 1;
+    plan_dense_decoder(in, plan,
+                       {resolve_groups(in.model.num_kv_heads, in.cp * in.sp == 1, in.recipe.head_groups), keep_outputs_, keep});
   }
 
   void final_norm_forward(const Tensor& x, Tensor& y) override {
@@ -327,15 +350,16 @@ class Qwen3Model final : public Model {
   // The parameter list in HF order, with zeroed fp32 grads and values to be filled.
   void build(const ModelConfig& cfg, Device device, DType dtype) {
     if (!is_floating(dtype)) throw Error(str("qwen3: weights must be a float dtype, not ", dtype_name(dtype)));
-    resolve_groups(cfg.num_kv_heads, true);  // an explicit count must divide the kv heads: refused before any weight
+    resolve_groups(cfg.num_kv_heads, true, 0);  // an explicit count must divide the kv heads: refused before any weight
     cfg_ = cfg;
     params_.clear();
     layers_.clear();
     const int64_t H = cfg.hidden_size, I = cfg.intermediate_size, V = cfg.vocab_size, d = cfg.head_dim;
     const int64_t qd = cfg.num_heads * d, kvd = cfg.num_kv_heads * d;
-    auto add = [&](const std::string& name, Shape shape) {
+    auto add = [&](const std::string& name, Shape shape, bool gemm = false) {
       Parameter p;
       p.name = name;
+      p.gemm_grad = gemm;
       p.value = Tensor::empty(shape, dtype, device, MemoryCategory::weights);
       p.grad = Tensor::zeros(shape, DType::f32, device, MemoryCategory::gradients);
       p.decay = shape.size() > 1;  // norms are not decayed, as transformers' Trainer does
@@ -347,16 +371,16 @@ class Qwen3Model final : public Model {
       const std::string p = str("model.layers.", l, ".");
       LayerParams L;
       L.input_norm = add(p + "input_layernorm.weight", {H});
-      L.q = add(p + "self_attn.q_proj.weight", {qd, H});
-      L.k = add(p + "self_attn.k_proj.weight", {kvd, H});
-      L.v = add(p + "self_attn.v_proj.weight", {kvd, H});
-      L.o = add(p + "self_attn.o_proj.weight", {H, qd});
+      L.q = add(p + "self_attn.q_proj.weight", {qd, H}, true);
+      L.k = add(p + "self_attn.k_proj.weight", {kvd, H}, true);
+      L.v = add(p + "self_attn.v_proj.weight", {kvd, H}, true);
+      L.o = add(p + "self_attn.o_proj.weight", {H, qd}, true);
       L.q_norm = add(p + "self_attn.q_norm.weight", {d});
       L.k_norm = add(p + "self_attn.k_norm.weight", {d});
       L.post_norm = add(p + "post_attention_layernorm.weight", {H});
-      L.gate = add(p + "mlp.gate_proj.weight", {I, H});
-      L.up = add(p + "mlp.up_proj.weight", {I, H});
-      L.down = add(p + "mlp.down_proj.weight", {H, I});
+      L.gate = add(p + "mlp.gate_proj.weight", {I, H}, true);
+      L.up = add(p + "mlp.up_proj.weight", {I, H}, true);
+      L.down = add(p + "mlp.down_proj.weight", {H, I}, true);
       layers_.push_back(L);
     }
     final_norm_ = add("model.norm.weight", {H});
@@ -380,8 +404,11 @@ class Qwen3Model final : public Model {
   // every head (single rank: its attention takes any head count), one group otherwise, since a
   // provider that splits heads across ranks (sp_ulysses) needs them all. The plan resolves the
   // same way from the mesh (cp * sp == 1 is a Parallelism of size 1).
-  int64_t resolve_groups(int64_t kv_heads, bool one_rank) const {
-    if (head_groups_ == 0) return one_rank ? kv_heads : 1;
+  int64_t resolve_groups(int64_t kv_heads, bool one_rank, int64_t recipe_groups) const {
+    if (head_groups_ == 0) {  // "auto": the recipe's count where it serves, else the rule above
+      if (!one_rank) return 1;
+      return recipe_groups > 0 && kv_heads % recipe_groups == 0 ? recipe_groups : kv_heads;
+    }
     if (kv_heads % head_groups_ != 0)
       throw Error(str(table_, ".attention_head_groups = ", head_groups_, " does not divide the model's ", kv_heads,
                       " key/value heads"),
@@ -389,7 +416,13 @@ class Qwen3Model final : public Model {
     return head_groups_;
   }
   int64_t groups_for(const StepContext& ctx) const {
-    return resolve_groups(cfg_.num_kv_heads, ctx.parallel->size() == 1);
+    return resolve_groups(cfg_.num_kv_heads, ctx.parallel->size() == 1, ctx.recipe.head_groups);
+  }
+  // Whether this step keeps each layer's attention outputs from the forward: the key, or the
+  // recipe's choice under "auto"; never without a memory strategy to hold them.
+  bool keeps_attention(const StepContext& ctx) const {
+    if (!ctx.memory) return false;
+    return keep_attention_ < 0 ? ctx.recipe.keep_attention : keep_attention_ == 1;
   }
   HeadGroup head_group(int64_t g, int64_t groups) const {
     const int64_t nq = cfg_.num_heads / groups, nkv = cfg_.num_kv_heads / groups;
@@ -473,19 +506,28 @@ class Qwen3Model final : public Model {
     return a;
   }
 
+  // o (+)= attn_g @ Wo[:, group's columns]^T: group g's share of the attention's projection.
+  void project_out(const LayerParams& L, const HeadGroup& hg, const Tensor& attn, Tensor& o, int64_t g) {
+    const int64_t T = attn.size(0);
+    ops::matmul(attn.view({T, hg.nq * cfg_.head_dim}), false, o_columns(L, hg), true, o, 1.f, g == 0 ? 0.f : 1.f);
+  }
+
   // o = attention(h1) @ Wo^T [T,H], one group at a time, each group's tensors gone before the
-  // next one's. `keep` takes them for the backward: all of them when there is one group, else each
-  // group's output and LSE.
+  // next one's. `keep` takes them for the backward: all of them when there is one group (unless
+  // outputs_only), else each group's output and LSE.
   Tensor attention_out(const LayerParams& L, const Tensor& h1, StepContext& ctx, int64_t groups,
-                       std::vector<GroupActs>* keep) {
+                       std::vector<GroupActs>* keep, bool outputs_only) {
     const int64_t T = h1.size(0);
     Tensor o = act({T, cfg_.hidden_size}, h1);
     for (int64_t g = 0; g < groups; ++g) {
       const HeadGroup hg = head_group(g, groups);
       GroupActs a = group_forward(L, h1, hg, ctx);
-      ops::matmul(a.attn.view({T, hg.nq * cfg_.head_dim}), false, o_columns(L, hg), true, o, 1.f, g == 0 ? 0.f : 1.f);
-      if (keep && groups == 1) keep->push_back(std::move(a));
-      if (keep && groups > 1) keep->push_back(GroupActs{.attn = std::move(a.attn), .lse = std::move(a.lse)});
+      project_out(L, hg, a.attn, o, g);
+      if (!keep) continue;
+      if (groups == 1 && !outputs_only)
+        keep->push_back(std::move(a));
+      else
+        keep->push_back(GroupActs{.attn = std::move(a.attn), .lse = std::move(a.lse)});
     }
     return o;
   }
@@ -498,6 +540,7 @@ class Qwen3Model final : public Model {
   uint64_t max_shard_bytes_;
   int64_t head_groups_;  // 0: auto
   bool keep_outputs_;    // keep each group's attention output and LSE from the backward's recompute
+  int keep_attention_;   // keep them from the forward: -1 auto (the recipe's), 0 no, 1 yes
   std::string table_;    // the manifest's name for this module's table, for errors
   std::unique_ptr<MlpStrategy> whole_mlp_ = make_whole_mlp();  // for callers whose StepContext names no MLP
 };
@@ -540,13 +583,26 @@ int64_t parse_head_groups(const ConfigView& cfg) {
   return n;
 }
 
+// A key that is true, false or "auto" (the default): 1, 0, or -1.
+int parse_auto_bool(const ConfigView& cfg, const char* key) {
+  if (!cfg.has(key)) return -1;
+  try {
+    return cfg.get_bool(key, false) ? 1 : 0;
+  } catch (const Error&) {  // not a bool: the one string it may be is "auto"
+    const std::string text = cfg.get_string(key, "auto");
+    if (text == "auto") return -1;
+    cfg.fail(key, str("'", text, "' is neither true, false nor \"auto\""), "true, false or \"auto\" (the plan's choice)");
+  }
+}
+
 std::unique_ptr<Plugin> create(const PluginArgs& args) {
   const bool check_finite = args.config.get_bool("check_finite", true);
   const uint64_t shard = parse_size(args.config, "max_shard_size", args.config.get_string("max_shard_size", "5GB"));
   const int64_t groups = parse_head_groups(args.config);
   const bool keep_outputs = args.config.get_bool("attention_keep_outputs", false);
+  const int keep_attention = parse_auto_bool(args.config, "keep_attention");
   const std::string table = args.config.name().empty() ? std::string("qwen3") : args.config.name();
-  return std::make_unique<Qwen3Model>(check_finite, shard, groups, keep_outputs, table);
+  return std::make_unique<Qwen3Model>(check_finite, shard, groups, keep_outputs, keep_attention, table);
 }
 
 }  // namespace

@@ -16,6 +16,11 @@
 // The pool is one pinned buffer of num_layers x bytes per input, pinned at the first step (its
 // size logged, refused beyond the host's available memory) and reused by every later step.
 //
+// What the model keeps of a layer beside its input (keep(): its attention output and LSE) takes
+// the same road: each tensor is copied out on the copy stream after the input, into a pinned
+// buffer of its own (pinned at the first step, reused after), `copied` re-recorded so it covers
+// them all, and loaded back with the input by fetch(). A layer's state is its whole bundle.
+//
 // On CPU tensors the same code runs with copies between host buffers and events that are always
 // complete (lcx/stream.h): the bookkeeping CI tests is the bookkeeping the GPU runs.
 #include <lcx/log.h>
@@ -92,6 +97,7 @@ class Offload final : public MemoryStrategy {
       oldest->copied.synchronize();
       host_wait_s_ += std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
       oldest->device = Tensor();
+      oldest->kept_device.clear();
       oldest->state = State::on_host;
     }
     if (s.host.shape() != x.shape() || s.host.dtype() != x.dtype())
@@ -103,8 +109,36 @@ class Offload final : public MemoryStrategy {
     copy_async(s.host, x, copy_);
     s.copied.record(copy_);
     s.device = x;
+    s.kept_device.clear();
+    s.kept = 0;
     s.state = State::saving;
     note_held();
+  }
+
+  void keep(int layer, const Tensor& t) override {
+    Slot& s = slot(layer);
+    LCX_CHECK(s.state == State::saving, "offload: layer ", layer, " keeps a tensor before its input was saved");
+    const size_t k = s.kept++;
+    if (k == s.kept_host.size()) s.kept_host.emplace_back();
+    Pinned& host = s.kept_host[k];
+    if (host.view.shape() != t.shape() || host.view.dtype() != t.dtype()) {
+      if (host.buffer.bytes() < t.nbytes()) {
+        host.buffer = PinnedBuffer();
+        host.buffer = pin(t.nbytes(), str("a kept tensor of layer ", layer, " (", shape_str(t.shape()), ")"));
+      }
+      host.view = host.buffer.view(t.shape(), t.dtype());
+    }
+    produced_.record(Stream::compute(device_));
+    copy_.wait(produced_);
+    copy_async(host.view, t, copy_);
+    s.copied.record(copy_);  // later on the same stream: covers the input's copy too
+    s.kept_device.push_back(t);
+  }
+
+  std::vector<Tensor> kept(int layer) override {
+    Slot& s = slot(layer);
+    LCX_CHECK(s.state == State::fetched, "offload: kept tensors of layer ", layer, " asked before its fetch");
+    return s.kept_device;
   }
 
   Tensor fetch(int layer) override {
@@ -131,6 +165,7 @@ class Offload final : public MemoryStrategy {
     Slot& s = slot(layer);
     if (s.state == State::on_host && held() < prefetch_ + 1) load(s);
   }
+
 
   void release(int layer) override { drop(slot(layer)); }
 
@@ -160,6 +195,13 @@ class Offload final : public MemoryStrategy {
   void plan(const PlanInputs& in, MemoryPlan& plan) const override {
     const int L = static_cast<int>(in.model.num_layers);
     const int64_t each = in.tokens_per_rank * in.model.hidden_size * static_cast<int64_t>(dtype_size(in.weight_dtype));
+    if (plan.kept_bytes_per_layer > 0) {
+      plan.add(str("kept attention of the layers on the GPU: at most ", std::min(L, prefetch_ + 1), " layers"),
+               PlanCategory::activations_gpu, std::min(L, prefetch_ + 1) * plan.kept_bytes_per_layer,
+               plan_phase::step);
+      plan.add(str("kept attention in pinned host memory: ", L, " layers"), PlanCategory::activations_host,
+               L * plan.kept_bytes_per_layer, plan_phase::always, true);
+    }
     plan.add(str("saved layer inputs on the GPU: at most ", std::min(L, prefetch_ + 1), " x [T,H] (prefetch ",
                  prefetch_, ")"),
              PlanCategory::activations_gpu, device_bytes(L, each), plan_phase::step);
@@ -172,9 +214,16 @@ class Offload final : public MemoryStrategy {
   // empty -> saving (copy out in flight, device input kept) -> on_host -> loading (copy in
   // flight) -> fetched -> empty at release. A saving slot may be fetched directly.
   enum class State { empty, saving, on_host, loading, fetched };
+  struct Pinned {
+    PinnedBuffer buffer;
+    Tensor view;  // the kept tensor's shape over `buffer`
+  };
   struct Slot {
     Tensor host;    // this layer's part of the pinned pool
     Tensor device;  // the input on the device, while the state holds one
+    std::vector<Tensor> kept_device;  // the kept tensors on the device, beside `device`
+    std::vector<Pinned> kept_host;    // their pinned copies, one buffer each
+    size_t kept = 0;                  // how many the layer kept this step
     State state = State::empty;
     Event copied;  // the last copy out or in is done
     Event wait_start, wait_end;
@@ -217,26 +266,41 @@ class Offload final : public MemoryStrategy {
       }
     const size_t need = slots_.size() * x.nbytes();
     if (pool_.bytes() >= need) return;
-    const int64_t available = host_mem_available();
-    int64_t limit = available;
-    const bool capped = max_host_bytes_ > 0 && (limit < 0 || max_host_bytes_ < limit);
-    if (capped) limit = max_host_bytes_;
-    const std::string what = str(slots_.size(), " layer inputs of ", x.nbytes() / kMiB, " MiB");
-    if (limit >= 0 && static_cast<int64_t>(need) > limit)
-      throw Error(str("offload: ", what, " need ", gib(static_cast<double>(need)), " of pinned host memory, but only ",
-                      gib(static_cast<double>(limit)), " is available (",
-                      capped ? "offload.max_host_mib" : "MemAvailable in /proc/meminfo", ")"),
-                  "offload", "shorten data.seq_len, free host memory, or drop offload from [plugins] load");
     if (pool_.bytes() > 0) {  // a smaller pool from an earlier, shorter step is unpinned first
       pool_ = PinnedBuffer();
+      for (Slot& s : slots_) s.kept_host.clear();
       release_cached_pinned();
     }
-    pool_ = pinned_alloc(need, MemoryCategory::activations);
+    const std::string what = str(slots_.size(), " layer inputs of ", x.nbytes() / kMiB, " MiB");
+    pool_ = pin(need, what);
     for (Slot& s : slots_) s.host = Tensor();
+    const int64_t available = host_mem_available();
     log::info(str("offload: ", what, " in ", pinned_is_page_locked() ? "pinned" : "(unpinned) host",
                   " memory: ", gib(static_cast<double>(need)), " of ",
                   available < 0 ? std::string("unknown") : gib(static_cast<double>(available)),
                   " available; at most ", prefetch_ + 1, " inputs on ", device_name(device_)));
+  }
+
+  // `bytes` of pinned memory for `what`, refused with the fix where the host (or max_host_mib,
+  // counting what this strategy pinned already) has less.
+  PinnedBuffer pin(size_t bytes, const std::string& what) {
+    const int64_t available = host_mem_available();
+    int64_t limit = available;
+    const bool capped = max_host_bytes_ > 0 && (limit < 0 || max_host_bytes_ - pinned_bytes() < limit);
+    if (capped) limit = max_host_bytes_ - pinned_bytes();
+    if (limit >= 0 && static_cast<int64_t>(bytes) > limit)
+      throw Error(str("offload: ", what, " need ", gib(static_cast<double>(bytes)), " of pinned host memory, but only ",
+                      gib(static_cast<double>(std::max<int64_t>(limit, 0))), " is available (",
+                      capped ? "offload.max_host_mib" : "MemAvailable in /proc/meminfo", ")"),
+                  "offload", "shorten data.seq_len, free host memory, or drop offload from [plugins] load");
+    return pinned_alloc(bytes, MemoryCategory::activations);
+  }
+
+  int64_t pinned_bytes() const {
+    size_t n = pool_.bytes();
+    for (const Slot& s : slots_)
+      for (const Pinned& p : s.kept_host) n += p.buffer.bytes();
+    return static_cast<int64_t>(n);
   }
 
   // Drops the device inputs whose copy out has completed.
@@ -244,15 +308,21 @@ class Offload final : public MemoryStrategy {
     for (Slot& s : slots_)
       if (s.state == State::saving && s.copied.done()) {
         s.device = Tensor();
+        s.kept_device.clear();
         s.state = State::on_host;
       }
   }
 
   void load(Slot& s) {
     s.device = Tensor::empty(s.host.shape(), s.host.dtype(), device_, MemoryCategory::activations);
+    s.kept_device.clear();
+    for (size_t k = 0; k < s.kept; ++k)
+      s.kept_device.push_back(Tensor::empty(s.kept_host[k].view.shape(), s.kept_host[k].view.dtype(), device_,
+                                            MemoryCategory::activations));
     produced_.record(Stream::compute(device_));
     copy_.wait(produced_);
     copy_async(s.device, s.host, copy_);
+    for (size_t k = 0; k < s.kept; ++k) copy_async(s.kept_device[k], s.kept_host[k].view, copy_);
     s.copied.record(copy_);
     s.state = State::loading;
     note_held();
@@ -264,6 +334,7 @@ class Offload final : public MemoryStrategy {
   void drop(Slot& s) {
     if (s.device.defined()) Stream::compute(device_).wait(s.copied);
     s.device = Tensor();
+    s.kept_device.clear();
     s.state = State::empty;
   }
 

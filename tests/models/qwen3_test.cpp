@@ -5,6 +5,7 @@
 
 #include "support/test_util.h"
 
+#include <algorithm>
 #include <cmath>
 #include <filesystem>
 #include <fstream>
@@ -360,6 +361,7 @@ class RecordingMemory final : public MemoryStrategy {
   void begin_step(int n) override {
     calls.push_back(str("begin ", n));
     saved_.assign(static_cast<size_t>(n), Tensor());
+    kept_.assign(static_cast<size_t>(n), {});
   }
   void save(int l, const Tensor& x) override {
     calls.push_back(str("save ", l));
@@ -369,10 +371,19 @@ class RecordingMemory final : public MemoryStrategy {
     calls.push_back(str("fetch ", l));
     return saved_[static_cast<size_t>(l)];
   }
+  void keep(int l, const Tensor& t) override {
+    calls.push_back(str("keep ", l));
+    kept_[static_cast<size_t>(l)].push_back(t.clone());
+  }
+  std::vector<Tensor> kept(int l) override {
+    calls.push_back(str("kept ", l));
+    return kept_[static_cast<size_t>(l)];
+  }
   void prefetch(int l) override { calls.push_back(str("prefetch ", l)); }
   void release(int l) override {
     calls.push_back(str("release ", l));
     saved_[static_cast<size_t>(l)] = Tensor();
+    kept_[static_cast<size_t>(l)].clear();
   }
   void end_step() override { calls.push_back("end"); }
   int64_t device_bytes(int n, int64_t b) const override { return n * b; }
@@ -380,6 +391,7 @@ class RecordingMemory final : public MemoryStrategy {
 
  private:
   std::vector<Tensor> saved_;
+  std::vector<std::vector<Tensor>> kept_;
 };
 
 TEST(Qwen3Step, MemoryStrategyIsCalledInStepOrder) {
@@ -397,6 +409,62 @@ TEST(Qwen3Step, MemoryStrategyIsCalledInStepOrder) {
   EXPECT_EQ(rec.calls, (std::vector<std::string>{"begin 2", "save 0", "save 1", "fetch 1", "prefetch 0", "release 1",
                                                  "fetch 0", "release 0", "end"}));
   for (size_t i = 0; i < want.size(); ++i) EXPECT_EQ(m->parameters()[i]->grad.to_floats(), want[i]);
+}
+
+// Selective recompute: with the attention outputs and LSE kept from the forward (through the
+// memory strategy, as copies, the way offload holds them), the backward runs no attention forward,
+// and since only what is recomputed changes, every gradient equals the recomputing step's bit for
+// bit, with one head group and with one per kv head, in fp32 and bf16.
+TEST(Qwen3Step, AttentionKeptFromTheForwardEqualsRecompute) {
+  for (DType dt : {DType::f32, DType::bf16})
+    for (int64_t groups : {1, 2}) {
+      SCOPED_TRACE(str(dtype_name(dt), " groups ", groups));
+      auto m = test::make_qwen3();
+      m->init_random(kTiny, 8, Device::cpu(), dt);
+      test::DefaultSlots s(*m);
+      s.slots.recipe.head_groups = groups;
+      Shard shard = test::shard_from_labels({3, 1, 4, 1, 5, 9, 2, 6, 5, 3}, {3, 1, 4, 1, 5, 9, 2, 6, 5, 3});
+      const StepResult base = test::mean_loss_step(s, shard, 9);
+      std::vector<std::vector<float>> want;
+      for (Parameter* p : m->parameters()) want.push_back(p->grad.to_floats());
+      RecordingMemory rec;
+      StepSlots slots{*m, *s.loss, *s.rope, rec, *s.parallel};
+      slots.recipe = {.keep_attention = true, .head_groups = groups};
+      m->zero_grad();
+      const StepResult kept = train_step(slots, shard, 1.0 / 9, Device::cpu());
+      EXPECT_EQ(kept.loss_sum, base.loss_sum);
+      // Each layer hands over every group's output and LSE in its forward and asks for them in its backward.
+      EXPECT_EQ(std::count(rec.calls.begin(), rec.calls.end(), "keep 1"), 2 * groups);
+      EXPECT_EQ(std::count(rec.calls.begin(), rec.calls.end(), "kept 1"), 1);
+      for (size_t i = 0; i < want.size(); ++i) EXPECT_EQ(m->parameters()[i]->grad.to_floats(), want[i]) << m->parameters()[i]->name;
+    }
+}
+
+// Gradients in the weights' dtype (train.grad_dtype): the GEMM weights' bf16 grads are the fp32
+// grads rounded once, as GEMMs accumulate in fp32 and round on the way out.
+TEST(Qwen3Step, Bf16GemmGradientsAreTheFp32OnesRounded) {
+  auto m = test::make_qwen3();
+  m->init_random(kTiny, 8, Device::cpu(), DType::bf16);
+  test::DefaultSlots s(*m);
+  Shard shard = test::shard_from_labels({3, 1, 4, 1, 5, 9, 2, 6}, {3, 1, 4, 1, 5, 9, 2, 6});
+  test::mean_loss_step(s, shard, 7);
+  std::vector<std::vector<float>> want;
+  for (Parameter* p : m->parameters()) want.push_back(p->grad.to_floats());
+  int gemm = 0;
+  for (Parameter* p : m->parameters())
+    if (p->gemm_grad) {
+      p->grad = Tensor::zeros(p->value.shape(), DType::bf16, Device::cpu(), MemoryCategory::gradients);
+      ++gemm;
+    }
+  EXPECT_EQ(gemm, 2 * 7);  // q, k, v, o, gate, up, down of both layers
+  test::mean_loss_step(s, shard, 7);
+  for (size_t i = 0; i < want.size(); ++i) {
+    Parameter* p = m->parameters()[i];
+    const std::vector<float> got = p->grad.to_floats();
+    ASSERT_EQ(got.size(), want[i].size());
+    for (size_t j = 0; j < got.size(); ++j)
+      ASSERT_EQ(got[j], p->gemm_grad ? bf16_to_float(float_to_bf16(want[i][j])) : want[i][j]) << p->name << " " << j;
+  }
 }
 
 // bf16 weights and activations (the GPU default) track the fp32 computation of the same model.

@@ -163,6 +163,8 @@ class HostStrategy final : public MemoryStrategy {
   void begin_step(int) override {}
   void save(int, const Tensor&) override {}
   Tensor fetch(int) override { return {}; }
+  void keep(int, const Tensor&) override {}
+  std::vector<Tensor> kept(int) override { return {}; }
   void release(int) override {}
   void end_step() override {}
   int64_t device_bytes(int, int64_t each) const override { return 2 * each; }

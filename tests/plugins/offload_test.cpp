@@ -37,10 +37,13 @@ struct StepOutcome {
   std::vector<std::vector<float>> grads;
 };
 
-// Two steps (the second reuses the pinned pool); the outcome of the second.
-StepOutcome run_steps(Model& model, MemoryStrategy& memory, const Shard& shard, Device device) {
+// Two steps (the second reuses the pinned pool); the outcome of the second. keep_attention: each
+// layer's attention outputs are kept from the forward and travel with its input.
+StepOutcome run_steps(Model& model, MemoryStrategy& memory, const Shard& shard, Device device,
+                      bool keep_attention = false) {
   test::DefaultSlots s(model);
   StepSlots slots{model, *s.loss, *s.rope, memory, *s.parallel};
+  slots.recipe.keep_attention = keep_attention;
   StepOutcome out;
   for (int step = 0; step < 2; ++step) {
     model.zero_grad();
@@ -74,15 +77,16 @@ TEST_P(OffloadCpu, StepIsBitIdenticalToOnDevice) {
   model->init_random(tiny_spec(5, 32), 3, Device::cpu(), GetParam());
   auto on_device = make_on_device_memory();
   const StepOutcome want = run_steps(*model, *on_device, shard, Device::cpu());
-  for (const char* table : {"prefetch = 0", "prefetch = 1", "", "prefetch = 8"}) {
-    auto offload = make_offload(table);
-    const StepOutcome got = run_steps(*model, *offload, shard, Device::cpu());
-    EXPECT_EQ(got.loss, want.loss) << table;
-    ASSERT_EQ(got.grads.size(), want.grads.size());
-    for (size_t i = 0; i < want.grads.size(); ++i)
-      EXPECT_EQ(got.grads[i], want.grads[i]) << table << ": " << model->parameters()[i]->name;
-    EXPECT_EQ(offload->wait_seconds(), 0.0);  // the CPU's copies complete when issued
-  }
+  for (bool keep : {false, true})
+    for (const char* table : {"prefetch = 0", "prefetch = 1", "", "prefetch = 8"}) {
+      auto offload = make_offload(table);
+      const StepOutcome got = run_steps(*model, *offload, shard, Device::cpu(), keep);
+      EXPECT_EQ(got.loss, want.loss) << table << " keep " << keep;
+      ASSERT_EQ(got.grads.size(), want.grads.size());
+      for (size_t i = 0; i < want.grads.size(); ++i)
+        EXPECT_EQ(got.grads[i], want.grads[i]) << table << " keep " << keep << ": " << model->parameters()[i]->name;
+      EXPECT_EQ(offload->wait_seconds(), 0.0);  // the CPU's copies complete when issued
+    }
 }
 
 INSTANTIATE_TEST_SUITE_P(Dtypes, OffloadCpu, ::testing::Values(DType::f32, DType::bf16),
@@ -203,19 +207,28 @@ TEST(OffloadGpu, StepMatchesOnDevice) {
   auto on_device = make_on_device_memory();
   const StepOutcome a = run_steps(*model, *on_device, shard, gpu), b = run_steps(*model, *on_device, shard, gpu);
   const bool deterministic = same(a, b);
-  for (int p : {0, 2}) {
-    auto offload = make_offload(str("prefetch = ", p), gpu);
-    int64_t peak = 0;
-    StepOutcome got;
-    peak = activation_peak(gpu, [&] { got = run_steps(*model, *offload, shard, gpu); });
-    EXPECT_LE(peak, (p + 2) * T * H * 2) << "prefetch " << p;
-    EXPECT_GE(offload->wait_seconds(), 0.0);
-    if (deterministic) {
-      EXPECT_TRUE(same(got, a)) << "prefetch " << p << ": loss " << got.loss << " vs " << a.loss;
-    } else {  // the GPU's own kernels differ run to run here; hold offload to that spread
-      EXPECT_NEAR(got.loss, a.loss, 1e-3 * std::abs(a.loss)) << "prefetch " << p;
+  // Attention kept from the forward on the device: the same step, no attention forward recomputed.
+  const StepOutcome kept_on_device = run_steps(*model, *on_device, shard, gpu, true);
+  if (deterministic)
+    EXPECT_TRUE(same(kept_on_device, a)) << "loss " << kept_on_device.loss << " vs " << a.loss;
+  else
+    EXPECT_NEAR(kept_on_device.loss, a.loss, 1e-3 * std::abs(a.loss));
+  // Kept attention outputs ([T,Hq,d] bf16 and fp32 LSE [Hq,T] per layer) travel with the inputs.
+  const int64_t kept_each = T * H * 2 + 4 * T * 4;
+  for (bool keep : {false, true})
+    for (int p : {0, 2}) {
+      auto offload = make_offload(str("prefetch = ", p), gpu);
+      int64_t peak = 0;
+      StepOutcome got;
+      peak = activation_peak(gpu, [&] { got = run_steps(*model, *offload, shard, gpu, keep); });
+      EXPECT_LE(peak, (p + 2) * (T * H * 2 + (keep ? kept_each : 0))) << "prefetch " << p << " keep " << keep;
+      EXPECT_GE(offload->wait_seconds(), 0.0);
+      if (deterministic) {
+        EXPECT_TRUE(same(got, a)) << "prefetch " << p << ": loss " << got.loss << " vs " << a.loss;
+      } else {  // the GPU's own kernels differ run to run here; hold offload to that spread
+        EXPECT_NEAR(got.loss, a.loss, 1e-3 * std::abs(a.loss)) << "prefetch " << p;
+      }
     }
-  }
 }
 
 TEST(OffloadGpu, RoundTripThroughPinnedMemory) {

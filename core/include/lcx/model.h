@@ -5,6 +5,7 @@
 #include <string>
 #include <vector>
 
+#include "lcx/memory_strategy.h"
 #include "lcx/mlp_strategy.h"
 #include "lcx/parallelism.h"
 #include "lcx/plugin.h"
@@ -39,6 +40,16 @@ struct Parameter {
   Tensor value;      // compute copy (bf16 on GPU by default)
   Tensor grad;       // fp32, accumulated across the step
   bool decay = true;  // weight decay applies (false for norms)
+  // Its gradient is written by GEMMs alone (projections, MLP), which accumulate in fp32 and round
+  // once, so the run may keep it in the weights' dtype ([train] grad_dtype).
+  bool gemm_grad = false;
+};
+
+// Choices that trade memory for time, made by the plan for each run (the fastest that fits) and
+// handed to the providers; a key set in the manifest wins over them.
+struct Recipe {
+  bool keep_attention = false;  // attention output and LSE kept from the forward (selective recompute)
+  int64_t head_groups = 0;      // attention head groups; 0: the model's own rule
 };
 
 struct StepContext {
@@ -46,6 +57,10 @@ struct StepContext {
   Parallelism* parallel = nullptr;
   Device device;
   MlpStrategy* mlp = nullptr;  // the MLP slot; a model runs its own whole MLP when null
+  // Where a layer may keep tensors beyond its input for its backward (MemoryStrategy::keep); null
+  // on paths with no backward (evaluation), where nothing is kept.
+  MemoryStrategy* memory = nullptr;
+  Recipe recipe;
 };
 
 class Model : public Plugin {

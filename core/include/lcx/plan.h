@@ -63,6 +63,8 @@ struct PlanInputs {
   DType weight_dtype = DType::bf16;  // the compute copy; activations take it too
   DType master_dtype = DType::f32;   // f32: fp32 master and moments; bf16: no master, moments in weight_dtype
   int64_t grad_accum = 1;            // accumulation reuses the grads in place: no extra memory
+  DType grad_dtype = DType::f32;     // of the GEMM weights' gradients (norms, embedding, head: fp32)
+  Recipe recipe;                     // the choices planned (model.h); explicit keys win over them
 };
 
 struct PlanTerm {
@@ -82,6 +84,10 @@ struct MemoryPlan {
   // one at a time (plan_dense_decoder), so a Parallelism sizes one attention call's buffers by
   // num_heads / attention_head_groups query heads.
   int64_t attention_head_groups = 1;
+  // Also set by the model's plan: the bytes of each layer it hands to MemoryStrategy::keep() beside
+  // the layer's input (its attention output and LSE, when kept from the forward); the memory
+  // strategy's plan places them where it places the inputs.
+  int64_t kept_bytes_per_layer = 0;
 
   void add(std::string name, PlanCategory category, int64_t bytes, std::string phase, bool on_host = false);
 
@@ -114,6 +120,9 @@ struct DenseDecoderAttention {
   // With several groups: each group's output and LSE are kept from the backward's recompute (else
   // the group's attention forward runs again in its backward).
   bool keep_outputs = false;
+  // Every group's output and LSE kept from the forward through the memory strategy (selective
+  // recompute): the backward recomputes x1 from them and never runs an attention forward.
+  bool keep_from_forward = false;
 };
 void plan_dense_decoder(const PlanInputs& in, MemoryPlan& plan, const DenseDecoderAttention& attention = {});
 

@@ -81,6 +81,8 @@ CoreConfig read_core_config(const Manifest& m, const std::vector<std::string>& p
     if (t.grad_accum < 1) v.fail("grad_accum", "must be >= 1");
     t.master_dtype = v.get_string("master_dtype", t.master_dtype);
     one_of(v, "master_dtype", t.master_dtype, {"fp32", "bf16"});
+    t.grad_dtype = v.get_string("grad_dtype", t.grad_dtype);
+    one_of(v, "grad_dtype", t.grad_dtype, {"auto", "fp32", "bf16"});
     t.save_steps = v.get_int("save_steps", t.save_steps);
     t.keep_checkpoints = v.get_int("keep_checkpoints", t.keep_checkpoints);
     t.save_final = v.get_bool("save_final", t.save_final);

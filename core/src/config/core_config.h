@@ -48,6 +48,9 @@ struct TrainConfig {
   double max_grad_norm = 1.0;
   int64_t grad_accum = 1;
   std::string master_dtype = "fp32";
+  // The GEMM weights' gradients: "auto" keeps them in the weights' dtype where nothing needs fp32
+  // (no fp32 master, no accumulation over sequences, one rank), as PyTorch does; else fp32.
+  std::string grad_dtype = "auto";
   int64_t save_steps = 0;
   int64_t keep_checkpoints = 2;
   bool save_final = true;  // a checkpoint after the last step (benchmarks turn it off)

@@ -26,6 +26,9 @@ DecoderDims shape_of(const ModelConfig& c) {
 int64_t layer_params(const DecoderDims& s) {
   return 2 * s.H + s.qd * s.H + 2 * s.kvd * s.H + s.H * s.qd + 2 * s.d + 3 * s.I * s.H;
 }
+// Of those, the GEMM weights (q, k, v, o, gate, up, down): the ones whose gradients may be kept in
+// PlanInputs::grad_dtype.
+int64_t layer_gemm_params(const DecoderDims& s) { return 2 * s.qd * s.H + 2 * s.kvd * s.H + 3 * s.I * s.H; }
 
 }  // namespace
 
@@ -47,7 +50,14 @@ void plan_dense_decoder(const PlanInputs& in, MemoryPlan& plan, const DenseDecod
   const bool master = in.master_dtype == DType::f32;
   const int64_t moment = master ? 4 : ab;
   plan.add("parameters (" + std::to_string(n) + ")", PlanCategory::weights, per_rank * ab, plan_phase::always);
-  plan.add("fp32 gradients", PlanCategory::gradients, per_rank * 4, plan_phase::always);
+  if (in.grad_dtype == DType::f32 || shards > 1) {
+    plan.add("fp32 gradients", PlanCategory::gradients, per_rank * 4, plan_phase::always);
+  } else {
+    const int64_t gemm = s.L * layer_gemm_params(s);
+    plan.add(str("GEMM weight gradients (", dtype_name(in.grad_dtype), ")"), PlanCategory::gradients,
+             gemm * static_cast<int64_t>(dtype_size(in.grad_dtype)), plan_phase::always);
+    plan.add("embedding, head and norm gradients (fp32)", PlanCategory::gradients, (n - gemm) * 4, plan_phase::always);
+  }
   if (master) plan.add("fp32 master copy", PlanCategory::master_weights, per_rank * 4, plan_phase::always);
   plan.add(master ? "AdamW moments m, v (fp32)" : "AdamW moments m, v (weight dtype)", PlanCategory::optimizer,
            2 * per_rank * moment, plan_phase::always);
@@ -85,11 +95,15 @@ void plan_dense_decoder(const PlanInputs& in, MemoryPlan& plan, const DenseDecod
   // caller's dx). The recompute itself (h1, o and one group) holds less than the attention moment.
   // With one group its attention tensors stay for the attention backward, as nothing is cut; with
   // keep_outputs every group's output and LSE stay.
-  const bool keep = G > 1 && attention.keep_outputs;
+  const bool from_forward = attention.keep_from_forward;
+  const bool keep = G > 1 && attention.keep_outputs && !from_forward;
   const int64_t outputs = T * (s.qd * ab + s.Hq * 4);  // every group's attn [T,nq,d] and fp32 LSE [nq,T]
+  // Kept from the forward, they are the memory strategy's to hold (its plan places them); the
+  // recompute is then o_proj alone, and the attention backward makes only q, k, v again.
+  plan.kept_bytes_per_layer = from_forward ? outputs : 0;
   plan.add("MLP backward: x1, h2 [T,H], fp32 rstd", PlanCategory::transient, T * (2 * s.H * ab + 4),
            plan_phase::mlp_backward);
-  if (G == 1)
+  if (G == 1 && !from_forward)
     plan.add("MLP backward: q, k, v, normed q/k, attn out, LSE kept for the attention backward",
              PlanCategory::transient, T * (3 * gq + 3 * gkv) * ab + group_f32, plan_phase::mlp_backward);
   if (keep)
@@ -101,9 +115,10 @@ void plan_dense_decoder(const PlanInputs& in, MemoryPlan& plan, const DenseDecod
   // group's backward holds them all).
   plan.add("attention backward: h1, dx1 [T,H], fp32 rstd", PlanCategory::transient, T * (2 * s.H * ab + 4),
            plan_phase::backward);
-  if (keep) {
-    plan.add("attention backward: every group's attn out and LSE, kept from the recompute", PlanCategory::transient,
-             outputs, plan_phase::backward);
+  if (keep || from_forward) {
+    if (keep)
+      plan.add("attention backward: every group's attn out and LSE, kept from the recompute", PlanCategory::transient,
+               outputs, plan_phase::backward);
     plan.add("attention backward: q, k, v, normed q/k, dattn, dq, dk, dv (" + heads + ")", PlanCategory::transient,
              T * (4 * gq + 5 * gkv) * ab, plan_phase::backward);
     plan.add("attention backward: fp32 q/k norm rstd (" + heads + ")", PlanCategory::transient,

@@ -36,6 +36,10 @@ struct PlanSlots {
 // Inputs from the core config and a model shape. seq_len is padded as a run pads it: to
 // pad_to_multiple_of and, with cp, to a multiple of 2 x cp x sp (zigzag sharding).
 PlanInputs plan_inputs(const CoreConfig& cfg, const ModelConfig& model, int64_t seq_len);
+// The dtype of the GEMM weights' gradients ([train] grad_dtype resolved): the weights' where no
+// fp32 master, no accumulation over sequences and no second rank needs fp32; refuses bf16 where
+// they do.
+DType grad_dtype_for(const TrainConfig& train, DType weights, int64_t world_size);
 // The sequence-length unit plan_inputs pads to.
 int64_t plan_seq_unit(const PlanInputs& in, int64_t pad_to_multiple_of);
 
@@ -47,6 +51,22 @@ MemoryPlan build_plan(const PlanInputs& in, const PlanSlots& slots);
 // The longest sequence (a multiple of `unit`) whose planned peak, reserve included, fits in
 // gpu_bytes; 0 when not even one unit fits.
 int64_t longest_fitting_seq(const PlanInputs& in, const PlanSlots& slots, int64_t gpu_bytes, int64_t unit);
+
+// The recipe candidates (plan/recipe.cpp), fastest first, each planned: its GPU peak (reserve
+// included), its pinned host bytes, and whether both fit (host_bytes < 0: the host is not checked).
+struct RecipeOption {
+  Recipe recipe;
+  int64_t gpu_peak = 0;
+  int64_t host_peak = 0;
+  bool fits = false;
+};
+std::vector<RecipeOption> rank_recipes(const PlanInputs& in, const PlanSlots& slots, int64_t gpu_bytes,
+                                       int64_t host_bytes);
+// The first candidate that fits, or the leanest when none does.
+Recipe choose_recipe(const PlanInputs& in, const PlanSlots& slots, int64_t gpu_bytes, int64_t host_bytes);
+std::string recipe_name(const Recipe& r);
+// MemAvailable of /proc/meminfo in bytes; -1 where it cannot be read.
+int64_t host_memory_available();
 
 // The breakdown `--plan` prints. gpu_bytes <= 0 leaves out the fit lines.
 std::string format_plan(const MemoryPlan& plan, const PlanInputs& in, const PlanSlots& slots, int64_t gpu_bytes,

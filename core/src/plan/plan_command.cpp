@@ -44,12 +44,22 @@ int run_plan_command(const Manifest& m, const CoreConfig& cfg, const PluginLoade
                 "add `module = \"qwen3\"` to [model]");
   std::string model_source;
   const ModelConfig model = plan_model_config(cfg.model, *slots.model, &model_source);
-  const PlanInputs in = plan_inputs(cfg, model, cfg.data.seq_len);
+  PlanInputs in = plan_inputs(cfg, model, cfg.data.seq_len);
   const PlanSlots ps = PlanSlots::of(slots);
   const int64_t unit = plan_seq_unit(in, cfg.data.pad_to_multiple_of);
+  const int64_t host_bytes = host_memory_available();
+  const std::vector<RecipeOption> options = rank_recipes(in, ps, gpu_bytes, host_bytes);
+  in.recipe = choose_recipe(in, ps, gpu_bytes, host_bytes);
   const MemoryPlan plan = build_plan(in, ps);
   std::printf("# %s, model shape from %s\n%s", m.source().c_str(), model_source.c_str(),
               format_plan(plan, in, ps, gpu_bytes, unit).c_str());
+  std::printf("\nrecipe (fastest first; the first that fits is taken, keys set in the manifest win):\n");
+  for (const RecipeOption& o : options)
+    std::printf("  %-6s %s: GPU %s, pinned host %s%s\n", o.fits ? "fits" : "short", recipe_name(o.recipe).c_str(),
+                format_bytes(o.gpu_peak).c_str(), format_bytes(o.host_peak).c_str(),
+                o.recipe.keep_attention == in.recipe.keep_attention && o.recipe.head_groups == in.recipe.head_groups
+                    ? "   <- chosen"
+                    : "");
   if (plan.peak().bytes > gpu_bytes) {
     std::printf("\nwhat would make it fit:\n");
     for (const auto& k : plan_knobs(in, ps, &loader, gpu_bytes, unit))

@@ -105,6 +105,20 @@ PlanSlots PlanSlots::of(const SlotSet& s) {
   return p;
 }
 
+DType grad_dtype_for(const TrainConfig& train, DType weights, int64_t world_size) {
+  const bool needs_f32 = train.master_dtype != "bf16" || train.grad_accum > 1 || world_size > 1;
+  if (train.grad_dtype == "fp32" || weights == DType::f32) return DType::f32;
+  if (train.grad_dtype == "auto") return needs_f32 ? DType::f32 : weights;
+  if (needs_f32)
+    throw Error(str("train.grad_dtype = \"bf16\" with ",
+                    train.master_dtype != "bf16" ? "an fp32 master copy"
+                    : train.grad_accum > 1      ? str("grad_accum = ", train.grad_accum)
+                                                : str(world_size, " ranks")),
+                "train.grad_dtype",
+                "gradients summed over sequences or ranks, or feeding an fp32 master, stay fp32: use \"auto\" or \"fp32\"");
+  return weights;
+}
+
 int64_t plan_seq_unit(const PlanInputs& in, int64_t pad_to_multiple_of) {
   const int64_t shard = in.cp > 1 ? 2 * in.cp * in.sp : in.sp;
   return std::lcm(std::max<int64_t>(1, pad_to_multiple_of), std::max<int64_t>(1, shard));
@@ -120,6 +134,7 @@ PlanInputs plan_inputs(const CoreConfig& cfg, const ModelConfig& model, int64_t 
   in.weight_dtype = dtype_from_name(cfg.model.dtype);
   in.master_dtype = cfg.train.master_dtype == "bf16" ? DType::bf16 : DType::f32;
   in.grad_accum = cfg.train.grad_accum;
+  in.grad_dtype = grad_dtype_for(cfg.train, in.weight_dtype, in.world_size);
   const int64_t unit = plan_seq_unit(in, cfg.data.pad_to_multiple_of);
   return with_seq(in, (seq_len + unit - 1) / unit * unit);
 }

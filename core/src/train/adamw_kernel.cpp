@@ -35,14 +35,14 @@ void update(Tensor& master, Tensor& value, const Tensor& grad, Tensor& m, Tensor
   const bool has_master = master.defined();
   Tensor& p = has_master ? master : value;
   const int64_t n = p.numel();
-  const float* g = grad.data_as<float>();
   for (int64_t i = 0; i < n; ++i) {
+    const float g = load(grad, i);
     float x = load(p, i);
     x *= 1.0f - h.lr * h.weight_decay;
     float mi = load(m, i);
-    mi = mi + (1.0f - h.beta1) * (g[i] - mi);
+    mi = mi + (1.0f - h.beta1) * (g - mi);
     float vi = load(v, i);
-    vi = vi * h.beta2 + (1.0f - h.beta2) * g[i] * g[i];
+    vi = vi * h.beta2 + (1.0f - h.beta2) * g * g;
     float denom = std::sqrt(vi) / h.bias_correction2_sqrt + h.eps;
     x -= h.step_size * (mi / denom);
     store(m, i, mi);
@@ -57,8 +57,10 @@ double sum_squares(const Tensor& grad) {
   if (grad.device().is_cuda()) return sum_squares_cuda(grad);
 #endif
   double s = 0;
-  const float* g = grad.data_as<float>();
-  for (int64_t i = 0; i < grad.numel(); ++i) s += static_cast<double>(g[i]) * g[i];
+  for (int64_t i = 0; i < grad.numel(); ++i) {
+    const double g = load(grad, i);
+    s += g * g;
+  }
   return s;
 }
 

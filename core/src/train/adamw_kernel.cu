@@ -26,15 +26,17 @@ __device__ void st<__nv_bfloat16>(__nv_bfloat16* p, int64_t i, float x) { p[i] =
 template <>
 __device__ void st<__half>(__half* p, int64_t i, float x) { p[i] = __float2half_rn(x); }
 
-// P: the dtype updated (master or value), M: moments, V: compute copy written beside (or P).
-template <typename P, typename M, typename V>
-__global__ void adamw_kernel(P* p, V* value, bool write_value, const float* g, M* m, M* v, int64_t n, Hyper h) {
+// P: the dtype updated (master or value), M: moments, V: compute copy written beside (or P),
+// G: the gradient (fp32, or the weights' dtype where the run keeps it so).
+template <typename P, typename M, typename V, typename G>
+__global__ void adamw_kernel(P* p, V* value, bool write_value, const G* grad, M* m, M* v, int64_t n, Hyper h) {
   for (int64_t i = blockIdx.x * static_cast<int64_t>(blockDim.x) + threadIdx.x; i < n;
        i += static_cast<int64_t>(gridDim.x) * blockDim.x) {
+    const float g = ld(grad, i);
     float x = ld(p, i) * (1.0f - h.lr * h.weight_decay);
     float mi = ld(m, i);
-    mi = mi + (1.0f - h.beta1) * (g[i] - mi);
-    float vi = ld(v, i) * h.beta2 + (1.0f - h.beta2) * g[i] * g[i];
+    mi = mi + (1.0f - h.beta1) * (g - mi);
+    float vi = ld(v, i) * h.beta2 + (1.0f - h.beta2) * g * g;
     float denom = sqrtf(vi) / h.bias_correction2_sqrt + h.eps;
     x -= h.step_size * (mi / denom);
     st(m, i, mi);
@@ -44,12 +46,15 @@ __global__ void adamw_kernel(P* p, V* value, bool write_value, const float* g, M
   }
 }
 
-__global__ void sum_squares_kernel(const float* g, int64_t n, float* partial) {
+template <typename G>
+__global__ void sum_squares_kernel(const G* g, int64_t n, float* partial) {
   __shared__ float shared[256];
   float s = 0;
   for (int64_t i = blockIdx.x * static_cast<int64_t>(blockDim.x) + threadIdx.x; i < n;
-       i += static_cast<int64_t>(gridDim.x) * blockDim.x)
-    s += g[i] * g[i];
+       i += static_cast<int64_t>(gridDim.x) * blockDim.x) {
+    const float x = ld(g, i);
+    s += x * x;
+  }
   shared[threadIdx.x] = s;
   __syncthreads();
   for (int w = blockDim.x / 2; w > 0; w /= 2) {
@@ -61,12 +66,9 @@ __global__ void sum_squares_kernel(const float* g, int64_t n, float* partial) {
 
 int blocks_for(int64_t n) { return static_cast<int>(std::min<int64_t>((n + 255) / 256, 4096)); }
 
-}  // namespace
-
-void update_cuda(Tensor& master, Tensor& value, const Tensor& grad, Tensor& m, Tensor& v, const Hyper& h) {
+template <typename G>
+void update_with(Tensor& master, Tensor& value, const G* g, Tensor& m, Tensor& v, const Hyper& h) {
   const int64_t n = value.numel();
-  if (n == 0) return;
-  const float* g = grad.data_as<float>();
   const int blocks = blocks_for(n);
   if (master.defined()) {
     LCX_CHECK(m.dtype() == DType::f32, "fp32 master needs fp32 moments");
@@ -101,12 +103,26 @@ void update_cuda(Tensor& master, Tensor& value, const Tensor& grad, Tensor& m, T
   LCX_CUDA_CHECK(cudaGetLastError());
 }
 
+}  // namespace
+
+void update_cuda(Tensor& master, Tensor& value, const Tensor& grad, Tensor& m, Tensor& v, const Hyper& h) {
+  if (value.numel() == 0) return;
+  switch (grad.dtype()) {
+    case DType::f32: return update_with(master, value, grad.data_as<float>(), m, v, h);
+    case DType::bf16: return update_with(master, value, grad.data_as<__nv_bfloat16>(), m, v, h);
+    default: throw Error(str("AdamW: ", dtype_name(grad.dtype()), " gradients"), {}, "gradients are fp32 or bf16");
+  }
+}
+
 double sum_squares_cuda(const Tensor& grad) {
   const int64_t n = grad.numel();
   if (n == 0) return 0;
   const int blocks = blocks_for(n);
   Tensor partial = Tensor::empty({blocks}, DType::f32, grad.device());
-  sum_squares_kernel<<<blocks, 256>>>(grad.data_as<float>(), n, partial.data_as<float>());
+  if (grad.dtype() == DType::bf16)
+    sum_squares_kernel<<<blocks, 256>>>(grad.data_as<__nv_bfloat16>(), n, partial.data_as<float>());
+  else
+    sum_squares_kernel<<<blocks, 256>>>(grad.data_as<float>(), n, partial.data_as<float>());
   LCX_CUDA_CHECK(cudaGetLastError());
   double s = 0;
   for (float x : partial.to_floats()) s += x;

@@ -37,7 +37,7 @@ DType act_dtype(const StepSlots& s) {
 Tensor forward_only(StepSlots& s, const Shard& shard, Device device, const RopeTables& rope) {
   const ModelConfig& cfg = s.model.config();
   const int64_t T = shard.tokens.size(0), H = cfg.hidden_size;
-  StepContext ctx{&rope, &s.parallel, device, mlp_of(s)};
+  StepContext ctx{&rope, &s.parallel, device, mlp_of(s), nullptr, s.recipe};
   const Tensor tokens = on(shard.tokens, device);
   Tensor x = Tensor::empty({T, H}, act_dtype(s), device, MemoryCategory::activations);
   s.model.embed_forward(tokens, x);
@@ -81,7 +81,7 @@ StepResult train_step(StepSlots& s, const Shard& shard, double grad_scale, Devic
   // Forward: each layer's input is handed to the memory strategy before the layer runs.
   const double t0 = now_s();
   const RopeTables rope = s.rope.tables(shard.positions, device);
-  StepContext ctx{&rope, &s.parallel, device, mlp_of(s)};
+  StepContext ctx{&rope, &s.parallel, device, mlp_of(s), &s.memory, s.recipe};
   const Tensor tokens = on(shard.tokens, device);
   const Tensor targets = on(shard.targets, device);
   s.memory.begin_step(L);

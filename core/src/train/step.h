@@ -46,6 +46,7 @@ struct StepSlots {
   // must be present; under ZeRO-3 sharding no parameter has a full value between layers, so the
   // trainer sets it.
   std::optional<DType> activation_dtype;
+  Recipe recipe;  // the plan's choices for this run (lcx/model.h)
 };
 
 struct StepResult {

@@ -213,6 +213,22 @@ int train_rank(const CoreConfig& cfg, const Manifest& manifest, const SlotFactor
 
   const int64_t per_epoch = data.num_sequences();
   const int64_t seq_len = data.seq_len();
+
+  // GEMM weights' gradients in the weights' dtype where nothing needs fp32 (train.grad_dtype).
+  const DType grad_dtype = grad_dtype_for(cfg.train, dtype, world);
+  if (grad_dtype != DType::f32 && !sharded)
+    for (Parameter* p : model.parameters())
+      if (p->gemm_grad) p->grad = Tensor::zeros(p->value.shape(), grad_dtype, device, MemoryCategory::gradients);
+  // The plan's recipe: the fastest choices that fit this GPU and host (keys in the manifest win).
+  PlanInputs planned = plan_inputs(cfg, mc, seq_len);
+  if (device.is_cuda()) {
+    const std::optional<int64_t> gpu = local_gpu_memory();
+    planned.recipe = choose_recipe(planned, PlanSlots::of(slots), gpu ? *gpu : 0, host_memory_available());
+  } else {
+    planned.recipe.keep_attention = true;  // host memory is the only budget: keep what saves work
+  }
+  step_slots.recipe = planned.recipe;
+  if (lead) log::info(str("recipe: ", recipe_name(planned.recipe), ", ", dtype_name(grad_dtype), " GEMM gradients"));
   if (lead && seq_len > slots.rope->effective_max_positions())
     log::warn(str("sequences of ", seq_len, " tokens go beyond the ", slots.rope->effective_max_positions(),
                   " positions this model places correctly: expect a loss near 10 instead of ~4. Load rope_yarn with "
@@ -308,7 +324,7 @@ int train_rank(const CoreConfig& cfg, const Manifest& manifest, const SlotFactor
     }
     if (timeline) {
       TimelineFiles f = timeline->write(cfg.run.output_dir,
-                                        build_plan(plan_inputs(cfg, mc, seq_len), PlanSlots::of(slots)).peak(false).bytes);
+                                        build_plan(planned, PlanSlots::of(slots)).peak(false).bytes);
       log::info(str("memory timeline of step ", state.step + 1, ": ", f.svg, " and ", f.json));
     }
     const double t_comm = now_s();
