@@ -7,6 +7,8 @@
 #include <chrono>
 #include <fstream>
 #include <nlohmann/json.hpp>
+#include <map>
+#include <set>
 #include <thread>
 
 #include "lcx/error.h"
@@ -118,6 +120,60 @@ TEST_F(TrainRun, ResumeWithoutCheckpointSaysSo) {
   auto r = train("--config " + manifest("max_steps = 1\n") + " --resume latest");
   EXPECT_EQ(r.exit_code, 2);
   EXPECT_NE(r.output.find("no complete checkpoint"), std::string::npos) << r.output;
+}
+
+// --profile: step 2 (the default profile_step) of the tiny model, every op timed by kind and phase.
+TEST_F(TrainRun, ProfileTracesTheSecondStep) {
+  write_tokens(random_pattern(64, 5), 8);
+  auto m = manifest("max_steps = 3\n");
+  auto r = train("--config " + m + " --profile");
+  ASSERT_EQ(r.exit_code, 0) << r.output;
+  EXPECT_NE(r.output.find("profile of step 2 on cpu"), std::string::npos) << r.output;
+  EXPECT_EQ(r.output.find("profile of step 1 "), std::string::npos) << r.output;
+  for (const char* row : {"total ms", "attention_bwd", "host gaps", "backward"})
+    EXPECT_NE(r.output.find(row), std::string::npos) << row << " missing from the log table\n" << r.output;
+  EXPECT_FALSE(std::filesystem::exists(dir / "out" / "trace-step1.json"));
+  std::ifstream in(dir / "out" / "trace-step2.json");
+  ASSERT_TRUE(in) << "no trace-step2.json";
+  const auto j = nlohmann::json::parse(in);
+  const auto& sum = j.at("otherData");
+  const double step_ms = sum.at("step_ms").get<double>();
+  EXPECT_GT(step_ms, 0);
+
+  std::map<std::string, int> by_cat;
+  std::set<std::string> layers;
+  for (const auto& e : j.at("traceEvents")) {
+    if (e.at("ph") != "X") continue;
+    ++by_cat[e.at("cat").get<std::string>()];
+    if (e.at("cat") == "layer") layers.insert(e.at("name").get<std::string>());
+    const double ts = e.at("ts").get<double>(), dur = e.at("dur").get<double>();
+    EXPECT_GE(dur, 0) << e.dump();
+    EXPECT_LE(ts + dur, step_ms * 1e3 + 1) << "an event outside its step: " << e.dump();
+  }
+  for (const char* k : {"gemm", "attention_fwd", "attention_bwd", "norm", "rotary", "swiglu", "loss", "optimizer", "embedding"})
+    EXPECT_GT(by_cat[k], 0) << "no " << k << " event";
+  // Two layers, each forward and backward (which recomputes its forward inside).
+  EXPECT_EQ(layers, (std::set<std::string>{"forward layer 0", "forward layer 1", "backward layer 0", "backward layer 1"}));
+  // 2 layers x 2 head groups (one kv head each) x 3: the forward, the backward's recompute to x1,
+  // and the recompute for each group's attention backward (issue 21's item 2 removes the last two).
+  EXPECT_EQ(sum.at("kinds").at("attention_fwd").at("count"), 12);
+  EXPECT_EQ(sum.at("kinds").at("attention_bwd").at("count"), 4);
+
+  double phases = 0;
+  for (const char* p : {"forward", "loss", "backward", "optimizer"}) {
+    const double ms = sum.at("phases").at(p).at("ms").get<double>();
+    EXPECT_GT(ms, 0) << p;
+    phases += ms;
+  }
+  EXPECT_LE(phases, step_ms);
+
+  std::ifstream log(dir / "out" / "log.jsonl");
+  const std::string text((std::istreambuf_iterator<char>(log)), std::istreambuf_iterator<char>());
+  EXPECT_NE(text.find("profile of step 2"), std::string::npos) << "the table goes to the run's log file too";
+
+  auto bad = train("--config " + m + " --profile --set run.profile_step=0");
+  EXPECT_EQ(bad.exit_code, 2) << bad.output;
+  EXPECT_NE(bad.output.find("profile_step"), std::string::npos) << bad.output;
 }
 
 TEST_F(TrainRun, MemoryTimelineOfTheStepAskedFor) {

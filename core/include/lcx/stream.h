@@ -23,6 +23,8 @@ class Stream {
   // A new stream for copies: it does not wait on the compute stream unless told to by an event.
   static Stream create_copy(Device d);
   Device device() const { return device_; }
+  // The cudaStream_t (null: the legacy default stream, or the CPU's), for timing it (lcx/profile.h).
+  void* native_handle() const { return handle_; }
   // Work issued on this stream after the call waits for `e`; the host does not block.
   void wait(const Event& e) const;
 

@@ -26,6 +26,8 @@ CliOptions parse_cli(int argc, char** argv) {
       ("dry-run", po::bool_switch(&o.dry_run), "print the resolved config and each slot's provider, then exit")
       ("plan", po::bool_switch(&o.plan),
        "print the per-GPU memory plan (no GPU work, no weights loaded) and the longest sequence that fits, then exit")
+      ("profile", po::bool_switch(&o.profile),
+       "time every op of one step (run.profile_step, default 2): a table in the log and <output_dir>/trace-step<N>.json")
       ("gpu-memory", po::value(&o.gpu_memory)->value_name("SIZE"),
        "GPU memory for --plan, e.g. 80GB or 141GB (GB = GiB); default: the local GPU's")
       ("resume", po::value(&o.resume)->value_name("latest|PATH"),

@@ -12,6 +12,7 @@ struct CliOptions {
   bool list_plugins = false;
   bool dry_run = false;
   bool plan = false;
+  bool profile = false;  // --profile: run.profile = true
   std::string gpu_memory;  // --gpu-memory for --plan; "" means the local GPU's
   std::string resume;
   std::vector<std::string> argv;  // as given, for the launcher to start workers alike  // "latest" or a checkpoint folder

@@ -34,6 +34,11 @@ CoreConfig read_core_config(const Manifest& m, const std::vector<std::string>& p
     if (c.run.memory_timeline_step < 1)
       v.fail("memory_timeline_step", str("must be 1 or more, got ", c.run.memory_timeline_step),
              "1 records the first step of the run, 2 the second (without the first step's one-time allocations)");
+    c.run.profile = v.get_bool("profile", c.run.profile);
+    c.run.profile_step = v.get_int("profile_step", c.run.profile_step);
+    if (c.run.profile_step < 1)
+      v.fail("profile_step", str("must be 1 or more, got ", c.run.profile_step),
+             "2 (the default) profiles the second step of the run, without the first step's warm-up");
     v.check_unknown();
   }
   {

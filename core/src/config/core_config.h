@@ -16,6 +16,8 @@ struct RunConfig {
   std::string log_level = "info";
   bool memory_timeline = false;
   int64_t memory_timeline_step = 1;  // which step of this run the timeline records, 1 = the first
+  bool profile = false;        // a trace of one step: every op timed, by kind and phase
+  int64_t profile_step = 2;    // which step of this run, 1 = the first (2 leaves out its warm-up)
 };
 
 struct ModelSection {

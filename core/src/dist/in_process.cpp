@@ -25,6 +25,7 @@
 
 #include "lcx/comm.h"
 #include "lcx/ops.h"
+#include "lcx/profile.h"
 
 namespace lcx {
 namespace {
@@ -443,6 +444,7 @@ class InProcessComm final : public Communicator {
 
   template <typename Compute, typename Complete = void (*)(Slot&)>
   void collective(const std::string& op, Contribution c, Compute&& compute, Complete on_complete = [](Slot&) {}) {
+    ProfileScope scope(OpKind::communication, op.c_str());
     const int64_t seq = post(op, std::move(c), on_complete);
     complete(op, seq, std::forward<Compute>(compute));
   }
@@ -481,6 +483,7 @@ void CollectiveWork::wait() {
   if (!compute_) return;
   auto compute = std::move(compute_);
   compute_ = nullptr;
+  ProfileScope scope(OpKind::communication, op_.c_str());
   comm_->complete(op_, seq_, compute);
 }
 
@@ -488,6 +491,7 @@ void InProcessWork::wait() {
   if (recvs_.empty()) return;
   std::vector<P2POp> recvs = std::move(recvs_);
   recvs_.clear();
+  ProfileScope scope(OpKind::communication, "send_recv");
   comm_->receive(seq_, recvs);
 }
 

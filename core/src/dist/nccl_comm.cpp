@@ -12,6 +12,7 @@
 #include "cuda/check.h"
 #include "cuda/stream.h"
 #include "dist/bootstrap.h"
+#include "lcx/profile.h"
 
 #define LCX_NCCL_CHECK(call)                                                                       \
   do {                                                                                             \
@@ -253,6 +254,8 @@ class NcclComm final : public Communicator {
     // Inputs were written on the caller's stream: the communicator's stream waits for them.
     LCX_CUDA_CHECK(cudaEventRecord(ready_, cuda::current_stream()));
     LCX_CUDA_CHECK(cudaStreamWaitEvent(stream_, ready_, 0));
+    // Timed on the communicator's stream after that wait: the collective's own time.
+    ProfileScope scope(OpKind::communication, op, stream_);
     ncclResult_t r = call();
     if (r != ncclSuccess && r != ncclInProgress)
       throw Error(str(where(op, seq), " failed: ", ncclGetErrorString(r), " (", ncclGetLastError(comm_), ")"));

@@ -3,6 +3,7 @@
 #include <cmath>
 
 #include "lcx/ops.h"
+#include "lcx/profile.h"
 #include "train/adamw_kernel.h"
 
 namespace lcx {
@@ -132,7 +133,10 @@ void ShardedParams::zero_grads() {
 double ShardedParams::grad_norm() {
   finish_grads();
   double sq = 0;
-  for (const auto& e : entries_) sq += adamw::sum_squares(e.shard.grad);
+  {
+    ProfileScope scope(OpKind::optimizer, "grad_norm");
+    for (const auto& e : entries_) sq += adamw::sum_squares(e.shard.grad);
+  }
   comm_.all_reduce(std::span<double>(&sq, 1));
   return std::sqrt(sq);
 }

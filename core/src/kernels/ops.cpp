@@ -2,7 +2,9 @@
 // naming the op, the argument and the shapes involved, then routes to the CPU reference
 // (kernels/cpu) or, in a CUDA build, to the CUDA kernels (kernels/cuda). Both backends may
 // therefore assume valid tensors. Values that cost a pass over the data (token ids, targets) are
-// range-checked only on the CPU; the CUDA kernels guard their own reads.
+// range-checked only on the CPU; the CUDA kernels guard their own reads. Each op runs inside a
+// ProfileScope of its kind, so a profiled step (lcx/profile.h) times every op, the model's and the
+// plugins' alike.
 #include "lcx/ops.h"
 
 #include <cmath>
@@ -10,6 +12,7 @@
 #include <utility>
 
 #include "kernels/cpu/cpu_ops.h"
+#include "lcx/profile.h"
 #ifdef LCX_HAVE_CUDA
 #include "kernels/cuda/cuda_ops.h"
 #endif
@@ -103,6 +106,8 @@ void matmul(const Tensor& a, bool trans_a, const Tensor& b, bool trans_b, Tensor
   constexpr int64_t kIntMax = 2147483647;
   if (M > kIntMax || N > kIntMax || K > kIntMax || ac > kIntMax || bc > kIntMax)
     fail(op, str("dimensions of ", desc("a", a), " and ", desc("b", b), " exceed the 32-bit BLAS range"));
+  ProfileScope scope(OpKind::gemm, op);
+  if (scope.recording()) scope.detail(str("M=", M, " N=", N, " K=", K, " ", dtype_name(a.dtype())));
   LCX_ROUTE(cuda, matmul, a, trans_a, b, trans_b, c, alpha, beta);
 }
 
@@ -122,6 +127,7 @@ void embedding_forward(const Tensor& ids, const Tensor& table, Tensor& out) {
         fail(op, str("token id ", id[t], " at position ", t, " is outside ", desc("table", table)),
              "check that the tokenizer and the model's vocabulary agree");
   }
+  ProfileScope scope(OpKind::embedding, op);
   LCX_ROUTE(cuda, embedding_forward, ids, table, out);
 }
 
@@ -140,6 +146,7 @@ void embedding_backward(const Tensor& ids, const Tensor& grad_out, Tensor& grad_
       if (id[t] < 0 || id[t] >= grad_table.size(0))
         fail(op, str("token id ", id[t], " at position ", t, " is outside ", desc("grad_table", grad_table)));
   }
+  ProfileScope scope(OpKind::embedding, op);
   LCX_ROUTE(cuda, embedding_backward, ids, grad_out, grad_table);
 }
 
@@ -161,6 +168,7 @@ void rmsnorm_forward(const Tensor& x, const Tensor& w, float eps, Tensor& y, Ten
   check_rmsnorm(op, x, w, rstd);
   need_float(op, "y", y);
   need_same_shape(op, "y", y, "x", x);
+  ProfileScope scope(OpKind::norm, op);
   LCX_ROUTE(cuda, rmsnorm_forward, x, w, eps, y, rstd);
 }
 
@@ -175,6 +183,7 @@ void rmsnorm_backward(const Tensor& x, const Tensor& w, const Tensor& rstd, cons
   need_same_shape(op, "dx", dx, "x", x);
   need_dtype(op, "dw", dw, DType::f32);
   need_same_shape(op, "dw", dw, "w", w);
+  ProfileScope scope(OpKind::norm, op);
   LCX_ROUTE(cuda, rmsnorm_backward, x, w, rstd, dy, dx, dw);
 }
 
@@ -194,6 +203,7 @@ void rotary_forward(Tensor& x, const Tensor& cos, const Tensor& sin) {
   const char* op = "rotary_forward";
   const bool cuda = on_cuda(op, {{"x", &x}, {"cos", &cos}, {"sin", &sin}});
   check_rotary(op, "x", x, cos, sin);
+  ProfileScope scope(OpKind::rotary, op);
   LCX_ROUTE(cuda, rotary_forward, x, cos, sin);
 }
 
@@ -201,6 +211,7 @@ void rotary_backward(Tensor& dx, const Tensor& cos, const Tensor& sin) {
   const char* op = "rotary_backward";
   const bool cuda = on_cuda(op, {{"dx", &dx}, {"cos", &cos}, {"sin", &sin}});
   check_rotary(op, "dx", dx, cos, sin);
+  ProfileScope scope(OpKind::rotary, op);
   LCX_ROUTE(cuda, rotary_backward, dx, cos, sin);
 }
 
@@ -210,6 +221,7 @@ void swiglu_forward(const Tensor& gate, const Tensor& up, Tensor& out) {
   for (Arg x : {Arg{"gate", &gate}, Arg{"up", &up}, Arg{"out", &out}}) need_float(op, x.first, *x.second);
   need_same_shape(op, "up", up, "gate", gate);
   need_same_shape(op, "out", out, "gate", gate);
+  ProfileScope scope(OpKind::swiglu, op);
   LCX_ROUTE(cuda, swiglu_forward, gate, up, out);
 }
 
@@ -221,6 +233,7 @@ void swiglu_backward(const Tensor& gate, const Tensor& up, const Tensor& dout, T
     need_float(op, x.first, *x.second);
     need_same_shape(op, x.first, *x.second, "gate", gate);
   }
+  ProfileScope scope(OpKind::swiglu, op);
   LCX_ROUTE(cuda, swiglu_backward, gate, up, dout, dgate, dup);
 }
 
@@ -231,6 +244,7 @@ void add(const Tensor& a, const Tensor& b, Tensor& out) {
     need_float(op, x.first, *x.second);
     need_same_shape(op, x.first, *x.second, "a", a);
   }
+  ProfileScope scope(OpKind::other, op);
   LCX_ROUTE(cuda, add, a, b, out);
 }
 
@@ -240,6 +254,7 @@ void add_inplace(Tensor& acc, const Tensor& x) {
   need_float(op, "acc", acc);
   need_float(op, "x", x);
   need_same_shape(op, "x", x, "acc", acc);
+  ProfileScope scope(OpKind::other, op);
   LCX_ROUTE(cuda, add_inplace, acc, x);
 }
 
@@ -247,6 +262,7 @@ void scale_inplace(Tensor& x, float s) {
   const char* op = "scale_inplace";
   const bool cuda = on_cuda(op, {{"x", &x}});
   need_float(op, "x", x);
+  ProfileScope scope(OpKind::other, op);
   LCX_ROUTE(cuda, scale_inplace, x, s);
 }
 
@@ -256,6 +272,7 @@ void cast(const Tensor& src, Tensor& dst) {
   need_float(op, "src", src);
   need_float(op, "dst", dst);
   need_same_shape(op, "dst", dst, "src", src);
+  ProfileScope scope(OpKind::other, op);
   LCX_ROUTE(cuda, cast, src, dst);
 }
 
@@ -269,6 +286,7 @@ void copy_columns(const Tensor& src, int64_t src_col, Tensor& dst, int64_t dst_c
   if (cols < 0 || src_col < 0 || dst_col < 0 || src_col + cols > src.size(-1) || dst_col + cols > dst.size(-1))
     fail(op, str("columns [", src_col, ",", src_col + cols, ") of ", desc("src", src), " into [", dst_col, ",",
                  dst_col + cols, ") of ", desc("dst", dst), " fall outside a row"));
+  ProfileScope scope(OpKind::copy, op);
   LCX_ROUTE(cuda, copy_columns, src, src_col, dst, dst_col, cols);
 }
 
@@ -301,6 +319,7 @@ void attention_forward(const Tensor& q, const Tensor& k, const Tensor& v, Tensor
   const char* op = "attention_forward";
   const bool cuda = on_cuda(op, {{"q", &q}, {"k", &k}, {"v", &v}, {"out", &out}, {"lse", &lse}});
   const AttentionParams r = check_attention(op, q, k, v, out, lse, p);
+  ProfileScope scope(OpKind::attention_fwd, op);
   LCX_ROUTE(cuda, attention_forward, q, k, v, out, lse, r);
 }
 
@@ -325,6 +344,7 @@ void attention_backward(const Tensor& q, const Tensor& k, const Tensor& v, const
     need_float(op, x.first, *x.second);
     need_same_shape(op, x.first, *x.second, "k", k);
   }
+  ProfileScope scope(OpKind::attention_bwd, op);
   LCX_ROUTE(cuda, attention_backward, q, k, v, out, lse, dout, dq, dk, dv, r);
 }
 
@@ -356,6 +376,7 @@ double cross_entropy_forward_backward(const Tensor& logits, const Tensor& target
     need_same_shape(op, "dlogits", *dlogits, "logits", logits);
   }
   if (!cuda) need_targets_in_vocabulary(op, targets, logits);
+  ProfileScope scope(OpKind::loss, op);
   LCX_ROUTE(cuda, cross_entropy_forward_backward, logits, targets, grad_scale, dlogits, valid);
 }
 
@@ -376,6 +397,7 @@ void cross_entropy_chunk(const Tensor& logits, const Tensor& targets, float grad
     need_same_shape(op, "dlogits", *dlogits, "logits", logits);
   }
   if (!cuda) need_targets_in_vocabulary(op, targets, logits);
+  ProfileScope scope(OpKind::loss, op);
   LCX_ROUTE(cuda, cross_entropy_chunk, logits, targets, grad_scale, row_loss, dlogits);
 }
 

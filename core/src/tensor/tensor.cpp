@@ -4,6 +4,8 @@
 #include <map>
 #include <mutex>
 
+#include "lcx/profile.h"
+
 namespace lcx {
 
 std::string shape_str(const Shape& s) {
@@ -118,6 +120,7 @@ void Tensor::copy_from(const Tensor& src) {
   LCX_CHECK(src.dtype_ == dtype_ && src.numel() == numel(), "copy ", dtype_name(src.dtype_),
             shape_str(src.shape_), " into ", dtype_name(dtype_), shape_str(shape_));
   if (nbytes() == 0) return;
+  ProfileScope scope(OpKind::copy, copy_name(device_.is_cuda(), src.device_.is_cuda()));
   if (!device_.is_cuda() && !src.device_.is_cuda()) {
     std::memmove(data_, src.data_, nbytes());
     return;
@@ -129,6 +132,7 @@ void Tensor::copy_from(const Tensor& src) {
 
 void Tensor::zero() {
   if (nbytes() == 0) return;
+  ProfileScope scope(OpKind::other, "zero");
   if (!device_.is_cuda()) {
     std::memset(data_, 0, nbytes());
     return;

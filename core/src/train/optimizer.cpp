@@ -5,6 +5,7 @@
 
 #include "lcx/error.h"
 #include "lcx/ops.h"
+#include "lcx/profile.h"
 #include "train/adamw_kernel.h"
 
 namespace lcx {
@@ -26,12 +27,14 @@ AdamW::AdamW(std::vector<Parameter*> params, AdamWConfig cfg) : cfg_(std::move(c
 }
 
 double AdamW::grad_norm() const {
+  ProfileScope scope(OpKind::optimizer, "grad_norm");
   double sq = 0;
   for (const auto& s : slots_) sq += adamw::sum_squares(s.p->grad);
   return std::sqrt(sq);
 }
 
 void AdamW::scale_grads(double scale) {
+  ProfileScope scope(OpKind::optimizer, "clip_grads");
   for (auto& s : slots_) ops::scale_inplace(s.p->grad, static_cast<float>(scale));
 }
 
@@ -45,6 +48,7 @@ void AdamW::step(double lr) {
   // torch computes the bias corrections in fp64 (Python floats) and passes fp32-rounded scalars.
   h.step_size = static_cast<float>(lr / (1.0 - std::pow(cfg_.beta1, static_cast<double>(step_))));
   h.bias_correction2_sqrt = static_cast<float>(std::sqrt(1.0 - std::pow(cfg_.beta2, static_cast<double>(step_))));
+  ProfileScope scope(OpKind::optimizer, "adamw_step");
   for (auto& s : slots_) {
     h.weight_decay = s.p->decay ? static_cast<float>(cfg_.weight_decay) : 0.0f;
     adamw::update(s.master, s.p->value, s.p->grad, s.m, s.v, h);

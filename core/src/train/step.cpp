@@ -1,8 +1,10 @@
 #include "train/step.h"
 
 #include <chrono>
+#include <optional>
 
 #include "lcx/defaults.h"
+#include "lcx/profile.h"
 
 namespace lcx {
 namespace {
@@ -80,6 +82,7 @@ StepResult train_step(StepSlots& s, const Shard& shard, double grad_scale, Devic
 
   // Forward: each layer's input is handed to the memory strategy before the layer runs.
   const double t0 = now_s();
+  std::optional<ProfilePhase> phase(std::in_place, StepPhase::forward);
   const RopeTables rope = s.rope.tables(shard.positions, device);
   StepContext ctx{&rope, &s.parallel, device, mlp_of(s), &s.memory, s.recipe};
   const Tensor tokens = on(shard.tokens, device);
@@ -89,6 +92,7 @@ StepResult train_step(StepSlots& s, const Shard& shard, double grad_scale, Devic
   Tensor x = Tensor::empty({T, H}, dt, device, MemoryCategory::activations);
   s.model.embed_forward(tokens, x);
   for (int l = 0; l < L; ++l) {
+    ProfilePhase layer(StepPhase::forward, l);
     s.memory.save(l, x);
     Tensor y = Tensor::empty({T, H}, dt, device, MemoryCategory::activations);
     hooks.before_layer_forward(l);
@@ -100,6 +104,7 @@ StepResult train_step(StepSlots& s, const Shard& shard, double grad_scale, Devic
   s.model.final_norm_forward(x, hidden);
   sync(device);
   const double t1 = now_s();
+  phase.emplace(StepPhase::loss);
 
   // Loss: forward and backward at once; the head's gradient accumulates (into the embedding's
   // when tied).
@@ -108,6 +113,7 @@ StepResult train_step(StepSlots& s, const Shard& shard, double grad_scale, Devic
   LossResult lr = s.loss.forward_backward(hidden, s.model.head_weight(), targets, grad_scale, dhidden, head_grad);
   r.loss_sum = lr.loss_sum;
   r.valid = lr.valid;
+  phase.emplace(StepPhase::backward);
   Tensor dx = Tensor::empty({T, H}, dt, device);
   s.model.final_norm_backward(x, dhidden, dx);
   hidden = Tensor();
@@ -116,6 +122,7 @@ StepResult train_step(StepSlots& s, const Shard& shard, double grad_scale, Devic
 
   // Backward, last layer first: fetch the saved input, hint the next one, recompute + backward.
   for (int l = L - 1; l >= 0; --l) {
+    ProfilePhase layer(StepPhase::backward, l);
     Tensor input = s.memory.fetch(l);
     if (l > 0) s.memory.prefetch(l - 1);
     Tensor dinput = Tensor::empty({T, H}, dt, device);
@@ -128,6 +135,7 @@ StepResult train_step(StepSlots& s, const Shard& shard, double grad_scale, Devic
   s.model.embed_backward(tokens, dx);
   hooks.end_step();
   s.memory.end_step();
+  phase.reset();
   sync(device);
   r.forward_s = t1 - t0;
   r.backward_s = now_s() - t1;

@@ -12,6 +12,7 @@
 #include <csignal>
 #include <filesystem>
 #include <fstream>
+#include <optional>
 #include <nlohmann/json.hpp>
 
 #include "data/dataset.h"
@@ -24,6 +25,7 @@
 #include "lcx/log.h"
 #include "train/checkpoint.h"
 #include "train/optimizer.h"
+#include "train/profile.h"
 #include "train/progress.h"
 #include "train/schedule.h"
 #include "train/step.h"
@@ -286,8 +288,16 @@ int train_rank(const CoreConfig& cfg, const Manifest& manifest, const SlotFactor
     log::info(str(total_steps, " steps of ", per_step, " sequence(s) of ", seq_len, " tokens; ", per_epoch,
                   " sequences per epoch"));
 
+  if (lead && cfg.run.profile && first_step + cfg.run.profile_step > total_steps)
+    log::warn(str("run.profile_step = ", cfg.run.profile_step, " is past this run's last step (", total_steps - first_step,
+                  " to take): no step will be profiled"));
+
   while (state.step < total_steps) {
     const double t0 = now_s();
+    // One step of the run, when asked (profile_step): every op of it timed, for the trace.
+    std::unique_ptr<StepProfiler> profiler;
+    if (cfg.run.profile && lead && state.step == first_step + cfg.run.profile_step - 1)
+      profiler = std::make_unique<StepProfiler>(device, state.step + 1);
     if (sharded)
       shards->zero_grads();
     else
@@ -331,6 +341,7 @@ int train_rank(const CoreConfig& cfg, const Manifest& manifest, const SlotFactor
     // Sums over ranks: the loss, and whether any rank was asked to stop (so all stop together).
     double sums[2] = {loss_sum, static_cast<double>(g_stop_signal.load() != 0)};
     if (rs.world) {
+      ProfilePhase phase(StepPhase::communication);
       rs.world->all_reduce(std::span<double>(sums, 2));
       if (!sharded)
         for (Parameter* p : model.parameters()) rs.world->all_reduce(p->grad);
@@ -339,6 +350,7 @@ int train_rank(const CoreConfig& cfg, const Manifest& manifest, const SlotFactor
     const bool stop = sums[1] > 0;
     const double loss = valid_total > 0 ? loss_sum / static_cast<double>(valid_total) : std::nan("");
     const double t_opt = now_s();
+    std::optional<ProfilePhase> opt_phase(std::in_place, StepPhase::optimizer);
     const double norm = sharded ? shards->grad_norm() : opt.grad_norm();
     const double lr = cfg.train.lr * schedule_factor(cfg.train.schedule, state.step, cfg.train.warmup_steps, total_steps);
     const bool finite = std::isfinite(loss) && std::isfinite(norm);
@@ -354,8 +366,13 @@ int train_rank(const CoreConfig& cfg, const Manifest& manifest, const SlotFactor
         log::warn(str("step ", state.step + 1, ": loss ", loss, ", grad norm ", norm, " is not finite; update skipped (",
                       state.nonfinite_in_row, " in a row)"));
     }
+    opt_phase.reset();
     if (device.is_cuda()) backend_for(device)->synchronize();
     const double t_end = now_s();
+    if (profiler) {
+      for (const std::string& line : profiler->finish(cfg.run.output_dir).table) log::info(line);
+      profiler.reset();
+    }
 
     ++state.step;
     state.sequences_done += static_cast<int64_t>(batch.sequences.size());
