@@ -16,4 +16,7 @@ function(lcx_add_plugin)
   endif()
   target_link_libraries(${target} PRIVATE lcx::sdk ${P_LIBS})
   target_compile_options(${target} PRIVATE $<$<COMPILE_LANGUAGE:CXX>:${LCX_WARNINGS}>)
+  # The loader refuses a plugin writable by group or others (README: Plugin trust), whatever the umask.
+  add_custom_command(TARGET ${target} POST_BUILD
+                     COMMAND chmod go-w $<TARGET_FILE:${target}> $<TARGET_FILE_DIR:${target}>)
 endfunction()

@@ -83,7 +83,7 @@ const std::set<std::string>& known_keys() {
       "rope_theta", "rope_parameters", "rope_scaling", "layer_types", "use_sliding_window", "sliding_window",
       "max_window_layers", "torch_dtype", "dtype", "attention_bias", "attention_dropout", "hidden_act",
       "initializer_range", "use_cache", "model_type", "architectures", "bos_token_id", "eos_token_id",
-      "pad_token_id", "transformers_version"};
+      "pad_token_id", "transformers_version", "mlp_bias", "partial_rotary_factor"};
   return keys;
 }
 
@@ -118,6 +118,16 @@ ModelConfig apply(const HfConfig& c, ModelConfig base) {
   const std::string act = c.get_string("hidden_act", "silu");
   if (act != "silu")
     throw Error(str(c.source(), ": hidden_act is '", act, "'; the Qwen3 MLP here is SwiGLU (silu)"), "hidden_act");
+  if (c.get_bool("mlp_bias", false))
+    throw Error(str(c.source(), ": mlp_bias is true, but the Qwen3 MLP has no biases"), "mlp_bias",
+                "this checkpoint is not a plain Qwen3; set mlp_bias to false only if it has no bias tensors");
+  if (c.get_double("partial_rotary_factor", 1.0) != 1.0)
+    throw Error(str(c.source(), ": partial_rotary_factor is ", c.get_double("partial_rotary_factor", 1.0),
+                    "; Qwen3 rotates every dimension of a head"),
+                "partial_rotary_factor", "use a checkpoint with partial_rotary_factor 1");
+  if (c.has("quantization_config"))
+    throw Error(str(c.source(), ": quantization_config is set; this module reads unquantized bf16/fp16/fp32 weights"),
+                "quantization_config", "use the checkpoint's unquantized release");
   if (c.get_double("attention_dropout", 0.0) != 0.0)
     throw Error(str(c.source(), ": attention_dropout is ", c.get_double("attention_dropout", 0.0),
                     "; lcx trains without dropout"),

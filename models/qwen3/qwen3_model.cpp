@@ -147,7 +147,8 @@ class Qwen3Model final : public Model {
   }
 
   ModelConfig describe(const std::string& spec) const override {
-    if (std::filesystem::is_directory(spec) || std::filesystem::path(spec).filename() == "config.json")
+    std::error_code ec;  // an init spec is JSON text, often longer than a path may be
+    if (std::filesystem::is_directory(spec, ec) || std::filesystem::path(spec).filename() == "config.json")
       return config_from_hf(HfConfig::load(spec));
     return config_from_spec(spec);
   }

@@ -71,7 +71,7 @@ YarnKeys read_manifest(const ConfigView& cfg) {
   return k;
 }
 
-// The checkpoint's YaRN values; other scaling types are not YaRN's to reuse, so they are ignored.
+// The checkpoint's YaRN values; another scaling type is refused.
 YarnKeys read_checkpoint(const std::string& text) {
   nlohmann::json j;
   try {
@@ -88,9 +88,12 @@ YarnKeys read_checkpoint(const std::string& text) {
                 "rope_parameters.partial_rotary_factor", "use a model that rotates every dimension of a head");
   std::string type = j.value("rope_type", j.value("type", std::string()));
   if (type != "yarn") {
+    // YaRN over a model trained with another scaling would give it positions it never saw.
     if (!type.empty() && type != "default")
-      log::warn(str("rope_yarn: the checkpoint's rope_type is '", type,
-                    "'; its scaling values are ignored and YaRN uses the manifest's [rope_yarn] values"));
+      throw Error(str("rope_yarn: the checkpoint's rope parameters are of rope_type '", type,
+                      "', which YaRN does not reproduce"),
+                  "rope_parameters.rope_type",
+                  "use a checkpoint with plain rotary positions (rope_type 'default') or with YaRN ('yarn')");
     return k;
   }
   auto number = [&](const char* key) -> std::optional<double> {

@@ -71,7 +71,17 @@ TEST(Manifest, SetOverridesAndTypeChecks) {
   EXPECT_THROW(m.set("train.max_steps=1.5"), Error);
   EXPECT_THROW(m.set("train.max_steps"), Error);
   EXPECT_THROW(m.set("lr=1"), Error);
-  EXPECT_EQ(m.section("train").where("schedule"), "--set");
+  // A value from --set is named by its override, whether the file had the key or not.
+  EXPECT_EQ(m.section("train").where("schedule"), "--set train.schedule=linear");
+  m.set("train.warmup_steps=-3");
+  EXPECT_EQ(m.section("train").where("warmup_steps"), "--set train.warmup_steps=-3");
+  try {
+    read_core_config(m, {"new_section", "my_plugin"});
+    ADD_FAILURE() << "warmup_steps = -3 was accepted";
+  } catch (const Error& e) {
+    EXPECT_EQ(std::string(e.what()), "--set train.warmup_steps=-3: train.warmup_steps: -3 is out of range: must be >= 0");
+    EXPECT_EQ(e.key(), "train.warmup_steps");
+  }
 }
 
 TEST(CoreConfig, ValidatesSectionsAndUnknownTables) {

@@ -248,12 +248,24 @@ TEST(Dataset, NoSequenceIsAnError) {
   } catch (const Error& e) {
     EXPECT_EQ(e.key(), "data.source");
     EXPECT_NE(std::string(e.what()).find("2 empty"), std::string::npos) << e.what();
+    EXPECT_EQ(e.fix().find("drop_last"), std::string::npos) << e.fix();  // drop_last is false already
   }
+  // A sequence longer than the whole stream ("abc": 3 tokens) is refused, naming the
+  // count, with drop_last or without.
   f.put("c.txt", "abc");
   f.cfg.seq_len = 8;
-  f.cfg.drop_last = true;
-  EXPECT_THROW(f.open(), Error);
-  f.cfg.drop_last = false;
+  for (bool drop : {true, false}) {
+    f.cfg.drop_last = drop;
+    try {
+      f.open();
+      ADD_FAILURE() << "seq_len 8 over 3 tokens was accepted, drop_last " << drop;
+    } catch (const Error& e) {
+      EXPECT_EQ(e.key(), "data.seq_len");
+      EXPECT_NE(std::string(e.what()).find("longer than the 3 tokens"), std::string::npos) << e.what();
+      EXPECT_NE(e.fix().find("data.seq_len <= 3"), std::string::npos) << e.fix();
+    }
+  }
+  f.cfg.seq_len = 3;
   EXPECT_EQ(f.open().num_sequences(), 1);
   f.cfg.source = f.dir + "/missing";
   EXPECT_THROW(f.open(), Error);

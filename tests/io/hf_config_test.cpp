@@ -67,7 +67,11 @@ TEST(HfConfig, ErrorsNameFileKeyAndValue) {
   EXPECT_NE(e.find("\"big\""), std::string::npos) << e;
   EXPECT_NE(error_of([&] { c.get_bool("tie_word_embeddings", false); }).find("true or false"), std::string::npos);
   EXPECT_NE(error_of([&] { c.require_int("vocab_size"); }).find("vocab_size: required"), std::string::npos);
-  EXPECT_NE(error_of([&] { HfConfig::load((dir / "missing").string()); }).find("cannot read"), std::string::npos);
+  EXPECT_NE(error_of([&] { HfConfig::load((dir / "missing").string()); }).find("does not exist"), std::string::npos);
+  // A folder where config.json should be is named as such, not read as empty.
+  std::filesystem::create_directories(dir / "odd" / "config.json");
+  e = error_of([&] { HfConfig::load((dir / "odd").string()); });
+  EXPECT_NE(e.find((dir / "odd" / "config.json").string() + "' is a folder, not a file"), std::string::npos) << e;
   EXPECT_NE(error_of([&] { HfConfig::parse("[1]", "arr"); }).find("not a JSON object"), std::string::npos);
 }
 

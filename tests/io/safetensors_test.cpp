@@ -71,7 +71,7 @@ TEST(Safetensors, HeaderIsPaddedAndMetadataKept) {
   EXPECT_EQ(f.header().tensors.size(), 2u);
 }
 
-TEST(Safetensors, IntegerTensorsConvertAndRefuseFloatToInt) {
+TEST(Safetensors, IntegerTensorsKeepTheirKindEitherWay) {
   auto dir = test::temp_dir("st");
   const auto path = dir / "i.safetensors";
   Tensor ids = Tensor::empty({3}, DType::i64);
@@ -83,8 +83,33 @@ TEST(Safetensors, IntegerTensorsConvertAndRefuseFloatToInt) {
   EXPECT_EQ(ck.info("ids").dtype, "I64");  // integers keep their dtype whatever the float dtype
   EXPECT_EQ(ck.load("ids", DType::i64).data_as<int64_t>()[2], 1ll << 40);
   EXPECT_NE(error_of([&] { ck.load("ids", DType::i32); }).find("does not fit int32"), std::string::npos);
-  EXPECT_EQ(ck.load("ids", DType::f32).to_floats()[1], -100.f);
+  // An integer tensor asked for as a floating-point weight is refused, as is the other way.
+  for (DType want : {DType::f32, DType::bf16, DType::f16}) {
+    const std::string e = error_of([&] { ck.load("ids", want); });
+    EXPECT_NE(e.find("tensor 'ids': holds I64 but a floating-point tensor"), std::string::npos) << e;
+  }
   EXPECT_NE(error_of([&] { ck.load("w", DType::i64); }).find("integer tensor"), std::string::npos);
+}
+
+TEST(Safetensors, WeightRelabelledAsIntegerIsRefused) {
+  // F32 -> I32 keeps every size and offset valid: only the dtype check can tell.
+  auto dir = test::temp_dir("st-relabel");
+  const auto path = dir / "model.safetensors";
+  st::write_file(path.string(), sample(), DType::f32);
+  std::string bytes = read_bytes(path);
+  const size_t at = bytes.find("\"F32\"");
+  ASSERT_NE(at, std::string::npos);
+  bytes.replace(at, 5, "\"I32\"");
+  write_bytes(path, bytes);
+  st::Checkpoint ck = st::Checkpoint::open(path.string());
+  int refused = 0;
+  for (const char* name : {"w", "n"}) {
+    if (ck.info(name).dtype != "I32") continue;
+    const std::string e = error_of([&] { ck.load(name, DType::f32); });
+    EXPECT_NE(e.find(str("tensor '", name, "': holds I32 but a floating-point tensor (fp32)")), std::string::npos) << e;
+    ++refused;
+  }
+  EXPECT_EQ(refused, 1);
 }
 
 TEST(Safetensors, ShardedFolderWithIndex) {

@@ -15,6 +15,7 @@
 #include "lcx/safetensors.h"
 #include "models/model_util.h"
 #include "qwen3_config.h"
+#include "slots/resolve.h"
 
 namespace lcx {
 namespace {
@@ -74,8 +75,12 @@ TEST(Qwen3Config, ReadsTransformersFiveConfigWithSlidingLayers) {
   EXPECT_EQ(c.layer_types, (std::vector<std::string>{"full_attention", "sliding_attention", "sliding_attention"}));
   EXPECT_EQ(nlohmann::json::parse(c.rope_parameters_json)["factor"], 4.0);
   EXPECT_DOUBLE_EQ(c.rope_theta, 1e6);
-  // Recorded, then refused when computed: the module runs full attention only.
-  test::DefaultSlots s(*m);
+  // Core's plain rope refuses the checkpoint's YaRN rather than train on other positions.
+  const std::string refused = error_of([&] { test::DefaultSlots plain(*m); });
+  EXPECT_NE(refused.find("rope_type 'yarn'"), std::string::npos) << refused;
+  EXPECT_NE(refused.find("add \"rope_yarn\" to [plugins] load"), std::string::npos) << refused;
+  // Sliding layers are recorded, then refused when computed: the module runs full attention only.
+  test::DefaultSlots s(*m, make_default_rope_in_place_of("rope_yarn"));
   Shard shard = test::shard_from_labels({1, 2, 3, 4}, {1, 2, 3, 4});
   std::string e = error_of([&] { train_step(s.slots, shard, 1.0, Device::cpu()); });
   EXPECT_NE(e.find("layer 1 is sliding_attention"), std::string::npos) << e;
@@ -93,6 +98,18 @@ TEST(Qwen3Config, RefusesOtherModelsAndVariants) {
             std::string::npos);
   EXPECT_NE(error_of([&] { m->init_random(R"({"hidden_act":"gelu"})", 0, Device::cpu(), DType::f32); }).find("gelu"),
             std::string::npos);
+  // Each config.json field this module does not compute is refused by its name.
+  for (const char* field : {R"("mlp_bias":true)", R"("partial_rotary_factor":0.5)", R"("attention_dropout":0.1)"}) {
+    const std::string name = std::string(field).substr(1, std::string(field).find('"', 1) - 1);
+    e = error_of([&] { m->init_random(str("{", field, "}"), 0, Device::cpu(), DType::f32); });
+    EXPECT_NE(e.find("key: " + name), std::string::npos) << e;
+  }
+  nlohmann::json quantized = nlohmann::json::parse(kTiny);
+  quantized["model_type"] = "qwen3";
+  quantized["quantization_config"] = {{"quant_method", "fp8"}};
+  test::write_file(dir / "config.json", quantized.dump());
+  e = error_of([&] { m->load_hf(dir.string(), Device::cpu(), DType::f32); });
+  EXPECT_NE(e.find("quantization_config"), std::string::npos) << e;
   EXPECT_NE(error_of([&] { m->init_random(R"({"num_attention_heads":6,"num_key_value_heads":4})", 0, Device::cpu(),
                                           DType::f32); })
                 .find("not a multiple"),
@@ -101,6 +118,35 @@ TEST(Qwen3Config, RefusesOtherModelsAndVariants) {
   EXPECT_NE(e.find("unknown key 'hiden_size'"), std::string::npos) << e;
   EXPECT_NE(error_of([&] { m->init_random("qwen3-70b", 0, Device::cpu(), DType::f32); }).find("qwen3-0.6b"),
             std::string::npos);
+}
+
+TEST(Qwen3Config, ScaledRopeOfAnHfFolderIsNeverIgnored) {
+  // transformers 4's rope_scaling in a checkpoint folder: plain rotary refuses it, naming the fix;
+  // the same with the plugin --disable'd (an ablation) runs, plain.
+  auto dir = test::temp_dir("q3-yarn");
+  nlohmann::json c = nlohmann::json::parse(kTiny);
+  c["model_type"] = "qwen3";
+  c["rope_scaling"] = {{"type", "yarn"}, {"factor", 4.0}, {"original_max_position_embeddings", 64}};
+  test::write_file(dir / "config.json", c.dump());
+  auto src = test::make_qwen3();
+  src->init_random(kTiny, 1, Device::cpu(), DType::f32);
+  std::vector<safetensors::NamedTensor> ts;
+  for (Parameter* p : src->parameters()) ts.push_back({p->name, p->value});
+  safetensors::write_checkpoint(dir.string(), ts, DType::f32);
+  auto m = test::make_qwen3();
+  m->load_hf(dir.string(), Device::cpu(), DType::f32);
+  std::string e = error_of([&] { test::DefaultSlots plain(*m); });
+  EXPECT_NE(e.find("rope_type 'yarn'"), std::string::npos) << e;
+  EXPECT_NE(e.find("key: rope_parameters.rope_type"), std::string::npos) << e;
+  EXPECT_EQ(error_of([&] { test::DefaultSlots ablation(*m, make_default_rope_in_place_of("rope_yarn")); }), "(no error)");
+  // Other scaling types have no provider at all: refused by name either way.
+  c["rope_scaling"] = {{"type", "linear"}, {"factor", 2.0}};
+  test::write_file(dir / "config.json", c.dump());
+  m->load_hf(dir.string(), Device::cpu(), DType::f32);
+  e = error_of([&] { test::DefaultSlots plain(*m); });
+  EXPECT_NE(e.find("rope_type 'linear'"), std::string::npos) << e;
+  e = error_of([&] { test::DefaultSlots yarn(*m, test::make_plugin<PositionalEncoding>("rope_yarn")); });
+  EXPECT_NE(e.find("rope_type 'linear'"), std::string::npos) << e;
 }
 
 TEST(Qwen3Config, PresetsHaveThePublishedShapes) {

@@ -116,6 +116,8 @@ int run(const CliOptions& o) {
   }
   if (o.plan) return run_plan_command(*manifest, core, loader, o.disabled, o.gpu_memory);
 
+  // Every table, the plugins' too, is checked before the run folder gets its first byte.
+  resolve_slots(*manifest, loader, o.disabled, Device::cpu());
   std::filesystem::create_directories(core.run.output_dir);
   setup_logging(core.run.log_level, (std::filesystem::path(core.run.output_dir) / "log.jsonl").string());
   spdlog::info(str("lcx-train ", LCX_VERSION, " git ", LCX_GIT_HASH));

@@ -9,6 +9,7 @@
 #include "app/cli.h"
 #include "data/tokenizer.h"
 #include "lcx/error.h"
+#include "util/file.h"
 
 namespace po = boost::program_options;
 
@@ -43,13 +44,7 @@ int tokenize_main(int argc, char** argv) {
   if (tokenizer.empty()) throw Error("tokenize needs --tokenizer", "--tokenizer", "give the path of a tokenizer.json");
   if (vm.count("text") == vm.count("file"))
     throw Error("tokenize needs exactly one of --text and --file", "--text", "pass --text STRING or --file PATH");
-  if (!file.empty()) {
-    std::ifstream in(file, std::ios::binary);
-    if (!in) throw Error(str("cannot read ", file), "--file", "give a readable file");
-    std::stringstream s;
-    s << in.rdbuf();
-    text = s.str();
-  }
+  if (!file.empty()) text = read_file(file, "--file", "give a readable text file");
   Tokenizer tok = Tokenizer::load(tokenizer);
   EncodeStats stats;
   auto ids = tok.encode(text, threads, &stats);

@@ -1,11 +1,12 @@
 #include <algorithm>
-#include <fstream>
+#include <map>
 #include <set>
 #include <sstream>
 #include <toml++/toml.h>
 
 #include "config/manifest.h"
 #include "lcx/error.h"
+#include "util/file.h"
 #include "util/text.h"
 
 namespace lcx {
@@ -16,6 +17,8 @@ struct ConfigView::Impl {
   std::shared_ptr<toml::table> root;  // keeps the table alive
   const toml::table* table = nullptr;
   mutable std::set<std::string> asked;
+  // Dotted key -> the --set assignment that gave its value, so errors name the override.
+  std::shared_ptr<const std::map<std::string, std::string>> overrides;
 };
 
 namespace {
@@ -54,6 +57,10 @@ bool ConfigView::has(const std::string& key) const {
 }
 
 std::string ConfigView::where(const std::string& key) const {
+  if (impl_->overrides) {
+    auto it = impl_->overrides->find(impl_->name.empty() ? key : key.empty() ? impl_->name : impl_->name + "." + key);
+    if (it != impl_->overrides->end()) return "--set " + it->second;
+  }
   if (!impl_->table) return impl_->source;
   if (key.empty()) return location(impl_->source, impl_->table);
   return location(impl_->source, impl_->table->get(key));
@@ -138,6 +145,7 @@ ConfigView ConfigView::table(const std::string& key) const {
   sub->name = impl_->name.empty() ? key : impl_->name + "." + key;
   sub->source = impl_->source;
   sub->root = impl_->root;
+  sub->overrides = impl_->overrides;
   const toml::node* n = impl_->table ? impl_->table->get(key) : nullptr;
   if (n && !n->is_table()) fail(key, str("expected table, found ", node_type_name(*n)));
   sub->table = n ? n->as_table() : nullptr;
@@ -173,11 +181,8 @@ Manifest Manifest::parse(const std::string& text, const std::string& source_name
 }
 
 Manifest Manifest::load(const std::string& path) {
-  std::ifstream in(path);
-  if (!in) throw Error(str("cannot read config file '", path, "'"), {}, "check the path given to --config");
-  std::stringstream ss;
-  ss << in.rdbuf();
-  return parse(ss.str(), path);
+  return parse(read_file(path, "--config", "give the path of a TOML manifest, e.g. --config configs/quickstart.toml"),
+               path);
 }
 
 void Manifest::set(const std::string& assignment) {
@@ -215,6 +220,10 @@ void Manifest::set(const std::string& assignment) {
     t = n->as_table();
   }
   const std::string& key = parts.back();
+  auto overrides = std::make_shared<std::map<std::string, std::string>>(
+      overrides_ ? *overrides_ : std::map<std::string, std::string>{});
+  (*overrides)[path] = assignment;
+  overrides_ = std::move(overrides);
   if (toml::node* old = t->get(key)) {
     bool same = old->type() == newv.type() ||
                 (old->type() == toml::node_type::floating_point && newv.type() == toml::node_type::integer);
@@ -235,6 +244,7 @@ ConfigView Manifest::section(const std::string& name) const {
   impl->name = name;
   impl->source = source_;
   impl->root = root_;
+  impl->overrides = overrides_;
   const toml::node* n = root_->get(name);
   if (n && !n->is_table())
     throw Error(str(location(source_, n), ": ", name, ": expected a table [", name, "], found ",

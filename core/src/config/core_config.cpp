@@ -1,6 +1,7 @@
 #include "config/core_config.h"
 
 #include <algorithm>
+#include <cmath>
 #include <filesystem>
 
 #include "lcx/error.h"
@@ -17,6 +18,13 @@ static void one_of(const ConfigView& v, const std::string& key, const std::strin
                    const std::vector<std::string>& allowed) {
   if (std::find(allowed.begin(), allowed.end(), value) == allowed.end())
     v.fail(key, str("'", value, "' is not allowed"), str("use one of: ", join(allowed, ", ")));
+}
+
+// A value outside its range, refused with the key, the value and the range.
+template <typename T>
+static void need(const ConfigView& v, const std::string& key, T value, bool ok, const std::string& range,
+                 const std::string& fix = {}) {
+  if (!ok) v.fail(key, str(value, " is out of range: ", range), fix);
 }
 
 CoreConfig read_core_config(const Manifest& m, const std::vector<std::string>& plugin_names) {
@@ -62,7 +70,7 @@ CoreConfig read_core_config(const Manifest& m, const std::vector<std::string>& p
     c.data.seq_len = v.get_int("seq_len", c.data.seq_len);
     if (c.data.seq_len < 2) v.fail("seq_len", str(c.data.seq_len, " is too short"), "use at least 2 tokens");
     c.data.pad_to_multiple_of = v.get_int("pad_to_multiple_of", c.data.pad_to_multiple_of);
-    if (c.data.pad_to_multiple_of < 1) v.fail("pad_to_multiple_of", "must be >= 1");
+    need(v, "pad_to_multiple_of", c.data.pad_to_multiple_of, c.data.pad_to_multiple_of >= 1, "must be >= 1");
     c.data.shuffle = v.get_bool("shuffle", c.data.shuffle);
     c.data.cache_dir = v.get_string("cache_dir", c.data.cache_dir);
     c.data.drop_last = v.get_bool("drop_last", c.data.drop_last);
@@ -72,26 +80,41 @@ CoreConfig read_core_config(const Manifest& m, const std::vector<std::string>& p
     ConfigView v = m.section("train");
     auto& t = c.train;
     t.lr = v.get_double("lr", t.lr);
+    need(v, "lr", t.lr, t.lr >= 0 && std::isfinite(t.lr), "must be >= 0 and finite", "e.g. lr = 2e-5");
     t.schedule = v.get_string("schedule", t.schedule);
     one_of(v, "schedule", t.schedule, {"constant", "linear", "cosine"});
     t.warmup_steps = v.get_int("warmup_steps", t.warmup_steps);
+    need(v, "warmup_steps", t.warmup_steps, t.warmup_steps >= 0, "must be >= 0", "0 starts at the full learning rate");
     t.max_steps = v.get_int("max_steps", t.max_steps);
+    need(v, "max_steps", t.max_steps, t.max_steps >= 1 || t.max_steps == -1,
+         "must be >= 1, or -1 (the default) to run `epochs` epochs");
     t.epochs = v.get_double("epochs", t.epochs);
+    need(v, "epochs", t.epochs, t.epochs > 0 && std::isfinite(t.epochs), "must be > 0 and finite");
     t.weight_decay = v.get_double("weight_decay", t.weight_decay);
+    need(v, "weight_decay", t.weight_decay, t.weight_decay >= 0 && std::isfinite(t.weight_decay),
+         "must be >= 0 and finite", "0 turns decay off; 0.01 to 0.1 is usual");
     t.beta1 = v.get_double("beta1", t.beta1);
+    need(v, "beta1", t.beta1, t.beta1 >= 0 && t.beta1 < 1, "must be in [0, 1)", "0.9 is AdamW's default");
     t.beta2 = v.get_double("beta2", t.beta2);
+    need(v, "beta2", t.beta2, t.beta2 >= 0 && t.beta2 < 1, "must be in [0, 1)", "0.999 is AdamW's default");
     t.eps = v.get_double("eps", t.eps);
+    need(v, "eps", t.eps, t.eps > 0 && std::isfinite(t.eps), "must be > 0 and finite", "1e-8 is AdamW's default");
     t.max_grad_norm = v.get_double("max_grad_norm", t.max_grad_norm);
+    need(v, "max_grad_norm", t.max_grad_norm, t.max_grad_norm >= 0 && !std::isnan(t.max_grad_norm),
+         "must be >= 0 (0 turns clipping off)");
     t.grad_accum = v.get_int("grad_accum", t.grad_accum);
-    if (t.grad_accum < 1) v.fail("grad_accum", "must be >= 1");
+    need(v, "grad_accum", t.grad_accum, t.grad_accum >= 1, "must be >= 1");
     t.master_dtype = v.get_string("master_dtype", t.master_dtype);
     one_of(v, "master_dtype", t.master_dtype, {"fp32", "bf16"});
     t.grad_dtype = v.get_string("grad_dtype", t.grad_dtype);
     one_of(v, "grad_dtype", t.grad_dtype, {"auto", "fp32", "bf16"});
     t.save_steps = v.get_int("save_steps", t.save_steps);
+    need(v, "save_steps", t.save_steps, t.save_steps >= 0, "must be >= 0 (0 saves only at the end)");
     t.keep_checkpoints = v.get_int("keep_checkpoints", t.keep_checkpoints);
+    need(v, "keep_checkpoints", t.keep_checkpoints, t.keep_checkpoints >= 0, "must be >= 0 (0 keeps every checkpoint)");
     t.save_final = v.get_bool("save_final", t.save_final);
     t.log_every = v.get_int("log_every", t.log_every);
+    need(v, "log_every", t.log_every, t.log_every >= 1, "must be >= 1", "1 logs every step");
     v.check_unknown();
   }
   {
@@ -114,6 +137,7 @@ CoreConfig read_core_config(const Manifest& m, const std::vector<std::string>& p
     d.shard_parameters = v.get_bool("shard_parameters", d.shard_parameters);
     d.virtual_ranks = v.get_bool("virtual_ranks", d.virtual_ranks);
     d.timeout_s = v.get_double("timeout_s", d.timeout_s);
+    need(v, "timeout_s", d.timeout_s, d.timeout_s > 0 && !std::isnan(d.timeout_s), "must be > 0 (seconds per collective)");
     v.check_unknown();
   }
   std::vector<std::string> known = core_section_names();

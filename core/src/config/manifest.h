@@ -1,6 +1,7 @@
 // The run manifest: a TOML file, then --set overrides, then views of its tables for core and
 // plugins. Errors name the file, the line and the key.
 #pragma once
+#include <map>
 #include <memory>
 #include <string>
 #include <vector>
@@ -29,6 +30,8 @@ class Manifest {
  private:
   std::shared_ptr<toml::table> root_;
   std::string source_;
+  // Each --set key (dotted) and its assignment; copied on write, as views share it.
+  std::shared_ptr<const std::map<std::string, std::string>> overrides_;
 };
 
 }  // namespace lcx

@@ -429,6 +429,14 @@ Dataset Dataset::open(const DataConfig& cfg, const Tokenizer& tok, const Options
   DataReport& r = s->report;
   r.tokens = s->num_tokens;
   const int64_t L = cfg.seq_len, rem = s->num_tokens % L;
+  if (s->num_tokens == 0)
+    throw Error(str("data.source ", cfg.source, " holds no token (", r.summary(), ")"), "data.source",
+                "give documents with text in them");
+  // One sequence longer than the whole stream would be mostly padding, or none: say so.
+  if (s->num_tokens < L)
+    throw Error(str("data.seq_len = ", L, " is longer than the ", s->num_tokens, " tokens data.source ", cfg.source,
+                    " holds"),
+                "data.seq_len", str("use data.seq_len <= ", s->num_tokens, ", or add documents"));
   s->num_sequences = s->num_tokens / L;
   s->last_real = s->last_length = L;
   if (rem > 0) {
@@ -447,10 +455,6 @@ Dataset Dataset::open(const DataConfig& cfg, const Tokenizer& tok, const Options
   r.sequences = s->num_sequences;
   log::info(r.summary());
   if (r.dropped_tokens) log::warn(str("data: dropped ", r.dropped_tokens, " tokens at the end of the stream: ", r.dropped_why));
-  if (s->num_sequences == 0)
-    throw Error(str("data.source ", cfg.source, " yields no training sequence: ", s->num_tokens, " tokens for data.seq_len = ", L,
-                    (cfg.drop_last ? " with data.drop_last = true" : ""), " (", r.summary(), ")"),
-                "data.source", "add documents, lower data.seq_len, or set data.drop_last = false");
   Dataset d;
   d.s_ = std::move(s);
   return d;

@@ -13,6 +13,7 @@
 #include "data/utf8.h"
 #include "lcx/error.h"
 #include "lcx/log.h"
+#include "util/file.h"
 #include "util/sha256.h"
 
 namespace lcx {
@@ -306,11 +307,8 @@ int32_t Tokenizer::Impl::token_to_id(std::string_view token) const {
 }
 
 Tokenizer Tokenizer::load(const std::string& path) {
-  std::ifstream in(path, std::ios::binary);
-  if (!in) throw Error(str("cannot read tokenizer file ", path), "data.tokenizer", "give the path of a tokenizer.json (scripts/fetch_data.sh fetches Qwen3's into data/qwen3/)");
-  std::stringstream buf;
-  buf << in.rdbuf();
-  const std::string text = buf.str();
+  const std::string text = read_file(path, "data.tokenizer",
+                                     "give the path of a tokenizer.json (scripts/fetch_data.sh fetches Qwen3's into data/qwen3/)");
   json j;
   try {
     j = json::parse(text);

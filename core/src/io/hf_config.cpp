@@ -6,6 +6,7 @@
 #include <sstream>
 
 #include "lcx/error.h"
+#include "util/file.h"
 
 namespace lcx {
 
@@ -27,11 +28,7 @@ namespace {
 HfConfig HfConfig::load(const std::string& path) {
   std::filesystem::path p(path);
   if (std::filesystem::is_directory(p)) p /= "config.json";
-  std::ifstream in(p);
-  if (!in) throw Error(str(p.string(), ": cannot read"), {}, "point at an HF model folder holding config.json");
-  std::stringstream ss;
-  ss << in.rdbuf();
-  return parse(ss.str(), p.string());
+  return parse(read_file(p.string(), "model.path", "point at an HF model folder holding config.json"), p.string());
 }
 
 HfConfig HfConfig::parse(const std::string& json_text, const std::string& source) {

@@ -317,10 +317,13 @@ Tensor Checkpoint::load(const std::string& name, DType dtype, Device device, boo
   } else if (is_floating(dtype)) {
     if (t.dtype.rfind("F8", 0) == 0)
       fail(f.path(), name, str("cannot convert ", t.dtype, " (fp8 is not supported)"));
-    const bool from_float = is_float_name(t.dtype);
+    // Integers in a floating-point tensor are a relabelled or foreign file, never weights.
+    if (!is_float_name(t.dtype))
+      fail(f.path(), name, str("holds ", t.dtype, " but a floating-point tensor (", dtype_name(dtype), ") was asked for"),
+           "the file is damaged or not this model's: a weight is stored as F32, F16 or BF16");
     for (int64_t i = 0; i < n; ++i) {
       const uint8_t* p = src + static_cast<size_t>(i) * esize;
-      float v = static_cast<float>(from_float ? load_float(t.dtype, p) : static_cast<double>(load_int(t.dtype, p)));
+      const float v = static_cast<float>(load_float(t.dtype, p));
       switch (dtype) {
         case DType::f32: out.data_as<float>()[i] = v; break;
         case DType::bf16: out.data_as<bf16>()[i] = float_to_bf16(v); break;

@@ -2,6 +2,7 @@
 #include <algorithm>
 
 #include "lcx/plan.h"
+#include "lcx/size_math.h"
 
 namespace lcx {
 
@@ -21,7 +22,11 @@ const char* plan_category_name(PlanCategory c) {
 }
 
 void MemoryPlan::add(std::string name, PlanCategory category, int64_t bytes, std::string phase, bool on_host) {
-  if (bytes <= 0) return;  // a term of nothing only clutters the breakdown
+  // A negative size is a product that wrapped: refuse it rather than drop it as empty.
+  if (bytes < 0) throw Error(str("memory plan: the term '", name, "' of ", contributor, " has ", bytes,
+                                 " bytes, a size that passed 64 bits"),
+                             "data.seq_len", "lower data.seq_len");
+  if (bytes == 0) return;  // a term of nothing only clutters the breakdown
   terms.push_back({std::move(name), category, bytes, std::move(phase), on_host, contributor});
 }
 
@@ -40,14 +45,15 @@ bool MemoryPlan::live_in(const PlanTerm& t, const std::string& phase) {
 int64_t MemoryPlan::gpu_bytes(const std::string& phase, bool with_reserve) const {
   int64_t n = 0;
   for (const auto& t : terms)
-    if (!t.on_host && live_in(t, phase) && (with_reserve || t.category != PlanCategory::reserve)) n += t.bytes;
+    if (!t.on_host && live_in(t, phase) && (with_reserve || t.category != PlanCategory::reserve))
+      n = checked_add(n, t.bytes, str("memory plan, phase ", phase));
   return n;
 }
 
 int64_t MemoryPlan::host_bytes(const std::string& phase) const {
   int64_t n = 0;
   for (const auto& t : terms)
-    if (t.on_host && live_in(t, phase)) n += t.bytes;
+    if (t.on_host && live_in(t, phase)) n = checked_add(n, t.bytes, str("memory plan, host, phase ", phase));
   return n;
 }
 

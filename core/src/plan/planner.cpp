@@ -8,6 +8,7 @@
 
 #include "lcx/defaults.h"
 #include "lcx/error.h"
+#include "lcx/size_math.h"
 #include "util/text.h"
 
 namespace lcx {
@@ -136,7 +137,18 @@ PlanInputs plan_inputs(const CoreConfig& cfg, const ModelConfig& model, int64_t 
   in.grad_accum = cfg.train.grad_accum;
   in.grad_dtype = grad_dtype_for(cfg.train, in.weight_dtype, in.world_size);
   const int64_t unit = plan_seq_unit(in, cfg.data.pad_to_multiple_of);
-  return with_seq(in, (seq_len + unit - 1) / unit * unit);
+  in = with_seq(in, checked_mul(checked_add(seq_len, unit - 1, "data.seq_len") / unit, unit, "data.seq_len"));
+  // A term of the plan is one rank's tokens x one model width x a few bytes and buffers; refused
+  // here, such a length cannot wrap inside a provider's plan() into a size that "fits".
+  const int64_t widest = std::max({model.vocab_size, model.intermediate_size, model.hidden_size,
+                                   model.num_heads * model.head_dim, int64_t{1}});
+  try {
+    checked_mul(checked_mul(in.tokens_per_rank, widest, "tokens x width"), 16, "tokens x width x 16 bytes");
+  } catch (const Error& e) {
+    throw Error(str("data.seq_len = ", seq_len, ": the step's buffers pass what 64-bit sizes count (", e.what(), ")"),
+                "data.seq_len", "lower data.seq_len: no machine holds such a step");
+  }
+  return in;
 }
 
 MemoryPlan build_plan(const PlanInputs& in, const PlanSlots& s) {

@@ -9,6 +9,9 @@
 #include <map>
 #include <sstream>
 
+#include <sys/stat.h>
+#include <unistd.h>
+
 #include "lcx/error.h"
 #include "util/sha256.h"
 #include "util/text.h"
@@ -38,7 +41,32 @@ bool looks_like_path(const std::string& s) {
   return s.find('/') != std::string::npos || (s.size() > 3 && s.ends_with(kSuffix));
 }
 
+// A plugin runs with the trainer's rights, so whoever may replace its file or folder may run code
+// as the trainer's user: refused as ssh and sudo refuse their files. The owner must be this user or
+// root, and neither group nor others may write.
+void check_trusted(const fs::path& p, const std::string& plugin) {
+  struct stat st {};
+  if (::stat(p.c_str(), &st) != 0) return;  // a missing file is find()'s and open_library's to report
+  const bool folder = S_ISDIR(st.st_mode);
+  const std::string what = folder ? str("the folder of plugin '", plugin, "', ", p.string())
+                                  : str("plugin library '", p.string(), "'");
+  if (st.st_uid != ::geteuid() && st.st_uid != 0)
+    throw Error(str(what, " is owned by user ", st.st_uid, ", not by this user (", ::geteuid(),
+                    ") or root; a plugin runs with the trainer's rights"),
+                {}, str("chown ", ::geteuid(), " ", p.string(), ", or use a plugin folder of your own"));
+  if (st.st_mode & (S_IWGRP | S_IWOTH))
+    throw Error(str(what, " is writable by ", (st.st_mode & S_IWOTH) ? "others" : "its group",
+                    "; a plugin runs with the trainer's rights"),
+                {}, str("chmod go-w ", p.string()));
+}
+
 std::shared_ptr<boost::dll::shared_library> open_library(const std::string& path) {
+  std::error_code real_ec;
+  const fs::path real = fs::canonical(path, real_ec);
+  if (!real_ec) {
+    check_trusted(real.parent_path(), real.filename().string());
+    check_trusted(real, real.filename().string());
+  }
   boost::dll::fs::error_code ec;
   // RTLD_LOCAL keeps two plugins' internal symbols apart; lazy binding keeps start-up short.
   auto lib = std::make_shared<boost::dll::shared_library>();
@@ -117,8 +145,18 @@ std::string PluginLoader::find(const std::string& name_or_path) const {
     tried.push_back(p.string());
     if (fs::exists(p)) return p.string();
   }
+  // Suggestions come from file names: a typo must not run the code of every plugin in the folders.
   std::vector<std::string> known;
-  for (const auto& info : discover()) known.push_back(info.name);
+  for (const auto& dir : dirs_) {
+    std::error_code ec;
+    for (const auto& e : fs::directory_iterator(dir, ec)) {
+      const std::string f = e.path().filename().string();
+      if (f.starts_with(kPrefix) && f.ends_with(kSuffix) && f.size() > 7)
+        known.push_back(f.substr(4, f.size() - 7));
+    }
+  }
+  std::sort(known.begin(), known.end());
+  known.erase(std::unique(known.begin(), known.end()), known.end());
   std::string near = closest(name_or_path, known);
   throw Error(str("unknown plugin '", name_or_path, "'", near.empty() ? "" : str(": did you mean '", near, "'?"),
                   " Searched: ", join(tried, ", ")),

@@ -1,6 +1,7 @@
 #include "slots/resolve.h"
 
 #include <algorithm>
+#include <set>
 
 #include "lcx/error.h"
 #include "lcx/defaults.h"
@@ -23,7 +24,15 @@ std::vector<std::string> requested_plugins(const Manifest& m, const std::vector<
   ConfigView plugins = m.section("plugins");
   ConfigView model = m.section("model");
   std::vector<std::string> names = plugins.get_strings("load", {});
+  std::set<std::string> seen;
+  for (const auto& n : names)
+    if (!seen.insert(n).second)
+      throw Error(str(plugins.where("load"), ": plugins.load: '", n, "' is listed twice"), "plugins.load",
+                  str("list each plugin once: remove the second \"", n, "\""));
   std::string module = model.get_string("module", "");
+  if (!module.empty() && std::find(names.begin(), names.end(), module) != names.end())
+    throw Error(str(plugins.where("load"), ": plugins.load: '", module, "' is also [model] module"), "plugins.load",
+                str("name the model module only in [model] module: remove \"", module, "\" from [plugins] load"));
   if (!module.empty()) names.push_back(module);
   for (const auto& d : disabled)
     if (std::find(names.begin(), names.end(), d) == names.end())
@@ -41,6 +50,9 @@ std::map<uint32_t, SlotProvider> plan_slots(const Manifest& m, const PluginLoade
   for (const auto& name : requested_plugins(m, disabled)) {
     PluginInfo info = loader.describe(name);
     auto it = providers.find(info.slot);
+    if (it != providers.end() && it->second.name == info.name)
+      throw Error(str("plugin '", info.name, "' is named twice (", it->second.origin, " and ", info.path, ")"),
+                  "plugins.load", str("name '", info.name, "' once in [plugins] load"));
     if (it != providers.end())
       throw Error(str("two providers for slot ", slot_name(info.slot), ": '", it->second.name, "' (",
                       it->second.origin, ") and '", info.name, "' (", info.path, ")"),
@@ -80,7 +92,12 @@ SlotSet resolve_slots(const Manifest& m, const PluginLoader& loader, const std::
     }
   }
   if (!s.loss) s.loss = make_full_logits_loss();
-  if (!s.rope) s.rope = make_default_rope();
+  if (!s.rope) {
+    std::string ablated;
+    for (const auto& d : disabled)
+      if (loader.describe(d).slot == LCX_SLOT_POSITIONAL_ENCODING) ablated = d;
+    s.rope = ablated.empty() ? make_default_rope() : make_default_rope_in_place_of(ablated);
+  }
   if (!s.memory) s.memory = make_on_device_memory();
   if (!s.parallel) s.parallel = make_single_rank();
   if (!s.mlp) s.mlp = make_whole_mlp();

@@ -35,6 +35,10 @@ struct SlotSet {
 
 // The names of core's default providers, by slot.
 const char* default_provider_name(uint32_t slot);
+// Core's rotary positions in place of the positional-encoding plugin `disabled` (--disable, an
+// ablation): a checkpoint's scaled rope parameters are then ignored with one warning, where
+// make_default_rope() refuses them.
+std::unique_ptr<PositionalEncoding> make_default_rope_in_place_of(const std::string& disabled);
 // Which plugin names the manifest asks for, in order, after --disable.
 std::vector<std::string> requested_plugins(const Manifest& m, const std::vector<std::string>& disabled);
 // Describes without creating (for --dry-run): refuses two providers for one slot.

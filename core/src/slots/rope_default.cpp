@@ -1,8 +1,12 @@
+#include <atomic>
 #include <cmath>
 #include <nlohmann/json.hpp>
 
 #include "lcx/defaults.h"
+#include "lcx/error.h"
+#include "lcx/log.h"
 #include "lcx/plan.h"
+#include "slots/resolve.h"
 
 namespace lcx {
 
@@ -31,9 +35,46 @@ RopeTables PositionalEncoding::tables(const Tensor& positions, Device device) co
 
 namespace {
 
+// The scaling type of the model's rope parameters ("" or "default" when it has none).
+std::string rope_type_of(const std::string& rope_parameters_json) {
+  nlohmann::json j;
+  try {
+    j = nlohmann::json::parse(rope_parameters_json.empty() ? "{}" : rope_parameters_json);
+  } catch (const nlohmann::json::exception& e) {
+    throw Error(str("the model's rope parameters are not valid JSON: ", e.what()), "rope_parameters");
+  }
+  if (!j.is_object()) return {};
+  auto type = j.find("rope_type");
+  if (type == j.end()) type = j.find("type");
+  return type != j.end() && type->is_string() ? type->get<std::string>() : std::string();
+}
+
 class DefaultRope final : public PositionalEncoding {
  public:
-  void configure(const RopeModelInfo& info) override { info_ = info; }
+  // `stands_in_for`: the positional-encoding plugin --disable'd for this run, if any.
+  explicit DefaultRope(std::string stands_in_for = {}) : stands_in_for_(std::move(stands_in_for)) {}
+
+  // Plain rotary over a checkpoint trained with scaled positions would train on other positions
+  // than the checkpoint's without a word; only an explicit --disable of the plugin accepts that.
+  void configure(const RopeModelInfo& info) override {
+    const std::string type = rope_type_of(info.rope_parameters_json);
+    if (!type.empty() && type != "default") {
+      if (stands_in_for_.empty())
+        throw Error(str("the model's config.json has rope parameters of rope_type '", type,
+                        "', and core's positional encoding ('rope') computes plain rotary positions only"),
+                    "rope_parameters.rope_type",
+                    type == "yarn" ? "add \"rope_yarn\" to [plugins] load: it takes the checkpoint's YaRN values "
+                                     "(for an ablation without them, add it and pass --disable rope_yarn)"
+                                   : str("no lcx positional encoding computes rope_type '", type,
+                                         "' (lcx has 'default' and 'yarn'); use a checkpoint without it"));
+      static std::atomic<bool> warned{false};
+      if (!warned.exchange(true))
+        log::warn(str("--disable ", stands_in_for_, ": the checkpoint's rope_type '", type,
+                      "' is ignored; positions are plain rotary with rope_theta ", info.rope_theta,
+                      " (an ablation; the checkpoint's own positions differ)"));
+    }
+    info_ = info;
+  }
   std::vector<double> inv_freq() const override {
     const int64_t d = info_.head_dim;
     std::vector<double> inv(static_cast<size_t>(d / 2));
@@ -55,11 +96,16 @@ class DefaultRope final : public PositionalEncoding {
   }
 
  private:
+  std::string stands_in_for_;
   RopeModelInfo info_;
 };
 
 }  // namespace
 
 std::unique_ptr<PositionalEncoding> make_default_rope() { return std::make_unique<DefaultRope>(); }
+
+std::unique_ptr<PositionalEncoding> make_default_rope_in_place_of(const std::string& disabled) {
+  return std::make_unique<DefaultRope>(disabled);
+}
 
 }  // namespace lcx

@@ -4,7 +4,11 @@
 #include <map>
 #include <mutex>
 
+<<<<<<< HEAD
 #include "lcx/profile.h"
+=======
+#include "lcx/size_math.h"
+>>>>>>> i19b
 
 namespace lcx {
 
@@ -27,7 +31,12 @@ Storage::Storage(Device d, size_t bytes, MemoryCategory c) : bytes_(bytes), devi
 Storage::~Storage() { allocator_for(device_).deallocate(data_, bytes_, category_); }
 
 Tensor Tensor::empty(Shape shape, DType dtype, Device device, MemoryCategory category) {
-  for (int64_t d : shape) LCX_CHECK(d >= 0, "negative dimension in ", shape_str(shape));
+  int64_t n = 1;
+  for (int64_t d : shape) {
+    LCX_CHECK(d >= 0, "negative dimension in ", shape_str(shape));
+    n = checked_mul(n, d, str("tensor ", shape_str(shape)));
+  }
+  checked_mul(n, static_cast<int64_t>(dtype_size(dtype)), str("tensor ", shape_str(shape), " of ", dtype_name(dtype)));
   Tensor t;
   t.shape_ = std::move(shape);
   t.dtype_ = dtype;

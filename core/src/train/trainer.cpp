@@ -418,7 +418,10 @@ int train_rank(const CoreConfig& cfg, const Manifest& manifest, const SlotFactor
     if (state.nonfinite_in_row >= kMaxNonfiniteInRow) {
       bar.finish();
       throw Error(str(kMaxNonfiniteInRow, " steps in a row had a non-finite loss or gradient; stopping at step ", state.step),
-                  "train.lr", "lower the learning rate, check the data, or use master_dtype = \"fp32\"");
+                  "train", str("the optimizer ran with lr = ", cfg.train.lr, ", beta1 = ", cfg.train.beta1, ", beta2 = ",
+                               cfg.train.beta2, ", eps = ", cfg.train.eps, ", weight_decay = ", cfg.train.weight_decay,
+                               ", max_grad_norm = ", cfg.train.max_grad_norm, ", master_dtype = \"", cfg.train.master_dtype,
+                               "\": lower lr, check these and the data, or use master_dtype = \"fp32\""));
     }
     const bool due = cfg.train.save_steps > 0 && state.step % cfg.train.save_steps == 0;
     if (due || (state.step == total_steps && cfg.train.save_final) || stop) save();

@@ -1,0 +1,27 @@
+#include "util/file.h"
+
+#include <cerrno>
+#include <cstring>
+#include <filesystem>
+#include <fstream>
+#include <sstream>
+
+#include "lcx/error.h"
+
+namespace lcx {
+
+std::string read_file(const std::string& path, const std::string& key, const std::string& fix) {
+  std::error_code ec;
+  const auto status = std::filesystem::status(path, ec);
+  if (std::filesystem::is_directory(status))
+    throw Error(str(key, ": '", path, "' is a folder, not a file"), key, fix);
+  if (!std::filesystem::exists(status)) throw Error(str(key, ": '", path, "' does not exist"), key, fix);
+  std::ifstream in(path, std::ios::binary);
+  if (!in) throw Error(str(key, ": cannot read '", path, "': ", std::strerror(errno)), key, fix);
+  std::ostringstream s;
+  s << in.rdbuf();
+  if (in.bad()) throw Error(str(key, ": reading '", path, "' failed"), key, fix);
+  return std::move(s).str();
+}
+
+}  // namespace lcx
