@@ -4,11 +4,8 @@
 #include <map>
 #include <mutex>
 
-<<<<<<< HEAD
 #include "lcx/profile.h"
-=======
 #include "lcx/size_math.h"
->>>>>>> i19b
 
 namespace lcx {
 
