@@ -35,6 +35,7 @@
 #include "lcx/plugin.h"
 #include "lcx/safetensors.h"
 #include "qwen3_config.h"
+#include "qwen3_plan.h"
 
 namespace lcx::qwen3 {
 namespace {
@@ -376,12 +377,12 @@ class Qwen3Model final : public Model {
     return layers_.at(static_cast<size_t>(layer));
   }
 
-  // The head groups of a run: as configured, or "auto": one kv head per group where one rank holds
-  // every head (single rank: its attention takes any head count), one group otherwise, since a
-  // provider that splits heads across ranks (sp_ulysses) needs them all. The plan resolves the
-  // same way from the mesh (cp * sp == 1 is a Parallelism of size 1).
-  int64_t resolve_groups(int64_t kv_heads, bool one_rank) const {
-    if (head_groups_ == 0) return one_rank ? kv_heads : 1;
+  // The head groups of a run: as configured, or "auto": one kv head per group where the
+  // Parallelism's attention takes any head subset (a single rank), one group otherwise, since a
+  // provider that splits heads across ranks needs them all. The plan resolves the same way from
+  // the mesh (cp * sp == 1: no provider shares the sequence).
+  int64_t resolve_groups(int64_t kv_heads, bool any_heads) const {
+    if (head_groups_ == 0) return any_heads ? kv_heads : 1;
     if (kv_heads % head_groups_ != 0)
       throw Error(str(table_, ".attention_head_groups = ", head_groups_, " does not divide the model's ", kv_heads,
                       " key/value heads"),
@@ -389,7 +390,7 @@ class Qwen3Model final : public Model {
     return head_groups_;
   }
   int64_t groups_for(const StepContext& ctx) const {
-    return resolve_groups(cfg_.num_kv_heads, ctx.parallel->size() == 1);
+    return resolve_groups(cfg_.num_kv_heads, ctx.parallel->attention_takes_head_groups());
   }
   HeadGroup head_group(int64_t g, int64_t groups) const {
     const int64_t nq = cfg_.num_heads / groups, nkv = cfg_.num_kv_heads / groups;
