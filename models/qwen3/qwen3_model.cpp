@@ -38,6 +38,7 @@
 #include "lcx/plugin.h"
 #include "lcx/safetensors.h"
 #include "qwen3_config.h"
+#include "qwen3_plan.h"
 
 namespace lcx::qwen3 {
 namespace {
@@ -401,13 +402,14 @@ class Qwen3Model final : public Model {
     return layers_.at(static_cast<size_t>(layer));
   }
 
-  // The head groups of a run: as configured, or "auto": one kv head per group where one rank holds
-  // every head (single rank: its attention takes any head count), one group otherwise, since a
-  // provider that splits heads across ranks (sp_ulysses) needs them all. The plan resolves the
-  // same way from the mesh (cp * sp == 1 is a Parallelism of size 1).
-  int64_t resolve_groups(int64_t kv_heads, bool one_rank, int64_t recipe_groups) const {
-    if (head_groups_ == 0) {  // "auto": the recipe's count where it serves, else the rule above
-      if (!one_rank) return 1;
+  // The head groups of a run: as configured, or "auto": the recipe's count where the
+  // Parallelism's attention takes any head subset (a single rank) and the count divides the kv
+  // heads, else one kv head per group there, and one group otherwise, since a provider that splits
+  // heads across ranks needs them all. The plan resolves the same way from the mesh (cp * sp == 1:
+  // no provider shares the sequence).
+  int64_t resolve_groups(int64_t kv_heads, bool any_heads, int64_t recipe_groups) const {
+    if (head_groups_ == 0) {
+      if (!any_heads) return 1;
       return recipe_groups > 0 && kv_heads % recipe_groups == 0 ? recipe_groups : kv_heads;
     }
     if (kv_heads % head_groups_ != 0)
@@ -417,7 +419,7 @@ class Qwen3Model final : public Model {
     return head_groups_;
   }
   int64_t groups_for(const StepContext& ctx) const {
-    return resolve_groups(cfg_.num_kv_heads, ctx.parallel->size() == 1, ctx.recipe.head_groups);
+    return resolve_groups(cfg_.num_kv_heads, ctx.parallel->attention_takes_head_groups(), ctx.recipe.head_groups);
   }
   // Whether this step keeps each layer's attention outputs from the forward: the key, or the
   // recipe's choice under "auto"; never without a memory strategy to hold them.

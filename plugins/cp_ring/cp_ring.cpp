@@ -89,23 +89,28 @@ class CpRing final : public Parallelism {
  public:
   CpRing(int cp, bool across_documents) : cp_(cp), across_documents_(across_documents) {}
 
-  void configure(const ParallelModelInfo& info) override {
+  void configure(const ParallelModelInfo& info, Mesh* mesh) override {
     for (size_t l = 0; l < info.layer_types.size(); ++l)
       if (info.layer_types[l] != "full_attention")
         throw Error(str("cp_ring: layer ", l, " is ", info.layer_types[l],
                         "; ring attention computes full causal attention only, and a sliding-window or chunked "
                         "layer would need its window cut across the ring"),
                     "layer_types", "use a model with full attention in every layer (Qwen3, Qwen3-MoE), or drop cp_ring");
-    if (Mesh* m = current_mesh()) check_mesh(*m);
+    if (mesh) check_mesh(*mesh);
+    mesh_ = mesh;
     layers_ = static_cast<int64_t>(info.layer_types.size());
   }
 
   int size() const override { return cp_; }
+  std::string mesh_axis() const override { return "cp"; }
+  // More ranks on the ring divide every per-token buffer; the model then runs its attention as
+  // one call over all heads (attention_takes_head_groups), since each call is a ring pass.
+  std::string plan_offer() const override { return "ring attention over more GPUs"; }
 
   Shard shard(const Sequence& seq, int rank) const override {
     const int64_t L = seq.tokens.size(0);
     if (rank < 0 || rank >= cp_)
-      throw Error(str("cp_ring: shard() for rank ", rank, " but cp_ring.size = ", cp_,
+      throw Error(str("cp_ring: shard() for rank ", rank, " but [distributed] cp = ", cp_,
                       "; it takes the rank's cp coordinate, 0 to ", cp_ - 1),
                   "distributed.sp", "run cp_ring with sp = 1: it does not compose with sp_ulysses yet");
     if (seq.targets.size(0) != L)
@@ -274,20 +279,17 @@ class CpRing final : public Parallelism {
  private:
   void check_mesh(const Mesh& m) const {
     if (m.shape().cp != cp_)
-      throw Error(str("cp_ring.size = ", cp_, " but the rank mesh has cp = ", m.shape().cp), "cp_ring.size",
-                  str("set cp_ring.size equal to distributed.cp (", m.shape().cp, ")"));
+      throw Error(str("cp_ring was created for cp = ", cp_, " but the rank mesh has cp = ", m.shape().cp),
+                  "distributed.cp", "create the plugin with the [distributed] shape its mesh has (PluginArgs::mesh)");
   }
 
   // The cp communicator of this rank's mesh; nullptr when one rank holds the sequence.
   Communicator* ring_comm() const {
-    Mesh* m = current_mesh();
-    if (!m) {
-      if (cp_ == 1) return nullptr;
-      throw Error(str("cp_ring.size = ", cp_, " but no rank mesh is bound on this thread"), "cp_ring.size",
-                  "run with distributed.cp = cp_ring.size (the trainer binds each rank's mesh), or set size = 1");
-    }
-    check_mesh(*m);
-    return cp_ == 1 ? nullptr : &m->cp();
+    if (cp_ == 1) return nullptr;
+    if (!mesh_)
+      throw Error(str("cp_ring: cp = ", cp_, " but configure() was given no rank mesh"), "distributed.cp",
+                  "configure the plugin with its rank's mesh (the trainer does), or run with cp = 1");
+    return &mesh_->cp();
   }
 
   // What one rank sends per layer and per step; every rank sends the same.
@@ -312,13 +314,22 @@ class CpRing final : public Parallelism {
 
   int cp_;
   bool across_documents_;
+  Mesh* mesh_ = nullptr;
   int64_t layers_ = 0;
   std::atomic<bool> logged_{false};
 };
 
+// The ring's size is [distributed] cp. `size` is the key it replaced: still accepted when it
+// equals cp, and deprecated.
 std::unique_ptr<Plugin> create(const PluginArgs& args) {
-  const int64_t cp = args.config.get_int("size", 1);
+  const int64_t cp = args.config.get_int("size", args.mesh.cp);
   if (cp < 1 || cp > 4096) args.config.fail("size", str("must be between 1 and 4096, got ", cp), "set it to distributed.cp");
+  if (args.config.has("size")) {
+    if (cp != args.mesh.cp)
+      args.config.fail("size", str("is ", cp, " but [distributed] cp = ", args.mesh.cp, "; the ring's size is distributed.cp"),
+                       "drop cp_ring.size (deprecated) and set distributed.cp");
+    log::warn("cp_ring.size is deprecated: the ring takes its size from [distributed] cp; drop the key");
+  }
   const bool across = args.config.get_bool("attend_across_documents", false);
   return std::make_unique<CpRing>(static_cast<int>(cp), across);
 }

@@ -52,6 +52,7 @@ class ChunkedLoss final : public Loss {
   // What run() allocates with gradients: the fp32 logits of one slice [S,V], the chunk's gradient
   // [C,V] in the head's dtype (none for an fp32 head: written over the logits, S = C), and the
   // per-token losses [T] fp32; C = min(chunk_rows, T).
+  std::string plan_offer() const override { return "the logits never whole"; }
   void plan(const PlanInputs& in, MemoryPlan& plan) const override {
     const int64_t T = std::max<int64_t>(in.tokens_per_rank, 1);
     const int64_t C = std::min(chunk_rows_, T);

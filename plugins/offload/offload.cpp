@@ -176,10 +176,7 @@ class Offload final : public MemoryStrategy {
                      " fetches not loaded ahead, host waited ", host_wait_s_, " s for copies out"));
   }
 
-  int64_t device_bytes(int num_layers, int64_t bytes_each) const override {
-    return std::min<int64_t>(num_layers, prefetch_ + 1) * bytes_each;
-  }
-  int64_t host_bytes(int num_layers, int64_t bytes_each) const override { return num_layers * bytes_each; }
+  std::string plan_offer() const override { return "saved layer inputs in pinned host memory"; }
 
   // The compute stream's waits on copies in, over the last step; read after the step's sync.
   double wait_seconds() const override {
@@ -204,10 +201,10 @@ class Offload final : public MemoryStrategy {
     }
     plan.add(str("saved layer inputs on the GPU: at most ", std::min(L, prefetch_ + 1), " x [T,H] (prefetch ",
                  prefetch_, ")"),
-             PlanCategory::activations_gpu, device_bytes(L, each), plan_phase::step);
+             PlanCategory::activations_gpu, std::min<int64_t>(L, prefetch_ + 1) * each, plan_phase::step);
     // Pinned once and kept across steps.
     plan.add(str("saved layer inputs in pinned host memory: ", L, " x [T,H]"), PlanCategory::activations_host,
-             host_bytes(L, each), plan_phase::always, true);
+             L * each, plan_phase::always, true);
   }
 
  private:

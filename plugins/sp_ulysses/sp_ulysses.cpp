@@ -39,8 +39,8 @@ class Ulysses final : public Parallelism {
  public:
   Ulysses(int64_t size, std::string table) : sp_(size), table_(std::move(table)) {}
 
-  void configure(const ParallelModelInfo& info) override {
-    const std::string key = table_ + ".size";
+  void configure(const ParallelModelInfo& info, Mesh* mesh) override {
+    const std::string key = "distributed.sp";
     for (size_t l = 0; l < info.layer_types.size(); ++l)
       if (info.layer_types[l] != "full_attention")
         throw Error(str(table_, ": layer ", l, " is ", info.layer_types[l],
@@ -48,17 +48,18 @@ class Ulysses final : public Parallelism {
                         "attention only"),
                     key, "use a model with full attention in every layer (Qwen3, Qwen3-MoE), or drop sp_ulysses");
     if (info.num_heads % sp_ != 0)
-      throw Error(str(table_, ": ", info.num_heads, " query heads do not divide over size = ", sp_,
-                      " ranks (each rank takes num_heads / size of them)"),
-                  key, str("use a size that divides ", info.num_heads));
+      throw Error(str(table_, ": ", info.num_heads, " query heads do not divide over sp = ", sp_,
+                      " ranks (each rank takes num_heads / sp of them)"),
+                  key, str("use an sp that divides ", info.num_heads));
     if (info.num_kv_heads >= sp_ && info.num_kv_heads % sp_ != 0)
-      throw Error(str(table_, ": ", info.num_kv_heads, " key/value heads do not divide over size = ", sp_, " ranks"),
-                  key, str("use a size that divides ", info.num_kv_heads));
+      throw Error(str(table_, ": ", info.num_kv_heads, " key/value heads do not divide over sp = ", sp_, " ranks"),
+                  key, str("use an sp that divides ", info.num_kv_heads));
     if (info.num_kv_heads < sp_ && sp_ % info.num_kv_heads != 0)
-      throw Error(str(table_, ": ", info.num_kv_heads, " key/value heads cannot be replicated evenly over size = ", sp_,
+      throw Error(str(table_, ": ", info.num_kv_heads, " key/value heads cannot be replicated evenly over sp = ", sp_,
                       " ranks (a rank's query heads must share one kv head)"),
-                  key, str("use a size that is a multiple of ", info.num_kv_heads));
-    if (Mesh* m = current_mesh()) check_mesh(*m);
+                  key, str("use an sp that is a multiple of ", info.num_kv_heads));
+    if (mesh) check_mesh(*mesh);
+    mesh_ = mesh;
     info_ = info;
     kv_local_ = std::max<int64_t>(1, info.num_kv_heads / sp_);
     kv_blocks_ = info.num_kv_heads / kv_local_;
@@ -66,14 +67,15 @@ class Ulysses final : public Parallelism {
   }
 
   int size() const override { return static_cast<int>(sp_); }
+  std::string mesh_axis() const override { return "sp"; }
 
   Shard shard(const Sequence& seq, int rank) const override {
     const int64_t L = seq.tokens.size(0);
     LCX_CHECK(rank >= 0 && rank < sp_, "sp_ulysses has no rank ", rank, " of ", sp_);
     if (L % sp_ != 0)
-      throw Error(str(table_, ": a sequence of ", L, " tokens does not split into size = ", sp_,
+      throw Error(str(table_, ": a sequence of ", L, " tokens does not split into sp = ", sp_,
                       " equal contiguous shards"),
-                  table_ + ".size", str("set [data] seq_len to a multiple of ", sp_, " and pad_to_multiple_of = ", sp_,
+                  "data.seq_len", str("set [data] seq_len to a multiple of ", sp_, " and pad_to_multiple_of = ", sp_,
                                         " (a short final sequence is padded to it)"));
     const int64_t T = L / sp_, begin = rank * T;
     Shard s;
@@ -93,7 +95,7 @@ class Ulysses final : public Parallelism {
     cache_ = {};  // the previous layer's buffers go before this one's arrive
     Communicator& c = comm();
     const int64_t T = q.size(0), L = T * sp_, Hr = heads_per_rank(), d = info_.head_dim;
-    if (!logged_ && current_mesh()->world().rank() == 0) log_traffic(T, q.dtype());
+    if (!logged_ && mesh_->world().rank() == 0) log_traffic(T, q.dtype());
     logged_ = true;
 
     Cache h;
@@ -210,20 +212,18 @@ class Ulysses final : public Parallelism {
 
   void check_mesh(const Mesh& m) const {
     if (m.shape().sp != sp_)
-      throw Error(str(table_, ": size = ", sp_, " but the mesh's sp axis is ", m.shape().sp), table_ + ".size",
-                  str("set [distributed] sp = ", sp_, " or ", table_, ".size = ", m.shape().sp));
+      throw Error(str(table_, " was created for sp = ", sp_, " but the mesh's sp axis is ", m.shape().sp),
+                  "distributed.sp", "create the plugin with the [distributed] shape its mesh has (PluginArgs::mesh)");
     if (m.shape().cp != 1)
       throw Error(str(table_, " shards a sequence over the sp axis only, but the mesh has cp = ", m.shape().cp),
                   "distributed.cp", "set [distributed] cp = 1 with sp_ulysses");
   }
 
   Communicator& comm() const {
-    Mesh* m = current_mesh();
-    if (!m)
-      throw Error(str(table_, ": size = ", sp_, " needs a mesh bound on this rank's thread"), table_ + ".size",
-                  str("run with [distributed] sp = ", sp_, " (the trainer binds the mesh), or size = 1"));
-    check_mesh(*m);
-    return m->sp();
+    if (!mesh_)
+      throw Error(str(table_, ": sp = ", sp_, " needs a mesh, and configure() was given none"), "distributed.sp",
+                  "configure the plugin with its rank's mesh (the trainer does), or run with sp = 1");
+    return mesh_->sp();
   }
 
   void check_inputs(const Tensor& q, const Tensor& k, const Tensor& v) const {
@@ -313,6 +313,7 @@ class Ulysses final : public Parallelism {
 
   int64_t sp_;
   std::string table_;
+  Mesh* mesh_ = nullptr;
   ParallelModelInfo info_;
   int64_t kv_local_ = 1;   // kv heads per rank
   int64_t kv_blocks_ = 1;  // kv head blocks per token: sp, or Hkv when replicated
@@ -322,11 +323,20 @@ class Ulysses final : public Parallelism {
   std::map<std::tuple<int, int64_t, int64_t, int, int>, Tensor> ids_;  // row ids per shape and device
 };
 
+// The ranks of a sequence are [distributed] sp. `size` is the key it replaced: still accepted
+// when it equals sp, and deprecated.
 std::unique_ptr<Plugin> create(const PluginArgs& args) {
-  const int64_t sp = args.config.get_int("size", 1);
-  if (sp < 1) args.config.fail("size", "must be >= 1", "set size to the number of ranks that share a sequence");
+  const std::string table = args.config.name().empty() ? std::string("sp_ulysses") : args.config.name();
+  const int64_t sp = args.config.get_int("size", args.mesh.sp);
+  if (sp < 1) args.config.fail("size", "must be >= 1", "set [distributed] sp to the number of ranks that share a sequence");
   if (sp > (int64_t{1} << 16)) args.config.fail("size", "is implausibly large");
-  return std::make_unique<Ulysses>(sp, args.config.name().empty() ? std::string("sp_ulysses") : args.config.name());
+  if (args.config.has("size")) {
+    if (sp != args.mesh.sp)
+      args.config.fail("size", str("is ", sp, " but [distributed] sp = ", args.mesh.sp, "; the ranks of a sequence are distributed.sp"),
+                       str("drop ", table, ".size (deprecated) and set distributed.sp"));
+    log::warn(str(table, ".size is deprecated: the ranks of a sequence come from [distributed] sp; drop the key"));
+  }
+  return std::make_unique<Ulysses>(sp, table);
 }
 
 }  // namespace

@@ -47,6 +47,7 @@ class TiledMlp final : public MlpStrategy {
     }
   }
 
+  std::string plan_offer() const override { return "the MLP's [T,I] intermediates one tile at a time"; }
   void plan(const PlanInputs& in, MemoryPlan& plan) const override {
     const int64_t R = std::min(in.tokens_per_rank, rows(in.model.intermediate_size, in.weight_dtype));
     const int64_t tile = R * in.model.intermediate_size * static_cast<int64_t>(dtype_size(in.weight_dtype));

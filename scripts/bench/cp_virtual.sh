@@ -33,8 +33,8 @@ PY
     tail -c 2000 "$dir/log" | tr '\r' '\n' | grep -v '^$' | tail -4 | sed 's/^/  /'
   fi
 }
-ring=$'[cp_ring]\nsize = 2\n[distributed]\nnproc_per_node = 2\ncp = 2\nvirtual_ranks = true\n'
-uly=$'[sp_ulysses]\nsize = 2\n[distributed]\nnproc_per_node = 2\nsp = 2\nvirtual_ranks = true\n'
+ring=$'[distributed]\nnproc_per_node = 2\ncp = 2\nvirtual_ranks = true\n'
+uly=$'[distributed]\nnproc_per_node = 2\nsp = 2\nvirtual_ranks = true\n'
 for what in ${CASES:-one cp2 cp2-zero3 sp2}; do
   case $what in
     one) run one '"loss_chunked"' "" ;;

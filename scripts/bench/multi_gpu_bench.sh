@@ -16,7 +16,7 @@ mkdir -p "$out"
 for kind in ${KINDS:-cp_ring sp_ulysses}; do
   axis=cp
   [[ $kind == sp_ulysses ]] && axis=sp
-  tables="[$kind]\nsize = $n\n[distributed]\nnproc_per_node = $n\n$axis = $n\nshard_parameters = true\n"
+  tables="[distributed]\nnproc_per_node = $n\n$axis = $n\nshard_parameters = true\n"
   CASES="$model:$tokens" PLUGINS="loss_chunked $kind" MASTER=bf16 STEPS=${STEPS:-2} TORCH=0 TABLES="$tables" \
     LCX_STEP_TIMEOUT=${LCX_STEP_TIMEOUT:-240} OUT="$out/$kind" "$(dirname "$0")/step_bench.sh" "$build" >"$out/$kind.out" 2>&1
   row=$(grep "^| $model" "$out/$kind/step_bench.md" | head -1 | cut -d'|' -f2-7)

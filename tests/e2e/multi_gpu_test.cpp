@@ -65,14 +65,14 @@ TEST_F(MultiGpu, NcclWorkersTrainAsVirtualRanks) {
 
 TEST_F(MultiGpu, CpRingAcrossTwoGpusTrainsAsOneRank) {
   const Trained one = train("cp1", "", "");
-  const Trained two = train("cp2", "", "[plugins]\nload = [\"cp_ring\"]\n[cp_ring]\nsize = 2\n[distributed]\nnproc_per_node = 2\ncp = 2\n");
+  const Trained two = train("cp2", "", "[plugins]\nload = [\"cp_ring\"]\n[distributed]\nnproc_per_node = 2\ncp = 2\n");
   expect_same(two, one, 1e-5, 1e-3, "cp_ring over 2 GPUs");
 }
 
 TEST_F(MultiGpu, UlyssesAcrossTwoGpusTrainsAsOneRank) {
   const Trained one = train("sp1", "", "");
   const Trained two =
-      train("sp2", "", "[plugins]\nload = [\"sp_ulysses\"]\n[sp_ulysses]\nsize = 2\n[distributed]\nnproc_per_node = 2\nsp = 2\n");
+      train("sp2", "", "[plugins]\nload = [\"sp_ulysses\"]\n[distributed]\nnproc_per_node = 2\nsp = 2\n");
   expect_same(two, one, 1e-5, 1e-3, "sp_ulysses over 2 GPUs");
 }
 

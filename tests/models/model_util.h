@@ -45,7 +45,7 @@ inline Shard shard_from_labels(const std::vector<int64_t>& ids, const std::vecto
 
 // A loss of transformers' kind: mean over valid targets, gradients scaled to match.
 inline StepResult mean_loss_step(DefaultSlots& s, const Shard& shard, int64_t valid, Device device = Device::cpu()) {
-  s.slots.model.zero_grad();
+  s.slots.model->zero_grad();
   return train_step(s.slots, shard, 1.0 / static_cast<double>(valid), device);
 }
 

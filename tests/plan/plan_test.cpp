@@ -25,6 +25,16 @@ const Model& qwen3() {
   return dynamic_cast<const Model&>(*module);
 }
 
+// The slots a plan of the qwen3 module asks: the module with its attention half as one head
+// group (the figures below count one group's tensors), core's defaults for the rest.
+PlanSlots qwen3_slots() {
+  static std::shared_ptr<Plugin> one_group = create_plugin("qwen3", "attention_head_groups = 1");
+  PlanSlots s;
+  s.model = dynamic_cast<const Model*>(one_group.get());
+  s.model_name = "qwen3";
+  return s;
+}
+
 ModelConfig preset(const std::string& name) {
   ModelSection s;
   s.init = name;
@@ -58,7 +68,7 @@ TEST(PlanArithmetic, MlpIntermediateIs19GiBAtOneMillionTokens) {
   // The guide: at 1,048,576 tokens and I = 9728 each [T,I] bf16 tensor is 19 GB (20.4e9 bytes).
   const PlanInputs in = inputs("qwen3-4b", 1048576);
   ASSERT_EQ(in.tokens_per_rank, 1048576);
-  const MemoryPlan p = build_plan(in, PlanSlots{});
+  const MemoryPlan p = build_plan(in, qwen3_slots());
   const int64_t one = 1048576LL * 9728 * 2;
   EXPECT_NEAR(static_cast<double>(one), 20.4e9, 0.05e9);
   EXPECT_NEAR(static_cast<double>(one) / kGiB, 19.0, 0.01);
@@ -69,7 +79,7 @@ TEST(PlanArithmetic, MlpIntermediateIs19GiBAtOneMillionTokens) {
   // MLP backward (six [T,I] beside the recomputed x1, h2) is the largest transient.
   EXPECT_EQ(p.largest_transient().phase, plan_phase::loss);
   auto chunked = create_plugin("loss_chunked");
-  PlanSlots s;
+  PlanSlots s = qwen3_slots();
   s.loss = dynamic_cast<const Loss*>(chunked.get());
   s.loss_name = "loss_chunked";
   EXPECT_EQ(build_plan(in, s).largest_transient().phase, plan_phase::mlp_backward);
@@ -81,7 +91,7 @@ TEST(PlanArithmetic, ParametersOfThePublicShapes) {
     int64_t params;
   } cases[] = {{"qwen3-0.6b", 596049920}, {"qwen3-4b", 4022468096}, {"qwen3-8b", 8190735360}};
   for (const auto& c : cases) {
-    const MemoryPlan p = build_plan(inputs(c.name, 4096), PlanSlots{});
+    const MemoryPlan p = build_plan(inputs(c.name, 4096), qwen3_slots());
     EXPECT_EQ(p.category_bytes(PlanCategory::weights), 2 * c.params) << c.name;        // bf16
     EXPECT_EQ(p.category_bytes(PlanCategory::gradients), 4 * c.params) << c.name;      // fp32
     EXPECT_EQ(p.category_bytes(PlanCategory::master_weights), 4 * c.params) << c.name;  // fp32 master
@@ -89,7 +99,7 @@ TEST(PlanArithmetic, ParametersOfThePublicShapes) {
   }
   EXPECT_NEAR(8190735360.0, 8.19e9, 0.005e9);
   // All-bf16 AdamW: no master, moments in bf16.
-  const MemoryPlan b = build_plan(inputs("qwen3-8b", 4096, 1, "bf16"), PlanSlots{});
+  const MemoryPlan b = build_plan(inputs("qwen3-8b", 4096, 1, "bf16"), qwen3_slots());
   EXPECT_EQ(b.category_bytes(PlanCategory::master_weights), 0);
   EXPECT_EQ(b.category_bytes(PlanCategory::optimizer), 4 * 8190735360LL);
 }
@@ -101,25 +111,25 @@ TEST(PlanArithmetic, LayerTransientIsBelowThePeersMeasuredFigure) {
   // head group the attention's q, k, v, qr, kr, attn and fp32 norm rstd / LSE kept for its
   // backward) and the attention's (h1, dx1 [T,H], those tensors and dattn, dq, dk, dv).
   const PlanInputs in = inputs("qwen3-4b", 65536);
-  const MemoryPlan p = build_plan(in, PlanSlots{});
+  const MemoryPlan p = build_plan(in, qwen3_slots());
   const int64_t T = 65536, H = 2560, I = 9728, qd = 32 * 128, kvd = 8 * 128, f32 = 4 * (2 * 32 + 8);
-  const int64_t mlp = sum_by(p, "model (core)", plan_phase::mlp_backward) + sum_by(p, "whole", plan_phase::mlp_backward);
-  const int64_t attention = sum_by(p, "model (core)", plan_phase::backward);
+  const int64_t mlp = sum_by(p, "qwen3", plan_phase::mlp_backward) + sum_by(p, "whole", plan_phase::mlp_backward);
+  const int64_t attention = sum_by(p, "qwen3", plan_phase::backward);
   EXPECT_EQ(mlp, T * (6 * I * 2 + 2 * H * 2 + 4 + (3 * qd + 3 * kvd) * 2 + f32));
   EXPECT_EQ(attention, T * (2 * H * 2 + 4 + (5 * qd + 5 * kvd) * 2 + f32));
   EXPECT_GT(mlp, attention);
   EXPECT_LT(static_cast<double>(mlp) / T, 0.8 * 210e3);
   // With one kv head per group (8 groups) the attention moment holds an eighth of those tensors.
   MemoryPlan g;
-  plan_dense_decoder(in, g, {8});
+  test::make_plugin<Model>("qwen3", "attention_head_groups = 8")->plan(in, g);
   EXPECT_EQ(sum_by(g, "", plan_phase::backward), T * (2 * H * 2 + 4 + (5 * qd + 5 * kvd) * 2 / 8 + f32 / 8));
   // The saved checkpoint is 5 KB per token per layer: [T,H] bf16 with H = 2560.
   EXPECT_EQ(p.category_bytes(PlanCategory::activations_gpu), 36LL * 65536 * 2560 * 2);
 }
 
 TEST(PlanArithmetic, EveryDefaultProviderContributes) {
-  const MemoryPlan p = build_plan(inputs("qwen3-0.6b", 8192), PlanSlots{});
-  for (const char* who : {"model (core)", "whole", "nll", "rope", "on_device", "single", "step", "core"})
+  const MemoryPlan p = build_plan(inputs("qwen3-0.6b", 8192), qwen3_slots());
+  for (const char* who : {"qwen3", "whole", "nll", "rope", "on_device", "single", "step", "core"})
     EXPECT_TRUE(std::any_of(p.terms.begin(), p.terms.end(), [&](const PlanTerm& t) { return t.contributor == who; }))
         << who;
   EXPECT_EQ(term(p, "logits + dlogits").bytes, 2LL * 8192 * 151936 * 4 + 8192 * 4);
@@ -129,9 +139,9 @@ TEST(PlanArithmetic, EveryDefaultProviderContributes) {
 
 TEST(PlanArithmetic, ChunkedLossIsFarBelowFullLogits) {
   const PlanInputs in = inputs("qwen3-4b", 131072);
-  PlanSlots full;
+  PlanSlots full = qwen3_slots();
   auto plugin = create_plugin("loss_chunked");
-  PlanSlots chunked;
+  PlanSlots chunked = qwen3_slots();
   chunked.loss = dynamic_cast<const Loss*>(plugin.get());
   chunked.loss_name = "loss_chunked";
   ASSERT_NE(chunked.loss, nullptr);
@@ -159,7 +169,6 @@ TEST(PlanArithmetic, ChunkedLossIsFarBelowFullLogits) {
 // An offload as issue 9 describes it: two layer inputs on the GPU, every input in pinned memory.
 class HostStrategy final : public MemoryStrategy {
  public:
-  explicit HostStrategy(bool with_plan) : with_plan_(with_plan) {}
   void begin_step(int) override {}
   void save(int, const Tensor&) override {}
   Tensor fetch(int) override { return {}; }
@@ -167,39 +176,29 @@ class HostStrategy final : public MemoryStrategy {
   std::vector<Tensor> kept(int) override { return {}; }
   void release(int) override {}
   void end_step() override {}
-  int64_t device_bytes(int, int64_t each) const override { return 2 * each; }
-  int64_t host_bytes(int layers, int64_t each) const override { return layers * each; }
   void plan(const PlanInputs& in, MemoryPlan& p) const override {
-    if (!with_plan_) return;
     const int64_t each = in.tokens_per_rank * in.model.hidden_size * 2;
-    p.add("prefetched inputs", PlanCategory::activations_gpu, device_bytes(0, each), plan_phase::step);
-    p.add("pinned pool", PlanCategory::activations_host, host_bytes(static_cast<int>(in.model.num_layers), each),
-          plan_phase::step, true);
+    p.add("prefetched inputs", PlanCategory::activations_gpu, 2 * each, plan_phase::step);
+    p.add("pinned pool", PlanCategory::activations_host, in.model.num_layers * each, plan_phase::step, true);
   }
-
- private:
-  bool with_plan_;
 };
 
 TEST(PlanArithmetic, OffloadMovesActivationsToHost) {
   const PlanInputs in = inputs("qwen3-4b", 131072);
-  const MemoryPlan gpu = build_plan(in, PlanSlots{});
+  const MemoryPlan gpu = build_plan(in, qwen3_slots());
   const int64_t each = 131072LL * 2560 * 2;
-  for (bool with_plan : {true, false}) {  // its own terms, or core's reading of device_bytes/host_bytes
-    HostStrategy strategy(with_plan);
-    PlanSlots s;
-    s.memory = &strategy;
-    s.memory_name = "offload";
-    const MemoryPlan host = build_plan(in, s);
-    EXPECT_EQ(host.category_bytes(PlanCategory::activations_gpu), 2 * each) << with_plan;
-    EXPECT_EQ(host.category_bytes(PlanCategory::activations_host, true), 36 * each) << with_plan;
-    EXPECT_EQ(host.host_peak(), 36 * each) << with_plan;
-    EXPECT_EQ(host.host_bytes(plan_phase::optimizer), 0) << with_plan;
-    EXPECT_EQ(gpu.peak().bytes - host.peak().bytes - (gpu.category_bytes(PlanCategory::reserve) -
-                                                      host.category_bytes(PlanCategory::reserve)),
-              34 * each)
-        << with_plan;
-  }
+  HostStrategy strategy;
+  PlanSlots s = qwen3_slots();
+  s.memory = &strategy;
+  s.memory_name = "offload";
+  const MemoryPlan host = build_plan(in, s);
+  EXPECT_EQ(host.category_bytes(PlanCategory::activations_gpu), 2 * each);
+  EXPECT_EQ(host.category_bytes(PlanCategory::activations_host, true), 36 * each);
+  EXPECT_EQ(host.host_peak(), 36 * each);
+  EXPECT_EQ(host.host_bytes(plan_phase::optimizer), 0);
+  EXPECT_EQ(gpu.peak().bytes - host.peak().bytes -
+                (gpu.category_bytes(PlanCategory::reserve) - host.category_bytes(PlanCategory::reserve)),
+            34 * each);
   EXPECT_EQ(gpu.host_peak(), 0);
 }
 
@@ -207,15 +206,22 @@ TEST(PlanArithmetic, ContextParallelDividesTokensPerRank) {
   const PlanInputs one = inputs("qwen3-8b", 1048576, 1), eight = inputs("qwen3-8b", 1048576, 8);
   EXPECT_EQ(eight.tokens_per_rank, 131072);
   EXPECT_EQ(eight.world_size, 8);
-  const MemoryPlan a = build_plan(one, PlanSlots{}), b = build_plan(eight, PlanSlots{});
+  const MemoryPlan a = build_plan(one, qwen3_slots()), b = build_plan(eight, qwen3_slots());
   EXPECT_EQ(term(a, "recompute: MLP gate").bytes, 8 * term(b, "recompute: MLP gate").bytes);
   EXPECT_EQ(a.category_bytes(PlanCategory::activations_gpu), 8 * b.category_bytes(PlanCategory::activations_gpu));
   // ZeRO-3 over the mesh: a rank keeps an eighth of the states, and gathers one layer at a time.
   EXPECT_EQ(b.category_bytes(PlanCategory::optimizer), (8190735360LL + 7) / 8 * 8);
   EXPECT_GT(term(b, "one layer's gathered weights + full fp32 grads").bytes, 0);
-  // cp_ring plans nothing yet: core's estimate stands in for its ring buffers.
-  EXPECT_GT(sum_by(b, "core estimate", plan_phase::backward), 0);
-  EXPECT_EQ(sum_by(a, "core estimate", plan_phase::backward), 0);
+  // The ring's buffers are cp_ring's own terms; core adds no communication of its own for cp.
+  for (const auto& t : b.terms)
+    if (t.category == PlanCategory::communication) {
+      EXPECT_EQ(t.contributor, "qwen3") << t.name;
+    }
+  auto ring = test::make_plugin<Parallelism>("cp_ring", "", Device::cpu(), nullptr, MeshShape{1, 8, 1});
+  PlanSlots r = qwen3_slots();
+  r.parallel = ring.get();
+  r.parallel_name = "cp_ring";
+  EXPECT_GT(sum_by(build_plan(eight, r), "cp_ring", plan_phase::backward), 0);
   // Zigzag sharding pads to a multiple of 2 x cp.
   EXPECT_EQ(inputs("qwen3-8b", 1000, 8).seq_len, 1008);
   EXPECT_EQ(inputs("qwen3-8b", 1000, 8).tokens_per_rank, 126);
@@ -248,17 +254,17 @@ TEST(PlanArithmetic, PhasesAndPeak) {
 TEST(PlanArithmetic, LongestSequenceIsTheEdgeOfFitting) {
   const PlanInputs in = inputs("qwen3-0.6b", 4096);
   const int64_t gpu = 40LL << 30;
-  const int64_t longest = longest_fitting_seq(in, PlanSlots{}, gpu, 16);
+  const int64_t longest = longest_fitting_seq(in, qwen3_slots(), gpu, 16);
   ASSERT_GT(longest, 0);
   EXPECT_EQ(longest % 16, 0);
   auto peak_at = [&](int64_t seq) {
     CoreConfig cfg;
     cfg.model.dtype = "bf16";
-    return build_plan(plan_inputs(cfg, in.model, seq), PlanSlots{}).peak().bytes;
+    return build_plan(plan_inputs(cfg, in.model, seq), qwen3_slots()).peak().bytes;
   };
   EXPECT_LE(peak_at(longest), gpu);
   EXPECT_GT(peak_at(longest + 16), gpu);
-  EXPECT_EQ(longest_fitting_seq(in, PlanSlots{}, 1LL << 20, 16), 0);  // not even the weights fit
+  EXPECT_EQ(longest_fitting_seq(in, qwen3_slots(), 1LL << 20, 16), 0);  // not even the weights fit
 }
 
 TEST(PlanArithmetic, KnobsNameWhatWouldFit) {
@@ -266,9 +272,9 @@ TEST(PlanArithmetic, KnobsNameWhatWouldFit) {
   // shorter sequence are named with their peaks.
   const PlanInputs in = inputs("qwen3-4b", 131072, 1, "bf16");
   const int64_t gpu = 80LL << 30;
-  ASSERT_GT(build_plan(in, PlanSlots{}).peak().bytes, gpu);
+  ASSERT_GT(build_plan(in, qwen3_slots()).peak().bytes, gpu);
   PluginLoader loader({test::build_plugin_dir()});
-  const auto knobs = plan_knobs(in, PlanSlots{}, &loader, gpu, 1);
+  const auto knobs = plan_knobs(in, qwen3_slots(), &loader, gpu, 1);
   auto find = [&](const std::string& prefix) -> const PlanKnob* {
     for (const auto& k : knobs)
       if (k.action.rfind(prefix, 0) == 0) return &k;
@@ -276,7 +282,9 @@ TEST(PlanArithmetic, KnobsNameWhatWouldFit) {
   };
   const PlanKnob* chunked = find("load loss_chunked");
   ASSERT_NE(chunked, nullptr);
-  EXPECT_LT(chunked->peak, build_plan(in, PlanSlots{}).peak().bytes);
+  // The knob's words are the plugin's own offer; core names no plugin.
+  EXPECT_EQ(chunked->action, str("load loss_chunked (", create_plugin("loss_chunked")->plan_offer(), ")"));
+  EXPECT_LT(chunked->peak, build_plan(in, qwen3_slots()).peak().bytes);
   const PlanKnob* cp = find("raise distributed.cp to ");
   ASSERT_NE(cp, nullptr);
   EXPECT_TRUE(cp->fits);
@@ -287,7 +295,7 @@ TEST(PlanArithmetic, KnobsNameWhatWouldFit) {
   // offload keeps prefetch + 1 of the 36 layer inputs on the GPU.
   const PlanKnob* offload = find("load offload");
   ASSERT_NE(offload, nullptr);
-  EXPECT_LT(offload->peak, build_plan(in, PlanSlots{}).peak().bytes);
+  EXPECT_LT(offload->peak, build_plan(in, qwen3_slots()).peak().bytes);
 }
 
 TEST(PlanArithmetic, OutOfMemoryReportNamesTheKnob) {
@@ -296,6 +304,7 @@ TEST(PlanArithmetic, OutOfMemoryReportNamesTheKnob) {
   cfg.data.seq_len = 131072;
   cfg.plugins.dir = test::build_plugin_dir();
   SlotSet slots;
+  slots.model = test::make_plugin<Model>("qwen3");
   const std::string text = format_out_of_memory(cfg, slots, preset("qwen3-4b"), 80LL << 30, "cudaMalloc of 1 byte");
   for (const char* s : {"out of GPU memory: cudaMalloc of 1 byte", "does NOT fit", "what would make it fit",
                         "load loss_chunked", "lower data.seq_len to", "largest transient"})

@@ -23,10 +23,10 @@
 
 namespace lcx::test {
 
-inline std::shared_ptr<Parallelism> make_cp_ring(const std::string& table) {
-  return make_plugin<Parallelism>("cp_ring", table);
+// cp_ring created for [distributed] cp = `cp`, with `table` as its own table.
+inline std::shared_ptr<Parallelism> make_cp_ring(int cp, const std::string& table = {}) {
+  return make_plugin<Parallelism>("cp_ring", table, Device::cpu(), nullptr, MeshShape{1, cp, 1});
 }
-inline std::shared_ptr<Parallelism> make_cp_ring(int cp) { return make_cp_ring(str("size = ", cp)); }
 
 
 inline Sequence iota_sequence(int64_t L, int documents = 1) {
@@ -102,9 +102,8 @@ inline AttnErrors ring_attention_errors(const AttnCase& c, Device device, DType 
 
   run_in_process(c.cp, [&](Communicator& comm) {
     Mesh mesh(comm, {.dp = 1, .cp = c.cp, .sp = 1});
-    MeshBinding bind(&mesh);
     Parallelism& par = *plugins[static_cast<size_t>(comm.rank())];
-    par.configure(info);
+    par.configure(info, &mesh);
     const Shard sh = par.shard(seq, mesh.coord().cp);
     const std::vector<int64_t> pos = positions_of(sh);
     const int64_t T = static_cast<int64_t>(pos.size());
@@ -250,9 +249,9 @@ inline StepOutcome cp_step(const Sequence& seq, int cp, Device device, DType dty
   StepOutcome result;
   run_in_process(cp, [&](Communicator& comm) {
     Mesh mesh(comm, {.dp = 1, .cp = cp, .sp = 1});
-    MeshBinding bind(&mesh);
     Rank& r = ranks[static_cast<size_t>(comm.rank())];
     StepSlots slots{*r.model, *r.loss, *r.rope, *r.memory, *r.parallel};
+    slots.mesh = &mesh;
     configure_slots(slots);
     const Shard sh = r.parallel->shard(seq, mesh.coord().cp);
     r.model->zero_grad();

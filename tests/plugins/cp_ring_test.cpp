@@ -110,7 +110,7 @@ TEST(CpRingRefuses, PackedDocuments) {
   EXPECT_NE(e.find("2 documents"), std::string::npos) << e;
   EXPECT_NE(e.find("attend_across_documents = true"), std::string::npos) << e;
   // One continuous text made of several documents is accepted when asked for.
-  auto q = test::make_cp_ring("size = 2\nattend_across_documents = true");
+  auto q = test::make_cp_ring(2, "attend_across_documents = true");
   Shard s = q->shard(test::iota_sequence(8, 2), 1);
   EXPECT_EQ(s.tokens.size(0), 4);
 }
@@ -122,12 +122,12 @@ TEST(CpRingRefuses, SlidingWindowAndChunkedLayers) {
   info.head_dim = 8;
   for (const char* kind : {"sliding_attention", "chunked_attention"}) {
     info.layer_types = {"full_attention", kind};
-    const std::string e = error_of([&] { p->configure(info); });
+    const std::string e = error_of([&] { p->configure(info, nullptr); });
     EXPECT_NE(e.find(str("layer 1 is ", kind)), std::string::npos) << e;
     EXPECT_NE(e.find("key: layer_types"), std::string::npos) << e;
   }
   info.layer_types = {"full_attention", "full_attention"};
-  EXPECT_EQ(error_of([&] { p->configure(info); }), "(no error)");
+  EXPECT_EQ(error_of([&] { p->configure(info, nullptr); }), "(no error)");
 }
 
 TEST(CpRingRefuses, SizeThatDiffersFromTheMesh) {
@@ -137,23 +137,36 @@ TEST(CpRingRefuses, SizeThatDiffersFromTheMesh) {
   std::vector<std::string> errors(4);
   run_in_process(4, [&](Communicator& c) {
     Mesh mesh(c, {.dp = 1, .cp = 4, .sp = 1});
-    MeshBinding bind(&mesh);
-    errors[static_cast<size_t>(c.rank())] = error_of([&] { p->configure(info); });
+    errors[static_cast<size_t>(c.rank())] = error_of([&] { p->configure(info, &mesh); });
   });
   for (const std::string& e : errors) {
-    EXPECT_NE(e.find("cp_ring.size = 2 but the rank mesh has cp = 4"), std::string::npos) << e;
-    EXPECT_NE(e.find("key: cp_ring.size"), std::string::npos) << e;
+    EXPECT_NE(e.find("created for cp = 2 but the rank mesh has cp = 4"), std::string::npos) << e;
+    EXPECT_NE(e.find("key: distributed.cp"), std::string::npos) << e;
   }
   // No mesh at all: attention cannot find its ring.
   Tensor q = Tensor::zeros({4, 2, 8}, DType::f32), k = Tensor::zeros({4, 2, 8}, DType::f32);
   Tensor out = Tensor::empty({4, 2, 8}, DType::f32), lse = Tensor::empty({2, 4}, DType::f32);
   const std::string e = error_of([&] { p->attention_forward(q, k, k, out, lse, AttentionArgs{}); });
-  EXPECT_NE(e.find("no rank mesh is bound"), std::string::npos) << e;
+  EXPECT_NE(e.find("no rank mesh"), std::string::npos) << e;
 }
 
 TEST(CpRingRefuses, BadSize) {
-  EXPECT_NE(error_of([] { test::make_cp_ring(0); }).find("size"), std::string::npos);
-  EXPECT_NE(error_of([] { test::make_cp_ring("size = 2\nchunks = 3"); }).find("chunks"), std::string::npos);
+  EXPECT_NE(error_of([] { test::make_cp_ring(1, "size = 0"); }).find("size"), std::string::npos);
+  EXPECT_NE(error_of([] { test::make_cp_ring(2, "chunks = 3"); }).find("chunks"), std::string::npos);
+}
+
+TEST(CpRing, SizeComesFromTheMesh) {
+  auto p = test::make_cp_ring(4);
+  EXPECT_EQ(p->size(), 4);
+  EXPECT_EQ(p->mesh_axis(), "cp");
+  EXPECT_FALSE(p->attention_takes_head_groups());
+  EXPECT_FALSE(p->plan_offer().empty());
+  EXPECT_TRUE(test::make_cp_ring(1)->attention_takes_head_groups());
+  // The deprecated `size` is accepted when it repeats [distributed] cp, refused naming both otherwise.
+  EXPECT_EQ(test::make_cp_ring(4, "size = 4")->size(), 4);
+  const std::string e = error_of([] { test::make_cp_ring(4, "size = 2"); });
+  EXPECT_NE(e.find("cp_ring.size"), std::string::npos) << e;
+  EXPECT_NE(e.find("[distributed] cp = 4"), std::string::npos) << e;
 }
 
 // fp32 on the CPU: the ring's only differences from one rank are summation orders.

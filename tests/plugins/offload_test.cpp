@@ -169,13 +169,12 @@ TEST(OffloadCpuBookkeeping, PlanPutsTheInputsOnTheHost) {
   const int64_t each = 131072LL * 2560 * 2;
   for (int p : {0, 2, 5}) {
     auto offload = make_offload(str("prefetch = ", p));
+    EXPECT_FALSE(offload->plan_offer().empty());
     MemoryPlan plan;
     offload->plan(in, plan);
     EXPECT_EQ(plan.category_bytes(PlanCategory::activations_gpu), (p + 1) * each);
     EXPECT_EQ(plan.category_bytes(PlanCategory::activations_host, true), 36 * each);
     EXPECT_EQ(plan.host_peak(), 36 * each);
-    EXPECT_EQ(offload->device_bytes(36, each), (p + 1) * each);
-    EXPECT_EQ(offload->host_bytes(36, each), 36 * each);
   }
 }
 

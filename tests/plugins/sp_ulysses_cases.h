@@ -22,8 +22,9 @@
 
 namespace lcx::test {
 
+// sp_ulysses created for [distributed] sp = `sp`.
 inline std::shared_ptr<Parallelism> load_ulysses(int sp) {
-  return make_plugin<Parallelism>("sp_ulysses", str("size = ", sp));
+  return make_plugin<Parallelism>("sp_ulysses", "", Device::cpu(), nullptr, MeshShape{1, 1, sp});
 }
 
 // max |got - want| / (atol + rtol |want|) over the elements; <= 1 passes.
@@ -95,10 +96,9 @@ inline void check_attention(const AttentionCase& c) {
   std::vector<Got> got(static_cast<size_t>(sp));
   run_in_process(sp, [&](Communicator& comm) {
     Mesh mesh(comm, {.dp = 1, .cp = 1, .sp = sp});
-    MeshBinding bind(&mesh);
     const int r = comm.rank();
     Parallelism& par = *plugins[static_cast<size_t>(r)];
-    par.configure(info);
+    par.configure(info, &mesh);
     auto mine = [&](const Tensor& x) { return x.rows(r * T, (r + 1) * T).clone(); };
     Tensor qr = mine(q), kr = mine(k), vr = mine(v), dor = mine(dout);
     Got& g = got[static_cast<size_t>(r)];
@@ -216,10 +216,10 @@ inline void check_step(const StepCase& c) {
   std::vector<int64_t> valid_sum(static_cast<size_t>(c.sp));
   run_in_process(c.sp, [&](Communicator& comm) {
     Mesh mesh(comm, {.dp = 1, .cp = 1, .sp = c.sp});
-    MeshBinding bind(&mesh);
     const int r = comm.rank();
     Slots& s = ranks[static_cast<size_t>(r)];
     StepSlots slots = s.slots();
+    slots.mesh = &mesh;
     configure_slots(slots);
     s.model->zero_grad();
     const Shard shard = s.parallel->shard(seq, r);

@@ -27,10 +27,19 @@ ParallelModelInfo model_info(int64_t Hq, int64_t Hkv, std::vector<std::string> t
 
 TEST(SpUlysses, LoadsReadyWithItsSize) {
   PluginInfo info;
-  auto p = test::make_plugin<Parallelism>("sp_ulysses", "size = 4", Device::cpu(), &info);
+  auto p = test::make_plugin<Parallelism>("sp_ulysses", "", Device::cpu(), &info, MeshShape{1, 1, 4});
   EXPECT_EQ(info.status, "ready");
   EXPECT_EQ(p->size(), 4);
+  EXPECT_EQ(p->mesh_axis(), "sp");
+  EXPECT_FALSE(p->attention_takes_head_groups());
   EXPECT_EQ(test::make_plugin<Parallelism>("sp_ulysses", "")->size(), 1);
+  EXPECT_TRUE(test::make_plugin<Parallelism>("sp_ulysses", "")->attention_takes_head_groups());
+  // The deprecated `size` is accepted when it repeats [distributed] sp, refused naming both otherwise.
+  EXPECT_EQ(test::make_plugin<Parallelism>("sp_ulysses", "size = 4", Device::cpu(), nullptr, MeshShape{1, 1, 4})->size(), 4);
+  const std::string differs =
+      error_of([] { test::make_plugin<Parallelism>("sp_ulysses", "size = 2", Device::cpu(), nullptr, MeshShape{1, 1, 4}); });
+  EXPECT_NE(differs.find("sp_ulysses.size"), std::string::npos) << differs;
+  EXPECT_NE(differs.find("[distributed] sp = 4"), std::string::npos) << differs;
   EXPECT_NE(error_of([] { test::make_plugin<Parallelism>("sp_ulysses", "size = 0"); }).find("size"), std::string::npos);
   EXPECT_NE(error_of([] { test::make_plugin<Parallelism>("sp_ulysses", "sise = 2"); }).find("sise"), std::string::npos);
 }
@@ -60,24 +69,24 @@ TEST(SpUlysses, ShardsAreContiguousWithGlobalPositions) {
 
 TEST(SpUlysses, RefusesHeadsThatDoNotSplitAndSlidingLayers) {
   auto p = test::load_ulysses(4);
-  std::string e = error_of([&] { p->configure(model_info(6, 2)); });
+  std::string e = error_of([&] { p->configure(model_info(6, 2), nullptr); });
   EXPECT_NE(e.find("6 query heads"), std::string::npos) << e;
-  EXPECT_NE(e.find("key: sp_ulysses.size"), std::string::npos) << e;
-  e = error_of([&] { p->configure(model_info(12, 6)); });
+  EXPECT_NE(e.find("key: distributed.sp"), std::string::npos) << e;
+  e = error_of([&] { p->configure(model_info(12, 6), nullptr); });
   EXPECT_NE(e.find("6 key/value heads do not divide"), std::string::npos) << e;
-  e = error_of([&] { test::load_ulysses(4)->configure(model_info(12, 3)); });
+  e = error_of([&] { test::load_ulysses(4)->configure(model_info(12, 3), nullptr); });
   EXPECT_NE(e.find("cannot be replicated evenly"), std::string::npos) << e;
-  e = error_of([&] { p->configure(model_info(8, 2, {"full_attention", "sliding_attention"})); });
+  e = error_of([&] { p->configure(model_info(8, 2, {"full_attention", "sliding_attention"}), nullptr); });
   EXPECT_NE(e.find("layer 1 is sliding_attention"), std::string::npos) << e;
-  e = error_of([&] { p->configure(model_info(8, 2, {"chunked_attention"})); });
+  e = error_of([&] { p->configure(model_info(8, 2, {"chunked_attention"}), nullptr); });
   EXPECT_NE(e.find("chunked_attention"), std::string::npos) << e;
-  EXPECT_EQ(error_of([&] { p->configure(model_info(8, 2)); }), "(no error)");
-  EXPECT_EQ(error_of([&] { p->configure(model_info(8, 8)); }), "(no error)");
+  EXPECT_EQ(error_of([&] { p->configure(model_info(8, 2), nullptr); }), "(no error)");
+  EXPECT_EQ(error_of([&] { p->configure(model_info(8, 8), nullptr); }), "(no error)");
 }
 
 TEST(SpUlysses, NeedsAMatchingMesh) {
   auto p = test::load_ulysses(2);
-  p->configure(model_info(4, 2));
+  p->configure(model_info(4, 2), nullptr);
   Tensor q = Tensor::zeros({2, 4, 8}, DType::f32), k = Tensor::zeros({2, 2, 8}, DType::f32), v = k.clone();
   Tensor out = q.clone(), lse = Tensor::zeros({4, 2}, DType::f32);
   std::string e = error_of([&] { p->attention_forward(q, k, v, out, lse, AttentionArgs{0.3f, true}); });
@@ -85,21 +94,21 @@ TEST(SpUlysses, NeedsAMatchingMesh) {
   std::vector<std::string> errors(4);
   run_in_process(4, [&](Communicator& c) {
     Mesh mesh(c, {.dp = 1, .cp = 1, .sp = 4});
-    MeshBinding bind(&mesh);
-    errors[static_cast<size_t>(c.rank())] = error_of([&] { test::load_ulysses(2)->configure(model_info(4, 2)); });
+    errors[static_cast<size_t>(c.rank())] =
+        error_of([&] { test::load_ulysses(2)->configure(model_info(4, 2), &mesh); });
   });
   for (const auto& m : errors) EXPECT_NE(m.find("mesh's sp axis is 4"), std::string::npos) << m;
   run_in_process(2, [&](Communicator& c) {
     Mesh mesh(c, {.dp = 1, .cp = 2, .sp = 1});
-    MeshBinding bind(&mesh);
-    errors[static_cast<size_t>(c.rank())] = error_of([&] { test::load_ulysses(1)->configure(model_info(4, 2)); });
+    errors[static_cast<size_t>(c.rank())] =
+        error_of([&] { test::load_ulysses(1)->configure(model_info(4, 2), &mesh); });
   });
   EXPECT_NE(errors[0].find("cp = 2"), std::string::npos) << errors[0];
 }
 
 TEST(SpUlysses, SizeOneWithoutAMeshIsSingleRank) {
   auto p = test::load_ulysses(1);
-  p->configure(model_info(4, 2));
+  p->configure(model_info(4, 2), nullptr);
   test::AttentionCase c;
   std::mt19937 rng(3);
   std::normal_distribution<float> dist;
@@ -177,8 +186,9 @@ TEST(SpUlyssesExact, TrainingStepComposesWithLossRopeYarnAndOffload) {
   test::check_step(c);
 }
 
-// lcx-train as a user runs it: [distributed] sp thread-ranks on the CPU, the trainer binding the
-// mesh, sharding and reducing. Three optimizer steps trace the single-rank run's losses and norms.
+// lcx-train as a user runs it: [distributed] sp thread-ranks on the CPU, the trainer passing each
+// rank its mesh, sharding and reducing. Three optimizer steps trace the single-rank run's losses
+// and norms.
 TEST(SpUlyssesTrainer, RunsTrackTheSingleRankRun) {
   if (!std::filesystem::exists(test::qwen3_tokenizer())) GTEST_SKIP() << "data/qwen3/tokenizer.json absent: run scripts/fetch_data.sh";
   const auto dir = test::temp_dir("sp-train");
@@ -193,8 +203,7 @@ TEST(SpUlyssesTrainer, RunsTrackTheSingleRankRun) {
     const auto out = dir / str("out", sp);
     test::write_file(dir / str("run", sp, ".toml"),
                      test::tiny_run_manifest(out, dir / "data.tokens", 3, true, "max_steps = 3\n",
-                                             str("[plugins]\nload = [\"sp_ulysses\", \"loss_chunked\"]\n[sp_ulysses]\nsize = ", sp,
-                                                 "\n[distributed]\nnproc_per_node = ", sp, "\nsp = ", sp, "\n")));
+                                             str("[plugins]\nload = [\"sp_ulysses\", \"loss_chunked\"]\n[distributed]\nnproc_per_node = ", sp, "\nsp = ", sp, "\n")));
     const test::CommandResult r = test::run_command(test::lcx_train() + " --config " + (dir / str("run", sp, ".toml")).string());
     EXPECT_EQ(r.exit_code, 0) << r.output;
     if (sp > 1) {

@@ -62,13 +62,13 @@ inline std::string build_plugin_dir() { return std::string(LCX_BUILD_DIR) + "/li
 inline std::string qwen3_tokenizer() { return std::string(LCX_SOURCE_DIR) + "/data/qwen3/tokenizer.json"; }
 
 // A plugin of the build's plugin folder, created as the trainer creates it, with `table` as the
-// body of its own TOML table; throws when it does not implement `Slot`.
+// body of its own TOML table and `mesh` as [distributed]; throws when it does not implement `Slot`.
 template <typename Slot = Plugin>
 std::shared_ptr<Slot> make_plugin(const std::string& name, const std::string& table = {},
-                                  Device device = Device::cpu(), PluginInfo* info = nullptr) {
+                                  Device device = Device::cpu(), PluginInfo* info = nullptr, MeshShape mesh = {}) {
   Manifest m = Manifest::parse("[" + name + "]\n" + table + "\n", "test manifest");
   PluginLoader loader({build_plugin_dir()});
-  auto p = std::dynamic_pointer_cast<Slot>(loader.create(name, PluginArgs{name, m.section(name), device}, info));
+  auto p = std::dynamic_pointer_cast<Slot>(loader.create(name, PluginArgs{name, m.section(name), device, mesh}, info));
   if (!p) throw Error(str("plugin ", name, " does not implement the asked slot"));
   return p;
 }

@@ -6,8 +6,8 @@
 
 // Major: any change to a slot interface, Tensor layout or factory signature. Minor: additions
 // that older plugins can ignore. A plugin loads when majors match and its minor <= core's.
-#define LCX_ABI_MAJOR 1
-#define LCX_ABI_MINOR 1  // 1: the MLP slot
+#define LCX_ABI_MAJOR 2  // 2: Parallelism::configure takes the mesh; MemoryStrategy plans through plan() only
+#define LCX_ABI_MINOR 0
 #define LCX_PLUGIN_MAGIC 0x4C43585055474E31ull  // "LCXPUGN1"
 
 #define LCX_STRINGIFY_(x) #x
@@ -28,14 +28,24 @@
 extern "C" {
 #endif
 
-enum lcx_slot {
-  LCX_SLOT_LOSS = 1,
-  LCX_SLOT_POSITIONAL_ENCODING = 2,
-  LCX_SLOT_MEMORY_STRATEGY = 3,
-  LCX_SLOT_PARALLELISM = 4,
-  LCX_SLOT_MODEL = 5,
-  LCX_SLOT_MLP = 6,
-};
+// The slots, one row each: X(ID, number, C++ interface, member, slot name, core's default provider's
+// name, its factory). The number is LCX_SLOT_<ID>, fixed by the ABI (never reuse one); the member
+// holds the provider in core's slot sets (lcx/slots.h); the slot name is what --list-plugins and
+// errors print; the default is what runs when no plugin provides the slot (lcx/defaults.h; the
+// model has none). Rows are in planning order: the model plans first (lcx/plan.h). Every list of
+// slots in core expands this table, so a new slot is one row here plus its interface header.
+#define LCX_SLOTS(X)                                                                                   \
+  X(MODEL, 5, Model, model, "model", LCX_NO_DEFAULT, LCX_NO_DEFAULT)                                 \
+  X(MLP, 6, MlpStrategy, mlp, "mlp", "whole", make_whole_mlp)                                         \
+  X(LOSS, 1, Loss, loss, "loss", "nll", make_full_logits_loss)                                        \
+  X(POSITIONAL_ENCODING, 2, PositionalEncoding, rope, "positional_encoding", "rope", make_default_rope) \
+  X(MEMORY_STRATEGY, 3, MemoryStrategy, memory, "memory_strategy", "on_device", make_on_device_memory) \
+  X(PARALLELISM, 4, Parallelism, parallel, "parallelism", "single", make_single_rank)
+#define LCX_NO_DEFAULT nullptr  // expanded by C++ only (lcx/slots.h)
+
+#define LCX_SLOT_ENUM_(ID, NUMBER, TYPE, MEMBER, NAME, DEFAULT_NAME, DEFAULT_FACTORY) LCX_SLOT_##ID = NUMBER,
+enum lcx_slot { LCX_SLOTS(LCX_SLOT_ENUM_) };
+#undef LCX_SLOT_ENUM_
 
 struct lcx_plugin_description {
   uint64_t magic;         // LCX_PLUGIN_MAGIC

@@ -29,8 +29,7 @@
 // call is issued (its sequence number taken) at once and completes in wait(). The NCCL
 // implementation waits on the host in wait() (that is where its timeout lives), so data is
 // ready on every stream afterwards.
-// A Parallelism plugin finds its communicators through current_mesh() (bound per rank thread by
-// the trainer with MeshBinding), so the plugin interface needs no distributed arguments.
+// A Parallelism plugin gets its rank's mesh in configure() (lcx/parallelism.h).
 #pragma once
 #include <cstdint>
 #include <functional>
@@ -39,6 +38,7 @@
 #include <string>
 #include <vector>
 
+#include "lcx/mesh_shape.h"
 #include "lcx/tensor.h"
 
 namespace lcx {
@@ -117,17 +117,6 @@ std::vector<std::unique_ptr<Communicator>> make_in_process_world(int size, CommO
 // first rank that failed (its key and fix kept), after every thread returned.
 void run_in_process(int size, const std::function<void(Communicator&)>& fn, CommOptions opts = {});
 
-// The ranks of a job as a named grid dp x cp x sp, sp varying fastest:
-//   world rank = (dp_index * cp + cp_index) * sp + sp_index
-// so sp groups (all-to-all every layer) are neighbours, then cp rings, then data-parallel copies.
-struct MeshShape {
-  int dp = 1, cp = 1, sp = 1;
-};
-
-struct MeshCoord {
-  int dp = 0, cp = 0, sp = 0;
-};
-
 class Mesh {
  public:
   // Throws lcx::Error naming the [distributed] keys when an axis is < 1 or dp * cp * sp differs
@@ -156,20 +145,6 @@ class Mesh {
   MeshShape shape_;
   MeshCoord coord_;
   std::unique_ptr<Communicator> dp_, cp_, sp_, seq_;
-};
-
-// The mesh of the rank running on this thread (thread-local, so thread-ranks each see their
-// own); nullptr when none is bound. Plugins read it when configured or called.
-Mesh* current_mesh();
-class MeshBinding {
- public:
-  explicit MeshBinding(Mesh* m);
-  ~MeshBinding();
-  MeshBinding(const MeshBinding&) = delete;
-  MeshBinding& operator=(const MeshBinding&) = delete;
-
- private:
-  Mesh* prev_;
 };
 
 }  // namespace lcx

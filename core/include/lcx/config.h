@@ -19,7 +19,7 @@ class ConfigView {
   ConfigView(const ConfigView&);
   ConfigView& operator=(const ConfigView&);
 
-  const std::string& name() const;  // the table's name in the manifest, e.g. "loss_chunked"
+  const std::string& name() const;  // the table's name in the manifest, e.g. "qwen3"
   bool has(const std::string& key) const;
 
   // Defaults are returned when the key is absent; a present key of another type throws with
@@ -33,7 +33,7 @@ class ConfigView {
   // Required keys: absent -> error naming the key and the table.
   int64_t require_int(const std::string& key) const;
   std::string require_string(const std::string& key) const;
-  // A sub-table, e.g. rope_parameters inside [rope_yarn].
+  // A sub-table of this one, e.g. rope_parameters inside a positional encoding's table.
   ConfigView table(const std::string& key) const;
 
   // "file:line" of a key (or of the table when key is empty); "" when unknown (e.g. --set).

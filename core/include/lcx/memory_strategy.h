@@ -29,13 +29,11 @@ class MemoryStrategy : public Plugin {
   virtual void prefetch(int /*layer*/) {}
   virtual void release(int layer) = 0;
   virtual void end_step() = 0;
-  // Bytes the strategy keeps on the device and on the host for `num_layers` inputs of `bytes_each`.
-  virtual int64_t device_bytes(int num_layers, int64_t bytes_each) const = 0;
-  virtual int64_t host_bytes(int num_layers, int64_t bytes_each) const = 0;
   // Seconds the compute waited on this strategy's transfers during the last step (0 when it
   // never waits); logged per step as time_memory_wait_s.
   virtual double wait_seconds() const { return 0; }
-  // Adds what this provider holds during a step to `plan` (lcx/plan.h); the default adds nothing.
+  // Adds the saved inputs' bytes, on the device and on the host, to `plan` (lcx/plan.h); a
+  // strategy that adds nothing is planned as keeping nothing.
   virtual void plan(const PlanInputs& /*in*/, MemoryPlan& /*plan*/) const {}
 };
 

@@ -39,10 +39,21 @@ struct AttentionArgs {
   bool causal = true;
 };
 
+class Mesh;
+
 class Parallelism : public Plugin {
  public:
-  virtual void configure(const ParallelModelInfo& info) = 0;
+  // `mesh` is this rank's mesh (lcx/comm.h: its dp, cp and sp communicators and coordinates),
+  // kept for the run; null where one rank runs alone (no communicators, every axis 1).
+  virtual void configure(const ParallelModelInfo& info, Mesh* mesh) = 0;
   virtual int size() const = 0;  // ranks sharing one sequence
+  // The [distributed] axis ("cp", "sp") whose ranks share a sequence under this provider; "" for
+  // none. A plan that does not fit raises it when plan_offer() is not empty.
+  virtual std::string mesh_axis() const { return {}; }
+  // Whether this rank's attention takes any subset of the heads, so a model may run its
+  // attention one head group at a time; false when the provider needs every head in one call
+  // (it cuts heads across ranks, or each call costs a ring pass).
+  virtual bool attention_takes_head_groups() const { return size() == 1; }
   virtual Shard shard(const Sequence& seq, int rank) const = 0;
   // q [T,Hq,d], k/v [T,Hkv,d] of this rank; out [T,Hq,d]; lse fp32 [Hq,T] (natural log).
   virtual void attention_forward(const Tensor& q, const Tensor& k, const Tensor& v, Tensor& out,

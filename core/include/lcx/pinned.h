@@ -1,5 +1,5 @@
-// Page-locked (pinned) host memory, for host<->device copies that overlap compute: the offload
-// plugin's parking space for checkpointed activations. Pinning is slow (the OS locks every page),
+// Page-locked (pinned) host memory, for host<->device copies that overlap compute: where a memory
+// strategy parks checkpointed activations. Pinning is slow (the OS locks every page),
 // so buffers come from a caching pool: a returned buffer waits for the next request it fits (at
 // most twice that request's size) and is unpinned only by release_cached_pinned() or when a new
 // pin fails. The pool is an Allocator, so its bytes appear in the statistics and the memory

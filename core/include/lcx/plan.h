@@ -73,7 +73,7 @@ struct PlanTerm {
   int64_t bytes = 0;
   std::string phase = plan_phase::always;
   bool on_host = false;     // pinned host memory rather than the GPU
-  std::string contributor;  // the provider that added it ("nll", "loss_chunked", "step", ...)
+  std::string contributor;  // the provider that added it ("nll", "qwen3", "step", ...)
 };
 
 struct MemoryPlan {
@@ -81,8 +81,8 @@ struct MemoryPlan {
   // Stamped on every term add() appends; the planner sets it before each provider's plan().
   std::string contributor;
   // Set by the model's plan, which the planner asks first: the head groups its attention half runs
-  // one at a time (plan_dense_decoder), so a Parallelism sizes one attention call's buffers by
-  // num_heads / attention_head_groups query heads.
+  // one at a time, so a Parallelism sizes one attention call's buffers by num_heads /
+  // attention_head_groups query heads.
   int64_t attention_head_groups = 1;
   // Also set by the model's plan: the bytes of each layer it hands to MemoryStrategy::keep() beside
   // the layer's input (its attention output and LSE, when kept from the forward); the memory
@@ -109,21 +109,5 @@ struct MemoryPlan {
   // The phase whose transient terms sum highest, and that sum.
   Peak largest_transient() const;
 };
-
-// The dense decoder (Qwen3 and its kin: RMSNorm, GQA attention with q/k norms, SwiGLU MLP) as
-// core's step runs it: parameters and their optimizer state, one layer's forward and its
-// recompute + backward. A model module whose layers look like this calls it from plan().
-struct DenseDecoderAttention {
-  // The attention half runs on num_kv_heads / head_groups kv heads (and their query heads) at a
-  // time, as models/qwen3 does; it must divide num_kv_heads.
-  int64_t head_groups = 1;
-  // With several groups: each group's output and LSE are kept from the backward's recompute (else
-  // the group's attention forward runs again in its backward).
-  bool keep_outputs = false;
-  // Every group's output and LSE kept from the forward through the memory strategy (selective
-  // recompute): the backward recomputes x1 from them and never runs an attention forward.
-  bool keep_from_forward = false;
-};
-void plan_dense_decoder(const PlanInputs& in, MemoryPlan& plan, const DenseDecoderAttention& attention = {});
 
 }  // namespace lcx

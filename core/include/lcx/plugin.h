@@ -13,18 +13,24 @@
 #include "lcx/abi.h"
 #include "lcx/config.h"
 #include "lcx/memory.h"
+#include "lcx/mesh_shape.h"
 
 namespace lcx {
 
 class Plugin {
  public:
   virtual ~Plugin() = default;
+  // What loading this provider, with its defaults, in place of its slot's core default would
+  // save, as the phrase a plan that does not fit prints after "load <name>" (`--plan`, the
+  // out-of-memory report); the planner then counts the plan with it. Empty: never offered.
+  virtual std::string plan_offer() const { return {}; }
 };
 
 struct PluginArgs {
   std::string name;   // as the manifest names it
   ConfigView config;  // the plugin's own table ([name]); empty when absent
   Device device;      // where the run computes
+  MeshShape mesh;     // [distributed] dp x cp x sp as configured (dp may still widen to the world)
 };
 
 using PluginFactory = std::unique_ptr<Plugin>(const PluginArgs&);

@@ -1,4 +1,4 @@
-// Streams and events for plugins that overlap copies with compute (offload). A Stream is a queue
+// Streams and events for plugins that overlap copies with compute (a memory strategy's host copies). A Stream is a queue
 // of device work; an Event marks a point in one. Ordering between streams is by events on the
 // device (Stream::wait), so the host never blocks unless it asks to (Event::synchronize).
 //

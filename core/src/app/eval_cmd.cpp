@@ -1,6 +1,6 @@
 // `lcx-train eval`: per-position loss of a model over sequences of --seq-len tokens from the
-// manifest's [data], with the manifest's slots (so rope_yarn applies when it is loaded, and
-// --disable rope_yarn compares without). Runs written into one --out folder share one plot.
+// manifest's [data], with the manifest's slots (so a position-scaling encoding applies when it is
+// loaded, and --disable of it compares without). Runs written into one --out folder share one plot.
 #include "app/eval_cmd.h"
 
 #include <algorithm>
@@ -143,7 +143,7 @@ int eval_main(int argc, char** argv) {
   PluginLoader loader(PluginLoader::default_search_dirs(dir_entry));
   const CoreConfig core = read_core_config(manifest, requested_plugins(manifest, {}));
   const Device device = pick_device(core.run.device);
-  SlotSet slots = resolve_slots(manifest, loader, disabled, device);
+  SlotSet slots = resolve_slots(manifest, loader, disabled, device, configured_mesh(core.distributed));
   if (!slots.model) throw Error("the manifest names no model module", "model.module", "add `module = \"qwen3\"` to [model]");
   if (slots.parallel->size() != 1)
     throw Error("eval runs on one rank", "distributed", "evaluate with --disable of the parallelism plugin");

@@ -110,7 +110,7 @@ int run(const CliOptions& o) {
                 manifest->to_toml().c_str());
     print_providers(providers);
     // Creating the plugins validates their tables (unknown keys, types) without any GPU work.
-    resolve_slots(*manifest, loader, o.disabled, Device::cpu());
+    resolve_slots(*manifest, loader, o.disabled, Device::cpu(), configured_mesh(core.distributed));
     std::printf("config OK\n");
     return 0;
   }
@@ -125,7 +125,9 @@ int run(const CliOptions& o) {
     spdlog::info(str("slot ", slot_name(slot), ": ", p.name, " ", p.info.version, " ", p.origin,
                      p.info.sha256.empty() ? "" : " sha256:" + p.info.sha256));
   spdlog::info("config " + nlohmann::json::parse(manifest->to_json()).dump());
-  SlotFactory make_slots = [&](Device device) { return resolve_slots(*manifest, loader, o.disabled, device); };
+  SlotFactory make_slots = [&](Device device) {
+    return resolve_slots(*manifest, loader, o.disabled, device, configured_mesh(core.distributed));
+  };
   return run_training(core, *manifest, make_slots, TrainOptions{o.resume, o.argv});
 }
 

@@ -1,11 +1,12 @@
 // Core's own manifest sections, read and validated in one place. Each section rejects unknown
-// keys like a plugin table does. Plugin tables are named after the plugin ([loss_chunked]).
+// keys like a plugin table does. Plugin tables are named after the plugin ([<name>]).
 #pragma once
 #include <cstdint>
 #include <string>
 #include <vector>
 
 #include "config/manifest.h"
+#include "lcx/mesh_shape.h"
 
 namespace lcx {
 
@@ -74,6 +75,12 @@ struct DistributedConfig {
   bool virtual_ranks = false;
   double timeout_s = 600;  // per collective
 };
+
+// The mesh as [distributed] gives it, which plugins are created for (PluginArgs::mesh); dp as
+// given (the trainer widens dp = 1 to the ranks cp x sp leave).
+inline MeshShape configured_mesh(const DistributedConfig& d) {
+  return {static_cast<int>(d.dp), static_cast<int>(d.cp), static_cast<int>(d.sp)};
+}
 
 struct CoreConfig {
   RunConfig run;

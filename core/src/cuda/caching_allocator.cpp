@@ -137,7 +137,7 @@ class VmmAllocator final : public Allocator {
     }
     if (failure)
       throw Error(out_of_memory(bytes, device_, stats(), failure), {},
-                  "shorten the sequence, enable offload or checkpointing (see lcx-train --plan)");
+                  "shorten the sequence, or keep saved activations on the host (lcx-train --plan names what fits)");
     return reinterpret_cast<void*>(addr);
   }
 
@@ -307,7 +307,7 @@ class PlainAllocator final : public Allocator {
     if (err != cudaSuccess) {
       cudaGetLastError();
       throw Error(out_of_memory(bytes, device_, stats(), cudaGetErrorString(err)), {},
-                  "shorten the sequence, enable offload or checkpointing (see lcx-train --plan)");
+                  "shorten the sequence, or keep saved activations on the host (lcx-train --plan names what fits)");
     }
     std::lock_guard lock(mu_);
     held_ += static_cast<int64_t>(bytes);

@@ -1,6 +1,6 @@
 // The stream every lcx kernel and library call is issued on. One per thread, the legacy default
 // stream until a caller sets another, so host-side Tensor copies (which synchronize) stay ordered
-// with kernels without extra events. Overlap code (offload, ring attention) sets its own stream
+// with kernels without extra events. Overlap code (copies of saved activations to the host, ring attention) sets its own stream
 // for the scope of its work with StreamGuard and orders the rest with events.
 #pragma once
 #include <cuda_runtime.h>

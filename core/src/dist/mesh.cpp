@@ -35,13 +35,4 @@ Mesh::Mesh(Communicator& world, const MeshShape& shape)
 
 Mesh::~Mesh() = default;
 
-namespace {
-thread_local Mesh* g_mesh = nullptr;
-}  // namespace
-
-Mesh* current_mesh() { return g_mesh; }
-
-MeshBinding::MeshBinding(Mesh* m) : prev_(g_mesh) { g_mesh = m; }
-MeshBinding::~MeshBinding() { g_mesh = prev_; }
-
 }  // namespace lcx

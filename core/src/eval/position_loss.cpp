@@ -250,7 +250,7 @@ std::string loss_plot_svg(const std::vector<RunCurve>& runs, double entropy_nats
 
 std::vector<float> per_position_loss(StepSlots& s, const Shard& shard, Device device, int64_t chunk_rows) {
   const Tensor hidden = forward_hidden(s, shard, device);
-  const Tensor head = s.model.head_weight();
+  const Tensor head = s.model->head_weight();
   const int64_t T = hidden.size(0), V = head.size(0);
   const Tensor targets = shard.targets.device().type == DeviceType::cpu ? shard.targets : shard.targets.to(Device::cpu());
   const int64_t* tg = targets.data_as<int64_t>();

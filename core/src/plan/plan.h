@@ -15,22 +15,35 @@
 
 namespace lcx {
 
-// The providers a plan asks for terms, with the names the manifest gives them.
-struct PlanSlots {
-  const Loss* loss = nullptr;
-  std::string loss_name = "nll";
-  const PositionalEncoding* rope = nullptr;
-  std::string rope_name = "rope";
-  const MemoryStrategy* memory = nullptr;
-  std::string memory_name = "on_device";
-  const Parallelism* parallel = nullptr;
-  std::string parallel_name = "single";
-  const Model* model = nullptr;  // may be null: core's dense-decoder arithmetic plans the model
-  std::string model_name = "model";
-  const MlpStrategy* mlp = nullptr;
-  std::string mlp_name = "whole";
+// The providers a plan asks for terms (one pointer per slot, lcx/slots.h), with the names the
+// manifest gives them: <member>_name, the slot's default provider's name (the model's: "model")
+// until set. A null slot is planned by core's default; a null model plans nothing.
+struct PlanSlots : SlotTuple<ConstSlotPtr> {
+#define LCX_PLAN_SLOT_NAME_(ID, NUMBER, TYPE, MEMBER, NAME, DEFAULT_NAME, DEFAULT_FACTORY) \
+  std::string MEMBER##_name = plan_slot_label(DEFAULT_NAME, NAME);
+  LCX_SLOTS(LCX_PLAN_SLOT_NAME_)
+#undef LCX_PLAN_SLOT_NAME_
+
+  // The name of interface T's provider.
+  template <class T>
+  const std::string& name_of() const {
+#define LCX_PLAN_SLOT_NAME_OF_(ID, NUMBER, TYPE, MEMBER, NAME, DEFAULT_NAME, DEFAULT_FACTORY) \
+  if constexpr (std::is_same_v<T, TYPE>) return MEMBER##_name; else
+    LCX_SLOTS(LCX_PLAN_SLOT_NAME_OF_)
+#undef LCX_PLAN_SLOT_NAME_OF_
+    static_assert(sizeof(T) == 0, "not a slot interface (LCX_SLOTS, lcx/abi.h)");
+  }
+  template <class T>
+  std::string& name_of() {
+    return const_cast<std::string&>(static_cast<const PlanSlots*>(this)->name_of<T>());
+  }
 
   static PlanSlots of(const SlotSet& s);
+
+ private:
+  static const char* plan_slot_label(const char* default_name, const char* slot_name) {
+    return default_name ? default_name : slot_name;
+  }
 };
 
 // Inputs from the core config and a model shape. seq_len is padded as a run pads it: to
@@ -43,9 +56,8 @@ DType grad_dtype_for(const TrainConfig& train, DType weights, int64_t world_size
 // The sequence-length unit plan_inputs pads to.
 int64_t plan_seq_unit(const PlanInputs& in, int64_t pad_to_multiple_of);
 
-// Every provider's terms, core's step buffers and the reserve. A provider that adds no terms is
-// planned by core where core knows how: a model by the dense-decoder arithmetic, a memory
-// strategy by its device_bytes()/host_bytes(), cp/sp communication by an estimate.
+// Every provider's terms, in the slot table's order (the model first), core's step buffers and
+// the reserve.
 MemoryPlan build_plan(const PlanInputs& in, const PlanSlots& slots);
 
 // The longest sequence (a multiple of `unit`) whose planned peak, reserve included, fits in
@@ -72,10 +84,12 @@ int64_t host_memory_available();
 std::string format_plan(const MemoryPlan& plan, const PlanInputs& in, const PlanSlots& slots, int64_t gpu_bytes,
                         int64_t unit);
 
-// What would make a plan fit: each knob with the peak it gives. `loader` (may be null) creates
-// the plugins a knob names (loss_chunked, offload) so they plan themselves.
+// What would make a plan fit: each knob with the peak it gives. `loader` (may be null) finds the
+// installed plugins; each that offers itself (Plugin::plan_offer) for a slot that runs core's
+// default is created with its defaults and planned in its place, alone and all together; a
+// Parallelism that offers itself has its mesh axis raised; and a shorter sequence.
 struct PlanKnob {
-  std::string action;  // "load loss_chunked", "raise distributed.cp to 16", "lower data.seq_len to 65536"
+  std::string action;  // "load <plugin> (<its offer>)", "raise distributed.cp to 16 (...)", "lower data.seq_len to 65536"
   int64_t peak = 0;    // planned peak with the knob, reserve included
   bool fits = false;
 };

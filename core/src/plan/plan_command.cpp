@@ -18,27 +18,7 @@ int run_plan_command(const Manifest& m, const CoreConfig& cfg, const PluginLoade
     throw Error("--plan needs the GPU's memory, and this machine has no GPU to ask", "--gpu-memory",
                 "give it, e.g. --gpu-memory 80GB (H100) or --gpu-memory 141GB (H200)");
   }
-  // A parallelism plugin that refuses its table today (the cp_ring placeholder refuses size > 1)
-  // would stop the plan; its slot is planned with core's default and the mesh of [distributed]
-  // instead, with a warning. Any other refusal is a configuration error and stops the plan.
-  std::vector<std::string> off = disabled;
-  SlotSet slots;
-  for (;;) {
-    try {
-      slots = resolve_slots(m, loader, off, Device::cpu());
-      break;
-    } catch (const Error& e) {
-      std::string refused;
-      for (const auto& [slot, p] : plan_slots(m, loader, off))
-        if (p.origin != "core default" && slot == LCX_SLOT_PARALLELISM &&
-            std::string(e.what()).find(p.name) != std::string::npos)
-          refused = p.name;
-      if (refused.empty()) throw;
-      std::fprintf(stderr, "warning: plugin %s refused its table (%s); planned with [distributed] and core's single-rank attention\n",
-                   refused.c_str(), e.what());
-      off.push_back(refused);
-    }
-  }
+  const SlotSet slots = resolve_slots(m, loader, disabled, Device::cpu(), configured_mesh(cfg.distributed));
   if (!slots.model)
     throw Error("the manifest names no model module, and the plan needs the model's shape", "model.module",
                 "add `module = \"qwen3\"` to [model]");

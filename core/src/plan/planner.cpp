@@ -6,7 +6,6 @@
 #include <numeric>
 #include <sstream>
 
-#include "lcx/defaults.h"
 #include "lcx/error.h"
 #include "lcx/size_math.h"
 #include "util/text.h"
@@ -23,14 +22,6 @@ constexpr int64_t kCublasLtWorkspace = 32 * kMiB;  // one per device, matmul_cub
 // Allocation rounding and fragmentation, as a share of the allocated peak.
 constexpr double kAllocatorSlack = 0.02;
 
-size_t count_since(const MemoryPlan& p, size_t before) { return p.terms.size() - before; }
-
-bool added_category(const MemoryPlan& p, size_t before, PlanCategory c) {
-  for (size_t i = before; i < p.terms.size(); ++i)
-    if (p.terms[i].category == c) return true;
-  return false;
-}
-
 // The buffers train_step (core/src/train/step.cpp) holds itself, beside what the slots hold.
 void plan_step(const PlanInputs& in, MemoryPlan& p) {
   const int64_t T = in.tokens_per_rank, TH = T * in.model.hidden_size * static_cast<int64_t>(dtype_size(in.weight_dtype));
@@ -41,28 +32,6 @@ void plan_step(const PlanInputs& in, MemoryPlan& p) {
         plan_phase::final_norm);
   for (const char* phase : {plan_phase::mlp_backward, plan_phase::backward})
     p.add("layer dy, dx [T,H] x2", PlanCategory::transient, 2 * TH, phase);
-}
-
-// Until cp_ring and sp_ulysses plan themselves: what a ring or an all-to-all must hold at least.
-void plan_parallel_estimate(const PlanInputs& in, MemoryPlan& p) {
-  const int64_t T = in.tokens_per_rank, d = in.model.head_dim;
-  const int64_t qd = in.model.num_heads * d, kvd = in.model.num_kv_heads * d;
-  const int64_t ab = static_cast<int64_t>(dtype_size(in.weight_dtype));
-  if (in.cp > 1) {
-    p.add("ring: K/V blocks received and in flight, double-buffered (core estimate)", PlanCategory::communication,
-          2 * 2 * T * kvd * ab, plan_phase::forward);
-    p.add("ring: fp32 partial output and LSE to merge (core estimate)", PlanCategory::communication,
-          T * qd * 4 + in.model.num_heads * T * 4, plan_phase::forward);
-    p.add("ring: K, V and fp32 dK, dV blocks in flight, double-buffered (core estimate)", PlanCategory::communication,
-          2 * (2 * ab + 2 * 4) * T * kvd, plan_phase::backward);
-    p.add("ring: fp32 dq accumulator (core estimate)", PlanCategory::communication, T * qd * 4, plan_phase::backward);
-  }
-  if (in.sp > 1) {
-    p.add("all-to-all: q, k, v, out in head layout (core estimate)", PlanCategory::communication,
-          T * (2 * qd + 2 * kvd) * ab, plan_phase::forward);
-    p.add("all-to-all: q, k, v, out and their grads in head layout (core estimate)", PlanCategory::communication,
-          2 * T * (2 * qd + 2 * kvd) * ab, plan_phase::backward);
-  }
 }
 
 std::string with_commas(int64_t v) {
@@ -86,23 +55,12 @@ PlanInputs with_seq(PlanInputs in, int64_t seq_len) {
 }  // namespace
 
 PlanSlots PlanSlots::of(const SlotSet& s) {
-  auto name = [&](uint32_t slot, const char* def) {
-    auto it = s.providers.find(slot);
-    return it == s.providers.end() ? std::string(def) : it->second.name;
-  };
   PlanSlots p;
-  p.loss = s.loss.get();
-  p.loss_name = name(LCX_SLOT_LOSS, "nll");
-  p.rope = s.rope.get();
-  p.rope_name = name(LCX_SLOT_POSITIONAL_ENCODING, "rope");
-  p.memory = s.memory.get();
-  p.memory_name = name(LCX_SLOT_MEMORY_STRATEGY, "on_device");
-  p.parallel = s.parallel.get();
-  p.parallel_name = name(LCX_SLOT_PARALLELISM, "single");
-  p.model = s.model.get();
-  p.model_name = name(LCX_SLOT_MODEL, "model");
-  p.mlp = s.mlp.get();
-  p.mlp_name = name(LCX_SLOT_MLP, "whole");
+  for_each_slot([&]<class T>(const SlotRow<T>& row) {
+    p.get<T>() = s.get<T>().get();
+    auto it = s.providers.find(row.id);
+    if (it != s.providers.end()) p.name_of<T>() = it->second.name;
+  });
   return p;
 }
 
@@ -152,52 +110,15 @@ PlanInputs plan_inputs(const CoreConfig& cfg, const ModelConfig& model, int64_t 
 }
 
 MemoryPlan build_plan(const PlanInputs& in, const PlanSlots& s) {
-  // Core's defaults stand in for a slot the caller left empty.
-  std::unique_ptr<Loss> loss_default;
-  std::unique_ptr<PositionalEncoding> rope_default;
-  std::unique_ptr<MemoryStrategy> memory_default;
-  std::unique_ptr<Parallelism> parallel_default;
-  std::unique_ptr<MlpStrategy> mlp_default;
-  const Loss* loss = s.loss ? s.loss : (loss_default = make_full_logits_loss()).get();
-  const PositionalEncoding* rope = s.rope ? s.rope : (rope_default = make_default_rope()).get();
-  const MemoryStrategy* memory = s.memory ? s.memory : (memory_default = make_on_device_memory()).get();
-  const Parallelism* parallel = s.parallel ? s.parallel : (parallel_default = make_single_rank()).get();
-  const MlpStrategy* mlp = s.mlp ? s.mlp : (mlp_default = make_whole_mlp()).get();
-
   MemoryPlan p;
-  size_t before = p.terms.size();
-  p.contributor = s.model_name;
-  if (s.model) s.model->plan(in, p);
-  if (count_since(p, before) == 0) {
-    p.contributor = s.model_name + " (core)";
-    plan_dense_decoder(in, p);
-  }
-  p.contributor = s.mlp_name;
-  mlp->plan(in, p);
-  p.contributor = s.loss_name;
-  loss->plan(in, p);
-  p.contributor = s.rope_name;
-  rope->plan(in, p);
-
-  before = p.terms.size();
-  p.contributor = s.memory_name;
-  memory->plan(in, p);
-  if (count_since(p, before) == 0) {
-    const int L = static_cast<int>(in.model.num_layers);
-    const int64_t each = in.tokens_per_rank * in.model.hidden_size * static_cast<int64_t>(dtype_size(in.weight_dtype));
-    p.add(str("saved layer inputs (", s.memory_name, " device_bytes)"), PlanCategory::activations_gpu,
-          memory->device_bytes(L, each), plan_phase::step);
-    p.add(str("saved layer inputs (", s.memory_name, " host_bytes)"), PlanCategory::activations_host,
-          memory->host_bytes(L, each), plan_phase::step, true);
-  }
-
-  before = p.terms.size();
-  p.contributor = s.parallel_name;
-  parallel->plan(in, p);
-  if ((in.cp > 1 || in.sp > 1) && !added_category(p, before, PlanCategory::communication)) {
-    p.contributor = "core estimate";
-    plan_parallel_estimate(in, p);
-  }
+  for_each_slot([&]<class T>(const SlotRow<T>& row) {
+    const T* provider = s.get<T>();
+    std::unique_ptr<T> standin;  // core's default for a slot the caller left empty
+    if (!provider && row.make_default) provider = (standin = row.make_default()).get();
+    if (!provider) return;
+    p.contributor = s.name_of<T>();
+    provider->plan(in, p);
+  });
 
   p.contributor = "step";
   plan_step(in, p);
@@ -304,6 +225,60 @@ std::string format_plan(const MemoryPlan& plan, const PlanInputs& in, const Plan
   return o.str();
 }
 
+namespace {
+
+// An installed plugin that offers itself to a plan that does not fit, created with its defaults.
+struct Offer {
+  std::string name;
+  uint32_t slot = 0;
+  std::string why;  // its plan_offer()
+  std::shared_ptr<Plugin> object;
+};
+
+std::vector<Offer> installed_offers(const PluginLoader* loader) {
+  std::vector<Offer> offers;
+  if (!loader) return offers;
+  std::vector<PluginInfo> found = loader->discover();
+  std::sort(found.begin(), found.end(), [](const PluginInfo& a, const PluginInfo& b) { return a.name < b.name; });
+  for (const PluginInfo& info : found) {
+    if (info.slot == LCX_SLOT_MODEL) continue;
+    std::shared_ptr<Plugin> object;
+    try {
+      object = loader->create(info.path, PluginArgs{info.name, ConfigView(), Device::cpu()});
+    } catch (const std::exception&) {
+      continue;  // needs a table to be created: it is not offered
+    }
+    std::string why = object->plan_offer();
+    if (!why.empty()) offers.push_back({info.name, info.slot, std::move(why), std::move(object)});
+  }
+  return offers;
+}
+
+// Puts `o` in its slot of `s`; false when its object does not implement the slot's interface.
+bool place(PlanSlots& s, const Offer& o) {
+  bool placed = false;
+  for_each_slot([&]<class T>(const SlotRow<T>& row) {
+    if (row.id != o.slot) return;
+    if (const T* p = dynamic_cast<const T*>(o.object.get())) {
+      s.get<T>() = p;
+      s.name_of<T>() = o.name;
+      placed = true;
+    }
+  });
+  return placed;
+}
+
+// Whether slot `slot` of `s` runs its core default.
+bool runs_default(const PlanSlots& s, uint32_t slot) {
+  bool out = false;
+  for_each_slot([&]<class T>(const SlotRow<T>& row) {
+    if (row.id == slot) out = row.default_name && s.name_of<T>() == row.default_name;
+  });
+  return out;
+}
+
+}  // namespace
+
 std::vector<PlanKnob> plan_knobs(const PlanInputs& in, const PlanSlots& slots, const PluginLoader* loader,
                                  int64_t gpu_bytes, int64_t unit) {
   std::vector<PlanKnob> knobs;
@@ -311,66 +286,45 @@ std::vector<PlanKnob> plan_knobs(const PlanInputs& in, const PlanSlots& slots, c
     const int64_t peak = peak_of(i, s);
     knobs.push_back({std::move(action), peak, peak <= gpu_bytes});
   };
-  // A plugin that is not loaded yet plans itself once created with its defaults.
-  auto create = [&](const std::string& name) -> std::shared_ptr<Plugin> {
-    if (!loader) return nullptr;
-    try {
-      return loader->create(name, PluginArgs{name, ConfigView(), Device::cpu()});
-    } catch (const std::exception&) {
-      return nullptr;  // not installed: the knob is not offered
-    }
-  };
+  const std::vector<Offer> offers = installed_offers(loader);
+  // Each provider that would replace a core default, alone, then all of them together.
   PlanSlots combined = slots;
   std::vector<std::string> loads;
-  std::shared_ptr<Plugin> chunked, offload, tiled;
-  if (slots.loss_name == "nll" && (chunked = create("loss_chunked"))) {
+  for (const Offer& o : offers) {
+    if (o.slot == LCX_SLOT_PARALLELISM || !runs_default(slots, o.slot)) continue;
     PlanSlots s = slots;
-    s.loss = dynamic_cast<const Loss*>(chunked.get());
-    s.loss_name = "loss_chunked";
-    if (s.loss) {
-      add("load loss_chunked (the logits never whole)", in, s);
-      combined.loss = s.loss;
-      combined.loss_name = s.loss_name;
-      loads.push_back("loss_chunked");
-    }
-  }
-  if (slots.memory_name == "on_device" && (offload = create("offload"))) {
-    PlanSlots s = slots;
-    s.memory = dynamic_cast<const MemoryStrategy*>(offload.get());
-    s.memory_name = "offload";
-    if (s.memory) {
-      add("load offload (saved layer inputs in pinned host memory)", in, s);
-      combined.memory = s.memory;
-      combined.memory_name = s.memory_name;
-      loads.push_back("offload");
-    }
-  }
-  if (slots.mlp_name == "whole" && (tiled = create("tiled_mlp"))) {
-    PlanSlots s = slots;
-    s.mlp = dynamic_cast<const MlpStrategy*>(tiled.get());
-    s.mlp_name = "tiled_mlp";
-    if (s.mlp) {
-      add("load tiled_mlp (the MLP's [T,I] intermediates one tile at a time)", in, s);
-      combined.mlp = s.mlp;
-      combined.mlp_name = s.mlp_name;
-      loads.push_back("tiled_mlp");
-    }
+    if (!place(s, o)) continue;
+    add(str("load ", o.name, " (", o.why, ")"), in, s);
+    place(combined, o);
+    loads.push_back(o.name);
   }
   if (loads.size() > 1) add("load " + join(loads, " and "), in, combined);
-  // More ranks per sequence: the first cp (doubling, up to 64) that fits with the plugins above.
-  for (int64_t cp = std::max<int64_t>(2, in.cp * 2); cp <= 64; cp *= 2) {
-    PlanInputs i = in;
-    i.cp = cp;
-    i.world_size = i.dp * i.cp * i.sp;
-    const int64_t u = plan_seq_unit(i, 1);
-    i = with_seq(i, (in.seq_len + u - 1) / u * u);
-    const int64_t peak = peak_of(i, combined);
-    if (peak <= gpu_bytes || cp == 64) {
-      std::string action = str("raise distributed.cp to ", cp, " (", i.world_size, " GPUs");
-      if (slots.parallel_name != "cp_ring") action += ", load cp_ring";
-      if (!loads.empty()) action += ", with " + join(loads, " and ");
-      knobs.push_back({action + ")", peak, peak <= gpu_bytes});
-      break;
+  // More ranks per sequence: the first size of a parallelism's mesh axis (doubling, up to 64)
+  // that fits with the providers above; the loaded parallelism when it offers itself, else the
+  // first installed one that does.
+  const Offer* parallel = nullptr;
+  for (const Offer& o : offers)
+    if (o.slot == LCX_SLOT_PARALLELISM && (!parallel || o.name == slots.parallel_name)) parallel = &o;
+  const Parallelism* grows = parallel ? dynamic_cast<const Parallelism*>(parallel->object.get()) : nullptr;
+  const std::string axis = grows ? grows->mesh_axis() : std::string();
+  if (axis == "cp" || axis == "sp") {
+    PlanSlots with = combined;
+    place(with, *parallel);
+    const int64_t now = axis == "cp" ? in.cp : in.sp;
+    for (int64_t n = std::max<int64_t>(2, now * 2); n <= 64; n *= 2) {
+      PlanInputs i = in;
+      (axis == "cp" ? i.cp : i.sp) = n;
+      i.world_size = i.dp * i.cp * i.sp;
+      const int64_t u = plan_seq_unit(i, 1);
+      i = with_seq(i, (in.seq_len + u - 1) / u * u);
+      const int64_t peak = peak_of(i, with);
+      if (peak <= gpu_bytes || n == 64) {
+        std::string action = str("raise distributed.", axis, " to ", n, " (", i.world_size, " GPUs");
+        if (slots.parallel_name != parallel->name) action += ", load " + parallel->name;
+        if (!loads.empty()) action += ", with " + join(loads, " and ");
+        knobs.push_back({action + ")", peak, peak <= gpu_bytes});
+        break;
+      }
     }
   }
   const int64_t longest = longest_fitting_seq(in, slots, gpu_bytes, unit);

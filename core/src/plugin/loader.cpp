@@ -13,6 +13,7 @@
 #include <unistd.h>
 
 #include "lcx/error.h"
+#include "lcx/slots.h"
 #include "util/sha256.h"
 #include "util/text.h"
 
@@ -21,15 +22,11 @@ namespace fs = std::filesystem;
 namespace lcx {
 
 const char* slot_name(uint32_t slot) {
-  switch (slot) {
-    case LCX_SLOT_LOSS: return "loss";
-    case LCX_SLOT_POSITIONAL_ENCODING: return "positional_encoding";
-    case LCX_SLOT_MEMORY_STRATEGY: return "memory_strategy";
-    case LCX_SLOT_PARALLELISM: return "parallelism";
-    case LCX_SLOT_MODEL: return "model";
-    case LCX_SLOT_MLP: return "mlp";
-  }
-  return "unknown";
+  const char* name = "unknown";
+  for_each_slot([&](const auto& row) {
+    if (row.id == slot) name = row.name;
+  });
+  return name;
 }
 
 namespace {

@@ -28,14 +28,12 @@ class OnDeviceMemory final : public MemoryStrategy {
     saved_.clear();
     kept_.clear();
   }
-  int64_t device_bytes(int num_layers, int64_t bytes_each) const override { return num_layers * bytes_each; }
-  int64_t host_bytes(int, int64_t) const override { return 0; }
   // Every layer's input [T,H] stays on the GPU from its forward until its backward; the peak sees
   // all of them (the last layer's backward runs before any is released).
   void plan(const PlanInputs& in, MemoryPlan& plan) const override {
     const int64_t each = in.tokens_per_rank * in.model.hidden_size * static_cast<int64_t>(dtype_size(in.weight_dtype));
     plan.add(str("saved layer inputs ", in.model.num_layers, " x [T,H]"), PlanCategory::activations_gpu,
-             device_bytes(static_cast<int>(in.model.num_layers), each), plan_phase::step);
+             in.model.num_layers * each, plan_phase::step);
     if (plan.kept_bytes_per_layer > 0)
       plan.add(str("kept attention outputs and LSE ", in.model.num_layers, " layers"), PlanCategory::activations_gpu,
                in.model.num_layers * plan.kept_bytes_per_layer, plan_phase::step);

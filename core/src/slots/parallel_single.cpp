@@ -9,7 +9,7 @@ namespace {
 
 class SingleRank final : public Parallelism {
  public:
-  void configure(const ParallelModelInfo&) override {}
+  void configure(const ParallelModelInfo&, Mesh*) override {}
   int size() const override { return 1; }
   Shard shard(const Sequence& seq, int rank) const override {
     LCX_CHECK(rank == 0, "single-rank parallelism has no rank ", rank);

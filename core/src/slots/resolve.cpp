@@ -4,20 +4,16 @@
 #include <set>
 
 #include "lcx/error.h"
-#include "lcx/defaults.h"
 #include "util/text.h"
 
 namespace lcx {
 
 const char* default_provider_name(uint32_t slot) {
-  switch (slot) {
-    case LCX_SLOT_LOSS: return "nll";
-    case LCX_SLOT_POSITIONAL_ENCODING: return "rope";
-    case LCX_SLOT_MEMORY_STRATEGY: return "on_device";
-    case LCX_SLOT_PARALLELISM: return "single";
-    case LCX_SLOT_MLP: return "whole";
-  }
-  return "(none)";
+  const char* name = nullptr;
+  for_each_slot([&](const auto& row) {
+    if (row.id == slot) name = row.default_name;
+  });
+  return name ? name : "(none)";
 }
 
 std::vector<std::string> requested_plugins(const Manifest& m, const std::vector<std::string>& disabled) {
@@ -59,9 +55,9 @@ std::map<uint32_t, SlotProvider> plan_slots(const Manifest& m, const PluginLoade
                   "plugins.load", str("keep one in [plugins] load, or --disable ", info.name));
     providers[info.slot] = {info.name, info.path, info};
   }
-  for (uint32_t slot :
-       {LCX_SLOT_LOSS, LCX_SLOT_POSITIONAL_ENCODING, LCX_SLOT_MEMORY_STRATEGY, LCX_SLOT_PARALLELISM, LCX_SLOT_MLP})
-    if (!providers.count(slot)) providers[slot] = {default_provider_name(slot), "core default", {}};
+  for_each_slot([&](const auto& row) {
+    if (row.default_name && !providers.count(row.id)) providers[row.id] = {row.default_name, "core default", {}};
+  });
   return providers;
 }
 
@@ -75,32 +71,26 @@ static std::shared_ptr<T> as_slot(std::shared_ptr<Plugin> p, const PluginInfo& i
 }
 
 SlotSet resolve_slots(const Manifest& m, const PluginLoader& loader, const std::vector<std::string>& disabled,
-                      Device device) {
+                      Device device, const MeshShape& mesh) {
   SlotSet s;
   s.providers = plan_slots(m, loader, disabled);
+  std::map<uint32_t, std::shared_ptr<Plugin>> created;
   for (auto& [slot, prov] : s.providers) {
     if (prov.origin == "core default") continue;
-    PluginArgs args{prov.info.name, m.section(prov.info.name), device};
-    std::shared_ptr<Plugin> obj = loader.create(prov.origin, args, &prov.info);
-    switch (slot) {
-      case LCX_SLOT_LOSS: s.loss = as_slot<Loss>(obj, prov.info); break;
-      case LCX_SLOT_POSITIONAL_ENCODING: s.rope = as_slot<PositionalEncoding>(obj, prov.info); break;
-      case LCX_SLOT_MEMORY_STRATEGY: s.memory = as_slot<MemoryStrategy>(obj, prov.info); break;
-      case LCX_SLOT_PARALLELISM: s.parallel = as_slot<Parallelism>(obj, prov.info); break;
-      case LCX_SLOT_MODEL: s.model = as_slot<Model>(obj, prov.info); break;
-      case LCX_SLOT_MLP: s.mlp = as_slot<MlpStrategy>(obj, prov.info); break;
-    }
+    PluginArgs args{prov.info.name, m.section(prov.info.name), device, mesh};
+    created[slot] = loader.create(prov.origin, args, &prov.info);
   }
-  if (!s.loss) s.loss = make_full_logits_loss();
-  if (!s.rope) {
-    std::string ablated;
-    for (const auto& d : disabled)
-      if (loader.describe(d).slot == LCX_SLOT_POSITIONAL_ENCODING) ablated = d;
-    s.rope = ablated.empty() ? make_default_rope() : make_default_rope_in_place_of(ablated);
-  }
-  if (!s.memory) s.memory = make_on_device_memory();
-  if (!s.parallel) s.parallel = make_single_rank();
-  if (!s.mlp) s.mlp = make_whole_mlp();
+  for_each_slot([&]<class T>(const SlotRow<T>& row) {
+    auto it = created.find(row.id);
+    if (it != created.end())
+      s.get<T>() = as_slot<T>(it->second, s.providers.at(row.id).info);
+    else if (row.make_default)
+      s.get<T>() = row.make_default();
+  });
+  // A rope provider dropped by --disable leaves core's rotary in its place, which says once
+  // that the checkpoint's own scaling is being ignored.
+  for (const auto& d : disabled)
+    if (loader.describe(d).slot == LCX_SLOT_POSITIONAL_ENCODING) s.rope = make_default_rope_in_place_of(d);
   return s;
 }
 

@@ -7,12 +7,8 @@
 #include <vector>
 
 #include "config/manifest.h"
-#include "lcx/loss.h"
-#include "lcx/memory_strategy.h"
-#include "lcx/mlp_strategy.h"
-#include "lcx/model.h"
-#include "lcx/parallelism.h"
-#include "lcx/positional_encoding.h"
+#include "lcx/mesh_shape.h"
+#include "lcx/slots.h"
 #include "plugin/loader.h"
 
 namespace lcx {
@@ -23,17 +19,12 @@ struct SlotProvider {
   PluginInfo info;     // empty for core defaults
 };
 
-struct SlotSet {
-  std::shared_ptr<Loss> loss;
-  std::shared_ptr<PositionalEncoding> rope;
-  std::shared_ptr<MemoryStrategy> memory;
-  std::shared_ptr<Parallelism> parallel;
-  std::shared_ptr<Model> model;  // null when the manifest names no model module
-  std::shared_ptr<MlpStrategy> mlp;
+// One provider per slot (lcx/slots.h); the model is null when the manifest names no model module.
+struct SlotSet : SlotTuple<std::shared_ptr> {
   std::map<uint32_t, SlotProvider> providers;
 };
 
-// The names of core's default providers, by slot.
+// The names of core's default providers, by slot; "(none)" for a slot without one.
 const char* default_provider_name(uint32_t slot);
 // Core's rotary positions in place of the positional-encoding plugin `disabled` (--disable, an
 // ablation): a checkpoint's scaled rope parameters are then ignored with one warning, where
@@ -44,7 +35,8 @@ std::vector<std::string> requested_plugins(const Manifest& m, const std::vector<
 // Describes without creating (for --dry-run): refuses two providers for one slot.
 std::map<uint32_t, SlotProvider> plan_slots(const Manifest& m, const PluginLoader& loader,
                                             const std::vector<std::string>& disabled);
+// Creates the providers; `mesh` is the [distributed] shape the plugins are created for (PluginArgs).
 SlotSet resolve_slots(const Manifest& m, const PluginLoader& loader, const std::vector<std::string>& disabled,
-                      Device device);
+                      Device device, const MeshShape& mesh = {});
 
 }  // namespace lcx

@@ -59,7 +59,7 @@ class PinnedPool final : public Allocator {
     }
     if (!p)
       throw Error(str("cannot pin ", size, " bytes of host memory (", held_bytes(), " pinned already)"), {},
-                  "lower the offloaded share or free host memory");
+                  "keep less in host memory or free some");
     std::lock_guard lock(mu_);
     sizes_[p] = size;
     held_ += size;

@@ -3,7 +3,6 @@
 #include <chrono>
 #include <optional>
 
-#include "lcx/defaults.h"
 #include "lcx/profile.h"
 
 namespace lcx {
@@ -19,62 +18,79 @@ void sync(Device d) {
   if (DeviceBackend* b = backend_for(d)) b->synchronize();
 }
 
-// The MLP slot's provider, or core's whole MLP for callers that name none.
-MlpStrategy* mlp_of(StepSlots& s) {
-  static const std::unique_ptr<MlpStrategy> whole = make_whole_mlp();
-  return s.mlp ? s.mlp : whole.get();
-}
-
 Tensor on(const Tensor& t, Device d) { return t.device() == d ? t : t.to(d); }
 
 // The model's compute dtype: activations take the embedding's.
 DType act_dtype(const StepSlots& s) {
   if (s.activation_dtype) return *s.activation_dtype;
-  const Tensor head = s.model.head_weight();
+  const Tensor head = s.model->head_weight();
   LCX_CHECK(head.defined(), "the head weight has no value (sharded between layers?): set StepSlots::activation_dtype");
   return head.dtype();
 }
 
 // embed -> layers -> final norm, without saving anything: the evaluation and logits path.
 Tensor forward_only(StepSlots& s, const Shard& shard, Device device, const RopeTables& rope) {
-  const ModelConfig& cfg = s.model.config();
+  const ModelConfig& cfg = s.model->config();
   const int64_t T = shard.tokens.size(0), H = cfg.hidden_size;
-  StepContext ctx{&rope, &s.parallel, device, mlp_of(s), nullptr, s.recipe};
+  StepContext ctx{&rope, s.parallel, device, s.mlp, nullptr, s.recipe};
   const Tensor tokens = on(shard.tokens, device);
   Tensor x = Tensor::empty({T, H}, act_dtype(s), device, MemoryCategory::activations);
-  s.model.embed_forward(tokens, x);
+  s.model->embed_forward(tokens, x);
   for (int l = 0; l < cfg.num_layers; ++l) {
     Tensor y = Tensor::empty({T, H}, x.dtype(), device, MemoryCategory::activations);
-    s.model.layer_forward(l, x, y, ctx);
+    s.model->layer_forward(l, x, y, ctx);
     x = y;
   }
   Tensor hidden = Tensor::empty({T, H}, x.dtype(), device);
-  s.model.final_norm_forward(x, hidden);
+  s.model->final_norm_forward(x, hidden);
   return hidden;
 }
 
 }  // namespace
 
+StepSlots::StepSlots(Model& m, Loss& l, PositionalEncoding& r, MemoryStrategy& mem, Parallelism& p) {
+  model = &m;
+  loss = &l;
+  rope = &r;
+  memory = &mem;
+  parallel = &p;
+}
+
+void StepSlots::fill_defaults() {
+  LCX_CHECK(model, "a step needs a model");
+  for_each_slot([&]<class T>(const SlotRow<T>& row) {
+    if (get<T>() || !row.make_default) return;
+    if (!defaults) defaults = std::make_shared<SlotTuple<std::shared_ptr>>();
+    auto& made = defaults->get<T>();
+    if (!made) made = row.make_default();
+    get<T>() = made.get();
+  });
+}
+
 void configure_slots(StepSlots& s) {
-  const ModelConfig& c = s.model.config();
+  s.fill_defaults();
+  const ModelConfig& c = s.model->config();
   RopeModelInfo rope;
   rope.head_dim = c.head_dim;
   rope.rope_theta = c.rope_theta;
   rope.max_position_embeddings = c.max_position_embeddings;
   rope.rope_parameters_json = c.rope_parameters_json;
-  s.rope.configure(rope);
+  s.rope->configure(rope);
   ParallelModelInfo par;
   par.num_heads = c.num_heads;
   par.num_kv_heads = c.num_kv_heads;
   par.head_dim = c.head_dim;
   par.layer_types = c.layer_types;
-  s.parallel.configure(par);
+  s.parallel->configure(par, s.mesh);
 }
 
 StepResult train_step(StepSlots& s, const Shard& shard, double grad_scale, Device device) {
+  s.fill_defaults();
   StepHooks none;
   StepHooks& hooks = s.hooks ? *s.hooks : none;
-  const ModelConfig& cfg = s.model.config();
+  Model& model = *s.model;
+  MemoryStrategy& memory = *s.memory;
+  const ModelConfig& cfg = model.config();
   const int L = static_cast<int>(cfg.num_layers);
   const int64_t T = shard.tokens.size(0), H = cfg.hidden_size;
   const DType dt = act_dtype(s);
@@ -83,25 +99,25 @@ StepResult train_step(StepSlots& s, const Shard& shard, double grad_scale, Devic
   // Forward: each layer's input is handed to the memory strategy before the layer runs.
   const double t0 = now_s();
   std::optional<ProfilePhase> phase(std::in_place, StepPhase::forward);
-  const RopeTables rope = s.rope.tables(shard.positions, device);
-  StepContext ctx{&rope, &s.parallel, device, mlp_of(s), &s.memory, s.recipe};
+  const RopeTables rope = s.rope->tables(shard.positions, device);
+  StepContext ctx{&rope, s.parallel, device, s.mlp, &memory, s.recipe};
   const Tensor tokens = on(shard.tokens, device);
   const Tensor targets = on(shard.targets, device);
-  s.memory.begin_step(L);
+  memory.begin_step(L);
   hooks.begin_step();
   Tensor x = Tensor::empty({T, H}, dt, device, MemoryCategory::activations);
-  s.model.embed_forward(tokens, x);
+  model.embed_forward(tokens, x);
   for (int l = 0; l < L; ++l) {
     ProfilePhase layer(StepPhase::forward, l);
-    s.memory.save(l, x);
+    memory.save(l, x);
     Tensor y = Tensor::empty({T, H}, dt, device, MemoryCategory::activations);
     hooks.before_layer_forward(l);
-    s.model.layer_forward(l, x, y, ctx);
+    model.layer_forward(l, x, y, ctx);
     hooks.after_layer_forward(l);
     x = y;
   }
   Tensor hidden = Tensor::empty({T, H}, dt, device);
-  s.model.final_norm_forward(x, hidden);
+  model.final_norm_forward(x, hidden);
   sync(device);
   const double t1 = now_s();
   phase.emplace(StepPhase::loss);
@@ -109,13 +125,13 @@ StepResult train_step(StepSlots& s, const Shard& shard, double grad_scale, Devic
   // Loss: forward and backward at once; the head's gradient accumulates (into the embedding's
   // when tied).
   Tensor dhidden = Tensor::empty({T, H}, dt, device);
-  Tensor head_grad = s.model.head_grad();
-  LossResult lr = s.loss.forward_backward(hidden, s.model.head_weight(), targets, grad_scale, dhidden, head_grad);
+  Tensor head_grad = model.head_grad();
+  LossResult lr = s.loss->forward_backward(hidden, model.head_weight(), targets, grad_scale, dhidden, head_grad);
   r.loss_sum = lr.loss_sum;
   r.valid = lr.valid;
   phase.emplace(StepPhase::backward);
   Tensor dx = Tensor::empty({T, H}, dt, device);
-  s.model.final_norm_backward(x, dhidden, dx);
+  model.final_norm_backward(x, dhidden, dx);
   hidden = Tensor();
   dhidden = Tensor();
   x = Tensor();
@@ -123,18 +139,18 @@ StepResult train_step(StepSlots& s, const Shard& shard, double grad_scale, Devic
   // Backward, last layer first: fetch the saved input, hint the next one, recompute + backward.
   for (int l = L - 1; l >= 0; --l) {
     ProfilePhase layer(StepPhase::backward, l);
-    Tensor input = s.memory.fetch(l);
-    if (l > 0) s.memory.prefetch(l - 1);
+    Tensor input = memory.fetch(l);
+    if (l > 0) memory.prefetch(l - 1);
     Tensor dinput = Tensor::empty({T, H}, dt, device);
     hooks.before_layer_backward(l);
-    s.model.layer_backward(l, input, dx, dinput, ctx);
+    model.layer_backward(l, input, dx, dinput, ctx);
     hooks.after_layer_backward(l);
-    s.memory.release(l);
+    memory.release(l);
     dx = dinput;
   }
-  s.model.embed_backward(tokens, dx);
+  model.embed_backward(tokens, dx);
   hooks.end_step();
-  s.memory.end_step();
+  memory.end_step();
   phase.reset();
   sync(device);
   r.forward_s = t1 - t0;
@@ -143,13 +159,14 @@ StepResult train_step(StepSlots& s, const Shard& shard, double grad_scale, Devic
 }
 
 EvalResult eval_step(StepSlots& s, const Shard& shard, Device device, bool per_position) {
-  const RopeTables rope = s.rope.tables(shard.positions, device);
+  s.fill_defaults();
+  const RopeTables rope = s.rope->tables(shard.positions, device);
   const Tensor hidden = forward_only(s, shard, device, rope);
   const Tensor targets = on(shard.targets, device);
-  const Tensor head = s.model.head_weight();
+  const Tensor head = s.model->head_weight();
   EvalResult r;
   if (!per_position) {
-    LossResult lr = s.loss.forward(hidden, head, targets);
+    LossResult lr = s.loss->forward(hidden, head, targets);
     r.loss_sum = lr.loss_sum;
     r.valid = lr.valid;
     return r;
@@ -158,7 +175,7 @@ EvalResult eval_step(StepSlots& s, const Shard& shard, Device device, bool per_p
   const int64_t T = hidden.size(0);
   r.per_position.assign(static_cast<size_t>(T), 0.f);
   for (int64_t t = 0; t < T; ++t) {
-    LossResult lr = s.loss.forward(hidden.rows(t, t + 1), head, targets.rows(t, t + 1));
+    LossResult lr = s.loss->forward(hidden.rows(t, t + 1), head, targets.rows(t, t + 1));
     r.per_position[static_cast<size_t>(t)] = static_cast<float>(lr.loss_sum);
     r.loss_sum += lr.loss_sum;
     r.valid += lr.valid;
@@ -167,7 +184,8 @@ EvalResult eval_step(StepSlots& s, const Shard& shard, Device device, bool per_p
 }
 
 Tensor forward_hidden(StepSlots& s, const Shard& shard, Device device) {
-  const RopeTables rope = s.rope.tables(shard.positions, device);
+  s.fill_defaults();
+  const RopeTables rope = s.rope->tables(shard.positions, device);
   return forward_only(s, shard, device, rope);
 }
 

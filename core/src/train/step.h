@@ -12,12 +12,8 @@
 #include <optional>
 #include <vector>
 
-#include "lcx/loss.h"
-#include "lcx/memory_strategy.h"
-#include "lcx/mlp_strategy.h"
-#include "lcx/model.h"
-#include "lcx/parallelism.h"
-#include "lcx/positional_encoding.h"
+#include "lcx/comm.h"
+#include "lcx/slots.h"
 
 namespace lcx {
 
@@ -34,19 +30,24 @@ class StepHooks {
   virtual void end_step() {}  // after the embedding's backward
 };
 
-struct StepSlots {
-  Model& model;
-  Loss& loss;
-  PositionalEncoding& rope;
-  MemoryStrategy& memory;
-  Parallelism& parallel;
+// One pointer per slot (lcx/slots.h). The model is required; every other slot left null runs
+// core's default, created once per StepSlots (and shared by its copies) on first use.
+struct StepSlots : SlotTuple<SlotPtr> {
   StepHooks* hooks = nullptr;
-  MlpStrategy* mlp = nullptr;  // core's whole MLP when null
   // The activations' dtype, the weights' compute dtype. Unset: the head weight's, which then
   // must be present; under ZeRO-3 sharding no parameter has a full value between layers, so the
   // trainer sets it.
   std::optional<DType> activation_dtype;
   Recipe recipe;  // the plan's choices for this run (lcx/model.h)
+  // This rank's mesh, handed to the Parallelism by configure_slots; null for one rank alone.
+  Mesh* mesh = nullptr;
+  // Core's defaults standing in for the slots left null.
+  std::shared_ptr<SlotTuple<std::shared_ptr>> defaults;
+
+  StepSlots() = default;
+  StepSlots(Model& model, Loss& loss, PositionalEncoding& rope, MemoryStrategy& memory, Parallelism& parallel);
+  // Points each null slot but the model at core's default.
+  void fill_defaults();
 };
 
 struct StepResult {
@@ -56,7 +57,8 @@ struct StepResult {
   double backward_s = 0;  // loss + final norm backward + layers' recompute and backward + embed
 };
 
-// Tells the positional encoding and the parallelism the model's shape (call once after loading).
+// Tells the positional encoding and the parallelism the model's shape, and the parallelism its
+// mesh (call once after loading).
 void configure_slots(StepSlots& s);
 
 // grad_scale multiplies d(loss_sum): 1 / (valid targets of the whole step, across ranks and

@@ -201,6 +201,7 @@ int train_rank(const CoreConfig& cfg, const Manifest& manifest, const SlotFactor
   StepSlots step_slots{model, *slots.loss, *slots.rope, *slots.memory, *slots.parallel};
   step_slots.mlp = slots.mlp.get();
   step_slots.activation_dtype = dtype;
+  step_slots.mesh = rs.mesh;
   configure_slots(step_slots);
   const ModelConfig& mc = model.config();
 
@@ -233,8 +234,8 @@ int train_rank(const CoreConfig& cfg, const Manifest& manifest, const SlotFactor
   if (lead) log::info(str("recipe: ", recipe_name(planned.recipe), ", ", dtype_name(grad_dtype), " GEMM gradients"));
   if (lead && seq_len > slots.rope->effective_max_positions())
     log::warn(str("sequences of ", seq_len, " tokens go beyond the ", slots.rope->effective_max_positions(),
-                  " positions this model places correctly: expect a loss near 10 instead of ~4. Load rope_yarn with "
-                  "factor = ", std::ceil(static_cast<double>(seq_len) / static_cast<double>(mc.max_position_embeddings)),
+                  " positions this model places correctly: expect a loss near 10 instead of ~4. Load a YaRN "
+                  "PositionalEncoding plugin with factor = ", std::ceil(static_cast<double>(seq_len) / static_cast<double>(mc.max_position_embeddings)),
                   " and original_max_position_embeddings = ", mc.max_position_embeddings));
 
   // One step: grad_accum sequences for each data-parallel rank.
@@ -464,7 +465,6 @@ int run_training(const CoreConfig& cfg, const Manifest& manifest, const SlotFact
         nproc,
         [&](Communicator& world) {
           Mesh mesh(world, shape);
-          MeshBinding bind(&mesh);
           codes[static_cast<size_t>(world.rank())] =
               train_rank(cfg, manifest, make_slots, opts, device, RankSetup{&world, &mesh});
         },
@@ -490,7 +490,6 @@ int run_training(const CoreConfig& cfg, const Manifest& manifest, const SlotFact
   std::unique_ptr<Communicator> world = make_nccl_world(denv, denv.local_rank, copt);
   const MeshShape shape = mesh_shape(cfg.distributed, world->size());
   Mesh mesh(*world, shape);
-  MeshBinding bind(&mesh);
   return train_rank(cfg, manifest, make_slots, opts, mine, RankSetup{world.get(), &mesh});
 #else
   throw Error("this lcx was built without CUDA, so it has no NCCL workers", "distributed.nproc_per_node",

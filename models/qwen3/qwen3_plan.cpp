@@ -1,14 +1,15 @@
-// Core's arithmetic for a dense decoder's memory (plan_dense_decoder in lcx/plan.h), counted from
-// what models/qwen3/qwen3_model.cpp allocates: each term names the tensors it stands for. Bytes
-// per token are exact for those tensors; what the kernels allocate beyond them is the attention
-// provider's (attention workspace) or core's (cuBLASLt workspace, reserve).
+// The module's memory arithmetic (qwen3_plan.h), counted from what qwen3_model.cpp allocates: each
+// term names the tensors it stands for. Bytes per token are exact for those tensors; what the
+// kernels allocate beyond them is the attention provider's (attention workspace) or core's
+// (cuBLASLt workspace, reserve).
+#include "qwen3_plan.h"
+
 #include <algorithm>
 #include <string>
 
 #include "lcx/error.h"
-#include "lcx/plan.h"
 
-namespace lcx {
+namespace lcx::qwen3 {
 namespace {
 
 struct DecoderDims {
@@ -135,4 +136,4 @@ void plan_dense_decoder(const PlanInputs& in, MemoryPlan& plan, const DenseDecod
            plan_phase::final_norm);
 }
 
-}  // namespace lcx
+}  // namespace lcx::qwen3
