@@ -13,6 +13,7 @@ namespace lcx {
 
 struct TrainOptions {
   std::string resume;  // "", "latest" or a checkpoint folder
+  bool overwrite = false;  // a fresh run may replace the checkpoints and metrics in output_dir
   // argv of this process, for the launcher to start its workers with the same arguments.
   std::vector<std::string> argv;
 };
