@@ -234,11 +234,14 @@ TEST_F(TrainRun, MetricsStayOneHistoryAcrossAResumeThatRollsBack) {
   write_tokens(random_pattern(64, 9), 8);
   auto m = manifest("max_steps = 5\nsave_steps = 3\n");
   ASSERT_EQ(train("--config " + m).exit_code, 0);
-  // As after a kill at step 5: checkpoint-3 is the latest, metrics.jsonl has rows 1 to 5.
+  // As after a kill in step 6: checkpoint-3 is the latest, metrics.jsonl has rows 1 to 5 and a cut line.
   std::filesystem::remove_all(dir / "out" / "checkpoint-5");
+  std::ofstream(dir / "out" / "metrics.jsonl", std::ios::app) << "{\"step\": 6, \"lo";
   auto r = train("--config " + m + " --resume latest --set train.max_steps=6");
   ASSERT_EQ(r.exit_code, 0) << r.output;
-  EXPECT_NE(r.output.find("dropped 2 row(s) after step 3"), std::string::npos) << r.output;
+  EXPECT_NE(r.output.find("dropped 2 row(s) after step 3, the step this run resumes from, and 1 line(s) cut by a kill"),
+            std::string::npos)
+      << r.output;
   std::vector<int64_t> steps;
   std::ifstream in(dir / "out" / "metrics.jsonl");
   for (std::string line; std::getline(in, line);) steps.push_back(nlohmann::json::parse(line).at("step").get<int64_t>());

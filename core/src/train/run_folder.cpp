@@ -56,13 +56,14 @@ std::vector<fs::path> events_files(const fs::path& dir) {
   return out;
 }
 
-// The rows of metrics.jsonl; a line that does not parse (cut by a kill) is dropped.
-std::vector<nlohmann::json> read_metrics(const fs::path& p) {
+// The rows of metrics.jsonl; a line that is not a row (cut by a kill) is left out and counted.
+std::vector<nlohmann::json> read_metrics(const fs::path& p, size_t* bad_lines = nullptr) {
   std::vector<nlohmann::json> rows;
   std::ifstream in(p);
   for (std::string line; std::getline(in, line);) {
     auto j = nlohmann::json::parse(line, nullptr, false);
-    if (j.is_object() && j.contains("step")) rows.push_back(std::move(j));
+    if (j.is_object() && j.contains("step") && j["step"].is_number_integer()) rows.push_back(std::move(j));
+    else if (bad_lines) ++*bad_lines;
   }
   return rows;
 }
@@ -156,13 +157,14 @@ void open_run_folder(const CoreConfig& cfg, const std::string& resume, bool over
                 "run.output_dir", "resume into the checkpoint's own folder, or give an empty run.output_dir");
   check_same_run(cfg, checkpoint);
   const int64_t step = load_trainer_state(checkpoint).step;
-  auto rows = read_metrics(metrics);
+  size_t bad_lines = 0;
+  auto rows = read_metrics(metrics, &bad_lines);
   const size_t before = rows.size();
-  std::erase_if(rows, [&](const nlohmann::json& r) { return !r["step"].is_number() || r["step"].get<int64_t>() > step; });
-  if (rows.size() != before) {
+  std::erase_if(rows, [&](const nlohmann::json& r) { return r["step"].get<int64_t>() > step; });
+  if (rows.size() != before || bad_lines > 0) {
     write_metrics(metrics, rows);
     log::info(str(kMetrics, ": dropped ", before - rows.size(), " row(s) after step ", step,
-                  ", the step this run resumes from"));
+                  ", the step this run resumes from", bad_lines ? str(", and ", bad_lines, " line(s) cut by a kill") : ""));
   }
 }
 
