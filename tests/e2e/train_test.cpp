@@ -299,6 +299,10 @@ TEST_F(TrainRun, DamagedTrainerStateOrAFileAsOutputDirIsRefusedByName) {
   EXPECT_EQ(f.exit_code, 2) << f.output;
   EXPECT_NE(f.output.find("run.output_dir " + (dir / "afile").string() + " is a file, not a folder"), std::string::npos)
       << f.output;
+  auto under = train("--config " + m + " --set run.output_dir=\\\"" + (dir / "afile" / "out").string() + "\\\"");
+  EXPECT_EQ(under.exit_code, 2) << under.output;
+  EXPECT_NE(under.output.find("cannot create run.output_dir " + (dir / "afile" / "out").string()), std::string::npos)
+      << under.output;
 }
 
 TEST_F(TrainRun, RotationAndStartLeaveNoHalfFolders) {

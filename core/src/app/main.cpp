@@ -120,8 +120,7 @@ int run(const CliOptions& o) {
   }
   if (o.plan) return run_plan_command(*manifest, core, loader, o.disabled, o.gpu_memory);
 
-  check_output_dir(core.run.output_dir);
-  std::filesystem::create_directories(core.run.output_dir);
+  create_output_dir(core.run.output_dir);
   // Workers a launcher started (LCX_WORKER) other than rank 0 keep to the terminal: one log per job.
   const char* worker_rank = std::getenv("LCX_WORKER") ? std::getenv("RANK") : nullptr;
   const bool writes_log = !worker_rank || std::string(worker_rank) == "0";

@@ -114,19 +114,22 @@ void check_same_run(const CoreConfig& now, const std::string& checkpoint) {
 
 }  // namespace
 
-void check_output_dir(const std::string& output_dir) {
+void create_output_dir(const std::string& output_dir) {
   std::error_code ec;
   if (fs::exists(output_dir, ec) && !fs::is_directory(output_dir, ec))
     throw Error(str("run.output_dir ", output_dir, " is a file, not a folder"), "run.output_dir",
                 "give the path of a folder (it is created when missing)");
+  fs::create_directories(output_dir, ec);
+  if (ec)
+    throw Error(str("cannot create run.output_dir ", output_dir, ": ", ec.message()), "run.output_dir",
+                "give a path where this user can create a folder");
 }
 
 void open_run_folder(const CoreConfig& cfg, const std::string& resume, bool overwrite) {
   const fs::path dir(cfg.run.output_dir);
-  check_output_dir(dir.string());
   if (overwrite && !resume.empty())
     throw Error("--overwrite starts a new run; --resume continues one", {}, "give one of them");
-  fs::create_directories(dir);
+  create_output_dir(dir.string());
   remove_leftovers(dir);
   const auto checkpoints = list_checkpoints(dir.string());
   const fs::path metrics = dir / kMetrics;

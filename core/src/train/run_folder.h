@@ -19,8 +19,8 @@ namespace tfevents {
 class Writer;
 }
 
-// Refuses an output_dir that exists but is not a folder.
-void check_output_dir(const std::string& output_dir);
+// Creates output_dir; refuses one that is a file, or that cannot be created, naming it.
+void create_output_dir(const std::string& output_dir);
 
 // Once per job, before any rank loads anything. Throws lcx::Error for the refusals above.
 void open_run_folder(const CoreConfig& cfg, const std::string& resume, bool overwrite);
