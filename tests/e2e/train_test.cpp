@@ -223,6 +223,17 @@ TEST_F(TrainRun, FreshRunRefusesAFolderWithCheckpointsUnlessOverwritten) {
   EXPECT_FALSE(std::filesystem::exists(dir / "out" / "checkpoint-4")) << "keep_checkpoints would keep the old one";
 }
 
+TEST_F(TrainRun, FreshRunReplacesTheMetricsOfARunThatSavedNothing) {
+  write_tokens(random_pattern(64, 13), 8);
+  auto m = manifest("max_steps = 2\nsave_final = false\n");
+  ASSERT_EQ(train("--config " + m).exit_code, 0);
+  ASSERT_TRUE(list_checkpoints((dir / "out").string()).empty());
+  auto r = train("--config " + m + " --set train.max_steps=3");
+  ASSERT_EQ(r.exit_code, 0) << r.output;
+  EXPECT_NE(r.output.find("metrics.jsonl of an earlier run that saved no checkpoint is replaced"), std::string::npos) << r.output;
+  EXPECT_EQ(losses().size(), 3u);
+}
+
 TEST_F(TrainRun, ResumeRefusesAnotherModelOrData) {
   write_tokens(random_pattern(64, 8), 8);
   auto m = manifest("max_steps = 2\n");
