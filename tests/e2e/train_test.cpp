@@ -12,6 +12,7 @@
 
 #include "lcx/error.h"
 #include "support/test_util.h"
+#include "support/tfevents_reader.h"
 #include "train/checkpoint.h"
 
 namespace lcx {
@@ -262,10 +263,31 @@ TEST_F(TrainRun, MetricsStayOneHistoryAcrossAResumeThatRollsBack) {
   std::ifstream in(dir / "out" / "metrics.jsonl");
   for (std::string line; std::getline(in, line);) steps.push_back(nlohmann::json::parse(line).at("step").get<int64_t>());
   EXPECT_EQ(steps, (std::vector<int64_t>{1, 2, 3, 4, 5, 6}));
-  int events = 0;
+  std::vector<std::filesystem::path> events;
   for (const auto& e : std::filesystem::directory_iterator(dir / "out"))
-    events += e.path().filename().string().starts_with("events.out.tfevents.");
-  EXPECT_EQ(events, 1) << "one TensorBoard events file beside metrics.jsonl";
+    if (e.path().filename().string().starts_with("events.out.tfevents.")) events.push_back(e.path());
+  ASSERT_EQ(events.size(), 1u) << "one TensorBoard events file beside metrics.jsonl";
+
+  // Its scalar events are metrics.jsonl's rows, the rolled-back ones gone; a START marks the resume.
+  std::vector<int64_t> scalar_steps, start_steps;
+  std::vector<float> event_losses;
+  for (const auto& rec : test::read_records(events[0])) {
+    auto e = test::decode(rec);
+    const int64_t step = e.count(2) ? static_cast<int64_t>(e.find(2)->second.varint) : 0;
+    if (e.count(6)) start_steps.push_back(step);
+    if (!e.count(5)) continue;
+    scalar_steps.push_back(step);
+    auto summary = test::decode(e.find(5)->second.bytes);
+    for (auto [it, end] = summary.equal_range(1); it != end; ++it) {
+      auto v = test::decode(it->second.bytes);
+      if (v.find(1)->second.bytes == "train/loss") event_losses.push_back(test::as<float>(v.find(2)->second.bytes));
+    }
+  }
+  EXPECT_EQ(scalar_steps, steps);
+  EXPECT_EQ(start_steps, (std::vector<int64_t>{4}));
+  const auto want = losses();
+  ASSERT_EQ(event_losses.size(), want.size());
+  for (size_t i = 0; i < want.size(); ++i) EXPECT_EQ(event_losses[i], static_cast<float>(want[i])) << "step " << i + 1;
 }
 
 TEST_F(TrainRun, FirstSignalSaysTheStepFinishesSecondStopsAtOnce) {
