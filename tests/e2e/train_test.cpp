@@ -288,6 +288,16 @@ TEST_F(TrainRun, MetricsStayOneHistoryAcrossAResumeThatRollsBack) {
   const auto want = losses();
   ASSERT_EQ(event_losses.size(), want.size());
   for (size_t i = 0; i < want.size(); ++i) EXPECT_EQ(event_losses[i], static_cast<float>(want[i])) << "step " << i + 1;
+
+  // A checkpoint of another folder does not resume into this one, which holds its own run.
+  const auto other = dir / "elsewhere";
+  std::filesystem::create_directories(other);
+  std::filesystem::copy(dir / "out" / "checkpoint-6", other / "checkpoint-6", std::filesystem::copy_options::recursive);
+  auto mixed = train("--config " + m + " --resume " + (other / "checkpoint-6").string() + "/");
+  EXPECT_EQ(mixed.exit_code, 2) << mixed.output;
+  EXPECT_NE(mixed.output.find("which holds checkpoints of another run"), std::string::npos) << mixed.output;
+  auto own = train("--config " + m + " --resume " + (dir / "out" / "checkpoint-6").string() + "/ --set train.max_steps=7");
+  EXPECT_EQ(own.exit_code, 0) << own.output;
 }
 
 TEST_F(TrainRun, FirstSignalSaysTheStepFinishesSecondStopsAtOnce) {

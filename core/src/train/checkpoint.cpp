@@ -48,9 +48,11 @@ nlohmann::json read_state_json(const std::string& dir) {
   }
   if (problem.empty()) return js;
   std::string fix = "this checkpoint cannot be resumed: give --resume an earlier checkpoint-<step> folder";
-  const auto all = list_checkpoints(fs::path(dir).parent_path().string());
+  fs::path self(dir);
+  if (self.filename().empty()) self = self.parent_path();  // "checkpoint-4/"
+  const auto all = list_checkpoints(self.parent_path().string());
   for (auto it = all.rbegin(); it != all.rend(); ++it)
-    if (fs::path(*it).filename() != fs::path(dir).filename()) {
+    if (step_of(*it) < step_of(self)) {
       fix = str("resume from the checkpoint before it: --resume ", *it, " (or delete ", dir, ")");
       break;
     }

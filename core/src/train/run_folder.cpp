@@ -155,7 +155,7 @@ void open_run_folder(const CoreConfig& cfg, const std::string& resume, bool over
 
   const std::string checkpoint = resolve_checkpoint(dir.string(), resume);
   std::error_code ec;
-  if (!checkpoints.empty() && !fs::equivalent(fs::path(checkpoint).parent_path(), dir, ec))
+  if (!checkpoints.empty() && !fs::equivalent(fs::canonical(checkpoint, ec).parent_path(), dir, ec))
     throw Error(str("--resume ", checkpoint, " is outside run.output_dir ", dir.string(), ", which holds checkpoints of another run"),
                 "run.output_dir", "resume into the checkpoint's own folder, or give an empty run.output_dir");
   check_same_run(cfg, checkpoint);
