@@ -3,7 +3,9 @@
 // final sequence padded or dropped, batches' counts, shuffling, the token cache's reuse and
 // rebuilds, bad-input accounting, pre-tokenized files, refusals.
 #include <gtest/gtest.h>
+#include <unistd.h>
 
+#include <chrono>
 #include <filesystem>
 #include <fstream>
 #include <set>
@@ -174,6 +176,39 @@ TEST(Dataset, CacheIsReusedAndRebuiltWhenStaleOrCorrupt) {
   damage([](std::string& b) { b.resize(b.size() - 5); });  // truncated
   damage([](std::string& b) { b[0] = 'X'; });           // bad magic
   damage([](std::string& b) { b.resize(64); });          // no header
+}
+
+TEST(Dataset, CacheNoticesAnEditThatKeepsSizeAndMtime) {
+  Fixture f;
+  f.put("a.txt", "abcdef");
+  f.cfg.seq_len = 4;
+  EXPECT_FALSE(f.open().report().from_cache);
+  const std::string a = f.cfg.source + "/a.txt";
+  const auto mtime = fs::last_write_time(a);
+  f.put("a.txt", "xyzdef");
+  fs::last_write_time(a, mtime);
+  Dataset d = f.open();
+  EXPECT_FALSE(d.report().from_cache) << "the changed ctime was not noticed";
+  EXPECT_EQ(ints(d.get(0).tokens), (V{'x', 'y', 'z', 'd'}));
+}
+
+TEST(Dataset, AbandonedCacheFilesAreRemovedAtOpen) {
+  Fixture f;
+  f.put("a.txt", "abcdef");
+  f.cfg.seq_len = 4;
+  char host[256] = {};
+  ASSERT_EQ(gethostname(host, sizeof host - 1), 0);
+  const std::string cache = f.cfg.cache_dir + "/tokens-0123456789abcdef.lcxtok.tmp.";
+  const std::string dead = cache + host + ".2147483000", live = cache + host + "." + std::to_string(getpid()),
+                    elsewhere = cache + "another-host.12";
+  for (const auto& p : {dead, live, elsewhere}) test::write_file(p, "partial");
+  f.open();
+  EXPECT_FALSE(fs::exists(dead)) << "a killed writer's file stays";
+  EXPECT_TRUE(fs::exists(live)) << "a running writer's file was deleted";
+  EXPECT_TRUE(fs::exists(elsewhere)) << "another host's writer may still run";
+  fs::last_write_time(elsewhere, fs::file_time_type::clock::now() - std::chrono::hours(2));
+  f.open();
+  EXPECT_FALSE(fs::exists(elsewhere)) << "untouched for two hours";
 }
 
 TEST(Dataset, BadInputIsCountedAndReported) {

@@ -3,6 +3,9 @@
 //   dist_worker fail K                 rank K writes to stderr and exits 7; the others sleep
 //   dist_worker wait DIR               write DIR/ready.RANK, then wait for a signal and record it
 //   dist_worker env DIR                write the launch variables to DIR/env.RANK
+//   dist_worker step DIR               lcx-train's stop handling in a 3-second step 3 (checkpoint-2
+//                                      saved): DIR/ready.RANK, then after a signal the step
+//                                      finishes, DIR/saved.RANK is written and it exits 130
 //   dist_worker nccl                   NCCL collectives on GPU LOCAL_RANK against the serial results
 #include <signal.h>
 #include <unistd.h>
@@ -22,6 +25,7 @@
 #include "dist/rank_data.h"
 #include "lcx/comm.h"
 #include "lcx/error.h"
+#include "train/stop_signal.h"
 
 namespace {
 
@@ -132,6 +136,18 @@ int main(int argc, char** argv) {
     for (int i = 0; i < 3000 && !g_signal; ++i) std::this_thread::sleep_for(std::chrono::milliseconds(10));
     std::ofstream(args[1] + "/signal." + std::to_string(env.rank)) << g_signal;
     return g_signal ? 0 : 3;
+  }
+  if (args[0] == "step") {
+    lcx::StopSignals signals;
+    lcx::StopSignals::speak(env.rank == 0);
+    lcx::StopSignals::saved(2);
+    lcx::StopSignals::step_running(3);
+    std::ofstream(args[1] + "/ready." + std::to_string(env.rank)) << "ready";
+    for (int i = 0; i < 3000 && !lcx::StopSignals::requested(); ++i) std::this_thread::sleep_for(std::chrono::milliseconds(10));
+    if (!lcx::StopSignals::requested()) return 3;
+    std::this_thread::sleep_for(std::chrono::seconds(3));  // longer than the launcher's grace of 2 s
+    std::ofstream(args[1] + "/saved." + std::to_string(env.rank)) << "saved";
+    return 130;
   }
   if (args[0] == "env") {
     std::ofstream(args[1] + "/env." + std::to_string(env.rank))

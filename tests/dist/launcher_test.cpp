@@ -86,6 +86,70 @@ TEST(Launcher, ForwardsSignalsToEveryWorker) {
   std::filesystem::remove_all(dir);
 }
 
+// Starts "dist_worker launch 3 step DIR" with its stderr in DIR/stderr; waits for every worker.
+pid_t launch_stepping_workers(const std::filesystem::path& dir) {
+  const pid_t pid = ::fork();
+  if (pid == 0) {
+    FILE* err = std::freopen((dir / "stderr").c_str(), "w", stderr);
+    if (!err) ::_exit(126);
+    ::execl(worker_exe().c_str(), "dist_worker", "launch", "3", "step", dir.c_str(), static_cast<char*>(nullptr));
+    ::_exit(127);
+  }
+  for (int i = 0; i < 500; ++i) {
+    if (std::filesystem::exists(dir / "ready.0") && std::filesystem::exists(dir / "ready.1") &&
+        std::filesystem::exists(dir / "ready.2"))
+      break;
+    std::this_thread::sleep_for(std::chrono::milliseconds(10));
+  }
+  return pid;
+}
+
+size_t count(const std::string& text, const std::string& what) {
+  size_t n = 0;
+  for (size_t at = text.find(what); at != std::string::npos; at = text.find(what, at + 1)) ++n;
+  return n;
+}
+
+TEST(Launcher, FirstSignalLetsWorkersFinishTheirStepAndSave) {
+  auto dir = test::temp_dir("launch-step");
+  const pid_t pid = launch_stepping_workers(dir);
+  ASSERT_TRUE(std::filesystem::exists(dir / "ready.2")) << "workers did not start";
+  ::kill(pid, SIGTERM);
+  int status = 0;
+  ::waitpid(pid, &status, 0);
+  ASSERT_TRUE(WIFEXITED(status));
+  EXPECT_EQ(WEXITSTATUS(status), 128 + SIGTERM);
+  // Each worker's step outlasted the kill grace, and still each finished and saved.
+  for (int r = 0; r < 3; ++r) EXPECT_TRUE(std::filesystem::exists(dir / ("saved." + std::to_string(r)))) << r;
+  const std::string err = slurp(dir / "stderr");
+  EXPECT_EQ(count(err, "SIGTERM received: step 3 will finish, then a checkpoint is saved"), 1u) << err;
+  EXPECT_NE(err.find("[rank 0] lcx-train: SIGTERM received"), std::string::npos) << err;
+  std::filesystem::remove_all(dir);
+}
+
+TEST(Launcher, SecondSignalStopsWorkersAtOnceSayingWhatIsLost) {
+  auto dir = test::temp_dir("launch-step2");
+  const pid_t pid = launch_stepping_workers(dir);
+  ASSERT_TRUE(std::filesystem::exists(dir / "ready.2")) << "workers did not start";
+  const auto t0 = std::chrono::steady_clock::now();
+  ::kill(pid, SIGTERM);
+  std::this_thread::sleep_for(std::chrono::milliseconds(300));
+  ::kill(pid, SIGTERM);
+  int status = 0;
+  ::waitpid(pid, &status, 0);
+  const double s = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
+  EXPECT_LT(s, 2.5) << "the workers finished their 3-second step instead of stopping";
+  ASSERT_TRUE(WIFEXITED(status));
+  EXPECT_EQ(WEXITSTATUS(status), 128 + SIGTERM);
+  for (int r = 0; r < 3; ++r) EXPECT_FALSE(std::filesystem::exists(dir / ("saved." + std::to_string(r)))) << r;
+  const std::string err = slurp(dir / "stderr");
+  EXPECT_EQ(count(err, "second SIGTERM: stopping now without saving; step 3 (in progress) is lost; --resume latest "
+                       "continues from checkpoint-2"),
+            1u)
+      << err;
+  std::filesystem::remove_all(dir);
+}
+
 TEST(DistEnv, ReadsTorchrunThenSlurmVariables) {
   DistEnv d = read_dist_env({});
   EXPECT_EQ(d.rank, 0);

@@ -9,10 +9,13 @@
 #include <nlohmann/json.hpp>
 #include <map>
 #include <set>
+#include <sstream>
 #include <thread>
 
 #include "lcx/error.h"
 #include "support/test_util.h"
+#include "support/tfevents_reader.h"
+#include "train/checkpoint.h"
 
 namespace lcx {
 namespace {
@@ -192,6 +195,234 @@ TEST_F(TrainRun, MemoryTimelineOfTheStepAskedFor) {
   auto bad = train("--config " + m + " --set run.memory_timeline=true --set run.memory_timeline_step=0");
   EXPECT_NE(bad.exit_code, 0);
   EXPECT_NE(bad.output.find("memory_timeline_step"), std::string::npos) << bad.output;
+}
+
+std::string slurp(const std::filesystem::path& p) {
+  std::ifstream in(p);
+  std::stringstream ss;
+  ss << in.rdbuf();
+  return ss.str();
+}
+
+// Starts lcx-train with `args` and its output in `log`, without waiting for it.
+pid_t start_training(const std::vector<std::string>& args, const std::filesystem::path& log) {
+  const pid_t pid = fork();
+  if (pid == 0) {
+    if (!std::freopen(log.c_str(), "w", stdout) || dup2(fileno(stdout), STDERR_FILENO) < 0) _exit(126);
+    std::vector<char*> argv{const_cast<char*>("lcx-train")};
+    for (const auto& a : args) argv.push_back(const_cast<char*>(a.c_str()));
+    argv.push_back(nullptr);
+    execv(test::lcx_train().c_str(), argv.data());
+    _exit(127);
+  }
+  return pid;
+}
+
+TEST_F(TrainRun, LogIsAppendedWithALineForEachStartAndResume) {
+  write_tokens(random_pattern(64, 5), 8);
+  auto m = manifest("max_steps = 2\nsave_steps = 1\n");
+  ASSERT_EQ(train("--config " + m).exit_code, 0);
+  auto r = train("--config " + m + " --resume latest --set train.max_steps=3");
+  ASSERT_EQ(r.exit_code, 0) << r.output;
+  const std::string log = slurp(dir / "out" / "log.jsonl");
+  std::vector<std::string> messages;
+  std::istringstream lines(log);
+  for (std::string line; std::getline(lines, line);) messages.push_back(nlohmann::json::parse(line).at("message"));
+  auto index_of = [&](const std::string& start) {
+    for (size_t i = 0; i < messages.size(); ++i)
+      if (messages[i].starts_with(start)) return static_cast<int>(i);
+    return -1;
+  };
+  const int first = index_of("start of a new run: lcx-train"), saved = index_of("saved "),
+            resumed = index_of("resume (--resume latest): lcx-train");
+  EXPECT_EQ(first, 0) << log;
+  EXPECT_GT(saved, first) << "the first run's lines were lost:\n" << log;
+  EXPECT_GT(resumed, saved) << log;
+  EXPECT_GT(index_of("resumed from"), resumed) << log;
+}
+
+TEST_F(TrainRun, KillNineLosesNoLogLineAlreadyWritten) {
+  write_tokens(random_pattern(64, 6), 40);
+  auto m = manifest("max_steps = 100000\nsave_steps = 2\n");
+  const pid_t pid = start_training({"--config", m}, dir / "output");
+  for (int i = 0; i < 600 && list_checkpoints((dir / "out").string()).empty(); ++i)
+    std::this_thread::sleep_for(std::chrono::milliseconds(50));
+  std::this_thread::sleep_for(std::chrono::milliseconds(100));
+  kill(pid, SIGKILL);
+  waitpid(pid, nullptr, 0);
+  const auto checkpoints = list_checkpoints((dir / "out").string());
+  ASSERT_FALSE(checkpoints.empty());
+  const std::string log = slurp(dir / "out" / "log.jsonl");
+  EXPECT_NE(log.find("start of a new run"), std::string::npos) << log;
+  EXPECT_NE(log.find(" steps of 1 sequence(s) of 32 tokens"), std::string::npos) << log;
+  // Every checkpoint but the newest (the kill may fall between its rename and its log line).
+  for (size_t i = 0; i + 1 < checkpoints.size(); ++i)
+    EXPECT_NE(log.find("saved " + checkpoints[i] + "\""), std::string::npos) << "lost: saved " << checkpoints[i] << "\n" << log;
+}
+
+TEST_F(TrainRun, FreshRunRefusesAFolderWithCheckpointsUnlessOverwritten) {
+  write_tokens(random_pattern(64, 7), 8);
+  auto m = manifest("max_steps = 4\nsave_steps = 2\n");
+  ASSERT_EQ(train("--config " + m).exit_code, 0);
+  auto again = train("--config " + m + " --set train.max_steps=2");
+  EXPECT_EQ(again.exit_code, 2) << again.output;
+  EXPECT_NE(again.output.find("holds checkpoints of an earlier run (newest: checkpoint-4)"), std::string::npos) << again.output;
+  EXPECT_NE(again.output.find("--resume latest"), std::string::npos) << again.output;
+  EXPECT_NE(again.output.find("--overwrite"), std::string::npos) << again.output;
+
+  auto both = train("--config " + m + " --overwrite --resume latest");
+  EXPECT_EQ(both.exit_code, 2) << both.output;
+
+  auto over = train("--config " + m + " --set train.max_steps=2 --set train.keep_checkpoints=1 --overwrite");
+  ASSERT_EQ(over.exit_code, 0) << over.output;
+  EXPECT_EQ(losses().size(), 2u) << "metrics.jsonl kept the earlier run's rows";
+  EXPECT_TRUE(std::filesystem::exists(dir / "out" / "checkpoint-2"));
+  EXPECT_FALSE(std::filesystem::exists(dir / "out" / "checkpoint-4")) << "keep_checkpoints would keep the old one";
+}
+
+TEST_F(TrainRun, FreshRunReplacesTheMetricsOfARunThatSavedNothing) {
+  write_tokens(random_pattern(64, 13), 8);
+  auto m = manifest("max_steps = 2\nsave_final = false\n");
+  ASSERT_EQ(train("--config " + m).exit_code, 0);
+  ASSERT_TRUE(list_checkpoints((dir / "out").string()).empty());
+  auto r = train("--config " + m + " --set train.max_steps=3");
+  ASSERT_EQ(r.exit_code, 0) << r.output;
+  EXPECT_NE(r.output.find("metrics.jsonl of an earlier run that saved no checkpoint is replaced"), std::string::npos) << r.output;
+  EXPECT_EQ(losses().size(), 3u);
+}
+
+TEST_F(TrainRun, ResumeRefusesAnotherModelOrData) {
+  write_tokens(random_pattern(64, 8), 8);
+  auto m = manifest("max_steps = 2\n");
+  ASSERT_EQ(train("--config " + m).exit_code, 0);
+  auto seq = train("--config " + m + " --resume latest --set data.seq_len=16");
+  EXPECT_EQ(seq.exit_code, 2) << seq.output;
+  EXPECT_NE(seq.output.find("data.seq_len is \"16\" but the checkpoint was trained with \"32\""), std::string::npos) << seq.output;
+  auto model = train("--config " + m + " --resume latest --set model.dtype=bf16");
+  EXPECT_EQ(model.exit_code, 2) << model.output;
+  EXPECT_NE(model.output.find("model.dtype is \"bf16\""), std::string::npos) << model.output;
+}
+
+TEST_F(TrainRun, MetricsStayOneHistoryAcrossAResumeThatRollsBack) {
+  write_tokens(random_pattern(64, 9), 8);
+  auto m = manifest("max_steps = 5\nsave_steps = 3\n");
+  ASSERT_EQ(train("--config " + m).exit_code, 0);
+  // As after a kill in step 6: checkpoint-3 is the latest, metrics.jsonl has rows 1 to 5 and a cut line.
+  std::filesystem::remove_all(dir / "out" / "checkpoint-5");
+  std::ofstream(dir / "out" / "metrics.jsonl", std::ios::app) << "{\"step\": 6, \"lo";
+  auto r = train("--config " + m + " --resume latest --set train.max_steps=6");
+  ASSERT_EQ(r.exit_code, 0) << r.output;
+  EXPECT_NE(r.output.find("dropped 2 row(s) after step 3, the step this run resumes from, and 1 line(s) cut by a kill"),
+            std::string::npos)
+      << r.output;
+  std::vector<int64_t> steps;
+  std::ifstream in(dir / "out" / "metrics.jsonl");
+  for (std::string line; std::getline(in, line);) steps.push_back(nlohmann::json::parse(line).at("step").get<int64_t>());
+  EXPECT_EQ(steps, (std::vector<int64_t>{1, 2, 3, 4, 5, 6}));
+  std::vector<std::filesystem::path> events;
+  for (const auto& e : std::filesystem::directory_iterator(dir / "out"))
+    if (e.path().filename().string().starts_with("events.out.tfevents.")) events.push_back(e.path());
+  ASSERT_EQ(events.size(), 1u) << "one TensorBoard events file beside metrics.jsonl";
+
+  // Its scalar events are metrics.jsonl's rows, the rolled-back ones gone; a START marks the resume.
+  std::vector<int64_t> scalar_steps, start_steps;
+  std::vector<float> event_losses;
+  for (const auto& rec : test::read_records(events[0])) {
+    auto e = test::decode(rec);
+    const int64_t step = e.count(2) ? static_cast<int64_t>(e.find(2)->second.varint) : 0;
+    if (e.count(6)) start_steps.push_back(step);
+    if (!e.count(5)) continue;
+    scalar_steps.push_back(step);
+    auto summary = test::decode(e.find(5)->second.bytes);
+    for (auto [it, end] = summary.equal_range(1); it != end; ++it) {
+      auto v = test::decode(it->second.bytes);
+      if (v.find(1)->second.bytes == "train/loss") event_losses.push_back(test::as<float>(v.find(2)->second.bytes));
+    }
+  }
+  EXPECT_EQ(scalar_steps, steps);
+  EXPECT_EQ(start_steps, (std::vector<int64_t>{4}));
+  const auto want = losses();
+  ASSERT_EQ(event_losses.size(), want.size());
+  for (size_t i = 0; i < want.size(); ++i) EXPECT_EQ(event_losses[i], static_cast<float>(want[i])) << "step " << i + 1;
+
+  // A checkpoint of another folder does not resume into this one, which holds its own run.
+  const auto other = dir / "elsewhere";
+  std::filesystem::create_directories(other);
+  std::filesystem::copy(dir / "out" / "checkpoint-6", other / "checkpoint-6", std::filesystem::copy_options::recursive);
+  auto mixed = train("--config " + m + " --resume " + (other / "checkpoint-6").string() + "/");
+  EXPECT_EQ(mixed.exit_code, 2) << mixed.output;
+  EXPECT_NE(mixed.output.find("which holds checkpoints of another run"), std::string::npos) << mixed.output;
+  auto own = train("--config " + m + " --resume " + (dir / "out" / "checkpoint-6").string() + "/ --set train.max_steps=7");
+  EXPECT_EQ(own.exit_code, 0) << own.output;
+}
+
+TEST_F(TrainRun, FirstSignalSaysTheStepFinishesSecondStopsAtOnce) {
+  // Steps of 400 sequences (about a second): long enough that both signals arrive within one step.
+  write_tokens(random_pattern(64, 10), 800);
+  auto m = manifest("max_steps = 1000\ngrad_accum = 400\n");
+  const pid_t pid = start_training({"--config", m}, dir / "output");
+  for (int i = 0; i < 1200 && losses().empty(); ++i) std::this_thread::sleep_for(std::chrono::milliseconds(50));
+  ASSERT_FALSE(losses().empty());
+  kill(pid, SIGTERM);
+  std::this_thread::sleep_for(std::chrono::milliseconds(100));
+  EXPECT_NE(slurp(dir / "output").find("SIGTERM received: step 2 will finish, then a checkpoint is saved and the run stops"),
+            std::string::npos)
+      << "not said at once:\n" << slurp(dir / "output");
+  kill(pid, SIGTERM);
+  int status = 0;
+  waitpid(pid, &status, 0);
+  ASSERT_TRUE(WIFEXITED(status));
+  EXPECT_EQ(WEXITSTATUS(status), 128 + SIGTERM);
+  const std::string out = slurp(dir / "output");
+  EXPECT_NE(out.find("second SIGTERM: stopping now without saving; step 1 (done, not saved) and step 2 (in progress) are "
+                     "lost"),
+            std::string::npos)
+      << out;
+  EXPECT_TRUE(list_checkpoints((dir / "out").string()).empty()) << "the second signal still saved";
+}
+
+TEST_F(TrainRun, DamagedTrainerStateOrAFileAsOutputDirIsRefusedByName) {
+  write_tokens(random_pattern(64, 11), 8);
+  auto m = manifest("max_steps = 4\nsave_steps = 2\n");
+  ASSERT_EQ(train("--config " + m).exit_code, 0);
+  test::write_file(dir / "out" / "checkpoint-4" / "trainer_state.json", "{\"step\": 4, \"seq");
+  auto r = train("--config " + m + " --resume latest --set train.max_steps=6");
+  EXPECT_EQ(r.exit_code, 2) << r.output;
+  EXPECT_NE(r.output.find("checkpoint-4/trainer_state.json is not valid JSON"), std::string::npos) << r.output;
+  EXPECT_NE(r.output.find("fix: resume from the checkpoint before it: --resume " + (dir / "out" / "checkpoint-2").string()),
+            std::string::npos)
+      << r.output;
+
+  test::write_file(dir / "afile", "x");
+  auto f = train("--config " + m + " --set run.output_dir=\\\"" + (dir / "afile").string() + "\\\"");
+  EXPECT_EQ(f.exit_code, 2) << f.output;
+  EXPECT_NE(f.output.find("run.output_dir " + (dir / "afile").string() + " is a file, not a folder"), std::string::npos)
+      << f.output;
+  auto under = train("--config " + m + " --set run.output_dir=\\\"" + (dir / "afile" / "out").string() + "\\\"");
+  EXPECT_EQ(under.exit_code, 2) << under.output;
+  EXPECT_NE(under.output.find("cannot create run.output_dir " + (dir / "afile" / "out").string()), std::string::npos)
+      << under.output;
+}
+
+TEST_F(TrainRun, RotationAndStartLeaveNoHalfFolders) {
+  write_tokens(random_pattern(64, 12), 8);
+  auto m = manifest("max_steps = 3\nsave_steps = 1\nkeep_checkpoints = 1\n");
+  ASSERT_EQ(train("--config " + m).exit_code, 0);
+  std::vector<std::string> names;
+  for (const auto& e : std::filesystem::directory_iterator(dir / "out"))
+    if (e.is_directory()) names.push_back(e.path().filename().string());
+  EXPECT_EQ(names, (std::vector<std::string>{"checkpoint-3"}));
+
+  // What a kill during a save and during a rotation leaves.
+  test::write_file(dir / "out" / ".checkpoint-4.tmp" / "model.safetensors", std::string(1000, 'x'));
+  test::write_file(dir / "out" / ".deleting-checkpoint-2" / "trainer_state.json", "{}");
+  auto r = train("--config " + m + " --resume latest --set train.max_steps=4");
+  ASSERT_EQ(r.exit_code, 0) << r.output;
+  EXPECT_NE(r.output.find(".checkpoint-4.tmp (0 MB), left by an interrupted checkpoint save"), std::string::npos) << r.output;
+  EXPECT_NE(r.output.find(".deleting-checkpoint-2 (0 MB), left by an interrupted checkpoint deletion"), std::string::npos)
+      << r.output;
+  EXPECT_FALSE(std::filesystem::exists(dir / "out" / ".deleting-checkpoint-2"));
+  EXPECT_TRUE(std::filesystem::exists(dir / "out" / "checkpoint-4" / "model.safetensors"));
 }
 
 }  // namespace

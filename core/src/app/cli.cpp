@@ -32,6 +32,9 @@ CliOptions parse_cli(int argc, char** argv) {
        "GPU memory for --plan, e.g. 80GB or 141GB (GB = GiB); default: the local GPU's")
       ("resume", po::value(&o.resume)->value_name("latest|PATH"),
        "continue from the newest checkpoint in output_dir, or from a checkpoint folder")
+      ("overwrite", po::bool_switch(&o.overwrite),
+       "start a new run in an output_dir that holds an earlier run: its checkpoints, metrics.jsonl and "
+       "TensorBoard events are deleted first")
       ("version", po::bool_switch(&o.version), "print the version and exit")
       ("help,h", po::bool_switch(&o.help), "print this help");
   o.argv.assign(argv, argv + argc);

@@ -15,6 +15,7 @@ struct CliOptions {
   bool profile = false;  // --profile: run.profile = true
   std::string gpu_memory;  // --gpu-memory for --plan; "" means the local GPU's
   std::string resume;
+  bool overwrite = false;
   std::vector<std::string> argv;  // as given, for the launcher to start workers alike  // "latest" or a checkpoint folder
   bool version = false;
   bool help = false;

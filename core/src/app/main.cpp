@@ -6,6 +6,7 @@
 #include <unistd.h>
 
 #include <cstdio>
+#include <cstdlib>
 #include <filesystem>
 #include <iostream>
 #include <nlohmann/json.hpp>
@@ -19,6 +20,7 @@
 #include "plan/plan.h"
 #include "plugin/loader.h"
 #include "slots/resolve.h"
+#include "train/run_folder.h"
 #include "train/trainer.h"
 
 namespace lcx {
@@ -64,7 +66,8 @@ void setup_logging(const std::string& level, const std::string& log_file) {
   console->set_pattern(isatty(STDERR_FILENO) ? "%H:%M:%S %^%l%$ %v" : "[%Y-%m-%d %H:%M:%S.%e] [%l] %v");
   sinks.push_back(console);
   if (!log_file.empty()) {
-    auto file = std::make_shared<spdlog::sinks::basic_file_sink_mt>(log_file, true);
+    // Appended: the log keeps every start and resume of the run.
+    auto file = std::make_shared<spdlog::sinks::basic_file_sink_mt>(log_file, false);
     // One JSON object a line: time, level, message (escaped by the %* flag).
     auto formatter = std::make_unique<spdlog::pattern_formatter>();
     formatter->add_flag<JsonMessageFlag>('*').set_pattern(
@@ -74,6 +77,8 @@ void setup_logging(const std::string& level, const std::string& log_file) {
   }
   auto logger = std::make_shared<spdlog::logger>("lcx", sinks.begin(), sinks.end());
   logger->set_level(spdlog::level::from_str(level));
+  // Every line reaches the file as it is logged, so a kill -9 loses none.
+  logger->flush_on(spdlog::level::trace);
   spdlog::set_default_logger(logger);
 }
 
@@ -117,10 +122,15 @@ int run(const CliOptions& o) {
   if (o.plan) return run_plan_command(*manifest, core, loader, o.disabled, o.gpu_memory);
 
   // Every table, the plugins' too, is checked before the run folder gets its first byte.
-  resolve_slots(*manifest, loader, o.disabled, Device::cpu());
-  std::filesystem::create_directories(core.run.output_dir);
-  setup_logging(core.run.log_level, (std::filesystem::path(core.run.output_dir) / "log.jsonl").string());
-  spdlog::info(str("lcx-train ", LCX_VERSION, " git ", LCX_GIT_HASH));
+  resolve_slots(*manifest, loader, o.disabled, Device::cpu(), configured_mesh(core.distributed));
+  create_output_dir(core.run.output_dir);
+  // Workers a launcher started (LCX_WORKER) other than rank 0 keep to the terminal: one log per job.
+  const char* worker_rank = std::getenv("LCX_WORKER") ? std::getenv("RANK") : nullptr;
+  const bool writes_log = !worker_rank || std::string(worker_rank) == "0";
+  setup_logging(core.run.log_level,
+                writes_log ? (std::filesystem::path(core.run.output_dir) / "log.jsonl").string() : std::string());
+  spdlog::info(str(o.resume.empty() ? "start of a new run" : "resume (--resume " + o.resume + ")", ": lcx-train ",
+                   LCX_VERSION, " git ", LCX_GIT_HASH, ", pid ", getpid(), worker_rank ? str(", rank ", worker_rank) : ""));
   for (const auto& [slot, p] : providers)
     spdlog::info(str("slot ", slot_name(slot), ": ", p.name, " ", p.info.version, " ", p.origin,
                      p.info.sha256.empty() ? "" : " sha256:" + p.info.sha256));
@@ -128,7 +138,7 @@ int run(const CliOptions& o) {
   SlotFactory make_slots = [&](Device device) {
     return resolve_slots(*manifest, loader, o.disabled, device, configured_mesh(core.distributed));
   };
-  return run_training(core, *manifest, make_slots, TrainOptions{o.resume, o.argv});
+  return run_training(core, *manifest, make_slots, TrainOptions{o.resume, o.overwrite, o.argv});
 }
 
 }  // namespace

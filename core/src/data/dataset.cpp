@@ -1,5 +1,6 @@
 #include "data/dataset.h"
 
+#include <sys/stat.h>
 #include <unistd.h>
 
 #include <algorithm>
@@ -52,7 +53,17 @@ struct SourceFile {
   std::string rel;
   uint64_t size = 0;
   int64_t mtime = 0;
+  // An edit that keeps size and mtime (a restored timestamp) still changes these.
+  int64_t ctime_ns = 0;
+  uint64_t inode = 0;
 };
+
+void read_identity(SourceFile& f) {
+  struct stat st {};
+  if (::stat(f.path.c_str(), &st) != 0) return;
+  f.ctime_ns = static_cast<int64_t>(st.st_ctim.tv_sec) * 1000000000 + st.st_ctim.tv_nsec;
+  f.inode = static_cast<uint64_t>(st.st_ino);
+}
 
 std::string ext_of(const fs::path& p) {
   std::string e = p.extension().string();
@@ -94,6 +105,7 @@ void walk(const fs::path& dir, const fs::path& root, const std::vector<std::stri
         continue;
       }
       f.mtime = static_cast<int64_t>(fs::last_write_time(p, e2).time_since_epoch().count());
+      read_identity(f);
       out.push_back(std::move(f));
     }
   }
@@ -285,6 +297,7 @@ void open_text_source(Dataset::State& s, const DataConfig& cfg, const std::strin
     f.size = fs::file_size(src, ec);
     if (ec) throw Error(str("data.source ", cfg.source, " cannot be read: ", ec.message()), "data.source", "give an existing file or folder");
     f.mtime = static_cast<int64_t>(fs::last_write_time(src, ec).time_since_epoch().count());
+    read_identity(f);
     files.push_back(f);
   }
   std::sort(files.begin(), files.end(), [](const SourceFile& a, const SourceFile& b) { return a.rel < b.rel; });
@@ -299,7 +312,7 @@ void open_text_source(Dataset::State& s, const DataConfig& cfg, const std::strin
   add(tok.hash());
   add(format);
   if (format == "jsonl") add(cfg.text_field);
-  for (const auto& f : files) add(str(f.rel, "\t", f.size, "\t", f.mtime));
+  for (const auto& f : files) add(str(f.rel, "\t", f.size, "\t", f.mtime, "\t", f.ctime_ns, "\t", f.inode));
   const std::string key_hex = key.hex();
 
   fs::path dir = cfg.cache_dir.empty() ? (fs::is_directory(src) ? src : src.parent_path()) / ".lcx-cache" : fs::path(cfg.cache_dir);
@@ -309,6 +322,7 @@ void open_text_source(Dataset::State& s, const DataConfig& cfg, const std::strin
   fs::path path = dir / ("tokens-" + name + ".lcxtok");
   r.cache_path = path.string();
 
+  if (fs::is_directory(dir)) remove_abandoned_cache_files(dir.string());
   std::string why;
   TokenCacheView v = open_token_cache(path.string(), key_hex, &why);
   if (!v.file) {

@@ -5,10 +5,15 @@
 #include <sys/stat.h>
 #include <unistd.h>
 
+#include <signal.h>
+
+#include <cerrno>
+#include <chrono>
 #include <cstring>
 #include <filesystem>
 
 #include "lcx/error.h"
+#include "lcx/log.h"
 
 namespace lcx {
 namespace {
@@ -31,6 +36,25 @@ struct Header {
 static_assert(sizeof(Header) == 128);
 
 uint64_t offsets_at(uint64_t num_tokens) { return (sizeof(Header) + 4 * num_tokens + 7) / 8 * 8; }
+
+std::string host_name() {
+  char host[256] = {};
+  if (::gethostname(host, sizeof host - 1) != 0) return "localhost";
+  return host;
+}
+
+// A writer's file (<cache>.tmp.<host>.<pid>) is abandoned when its process is gone: on this host
+// that is known; for another host's (a shared folder) an hour without a write is taken as gone.
+bool abandoned(const std::filesystem::path& p, const std::string& host, const std::string& pid_text) {
+  if (host == host_name()) {
+    char* end = nullptr;
+    const long pid = std::strtol(pid_text.c_str(), &end, 10);
+    return pid <= 0 || *end != '\0' || (::kill(static_cast<pid_t>(pid), 0) != 0 && errno == ESRCH);
+  }
+  std::error_code ec;
+  const auto age = std::filesystem::file_time_type::clock::now() - std::filesystem::last_write_time(p, ec);
+  return !ec && age > std::chrono::hours(1);
+}
 
 }  // namespace
 
@@ -135,7 +159,7 @@ TokenCacheView open_token_cache(const std::string& path, const std::string& key,
 TokenCacheWriter::TokenCacheWriter(std::string path, std::string key, int32_t eos)
     : path_(std::move(path)), key_(std::move(key)), eos_(eos) {
   LCX_CHECK(key_.size() == 64);
-  tmp_ = str(path_, ".tmp.", getpid());
+  tmp_ = str(path_, ".tmp.", host_name(), ".", getpid());
   f_ = std::fopen(tmp_.c_str(), "wb");
   if (!f_)
     throw Error(str("cannot write the token cache ", tmp_, ": ", std::strerror(errno)), "data.cache_dir",
@@ -199,6 +223,23 @@ void TokenCacheWriter::finish(const std::string& meta) {
   std::filesystem::rename(tmp_, path_, ec);
   if (ec) throw Error(str("cannot move ", tmp_, " to ", path_, ": ", ec.message()), "data.cache_dir");
   finished_ = true;
+}
+
+void remove_abandoned_cache_files(const std::string& dir) {
+  std::error_code ec;
+  for (const auto& e : std::filesystem::directory_iterator(dir, ec)) {
+    const std::string name = e.path().filename().string();
+    const size_t at = name.find(".lcxtok.tmp.");
+    if (!name.starts_with("tokens-") || at == std::string::npos) continue;
+    const std::string owner = name.substr(at + std::string(".lcxtok.tmp.").size());  // host.pid
+    const size_t dot = owner.rfind('.');
+    if (dot == std::string::npos || !abandoned(e.path(), owner.substr(0, dot), owner.substr(dot + 1))) continue;
+    std::error_code rm;
+    const uintmax_t bytes = e.file_size(rm);
+    if (std::filesystem::remove(e.path(), rm))
+      log::info(str("data: removed ", e.path().string(), " (", bytes / (1024 * 1024),
+                    " MB), a token cache whose writer was interrupted"));
+  }
 }
 
 }  // namespace lcx

@@ -1,7 +1,7 @@
 // The token cache: a whole tokenized corpus in one memory-mapped file, so a run after the first
 // starts at once. Layout (little endian):
 //   header (128 bytes): magic "LCXTOK1", version, the key (sha256 hex of tokenizer hash, options
-//     and every source file's path, size and mtime), token and document counts, eos id, checksum
+//     and every source file's path, size, mtime, ctime and inode), token and document counts, eos id, checksum
 //   uint32 tokens[num_tokens]   documents end to end, eos between them
 //   (zero padding to 8 bytes)
 //   uint64 doc_starts[num_docs] index of each document's first token
@@ -44,7 +44,8 @@ struct TokenCacheView {
 // (file == nullptr) with `why` saying what was wrong ("missing", "stale", "truncated", ...).
 TokenCacheView open_token_cache(const std::string& path, const std::string& key, std::string* why);
 
-// Streams tokens to `path`.tmp.<pid>, then finish() writes the header and renames it into place.
+// Streams tokens to `path`.tmp.<host>.<pid>, then finish() writes the header and renames it into
+// place.
 class TokenCacheWriter {
  public:
   TokenCacheWriter(std::string path, std::string key, int32_t eos);
@@ -64,6 +65,9 @@ class TokenCacheWriter {
   std::vector<uint64_t> doc_starts_;
   bool finished_ = false;
 };
+
+// Deletes, saying so, the temporary files in `dir` that writers killed mid-way left behind.
+void remove_abandoned_cache_files(const std::string& dir);
 
 // Order-sensitive 64-bit checksum over bytes, memory-bandwidth fast (4 independent lanes).
 uint64_t cache_checksum(const uint8_t* p, size_t n);

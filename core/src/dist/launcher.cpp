@@ -257,9 +257,11 @@ int launch_workers(int nproc, const std::vector<std::string>& argv, const EnvMap
 
   int failed = -1;         // index of the first child that failed
   int forwarded = 0;       // the signal we passed on
+  int signals_seen = 0;
   bool stopping = !spawn_error.empty();
   if (stopping) terminate_all(SIGTERM);
-  auto kill_deadline = Clock::now() + std::chrono::duration<double>(opts.kill_grace_s);
+  // No deadline while the workers finish their step after a first signal: that may take minutes.
+  auto kill_deadline = stopping ? Clock::now() + std::chrono::duration<double>(opts.kill_grace_s) : Clock::time_point::max();
   bool killed = false;
 
   for (;;) {
@@ -280,7 +282,8 @@ int launch_workers(int nproc, const std::vector<std::string>& argv, const EnvMap
     while (::read(g_signal_pipe[0], &sig, 1) == 1) {
       if (!forwarded) forwarded = sig;
       terminate_all(sig);
-      if (!stopping) kill_deadline = Clock::now() + std::chrono::duration<double>(opts.kill_grace_s);
+      // A second signal stops the workers at once; those that do not are killed after the grace.
+      if (++signals_seen == 2) kill_deadline = Clock::now() + std::chrono::duration<double>(opts.kill_grace_s);
       stopping = true;
     }
     for (auto& c : children)
@@ -290,6 +293,9 @@ int launch_workers(int nproc, const std::vector<std::string>& argv, const EnvMap
       if (!c.running) continue;
       if (::waitpid(c.pid, &c.status, WNOHANG) != c.pid) continue;
       c.running = false;
+      // Once one worker has stopped after a signal, the others get the grace to follow.
+      if (stopping && kill_deadline == Clock::time_point::max())
+        kill_deadline = Clock::now() + std::chrono::duration<double>(opts.kill_grace_s);
       if (exit_code(c.status) != 0 && failed < 0 && !stopping) {
         failed = static_cast<int>(i);
         stopping = true;

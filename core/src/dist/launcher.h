@@ -48,7 +48,9 @@ struct LaunchOptions {
 // Starts nproc copies of argv[0] (a path; see self_executable) with `env` plus RANK, WORLD_SIZE,
 // LOCAL_RANK, LOCAL_WORLD_SIZE, MASTER_ADDR, MASTER_PORT (a free local port on one node when
 // MASTER_PORT is unset), LCX_WORKER=1 and NCCL_NVLS_ENABLE=0. SIGINT and SIGTERM sent to this
-// process are forwarded to every worker. When a worker exits non-zero (or dies by a signal), the
+// process are forwarded to every worker: after the first, the workers have as long as they need to
+// finish their step and save (until one of them exits, then kill_grace_s for the rest); after a
+// second, kill_grace_s. When a worker exits non-zero (or dies by a signal), the
 // others get SIGTERM, then SIGKILL after kill_grace_s, and the failure is printed to stderr as
 // "rank N exited with code C: <its last stderr lines>". Returns 0 when every worker succeeded,
 // the failed rank's code (128 + signal when it was killed), or 128 + the forwarded signal.

@@ -18,6 +18,7 @@ namespace {
 
 constexpr const char* kPrefix = "checkpoint-";
 constexpr const char* kState = "trainer_state.json";
+constexpr const char* kDeletingPrefix = ".deleting-";
 
 int64_t step_of(const fs::path& p) {
   std::string name = p.filename().string();
@@ -25,6 +26,37 @@ int64_t step_of(const fs::path& p) {
   std::string digits = name.substr(std::string(kPrefix).size());
   if (digits.empty() || !std::all_of(digits.begin(), digits.end(), ::isdigit)) return -1;
   return std::stoll(digits);
+}
+
+// The trainer state as JSON, with the keys a resume needs; a damaged file is named with a fix.
+nlohmann::json read_state_json(const std::string& dir) {
+  const fs::path p = fs::path(dir) / kState;
+  std::ifstream in(p);
+  nlohmann::json js;
+  std::string problem;
+  try {
+    if (!in) problem = "cannot be opened";
+    else in >> js;
+    if (problem.empty())
+      for (const char* k : {"step", "sequences_done", "num_tokens", "seed"})
+        if (!js.is_object() || !js.contains(k) || !js[k].is_number()) {
+          problem = str("has no number `", k, "`");
+          break;
+        }
+  } catch (const nlohmann::json::exception& e) {
+    problem = str("is not valid JSON (", e.what(), ")");
+  }
+  if (problem.empty()) return js;
+  std::string fix = "this checkpoint cannot be resumed: give --resume an earlier checkpoint-<step> folder";
+  fs::path self(dir);
+  if (self.filename().empty()) self = self.parent_path();  // "checkpoint-4/"
+  const auto all = list_checkpoints(self.parent_path().string());
+  for (auto it = all.rbegin(); it != all.rend(); ++it)
+    if (step_of(*it) < step_of(self)) {
+      fix = str("resume from the checkpoint before it: --resume ", *it, " (or delete ", dir, ")");
+      break;
+    }
+  throw Error(str(p.string(), " ", problem), {}, fix);
 }
 
 void write_text(const fs::path& p, const std::string& text) {
@@ -96,15 +128,23 @@ std::string save_checkpoint(const std::string& output_dir, Model& model, const A
   write_text(tmp / kState, js.dump(2));
   ::sync();
 
-  if (fs::exists(final_dir)) fs::remove_all(final_dir);
+  if (fs::exists(final_dir)) remove_checkpoint(final_dir.string());
   fs::rename(tmp, final_dir);
 
   if (keep > 0) {
     auto all = list_checkpoints(output_dir);
-    for (size_t i = 0; i + static_cast<size_t>(keep) < all.size(); ++i) fs::remove_all(all[i]);
+    for (size_t i = 0; i + static_cast<size_t>(keep) < all.size(); ++i) remove_checkpoint(all[i]);
   }
   barrier();
   return final_dir.string();
+}
+
+void remove_checkpoint(const std::string& dir) {
+  const fs::path p(dir);
+  const fs::path doomed = p.parent_path() / str(kDeletingPrefix, p.filename().string());
+  fs::remove_all(doomed);
+  fs::rename(p, doomed);
+  fs::remove_all(doomed);
 }
 
 std::string resolve_checkpoint(const std::string& output_dir, const std::string& which) {
@@ -122,13 +162,7 @@ std::string resolve_checkpoint(const std::string& output_dir, const std::string&
 }
 
 TrainerState load_trainer_state(const std::string& dir) {
-  std::ifstream in(fs::path(dir) / kState);
-  nlohmann::json js;
-  try {
-    in >> js;
-  } catch (const nlohmann::json::exception& e) {
-    throw Error(str(dir, "/", kState, " is unreadable: ", e.what()));
-  }
+  const nlohmann::json js = read_state_json(dir);
   TrainerState s;
   s.step = js.at("step").get<int64_t>();
   s.sequences_done = js.at("sequences_done").get<int64_t>();
@@ -140,9 +174,7 @@ TrainerState load_trainer_state(const std::string& dir) {
 }
 
 void load_optimizer_state(const std::string& dir, AdamW& opt, const RankIO& io) {
-  std::ifstream in(fs::path(dir) / kState);
-  nlohmann::json js;
-  in >> js;
+  const nlohmann::json js = read_state_json(dir);
   const bool was_sharded = js.value("sharded", false);
   const int was_world = js.value("world_size", 1);
   if (was_sharded != io.sharded || (io.sharded && was_world != io.size))

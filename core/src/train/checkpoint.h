@@ -49,9 +49,13 @@ std::string save_checkpoint(const std::string& output_dir, Model& model, const A
                             const RankIO& io = {});
 // "latest" -> the newest complete checkpoint in output_dir; else the path itself. Throws when none.
 std::string resolve_checkpoint(const std::string& output_dir, const std::string& which);
+// A damaged trainer_state.json throws naming the file, with an earlier checkpoint as the fix.
 TrainerState load_trainer_state(const std::string& checkpoint_dir);
 // A sharded checkpoint resumes on the same world size only (the error says so).
 void load_optimizer_state(const std::string& checkpoint_dir, AdamW& opt, const RankIO& io = {});
+// Renames the folder to .deleting-<name>, which is never listed, then deletes it: a kill during
+// the deletion leaves no half-deleted checkpoint that looks complete.
+void remove_checkpoint(const std::string& dir);
 // Checkpoint folders in output_dir, oldest first.
 std::vector<std::string> list_checkpoints(const std::string& output_dir);
 

@@ -6,7 +6,6 @@
 #include <sys/resource.h>
 #include <unistd.h>
 
-#include <atomic>
 #include <chrono>
 #include <cmath>
 #include <csignal>
@@ -27,37 +26,16 @@
 #include "train/optimizer.h"
 #include "train/profile.h"
 #include "train/progress.h"
+#include "train/run_folder.h"
 #include "train/schedule.h"
 #include "train/step.h"
+#include "train/stop_signal.h"
 #ifdef LCX_HAVE_CUDA
 #include "dist/nccl_comm.h"
 #endif
 
-namespace fs = std::filesystem;
-
 namespace lcx {
 namespace {
-
-std::atomic<int> g_stop_signal{0};
-
-extern "C" void on_stop_signal(int sig) { g_stop_signal.store(sig); }
-
-// Restores the previous handlers when the run ends, so a library user keeps theirs.
-struct SignalGuard {
-  struct sigaction old_int {}, old_term {};
-  SignalGuard() {
-    g_stop_signal.store(0);
-    struct sigaction sa {};
-    sa.sa_handler = on_stop_signal;
-    sigemptyset(&sa.sa_mask);
-    sigaction(SIGINT, &sa, &old_int);
-    sigaction(SIGTERM, &sa, &old_term);
-  }
-  ~SignalGuard() {
-    sigaction(SIGINT, &old_int, nullptr);
-    sigaction(SIGTERM, &old_term, nullptr);
-  }
-};
 
 double now_s() {
   using namespace std::chrono;
@@ -273,17 +251,15 @@ int train_rank(const CoreConfig& cfg, const Manifest& manifest, const SlotFactor
     if (hooks) hooks->gather_all();
     std::string dir = save_checkpoint(cfg.run.output_dir, model, opt, state, contents, cfg.train.keep_checkpoints, io);
     if (hooks) hooks->release_all();
+    StopSignals::saved(state.step);
     if (lead) log::info(str("saved ", dir));
   };
 
-  std::ofstream metrics;
-  if (lead) {
-    fs::create_directories(cfg.run.output_dir);
-    metrics.open(fs::path(cfg.run.output_dir) / "metrics.jsonl", std::ios::app);
-  }
+  const int64_t first_step = state.step;
+  MetricsLog metrics = lead ? MetricsLog(cfg.run.output_dir, first_step) : MetricsLog();
+  StopSignals::saved(first_step);
   ProgressBar bar(total_steps, lead && isatty(STDERR_FILENO) != 0);
   const double run_start = now_s();
-  const int64_t first_step = state.step;
   constexpr int64_t kMaxNonfiniteInRow = 3;
   if (lead)
     log::info(str(total_steps, " steps of ", per_step, " sequence(s) of ", seq_len, " tokens; ", per_epoch,
@@ -299,6 +275,7 @@ int train_rank(const CoreConfig& cfg, const Manifest& manifest, const SlotFactor
     std::unique_ptr<StepProfiler> profiler;
     if (cfg.run.profile && lead && state.step == first_step + cfg.run.profile_step - 1)
       profiler = std::make_unique<StepProfiler>(device, state.step + 1);
+    StopSignals::step_running(state.step + 1);
     if (sharded)
       shards->zero_grads();
     else
@@ -340,7 +317,7 @@ int train_rank(const CoreConfig& cfg, const Manifest& manifest, const SlotFactor
     }
     const double t_comm = now_s();
     // Sums over ranks: the loss, and whether any rank was asked to stop (so all stop together).
-    double sums[2] = {loss_sum, static_cast<double>(g_stop_signal.load() != 0)};
+    double sums[2] = {loss_sum, static_cast<double>(StopSignals::requested() != 0)};
     if (rs.world) {
       ProfilePhase phase(StepPhase::communication);
       rs.world->all_reduce(std::span<double>(sums, 2));
@@ -412,8 +389,7 @@ int train_rank(const CoreConfig& cfg, const Manifest& manifest, const SlotFactor
         m["peak_gpu_bytes"] = allocator_for(device).stats().peak_bytes;
         m["mfu"] = flops / step_s / kGpuPeakFlops / world;
       }
-      metrics << m.dump() << "\n";
-      metrics.flush();
+      metrics.append(std::move(m));
     }
 
     if (state.nonfinite_in_row >= kMaxNonfiniteInRow) {
@@ -452,8 +428,14 @@ MeshShape mesh_shape(const DistributedConfig& d, int world) {
 int run_training(const CoreConfig& cfg, const Manifest& manifest, const SlotFactory& make_slots,
                  const TrainOptions& opts) {
   const Device device = pick_device(cfg.run.device);
-  SignalGuard signals;
+  StopSignals signals;
   const int nproc = static_cast<int>(cfg.distributed.nproc_per_node);
+  const EnvMap env = process_env();
+  const LaunchRole role = launch_role(nproc, env);
+  // Once per job: in the process that starts it, or in rank 0 when torchrun or srun started each worker.
+  const bool job_rank0 = role != LaunchRole::worker || read_dist_env(env).rank == 0;
+  StopSignals::speak(job_rank0);
+  if (job_rank0 && !env.contains("LCX_WORKER")) open_run_folder(cfg, opts.resume, opts.overwrite);
   CommOptions copt;
   copt.timeout_s = cfg.distributed.timeout_s;
 
@@ -472,8 +454,6 @@ int run_training(const CoreConfig& cfg, const Manifest& manifest, const SlotFact
     return codes[0];
   }
 
-  const EnvMap env = process_env();
-  const LaunchRole role = launch_role(nproc, env);
   if (role == LaunchRole::single) return train_rank(cfg, manifest, make_slots, opts, device, RankSetup{});
   if (role == LaunchRole::launcher) {
     std::vector<std::string> argv = opts.argv;

@@ -13,6 +13,7 @@ namespace lcx {
 
 struct TrainOptions {
   std::string resume;  // "", "latest" or a checkpoint folder
+  bool overwrite = false;  // a fresh run may replace the checkpoints and metrics in output_dir
   // argv of this process, for the launcher to start its workers with the same arguments.
   std::vector<std::string> argv;
 };
@@ -25,7 +26,8 @@ using SlotFactory = std::function<SlotSet(Device)>;
 Device pick_device(const std::string& want);
 
 // Returns the process exit code: 0 when the run finished, 130 when it stopped on a signal after
-// saving. Throws lcx::Error for configuration and data problems.
+// saving (a second signal ends the process at once: see stop_signal.h). Prepares the run folder
+// first (run_folder.h). Throws lcx::Error for configuration and data problems.
 // With [distributed] nproc_per_node = N > 1: on GPUs, N worker processes (one per GPU) joined by
 // NCCL; on the CPU, or with [distributed] virtual_ranks = true on one GPU, N thread-ranks.
 int run_training(const CoreConfig& cfg, const Manifest& manifest, const SlotFactory& make_slots,

@@ -1,0 +1,211 @@
+#include "train/run_folder.h"
+
+#include <chrono>
+#include <filesystem>
+#include <fstream>
+#include <nlohmann/json.hpp>
+
+#include "lcx/error.h"
+#include "lcx/log.h"
+#include "log/tfevents.h"
+#include "slots/resolve.h"
+#include "train/checkpoint.h"
+
+namespace fs = std::filesystem;
+
+namespace lcx {
+namespace {
+
+constexpr const char* kMetrics = "metrics.jsonl";
+
+double unix_time() {
+  return std::chrono::duration<double>(std::chrono::system_clock::now().time_since_epoch()).count();
+}
+
+std::string megabytes(const fs::path& p) {
+  std::error_code ec;
+  uintmax_t bytes = 0;
+  if (fs::is_directory(p, ec)) {
+    for (const auto& e : fs::recursive_directory_iterator(p, ec))
+      if (e.is_regular_file(ec)) bytes += e.file_size(ec);
+  } else {
+    bytes = fs::file_size(p, ec);
+  }
+  return str(bytes / (1024 * 1024), " MB");
+}
+
+// What an interrupted save (.checkpoint-N.tmp) or deletion (.deleting-*) left behind.
+void remove_leftovers(const fs::path& dir) {
+  std::error_code ec;
+  for (const auto& e : fs::directory_iterator(dir, ec)) {
+    const std::string name = e.path().filename().string();
+    const bool tmp = name.starts_with(".checkpoint-") && name.ends_with(".tmp");
+    if (!tmp && !name.starts_with(".deleting-")) continue;
+    const std::string size = megabytes(e.path());
+    fs::remove_all(e.path());
+    log::info(str("removed ", e.path().string(), " (", size, "), left by an interrupted checkpoint ",
+                  tmp ? "save" : "deletion"));
+  }
+}
+
+std::vector<fs::path> events_files(const fs::path& dir) {
+  std::vector<fs::path> out;
+  std::error_code ec;
+  for (const auto& e : fs::directory_iterator(dir, ec))
+    if (tfevents::is_events_file(e.path().filename().string())) out.push_back(e.path());
+  return out;
+}
+
+// The rows of metrics.jsonl; a line that is not a row (cut by a kill) is left out and counted.
+std::vector<nlohmann::json> read_metrics(const fs::path& p, size_t* bad_lines = nullptr) {
+  std::vector<nlohmann::json> rows;
+  std::ifstream in(p);
+  for (std::string line; std::getline(in, line);) {
+    auto j = nlohmann::json::parse(line, nullptr, false);
+    if (j.is_object() && j.contains("step") && j["step"].is_number_integer()) rows.push_back(std::move(j));
+    else if (bad_lines) ++*bad_lines;
+  }
+  return rows;
+}
+
+void write_metrics(const fs::path& p, const std::vector<nlohmann::json>& rows) {
+  const fs::path tmp = p.string() + ".tmp";
+  {
+    std::ofstream out(tmp, std::ios::trunc);
+    for (const auto& r : rows) out << r.dump() << "\n";
+    out.flush();
+    if (!out) throw Error(str("cannot write ", tmp.string()), "run.output_dir", "check free disk space and permissions");
+  }
+  fs::rename(tmp, p);
+}
+
+// A resume continues the checkpoint's own run: the same model and the same data stream.
+void check_same_run(const CoreConfig& now, const std::string& checkpoint) {
+  const fs::path p = fs::path(checkpoint) / "manifest.toml";
+  if (!fs::exists(p)) {
+    log::warn(str(checkpoint, " has no manifest.toml: whether this run's [model] and [data] match it is not checked"));
+    return;
+  }
+  const Manifest saved = Manifest::load(p.string());
+  const CoreConfig was = read_core_config(saved, requested_plugins(saved, {}));
+  auto b = [](bool x) { return std::string(x ? "true" : "false"); };
+  const std::pair<const char*, std::pair<std::string, std::string>> keys[] = {
+      {"model.module", {was.model.module, now.model.module}},
+      {"model.path", {was.model.path, now.model.path}},
+      {"model.init", {was.model.init, now.model.init}},
+      {"model.dtype", {was.model.dtype, now.model.dtype}},
+      {"data.seq_len", {str(was.data.seq_len), str(now.data.seq_len)}},
+      {"data.source", {was.data.source, now.data.source}},
+      {"data.tokenizer", {was.data.tokenizer, now.data.tokenizer}},
+      {"data.format", {was.data.format, now.data.format}},
+      {"data.text_field", {was.data.text_field, now.data.text_field}},
+      {"data.pad_to_multiple_of", {str(was.data.pad_to_multiple_of), str(now.data.pad_to_multiple_of)}},
+      {"data.shuffle", {b(was.data.shuffle), b(now.data.shuffle)}},
+      {"data.drop_last", {b(was.data.drop_last), b(now.data.drop_last)}},
+  };
+  for (const auto& [key, v] : keys)
+    if (v.first != v.second)
+      throw Error(str("--resume ", checkpoint, ": ", key, " is \"", v.second, "\" but the checkpoint was trained with \"",
+                      v.first, "\""),
+                  key,
+                  str("resume with ", key, " = \"", v.first, "\"; to go on with other settings, start a new run in another "
+                      "run.output_dir with model.path = \"", checkpoint, "\""));
+}
+
+}  // namespace
+
+void create_output_dir(const std::string& output_dir) {
+  std::error_code ec;
+  if (fs::exists(output_dir, ec) && !fs::is_directory(output_dir, ec))
+    throw Error(str("run.output_dir ", output_dir, " is a file, not a folder"), "run.output_dir",
+                "give the path of a folder (it is created when missing)");
+  fs::create_directories(output_dir, ec);
+  if (ec)
+    throw Error(str("cannot create run.output_dir ", output_dir, ": ", ec.message()), "run.output_dir",
+                "give a path where this user can create a folder");
+}
+
+void open_run_folder(const CoreConfig& cfg, const std::string& resume, bool overwrite) {
+  const fs::path dir(cfg.run.output_dir);
+  if (overwrite && !resume.empty())
+    throw Error("--overwrite starts a new run; --resume continues one", {}, "give one of them");
+  create_output_dir(dir.string());
+  remove_leftovers(dir);
+  const auto checkpoints = list_checkpoints(dir.string());
+  const fs::path metrics = dir / kMetrics;
+
+  if (resume.empty()) {
+    if (!checkpoints.empty() && !overwrite)
+      throw Error(str("run.output_dir ", dir.string(), " holds checkpoints of an earlier run (newest: ",
+                      fs::path(checkpoints.back()).filename().string(), ")"),
+                  "run.output_dir",
+                  "continue that run with --resume latest, give another run.output_dir, or start over with "
+                  "--overwrite (deletes its checkpoints, metrics.jsonl and TensorBoard events)");
+    if (overwrite) {
+      for (const auto& c : checkpoints) remove_checkpoint(c);
+      if (!checkpoints.empty())
+        log::info(str("--overwrite: removed ", checkpoints.size(), " checkpoint(s) of the earlier run in ", dir.string()));
+    } else if (!read_metrics(metrics).empty()) {
+      log::warn(str(metrics.string(), " of an earlier run that saved no checkpoint is replaced by this run's"));
+    }
+    fs::remove(metrics);
+    for (const auto& e : events_files(dir)) fs::remove(e);
+    return;
+  }
+
+  const std::string checkpoint = resolve_checkpoint(dir.string(), resume);
+  std::error_code ec;
+  if (!checkpoints.empty() && !fs::equivalent(fs::canonical(checkpoint, ec).parent_path(), dir, ec))
+    throw Error(str("--resume ", checkpoint, " is outside run.output_dir ", dir.string(), ", which holds checkpoints of another run"),
+                "run.output_dir", "resume into the checkpoint's own folder, or give an empty run.output_dir");
+  check_same_run(cfg, checkpoint);
+  const int64_t step = load_trainer_state(checkpoint).step;
+  size_t bad_lines = 0;
+  auto rows = read_metrics(metrics, &bad_lines);
+  const size_t before = rows.size();
+  std::erase_if(rows, [&](const nlohmann::json& r) { return r["step"].get<int64_t>() > step; });
+  if (rows.size() != before || bad_lines > 0) {
+    write_metrics(metrics, rows);
+    log::info(str(kMetrics, ": dropped ", before - rows.size(), " row(s) after step ", step,
+                  ", the step this run resumes from", bad_lines ? str(", and ", bad_lines, " line(s) cut by a kill") : ""));
+  }
+}
+
+MetricsLog::MetricsLog() = default;
+MetricsLog::MetricsLog(MetricsLog&&) noexcept = default;
+MetricsLog::~MetricsLog() = default;
+
+namespace {
+
+tfevents::Scalars scalars_of(const nlohmann::json& row) {
+  tfevents::Scalars out;
+  for (const auto& [k, v] : row.items())
+    if (k != "step" && k != "time" && (v.is_number() || v.is_boolean()))
+      out.emplace_back("train/" + k, v.is_boolean() ? (v.get<bool>() ? 1.0f : 0.0f) : v.get<float>());
+  return out;
+}
+
+}  // namespace
+
+MetricsLog::MetricsLog(const std::string& output_dir, int64_t first_step)
+    : path_((fs::path(output_dir) / kMetrics).string()) {
+  const auto rows = read_metrics(path_);
+  for (const auto& e : events_files(output_dir)) fs::remove(e);
+  events_ = std::make_unique<tfevents::Writer>(output_dir);
+  events_->write(tfevents::file_version_event(unix_time()));
+  for (const auto& r : rows)
+    events_->write(tfevents::scalars_event(r.value("time", 0.0), r["step"].get<int64_t>(), scalars_of(r)));
+  events_->write(tfevents::start_event(unix_time(), first_step + 1));
+}
+
+void MetricsLog::append(nlohmann::json row) {
+  if (path_.empty()) return;
+  row["time"] = unix_time();
+  std::ofstream out(path_, std::ios::app);
+  out << row.dump() << "\n";
+  out.flush();
+  if (!out) throw Error(str("cannot write ", path_), "run.output_dir", "check free disk space");
+  events_->write(tfevents::scalars_event(row["time"].get<double>(), row["step"].get<int64_t>(), scalars_of(row)));
+}
+
+}  // namespace lcx

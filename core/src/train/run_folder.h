@@ -1,0 +1,45 @@
+// The run folder (run.output_dir) holds one run's history: its checkpoints, metrics.jsonl (one row
+// a step), the TensorBoard events file beside it, and log.jsonl (appended by every start).
+//   - a fresh run refuses a folder that holds checkpoints, unless --overwrite clears them first;
+//   - a resume must keep the checkpoint's [model] and [data]; the rows of metrics.jsonl after the
+//     resumed step are dropped, so the file stays one history;
+//   - leftovers of interrupted saves and deletions (.checkpoint-N.tmp, .deleting-*) are removed.
+#pragma once
+#include <cstdint>
+#include <memory>
+#include <nlohmann/json_fwd.hpp>
+#include <string>
+
+#include "config/core_config.h"
+#include "config/manifest.h"
+
+namespace lcx {
+
+namespace tfevents {
+class Writer;
+}
+
+// Creates output_dir; refuses one that is a file, or that cannot be created, naming it.
+void create_output_dir(const std::string& output_dir);
+
+// Once per job, before any rank loads anything. Throws lcx::Error for the refusals above.
+void open_run_folder(const CoreConfig& cfg, const std::string& resume, bool overwrite);
+
+// metrics.jsonl and the TensorBoard events file, written by the lead rank. Opening it writes the
+// events file anew from the rows metrics.jsonl already holds (so a resumed run's events match
+// its metrics); each row is flushed as it is added.
+class MetricsLog {
+ public:
+  MetricsLog();  // writes nothing: the ranks other than the lead
+  MetricsLog(const std::string& output_dir, int64_t first_step);
+  MetricsLog(MetricsLog&&) noexcept;
+  ~MetricsLog();
+  // `row` has "step" and numbers; the wall time is added as "time".
+  void append(nlohmann::json row);
+
+ private:
+  std::string path_;
+  std::unique_ptr<tfevents::Writer> events_;
+};
+
+}  // namespace lcx
