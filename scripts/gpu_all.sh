@@ -44,7 +44,22 @@ fi
 if [[ ${MULTI:-0} != 0 ]] && (($(nvidia-smi -L | wc -l) > 1)); then
   OUT=$out/multi timeout "${MULTI_TIMEOUT:-300}" scripts/bench/multi_gpu_bench.sh build >"$out/multi_gpu_bench.out" 2>&1
 fi
-# Timed: alone on the GPU.
+# Timed: alone on the GPU. Full depth beside PyTorch, each variant's recipe, one step traced.
+if [[ -n ${FULL_CASES:-} ]]; then
+  CASES=$FULL_CASES VARIANTS=${FULL_VARIANTS:-"offload:loss_chunked+offload"} OUT=$out/full \
+    scripts/bench/full_depth.sh build >"$out/full_depth.out" 2>&1
+fi
+# The run folder's TensorBoard events read back by tensorboard's own reader, across a resume.
+if [[ ${TB:-0} != 0 ]]; then
+  tb=$out/tb-check
+  {
+    build/bin/lcx-train --config configs/quickstart.toml --set run.output_dir="$tb" --set train.save_steps=3 \
+      --set train.max_steps=6 && rm -rf "$tb/checkpoint-6" &&
+      build/bin/lcx-train --config configs/quickstart.toml --set run.output_dir="$tb" --set train.save_steps=3 \
+        --set train.max_steps=8 --resume latest && python3 scripts/check_tensorboard.py "$tb"
+    echo "rc $?"
+  } >"$out/tensorboard.out" 2>&1
+fi
 if [[ ${OFFLOAD:-0} != 0 ]]; then
   LONG_TOKENS= CHECK_TOKENS= OUT=$out/offload scripts/bench/offload_bench.sh build >"$out/offload_bench.out" 2>&1
 fi
@@ -73,6 +88,8 @@ for f in "$out"/tests/test_*.log; do
 done
 echo "== quickstart on the GPU: rc $qs_rc, ${qs_s} s, loss $qs_first -> $qs_last"
 [[ -f $out/step/step_bench.md ]] && { echo "== step benchmark"; cat "$out/step/step_bench.md"; }
+[[ -f $out/full_depth.out ]] && { echo "== full depth beside PyTorch"; cat "$out/full_depth.out"; }
+[[ -f $out/tensorboard.out ]] && { echo "== tensorboard reader"; tail -25 "$out/tensorboard.out"; }
 [[ -f $out/loss_bench.out ]] && { echo "== loss"; cat "$out/loss/loss_bench.md" 2>/dev/null || tail -20 "$out/loss_bench.out"; }
 [[ -f $out/longest_seq.out ]] && { echo "== longest sequence"; cat "$out/longest/longest_seq.md" 2>/dev/null || tail -20 "$out/longest_seq.out"; }
 [[ -f $out/multi_gpu_bench.out ]] && { echo "== several GPUs"; tail -30 "$out/multi_gpu_bench.out"; }

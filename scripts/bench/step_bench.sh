@@ -6,7 +6,8 @@
 # PLUGINS), then scripts/bench/torch_step.py (bf16, gradient checkpointing, SDPA, fused AdamW,
 # chunked loss). Step time is the median of the steps after the first. Prints a markdown table.
 #   CASES="qwen3-0.6b:8192 qwen3-4b:65536" PLUGINS="loss_chunked" scripts/bench/step_bench.sh .bundle
-# TABLES adds TOML tables to the manifest (e.g. a [distributed] mesh); TORCH=0 skips the peer.
+# TABLES adds TOML tables to the manifest (e.g. a [distributed] mesh); LCX_ARGS adds lcx-train
+# flags (e.g. --profile, --set qwen3.keep_attention=false); TORCH=0 skips the peer.
 set -uo pipefail
 build=${1:-build}
 out=${OUT:-/tmp/lcx-bench}
@@ -52,7 +53,7 @@ master_dtype = "$master"
 load = [${load%,}]
 TOML
   printf '%b' "${TABLES:-}" >>"$run/run.toml"
-  timeout "$limit" "$build/bin/lcx-train" --config "$run/run.toml" >"$run/lcx.log" 2>&1
+  timeout "$limit" "$build/bin/lcx-train" --config "$run/run.toml" ${LCX_ARGS:-} >"$run/lcx.log" 2>&1
   rc=$?
   lcx=$(python3 - "$run/out/metrics.jsonl" "$rc" <<'PY'
 import json, statistics, sys

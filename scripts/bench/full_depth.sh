@@ -1,0 +1,58 @@
+#!/usr/bin/env bash
+# Full-depth training steps of lcx beside transformers + PyTorch in one GPU call: each variant
+# of VARIANTS runs scripts/bench/step_bench.sh on every case of CASES (the peer once per case, in
+# the first variant), the first variant's second step is traced (--profile), and a table of step,
+# forward, backward, peak and the ratio to the peer is printed last. Runs on the GPU machine from
+# the repository root with the bundle linked as build (scripts/gpu_all.sh does that).
+#   CASES="qwen3-4b:65536" VARIANTS="offload:loss_chunked+offload chunked:loss_chunked" \
+#     scripts/bench/full_depth.sh build
+# A variant is name:plugins(+-joined)[:lcx-train flags, commas for spaces].
+set -uo pipefail
+build=${1:-build}
+out=${OUT:-/tmp/lcx-full-depth}
+cases=${CASES:-"qwen3-4b:65536"}
+variants=${VARIANTS:-"offload:loss_chunked+offload"}
+mkdir -p "$out"
+first=1
+for v in $variants; do
+  name=${v%%:*}
+  rest=${v#*:}
+  plugins=${rest%%:*}
+  flags=""
+  [[ $rest == *:* ]] && flags=${rest#*:}
+  flags=${flags//,/ }
+  [[ $first == 1 ]] && flags="$flags --profile"
+  OUT=$out/$name PLUGINS="${plugins//+/ }" MASTER=${MASTER:-bf16} TORCH=$first LCX_ARGS="$flags" CASES="$cases" \
+    LCX_STEP_TIMEOUT=${LCX_STEP_TIMEOUT:-400} scripts/bench/step_bench.sh "$build" >"$out/$name.out" 2>&1
+  first=0
+done
+python3 - "$out" <<'PY'
+import glob, json, os, statistics, sys
+out = sys.argv[1]
+peer = {}
+for t in glob.glob(f"{out}/*/*/torch.json"):
+    try:
+        peer[os.path.basename(os.path.dirname(t))] = json.load(open(t))
+    except ValueError:
+        pass
+print("| case | variant | step s | forward s | backward s | MFU | peak GiB | PyTorch s | PyTorch GiB | lcx / PyTorch |")
+print("|---|---|---|---|---|---|---|---|---|---|")
+for m in sorted(glob.glob(f"{out}/*/*/out/metrics.jsonl")):
+    case = m.split("/")[-3]
+    variant = m.split("/")[-4]
+    rows = [json.loads(l) for l in open(m) if l.strip()]
+    if len(rows) < 2:
+        print(f"| {case} | {variant} | failed | | | | | | | |")
+        continue
+    med = lambda k: statistics.median(r.get(k, 0) for r in rows[1:])
+    step = med("step_s")
+    peak = max(r.get("peak_gpu_bytes", 0) for r in rows) / 2**30
+    p = peer.get(case, {})
+    ps = p.get("step_s")
+    ratio = f"{step / ps:.2f}" if ps else "-"
+    print(f"| {case} | {variant} | {step:.2f} | {med('time_forward_s'):.2f} | {med('time_backward_s'):.2f} | "
+          f"{med('mfu') * 100:.1f}% | {peak:.1f} | {ps if ps else '-'} | {p.get('peak_gib', '-')} | {ratio} |")
+PY
+for t in "$out"/*/*/out/trace-step*.json; do
+  [[ -f $t ]] && python3 scripts/bench/trace_summary.py "$t" 2>&1 | head -60
+done
