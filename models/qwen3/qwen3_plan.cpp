@@ -131,6 +131,29 @@ void plan_dense_decoder(const PlanInputs& in, MemoryPlan& plan, const DenseDecod
              plan_phase::backward);
   }
 
+  // The work, per layer: GEMMs of the forward, of the recompute (all of the attention half's
+  // projections, or o_proj alone from kept outputs; gate and up of the MLP), again q/k/v for a
+  // backward that cannot use the recompute's, and the backward's two per forward GEMM; attention
+  // forwards run once, twice with a recompute, three times when groups recompute it again.
+  {
+    const double t = static_cast<double>(T), seq = static_cast<double>(in.seq_len);
+    const double qkv = static_cast<double>(s.H * (s.qd + 2 * s.kvd)), o = static_cast<double>(s.qd * s.H),
+                 mlp = static_cast<double>(3 * s.H * s.I);
+    const double fwd = 2 * t * (qkv + o + mlp);
+    double recompute = 2 * t * (from_forward ? o : qkv + o) + 2 * t * (2.0 / 3.0) * mlp;
+    if (from_forward || G > 1) recompute += 2 * t * qkv;
+    const int attention_forwards = from_forward ? 1 : (G > 1 && !keep ? 3 : 2);
+    const double pairs = t * seq / 2 * static_cast<double>(s.Hq);  // causal: half of T x seq per head
+    StepWork& w = plan.work;
+    w.gemm_flops += static_cast<double>(s.L) * (fwd + recompute + 2 * fwd);
+    w.attention_forward_flops += static_cast<double>(s.L) * attention_forwards * pairs * 4 * static_cast<double>(s.d);
+    w.attention_backward_flops += static_cast<double>(s.L) * 2.5 * pairs * 4 * static_cast<double>(s.d);
+    // Elementwise passes over [T,I] (SwiGLU forward, recompute, backward) and [T,H] (norms, adds,
+    // rotary), and the optimizer's reads and writes of every parameter and its state.
+    w.memory_bytes += static_cast<double>(s.L) * t * static_cast<double>(ab) * (11.0 * s.I + 24.0 * s.H);
+    w.memory_bytes += static_cast<double>(n) * (master ? 24.0 : 12.0);
+  }
+
   // final_norm_backward recomputes the norm: y [T,H] and fp32 rstd [T].
   plan.add("final norm recompute: y [T,H], rstd", PlanCategory::transient, T * (s.H * ab + 4),
            plan_phase::final_norm);

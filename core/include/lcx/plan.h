@@ -76,6 +76,16 @@ struct PlanTerm {
   std::string contributor;  // the provider that added it ("nll", "qwen3", "step", ...)
 };
 
+// The step's work by kind, for the plan's time estimate: each provider adds what its own calls
+// compute beside its memory terms; core turns the sums into seconds with the rates this kind of
+// GPU reaches (plan/recipe.cpp, calibrated on the step trace), and ranks the recipes by them.
+struct StepWork {
+  double gemm_flops = 0;
+  double attention_forward_flops = 0;   // causal: 2 d flops per (query, key) pair and head, twice (QK^T, PV)
+  double attention_backward_flops = 0;  // 2.5x the forward's pairs: dV, dP, dS, dQ, dK
+  double memory_bytes = 0;              // elementwise passes and the optimizer: bytes read and written
+};
+
 struct MemoryPlan {
   std::vector<PlanTerm> terms;
   // Stamped on every term add() appends; the planner sets it before each provider's plan().
@@ -88,6 +98,7 @@ struct MemoryPlan {
   // the layer's input (its attention output and LSE, when kept from the forward); the memory
   // strategy's plan places them where it places the inputs.
   int64_t kept_bytes_per_layer = 0;
+  StepWork work;
 
   void add(std::string name, PlanCategory category, int64_t bytes, std::string phase, bool on_host = false);
 

@@ -64,19 +64,22 @@ MemoryPlan build_plan(const PlanInputs& in, const PlanSlots& slots);
 // gpu_bytes; 0 when not even one unit fits.
 int64_t longest_fitting_seq(const PlanInputs& in, const PlanSlots& slots, int64_t gpu_bytes, int64_t unit);
 
-// The recipe candidates (plan/recipe.cpp), fastest first, each planned: its GPU peak (reserve
+// The recipe candidates (plan/recipe.cpp), fastest first by the cost model, each planned: its GPU peak (reserve
 // included), its pinned host bytes, and whether both fit (host_bytes < 0: the host is not checked).
 struct RecipeOption {
   Recipe recipe;
   int64_t gpu_peak = 0;
   int64_t host_peak = 0;
   bool fits = false;
+  double seconds = 0;  // the cost model's step time
 };
 std::vector<RecipeOption> rank_recipes(const PlanInputs& in, const PlanSlots& slots, int64_t gpu_bytes,
                                        int64_t host_bytes);
 // The first candidate that fits, or the leanest when none does.
 Recipe choose_recipe(const PlanInputs& in, const PlanSlots& slots, int64_t gpu_bytes, int64_t host_bytes);
 std::string recipe_name(const Recipe& r);
+// The cost model: a step's work (MemoryPlan::work) in seconds on the GPU the rates were measured on.
+double predicted_step_seconds(const StepWork& w);
 // MemAvailable of /proc/meminfo in bytes; -1 where it cannot be read.
 int64_t host_memory_available();
 

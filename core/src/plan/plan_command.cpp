@@ -33,10 +33,10 @@ int run_plan_command(const Manifest& m, const CoreConfig& cfg, const PluginLoade
   const MemoryPlan plan = build_plan(in, ps);
   std::printf("# %s, model shape from %s\n%s", m.source().c_str(), model_source.c_str(),
               format_plan(plan, in, ps, gpu_bytes, unit).c_str());
-  std::printf("\nrecipe (fastest first; the first that fits is taken, keys set in the manifest win):\n");
+  std::printf("\nrecipe (fastest first by the cost model; the first that fits is taken, keys set in the manifest win):\n");
   for (const RecipeOption& o : options)
-    std::printf("  %-6s %s: GPU %s, pinned host %s%s\n", o.fits ? "fits" : "short", recipe_name(o.recipe).c_str(),
-                format_bytes(o.gpu_peak).c_str(), format_bytes(o.host_peak).c_str(),
+    std::printf("  %-6s %s: predicted step %.1f s, GPU %s, pinned host %s%s\n", o.fits ? "fits" : "short",
+                recipe_name(o.recipe).c_str(), o.seconds, format_bytes(o.gpu_peak).c_str(), format_bytes(o.host_peak).c_str(),
                 o.recipe.keep_attention == in.recipe.keep_attention && o.recipe.head_groups == in.recipe.head_groups
                     ? "   <- chosen"
                     : "");

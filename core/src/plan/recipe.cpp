@@ -1,12 +1,14 @@
 // The recipe: the choices that trade memory for time (lcx/model.h Recipe), made per run by the
-// plan. Candidates are ranked by what each saves of the step's work, fastest first, and the first
-// whose plan fits the GPU (and whose pinned host bytes fit the host) is taken; a key set in the
-// manifest wins, since the providers read the recipe only where their key is "auto".
+// plan. Each candidate is planned (its bytes) and timed by the cost model (its providers' work,
+// MemoryPlan::work, at the rates below); the fastest whose plan fits the GPU (and whose pinned
+// host bytes fit the host) is taken. A key set in the manifest wins, since the providers read the
+// recipe only where their key is "auto".
 //
-// The ranking, from the step's arithmetic at long context where attention dominates: keeping the
-// attention outputs from the forward saves one attention forward per layer (a third of the
-// forward's attention work would otherwise run twice), and one head group instead of one per kv
-// head gives the GEMMs their full width; the first weighs more than the second.
+// The rates are what one H200 reached in the step trace of full-depth Qwen3-4B at 64k tokens
+// (docs/PERF.md): cuBLASLt bf16 GEMMs, cuDNN's causal attention forward and backward, and the
+// elementwise kernels' memory traffic. Host copies of offloaded tensors overlap compute and are
+// not counted.
+#include <algorithm>
 #include <fstream>
 #include <sstream>
 
@@ -28,6 +30,13 @@ int64_t host_memory_available() {
   return -1;
 }
 
+double predicted_step_seconds(const StepWork& w) {
+  constexpr double kGemmFlops = 640e12, kAttentionForwardFlops = 600e12, kAttentionBackwardFlops = 470e12,
+                   kMemoryBytes = 2.4e12;
+  return w.gemm_flops / kGemmFlops + w.attention_forward_flops / kAttentionForwardFlops +
+         w.attention_backward_flops / kAttentionBackwardFlops + w.memory_bytes / kMemoryBytes;
+}
+
 std::string recipe_name(const Recipe& r) {
   return str(r.keep_attention ? "attention kept from the forward" : "attention recomputed", ", ",
              r.head_groups == 1 ? "one head group" : "one head group per kv head");
@@ -47,8 +56,10 @@ std::vector<RecipeOption> rank_recipes(const PlanInputs& in, const PlanSlots& sl
       o.gpu_peak = plan.peak().bytes;
       o.host_peak = plan.host_peak();
       o.fits = o.gpu_peak <= gpu_bytes && (host_bytes < 0 || o.host_peak <= host_bytes);
+      o.seconds = predicted_step_seconds(plan.work);
       out.push_back(o);
     }
+  std::stable_sort(out.begin(), out.end(), [](const RecipeOption& a, const RecipeOption& b) { return a.seconds < b.seconds; });
   return out;
 }
 

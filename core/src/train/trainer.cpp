@@ -209,7 +209,10 @@ int train_rank(const CoreConfig& cfg, const Manifest& manifest, const SlotFactor
     planned.recipe.keep_attention = true;  // host memory is the only budget: keep what saves work
   }
   step_slots.recipe = planned.recipe;
-  if (lead) log::info(str("recipe: ", recipe_name(planned.recipe), ", ", dtype_name(grad_dtype), " GEMM gradients"));
+  if (lead)
+    log::info(str("recipe: ", recipe_name(planned.recipe), ", ", dtype_name(grad_dtype), " GEMM gradients",
+                  device.is_cuda() ? str("; predicted step ", predicted_step_seconds(build_plan(planned, PlanSlots::of(slots)).work), " s")
+                                   : std::string()));
   if (lead && seq_len > slots.rope->effective_max_positions())
     log::warn(str("sequences of ", seq_len, " tokens go beyond the ", slots.rope->effective_max_positions(),
                   " positions this model places correctly: expect a loss near 10 instead of ~4. Load a YaRN "
