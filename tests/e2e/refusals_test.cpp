@@ -57,16 +57,16 @@ TEST_F(Refusals, CheckpointYarnIsTakenOrRefusedNeverIgnored) {
   EXPECT_EQ(taken.output.find("is ignored"), std::string::npos) << taken.output;
 
   // An ablation says, once, what it leaves out.
-  auto ablation = lcx("--config " + with_yarn + " --disable rope_yarn");
+  auto ablation = lcx("--config " + with_yarn + " --disable rope_yarn --overwrite");
   EXPECT_EQ(ablation.exit_code, 0) << ablation.output;
   EXPECT_EQ(count(ablation.output, "--disable rope_yarn: the checkpoint's rope_type 'yarn' is ignored"), 1u)
       << ablation.output;
 
   // transformers 4's spelling, and a type no provider computes.
-  auto v4 = lcx("--config " + manifest("max_steps = 1\n", {}, R"(, "rope_scaling": {"type": "yarn", "factor": 2.0, "original_max_position_embeddings": 64})"));
+  auto v4 = lcx("--overwrite --config " + manifest("max_steps = 1\n", {}, R"(, "rope_scaling": {"type": "yarn", "factor": 2.0, "original_max_position_embeddings": 64})"));
   EXPECT_EQ(v4.exit_code, 2) << v4.output;
   EXPECT_NE(v4.output.find("rope_type 'yarn'"), std::string::npos) << v4.output;
-  auto dynamic = lcx("--config " + manifest("max_steps = 1\n", {}, R"(, "rope_scaling": {"type": "dynamic", "factor": 2.0})"));
+  auto dynamic = lcx("--overwrite --config " + manifest("max_steps = 1\n", {}, R"(, "rope_scaling": {"type": "dynamic", "factor": 2.0})"));
   EXPECT_EQ(dynamic.exit_code, 2) << dynamic.output;
   EXPECT_NE(dynamic.output.find("rope_type 'dynamic'"), std::string::npos) << dynamic.output;
 }

@@ -157,9 +157,9 @@ TEST_F(TrainRun, ProfileTracesTheSecondStep) {
     EXPECT_GT(by_cat[k], 0) << "no " << k << " event";
   // Two layers, each forward and backward (which recomputes its forward inside).
   EXPECT_EQ(layers, (std::set<std::string>{"forward layer 0", "forward layer 1", "backward layer 0", "backward layer 1"}));
-  // 2 layers x 2 head groups (one kv head each) x 3: the forward, the backward's recompute to x1,
-  // and the recompute for each group's attention backward (issue 21's item 2 removes the last two).
-  EXPECT_EQ(sum.at("kinds").at("attention_fwd").at("count"), 12);
+  // 2 layers x 2 head groups (one kv head each), once: the recipe keeps each layer's attention
+  // outputs from the forward, so the backward recomputes no attention forward (it was 3x before).
+  EXPECT_EQ(sum.at("kinds").at("attention_fwd").at("count"), 4);
   EXPECT_EQ(sum.at("kinds").at("attention_bwd").at("count"), 4);
 
   double phases = 0;

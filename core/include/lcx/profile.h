@@ -24,7 +24,7 @@ enum class OpKind : uint8_t {
   rotary,
   swiglu,
   loss,
-  copy,  // device<->device, host<->device and offload copies
+  copy,  // device<->device, host<->device copies (a memory strategy's too)
   optimizer,
   communication,
   embedding,

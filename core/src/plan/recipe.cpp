@@ -6,8 +6,8 @@
 //
 // The rates are what one H200 reached in the step trace of full-depth Qwen3-4B at 64k tokens
 // (docs/PERF.md): cuBLASLt bf16 GEMMs, cuDNN's causal attention forward and backward, and the
-// elementwise kernels' memory traffic. Host copies of offloaded tensors overlap compute and are
-// not counted.
+// elementwise kernels' memory traffic. Host copies of tensors a memory strategy moves overlap
+// compute and are not counted.
 #include <algorithm>
 #include <fstream>
 #include <sstream>

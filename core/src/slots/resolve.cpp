@@ -89,8 +89,19 @@ SlotSet resolve_slots(const Manifest& m, const PluginLoader& loader, const std::
   });
   // A rope provider dropped by --disable leaves core's rotary in its place, which says once
   // that the checkpoint's own scaling is being ignored.
+  bool ablated = false;
   for (const auto& d : disabled)
-    if (loader.describe(d).slot == LCX_SLOT_POSITIONAL_ENCODING) s.rope = make_default_rope_in_place_of(d);
+    if (loader.describe(d).slot == LCX_SLOT_POSITIONAL_ENCODING) {
+      s.rope = make_default_rope_in_place_of(d);
+      ablated = true;
+    }
+  if (!ablated && !created.count(LCX_SLOT_POSITIONAL_ENCODING))
+    s.rope = make_default_rope_offering([loader] {
+      std::vector<std::pair<std::string, std::string>> offers;
+      for (const PluginInfo& p : loader.discover())
+        if (p.slot == LCX_SLOT_POSITIONAL_ENCODING) offers.emplace_back(p.name, p.summary);
+      return offers;
+    });
   return s;
 }
 

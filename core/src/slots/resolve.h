@@ -1,6 +1,7 @@
 // Chooses the provider of each slot from the manifest: the plugins named in [plugins] load (less
 // those --disable'd), the model module of [model] module, and core's default for any slot left.
 #pragma once
+#include <functional>
 #include <map>
 #include <memory>
 #include <string>
@@ -30,6 +31,10 @@ const char* default_provider_name(uint32_t slot);
 // ablation): a checkpoint's scaled rope parameters are then ignored with one warning, where
 // make_default_rope() refuses them.
 std::unique_ptr<PositionalEncoding> make_default_rope_in_place_of(const std::string& disabled);
+// The installed positional-encoding plugins (name, summary), asked only when a checkpoint's
+// rope parameters need one: core's rotary then names the one that computes them as the fix.
+using RopeOffers = std::function<std::vector<std::pair<std::string, std::string>>()>;
+std::unique_ptr<PositionalEncoding> make_default_rope_offering(RopeOffers offers);
 // Which plugin names the manifest asks for, in order, after --disable.
 std::vector<std::string> requested_plugins(const Manifest& m, const std::vector<std::string>& disabled);
 // Describes without creating (for --dry-run): refuses two providers for one slot.

@@ -1,4 +1,5 @@
 #include <atomic>
+#include <cctype>
 #include <cmath>
 #include <nlohmann/json.hpp>
 
@@ -52,7 +53,8 @@ std::string rope_type_of(const std::string& rope_parameters_json) {
 class DefaultRope final : public PositionalEncoding {
  public:
   // `stands_in_for`: the positional-encoding plugin --disable'd for this run, if any.
-  explicit DefaultRope(std::string stands_in_for = {}) : stands_in_for_(std::move(stands_in_for)) {}
+  explicit DefaultRope(std::string stands_in_for = {}, RopeOffers offers = {})
+      : stands_in_for_(std::move(stands_in_for)), offers_(std::move(offers)) {}
 
   // Plain rotary over a checkpoint trained with scaled positions would train on other positions
   // than the checkpoint's without a word; only an explicit --disable of the plugin accepts that.
@@ -63,10 +65,7 @@ class DefaultRope final : public PositionalEncoding {
         throw Error(str("the model's config.json has rope parameters of rope_type '", type,
                         "', and core's positional encoding ('rope') computes plain rotary positions only"),
                     "rope_parameters.rope_type",
-                    type == "yarn" ? "add \"rope_yarn\" to [plugins] load: it takes the checkpoint's YaRN values "
-                                     "(for an ablation without them, add it and pass --disable rope_yarn)"
-                                   : str("no lcx positional encoding computes rope_type '", type,
-                                         "' (lcx has 'default' and 'yarn'); use a checkpoint without it"));
+                    fix_for(type));
       static std::atomic<bool> warned{false};
       if (!warned.exchange(true))
         log::warn(str("--disable ", stands_in_for_, ": the checkpoint's rope_type '", type,
@@ -96,13 +95,33 @@ class DefaultRope final : public PositionalEncoding {
   }
 
  private:
+  // The installed positional-encoding plugin whose name or summary speaks of `type` is the fix.
+  std::string fix_for(const std::string& type) const {
+    auto lower = [](std::string s) {
+      for (char& c : s) c = static_cast<char>(std::tolower(static_cast<unsigned char>(c)));
+      return s;
+    };
+    if (offers_)
+      for (const auto& [name, summary] : offers_())
+        if (lower(name).find(type) != std::string::npos || lower(summary).find(type) != std::string::npos)
+          return str("add \"", name, "\" to [plugins] load: it takes the checkpoint's ", type,
+                     " values (for an ablation without them, add it and pass --disable ", name, ")");
+    return str("no installed positional encoding computes rope_type '", type,
+               "' (lcx-train --list-plugins lists them); use a checkpoint without it");
+  }
+
   std::string stands_in_for_;
+  RopeOffers offers_;
   RopeModelInfo info_;
 };
 
 }  // namespace
 
 std::unique_ptr<PositionalEncoding> make_default_rope() { return std::make_unique<DefaultRope>(); }
+
+std::unique_ptr<PositionalEncoding> make_default_rope_offering(RopeOffers offers) {
+  return std::make_unique<DefaultRope>(std::string(), std::move(offers));
+}
 
 std::unique_ptr<PositionalEncoding> make_default_rope_in_place_of(const std::string& disabled) {
   return std::make_unique<DefaultRope>(disabled);

@@ -118,7 +118,7 @@ void copy_async(Tensor& dst, const Tensor& src, const Stream& s) {
             " (dtype and element count must match)");
   const size_t bytes = src.nbytes();
   if (bytes == 0) return;
-  // Timed on `s`, so an offload copy shows on its copy stream beside the compute it overlaps.
+  // Timed on `s`, so a memory strategy's copy shows on its copy stream beside the compute it overlaps.
   ProfileScope scope(OpKind::copy, copy_name(dst.device().is_cuda(), src.device().is_cuda()), s);
   if (!dst.device().is_cuda() && !src.device().is_cuda()) {
     std::memcpy(dst.data(), src.data(), bytes);
