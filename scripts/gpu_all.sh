@@ -22,7 +22,7 @@ ln -sfn "$root/.bundle" "$root/build"
 [[ -n $built_build && ! -e $built_build ]] && ln -sfn "$root/.bundle" "$built_build"
 source scripts/gpu_env.sh "$root/.bundle"
 
-LCX_MEMCHECK=${LCX_MEMCHECK:-0} LCX_BENCH=${LCX_BENCH:-0} \
+[[ ${TESTS:-1} != 0 ]] && LCX_MEMCHECK=${LCX_MEMCHECK:-0} LCX_BENCH=${LCX_BENCH:-0} \
   LCX_GPU_TESTS=${LCX_GPU_TESTS:-"test_parity test_dist_gpu test_cp_ring_gpu test_sp_ulysses_gpu test_offload test_tiled_mlp test_core test_e2e_dist_train test_multi_gpu test_loss_chunked_gpu"} \
   OUT=$out/tests scripts/gpu_check.sh >"$out/gpu_check.out" 2>&1
 

@@ -145,7 +145,12 @@ void plan_dense_decoder(const PlanInputs& in, MemoryPlan& plan, const DenseDecod
     const int attention_forwards = from_forward ? 1 : (G > 1 && !keep ? 3 : 2);
     const double pairs = t * seq / 2 * static_cast<double>(s.Hq);  // causal: half of T x seq per head
     StepWork& w = plan.work;
-    w.gemm_flops += static_cast<double>(s.L) * (fwd + recompute + 2 * fwd);
+    // The attention half's projections run per head group: q/k/v in the forward, the recompute
+    // and the backward (two per forward GEMM), o_proj likewise when there are groups.
+    const double grouped = G > 1 ? 2 * t * (qkv + o) * 4 : 0;
+    w.gemm_flops += static_cast<double>(s.L) * (fwd + recompute + 2 * fwd) - static_cast<double>(s.L) * grouped;
+    w.grouped_gemm_flops += static_cast<double>(s.L) * grouped;
+    w.head_groups = G;
     w.attention_forward_flops += static_cast<double>(s.L) * attention_forwards * pairs * 4 * static_cast<double>(s.d);
     w.attention_backward_flops += static_cast<double>(s.L) * 2.5 * pairs * 4 * static_cast<double>(s.d);
     // Elementwise passes over [T,I] (SwiGLU forward, recompute, backward) and [T,H] (norms, adds,

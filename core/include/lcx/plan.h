@@ -81,6 +81,8 @@ struct PlanTerm {
 // GPU reaches (plan/recipe.cpp, calibrated on the step trace), and ranks the recipes by them.
 struct StepWork {
   double gemm_flops = 0;
+  double grouped_gemm_flops = 0;  // GEMMs cut by head group (head_groups of them per full-width one)
+  int64_t head_groups = 1;
   double attention_forward_flops = 0;   // causal: 2 d flops per (query, key) pair and head, twice (QK^T, PV)
   double attention_backward_flops = 0;  // 2.5x the forward's pairs: dV, dP, dS, dQ, dK
   double memory_bytes = 0;              // elementwise passes and the optimizer: bytes read and written

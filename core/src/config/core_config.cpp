@@ -5,6 +5,7 @@
 #include <filesystem>
 
 #include "lcx/error.h"
+#include "plan/plan.h"
 #include "util/text.h"
 
 namespace lcx {
@@ -47,6 +48,14 @@ CoreConfig read_core_config(const Manifest& m, const std::vector<std::string>& p
     if (c.run.profile_step < 1)
       v.fail("profile_step", str("must be 1 or more, got ", c.run.profile_step),
              "2 (the default) profiles the second step of the run, without the first step's warm-up");
+    c.run.gpu_memory = v.get_string("gpu_memory", c.run.gpu_memory);
+    if (c.run.gpu_memory != "auto") {
+      try {
+        parse_memory_size(c.run.gpu_memory, "run.gpu_memory");
+      } catch (const Error& e) {
+        v.fail("gpu_memory", e.what(), "\"auto\" (the device's memory) or a size such as \"40GiB\"");
+      }
+    }
     v.check_unknown();
   }
   {

@@ -19,6 +19,9 @@ struct RunConfig {
   int64_t memory_timeline_step = 1;  // which step of this run the timeline records, 1 = the first
   bool profile = false;        // a trace of one step: every op timed, by kind and phase
   int64_t profile_step = 2;    // which step of this run, 1 = the first (2 leaves out its warm-up)
+  // The GPU memory the plan's recipe may use: "auto" (the device's), or a size ("40GiB") to leave
+  // room for another process or to match a budget; the fastest recipe that fits it is taken.
+  std::string gpu_memory = "auto";
 };
 
 struct ModelSection {

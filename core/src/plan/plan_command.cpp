@@ -12,6 +12,8 @@ int run_plan_command(const Manifest& m, const CoreConfig& cfg, const PluginLoade
   int64_t gpu_bytes = 0;
   if (!gpu_memory.empty()) {
     gpu_bytes = parse_memory_size(gpu_memory);
+  } else if (cfg.run.gpu_memory != "auto") {
+    gpu_bytes = parse_memory_size(cfg.run.gpu_memory, "run.gpu_memory");
   } else if (auto local = local_gpu_memory()) {
     gpu_bytes = *local;
   } else {

@@ -204,7 +204,8 @@ int train_rank(const CoreConfig& cfg, const Manifest& manifest, const SlotFactor
   PlanInputs planned = plan_inputs(cfg, mc, seq_len);
   if (device.is_cuda()) {
     const std::optional<int64_t> gpu = local_gpu_memory();
-    planned.recipe = choose_recipe(planned, PlanSlots::of(slots), gpu ? *gpu : 0, host_memory_available());
+    const int64_t budget = cfg.run.gpu_memory == "auto" ? (gpu ? *gpu : 0) : parse_memory_size(cfg.run.gpu_memory, "run.gpu_memory");
+    planned.recipe = choose_recipe(planned, PlanSlots::of(slots), budget, host_memory_available());
   } else {
     planned.recipe.keep_attention = true;  // host memory is the only budget: keep what saves work
   }
