@@ -12,7 +12,7 @@
 #include "lcx/plan.h"
 
 #ifdef LCX_HAVE_CUDA
-#include "cuda/attention_cudnn.h"
+#include "kernels/cuda/attention_cudnn.h"
 #endif
 
 namespace lcx::test {

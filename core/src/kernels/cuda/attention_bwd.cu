@@ -8,7 +8,7 @@
 // owner, so the result is deterministic and GQA's sum over the group is a plain loop. Rows that
 // saw no key (lse = -inf) get p = 0. Math is fp32 CUDA-core FMA from fp32 shared-memory tiles,
 // like the forward kernel.
-#include "cuda/attention_cudnn.h"
+#include "kernels/cuda/attention_cudnn.h"
 #include "kernels/cuda/attention_common.cuh"
 #include "kernels/cuda/cuda_ops.h"
 

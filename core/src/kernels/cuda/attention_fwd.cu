@@ -7,8 +7,8 @@
 // half of the tile's keys and accumulates half of the output columns. Math is fp32 CUDA-core FMA
 // from fp32 tiles in shared memory: exact against the CPU to fp32 rounding, the fallback and the
 // second opinion beside the tensor-core kernels (attention_tc.cu) and cuDNN's fused kernel
-// (cuda/attention_cudnn.cpp), which attention_forward tries first.
-#include "cuda/attention_cudnn.h"
+// (attention_cudnn.cpp), which attention_forward tries first.
+#include "kernels/cuda/attention_cudnn.h"
 #include "kernels/cuda/attention_common.cuh"
 #include "kernels/cuda/cuda_ops.h"
 
