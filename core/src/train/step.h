@@ -45,7 +45,7 @@ struct StepSlots : SlotTuple<SlotPtr> {
   std::shared_ptr<SlotTuple<std::shared_ptr>> defaults;
 
   StepSlots() = default;
-  StepSlots(Model& model, Loss& loss, PositionalEncoding& rope, MemoryStrategy& memory, Parallelism& parallel);
+  StepSlots(Model& model, Loss& loss, PositionalEncoding& positional, MemoryStrategy& memory, Parallelism& parallel);
   // Points each null slot but the model at core's default.
   void fill_defaults();
 };
