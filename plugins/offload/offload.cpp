@@ -24,10 +24,10 @@
 // On CPU tensors the same code runs with copies between host buffers and events that are always
 // complete (lcx/stream.h): the bookkeeping CI tests is the bookkeeping the GPU runs.
 #include <lcx/log.h>
-#include <lcx/memory_strategy.h>
 #include <lcx/pinned.h>
 #include <lcx/plan.h>
 #include <lcx/plugin.h>
+#include <lcx/slots/memory_strategy.h>
 #include <lcx/stream.h>
 
 #include <algorithm>

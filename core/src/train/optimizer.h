@@ -6,7 +6,7 @@
 #include <string>
 #include <vector>
 
-#include "lcx/model.h"
+#include "lcx/slots/model.h"
 
 namespace lcx {
 

@@ -38,7 +38,7 @@ struct StepSlots : SlotTuple<SlotPtr> {
   // must be present; under ZeRO-3 sharding no parameter has a full value between layers, so the
   // trainer sets it.
   std::optional<DType> activation_dtype;
-  Recipe recipe;  // the plan's choices for this run (lcx/model.h)
+  Recipe recipe;  // the plan's choices for this run (lcx/slots/model.h)
   // This rank's mesh, handed to the Parallelism by configure_slots; null for one rank alone.
   Mesh* mesh = nullptr;
   // Core's defaults standing in for the slots left null.
