@@ -5,7 +5,7 @@
 #include <string>
 
 #include "lcx/hf_config.h"
-#include "lcx/model.h"
+#include "lcx/slots/model.h"
 
 namespace lcx::qwen3 {
 

@@ -32,11 +32,11 @@
 #include "lcx/defaults.h"
 #include "lcx/hf_config.h"
 #include "lcx/log.h"
-#include "lcx/model.h"
 #include "lcx/ops.h"
 #include "lcx/plan.h"
 #include "lcx/plugin.h"
 #include "lcx/safetensors.h"
+#include "lcx/slots/model.h"
 #include "qwen3_config.h"
 #include "qwen3_plan.h"
 

@@ -20,9 +20,9 @@
 #include <lcx/defaults.h>
 #include <lcx/log.h>
 #include <lcx/ops.h>
-#include <lcx/parallelism.h>
 #include <lcx/plan.h>
 #include <lcx/plugin.h>
+#include <lcx/slots/parallelism.h>
 
 #include <array>
 #include <atomic>

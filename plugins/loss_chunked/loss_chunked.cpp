@@ -21,10 +21,10 @@
 // The host waits on the device twice per call, never per chunk: once for the targets (which
 // chunks have a valid label, and the valid count) and once at the end for the per-token losses,
 // summed in row order in double so the loss is deterministic.
-#include <lcx/loss.h>
 #include <lcx/ops.h>
 #include <lcx/plan.h>
 #include <lcx/plugin.h>
+#include <lcx/slots/loss.h>
 
 #include <algorithm>
 #include <vector>

@@ -1,7 +1,7 @@
 // offload: checkpointed layer inputs wait in pinned host memory between forward and backward.
 //
 // Forward, save(l, x): the copy stream waits on an event recorded on the compute stream after x
-// was written, copies x to layer l's slot of the pinned pool and records `copied`. The device x
+// was written, copies x to layer l's part of the pinned pool and records `copied`. The device x
 // is kept until that event completes, then dropped at a later save (never by stalling compute);
 // if more than prefetch + 1 inputs would be held, the host waits for the oldest copy, which the
 // GPU finished long ago unless the host ran far ahead of it.
@@ -24,10 +24,10 @@
 // On CPU tensors the same code runs with copies between host buffers and events that are always
 // complete (lcx/stream.h): the bookkeeping CI tests is the bookkeeping the GPU runs.
 #include <lcx/log.h>
-#include <lcx/memory_strategy.h>
 #include <lcx/pinned.h>
 #include <lcx/plan.h>
 #include <lcx/plugin.h>
+#include <lcx/slots/memory_strategy.h>
 #include <lcx/stream.h>
 
 #include <algorithm>
@@ -68,11 +68,11 @@ class Offload final : public MemoryStrategy {
   void begin_step(int num_layers) override {
     LCX_CHECK(num_layers >= 0, "offload: ", num_layers, " layers");
     // Events live across steps (creating them is not free); everything else starts clean.
-    if (static_cast<int>(slots_.size()) != num_layers) {
-      slots_.clear();
-      slots_.resize(static_cast<size_t>(num_layers));
+    if (static_cast<int>(inputs_.size()) != num_layers) {
+      inputs_.clear();
+      inputs_.resize(static_cast<size_t>(num_layers));
     }
-    for (Slot& s : slots_) {
+    for (LayerInput& s : inputs_) {
       drop(s);  // after a step that threw midway, copies may still touch the inputs it held
       s.waited = false;
     }
@@ -82,12 +82,12 @@ class Offload final : public MemoryStrategy {
   }
 
   void save(int layer, const Tensor& x) override {
-    Slot& s = slot(layer);
+    LayerInput& s = input_of(layer);
     prepare(x);
     reap();
     while (held() >= prefetch_ + 1) {  // bound the inputs on the device: wait for the oldest copy out
-      Slot* oldest = nullptr;
-      for (Slot& o : slots_)
+      LayerInput* oldest = nullptr;
+      for (LayerInput& o : inputs_)
         if (o.state == State::saving) {
           oldest = &o;
           break;
@@ -116,7 +116,7 @@ class Offload final : public MemoryStrategy {
   }
 
   void keep(int layer, const Tensor& t) override {
-    Slot& s = slot(layer);
+    LayerInput& s = input_of(layer);
     LCX_CHECK(s.state == State::saving, "offload: layer ", layer, " keeps a tensor before its input was saved");
     const size_t k = s.kept++;
     if (k == s.kept_host.size()) s.kept_host.emplace_back();
@@ -136,13 +136,13 @@ class Offload final : public MemoryStrategy {
   }
 
   std::vector<Tensor> kept(int layer) override {
-    Slot& s = slot(layer);
+    LayerInput& s = input_of(layer);
     LCX_CHECK(s.state == State::fetched, "offload: kept tensors of layer ", layer, " asked before its fetch");
     return s.kept_device;
   }
 
   Tensor fetch(int layer) override {
-    Slot& s = slot(layer);
+    LayerInput& s = input_of(layer);
     LCX_CHECK(s.state != State::empty, "offload: layer ", layer, " input was never saved");
     if (s.state == State::on_host) {  // not loaded ahead: a miss, the wait below is the whole copy
       ++misses_;
@@ -155,22 +155,22 @@ class Offload final : public MemoryStrategy {
       s.wait_end.record(compute);
       s.waited = true;
     }
-    // A saving slot still holds the input the forward wrote: nothing to wait for.
+    // A saving input still holds the input the forward wrote: nothing to wait for.
     s.state = State::fetched;
     for (int k = layer - 1; k >= std::max(0, layer - prefetch_); --k) prefetch(k);
     return s.device;
   }
 
   void prefetch(int layer) override {
-    Slot& s = slot(layer);
+    LayerInput& s = input_of(layer);
     if (s.state == State::on_host && held() < prefetch_ + 1) load(s);
   }
 
 
-  void release(int layer) override { drop(slot(layer)); }
+  void release(int layer) override { drop(input_of(layer)); }
 
   void end_step() override {
-    for (Slot& s : slots_) drop(s);
+    for (LayerInput& s : inputs_) drop(s);
     if (max_held_ > 0)
       log::debug(str("offload: at most ", max_held_, " layer inputs on ", device_name(device_), ", ", misses_,
                      " fetches not loaded ahead, host waited ", host_wait_s_, " s for copies out"));
@@ -181,7 +181,7 @@ class Offload final : public MemoryStrategy {
   // The compute stream's waits on copies in, over the last step; read after the step's sync.
   double wait_seconds() const override {
     double total = 0;
-    for (const Slot& s : slots_)
+    for (const LayerInput& s : inputs_)
       if (s.waited) {
         s.wait_end.synchronize();
         total += s.wait_end.seconds_since(s.wait_start);
@@ -209,13 +209,13 @@ class Offload final : public MemoryStrategy {
 
  private:
   // empty -> saving (copy out in flight, device input kept) -> on_host -> loading (copy in
-  // flight) -> fetched -> empty at release. A saving slot may be fetched directly.
+  // flight) -> fetched -> empty at release. A saving input may be fetched directly.
   enum class State { empty, saving, on_host, loading, fetched };
   struct Pinned {
     PinnedBuffer buffer;
     Tensor view;  // the kept tensor's shape over `buffer`
   };
-  struct Slot {
+  struct LayerInput {
     Tensor host;    // this layer's part of the pinned pool
     Tensor device;  // the input on the device, while the state holds one
     std::vector<Tensor> kept_device;  // the kept tensors on the device, beside `device`
@@ -228,15 +228,15 @@ class Offload final : public MemoryStrategy {
     bool has_events = false;  // the events above were made for device_
   };
 
-  Slot& slot(int layer) {
-    LCX_CHECK(layer >= 0 && layer < static_cast<int>(slots_.size()), "offload: layer ", layer, " of ",
-              slots_.size());
-    return slots_[static_cast<size_t>(layer)];
+  LayerInput& input_of(int layer) {
+    LCX_CHECK(layer >= 0 && layer < static_cast<int>(inputs_.size()), "offload: layer ", layer, " of ",
+              inputs_.size());
+    return inputs_[static_cast<size_t>(layer)];
   }
 
   int held() const {
     int n = 0;
-    for (const Slot& s : slots_) n += s.device.defined();
+    for (const LayerInput& s : inputs_) n += s.device.defined();
     return n;
   }
 
@@ -251,26 +251,26 @@ class Offload final : public MemoryStrategy {
       device_ = x.device();
       copy_ = Stream::create_copy(device_);
       produced_ = Event::create(device_);
-      for (Slot& s : slots_) s.has_events = false;
+      for (LayerInput& s : inputs_) s.has_events = false;
       copy_made_ = true;
     }
-    for (Slot& s : slots_)
+    for (LayerInput& s : inputs_)
       if (!s.has_events) {
         s.copied = Event::create(device_);
         s.wait_start = Event::create(device_, true);
         s.wait_end = Event::create(device_, true);
         s.has_events = true;
       }
-    const size_t need = slots_.size() * x.nbytes();
+    const size_t need = inputs_.size() * x.nbytes();
     if (pool_.bytes() >= need) return;
     if (pool_.bytes() > 0) {  // a smaller pool from an earlier, shorter step is unpinned first
       pool_ = PinnedBuffer();
-      for (Slot& s : slots_) s.kept_host.clear();
+      for (LayerInput& s : inputs_) s.kept_host.clear();
       release_cached_pinned();
     }
-    const std::string what = str(slots_.size(), " layer inputs of ", x.nbytes() / kMiB, " MiB");
+    const std::string what = str(inputs_.size(), " layer inputs of ", x.nbytes() / kMiB, " MiB");
     pool_ = pin(need, what);
-    for (Slot& s : slots_) s.host = Tensor();
+    for (LayerInput& s : inputs_) s.host = Tensor();
     const int64_t available = host_mem_available();
     log::info(str("offload: ", what, " in ", pinned_is_page_locked() ? "pinned" : "(unpinned) host",
                   " memory: ", gib(static_cast<double>(need)), " of ",
@@ -295,14 +295,14 @@ class Offload final : public MemoryStrategy {
 
   int64_t pinned_bytes() const {
     size_t n = pool_.bytes();
-    for (const Slot& s : slots_)
+    for (const LayerInput& s : inputs_)
       for (const Pinned& p : s.kept_host) n += p.buffer.bytes();
     return static_cast<int64_t>(n);
   }
 
   // Drops the device inputs whose copy out has completed.
   void reap() {
-    for (Slot& s : slots_)
+    for (LayerInput& s : inputs_)
       if (s.state == State::saving && s.copied.done()) {
         s.device = Tensor();
         s.kept_device.clear();
@@ -310,7 +310,7 @@ class Offload final : public MemoryStrategy {
       }
   }
 
-  void load(Slot& s) {
+  void load(LayerInput& s) {
     s.device = Tensor::empty(s.host.shape(), s.host.dtype(), device_, MemoryCategory::activations);
     s.kept_device.clear();
     for (size_t k = 0; k < s.kept; ++k)
@@ -325,10 +325,10 @@ class Offload final : public MemoryStrategy {
     note_held();
   }
 
-  // Gives the slot's device input back. Its last copy out (reading it) or in (writing it) may
+  // Gives the layer's device input back. Its last copy out (reading it) or in (writing it) may
   // still run, even after a fetch of an input the forward left on the device: the compute stream,
   // which reuses freed memory, waits for that copy first (a no-op once it has completed).
-  void drop(Slot& s) {
+  void drop(LayerInput& s) {
     if (s.device.defined()) Stream::compute(device_).wait(s.copied);
     s.device = Tensor();
     s.kept_device.clear();
@@ -337,7 +337,7 @@ class Offload final : public MemoryStrategy {
 
   const int prefetch_;
   const int64_t max_host_bytes_;
-  std::vector<Slot> slots_;
+  std::vector<LayerInput> inputs_;
   PinnedBuffer pool_;
   Device device_;
   bool copy_made_ = false;

@@ -14,7 +14,7 @@
 #include <lcx/log.h>
 #include <lcx/plan.h>
 #include <lcx/plugin.h>
-#include <lcx/positional_encoding.h>
+#include <lcx/slots/positional_encoding.h>
 
 #include <algorithm>
 #include <cmath>

@@ -22,9 +22,9 @@
 #include <lcx/defaults.h>
 #include <lcx/log.h>
 #include <lcx/ops.h>
-#include <lcx/parallelism.h>
 #include <lcx/plan.h>
 #include <lcx/plugin.h>
+#include <lcx/slots/parallelism.h>
 
 #include <algorithm>
 #include <map>

@@ -8,9 +8,9 @@
 // Written against the SDK headers only: a strategy that core does not know, loaded by name.
 #include <lcx/defaults.h>
 #include <lcx/log.h>
-#include <lcx/mlp_strategy.h>
 #include <lcx/plan.h>
 #include <lcx/plugin.h>
+#include <lcx/slots/mlp_strategy.h>
 
 #include <algorithm>
 

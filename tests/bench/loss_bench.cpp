@@ -22,7 +22,7 @@
 #include "bench_util.h"
 #include "config/manifest.h"
 #include "lcx/defaults.h"
-#include "lcx/loss.h"
+#include "lcx/slots/loss.h"
 #include "lcx/tensor.h"
 #include "plugin/loader.h"
 

@@ -2,6 +2,8 @@
 // check the table itself and what follows from it: ids, names, defaults, the resolver's set.
 #include <gtest/gtest.h>
 
+#include <cctype>
+#include <filesystem>
 #include <set>
 #include <string>
 
@@ -43,6 +45,28 @@ TEST(SlotTable, ResolvingAnEmptyManifestGivesEveryDefault) {
     if (row.default_name) EXPECT_EQ(s.providers.at(row.id).name, row.default_name);
   });
   EXPECT_EQ(s.providers.count(LCX_SLOT_MODEL), 0u);
+}
+
+// The slot contracts sit together in lcx/slots/, one header per interface named after it
+// (MlpStrategy in mlp_strategy.h), and nothing else sits there: a new slot's header goes beside them.
+TEST(SlotTable, EveryInterfaceHasItsHeaderInTheSlotsFolder) {
+#define LCX_TYPE_NAME_(ID, NUMBER, TYPE, ...) #TYPE,
+  const std::vector<std::string> types = {LCX_SLOTS(LCX_TYPE_NAME_)};
+#undef LCX_TYPE_NAME_
+  std::set<std::string> want, have;
+  for (const std::string& type : types) {
+    std::string file;
+    for (char c : type) {
+      if (std::isupper(static_cast<unsigned char>(c)) && !file.empty()) file += '_';
+      file += static_cast<char>(std::tolower(static_cast<unsigned char>(c)));
+    }
+    want.insert(file + ".h");
+  }
+  const std::filesystem::path folder = std::filesystem::path(LCX_SOURCE_DIR) / "core/include/lcx/slots";
+  for (const auto& e : std::filesystem::directory_iterator(folder))
+    have.insert(e.path().filename().string());
+  EXPECT_EQ(have, want);
+  EXPECT_EQ(want.size(), 6u);
 }
 
 }  // namespace

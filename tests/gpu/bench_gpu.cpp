@@ -17,7 +17,7 @@
 #include "lcx/tensor.h"
 
 #ifdef LCX_HAVE_CUDA
-#include "cuda/attention_cudnn.h"
+#include "kernels/cuda/attention_cudnn.h"
 #endif
 
 namespace {

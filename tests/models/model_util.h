@@ -7,7 +7,7 @@
 
 #include "config/manifest.h"
 #include "lcx/defaults.h"
-#include "lcx/model.h"
+#include "lcx/slots/model.h"
 #include "plugin/loader.h"
 #include "support/test_util.h"
 #include "train/step.h"

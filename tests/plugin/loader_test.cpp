@@ -3,7 +3,7 @@
 #include <gtest/gtest.h>
 
 #include "config/manifest.h"
-#include "lcx/loss.h"
+#include "lcx/slots/loss.h"
 #include "plugin/loader.h"
 #include "slots/resolve.h"
 #include "support/test_util.h"

@@ -10,7 +10,7 @@
 #include <utility>
 #include <vector>
 
-#include "lcx/loss.h"
+#include "lcx/slots/loss.h"
 #include "support/test_util.h"
 
 namespace lcx::test {

@@ -13,7 +13,7 @@
 
 #include "config/manifest.h"
 #include "lcx/defaults.h"
-#include "lcx/positional_encoding.h"
+#include "lcx/slots/positional_encoding.h"
 #include "plugin/loader.h"
 #include "support/test_util.h"
 

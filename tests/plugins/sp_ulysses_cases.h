@@ -15,7 +15,7 @@
 #include "config/manifest.h"
 #include "lcx/comm.h"
 #include "lcx/ops.h"
-#include "lcx/parallelism.h"
+#include "lcx/slots/parallelism.h"
 #include "models/model_util.h"
 #include "plugin/loader.h"
 #include "support/test_util.h"

@@ -29,7 +29,7 @@
 // call is issued (its sequence number taken) at once and completes in wait(). The NCCL
 // implementation waits on the host in wait() (that is where its timeout lives), so data is
 // ready on every stream afterwards.
-// A Parallelism plugin gets its rank's mesh in configure() (lcx/parallelism.h).
+// A Parallelism plugin gets its rank's mesh in configure() (lcx/slots/parallelism.h).
 #pragma once
 #include <cstdint>
 #include <functional>

@@ -3,11 +3,11 @@
 #pragma once
 #include <memory>
 
-#include "lcx/loss.h"
-#include "lcx/memory_strategy.h"
-#include "lcx/mlp_strategy.h"
-#include "lcx/parallelism.h"
-#include "lcx/positional_encoding.h"
+#include "lcx/slots/loss.h"
+#include "lcx/slots/memory_strategy.h"
+#include "lcx/slots/mlp_strategy.h"
+#include "lcx/slots/parallelism.h"
+#include "lcx/slots/positional_encoding.h"
 
 namespace lcx {
 

@@ -13,7 +13,7 @@
 #include <vector>
 
 #include "lcx/dtype.h"
-#include "lcx/model.h"
+#include "lcx/slots/model.h"
 
 namespace lcx {
 

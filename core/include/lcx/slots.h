@@ -8,12 +8,12 @@
 
 #include "lcx/abi.h"
 #include "lcx/defaults.h"
-#include "lcx/loss.h"
-#include "lcx/memory_strategy.h"
-#include "lcx/mlp_strategy.h"
-#include "lcx/model.h"
-#include "lcx/parallelism.h"
-#include "lcx/positional_encoding.h"
+#include "lcx/slots/loss.h"
+#include "lcx/slots/memory_strategy.h"
+#include "lcx/slots/mlp_strategy.h"
+#include "lcx/slots/model.h"
+#include "lcx/slots/parallelism.h"
+#include "lcx/slots/positional_encoding.h"
 
 namespace lcx {
 

@@ -40,12 +40,12 @@ uint64_t table_size(size_t n) {
 
 BpeModel::BpeModel(std::vector<std::string> vocab, bool ignore_merges)
     : vocab_(std::move(vocab)), ignore_merges_(ignore_merges) {
-  word_slots_.assign(table_size(vocab_.size()), 0);
-  word_mask_ = word_slots_.size() - 1;
+  word_table_.assign(table_size(vocab_.size()), 0);
+  word_mask_ = word_table_.size() - 1;
   for (size_t id = 0; id < vocab_.size(); ++id) {
     if (vocab_[id].empty()) continue;
     for (uint64_t h = hash_bytes(vocab_[id]);; ++h) {
-      uint32_t& s = word_slots_[h & word_mask_];
+      uint32_t& s = word_table_[h & word_mask_];
       if (s == 0) {
         s = static_cast<uint32_t>(id + 1);
         break;
@@ -54,12 +54,12 @@ BpeModel::BpeModel(std::vector<std::string> vocab, bool ignore_merges)
   }
   byte_id_.assign(256, -1);
   for (int b = 0; b < 256; ++b) byte_id_[b] = id_of(std::string(1, static_cast<char>(b)));
-  merges_.assign(16, MergeSlot{kEmpty, 0, 0});
+  merges_.assign(16, MergeEntry{kEmpty, 0, 0});
   merge_mask_ = merges_.size() - 1;
 }
 
 void BpeModel::set_merges(const std::vector<std::pair<int32_t, int32_t>>& merges) {
-  merges_.assign(table_size(merges.size()), MergeSlot{kEmpty, 0, 0});
+  merges_.assign(table_size(merges.size()), MergeEntry{kEmpty, 0, 0});
   merge_mask_ = merges_.size() - 1;
   for (size_t rank = 0; rank < merges.size(); ++rank) {
     auto [a, b] = merges[rank];
@@ -67,10 +67,10 @@ void BpeModel::set_merges(const std::vector<std::pair<int32_t, int32_t>>& merges
     LCX_CHECK(id >= 0, "merge result missing from vocab");
     uint64_t key = static_cast<uint64_t>(a) << 32 | static_cast<uint32_t>(b);
     for (uint64_t h = mix(key);; ++h) {
-      MergeSlot& s = merges_[h & merge_mask_];
+      MergeEntry& s = merges_[h & merge_mask_];
       // A repeated pair keeps its last rank, as the Rust HashMap built from the list does.
       if (s.pair == kEmpty || s.pair == key) {
-        s = MergeSlot{key, static_cast<uint32_t>(rank), id};
+        s = MergeEntry{key, static_cast<uint32_t>(rank), id};
         break;
       }
     }
@@ -79,16 +79,16 @@ void BpeModel::set_merges(const std::vector<std::pair<int32_t, int32_t>>& merges
 
 int32_t BpeModel::id_of(std::string_view bytes) const {
   for (uint64_t h = hash_bytes(bytes);; ++h) {
-    uint32_t s = word_slots_[h & word_mask_];
+    uint32_t s = word_table_[h & word_mask_];
     if (s == 0) return -1;
     if (vocab_[s - 1] == bytes) return static_cast<int32_t>(s - 1);
   }
 }
 
-const BpeModel::MergeSlot* BpeModel::find_merge(int32_t left, int32_t right) const {
+const BpeModel::MergeEntry* BpeModel::find_merge(int32_t left, int32_t right) const {
   uint64_t key = static_cast<uint64_t>(left) << 32 | static_cast<uint32_t>(right);
   for (uint64_t h = mix(key);; ++h) {
-    const MergeSlot& s = merges_[h & merge_mask_];
+    const MergeEntry& s = merges_[h & merge_mask_];
     if (s.pair == key) return &s;
     if (s.pair == kEmpty) return nullptr;
   }
@@ -100,7 +100,7 @@ void BpeModel::merge_short(std::vector<int32_t>& syms) const {
   uint32_t rank[64];
   int32_t merged[64];
   for (size_t i = 0; i + 1 < n; ++i) {
-    const MergeSlot* m = find_merge(syms[i], syms[i + 1]);
+    const MergeEntry* m = find_merge(syms[i], syms[i + 1]);
     rank[i] = m ? m->rank : kNone;
     merged[i] = m ? m->id : -1;
   }
@@ -117,7 +117,7 @@ void BpeModel::merge_short(std::vector<int32_t>& syms) const {
     }
     --n;
     auto refresh = [&](size_t i) {
-      const MergeSlot* m = find_merge(syms[i], syms[i + 1]);
+      const MergeEntry* m = find_merge(syms[i], syms[i + 1]);
       rank[i] = m ? m->rank : kNone;
       merged[i] = m ? m->id : -1;
     };
@@ -142,7 +142,7 @@ void BpeModel::merge_long(std::vector<int32_t>& syms) const {
   std::priority_queue<Entry, std::vector<Entry>, std::greater<Entry>> heap;
   auto push = [&](int i) {
     if (i < 0 || next[i] < 0) return;
-    if (const MergeSlot* m = find_merge(syms[i], syms[next[i]])) heap.push({m->rank, i, syms[i], syms[next[i]]});
+    if (const MergeEntry* m = find_merge(syms[i], syms[next[i]])) heap.push({m->rank, i, syms[i], syms[next[i]]});
   };
   for (int i = 0; i + 1 < n; ++i) push(i);
   while (!heap.empty()) {
@@ -184,9 +184,9 @@ void WordCache::lookup(const BpeModel& bpe, std::string_view word, std::vector<i
     return;
   }
   uint64_t h = hash_bytes(word);
-  size_t mask = slots_.size() - 1;
+  size_t mask = table_.size() - 1;
   for (size_t i = h & mask;; i = (i + 1) & mask) {
-    Slot& s = slots_[i];
+    CachedWord& s = table_[i];
     if (s.key_len == 0) break;
     if (s.hash == h && s.key_len == word.size() && std::memcmp(keys_.data() + s.key_off, word.data(), word.size()) == 0) {
       out.insert(out.end(), ids_.begin() + s.ids_off, ids_.begin() + s.ids_off + s.ids_len);
@@ -198,16 +198,16 @@ void WordCache::lookup(const BpeModel& bpe, std::string_view word, std::vector<i
   out.insert(out.end(), scratch_.begin(), scratch_.end());
   // Bounded memory: start over rather than evict (a corpus' vocabulary of words refills fast).
   if (keys_.size() > (64u << 20) || ids_.size() > (16u << 20)) {
-    slots_.assign(1 << 12, Slot{});
+    table_.assign(1 << 12, CachedWord{});
     used_ = 0;
     keys_.clear();
     ids_.clear();
   }
-  if (2 * (used_ + 1) > slots_.size()) grow();
-  mask = slots_.size() - 1;
+  if (2 * (used_ + 1) > table_.size()) grow();
+  mask = table_.size() - 1;
   size_t i = h & mask;
-  while (slots_[i].key_len != 0) i = (i + 1) & mask;
-  slots_[i] = Slot{h, static_cast<uint32_t>(keys_.size()), static_cast<uint32_t>(word.size()),
+  while (table_[i].key_len != 0) i = (i + 1) & mask;
+  table_[i] = CachedWord{h, static_cast<uint32_t>(keys_.size()), static_cast<uint32_t>(word.size()),
                    static_cast<uint32_t>(ids_.size()), static_cast<uint32_t>(scratch_.size())};
   keys_.append(word);
   ids_.insert(ids_.end(), scratch_.begin(), scratch_.end());
@@ -215,14 +215,14 @@ void WordCache::lookup(const BpeModel& bpe, std::string_view word, std::vector<i
 }
 
 void WordCache::grow() {
-  std::vector<Slot> old(slots_.size() * 2);
-  old.swap(slots_);
-  size_t mask = slots_.size() - 1;
-  for (const Slot& s : old) {
+  std::vector<CachedWord> old(table_.size() * 2);
+  old.swap(table_);
+  size_t mask = table_.size() - 1;
+  for (const CachedWord& s : old) {
     if (s.key_len == 0) continue;
     size_t i = s.hash & mask;
-    while (slots_[i].key_len != 0) i = (i + 1) & mask;
-    slots_[i] = s;
+    while (table_[i].key_len != 0) i = (i + 1) & mask;
+    table_[i] = s;
   }
 }
 

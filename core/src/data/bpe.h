@@ -23,21 +23,21 @@ class BpeModel {
   size_t size() const { return vocab_.size(); }
 
  private:
-  struct MergeSlot {
+  struct MergeEntry {
     uint64_t pair;  // left << 32 | right; kEmpty when unused
     uint32_t rank;
     int32_t id;
   };
   static constexpr uint64_t kEmpty = ~0ull;
-  const MergeSlot* find_merge(int32_t left, int32_t right) const;
+  const MergeEntry* find_merge(int32_t left, int32_t right) const;
   void merge_short(std::vector<int32_t>& syms) const;
   void merge_long(std::vector<int32_t>& syms) const;
 
   std::vector<std::string> vocab_;
-  std::vector<MergeSlot> merges_;
+  std::vector<MergeEntry> merges_;
   uint64_t merge_mask_ = 0;
   std::vector<int32_t> byte_id_;  // id of each single byte
-  std::vector<uint32_t> word_slots_;  // open addressing over vocab_: id + 1, 0 when empty
+  std::vector<uint32_t> word_table_;  // open addressing over vocab_: id + 1, 0 when empty
   uint64_t word_mask_ = 0;
   bool ignore_merges_ = false;
 };
@@ -49,13 +49,13 @@ class WordCache {
   void lookup(const BpeModel& bpe, std::string_view word, std::vector<int32_t>& out);
 
  private:
-  struct Slot {
+  struct CachedWord {
     uint64_t hash = 0;
-    uint32_t key_off = 0, key_len = 0;  // into keys_; key_len 0 marks an empty slot
+    uint32_t key_off = 0, key_len = 0;  // into keys_; key_len 0 marks an empty entry
     uint32_t ids_off = 0, ids_len = 0;  // into ids_
   };
   void grow();
-  std::vector<Slot> slots_ = std::vector<Slot>(1 << 12);
+  std::vector<CachedWord> table_ = std::vector<CachedWord>(1 << 12);
   size_t used_ = 0;
   std::string keys_;
   std::vector<int32_t> ids_;

@@ -27,7 +27,7 @@
 
 #include "config/core_config.h"
 #include "data/tokenizer.h"
-#include "lcx/parallelism.h"
+#include "lcx/sequence.h"
 
 namespace lcx {
 

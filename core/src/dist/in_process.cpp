@@ -1,12 +1,12 @@
 // The in-process communicator: ranks are threads sharing one rendezvous.
 //
-// Each collective has a slot keyed by its sequence number. A rank posts a copy of its input (so
-// in-place calls need no care), waits until every rank of the group posted, computes its own
-// output from the immutable posts without the lock, and departs; the last to depart frees the
-// slot. Sums run in fp32 (integers in int64) in rank order, so results are the serial sum bit for
-// bit whatever the thread timing. Point-to-point sends are buffered copies in a FIFO per (sender,
-// receiver); a receive waits for its message. One mutex and condition variable per world (all
-// split groups share them) let an abort wake every waiting rank at once.
+// Each collective has a meeting keyed by its sequence number. A rank posts a copy of its input (so
+// in-place calls need no care), waits until every rank of the group posted, computes its own output
+// from the immutable posts without the lock, and departs; the last to depart frees the meeting.
+// Sums run in fp32 (integers in int64) in rank order, so results are the serial sum bit for bit
+// whatever the thread timing. Point-to-point sends are buffered copies in a FIFO per (sender,
+// receiver); a receive waits for its message. One mutex and condition variable per world (all split
+// groups share them) let an abort wake every waiting rank at once.
 //
 // Copies of CUDA tensors stay on their device (virtual ranks share one GPU: through the host, a
 // ZeRO-3 step of an 8B model moved gigabytes per layer through one thread and summed them there).
@@ -49,7 +49,7 @@ struct Contribution {
   int color = 0, key = 0;
 };
 
-struct Slot {
+struct Meeting {
   std::string op;
   int arrived = 0, departed = 0;
   std::vector<Contribution> in;
@@ -63,7 +63,7 @@ struct Group {
   std::shared_ptr<World> world;
   std::vector<int> world_ranks;  // group rank -> world rank
   std::string name;
-  std::map<int64_t, Slot> slots;
+  std::map<int64_t, Meeting> meetings;
   std::map<std::pair<int, int>, std::deque<Tensor>> mail;  // (sender, receiver) -> messages
 };
 
@@ -85,7 +85,7 @@ void settle(const Tensor& out) {
 bool float_dtype(DType t) { return t == DType::f32 || t == DType::bf16 || t == DType::f16; }
 
 // Sum of elements [offset, offset + count) of every rank's post, in rank order, as `dtype`.
-Tensor sum_in_rank_order(const Slot& s, int64_t offset, int64_t count, DType dtype) {
+Tensor sum_in_rank_order(const Meeting& s, int64_t offset, int64_t count, DType dtype) {
   Tensor out = Tensor::empty({count}, dtype, Device::cpu());
   auto host_rows = [&](const Contribution& c) {
     const Tensor rows = c.data.rows(offset, offset + count);
@@ -120,7 +120,7 @@ Tensor sum_in_rank_order(const Slot& s, int64_t offset, int64_t count, DType dty
 // out <- the rank-order sum of elements [offset, offset + out.numel()) of the posts. A float
 // output on a GPU is summed there (fp32 accumulator, the same additions as the host loop);
 // anything else on the host.
-void reduce_into(const Slot& s, int64_t offset, Tensor& out) {
+void reduce_into(const Meeting& s, int64_t offset, Tensor& out) {
   const int64_t n = out.numel();
   Tensor flat = out.view({n});
   if (!out.device().is_cuda() || !float_dtype(out.dtype())) {
@@ -157,7 +157,7 @@ class InProcessWork final : public CommWork {
 // output) in wait().
 class CollectiveWork final : public CommWork {
  public:
-  CollectiveWork(InProcessComm* comm, std::string op, int64_t seq, std::function<void(const Slot&)> compute)
+  CollectiveWork(InProcessComm* comm, std::string op, int64_t seq, std::function<void(const Meeting&)> compute)
       : comm_(comm), op_(std::move(op)), seq_(seq), compute_(std::move(compute)) {}
   void wait() override;
 
@@ -165,7 +165,7 @@ class CollectiveWork final : public CommWork {
   InProcessComm* comm_;
   std::string op_;
   int64_t seq_;
-  std::function<void(const Slot&)> compute_;
+  std::function<void(const Meeting&)> compute_;
 };
 
 class InProcessComm final : public Communicator {
@@ -184,7 +184,7 @@ class InProcessComm final : public Communicator {
   void all_reduce(Tensor& t) override {
     Contribution c;
     c.data = post_copy(t);
-    collective("all_reduce", std::move(c), [&](const Slot& s) {
+    collective("all_reduce", std::move(c), [&](const Meeting& s) {
       reduce_into(s, 0, t);
     });
   }
@@ -192,7 +192,7 @@ class InProcessComm final : public Communicator {
   void all_reduce(std::span<double> values) override {
     Contribution c;
     c.f64.assign(values.begin(), values.end());
-    collective("all_reduce(host fp64)", std::move(c), [&](const Slot& s) {
+    collective("all_reduce(host fp64)", std::move(c), [&](const Meeting& s) {
                  for (size_t i = 0; i < values.size(); ++i) {
                    double acc = 0;
                    for (const auto& in : s.in) acc += in.f64[i];
@@ -209,7 +209,7 @@ class InProcessComm final : public Communicator {
     const int64_t seq = post("reduce_scatter", std::move(c));
     const int64_t n = out.numel(), offset = rank_ * n;
     return std::make_unique<CollectiveWork>(this, "reduce_scatter", seq,
-                                            [out, offset](const Slot& s) mutable { reduce_into(s, offset, out); });
+                                            [out, offset](const Meeting& s) mutable { reduce_into(s, offset, out); });
   }
 
   std::unique_ptr<CommWork> all_gather_async(const Tensor& in, Tensor& out) override {
@@ -219,7 +219,7 @@ class InProcessComm final : public Communicator {
     c.data = post_copy(in);
     const int64_t seq = post("all_gather", std::move(c));
     const int64_t n = in.numel();
-    return std::make_unique<CollectiveWork>(this, "all_gather", seq, [out, n](const Slot& s) mutable {
+    return std::make_unique<CollectiveWork>(this, "all_gather", seq, [out, n](const Meeting& s) mutable {
       Tensor flat = out.view({out.numel()});
       for (size_t r = 0; r < s.in.size(); ++r) {
         Tensor dst = flat.rows(static_cast<int64_t>(r) * n, static_cast<int64_t>(r + 1) * n);
@@ -235,7 +235,7 @@ class InProcessComm final : public Communicator {
     LCX_CHECK(in.numel() == 0 || in.data() != out.data(), "all_to_all needs distinct in and out");
     Contribution c;
     c.data = post_copy(in);
-    collective("all_to_all", std::move(c), [&](const Slot& s) {
+    collective("all_to_all", std::move(c), [&](const Meeting& s) {
       Tensor flat = out.view({out.numel()});
       const int64_t b = in.numel() / size();
       for (size_t r = 0; r < s.in.size(); ++r) {
@@ -264,14 +264,14 @@ class InProcessComm final : public Communicator {
     return std::make_unique<InProcessWork>(this, seq, std::move(recvs));
   }
 
-  void barrier() override { collective("barrier", Contribution{}, [](const Slot&) {}); }
+  void barrier() override { collective("barrier", Contribution{}, [](const Meeting&) {}); }
 
   std::unique_ptr<Communicator> split(int color, int key, const std::string& name) override {
     Contribution c;
     c.color = color;
     c.key = key;
     std::unique_ptr<Communicator> result;
-    auto build = [&](Slot& s) {
+    auto build = [&](Meeting& s) {
       std::map<int, std::vector<int>> members;  // color -> parent ranks, ordered by (key, rank)
       for (int r = 0; r < size(); ++r) members[s.in[static_cast<size_t>(r)].color].push_back(r);
       s.split_group.resize(s.in.size());
@@ -291,7 +291,7 @@ class InProcessComm final : public Communicator {
     };
     collective(
         "split", std::move(c),
-        [&](const Slot& s) {
+        [&](const Meeting& s) {
           result = std::make_unique<InProcessComm>(s.split_group[static_cast<size_t>(rank_)],
                                                    s.split_rank[static_cast<size_t>(rank_)], timeout_);
         },
@@ -386,64 +386,64 @@ class InProcessComm final : public Communicator {
 
   // Posts `c` as this rank's part of the next collective and returns its sequence number; the
   // last rank to post runs `on_complete` under the lock. Never waits.
-  template <typename Complete = void (*)(Slot&)>
-  int64_t post(const std::string& op, Contribution c, Complete on_complete = [](Slot&) {}) {
+  template <typename Complete = void (*)(Meeting&)>
+  int64_t post(const std::string& op, Contribution c, Complete on_complete = [](Meeting&) {}) {
     World& w = *g_->world;
     const int64_t seq = ++seq_;
     std::lock_guard lock(w.mu);
     if (w.aborted) throw_aborted();
-    Slot& slot = g_->slots[seq];
-    if (slot.op.empty()) {
-      slot.op = op;
-      slot.in.resize(static_cast<size_t>(size()));
-    } else if (slot.op != op) {
-      throw Error(str(where(op, seq), ": another rank called ", slot.op, " as call #", seq),
+    Meeting& meeting = g_->meetings[seq];
+    if (meeting.op.empty()) {
+      meeting.op = op;
+      meeting.in.resize(static_cast<size_t>(size()));
+    } else if (meeting.op != op) {
+      throw Error(str(where(op, seq), ": another rank called ", meeting.op, " as call #", seq),
                   {}, "every rank must call the collectives of a communicator in the same order");
     }
     c.posted = true;
-    slot.in[static_cast<size_t>(rank_)] = std::move(c);
-    if (++slot.arrived == size()) {
-      check_consistent(slot, op, seq);
-      on_complete(slot);
+    meeting.in[static_cast<size_t>(rank_)] = std::move(c);
+    if (++meeting.arrived == size()) {
+      check_consistent(meeting, op, seq);
+      on_complete(meeting);
       w.cv.notify_all();
     }
     return seq;
   }
 
-  // Waits until every rank posted collective `seq`, runs `compute` on the full slot without the
-  // lock (posts are immutable until all depart), then departs.
+  // Waits until every rank posted collective `seq`, runs `compute` on the full meeting without
+  // the lock (posts are immutable until all depart), then departs.
   template <typename Compute>
   void complete(const std::string& op, int64_t seq, Compute&& compute) {
     World& w = *g_->world;
     const auto deadline = Clock::now() + std::chrono::duration<double>(timeout_);
-    Slot* slot = nullptr;
+    Meeting* meeting = nullptr;
     {
       std::unique_lock lock(w.mu);
-      slot = &g_->slots.at(seq);
-      while (slot->arrived < size() && !w.aborted) {
-        if (w.cv.wait_until(lock, deadline) == std::cv_status::timeout && slot->arrived < size() && !w.aborted) {
+      meeting = &g_->meetings.at(seq);
+      while (meeting->arrived < size() && !w.aborted) {
+        if (w.cv.wait_until(lock, deadline) == std::cv_status::timeout && meeting->arrived < size() && !w.aborted) {
           std::vector<int> missing;
           for (int r = 0; r < size(); ++r)
-            if (!slot->in[static_cast<size_t>(r)].posted) missing.push_back(r);
+            if (!meeting->in[static_cast<size_t>(r)].posted) missing.push_back(r);
           throw Error(str(where(op, seq), " timed out after ", timeout_, " s; ranks missing: ",
                           describe_missing(missing)),
                       {}, "the missing ranks never made this call: check their logs for an earlier failure or a skipped call");
         }
       }
-      if (slot->arrived < size()) throw_aborted();
-      if (!slot->mismatch.empty()) {
-        std::string m = slot->mismatch;
+      if (meeting->arrived < size()) throw_aborted();
+      if (!meeting->mismatch.empty()) {
+        std::string m = meeting->mismatch;
         depart(seq);
         throw Error(m, {}, "every rank must pass the same dtype and element count");
       }
     }
-    compute(*slot);
+    compute(*meeting);
     std::lock_guard lock(w.mu);
     depart(seq);
   }
 
-  template <typename Compute, typename Complete = void (*)(Slot&)>
-  void collective(const std::string& op, Contribution c, Compute&& compute, Complete on_complete = [](Slot&) {}) {
+  template <typename Compute, typename Complete = void (*)(Meeting&)>
+  void collective(const std::string& op, Contribution c, Compute&& compute, Complete on_complete = [](Meeting&) {}) {
     ProfileScope scope(OpKind::communication, op.c_str());
     const int64_t seq = post(op, std::move(c), on_complete);
     complete(op, seq, std::forward<Compute>(compute));
@@ -451,11 +451,11 @@ class InProcessComm final : public Communicator {
 
   // Called with the lock held.
   void depart(int64_t seq) {
-    auto it = g_->slots.find(seq);
-    if (++it->second.departed == size()) g_->slots.erase(it);
+    auto it = g_->meetings.find(seq);
+    if (++it->second.departed == size()) g_->meetings.erase(it);
   }
 
-  void check_consistent(Slot& s, const std::string& op, int64_t seq) const {
+  void check_consistent(Meeting& s, const std::string& op, int64_t seq) const {
     for (size_t r = 1; r < s.in.size(); ++r) {
       const auto& a = s.in[0];
       const auto& b = s.in[r];

@@ -27,7 +27,7 @@
 #include <vector>
 
 #include "lcx/comm.h"
-#include "lcx/model.h"
+#include "lcx/slots/model.h"
 
 namespace lcx {
 

@@ -1,4 +1,4 @@
-// The recipe: the choices that trade memory for time (lcx/model.h Recipe), made per run by the
+// The recipe: the choices that trade memory for time (lcx/slots/model.h Recipe), made per run by the
 // plan. Each candidate is planned (its bytes) and timed by the cost model (its providers' work,
 // MemoryPlan::work, at the rates below); the fastest whose plan fits the GPU (and whose pinned
 // host bytes fit the host) is taken. A key set in the manifest wins, since the providers read the

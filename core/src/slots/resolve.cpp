@@ -87,8 +87,8 @@ SlotSet resolve_slots(const Manifest& m, const PluginLoader& loader, const std::
     else if (row.make_default)
       s.get<T>() = row.make_default();
   });
-  // A rope provider dropped by --disable leaves core's rotary in its place, which says once
-  // that the checkpoint's own scaling is being ignored.
+  // A positional-encoding provider dropped by --disable leaves core's rotary in its place, which
+  // says once that the checkpoint's own scaling is being ignored.
   bool ablated = false;
   for (const auto& d : disabled)
     if (loader.describe(d).slot == LCX_SLOT_POSITIONAL_ENCODING) {

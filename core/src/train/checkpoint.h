@@ -8,7 +8,7 @@
 #include <string>
 #include <vector>
 
-#include "lcx/model.h"
+#include "lcx/slots/model.h"
 #include "train/optimizer.h"
 
 namespace lcx {

@@ -13,7 +13,7 @@ namespace lcx {
 AdamW::AdamW(std::vector<Parameter*> params, AdamWConfig cfg) : cfg_(std::move(cfg)) {
   const bool bf16_master = cfg_.master_dtype == "bf16";
   for (Parameter* p : params) {
-    Slot s{p, {}, {}, {}};
+    ParamState s{p, {}, {}, {}};
     Device d = p->value.device();
     if (!bf16_master) {
       s.master = Tensor::empty(p->value.shape(), DType::f32, d, MemoryCategory::master_weights);
@@ -22,20 +22,20 @@ AdamW::AdamW(std::vector<Parameter*> params, AdamWConfig cfg) : cfg_(std::move(c
     DType moment = bf16_master ? p->value.dtype() : DType::f32;
     s.m = Tensor::zeros(p->value.shape(), moment, d, MemoryCategory::optimizer);
     s.v = Tensor::zeros(p->value.shape(), moment, d, MemoryCategory::optimizer);
-    slots_.push_back(std::move(s));
+    params_.push_back(std::move(s));
   }
 }
 
 double AdamW::grad_norm() const {
   ProfileScope scope(OpKind::optimizer, "grad_norm");
   double sq = 0;
-  for (const auto& s : slots_) sq += adamw::sum_squares(s.p->grad);
+  for (const auto& s : params_) sq += adamw::sum_squares(s.p->grad);
   return std::sqrt(sq);
 }
 
 void AdamW::scale_grads(double scale) {
   ProfileScope scope(OpKind::optimizer, "clip_grads");
-  for (auto& s : slots_) ops::scale_inplace(s.p->grad, static_cast<float>(scale));
+  for (auto& s : params_) ops::scale_inplace(s.p->grad, static_cast<float>(scale));
 }
 
 void AdamW::step(double lr) {
@@ -49,7 +49,7 @@ void AdamW::step(double lr) {
   h.step_size = static_cast<float>(lr / (1.0 - std::pow(cfg_.beta1, static_cast<double>(step_))));
   h.bias_correction2_sqrt = static_cast<float>(std::sqrt(1.0 - std::pow(cfg_.beta2, static_cast<double>(step_))));
   ProfileScope scope(OpKind::optimizer, "adamw_step");
-  for (auto& s : slots_) {
+  for (auto& s : params_) {
     h.weight_decay = s.p->decay ? static_cast<float>(cfg_.weight_decay) : 0.0f;
     adamw::update(s.master, s.p->value, s.p->grad, s.m, s.v, h);
   }
@@ -58,7 +58,7 @@ void AdamW::step(double lr) {
 AdamW::State AdamW::state() const {
   State st;
   st.step = step_;
-  for (const auto& s : slots_) {
+  for (const auto& s : params_) {
     if (s.master.defined()) st.tensors.emplace_back(s.p->name + ".master", s.master.to(Device::cpu()));
     st.tensors.emplace_back(s.p->name + ".exp_avg", s.m.to(Device::cpu()));
     st.tensors.emplace_back(s.p->name + ".exp_avg_sq", s.v.to(Device::cpu()));
@@ -81,7 +81,7 @@ void AdamW::load_state(const State& st) {
     Tensor host = src.dtype() == dst.dtype() ? src : src.to(dst.dtype());
     dst.copy_from(host);  // across devices when the run is on a GPU
   };
-  for (auto& s : slots_) {
+  for (auto& s : params_) {
     if (s.master.defined()) {
       restore(s.p->name + ".master", s.master);
       ops::cast(s.master, s.p->value);

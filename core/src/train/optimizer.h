@@ -6,7 +6,7 @@
 #include <string>
 #include <vector>
 
-#include "lcx/model.h"
+#include "lcx/slots/model.h"
 
 namespace lcx {
 
@@ -37,12 +37,12 @@ class AdamW {
   void load_state(const State& s);
 
  private:
-  struct Slot {
+  struct ParamState {
     Parameter* p;
     Tensor master;  // fp32; undefined with master_dtype bf16
     Tensor m, v;    // fp32 (or bf16 with master_dtype bf16)
   };
-  std::vector<Slot> slots_;
+  std::vector<ParamState> params_;
   AdamWConfig cfg_;
   int64_t step_ = 0;
 };

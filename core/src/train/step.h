@@ -38,14 +38,14 @@ struct StepSlots : SlotTuple<SlotPtr> {
   // must be present; under ZeRO-3 sharding no parameter has a full value between layers, so the
   // trainer sets it.
   std::optional<DType> activation_dtype;
-  Recipe recipe;  // the plan's choices for this run (lcx/model.h)
+  Recipe recipe;  // the plan's choices for this run (lcx/slots/model.h)
   // This rank's mesh, handed to the Parallelism by configure_slots; null for one rank alone.
   Mesh* mesh = nullptr;
   // Core's defaults standing in for the slots left null.
   std::shared_ptr<SlotTuple<std::shared_ptr>> defaults;
 
   StepSlots() = default;
-  StepSlots(Model& model, Loss& loss, PositionalEncoding& rope, MemoryStrategy& memory, Parallelism& parallel);
+  StepSlots(Model& model, Loss& loss, PositionalEncoding& positional, MemoryStrategy& memory, Parallelism& parallel);
   // Points each null slot but the model at core's default.
   void fill_defaults();
 };

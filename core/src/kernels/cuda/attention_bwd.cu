@@ -8,7 +8,7 @@
 // owner, so the result is deterministic and GQA's sum over the group is a plain loop. Rows that
 // saw no key (lse = -inf) get p = 0. Math is fp32 CUDA-core FMA from fp32 shared-memory tiles,
 // like the forward kernel.
-#include "cuda/attention_cudnn.h"
+#include "kernels/cuda/attention_cudnn.h"
 #include "kernels/cuda/attention_common.cuh"
 #include "kernels/cuda/cuda_ops.h"
 
@@ -222,7 +222,7 @@ void attention_backward(const Tensor& q, const Tensor& k, const Tensor& v, const
   attn::attn_bwd_delta_kernel<<<lcx::cuda::grid_for(p.T * p.Hq, 8, 65535LL * 8), 256, 0,
                                 lcx::cuda::current_stream()>>>(p);
   LCX_CUDA_LAUNCH_CHECK();
-  if (attn::attention_backward_tc(p)) return;
+  if (attn::attention_backward_sm90(p)) return;
   if (p.d <= 32)
     attn::launch_bwd<32>(p);
   else if (p.d <= 64)

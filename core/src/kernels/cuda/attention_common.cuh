@@ -69,9 +69,10 @@ void allow_smem(Kernel kernel, size_t bytes) {
 
 Params make_params(const Tensor& q, const Tensor& k, const AttentionParams& ap);
 
-// The tensor-core kernels (attention_tc.cu): false, launching nothing, where they do not apply
-// (fp32 inputs, mixed dtypes, head_dim other than 64 or 128, rows not 16-byte aligned).
-bool attention_forward_tc(const Params& p);
-bool attention_backward_tc(const Params& p);
+// The tensor-core kernels (attention_fwd_sm90.cu, attention_bwd_sm90.cu): false, launching
+// nothing, where they do not apply (fp32 inputs, mixed dtypes, head_dim other than 64 or 128,
+// rows not 16-byte aligned).
+bool attention_forward_sm90(const Params& p);
+bool attention_backward_sm90(const Params& p);
 
 }  // namespace lcx::ops::cuda::attn

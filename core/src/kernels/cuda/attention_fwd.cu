@@ -6,9 +6,9 @@
 // ring-attention block can be full, causal or half. Two threads share a query row: each scores
 // half of the tile's keys and accumulates half of the output columns. Math is fp32 CUDA-core FMA
 // from fp32 tiles in shared memory: exact against the CPU to fp32 rounding, the fallback and the
-// second opinion beside the tensor-core kernels (attention_tc.cu) and cuDNN's fused kernel
-// (cuda/attention_cudnn.cpp), which attention_forward tries first.
-#include "cuda/attention_cudnn.h"
+// second opinion beside the tensor-core kernel (attention_fwd_sm90.cu) and cuDNN's fused kernel
+// (attention_cudnn.cpp), which attention_forward tries first.
+#include "kernels/cuda/attention_cudnn.h"
 #include "kernels/cuda/attention_common.cuh"
 #include "kernels/cuda/cuda_ops.h"
 
@@ -147,7 +147,7 @@ void attention_forward(const Tensor& q, const Tensor& k, const Tensor& v, Tensor
   p.o = out.data();
   p.to = out.dtype();
   p.lse_out = lse.data_as<float>();
-  if (attn::attention_forward_tc(p)) return;
+  if (attn::attention_forward_sm90(p)) return;
   if (p.d <= 32)
     attn::launch_fwd<32>(p);
   else if (p.d <= 64)

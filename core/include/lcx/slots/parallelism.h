@@ -5,26 +5,13 @@
 #include <vector>
 
 #include "lcx/plugin.h"
+#include "lcx/sequence.h"
 #include "lcx/tensor.h"
 
 namespace lcx {
 
 struct PlanInputs;
 struct MemoryPlan;
-
-// One training sequence on the host, before sharding.
-struct Sequence {
-  Tensor tokens;   // int32 [L]
-  Tensor targets;  // int64 [L], shifted: targets[t] = tokens[t+1], -100 where ignored
-  int documents = 1;  // how many documents were packed into it
-};
-
-struct Shard {
-  Tensor tokens;     // int32 [T] this rank's tokens
-  Tensor targets;    // int64 [T]
-  Tensor positions;  // int64 [T] GLOBAL positions
-  int64_t global_length = 0;
-};
 
 // Facts about the model that a strategy checks before the first step.
 struct ParallelModelInfo {

@@ -5,11 +5,11 @@
 #include <string>
 #include <vector>
 
-#include "lcx/memory_strategy.h"
-#include "lcx/mlp_strategy.h"
-#include "lcx/parallelism.h"
 #include "lcx/plugin.h"
-#include "lcx/positional_encoding.h"
+#include "lcx/slots/memory_strategy.h"
+#include "lcx/slots/mlp_strategy.h"
+#include "lcx/slots/parallelism.h"
+#include "lcx/slots/positional_encoding.h"
 #include "lcx/tensor.h"
 
 namespace lcx {

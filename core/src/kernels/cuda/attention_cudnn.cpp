@@ -15,7 +15,7 @@
 // to 128, 16-byte aligned rows, and either a full (non-causal) block or a causal one with equal
 // query and key positions (T == S, q_offset == k_offset). Ring attention's other causal blocks
 // run on the own kernels.
-#include "cuda/attention_cudnn.h"
+#include "kernels/cuda/attention_cudnn.h"
 
 #include <dlfcn.h>
 

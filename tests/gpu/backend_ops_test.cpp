@@ -1,0 +1,456 @@
+// Every op of lcx/ops.h on every backend against its CPU twin, as ggml's test-backend-ops does it:
+// one table lists each op with its cases (shapes and dtypes), one driver runs every case twice from
+// the same seed, once on the CPU and once on the backend, and compares each output at its dtype's
+// tolerance (gpu_test_util.h: fp32 1e-5, bf16/fp16 1e-2, relative L2) or bit for bit where the op
+// only moves or rounds bytes. Outputs start as NaN on both sides, so an element an op forgot to
+// write fails; accumulating outputs start from the same random values. A new op is one table row.
+// The backends are the CUDA devices; without one every op skips, visibly.
+#include <gtest/gtest.h>
+
+#include <cmath>
+#include <functional>
+#include <map>
+#include <random>
+#include <string>
+#include <vector>
+
+#include "gpu/gpu_test_util.h"
+#include "lcx/ops.h"
+
+namespace lcx::test {
+namespace {
+
+constexpr double kExact = 0;  // Output::tolerance: bytes only, the values agree exactly
+
+struct Output {
+  std::string name;
+  Tensor value;           // on the host
+  double tolerance = -1;  // relative L2 bound; below 0: the dtype's (gpu_test_util.h)
+};
+
+// Runs one case on `device` from inputs drawn from `rng`; returns the outputs on the host.
+using CaseBody = std::function<std::vector<Output>(Device device, std::mt19937& rng)>;
+
+struct OpCase {
+  std::string label;  // shapes and dtypes
+  CaseBody run;
+};
+
+Tensor at(Device d, const Tensor& host) { return host.to(d); }  // a copy, also on the CPU
+
+Tensor poisoned(Shape shape, DType t, Device d) {
+  return Tensor::from_floats(std::vector<float>(static_cast<size_t>(shape_numel(shape)), NAN), shape, t, d);
+}
+
+Output out(std::string name, const Tensor& t, double tolerance = -1) {
+  return {std::move(name), t.to(Device::cpu()), tolerance};
+}
+
+Output scalar(std::string name, double v, double tolerance = -1) {
+  return {std::move(name), Tensor::from_floats({static_cast<float>(v)}, {1}, DType::f32), tolerance};
+}
+
+// NaN fails; an infinity must sit in the same place on both sides (attention's lse is -inf for a
+// row that saw no key); the finite rest is held to the tolerance.
+void expect_matches(const Output& got, const Output& want) {
+  SCOPED_TRACE(want.name);
+  ASSERT_EQ(got.value.shape(), want.value.shape());
+  std::vector<float> g = got.value.to_floats(), w = want.value.to_floats();
+  if (want.tolerance == kExact) {
+    EXPECT_EQ(g, w);
+    return;
+  }
+  for (size_t i = 0; i < g.size(); ++i) {
+    if (!std::isinf(w[i]) && !std::isinf(g[i])) continue;
+    ASSERT_EQ(g[i], w[i]) << "element " << i;
+    g[i] = w[i] = 0.f;
+  }
+  const double bound = want.tolerance >= 0 ? want.tolerance : tolerance(want.value.dtype());
+  const double err = rel_l2(g, w);
+  EXPECT_LE(err, bound) << dtype_name(want.value.dtype()) << ": relative L2 " << err;
+}
+
+const DType kDtypes[] = {DType::f32, DType::bf16};
+
+// ---- the table ---------------------------------------------------------------------------------
+
+std::vector<OpCase> matmul_cases() {
+  std::vector<OpCase> cases;
+  struct Mnk {
+    int64_t M, N, K;
+  };
+  for (Mnk s : {Mnk{67, 45, 129}, Mnk{256, 384, 512}, Mnk{1, 7, 3}})
+    for (DType ab : kDtypes)
+      for (DType ct : kDtypes) {
+        if (ab == DType::f32 && ct == DType::bf16) continue;
+        for (int ta = 0; ta < 2; ++ta)
+          for (int tb = 0; tb < 2; ++tb)
+            cases.push_back({str(s.M, "x", s.N, "x", s.K, " ", dtype_name(ab), "->", dtype_name(ct), " ta=", ta,
+                                 " tb=", tb),
+                             [=](Device d, std::mt19937& rng) {
+                               const Tensor a = at(d, host_normal(ta ? Shape{s.K, s.M} : Shape{s.M, s.K}, ab, rng));
+                               const Tensor b = at(d, host_normal(tb ? Shape{s.N, s.K} : Shape{s.K, s.N}, ab, rng));
+                               Tensor c = at(d, host_normal({s.M, s.N}, ct, rng));
+                               ops::matmul(a, ta, b, tb, c, 0.7f, 0.3f);
+                               // beta = 0 must not read c: a NaN c stays out of the result.
+                               Tensor c0 = poisoned({s.M, s.N}, ct, d);
+                               ops::matmul(a, ta, b, tb, c0, 1.f, 0.f);
+                               return std::vector<Output>{out("c (beta 0.3)", c), out("c (beta 0)", c0)};
+                             }});
+      }
+  // [T, heads, d] as a [30, 32] matrix, against an fp32 weight, into bf16.
+  cases.push_back({"[6,5,32] bf16 x [48,32]^T f32 -> bf16", [](Device d, std::mt19937& rng) {
+                     const Tensor a = at(d, host_normal({6, 5, 32}, DType::bf16, rng));
+                     const Tensor b = at(d, host_normal({48, 32}, DType::f32, rng));
+                     Tensor c = poisoned({30, 48}, DType::bf16, d);
+                     ops::matmul(a, false, b, true, c, 1.f, 0.f);
+                     return std::vector<Output>{out("c", c)};
+                   }});
+  return cases;
+}
+
+// Few distinct ids among many rows: many repeats for the backward's accumulation.
+Tensor repeated_ids(int64_t T, int64_t V, std::mt19937& rng) {
+  std::uniform_int_distribution<int> pick(0, 40);
+  std::vector<float> ids(static_cast<size_t>(T));
+  for (auto& x : ids) x = static_cast<float>(pick(rng) * 23 % V);
+  return Tensor::from_floats(ids, {T}, DType::i32);
+}
+
+std::vector<OpCase> embedding_cases(bool backward) {
+  const int64_t V = 1000, H = 96, T = 300;
+  std::vector<OpCase> cases;
+  for (DType t : kDtypes)
+    cases.push_back({str("V=", V, " H=", H, " T=", T, " ", dtype_name(t)), [=](Device d, std::mt19937& rng) {
+                       const Tensor ids = at(d, repeated_ids(T, V, rng));
+                       if (!backward) {
+                         const Tensor table = at(d, host_normal({V, H}, t, rng));
+                         Tensor y = poisoned({T, H}, t, d);
+                         ops::embedding_forward(ids, table, y);
+                         return std::vector<Output>{out("out", y)};
+                       }
+                       const Tensor grad_out = at(d, host_normal({T, H}, t, rng));
+                       Tensor grad_table = at(d, host_normal({V, H}, DType::f32, rng));
+                       ops::embedding_backward(ids, grad_out, grad_table);
+                       return std::vector<Output>{out("grad_table", grad_table)};
+                     }});
+  return cases;
+}
+
+// d % 8 == 0 in bf16 takes the 8-wide kernels; d = 100 the scalar ones.
+std::vector<OpCase> rmsnorm_cases(bool backward) {
+  std::vector<OpCase> cases;
+  for (Shape shape : {Shape{37, 1024}, Shape{50, 8, 128}, Shape{3, 2560}, Shape{9, 100}})
+    for (DType t : kDtypes)
+      cases.push_back({str(shape_str(shape), " ", dtype_name(t)), [=](Device d, std::mt19937& rng) {
+                         const int64_t n = shape.back(), rows = shape_numel(shape) / n;
+                         const Tensor xh = host_normal(shape, t, rng, 2.f);
+                         std::vector<float> wv = normal(n, rng, 0.2f);
+                         for (auto& w : wv) w += 1.f;
+                         const Tensor wh = Tensor::from_floats(wv, {n}, t);
+                         const Tensor x = at(d, xh), w = at(d, wh);
+                         if (!backward) {
+                           Tensor y = poisoned(shape, t, d), rstd = poisoned({rows}, DType::f32, d);
+                           ops::rmsnorm_forward(x, w, 1e-6f, y, rstd);
+                           return std::vector<Output>{out("y", y), out("rstd", rstd)};
+                         }
+                         // The saved rstd comes from the CPU on both sides: only the backward differs.
+                         Tensor yh = Tensor::empty(shape, t), rstdh = Tensor::empty({rows}, DType::f32);
+                         ops::rmsnorm_forward(xh, wh, 1e-6f, yh, rstdh);
+                         const Tensor dy = at(d, host_normal(shape, t, rng));
+                         Tensor dx = poisoned(shape, t, d), dw = at(d, host_normal({n}, DType::f32, rng));
+                         ops::rmsnorm_backward(x, w, at(d, rstdh), dy, dx, dw);
+                         return std::vector<Output>{out("dx", dx), out("dw", dw)};
+                       }});
+  return cases;
+}
+
+std::vector<OpCase> rotary_cases(bool backward) {
+  const int64_t T = 50, heads = 6, n = 128;
+  std::vector<OpCase> cases;
+  for (DType t : kDtypes)
+    cases.push_back({str("[", T, ",", heads, ",", n, "] ", dtype_name(t)), [=](Device d, std::mt19937& rng) {
+                       std::vector<float> cv(T * n / 2), sv(T * n / 2);
+                       for (int64_t p = 0; p < T; ++p)
+                         for (int64_t i = 0; i < n / 2; ++i) {
+                           const double angle = (p + 1000) * std::pow(1e6, -2.0 * i / n);
+                           cv[p * n / 2 + i] = static_cast<float>(std::cos(angle));
+                           sv[p * n / 2 + i] = static_cast<float>(std::sin(angle));
+                         }
+                       const Tensor cos = at(d, Tensor::from_floats(cv, {T, n / 2}, DType::f32));
+                       const Tensor sin = at(d, Tensor::from_floats(sv, {T, n / 2}, DType::f32));
+                       Tensor x = at(d, host_normal({T, heads, n}, t, rng));
+                       if (backward)
+                         ops::rotary_backward(x, cos, sin);
+                       else
+                         ops::rotary_forward(x, cos, sin);
+                       return std::vector<Output>{out(backward ? "dx" : "x", x)};
+                     }});
+  return cases;
+}
+
+// 7 x 13 = 91 elements: the 8-wide bf16 kernel takes 88, the scalar tail 3.
+std::vector<OpCase> swiglu_cases(bool backward) {
+  std::vector<OpCase> cases;
+  for (Shape shape : {Shape{33, 3072}, Shape{7, 13}})
+    for (DType t : kDtypes)
+      cases.push_back({str(shape_str(shape), " ", dtype_name(t)), [=](Device d, std::mt19937& rng) {
+                         const Tensor gate = at(d, host_normal(shape, t, rng, 3.f));
+                         const Tensor up = at(d, host_normal(shape, t, rng));
+                         if (!backward) {
+                           Tensor y = poisoned(shape, t, d);
+                           ops::swiglu_forward(gate, up, y);
+                           return std::vector<Output>{out("out", y)};
+                         }
+                         const Tensor dout = at(d, host_normal(shape, t, rng));
+                         Tensor dg = poisoned(shape, t, d), du = poisoned(shape, t, d);
+                         ops::swiglu_backward(gate, up, dout, dg, du);
+                         return std::vector<Output>{out("dgate", dg), out("dup", du)};
+                       }});
+  return cases;
+}
+
+const Shape kElementwise{129, 257};
+
+std::vector<OpCase> add_cases(bool inplace) {
+  std::vector<OpCase> cases;
+  for (DType ta : kDtypes)
+    for (DType tb : kDtypes)
+      cases.push_back({str(shape_str(kElementwise), " ", dtype_name(ta), " + ", dtype_name(tb)),
+                       [=](Device d, std::mt19937& rng) {
+                         Tensor a = at(d, host_normal(kElementwise, ta, rng));
+                         const Tensor b = at(d, host_normal(kElementwise, tb, rng));
+                         if (inplace) {
+                           ops::add_inplace(a, b);
+                           return std::vector<Output>{out("acc", a)};
+                         }
+                         Tensor y = poisoned(kElementwise, ta, d);
+                         ops::add(a, b, y);
+                         return std::vector<Output>{out("out", y)};
+                       }});
+  return cases;
+}
+
+std::vector<OpCase> scale_cases() {
+  std::vector<OpCase> cases;
+  for (DType t : kDtypes)
+    cases.push_back({str(shape_str(kElementwise), " ", dtype_name(t)), [=](Device d, std::mt19937& rng) {
+                       Tensor x = at(d, host_normal(kElementwise, t, rng));
+                       ops::scale_inplace(x, -0.37f);
+                       return std::vector<Output>{out("x", x)};
+                     }});
+  return cases;
+}
+
+// Casts round to nearest even on both sides: the stored values agree exactly.
+std::vector<OpCase> cast_cases() {
+  std::vector<OpCase> cases;
+  for (const auto& [f, t] : {std::pair{DType::f32, DType::bf16}, std::pair{DType::bf16, DType::f32},
+                            std::pair{DType::f32, DType::f16}, std::pair{DType::f16, DType::bf16}}) {
+    const DType from = f, to = t;
+    cases.push_back({str(shape_str(kElementwise), " ", dtype_name(from), " -> ", dtype_name(to)),
+                     [=](Device d, std::mt19937& rng) {
+                       const Tensor src = at(d, host_normal(kElementwise, from, rng, 10.f));
+                       Tensor dst = poisoned(kElementwise, to, d);
+                       ops::cast(src, dst);
+                       return std::vector<Output>{out("dst", dst, kExact)};
+                     }});
+  }
+  return cases;
+}
+
+// A head group's columns of a projection weight, gathered and scattered back: bytes only, so the
+// GPU's pitched copy equals the CPU's row copies exactly.
+std::vector<OpCase> copy_columns_cases() {
+  std::vector<OpCase> cases;
+  for (DType t : kDtypes)
+    cases.push_back({str("[257,4096] cols 1536..2048 <-> [257,512] ", dtype_name(t)), [=](Device d, std::mt19937& rng) {
+                       const Tensor w = at(d, host_normal({257, 4096}, t, rng));
+                       Tensor part = poisoned({257, 512}, t, d);
+                       ops::copy_columns(w, 1536, part, 0, 512);
+                       Tensor back = at(d, host_normal({257, 4096}, t, rng));
+                       ops::copy_columns(part, 0, back, 512, 512);
+                       return std::vector<Output>{out("gathered", part, kExact), out("scattered", back, kExact)};
+                     }});
+  return cases;
+}
+
+struct AttnCase {
+  int64_t T, S, Hq, Hkv, d;
+  bool causal;
+  int64_t q_offset, k_offset;
+};
+
+// bf16/fp16 with head_dim 64 or 128 reach the fast kernels (cuDNN where it takes the call, else
+// the tensor-core ones), everything else the fp32 ones; ops_gpu_test.cpp pins each kernel in turn.
+std::vector<OpCase> attention_cases(bool backward) {
+  const AttnCase shapes[] = {
+      {130, 130, 4, 2, 64, true, 0, 0},   // causal, GQA, ragged last tile
+      {70, 200, 4, 1, 64, true, 130, 0},  // the last 70 queries of a 200-token sequence
+      {65, 100, 2, 2, 32, false, 0, 0},   // a full (non-causal) ring block
+      {96, 96, 8, 2, 128, true, 0, 0},    // Qwen3's head_dim and group of 4
+      {50, 50, 2, 1, 80, true, 0, 0},     // a head_dim padded inside its tile
+      {40, 60, 2, 2, 64, true, 0, 20},    // the first 20 queries see no key: lse -inf, out 0
+      {64, 64, 4, 2, 128, false, 128, 0}, // a ring block wholly in the past
+  };
+  std::vector<OpCase> cases;
+  for (const AttnCase& c : shapes)
+    for (DType t : {DType::f32, DType::bf16, DType::f16})
+      cases.push_back({str("T=", c.T, " S=", c.S, " Hq=", c.Hq, " Hkv=", c.Hkv, " d=", c.d,
+                           c.causal ? " causal" : " full", " q_offset=", c.q_offset, " k_offset=", c.k_offset, " ",
+                           dtype_name(t)),
+                       [=](Device d, std::mt19937& rng) {
+                         ops::AttentionParams p;
+                         p.causal = c.causal;
+                         p.q_offset = c.q_offset;
+                         p.k_offset = c.k_offset;
+                         const Tensor qh = host_normal({c.T, c.Hq, c.d}, t, rng);
+                         const Tensor kh = host_normal({c.S, c.Hkv, c.d}, t, rng);
+                         const Tensor vh = host_normal({c.S, c.Hkv, c.d}, t, rng);
+                         const Tensor q = at(d, qh), k = at(d, kh), v = at(d, vh);
+                         if (!backward) {
+                           Tensor o = poisoned({c.T, c.Hq, c.d}, t, d), lse = poisoned({c.Hq, c.T}, DType::f32, d);
+                           ops::attention_forward(q, k, v, o, lse, p);
+                           return std::vector<Output>{out("out", o), out("lse", lse)};
+                         }
+                         // The saved out and lse come from the CPU on both sides: only the backward differs.
+                         Tensor oh = Tensor::empty({c.T, c.Hq, c.d}, t), lseh = Tensor::empty({c.Hq, c.T}, DType::f32);
+                         ops::attention_forward(qh, kh, vh, oh, lseh, p);
+                         const Tensor dout = at(d, host_normal({c.T, c.Hq, c.d}, t, rng));
+                         Tensor dq = poisoned(q.shape(), t, d), dk = poisoned(k.shape(), t, d),
+                                dv = poisoned(v.shape(), t, d);
+                         ops::attention_backward(q, k, v, at(d, oh), at(d, lseh), dout, dq, dk, dv, p);
+                         return std::vector<Output>{out("dq", dq), out("dk", dk), out("dv", dv)};
+                       }});
+  return cases;
+}
+
+// int64 targets, every fourth row (from row 1) ignored.
+Tensor targets_with_ignored(int64_t T, int64_t V, std::mt19937& rng) {
+  std::uniform_int_distribution<int64_t> pick(0, V - 1);
+  Tensor targets = Tensor::empty({T}, DType::i64);
+  int64_t* p = targets.data_as<int64_t>();
+  for (int64_t i = 0; i < T; ++i) p[i] = i % 4 == 1 ? -100 : pick(rng);
+  return targets;
+}
+
+std::vector<OpCase> cross_entropy_cases() {
+  struct Tv {
+    int64_t T, V;
+  };
+  std::vector<OpCase> cases;
+  for (Tv s : {Tv{37, 5003}, Tv{4, 151936}})
+    for (DType t : kDtypes)
+      cases.push_back({str(s.T, "x", s.V, " ", dtype_name(t)), [=](Device d, std::mt19937& rng) {
+                         const Tensor logits = at(d, host_normal({s.T, s.V}, t, rng, 3.f));
+                         const Tensor targets = at(d, targets_with_ignored(s.T, s.V, rng));
+                         const double scale = 1.0 / 29;
+                         Tensor dl = poisoned({s.T, s.V}, t, d);
+                         int64_t valid = -1;
+                         const double loss = ops::cross_entropy_forward_backward(logits, targets, scale, &dl, &valid);
+                         const double loss_only = ops::cross_entropy_forward_backward(logits, targets, scale, nullptr, nullptr);
+                         // The gradient written over the logits themselves.
+                         Tensor inplace = logits.clone();
+                         const double loss_inplace = ops::cross_entropy_forward_backward(inplace, targets, scale, &inplace, nullptr);
+                         return std::vector<Output>{scalar("loss", loss, 1e-5),
+                                                    scalar("valid", static_cast<double>(valid), kExact),
+                                                    out("dlogits", dl),
+                                                    scalar("loss without dlogits", loss_only, 1e-5),
+                                                    scalar("loss in place", loss_inplace, 1e-5),
+                                                    out("dlogits in place", inplace)};
+                       }});
+  return cases;
+}
+
+// Vocabularies on the 16-byte path (V % 4 == 0, the real 151,936 among them) and odd ones on the
+// scalar path; the gradient in each storage the op can write (fp32, in place, bf16, none).
+std::vector<OpCase> cross_entropy_chunk_cases() {
+  std::vector<OpCase> cases;
+  for (int64_t V : {int64_t{1}, int64_t{33}, int64_t{1000}, int64_t{4097}, int64_t{151936}}) {
+    const int64_t n = V > 10000 ? 5 : 37;
+    cases.push_back({str(n, "x", V, " f32"), [=](Device d, std::mt19937& rng) {
+                       const Tensor logits = at(d, host_normal({n, V}, DType::f32, rng, 4.f));
+                       const Tensor targets = at(d, targets_with_ignored(n, V, rng));
+                       const float scale = 1.f / 300;
+                       std::vector<Output> outs;
+                       for (DType g : {DType::f32, DType::bf16}) {
+                         Tensor loss = poisoned({n}, DType::f32, d), dl = poisoned({n, V}, g, d);
+                         ops::cross_entropy_chunk(logits, targets, scale, loss, &dl);
+                         outs.push_back(out(str("row loss (", dtype_name(g), " dlogits)"), loss));
+                         outs.push_back(out(str("dlogits ", dtype_name(g)), dl));
+                       }
+                       Tensor inplace = logits.clone(), loss = poisoned({n}, DType::f32, d);
+                       ops::cross_entropy_chunk(inplace, targets, scale, loss, &inplace);
+                       outs.push_back(out("dlogits in place", inplace));
+                       Tensor fwd = poisoned({n}, DType::f32, d);
+                       ops::cross_entropy_chunk(logits, targets, scale, fwd, nullptr);
+                       outs.push_back(out("row loss, forward only", fwd));
+                       return outs;
+                     }});
+  }
+  return cases;
+}
+
+// One row per op of lcx/ops.h.
+const std::map<std::string, std::vector<OpCase>>& op_table() {
+  static const std::map<std::string, std::vector<OpCase>> table = {
+      {"matmul", matmul_cases()},
+      {"embedding_forward", embedding_cases(false)},
+      {"embedding_backward", embedding_cases(true)},
+      {"rmsnorm_forward", rmsnorm_cases(false)},
+      {"rmsnorm_backward", rmsnorm_cases(true)},
+      {"rotary_forward", rotary_cases(false)},
+      {"rotary_backward", rotary_cases(true)},
+      {"swiglu_forward", swiglu_cases(false)},
+      {"swiglu_backward", swiglu_cases(true)},
+      {"add", add_cases(false)},
+      {"add_inplace", add_cases(true)},
+      {"scale_inplace", scale_cases()},
+      {"cast", cast_cases()},
+      {"copy_columns", copy_columns_cases()},
+      {"attention_forward", attention_cases(false)},
+      {"attention_backward", attention_cases(true)},
+      {"cross_entropy_forward_backward", cross_entropy_cases()},
+      {"cross_entropy_chunk", cross_entropy_chunk_cases()},
+  };
+  return table;
+}
+
+std::vector<std::string> op_names() {
+  std::vector<std::string> names;
+  for (const auto& [name, cases] : op_table()) names.push_back(name);
+  return names;
+}
+
+// ---- the driver --------------------------------------------------------------------------------
+
+std::vector<Device> backends() {
+  std::vector<Device> b;
+  if (cuda_available()) b.push_back(Device::cuda());
+  return b;
+}
+
+class BackendOps : public ::testing::TestWithParam<std::string> {};
+
+TEST_P(BackendOps, MatchCpuTwin) {
+  const std::vector<Device> others = backends();
+  if (others.empty()) GTEST_SKIP() << "no backend beside the CPU (no CUDA device visible)";
+  const uint32_t seed = fresh_seed();
+  RecordProperty("seed", std::to_string(seed));
+  SCOPED_TRACE(str("seed ", seed));
+  for (Device device : others)
+    for (const OpCase& c : op_table().at(GetParam())) {
+      SCOPED_TRACE(str(GetParam(), " ", c.label, " on ", device_name(device)));
+      std::mt19937 cpu_rng(seed), backend_rng(seed);
+      const std::vector<Output> want = c.run(Device::cpu(), cpu_rng);
+      const std::vector<Output> got = c.run(device, backend_rng);
+      ASSERT_EQ(got.size(), want.size());
+      for (size_t i = 0; i < want.size(); ++i) expect_matches(got[i], want[i]);
+    }
+}
+
+INSTANTIATE_TEST_SUITE_P(Table, BackendOps, ::testing::ValuesIn(op_names()),
+                         [](const ::testing::TestParamInfo<std::string>& info) { return info.param; });
+
+}  // namespace
+}  // namespace lcx::test
