@@ -17,15 +17,14 @@
 #include "config/core_config.h"
 #include "config/manifest.h"
 #include "data/dataset.h"
-#include "data/tokenizer.h"
 #include "eval/position_loss.h"
 #include "lcx/error.h"
 #include "lcx/log.h"
 #include "plugin/loader.h"
 #include "slots/resolve.h"
 #include "train/checkpoint.h"
+#include "train/run.h"
 #include "train/step.h"
-#include "train/trainer.h"
 
 namespace po = boost::program_options;
 namespace fs = std::filesystem;
@@ -143,30 +142,25 @@ int eval_main(int argc, char** argv) {
   PluginLoader loader(PluginLoader::default_search_dirs(dir_entry));
   const CoreConfig core = read_core_config(manifest, requested_plugins(manifest, {}));
   const Device device = pick_device(core.run.device);
-  SlotSet slots = resolve_slots(manifest, loader, disabled, device, configured_mesh(core.distributed));
-  if (!slots.model) throw Error("the manifest names no model module", "model.module", "add `module = \"qwen3\"` to [model]");
-  if (slots.parallel->size() != 1)
+  Run run(core, resolve_slots(manifest, loader, disabled, device, configured_mesh(core.distributed)), device);
+  if (run.slots().parallel->size() != 1)
     throw Error("eval runs on one rank", "distributed", "evaluate with --disable of the parallelism plugin");
 
   const std::string dir = checkpoint.empty() ? model_dir : resolve_checkpoint(core.run.output_dir, checkpoint);
   if (label.empty()) label = str(fs::path(dir).lexically_normal().filename().string(), "@", seq_len);
 
-  if (core.data.tokenizer.empty()) throw Error("[data] tokenizer is not set", "data.tokenizer", "give the path of a tokenizer.json");
-  Tokenizer tokenizer = Tokenizer::load(core.data.tokenizer);
   DataConfig dc = core.data;
   dc.seq_len = seq_len;
-  Dataset::Options dopt;
-  dopt.seed = core.run.seed;
-  Dataset data = Dataset::open(dc, tokenizer, dopt);
-
-  Model& model = *slots.model;
-  model.load_hf(dir, device, dtype_from_name(core.model.dtype));
-  StepSlots step{model, *slots.loss, *slots.rope, *slots.memory, *slots.parallel};
-  step.mlp = slots.mlp.get();
-  configure_slots(step);
+  run.open_data(dc, true);
+  run.load_weights(dir);
+  run.configure_step();
+  const SlotSet& slots = run.slots();
   if (seq_len > slots.rope->effective_max_positions())
     log::warn(str("sequences of ", seq_len, " tokens go beyond the ", slots.rope->effective_max_positions(),
                   " positions this model and positional encoding place correctly"));
+  const Model& model = run.model();
+  const Dataset& data = run.data();
+  StepSlots& step = run.step();
 
   // The evaluated text's unigram entropy: the distribution of every target of the dataset.
   std::vector<int64_t> counts(static_cast<size_t>(model.config().vocab_size), 0);
@@ -208,12 +202,12 @@ int eval_main(int argc, char** argv) {
   if (done == 0)
     throw Error(str("the data holds no full sequence of ", seq_len, " tokens"), "--seq-len", "pass a smaller --seq-len or more data");
 
-  RunCurve run{label, bin_positions(pl, bins)};
+  RunCurve curve{label, bin_positions(pl, bins)};
   const double mean_all = pl.mean(0, seq_len);
   const int64_t tail_start = seq_len - seq_len / 10;
   const double mean_tail = pl.mean(tail_start, seq_len);
   fs::create_directories(out);
-  write_text(fs::path(out) / (label + ".csv"), bins_csv(run));
+  write_text(fs::path(out) / (label + ".csv"), bins_csv(curve));
   write_text(fs::path(out) / (label + ".tokens.csv"), tokens_csv);
   nlohmann::json meta = {{"label", label},
                          {"model", dir},

@@ -13,11 +13,11 @@
 
 #include "app/cli.h"
 #include "app/eval_cmd.h"
+#include "app/plan_cmd.h"
 #include "config/core_config.h"
 #include "config/manifest.h"
 #include "lcx/abi.h"
 #include "lcx/error.h"
-#include "plan/plan.h"
 #include "plugin/loader.h"
 #include "slots/resolve.h"
 #include "train/run_folder.h"

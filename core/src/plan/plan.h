@@ -117,10 +117,4 @@ std::string format_bytes(int64_t bytes);  // "12.34 GiB"
 // else a missing folder named after a preset (models/Qwen3-8B). `source` says which.
 ModelConfig plan_model_config(const ModelSection& model, const Model& module, std::string* source = nullptr);
 
-// lcx-train --plan: resolves the slots without GPU work (a provider that refuses its table is
-// planned by its slot's default, with a warning), prints the breakdown and the longest sequence
-// that fits. gpu_memory: the --gpu-memory text, "" for the local GPU's. Returns the exit code.
-int run_plan_command(const Manifest& m, const CoreConfig& cfg, const PluginLoader& loader,
-                     const std::vector<std::string>& disabled, const std::string& gpu_memory);
-
 }  // namespace lcx

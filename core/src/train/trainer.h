@@ -22,9 +22,6 @@ struct TrainOptions {
 // bound, so a Parallelism plugin finds its communicators.
 using SlotFactory = std::function<SlotSet(Device)>;
 
-// [run] device: "cpu", "cuda" (refused without a GPU) or "auto" (the first GPU when there is one).
-Device pick_device(const std::string& want);
-
 // Returns the process exit code: 0 when the run finished, 130 when it stopped on a signal after
 // saving (a second signal ends the process at once: see stop_signal.h). Prepares the run folder
 // first (run_folder.h). Throws lcx::Error for configuration and data problems.

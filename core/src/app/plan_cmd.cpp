@@ -1,8 +1,12 @@
-// lcx-train --plan: the memory plan of a manifest, with no GPU work and no weights loaded.
+// lcx-train --plan: the memory plan of a manifest, with no GPU work and no weights loaded: a Run
+// of its slots and the model's shape, planned for the GPU given.
+#include "app/plan_cmd.h"
+
 #include <cstdio>
 
 #include "lcx/error.h"
 #include "plan/plan.h"
+#include "train/run.h"
 #include "util/text.h"
 
 namespace lcx {
@@ -20,18 +24,16 @@ int run_plan_command(const Manifest& m, const CoreConfig& cfg, const PluginLoade
     throw Error("--plan needs the GPU's memory, and this machine has no GPU to ask", "--gpu-memory",
                 "give it, e.g. --gpu-memory 80GB (H100) or --gpu-memory 141GB (H200)");
   }
-  const SlotSet slots = resolve_slots(m, loader, disabled, Device::cpu(), configured_mesh(cfg.distributed));
-  if (!slots.model)
-    throw Error("the manifest names no model module, and the plan needs the model's shape", "model.module",
-                "add `module = \"qwen3\"` to [model]");
+  Run run(cfg, resolve_slots(m, loader, disabled, Device::cpu(), configured_mesh(cfg.distributed)), Device::cpu(), {},
+          "the plan needs the model's shape");
   std::string model_source;
-  const ModelConfig model = plan_model_config(cfg.model, *slots.model, &model_source);
-  PlanInputs in = plan_inputs(cfg, model, cfg.data.seq_len);
-  const PlanSlots ps = PlanSlots::of(slots);
-  const int64_t unit = plan_seq_unit(in, cfg.data.pad_to_multiple_of);
+  const ModelConfig model = plan_model_config(cfg.model, run.model(), &model_source);
   const int64_t host_bytes = host_memory_available();
+  run.plan_step(model, cfg.data.seq_len, gpu_bytes, host_bytes);
+  const PlanInputs& in = run.planned();
+  const PlanSlots ps = run.plan_slots();
+  const int64_t unit = plan_seq_unit(in, cfg.data.pad_to_multiple_of);
   const std::vector<RecipeOption> options = rank_recipes(in, ps, gpu_bytes, host_bytes);
-  in.recipe = choose_recipe(in, ps, gpu_bytes, host_bytes);
   const MemoryPlan plan = build_plan(in, ps);
   std::printf("# %s, model shape from %s\n%s", m.source().c_str(), model_source.c_str(),
               format_plan(plan, in, ps, gpu_bytes, unit).c_str());

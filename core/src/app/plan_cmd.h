@@ -1,0 +1,18 @@
+// `lcx-train --plan`: the memory plan of a manifest and the recipe it chooses, with no GPU work.
+#pragma once
+#include <string>
+#include <vector>
+
+#include "config/core_config.h"
+#include "config/manifest.h"
+#include "plugin/loader.h"
+
+namespace lcx {
+
+// Resolves the slots without GPU work (a provider that refuses its table is planned by its
+// slot's default, with a warning), prints the breakdown and the longest sequence that fits.
+// gpu_memory: the --gpu-memory text, "" for the local GPU's. Returns the exit code.
+int run_plan_command(const Manifest& m, const CoreConfig& cfg, const PluginLoader& loader,
+                     const std::vector<std::string>& disabled, const std::string& gpu_memory);
+
+}  // namespace lcx

@@ -1,0 +1,198 @@
+#include "train/run.h"
+
+#include "data/dataset.h"
+#include "data/tokenizer.h"
+#include "dist/sharded_params.h"
+#include "lcx/error.h"
+#include "train/optimizer.h"
+
+namespace lcx {
+
+Device pick_device(const std::string& want) {
+  if (want == "cpu") return Device::cpu();
+  if (want == "cuda") {
+    if (!cuda_available())
+      throw Error("run.device = \"cuda\" but no GPU is visible to this build", "run.device",
+                  "use device = \"auto\" or \"cpu\"");
+    return Device::cuda(0);
+  }
+  return cuda_available() ? Device::cuda(0) : Device::cpu();
+}
+
+// ZeRO-3 around the step: non-layer weights (embedding, final norm, head) are gathered for the
+// whole step; each layer's weights are gathered before its forward and again before its recompute,
+// the next layer's gather overlapping this one's compute; each layer's gradients are
+// reduce-scattered as soon as its backward is done.
+class ShardingHooks final : public StepHooks {
+ public:
+  ShardingHooks(ShardedParams& sp, int layers) : sp_(sp) {
+    for (int l = 0; l < layers; ++l) layer_names_.push_back(sp.names_with_prefix(str("model.layers.", l, ".")));
+    std::vector<std::string> all = sp.names_with_prefix("");
+    for (const auto& n : all)
+      if (!n.starts_with("model.layers.")) other_.push_back(n);
+  }
+  void begin_step() override {
+    sp_.gather(other_, true);
+    if (!layer_names_.empty()) sp_.prefetch(layer_names_[0]);
+  }
+  void before_layer_forward(int l) override {
+    sp_.gather(layer(l));
+    if (l + 1 < static_cast<int>(layer_names_.size())) sp_.prefetch(layer(l + 1));
+  }
+  void after_layer_forward(int l) override {
+    // The last layer is the first one backward needs: keep it.
+    if (l + 1 < static_cast<int>(layer_names_.size())) sp_.release(layer(l));
+  }
+  void before_layer_backward(int l) override {
+    sp_.gather(layer(l), true);
+    if (l > 0) sp_.prefetch(layer(l - 1));
+  }
+  void after_layer_backward(int l) override {
+    sp_.reduce_grads_async(layer(l));
+    sp_.release(layer(l));
+  }
+  void end_step() override {
+    sp_.reduce_grads(other_);
+    sp_.release(other_);
+  }
+  // Every full value, for the whole-model HF export.
+  void gather_all() { sp_.gather(sp_.names_with_prefix("")); }
+  void release_all() { sp_.release(sp_.names_with_prefix("")); }
+
+ private:
+  const std::vector<std::string>& layer(int l) const { return layer_names_[static_cast<size_t>(l)]; }
+  ShardedParams& sp_;
+  std::vector<std::vector<std::string>> layer_names_;
+  std::vector<std::string> other_;
+};
+
+Run::Run(const CoreConfig& cfg, SlotSet slots, Device device, RankSetup rank, const std::string& model_needed_for)
+    : cfg_(cfg), device_(device), rank_(rank), slots_(std::move(slots)), dtype_(dtype_from_name(cfg.model.dtype)) {
+  if (!slots_.model)
+    throw Error(str("the manifest names no model module", model_needed_for.empty() ? "" : ", and ", model_needed_for),
+                "model.module", "add `module = \"qwen3\"` to [model]");
+}
+
+Run::~Run() = default;
+
+int Run::rank() const { return rank_.world ? rank_.world->rank() : 0; }
+int Run::world_size() const { return rank_.world ? rank_.world->size() : 1; }
+MeshShape Run::mesh_shape() const { return rank_.mesh ? rank_.mesh->shape() : MeshShape{}; }
+MeshCoord Run::mesh_coord() const { return rank_.mesh ? rank_.mesh->coord() : MeshCoord{}; }
+
+int Run::seq_rank() const {
+  const MeshShape shape = mesh_shape();
+  const MeshCoord coord = mesh_coord();
+  return coord.cp * shape.sp + coord.sp;
+}
+
+RankIO Run::rank_io() const { return RankIO{rank(), world_size(), rank_.world, sharded()}; }
+
+void Run::check_parallelism() const {
+  const MeshShape shape = mesh_shape();
+  const int seq_ranks = shape.cp * shape.sp;
+  if (slots_.parallel->size() != seq_ranks)
+    throw Error(str("the parallelism plugin splits a sequence over ", slots_.parallel->size(), " ranks but the mesh has cp x sp = ",
+                    seq_ranks),
+                "distributed.cp", "make [distributed] cp / sp match the plugin's size");
+}
+
+void Run::open_data(const DataConfig& data, bool progress) {
+  if (cfg_.data.tokenizer.empty()) throw Error("[data] tokenizer is not set", "data.tokenizer", "give the path of a tokenizer.json");
+  const Tokenizer tokenizer = Tokenizer::load(cfg_.data.tokenizer);
+  Dataset::Options opt;
+  opt.seed = cfg_.run.seed;
+  opt.progress = progress;
+  data_ = std::make_unique<Dataset>(Dataset::open(data, tokenizer, opt));
+}
+
+void Run::check_sequence_split() const {
+  if (data_->num_sequences() > 0) slots_.parallel->shard(data_->get(0), seq_rank());
+}
+
+void Run::load_weights(const std::string& dir) { model().load_hf(dir, device_, dtype_); }
+
+void Run::load_or_init_weights(const std::string& resume_dir) {
+  if (!resume_dir.empty()) {
+    load_weights(resume_dir);
+  } else if (!cfg_.model.path.empty()) {
+    load_weights(cfg_.model.path);
+  } else if (!cfg_.model.init.empty()) {
+    model().init_random(cfg_.model.init, static_cast<uint64_t>(cfg_.run.seed), device_, dtype_);
+  } else {
+    throw Error("[model] gives neither `path` nor `init`", "model.path",
+                "set path = \"<HF folder>\" or init = \"qwen3-0.6b\" (or a JSON object of config keys)");
+  }
+}
+
+void Run::configure_step() {
+  step_ = StepSlots{model(), *slots_.loss, *slots_.rope, *slots_.memory, *slots_.parallel};
+  step_.mlp = slots_.mlp.get();
+  step_.activation_dtype = dtype_;
+  step_.mesh = rank_.mesh;
+  configure_slots(step_);
+}
+
+void Run::shard_parameters() {
+  if (!rank_.world || !cfg_.distributed.shard_parameters || world_size() <= 1) return;
+  shards_ = std::make_unique<ShardedParams>(model().parameters(), *rank_.world);
+  hooks_ = std::make_unique<ShardingHooks>(*shards_, static_cast<int>(model().config().num_layers));
+  step_.hooks = hooks_.get();
+}
+
+void Run::choose_grad_dtype() {
+  grad_dtype_ = grad_dtype_for(cfg_.train, dtype_, world_size());
+  // A shard's gradient stays fp32 (ShardedParams); the full model's GEMM weights take the dtype.
+  if (grad_dtype_ != DType::f32 && !sharded())
+    for (Parameter* p : model().parameters())
+      if (p->gemm_grad) p->grad = Tensor::zeros(p->value.shape(), grad_dtype_, device_, MemoryCategory::gradients);
+}
+
+void Run::plan_step(const ModelConfig& shape, int64_t seq_len, int64_t gpu_bytes, int64_t host_bytes) {
+  planned_ = plan_inputs(cfg_, shape, seq_len);
+  planned_.recipe = choose_recipe(planned_, plan_slots(), gpu_bytes, host_bytes);
+  step_.recipe = planned_.recipe;
+}
+
+void Run::plan_local_step() {
+  const ModelConfig& shape = model().config();
+  if (device_.is_cuda()) {
+    // [run] gpu_memory: the budget the recipe must fit, where the device's whole memory is not.
+    const int64_t budget = cfg_.run.gpu_memory == "auto" ? local_gpu_memory().value_or(0)
+                                                         : parse_memory_size(cfg_.run.gpu_memory, "run.gpu_memory");
+    return plan_step(shape, data_->seq_len(), budget, host_memory_available());
+  }
+  planned_ = plan_inputs(cfg_, shape, data_->seq_len());
+  planned_.recipe.keep_attention = true;  // host memory is the only budget: keep what saves work
+  step_.recipe = planned_.recipe;
+}
+
+void Run::make_optimizer(const std::string& resume_dir) {
+  AdamWConfig o;
+  o.beta1 = cfg_.train.beta1;
+  o.beta2 = cfg_.train.beta2;
+  o.eps = cfg_.train.eps;
+  o.weight_decay = cfg_.train.weight_decay;
+  o.master_dtype = cfg_.train.master_dtype;
+  optimizer_ = std::make_unique<AdamW>(sharded() ? shards_->shards() : model().parameters(), o);
+  if (!resume_dir.empty()) load_optimizer_state(resume_dir, *optimizer_, rank_io());
+}
+
+void Run::zero_grads() {
+  if (shards_)
+    shards_->zero_grads();
+  else
+    model().zero_grad();
+}
+
+double Run::grad_norm() { return shards_ ? shards_->grad_norm() : optimizer_->grad_norm(); }
+
+std::string Run::save(const TrainerState& state, const CheckpointContents& contents) {
+  if (hooks_) hooks_->gather_all();
+  std::string dir =
+      save_checkpoint(cfg_.run.output_dir, model(), *optimizer_, state, contents, cfg_.train.keep_checkpoints, rank_io());
+  if (hooks_) hooks_->release_all();
+  return dir;
+}
+
+}  // namespace lcx
