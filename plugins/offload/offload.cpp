@@ -32,28 +32,12 @@
 
 #include <algorithm>
 #include <chrono>
-#include <fstream>
-#include <sstream>
 #include <vector>
 
 namespace lcx {
 namespace {
 
 constexpr double kMiB = 1024.0 * 1024.0, kGiB = kMiB * 1024.0;
-
-// MemAvailable of /proc/meminfo in bytes; -1 where the file or the line is missing.
-int64_t host_mem_available() {
-  std::ifstream in("/proc/meminfo");
-  std::string line;
-  while (std::getline(in, line)) {
-    if (line.rfind("MemAvailable:", 0) != 0) continue;
-    std::istringstream fields(line.substr(13));
-    int64_t kib = -1;
-    fields >> kib;
-    return kib < 0 ? -1 : kib * 1024;
-  }
-  return -1;
-}
 
 // "180.5 GiB", or "12.25 MiB" below a GiB: two decimals.
 std::string gib(double bytes) {
@@ -271,7 +255,7 @@ class Offload final : public MemoryStrategy {
     const std::string what = str(inputs_.size(), " layer inputs of ", x.nbytes() / kMiB, " MiB");
     pool_ = pin(need, what);
     for (LayerInput& s : inputs_) s.host = Tensor();
-    const int64_t available = host_mem_available();
+    const int64_t available = host_memory_available();
     log::info(str("offload: ", what, " in ", pinned_is_page_locked() ? "pinned" : "(unpinned) host",
                   " memory: ", gib(static_cast<double>(need)), " of ",
                   available < 0 ? std::string("unknown") : gib(static_cast<double>(available)),
@@ -281,7 +265,7 @@ class Offload final : public MemoryStrategy {
   // `bytes` of pinned memory for `what`, refused with the fix where the host (or max_host_mib,
   // counting what this strategy pinned already) has less.
   PinnedBuffer pin(size_t bytes, const std::string& what) {
-    const int64_t available = host_mem_available();
+    const int64_t available = host_memory_available();
     int64_t limit = available;
     const bool capped = max_host_bytes_ > 0 && (limit < 0 || max_host_bytes_ - pinned_bytes() < limit);
     if (capped) limit = max_host_bytes_ - pinned_bytes();

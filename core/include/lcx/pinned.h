@@ -39,6 +39,8 @@ PinnedBuffer pinned_alloc(size_t bytes, MemoryCategory c = MemoryCategory::activ
 Allocator& pinned_allocator();
 // Unpins every cached buffer that is not in use; returns the bytes given back.
 size_t release_cached_pinned();
+// MemAvailable of /proc/meminfo in bytes (what the host can still pin); -1 where it cannot be read.
+int64_t host_memory_available();
 // True when the pool's memory is page-locked (a CUDA build with a visible GPU).
 bool pinned_is_page_locked();
 

@@ -4,6 +4,7 @@
 
 #include <cstdio>
 
+#include "lcx/pinned.h"
 #include "lcx/error.h"
 #include "plan/plan.h"
 #include "train/run.h"

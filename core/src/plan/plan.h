@@ -80,8 +80,6 @@ Recipe choose_recipe(const PlanInputs& in, const PlanSlots& slots, int64_t gpu_b
 std::string recipe_name(const Recipe& r);
 // The cost model: a step's work (MemoryPlan::work) in seconds on the GPU the rates were measured on.
 double predicted_step_seconds(const StepWork& w);
-// MemAvailable of /proc/meminfo in bytes; -1 where it cannot be read.
-int64_t host_memory_available();
 
 // The breakdown `--plan` prints. gpu_bytes <= 0 leaves out the fit lines.
 std::string format_plan(const MemoryPlan& plan, const PlanInputs& in, const PlanSlots& slots, int64_t gpu_bytes,

@@ -9,26 +9,11 @@
 // elementwise kernels' memory traffic. Host copies of tensors a memory strategy moves overlap
 // compute and are not counted.
 #include <algorithm>
-#include <fstream>
-#include <sstream>
 
 #include "lcx/error.h"
 #include "plan/plan.h"
 
 namespace lcx {
-
-int64_t host_memory_available() {
-  std::ifstream in("/proc/meminfo");
-  std::string line;
-  while (std::getline(in, line)) {
-    if (line.rfind("MemAvailable:", 0) != 0) continue;
-    std::istringstream fields(line.substr(13));
-    int64_t kib = -1;
-    fields >> kib;
-    return kib < 0 ? -1 : kib * 1024;
-  }
-  return -1;
-}
 
 double predicted_step_seconds(const StepWork& w) {
   constexpr double kGemmFlops = 640e12, kAttentionForwardFlops = 570e12, kAttentionBackwardFlops = 525e12,

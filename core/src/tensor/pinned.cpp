@@ -5,8 +5,11 @@
 #include "lcx/pinned.h"
 
 #include <cstdlib>
+#include <fstream>
 #include <map>
 #include <mutex>
+#include <sstream>
+#include <string>
 #include <unordered_map>
 #include <utility>
 
@@ -151,5 +154,18 @@ PinnedBuffer pinned_alloc(size_t bytes, MemoryCategory c) {
 Allocator& pinned_allocator() { return pool(); }
 size_t release_cached_pinned() { return pool().release(); }
 bool pinned_is_page_locked() { return pool().locked(); }
+
+int64_t host_memory_available() {
+  std::ifstream in("/proc/meminfo");
+  std::string line;
+  while (std::getline(in, line)) {
+    if (line.rfind("MemAvailable:", 0) != 0) continue;
+    std::istringstream fields(line.substr(13));
+    int64_t kib = -1;
+    fields >> kib;
+    return kib < 0 ? -1 : kib * 1024;
+  }
+  return -1;
+}
 
 }  // namespace lcx
