@@ -13,7 +13,7 @@ SlotSet qwen3_slots() {
   SlotSet s;
   s.model = test::make_qwen3();
   s.loss = make_full_logits_loss();
-  s.rope = make_default_rope();
+  s.positional = make_default_rope();
   s.memory = make_on_device_memory();
   s.parallel = make_single_rank();
   return s;

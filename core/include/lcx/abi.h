@@ -38,7 +38,7 @@ extern "C" {
   X(MODEL, 5, Model, model, "model", LCX_NO_DEFAULT, LCX_NO_DEFAULT)                                 \
   X(MLP, 6, MlpStrategy, mlp, "mlp", "whole", make_whole_mlp)                                         \
   X(LOSS, 1, Loss, loss, "loss", "nll", make_full_logits_loss)                                        \
-  X(POSITIONAL_ENCODING, 2, PositionalEncoding, rope, "positional_encoding", "rope", make_default_rope) \
+  X(POSITIONAL_ENCODING, 2, PositionalEncoding, positional, "positional_encoding", "rope", make_default_rope) \
   X(MEMORY_STRATEGY, 3, MemoryStrategy, memory, "memory_strategy", "on_device", make_on_device_memory) \
   X(PARALLELISM, 4, Parallelism, parallel, "parallelism", "single", make_single_rank)
 #define LCX_NO_DEFAULT nullptr  // expanded by C++ only (lcx/slots.h)

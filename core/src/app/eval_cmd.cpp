@@ -155,8 +155,8 @@ int eval_main(int argc, char** argv) {
   run.load_weights(dir);
   run.configure_step();
   const SlotSet& slots = run.slots();
-  if (seq_len > slots.rope->effective_max_positions())
-    log::warn(str("sequences of ", seq_len, " tokens go beyond the ", slots.rope->effective_max_positions(),
+  if (seq_len > slots.positional->effective_max_positions())
+    log::warn(str("sequences of ", seq_len, " tokens go beyond the ", slots.positional->effective_max_positions(),
                   " positions this model and positional encoding place correctly"));
   const Model& model = run.model();
   const Dataset& data = run.data();
@@ -213,7 +213,7 @@ int eval_main(int argc, char** argv) {
                          {"model", dir},
                          {"seq_len", seq_len},
                          {"sequences", done},
-                         {"effective_max_positions", slots.rope->effective_max_positions()},
+                         {"effective_max_positions", slots.positional->effective_max_positions()},
                          {"disabled", disabled},
                          {"sets", sets},
                          {"mean_loss", mean_all},

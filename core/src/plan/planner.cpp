@@ -180,7 +180,7 @@ std::string format_plan(const MemoryPlan& plan, const PlanInputs& in, const Plan
   o << "  dtypes: weights and activations " << dtype_name(in.weight_dtype) << ", master "
     << (in.master_dtype == DType::f32 ? "fp32" : "none (moments in the weights' dtype)") << "; grad_accum "
     << in.grad_accum << "\n";
-  o << "  providers: loss " << slots.loss_name << ", positional_encoding " << slots.rope_name << ", memory_strategy "
+  o << "  providers: loss " << slots.loss_name << ", positional_encoding " << slots.positional_name << ", memory_strategy "
     << slots.memory_name << ", parallelism " << slots.parallel_name << ", model " << slots.model_name << "\n\n";
 
   const MemoryPlan::Peak peak = plan.peak(), allocated = plan.peak(false);

@@ -92,11 +92,11 @@ SlotSet resolve_slots(const Manifest& m, const PluginLoader& loader, const std::
   bool ablated = false;
   for (const auto& d : disabled)
     if (loader.describe(d).slot == LCX_SLOT_POSITIONAL_ENCODING) {
-      s.rope = make_default_rope_in_place_of(d);
+      s.positional = make_default_rope_in_place_of(d);
       ablated = true;
     }
   if (!ablated && !created.count(LCX_SLOT_POSITIONAL_ENCODING))
-    s.rope = make_default_rope_offering([loader] {
+    s.positional = make_default_rope_offering([loader] {
       std::vector<std::pair<std::string, std::string>> offers;
       for (const PluginInfo& p : loader.discover())
         if (p.slot == LCX_SLOT_POSITIONAL_ENCODING) offers.emplace_back(p.name, p.summary);

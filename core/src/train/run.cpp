@@ -127,7 +127,7 @@ void Run::load_or_init_weights(const std::string& resume_dir) {
 }
 
 void Run::configure_step() {
-  step_ = StepSlots{model(), *slots_.loss, *slots_.rope, *slots_.memory, *slots_.parallel};
+  step_ = StepSlots{model(), *slots_.loss, *slots_.positional, *slots_.memory, *slots_.parallel};
   step_.mlp = slots_.mlp.get();
   step_.activation_dtype = dtype_;
   step_.mesh = rank_.mesh;

@@ -51,7 +51,7 @@ Tensor forward_only(StepSlots& s, const Shard& shard, Device device, const RopeT
 StepSlots::StepSlots(Model& m, Loss& l, PositionalEncoding& r, MemoryStrategy& mem, Parallelism& p) {
   model = &m;
   loss = &l;
-  rope = &r;
+  positional = &r;
   memory = &mem;
   parallel = &p;
 }
@@ -75,7 +75,7 @@ void configure_slots(StepSlots& s) {
   rope.rope_theta = c.rope_theta;
   rope.max_position_embeddings = c.max_position_embeddings;
   rope.rope_parameters_json = c.rope_parameters_json;
-  s.rope->configure(rope);
+  s.positional->configure(rope);
   ParallelModelInfo par;
   par.num_heads = c.num_heads;
   par.num_kv_heads = c.num_kv_heads;
@@ -99,7 +99,7 @@ StepResult train_step(StepSlots& s, const Shard& shard, double grad_scale, Devic
   // Forward: each layer's input is handed to the memory strategy before the layer runs.
   const double t0 = now_s();
   std::optional<ProfilePhase> phase(std::in_place, StepPhase::forward);
-  const RopeTables rope = s.rope->tables(shard.positions, device);
+  const RopeTables rope = s.positional->tables(shard.positions, device);
   StepContext ctx{&rope, s.parallel, device, s.mlp, &memory, s.recipe};
   const Tensor tokens = on(shard.tokens, device);
   const Tensor targets = on(shard.targets, device);
@@ -160,7 +160,7 @@ StepResult train_step(StepSlots& s, const Shard& shard, double grad_scale, Devic
 
 EvalResult eval_step(StepSlots& s, const Shard& shard, Device device, bool per_position) {
   s.fill_defaults();
-  const RopeTables rope = s.rope->tables(shard.positions, device);
+  const RopeTables rope = s.positional->tables(shard.positions, device);
   const Tensor hidden = forward_only(s, shard, device, rope);
   const Tensor targets = on(shard.targets, device);
   const Tensor head = s.model->head_weight();
@@ -185,7 +185,7 @@ EvalResult eval_step(StepSlots& s, const Shard& shard, Device device, bool per_p
 
 Tensor forward_hidden(StepSlots& s, const Shard& shard, Device device) {
   s.fill_defaults();
-  const RopeTables rope = s.rope->tables(shard.positions, device);
+  const RopeTables rope = s.positional->tables(shard.positions, device);
   return forward_only(s, shard, device, rope);
 }
 

@@ -134,7 +134,7 @@ Trainer::Trainer(Run& run, const Manifest& manifest, RunLength length, const std
       bar_(length.total_steps, run.lead() && isatty(STDERR_FILENO) != 0) {
   contents_.manifest_toml = manifest.to_toml();
   contents_.tokenizer_path = cfg_.data.tokenizer;
-  contents_.rope_parameters_json = run.slots().rope->hf_rope_parameters();
+  contents_.rope_parameters_json = run.slots().positional->hf_rope_parameters();
   contents_.model_dtype = run.dtype();
   StopSignals::saved(first_step_);
   run_start_ = now_s();
@@ -348,7 +348,7 @@ void log_device(const Run& run) {
 void log_recipe(const Run& run) {
   const ModelConfig& mc = run.model().config();
   const int64_t seq_len = run.data().seq_len();
-  const PositionalEncoding& rope = *run.slots().rope;
+  const PositionalEncoding& rope = *run.slots().positional;
   log::info(str("recipe: ", recipe_name(run.planned().recipe), ", ", dtype_name(run.grad_dtype()), " GEMM gradients",
                 run.device().is_cuda()
                     ? str("; predicted step ", predicted_step_seconds(build_plan(run.planned(), run.plan_slots()).work), " s")
