@@ -177,5 +177,25 @@ TEST_F(Refusals, FixesNameTheRealMistake) {
   }
 }
 
+// Issue 22 item 1: a step whose pinned host bytes pass the host's memory ([run] host_memory here,
+// MemAvailable and the cgroup's room by default) is refused with the amount and the fix before
+// training, not left to a failed pin or the OOM killer.
+TEST_F(Refusals, OffloadPastTheHostMemoryIsRefusedBeforeTraining) {
+  const std::string m = manifest("max_steps = 1\n", "[plugins]\nload = [\"offload\"]\n");
+  auto short_host = lcx("--config " + m + " --set run.host_memory=1KB");
+  EXPECT_EQ(short_host.exit_code, 2) << short_host.output;
+  EXPECT_NE(short_host.output.find("the step pins 17.0 KiB of host memory but the host has 1.0 KiB: short by 16.0 KiB"),
+            std::string::npos)
+      << short_host.output;
+  EXPECT_NE(short_host.output.find("fix: lower data.seq_len, keep fewer layers' inputs in host memory"), std::string::npos)
+      << short_host.output;
+  EXPECT_EQ(short_host.output.find("recipe:"), std::string::npos) << short_host.output;
+  EXPECT_FALSE(std::filesystem::exists(dir / "out" / "metrics.jsonl"));
+
+  auto enough = lcx("--config " + m + " --overwrite --set run.host_memory=1GB");
+  EXPECT_EQ(enough.exit_code, 0) << enough.output;
+  EXPECT_TRUE(std::filesystem::exists(dir / "out" / "metrics.jsonl"));
+}
+
 }  // namespace
 }  // namespace lcx

@@ -1,6 +1,7 @@
 // lcx-train --plan as a user runs it, on a machine without a GPU.
 #include <gtest/gtest.h>
 
+#include <cstdio>
 #include <filesystem>
 
 #include "lcx/tensor.h"
@@ -99,6 +100,51 @@ TEST(PlanCli, GpuMemoryIsRequiredWithoutAGpu) {
   auto bad = run_command(test::lcx_train() + " --plan --config " + recipe() + " --gpu-memory lots");
   EXPECT_EQ(bad.exit_code, 2);
   EXPECT_NE(bad.output.find("--gpu-memory 'lots' is not a size"), std::string::npos) << bad.output;
+}
+
+// A row of the --plan breakdown as format_plan prints it.
+std::string plan_row(const std::string& label, const std::string& value, const std::string& note) {
+  char line[256];
+  std::snprintf(line, sizeof line, "  %-28s %12s  %s\n", label.c_str(), value.c_str(), note.c_str());
+  return line;
+}
+
+// Issue 22 item 1: the host's memory is the plan's second budget, counted per node. The 8-GPU
+// recipe pins 36 GiB per rank with the attention recomputed, 72.56 GiB with it kept: 288 and
+// 580.5 GiB for the node's 8 ranks.
+TEST(PlanCli, HostMemoryIsABudgetCountedOverTheNodesRanks) {
+  auto r = run_command(test::lcx_train() + " --plan --config " + recipe() + " --gpu-memory 141GB --host-memory 125GB");
+  ASSERT_EQ(r.exit_code, 0) << r.output;
+  // Nothing fits 125 GB: the recipe pinning least is taken, and the breakdown is of it.
+  for (const std::string& s :
+       {plan_row("pinned host memory", "36.00 GiB", "per rank"), plan_row("pinned host, node", "288.00 GiB", "8 ranks on one node"),
+        plan_row("host memory", "125.00 GiB", "short by 163.00 GiB"),
+        std::string("  host fix: lower data.seq_len, keep fewer layers' inputs in host memory"),
+        std::string("short  attention recomputed, one head group: predicted step 347.7 s, GPU 48.56 GiB, pinned host 288.00 "
+                    "GiB (8 ranks)   <- chosen")})
+    EXPECT_NE(r.output.find(s), std::string::npos) << s << "\n" << r.output;
+  EXPECT_EQ(r.output.find("fits   attention"), std::string::npos) << "no recipe fits 125 GB of host: " << r.output;
+  // A node with ample host memory takes the faster recipe that keeps the attention.
+  auto ample = run_command(test::lcx_train() + " --plan --config " + recipe() + " --gpu-memory 141GB --host-memory 1TB");
+  ASSERT_EQ(ample.exit_code, 0) << ample.output;
+  EXPECT_NE(ample.output.find(plan_row("host memory", "1024.00 GiB", "fits, 443.50 GiB to spare")), std::string::npos)
+      << ample.output;
+  EXPECT_NE(ample.output.find("fits   attention kept from the forward, one head group"), std::string::npos) << ample.output;
+  EXPECT_EQ(ample.output.find("host fix:"), std::string::npos) << ample.output;
+
+  // One rank with the offload plugin, on a host of 8 GB: 36 layer inputs of 64k tokens do not fit.
+  const std::string dir = ::testing::TempDir() + "lcx-plan-host";
+  std::filesystem::create_directories(dir);
+  test::write_file(dir + "/plan.toml", "[model]\nmodule = \"qwen3\"\ninit = \"qwen3-4b\"\n[data]\nseq_len = 65536\n"
+                                       "[plugins]\nload = [\"loss_chunked\", \"offload\"]\n");
+  auto small = run_command(test::lcx_train() + " --plan --config " + dir + "/plan.toml --gpu-memory 141GB --host-memory 8GB");
+  ASSERT_EQ(small.exit_code, 0) << small.output;
+  EXPECT_NE(small.output.find(plan_row("host memory", "8.00 GiB", "short by 3.25 GiB")), std::string::npos) << small.output;
+  EXPECT_NE(small.output.find("host fix: lower data.seq_len"), std::string::npos) << small.output;
+  EXPECT_EQ(small.output.find("pinned host, node"), std::string::npos) << "one rank: " << small.output;
+  auto bad = run_command(test::lcx_train() + " --plan --config " + dir + "/plan.toml --gpu-memory 141GB --host-memory lots");
+  EXPECT_EQ(bad.exit_code, 2) << bad.output;
+  EXPECT_NE(bad.output.find("--host-memory 'lots' is not a size"), std::string::npos) << bad.output;
 }
 
 }  // namespace

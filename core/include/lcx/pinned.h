@@ -7,6 +7,7 @@
 // host memory, so the same code runs in CPU tests.
 #pragma once
 #include <cstddef>
+#include <string>
 
 #include "lcx/memory.h"
 #include "lcx/tensor.h"
@@ -39,8 +40,14 @@ PinnedBuffer pinned_alloc(size_t bytes, MemoryCategory c = MemoryCategory::activ
 Allocator& pinned_allocator();
 // Unpins every cached buffer that is not in use; returns the bytes given back.
 size_t release_cached_pinned();
-// MemAvailable of /proc/meminfo in bytes (what the host can still pin); -1 where it cannot be read.
+// What the host can still give this process, in bytes: the smaller of MemAvailable in /proc/meminfo
+// and the room left under the process's cgroup memory limit (a container's limit is reached long
+// before the machine's memory: the OOM killer, not a failed allocation); -1 where neither is known.
 int64_t host_memory_available();
+// The same read from other files, for tests: `meminfo` as /proc/meminfo, `cgroup_root` as
+// /sys/fs/cgroup (v2: memory.max and memory.current; v1: memory/memory.limit_in_bytes and
+// memory/memory.usage_in_bytes).
+int64_t host_memory_available(const std::string& meminfo, const std::string& cgroup_root);
 // True when the pool's memory is page-locked (a CUDA build with a visible GPU).
 bool pinned_is_page_locked();
 

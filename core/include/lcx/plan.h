@@ -60,6 +60,7 @@ struct PlanInputs {
   int64_t tokens_per_rank = 0;  // the tokens one rank's layers see: seq_len / (cp * sp)
   int64_t world_size = 1;       // dp * cp * sp; parameters and optimizer state shard over it
   int64_t dp = 1, cp = 1, sp = 1;
+  int64_t local_ranks = 1;      // ranks on one node: their pinned host bytes share its memory
   DType weight_dtype = DType::bf16;  // the compute copy; activations take it too
   DType master_dtype = DType::f32;   // f32: fp32 master and moments; bf16: no master, moments in weight_dtype
   int64_t grad_accum = 1;            // accumulation reuses the grads in place: no extra memory

@@ -30,6 +30,9 @@ CliOptions parse_cli(int argc, char** argv) {
        "time every op of one step (run.profile_step, default 2): a table in the log and <output_dir>/trace-step<N>.json")
       ("gpu-memory", po::value(&o.gpu_memory)->value_name("SIZE"),
        "GPU memory for --plan, e.g. 80GB or 141GB (GB = GiB); default: the local GPU's")
+      ("host-memory", po::value(&o.host_memory)->value_name("SIZE"),
+       "host memory of the node for --plan, shared by its ranks' pinned buffers; default: what this one leaves "
+       "(MemAvailable and the cgroup's limit)")
       ("resume", po::value(&o.resume)->value_name("latest|PATH"),
        "continue from the newest checkpoint in output_dir, or from a checkpoint folder")
       ("overwrite", po::bool_switch(&o.overwrite),

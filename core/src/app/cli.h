@@ -14,6 +14,7 @@ struct CliOptions {
   bool plan = false;
   bool profile = false;  // --profile: run.profile = true
   std::string gpu_memory;  // --gpu-memory for --plan; "" means the local GPU's
+  std::string host_memory;  // --host-memory for --plan; "" means this host's
   std::string resume;
   bool overwrite = false;
   std::vector<std::string> argv;  // as given, for the launcher to start workers alike  // "latest" or a checkpoint folder

@@ -4,7 +4,6 @@
 
 #include <cstdio>
 
-#include "lcx/pinned.h"
 #include "lcx/error.h"
 #include "plan/plan.h"
 #include "train/run.h"
@@ -13,7 +12,8 @@
 namespace lcx {
 
 int run_plan_command(const Manifest& m, const CoreConfig& cfg, const PluginLoader& loader,
-                     const std::vector<std::string>& disabled, const std::string& gpu_memory) {
+                     const std::vector<std::string>& disabled, const std::string& gpu_memory,
+                     const std::string& host_memory) {
   int64_t gpu_bytes = 0;
   if (!gpu_memory.empty()) {
     gpu_bytes = parse_memory_size(gpu_memory);
@@ -29,7 +29,7 @@ int run_plan_command(const Manifest& m, const CoreConfig& cfg, const PluginLoade
           "the plan needs the model's shape");
   std::string model_source;
   const ModelConfig model = plan_model_config(cfg.model, run.model(), &model_source);
-  const int64_t host_bytes = host_memory_available();
+  const int64_t host_bytes = host_memory_budget(host_memory, cfg.run);
   run.plan_step(model, cfg.data.seq_len, gpu_bytes, host_bytes);
   const PlanInputs& in = run.planned();
   const PlanSlots ps = run.plan_slots();
@@ -37,11 +37,12 @@ int run_plan_command(const Manifest& m, const CoreConfig& cfg, const PluginLoade
   const std::vector<RecipeOption> options = rank_recipes(in, ps, gpu_bytes, host_bytes);
   const MemoryPlan plan = build_plan(in, ps);
   std::printf("# %s, model shape from %s\n%s", m.source().c_str(), model_source.c_str(),
-              format_plan(plan, in, ps, gpu_bytes, unit).c_str());
+              format_plan(plan, in, ps, gpu_bytes, unit, host_bytes).c_str());
   std::printf("\nrecipe (fastest first by the cost model; the first that fits is taken, keys set in the manifest win):\n");
   for (const RecipeOption& o : options)
-    std::printf("  %-6s %s: predicted step %.1f s, GPU %s, pinned host %s%s\n", o.fits ? "fits" : "short",
-                recipe_name(o.recipe).c_str(), o.seconds, format_bytes(o.gpu_peak).c_str(), format_bytes(o.host_peak).c_str(),
+    std::printf("  %-6s %s: predicted step %.1f s, GPU %s, pinned host %s%s%s\n", o.fits ? "fits" : "short",
+                recipe_name(o.recipe).c_str(), o.seconds, format_bytes(o.gpu_peak).c_str(), format_bytes(o.host_node).c_str(),
+                in.local_ranks > 1 ? str(" (", in.local_ranks, " ranks)").c_str() : "",
                 o.recipe.keep_attention == in.recipe.keep_attention && o.recipe.head_groups == in.recipe.head_groups
                     ? "   <- chosen"
                     : "");

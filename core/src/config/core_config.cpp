@@ -56,6 +56,14 @@ CoreConfig read_core_config(const Manifest& m, const std::vector<std::string>& p
         v.fail("gpu_memory", e.what(), "\"auto\" (the device's memory) or a size such as \"40GiB\"");
       }
     }
+    c.run.host_memory = v.get_string("host_memory", c.run.host_memory);
+    if (c.run.host_memory != "auto") {
+      try {
+        parse_memory_size(c.run.host_memory, "run.host_memory");
+      } catch (const Error& e) {
+        v.fail("host_memory", e.what(), "\"auto\" (what the host and the cgroup leave) or a size such as \"100GiB\"");
+      }
+    }
     v.check_unknown();
   }
   {

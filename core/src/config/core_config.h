@@ -22,6 +22,9 @@ struct RunConfig {
   // The GPU memory the plan's recipe may use: "auto" (the device's), or a size ("40GiB") to leave
   // room for another process or to match a budget; the fastest recipe that fits it is taken.
   std::string gpu_memory = "auto";
+  // The host memory this node's ranks may pin together: "auto" (MemAvailable and the cgroup's
+  // room, lcx/pinned.h), or a size; a recipe whose pinned bytes x local ranks pass it is refused.
+  std::string host_memory = "auto";
 };
 
 struct ModelSection {

@@ -1,8 +1,11 @@
-// GPU memory sizes for the plan: parsing --gpu-memory, and the local GPU's total when there is one.
+// Memory sizes for the plan: parsing --gpu-memory and --host-memory, the local GPU's total when
+// there is one, and the host's budget and its check.
+#include <algorithm>
 #include <cctype>
 #include <cmath>
 
 #include "lcx/error.h"
+#include "lcx/pinned.h"
 #include "lcx/tensor.h"
 #include "plan/plan.h"
 #include "util/text.h"
@@ -35,6 +38,30 @@ int64_t parse_memory_size(const std::string& text, const std::string& option) {
   else if (unit == "T" || unit == "TB" || unit == "TIB") shift = 40;
   if (shift < 0 || !(value > 0) || !std::isfinite(value)) throw bad();
   return static_cast<int64_t>(std::ldexp(value, shift));
+}
+
+int64_t host_memory_budget(const std::string& text, const RunConfig& run) {
+  if (!text.empty()) return parse_memory_size(text, "--host-memory");
+  if (run.host_memory != "auto") return parse_memory_size(run.host_memory, "run.host_memory");
+  return host_memory_available();
+}
+
+int64_t node_host_bytes(const MemoryPlan& plan, const PlanInputs& in) {
+  return plan.host_peak() * std::max<int64_t>(in.local_ranks, 1);
+}
+
+const char* const kHostMemoryFix =
+    "lower data.seq_len, keep fewer layers' inputs in host memory (a memory_strategy that holds them on the GPU), "
+    "or run on a node with more host memory (lcx-train --plan --host-memory SIZE plans for one)";
+
+void check_host_memory(const MemoryPlan& plan, const PlanInputs& in, int64_t host_bytes) {
+  const int64_t need = node_host_bytes(plan, in);
+  if (host_bytes < 0 || need <= host_bytes) return;
+  throw Error(str("the step pins ", format_bytes(need), " of host memory",
+                  in.local_ranks > 1 ? str(" (", format_bytes(plan.host_peak()), " x ", in.local_ranks, " ranks on this node)")
+                                     : std::string(),
+                  " but the host has ", format_bytes(host_bytes), ": short by ", format_bytes(need - host_bytes)),
+              "run.host_memory", kHostMemoryFix);
 }
 
 std::optional<int64_t> local_gpu_memory() {

@@ -69,7 +69,8 @@ int64_t longest_fitting_seq(const PlanInputs& in, const PlanSlots& slots, int64_
 struct RecipeOption {
   Recipe recipe;
   int64_t gpu_peak = 0;
-  int64_t host_peak = 0;
+  int64_t host_peak = 0;  // one rank's
+  int64_t host_node = 0;  // host_peak x the node's local ranks, what host_bytes is compared to
   bool fits = false;
   double seconds = 0;  // the cost model's step time
 };
@@ -81,9 +82,10 @@ std::string recipe_name(const Recipe& r);
 // The cost model: a step's work (MemoryPlan::work) in seconds on the GPU the rates were measured on.
 double predicted_step_seconds(const StepWork& w);
 
-// The breakdown `--plan` prints. gpu_bytes <= 0 leaves out the fit lines.
+// The breakdown `--plan` prints. gpu_bytes <= 0 leaves out the GPU's fit lines, host_bytes < 0
+// the host's.
 std::string format_plan(const MemoryPlan& plan, const PlanInputs& in, const PlanSlots& slots, int64_t gpu_bytes,
-                        int64_t unit);
+                        int64_t unit, int64_t host_bytes = -1);
 
 // What would make a plan fit: each knob with the peak it gives. `loader` (may be null) finds the
 // installed plugins; each that offers itself (Plugin::plan_offer) for a slot that runs core's
@@ -106,6 +108,17 @@ std::string format_out_of_memory(const CoreConfig& cfg, const SlotSet& slots, co
 // "80GB", "141GiB", "81920MiB", "85899345920": GB and GiB both mean 2^30 bytes, as GPU memory is
 // quoted. Throws naming the option on anything else.
 int64_t parse_memory_size(const std::string& text, const std::string& option = "--gpu-memory");
+// The host memory a node's ranks may pin together: `text` (--host-memory) when given, else
+// [run] host_memory, else what this host leaves (host_memory_available: MemAvailable and the
+// cgroup's room); -1 when unknown.
+int64_t host_memory_budget(const std::string& text, const RunConfig& run);
+// The pinned host bytes of a node: one rank's host peak x the node's local ranks.
+int64_t node_host_bytes(const MemoryPlan& plan, const PlanInputs& in);
+// The fix for a step whose pinned host bytes pass the host's memory.
+extern const char* const kHostMemoryFix;
+// Refuses (key run.host_memory, kHostMemoryFix) a plan whose node's pinned bytes pass host_bytes
+// (< 0: unknown, not checked), before anything is pinned.
+void check_host_memory(const MemoryPlan& plan, const PlanInputs& in, int64_t host_bytes);
 // Total memory of GPU 0, or nullopt without a usable GPU.
 std::optional<int64_t> local_gpu_memory();
 std::string format_bytes(int64_t bytes);  // "12.34 GiB"

@@ -90,6 +90,7 @@ PlanInputs plan_inputs(const CoreConfig& cfg, const ModelConfig& model, int64_t 
   in.cp = cfg.distributed.cp;
   in.sp = cfg.distributed.sp;
   in.world_size = in.dp * in.cp * in.sp;
+  in.local_ranks = cfg.distributed.nproc_per_node;
   in.weight_dtype = dtype_from_name(cfg.model.dtype);
   in.master_dtype = cfg.train.master_dtype == "bf16" ? DType::bf16 : DType::f32;
   in.grad_accum = cfg.train.grad_accum;
@@ -162,7 +163,7 @@ std::string format_bytes(int64_t bytes) {
 }
 
 std::string format_plan(const MemoryPlan& plan, const PlanInputs& in, const PlanSlots& slots, int64_t gpu_bytes,
-                        int64_t unit) {
+                        int64_t unit, int64_t host_bytes) {
   std::ostringstream o;
   const ModelConfig& m = in.model;
   char line[512];
@@ -199,7 +200,15 @@ std::string format_plan(const MemoryPlan& plan, const PlanInputs& in, const Plan
   row("allocator reserve", plan.category_bytes(PlanCategory::reserve), "context, workspaces, slack (not allocated)");
   o << "  " << std::string(42, '-') << "\n";
   row("peak", peak.bytes, str("in ", peak.phase, " (allocated ", format_bytes(allocated.bytes), " + reserve)"));
-  row("pinned host memory", plan.host_peak());
+  row("pinned host memory", plan.host_peak(), in.local_ranks > 1 ? "per rank" : "");
+  const int64_t host_node = node_host_bytes(plan, in);
+  if (in.local_ranks > 1) row("pinned host, node", host_node, str(in.local_ranks, " ranks on one node"));
+  if (host_bytes >= 0) {
+    row("host memory", host_bytes,
+        host_node <= host_bytes ? str("fits, ", format_bytes(host_bytes - host_node), " to spare")
+                                : str("short by ", format_bytes(host_node - host_bytes)));
+    if (host_node > host_bytes) o << "  host fix: " << kHostMemoryFix << "\n";
+  }
   if (gpu_bytes > 0) {
     row("GPU memory", gpu_bytes,
         peak.bytes <= gpu_bytes ? str("fits, ", format_bytes(gpu_bytes - peak.bytes), " to spare")

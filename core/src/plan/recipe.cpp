@@ -1,7 +1,7 @@
 // The recipe: the choices that trade memory for time (lcx/slots/model.h Recipe), made per run by the
 // plan. Each candidate is planned (its bytes) and timed by the cost model (its providers' work,
 // MemoryPlan::work, at the rates below); the fastest whose plan fits the GPU (and whose pinned
-// host bytes fit the host) is taken. A key set in the manifest wins, since the providers read the
+// host bytes, times the ranks of the node, fit the host) is taken. A key set in the manifest wins, since the providers read the
 // recipe only where their key is "auto".
 //
 // The rates are what one H200 reached in the step trace of full-depth Qwen3-4B at 64k tokens
@@ -46,7 +46,8 @@ std::vector<RecipeOption> rank_recipes(const PlanInputs& in, const PlanSlots& sl
       const MemoryPlan plan = build_plan(with, slots);
       o.gpu_peak = plan.peak().bytes;
       o.host_peak = plan.host_peak();
-      o.fits = o.gpu_peak <= gpu_bytes && (host_bytes < 0 || o.host_peak <= host_bytes);
+      o.host_node = node_host_bytes(plan, with);
+      o.fits = o.gpu_peak <= gpu_bytes && (host_bytes < 0 || o.host_node <= host_bytes);
       o.seconds = predicted_step_seconds(plan.work);
       out.push_back(o);
     }
@@ -58,11 +59,14 @@ Recipe choose_recipe(const PlanInputs& in, const PlanSlots& slots, int64_t gpu_b
   const std::vector<RecipeOption> options = rank_recipes(in, slots, gpu_bytes, host_bytes);
   for (const RecipeOption& o : options)
     if (o.fits) return o.recipe;
-  // Nothing fits: the leanest, so the run's own out-of-memory report speaks of the best case.
-  const RecipeOption* best = &options.front();
-  for (const RecipeOption& o : options)
-    if (o.gpu_peak < best->gpu_peak) best = &o;
-  return best->recipe;
+  // Nothing fits: the leanest, so the run's own refusal or out-of-memory report speaks of the best
+  // case: of those that fit the GPU (the host is short), the one pinning least; else the smallest GPU peak.
+  auto leaner = [&](const RecipeOption& a, const RecipeOption& b) {
+    const bool a_gpu = a.gpu_peak <= gpu_bytes, b_gpu = b.gpu_peak <= gpu_bytes;
+    if (a_gpu != b_gpu) return a_gpu;
+    return a_gpu ? a.host_node < b.host_node : a.gpu_peak < b.gpu_peak;
+  };
+  return std::min_element(options.begin(), options.end(), leaner)->recipe;
 }
 
 }  // namespace lcx

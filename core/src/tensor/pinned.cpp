@@ -4,6 +4,8 @@
 // memory with the same caching and statistics.
 #include "lcx/pinned.h"
 
+#include <algorithm>
+#include <cstdio>
 #include <cstdlib>
 #include <fstream>
 #include <map>
@@ -23,6 +25,12 @@ namespace lcx {
 namespace {
 
 constexpr size_t kPinnedAlign = 4096;
+
+std::string gib(size_t bytes) {
+  char buf[32];
+  std::snprintf(buf, sizeof buf, "%.2f GiB", static_cast<double>(bytes) / static_cast<double>(size_t{1} << 30));
+  return buf;
+}
 
 class PinnedPool final : public Allocator {
  public:
@@ -60,9 +68,15 @@ class PinnedPool final : public Allocator {
       release();
       p = pin(size);
     }
-    if (!p)
-      throw Error(str("cannot pin ", size, " bytes of host memory (", held_bytes(), " pinned already)"), {},
-                  "keep less in host memory or free some");
+    if (!p) {
+      const int64_t available = host_memory_available();
+      throw Error(str("cannot pin ", gib(size), " (", size, " bytes) of host memory: ", gib(held_bytes()),
+                      " pinned already, ", available < 0 ? std::string("unknown") : gib(static_cast<size_t>(available)),
+                      " available to this process"),
+                  "pinned memory",
+                  "lower data.seq_len, keep fewer layers' inputs in host memory, or run where the host has more memory "
+                  "(lcx-train --plan --host-memory SIZE shows what a step pins)");
+    }
     std::lock_guard lock(mu_);
     sizes_[p] = size;
     held_ += size;
@@ -155,8 +169,19 @@ Allocator& pinned_allocator() { return pool(); }
 size_t release_cached_pinned() { return pool().release(); }
 bool pinned_is_page_locked() { return pool().locked(); }
 
-int64_t host_memory_available() {
-  std::ifstream in("/proc/meminfo");
+namespace {
+
+// The first whitespace-separated field of a file as a byte count; -1 when absent, unreadable or
+// not a number (cgroup v2 writes "max" for no limit).
+int64_t read_count(const std::string& path) {
+  std::ifstream in(path);
+  int64_t n = -1;
+  if (!(in >> n) || n < 0) return -1;
+  return n;
+}
+
+int64_t meminfo_available(const std::string& path) {
+  std::ifstream in(path);
   std::string line;
   while (std::getline(in, line)) {
     if (line.rfind("MemAvailable:", 0) != 0) continue;
@@ -167,5 +192,27 @@ int64_t host_memory_available() {
   }
   return -1;
 }
+
+// The limit less the usage of the cgroup, v2 first; -1 without a limit. A v1 group without a
+// limit reports a number near 2^63, which the minimum with MemAvailable ignores.
+int64_t cgroup_room(const std::string& root) {
+  for (const auto& [limit_file, usage_file] : {std::pair<std::string, std::string>{"/memory.max", "/memory.current"},
+                                               {"/memory/memory.limit_in_bytes", "/memory/memory.usage_in_bytes"}}) {
+    const int64_t limit = read_count(root + limit_file), usage = read_count(root + usage_file);
+    if (limit >= 0 && usage >= 0) return std::max<int64_t>(limit - usage, 0);
+  }
+  return -1;
+}
+
+}  // namespace
+
+int64_t host_memory_available(const std::string& meminfo, const std::string& cgroup_root) {
+  const int64_t machine = meminfo_available(meminfo), group = cgroup_room(cgroup_root);
+  if (machine < 0) return group;
+  if (group < 0) return machine;
+  return std::min(machine, group);
+}
+
+int64_t host_memory_available() { return host_memory_available("/proc/meminfo", "/sys/fs/cgroup"); }
 
 }  // namespace lcx

@@ -151,21 +151,26 @@ void Run::choose_grad_dtype() {
 
 void Run::plan_step(const ModelConfig& shape, int64_t seq_len, int64_t gpu_bytes, int64_t host_bytes) {
   planned_ = plan_inputs(cfg_, shape, seq_len);
+  if (rank_.local_ranks > 0) planned_.local_ranks = rank_.local_ranks;
   planned_.recipe = choose_recipe(planned_, plan_slots(), gpu_bytes, host_bytes);
   step_.recipe = planned_.recipe;
 }
 
 void Run::plan_local_step() {
   const ModelConfig& shape = model().config();
+  const int64_t host_budget = host_memory_budget("", cfg_.run);
   if (device_.is_cuda()) {
     // [run] gpu_memory: the budget the recipe must fit, where the device's whole memory is not.
     const int64_t budget = cfg_.run.gpu_memory == "auto" ? local_gpu_memory().value_or(0)
                                                          : parse_memory_size(cfg_.run.gpu_memory, "run.gpu_memory");
-    return plan_step(shape, data_->seq_len(), budget, host_memory_available());
+    plan_step(shape, data_->seq_len(), budget, host_budget);
+  } else {
+    planned_ = plan_inputs(cfg_, shape, data_->seq_len());
+    if (rank_.local_ranks > 0) planned_.local_ranks = rank_.local_ranks;
+    planned_.recipe.keep_attention = true;  // host memory is the only budget: keep what saves work
+    step_.recipe = planned_.recipe;
   }
-  planned_ = plan_inputs(cfg_, shape, data_->seq_len());
-  planned_.recipe.keep_attention = true;  // host memory is the only budget: keep what saves work
-  step_.recipe = planned_.recipe;
+  check_host_memory(build_plan(planned_, plan_slots()), planned_, host_budget);
 }
 
 void Run::make_optimizer(const std::string& resume_dir) {

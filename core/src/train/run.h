@@ -27,6 +27,7 @@ Device pick_device(const std::string& want);
 struct RankSetup {
   Communicator* world = nullptr;  // null: one rank
   Mesh* mesh = nullptr;
+  int local_ranks = 0;  // ranks on this node (LOCAL_WORLD_SIZE); 0: [distributed] nproc_per_node
 };
 
 class Run {
@@ -64,7 +65,8 @@ class Run {
   // fastest choices that fit gpu_bytes and host_bytes (keys in the manifest win).
   void plan_step(const ModelConfig& shape, int64_t seq_len, int64_t gpu_bytes, int64_t host_bytes);
   // plan_step for the loaded model and the data's sequences on this machine: the local GPU's
-  // memory and the host's.
+  // memory and the host's ([run] gpu_memory, host_memory). Refuses a recipe whose pinned bytes,
+  // times the node's ranks, pass the host's memory, before anything is pinned.
   void plan_local_step();
   // AdamW ([train]) over the parameters, or this rank's shards of them; with its state from
   // resume_dir when set.

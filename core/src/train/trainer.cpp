@@ -436,7 +436,7 @@ int run_training(const CoreConfig& cfg, const Manifest& manifest, const SlotFact
   std::unique_ptr<Communicator> world = make_nccl_world(denv, denv.local_rank, copt);
   const MeshShape shape = mesh_shape(cfg.distributed, world->size());
   Mesh mesh(*world, shape);
-  return train_rank(cfg, manifest, make_slots, opts, mine, RankSetup{world.get(), &mesh});
+  return train_rank(cfg, manifest, make_slots, opts, mine, RankSetup{world.get(), &mesh, denv.local_world_size});
 #else
   throw Error("this lcx was built without CUDA, so it has no NCCL workers", "distributed.nproc_per_node",
               "on the CPU, nproc_per_node > 1 runs thread-ranks; build with CUDA for one process per GPU");
