@@ -48,22 +48,18 @@ CoreConfig read_core_config(const Manifest& m, const std::vector<std::string>& p
     if (c.run.profile_step < 1)
       v.fail("profile_step", str("must be 1 or more, got ", c.run.profile_step),
              "2 (the default) profiles the second step of the run, without the first step's warm-up");
-    c.run.gpu_memory = v.get_string("gpu_memory", c.run.gpu_memory);
-    if (c.run.gpu_memory != "auto") {
+    // A memory budget: "auto" or a size parse_memory_size reads.
+    auto budget = [&v](const char* key, std::string& value, const char* meaning) {
+      value = v.get_string(key, value);
+      if (value == "auto") return;
       try {
-        parse_memory_size(c.run.gpu_memory, "run.gpu_memory");
+        parse_memory_size(value, str("run.", key));
       } catch (const Error& e) {
-        v.fail("gpu_memory", e.what(), "\"auto\" (the device's memory) or a size such as \"40GiB\"");
+        v.fail(key, e.what(), str("\"auto\" (", meaning, ") or a size such as \"40GiB\""));
       }
-    }
-    c.run.host_memory = v.get_string("host_memory", c.run.host_memory);
-    if (c.run.host_memory != "auto") {
-      try {
-        parse_memory_size(c.run.host_memory, "run.host_memory");
-      } catch (const Error& e) {
-        v.fail("host_memory", e.what(), "\"auto\" (what the host and the cgroup leave) or a size such as \"100GiB\"");
-      }
-    }
+    };
+    budget("gpu_memory", c.run.gpu_memory, "the device's memory");
+    budget("host_memory", c.run.host_memory, "what the host and the cgroup leave");
     v.check_unknown();
   }
   {
