@@ -14,6 +14,7 @@
 #include <string>
 #include <vector>
 
+#include "gpu/attention_shapes.h"
 #include "gpu/gpu_test_util.h"
 #include "lcx/ops.h"
 
@@ -275,26 +276,13 @@ std::vector<OpCase> copy_columns_cases() {
   return cases;
 }
 
-struct AttnCase {
-  int64_t T, S, Hq, Hkv, d;
-  bool causal;
-  int64_t q_offset, k_offset;
-};
+using test::AttnCase;
 
 // bf16/fp16 with head_dim 64 or 128 reach the fast kernels (cuDNN where it takes the call, else
 // the tensor-core ones), everything else the fp32 ones; ops_gpu_test.cpp pins each kernel in turn.
 std::vector<OpCase> attention_cases(bool backward) {
-  const AttnCase shapes[] = {
-      {130, 130, 4, 2, 64, true, 0, 0},   // causal, GQA, ragged last tile
-      {70, 200, 4, 1, 64, true, 130, 0},  // the last 70 queries of a 200-token sequence
-      {65, 100, 2, 2, 32, false, 0, 0},   // a full (non-causal) ring block
-      {96, 96, 8, 2, 128, true, 0, 0},    // Qwen3's head_dim and group of 4
-      {50, 50, 2, 1, 80, true, 0, 0},     // a head_dim padded inside its tile
-      {40, 60, 2, 2, 64, true, 0, 20},    // the first 20 queries see no key: lse -inf, out 0
-      {64, 64, 4, 2, 128, false, 128, 0}, // a ring block wholly in the past
-  };
   std::vector<OpCase> cases;
-  for (const AttnCase& c : shapes)
+  for (const AttnCase& c : test::kAttentionShapes)
     for (DType t : {DType::f32, DType::bf16, DType::f16})
       cases.push_back({str("T=", c.T, " S=", c.S, " Hq=", c.Hq, " Hkv=", c.Hkv, " d=", c.d,
                            c.causal ? " causal" : " full", " q_offset=", c.q_offset, " k_offset=", c.k_offset, " ",

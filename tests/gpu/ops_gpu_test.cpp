@@ -8,6 +8,7 @@
 #include <cmath>
 #include <random>
 
+#include "gpu/attention_shapes.h"
 #include "gpu/gpu_test_util.h"
 #include "lcx/ops.h"
 #include "lcx/plan.h"
@@ -32,11 +33,7 @@ class GpuOps : public ::testing::Test {
   std::mt19937 rng_;
 };
 
-struct AttnCase {
-  int64_t T, S, Hq, Hkv, d;
-  bool causal;
-  int64_t q_offset, k_offset;
-};
+using test::AttnCase;
 
 std::string attn_name(const AttnCase& c) {
   return str("T=", c.T, " S=", c.S, " Hq=", c.Hq, " Hkv=", c.Hkv, " d=", c.d, c.causal ? " causal" : " full",
@@ -97,17 +94,8 @@ TEST_F(GpuOps, AttentionOwnKernelsAgainstCpu) {
 #ifdef LCX_HAVE_CUDA
   KernelChoice own(cuda::AttentionKernel::own);
 #endif
-  const AttnCase cases[] = {
-      {130, 130, 4, 2, 64, true, 0, 0},   // causal, GQA, ragged last tile
-      {70, 200, 4, 1, 64, true, 130, 0},  // the last 70 queries of a 200-token sequence
-      {65, 100, 2, 2, 32, false, 0, 0},   // a full (non-causal) ring block
-      {96, 96, 8, 2, 128, true, 0, 0},    // Qwen3's head_dim and group of 4
-      {50, 50, 2, 1, 80, true, 0, 0},     // a head_dim padded inside its tile
-      {40, 60, 2, 2, 64, true, 0, 20},    // the first 20 queries see no key: lse -inf, out 0
-      {64, 64, 4, 2, 128, false, 128, 0}, // a ring block wholly in the past
-  };
   // bf16/fp16 with head_dim 64 or 128 take the tensor-core kernels, everything else the fp32 ones.
-  for (const AttnCase& c : cases)
+  for (const AttnCase& c : test::kAttentionShapes)
     for (DType t : {DType::f32, DType::bf16, DType::f16}) {
       SCOPED_TRACE(str(attn_name(c), " ", dtype_name(t)));
       compare_attention(c, t, rng_);

@@ -1,0 +1,25 @@
+// The attention shapes every GPU attention test runs against the CPU twin: GQA, ragged tiles,
+// query and key offsets of ring blocks, rows that see no key. Shared by the op table
+// (backend_ops_test.cpp) and the tests that pin one kernel (ops_gpu_test.cpp).
+#pragma once
+#include <cstdint>
+
+namespace lcx::test {
+
+struct AttnCase {
+  int64_t T, S, Hq, Hkv, d;
+  bool causal;
+  int64_t q_offset, k_offset;
+};
+
+inline constexpr AttnCase kAttentionShapes[] = {
+    {130, 130, 4, 2, 64, true, 0, 0},   // causal, GQA, ragged last tile
+    {70, 200, 4, 1, 64, true, 130, 0},  // the last 70 queries of a 200-token sequence
+    {65, 100, 2, 2, 32, false, 0, 0},   // a full (non-causal) ring block
+    {96, 96, 8, 2, 128, true, 0, 0},    // Qwen3's head_dim and group of 4
+    {50, 50, 2, 1, 80, true, 0, 0},     // a head_dim padded inside its tile
+    {40, 60, 2, 2, 64, true, 0, 20},    // the first 20 queries see no key: lse -inf, out 0
+    {64, 64, 4, 2, 128, false, 128, 0}, // a ring block wholly in the past
+};
+
+}  // namespace lcx::test
