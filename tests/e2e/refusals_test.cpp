@@ -197,5 +197,27 @@ TEST_F(Refusals, OffloadPastTheHostMemoryIsRefusedBeforeTraining) {
   EXPECT_TRUE(std::filesystem::exists(dir / "out" / "metrics.jsonl"));
 }
 
+// Issue 24 item 4: a mesh the loaded plugins cannot serve is refused by the plan, naming the axis,
+// never printed as if something would run it.
+TEST_F(Refusals, PlanRefusesAMeshNoLoadedPluginServes) {
+  const std::string m = manifest("max_steps = 1\n", "[distributed]\ncp = 2\nsp = 2\n[plugins]\nload = [\"cp_ring\"]\n");
+  auto plan = lcx("--config " + m + " --plan --gpu-memory 80GB");
+  EXPECT_EQ(plan.exit_code, 2) << plan.output;
+  EXPECT_NE(plan.output.find("[distributed] sp = 2 but the loaded parallelism (cp_ring) serves only the cp axis"),
+            std::string::npos)
+      << plan.output;
+  EXPECT_NE(plan.output.find("fix: set distributed.sp = 1"), std::string::npos) << plan.output;
+  EXPECT_EQ(plan.output.find("memory plan"), std::string::npos) << plan.output;
+
+  auto none = lcx("--config " + m + " --plan --gpu-memory 80GB --disable cp_ring --set distributed.sp=1");
+  EXPECT_EQ(none.exit_code, 2) << none.output;
+  EXPECT_NE(none.output.find("[distributed] cp = 2 but the loaded parallelism (single) splits no sequence"), std::string::npos)
+      << none.output;
+
+  auto served = lcx("--config " + m + " --plan --gpu-memory 80GB --set distributed.sp=1");
+  EXPECT_EQ(served.exit_code, 0) << served.output;
+  EXPECT_NE(served.output.find("memory plan"), std::string::npos) << served.output;
+}
+
 }  // namespace
 }  // namespace lcx

@@ -30,6 +30,7 @@ int run_plan_command(const Manifest& m, const CoreConfig& cfg, const PluginLoade
   std::string model_source;
   const ModelConfig model = plan_model_config(cfg.model, run.model(), &model_source);
   const int64_t host_bytes = host_memory_budget(host_memory, cfg.run);
+  run.check_parallelism();
   run.plan_step(model, cfg.data.seq_len, gpu_bytes, host_bytes);
   const PlanInputs& in = run.planned();
   const PlanSlots ps = run.plan_slots();

@@ -90,10 +90,26 @@ int Run::seq_rank() const {
 RankIO Run::rank_io() const { return RankIO{rank(), world_size(), rank_.world, sharded()}; }
 
 void Run::check_parallelism() const {
-  const MeshShape shape = mesh_shape();
+  // A plan builds no ranks: it checks the mesh the manifest asks for.
+  const MeshShape shape = rank_.mesh ? mesh_shape() : configured_mesh(cfg_.distributed);
+  const Parallelism& par = *slots_.parallel;
+  auto it = slots_.providers.find(LCX_SLOT_PARALLELISM);
+  const std::string name = it != slots_.providers.end() ? it->second.name : std::string("the parallelism");
+  // Each axis that splits a sequence needs a provider serving it: a mesh nothing would run is
+  // refused here, before a plan prints it or a launch starts its ranks.
+  const std::string served = par.mesh_axis();
+  for (const auto& [axis, ranks] : {std::pair<std::string, int>{"cp", shape.cp}, {"sp", shape.sp}}) {
+    if (ranks <= 1 || axis == served) continue;
+    throw Error(str("[distributed] ", axis, " = ", ranks, " but the loaded parallelism (", name, ") ",
+                    served.empty() ? std::string("splits no sequence") : str("serves only the ", served, " axis"),
+                    ": nothing would split the sequence over that axis"),
+                str("distributed.", axis),
+                str("set distributed.", axis, " = 1, or load the parallelism plugin that serves the ", axis,
+                    " axis instead (lcx-train --list-plugins)"));
+  }
   const int seq_ranks = shape.cp * shape.sp;
-  if (slots_.parallel->size() != seq_ranks)
-    throw Error(str("the parallelism plugin splits a sequence over ", slots_.parallel->size(), " ranks but the mesh has cp x sp = ",
+  if (par.size() != seq_ranks)
+    throw Error(str("the parallelism plugin splits a sequence over ", par.size(), " ranks but the mesh has cp x sp = ",
                     seq_ranks),
                 "distributed.cp", "make [distributed] cp / sp match the plugin's size");
 }
