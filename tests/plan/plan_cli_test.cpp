@@ -147,5 +147,38 @@ TEST(PlanCli, HostMemoryIsABudgetCountedOverTheNodesRanks) {
   EXPECT_NE(bad.output.find("--host-memory 'lots' is not a size"), std::string::npos) << bad.output;
 }
 
+// Issue 22 items 2, 4, 5: Qwen3-4B at 1,048,576 tokens on one H200 (139 GiB) with 125 GB of host.
+// With every saved input in pinned memory (offload.gpu_layers = 0, train.checkpoint_every = 1) no
+// recipe fits the host (180 GiB of inputs); left to the plan, the search keeps inputs on the GPU
+// and/or saves every k-th layer, and a recipe fits both budgets.
+TEST(PlanCli, HostBudgetMovesTheRecipeToPlacementAndDeeperRecompute) {
+  const std::string dir = ::testing::TempDir() + "lcx-plan-4b-1m";
+  std::filesystem::create_directories(dir);
+  test::write_file(dir + "/plan.toml", "[model]\nmodule = \"qwen3\"\ninit = \"qwen3-4b\"\n[data]\nseq_len = 1048576\n"
+                                       "[plugins]\nload = [\"loss_chunked\", \"offload\", \"tiled_mlp\"]\n");
+  const std::string plan = test::lcx_train() + " --plan --config " + dir + "/plan.toml --gpu-memory 139GiB --host-memory 125GB";
+  auto all_out = run_command(plan + " --set offload.gpu_layers=0 --set train.checkpoint_every=1");
+  ASSERT_EQ(all_out.exit_code, 0) << all_out.output;
+  EXPECT_NE(all_out.output.find("host fix: "), std::string::npos) << all_out.output;
+  EXPECT_EQ(all_out.output.find("\n  fits "), std::string::npos) << "180 GiB of inputs do not fit 125 GB: " << all_out.output;
+  EXPECT_NE(all_out.output.find(plan_row("saved activations (host)", "180.00 GiB", "pinned, not on the GPU")),
+            std::string::npos)
+      << all_out.output;
+
+  auto chosen = run_command(plan);
+  ASSERT_EQ(chosen.exit_code, 0) << chosen.output;
+  const size_t at = chosen.output.find("<- chosen");
+  ASSERT_NE(at, std::string::npos) << chosen.output;
+  const std::string line = chosen.output.substr(chosen.output.rfind('\n', at) + 1, at - chosen.output.rfind('\n', at) - 1);
+  EXPECT_EQ(line.rfind("  fits ", 0), 0u) << line;
+  EXPECT_NE(line.find("saved inputs on the GPU"), std::string::npos) << line;
+  EXPECT_EQ(chosen.output.find("host fix: "), std::string::npos) << chosen.output;
+  const std::string host_fits = plan_row("host memory", "125.00 GiB", "fits");
+  EXPECT_NE(chosen.output.find(host_fits.substr(0, host_fits.size() - 1)), std::string::npos) << chosen.output;
+  EXPECT_NE(chosen.output.find("longest sequence that fits this machine (GPU 139.00 GiB, host 125.00 GiB"),
+            std::string::npos)
+      << chosen.output;
+}
+
 }  // namespace
 }  // namespace lcx
