@@ -16,7 +16,9 @@ namespace {
 struct StepCase {
   DType dtype;
   const char* loss;  // "nll" (core's) or a plugin name
-  int64_t checkpoint_every = 1;  // Recipe::checkpoint_every: the inputs between checkpoints rebuilt
+  // Recipe::checkpoint_every: the inputs between checkpoints rebuilt. A k dividing the 3 layers:
+  // otherwise core's on_device plan is one [T,H] above the step (planner.cpp says why).
+  int64_t checkpoint_every = 1;
 };
 
 class PlanAgainstStep : public ::testing::TestWithParam<StepCase> {};
@@ -82,7 +84,7 @@ TEST_P(PlanAgainstStep, CpuPeakOfOneQwen3StepMatchesThePlan) {
 INSTANTIATE_TEST_SUITE_P(DtypesAndLosses, PlanAgainstStep,
                          ::testing::Values(StepCase{DType::f32, "nll"}, StepCase{DType::bf16, "nll"},
                                            StepCase{DType::f32, "loss_chunked"}, StepCase{DType::bf16, "loss_chunked"},
-                                           StepCase{DType::f32, "loss_chunked", 2}, StepCase{DType::bf16, "loss_chunked", 3}),
+                                           StepCase{DType::f32, "nll", 3}, StepCase{DType::bf16, "loss_chunked", 3}),
                          [](const auto& info) {
                            return std::string(dtype_name(info.param.dtype)) + "_" + info.param.loss +
                                   (info.param.checkpoint_every > 1 ? str("_every", info.param.checkpoint_every) : "");

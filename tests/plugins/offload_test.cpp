@@ -261,7 +261,7 @@ TEST(OffloadGpu, StepMatchesOnDevice) {
   const StepOutcome a = run_steps(*model, *on_device, shard, gpu), b = run_steps(*model, *on_device, shard, gpu);
   const bool deterministic = same(a, b);
   // Attention kept from the forward on the device: the same step, no attention forward recomputed.
-  const StepOutcome kept_on_device = run_steps(*model, *on_device, shard, gpu, true);
+  const StepOutcome kept_on_device = run_steps(*model, *on_device, shard, gpu, {.keep_attention = true});
   if (deterministic)
     EXPECT_TRUE(same(kept_on_device, a)) << "loss " << kept_on_device.loss << " vs " << a.loss;
   else
@@ -273,7 +273,7 @@ TEST(OffloadGpu, StepMatchesOnDevice) {
       auto offload = make_offload(str("prefetch = ", p), gpu);
       int64_t peak = 0;
       StepOutcome got;
-      peak = activation_peak(gpu, [&] { got = run_steps(*model, *offload, shard, gpu, keep); });
+      peak = activation_peak(gpu, [&] { got = run_steps(*model, *offload, shard, gpu, {.keep_attention = keep}); });
       EXPECT_LE(peak, (p + 2) * (T * H * 2 + (keep ? kept_each : 0))) << "prefetch " << p << " keep " << keep;
       EXPECT_GE(offload->wait_seconds(), 0.0);
       if (deterministic) {

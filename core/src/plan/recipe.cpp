@@ -107,6 +107,11 @@ std::vector<RecipeOption> rank_recipes(const PlanInputs& in, const PlanSlots& sl
           continue;
         }
         const Planned p = plan_recipe(in, slots, o.recipe);
+        // A head group count the model does not take (a mesh that splits heads) plans the same as
+        // the one before it: listed once.
+        if (!out.empty() && out.back().recipe.keep_attention == keep && out.back().recipe.checkpoint_every == k &&
+            out.back().gpu_peak == p.gpu_peak && out.back().host_node == p.host_node && out.back().seconds == p.seconds)
+          continue;
         o.gpu_peak = p.gpu_peak;
         o.host_peak = p.host_peak;
         o.host_node = p.host_node;
