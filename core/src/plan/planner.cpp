@@ -35,9 +35,9 @@ void plan_step(const PlanInputs& in, MemoryPlan& p) {
   // checkpoint_every = k: a segment's rebuilt inputs live through its backward; while the last is
   // being rebuilt, the k-2 before it and dy sit beside the forward's buffers (its output is the
   // layer output above), which also covers the forward's own unsaved input. Exact beside a memory
-  // strategy whose device bytes stay level (a window of inputs moved in and out); beside one that releases each saved
-  // input (on_device) and a k not dividing L, the full segments come after a release and the peak
-  // is one [T,H] below this.
+  // strategy whose device bytes stay level (a window of inputs moved in and out); beside one that
+  // releases each saved input (on_device) and a k not dividing L, the full segments come after a
+  // release and the peak is one [T,H] below this.
   const int64_t rebuilt = std::min(std::max<int64_t>(1, in.recipe.checkpoint_every), in.model.num_layers) - 1;
   if (rebuilt > 0) {
     p.add(str("rebuilt layer inputs ", rebuilt, " x [T,H] (train.checkpoint_every ", in.recipe.checkpoint_every, ")"),
