@@ -311,7 +311,14 @@ class Qwen3Model final : public Model {
 
   // The dense decoder's terms with this module's head groups (auto resolved as groups_for() does).
   void plan(const PlanInputs& in, MemoryPlan& plan) const override {
-    const bool keep = keep_attention_ < 0 ? in.recipe.keep_attention : keep_attention_ == 1;
+    // Layers between checkpoints keep nothing (the step runs them without a memory strategy), so
+    // kept attention would hold for the saved layers alone, a plan this module does not make.
+    if (keep_attention_ == 1 && in.recipe.checkpoint_every > 1)
+      throw Error(str(table_, ".keep_attention = true does not combine with train.checkpoint_every = ",
+                      in.recipe.checkpoint_every),
+                  str(table_, ".keep_attention"),
+                  str("set ", table_, ".keep_attention = \"auto\" or false, or train.checkpoint_every = 1"));
+    const bool keep = keep_attention_ < 0 ? in.recipe.keep_attention && in.recipe.checkpoint_every <= 1 : keep_attention_ == 1;
     plan_dense_decoder(in, plan,
                        {resolve_groups(in.model.num_kv_heads, in.cp * in.sp == 1, in.recipe.head_groups), keep_outputs_, keep});
   }
@@ -425,7 +432,7 @@ class Qwen3Model final : public Model {
   // recipe's choice under "auto"; never without a memory strategy to hold them.
   bool keeps_attention(const StepContext& ctx) const {
     if (!ctx.memory) return false;
-    return keep_attention_ < 0 ? ctx.recipe.keep_attention : keep_attention_ == 1;
+    return keep_attention_ < 0 ? ctx.recipe.keep_attention && ctx.recipe.checkpoint_every <= 1 : keep_attention_ == 1;
   }
   HeadGroup head_group(int64_t g, int64_t groups) const {
     const int64_t nq = cfg_.num_heads / groups, nkv = cfg_.num_kv_heads / groups;

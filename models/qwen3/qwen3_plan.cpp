@@ -156,6 +156,14 @@ void plan_dense_decoder(const PlanInputs& in, MemoryPlan& plan, const DenseDecod
     // Elementwise passes over [T,I] (SwiGLU forward, recompute, backward) and [T,H] (norms, adds,
     // rotary), and the optimizer's reads and writes of every parameter and its state.
     w.memory_bytes += static_cast<double>(s.L) * t * static_cast<double>(ab) * (11.0 * s.I + 24.0 * s.H);
+    // train.checkpoint_every = k: the backward runs the forward of every unsaved layer once more to
+    // rebuild its input (its elementwise passes taken as a third of the layer's).
+    const double rebuilt = static_cast<double>(s.L - in.recipe.saved_layers(s.L));
+    const double grouped_forward = G > 1 ? 2 * t * (qkv + o) : 0;
+    w.gemm_flops += rebuilt * (fwd - grouped_forward);
+    w.grouped_gemm_flops += rebuilt * grouped_forward;
+    w.attention_forward_flops += rebuilt * pairs * 4 * static_cast<double>(s.d);
+    w.memory_bytes += rebuilt * t * static_cast<double>(ab) * (11.0 * s.I + 24.0 * s.H) / 3;
     w.memory_bytes += static_cast<double>(n) * (master ? 24.0 : 12.0);
   }
 

@@ -13,13 +13,21 @@
 // Fresh device tensors come from a stream-ordered allocator that may hand out memory compute
 // work still reads, so each load first waits on an event recorded on the compute stream.
 //
-// The pool is one pinned buffer of num_layers x bytes per input, pinned at the first step (its
+// The pool is one pinned buffer of (the moved layers) x bytes per input, pinned at the first step (its
 // size logged, refused beyond the host's available memory) and reused by every later step.
 //
 // What the model keeps of a layer beside its input (keep(): its attention output and LSE) takes
 // the same road: each tensor is copied out on the copy stream after the input, into a pinned
 // buffer of its own (pinned at the first step, reused after), `copied` re-recorded so it covers
 // them all, and loaded back with the input by fetch(). A layer's state is its whole bundle.
+//
+// Placement (gpu_layers = N, or the plan's recipe under "auto"): the last N saved layers keep their
+// input (and kept tensors) on the device for the whole step and never touch the pool, which holds
+// only the others. The last ones, because their backward comes first (they are released first and
+// never wait on a copy in) and the forward's tail already holds them, so the copies out that would
+// be least hidden (nothing left to compute behind them) are the ones saved.
+//
+// Only the layers the step saves are placed: with Recipe::checkpoint_every = k, every k-th.
 //
 // On CPU tensors the same code runs with copies between host buffers and events that are always
 // complete (lcx/stream.h): the bookkeeping CI tests is the bookkeeping the GPU runs.
@@ -28,6 +36,7 @@
 #include <lcx/plan.h>
 #include <lcx/plugin.h>
 #include <lcx/slots/memory_strategy.h>
+#include <lcx/slots/model.h>
 #include <lcx/stream.h>
 
 #include <algorithm>
@@ -47,7 +56,11 @@ std::string gib(double bytes) {
 
 class Offload final : public MemoryStrategy {
  public:
-  Offload(int prefetch, int64_t max_host_bytes) : prefetch_(prefetch), max_host_bytes_(max_host_bytes) {}
+  // gpu_layers: -1 for "auto" (the recipe's), else the saved inputs kept on the device.
+  Offload(int prefetch, int64_t max_host_bytes, int64_t gpu_layers)
+      : prefetch_(prefetch), max_host_bytes_(max_host_bytes), gpu_layers_(gpu_layers) {}
+
+  void use_recipe(const Recipe& recipe) override { recipe_ = recipe; }
 
   void begin_step(int num_layers) override {
     LCX_CHECK(num_layers >= 0, "offload: ", num_layers, " layers");
@@ -60,6 +73,19 @@ class Offload final : public MemoryStrategy {
       drop(s);  // after a step that threw midway, copies may still touch the inputs it held
       s.waited = false;
     }
+    // Which layers are saved, which of them stay on the device, and each moved one's pool slot.
+    const int64_t saved = recipe_.saved_layers(num_layers);
+    const int64_t resident = resident_layers(saved);
+    int64_t slot = 0, seen = 0;
+    for (int l = 0; l < num_layers; ++l) {
+      LayerInput& s = inputs_[static_cast<size_t>(l)];
+      s.saved = recipe_.saves(l);
+      s.resident = s.saved && seen++ >= saved - resident;
+      const int64_t was = s.slot;
+      s.slot = s.saved && !s.resident ? slot++ : -1;
+      if (s.slot != was) s.host = Tensor();
+    }
+    moved_ = static_cast<size_t>(slot);
     max_held_ = 0;
     misses_ = 0;
     host_wait_s_ = 0;
@@ -67,8 +93,17 @@ class Offload final : public MemoryStrategy {
 
   void save(int layer, const Tensor& x) override {
     LayerInput& s = input_of(layer);
+    LCX_CHECK(s.saved, "offload: layer ", layer, " is saved, but the recipe saves every ", recipe_.checkpoint_every,
+              "-th layer only");
     prepare(x);
     reap();
+    if (s.resident) {
+      s.device = x;
+      s.kept_device.clear();
+      s.kept = 0;
+      s.state = State::resident;
+      return;
+    }
     while (held() >= prefetch_ + 1) {  // bound the inputs on the device: wait for the oldest copy out
       LayerInput* oldest = nullptr;
       for (LayerInput& o : inputs_)
@@ -85,7 +120,7 @@ class Offload final : public MemoryStrategy {
       oldest->state = State::on_host;
     }
     if (s.host.shape() != x.shape() || s.host.dtype() != x.dtype())
-      s.host = Tensor::borrow(static_cast<char*>(pool_.data()) + static_cast<size_t>(layer) * x.nbytes(), x.shape(),
+      s.host = Tensor::borrow(static_cast<char*>(pool_.data()) + static_cast<size_t>(s.slot) * x.nbytes(), x.shape(),
                               x.dtype(), Device::cpu());
     const Stream compute = Stream::compute(device_);
     produced_.record(compute);
@@ -101,6 +136,11 @@ class Offload final : public MemoryStrategy {
 
   void keep(int layer, const Tensor& t) override {
     LayerInput& s = input_of(layer);
+    if (s.state == State::resident) {  // stays beside its input
+      ++s.kept;
+      s.kept_device.push_back(t);
+      return;
+    }
     LCX_CHECK(s.state == State::saving, "offload: layer ", layer, " keeps a tensor before its input was saved");
     const size_t k = s.kept++;
     if (k == s.kept_host.size()) s.kept_host.emplace_back();
@@ -139,9 +179,14 @@ class Offload final : public MemoryStrategy {
       s.wait_end.record(compute);
       s.waited = true;
     }
-    // A saving input still holds the input the forward wrote: nothing to wait for.
+    // A saving or resident input still holds the input the forward wrote: nothing to wait for.
     s.state = State::fetched;
-    for (int k = layer - 1; k >= std::max(0, layer - prefetch_); --k) prefetch(k);
+    // The next `prefetch` saved layers below start loading (those on the device need nothing).
+    for (int k = layer - 1, n = 0; k >= 0 && n < prefetch_; --k)
+      if (inputs_[static_cast<size_t>(k)].saved) {
+        prefetch(k);
+        ++n;
+      }
     return s.device;
   }
 
@@ -162,6 +207,12 @@ class Offload final : public MemoryStrategy {
 
   std::string plan_offer() const override { return "saved layer inputs in pinned host memory"; }
 
+  // The saved layers whose inputs stay on the device: the key, else the recipe's, of `saved`.
+  int64_t resident_layers(int64_t saved) const {
+    const int64_t want = gpu_layers_ >= 0 ? gpu_layers_ : recipe_.gpu_layers;
+    return std::clamp<int64_t>(want, 0, saved);
+  }
+
   // The compute stream's waits on copies in, over the last step; read after the step's sync.
   double wait_seconds() const override {
     double total = 0;
@@ -174,27 +225,37 @@ class Offload final : public MemoryStrategy {
   }
 
   void plan(const PlanInputs& in, MemoryPlan& plan) const override {
-    const int L = static_cast<int>(in.model.num_layers);
+    const int64_t saved = in.recipe.saved_layers(in.model.num_layers);
+    const int64_t want = gpu_layers_ >= 0 ? gpu_layers_ : in.recipe.gpu_layers;
+    const int64_t resident = std::clamp<int64_t>(want, 0, saved), moved = saved - resident;
+    const int64_t window = std::min<int64_t>(moved, prefetch_ + 1);
     const int64_t each = in.tokens_per_rank * in.model.hidden_size * static_cast<int64_t>(dtype_size(in.weight_dtype));
-    if (plan.kept_bytes_per_layer > 0) {
-      plan.add(str("kept attention of the layers on the GPU: at most ", std::min(L, prefetch_ + 1), " layers"),
-               PlanCategory::activations_gpu, std::min(L, prefetch_ + 1) * plan.kept_bytes_per_layer,
-               plan_phase::step);
-      plan.add(str("kept attention in pinned host memory: ", L, " layers"), PlanCategory::activations_host,
-               L * plan.kept_bytes_per_layer, plan_phase::always, true);
+    if (resident > 0) {
+      plan.add(str("saved layer inputs kept on the GPU: the last ", resident, " x [T,H] (gpu_layers)"),
+               PlanCategory::activations_gpu, resident * each, plan_phase::step);
+      if (plan.kept_bytes_per_layer > 0)
+        plan.add(str("kept attention of the layers kept on the GPU: ", resident, " layers"),
+                 PlanCategory::activations_gpu, resident * plan.kept_bytes_per_layer, plan_phase::step);
     }
-    plan.add(str("saved layer inputs on the GPU: at most ", std::min(L, prefetch_ + 1), " x [T,H] (prefetch ",
-                 prefetch_, ")"),
-             PlanCategory::activations_gpu, std::min<int64_t>(L, prefetch_ + 1) * each, plan_phase::step);
+    if (moved == 0) return;
+    if (plan.kept_bytes_per_layer > 0) {
+      plan.add(str("kept attention of the layers on the GPU: at most ", window, " layers"),
+               PlanCategory::activations_gpu, window * plan.kept_bytes_per_layer, plan_phase::step);
+      plan.add(str("kept attention in pinned host memory: ", moved, " layers"), PlanCategory::activations_host,
+               moved * plan.kept_bytes_per_layer, plan_phase::always, true);
+    }
+    plan.add(str("saved layer inputs on the GPU: at most ", window, " x [T,H] (prefetch ", prefetch_, ")"),
+             PlanCategory::activations_gpu, window * each, plan_phase::step);
     // Pinned once and kept across steps.
-    plan.add(str("saved layer inputs in pinned host memory: ", L, " x [T,H]"), PlanCategory::activations_host,
-             L * each, plan_phase::always, true);
+    plan.add(str("saved layer inputs in pinned host memory: ", moved, " x [T,H]"), PlanCategory::activations_host,
+             moved * each, plan_phase::always, true);
   }
 
  private:
   // empty -> saving (copy out in flight, device input kept) -> on_host -> loading (copy in
-  // flight) -> fetched -> empty at release. A saving input may be fetched directly.
-  enum class State { empty, saving, on_host, loading, fetched };
+  // flight) -> fetched -> empty at release. A saving input may be fetched directly; a resident
+  // one (gpu_layers) goes empty -> resident -> fetched.
+  enum class State { empty, saving, on_host, loading, fetched, resident };
   struct Pinned {
     PinnedBuffer buffer;
     Tensor view;  // the kept tensor's shape over `buffer`
@@ -210,6 +271,9 @@ class Offload final : public MemoryStrategy {
     Event wait_start, wait_end;
     bool waited = false;  // the compute stream waited on `copied` this step
     bool has_events = false;  // the events above were made for device_
+    bool saved = true;        // the step saves this layer's input (Recipe::checkpoint_every)
+    bool resident = false;    // ... and it stays on the device (gpu_layers)
+    int64_t slot = -1;        // its part of the pool, when moved
   };
 
   LayerInput& input_of(int layer) {
@@ -218,9 +282,10 @@ class Offload final : public MemoryStrategy {
     return inputs_[static_cast<size_t>(layer)];
   }
 
+  // The moved inputs on the device (resident ones are the plan's separate term).
   int held() const {
     int n = 0;
-    for (const LayerInput& s : inputs_) n += s.device.defined();
+    for (const LayerInput& s : inputs_) n += s.device.defined() && !s.resident;
     return n;
   }
 
@@ -245,21 +310,22 @@ class Offload final : public MemoryStrategy {
         s.wait_end = Event::create(device_, true);
         s.has_events = true;
       }
-    const size_t need = inputs_.size() * x.nbytes();
+    const size_t need = moved_ * x.nbytes();
     if (pool_.bytes() >= need) return;
     if (pool_.bytes() > 0) {  // a smaller pool from an earlier, shorter step is unpinned first
       pool_ = PinnedBuffer();
       for (LayerInput& s : inputs_) s.kept_host.clear();
       release_cached_pinned();
     }
-    const std::string what = str(inputs_.size(), " layer inputs of ", x.nbytes() / kMiB, " MiB");
+    const std::string what = str(moved_, " layer inputs of ", x.nbytes() / kMiB, " MiB");
     pool_ = pin(need, what);
     for (LayerInput& s : inputs_) s.host = Tensor();
     const int64_t available = host_memory_available();
     log::info(str("offload: ", what, " in ", pinned_is_page_locked() ? "pinned" : "(unpinned) host",
                   " memory: ", gib(static_cast<double>(need)), " of ",
                   available < 0 ? std::string("unknown") : gib(static_cast<double>(available)),
-                  " available; at most ", prefetch_ + 1, " inputs on ", device_name(device_)));
+                  " available; at most ", prefetch_ + 1, " of them on ", device_name(device_), ", ",
+                  inputs_.size() - moved_, " layers not moved (kept on the device or not saved)"));
   }
 
   // `bytes` of pinned memory for `what`, refused with the fix where the host (or max_host_mib,
@@ -313,7 +379,7 @@ class Offload final : public MemoryStrategy {
   // still run, even after a fetch of an input the forward left on the device: the compute stream,
   // which reuses freed memory, waits for that copy first (a no-op once it has completed).
   void drop(LayerInput& s) {
-    if (s.device.defined()) Stream::compute(device_).wait(s.copied);
+    if (s.device.defined() && !s.resident) Stream::compute(device_).wait(s.copied);
     s.device = Tensor();
     s.kept_device.clear();
     s.state = State::empty;
@@ -321,7 +387,10 @@ class Offload final : public MemoryStrategy {
 
   const int prefetch_;
   const int64_t max_host_bytes_;
+  const int64_t gpu_layers_;
+  Recipe recipe_;
   std::vector<LayerInput> inputs_;
+  size_t moved_ = 0;  // saved layers whose inputs go through the pool
   PinnedBuffer pool_;
   Device device_;
   bool copy_made_ = false;
@@ -337,7 +406,20 @@ std::unique_ptr<Plugin> create(const PluginArgs& args) {
   if (depth < 0 || depth > 64) args.config.fail("prefetch", str(depth, " is out of range"), "0 to 64; 2 hides the copies");
   const int64_t max_mib = args.config.get_int("max_host_mib", 0);
   if (max_mib < 0) args.config.fail("max_host_mib", "must be >= 0", "0 means the host's MemAvailable");
-  return std::make_unique<Offload>(static_cast<int>(depth), max_mib * 1024 * 1024);
+  int64_t gpu_layers = -1;
+  if (args.config.has("gpu_layers")) {
+    const char* fix = "\"auto\" (the plan's choice) or a count >= 0 of saved layer inputs kept on the GPU";
+    bool is_auto = false;
+    try {
+      gpu_layers = args.config.get_int("gpu_layers", -1);
+    } catch (const Error&) {  // not an integer: the one string it may be is "auto"
+      const std::string text = args.config.get_string("gpu_layers", "auto");
+      if (text != "auto") args.config.fail("gpu_layers", str("'", text, "' is neither \"auto\" nor a count"), fix);
+      is_auto = true;
+    }
+    if (!is_auto && gpu_layers < 0) args.config.fail("gpu_layers", str(gpu_layers, " is below 0"), fix);
+  }
+  return std::make_unique<Offload>(static_cast<int>(depth), max_mib * 1024 * 1024, gpu_layers);
 }
 
 }  // namespace

@@ -97,6 +97,23 @@ TEST(CoreConfig, ValidatesSectionsAndUnknownTables) {
   EXPECT_NO_THROW(read_core_config(plugin_table, {"offload"}));
 }
 
+// train.checkpoint_every: "auto" (0: the plan's choice, also when absent) or a count >= 1; anything
+// else is refused by key with the fix.
+TEST(CoreConfig, CheckpointEveryIsAutoOrACount) {
+  EXPECT_EQ(read_core_config(Manifest::parse("[train]\nlr = 0.1\n", "c.toml"), {}).train.checkpoint_every, 0);
+  EXPECT_EQ(read_core_config(Manifest::parse("[train]\ncheckpoint_every = \"auto\"\n", "c.toml"), {}).train.checkpoint_every, 0);
+  EXPECT_EQ(read_core_config(Manifest::parse("[train]\ncheckpoint_every = 3\n", "c.toml"), {}).train.checkpoint_every, 3);
+  for (const char* bad : {"0", "-2", "\"every\""}) {
+    try {
+      read_core_config(Manifest::parse(str("[train]\ncheckpoint_every = ", bad, "\n"), "c.toml"), {});
+      ADD_FAILURE() << bad << " was accepted";
+    } catch (const Error& e) {
+      EXPECT_EQ(e.key(), "train.checkpoint_every") << bad;
+      EXPECT_NE(e.fix().find("\"auto\""), std::string::npos) << bad << ": " << e.fix();
+    }
+  }
+}
+
 TEST(Manifest, SyntaxErrorNamesLine) {
   try {
     Manifest::parse("[a]\nx = 1\ny = \n", "bad.toml");

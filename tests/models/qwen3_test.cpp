@@ -493,6 +493,44 @@ TEST(Qwen3Step, AttentionKeptFromTheForwardEqualsRecompute) {
     }
 }
 
+// Deeper recompute (Recipe::checkpoint_every = k): the step saves layers 0, k, 2k, ... and rebuilds
+// the inputs in between from the nearest saved one; the rebuild is the forward's own arithmetic, so
+// every gradient equals the step that saves each layer, bit for bit (fp32 and bf16), for k dividing
+// the 7 layers or not, and past them. A recipe that keeps the attention keeps nothing with k > 1.
+TEST(Qwen3Step, CheckpointEveryKLayersGivesTheSameGradients) {
+  nlohmann::json spec = nlohmann::json::parse(kTiny);
+  spec["num_hidden_layers"] = 7;
+  for (DType dt : {DType::f32, DType::bf16}) {
+    auto m = test::make_qwen3();
+    m->init_random(spec.dump(), 9, Device::cpu(), dt);
+    test::DefaultSlots s(*m);
+    Shard shard = test::shard_from_labels({3, 1, 4, 1, 5, 9, 2, 6, 5, 3}, {3, 1, 4, 1, 5, 9, 2, 6, 5, 3});
+    const StepResult base = test::mean_loss_step(s, shard, 9);
+    std::vector<std::vector<float>> want;
+    for (Parameter* p : m->parameters()) want.push_back(p->grad.to_floats());
+    for (int64_t k : {2, 3, 4, 7, 9}) {
+      SCOPED_TRACE(str(dtype_name(dt), " every ", k));
+      RecordingMemory rec;
+      StepSlots slots{*m, *s.loss, *s.rope, rec, *s.parallel};
+      slots.recipe = {.keep_attention = true, .checkpoint_every = k};
+      m->zero_grad();
+      const StepResult got = train_step(slots, shard, 1.0 / 9, Device::cpu());
+      EXPECT_EQ(got.loss_sum, base.loss_sum);
+      for (size_t i = 0; i < want.size(); ++i)
+        EXPECT_EQ(m->parameters()[i]->grad.to_floats(), want[i]) << m->parameters()[i]->name;
+      std::vector<std::string> calls{"begin 7"};
+      for (int l = 0; l < 7; l += static_cast<int>(k)) calls.push_back(str("save ", l));
+      for (int l = (6 / static_cast<int>(k)) * static_cast<int>(k); l >= 0; l -= static_cast<int>(k)) {
+        calls.push_back(str("fetch ", l));
+        if (l > 0) calls.push_back(str("prefetch ", l - k));
+        calls.push_back(str("release ", l));
+      }
+      calls.push_back("end");
+      EXPECT_EQ(rec.calls, calls);
+    }
+  }
+}
+
 // Gradients in the weights' dtype (train.grad_dtype): the GEMM weights' bf16 grads are the fp32
 // grads rounded once, as GEMMs accumulate in fp32 and round on the way out.
 TEST(Qwen3Step, Bf16GemmGradientsAreTheFp32OnesRounded) {

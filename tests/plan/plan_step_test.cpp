@@ -16,6 +16,9 @@ namespace {
 struct StepCase {
   DType dtype;
   const char* loss;  // "nll" (core's) or a plugin name
+  // Recipe::checkpoint_every: the inputs between checkpoints rebuilt. A k dividing the 3 layers:
+  // otherwise core's on_device plan is one [T,H] above the step (planner.cpp says why).
+  int64_t checkpoint_every = 1;
 };
 
 class PlanAgainstStep : public ::testing::TestWithParam<StepCase> {};
@@ -31,6 +34,7 @@ TEST_P(PlanAgainstStep, CpuPeakOfOneQwen3StepMatchesThePlan) {
   std::shared_ptr<Loss> chunked;
   if (std::string(c.loss) != "nll") chunked = test::make_plugin<Loss>(c.loss);
   StepSlots slots{*model, chunked ? *chunked : *s.loss, *s.rope, *s.memory, *s.parallel};
+  slots.recipe.checkpoint_every = c.checkpoint_every;
   const int64_t T = 512;
   std::vector<int64_t> ids(T), labels(T);
   for (int64_t t = 0; t < T; ++t) ids[static_cast<size_t>(t)] = labels[static_cast<size_t>(t)] = (t * 37) % 2000;
@@ -47,6 +51,7 @@ TEST_P(PlanAgainstStep, CpuPeakOfOneQwen3StepMatchesThePlan) {
   in.model = model->config();
   in.seq_len = in.tokens_per_rank = T;
   in.weight_dtype = c.dtype;
+  in.recipe.checkpoint_every = c.checkpoint_every;
   PlanSlots ps;
   ps.model = model.get();  // the module's own plan: its head groups (auto: one kv head each)
   ps.model_name = "qwen3";
@@ -78,9 +83,11 @@ TEST_P(PlanAgainstStep, CpuPeakOfOneQwen3StepMatchesThePlan) {
 
 INSTANTIATE_TEST_SUITE_P(DtypesAndLosses, PlanAgainstStep,
                          ::testing::Values(StepCase{DType::f32, "nll"}, StepCase{DType::bf16, "nll"},
-                                           StepCase{DType::f32, "loss_chunked"}, StepCase{DType::bf16, "loss_chunked"}),
+                                           StepCase{DType::f32, "loss_chunked"}, StepCase{DType::bf16, "loss_chunked"},
+                                           StepCase{DType::f32, "nll", 3}, StepCase{DType::bf16, "loss_chunked", 3}),
                          [](const auto& info) {
-                           return std::string(dtype_name(info.param.dtype)) + "_" + info.param.loss;
+                           return std::string(dtype_name(info.param.dtype)) + "_" + info.param.loss +
+                                  (info.param.checkpoint_every > 1 ? str("_every", info.param.checkpoint_every) : "");
                          });
 
 }  // namespace

@@ -202,6 +202,97 @@ TEST(PlanArithmetic, OffloadMovesActivationsToHost) {
   EXPECT_EQ(gpu.host_peak(), 0);
 }
 
+// Recipe::checkpoint_every = k: core's on_device holds ceil(L/k) inputs, the step plans the k - 1
+// rebuilt inputs beside the backward (and, while the last is rebuilt, beside the forward's
+// buffers), and the model's work grows by one forward of each unsaved layer: the cost model sees
+// the time the memory buys.
+TEST(PlanArithmetic, CheckpointEveryKLayersSavesInputsAndCostsAForward) {
+  PlanInputs in = inputs("qwen3-4b", 65536);
+  const int64_t TH = 65536LL * 2560 * 2;
+  const MemoryPlan every = build_plan(in, qwen3_slots());
+  for (int64_t k : {2, 3, 5}) {
+    SCOPED_TRACE(str("every ", k));
+    in.recipe.checkpoint_every = k;
+    const MemoryPlan sparse = build_plan(in, qwen3_slots());
+    const int64_t saved = (36 + k - 1) / k;
+    EXPECT_EQ(sparse.category_bytes(PlanCategory::activations_gpu), saved * TH);
+    for (const char* phase : {plan_phase::forward, plan_phase::mlp_backward, plan_phase::backward})
+      EXPECT_EQ(sum_by(sparse, "step", phase) - sum_by(every, "step", phase), (k - 1) * TH) << phase;
+    EXPECT_EQ(sum_by(sparse, "step", plan_phase::loss), sum_by(every, "step", plan_phase::loss));
+    // One more forward of the 36 - saved unsaved layers: its attention forward exactly.
+    const double per_layer = every.work.attention_forward_flops / 72;  // two attention forwards per layer
+    EXPECT_DOUBLE_EQ(sparse.work.attention_forward_flops - every.work.attention_forward_flops,
+                     static_cast<double>(36 - saved) * per_layer);
+    EXPECT_GT(predicted_step_seconds(sparse.work), predicted_step_seconds(every.work));
+    EXPECT_LT(sparse.peak().bytes, every.peak().bytes);
+  }
+  // Kept attention set by its key does not combine with k > 1: refused naming both keys.
+  auto keeping = create_plugin("qwen3", "keep_attention = true");
+  PlanSlots s = qwen3_slots();
+  s.model = dynamic_cast<const Model*>(keeping.get());
+  in.recipe.checkpoint_every = 2;
+  try {
+    build_plan(in, s);
+    ADD_FAILURE() << "keep_attention with checkpoint_every 2 was planned";
+  } catch (const Error& e) {
+    EXPECT_NE(std::string(e.what()).find("qwen3.keep_attention = true"), std::string::npos) << e.what();
+    EXPECT_NE(std::string(e.what()).find("train.checkpoint_every = 2"), std::string::npos) << e.what();
+    EXPECT_EQ(e.key(), "qwen3.keep_attention");
+  }
+  // The search drops those candidates and keeps the others.
+  for (const RecipeOption& o : rank_recipes(in, s, 141LL << 30, -1, 0)) EXPECT_EQ(o.recipe.checkpoint_every, 1);
+}
+
+// The search: spacings 1, 2, 3, 4, 6, 8, 12 for 36 layers (kept attention with k = 1 alone), and
+// for a memory strategy that places by the recipe, the most saved inputs on the GPU that fit.
+TEST(PlanArithmetic, RecipeSearchPlacesTheMostInputsThatFit) {
+  const PlanInputs in = inputs("qwen3-4b", 262144, 1, "bf16");
+  auto offload = create_plugin("offload");
+  auto chunked = create_plugin("loss_chunked");
+  PlanSlots s = qwen3_slots();
+  s.memory = dynamic_cast<const MemoryStrategy*>(offload.get());
+  s.memory_name = "offload";
+  s.loss = dynamic_cast<const Loss*>(chunked.get());
+  s.loss_name = "loss_chunked";
+  const int64_t gpu = 100LL << 30;
+  const std::vector<RecipeOption> options = rank_recipes(in, s, gpu, -1, 0);
+  std::vector<int64_t> spacings;
+  for (const RecipeOption& o : options) {
+    if (std::find(spacings.begin(), spacings.end(), o.recipe.checkpoint_every) == spacings.end())
+      spacings.push_back(o.recipe.checkpoint_every);
+    if (o.recipe.keep_attention) EXPECT_EQ(o.recipe.checkpoint_every, 1);
+    EXPECT_GE(o.recipe.gpu_layers, 0);
+    EXPECT_LE(o.recipe.gpu_layers, o.recipe.saved_layers(36));
+    EXPECT_TRUE(o.fits) << recipe_name(o.recipe) << ": " << format_bytes(o.gpu_peak);  // the GPU's room is found, never passed
+    // One more input on the GPU would not fit, unless every saved input is there already.
+    if (o.recipe.gpu_layers < o.recipe.saved_layers(36)) {
+      PlanInputs more = in;
+      more.recipe = o.recipe;
+      ++more.recipe.gpu_layers;
+      EXPECT_GT(build_plan(more, s).peak().bytes, gpu) << recipe_name(o.recipe);
+    }
+  }
+  std::sort(spacings.begin(), spacings.end());
+  EXPECT_EQ(spacings, (std::vector<int64_t>{1, 2, 3, 4, 6, 8, 12}));
+  // The memory strategy's host bytes are those of the inputs it does not keep on the GPU.
+  const int64_t each = 262144LL * 2560 * 2;
+  for (const RecipeOption& o : options)
+    if (!o.recipe.keep_attention)
+      EXPECT_EQ(o.host_peak, (o.recipe.saved_layers(36) - o.recipe.gpu_layers) * each) << recipe_name(o.recipe);
+  // A fixed train.checkpoint_every is the search's input; core's on_device places nothing.
+  for (const RecipeOption& o : rank_recipes(in, qwen3_slots(), gpu, -1, 3)) {
+    EXPECT_EQ(o.recipe.checkpoint_every, 3);
+    EXPECT_EQ(o.recipe.gpu_layers, -1);
+  }
+  // A host budget: the fastest that pins at most 40 GiB, and the longest length with the search.
+  const Recipe chosen = choose_recipe(in, s, gpu, 40LL << 30, 0);
+  PlanInputs with = in;
+  with.recipe = chosen;
+  EXPECT_LE(build_plan(with, s).host_peak(), 40LL << 30);
+  const int64_t longest = longest_fitting_seq(in, s, gpu, 40LL << 30, 16, 0);
+  EXPECT_GT(longest, longest_fitting_seq(in, s, gpu, 40LL << 30, 16, 1));
+}
+
 TEST(PlanArithmetic, ContextParallelDividesTokensPerRank) {
   const PlanInputs one = inputs("qwen3-8b", 1048576, 1), eight = inputs("qwen3-8b", 1048576, 8);
   EXPECT_EQ(eight.tokens_per_rank, 131072);
@@ -271,7 +362,7 @@ TEST(PlanArithmetic, KnobsNameWhatWouldFit) {
   // Qwen3-4B at 128k on one 80 GiB GPU with the plain loss does not fit; the chunked loss and a
   // shorter sequence are named with their peaks.
   const PlanInputs in = inputs("qwen3-4b", 131072, 1, "bf16");
-  const int64_t gpu = 80LL << 30;
+  const int64_t gpu = 100LL << 30;
   ASSERT_GT(build_plan(in, qwen3_slots()).peak().bytes, gpu);
   PluginLoader loader({test::build_plugin_dir()});
   const auto knobs = plan_knobs(in, qwen3_slots(), &loader, gpu, 1);

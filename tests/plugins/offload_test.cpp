@@ -37,13 +37,13 @@ struct StepOutcome {
   std::vector<std::vector<float>> grads;
 };
 
-// Two steps (the second reuses the pinned pool); the outcome of the second. keep_attention: each
-// layer's attention outputs are kept from the forward and travel with its input.
+// Two steps (the second reuses the pinned pool); the outcome of the second. recipe.keep_attention:
+// each layer's attention outputs are kept from the forward and travel with its input.
 StepOutcome run_steps(Model& model, MemoryStrategy& memory, const Shard& shard, Device device,
-                      bool keep_attention = false) {
+                      const Recipe& recipe = {}) {
   test::DefaultSlots s(model);
   StepSlots slots{model, *s.loss, *s.rope, memory, *s.parallel};
-  slots.recipe.keep_attention = keep_attention;
+  slots.recipe = recipe;
   StepOutcome out;
   for (int step = 0; step < 2; ++step) {
     model.zero_grad();
@@ -77,15 +77,27 @@ TEST_P(OffloadCpu, StepIsBitIdenticalToOnDevice) {
   model->init_random(tiny_spec(5, 32), 3, Device::cpu(), GetParam());
   auto on_device = make_on_device_memory();
   const StepOutcome want = run_steps(*model, *on_device, shard, Device::cpu());
+  // Placement (gpu_layers, by key or by the recipe) and checkpoints every k layers change where
+  // inputs wait and which are rebuilt, never a value.
   for (bool keep : {false, true})
-    for (const char* table : {"prefetch = 0", "prefetch = 1", "", "prefetch = 8"}) {
+    for (const char* table : {"prefetch = 0", "prefetch = 1", "", "prefetch = 8", "gpu_layers = 2", "gpu_layers = 9",
+                              "prefetch = 1\ngpu_layers = 1", "gpu_layers = \"auto\""}) {
       auto offload = make_offload(table);
-      const StepOutcome got = run_steps(*model, *offload, shard, Device::cpu(), keep);
+      const StepOutcome got =
+          run_steps(*model, *offload, shard, Device::cpu(), {.keep_attention = keep, .gpu_layers = 3});
       EXPECT_EQ(got.loss, want.loss) << table << " keep " << keep;
       ASSERT_EQ(got.grads.size(), want.grads.size());
       for (size_t i = 0; i < want.grads.size(); ++i)
         EXPECT_EQ(got.grads[i], want.grads[i]) << table << " keep " << keep << ": " << model->parameters()[i]->name;
       EXPECT_EQ(offload->wait_seconds(), 0.0);  // the CPU's copies complete when issued
+    }
+  for (int64_t k : {2, 3, 6})
+    for (const char* table : {"prefetch = 0", "", "gpu_layers = 1"}) {
+      auto offload = make_offload(table);
+      const StepOutcome got = run_steps(*model, *offload, shard, Device::cpu(), {.checkpoint_every = k});
+      EXPECT_EQ(got.loss, want.loss) << table << " every " << k;
+      for (size_t i = 0; i < want.grads.size(); ++i)
+        EXPECT_EQ(got.grads[i], want.grads[i]) << table << " every " << k << ": " << model->parameters()[i]->name;
     }
 }
 
@@ -111,6 +123,47 @@ TEST(OffloadCpuBookkeeping, AtMostPrefetchPlusOneInputsResident) {
     // prefetch + 1 loaded inputs sets the peak once it exceeds the forward's two tensors.
     EXPECT_LE(peak, (p + 2) * each) << "prefetch " << p;
     EXPECT_EQ(peak, std::max(2, p + 1) * each) << "prefetch " << p;
+  }
+}
+
+// gpu_layers = N: the last N saved inputs stay on the device, the pool pins only the others, and
+// the plan's terms are what the allocators counted: the pinned bytes exactly, the device's inputs
+// as an upper bound (the plan's prefetch window is "at most"; the forward's output is the step's).
+TEST(OffloadCpuBookkeeping, GpuLayersStayOnTheDeviceAndThePoolShrinks) {
+  const int L = 6;
+  const int64_t T = 64, H = 32, each = T * H * 4;
+  const Shard shard = tokens_shard(T);
+  auto model = test::make_qwen3();
+  model->init_random(tiny_spec(L, H), 4, Device::cpu(), DType::f32);
+  PlanInputs in;
+  in.model = model->config();
+  in.tokens_per_rank = in.seq_len = T;
+  in.weight_dtype = DType::f32;
+  struct Case {
+    int64_t n, k, resident_peak;  // gpu_layers, checkpoint_every, the inputs live at once (hand count)
+  };
+  // prefetch 2. Forward: the resident inputs and the output being written; backward: the fetched
+  // layer's and those below it still resident or loaded ahead (a window of 3).
+  for (const Case c : {Case{0, 1, 3}, Case{1, 1, 3}, Case{3, 1, 4}, Case{6, 1, 7}, Case{2, 2, 3}, Case{3, 2, 4}}) {
+    SCOPED_TRACE(str("gpu_layers ", c.n, ", every ", c.k));
+    for (bool by_key : {true, false}) {
+      auto offload = make_offload(by_key ? str("gpu_layers = ", c.n) : std::string());
+      Recipe recipe{.checkpoint_every = c.k, .gpu_layers = by_key ? 0 : c.n};  // the key wins over the recipe
+      const int64_t pinned_before = pinned_allocator().stats().live_bytes;
+      const int64_t peak = activation_peak(Device::cpu(), [&] { run_steps(*model, *offload, shard, Device::cpu(), recipe); });
+      const int64_t pinned = pinned_allocator().stats().live_bytes - pinned_before;
+      in.recipe = recipe;
+      MemoryPlan plan;
+      offload->plan(in, plan);
+      const int64_t saved = (L + c.k - 1) / c.k, moved = saved - std::min<int64_t>(c.n, saved);
+      EXPECT_EQ(pinned, moved * each);
+      EXPECT_EQ(plan.host_peak(), pinned);
+      EXPECT_EQ(plan.category_bytes(PlanCategory::activations_gpu), (saved - moved + std::min<int64_t>(moved, 3)) * each);
+      if (c.k == 1) {
+        EXPECT_EQ(peak, c.resident_peak * each);
+        EXPECT_LE(peak, plan.category_bytes(PlanCategory::activations_gpu) + each);
+      }
+    }
   }
 }
 
@@ -179,7 +232,8 @@ TEST(OffloadCpuBookkeeping, PlanPutsTheInputsOnTheHost) {
 }
 
 TEST(OffloadCpuBookkeeping, RefusesABadPrefetchByName) {
-  for (const char* bad : {"prefetch = -1", "prefetch = 100", "max_host_mib = -5", "prefech = 2"}) {
+  for (const char* bad :
+       {"prefetch = -1", "prefetch = 100", "max_host_mib = -5", "prefech = 2", "gpu_layers = -1", "gpu_layers = \"most\""}) {
     try {
       make_offload(bad);
       ADD_FAILURE() << bad << " was accepted";
@@ -207,7 +261,7 @@ TEST(OffloadGpu, StepMatchesOnDevice) {
   const StepOutcome a = run_steps(*model, *on_device, shard, gpu), b = run_steps(*model, *on_device, shard, gpu);
   const bool deterministic = same(a, b);
   // Attention kept from the forward on the device: the same step, no attention forward recomputed.
-  const StepOutcome kept_on_device = run_steps(*model, *on_device, shard, gpu, true);
+  const StepOutcome kept_on_device = run_steps(*model, *on_device, shard, gpu, {.keep_attention = true});
   if (deterministic)
     EXPECT_TRUE(same(kept_on_device, a)) << "loss " << kept_on_device.loss << " vs " << a.loss;
   else
@@ -219,7 +273,7 @@ TEST(OffloadGpu, StepMatchesOnDevice) {
       auto offload = make_offload(str("prefetch = ", p), gpu);
       int64_t peak = 0;
       StepOutcome got;
-      peak = activation_peak(gpu, [&] { got = run_steps(*model, *offload, shard, gpu, keep); });
+      peak = activation_peak(gpu, [&] { got = run_steps(*model, *offload, shard, gpu, {.keep_attention = keep}); });
       EXPECT_LE(peak, (p + 2) * (T * H * 2 + (keep ? kept_each : 0))) << "prefetch " << p << " keep " << keep;
       EXPECT_GE(offload->wait_seconds(), 0.0);
       if (deterministic) {

@@ -2,6 +2,7 @@
 // of its slots and the model's shape, planned for the GPU given.
 #include "app/plan_cmd.h"
 
+#include <algorithm>
 #include <cstdio>
 
 #include "lcx/error.h"
@@ -35,18 +36,33 @@ int run_plan_command(const Manifest& m, const CoreConfig& cfg, const PluginLoade
   const PlanInputs& in = run.planned();
   const PlanSlots ps = run.plan_slots();
   const int64_t unit = plan_seq_unit(in, cfg.data.pad_to_multiple_of);
-  const std::vector<RecipeOption> options = rank_recipes(in, ps, gpu_bytes, host_bytes);
+  const std::vector<RecipeOption> options = rank_recipes(in, ps, gpu_bytes, host_bytes, cfg.train.checkpoint_every);
   const MemoryPlan plan = build_plan(in, ps);
   std::printf("# %s, model shape from %s\n%s", m.source().c_str(), model_source.c_str(),
               format_plan(plan, in, ps, gpu_bytes, unit, host_bytes).c_str());
   std::printf("\nrecipe (fastest first by the cost model; the first that fits is taken, keys set in the manifest win):\n");
-  for (const RecipeOption& o : options)
+  // The choice and its runners-up: the fastest candidates, the chosen one wherever it ranks.
+  constexpr size_t kShown = 12;
+  const std::string chosen = recipe_name(in.recipe);
+  size_t shown = 0;
+  for (const RecipeOption& o : options) {
+    const bool is_chosen = recipe_name(o.recipe) == chosen;
+    if (shown >= kShown && !is_chosen) continue;
+    ++shown;
     std::printf("  %-6s %s: predicted step %.1f s, GPU %s, pinned host %s%s%s\n", o.fits ? "fits" : "short",
                 recipe_name(o.recipe).c_str(), o.seconds, format_bytes(o.gpu_peak).c_str(), format_bytes(o.host_node).c_str(),
-                in.local_ranks > 1 ? str(" (", in.local_ranks, " ranks)").c_str() : "",
-                o.recipe.keep_attention == in.recipe.keep_attention && o.recipe.head_groups == in.recipe.head_groups
-                    ? "   <- chosen"
-                    : "");
+                in.local_ranks > 1 ? str(" (", in.local_ranks, " ranks)").c_str() : "", is_chosen ? "   <- chosen" : "");
+  }
+  if (options.size() > shown)
+    std::printf("  (%zu slower candidates not shown, %zu of them fit)\n", options.size() - shown,
+                static_cast<size_t>(std::count_if(options.begin() + static_cast<std::ptrdiff_t>(std::min(kShown, options.size())),
+                                                  options.end(), [&](const RecipeOption& o) {
+                                                    return o.fits && recipe_name(o.recipe) != chosen;
+                                                  })));
+  const int64_t longest = longest_fitting_seq(in, ps, gpu_bytes, host_bytes, unit, cfg.train.checkpoint_every);
+  std::printf("\nlongest sequence that fits this machine (GPU %s, host %s, the recipe chosen at each length): %s\n",
+              format_bytes(gpu_bytes).c_str(), host_bytes < 0 ? "not checked" : format_bytes(host_bytes).c_str(),
+              longest ? str(with_commas(longest), " tokens").c_str() : "none");
   if (plan.peak().bytes > gpu_bytes) {
     std::printf("\nwhat would make it fit:\n");
     for (const auto& k : plan_knobs(in, ps, &loader, gpu_bytes, unit))

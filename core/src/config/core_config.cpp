@@ -121,6 +121,18 @@ CoreConfig read_core_config(const Manifest& m, const std::vector<std::string>& p
     one_of(v, "master_dtype", t.master_dtype, {"fp32", "bf16"});
     t.grad_dtype = v.get_string("grad_dtype", t.grad_dtype);
     one_of(v, "grad_dtype", t.grad_dtype, {"auto", "fp32", "bf16"});
+    if (v.has("checkpoint_every")) {
+      const char* fix = "\"auto\" (the plan's choice) or a count >= 1: 1 saves every layer's input, k every k-th";
+      bool is_auto = false;
+      try {
+        t.checkpoint_every = v.get_int("checkpoint_every", 0);
+      } catch (const Error&) {  // not an integer: the one string it may be is "auto"
+        const std::string text = v.get_string("checkpoint_every", "auto");
+        if (text != "auto") v.fail("checkpoint_every", str("'", text, "' is neither \"auto\" nor a count"), fix);
+        is_auto = true;
+      }
+      if (!is_auto) need(v, "checkpoint_every", t.checkpoint_every, t.checkpoint_every >= 1, "must be >= 1", fix);
+    }
     t.save_steps = v.get_int("save_steps", t.save_steps);
     need(v, "save_steps", t.save_steps, t.save_steps >= 0, "must be >= 0 (0 saves only at the end)");
     t.keep_checkpoints = v.get_int("keep_checkpoints", t.keep_checkpoints);

@@ -60,6 +60,9 @@ struct TrainConfig {
   // The GEMM weights' gradients: "auto" keeps them in the weights' dtype where nothing needs fp32
   // (no fp32 master, no accumulation over sequences, one rank), as PyTorch does; else fp32.
   std::string grad_dtype = "auto";
+  // Save the input of every k-th layer only and rebuild the others in the backward (Recipe::
+  // checkpoint_every); 0: "auto", the plan's choice.
+  int64_t checkpoint_every = 0;
   int64_t save_steps = 0;
   int64_t keep_checkpoints = 2;
   bool save_final = true;  // a checkpoint after the last step (benchmarks turn it off)

@@ -51,7 +51,8 @@ int64_t node_host_bytes(const MemoryPlan& plan, const PlanInputs& in) {
 }
 
 const char* const kHostMemoryFix =
-    "lower data.seq_len, keep fewer layers' inputs in host memory (a memory_strategy that holds them on the GPU), "
+    "lower data.seq_len, keep fewer layers' inputs in host memory (more of them on the GPU, or train.checkpoint_every "
+    "= \"auto\" or k > 1 to save every k-th), "
     "or run on a node with more host memory (lcx-train --plan --host-memory SIZE plans for one)";
 
 void check_host_memory(const MemoryPlan& plan, const PlanInputs& in, int64_t host_bytes) {

@@ -3,6 +3,7 @@
 // that fits, and the out-of-memory report with the knob that would make the run fit.
 #pragma once
 #include <cstdint>
+#include <functional>
 #include <optional>
 #include <string>
 #include <vector>
@@ -63,6 +64,9 @@ MemoryPlan build_plan(const PlanInputs& in, const PlanSlots& slots);
 // The longest sequence (a multiple of `unit`) whose planned peak, reserve included, fits in
 // gpu_bytes; 0 when not even one unit fits.
 int64_t longest_fitting_seq(const PlanInputs& in, const PlanSlots& slots, int64_t gpu_bytes, int64_t unit);
+// The longest sequence (a multiple of `unit`) for which `fits` holds, `in` planned at that length
+// (fits is taken to hold at every shorter one); 0 when not even one unit fits.
+int64_t longest_seq_where(const PlanInputs& in, int64_t unit, const std::function<bool(const PlanInputs&)>& fits);
 
 // The recipe candidates (plan/recipe.cpp), fastest first by the cost model, each planned: its GPU peak (reserve
 // included), its pinned host bytes, and whether both fit (host_bytes < 0: the host is not checked).
@@ -74,10 +78,18 @@ struct RecipeOption {
   bool fits = false;
   double seconds = 0;  // the cost model's step time
 };
+// checkpoint_every: the spacing train.checkpoint_every sets, or 0 ("auto") to search 1, 2, 3, 4,
+// 6, ... (plan/recipe.cpp); gpu_layers is the most the GPU budget leaves room for, -1 where the
+// memory strategy places nothing by the recipe.
 std::vector<RecipeOption> rank_recipes(const PlanInputs& in, const PlanSlots& slots, int64_t gpu_bytes,
-                                       int64_t host_bytes);
+                                       int64_t host_bytes, int64_t checkpoint_every = 0);
 // The first candidate that fits, or the leanest when none does.
-Recipe choose_recipe(const PlanInputs& in, const PlanSlots& slots, int64_t gpu_bytes, int64_t host_bytes);
+Recipe choose_recipe(const PlanInputs& in, const PlanSlots& slots, int64_t gpu_bytes, int64_t host_bytes,
+                     int64_t checkpoint_every = 0);
+// The longest sequence (a multiple of `unit`) at which some candidate of rank_recipes fits both
+// budgets (host_bytes < 0: the GPU's alone): the machine's longest for this model, mesh and providers.
+int64_t longest_fitting_seq(const PlanInputs& in, const PlanSlots& slots, int64_t gpu_bytes, int64_t host_bytes,
+                            int64_t unit, int64_t checkpoint_every);
 std::string recipe_name(const Recipe& r);
 // The cost model: a step's work (MemoryPlan::work) in seconds on the GPU the rates were measured on.
 double predicted_step_seconds(const StepWork& w);
@@ -122,6 +134,7 @@ void check_host_memory(const MemoryPlan& plan, const PlanInputs& in, int64_t hos
 // Total memory of GPU 0, or nullopt without a usable GPU.
 std::optional<int64_t> local_gpu_memory();
 std::string format_bytes(int64_t bytes);  // "12.34 GiB"
+std::string with_commas(int64_t v);       // "1,048,576"
 
 // The model's shape without its weights, as the model module describes it: config.json under
 // [model] path when it exists, else [model] init (a preset or a JSON object of config.json keys),

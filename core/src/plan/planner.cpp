@@ -32,15 +32,21 @@ void plan_step(const PlanInputs& in, MemoryPlan& p) {
         plan_phase::final_norm);
   for (const char* phase : {plan_phase::mlp_backward, plan_phase::backward})
     p.add("layer dy, dx [T,H] x2", PlanCategory::transient, 2 * TH, phase);
-}
-
-std::string with_commas(int64_t v) {
-  std::string s = std::to_string(v < 0 ? -v : v), out;
-  for (size_t i = 0; i < s.size(); ++i) {
-    if (i && (s.size() - i) % 3 == 0) out += ',';
-    out += s[i];
+  // checkpoint_every = k: a segment's rebuilt inputs live through its backward; while the last is
+  // being rebuilt, the k-2 before it and dy sit beside the forward's buffers (its output is the
+  // layer output above), which also covers the forward's own unsaved input. Exact beside a memory
+  // strategy whose device bytes stay level (a window of inputs moved in and out); beside one that
+  // releases each saved input (on_device) and a k not dividing L, the full segments come after a
+  // release and the peak is one [T,H] below this.
+  const int64_t rebuilt = std::min(std::max<int64_t>(1, in.recipe.checkpoint_every), in.model.num_layers) - 1;
+  if (rebuilt > 0) {
+    p.add(str("rebuilt layer inputs ", rebuilt, " x [T,H] (train.checkpoint_every ", in.recipe.checkpoint_every, ")"),
+          PlanCategory::transient, rebuilt * TH, plan_phase::mlp_backward);
+    p.add(str("rebuilt layer inputs ", rebuilt, " x [T,H] (train.checkpoint_every ", in.recipe.checkpoint_every, ")"),
+          PlanCategory::transient, rebuilt * TH, plan_phase::backward);
+    p.add(str("rebuild in the backward: ", rebuilt - 1, " rebuilt inputs and dy [T,H]"), PlanCategory::transient,
+          rebuilt * TH, plan_phase::forward);
   }
-  return v < 0 ? "-" + out : out;
 }
 
 int64_t peak_of(const PlanInputs& in, const PlanSlots& slots) { return build_plan(in, slots).peak().bytes; }
@@ -53,6 +59,15 @@ PlanInputs with_seq(PlanInputs in, int64_t seq_len) {
 }
 
 }  // namespace
+
+std::string with_commas(int64_t v) {
+  std::string s = std::to_string(v < 0 ? -v : v), out;
+  for (size_t i = 0; i < s.size(); ++i) {
+    if (i && (s.size() - i) % 3 == 0) out += ',';
+    out += s[i];
+  }
+  return v < 0 ? "-" + out : out;
+}
 
 PlanSlots PlanSlots::of(const SlotSet& s) {
   PlanSlots p;
@@ -132,9 +147,9 @@ MemoryPlan build_plan(const PlanInputs& in, const PlanSlots& s) {
   return p;
 }
 
-int64_t longest_fitting_seq(const PlanInputs& in, const PlanSlots& slots, int64_t gpu_bytes, int64_t unit) {
+int64_t longest_seq_where(const PlanInputs& in, int64_t unit, const std::function<bool(const PlanInputs&)>& fits_at) {
   unit = std::max<int64_t>(1, unit);
-  auto fits = [&](int64_t k) { return peak_of(with_seq(in, k * unit), slots) <= gpu_bytes; };
+  auto fits = [&](int64_t k) { return fits_at(with_seq(in, k * unit)); };
   if (!fits(1)) return 0;
   int64_t lo = 1, hi = 2;  // fits(lo), and hi is the first power of two tried that does not
   const int64_t max_k = (int64_t{1} << 40) / unit;
@@ -148,6 +163,10 @@ int64_t longest_fitting_seq(const PlanInputs& in, const PlanSlots& slots, int64_
     (fits(mid) ? lo : hi) = mid;
   }
   return lo * unit;
+}
+
+int64_t longest_fitting_seq(const PlanInputs& in, const PlanSlots& slots, int64_t gpu_bytes, int64_t unit) {
+  return longest_seq_where(in, unit, [&](const PlanInputs& at) { return peak_of(at, slots) <= gpu_bytes; });
 }
 
 std::string format_bytes(int64_t bytes) {

@@ -9,6 +9,7 @@
 // elementwise kernels' memory traffic. Host copies of tensors a memory strategy moves overlap
 // compute and are not counted.
 #include <algorithm>
+#include <optional>
 
 #include "lcx/error.h"
 #include "plan/plan.h"
@@ -26,37 +27,110 @@ double predicted_step_seconds(const StepWork& w) {
 }
 
 std::string recipe_name(const Recipe& r) {
-  return str(r.keep_attention ? "attention kept from the forward" : "attention recomputed", ", ",
-             r.head_groups == 1 ? std::string("one head group") : str(r.head_groups, " head groups"));
+  std::string name = str(r.keep_attention ? "attention kept from the forward" : "attention recomputed", ", ",
+                         r.head_groups == 1 ? std::string("one head group") : str(r.head_groups, " head groups"));
+  if (r.checkpoint_every > 1) name += str(", every ", r.checkpoint_every, " layers one input saved");
+  if (r.gpu_layers >= 0) name += str(", ", r.gpu_layers, " saved inputs on the GPU");
+  return name;
 }
 
+namespace {
+
+// The checkpoint spacings the search tries: 1, 2, 3, 4, 6, 8, 12, ... up to 2 sqrt(L). Past that the
+// k - 1 rebuilt inputs outweigh the L/k saved ones (their sum is least near k = sqrt(L)), and each
+// step of k costs more forward.
+std::vector<int64_t> checkpoint_spacings(int64_t layers) {
+  std::vector<int64_t> out;
+  for (int64_t k = 1; k == 1 || (k <= layers && k * k <= 4 * layers);
+       k = k < 4 ? k + 1 : ((k & (k - 1)) == 0 ? k / 2 * 3 : k / 3 * 4))
+    out.push_back(k);
+  return out;
+}
+
+struct Planned {
+  int64_t gpu_peak = 0, host_peak = 0, host_node = 0;
+  double seconds = 0;
+};
+
+Planned plan_recipe(const PlanInputs& in, const PlanSlots& slots, const Recipe& r) {
+  PlanInputs with = in;
+  with.recipe = r;
+  const MemoryPlan plan = build_plan(with, slots);
+  return {plan.peak().bytes, plan.host_peak(), node_host_bytes(plan, with), predicted_step_seconds(plan.work)};
+}
+
+// The most saved inputs the memory strategy may keep on the GPU within gpu_bytes, by bisection
+// (the GPU peak grows with them, the host bytes shrink); -1 when the strategy places none by the
+// recipe (its host bytes do not move: core's on_device, or a count set by its own key).
+int64_t most_gpu_layers(const PlanInputs& in, const PlanSlots& slots, Recipe r, int64_t gpu_bytes) {
+  const int64_t saved = r.saved_layers(in.model.num_layers);
+  r.gpu_layers = 0;
+  const Planned none = plan_recipe(in, slots, r);
+  r.gpu_layers = saved;
+  const Planned all = plan_recipe(in, slots, r);
+  if (all.host_peak == none.host_peak) return -1;
+  if (all.gpu_peak <= gpu_bytes) return saved;
+  int64_t lo = 0, hi = saved;  // hi does not fit; lo fits, or is 0
+  while (hi - lo > 1) {
+    const int64_t mid = lo + (hi - lo) / 2;
+    r.gpu_layers = mid;
+    (plan_recipe(in, slots, r).gpu_peak <= gpu_bytes ? lo : hi) = mid;
+  }
+  return lo;
+}
+
+}  // namespace
+
 std::vector<RecipeOption> rank_recipes(const PlanInputs& in, const PlanSlots& slots, int64_t gpu_bytes,
-                                       int64_t host_bytes) {
+                                       int64_t host_bytes, int64_t checkpoint_every) {
   std::vector<RecipeOption> out;
   std::vector<int64_t> group_counts;
   for (int64_t g = 1; g <= std::max<int64_t>(1, in.model.num_kv_heads); g *= 2)
     if (in.model.num_kv_heads % g == 0) group_counts.push_back(g);
-  for (bool keep : {true, false})
-    for (int64_t groups : group_counts) {
-      RecipeOption o;
-      o.recipe.keep_attention = keep;
-      o.recipe.head_groups = groups;
-      PlanInputs with = in;
-      with.recipe = o.recipe;
-      const MemoryPlan plan = build_plan(with, slots);
-      o.gpu_peak = plan.peak().bytes;
-      o.host_peak = plan.host_peak();
-      o.host_node = node_host_bytes(plan, with);
-      o.fits = o.gpu_peak <= gpu_bytes && (host_bytes < 0 || o.host_node <= host_bytes);
-      o.seconds = predicted_step_seconds(plan.work);
-      out.push_back(o);
+  const std::vector<int64_t> spacings =
+      checkpoint_every > 0 ? std::vector<int64_t>{checkpoint_every} : checkpoint_spacings(in.model.num_layers);
+  std::optional<Error> refused;
+  for (int64_t k : spacings)
+    for (bool keep : {true, false}) {
+      if (keep && k > 1) continue;  // the layers between checkpoints keep nothing (train/step.cpp)
+      for (int64_t groups : group_counts) {
+        RecipeOption o;
+        o.recipe.keep_attention = keep;
+        o.recipe.head_groups = groups;
+        o.recipe.checkpoint_every = k;
+        try {
+          o.recipe.gpu_layers = most_gpu_layers(in, slots, o.recipe, gpu_bytes);
+        } catch (const Error& e) {
+          // A provider that refuses this spacing (a key set against it) drops its candidates.
+          if (k == 1) throw;
+          if (!refused) refused = e;
+          continue;
+        }
+        const Planned p = plan_recipe(in, slots, o.recipe);
+        // A head group count the model does not take (a mesh that splits heads) plans the same as
+        // the one before it: listed once.
+        if (!out.empty() && out.back().recipe.keep_attention == keep && out.back().recipe.checkpoint_every == k &&
+            out.back().gpu_peak == p.gpu_peak && out.back().host_node == p.host_node && out.back().seconds == p.seconds)
+          continue;
+        o.gpu_peak = p.gpu_peak;
+        o.host_peak = p.host_peak;
+        o.host_node = p.host_node;
+        o.fits = o.gpu_peak <= gpu_bytes && (host_bytes < 0 || o.host_node <= host_bytes);
+        o.seconds = p.seconds;
+        out.push_back(o);
+      }
     }
-  std::stable_sort(out.begin(), out.end(), [](const RecipeOption& a, const RecipeOption& b) { return a.seconds < b.seconds; });
+  if (out.empty() && refused) throw *refused;
+  // Equal times (the same work, placed otherwise): the fewer pinned bytes first.
+  std::stable_sort(out.begin(), out.end(), [](const RecipeOption& a, const RecipeOption& b) {
+    return a.seconds != b.seconds ? a.seconds < b.seconds : a.host_node < b.host_node;
+  });
   return out;
 }
 
-Recipe choose_recipe(const PlanInputs& in, const PlanSlots& slots, int64_t gpu_bytes, int64_t host_bytes) {
-  const std::vector<RecipeOption> options = rank_recipes(in, slots, gpu_bytes, host_bytes);
+Recipe choose_recipe(const PlanInputs& in, const PlanSlots& slots, int64_t gpu_bytes, int64_t host_bytes,
+                     int64_t checkpoint_every) {
+  const std::vector<RecipeOption> options = rank_recipes(in, slots, gpu_bytes, host_bytes, checkpoint_every);
   for (const RecipeOption& o : options)
     if (o.fits) return o.recipe;
   // Nothing fits: the leanest, so the run's own refusal or out-of-memory report speaks of the best
@@ -67,6 +141,15 @@ Recipe choose_recipe(const PlanInputs& in, const PlanSlots& slots, int64_t gpu_b
     return a_gpu ? a.host_node < b.host_node : a.gpu_peak < b.gpu_peak;
   };
   return std::min_element(options.begin(), options.end(), leaner)->recipe;
+}
+
+int64_t longest_fitting_seq(const PlanInputs& in, const PlanSlots& slots, int64_t gpu_bytes, int64_t host_bytes,
+                            int64_t unit, int64_t checkpoint_every) {
+  return longest_seq_where(in, unit, [&](const PlanInputs& at) {
+    for (const RecipeOption& o : rank_recipes(at, slots, gpu_bytes, host_bytes, checkpoint_every))
+      if (o.fits) return true;
+    return false;
+  });
 }
 
 }  // namespace lcx

@@ -28,15 +28,17 @@ class OnDeviceMemory final : public MemoryStrategy {
     saved_.clear();
     kept_.clear();
   }
-  // Every layer's input [T,H] stays on the GPU from its forward until its backward; the peak sees
-  // all of them (the last layer's backward runs before any is released).
+  // Every saved layer's input [T,H] (every one, or every checkpoint_every-th) stays on the GPU
+  // from its forward until its backward; the peak sees all of them (the last layer's backward runs
+  // before any is released).
   void plan(const PlanInputs& in, MemoryPlan& plan) const override {
     const int64_t each = in.tokens_per_rank * in.model.hidden_size * static_cast<int64_t>(dtype_size(in.weight_dtype));
-    plan.add(str("saved layer inputs ", in.model.num_layers, " x [T,H]"), PlanCategory::activations_gpu,
-             in.model.num_layers * each, plan_phase::step);
+    const int64_t saved = in.recipe.saved_layers(in.model.num_layers);
+    plan.add(str("saved layer inputs ", saved, " x [T,H]"), PlanCategory::activations_gpu, saved * each,
+             plan_phase::step);
     if (plan.kept_bytes_per_layer > 0)
-      plan.add(str("kept attention outputs and LSE ", in.model.num_layers, " layers"), PlanCategory::activations_gpu,
-               in.model.num_layers * plan.kept_bytes_per_layer, plan_phase::step);
+      plan.add(str("kept attention outputs and LSE ", saved, " layers"), PlanCategory::activations_gpu,
+               saved * plan.kept_bytes_per_layer, plan_phase::step);
   }
 
  private:

@@ -168,7 +168,7 @@ void Run::choose_grad_dtype() {
 void Run::plan_step(const ModelConfig& shape, int64_t seq_len, int64_t gpu_bytes, int64_t host_bytes) {
   planned_ = plan_inputs(cfg_, shape, seq_len);
   if (rank_.local_ranks > 0) planned_.local_ranks = rank_.local_ranks;
-  planned_.recipe = choose_recipe(planned_, plan_slots(), gpu_bytes, host_bytes);
+  planned_.recipe = choose_recipe(planned_, plan_slots(), gpu_bytes, host_bytes, cfg_.train.checkpoint_every);
   step_.recipe = planned_.recipe;
 }
 
@@ -183,7 +183,9 @@ void Run::plan_local_step() {
   } else {
     planned_ = plan_inputs(cfg_, shape, data_->seq_len());
     if (rank_.local_ranks > 0) planned_.local_ranks = rank_.local_ranks;
-    planned_.recipe.keep_attention = true;  // host memory is the only budget: keep what saves work
+    // Host memory is the only budget: keep what saves work, save every layer unless told otherwise.
+    planned_.recipe.checkpoint_every = std::max<int64_t>(1, cfg_.train.checkpoint_every);
+    planned_.recipe.keep_attention = planned_.recipe.checkpoint_every == 1;
     step_.recipe = planned_.recipe;
   }
   check_host_memory(build_plan(planned_, plan_slots()), planned_, host_budget);

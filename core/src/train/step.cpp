@@ -1,7 +1,9 @@
 #include "train/step.h"
 
+#include <algorithm>
 #include <chrono>
 #include <optional>
+#include <vector>
 
 #include "lcx/profile.h"
 
@@ -101,18 +103,25 @@ StepResult train_step(StepSlots& s, const Shard& shard, double grad_scale, Devic
   std::optional<ProfilePhase> phase(std::in_place, StepPhase::forward);
   const RopeTables rope = s.positional->tables(shard.positions, device);
   StepContext ctx{&rope, s.parallel, device, s.mlp, &memory, s.recipe};
+  // A layer whose input is not saved runs without the memory strategy: it keeps nothing, and its
+  // backward recomputes everything from the rebuilt input.
+  StepContext unsaved = ctx;
+  unsaved.memory = nullptr;
+  const int k = static_cast<int>(std::max<int64_t>(1, s.recipe.checkpoint_every));
   const Tensor tokens = on(shard.tokens, device);
   const Tensor targets = on(shard.targets, device);
+  memory.use_recipe(s.recipe);
   memory.begin_step(L);
   hooks.begin_step();
   Tensor x = Tensor::empty({T, H}, dt, device, MemoryCategory::activations);
   model.embed_forward(tokens, x);
   for (int l = 0; l < L; ++l) {
     ProfilePhase layer(StepPhase::forward, l);
-    memory.save(l, x);
+    const bool saved = s.recipe.saves(l);
+    if (saved) memory.save(l, x);
     Tensor y = Tensor::empty({T, H}, dt, device, MemoryCategory::activations);
     hooks.before_layer_forward(l);
-    model.layer_forward(l, x, y, ctx);
+    model.layer_forward(l, x, y, saved ? ctx : unsaved);
     hooks.after_layer_forward(l);
     x = y;
   }
@@ -136,17 +145,34 @@ StepResult train_step(StepSlots& s, const Shard& shard, double grad_scale, Devic
   dhidden = Tensor();
   x = Tensor();
 
-  // Backward, last layer first: fetch the saved input, hint the next one, recompute + backward.
-  for (int l = L - 1; l >= 0; --l) {
-    ProfilePhase layer(StepPhase::backward, l);
-    Tensor input = memory.fetch(l);
-    if (l > 0) memory.prefetch(l - 1);
-    Tensor dinput = Tensor::empty({T, H}, dt, device);
-    hooks.before_layer_backward(l);
-    model.layer_backward(l, input, dx, dinput, ctx);
-    hooks.after_layer_backward(l);
-    memory.release(l);
-    dx = dinput;
+  // Backward by segments, the last first: a segment starts at a saved layer s and runs to the next
+  // one. Its other inputs are rebuilt from s's by the forward of layers s .. e-2 (the recipe's cost:
+  // one more forward of every unsaved layer) and held for the segment's backward, k-1 x [T,H] at
+  // most, each dropped after its layer's backward. Re-running the forward from s for each layer
+  // instead would hold one rebuilt input but cost (k-1)k/2 forwards per segment, not k-1.
+  std::vector<Tensor> inputs;  // the segment's inputs, s first
+  for (int first = (L - 1) / k * k; first >= 0; first -= k) {
+    const int end = std::min(L, first + k);
+    inputs.assign(1, memory.fetch(first));
+    if (first > 0) memory.prefetch(first - k);
+    for (int l = first; l + 1 < end; ++l) {
+      ProfilePhase layer(StepPhase::forward, l);
+      Tensor y = Tensor::empty({T, H}, dt, device, MemoryCategory::activations);
+      hooks.before_layer_forward(l);
+      model.layer_forward(l, inputs.back(), y, unsaved);
+      hooks.after_layer_forward(l);
+      inputs.push_back(y);
+    }
+    for (int l = end - 1; l >= first; --l) {
+      ProfilePhase layer(StepPhase::backward, l);
+      Tensor dinput = Tensor::empty({T, H}, dt, device);
+      hooks.before_layer_backward(l);
+      model.layer_backward(l, inputs.back(), dx, dinput, l == first ? ctx : unsaved);
+      hooks.after_layer_backward(l);
+      inputs.pop_back();
+      if (l == first) memory.release(l);
+      dx = dinput;
+    }
   }
   model.embed_backward(tokens, dx);
   hooks.end_step();

@@ -2,6 +2,7 @@
 // There is no autograd: the step (core) runs embed -> layers -> final norm -> Loss, then the
 // layers' backward last to first, recomputing each layer from the input MemoryStrategy kept.
 #pragma once
+#include <algorithm>
 #include <string>
 #include <vector>
 
@@ -50,6 +51,18 @@ struct Parameter {
 struct Recipe {
   bool keep_attention = false;  // attention output and LSE kept from the forward (selective recompute)
   int64_t head_groups = 0;      // attention head groups; 0: the model's own rule
+  // The step saves the input of every checkpoint_every-th layer only (0, k, 2k, ...) and rebuilds
+  // the inputs in between in the backward, by one more forward of those layers.
+  int64_t checkpoint_every = 1;
+  // Saved inputs the memory strategy keeps on the GPU for the whole step, the rest where it moves
+  // them; -1: the strategy's own rule.
+  int64_t gpu_layers = -1;
+
+  bool saves(int64_t layer) const { return layer % std::max<int64_t>(1, checkpoint_every) == 0; }
+  int64_t saved_layers(int64_t num_layers) const {
+    const int64_t k = std::max<int64_t>(1, checkpoint_every);
+    return (num_layers + k - 1) / k;
+  }
 };
 
 struct StepContext {
