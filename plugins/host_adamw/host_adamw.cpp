@@ -385,9 +385,11 @@ class HostAdamW final : public Optimizer {
     return std::stoi(name.substr(prefix.size(), end - prefix.size()));
   }
 
+  // Rounded to 4 bytes so that every slot holds fp32 aligned (a no-op for even sizes, as every
+  // Qwen3 parameter has).
   static size_t staging_bytes(const Parameter& p) {
     const size_t grad = p.grad.defined() ? p.grad.nbytes() : static_cast<size_t>(p.value.numel()) * 4;
-    return std::max(grad, p.value.nbytes());
+    return (std::max(grad, p.value.nbytes()) + 3) / 4 * 4;
   }
 
   Group& group(int layer) {
