@@ -97,7 +97,8 @@ Compared compare_with_core(Device device, DType dtype, int steps, double max_nor
     std::map<std::string, Tensor> by_name;
     for (const auto& [n, t] : cs.tensors) by_name[n] = t;
     for (const auto& [n, t] : hs.tensors) {
-      ASSERT_TRUE(by_name.count(n)) << n;
+      EXPECT_TRUE(by_name.count(n)) << n;
+      if (!by_name.count(n)) continue;
       const double d = max_rel(t, by_name[n]);
       if (n.ends_with(".master")) out.worst_master = std::max(out.worst_master, d);
     }
