@@ -196,9 +196,16 @@ class HostAdamW final : public Optimizer {
   void weights_needed(int layer) override {
     if (groups_.empty()) return;  // not configured: a run that only evaluates
     Group& g = group(layer);
+    const size_t index = static_cast<size_t>(layer + 1);
+    bool updating = false;
+    {
+      std::lock_guard<std::mutex> lock(mu_);
+      updating = updated_ <= index || failed_;
+    }
+    if (!updating && !g.upload_pending) return;  // nothing of this layer in flight: no trace event
     ProfileScope scope(OpKind::optimizer, "wait for updated weights");
     const double t0 = now_s();
-    wait_for(static_cast<size_t>(layer + 1));
+    wait_for(index);
     host_wait_s_ += now_s() - t0;
     if (!g.upload_pending) return;
     const Stream compute = Stream::compute(device_);
@@ -482,9 +489,11 @@ class HostAdamW final : public Optimizer {
 
 std::unique_ptr<Plugin> create(const PluginArgs& args) {
   const int64_t threads = args.config.get_int("threads", 0);
-  if (threads < 0 || threads > 1024) args.config.fail("threads", str(threads, " is out of range"), "0 (every core) to 1024");
-  const unsigned cores = std::max(1u, std::thread::hardware_concurrency());
-  return std::make_unique<HostAdamW>(threads > 0 ? static_cast<int>(threads) : static_cast<int>(cores));
+  if (threads < 0 || threads > 1024)
+    args.config.fail("threads", str(threads, " is out of range"), "0 (every core but one) to 1024");
+  // The thread that issues the step's kernels keeps a core: the update runs beside the forward.
+  const int cores = static_cast<int>(std::thread::hardware_concurrency());
+  return std::make_unique<HostAdamW>(threads > 0 ? static_cast<int>(threads) : std::max(1, cores - 1));
 }
 
 }  // namespace
