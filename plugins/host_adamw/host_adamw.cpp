@@ -220,22 +220,12 @@ class HostAdamW final : public Optimizer {
     if (groups_.empty()) return;
     Group& g = group(layer);
     wait_for(static_cast<size_t>(layer + 1));  // the staging is the update's until then
-    ProfileScope scope(OpKind::copy, "copy D2H gradients", copy_);
-    produced_.record(Stream::compute(device_));
-    copy_.wait(produced_);
-    for (ParamState& s : g.params) {
-      LCX_CHECK(s.p->grad.defined() && s.p->grad.numel() == s.p->value.numel(), "host_adamw: ", s.p->name,
-                " has no whole gradient");
-      LCX_CHECK(s.p->grad.nbytes() <= staging_bytes(*s.p), "host_adamw: ", s.p->name, "'s gradient became ",
-                dtype_name(s.p->grad.dtype()), " after configure()");
-      Tensor staged = staged_grad(g, s);
-      copy_async(staged, s.p->grad, copy_);
-    }
-    g.grads_copied.record(copy_);
+    stage_grads(g);
   }
 
   double grad_norm() override {
     synchronize();
+    stage_missing_grads();
     std::vector<std::pair<Group*, const Task*>> tasks;
     for (Group& g : groups_) {
       g.grads_copied.synchronize();
@@ -260,6 +250,8 @@ class HostAdamW final : public Optimizer {
 
   void step(double lr) override {
     synchronize();
+    stage_missing_grads();
+    for (Group& g : groups_) g.grads_staged = false;  // the next step's come from its backward
     ++step_;
     Hyper h{};
     h.lr = static_cast<float>(lr);
@@ -376,11 +368,37 @@ class HostAdamW final : public Optimizer {
     std::vector<Task> tasks;
     PinnedBuffer staging;
     Event grads_copied;      // the gradients are in the staging
+    bool grads_staged = false;  // copied since the last step()
     Event uploaded;          // the new weights are in the parameters
     bool upload_pending = false;  // uploaded not yet waited on by the compute stream
     Event wait_start, wait_end;   // around the compute stream's wait on `uploaded`
     bool waited = false;          // since the last step()
   };
+
+  // Copies the group's gradients into its staging on the copy stream, after what the compute
+  // stream has issued so far.
+  void stage_grads(Group& g) {
+    ProfileScope scope(OpKind::copy, "copy D2H gradients", copy_);
+    produced_.record(Stream::compute(device_));
+    copy_.wait(produced_);
+    for (ParamState& s : g.params) {
+      LCX_CHECK(s.p->grad.defined() && s.p->grad.numel() == s.p->value.numel(), "host_adamw: ", s.p->name,
+                " has no whole gradient");
+      LCX_CHECK(s.p->grad.nbytes() <= staging_bytes(*s.p), "host_adamw: ", s.p->name, "'s gradient became ",
+                dtype_name(s.p->grad.dtype()), " after configure()");
+      Tensor staged = staged_grad(g, s);
+      copy_async(staged, s.p->grad, copy_);
+    }
+    g.grads_copied.record(copy_);
+    g.grads_staged = true;
+  }
+
+  // The groups whose gradients the step never said were final (a caller without train_step's
+  // hooks) are copied now, so the update never reads stale ones.
+  void stage_missing_grads() {
+    for (Group& g : groups_)
+      if (!g.grads_staged) stage_grads(g);
+  }
 
   // -1 for names outside "model.layers.<l>.".
   static int layer_of(const std::string& name) {

@@ -130,7 +130,8 @@ TEST_F(TrainRun, HostAdamWResumesExactlyAndTrainsAsCoreAdamW) {
 
   auto bf16 = train("--config " + m + " --set train.master_dtype=bf16 --overwrite");
   EXPECT_EQ(bf16.exit_code, 2) << bf16.output;
-  EXPECT_NE(bf16.output.find("train.master_dtype"), std::string::npos) << bf16.output;
+  EXPECT_NE(bf16.output.find("master_dtype = \"bf16\""), std::string::npos) << bf16.output;
+  EXPECT_NE(bf16.output.find("fix: set master_dtype = \"fp32\""), std::string::npos) << bf16.output;
 }
 
 TEST_F(TrainRun, SigtermSavesAndResumeContinues) {

@@ -160,7 +160,7 @@ TEST(HostAdamW, RefusesBf16MastersAndSeveralRanksByName) {
     ADD_FAILURE() << "master_dtype bf16 was accepted";
   } catch (const Error& e) {
     EXPECT_EQ(e.key(), "train.master_dtype");
-    EXPECT_NE(std::string(e.what()).find("fix:"), std::string::npos) << e.what();
+    EXPECT_NE(e.fix().find("master_dtype = \"fp32\""), std::string::npos) << e.fix();
   }
   for (bool sharded : {false, true}) {
     try {
@@ -168,6 +168,7 @@ TEST(HostAdamW, RefusesBf16MastersAndSeveralRanksByName) {
       ADD_FAILURE() << "4 ranks were accepted";
     } catch (const Error& e) {
       EXPECT_NE(std::string(e.what()).find("one rank"), std::string::npos) << e.what();
+      EXPECT_NE(e.fix().find("drop host_adamw"), std::string::npos) << e.fix();
       EXPECT_EQ(std::string(e.what()).find("ZeRO-3") != std::string::npos, sharded) << e.what();
     }
   }
@@ -220,8 +221,8 @@ TEST(HostAdamWGpu, EqualsDeviceAdamW) {
   if (!cuda_available()) GTEST_SKIP() << "no GPU: host_adamw's GPU case not run";
   const Compared c = compare_with_core(Device::cuda(0), DType::bf16, 4, 0.05);
   EXPECT_GE(c.clipped, 2);
-  EXPECT_LT(c.worst_norm, 1e-6);  // the device sums in another order
-  EXPECT_LT(c.worst_master, 1e-5);
+  EXPECT_LT(c.worst_norm, 1e-5);  // the device sums squares in fp32 per block: the clip factor differs in its last bits
+  EXPECT_LT(c.worst_master, 1e-4);  // nvcc may fuse multiply-adds the CPU rounds apart
   EXPECT_LT(c.worst_value, 1e-2);
 }
 
