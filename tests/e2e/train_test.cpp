@@ -103,9 +103,17 @@ TEST_F(TrainRun, HostAdamWResumesExactlyAndTrainsAsCoreAdamW) {
                                            "max_steps = 6\nsave_steps = 3\nweight_decay = 0.1\nmax_grad_norm = 0.5\n",
                                            "[plugins]\nload = [\"host_adamw\"]\n[host_adamw]\nthreads = 2\n"));
   const std::string m = (dir / "run.toml").string();
-  auto straight = train("--config " + m);
+  auto straight = train("--config " + m + " --profile");
   ASSERT_EQ(straight.exit_code, 0) << straight.output;
   EXPECT_NE(straight.output.find("host_adamw"), std::string::npos) << "the run log names the provider\n" << straight.output;
+  // The second step's forward waited on the first step's update, layer by layer: in the trace.
+  std::ifstream trace(dir / "out" / "trace-step2.json");
+  ASSERT_TRUE(trace) << "no trace-step2.json";
+  const nlohmann::json events = nlohmann::json::parse(trace).at("traceEvents");
+  std::set<std::string> waited_in;
+  for (const auto& e : events)
+    if (e.contains("name") && e.at("name").get<std::string>() == "wait for updated weights") waited_in.insert(e.dump());
+  EXPECT_EQ(waited_in.size(), 3u) << "one wait per group: the non-layer parameters and 2 layers";
   const auto full = losses();
   ASSERT_EQ(full.size(), 6u);
   std::ifstream metrics(dir / "out" / "metrics.jsonl");
