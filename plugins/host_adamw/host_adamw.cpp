@@ -137,8 +137,13 @@ constexpr int64_t kChunk = int64_t{1} << 16;  // elements per task: large enough
 class HostAdamW final : public Optimizer {
  public:
   explicit HostAdamW(int threads) : threads_(threads) {}
+  // The parameters' memory may be reused once this is gone: no copy into it may still run.
   ~HostAdamW() override {
     if (worker_.joinable()) worker_.join();
+    try {
+      for (const Group& g : groups_) g.uploaded.synchronize();
+    } catch (const std::exception&) {  // a device already failed: nothing left to wait for
+    }
   }
 
   void configure(std::vector<Parameter*> params, const OptimizerConfig& cfg, const OptimizerScope& scope) override {
