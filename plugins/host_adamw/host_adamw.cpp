@@ -7,7 +7,8 @@
 //
 // Backward, grads_final(l): the copy stream waits on an event recorded on the compute stream after
 // the layer's backward and copies its gradients down into the staging, so the copies overlap the
-// backward of the layers below. grad_norm() waits for them and sums the squares on the CPU.
+// backward of the layers below; a norm thread then sums the squares of each group's gradients as
+// they arrive, so grad_norm() after the backward only adds the groups' sums.
 //
 // step(lr) starts a worker thread and returns: group by group in the forward's order (non-layer
 // first, for the embedding), threads update master and moments from the staged gradients
@@ -35,6 +36,7 @@
 #include <chrono>
 #include <cmath>
 #include <condition_variable>
+#include <deque>
 #include <exception>
 #include <map>
 #include <mutex>
@@ -140,6 +142,12 @@ class HostAdamW final : public Optimizer {
   // The parameters' memory may be reused once this is gone: no copy into it may still run.
   ~HostAdamW() override {
     if (worker_.joinable()) worker_.join();
+    {
+      std::lock_guard<std::mutex> lock(mu_);
+      stopping_ = true;
+    }
+    norm_cv_.notify_all();
+    if (norm_thread_.joinable()) norm_thread_.join();
     try {
       for (const Group& g : groups_) g.uploaded.synchronize();
     } catch (const std::exception&) {  // a device already failed: nothing left to wait for
@@ -156,6 +164,7 @@ class HostAdamW final : public Optimizer {
                   "plugins.load",
                   "drop host_adamw from [plugins] load: core's AdamW runs over several ranks (and their shards)");
     synchronize();
+    wait_for_norms();  // its queue points into the groups
     cfg_ = cfg;
     step_ = 0;
     groups_.clear();
@@ -225,29 +234,22 @@ class HostAdamW final : public Optimizer {
     if (groups_.empty()) return;
     Group& g = group(layer);
     wait_for(static_cast<size_t>(layer + 1));  // the staging is the update's until then
+    wait_for_norm(g);                           // and the norm thread's, while it reads it
     stage_grads(g);
   }
 
   double grad_norm() override {
     synchronize();
     stage_missing_grads();
-    std::vector<std::pair<Group*, const Task*>> tasks;
-    for (Group& g : groups_) {
-      g.grads_copied.synchronize();
-      for (const Task& t : g.tasks) tasks.emplace_back(&g, &t);
+    wait_for_norms();
+    std::lock_guard<std::mutex> lock(mu_);
+    if (norm_failed_) {
+      std::exception_ptr e = norm_failed_;
+      norm_failed_ = nullptr;
+      std::rethrow_exception(e);
     }
-    // Per task, then summed in task order: the same norm whatever the threads.
-    std::vector<double> sums(tasks.size(), 0.0);
-    parallel_for(threads_, static_cast<int64_t>(tasks.size()), [&](int64_t i) {
-      auto [g, t] = tasks[static_cast<size_t>(i)];
-      const ParamState& s = g->params[t->param];
-      const Tensor staged = staged_grad(*g, s);
-      with_type(staged.dtype(), [&]<class G>(G*) {
-        sums[static_cast<size_t>(i)] = sum_squares(staged.data_as<G>() + t->begin, t->end - t->begin);
-      });
-    });
     double sq = 0;
-    for (double s : sums) sq += s;
+    for (const Group& g : groups_) sq += g.grad_sq;  // in group order: the same norm whatever the timing
     return std::sqrt(sq);
   }
 
@@ -256,6 +258,7 @@ class HostAdamW final : public Optimizer {
   void step(double lr) override {
     synchronize();
     stage_missing_grads();
+    wait_for_norms();  // the update overwrites the staging the norm thread reads
     for (Group& g : groups_) g.grads_staged = false;  // the next step's come from its backward
     ++step_;
     Hyper h{};
@@ -374,6 +377,7 @@ class HostAdamW final : public Optimizer {
     PinnedBuffer staging;
     Event grads_copied;      // the gradients are in the staging
     bool grads_staged = false;  // copied since the last step()
+    double grad_sq = 0;         // the staged gradients' sum of squares, by the norm thread
     Event uploaded;          // the new weights are in the parameters
     bool upload_pending = false;  // uploaded not yet waited on by the compute stream
     Event wait_start, wait_end;   // around the compute stream's wait on `uploaded`
@@ -396,6 +400,46 @@ class HostAdamW final : public Optimizer {
     }
     g.grads_copied.record(copy_);
     g.grads_staged = true;
+    {
+      std::lock_guard<std::mutex> lock(mu_);
+      norm_queue_.push_back(&g);
+    }
+    norm_cv_.notify_all();
+    if (!norm_thread_.joinable()) norm_thread_ = std::thread([this] { sum_squares_loop(); });
+  }
+
+  // The norm thread: each staged group's sum of squares, once its copy is done (per task, then
+  // summed in task order, so the same whatever the threads).
+  void sum_squares_loop() {
+    std::unique_lock<std::mutex> lock(mu_);
+    for (;;) {
+      norm_cv_.wait(lock, [&] { return stopping_ || !norm_queue_.empty(); });
+      if (stopping_) return;
+      Group* g = norm_queue_.front();
+      norm_queue_.pop_front();
+      norm_busy_ = true;
+      lock.unlock();
+      try {
+        g->grads_copied.synchronize();
+        std::vector<double> sums(g->tasks.size(), 0.0);
+        parallel_for(threads_, static_cast<int64_t>(g->tasks.size()), [&](int64_t i) {
+          const Task& t = g->tasks[static_cast<size_t>(i)];
+          const Tensor staged = staged_grad(*g, g->params[t.param]);
+          with_type(staged.dtype(), [&]<class G>(G*) {
+            sums[static_cast<size_t>(i)] = sum_squares(staged.data_as<G>() + t.begin, t.end - t.begin);
+          });
+        });
+        double sq = 0;
+        for (double x : sums) sq += x;
+        lock.lock();
+        g->grad_sq = sq;
+      } catch (...) {
+        lock.lock();
+        if (!norm_failed_) norm_failed_ = std::current_exception();
+      }
+      norm_busy_ = false;
+      norm_cv_.notify_all();
+    }
   }
 
   // The groups whose gradients the step never said were final (a caller without train_step's
@@ -436,6 +480,18 @@ class HostAdamW final : public Optimizer {
   Tensor staged_value(const Group& g, const ParamState& s) const {
     return Tensor::borrow(static_cast<char*>(g.staging.data()) + s.offset, s.p->value.shape(), s.p->value.dtype(),
                           Device::cpu());
+  }
+
+  void wait_for_norms() {
+    std::unique_lock<std::mutex> lock(mu_);
+    norm_cv_.wait(lock, [&] { return norm_queue_.empty() && !norm_busy_; });
+  }
+
+  void wait_for_norm(const Group& g) {
+    std::unique_lock<std::mutex> lock(mu_);
+    norm_cv_.wait(lock, [&] {
+      return !norm_busy_ && std::find(norm_queue_.begin(), norm_queue_.end(), &g) == norm_queue_.end();
+    });
   }
 
   // Blocks until the worker has finished group `index` (or failed).
@@ -507,6 +563,13 @@ class HostAdamW final : public Optimizer {
   std::condition_variable done_cv_;
   size_t updated_ = 0;  // groups the worker has finished this update (all of them when idle)
   std::exception_ptr failed_;
+  // The norm thread (started at the first staging) and its queue of staged groups, under mu_.
+  std::thread norm_thread_;
+  std::condition_variable norm_cv_;
+  std::deque<Group*> norm_queue_;
+  bool norm_busy_ = false;
+  bool stopping_ = false;
+  std::exception_ptr norm_failed_;
   double host_wait_s_ = 0;
 };
 
