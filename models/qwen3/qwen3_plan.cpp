@@ -45,23 +45,21 @@ void plan_dense_decoder(const PlanInputs& in, MemoryPlan& plan, const DenseDecod
   const int64_t head = in.model.tie_word_embeddings ? 0 : s.V * s.H;
   const int64_t n = s.V * s.H + s.L * layer_params(s) + s.H + head;  // embedding, layers, final norm, head
   // ZeRO-3 over the whole mesh (core/src/dist/sharded_params.h): a rank keeps 1/world of each
-  // parameter's value, fp32 grad, master and moments.
+  // parameter's value and fp32 grad (and its master and moments: the optimizer's plan).
   const int64_t shards = std::max<int64_t>(1, in.world_size);
   const int64_t per_rank = (n + shards - 1) / shards;
-  const bool master = in.master_dtype == DType::f32;
-  const int64_t moment = master ? 4 : ab;
+  // The optimizer plans its master weights and moments from these (lcx/slots/optimizer.h).
+  plan.parameters = n;
+  plan.gemm_parameters = s.L * layer_gemm_params(s);
   plan.add("parameters (" + std::to_string(n) + ")", PlanCategory::weights, per_rank * ab, plan_phase::always);
   if (in.grad_dtype == DType::f32 || shards > 1) {
     plan.add("fp32 gradients", PlanCategory::gradients, per_rank * 4, plan_phase::always);
   } else {
-    const int64_t gemm = s.L * layer_gemm_params(s);
+    const int64_t gemm = plan.gemm_parameters;
     plan.add(str("GEMM weight gradients (", dtype_name(in.grad_dtype), ")"), PlanCategory::gradients,
              gemm * static_cast<int64_t>(dtype_size(in.grad_dtype)), plan_phase::always);
     plan.add("embedding, head and norm gradients (fp32)", PlanCategory::gradients, (n - gemm) * 4, plan_phase::always);
   }
-  if (master) plan.add("fp32 master copy", PlanCategory::master_weights, per_rank * 4, plan_phase::always);
-  plan.add(master ? "AdamW moments m, v (fp32)" : "AdamW moments m, v (weight dtype)", PlanCategory::optimizer,
-           2 * per_rank * moment, plan_phase::always);
   if (shards > 1) {
     // Gathered around each layer: the full values for its forward, values and zeroed fp32 grads
     // for its recompute + backward until reduce_grads; the head's for the loss.
@@ -154,7 +152,7 @@ void plan_dense_decoder(const PlanInputs& in, MemoryPlan& plan, const DenseDecod
     w.attention_forward_flops += static_cast<double>(s.L) * attention_forwards * pairs * 4 * static_cast<double>(s.d);
     w.attention_backward_flops += static_cast<double>(s.L) * 2.5 * pairs * 4 * static_cast<double>(s.d);
     // Elementwise passes over [T,I] (SwiGLU forward, recompute, backward) and [T,H] (norms, adds,
-    // rotary), and the optimizer's reads and writes of every parameter and its state.
+    // rotary); the optimizer adds its own.
     w.memory_bytes += static_cast<double>(s.L) * t * static_cast<double>(ab) * (11.0 * s.I + 24.0 * s.H);
     // train.checkpoint_every = k: the backward runs the forward of every unsaved layer once more to
     // rebuild its input (its elementwise passes taken as a third of the layer's).
@@ -164,7 +162,6 @@ void plan_dense_decoder(const PlanInputs& in, MemoryPlan& plan, const DenseDecod
     w.grouped_gemm_flops += rebuilt * grouped_forward;
     w.attention_forward_flops += rebuilt * pairs * 4 * static_cast<double>(s.d);
     w.memory_bytes += rebuilt * t * static_cast<double>(ab) * (11.0 * s.I + 24.0 * s.H) / 3;
-    w.memory_bytes += static_cast<double>(n) * (master ? 24.0 : 12.0);
   }
 
   // final_norm_backward recomputes the norm: y [T,H] and fp32 rstd [T].

@@ -108,7 +108,7 @@ TEST_P(Sharded, GatherAndReduceScatterRoundTrip) {
 
 TEST_P(Sharded, AdamWOnShardsEqualsFullAdamW) {
   const int world = GetParam();
-  AdamWConfig cfg;
+  OptimizerConfig cfg;
   cfg.weight_decay = 0.1;
   const int steps = 3;
   const double lr = 1e-2;

@@ -94,6 +94,54 @@ TEST_F(TrainRun, ResumeMatchesAStraightRunBitForBit) {
   for (size_t i = 0; i < 3; ++i) EXPECT_EQ(tail[i], full[3 + i]) << "step " << 4 + i;
 }
 
+// The Optimizer slot's host provider: a run with it resumes from its checkpoint bit for bit, and
+// its losses are core's AdamW's (the same update, in fp32 on the host), clipping and decay on.
+TEST_F(TrainRun, HostAdamWResumesExactlyAndTrainsAsCoreAdamW) {
+  write_tokens(random_pattern(100, 3), 8);
+  test::write_file(dir / "run.toml",
+                   test::tiny_run_manifest(dir / "out", dir / "data.tokens", 3, false,
+                                           "max_steps = 6\nsave_steps = 3\nweight_decay = 0.1\nmax_grad_norm = 0.5\n",
+                                           "[plugins]\nload = [\"host_adamw\"]\n[host_adamw]\nthreads = 2\n"));
+  const std::string m = (dir / "run.toml").string();
+  auto straight = train("--config " + m + " --profile");
+  ASSERT_EQ(straight.exit_code, 0) << straight.output;
+  EXPECT_NE(straight.output.find("host_adamw"), std::string::npos) << "the run log names the provider\n" << straight.output;
+  // The second step's forward waited on the first step's update, layer by layer: in the trace.
+  std::ifstream trace(dir / "out" / "trace-step2.json");
+  ASSERT_TRUE(trace) << "no trace-step2.json";
+  const nlohmann::json events = nlohmann::json::parse(trace).at("traceEvents");
+  std::set<std::string> waited_in;
+  for (const auto& e : events)
+    if (e.contains("name") && e.at("name").get<std::string>() == "wait for updated weights") waited_in.insert(e.dump());
+  EXPECT_EQ(waited_in.size(), 3u) << "one wait per group: the non-layer parameters and 2 layers";
+  const auto full = losses();
+  ASSERT_EQ(full.size(), 6u);
+  std::ifstream metrics(dir / "out" / "metrics.jsonl");
+  for (std::string line; std::getline(metrics, line);)
+    EXPECT_GE(nlohmann::json::parse(line).at("time_weights_wait_s").get<double>(), 0.0) << line;
+
+  std::filesystem::remove_all(dir / "out" / "checkpoint-6");
+  std::filesystem::remove(dir / "out" / "metrics.jsonl");
+  auto resumed = train("--config " + m + " --resume latest");
+  ASSERT_EQ(resumed.exit_code, 0) << resumed.output;
+  const auto tail = losses();
+  ASSERT_EQ(tail.size(), 3u);
+  for (size_t i = 0; i < 3; ++i) EXPECT_EQ(tail[i], full[3 + i]) << "step " << 4 + i;
+
+  // The ablation: the same manifest with core's AdamW.
+  std::filesystem::remove_all(dir / "out");
+  auto core = train("--config " + m + " --disable host_adamw");
+  ASSERT_EQ(core.exit_code, 0) << core.output;
+  const auto with_core = losses();
+  ASSERT_EQ(with_core.size(), 6u);
+  for (size_t i = 0; i < 6; ++i) EXPECT_NEAR(with_core[i], full[i], 1e-4 * full[i]) << "step " << i + 1;
+
+  auto bf16 = train("--config " + m + " --set train.master_dtype=bf16 --overwrite");
+  EXPECT_EQ(bf16.exit_code, 2) << bf16.output;
+  EXPECT_NE(bf16.output.find("master_dtype = \"bf16\""), std::string::npos) << bf16.output;
+  EXPECT_NE(bf16.output.find("fix: set master_dtype = \"fp32\""), std::string::npos) << bf16.output;
+}
+
 TEST_F(TrainRun, SigtermSavesAndResumeContinues) {
   write_tokens(random_pattern(64, 3), 40);
   auto m = manifest("max_steps = 400\n");

@@ -129,7 +129,7 @@ TEST(PlanArithmetic, LayerTransientIsBelowThePeersMeasuredFigure) {
 
 TEST(PlanArithmetic, EveryDefaultProviderContributes) {
   const MemoryPlan p = build_plan(inputs("qwen3-0.6b", 8192), qwen3_slots());
-  for (const char* who : {"qwen3", "whole", "nll", "rope", "on_device", "single", "step", "core"})
+  for (const char* who : {"qwen3", "whole", "nll", "rope", "on_device", "single", "adamw", "step", "core"})
     EXPECT_TRUE(std::any_of(p.terms.begin(), p.terms.end(), [&](const PlanTerm& t) { return t.contributor == who; }))
         << who;
   EXPECT_EQ(term(p, "logits + dlogits").bytes, 2LL * 8192 * 151936 * 4 + 8192 * 4);

@@ -7,7 +7,7 @@
 // Major: any change to a slot interface, Tensor layout or factory signature. Minor: additions
 // that older plugins can ignore. A plugin loads when majors match and its minor <= core's.
 #define LCX_ABI_MAJOR 2  // 2: Parallelism::configure takes the mesh; MemoryStrategy plans through plan() only and keeps a layer's other tensors (keep/kept)
-#define LCX_ABI_MINOR 1  // 1: MemoryStrategy::use_recipe
+#define LCX_ABI_MINOR 2  // 1: the Optimizer slot; MemoryPlan::parameters, gemm_parameters. 2: MemoryStrategy::use_recipe
 #define LCX_PLUGIN_MAGIC 0x4C43585055474E31ull  // "LCXPUGN1"
 
 #define LCX_STRINGIFY_(x) #x
@@ -40,7 +40,8 @@ extern "C" {
   X(LOSS, 1, Loss, loss, "loss", "nll", make_full_logits_loss)                                        \
   X(POSITIONAL_ENCODING, 2, PositionalEncoding, positional, "positional_encoding", "rope", make_default_rope) \
   X(MEMORY_STRATEGY, 3, MemoryStrategy, memory, "memory_strategy", "on_device", make_on_device_memory) \
-  X(PARALLELISM, 4, Parallelism, parallel, "parallelism", "single", make_single_rank)
+  X(PARALLELISM, 4, Parallelism, parallel, "parallelism", "single", make_single_rank)                \
+  X(OPTIMIZER, 7, Optimizer, optimizer, "optimizer", "adamw", make_adamw_optimizer)
 #define LCX_NO_DEFAULT nullptr  // expanded by C++ only (lcx/slots.h)
 
 #define LCX_SLOT_ENUM_(ID, NUMBER, TYPE, MEMBER, NAME, DEFAULT_NAME, DEFAULT_FACTORY) LCX_SLOT_##ID = NUMBER,

@@ -6,6 +6,7 @@
 #include "lcx/slots/loss.h"
 #include "lcx/slots/memory_strategy.h"
 #include "lcx/slots/mlp_strategy.h"
+#include "lcx/slots/optimizer.h"
 #include "lcx/slots/parallelism.h"
 #include "lcx/slots/positional_encoding.h"
 
@@ -21,5 +22,8 @@ std::unique_ptr<MemoryStrategy> make_on_device_memory();
 std::unique_ptr<Parallelism> make_single_rank();
 // MlpStrategy "whole": the SwiGLU MLP over the whole sequence at once, as transformers runs it.
 std::unique_ptr<MlpStrategy> make_whole_mlp();
+// Optimizer "adamw": torch's AdamW where the parameters live, master weights and moments beside
+// them (on the GPU for a GPU run), after the backward.
+std::unique_ptr<Optimizer> make_adamw_optimizer();
 
 }  // namespace lcx

@@ -1,6 +1,6 @@
 // Memory plan: what one training step holds on each GPU (and in pinned host memory), computed from
 // shapes alone, before any GPU work. Every slot provider adds its own terms through its slot's
-// plan() (loss.h, positional_encoding.h, memory_strategy.h, parallelism.h, model.h), so a strategy
+// plan() (loss.h, positional_encoding.h, memory_strategy.h, parallelism.h, model.h, optimizer.h), so a strategy
 // written later plans itself; core adds the step's own buffers, sums the terms per phase and
 // reports the peak (`lcx-train --plan`, and the out-of-memory message).
 //
@@ -73,7 +73,7 @@ struct PlanTerm {
   PlanCategory category = PlanCategory::transient;
   int64_t bytes = 0;
   std::string phase = plan_phase::always;
-  bool on_host = false;     // pinned host memory rather than the GPU
+  bool on_host = false;     // host memory (pinned, or an optimizer's state) rather than the GPU
   std::string contributor;  // the provider that added it ("nll", "qwen3", "step", ...)
 };
 
@@ -102,6 +102,11 @@ struct MemoryPlan {
   // strategy's plan places them where it places the inputs.
   int64_t kept_bytes_per_layer = 0;
   StepWork work;
+  // Also set by the model's plan, for the optimizer's: the model's parameters, whole (each rank
+  // holds 1 / PlanInputs::world_size of them when sharded), and of those the GEMM weights, whose
+  // gradients are kept in PlanInputs::grad_dtype (the others' in fp32).
+  int64_t parameters = 0;
+  int64_t gemm_parameters = 0;
 
   void add(std::string name, PlanCategory category, int64_t bytes, std::string phase, bool on_host = false);
 

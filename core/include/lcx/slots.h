@@ -12,6 +12,7 @@
 #include "lcx/slots/memory_strategy.h"
 #include "lcx/slots/mlp_strategy.h"
 #include "lcx/slots/model.h"
+#include "lcx/slots/optimizer.h"
 #include "lcx/slots/parallelism.h"
 #include "lcx/slots/positional_encoding.h"
 

@@ -33,10 +33,10 @@ void print_plugins(const PluginLoader& loader) {
   for (const auto& i : infos)
     std::printf("%-16s %-20s %-8s %-26s %s\n", i.name.c_str(), slot_name(i.slot), i.version.c_str(),
                 i.status.c_str(), i.path.c_str());
-  std::printf("core defaults: loss=%s positional_encoding=%s memory_strategy=%s parallelism=%s mlp=%s\n",
+  std::printf("core defaults: loss=%s positional_encoding=%s memory_strategy=%s parallelism=%s mlp=%s optimizer=%s\n",
               default_provider_name(LCX_SLOT_LOSS), default_provider_name(LCX_SLOT_POSITIONAL_ENCODING),
               default_provider_name(LCX_SLOT_MEMORY_STRATEGY), default_provider_name(LCX_SLOT_PARALLELISM),
-              default_provider_name(LCX_SLOT_MLP));
+              default_provider_name(LCX_SLOT_MLP), default_provider_name(LCX_SLOT_OPTIMIZER));
   std::printf("searched: ");
   for (size_t k = 0; k < loader.search_dirs().size(); ++k)
     std::printf("%s%s", k ? ", " : "", loader.search_dirs()[k].c_str());

@@ -86,7 +86,7 @@ static std::string optimizer_file(const RankIO& io) {
   return io.sharded ? str("optimizer-rank", io.rank, "-of-", io.size, ".safetensors") : "optimizer.safetensors";
 }
 
-std::string save_checkpoint(const std::string& output_dir, Model& model, const AdamW& opt,
+std::string save_checkpoint(const std::string& output_dir, Model& model, const Optimizer& opt,
                             const TrainerState& state, const CheckpointContents& contents, int64_t keep,
                             const RankIO& io) {
   fs::path final_dir = fs::path(output_dir) / str(kPrefix, state.step);
@@ -104,7 +104,7 @@ std::string save_checkpoint(const std::string& output_dir, Model& model, const A
   }
   barrier();
   if (io.rank == 0 || io.sharded) {
-    AdamW::State os = opt.state();
+    OptimizerState os = opt.state();
     std::vector<safetensors::NamedTensor> tensors;
     for (auto& [name, t] : os.tensors) tensors.push_back({name, t});
     safetensors::write_file((tmp / optimizer_file(io)).string(), tensors, DType::f32,
@@ -173,7 +173,7 @@ TrainerState load_trainer_state(const std::string& dir) {
   return s;
 }
 
-void load_optimizer_state(const std::string& dir, AdamW& opt, const RankIO& io) {
+void load_optimizer_state(const std::string& dir, Optimizer& opt, const RankIO& io) {
   const nlohmann::json js = read_state_json(dir);
   const bool was_sharded = js.value("sharded", false);
   const int was_world = js.value("world_size", 1);
@@ -182,7 +182,7 @@ void load_optimizer_state(const std::string& dir, AdamW& opt, const RankIO& io) 
                     "; this run has ", io.sharded ? str("state sharded over ", io.size, " ranks") : "whole state"),
                 "distributed.nproc_per_node", "resume with the same number of ranks and distributed.shard_parameters");
   auto ckpt = safetensors::Checkpoint::open((fs::path(dir) / optimizer_file(io)).string());
-  AdamW::State st;
+  OptimizerState st;
   st.step = js.value("optimizer_step", js.at("step").get<int64_t>());
   for (const auto& name : ckpt.names()) st.tensors.emplace_back(name, ckpt.load(name, DType::f32));
   opt.load_state(st);

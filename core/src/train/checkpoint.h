@@ -9,7 +9,7 @@
 #include <vector>
 
 #include "lcx/slots/model.h"
-#include "train/optimizer.h"
+#include "lcx/slots/optimizer.h"
 
 namespace lcx {
 
@@ -44,7 +44,7 @@ struct CheckpointContents {
 // Writes checkpoint-<state.step> under `output_dir` and keeps the newest `keep` (0: keep all).
 // Returns the folder written.
 // With sharded parameters the model's full values must be gathered around the call.
-std::string save_checkpoint(const std::string& output_dir, Model& model, const AdamW& opt,
+std::string save_checkpoint(const std::string& output_dir, Model& model, const Optimizer& opt,
                             const TrainerState& state, const CheckpointContents& contents, int64_t keep,
                             const RankIO& io = {});
 // "latest" -> the newest complete checkpoint in output_dir; else the path itself. Throws when none.
@@ -52,7 +52,7 @@ std::string resolve_checkpoint(const std::string& output_dir, const std::string&
 // A damaged trainer_state.json throws naming the file, with an earlier checkpoint as the fix.
 TrainerState load_trainer_state(const std::string& checkpoint_dir);
 // A sharded checkpoint resumes on the same world size only (the error says so).
-void load_optimizer_state(const std::string& checkpoint_dir, AdamW& opt, const RankIO& io = {});
+void load_optimizer_state(const std::string& checkpoint_dir, Optimizer& opt, const RankIO& io = {});
 // Renames the folder to .deleting-<name>, which is never listed, then deletes it: a kill during
 // the deletion leaves no half-deleted checkpoint that looks complete.
 void remove_checkpoint(const std::string& dir);

@@ -1,16 +1,21 @@
 #include "train/optimizer.h"
 
+#include <algorithm>
 #include <cmath>
 #include <map>
 
 #include "lcx/error.h"
 #include "lcx/ops.h"
+#include "lcx/plan.h"
 #include "lcx/profile.h"
 #include "train/adamw_kernel.h"
 
 namespace lcx {
 
-AdamW::AdamW(std::vector<Parameter*> params, AdamWConfig cfg) : cfg_(std::move(cfg)) {
+void AdamW::configure(std::vector<Parameter*> params, const OptimizerConfig& cfg, const OptimizerScope& /*scope*/) {
+  cfg_ = cfg;
+  params_.clear();
+  step_ = 0;
   const bool bf16_master = cfg_.master_dtype == "bf16";
   for (Parameter* p : params) {
     ParamState s{p, {}, {}, {}};
@@ -26,7 +31,7 @@ AdamW::AdamW(std::vector<Parameter*> params, AdamWConfig cfg) : cfg_(std::move(c
   }
 }
 
-double AdamW::grad_norm() const {
+double AdamW::grad_norm() {
   ProfileScope scope(OpKind::optimizer, "grad_norm");
   double sq = 0;
   for (const auto& s : params_) sq += adamw::sum_squares(s.p->grad);
@@ -55,8 +60,8 @@ void AdamW::step(double lr) {
   }
 }
 
-AdamW::State AdamW::state() const {
-  State st;
+OptimizerState AdamW::state() const {
+  OptimizerState st;
   st.step = step_;
   for (const auto& s : params_) {
     if (s.master.defined()) st.tensors.emplace_back(s.p->name + ".master", s.master.to(Device::cpu()));
@@ -66,7 +71,7 @@ AdamW::State AdamW::state() const {
   return st;
 }
 
-void AdamW::load_state(const State& st) {
+void AdamW::load_state(const OptimizerState& st) {
   std::map<std::string, const Tensor*> by_name;
   for (const auto& [n, t] : st.tensors) by_name[n] = &t;
   auto restore = [&](const std::string& name, Tensor& dst) {
@@ -90,6 +95,19 @@ void AdamW::load_state(const State& st) {
     restore(s.p->name + ".exp_avg_sq", s.v);
   }
   step_ = st.step;
+}
+
+void AdamW::plan(const PlanInputs& in, MemoryPlan& plan) const {
+  if (plan.parameters == 0) return;  // no model planned
+  const int64_t shards = std::max<int64_t>(1, in.world_size);
+  const int64_t per_rank = (plan.parameters + shards - 1) / shards;
+  const bool master = in.master_dtype == DType::f32;
+  const int64_t moment = master ? 4 : static_cast<int64_t>(dtype_size(in.weight_dtype));
+  if (master) plan.add("fp32 master copy", PlanCategory::master_weights, per_rank * 4, plan_phase::always);
+  plan.add(master ? "AdamW moments m, v (fp32)" : "AdamW moments m, v (weight dtype)", PlanCategory::optimizer,
+           2 * per_rank * moment, plan_phase::always);
+  // Every parameter's value, grad, master and moments read and written once.
+  plan.work.memory_bytes += static_cast<double>(plan.parameters) * (master ? 24.0 : 12.0);
 }
 
 }  // namespace lcx

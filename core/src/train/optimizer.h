@@ -1,40 +1,31 @@
-// AdamW as torch.optim.AdamW computes it, over the model's parameters. By default each parameter
-// has an fp32 master copy and fp32 moments, and the model's compute copy (bf16 on a GPU) is
-// rounded from the master after every update. master_dtype "bf16" keeps no master and bf16
-// moments, reproducing an all-bf16 transformers run.
+// AdamW as torch.optim.AdamW computes it, over the model's parameters: core's Optimizer
+// ("adamw", lcx/slots/optimizer.h), run where the parameters live, after the backward. By default
+// each parameter has an fp32 master copy and fp32 moments, and the model's compute copy (bf16 on
+// a GPU) is rounded from the master after every update. master_dtype "bf16" keeps no master and
+// bf16 moments, reproducing an all-bf16 transformers run.
 #pragma once
 #include <string>
 #include <vector>
 
-#include "lcx/slots/model.h"
+#include "lcx/slots/optimizer.h"
 
 namespace lcx {
 
-struct AdamWConfig {
-  double beta1 = 0.9, beta2 = 0.999, eps = 1e-8;
-  double weight_decay = 0.0;
-  std::string master_dtype = "fp32";
-};
-
-class AdamW {
+class AdamW final : public Optimizer {
  public:
-  AdamW(std::vector<Parameter*> params, AdamWConfig cfg);
-  // Total L2 norm of all gradients (fp64 sum of fp32 squares), before clipping.
-  double grad_norm() const;
-  // Multiplies every gradient by `scale`.
-  void scale_grads(double scale);
-  // One update with learning rate `lr`; increments the step count.
-  void step(double lr);
-  int64_t steps() const { return step_; }
+  AdamW() = default;
+  AdamW(std::vector<Parameter*> params, OptimizerConfig cfg) { configure(std::move(params), cfg, {}); }
 
-  // State for checkpoints: per parameter name, the master weights and the two moments (fp32
-  // tensors on the host), plus the step count.
-  struct State {
-    int64_t step = 0;
-    std::vector<std::pair<std::string, Tensor>> tensors;  // "<name>.master", ".exp_avg", ".exp_avg_sq"
-  };
-  State state() const;
-  void load_state(const State& s);
+  void configure(std::vector<Parameter*> params, const OptimizerConfig& cfg, const OptimizerScope& scope) override;
+  double grad_norm() override;
+  void scale_grads(double scale) override;
+  void step(double lr) override;
+  int64_t steps() const override { return step_; }
+  OptimizerState state() const override;
+  void load_state(const OptimizerState& s) override;
+  // The fp32 master and moments (or bf16 moments) beside the parameters, 1 / world of each when
+  // sharded.
+  void plan(const PlanInputs& in, MemoryPlan& plan) const override;
 
  private:
   struct ParamState {
@@ -43,7 +34,7 @@ class AdamW {
     Tensor m, v;    // fp32 (or bf16 with master_dtype bf16)
   };
   std::vector<ParamState> params_;
-  AdamWConfig cfg_;
+  OptimizerConfig cfg_;
   int64_t step_ = 0;
 };
 

@@ -5,7 +5,6 @@
 #include "dist/sharded_params.h"
 #include "lcx/pinned.h"
 #include "lcx/error.h"
-#include "train/optimizer.h"
 
 namespace lcx {
 
@@ -145,6 +144,7 @@ void Run::load_or_init_weights(const std::string& resume_dir) {
 void Run::configure_step() {
   step_ = StepSlots{model(), *slots_.loss, *slots_.positional, *slots_.memory, *slots_.parallel};
   step_.mlp = slots_.mlp.get();
+  step_.optimizer = slots_.optimizer.get();
   step_.activation_dtype = dtype_;
   step_.mesh = rank_.mesh;
   configure_slots(step_);
@@ -192,14 +192,15 @@ void Run::plan_local_step() {
 }
 
 void Run::make_optimizer(const std::string& resume_dir) {
-  AdamWConfig o;
+  OptimizerConfig o;
   o.beta1 = cfg_.train.beta1;
   o.beta2 = cfg_.train.beta2;
   o.eps = cfg_.train.eps;
   o.weight_decay = cfg_.train.weight_decay;
   o.master_dtype = cfg_.train.master_dtype;
-  optimizer_ = std::make_unique<AdamW>(sharded() ? shards_->shards() : model().parameters(), o);
-  if (!resume_dir.empty()) load_optimizer_state(resume_dir, *optimizer_, rank_io());
+  slots_.optimizer->configure(sharded() ? shards_->shards() : model().parameters(), o,
+                              OptimizerScope{world_size(), sharded()});
+  if (!resume_dir.empty()) load_optimizer_state(resume_dir, optimizer(), rank_io());
 }
 
 void Run::zero_grads() {
@@ -209,12 +210,13 @@ void Run::zero_grads() {
     model().zero_grad();
 }
 
-double Run::grad_norm() { return shards_ ? shards_->grad_norm() : optimizer_->grad_norm(); }
+double Run::grad_norm() { return shards_ ? shards_->grad_norm() : optimizer().grad_norm(); }
 
 std::string Run::save(const TrainerState& state, const CheckpointContents& contents) {
+  optimizer().synchronize();  // the weights saved are the updated ones
   if (hooks_) hooks_->gather_all();
   std::string dir =
-      save_checkpoint(cfg_.run.output_dir, model(), *optimizer_, state, contents, cfg_.train.keep_checkpoints, rank_io());
+      save_checkpoint(cfg_.run.output_dir, model(), optimizer(), state, contents, cfg_.train.keep_checkpoints, rank_io());
   if (hooks_) hooks_->release_all();
   return dir;
 }

@@ -1,6 +1,6 @@
 // One run, built once for every command that needs one: this rank's place in the job, its slots,
 // the data, the model's weights (loaded, initialized or resumed), the step's slots with the
-// plan's recipe, the gradients' dtype, ZeRO-3 hooks and the optimizer. Each command builds the
+// plan's recipe, the gradients' dtype, ZeRO-3 hooks and the optimizer (the Optimizer slot). Each command builds the
 // parts it uses, in the order they are declared: lcx-train all of them (train/trainer.cpp),
 // `eval` the data, the weights and the step (app/eval_cmd.cpp), `--plan` the recipe from the
 // model's shape alone (app/plan_cmd.cpp).
@@ -68,8 +68,8 @@ class Run {
   // memory and the host's ([run] gpu_memory, host_memory). Refuses a recipe whose pinned bytes,
   // times the node's ranks, pass the host's memory, before anything is pinned.
   void plan_local_step();
-  // AdamW ([train]) over the parameters, or this rank's shards of them; with its state from
-  // resume_dir when set.
+  // The Optimizer slot's provider configured with [train] over the parameters, or this rank's
+  // shards of them; with its state from resume_dir when set.
   void make_optimizer(const std::string& resume_dir);
 
   // What a training step uses.
@@ -100,7 +100,7 @@ class Run {
   DType grad_dtype() const { return grad_dtype_; }
   const PlanInputs& planned() const { return planned_; }
   PlanSlots plan_slots() const { return PlanSlots::of(slots_); }
-  AdamW& optimizer() { return *optimizer_; }
+  Optimizer& optimizer() { return *slots_.optimizer; }
 
  private:
   const CoreConfig& cfg_;
@@ -114,7 +114,6 @@ class Run {
   std::unique_ptr<ShardingHooks> hooks_;
   DType grad_dtype_ = DType::f32;
   PlanInputs planned_;
-  std::unique_ptr<AdamW> optimizer_;
 };
 
 }  // namespace lcx

@@ -37,8 +37,10 @@ Tensor forward_only(StepSlots& s, const Shard& shard, Device device, const RopeT
   StepContext ctx{&rope, s.parallel, device, s.mlp, nullptr, s.recipe};
   const Tensor tokens = on(shard.tokens, device);
   Tensor x = Tensor::empty({T, H}, act_dtype(s), device, MemoryCategory::activations);
+  s.optimizer->weights_needed(Optimizer::kNonLayer);
   s.model->embed_forward(tokens, x);
   for (int l = 0; l < cfg.num_layers; ++l) {
+    s.optimizer->weights_needed(l);
     Tensor y = Tensor::empty({T, H}, x.dtype(), device, MemoryCategory::activations);
     s.model->layer_forward(l, x, y, ctx);
     x = y;
@@ -92,6 +94,7 @@ StepResult train_step(StepSlots& s, const Shard& shard, double grad_scale, Devic
   StepHooks& hooks = s.hooks ? *s.hooks : none;
   Model& model = *s.model;
   MemoryStrategy& memory = *s.memory;
+  Optimizer& optimizer = *s.optimizer;
   const ModelConfig& cfg = model.config();
   const int L = static_cast<int>(cfg.num_layers);
   const int64_t T = shard.tokens.size(0), H = cfg.hidden_size;
@@ -112,6 +115,7 @@ StepResult train_step(StepSlots& s, const Shard& shard, double grad_scale, Devic
   const Tensor targets = on(shard.targets, device);
   memory.use_recipe(s.recipe);
   memory.begin_step(L);
+  optimizer.weights_needed(Optimizer::kNonLayer);
   hooks.begin_step();
   Tensor x = Tensor::empty({T, H}, dt, device, MemoryCategory::activations);
   model.embed_forward(tokens, x);
@@ -120,6 +124,7 @@ StepResult train_step(StepSlots& s, const Shard& shard, double grad_scale, Devic
     const bool saved = s.recipe.saves(l);
     if (saved) memory.save(l, x);
     Tensor y = Tensor::empty({T, H}, dt, device, MemoryCategory::activations);
+    optimizer.weights_needed(l);
     hooks.before_layer_forward(l);
     model.layer_forward(l, x, y, saved ? ctx : unsaved);
     hooks.after_layer_forward(l);
@@ -169,6 +174,7 @@ StepResult train_step(StepSlots& s, const Shard& shard, double grad_scale, Devic
       hooks.before_layer_backward(l);
       model.layer_backward(l, inputs.back(), dx, dinput, l == first ? ctx : unsaved);
       hooks.after_layer_backward(l);
+      optimizer.grads_final(l);
       inputs.pop_back();
       if (l == first) memory.release(l);
       dx = dinput;
@@ -176,6 +182,7 @@ StepResult train_step(StepSlots& s, const Shard& shard, double grad_scale, Devic
   }
   model.embed_backward(tokens, dx);
   hooks.end_step();
+  optimizer.grads_final(Optimizer::kNonLayer);
   memory.end_step();
   phase.reset();
   sync(device);

@@ -5,6 +5,10 @@
 //   -> final norm backward -> for each layer, last first: x = memory.fetch(l), recompute and
 //   backward the layer, memory.release(l) -> embedding backward
 //
+// The Optimizer slot hears when a layer's weights are about to be read (weights_needed, before
+// its forward) and when its gradients are final (grads_final, after its backward), so it can
+// overlap its update with the step (lcx/slots/optimizer.h).
+//
 // Parameter gradients accumulate into the model's fp32 grads (the caller zeroes them per
 // optimizer step), so gradient accumulation is calling this several times.
 #pragma once

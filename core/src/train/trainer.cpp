@@ -19,7 +19,6 @@
 #include "plan/plan.h"
 #include "plan/timeline.h"
 #include "train/checkpoint.h"
-#include "train/optimizer.h"
 #include "train/profile.h"
 #include "train/progress.h"
 #include "train/run.h"
@@ -95,7 +94,7 @@ class Trainer {
     double loss_sum = 0, loss = 0, grad_norm = 0, lr = 0;
     bool finite = true;
     bool stop = false;  // some rank was asked to stop
-    double forward_s = 0, backward_s = 0, memory_wait_s = 0;
+    double forward_s = 0, backward_s = 0, memory_wait_s = 0, weights_wait_s = 0;
     double t_start = 0, t_communication = 0, t_optimizer = 0, t_end = 0;
   };
 
@@ -228,6 +227,7 @@ void Trainer::forward_backward_step(const Batch& batch, StepRecord& r) {
         r.backward_s += s.backward_s;
         r.memory_wait_s += run_.slots().memory->wait_seconds();  // per train_step, so summed over the step's sequences
       }
+      r.weights_wait_s = run_.optimizer().wait_seconds();  // over the train_steps since the last update
     }
   } catch (const Error& e) {
     // Out of memory: say where the memory goes for this run and which setting makes it fit.
@@ -306,6 +306,7 @@ void Trainer::log_step(const StepRecord& r) {
                       {"time_optimizer_s", r.t_end - r.t_optimizer},
                       {"time_communication_s", r.t_optimizer - r.t_communication},
                       {"time_memory_wait_s", r.memory_wait_s},
+                      {"time_weights_wait_s", r.weights_wait_s},
                       {"peak_host_bytes", host_peak_bytes()},
                       {"skipped", !r.finite}};
   if (device.is_cuda()) {
