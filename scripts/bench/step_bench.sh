@@ -7,7 +7,8 @@
 # chunked loss). Step time is the median of the steps after the first. Prints a markdown table.
 #   CASES="qwen3-0.6b:8192 qwen3-4b:65536" PLUGINS="loss_chunked" scripts/bench/step_bench.sh .bundle
 # TABLES adds TOML tables to the manifest (e.g. a [distributed] mesh); LCX_ARGS adds lcx-train
-# flags (e.g. --profile, --set qwen3.keep_attention=false); TORCH=0 skips the peer.
+# flags (e.g. --profile, --set qwen3.keep_attention=false); TORCH=0 skips the peer; TORCH_ARGS adds
+# torch_step.py flags (--offload: its checkpointed activations in pinned host memory).
 set -uo pipefail
 build=${1:-build}
 out=${OUT:-/tmp/lcx-bench}
@@ -73,7 +74,7 @@ PY
 )
   torch='{"error": "not run"}'
   [[ ${TORCH:-1} != 0 ]] && torch=$(PYTHONUNBUFFERED=1 timeout "$limit" python3 scripts/bench/torch_step.py --model "$model" --tokens "$tokens" \
-          --steps $((steps - 1)) ${layers:+--layers $layers} 2>"$run/torch.err" | tail -1)
+          --steps $((steps - 1)) ${layers:+--layers $layers} ${TORCH_ARGS:-} 2>"$run/torch.err" | tail -1)
   echo "$torch" >"$run/torch.json"
   row=$(python3 - "$lcx" "$torch" "$model" "$tokens" <<'PY'
 import json, sys
