@@ -321,8 +321,9 @@ int Trainer::rehearse() {
   };
   // On the CPU the device peak is the CPU allocator's, whose kernels allocate unlike the GPU's
   // that the plan counts: shown, not judged. The pinned pool is the same code on both.
-  const Row rows[] = {{"GPU allocated peak (plan: without the reserve)", allocator_for(device).stats().peak_bytes,
-                       plan.peak(false).bytes, device.is_cuda()},
+  const Row rows[] = {{device.is_cuda() ? "GPU allocated peak (plan: without the reserve)"
+                                        : "CPU allocator peak (plan: the GPU's, without the reserve)",
+                       allocator_for(device).stats().peak_bytes, plan.peak(false).bytes, device.is_cuda()},
                       {"pinned host bytes held", pinned_allocator().stats().peak_bytes, plan.host_peak(), true}};
   bool agree = true;
   nlohmann::json report = {{"rehearsal", true},
