@@ -21,7 +21,7 @@ out=${OUT:-/tmp/lcx-rehearse}
 cases=${CASES:-"qwen3-4b:1048576"}
 plugins=${PLUGINS:-"loss_chunked offload"}
 master=${MASTER:-bf16}
-limit=${REHEARSE_TIMEOUT:-200}
+limit=${REHEARSE_TIMEOUT:-300}  # seconds per run; a device call has 600 for all of it
 mkdir -p "$out"
 load=$(printf '"%s",' $plugins)
 
