@@ -300,16 +300,10 @@ int Trainer::rehearse() {
                                " layers, with the attention math cut");
   if (run_.lead())
     log::warn(str("REHEARSAL, not training (--rehearse): ", what, ". Its loss means nothing; no checkpoint, no metrics"));
+  // Left on: the process ends with the rehearsal, and thread-ranks share the switch.
   ops::set_attention_cut(true);
   allocator_for(device).reset_peak();  // on the GPU train_step resets it again after zero_grads
-  StepRecord r;
-  try {
-    r = train_step();
-  } catch (...) {
-    ops::set_attention_cut(false);
-    throw;
-  }
-  ops::set_attention_cut(false);
+  const StepRecord r = train_step();
   bar_.finish();
   if (!run_.lead()) return 0;
 
