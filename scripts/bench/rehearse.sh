@@ -71,7 +71,7 @@ for c in $cases; do
 done
 
 python3 - "$out" $cases <<'PY'
-import glob, json, os, re, sys
+import json, os, sys
 out, cases = sys.argv[1], sys.argv[2:]
 G = 2**30
 print("| case | recipe (plan's) | GPU peak measured / plan GiB | diff B | pinned host measured / plan GiB | diff B | rehearsal |"
