@@ -5,7 +5,8 @@
 #      (one step's exact allocations, GPU and pinned host, with the attention math cut): its
 #      measured peaks against the plan's (rehearsal.json);
 #  (b) one real step of the same model cut to 1 layer (init num_hidden_layers = 1) at that length,
-#      traced (--profile, step 1): the layer's forward and backward from the trace;
+#      with the rehearsal's attention choices (keep_attention, head groups; other choices are its
+#      own plan's), traced (--profile, step 1): the layer's forward and backward from the trace;
 #  (c) the table: rehearsal peaks vs plan, the layer's time and the full step by arithmetic,
 #        full step = L x (layer forward + layer backward)                       [1-layer trace]
 #                  + (1-layer step - layer forward - layer backward - its optimizer)
@@ -64,8 +65,19 @@ for c in $cases; do
   start=$(date +%s)
   timeout "$limit" "$build/bin/lcx-train" --config "$full/run.toml" --rehearse ${ARGS:-} >"$full/lcx.log" 2>&1
   echo "$c rehearsal: rc $? in $(($(date +%s) - start)) s"
+  # The layer runs the full depth's choices (the model's keys win over its own plan's).
+  same=$(python3 - "$full/out/rehearsal.json" <<'PY'
+import json, sys
+try:
+    c = json.load(open(sys.argv[1]))["recipe_choices"]
+except (OSError, ValueError, KeyError):
+    sys.exit()
+print(f"--set qwen3.keep_attention={str(c['keep_attention']).lower()}"
+      + (f" --set qwen3.attention_head_groups={c['head_groups']}" if c["head_groups"] > 0 else ""))
+PY
+)
   start=$(date +%s)
-  timeout "$limit" "$build/bin/lcx-train" --config "$one/run.toml" --profile --set run.profile_step=1 ${ARGS:-} \
+  timeout "$limit" "$build/bin/lcx-train" --config "$one/run.toml" --profile --set run.profile_step=1 $same ${ARGS:-} \
     >"$one/lcx.log" 2>&1
   echo "$c one layer: rc $? in $(($(date +%s) - start)) s"
 done

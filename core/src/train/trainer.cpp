@@ -326,6 +326,10 @@ int Trainer::rehearse() {
                            {"seq_len", run_.data().seq_len()},
                            {"layers", mc.num_layers},
                            {"recipe", recipe_name(run_.planned().recipe)},
+                           // The choices, for a shorter run to be given the same (scripts/bench/rehearse.sh).
+                           {"recipe_choices",
+                            {{"keep_attention", run_.planned().recipe.keep_attention},
+                             {"head_groups", run_.planned().recipe.head_groups}}},
                            {"loss_meaningless", r.loss},
                            {"step_s", r.t_end - r.t_start},
                            {"optimizer_s", r.t_end - r.t_optimizer},  // real: the update is not cut
