@@ -11,7 +11,8 @@
 # host) beside the plan's, which lcx-train logs at the start ("plan: GPU peak ...").
 # The trained full-depth step at the longest length one device call finishes, beside PyTorch with
 # its offload (issue 22):
-#   FULL_CASES="qwen3-4b:262144" TORCH_ARGS=--offload TESTS=0 scripts/gpu_all.sh
+#   FULL_CASES="qwen3-4b:262144" STEPS=1 TORCH=0 TESTS=0 scripts/gpu_all.sh   (one lcx step, ~4-5 min)
+#   python3 scripts/bench/torch_step.py --model qwen3-4b --tokens 262144 --steps 1 --offload   (the peer, alone)
 set -uo pipefail
 build=${1:-build}
 out=${OUT:-/tmp/lcx-full-depth}
@@ -27,7 +28,7 @@ for v in $variants; do
   [[ $rest == *:* ]] && flags=${rest#*:}
   flags=${flags//,/ }
   [[ $first == 1 ]] && flags="$flags --profile"
-  OUT=$out/$name PLUGINS="${plugins//+/ }" MASTER=${MASTER:-bf16} TORCH=$first LCX_ARGS="$flags" CASES="$cases" \
+  OUT=$out/$name PLUGINS="${plugins//+/ }" MASTER=${MASTER:-bf16} TORCH=$((first && ${TORCH:-1})) LCX_ARGS="$flags" CASES="$cases" \
     LCX_STEP_TIMEOUT=${LCX_STEP_TIMEOUT:-400} scripts/bench/step_bench.sh "$build" >"$out/$name.out" 2>&1
   first=0
 done
@@ -53,10 +54,10 @@ for m in sorted(glob.glob(f"{out}/*/*/out/metrics.jsonl")):
     case = m.split("/")[-3]
     variant = m.split("/")[-4]
     rows = [json.loads(l) for l in open(m) if l.strip()]
-    if len(rows) < 2:
+    if not rows:
         print(f"| {case} | {variant} | failed | | | | | | | | | |")
         continue
-    med = lambda k: statistics.median(r.get(k, 0) for r in rows[1:])
+    med = lambda k: statistics.median(r.get(k, 0) for r in (rows[1:] or rows))  # one step: warm-up included
     step = med("step_s")
     peak = max(r.get("peak_gpu_bytes", 0) for r in rows) / 2**30
     pinned = max(r.get("peak_pinned_bytes", 0) for r in rows) / 2**30
