@@ -4,6 +4,7 @@
 # (scripts/gpu_check.sh), the quickstart trained on the GPU, then the benchmarks beside PyTorch.
 # Logs go to $OUT; the tables are printed last.
 #   STEP_CASES="qwen3-4b:65536" OFFLOAD=1 scripts/gpu_all.sh
+#   REHEARSE_CASES="qwen3-4b:1048576" TESTS=0 scripts/gpu_all.sh
 set -uo pipefail
 root=$PWD
 # Everything is written under a work folder; $OUT (when set) receives one tarball of it and the
@@ -49,6 +50,11 @@ if [[ -n ${FULL_CASES:-} ]]; then
   CASES=$FULL_CASES VARIANTS=${FULL_VARIANTS:-"offload:loss_chunked+offload"} OUT=$out/full \
     scripts/bench/full_depth.sh build >"$out/full_depth.out" 2>&1
 fi
+# Timed too: a full-depth recipe rehearsed (lcx-train --rehearse) and one layer's real step at the
+# same length, the full step by arithmetic; about 4 minutes a case at 1M tokens.
+if [[ -n ${REHEARSE_CASES:-} ]]; then
+  CASES=$REHEARSE_CASES ARGS=${REHEARSE_ARGS:-} OUT=$out/rehearse scripts/bench/rehearse.sh build >"$out/rehearse.out" 2>&1
+fi
 # The run folder's TensorBoard events read back by tensorboard's own reader, across a resume.
 if [[ ${TB:-0} != 0 ]]; then
   tb=$out/tb-check
@@ -89,6 +95,7 @@ done
 echo "== quickstart on the GPU: rc $qs_rc, ${qs_s} s, loss $qs_first -> $qs_last"
 [[ -f $out/step/step_bench.md ]] && { echo "== step benchmark"; cat "$out/step/step_bench.md"; }
 [[ -f $out/full_depth.out ]] && { echo "== full depth beside PyTorch"; cat "$out/full_depth.out"; }
+[[ -f $out/rehearse.out ]] && { echo "== rehearsal and one layer's step"; cat "$out/rehearse.out"; }
 [[ -f $out/tensorboard.out ]] && { echo "== tensorboard reader"; tail -25 "$out/tensorboard.out"; }
 [[ -f $out/loss_bench.out ]] && { echo "== loss"; cat "$out/loss/loss_bench.md" 2>/dev/null || tail -20 "$out/loss_bench.out"; }
 [[ -f $out/longest_seq.out ]] && { echo "== longest sequence"; cat "$out/longest/longest_seq.md" 2>/dev/null || tail -20 "$out/longest_seq.out"; }

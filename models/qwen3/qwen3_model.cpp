@@ -25,7 +25,6 @@
 #include <filesystem>
 #include <fstream>
 #include <set>
-#include <thread>
 #include <vector>
 
 #include "lcx/config.h"
@@ -38,48 +37,13 @@
 #include "lcx/safetensors.h"
 #include "lcx/slots/model.h"
 #include "qwen3_config.h"
+#include "qwen3_init.h"
 #include "qwen3_plan.h"
 
 namespace lcx::qwen3 {
 namespace {
 
 namespace fs = std::filesystem;
-
-// Counter-based normal numbers: element i of a parameter depends only on (seed, name, i), so
-// init is independent of order and of how the work is split across threads.
-uint64_t mix(uint64_t z) {
-  z += 0x9e3779b97f4a7c15ull;
-  z = (z ^ (z >> 30)) * 0xbf58476d1ce4e5b9ull;
-  z = (z ^ (z >> 27)) * 0x94d049bb133111ebull;
-  return z ^ (z >> 31);
-}
-
-uint64_t hash_name(const std::string& s) {
-  uint64_t h = 1469598103934665603ull;  // FNV-1a
-  for (unsigned char c : s) h = (h ^ c) * 1099511628211ull;
-  return h;
-}
-
-void fill_normal(Tensor& t, uint64_t key, double std) {
-  const int64_t n = t.numel();
-  auto fill = [&](int64_t begin, int64_t end) {
-    for (int64_t i = begin; i < end; ++i) {
-      // Box-Muller on two 53-bit uniforms; u1 in (0,1] keeps the log finite.
-      const uint64_t a = mix(key ^ mix(static_cast<uint64_t>(i) * 2)), b = mix(key ^ mix(static_cast<uint64_t>(i) * 2 + 1));
-      const double u1 = (static_cast<double>(a >> 11) + 1.0) * 0x1.0p-53, u2 = static_cast<double>(b >> 11) * 0x1.0p-53;
-      const float v = static_cast<float>(std * std::sqrt(-2.0 * std::log(u1)) * std::cos(2 * M_PI * u2));
-      switch (t.dtype()) {
-        case DType::f32: t.data_as<float>()[i] = v; break;
-        case DType::bf16: t.data_as<bf16>()[i] = float_to_bf16(v); break;
-        default: t.data_as<f16>()[i] = float_to_f16(v); break;
-      }
-    }
-  };
-  const int64_t workers = std::clamp<int64_t>(n / (1 << 20), 1, std::max(1u, std::thread::hardware_concurrency()));
-  std::vector<std::thread> pool;
-  for (int64_t w = 0; w < workers; ++w) pool.emplace_back(fill, n * w / workers, n * (w + 1) / workers);
-  for (auto& th : pool) th.join();
-}
 
 void fill_ones(Tensor& t) {
   const int64_t n = t.numel();
@@ -164,7 +128,7 @@ class Qwen3Model final : public Model {
       if (p.value.dim() == 1)
         fill_ones(host);
       else
-        fill_normal(host, mix(seed) ^ hash_name(p.name), std);
+        fill_normal(host, init_key(seed, p.name), std);
       p.value = device.is_cuda() ? host.to(device) : host;
     }
   }

@@ -4,10 +4,12 @@
 # bin/lcx-train and data/qwen3/tokenizer.json present. For each model shape and length: lcx-train
 # on random token ids (random-init weights, bf16, checkpointed layers, the plugins named in
 # PLUGINS), then scripts/bench/torch_step.py (bf16, gradient checkpointing, SDPA, fused AdamW,
-# chunked loss). Step time is the median of the steps after the first. Prints a markdown table.
+# chunked loss). Step time is the median of the steps after the first (STEPS=1: the one step, its
+# warm-up included; run the peer alone then, it needs two). Prints a markdown table.
 #   CASES="qwen3-0.6b:8192 qwen3-4b:65536" PLUGINS="loss_chunked" scripts/bench/step_bench.sh .bundle
 # TABLES adds TOML tables to the manifest (e.g. a [distributed] mesh); LCX_ARGS adds lcx-train
-# flags (e.g. --profile, --set qwen3.keep_attention=false); TORCH=0 skips the peer.
+# flags (e.g. --profile, --set qwen3.keep_attention=false); TORCH=0 skips the peer; TORCH_ARGS adds
+# torch_step.py flags (--offload: its checkpointed activations in pinned host memory).
 set -uo pipefail
 build=${1:-build}
 out=${OUT:-/tmp/lcx-bench}
@@ -61,19 +63,20 @@ try:
     rows = [json.loads(l) for l in open(sys.argv[1])]
 except OSError:
     rows = []
-if len(rows) < 2:
+if not rows:
     print(f"failed (rc {sys.argv[2]})|-|-|-")
 else:
-    t = statistics.median(r["step_s"] for r in rows[1:])
+    timed = rows[1:] or rows  # STEPS=1: the only step, warm-up included
+    t = statistics.median(r["step_s"] for r in timed)
     peak = max(r.get("peak_gpu_bytes", 0) for r in rows) / 2**30
-    mfu = statistics.median(r.get("mfu", 0) for r in rows[1:])
+    mfu = statistics.median(r.get("mfu", 0) for r in timed)
     tokens = rows[0]["num_tokens"]  # one step's tokens
     print(f"{t:.3f}|{tokens / t:,.0f}|{mfu*100:.1f}%|{peak:.1f}|{t}")
 PY
 )
   torch='{"error": "not run"}'
   [[ ${TORCH:-1} != 0 ]] && torch=$(PYTHONUNBUFFERED=1 timeout "$limit" python3 scripts/bench/torch_step.py --model "$model" --tokens "$tokens" \
-          --steps $((steps - 1)) ${layers:+--layers $layers} 2>"$run/torch.err" | tail -1)
+          --steps $((steps - 1)) ${layers:+--layers $layers} ${TORCH_ARGS:-} 2>"$run/torch.err" | tail -1)
   echo "$torch" >"$run/torch.json"
   row=$(python3 - "$lcx" "$torch" "$model" "$tokens" <<'PY'
 import json, sys

@@ -173,6 +173,40 @@ TEST_F(TrainRun, ResumeWithoutCheckpointSaysSo) {
   EXPECT_NE(r.output.find("no complete checkpoint"), std::string::npos) << r.output;
 }
 
+// --rehearse: one step of the tiny model with the offload strategy's pinned buffers and the
+// attention math cut (zeros: its loss is not the real step's), the measured peaks beside the
+// plan's. On the CPU only the pinned pool is judged (the device peak is the CPU allocator's, the plan
+// the GPU's). Nothing of a training run is written.
+TEST_F(TrainRun, RehearsalComparesPeaksWithThePlanAndWritesNoRun) {
+  write_tokens(random_pattern(64, 6), 4);
+  const std::string plugins = "[plugins]\nload = [\"offload\"]\n";
+  test::write_file(dir / "run.toml",
+                   test::tiny_run_manifest(dir / "out", dir / "data.tokens", 3, true, "max_steps = 4\nsave_final = true\n", plugins));
+  auto r = train("--config " + (dir / "run.toml").string() + " --rehearse");
+  ASSERT_EQ(r.exit_code, 0) << r.output;
+  for (const char* s : {"REHEARSAL, not training", "(meaningless)", "pinned host bytes held: measured",
+                        "not judged on the CPU", "the measured peaks agree with the plan"})
+    EXPECT_NE(r.output.find(s), std::string::npos) << s << " missing\n" << r.output;
+  const nlohmann::json report = nlohmann::json::parse(std::ifstream(dir / "out" / "rehearsal.json"));
+  EXPECT_TRUE(report.at("rehearsal").get<bool>());
+  EXPECT_TRUE(report.at("agree").get<bool>());
+  const nlohmann::json& pinned = report.at("judged").at(0);
+  EXPECT_GT(pinned.at("measured_bytes").get<int64_t>(), 0);  // offload parked the layer inputs
+  EXPECT_EQ(pinned.at("difference_bytes").get<int64_t>(), 0) << pinned.dump();
+  EXPECT_FALSE(std::filesystem::exists(dir / "out" / "metrics.jsonl"));
+  EXPECT_FALSE(std::filesystem::exists(dir / "out" / "checkpoint-1"));
+
+  // The same step trained for real: another loss, since the rehearsal's attention wrote zeros.
+  test::write_file(dir / "real.toml", test::tiny_run_manifest(dir / "real", dir / "data.tokens", 3, true, "max_steps = 1\n", plugins));
+  auto real = train("--config " + (dir / "real.toml").string());
+  ASSERT_EQ(real.exit_code, 0) << real.output;
+  std::ifstream in(dir / "real" / "metrics.jsonl");
+  std::string line;
+  ASSERT_TRUE(std::getline(in, line));
+  const double real_loss = nlohmann::json::parse(line).at("loss").get<double>();
+  EXPECT_GT(std::abs(real_loss - report.at("loss_meaningless").get<double>()), 1e-4);
+}
+
 // --profile: step 2 (the default profile_step) of the tiny model, every op timed by kind and phase.
 TEST_F(TrainRun, ProfileTracesTheSecondStep) {
   write_tokens(random_pattern(64, 5), 8);

@@ -14,6 +14,7 @@
 #include "lcx/plan.h"
 
 #ifdef LCX_HAVE_CUDA
+#include "kernels/attention_cut.h"
 #include "kernels/cuda/attention_cudnn.h"
 #endif
 
@@ -150,6 +151,46 @@ TEST_F(GpuOps, AttentionCudnnAgreesWithOwnKernels) {
   EXPECT_CLOSE(dq[0], dq[1], DType::bf16);
   EXPECT_CLOSE(dk[0], dk[1], DType::bf16);
   EXPECT_CLOSE(dv[0], dv[1], DType::bf16);
+}
+
+// A rehearsal's cut (kernels/attention_cut.h) keeps each attention call's allocations: the same
+// count and the same peak as the real call, on cuDNN and on the own kernels, and zeros out.
+TEST_F(GpuOps, AttentionCutAllocatesWhatTheRealCallDoes) {
+  SCOPED_TRACE(trace());
+  const int64_t T = 4096, Hq = 4, Hkv = 2, d = 128;
+  const DType t = DType::bf16;
+  ops::AttentionParams p;
+  p.causal = true;
+  const Tensor q = on_gpu(host_normal({T, Hq, d}, t, rng_)), k = on_gpu(host_normal({T, Hkv, d}, t, rng_));
+  const Tensor v = on_gpu(host_normal({T, Hkv, d}, t, rng_)), dout = on_gpu(host_normal({T, Hq, d}, t, rng_));
+  Allocator& a = allocator_for(Device::cuda());
+  struct Use {
+    int64_t allocations, peak_above_start;
+  };
+  auto call = [&](Tensor& out, Tensor& lse, Tensor& dq, Tensor& dk, Tensor& dv) {
+    a.reset_peak();
+    const AllocatorStats before = a.stats();
+    ops::attention_forward(q, k, v, out, lse, p);
+    ops::attention_backward(q, k, v, out, lse, dout, dq, dk, dv, p);
+    const AllocatorStats after = a.stats();
+    return Use{after.allocations - before.allocations, after.peak_bytes - before.live_bytes};
+  };
+  for (cuda::AttentionKernel kernel : {cuda::AttentionKernel::cudnn, cuda::AttentionKernel::own}) {
+    if (kernel == cuda::AttentionKernel::cudnn && cuda::cudnn_version().empty()) continue;
+    SCOPED_TRACE(kernel == cuda::AttentionKernel::cudnn ? "cudnn" : "own kernels");
+    KernelChoice choice(kernel);
+    Tensor out = poisoned_gpu({T, Hq, d}, t), lse = poisoned_gpu({Hq, T}, DType::f32);
+    Tensor dq = poisoned_gpu({T, Hq, d}, t), dk = poisoned_gpu({T, Hkv, d}, t), dv = poisoned_gpu({T, Hkv, d}, t);
+    const Use real = call(out, lse, dq, dk, dv);
+    ops::set_attention_cut(true);
+    const Use cut = call(out, lse, dq, dk, dv);
+    ops::set_attention_cut(false);
+    EXPECT_EQ(cut.allocations, real.allocations);
+    EXPECT_EQ(cut.peak_above_start, real.peak_above_start);
+    EXPECT_GT(real.allocations, 0);
+    for (const Tensor* x : {&out, &lse, &dq, &dk, &dv})
+      for (float f : x->to_floats()) ASSERT_EQ(f, 0.f);
+  }
 }
 
 // The memory plan's cuDNN terms (lcx/plan.h) against what the loaded cuDNN asks, for the head

@@ -2,6 +2,7 @@
 // backward against central finite differences. Covers GQA ratios 1, 2 and 4, causal and full,
 // offsets as ring attention uses them (a later query chunk against an earlier key chunk), rows
 // that see no key, and T not a multiple of the kernel's key block.
+#include "kernels/attention_cut.h"
 #include "kernels/kernel_test_util.h"
 
 namespace lcx {
@@ -115,6 +116,28 @@ TEST(AttentionCpu, RowThatSeesNothingIsZeroWithMinusInfLse) {
         for (int64_t e = 0; e < c.d; ++e) EXPECT_EQ(o[(i * c.Hq + h) * c.d + e], 0.f);
       }
     }
+}
+
+// A rehearsal's cut (kernels/attention_cut.h): the ops check their arguments as always, write
+// zeros and compute nothing; off again, the same call computes.
+TEST(AttentionCpu, CutWritesZerosAndStillChecks) {
+  const Case c{16, 16, 4, 2, 8, true};
+  Inputs in = inputs(c);
+  Tensor out = rand_tensor({c.T, c.Hq, c.d}, 3), lse = rand_tensor({c.Hq, c.T}, 4);
+  Tensor dout = rand_tensor({c.T, c.Hq, c.d}, 5), dq = rand_tensor({c.T, c.Hq, c.d}, 6);
+  Tensor dk = rand_tensor({c.S, c.Hkv, c.d}, 7), dv = rand_tensor({c.S, c.Hkv, c.d}, 8);
+  ops::set_attention_cut(true);
+  ops::attention_forward(in.q, in.k, in.v, out, lse, params(c));
+  ops::attention_backward(in.q, in.k, in.v, out, lse, dout, dq, dk, dv, params(c));
+  Tensor wrong = rand_tensor({c.T, c.Hq + 1, c.d}, 9);
+  EXPECT_THROW(ops::attention_forward(in.q, in.k, in.v, wrong, lse, params(c)), Error);
+  ops::set_attention_cut(false);
+  for (const Tensor* t : {&out, &lse, &dq, &dk, &dv})
+    for (float x : t->to_floats()) ASSERT_EQ(x, 0.f);
+  ops::attention_forward(in.q, in.k, in.v, out, lse, params(c));
+  std::vector<float> want_out, want_lse;
+  naive_attention(in.q, in.k, in.v, c, want_out, want_lse);
+  EXPECT_LT(test::max_diff(out.to_floats(), want_out), 2e-5f);
 }
 
 TEST(AttentionCpu, Bf16StorageStaysCloseToFp32) {

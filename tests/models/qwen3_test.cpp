@@ -381,13 +381,17 @@ TEST(Qwen3Step, GradientsMatchFiniteDifferences) {
           for (size_t j = 0; j < u[i].size(); ++j) v[j] += eps * u[i][j];
         }
       };
-      const float h = 1e-3f;
-      shift(h);
-      const double up = loss();
-      shift(-2 * h);
-      const double down = loss();
-      shift(h);
-      const double numeric = (up - down) / (2 * h);
+      auto central = [&](float h) {
+        shift(h);
+        const double up = loss();
+        shift(-2 * h);
+        const double down = loss();
+        shift(h);
+        return (up - down) / (2 * h);
+      };
+      // Richardson's extrapolation of two steps: the h^2 error term cancels, which along a direction
+      // through every weight of size 0.3 is as large as the tolerance for some seeds.
+      const double numeric = (4 * central(5e-4f) - central(1e-3f)) / 3;
       EXPECT_NEAR(numeric, analytic, 2e-3 * std::abs(analytic) + 1e-4) << "direction " << dir << " tied " << tied;
     }
     // A few single elements, one from each kind of parameter.

@@ -28,6 +28,9 @@ CliOptions parse_cli(int argc, char** argv) {
        "print the per-GPU memory plan (no GPU work, no weights loaded) and the longest sequence that fits, then exit")
       ("profile", po::bool_switch(&o.profile),
        "time every op of one step (run.profile_step, default 2): a table in the log and <output_dir>/trace-step<N>.json")
+      ("rehearse", po::bool_switch(&o.rehearse),
+       "a rehearsal, not training: one step's exact allocations (GPU and pinned host) with the attention math cut, "
+       "the measured peaks against the plan's; exit 0 when they agree, 1 when not. Writes no checkpoint or metrics")
       ("gpu-memory", po::value(&o.gpu_memory)->value_name("SIZE"),
        "GPU memory for --plan, e.g. 80GB or 141GB (GB = GiB); default: the local GPU's")
       ("host-memory", po::value(&o.host_memory)->value_name("SIZE"),

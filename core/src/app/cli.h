@@ -13,6 +13,7 @@ struct CliOptions {
   bool dry_run = false;
   bool plan = false;
   bool profile = false;  // --profile: run.profile = true
+  bool rehearse = false;  // --rehearse: run.rehearse = true
   std::string gpu_memory;  // --gpu-memory for --plan; "" means the local GPU's
   std::string host_memory;  // --host-memory for --plan; "" means this host's
   std::string resume;

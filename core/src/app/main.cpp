@@ -97,6 +97,7 @@ int run(const CliOptions& o) {
     manifest = Manifest::load(o.config);
     for (const auto& s : o.sets) manifest->set(s);
     if (o.profile) manifest->set("run.profile=true");
+    if (o.rehearse) manifest->set("run.rehearse=true");
     dir_entry = manifest->section("plugins").get_string("dir", "");
     if (!dir_entry.empty() && std::filesystem::path(dir_entry).is_relative())
       dir_entry = (std::filesystem::path(o.config).parent_path() / dir_entry).lexically_normal().string();

@@ -48,6 +48,7 @@ CoreConfig read_core_config(const Manifest& m, const std::vector<std::string>& p
     if (c.run.profile_step < 1)
       v.fail("profile_step", str("must be 1 or more, got ", c.run.profile_step),
              "2 (the default) profiles the second step of the run, without the first step's warm-up");
+    c.run.rehearse = v.get_bool("rehearse", c.run.rehearse);
     // A memory budget: "auto" or a size parse_memory_size reads.
     auto budget = [&v](const char* key, std::string& value, const char* meaning) {
       value = v.get_string(key, value);

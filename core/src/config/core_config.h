@@ -25,6 +25,9 @@ struct RunConfig {
   // The host memory this node's ranks may pin together: "auto" (MemAvailable and the cgroup's
   // room, lcx/pinned.h), or a size; a recipe whose pinned bytes x local ranks pass it is refused.
   std::string host_memory = "auto";
+  // One step's allocations at full length and depth with the attention math cut, the measured
+  // peaks compared with the plan's (train/trainer.cpp); nothing saved, its loss meaningless.
+  bool rehearse = false;
 };
 
 struct ModelSection {

@@ -1,10 +1,13 @@
 #include "train/run.h"
 
+#include <chrono>
+
 #include "data/dataset.h"
 #include "data/tokenizer.h"
 #include "dist/sharded_params.h"
 #include "lcx/pinned.h"
 #include "lcx/error.h"
+#include "lcx/log.h"
 
 namespace lcx {
 
@@ -134,7 +137,13 @@ void Run::load_or_init_weights(const std::string& resume_dir) {
   } else if (!cfg_.model.path.empty()) {
     load_weights(cfg_.model.path);
   } else if (!cfg_.model.init.empty()) {
+    const auto start = std::chrono::steady_clock::now();
     model().init_random(cfg_.model.init, static_cast<uint64_t>(cfg_.run.seed), device_, dtype_);
+    int64_t n = 0;
+    for (Parameter* p : model().parameters()) n += p->value.numel();
+    if (lead())
+      log::info(str("random init of ", n, " parameters in ",
+                    std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count(), " s"));
   } else {
     throw Error("[model] gives neither `path` nor `init`", "model.path",
                 "set path = \"<HF folder>\" or init = \"qwen3-0.6b\" (or a JSON object of config keys)");

@@ -9,13 +9,19 @@
 
 #include <chrono>
 #include <cmath>
+#include <cstdio>
+#include <cstdlib>
+#include <filesystem>
+#include <fstream>
 #include <memory>
 #include <nlohmann/json.hpp>
 
 #include "data/dataset.h"
 #include "dist/launcher.h"
+#include "kernels/attention_cut.h"
 #include "lcx/comm.h"
 #include "lcx/log.h"
+#include "lcx/pinned.h"
 #include "plan/plan.h"
 #include "plan/timeline.h"
 #include "train/checkpoint.h"
@@ -84,6 +90,9 @@ class Trainer {
   Trainer(Run& run, const Manifest& manifest, RunLength length, const std::string& resume_dir);
   // The process exit code: 0 when every step is done, 130 when stopped by a signal after saving.
   int train();
+  // [run] rehearse: one step with the attention math cut, its measured peaks against the plan's;
+  // 0 when they agree (kRehearsalTolerance), 1 when not. Saves nothing, appends no metrics.
+  int rehearse();
 
  private:
   // What one step did, for its log line and metrics row.
@@ -129,7 +138,7 @@ Trainer::Trainer(Run& run, const Manifest& manifest, RunLength length, const std
       length_(length),
       state_(start_state(run, resume_dir)),
       first_step_(state_.step),
-      metrics_(run.lead() ? MetricsLog(cfg_.run.output_dir, first_step_) : MetricsLog()),
+      metrics_(run.lead() && !cfg_.run.rehearse ? MetricsLog(cfg_.run.output_dir, first_step_) : MetricsLog()),
       bar_(length.total_steps, run.lead() && isatty(STDERR_FILENO) != 0) {
   contents_.manifest_toml = manifest.to_toml();
   contents_.tokenizer_path = cfg_.data.tokenizer;
@@ -137,7 +146,7 @@ Trainer::Trainer(Run& run, const Manifest& manifest, RunLength length, const std
   contents_.model_dtype = run.dtype();
   StopSignals::saved(first_step_);
   run_start_ = now_s();
-  if (run.lead())
+  if (run.lead() && !cfg_.run.rehearse)
     log::info(str(length.total_steps, " steps of ", length.per_step, " sequence(s) of ", run.data().seq_len(), " tokens; ",
                   run.data().num_sequences(), " sequences per epoch"));
   if (run.lead() && cfg_.run.profile && first_step_ + cfg_.run.profile_step > length.total_steps)
@@ -185,6 +194,7 @@ Trainer::StepRecord Trainer::train_step() {
   StopSignals::step_running(state_.step + 1);
   run_.zero_grads();
   if (device.is_cuda()) allocator_for(device).reset_peak();
+  pinned_allocator().reset_peak();
 
   const Batch batch = run_.data().batch(state_.step, length_.per_step);
   r.valid = batch.valid_labels;
@@ -278,6 +288,81 @@ void Trainer::optimizer_step(StepRecord& r) {
   }
 }
 
+// A measured peak agrees with the plan when equal to the byte (what the plan aims at) or within this
+// fraction of it: a buffer the plan has not learned yet shows as a small difference, a recipe
+// that does not fit as a large one.
+constexpr double kRehearsalTolerance = 0.01;
+
+int Trainer::rehearse() {
+  const Device device = run_.device();
+  const ModelConfig& mc = run_.model().config();
+  const std::string what = str("one step's allocations at ", run_.data().seq_len(), " tokens, ", mc.num_layers,
+                               " layers, with the attention math cut");
+  if (run_.lead())
+    log::warn(str("REHEARSAL, not training (--rehearse): ", what, ". Its loss means nothing; no checkpoint, no metrics"));
+  // Left on: the process ends with the rehearsal, and thread-ranks share the switch.
+  ops::set_attention_cut(true);
+  allocator_for(device).reset_peak();  // on the GPU train_step resets it again after zero_grads
+  const StepRecord r = train_step();
+  bar_.finish();
+  if (!run_.lead()) return 0;
+
+  const MemoryPlan plan = build_plan(run_.planned(), run_.plan_slots());
+  struct Row {
+    const char* name;
+    int64_t measured, planned;
+    bool judged;
+  };
+  // On the CPU the device peak is the CPU allocator's, whose kernels allocate unlike the GPU's
+  // that the plan counts: shown, not judged. The pinned pool is the same code on both.
+  const Row rows[] = {{device.is_cuda() ? "GPU allocated peak (plan: without the reserve)"
+                                        : "CPU allocator peak (plan: the GPU's, without the reserve)",
+                       allocator_for(device).stats().peak_bytes, plan.peak(false).bytes, device.is_cuda()},
+                      {"pinned host bytes held", pinned_allocator().stats().peak_bytes, plan.host_peak(), true}};
+  bool agree = true;
+  nlohmann::json report = {{"rehearsal", true},
+                           {"note", "a rehearsal: the attention math was cut; the loss means nothing"},
+                           {"device", device_name(device)},
+                           {"seq_len", run_.data().seq_len()},
+                           {"layers", mc.num_layers},
+                           {"recipe", recipe_name(run_.planned().recipe)},
+                           // The choices, for a shorter run to be given the same (scripts/bench/rehearse.sh).
+                           {"recipe_choices",
+                            {{"keep_attention", run_.planned().recipe.keep_attention},
+                             {"head_groups", run_.planned().recipe.head_groups}}},
+                           {"loss_meaningless", r.loss},
+                           {"step_s", r.t_end - r.t_start},
+                           {"optimizer_s", r.t_end - r.t_optimizer},  // real: the update is not cut
+                           {"tolerance", kRehearsalTolerance}};
+  std::vector<std::string> lines{str("REHEARSAL (not training): ", what, "; recipe ", recipe_name(run_.planned().recipe),
+                                     "; step ", r.t_end - r.t_start, " s, loss ", r.loss, " (meaningless)")};
+  for (const Row& row : rows) {
+    const int64_t diff = row.measured - row.planned;
+    const bool equal = diff == 0;
+    const bool within = std::abs(static_cast<double>(diff)) <= kRehearsalTolerance * static_cast<double>(row.planned);
+    const char* verdict = !row.judged ? "not judged on the CPU (the plan is the GPU's)"
+                          : equal     ? "equal"
+                          : within    ? "within 1% of the plan"
+                                      : "DIFFERS by more than 1%";
+    if (row.judged && !within) agree = false;
+    lines.push_back(str("  ", row.name, ": measured ", row.measured, " B (", format_bytes(row.measured), "), plan ",
+                        row.planned, " B (", format_bytes(row.planned), "), difference ", diff > 0 ? "+" : "", diff,
+                        " B: ", verdict));
+    report[row.judged ? "judged" : "shown"].push_back(
+        {{"name", row.name}, {"measured_bytes", row.measured}, {"plan_bytes", row.planned}, {"difference_bytes", diff}});
+  }
+  lines.push_back(agree ? "rehearsal: the measured peaks agree with the plan"
+                        : "rehearsal: the measured peaks do NOT agree with the plan (exit 1)");
+  report["agree"] = agree;
+  for (const std::string& l : lines) {
+    log::info(l);
+    std::printf("%s\n", l.c_str());
+  }
+  std::fflush(stdout);
+  std::ofstream(std::filesystem::path(cfg_.run.output_dir) / "rehearsal.json") << report.dump(2) << "\n";
+  return agree ? 0 : 1;
+}
+
 // The reference's step dict every log_every steps, the progress bar, and a metrics row.
 void Trainer::log_step(const StepRecord& r) {
   if (!run_.lead()) return;
@@ -308,6 +393,7 @@ void Trainer::log_step(const StepRecord& r) {
                       {"time_memory_wait_s", r.memory_wait_s},
                       {"time_weights_wait_s", r.weights_wait_s},
                       {"peak_host_bytes", host_peak_bytes()},
+                      {"peak_pinned_bytes", pinned_allocator().stats().peak_bytes},
                       {"skipped", !r.finite}};
   if (device.is_cuda()) {
     m["peak_gpu_bytes"] = allocator_for(device).stats().peak_bytes;
@@ -350,10 +436,12 @@ void log_recipe(const Run& run) {
   const ModelConfig& mc = run.model().config();
   const int64_t seq_len = run.data().seq_len();
   const PositionalEncoding& rope = *run.slots().positional;
+  const MemoryPlan plan = build_plan(run.planned(), run.plan_slots());
   log::info(str("recipe: ", recipe_name(run.planned().recipe), ", ", dtype_name(run.grad_dtype()), " GEMM gradients",
-                run.device().is_cuda()
-                    ? str("; predicted step ", predicted_step_seconds(build_plan(run.planned(), run.plan_slots()).work), " s")
-                    : std::string()));
+                run.device().is_cuda() ? str("; predicted step ", predicted_step_seconds(plan.work), " s") : std::string()));
+  // What the measured peaks (metrics' peak_gpu_bytes, peak_pinned_bytes) are to be compared with.
+  log::info(str("plan: GPU peak ", plan.peak(false).bytes, " B allocated (", plan.peak(true).bytes,
+                " B with the reserve), pinned host ", plan.host_peak(), " B"));
   if (seq_len > rope.effective_max_positions())
     log::warn(str("sequences of ", seq_len, " tokens go beyond the ", rope.effective_max_positions(),
                   " positions this model places correctly: expect a loss near 10 instead of ~4. Load a YaRN "
@@ -379,7 +467,8 @@ int train_rank(const CoreConfig& cfg, const Manifest& manifest, const SlotFactor
   if (run.lead()) log_recipe(run);
   const RunLength length = run_length(run);
   run.make_optimizer(resume_dir);
-  return Trainer(run, manifest, length, resume_dir).train();
+  Trainer trainer(run, manifest, length, resume_dir);
+  return cfg.run.rehearse ? trainer.rehearse() : trainer.train();
 }
 
 MeshShape mesh_shape(const DistributedConfig& d, int world) {
@@ -402,7 +491,8 @@ int run_training(const CoreConfig& cfg, const Manifest& manifest, const SlotFact
   // Once per job: in the process that starts it, or in rank 0 when torchrun or srun started each worker.
   const bool job_rank0 = role != LaunchRole::worker || read_dist_env(env).rank == 0;
   StopSignals::speak(job_rank0);
-  if (job_rank0 && !env.contains("LCX_WORKER")) open_run_folder(cfg, opts.resume, opts.overwrite);
+  // A rehearsal leaves the run folder's checkpoints and metrics as they are.
+  if (job_rank0 && !env.contains("LCX_WORKER") && !cfg.run.rehearse) open_run_folder(cfg, opts.resume, opts.overwrite);
   CommOptions copt;
   copt.timeout_s = cfg.distributed.timeout_s;
 

@@ -34,6 +34,7 @@
 
 #include "cuda/check_libs.h"
 #include "cuda/stream.h"
+#include "kernels/attention_cut.h"
 #include "lcx/log.h"
 
 namespace lcx::cuda {
@@ -461,6 +462,7 @@ Plan* plan_for(bool backward, const Shape4& s, DType t, bool causal) {
 
 void execute(Plan& plan, const std::vector<int64_t>& uids, const std::vector<void*>& ptrs, Device device) {
   Tensor workspace = Tensor::empty({std::max<int64_t>(1, (plan.workspace + 7) / 8)}, DType::i64, device);
+  if (ops::attention_cut()) return;  // a rehearsal: the workspace is what it needed
   Desc pack(CUDNN_BACKEND_VARIANT_PACK_DESCRIPTOR);
   void* ws = workspace.data();
   pack.set(CUDNN_ATTR_VARIANT_PACK_UNIQUE_IDS, CUDNN_TYPE_INT64, static_cast<int64_t>(uids.size()), uids.data())

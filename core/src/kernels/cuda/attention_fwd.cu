@@ -8,6 +8,7 @@
 // from fp32 tiles in shared memory: exact against the CPU to fp32 rounding, the fallback and the
 // second opinion beside the tensor-core kernel (attention_fwd_sm90.cu) and cuDNN's fused kernel
 // (attention_cudnn.cpp), which attention_forward tries first.
+#include "kernels/attention_cut.h"
 #include "kernels/cuda/attention_cudnn.h"
 #include "kernels/cuda/attention_common.cuh"
 #include "kernels/cuda/cuda_ops.h"
@@ -139,7 +140,7 @@ void attention_forward(const Tensor& q, const Tensor& k, const Tensor& v, Tensor
                        const AttentionParams& ap) {
   attn::Params p = attn::make_params(q, k, ap);
   if (p.T == 0 || p.Hq == 0) return;
-  if (lcx::cuda::cudnn_attention_forward(q, k, v, out, lse, ap)) return;
+  if (lcx::cuda::cudnn_attention_forward(q, k, v, out, lse, ap) || attention_cut()) return;
   p.v = v.data();
   p.tv = v.dtype();
   p.q = q.data();

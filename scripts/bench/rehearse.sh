@@ -1,0 +1,126 @@
+#!/usr/bin/env bash
+# A recipe proved in minutes where its real step takes most of an hour: for each model:tokens of
+# CASES, on the GPU machine from the repository root with a build (or bundle) folder,
+#  (a) lcx-train --rehearse of the full-depth model at that length with the recipe the plan chooses
+#      (one step's exact allocations, GPU and pinned host, with the attention math cut): its
+#      measured peaks against the plan's (rehearsal.json);
+#  (b) one real step of the same model cut to 1 layer (init num_hidden_layers = 1) at that length,
+#      with the rehearsal's attention choices (keep_attention, head groups; other choices are its
+#      own plan's), traced (--profile, step 1): the layer's forward and backward from the trace;
+#  (c) the table: rehearsal peaks vs plan, the layer's time and the full step by arithmetic,
+#        full step = L x (layer forward + layer backward)                       [1-layer trace]
+#                  + (1-layer step - layer forward - layer backward - its optimizer)
+#                                     [embedding, final norm, head + loss, host gaps: once per step]
+#                  + the full-depth optimizer                    [measured by the rehearsal, real]
+# Both runs take random-init weights (bf16, master_dtype MASTER), random token ids and the plugins
+# of PLUGINS; ARGS adds lcx-train flags to both (e.g. --set run.host_memory=125GB). About 4 minutes
+# a case for Qwen3-4B at 1M tokens on one H200 (rehearsal ~1.5 min, the layer's step ~70 s).
+#   CASES="qwen3-4b:1048576 qwen3-8b:1048576" OUT=/tmp/rh scripts/bench/rehearse.sh build
+set -uo pipefail
+build=${1:-build}
+out=${OUT:-/tmp/lcx-rehearse}
+cases=${CASES:-"qwen3-4b:1048576"}
+plugins=${PLUGINS:-"loss_chunked offload"}
+master=${MASTER:-bf16}
+limit=${REHEARSE_TIMEOUT:-300}  # seconds per run; a device call has 600 for all of it
+mkdir -p "$out"
+load=$(printf '"%s",' $plugins)
+
+# manifest <folder> <init JSON> <tokens>
+manifest() {
+  cat >"$1/run.toml" <<TOML
+[run]
+output_dir = "$1/out"
+device = "cuda"
+seed = 0
+[model]
+module = "qwen3"
+init = '$2'
+dtype = "bf16"
+[data]
+tokenizer = "data/qwen3/tokenizer.json"
+source = "$1/ids.tokens"
+seq_len = $3
+drop_last = true
+shuffle = false
+[train]
+lr = 1e-5
+max_steps = 1
+save_final = false
+master_dtype = "$master"
+[plugins]
+load = [${load%,}]
+TOML
+  python3 -c "import numpy as np; np.random.default_rng(0).integers(0, 151643, size=$3, dtype=np.uint32).tofile('$1/ids.tokens')"
+}
+
+for c in $cases; do
+  model=${c%%:*}
+  tokens=${c##*:}
+  full=$out/$model-$tokens/rehearsal
+  one=$out/$model-$tokens/one-layer
+  rm -rf "$full" "$one" && mkdir -p "$full" "$one"
+  manifest "$full" "{\"preset\": \"$model\"}" "$tokens"
+  manifest "$one" "{\"preset\": \"$model\", \"num_hidden_layers\": 1}" "$tokens"
+  start=$(date +%s)
+  timeout "$limit" "$build/bin/lcx-train" --config "$full/run.toml" --rehearse ${ARGS:-} >"$full/lcx.log" 2>&1
+  echo "$c rehearsal: rc $? in $(($(date +%s) - start)) s"
+  # The layer runs the full depth's choices (the model's keys win over its own plan's).
+  same=$(python3 - "$full/out/rehearsal.json" <<'PY'
+import json, sys
+try:
+    c = json.load(open(sys.argv[1]))["recipe_choices"]
+except (OSError, ValueError, KeyError):
+    sys.exit()
+print(f"--set qwen3.keep_attention={str(c['keep_attention']).lower()}"
+      + (f" --set qwen3.attention_head_groups={c['head_groups']}" if c["head_groups"] > 0 else ""))
+PY
+)
+  start=$(date +%s)
+  timeout "$limit" "$build/bin/lcx-train" --config "$one/run.toml" --profile --set run.profile_step=1 $same ${ARGS:-} \
+    >"$one/lcx.log" 2>&1
+  echo "$c one layer: rc $? in $(($(date +%s) - start)) s"
+done
+
+python3 - "$out" $cases <<'PY'
+import json, os, sys
+out, cases = sys.argv[1], sys.argv[2:]
+G = 2**30
+print("| case | recipe (plan's) | GPU peak measured / plan GiB | diff B | pinned host measured / plan GiB | diff B | rehearsal |"
+      " 1 layer fwd + bwd s | rest s | optimizer s (full depth) | predicted full step s |")
+print("|---|---|---|---|---|---|---|---|---|---|---|")
+for c in cases:
+    model, tokens = c.split(":")
+    base = f"{out}/{model}-{tokens}"
+    row = [f"{model}, {int(tokens):,} tokens"]
+    try:
+        r = json.load(open(f"{base}/rehearsal/out/rehearsal.json"))
+    except (OSError, ValueError):
+        log = open(f"{base}/rehearsal/lcx.log", errors="replace").read().strip().splitlines() if os.path.exists(f"{base}/rehearsal/lcx.log") else []
+        print(f"| {row[0]} | rehearsal failed: {log[-1][:160] if log else 'no log'} | | | | | | | | | |")
+        continue
+    L = r["layers"]
+    gpu, host = r["judged"][0], r["judged"][1]
+    row += [r["recipe"], f"{gpu['measured_bytes'] / G:.2f} / {gpu['plan_bytes'] / G:.2f}", f"{gpu['difference_bytes']:+,}",
+            f"{host['measured_bytes'] / G:.2f} / {host['plan_bytes'] / G:.2f}", f"{host['difference_bytes']:+,}",
+            "agrees" if r["agree"] else "DIFFERS"]
+    try:
+        m = [json.loads(l) for l in open(f"{base}/one-layer/out/metrics.jsonl") if l.strip()][0]
+        trace = json.load(open(f"{base}/one-layer/out/trace-step1.json"))
+        events = trace["traceEvents"] if isinstance(trace, dict) else trace
+        span = {"forward": 0.0, "backward": 0.0}
+        for e in events:
+            if e.get("cat") == "layer" and e.get("ph") == "X":
+                span[e["args"]["phase"]] += e["dur"] / 1e6
+        layer = span["forward"] + span["backward"]
+        rest = m["step_s"] - layer - m["time_optimizer_s"]
+        predicted = L * layer + rest + r["optimizer_s"]
+        row += [f"{span['forward']:.2f} + {span['backward']:.2f} (1 layer of {L})", f"{rest:.2f}", f"{r['optimizer_s']:.2f}",
+                f"{L} x {layer:.2f} + {rest:.2f} + {r['optimizer_s']:.2f} = {predicted:.1f}"]
+    except (OSError, ValueError, IndexError, KeyError) as e:
+        row += [f"1-layer step failed ({type(e).__name__}: {e})", "", "", ""]
+    print("| " + " | ".join(row) + " |")
+print()
+print("A rehearsal cuts the attention math (its loss means nothing); its peaks are the real step's. The 1-layer step is "
+      "real and traced (lcx-train --profile, step 1); rest = that step's time outside its layer and its optimizer.")
+PY
