@@ -46,6 +46,13 @@ ops::AttentionParams params_of(const AttentionArgs& a, bool causal) {
   return p;  // offsets stay 0: diagonal pieces have equal positions, full ones need none
 }
 
+// One rank holds the whole sequence in order, so the document bounds apply as they are.
+ops::AttentionParams whole_params(const AttentionArgs& a) {
+  ops::AttentionParams p = params_of(a, a.causal);
+  p.documents = a.documents;
+  return p;
+}
+
 // Columns [col0, col0 + n) of an fp32 [H,T] LSE as a contiguous [H,n] tensor.
 Tensor lse_columns(const Tensor& lse, int64_t col0, int64_t n) {
   const int64_t H = lse.size(0), T = lse.size(1);
@@ -85,9 +92,20 @@ class KvRing {
   int slot_ = 0;
 };
 
+// Masked documents reach a ring of several ranks only if the run's check was bypassed (a caller
+// building shards itself): never attend across them silently.
+Error documents_refused(int documents) {
+  return Error(str("cp_ring: the sequence packs ", documents,
+                   " documents, each to attend only to itself, and ring attention builds no block-diagonal mask "
+                   "(a varlen ring would): it would attend across them"),
+               "data.attend_across_documents",
+               "set [data] attend_across_documents = true when the documents are one continuous text (books "
+               "concatenated end to end), or use sp_ulysses, which masks documents, in place of cp_ring");
+}
+
 class CpRing final : public Parallelism {
  public:
-  CpRing(int cp, bool across_documents) : cp_(cp), across_documents_(across_documents) {}
+  explicit CpRing(int cp) : cp_(cp) {}
 
   void configure(const ParallelModelInfo& info, Mesh* mesh) override {
     for (size_t l = 0; l < info.layer_types.size(); ++l)
@@ -102,6 +120,8 @@ class CpRing final : public Parallelism {
   }
 
   int size() const override { return cp_; }
+  // The ring's pieces carry no document bounds yet (a varlen ring would): one rank only.
+  bool masks_documents() const override { return cp_ == 1; }
   std::string mesh_axis() const override { return "cp"; }
   // More ranks on the ring divide every per-token buffer; the model then runs its attention as
   // one call over all heads (attention_takes_head_groups), since each call is a ring pass.
@@ -120,18 +140,12 @@ class CpRing final : public Parallelism {
     if (cp_ == 1) {  // one rank holds the sequence as it is
       s.tokens = seq.tokens;
       s.targets = seq.targets;
+      s.document_bounds = seq.document_bounds;
       s.positions = Tensor::empty({L}, DType::i64);
-      for (int64_t i = 0; i < L; ++i) s.positions.data_as<int64_t>()[i] = i;
+      for (int64_t i = 0; i < L; ++i) s.positions.data_as<int64_t>()[i] = sequence_position(s.document_bounds, i);
       return s;
     }
-    if (seq.documents > 1 && !across_documents_)
-      throw Error(str("cp_ring: the sequence packs ", seq.documents,
-                      " documents; packed documents need a block-diagonal mask, which ring attention does not "
-                      "build (a varlen ring would), and without it tokens attend across documents"),
-                  "cp_ring.attend_across_documents",
-                  "train on one document per sequence, or set cp_ring.attend_across_documents = true when the "
-                  "documents are one continuous text (books concatenated end to end, as the reference recipe): "
-                  "then every token attends to all earlier ones, exactly as one rank does");
+    if (!seq.document_bounds.empty()) throw documents_refused(seq.documents);
     const int64_t chunks = 2 * static_cast<int64_t>(cp_);
     if (L % chunks != 0)
       throw Error(str("cp_ring: a sequence of ", L, " tokens cannot be cut into 2 x cp = ", chunks,
@@ -155,7 +169,7 @@ class CpRing final : public Parallelism {
   void attention_forward(const Tensor& q, const Tensor& k, const Tensor& v, Tensor& out, Tensor& lse,
                          const AttentionArgs& args) override {
     Communicator* ring = ring_comm();
-    if (!ring) return ops::attention_forward(q, k, v, out, lse, params_of(args, args.causal));
+    if (!ring) return ops::attention_forward(q, k, v, out, lse, whole_params(args));
     const int r = ring->rank(), n = ring->size(), next = (r + 1) % n, prev = (r + n - 1) % n;
     const int64_t c = chunk_of(q);
     const Device dev = q.device();
@@ -188,7 +202,7 @@ class CpRing final : public Parallelism {
   void attention_backward(const Tensor& q, const Tensor& k, const Tensor& v, const Tensor& out, const Tensor& lse,
                           const Tensor& dout, Tensor& dq, Tensor& dk, Tensor& dv, const AttentionArgs& args) override {
     Communicator* ring = ring_comm();
-    if (!ring) return ops::attention_backward(q, k, v, out, lse, dout, dq, dk, dv, params_of(args, args.causal));
+    if (!ring) return ops::attention_backward(q, k, v, out, lse, dout, dq, dk, dv, whole_params(args));
     const int r = ring->rank(), n = ring->size(), next = (r + 1) % n, prev = (r + n - 1) % n;
     const int64_t c = chunk_of(q), T = 2 * c;
     const Device dev = q.device();
@@ -313,7 +327,6 @@ class CpRing final : public Parallelism {
   }
 
   int cp_;
-  bool across_documents_;
   Mesh* mesh_ = nullptr;
   int64_t layers_ = 0;
   std::atomic<bool> logged_{false};
@@ -330,8 +343,10 @@ std::unique_ptr<Plugin> create(const PluginArgs& args) {
                        "drop cp_ring.size (deprecated) and set distributed.cp");
     log::warn("cp_ring.size is deprecated: the ring takes its size from [distributed] cp; drop the key");
   }
-  const bool across = args.config.get_bool("attend_across_documents", false);
-  return std::make_unique<CpRing>(static_cast<int>(cp), across);
+  if (args.config.has("attend_across_documents"))
+    args.config.fail("attend_across_documents", "moved to [data]: it decides for the data and every provider",
+                     "drop cp_ring.attend_across_documents and set [data] attend_across_documents");
+  return std::make_unique<CpRing>(static_cast<int>(cp));
 }
 
 }  // namespace

@@ -105,14 +105,22 @@ TEST(CpRingRefuses, LengthTheShardingCannotSplit) {
 
 TEST(CpRingRefuses, PackedDocuments) {
   auto p = test::make_cp_ring(2);
-  const std::string e = error_of([&] { p->shard(test::iota_sequence(8, 2), 1); });
+  EXPECT_FALSE(p->masks_documents());
+  EXPECT_TRUE(test::make_cp_ring(1)->masks_documents());  // one rank holds the sequence in order
+  Sequence masked = test::iota_sequence(8, 2);
+  masked.document_bounds = {0, 3, 8};
+  const std::string e = error_of([&] { p->shard(masked, 1); });
   EXPECT_NE(e.find("block-diagonal"), std::string::npos) << e;
   EXPECT_NE(e.find("2 documents"), std::string::npos) << e;
+  EXPECT_NE(e.find("key: data.attend_across_documents"), std::string::npos) << e;
   EXPECT_NE(e.find("attend_across_documents = true"), std::string::npos) << e;
-  // One continuous text made of several documents is accepted when asked for.
-  auto q = test::make_cp_ring(2, "attend_across_documents = true");
-  Shard s = q->shard(test::iota_sequence(8, 2), 1);
+  EXPECT_NE(e.find("sp_ulysses"), std::string::npos) << e;
+  // Several documents read as one continuous text ([data] attend_across_documents = true: no bounds).
+  Shard s = p->shard(test::iota_sequence(8, 2), 1);
   EXPECT_EQ(s.tokens.size(0), 4);
+  // The key it had is now [data]'s.
+  const std::string moved = error_of([&] { test::make_cp_ring(2, "attend_across_documents = true"); });
+  EXPECT_NE(moved.find("moved to [data]"), std::string::npos) << moved;
 }
 
 TEST(CpRingRefuses, SlidingWindowAndChunkedLayers) {
@@ -268,7 +276,9 @@ test::TrainedRun train_with(const std::filesystem::path& dir, int cp) {
     text += str("[plugins]\nload = [\"cp_ring\"]\n[cp_ring]\nsize = ", cp, "\n[distributed]\nnproc_per_node = ", cp,
                 "\ncp = ", cp, "\n");
   test::write_file(out / "run.toml", text);
-  const auto r = test::run_command(test::lcx_train() + " --config " + (out / "run.toml").string());
+  // The ring masks no documents: here each sequence is one stretch of one text.
+  const auto r = test::run_command(test::lcx_train() + " --config " + (out / "run.toml").string() +
+                                   (cp > 1 ? " --set data.attend_across_documents=true" : ""));
   EXPECT_EQ(r.exit_code, 0) << r.output;
   return test::read_trained_run(out, "checkpoint-3");
 }

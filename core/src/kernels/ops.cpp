@@ -7,9 +7,11 @@
 // plugins' alike.
 #include "lcx/ops.h"
 
+#include <algorithm>
 #include <cmath>
 #include <initializer_list>
 #include <utility>
+#include <vector>
 
 #include "kernels/cpu/cpu_ops.h"
 #include "lcx/profile.h"
@@ -308,10 +310,82 @@ AttentionParams check_attention(const char* op, const Tensor& q, const Tensor& k
   need_same_shape(op, "out", out, "q", q);
   need_dtype(op, "lse", lse, DType::f32);
   need_shape(op, "lse", lse, {q.size(1), q.size(0)}, "q", q);
+  const auto& d = p.documents;
+  if (!d.empty()) {
+    const int64_t first = std::min(p.q_offset, p.k_offset);
+    const int64_t last = std::max(p.q_offset + q.size(0), p.k_offset + k.size(0));
+    if (d.size() < 2 || d.front() > first || d.back() < last)
+      fail(op, str("the document bounds must run from at most position ", first, " to at least ", last,
+                   " (the queries' and keys' positions), got ", d.size(), " bounds from ", d.front(), " to ", d.back()));
+    for (size_t i = 1; i < d.size(); ++i)
+      if (d[i] <= d[i - 1])
+        fail(op, str("document bound ", i, " (", d[i], ") does not follow bound ", i - 1, " (", d[i - 1], ")"));
+  }
   AttentionParams r = p;
   if (r.scale == 0.f) r.scale = 1.f / std::sqrt(static_cast<float>(q.size(2)));
+  // One document holding every query and key masks nothing: the unmasked kernels serve.
+  if (!d.empty()) {
+    const auto last = std::upper_bound(d.begin(), d.end(), std::min(p.q_offset, p.k_offset));
+    if (last != d.end() && *last >= std::max(p.q_offset + q.size(0), p.k_offset + k.size(0))) r.documents = {};
+  }
   return r;
 }
+
+#ifdef LCX_HAVE_CUDA
+// Document-masked attention on the GPU as lcx's own kernels run once per document, on row slices:
+// exact, and the work is the sum of the documents' squared lengths, at one launch per document.
+// Not cuDNN: it builds and caches a plan per shape, and document lengths change every step.
+// Queries and keys must cover the same positions (one rank's whole sequence, as single-rank and
+// Ulysses attention call it). The LSE [Hq,T] is strided per document: a contiguous copy serves.
+struct DocumentSlice {
+  int64_t begin, end;  // rows of q and k
+};
+std::vector<DocumentSlice> document_slices(const char* op, const Tensor& q, const Tensor& k, const AttentionParams& p) {
+  if (p.q_offset != p.k_offset || q.size(0) != k.size(0))
+    fail(op, str("document masks on the GPU need queries and keys over the same positions; got queries from ",
+                 p.q_offset, " and keys from ", p.k_offset, ", ", q.size(0), " and ", k.size(0), " rows"));
+  std::vector<DocumentSlice> out;
+  const int64_t lo = p.q_offset, hi = p.q_offset + q.size(0);
+  for (size_t i = 0; i + 1 < p.documents.size(); ++i) {
+    const int64_t b = std::max(lo, p.documents[i]), e = std::min(hi, p.documents[i + 1]);
+    if (b < e) out.push_back({b - lo, e - lo});
+  }
+  return out;
+}
+
+AttentionParams one_document(const AttentionParams& p, int64_t first_row) {
+  AttentionParams r = p;
+  r.documents = {};
+  r.q_offset = r.k_offset = p.q_offset + first_row;
+  return r;
+}
+
+void attention_forward_by_document(const char* op, const Tensor& q, const Tensor& k, const Tensor& v, Tensor& out,
+                                   Tensor& lse, const AttentionParams& p) {
+  for (const DocumentSlice& s : document_slices(op, q, k, p)) {
+    const int64_t n = s.end - s.begin;
+    Tensor o = out.rows(s.begin, s.end);
+    Tensor l = Tensor::empty({q.size(1), n}, DType::f32, q.device());
+    cuda::attention_forward_own(q.rows(s.begin, s.end), k.rows(s.begin, s.end), v.rows(s.begin, s.end), o, l,
+                                one_document(p, s.begin));
+    cuda::copy_columns(l, 0, lse, s.begin, n);
+  }
+}
+
+void attention_backward_by_document(const char* op, const Tensor& q, const Tensor& k, const Tensor& v,
+                                    const Tensor& out, const Tensor& lse, const Tensor& dout, Tensor& dq, Tensor& dk,
+                                    Tensor& dv, const AttentionParams& p) {
+  for (const DocumentSlice& s : document_slices(op, q, k, p)) {
+    const int64_t n = s.end - s.begin;
+    Tensor l = Tensor::empty({q.size(1), n}, DType::f32, q.device());
+    cuda::copy_columns(lse, s.begin, l, 0, n);
+    Tensor dqs = dq.rows(s.begin, s.end), dks = dk.rows(s.begin, s.end), dvs = dv.rows(s.begin, s.end);
+    cuda::attention_backward_own(q.rows(s.begin, s.end), k.rows(s.begin, s.end), v.rows(s.begin, s.end),
+                                 out.rows(s.begin, s.end), l, dout.rows(s.begin, s.end), dqs, dks, dvs,
+                                 one_document(p, s.begin));
+  }
+}
+#endif
 }  // namespace
 
 void attention_forward(const Tensor& q, const Tensor& k, const Tensor& v, Tensor& out, Tensor& lse,
@@ -320,6 +394,9 @@ void attention_forward(const Tensor& q, const Tensor& k, const Tensor& v, Tensor
   const bool cuda = on_cuda(op, {{"q", &q}, {"k", &k}, {"v", &v}, {"out", &out}, {"lse", &lse}});
   const AttentionParams r = check_attention(op, q, k, v, out, lse, p);
   ProfileScope scope(OpKind::attention_fwd, op);
+#ifdef LCX_HAVE_CUDA
+  if (cuda && !r.documents.empty()) return attention_forward_by_document(op, q, k, v, out, lse, r);
+#endif
   LCX_ROUTE(cuda, attention_forward, q, k, v, out, lse, r);
 }
 
@@ -345,6 +422,10 @@ void attention_backward(const Tensor& q, const Tensor& k, const Tensor& v, const
     need_same_shape(op, x.first, *x.second, "k", k);
   }
   ProfileScope scope(OpKind::attention_bwd, op);
+#ifdef LCX_HAVE_CUDA
+  if (cuda && !r.documents.empty())
+    return attention_backward_by_document(op, q, k, v, out, lse, dout, dq, dk, dv, r);
+#endif
   LCX_ROUTE(cuda, attention_backward, q, k, v, out, lse, dout, dq, dk, dv, r);
 }
 
