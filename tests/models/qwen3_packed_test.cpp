@@ -1,6 +1,6 @@
 // Packed documents with [data] attend_across_documents = false: a sequence holding several
-// documents trains exactly as each document alone (CPU, fp32): the loss sum and every parameter
-// gradient of one packed step equal the sums over one step per document. Positions restart at
+// documents trains as each document alone (CPU, fp32): the loss sum (1e-6 relative) and every
+// parameter gradient (2e-6 relative L2) of one packed step equal the sums over one step per document. Positions restart at
 // each document (core's rotary and rope_yarn read them from the shard), the attention is masked
 // per document, and each document's EOS predicts nothing, as the dataset sets it.
 #include <gtest/gtest.h>
@@ -18,7 +18,7 @@ namespace {
 const nlohmann::json kSpec = {{"vocab_size", 64},       {"hidden_size", 32},       {"intermediate_size", 48},
                               {"num_hidden_layers", 2}, {"num_attention_heads", 4}, {"num_key_value_heads", 2},
                               {"head_dim", 16},         {"rope_theta", 10000.0},    {"tie_word_embeddings", false},
-                              {"initializer_range", 0.2}};
+                              {"initializer_range", 0.02}};
 constexpr int32_t kEos = 63;
 
 // Documents of these lengths (each ending with its EOS), random tokens.
@@ -83,15 +83,6 @@ Trained train(const std::vector<Sequence>& seqs, const std::string& rope_yarn_ta
   return t;
 }
 
-double relative_error(const std::vector<float>& a, const std::vector<float>& b) {
-  double diff = 0, scale = 0;
-  for (size_t i = 0; i < b.size(); ++i) {
-    diff = std::max(diff, std::abs(static_cast<double>(a[i]) - b[i]));
-    scale = std::max(scale, std::abs(static_cast<double>(b[i])));
-  }
-  return scale > 0 ? diff / scale : diff;
-}
-
 void expect_packed_equals_alone(const std::vector<int64_t>& lengths, const std::string& rope_yarn_table,
                                 const std::string& qwen3_table = "") {
   const auto docs = documents(lengths);
@@ -107,7 +98,10 @@ void expect_packed_equals_alone(const std::vector<int64_t>& lengths, const std::
     double norm = 0;
     for (float x : g) norm = std::max(norm, std::abs(static_cast<double>(x)));
     ASSERT_GT(norm, 0) << name << " has no gradient: " << what;
-    EXPECT_LE(relative_error(got.grads.at(name), g), 1e-6) << name << ": " << what;
+    // Relative L2: fp32 GEMMs over the packed rows and over each document's sum in another order,
+    // a few ulps per element; measured up to 8.3e-7 here, the bound leaves room for other BLAS
+    // builds. A missing mask or wrong positions are off by far more (checked below).
+    EXPECT_LE(test::rel_l2(got.grads.at(name), g), 2e-6) << name << ": " << what;
   }
   // Unmasked, the same packed sequence is another computation: the mask is what makes them equal.
   const Trained across = train({pack(docs, false)}, rope_yarn_table, qwen3_table);
