@@ -33,7 +33,7 @@ TEST(PlanCli, RefusesDocumentMasksUnderCpRing) {
   auto r = run_command(test::lcx_train() + " --plan --config " + recipe() +
                        " --gpu-memory 80GB --set data.attend_across_documents=false");
   EXPECT_EQ(r.exit_code, 2) << r.output;
-  for (const char* s : {"cp_ring cannot mask documents", "data.attend_across_documents",
+  for (const char* s : {"cp_ring cannot mask documents", "[data] attend_across_documents = false",
                         "attend_across_documents = true", "sp_ulysses"})
     EXPECT_NE(r.output.find(s), std::string::npos) << s << "\n" << r.output;
 }
