@@ -34,7 +34,7 @@ TEST(PlanCli, RefusesDocumentMasksUnderCpRing) {
                        " --gpu-memory 80GB --set data.attend_across_documents=false");
   EXPECT_EQ(r.exit_code, 2) << r.output;
   for (const char* s : {"cp_ring cannot mask documents", "[data] attend_across_documents = false",
-                        "attend_across_documents = true", "sp_ulysses"})
+                        "attend_across_documents = true", "a Parallelism provider that masks documents"})
     EXPECT_NE(r.output.find(s), std::string::npos) << s << "\n" << r.output;
 }
 

@@ -77,10 +77,11 @@ Run::Run(const CoreConfig& cfg, SlotSet slots, Device device, RankSetup rank, co
     auto it = slots_.providers.find(LCX_SLOT_PARALLELISM);
     const std::string name = it != slots_.providers.end() ? it->second.name : "the parallelism provider";
     throw Error(str("[data] attend_across_documents = false asks each packed document to attend only to itself, and ",
-                    name, " cannot mask documents", name == "cp_ring" ? " over a ring of several ranks" : ""),
+                    name, " cannot mask documents"),
                 "data.attend_across_documents",
                 "set [data] attend_across_documents = true when the documents are one continuous text (books "
-                "concatenated end to end), or use sp_ulysses, which masks documents");
+                "concatenated end to end), or choose a Parallelism provider that masks documents (one rank does; "
+                "each plugin's README says whether it does)");
   }
 }
 
