@@ -353,10 +353,11 @@ std::vector<DocumentSlice> document_slices(const char* op, const Tensor& q, cons
   return out;
 }
 
-AttentionParams one_document(const AttentionParams& p, int64_t first_row) {
+// A document's slice alone: its queries and keys start together, so plain causal attention.
+AttentionParams one_document(const AttentionParams& p) {
   AttentionParams r = p;
   r.documents = {};
-  r.q_offset = r.k_offset = p.q_offset + first_row;
+  r.q_offset = r.k_offset = 0;
   return r;
 }
 
@@ -367,7 +368,7 @@ void attention_forward_by_document(const char* op, const Tensor& q, const Tensor
     Tensor o = out.rows(s.begin, s.end);
     Tensor l = Tensor::empty({q.size(1), n}, DType::f32, q.device());
     cuda::attention_forward_own(q.rows(s.begin, s.end), k.rows(s.begin, s.end), v.rows(s.begin, s.end), o, l,
-                                one_document(p, s.begin));
+                                one_document(p));
     cuda::copy_columns(l, 0, lse, s.begin, n);
   }
 }
@@ -382,7 +383,7 @@ void attention_backward_by_document(const char* op, const Tensor& q, const Tenso
     Tensor dqs = dq.rows(s.begin, s.end), dks = dk.rows(s.begin, s.end), dvs = dv.rows(s.begin, s.end);
     cuda::attention_backward_own(q.rows(s.begin, s.end), k.rows(s.begin, s.end), v.rows(s.begin, s.end),
                                  out.rows(s.begin, s.end), l, dout.rows(s.begin, s.end), dqs, dks, dvs,
-                                 one_document(p, s.begin));
+                                 one_document(p));
   }
 }
 #endif
