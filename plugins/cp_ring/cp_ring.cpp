@@ -24,6 +24,7 @@
 #include <lcx/plugin.h>
 #include <lcx/slots/parallelism.h>
 
+#include <algorithm>
 #include <array>
 #include <atomic>
 #include <memory>
@@ -92,15 +93,37 @@ class KvRing {
   int slot_ = 0;
 };
 
-// Masked documents reach a ring of several ranks only if the run's check was bypassed (a caller
-// building shards itself): never attend across them silently.
-Error documents_refused(int documents) {
-  return Error(str("cp_ring: the sequence packs ", documents,
-                   " documents, each to attend only to itself, and ring attention builds no block-diagonal mask "
-                   "(a varlen ring would): it would attend across them"),
-               "data.attend_across_documents",
-               "set [data] attend_across_documents = true when the documents are one continuous text (books "
-               "concatenated end to end), or use sp_ulysses, which masks documents, in place of cp_ring");
+// One piece of the ring's schedule with the attention parameters it runs with.
+struct PlacedPiece {
+  Piece piece;
+  ops::AttentionParams params;
+};
+
+// Rank r's pieces against the block of rank j (ring of n, chunks of c). With document bounds each
+// piece is cut into its chunk pairs, placed at their positions in the sequence so the bounds apply
+// as they are, and a pair with no document in both its query and its key chunk is skipped: none
+// of its queries sees any of its keys.
+std::vector<PlacedPiece> placed_pieces(int r, int j, int n, int64_t c, const AttentionArgs& a) {
+  std::vector<PlacedPiece> out;
+  if (a.documents.empty()) {
+    for (const Piece& p : pieces_for(r, j, c, a.causal)) out.push_back({p, params_of(a, p.causal)});
+    return out;
+  }
+  auto position = [&](int rank, int64_t h) { return (h == 0 ? rank : 2 * n - 1 - rank) * c; };
+  auto document = [&](int64_t pos) { return std::upper_bound(a.documents.begin(), a.documents.end(), pos) - a.documents.begin(); };
+  for (const Piece& p : pieces_for(r, j, c, a.causal))
+    for (int64_t qh = p.q_begin / c; qh < p.q_end / c; ++qh)
+      for (int64_t kh = p.k_begin / c; kh < p.k_end / c; ++kh) {
+        const int64_t qg = position(r, qh), kg = position(j, kh);
+        if (a.causal && kg > qg) continue;
+        if (document(qg + c - 1) < document(kg) || document(kg + c - 1) < document(qg)) continue;
+        ops::AttentionParams pp = params_of(a, a.causal);
+        pp.q_offset = qg;
+        pp.k_offset = kg;
+        pp.documents = a.documents;
+        out.push_back({{qh * c, (qh + 1) * c, kh * c, (kh + 1) * c, p.causal}, pp});
+      }
+  return out;
 }
 
 class CpRing final : public Parallelism {
@@ -120,8 +143,7 @@ class CpRing final : public Parallelism {
   }
 
   int size() const override { return cp_; }
-  // The ring's pieces carry no document bounds yet (a varlen ring would): one rank only.
-  bool masks_documents() const override { return cp_ == 1; }
+  bool masks_documents() const override { return true; }
   std::string mesh_axis() const override { return "cp"; }
   // More ranks on the ring divide every per-token buffer; the model then runs its attention as
   // one call over all heads (attention_takes_head_groups), since each call is a ring pass.
@@ -145,7 +167,6 @@ class CpRing final : public Parallelism {
       for (int64_t i = 0; i < L; ++i) s.positions.data_as<int64_t>()[i] = sequence_position(s.document_bounds, i);
       return s;
     }
-    if (!seq.document_bounds.empty()) throw documents_refused(seq.documents);
     const int64_t chunks = 2 * static_cast<int64_t>(cp_);
     if (L % chunks != 0)
       throw Error(str("cp_ring: a sequence of ", L, " tokens cannot be cut into 2 x cp = ", chunks,
@@ -161,8 +182,10 @@ class CpRing final : public Parallelism {
     for (int h = 0; h < 2; ++h) {
       s.tokens.rows(h * c, (h + 1) * c).copy_from(tokens.rows(starts[h], starts[h] + c));
       s.targets.rows(h * c, (h + 1) * c).copy_from(targets.rows(starts[h], starts[h] + c));
-      for (int64_t i = 0; i < c; ++i) s.positions.data_as<int64_t>()[h * c + i] = starts[h] + i;
+      for (int64_t i = 0; i < c; ++i)
+        s.positions.data_as<int64_t>()[h * c + i] = sequence_position(seq.document_bounds, starts[h] + i);
     }
+    s.document_bounds = seq.document_bounds;
     return s;
   }
 
@@ -181,12 +204,13 @@ class CpRing final : public Parallelism {
     for (int s = 0; s < n; ++s) {
       const int j = (r - s + n) % n;
       std::unique_ptr<CommWork> moving = s + 1 < n ? kv.pass(*ring, next, prev) : nullptr;
-      for (const Piece& p : pieces_for(r, j, c, args.causal)) {
+      for (const PlacedPiece& pp : placed_pieces(r, j, n, c, args)) {
+        const Piece& p = pp.piece;
         const int64_t nq = p.q_end - p.q_begin;
         Tensor o = Tensor::empty({nq, q.size(1), q.size(2)}, q.dtype(), dev);
         Tensor l = Tensor::empty({q.size(1), nq}, DType::f32, dev);
         ops::attention_forward(q.rows(p.q_begin, p.q_end), kv.k().rows(p.k_begin, p.k_end),
-                               kv.v().rows(p.k_begin, p.k_end), o, l, params_of(args, p.causal));
+                               kv.v().rows(p.k_begin, p.k_end), o, l, pp.params);
         const bool first = !seen[p.q_begin / c];
         cp_ring::merge_partial(acc, lse, p.q_begin, o, l, first);
         for (int64_t h = p.q_begin / c; h < p.q_end / c; ++h) seen[h] = true;
@@ -229,7 +253,8 @@ class CpRing final : public Parallelism {
         Tensor dk, dv;
       };
       std::vector<KeyGrad> pending;  // this rank's share of block j's dK/dV, until its accumulator arrives
-      for (const Piece& p : pieces_for(r, j, c, args.causal)) {
+      for (const PlacedPiece& pp : placed_pieces(r, j, n, c, args)) {
+        const Piece& p = pp.piece;
         const int64_t nq = p.q_end - p.q_begin, nk = p.k_end - p.k_begin;
         Tensor dq_p = Tensor::empty({nq, q.size(1), q.size(2)}, q.dtype(), dev);
         Tensor dk_p = Tensor::empty({nk, k.size(1), k.size(2)}, q.dtype(), dev);
@@ -237,7 +262,7 @@ class CpRing final : public Parallelism {
         ops::attention_backward(q.rows(p.q_begin, p.q_end), kv.k().rows(p.k_begin, p.k_end),
                                 kv.v().rows(p.k_begin, p.k_end), out.rows(p.q_begin, p.q_end),
                                 lse_rows(p.q_begin, p.q_end), dout.rows(p.q_begin, p.q_end), dq_p, dk_p, dv_p,
-                                params_of(args, p.causal));
+                                pp.params);
         Tensor dq_rows = dq_acc.rows(p.q_begin, p.q_end);
         ops::add_inplace(dq_rows, dq_p);
         pending.push_back({p.k_begin, p.k_end, std::move(dk_p), std::move(dv_p)});

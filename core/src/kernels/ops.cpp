@@ -335,55 +335,73 @@ AttentionParams check_attention(const char* op, const Tensor& q, const Tensor& k
 // Document-masked attention on the GPU as lcx's own kernels run once per document, on row slices:
 // exact, and the work is the sum of the documents' squared lengths, at one launch per document.
 // Not cuDNN: it builds and caches a plan per shape, and document lengths change every step.
-// Queries and keys must cover the same positions (one rank's whole sequence, as single-rank and
-// Ulysses attention call it). The LSE [Hq,T] is strided per document: a contiguous copy serves.
+// Each document's query rows meet its key rows at their own positions (ring blocks have queries
+// and keys at different offsets); queries of a document with no key here see nothing (out 0, lse
+// -inf), keys of one with no query get no gradient. The LSE [Hq,T] is strided per document: a
+// contiguous copy serves.
 struct DocumentSlice {
-  int64_t begin, end;  // rows of q and k
+  int64_t q_begin, q_end, k_begin, k_end;  // rows of q and of k
+  int64_t q_pos, k_pos;                    // their first positions
 };
-std::vector<DocumentSlice> document_slices(const char* op, const Tensor& q, const Tensor& k, const AttentionParams& p) {
-  if (p.q_offset != p.k_offset || q.size(0) != k.size(0))
-    fail(op, str("document masks on the GPU need queries and keys over the same positions; got queries from ",
-                 p.q_offset, " and keys from ", p.k_offset, ", ", q.size(0), " and ", k.size(0), " rows"));
+std::vector<DocumentSlice> document_slices(const Tensor& q, const Tensor& k, const AttentionParams& p) {
   std::vector<DocumentSlice> out;
-  const int64_t lo = p.q_offset, hi = p.q_offset + q.size(0);
+  const int64_t T = q.size(0), S = k.size(0);
   for (size_t i = 0; i + 1 < p.documents.size(); ++i) {
-    const int64_t b = std::max(lo, p.documents[i]), e = std::min(hi, p.documents[i + 1]);
-    if (b < e) out.push_back({b - lo, e - lo});
+    const int64_t a = p.documents[i], b = p.documents[i + 1];
+    const int64_t qb = std::clamp<int64_t>(a - p.q_offset, 0, T), qe = std::clamp<int64_t>(b - p.q_offset, 0, T);
+    const int64_t kb = std::clamp<int64_t>(a - p.k_offset, 0, S), ke = std::clamp<int64_t>(b - p.k_offset, 0, S);
+    if (qb < qe || kb < ke) out.push_back({qb, qe, kb, ke, p.q_offset + qb, p.k_offset + kb});
   }
   return out;
 }
 
-// A document's slice alone: its queries and keys start together, so plain causal attention.
-AttentionParams one_document(const AttentionParams& p) {
+AttentionParams one_document(const AttentionParams& p, const DocumentSlice& s) {
   AttentionParams r = p;
   r.documents = {};
-  r.q_offset = r.k_offset = 0;
+  r.q_offset = s.q_pos;
+  r.k_offset = s.k_pos;
   return r;
 }
 
-void attention_forward_by_document(const char* op, const Tensor& q, const Tensor& k, const Tensor& v, Tensor& out,
-                                   Tensor& lse, const AttentionParams& p) {
-  for (const DocumentSlice& s : document_slices(op, q, k, p)) {
-    const int64_t n = s.end - s.begin;
-    Tensor o = out.rows(s.begin, s.end);
-    Tensor l = Tensor::empty({q.size(1), n}, DType::f32, q.device());
-    cuda::attention_forward_own(q.rows(s.begin, s.end), k.rows(s.begin, s.end), v.rows(s.begin, s.end), o, l,
-                                one_document(p));
-    cuda::copy_columns(l, 0, lse, s.begin, n);
+void attention_forward_by_document(const Tensor& q, const Tensor& k, const Tensor& v, Tensor& out, Tensor& lse,
+                                   const AttentionParams& p) {
+  for (const DocumentSlice& s : document_slices(q, k, p)) {
+    const int64_t n = s.q_end - s.q_begin;
+    if (n == 0) continue;
+    Tensor o = out.rows(s.q_begin, s.q_end);
+    Tensor l;
+    if (s.k_begin == s.k_end) {
+      o.zero();
+      l = Tensor::from_floats(std::vector<float>(static_cast<size_t>(q.size(1) * n), -INFINITY), {q.size(1), n},
+                              DType::f32, q.device());
+    } else {
+      l = Tensor::empty({q.size(1), n}, DType::f32, q.device());
+      cuda::attention_forward_own(q.rows(s.q_begin, s.q_end), k.rows(s.k_begin, s.k_end), v.rows(s.k_begin, s.k_end),
+                                  o, l, one_document(p, s));
+    }
+    cuda::copy_columns(l, 0, lse, s.q_begin, n);
   }
 }
 
-void attention_backward_by_document(const char* op, const Tensor& q, const Tensor& k, const Tensor& v,
-                                    const Tensor& out, const Tensor& lse, const Tensor& dout, Tensor& dq, Tensor& dk,
-                                    Tensor& dv, const AttentionParams& p) {
-  for (const DocumentSlice& s : document_slices(op, q, k, p)) {
-    const int64_t n = s.end - s.begin;
+void attention_backward_by_document(const Tensor& q, const Tensor& k, const Tensor& v, const Tensor& out,
+                                    const Tensor& lse, const Tensor& dout, Tensor& dq, Tensor& dk, Tensor& dv,
+                                    const AttentionParams& p) {
+  for (const DocumentSlice& s : document_slices(q, k, p)) {
+    const int64_t n = s.q_end - s.q_begin;
+    Tensor dqs = dq.rows(s.q_begin, s.q_end), dks = dk.rows(s.k_begin, s.k_end), dvs = dv.rows(s.k_begin, s.k_end);
+    if (n == 0 || s.k_begin == s.k_end) {
+      if (n > 0) dqs.zero();
+      if (s.k_begin < s.k_end) {
+        dks.zero();
+        dvs.zero();
+      }
+      continue;
+    }
     Tensor l = Tensor::empty({q.size(1), n}, DType::f32, q.device());
-    cuda::copy_columns(lse, s.begin, l, 0, n);
-    Tensor dqs = dq.rows(s.begin, s.end), dks = dk.rows(s.begin, s.end), dvs = dv.rows(s.begin, s.end);
-    cuda::attention_backward_own(q.rows(s.begin, s.end), k.rows(s.begin, s.end), v.rows(s.begin, s.end),
-                                 out.rows(s.begin, s.end), l, dout.rows(s.begin, s.end), dqs, dks, dvs,
-                                 one_document(p));
+    cuda::copy_columns(lse, s.q_begin, l, 0, n);
+    cuda::attention_backward_own(q.rows(s.q_begin, s.q_end), k.rows(s.k_begin, s.k_end), v.rows(s.k_begin, s.k_end),
+                                 out.rows(s.q_begin, s.q_end), l, dout.rows(s.q_begin, s.q_end), dqs, dks, dvs,
+                                 one_document(p, s));
   }
 }
 #endif
@@ -396,7 +414,7 @@ void attention_forward(const Tensor& q, const Tensor& k, const Tensor& v, Tensor
   const AttentionParams r = check_attention(op, q, k, v, out, lse, p);
   ProfileScope scope(OpKind::attention_fwd, op);
 #ifdef LCX_HAVE_CUDA
-  if (cuda && !r.documents.empty()) return attention_forward_by_document(op, q, k, v, out, lse, r);
+  if (cuda && !r.documents.empty()) return attention_forward_by_document(q, k, v, out, lse, r);
 #endif
   LCX_ROUTE(cuda, attention_forward, q, k, v, out, lse, r);
 }
@@ -425,7 +443,7 @@ void attention_backward(const Tensor& q, const Tensor& k, const Tensor& v, const
   ProfileScope scope(OpKind::attention_bwd, op);
 #ifdef LCX_HAVE_CUDA
   if (cuda && !r.documents.empty())
-    return attention_backward_by_document(op, q, k, v, out, lse, dout, dq, dk, dv, r);
+    return attention_backward_by_document(q, k, v, out, lse, dout, dq, dk, dv, r);
 #endif
   LCX_ROUTE(cuda, attention_backward, q, k, v, out, lse, dout, dq, dk, dv, r);
 }
