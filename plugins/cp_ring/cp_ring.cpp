@@ -11,6 +11,8 @@
 // so each step past the first is one full [2c x c] or [c x 2c] piece of work, equal on every rank.
 // Each piece runs through ops::attention_forward/backward (CPU reference or CUDA kernels); full
 // pieces run without a mask, diagonal ones with equal offsets (the cuDNN fused path takes both).
+// Packed documents (AttentionArgs::documents): each piece is cut into chunk pairs run at their
+// positions in the sequence under the document bounds, and a pair sharing no document is skipped.
 // While a piece computes, the next K/V block is already moving (send to r+1, receive from r-1).
 // Forward partial results merge by log-sum-exp in fp32 (ring_merge.h). Backward: each block's
 // backward with the final out and LSE gives that block's exact share of dQ, dK and dV (flash

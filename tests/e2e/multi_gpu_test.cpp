@@ -66,7 +66,7 @@ TEST_F(MultiGpu, NcclWorkersTrainAsVirtualRanks) {
 
 TEST_F(MultiGpu, CpRingAcrossTwoGpusTrainsAsOneRank) {
   const Trained one = train("cp1", "", "");
-  // The ring masks no documents: the data is one continuous text here (no EOS in it).
+  // The data is one continuous text here (no EOS in it), as the one-rank run reads it.
   const Trained two = train("cp2", "", "[plugins]\nload = [\"cp_ring\"]\n[distributed]\nnproc_per_node = 2\ncp = 2\n",
                             " --set data.attend_across_documents=true");
   expect_same(two, one, 1e-5, 1e-3, "cp_ring over 2 GPUs");

@@ -286,7 +286,7 @@ test::TrainedRun train_with(const std::filesystem::path& dir, int cp) {
     text += str("[plugins]\nload = [\"cp_ring\"]\n[cp_ring]\nsize = ", cp, "\n[distributed]\nnproc_per_node = ", cp,
                 "\ncp = ", cp, "\n");
   test::write_file(out / "run.toml", text);
-  // The ring masks no documents: here each sequence is one stretch of one text.
+  // Here each sequence is one stretch of one text: the trainer's path without document bounds.
   const auto r = test::run_command(test::lcx_train() + " --config " + (out / "run.toml").string() +
                                    (cp > 1 ? " --set data.attend_across_documents=true" : ""));
   EXPECT_EQ(r.exit_code, 0) << r.output;
