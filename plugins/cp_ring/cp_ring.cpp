@@ -96,35 +96,26 @@ class KvRing {
 };
 
 // One piece of the ring's schedule with the attention parameters it runs with.
-struct PlacedPiece {
+struct PiecePlan {
   Piece piece;
   ops::AttentionParams params;
 };
 
-// Rank r's pieces against the block of rank j (ring of n, chunks of c). With document bounds each
-// piece is cut into its chunk pairs, placed at their positions in the sequence so the bounds apply
-// as they are, and a pair with no document in both its query and its key chunk is skipped: none
-// of its queries sees any of its keys.
-std::vector<PlacedPiece> placed_pieces(int r, int j, int n, int64_t c, const AttentionArgs& a) {
-  std::vector<PlacedPiece> out;
+// Rank r's pieces against the block of rank j (ring of n, chunks of c); with document bounds, the
+// chunk pairs of cp_ring::document_pieces at their positions under the bounds.
+std::vector<PiecePlan> planned_pieces(int r, int j, int n, int64_t c, const AttentionArgs& a) {
+  std::vector<PiecePlan> out;
   if (a.documents.empty()) {
     for (const Piece& p : pieces_for(r, j, c, a.causal)) out.push_back({p, params_of(a, p.causal)});
     return out;
   }
-  auto position = [&](int rank, int64_t h) { return (h == 0 ? rank : 2 * n - 1 - rank) * c; };
-  auto document = [&](int64_t pos) { return std::upper_bound(a.documents.begin(), a.documents.end(), pos) - a.documents.begin(); };
-  for (const Piece& p : pieces_for(r, j, c, a.causal))
-    for (int64_t qh = p.q_begin / c; qh < p.q_end / c; ++qh)
-      for (int64_t kh = p.k_begin / c; kh < p.k_end / c; ++kh) {
-        const int64_t qg = position(r, qh), kg = position(j, kh);
-        if (a.causal && kg > qg) continue;
-        if (document(qg + c - 1) < document(kg) || document(kg + c - 1) < document(qg)) continue;
-        ops::AttentionParams pp = params_of(a, a.causal);
-        pp.q_offset = qg;
-        pp.k_offset = kg;
-        pp.documents = a.documents;
-        out.push_back({{qh * c, (qh + 1) * c, kh * c, (kh + 1) * c, p.causal}, pp});
-      }
+  for (const cp_ring::PlacedPiece& pp : cp_ring::document_pieces(r, j, n, c, a.causal, a.documents)) {
+    ops::AttentionParams p = params_of(a, a.causal);
+    p.q_offset = pp.q_pos;
+    p.k_offset = pp.k_pos;
+    p.documents = a.documents;
+    out.push_back({pp.piece, p});
+  }
   return out;
 }
 
@@ -206,7 +197,7 @@ class CpRing final : public Parallelism {
     for (int s = 0; s < n; ++s) {
       const int j = (r - s + n) % n;
       std::unique_ptr<CommWork> moving = s + 1 < n ? kv.pass(*ring, next, prev) : nullptr;
-      for (const PlacedPiece& pp : placed_pieces(r, j, n, c, args)) {
+      for (const PiecePlan& pp : planned_pieces(r, j, n, c, args)) {
         const Piece& p = pp.piece;
         const int64_t nq = p.q_end - p.q_begin;
         Tensor o = Tensor::empty({nq, q.size(1), q.size(2)}, q.dtype(), dev);
@@ -255,7 +246,7 @@ class CpRing final : public Parallelism {
         Tensor dk, dv;
       };
       std::vector<KeyGrad> pending;  // this rank's share of block j's dK/dV, until its accumulator arrives
-      for (const PlacedPiece& pp : placed_pieces(r, j, n, c, args)) {
+      for (const PiecePlan& pp : planned_pieces(r, j, n, c, args)) {
         const Piece& p = pp.piece;
         const int64_t nq = p.q_end - p.q_begin, nk = p.k_end - p.k_begin;
         Tensor dq_p = Tensor::empty({nq, q.size(1), q.size(2)}, q.dtype(), dev);

@@ -17,7 +17,6 @@
 #include <cmath>
 #include <cstdio>
 #include <functional>
-#include <random>
 #include <string>
 #include <vector>
 
@@ -82,24 +81,6 @@ Options parse(int argc, char** argv) {
   return o;
 }
 
-// Cumulative bounds {0, ..., tokens}: document lengths drawn from the mix until the sequence is
-// full, the last one cut at its end (as the dataset cuts a document at a sequence boundary).
-std::vector<int64_t> bounds_for(const std::string& mix, int64_t tokens, uint64_t seed) {
-  std::mt19937_64 rng(seed);
-  std::lognormal_distribution<double> pg19(std::log(90000.0), 0.8), short_docs(std::log(1000.0), 1.0);
-  std::vector<int64_t> b{0};
-  while (b.back() < tokens) {
-    double n = 0;
-    if (mix == "one") n = static_cast<double>(tokens);
-    else if (mix == "pg19") n = pg19(rng);
-    else if (mix == "short") n = short_docs(rng);
-    else if (mix == "uniform4k") n = 4096;
-    else throw Error(str("doc_attention_bench: unknown mix ", mix), "", "one, pg19, short or uniform4k");
-    b.push_back(std::min(tokens, b.back() + std::max<int64_t>(1, static_cast<int64_t>(n))));
-  }
-  return b;
-}
-
 double seconds_of(Device d, const std::function<void()>& f) {
   bench::sync(d);
   const auto t0 = std::chrono::steady_clock::now();
@@ -138,7 +119,7 @@ int main(int argc, char** argv) {
       return 4.0 * pairs * static_cast<double>(Hq * d);
     };
     for (const std::string& mix : o.mixes) {
-      const std::vector<int64_t> b = bounds_for(mix, T, o.seed);
+      const std::vector<int64_t> b = bench::document_bounds(mix, T, o.seed);
       double t_full[2] = {0, 0}, t_masked[2] = {0, 0};
       for (int masked = 0; masked < 2; ++masked) {
         ops::AttentionParams p;
