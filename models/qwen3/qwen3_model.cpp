@@ -244,7 +244,7 @@ class Qwen3Model final : public Model {
       }
       accumulate_o_grad(L, hg, dx1, a.attn.view({T, hg.nq * d}));
       Tensor dq = act({T, hg.nq, d}, x), dk = act({T, hg.nkv, d}, x), dv = act({T, hg.nkv, d}, x);
-      ctx.parallel->attention_backward(a.qr, a.kr, a.v.view({T, hg.nkv, d}), a.attn, a.lse, dattn, dq, dk, dv, args());
+      ctx.parallel->attention_backward(a.qr, a.kr, a.v.view({T, hg.nkv, d}), a.attn, a.lse, dattn, dq, dk, dv, args(ctx));
       dattn = Tensor();
       a.attn = a.lse = a.qr = a.kr = Tensor();
       ops::rotary_backward(dq, ctx.rope->cos, ctx.rope->sin);
@@ -308,10 +308,11 @@ class Qwen3Model final : public Model {
   Tensor& G(int i) { return params_[static_cast<size_t>(i)].grad; }
   MlpWeights mlp_weights(const LayerParams& L) { return {W(L.gate), W(L.up), W(L.down)}; }
   MlpStrategy& mlp(const StepContext& ctx) { return ctx.mlp ? *ctx.mlp : *whole_mlp_; }
-  AttentionArgs args() const {
+  AttentionArgs args(const StepContext& ctx) const {
     AttentionArgs a;
     a.scale = static_cast<float>(1.0 / std::sqrt(static_cast<double>(cfg_.head_dim)));
     a.causal = true;
+    a.documents = ctx.documents;
     return a;
   }
   int64_t parameter_count() const {
@@ -476,7 +477,7 @@ class Qwen3Model final : public Model {
     GroupActs a = group_inputs(L, h1, hg, ctx);
     a.attn = act({T, hg.nq, d}, h1);
     a.lse = f32({hg.nq, T}, h1);
-    ctx.parallel->attention_forward(a.qr, a.kr, a.v.view({T, hg.nkv, d}), a.attn, a.lse, args());
+    ctx.parallel->attention_forward(a.qr, a.kr, a.v.view({T, hg.nkv, d}), a.attn, a.lse, args(ctx));
     return a;
   }
 

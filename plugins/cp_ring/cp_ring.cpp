@@ -11,6 +11,8 @@
 // so each step past the first is one full [2c x c] or [c x 2c] piece of work, equal on every rank.
 // Each piece runs through ops::attention_forward/backward (CPU reference or CUDA kernels); full
 // pieces run without a mask, diagonal ones with equal offsets (the cuDNN fused path takes both).
+// Packed documents (AttentionArgs::documents): each piece is cut into chunk pairs run at their
+// positions in the sequence under the document bounds, and a pair sharing no document is skipped.
 // While a piece computes, the next K/V block is already moving (send to r+1, receive from r-1).
 // Forward partial results merge by log-sum-exp in fp32 (ring_merge.h). Backward: each block's
 // backward with the final out and LSE gives that block's exact share of dQ, dK and dV (flash
@@ -24,6 +26,7 @@
 #include <lcx/plugin.h>
 #include <lcx/slots/parallelism.h>
 
+#include <algorithm>
 #include <array>
 #include <atomic>
 #include <memory>
@@ -44,6 +47,13 @@ ops::AttentionParams params_of(const AttentionArgs& a, bool causal) {
   p.scale = a.scale;
   p.causal = causal;
   return p;  // offsets stay 0: diagonal pieces have equal positions, full ones need none
+}
+
+// One rank holds the whole sequence in order, so the document bounds apply as they are.
+ops::AttentionParams whole_params(const AttentionArgs& a) {
+  ops::AttentionParams p = params_of(a, a.causal);
+  p.documents = a.documents;
+  return p;
 }
 
 // Columns [col0, col0 + n) of an fp32 [H,T] LSE as a contiguous [H,n] tensor.
@@ -85,9 +95,33 @@ class KvRing {
   int slot_ = 0;
 };
 
+// One piece of the ring's schedule with the attention parameters it runs with.
+struct PiecePlan {
+  Piece piece;
+  ops::AttentionParams params;
+};
+
+// Rank r's pieces against the block of rank j (ring of n, chunks of c); with document bounds, the
+// chunk pairs of cp_ring::document_pieces at their positions under the bounds.
+std::vector<PiecePlan> planned_pieces(int r, int j, int n, int64_t c, const AttentionArgs& a) {
+  std::vector<PiecePlan> out;
+  if (a.documents.empty()) {
+    for (const Piece& p : pieces_for(r, j, c, a.causal)) out.push_back({p, params_of(a, p.causal)});
+    return out;
+  }
+  for (const cp_ring::PlacedPiece& pp : cp_ring::document_pieces(r, j, n, c, a.causal, a.documents)) {
+    ops::AttentionParams p = params_of(a, a.causal);
+    p.q_offset = pp.q_pos;
+    p.k_offset = pp.k_pos;
+    p.documents = a.documents;
+    out.push_back({pp.piece, p});
+  }
+  return out;
+}
+
 class CpRing final : public Parallelism {
  public:
-  CpRing(int cp, bool across_documents) : cp_(cp), across_documents_(across_documents) {}
+  explicit CpRing(int cp) : cp_(cp) {}
 
   void configure(const ParallelModelInfo& info, Mesh* mesh) override {
     for (size_t l = 0; l < info.layer_types.size(); ++l)
@@ -102,6 +136,7 @@ class CpRing final : public Parallelism {
   }
 
   int size() const override { return cp_; }
+  bool masks_documents() const override { return true; }
   std::string mesh_axis() const override { return "cp"; }
   // More ranks on the ring divide every per-token buffer; the model then runs its attention as
   // one call over all heads (attention_takes_head_groups), since each call is a ring pass.
@@ -120,18 +155,11 @@ class CpRing final : public Parallelism {
     if (cp_ == 1) {  // one rank holds the sequence as it is
       s.tokens = seq.tokens;
       s.targets = seq.targets;
+      s.document_bounds = seq.document_bounds;
       s.positions = Tensor::empty({L}, DType::i64);
-      for (int64_t i = 0; i < L; ++i) s.positions.data_as<int64_t>()[i] = i;
+      for (int64_t i = 0; i < L; ++i) s.positions.data_as<int64_t>()[i] = sequence_position(s.document_bounds, i);
       return s;
     }
-    if (seq.documents > 1 && !across_documents_)
-      throw Error(str("cp_ring: the sequence packs ", seq.documents,
-                      " documents; packed documents need a block-diagonal mask, which ring attention does not "
-                      "build (a varlen ring would), and without it tokens attend across documents"),
-                  "cp_ring.attend_across_documents",
-                  "train on one document per sequence, or set cp_ring.attend_across_documents = true when the "
-                  "documents are one continuous text (books concatenated end to end, as the reference recipe): "
-                  "then every token attends to all earlier ones, exactly as one rank does");
     const int64_t chunks = 2 * static_cast<int64_t>(cp_);
     if (L % chunks != 0)
       throw Error(str("cp_ring: a sequence of ", L, " tokens cannot be cut into 2 x cp = ", chunks,
@@ -147,15 +175,17 @@ class CpRing final : public Parallelism {
     for (int h = 0; h < 2; ++h) {
       s.tokens.rows(h * c, (h + 1) * c).copy_from(tokens.rows(starts[h], starts[h] + c));
       s.targets.rows(h * c, (h + 1) * c).copy_from(targets.rows(starts[h], starts[h] + c));
-      for (int64_t i = 0; i < c; ++i) s.positions.data_as<int64_t>()[h * c + i] = starts[h] + i;
+      for (int64_t i = 0; i < c; ++i)
+        s.positions.data_as<int64_t>()[h * c + i] = sequence_position(seq.document_bounds, starts[h] + i);
     }
+    s.document_bounds = seq.document_bounds;
     return s;
   }
 
   void attention_forward(const Tensor& q, const Tensor& k, const Tensor& v, Tensor& out, Tensor& lse,
                          const AttentionArgs& args) override {
     Communicator* ring = ring_comm();
-    if (!ring) return ops::attention_forward(q, k, v, out, lse, params_of(args, args.causal));
+    if (!ring) return ops::attention_forward(q, k, v, out, lse, whole_params(args));
     const int r = ring->rank(), n = ring->size(), next = (r + 1) % n, prev = (r + n - 1) % n;
     const int64_t c = chunk_of(q);
     const Device dev = q.device();
@@ -167,12 +197,13 @@ class CpRing final : public Parallelism {
     for (int s = 0; s < n; ++s) {
       const int j = (r - s + n) % n;
       std::unique_ptr<CommWork> moving = s + 1 < n ? kv.pass(*ring, next, prev) : nullptr;
-      for (const Piece& p : pieces_for(r, j, c, args.causal)) {
+      for (const PiecePlan& pp : planned_pieces(r, j, n, c, args)) {
+        const Piece& p = pp.piece;
         const int64_t nq = p.q_end - p.q_begin;
         Tensor o = Tensor::empty({nq, q.size(1), q.size(2)}, q.dtype(), dev);
         Tensor l = Tensor::empty({q.size(1), nq}, DType::f32, dev);
         ops::attention_forward(q.rows(p.q_begin, p.q_end), kv.k().rows(p.k_begin, p.k_end),
-                               kv.v().rows(p.k_begin, p.k_end), o, l, params_of(args, p.causal));
+                               kv.v().rows(p.k_begin, p.k_end), o, l, pp.params);
         const bool first = !seen[p.q_begin / c];
         cp_ring::merge_partial(acc, lse, p.q_begin, o, l, first);
         for (int64_t h = p.q_begin / c; h < p.q_end / c; ++h) seen[h] = true;
@@ -188,7 +219,7 @@ class CpRing final : public Parallelism {
   void attention_backward(const Tensor& q, const Tensor& k, const Tensor& v, const Tensor& out, const Tensor& lse,
                           const Tensor& dout, Tensor& dq, Tensor& dk, Tensor& dv, const AttentionArgs& args) override {
     Communicator* ring = ring_comm();
-    if (!ring) return ops::attention_backward(q, k, v, out, lse, dout, dq, dk, dv, params_of(args, args.causal));
+    if (!ring) return ops::attention_backward(q, k, v, out, lse, dout, dq, dk, dv, whole_params(args));
     const int r = ring->rank(), n = ring->size(), next = (r + 1) % n, prev = (r + n - 1) % n;
     const int64_t c = chunk_of(q), T = 2 * c;
     const Device dev = q.device();
@@ -215,7 +246,8 @@ class CpRing final : public Parallelism {
         Tensor dk, dv;
       };
       std::vector<KeyGrad> pending;  // this rank's share of block j's dK/dV, until its accumulator arrives
-      for (const Piece& p : pieces_for(r, j, c, args.causal)) {
+      for (const PiecePlan& pp : planned_pieces(r, j, n, c, args)) {
+        const Piece& p = pp.piece;
         const int64_t nq = p.q_end - p.q_begin, nk = p.k_end - p.k_begin;
         Tensor dq_p = Tensor::empty({nq, q.size(1), q.size(2)}, q.dtype(), dev);
         Tensor dk_p = Tensor::empty({nk, k.size(1), k.size(2)}, q.dtype(), dev);
@@ -223,7 +255,7 @@ class CpRing final : public Parallelism {
         ops::attention_backward(q.rows(p.q_begin, p.q_end), kv.k().rows(p.k_begin, p.k_end),
                                 kv.v().rows(p.k_begin, p.k_end), out.rows(p.q_begin, p.q_end),
                                 lse_rows(p.q_begin, p.q_end), dout.rows(p.q_begin, p.q_end), dq_p, dk_p, dv_p,
-                                params_of(args, p.causal));
+                                pp.params);
         Tensor dq_rows = dq_acc.rows(p.q_begin, p.q_end);
         ops::add_inplace(dq_rows, dq_p);
         pending.push_back({p.k_begin, p.k_end, std::move(dk_p), std::move(dv_p)});
@@ -313,7 +345,6 @@ class CpRing final : public Parallelism {
   }
 
   int cp_;
-  bool across_documents_;
   Mesh* mesh_ = nullptr;
   int64_t layers_ = 0;
   std::atomic<bool> logged_{false};
@@ -330,8 +361,10 @@ std::unique_ptr<Plugin> create(const PluginArgs& args) {
                        "drop cp_ring.size (deprecated) and set distributed.cp");
     log::warn("cp_ring.size is deprecated: the ring takes its size from [distributed] cp; drop the key");
   }
-  const bool across = args.config.get_bool("attend_across_documents", false);
-  return std::make_unique<CpRing>(static_cast<int>(cp), across);
+  if (args.config.has("attend_across_documents"))
+    args.config.fail("attend_across_documents", "moved to [data]: it decides for the data and every provider",
+                     "drop cp_ring.attend_across_documents and set [data] attend_across_documents");
+  return std::make_unique<CpRing>(static_cast<int>(cp));
 }
 
 }  // namespace

@@ -69,6 +69,7 @@ class Ulysses final : public Parallelism {
   int size() const override { return static_cast<int>(sp_); }
   std::string mesh_axis() const override { return "sp"; }
 
+  bool masks_documents() const override { return true; }
   Shard shard(const Sequence& seq, int rank) const override {
     const int64_t L = seq.tokens.size(0);
     LCX_CHECK(rank >= 0 && rank < sp_, "sp_ulysses has no rank ", rank, " of ", sp_);
@@ -82,8 +83,9 @@ class Ulysses final : public Parallelism {
     s.tokens = seq.tokens.rows(begin, begin + T);
     s.targets = seq.targets.rows(begin, begin + T);
     s.positions = Tensor::empty({T}, DType::i64);
-    for (int64_t i = 0; i < T; ++i) s.positions.data_as<int64_t>()[i] = begin + i;
+    for (int64_t i = 0; i < T; ++i) s.positions.data_as<int64_t>()[i] = sequence_position(seq.document_bounds, begin + i);
     s.global_length = L;
+    s.document_bounds = seq.document_bounds;
     return s;
   }
 
@@ -239,6 +241,7 @@ class Ulysses final : public Parallelism {
     ops::AttentionParams p;
     p.scale = a.scale;
     p.causal = a.causal;
+    p.documents = a.documents;  // the all-to-all gives each rank whole sequences: bounds hold as they are
     return p;
   }
 

@@ -2,7 +2,7 @@
 # Work per rank under cp_ring (issue 12, part 5): each virtual rank's ring schedule timed alone on
 # the GPU (tests/bench/cp_balance_bench.cpp says why alone), zigzag beside contiguous sharding,
 # Qwen3-8B's attention shape. Writes $OUT/cp_balance.jsonl and $OUT/cp_balance.md; about 30 s.
-#   TOKENS="131072 262144" CPS=2,4,8 scripts/bench/cp_balance.sh build
+#   TOKENS="131072 262144" CPS=2,4,8 MIXES="pg19 short" scripts/bench/cp_balance.sh build
 set -euo pipefail
 build=${1:-build}
 out=${OUT:-/tmp/lcx-cp-balance}
@@ -11,6 +11,11 @@ mkdir -p "$out"
 for t in ${TOKENS:-131072 262144}; do
   "$build/tests/cp_balance_bench" --device "${DEVICE:-cuda}" --tokens "$t" --cp "${CPS:-2,4,8}" ${BENCH_ARGS:-} \
     >>"$out/cp_balance.jsonl"
+  # Packed documents (issue 23): the zigzag masked by each length mix's bounds, beside the rest.
+  for mix in ${MIXES:-}; do
+    "$build/tests/cp_balance_bench" --device "${DEVICE:-cuda}" --tokens "$t" --cp "${CPS:-2,4,8}" --mix "$mix" ${BENCH_ARGS:-} |
+      grep '"zigzag+' >>"$out/cp_balance.jsonl"
+  done
 done
 python3 - "$out/cp_balance.jsonl" >"$out/cp_balance.md" <<'PY'
 import json, sys

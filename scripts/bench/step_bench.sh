@@ -46,6 +46,7 @@ source = "$run/ids.tokens"
 seq_len = $tokens
 drop_last = true
 shuffle = false
+attend_across_documents = true
 [train]
 lr = 1e-5
 max_steps = $steps

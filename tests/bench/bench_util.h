@@ -2,13 +2,16 @@
 // around the host clock, and cheap random inputs (their distribution does not change a GEMM's, a
 // softmax's or an attention kernel's speed, and benchmarks fill billions of values).
 #pragma once
+#include <algorithm>
 #include <cmath>
 #include <cstdint>
+#include <random>
 #include <sstream>
 #include <string>
 #include <utility>
 #include <vector>
 
+#include "lcx/error.h"
 #include "lcx/tensor.h"
 
 namespace lcx::bench {
@@ -38,6 +41,26 @@ inline Tensor random_uniform(Shape shape, DType t, Device d, float half_width, u
     x = static_cast<float>(static_cast<int64_t>(s >> 40) - (1 << 23)) * k;
   }
   return Tensor::from_floats(v, std::move(shape), t, d);
+}
+
+// Packed documents' cumulative bounds {0, ..., tokens}: lengths drawn from the mix until the
+// sequence is full, the last one cut at its end (as the dataset cuts a document at a sequence
+// boundary). "one": a single document; "pg19": log-normal around PG-19's median book (~90k
+// tokens); "short": log-normal around 1k tokens (chat, code); "uniform4k": 4,096 each.
+inline std::vector<int64_t> document_bounds(const std::string& mix, int64_t tokens, uint64_t seed) {
+  std::mt19937_64 rng(seed);
+  std::lognormal_distribution<double> pg19(std::log(90000.0), 0.8), short_docs(std::log(1000.0), 1.0);
+  std::vector<int64_t> b{0};
+  while (b.back() < tokens) {
+    double n = 0;
+    if (mix == "one") n = static_cast<double>(tokens);
+    else if (mix == "pg19") n = pg19(rng);
+    else if (mix == "short") n = short_docs(rng);
+    else if (mix == "uniform4k") n = 4096;
+    else throw Error(str("unknown document mix ", mix), "", "one, pg19, short or uniform4k");
+    b.push_back(std::min(tokens, b.back() + std::max<int64_t>(1, static_cast<int64_t>(n))));
+  }
+  return b;
 }
 
 }  // namespace lcx::bench

@@ -9,7 +9,8 @@
 // forward; K/V again and the fp32 dK/dV accumulators in the backward), the figure the plugin logs.
 // One JSON line per (layout, cp, rank) and one summary line per (layout, cp) on stdout.
 //
-//   cp_balance_bench --device cuda --tokens 131072 --cp 2,4,8
+//   cp_balance_bench --device cuda --tokens 131072 --cp 2,4,8 [--mix pg19|short]   (--mix adds the
+//   zigzag schedule masked by packed documents of that length mix, bench_util.h)
 //   cp_balance_bench --device cpu --tokens 512 --cp 2,4 --heads 4 --kv-heads 2 --head-dim 16   (a smoke run)
 #include <algorithm>
 #include <chrono>
@@ -33,6 +34,10 @@ struct Options {
   int64_t tokens = 131072, heads = 32, kv_heads = 8, head_dim = 128;  // Qwen3-8B's attention
   std::vector<int64_t> cps = {2, 4, 8};
   int reps = 3;
+  // Packed documents (bench_util.h's mixes): the zigzag schedule masked by their bounds, beside
+  // the unmasked layouts. Empty: one text.
+  std::string mix;
+  uint64_t seed = 1;
 };
 
 Options parse(int argc, char** argv) {
@@ -57,6 +62,10 @@ Options parse(int argc, char** argv) {
       o.kv_heads = std::stoll(value());
     } else if (a == "--head-dim") {
       o.head_dim = std::stoll(value());
+    } else if (a == "--mix") {
+      o.mix = value();
+    } else if (a == "--seed") {
+      o.seed = static_cast<uint64_t>(std::stoll(value()));
     } else if (a == "--reps") {
       o.reps = std::max(1, std::stoi(value()));
     } else {
@@ -72,15 +81,23 @@ Tensor random_tensor(Shape shape, Device d, uint64_t seed) {
   return bench::random_uniform(std::move(shape), d.is_cuda() ? DType::bf16 : DType::f32, d, 1.f, seed);
 }
 
-enum class Layout { zigzag, contiguous };
+enum class Layout { zigzag, contiguous, zigzag_documents };
 
-// Rank r's pieces against rank j's block. Contiguous: r holds tokens [2rc, 2(r+1)c), so its own
-// block is causal, earlier blocks are full and later ones are not seen at all.
-std::vector<cp_ring::Piece> schedule(Layout layout, int r, int j, int64_t c) {
-  if (layout == Layout::zigzag) return cp_ring::pieces_for(r, j, c, true);
-  if (j == r) return {{0, 2 * c, 0, 2 * c, true}};
-  if (j < r) return {{0, 2 * c, 0, 2 * c, false}};
-  return {};
+// Rank r's pieces against rank j's block (ring of n), each with its first query's and key's
+// positions (used under document bounds only). Contiguous: r holds tokens [2rc, 2(r+1)c), so its
+// own block is causal, earlier blocks are full and later ones are not seen at all. Zigzag with
+// documents: cp_ring's own chunk pairs, those sharing no document left out.
+std::vector<cp_ring::PlacedPiece> schedule(Layout layout, int r, int j, int n, int64_t c,
+                                           const std::vector<int64_t>& documents) {
+  std::vector<cp_ring::PlacedPiece> out;
+  if (layout == Layout::zigzag_documents) return cp_ring::document_pieces(r, j, n, c, true, documents);
+  if (layout == Layout::zigzag)
+    for (const cp_ring::Piece& p : cp_ring::pieces_for(r, j, c, true)) out.push_back({p, 0, 0});
+  else if (j == r)
+    out.push_back({{0, 2 * c, 0, 2 * c, true}, 0, 0});
+  else if (j < r)
+    out.push_back({{0, 2 * c, 0, 2 * c, false}, 0, 0});
+  return out;
 }
 
 struct RankTime {
@@ -90,13 +107,21 @@ struct RankTime {
 
 // One rank's whole ring, forward then backward, alone on the device.
 RankTime time_rank(const Options& o, Layout layout, int r, int n, const Tensor& q, const Tensor& k, const Tensor& v,
-                   const Tensor& dout) {
+                   const Tensor& dout, const std::vector<int64_t>& documents) {
   const int64_t c = q.size(0) / 2;
   const Device dev = o.device;
   const DType dt = q.dtype();
   ops::AttentionParams p;
   p.scale = 1.f / std::sqrt(static_cast<float>(o.head_dim));
   RankTime t;
+  // Masked pieces run at their positions under the bounds, as cp_ring runs them.
+  auto place = [&](const cp_ring::PlacedPiece& pp) {
+    const bool masked = layout == Layout::zigzag_documents;
+    p.causal = masked || pp.piece.causal;
+    p.q_offset = masked ? pp.q_pos : 0;
+    p.k_offset = masked ? pp.k_pos : 0;
+    if (masked) p.documents = documents;
+  };
   auto clock = [] { return std::chrono::steady_clock::now(); };
   auto seconds = [](auto a, auto b) { return std::chrono::duration<double>(b - a).count(); };
   // The LSE of a piece comes from its own forward (its values do not change the backward's speed).
@@ -105,11 +130,12 @@ RankTime time_rank(const Options& o, Layout layout, int r, int n, const Tensor& 
   auto t0 = clock();
   for (int s = 0; s < n; ++s) {
     const int j = (r - s + n) % n;
-    for (const cp_ring::Piece& pc : schedule(layout, r, j, c)) {
+    for (const cp_ring::PlacedPiece& pp : schedule(layout, r, j, n, c, documents)) {
+      const cp_ring::Piece& pc = pp.piece;
       const int64_t nq = pc.q_end - pc.q_begin, nk = pc.k_end - pc.k_begin;
       Tensor out = Tensor::empty({nq, q.size(1), q.size(2)}, dt, dev);
       Tensor lse = Tensor::empty({q.size(1), nq}, DType::f32, dev);
-      p.causal = pc.causal;
+      place(pp);
       ops::attention_forward(q.rows(pc.q_begin, pc.q_end), k.rows(pc.k_begin, pc.k_end), v.rows(pc.k_begin, pc.k_end),
                              out, lse, p);
       outs.emplace_back(std::move(out), std::move(lse));
@@ -121,11 +147,12 @@ RankTime time_rank(const Options& o, Layout layout, int r, int n, const Tensor& 
   size_t i = 0;
   for (int s = 0; s < n; ++s) {
     const int j = (r - s + n) % n;
-    for (const cp_ring::Piece& pc : schedule(layout, r, j, c)) {
+    for (const cp_ring::PlacedPiece& pp : schedule(layout, r, j, n, c, documents)) {
+      const cp_ring::Piece& pc = pp.piece;
       const int64_t nq = pc.q_end - pc.q_begin, nk = pc.k_end - pc.k_begin;
       Tensor dq = Tensor::empty({nq, q.size(1), q.size(2)}, dt, dev);
       Tensor dk = Tensor::empty({nk, k.size(1), k.size(2)}, dt, dev), dv = Tensor::empty({nk, v.size(1), v.size(2)}, dt, dev);
-      p.causal = pc.causal;
+      place(pp);
       const auto& [out, lse] = outs[i++];
       ops::attention_backward(q.rows(pc.q_begin, pc.q_end), k.rows(pc.k_begin, pc.k_end), v.rows(pc.k_begin, pc.k_end),
                               out, lse, dout.rows(pc.q_begin, pc.q_end), dq, dk, dv, p);
@@ -158,15 +185,20 @@ int run(const Options& o) {
     const double kv_block = 2.0 * static_cast<double>(k.numel()) * elem, grads = 2.0 * static_cast<double>(k.numel()) * 4;
     const double fwd_bytes = static_cast<double>(cp - 1) * kv_block;
     const double bwd_bytes = static_cast<double>(cp - 1) * kv_block + static_cast<double>(cp) * grads;
-    for (Layout layout : {Layout::zigzag, Layout::contiguous}) {
-      const char* name = layout == Layout::zigzag ? "zigzag" : "contiguous";
-      time_rank(o, layout, static_cast<int>(cp - 1), static_cast<int>(cp), q, k, v, dout);  // warm-up
+    const std::vector<int64_t> documents = o.mix.empty() ? std::vector<int64_t>{} : bench::document_bounds(o.mix, o.tokens, o.seed);
+    std::vector<Layout> layouts{Layout::zigzag, Layout::contiguous};
+    if (!documents.empty()) layouts.push_back(Layout::zigzag_documents);
+    for (Layout layout : layouts) {
+      const std::string name = layout == Layout::zigzag       ? "zigzag"
+                               : layout == Layout::contiguous ? "contiguous"
+                                                              : str("zigzag+", o.mix, " (", documents.size() - 1, " documents)");
+      time_rank(o, layout, static_cast<int>(cp - 1), static_cast<int>(cp), q, k, v, dout, documents);  // warm-up
       std::vector<double> totals;
       for (int r = 0; r < cp; ++r) {
         std::vector<double> f, b;
         RankTime last;
         for (int rep = 0; rep < o.reps; ++rep) {
-          last = time_rank(o, layout, r, static_cast<int>(cp), q, k, v, dout);
+          last = time_rank(o, layout, r, static_cast<int>(cp), q, k, v, dout, documents);
           f.push_back(last.forward_s);
           b.push_back(last.backward_s);
         }
@@ -175,7 +207,7 @@ int run(const Options& o) {
         std::printf(
             "{\"layout\": \"%s\", \"cp\": %lld, \"rank\": %d, \"tokens\": %lld, \"work_units\": %.1f, \"forward_ms\": %.3f, "
             "\"backward_ms\": %.3f, \"total_ms\": %.3f}\n",
-            name, static_cast<long long>(cp), r, static_cast<long long>(o.tokens), last.units, fm * 1e3, bm * 1e3,
+            name.c_str(), static_cast<long long>(cp), r, static_cast<long long>(o.tokens), last.units, fm * 1e3, bm * 1e3,
             (fm + bm) * 1e3);
         std::fflush(stdout);
       }
@@ -187,7 +219,7 @@ int run(const Options& o) {
           "{\"summary\": true, \"layout\": \"%s\", \"cp\": %lld, \"tokens\": %lld, \"min_ms\": %.3f, \"max_ms\": %.3f, "
           "\"mean_ms\": %.3f, \"spread_pct\": %.2f, \"max_over_min\": %.4f, \"sent_per_layer_forward_mib\": %.1f, "
           "\"sent_per_layer_backward_mib\": %.1f}\n",
-          name, static_cast<long long>(cp), static_cast<long long>(o.tokens), mn * 1e3, mx * 1e3, mean * 1e3,
+          name.c_str(), static_cast<long long>(cp), static_cast<long long>(o.tokens), mn * 1e3, mx * 1e3, mean * 1e3,
           100.0 * (mx - mn) / mean, mx / mn, fwd_bytes / kMiB, bwd_bytes / kMiB);
       std::fflush(stdout);
     }

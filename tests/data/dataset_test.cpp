@@ -58,14 +58,34 @@ TEST(Dataset, PacksDocumentsWithEosBetweenAndShiftsTargets) {
   EXPECT_EQ(ints(s0.tokens), (V{'a', 'b', 'c', kEos}));
   EXPECT_EQ(ints(s0.targets), (V{'b', 'c', kEos, -100}));
   EXPECT_EQ(ints(s1.tokens), (V{'d', 'e', kEos, 'f'}));  // document c continues in the next sequence
-  EXPECT_EQ(ints(s1.targets), (V{'e', kEos, 'f', -100}));
+  // Masked documents (the default): b's EOS does not predict c, which it cannot see.
+  EXPECT_EQ(ints(s1.targets), (V{'e', kEos, -100, -100}));
   EXPECT_EQ(ints(s2.tokens), (V{'g', 'h'}));  // the remainder, not padded with pad_to_multiple_of = 1
   EXPECT_EQ(ints(s2.targets), (V{'h', -100}));
   EXPECT_EQ(s0.documents, 1);
   EXPECT_EQ(s1.documents, 2);
   EXPECT_EQ(s2.documents, 1);
+  EXPECT_EQ(s0.document_bounds, (V{0, 4}));
+  EXPECT_EQ(s1.document_bounds, (V{0, 3, 4}));
+  EXPECT_EQ(s2.document_bounds, (V{0, 2}));  // c's tail, its positions restarting at 0
+  EXPECT_EQ(d.valid_labels(1), 2);
   EXPECT_EQ(d.report().tokens, 10);
   EXPECT_EQ(d.report().dropped_tokens, 0);
+
+  // One continuous text: every target kept, no bounds.
+  f.cfg.attend_across_documents = true;
+  Dataset across = f.open();
+  EXPECT_EQ(ints(across.get(1).targets), (V{'e', kEos, 'f', -100}));
+  EXPECT_TRUE(across.get(1).document_bounds.empty());
+  EXPECT_EQ(across.get(1).documents, 2);
+  EXPECT_EQ(across.valid_labels(1), 3);
+}
+
+TEST(Dataset, MaskedDocumentsPositionsRestartAtEachBound) {
+  const std::vector<int64_t> bounds{0, 3, 4, 9};
+  const std::vector<int64_t> want{0, 1, 2, 0, 0, 1, 2, 3, 4};
+  for (int64_t i = 0; i < 9; ++i) EXPECT_EQ(sequence_position(bounds, i), want[static_cast<size_t>(i)]) << i;
+  EXPECT_EQ(sequence_position({}, 7), 7);
 }
 
 TEST(Dataset, FinalSequencePaddedToTheMultipleOrDropped) {
@@ -112,10 +132,16 @@ TEST(Dataset, BatchesCountTokensAndValidLabels) {
   EXPECT_EQ(b1.valid_labels, 2);
   EXPECT_EQ(b2.epoch, 1);
   EXPECT_EQ(ints(b2.sequences[0].tokens), ints(b0.sequences[0].tokens));
-  // valid_labels agrees with the targets themselves.
-  for (int64_t i = 0; i < d.num_sequences(); ++i) {
-    auto t = ints(d.get(i).targets);
-    EXPECT_EQ(d.valid_labels(i), std::count_if(t.begin(), t.end(), [](int64_t x) { return x != -100; }));
+  // valid_labels agrees with the targets themselves, documents masked or not.
+  f.put("b.txt", "lm");
+  for (bool across : {false, true}) {
+    f.cfg.attend_across_documents = across;
+    Dataset e = f.open();
+    for (int64_t i = 0; i < e.num_sequences(); ++i) {
+      auto t = ints(e.get(i).targets);
+      EXPECT_EQ(e.valid_labels(i), std::count_if(t.begin(), t.end(), [](int64_t x) { return x != -100; }))
+          << "sequence " << i << ", across " << across;
+    }
   }
 }
 

@@ -30,11 +30,12 @@ struct MultiGpu : ::testing::Test {
   }
 
   // Three steps on the GPU; `tables` adds [plugins] / [distributed] tables.
-  Trained train(const std::string& name, const std::string& train_lines, const std::string& tables) {
+  Trained train(const std::string& name, const std::string& train_lines, const std::string& tables,
+                const std::string& overrides = "") {
     const auto out = dir / name;
     test::write_file(out / "run.toml", test::tiny_run_manifest(out, dir / "data.tokens", 5, false,
                                                                "max_steps = 3\nweight_decay = 0.1\n" + train_lines, tables));
-    const auto r = test::run_command(test::lcx_train() + " --config " + (out / "run.toml").string() + " --set run.device=cuda");
+    const auto r = test::run_command(test::lcx_train() + " --config " + (out / "run.toml").string() + " --set run.device=cuda" + overrides);
     EXPECT_EQ(r.exit_code, 0) << r.output;
     return test::read_trained_run(out, "checkpoint-3");
   }
@@ -65,7 +66,9 @@ TEST_F(MultiGpu, NcclWorkersTrainAsVirtualRanks) {
 
 TEST_F(MultiGpu, CpRingAcrossTwoGpusTrainsAsOneRank) {
   const Trained one = train("cp1", "", "");
-  const Trained two = train("cp2", "", "[plugins]\nload = [\"cp_ring\"]\n[distributed]\nnproc_per_node = 2\ncp = 2\n");
+  // The data is one continuous text here (no EOS in it), as the one-rank run reads it.
+  const Trained two = train("cp2", "", "[plugins]\nload = [\"cp_ring\"]\n[distributed]\nnproc_per_node = 2\ncp = 2\n",
+                            " --set data.attend_across_documents=true");
   expect_same(two, one, 1e-5, 1e-3, "cp_ring over 2 GPUs");
 }
 

@@ -383,6 +383,12 @@ TEST_F(TrainRun, ResumeRefusesAnotherModelOrData) {
   auto model = train("--config " + m + " --resume latest --set model.dtype=bf16");
   EXPECT_EQ(model.exit_code, 2) << model.output;
   EXPECT_NE(model.output.find("model.dtype is \"bf16\""), std::string::npos) << model.output;
+  // Masked documents change the targets and the attention: another training.
+  auto across = train("--config " + m + " --resume latest --set data.attend_across_documents=true");
+  EXPECT_EQ(across.exit_code, 2) << across.output;
+  EXPECT_NE(across.output.find("data.attend_across_documents is \"true\" but the checkpoint was trained with \"false\""),
+            std::string::npos)
+      << across.output;
 }
 
 TEST_F(TrainRun, MetricsStayOneHistoryAcrossAResumeThatRollsBack) {

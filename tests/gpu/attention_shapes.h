@@ -3,6 +3,7 @@
 // (backend_ops_test.cpp) and the tests that pin one kernel (ops_gpu_test.cpp).
 #pragma once
 #include <cstdint>
+#include <vector>
 
 namespace lcx::test {
 
@@ -20,6 +21,21 @@ inline constexpr AttnCase kAttentionShapes[] = {
     {50, 50, 2, 1, 80, true, 0, 0},     // a head_dim padded inside its tile
     {40, 60, 2, 2, 64, true, 0, 20},    // the first 20 queries see no key: lse -inf, out 0
     {64, 64, 4, 2, 128, false, 128, 0}, // a ring block wholly in the past
+};
+
+// Packed documents ([data] attend_across_documents = false): one sequence, each query seeing only
+// its own document's keys (AttentionParams::documents, cumulative bounds).
+struct DocCase {
+  int64_t Hq, Hkv, d;
+  bool causal;
+  std::vector<int64_t> bounds;  // {0, ..., T}
+};
+
+inline const DocCase kDocumentShapes[] = {
+    {4, 2, 64, true, {0, 70, 71, 150, 230}},          // a one-token document, ragged tiles
+    {8, 2, 128, true, {0, 5, 200, 203, 333, 400}},    // Qwen3's head_dim, long and short ones
+    {2, 2, 64, false, {0, 64, 100}},                  // full attention within each document
+    {4, 1, 128, true, {0, 300}},                      // one document: the mask changes nothing
 };
 
 }  // namespace lcx::test

@@ -310,6 +310,35 @@ std::vector<OpCase> attention_cases(bool backward) {
                          ops::attention_backward(q, k, v, at(d, oh), at(d, lseh), dout, dq, dk, dv, p);
                          return std::vector<Output>{out("dq", dq), out("dk", dk), out("dv", dv)};
                        }});
+  for (const test::DocCase& c : test::kDocumentShapes)
+    for (DType t : {DType::f32, DType::bf16}) {
+      std::string bounds;
+      for (int64_t b : c.bounds) bounds += str(bounds.empty() ? "" : ",", b);
+      cases.push_back({str("documents {", bounds, "} Hq=", c.Hq, " Hkv=", c.Hkv, " d=", c.d,
+                           c.causal ? " causal " : " full ", dtype_name(t)),
+                       [=](Device d, std::mt19937& rng) {
+                         const int64_t T = c.bounds.back();
+                         ops::AttentionParams p;
+                         p.causal = c.causal;
+                         p.documents = c.bounds;
+                         const Tensor qh = host_normal({T, c.Hq, c.d}, t, rng);
+                         const Tensor kh = host_normal({T, c.Hkv, c.d}, t, rng);
+                         const Tensor vh = host_normal({T, c.Hkv, c.d}, t, rng);
+                         const Tensor q = at(d, qh), k = at(d, kh), v = at(d, vh);
+                         if (!backward) {
+                           Tensor o = poisoned({T, c.Hq, c.d}, t, d), lse = poisoned({c.Hq, T}, DType::f32, d);
+                           ops::attention_forward(q, k, v, o, lse, p);
+                           return std::vector<Output>{out("out", o), out("lse", lse)};
+                         }
+                         Tensor oh = Tensor::empty({T, c.Hq, c.d}, t), lseh = Tensor::empty({c.Hq, T}, DType::f32);
+                         ops::attention_forward(qh, kh, vh, oh, lseh, p);
+                         const Tensor dout = at(d, host_normal({T, c.Hq, c.d}, t, rng));
+                         Tensor dq = poisoned(q.shape(), t, d), dk = poisoned(k.shape(), t, d),
+                                dv = poisoned(v.shape(), t, d);
+                         ops::attention_backward(q, k, v, at(d, oh), at(d, lseh), dout, dq, dk, dv, p);
+                         return std::vector<Output>{out("dq", dq), out("dk", dk), out("dv", dv)};
+                       }});
+    }
   return cases;
 }
 

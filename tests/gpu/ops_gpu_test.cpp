@@ -154,7 +154,8 @@ TEST_F(GpuOps, AttentionCudnnAgreesWithOwnKernels) {
 }
 
 // A rehearsal's cut (kernels/attention_cut.h) keeps each attention call's allocations: the same
-// count and the same peak as the real call, on cuDNN and on the own kernels, and zeros out.
+// count and the same peak as the real call, on cuDNN, on the own kernels and per document under a
+// document mask (the own kernels on row slices, ops.cpp), and zeros out.
 TEST_F(GpuOps, AttentionCutAllocatesWhatTheRealCallDoes) {
   SCOPED_TRACE(trace());
   const int64_t T = 4096, Hq = 4, Hkv = 2, d = 128;
@@ -175,10 +176,13 @@ TEST_F(GpuOps, AttentionCutAllocatesWhatTheRealCallDoes) {
     const AllocatorStats after = a.stats();
     return Use{after.allocations - before.allocations, after.peak_bytes - before.live_bytes};
   };
-  for (cuda::AttentionKernel kernel : {cuda::AttentionKernel::cudnn, cuda::AttentionKernel::own}) {
+  const std::vector<int64_t> documents{0, 1000, 1001, 2500, T};
+  for (int variant = 0; variant < 3; ++variant) {
+    const cuda::AttentionKernel kernel = variant == 0 ? cuda::AttentionKernel::cudnn : cuda::AttentionKernel::own;
     if (kernel == cuda::AttentionKernel::cudnn && cuda::cudnn_version().empty()) continue;
-    SCOPED_TRACE(kernel == cuda::AttentionKernel::cudnn ? "cudnn" : "own kernels");
+    SCOPED_TRACE(variant == 0 ? "cudnn" : variant == 1 ? "own kernels" : "per document");
     KernelChoice choice(kernel);
+    p.documents = variant == 2 ? std::span<const int64_t>(documents) : std::span<const int64_t>();
     Tensor out = poisoned_gpu({T, Hq, d}, t), lse = poisoned_gpu({Hq, T}, DType::f32);
     Tensor dq = poisoned_gpu({T, Hq, d}, t), dk = poisoned_gpu({T, Hkv, d}, t), dv = poisoned_gpu({T, Hkv, d}, t);
     const Use real = call(out, lse, dq, dk, dv);

@@ -1,9 +1,11 @@
 // Attention on the CPU against an explicit softmax over the full (small) score matrix, and its
 // backward against central finite differences. Covers GQA ratios 1, 2 and 4, causal and full,
 // offsets as ring attention uses them (a later query chunk against an earlier key chunk), rows
-// that see no key, and T not a multiple of the kernel's key block.
+// that see no key, T not a multiple of the kernel's key block, and document masks (packed
+// documents: a query sees only its own document's keys), with offsets too; and a rehearsal's cut.
 #include "kernels/attention_cut.h"
 #include "kernels/kernel_test_util.h"
+#include "support/test_util.h"
 
 namespace lcx {
 namespace {
@@ -14,11 +16,17 @@ struct Case {
   int64_t T, S, Hq, Hkv, d;
   bool causal;
   int64_t q_offset = 0, k_offset = 0;
+  std::vector<int64_t> documents = {};  // cumulative bounds over positions; empty: one document
 };
+
+// The document holding `pos`: the count of bounds at or before it.
+int64_t document_of(const std::vector<int64_t>& bounds, int64_t pos) {
+  return std::upper_bound(bounds.begin(), bounds.end(), pos) - bounds.begin();
+}
 
 std::string name(const Case& c) {
   return str("T=", c.T, " S=", c.S, " Hq=", c.Hq, " Hkv=", c.Hkv, " d=", c.d, c.causal ? " causal" : " full",
-             " q_offset=", c.q_offset, " k_offset=", c.k_offset);
+             " q_offset=", c.q_offset, " k_offset=", c.k_offset, " documents=", c.documents.size());
 }
 
 ops::AttentionParams params(const Case& c, float scale = 0) {
@@ -27,6 +35,7 @@ ops::AttentionParams params(const Case& c, float scale = 0) {
   p.causal = c.causal;
   p.q_offset = c.q_offset;
   p.k_offset = c.k_offset;
+  p.documents = c.documents;
   return p;
 }
 
@@ -44,6 +53,9 @@ void naive_attention(const Tensor& q, const Tensor& k, const Tensor& v, const Ca
       double mx = -INFINITY;
       for (int64_t j = 0; j < c.S; ++j) {
         if (c.causal && c.k_offset + j > c.q_offset + i) continue;
+        if (!c.documents.empty() &&
+            document_of(c.documents, c.k_offset + j) != document_of(c.documents, c.q_offset + i))
+          continue;
         double dot = 0;
         for (int64_t e = 0; e < c.d; ++e) dot += double(qv[(i * c.Hq + h) * c.d + e]) * kv[(j * c.Hkv + g) * c.d + e];
         s[j] = dot * scale;
@@ -83,6 +95,10 @@ TEST(AttentionCpu, ForwardMatchesExplicitSoftmax) {
       {40, 40, 2, 1, 8, true, 0, 40},          // earlier queries, later keys: nothing visible
       {20, 30, 4, 2, 8, true, 0, 10},          // rows 0..9 see no key
       {20, 30, 4, 4, 8, false, 0, 10},         // offsets do not matter without causal
+      {150, 150, 4, 2, 8, true, 0, 0, {0, 1, 70, 71, 150}},  // one-token documents, blocks crossed
+      {150, 150, 2, 1, 8, false, 0, 0, {0, 80, 150}},        // full attention within each document
+      {30, 60, 4, 2, 8, true, 30, 0, {0, 20, 45, 60}},       // ring half block: later queries
+      {20, 30, 2, 2, 8, true, 0, 10, {0, 5, 40}},            // rows 0..4: no key of their document
   };
   for (const Case& c : cases) {
     SCOPED_TRACE(name(c));
@@ -118,26 +134,32 @@ TEST(AttentionCpu, RowThatSeesNothingIsZeroWithMinusInfLse) {
     }
 }
 
-// A rehearsal's cut (kernels/attention_cut.h): the ops check their arguments as always, write
-// zeros and compute nothing; off again, the same call computes.
+// A rehearsal's cut (kernels/attention_cut.h): the ops check their arguments as always (document
+// bounds too), write zeros and compute nothing, with or without a document mask; off again, the
+// same call computes.
 TEST(AttentionCpu, CutWritesZerosAndStillChecks) {
-  const Case c{16, 16, 4, 2, 8, true};
-  Inputs in = inputs(c);
-  Tensor out = rand_tensor({c.T, c.Hq, c.d}, 3), lse = rand_tensor({c.Hq, c.T}, 4);
-  Tensor dout = rand_tensor({c.T, c.Hq, c.d}, 5), dq = rand_tensor({c.T, c.Hq, c.d}, 6);
-  Tensor dk = rand_tensor({c.S, c.Hkv, c.d}, 7), dv = rand_tensor({c.S, c.Hkv, c.d}, 8);
-  ops::set_attention_cut(true);
-  ops::attention_forward(in.q, in.k, in.v, out, lse, params(c));
-  ops::attention_backward(in.q, in.k, in.v, out, lse, dout, dq, dk, dv, params(c));
-  Tensor wrong = rand_tensor({c.T, c.Hq + 1, c.d}, 9);
-  EXPECT_THROW(ops::attention_forward(in.q, in.k, in.v, wrong, lse, params(c)), Error);
-  ops::set_attention_cut(false);
-  for (const Tensor* t : {&out, &lse, &dq, &dk, &dv})
-    for (float x : t->to_floats()) ASSERT_EQ(x, 0.f);
-  ops::attention_forward(in.q, in.k, in.v, out, lse, params(c));
-  std::vector<float> want_out, want_lse;
-  naive_attention(in.q, in.k, in.v, c, want_out, want_lse);
-  EXPECT_LT(test::max_diff(out.to_floats(), want_out), 2e-5f);
+  for (const Case& c : {Case{16, 16, 4, 2, 8, true}, Case{16, 16, 4, 2, 8, true, 0, 0, {0, 5, 6, 16}}}) {
+    SCOPED_TRACE(name(c));
+    Inputs in = inputs(c);
+    Tensor out = rand_tensor({c.T, c.Hq, c.d}, 3), lse = rand_tensor({c.Hq, c.T}, 4);
+    Tensor dout = rand_tensor({c.T, c.Hq, c.d}, 5), dq = rand_tensor({c.T, c.Hq, c.d}, 6);
+    Tensor dk = rand_tensor({c.S, c.Hkv, c.d}, 7), dv = rand_tensor({c.S, c.Hkv, c.d}, 8);
+    ops::set_attention_cut(true);
+    ops::attention_forward(in.q, in.k, in.v, out, lse, params(c));
+    ops::attention_backward(in.q, in.k, in.v, out, lse, dout, dq, dk, dv, params(c));
+    Tensor wrong = rand_tensor({c.T, c.Hq + 1, c.d}, 9);
+    EXPECT_THROW(ops::attention_forward(in.q, in.k, in.v, wrong, lse, params(c)), Error);
+    Case short_bounds = c;
+    short_bounds.documents = {0, 5};
+    EXPECT_THROW(ops::attention_forward(in.q, in.k, in.v, out, lse, params(short_bounds)), Error);
+    ops::set_attention_cut(false);
+    for (const Tensor* t : {&out, &lse, &dq, &dk, &dv})
+      for (float x : t->to_floats()) ASSERT_EQ(x, 0.f);
+    ops::attention_forward(in.q, in.k, in.v, out, lse, params(c));
+    std::vector<float> want_out, want_lse;
+    naive_attention(in.q, in.k, in.v, c, want_out, want_lse);
+    EXPECT_LT(test::max_diff(out.to_floats(), want_out), 2e-5f);
+  }
 }
 
 TEST(AttentionCpu, Bf16StorageStaysCloseToFp32) {
@@ -210,6 +232,54 @@ TEST(AttentionCpu, BackwardMatchesFiniteDifferences) {
   check_backward({6, 8, 2, 1, 4, true, 8, 0}, 1);   // ring half block
   check_backward({8, 8, 2, 1, 4, true, 0, 3}, 1);   // rows 0..2 see nothing: their dq is 0
   check_backward({70, 70, 2, 1, 4, true}, 7);       // across the key block boundary
+  check_backward({12, 12, 4, 2, 4, true, 0, 0, {0, 1, 5, 12}}, 1);   // packed documents
+  check_backward({12, 12, 2, 1, 4, false, 0, 0, {0, 7, 12}}, 1);     // full within documents
+  check_backward({6, 12, 2, 1, 4, true, 6, 0, {0, 4, 9, 12}}, 1);     // with offsets
+}
+
+// The mask's work is the sum of the squared document lengths, and its result is each document's
+// attention alone: rows of one document against that document's slice with no mask at all.
+TEST(AttentionCpu, DocumentsEqualEachDocumentAlone) {
+  const std::vector<int64_t> bounds{0, 64, 65, 130, 200};
+  const Case c{200, 200, 4, 2, 16, true, 0, 0, bounds};
+  Inputs in = inputs(c, DType::f32, 21);
+  const auto w = test::randn(c.T * c.Hq * c.d, 22);
+  const Tensor dout = Tensor::from_floats(w, {c.T, c.Hq, c.d}, DType::f32);
+  Tensor out = Tensor::empty({c.T, c.Hq, c.d}, DType::f32), lse = Tensor::empty({c.Hq, c.T}, DType::f32);
+  ops::attention_forward(in.q, in.k, in.v, out, lse, params(c));
+  Tensor dq = Tensor::empty(in.q.shape(), DType::f32), dk = Tensor::empty(in.k.shape(), DType::f32),
+         dv = Tensor::empty(in.v.shape(), DType::f32);
+  ops::attention_backward(in.q, in.k, in.v, out, lse, dout, dq, dk, dv, params(c));
+  const auto lse_all = lse.to_floats();
+  for (size_t i = 0; i + 1 < bounds.size(); ++i) {
+    const int64_t b = bounds[i], e = bounds[i + 1], n = e - b;
+    SCOPED_TRACE(str("document [", b, ",", e, ")"));
+    const Case one{n, n, c.Hq, c.Hkv, c.d, true};
+    const Tensor q = in.q.rows(b, e).clone(), k = in.k.rows(b, e).clone(), v = in.v.rows(b, e).clone();
+    Tensor o = Tensor::empty({n, c.Hq, c.d}, DType::f32), l = Tensor::empty({c.Hq, n}, DType::f32);
+    ops::attention_forward(q, k, v, o, l, params(one));
+    Tensor gq = Tensor::empty(q.shape(), DType::f32), gk = Tensor::empty(k.shape(), DType::f32),
+           gv = Tensor::empty(v.shape(), DType::f32);
+    ops::attention_backward(q, k, v, o, l, dout.rows(b, e).clone(), gq, gk, gv, params(one));
+    EXPECT_LT(test::max_diff(out.rows(b, e).to_floats(), o.to_floats()), 1e-6f);
+    EXPECT_LT(test::max_diff(dq.rows(b, e).to_floats(), gq.to_floats()), 1e-6f);
+    EXPECT_LT(test::max_diff(dk.rows(b, e).to_floats(), gk.to_floats()), 1e-6f);
+    EXPECT_LT(test::max_diff(dv.rows(b, e).to_floats(), gv.to_floats()), 1e-6f);
+    const auto lo = l.to_floats();
+    for (int64_t h = 0; h < c.Hq; ++h)
+      for (int64_t t = 0; t < n; ++t) EXPECT_EQ(lse_all[static_cast<size_t>(h * c.T + b + t)], lo[static_cast<size_t>(h * n + t)]);
+  }
+}
+
+TEST(AttentionCpu, RefusesDocumentBoundsThatDoNotCoverThePositions) {
+  Tensor q = rand_tensor({8, 2, 4}, 1), k = rand_tensor({8, 1, 4}, 2), v = rand_tensor({8, 1, 4}, 3);
+  Tensor out = Tensor::empty({8, 2, 4}, DType::f32), lse = Tensor::empty({2, 8}, DType::f32);
+  for (const std::vector<int64_t>& bad : {std::vector<int64_t>{0, 5}, {1, 8}, {0, 5, 5, 8}, {0}}) {
+    ops::AttentionParams p;
+    p.documents = bad;
+    const std::string e = test::error_of([&] { ops::attention_forward(q, k, v, out, lse, p); });
+    EXPECT_NE(e.find("bound"), std::string::npos) << e;
+  }
 }
 
 TEST(AttentionCpu, RefusesMismatchedHeads) {

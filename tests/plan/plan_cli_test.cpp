@@ -27,6 +27,23 @@ TEST(PlanCli, RecipePrintsTheBreakdownWithoutAGpu) {
     EXPECT_NE(r.output.find(s), std::string::npos) << s << "\n" << r.output;
 }
 
+// Masked documents under a ring of 8 ranks: the ring masks them, so the plan goes ahead.
+TEST(PlanCli, RecipeWithMaskedDocumentsPlansUnderCpRing) {
+  auto r = run_command(test::lcx_train() + " --plan --config " + recipe() +
+                       " --gpu-memory 80GB --set data.attend_across_documents=false");
+  EXPECT_EQ(r.exit_code, 0) << r.output;
+  EXPECT_NE(r.output.find("cp 8"), std::string::npos) << r.output;
+}
+
+// The packed recipe masks documents under sp_ulysses, which can: planned, not refused.
+TEST(PlanCli, PackedRecipePlansUnderSpUlysses) {
+  auto r = run_command(test::lcx_train() + " --plan --config " + std::string(LCX_SOURCE_DIR) +
+                       "/configs/qwen3_8b_packed_8gpu.toml --gpu-memory 80GB");
+  ASSERT_EQ(r.exit_code, 0) << r.output;
+  for (const char* s : {"131,072 tokens", "sp 8", "16,384 tokens per rank"})
+    EXPECT_NE(r.output.find(s), std::string::npos) << s << "\n" << r.output;
+}
+
 // The recipe: every candidate planned and timed by the cost model, the fastest that fits chosen.
 // Kept attention (no attention forward in the backward) is predicted faster than the recompute,
 // one head group faster than eight; a smaller GPU budget moves the choice to what fits.

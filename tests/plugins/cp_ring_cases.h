@@ -50,10 +50,12 @@ struct AttnCase {
   int cp;
   int64_t chunk, Hq, Hkv, d;
   bool causal = true;
+  std::vector<int64_t> documents = {};  // packed documents' bounds over the sequence; empty: one
 };
 
 inline std::string describe(const AttnCase& c) {
-  return str("cp=", c.cp, " chunk=", c.chunk, " Hq=", c.Hq, " Hkv=", c.Hkv, " d=", c.d, c.causal ? " causal" : " full");
+  return str("cp=", c.cp, " chunk=", c.chunk, " Hq=", c.Hq, " Hkv=", c.Hkv, " d=", c.d, c.causal ? " causal" : " full",
+             c.documents.empty() ? "" : str(" ", c.documents.size() - 1, " documents"));
 }
 
 // Relative L2 errors of ring attention against one rank holding the whole sequence.
@@ -77,10 +79,12 @@ inline AttnErrors ring_attention_errors(const AttnCase& c, Device device, DType 
   AttentionArgs args;
   args.scale = 1.f / std::sqrt(static_cast<float>(c.d));
   args.causal = c.causal;
+  args.documents = c.documents;
 
   ops::AttentionParams p;
   p.scale = args.scale;
   p.causal = c.causal;
+  p.documents = c.documents;
   Tensor out = Tensor::empty({L, c.Hq, c.d}, DType::f32), lse = Tensor::empty({c.Hq, L}, DType::f32);
   Tensor dq = Tensor::empty(q.shape(), DType::f32), dk = Tensor::empty(k.shape(), DType::f32),
          dv = Tensor::empty(v.shape(), DType::f32);

@@ -31,6 +31,15 @@ TEST_P(CpRingAttentionGpu, Fp32Gqa4) {
   test::expect_ring_attention({GetParam(), 40, 8, 2, 64}, Device::cuda(), DType::f32, 1e-4);
 }
 
+// Packed documents: the chunk pairs run document by document on the own kernels, with offsets.
+TEST_P(CpRingAttentionGpu, Bf16PackedDocuments) {
+  LCX_SKIP_WITHOUT_GPU();
+  const int cp = GetParam();
+  const int64_t L = 2 * cp * 96;
+  test::expect_ring_attention({cp, 96, 8, 2, 128, true, {0, 1, 50, 97, 300, L - 7, L}}, Device::cuda(), DType::bf16,
+                              kBf16Tol);
+}
+
 INSTANTIATE_TEST_SUITE_P(Ranks, CpRingAttentionGpu, ::testing::Values(2, 4, 8),
                          [](const auto& info) { return str("cp", info.param); });
 

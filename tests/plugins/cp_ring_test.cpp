@@ -103,16 +103,17 @@ TEST(CpRingRefuses, LengthTheShardingCannotSplit) {
   EXPECT_NE(e.find("key: data.pad_to_multiple_of"), std::string::npos) << e;
 }
 
-TEST(CpRingRefuses, PackedDocuments) {
+TEST(CpRingShard, PackedDocumentsRestartPositionsAndKeepTheBounds) {
   auto p = test::make_cp_ring(2);
-  const std::string e = error_of([&] { p->shard(test::iota_sequence(8, 2), 1); });
-  EXPECT_NE(e.find("block-diagonal"), std::string::npos) << e;
-  EXPECT_NE(e.find("2 documents"), std::string::npos) << e;
-  EXPECT_NE(e.find("attend_across_documents = true"), std::string::npos) << e;
-  // One continuous text made of several documents is accepted when asked for.
-  auto q = test::make_cp_ring(2, "attend_across_documents = true");
-  Shard s = q->shard(test::iota_sequence(8, 2), 1);
-  EXPECT_EQ(s.tokens.size(0), 4);
+  EXPECT_TRUE(p->masks_documents());
+  Sequence masked = test::iota_sequence(8, 2);
+  masked.document_bounds = {0, 3, 8};
+  const Shard s = p->shard(masked, 1);  // chunks 1 and 2: tokens 2,3 and 4,5
+  EXPECT_EQ(test::positions_of(s), (std::vector<int64_t>{2, 0, 1, 2}));
+  EXPECT_EQ(s.document_bounds, masked.document_bounds);
+  // The key it had is now [data]'s.
+  const std::string moved = error_of([&] { test::make_cp_ring(2, "attend_across_documents = true"); });
+  EXPECT_NE(moved.find("moved to [data]"), std::string::npos) << moved;
 }
 
 TEST(CpRingRefuses, SlidingWindowAndChunkedLayers) {
@@ -198,6 +199,14 @@ TEST(CpRingAttention, ChunksSpanningSeveralKeyBlocks) {
   test::expect_ring_attention({2, 70, 4, 1, 16}, Device::cpu(), DType::f32, kFp32Tol);
 }
 
+// Packed documents: zigzag pieces cut into chunk pairs at their positions, pairs with no document
+// in common skipped; documents crossing chunks and ranks, one-token ones, one inside one chunk.
+TEST(CpRingAttention, PackedDocumentsEqualSingleRank) {
+  test::expect_ring_attention({2, 16, 4, 2, 8, true, {0, 1, 20, 21, 40, 64}}, Device::cpu(), DType::f32, kFp32Tol);
+  test::expect_ring_attention({4, 8, 4, 1, 8, true, {0, 5, 6, 30, 31, 64}}, Device::cpu(), DType::f32, kFp32Tol);
+  test::expect_ring_attention({4, 8, 2, 2, 8, false, {0, 17, 64}}, Device::cpu(), DType::f32, kFp32Tol);
+}
+
 class CpRingStepCpu : public ::testing::TestWithParam<int> {};
 
 TEST_P(CpRingStepCpu, EqualsSingleRankStep) {
@@ -206,6 +215,15 @@ TEST_P(CpRingStepCpu, EqualsSingleRankStep) {
   const test::StepOutcome want = test::single_rank_step(seq, Device::cpu(), DType::f32);
   const test::StepOutcome got = test::cp_step(seq, cp, Device::cpu(), DType::f32);
   test::expect_same_step(got, want, 1e-6, 2e-5, str("cp = ", cp));
+}
+
+TEST_P(CpRingStepCpu, PackedDocumentsEqualSingleRankStep) {
+  const int cp = GetParam();
+  Sequence seq = test::random_sequence(32, 64, 5);
+  seq.document_bounds = {0, 3, 4, 19, 32};
+  const test::StepOutcome want = test::single_rank_step(seq, Device::cpu(), DType::f32);
+  const test::StepOutcome got = test::cp_step(seq, cp, Device::cpu(), DType::f32);
+  test::expect_same_step(got, want, 1e-6, 2e-5, str("cp = ", cp, ", packed documents"));
 }
 
 INSTANTIATE_TEST_SUITE_P(Ranks, CpRingStepCpu, ::testing::Values(2, 4),
@@ -268,7 +286,9 @@ test::TrainedRun train_with(const std::filesystem::path& dir, int cp) {
     text += str("[plugins]\nload = [\"cp_ring\"]\n[cp_ring]\nsize = ", cp, "\n[distributed]\nnproc_per_node = ", cp,
                 "\ncp = ", cp, "\n");
   test::write_file(out / "run.toml", text);
-  const auto r = test::run_command(test::lcx_train() + " --config " + (out / "run.toml").string());
+  // Here each sequence is one stretch of one text: the trainer's path without document bounds.
+  const auto r = test::run_command(test::lcx_train() + " --config " + (out / "run.toml").string() +
+                                   (cp > 1 ? " --set data.attend_across_documents=true" : ""));
   EXPECT_EQ(r.exit_code, 0) << r.output;
   return test::read_trained_run(out, "checkpoint-3");
 }

@@ -54,6 +54,7 @@ struct AttentionCase {
   DType dtype = DType::f32;
   Tolerance tol;
   bool reuse_forward = true;  // false: backward on copies, so the plugin moves its inputs again
+  std::vector<int64_t> documents;  // packed documents' bounds over the whole sequence; empty: one
 };
 
 // Runs single-rank attention over [L,H,d] and sp_ulysses over sp thread-ranks; every rank's
@@ -62,7 +63,8 @@ inline void check_attention(const AttentionCase& c) {
   const int sp = c.sp;
   const int64_t T = c.tokens_per_rank, L = T * sp, Hq = c.Hq, Hkv = c.Hkv, d = c.d;
   const std::string what = str("sp ", sp, ", Hq ", Hq, ", Hkv ", Hkv, ", d ", d, ", T/rank ", T, ", ",
-                               dtype_name(c.dtype), c.reuse_forward ? "" : ", backward on copies");
+                               dtype_name(c.dtype), c.reuse_forward ? "" : ", backward on copies",
+                               c.documents.empty() ? "" : str(", ", c.documents.size() - 1, " documents"));
   std::mt19937 rng(static_cast<uint32_t>(1000 * sp + 10 * Hkv + d));
   std::normal_distribution<float> dist(0.f, 1.f);
   auto rnd = [&](Shape s) {
@@ -73,8 +75,10 @@ inline void check_attention(const AttentionCase& c) {
   const Tensor q = rnd({L, Hq, d}), k = rnd({L, Hkv, d}), v = rnd({L, Hkv, d}), dout = rnd({L, Hq, d});
   AttentionArgs args;
   args.scale = 1.f / std::sqrt(static_cast<float>(d));
+  args.documents = c.documents;
   ops::AttentionParams p;
   p.scale = args.scale;
+  p.documents = c.documents;
 
   Tensor out = Tensor::empty({L, Hq, d}, c.dtype, c.device), lse = Tensor::empty({Hq, L}, DType::f32, c.device);
   ops::attention_forward(q, k, v, out, lse, p);
@@ -152,6 +156,7 @@ struct StepCase {
   bool offload = false;               // the offload plugin instead of core's on-device strategy
   Tolerance tol{2e-5, 2e-6, 0};  // atol is relative to each tensor's largest gradient
   double loss_rtol = 1e-5;
+  std::vector<int64_t> documents;  // packed documents' bounds ([data] attend_across_documents = false)
 };
 
 struct Slots {
@@ -186,6 +191,7 @@ inline Slots make_slots(const StepCase& c, std::shared_ptr<Parallelism> parallel
 // ranks as the trainer's all-reduce does). Loss sums and every gradient must agree.
 inline void check_step(const StepCase& c) {
   const std::string what = str("sp ", c.sp, ", Hq ", c.Hq, ", Hkv ", c.Hkv, ", ", c.loss,
+                               c.documents.empty() ? "" : str(", ", c.documents.size() - 1, " documents"),
                                c.rope_yarn_table.empty() ? "" : ", rope_yarn", c.offload ? ", offload" : "", ", ", device_name(c.device), " ",
                                dtype_name(c.weight_dtype));
   std::mt19937 rng(7);
@@ -193,6 +199,7 @@ inline void check_step(const StepCase& c) {
   Sequence seq;
   seq.tokens = Tensor::empty({c.L}, DType::i32);
   seq.targets = Tensor::empty({c.L}, DType::i64);
+  seq.document_bounds = c.documents;
   for (int64_t t = 0; t < c.L; ++t) seq.tokens.data_as<int32_t>()[t] = tok(rng);
   int64_t valid = 0;
   for (int64_t t = 0; t < c.L; ++t) {

@@ -44,6 +44,24 @@ TEST(SpUlyssesGpu, AttentionBackwardWithoutItsForward) {
   }
 }
 
+TEST(SpUlyssesGpu, AttentionWithDocumentsEqualsSingleRank) {
+  LCX_SKIP_WITHOUT_GPU();
+  for (DType dt : {DType::bf16, DType::f32})
+    for (int sp : {2, 4}) {
+      test::AttentionCase c;
+      c.sp = sp;
+      c.Hq = 32;
+      c.Hkv = 8;
+      c.d = 128;
+      c.tokens_per_rank = 1536 / sp;
+      c.device = Device::cuda();
+      c.dtype = dt;
+      c.tol.l2 = dt == DType::f32 ? 1e-5 : 1e-2;
+      c.documents = {0, 1, 300, 301, 1000, 1536};
+      test::check_attention(c);
+    }
+}
+
 TEST(SpUlyssesGpu, TrainingStepEqualsSingleRank) {
   LCX_SKIP_WITHOUT_GPU();
   for (DType dt : {DType::f32, DType::bf16})

@@ -186,6 +186,43 @@ TEST(SpUlyssesExact, TrainingStepComposesWithLossRopeYarnAndOffload) {
   test::check_step(c);
 }
 
+// Packed documents: the all-to-all hands each rank the whole sequence for its heads, so the
+// single-rank masked attention serves; documents cross the ranks' shard boundaries.
+TEST(SpUlyssesExact, AttentionWithDocumentsEqualsSingleRank) {
+  for (int sp : {2, 4}) {
+    test::AttentionCase c;
+    c.sp = sp;
+    c.tokens_per_rank = 12;
+    c.Hkv = 2;
+    c.documents = {0, 1, 7, 20, 12 * sp};
+    test::check_attention(c);
+  }
+}
+
+TEST(SpUlyssesExact, TrainingStepWithPackedDocumentsEqualsSingleRank) {
+  for (int sp : {2, 4}) {
+    test::StepCase c;
+    c.sp = sp;
+    c.documents = {0, 5, 6, 30, 48};  // positions restart per document across the shards
+    test::check_step(c);
+    c.rope_yarn_table = "factor = 2.0\noriginal_max_position_embeddings = 24";
+    test::check_step(c);
+  }
+}
+
+TEST(SpUlysses, ShardsRestartPositionsAtEachDocument) {
+  auto p = test::load_ulysses(2);
+  EXPECT_TRUE(p->masks_documents());
+  Sequence seq;
+  seq.tokens = Tensor::zeros({8}, DType::i32);
+  seq.targets = Tensor::zeros({8}, DType::i64);
+  seq.document_bounds = {0, 3, 8};
+  const Shard s = p->shard(seq, 1);
+  const int64_t* pos = s.positions.data_as<const int64_t>();
+  EXPECT_EQ(std::vector<int64_t>(pos, pos + 4), (std::vector<int64_t>{1, 2, 3, 4}));  // tokens 4..7 of [3, 8)
+  EXPECT_EQ(s.document_bounds, seq.document_bounds);
+}
+
 // lcx-train as a user runs it: [distributed] sp thread-ranks on the CPU, the trainer passing each
 // rank its mesh, sharding and reducing. Three optimizer steps trace the single-rank run's losses
 // and norms.

@@ -9,6 +9,17 @@
 namespace lcx {
 namespace {
 
+// A Parallelism provider that does not mask documents (every in-tree one does).
+class Unmasked final : public Parallelism {
+ public:
+  void configure(const ParallelModelInfo&, Mesh*) override {}
+  int size() const override { return 1; }
+  Shard shard(const Sequence&, int) const override { return {}; }
+  void attention_forward(const Tensor&, const Tensor&, const Tensor&, Tensor&, Tensor&, const AttentionArgs&) override {}
+  void attention_backward(const Tensor&, const Tensor&, const Tensor&, const Tensor&, const Tensor&, const Tensor&,
+                          Tensor&, Tensor&, Tensor&, const AttentionArgs&) override {}
+};
+
 SlotSet qwen3_slots() {
   SlotSet s;
   s.model = test::make_qwen3();
@@ -28,6 +39,23 @@ TEST(RunParts, RefusesAManifestWithoutAModelNamingWhatNeedsIt) {
     EXPECT_STREQ(e.what(), "the manifest names no model module, and the plan needs the model's shape");
     EXPECT_EQ(e.key(), "model.module");
   }
+}
+
+TEST(RunParts, RefusesDocumentMasksToAProviderThatCannotMaskThem) {
+  CoreConfig cfg;
+  SlotSet slots = qwen3_slots();
+  slots.parallel = std::make_shared<Unmasked>();
+  slots.providers[LCX_SLOT_PARALLELISM].name = "unmasked";
+  try {
+    lcx::Run run(cfg, slots, Device::cpu());
+    FAIL() << "packed documents went to a provider that would attend across them";
+  } catch (const Error& e) {
+    EXPECT_NE(std::string(e.what()).find("unmasked cannot mask documents"), std::string::npos) << e.what();
+    EXPECT_EQ(e.key(), "data.attend_across_documents");
+    EXPECT_NE(e.fix().find("attend_across_documents = true"), std::string::npos) << e.fix();
+  }
+  cfg.data.attend_across_documents = true;  // one continuous text: nothing to mask
+  lcx::Run run(cfg, slots, Device::cpu());
 }
 
 TEST(RunParts, RefusesAModelWithNeitherPathNorInit) {

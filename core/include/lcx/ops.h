@@ -2,6 +2,8 @@
 // a CPU reference (fp32 math, plain loops, BLAS for GEMM) or a CUDA kernel (bf16 storage, fp32
 // accumulation). Layouts are row-major and contiguous; shapes are checked and named on mismatch.
 #pragma once
+#include <span>
+
 #include "lcx/tensor.h"
 
 namespace lcx::ops {
@@ -42,11 +44,14 @@ void copy_columns(const Tensor& src, int64_t src_col, Tensor& dst, int64_t dst_c
 // q_offset + i and key j at k_offset + j; with causal, a query sees keys at positions <= its own.
 // out [T,Hq,d]; lse fp32 [Hq,T] natural log (-inf for a row that sees nothing). Blockwise with a
 // running log-sum-exp: never an T x S matrix.
+// With documents (cumulative bounds {0, ..., L} over the same positions), a query sees only keys
+// of its own document: work goes with the sum of the documents' squared lengths.
 struct AttentionParams {
   float scale = 0;
   bool causal = true;
   int64_t q_offset = 0;
   int64_t k_offset = 0;
+  std::span<const int64_t> documents;  // empty: one document
 };
 void attention_forward(const Tensor& q, const Tensor& k, const Tensor& v, Tensor& out, Tensor& lse,
                        const AttentionParams& p);

@@ -2,6 +2,7 @@
 // Parallelism slot cuts it. Data and parallelism both speak these; neither owns them.
 #pragma once
 #include <cstdint>
+#include <vector>
 
 #include "lcx/tensor.h"
 
@@ -12,13 +13,35 @@ struct Sequence {
   Tensor tokens;   // int32 [L]
   Tensor targets;  // int64 [L], shifted: targets[t] = tokens[t+1], -100 where ignored
   int documents = 1;  // how many documents were packed into it
+  // Where its documents begin and end when each attends only to itself ([data]
+  // attend_across_documents = false): cumulative, {0, end of the first, ..., L}. Empty when every
+  // token attends to all earlier ones (the key is true). A document's last token is its EOS.
+  std::vector<int64_t> document_bounds;
 };
 
 struct Shard {
   Tensor tokens;     // int32 [T] this rank's tokens
   Tensor targets;    // int64 [T]
-  Tensor positions;  // int64 [T] GLOBAL positions
+  Tensor positions;  // int64 [T] positions in the sequence (sequence_position)
   int64_t global_length = 0;
+  // The whole sequence's document_bounds (not this rank's share): attention compares them with
+  // the tokens' indices in the sequence, wherever its rows came from.
+  std::vector<int64_t> document_bounds;
 };
+
+// The rotary position of the token at `index` of a sequence: its index, or with document bounds
+// its distance from the start of its document, so positions restart at each document. A document
+// continued from the previous sequence restarts too: it cannot attend to its earlier part, and a
+// rotary score depends only on the distance between two positions, so restarting changes nothing
+// but keeps positions within seq_len.
+inline int64_t sequence_position(const std::vector<int64_t>& document_bounds, int64_t index) {
+  if (document_bounds.empty()) return index;
+  int64_t lo = 0, hi = static_cast<int64_t>(document_bounds.size()) - 1;  // bounds[lo] <= index
+  while (hi - lo > 1) {
+    const int64_t mid = (lo + hi) / 2;
+    (document_bounds[static_cast<size_t>(mid)] <= index ? lo : hi) = mid;
+  }
+  return index - document_bounds[static_cast<size_t>(lo)];
+}
 
 }  // namespace lcx

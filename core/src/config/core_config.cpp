@@ -88,6 +88,7 @@ CoreConfig read_core_config(const Manifest& m, const std::vector<std::string>& p
     c.data.shuffle = v.get_bool("shuffle", c.data.shuffle);
     c.data.cache_dir = v.get_string("cache_dir", c.data.cache_dir);
     c.data.drop_last = v.get_bool("drop_last", c.data.drop_last);
+    c.data.attend_across_documents = v.get_bool("attend_across_documents", c.data.attend_across_documents);
     v.check_unknown();
   }
   {

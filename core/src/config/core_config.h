@@ -47,6 +47,9 @@ struct DataConfig {
   bool shuffle = true;
   std::string cache_dir;
   bool drop_last = false;  // drop the final partial sequence instead of padding it
+  // false: a token attends only to its own document and positions restart at each one (packed
+  // documents masked); true: the packed sequence is one text.
+  bool attend_across_documents = false;
 };
 
 struct TrainConfig {

@@ -42,6 +42,12 @@ struct Dataset::State {
   mutable std::vector<int64_t> perm;
 
   int64_t real_length(int64_t i) const { return i + 1 == num_sequences ? last_real : cfg.seq_len; }
+  // Documents starting inside sequence i after its first token: [first, last) of doc_starts.
+  std::pair<const uint64_t*, const uint64_t*> starts_inside(int64_t i) const {
+    const uint64_t a = static_cast<uint64_t>(i * cfg.seq_len);
+    const uint64_t* e = doc_starts + num_docs;
+    return {std::upper_bound(doc_starts, e, a), std::lower_bound(doc_starts, e, a + static_cast<uint64_t>(real_length(i)))};
+  }
 };
 
 namespace {
@@ -483,7 +489,13 @@ int64_t Dataset::length(int64_t index) const {
   return index + 1 == s_->num_sequences ? s_->last_length : s_->cfg.seq_len;
 }
 
-int64_t Dataset::valid_labels(int64_t index) const { return s_->real_length(index) - 1; }
+// With masked documents each one's EOS predicts nothing: the next document is out of its sight.
+int64_t Dataset::valid_labels(int64_t index) const {
+  const int64_t n = s_->real_length(index) - 1;
+  if (s_->cfg.attend_across_documents) return n;
+  const auto [first, last] = s_->starts_inside(index);
+  return n - (last - first);
+}
 
 Sequence Dataset::get(int64_t index) const {
   const State& s = *s_;
@@ -500,12 +512,20 @@ Sequence Dataset::get(int64_t index) const {
     tk[t] = t < real ? static_cast<int32_t>(src[t]) : s.eos;
     tg[t] = t + 1 < real ? static_cast<int64_t>(src[t + 1]) : -100;
   }
-  // Documents touching [a, a + real): from the one holding a to the one holding the last token.
-  const uint64_t* b = s.doc_starts;
-  const uint64_t* e = s.doc_starts + s.num_docs;
-  auto first = std::upper_bound(b, e, static_cast<uint64_t>(a));
-  auto last = std::upper_bound(b, e, static_cast<uint64_t>(a + real - 1));
+  // Documents touching [a, a + real): the one holding a, then each one starting inside.
+  const auto [first, last] = s.starts_inside(index);
   q.documents = static_cast<int>(last - first) + 1;
+  if (!s.cfg.attend_across_documents) {
+    // A document's EOS closes it: its target (the next document's first token) is ignored. The
+    // padding stays with the last document, whose targets there are -100 already.
+    q.document_bounds.push_back(0);
+    for (const uint64_t* d = first; d != last; ++d) {
+      const int64_t at = static_cast<int64_t>(*d) - a;
+      tg[at - 1] = -100;
+      q.document_bounds.push_back(at);
+    }
+    q.document_bounds.push_back(L);
+  }
   return q;
 }
 

@@ -15,6 +15,9 @@
 // Packing: a document that does not fit in the current sequence continues in the next one; a
 // sequence may hold the tail of one document, whole ones, and the head of another. Targets are
 // shifted (targets[t] = tokens[t+1]); the last position of a sequence and padding get -100.
+// Unless data.attend_across_documents, each sequence carries its document bounds
+// (Sequence::document_bounds: each document attends only to itself, positions restart) and each
+// document's EOS gets -100 too: it cannot see the next document it would predict.
 // The final partial sequence is kept, padded with EOS up to a multiple of pad_to_multiple_of (so
 // it can be shorter than seq_len), unless data.drop_last; dropped tokens are logged with the reason.
 // Bad input (invalid UTF-8, empty files, lines that are not JSON or lack the field, unreadable

@@ -7,10 +7,12 @@
 // plugins' alike.
 #include "lcx/ops.h"
 
+#include <algorithm>
 #include <atomic>
 #include <cmath>
 #include <initializer_list>
 #include <utility>
+#include <vector>
 
 #include "kernels/attention_cut.h"
 #include "kernels/cpu/cpu_ops.h"
@@ -317,10 +319,119 @@ AttentionParams check_attention(const char* op, const Tensor& q, const Tensor& k
   need_same_shape(op, "out", out, "q", q);
   need_dtype(op, "lse", lse, DType::f32);
   need_shape(op, "lse", lse, {q.size(1), q.size(0)}, "q", q);
+  const auto& d = p.documents;
+  if (!d.empty()) {
+    const int64_t first = std::min(p.q_offset, p.k_offset);
+    const int64_t last = std::max(p.q_offset + q.size(0), p.k_offset + k.size(0));
+    if (d.size() < 2 || d.front() > first || d.back() < last)
+      fail(op, str("the document bounds must run from at most position ", first, " to at least ", last,
+                   " (the queries' and keys' positions), got ", d.size(), " bounds from ", d.front(), " to ", d.back()));
+    for (size_t i = 1; i < d.size(); ++i)
+      if (d[i] <= d[i - 1])
+        fail(op, str("document bound ", i, " (", d[i], ") does not follow bound ", i - 1, " (", d[i - 1], ")"));
+  }
   AttentionParams r = p;
   if (r.scale == 0.f) r.scale = 1.f / std::sqrt(static_cast<float>(q.size(2)));
+  // One document holding every query and key masks nothing: the unmasked kernels serve.
+  if (!d.empty()) {
+    const auto last = std::upper_bound(d.begin(), d.end(), std::min(p.q_offset, p.k_offset));
+    if (last != d.end() && *last >= std::max(p.q_offset + q.size(0), p.k_offset + k.size(0))) r.documents = {};
+  }
   return r;
 }
+
+#ifdef LCX_HAVE_CUDA
+// Document-masked attention on the GPU as lcx's own kernels run once per document, on row slices:
+// exact, and the work is the sum of the documents' squared lengths, at one launch per document.
+// Not cuDNN: it builds and caches a plan per shape, and document lengths change every step.
+// Each document's query rows meet its key rows at their own positions (ring blocks have queries
+// and keys at different offsets); queries of a document with no key here see nothing (out 0, lse
+// -inf), keys of one with no query get no gradient. The LSE [Hq,T] is strided per document: a
+// contiguous copy serves. Under a rehearsal's cut (kernels/attention_cut.h) each document still
+// allocates its LSE and the own kernels what they allocate, and nothing launches: the caller
+// writes the zeros.
+struct DocumentSlice {
+  int64_t q_begin, q_end, k_begin, k_end;  // rows of q and of k
+  int64_t q_pos, k_pos;                    // their first positions
+};
+std::vector<DocumentSlice> document_slices(const Tensor& q, const Tensor& k, const AttentionParams& p) {
+  std::vector<DocumentSlice> out;
+  const int64_t T = q.size(0), S = k.size(0);
+  for (size_t i = 0; i + 1 < p.documents.size(); ++i) {
+    const int64_t a = p.documents[i], b = p.documents[i + 1];
+    const int64_t qb = std::clamp<int64_t>(a - p.q_offset, 0, T), qe = std::clamp<int64_t>(b - p.q_offset, 0, T);
+    const int64_t kb = std::clamp<int64_t>(a - p.k_offset, 0, S), ke = std::clamp<int64_t>(b - p.k_offset, 0, S);
+    if (qb < qe || kb < ke) out.push_back({qb, qe, kb, ke, p.q_offset + qb, p.k_offset + kb});
+  }
+  return out;
+}
+
+AttentionParams one_document(const AttentionParams& p, const DocumentSlice& s) {
+  AttentionParams r = p;
+  r.documents = {};
+  r.q_offset = s.q_pos;
+  r.k_offset = s.k_pos;
+  return r;
+}
+
+void attention_forward_by_document(const Tensor& q, const Tensor& k, const Tensor& v, Tensor& out, Tensor& lse,
+                                   const AttentionParams& p) {
+  const bool cut = attention_cut();
+  for (const DocumentSlice& s : document_slices(q, k, p)) {
+    const int64_t n = s.q_end - s.q_begin;
+    if (n == 0) continue;
+    Tensor o = out.rows(s.q_begin, s.q_end);
+    Tensor l;
+    if (s.k_begin == s.k_end) {
+      if (!cut) o.zero();
+      l = Tensor::from_floats(std::vector<float>(static_cast<size_t>(q.size(1) * n), -INFINITY), {q.size(1), n},
+                              DType::f32, q.device());
+    } else {
+      l = Tensor::empty({q.size(1), n}, DType::f32, q.device());
+      cuda::attention_forward_own(q.rows(s.q_begin, s.q_end), k.rows(s.k_begin, s.k_end), v.rows(s.k_begin, s.k_end),
+                                  o, l, one_document(p, s));
+    }
+    if (!cut) cuda::copy_columns(l, 0, lse, s.q_begin, n);
+  }
+}
+
+void attention_backward_by_document(const Tensor& q, const Tensor& k, const Tensor& v, const Tensor& out,
+                                    const Tensor& lse, const Tensor& dout, Tensor& dq, Tensor& dk, Tensor& dv,
+                                    const AttentionParams& p) {
+  const bool cut = attention_cut();
+  for (const DocumentSlice& s : document_slices(q, k, p)) {
+    const int64_t n = s.q_end - s.q_begin;
+    Tensor dqs = dq.rows(s.q_begin, s.q_end), dks = dk.rows(s.k_begin, s.k_end), dvs = dv.rows(s.k_begin, s.k_end);
+    if (n == 0 || s.k_begin == s.k_end) {
+      if (cut) continue;
+      if (n > 0) dqs.zero();
+      if (s.k_begin < s.k_end) {
+        dks.zero();
+        dvs.zero();
+      }
+      continue;
+    }
+    Tensor l = Tensor::empty({q.size(1), n}, DType::f32, q.device());
+    if (!cut) cuda::copy_columns(lse, s.q_begin, l, 0, n);
+    cuda::attention_backward_own(q.rows(s.q_begin, s.q_end), k.rows(s.k_begin, s.k_end), v.rows(s.k_begin, s.k_end),
+                                 out.rows(s.q_begin, s.q_end), l, dout.rows(s.q_begin, s.q_end), dqs, dks, dvs,
+                                 one_document(p, s));
+  }
+}
+
+// The GPU backend's attention: per document under a mask, else cuDNN or the own kernels.
+void gpu_attention_forward(const Tensor& q, const Tensor& k, const Tensor& v, Tensor& out, Tensor& lse,
+                           const AttentionParams& p) {
+  if (!p.documents.empty()) return attention_forward_by_document(q, k, v, out, lse, p);
+  cuda::attention_forward(q, k, v, out, lse, p);
+}
+
+void gpu_attention_backward(const Tensor& q, const Tensor& k, const Tensor& v, const Tensor& out, const Tensor& lse,
+                            const Tensor& dout, Tensor& dq, Tensor& dk, Tensor& dv, const AttentionParams& p) {
+  if (!p.documents.empty()) return attention_backward_by_document(q, k, v, out, lse, dout, dq, dk, dv, p);
+  cuda::attention_backward(q, k, v, out, lse, dout, dq, dk, dv, p);
+}
+#endif
 }  // namespace
 
 void attention_forward(const Tensor& q, const Tensor& k, const Tensor& v, Tensor& out, Tensor& lse,
@@ -331,14 +442,17 @@ void attention_forward(const Tensor& q, const Tensor& k, const Tensor& v, Tensor
   ProfileScope scope(OpKind::attention_fwd, op);
   if (attention_cut()) {
 #ifdef LCX_HAVE_CUDA
-    // The GPU backend allocates the call's workspace and stops before the math; the CPU's
-    // allocates nothing.
-    if (cuda) cuda::attention_forward(q, k, v, out, lse, r);
+    // The GPU backend allocates the call's workspace (each document's, under a mask) and stops
+    // before the math; the CPU's allocates nothing.
+    if (cuda) gpu_attention_forward(q, k, v, out, lse, r);
 #endif
     out.zero();
     lse.zero();
     return;
   }
+#ifdef LCX_HAVE_CUDA
+  if (cuda) return gpu_attention_forward(q, k, v, out, lse, r);
+#endif
   LCX_ROUTE(cuda, attention_forward, q, k, v, out, lse, r);
 }
 
@@ -366,13 +480,16 @@ void attention_backward(const Tensor& q, const Tensor& k, const Tensor& v, const
   ProfileScope scope(OpKind::attention_bwd, op);
   if (attention_cut()) {
 #ifdef LCX_HAVE_CUDA
-    if (cuda) cuda::attention_backward(q, k, v, out, lse, dout, dq, dk, dv, r);
+    if (cuda) gpu_attention_backward(q, k, v, out, lse, dout, dq, dk, dv, r);
 #endif
     dq.zero();
     dk.zero();
     dv.zero();
     return;
   }
+#ifdef LCX_HAVE_CUDA
+  if (cuda) return gpu_attention_backward(q, k, v, out, lse, dout, dq, dk, dv, r);
+#endif
   LCX_ROUTE(cuda, attention_backward, q, k, v, out, lse, dout, dq, dk, dv, r);
 }
 

@@ -11,14 +11,17 @@ class SingleRank final : public Parallelism {
  public:
   void configure(const ParallelModelInfo&, Mesh*) override {}
   int size() const override { return 1; }
+  bool masks_documents() const override { return true; }
   Shard shard(const Sequence& seq, int rank) const override {
     LCX_CHECK(rank == 0, "single-rank parallelism has no rank ", rank);
     Shard s;
     s.tokens = seq.tokens;
     s.targets = seq.targets;
     s.global_length = seq.tokens.size(0);
+    s.document_bounds = seq.document_bounds;
     s.positions = Tensor::empty({s.global_length}, DType::i64);
-    for (int64_t i = 0; i < s.global_length; ++i) s.positions.data_as<int64_t>()[i] = i;
+    for (int64_t i = 0; i < s.global_length; ++i)
+      s.positions.data_as<int64_t>()[i] = sequence_position(s.document_bounds, i);
     return s;
   }
   void attention_forward(const Tensor& q, const Tensor& k, const Tensor& v, Tensor& out, Tensor& lse,
@@ -51,6 +54,7 @@ class SingleRank final : public Parallelism {
     ops::AttentionParams p;
     p.scale = a.scale;
     p.causal = a.causal;
+    p.documents = a.documents;
     return p;
   }
 };

@@ -74,6 +74,17 @@ Run::Run(const CoreConfig& cfg, SlotSet slots, Device device, RankSetup rank, co
   if (!slots_.model)
     throw Error(str("the manifest names no model module", model_needed_for.empty() ? "" : ", and ", model_needed_for),
                 "model.module", "add `module = \"qwen3\"` to [model]");
+  // Before any data or device work: a provider that cannot mask documents is never run unmasked.
+  if (!cfg_.data.attend_across_documents && slots_.parallel && !slots_.parallel->masks_documents()) {
+    auto it = slots_.providers.find(LCX_SLOT_PARALLELISM);
+    const std::string name = it != slots_.providers.end() ? it->second.name : "the parallelism provider";
+    throw Error(str("[data] attend_across_documents = false asks each packed document to attend only to itself, and ",
+                    name, " cannot mask documents"),
+                "data.attend_across_documents",
+                "set [data] attend_across_documents = true when the documents are one continuous text (books "
+                "concatenated end to end), or choose a Parallelism provider that masks documents (one rank does; "
+                "each plugin's README says whether it does)");
+  }
 }
 
 Run::~Run() = default;

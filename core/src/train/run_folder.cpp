@@ -102,6 +102,7 @@ void check_same_run(const CoreConfig& now, const std::string& checkpoint) {
       {"data.pad_to_multiple_of", {str(was.data.pad_to_multiple_of), str(now.data.pad_to_multiple_of)}},
       {"data.shuffle", {b(was.data.shuffle), b(now.data.shuffle)}},
       {"data.drop_last", {b(was.data.drop_last), b(now.data.drop_last)}},
+      {"data.attend_across_documents", {b(was.data.attend_across_documents), b(now.data.attend_across_documents)}},
   };
   for (const auto& [key, v] : keys)
     if (v.first != v.second)

@@ -34,7 +34,7 @@ DType act_dtype(const StepSlots& s) {
 Tensor forward_only(StepSlots& s, const Shard& shard, Device device, const RopeTables& rope) {
   const ModelConfig& cfg = s.model->config();
   const int64_t T = shard.tokens.size(0), H = cfg.hidden_size;
-  StepContext ctx{&rope, s.parallel, device, s.mlp, nullptr, s.recipe};
+  StepContext ctx{&rope, s.parallel, device, s.mlp, nullptr, s.recipe, shard.document_bounds};
   const Tensor tokens = on(shard.tokens, device);
   Tensor x = Tensor::empty({T, H}, act_dtype(s), device, MemoryCategory::activations);
   s.optimizer->weights_needed(Optimizer::kNonLayer);
@@ -105,7 +105,7 @@ StepResult train_step(StepSlots& s, const Shard& shard, double grad_scale, Devic
   const double t0 = now_s();
   std::optional<ProfilePhase> phase(std::in_place, StepPhase::forward);
   const RopeTables rope = s.positional->tables(shard.positions, device);
-  StepContext ctx{&rope, s.parallel, device, s.mlp, &memory, s.recipe};
+  StepContext ctx{&rope, s.parallel, device, s.mlp, &memory, s.recipe, shard.document_bounds};
   // A layer whose input is not saved runs without the memory strategy: it keeps nothing, and its
   // backward recomputes everything from the rebuilt input.
   StepContext unsaved = ctx;

@@ -74,6 +74,8 @@ struct StepContext {
   // on paths with no backward (evaluation), where nothing is kept.
   MemoryStrategy* memory = nullptr;
   Recipe recipe;
+  // The shard's document_bounds, for the attention (AttentionArgs::documents).
+  std::span<const int64_t> documents;
 };
 
 class Model : public Plugin {

@@ -1,6 +1,7 @@
 // Parallelism slot: how one sequence is cut across ranks and how attention still sees every
 // earlier token. The result must equal a single big device's.
 #pragma once
+#include <span>
 #include <string>
 #include <vector>
 
@@ -24,6 +25,9 @@ struct ParallelModelInfo {
 struct AttentionArgs {
   float scale = 0;  // softmax scale, usually 1/sqrt(head_dim)
   bool causal = true;
+  // The shard's document_bounds (lcx/sequence.h), over the whole sequence: a token attends only
+  // to its own document. Empty: to every earlier token.
+  std::span<const int64_t> documents;
 };
 
 class Mesh;
@@ -41,6 +45,9 @@ class Parallelism : public Plugin {
   // attention one head group at a time; false when the provider needs every head in one call
   // (it cuts heads across ranks, or each call costs a ring pass).
   virtual bool attention_takes_head_groups() const { return size() == 1; }
+  // Whether attention_forward/backward honour AttentionArgs::documents. A provider that does not
+  // is refused by name when [data] attend_across_documents = false, never run unmasked.
+  virtual bool masks_documents() const { return false; }
   virtual Shard shard(const Sequence& seq, int rank) const = 0;
   // q [T,Hq,d], k/v [T,Hkv,d] of this rank; out [T,Hq,d]; lse fp32 [Hq,T] (natural log).
   virtual void attention_forward(const Tensor& q, const Tensor& k, const Tensor& v, Tensor& out,

@@ -9,7 +9,10 @@
 // dk += scale * ds * q. Work is split by kv head, so each task owns its dk/dv rows (summed over
 // the query heads of its group) and the dq rows of those heads.
 // Positions: query i sits at q_offset + i, key j at k_offset + j; causal hides keys past the query.
+// Document bounds narrow each query's keys to its own document's, so the work is the sum of the
+// documents' squared lengths.
 // Inputs are widened to fp32 once; outputs are rounded once into their dtypes.
+#include <algorithm>
 #include <cmath>
 
 #include "kernels/cpu/cpu_ops.h"
@@ -27,10 +30,17 @@ inline float dot(const float* a, const float* b, int64_t n) {
 
 struct Dims {
   int64_t T, S, Hq, Hkv, d, group;
-  // Keys [0, end) are visible to query row i.
-  int64_t key_end(int64_t i, const AttentionParams& p) const {
-    if (!p.causal) return S;
-    return std::clamp<int64_t>(p.q_offset + i - p.k_offset + 1, 0, S);
+  // Keys [begin, end) are visible to query row i.
+  std::pair<int64_t, int64_t> keys(int64_t i, const AttentionParams& p) const {
+    const int64_t pos = p.q_offset + i;
+    int64_t begin = 0, end = p.causal ? pos - p.k_offset + 1 : S;
+    if (!p.documents.empty()) {  // ops.cpp checked that the bounds cover every position
+      const auto next = std::upper_bound(p.documents.begin(), p.documents.end(), pos);
+      begin = std::max(begin, *(next - 1) - p.k_offset);
+      end = std::min(end, *next - p.k_offset);
+    }
+    begin = std::clamp<int64_t>(begin, 0, S);
+    return {begin, std::clamp<int64_t>(end, begin, S)};
   }
 };
 
@@ -53,10 +63,10 @@ void attention_forward(const Tensor& q, const Tensor& k, const Tensor& v, Tensor
     std::vector<float> acc(m.d), s(kKeyBlock);
     for (int64_t i = 0; i < m.T; ++i) {
       const float* qi = &qf[(i * m.Hq + h) * m.d];
-      const int64_t end = m.key_end(i, p);
+      const auto [begin, end] = m.keys(i, p);
       float mx = -INFINITY, l = 0.f;
       std::fill(acc.begin(), acc.end(), 0.f);
-      for (int64_t j0 = 0; j0 < end; j0 += kKeyBlock) {
+      for (int64_t j0 = begin; j0 < end; j0 += kKeyBlock) {
         const int64_t n = std::min(kKeyBlock, end - j0);
         float bmax = -INFINITY;
         for (int64_t jj = 0; jj < n; ++jj) {
@@ -99,14 +109,15 @@ void attention_backward(const Tensor& q, const Tensor& k, const Tensor& v, const
         const int64_t row = (i * m.Hq + h) * m.d;
         std::fill(dq_i.begin(), dq_i.end(), 0.f);
         const float lse_i = lse_p[h * m.T + i];
-        const int64_t end = std::isinf(lse_i) ? 0 : m.key_end(i, p);
-        if (end > 0) {
+        auto [begin, end] = m.keys(i, p);
+        if (std::isinf(lse_i)) end = begin;
+        if (end > begin) {
           load_f32(out, row, m.d, o.data());
           load_f32(dout, row, m.d, dout_i.data());
         }
-        const float D = end > 0 ? dot(dout_i.data(), o.data(), m.d) : 0.f;
+        const float D = end > begin ? dot(dout_i.data(), o.data(), m.d) : 0.f;
         const float* qi = &qf[row];
-        for (int64_t j = 0; j < end; ++j) {
+        for (int64_t j = begin; j < end; ++j) {
           const float* kj = &kf[(j * m.Hkv + g) * m.d];
           const float* vj = &vf[(j * m.Hkv + g) * m.d];
           const float pj = std::exp(p.scale * dot(qi, kj, m.d) - lse_i);

@@ -194,13 +194,19 @@ void launch_bwd(const Params& p) {
 
 void attention_backward(const Tensor& q, const Tensor& k, const Tensor& v, const Tensor& out, const Tensor& lse,
                         const Tensor& dout, Tensor& dq, Tensor& dk, Tensor& dv, const AttentionParams& ap) {
+  if (q.size(0) > 0 && q.size(1) > 0 && lcx::cuda::cudnn_attention_backward(q, k, v, out, lse, dout, dq, dk, dv, ap))
+    return;
+  attention_backward_own(q, k, v, out, lse, dout, dq, dk, dv, ap);
+}
+
+void attention_backward_own(const Tensor& q, const Tensor& k, const Tensor& v, const Tensor& out, const Tensor& lse,
+                            const Tensor& dout, Tensor& dq, Tensor& dk, Tensor& dv, const AttentionParams& ap) {
   attn::Params p = attn::make_params(q, k, ap);
   if (p.T == 0 || p.Hq == 0) {  // no query sees anything: the keys get no gradient
     if (dk.nbytes()) LCX_CUDA_CHECK(cudaMemsetAsync(dk.data(), 0, dk.nbytes(), lcx::cuda::current_stream()));
     if (dv.nbytes()) LCX_CUDA_CHECK(cudaMemsetAsync(dv.data(), 0, dv.nbytes(), lcx::cuda::current_stream()));
     return;
   }
-  if (lcx::cuda::cudnn_attention_backward(q, k, v, out, lse, dout, dq, dk, dv, ap)) return;
   if (p.d > 128)
     throw Error(str("attention with head_dim ", p.d, " on the GPU"), {}, "the CUDA kernels take head_dim <= 128");
   p.q = q.data();

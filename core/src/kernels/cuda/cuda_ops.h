@@ -27,6 +27,12 @@ void attention_forward(const Tensor& q, const Tensor& k, const Tensor& v, Tensor
                        const AttentionParams& p);
 void attention_backward(const Tensor& q, const Tensor& k, const Tensor& v, const Tensor& out, const Tensor& lse,
                         const Tensor& dout, Tensor& dq, Tensor& dk, Tensor& dv, const AttentionParams& p);
+// The same on lcx's own kernels, never cuDNN: for calls of many distinct lengths (one per packed
+// document), for each of which cuDNN would build and cache a plan.
+void attention_forward_own(const Tensor& q, const Tensor& k, const Tensor& v, Tensor& out, Tensor& lse,
+                           const AttentionParams& p);
+void attention_backward_own(const Tensor& q, const Tensor& k, const Tensor& v, const Tensor& out, const Tensor& lse,
+                            const Tensor& dout, Tensor& dq, Tensor& dk, Tensor& dv, const AttentionParams& p);
 double cross_entropy_forward_backward(const Tensor& logits, const Tensor& targets, double grad_scale,
                                       Tensor* dlogits, int64_t* valid);
 void cross_entropy_chunk(const Tensor& logits, const Tensor& targets, float grad_scale, Tensor& row_loss,

@@ -1,0 +1,155 @@
+// Document-masked attention (issue 23) against full causal attention over the same tokens: for
+// each length mix, the sequence of --tokens tokens is cut into documents, and one forward and one
+// backward of Qwen3-8B's attention shape are timed both ways (the device synchronized around each
+// call, the median of --reps). Useful FLOPs count only the score entries a query may see: a causal
+// [n x n] block holds n(n+1)/2 of them, so a document of n tokens is worth 4 n(n+1)/2 Hq d
+// forward FLOPs (QK^T and PV) and 2.5x that backward. The rate per useful FLOP says what masking
+// costs per score; the wall times say what it saves.
+// Mixes: "one" (a single document: the mask's overhead alone), "pg19" (lengths drawn from a
+// log-normal fit of PG-19's book lengths, median ~90k tokens, so a few documents and a cut one),
+// "short" (log-normal around 1k tokens: thousands of documents, as chat/code corpora), "uniform4k".
+// One JSON line per (mix, kind) on stdout, then a summary line per mix.
+//
+//   doc_attention_bench --device cuda --tokens 131072
+//   doc_attention_bench --device cpu --tokens 512 --heads 4 --kv-heads 2 --head-dim 16   (a smoke run)
+#include <algorithm>
+#include <chrono>
+#include <cmath>
+#include <cstdio>
+#include <functional>
+#include <string>
+#include <vector>
+
+#include "bench_util.h"
+#include "lcx/error.h"
+#include "lcx/ops.h"
+#include "lcx/tensor.h"
+
+namespace lcx {
+namespace {
+
+struct Options {
+  Device device = Device::cuda();
+  int64_t tokens = 131072, heads = 32, kv_heads = 8, head_dim = 128;  // Qwen3-8B's attention
+  std::vector<std::string> mixes = {"one", "pg19", "short", "uniform4k"};
+  int reps = 3;
+  uint64_t seed = 1;
+};
+
+std::vector<std::string> split(const std::string& s) {
+  std::vector<std::string> v;
+  size_t at = 0;
+  while (at <= s.size()) {
+    const size_t comma = std::min(s.find(',', at), s.size());
+    if (comma > at) v.push_back(s.substr(at, comma - at));
+    at = comma + 1;
+  }
+  return v;
+}
+
+Options parse(int argc, char** argv) {
+  Options o;
+  for (int i = 1; i < argc; ++i) {
+    const std::string a = argv[i];
+    auto value = [&]() -> std::string {
+      if (i + 1 >= argc) throw Error(str("doc_attention_bench: ", a, " needs a value"));
+      return argv[++i];
+    };
+    if (a == "--device") {
+      const std::string d = value();
+      if (d != "cuda" && d != "cpu") throw Error(str("doc_attention_bench: --device is cuda or cpu, got ", d));
+      o.device = d == "cuda" ? Device::cuda() : Device::cpu();
+    } else if (a == "--tokens") {
+      o.tokens = std::stoll(value());
+    } else if (a == "--heads") {
+      o.heads = std::stoll(value());
+    } else if (a == "--kv-heads") {
+      o.kv_heads = std::stoll(value());
+    } else if (a == "--head-dim") {
+      o.head_dim = std::stoll(value());
+    } else if (a == "--mixes") {
+      o.mixes = split(value());
+    } else if (a == "--reps") {
+      o.reps = static_cast<int>(std::stoll(value()));
+    } else if (a == "--seed") {
+      o.seed = static_cast<uint64_t>(std::stoll(value()));
+    } else {
+      throw Error(str("doc_attention_bench: unknown option ", a),
+                  "", "--device --tokens --heads --kv-heads --head-dim --mixes --reps --seed");
+    }
+  }
+  return o;
+}
+
+double seconds_of(Device d, const std::function<void()>& f) {
+  bench::sync(d);
+  const auto t0 = std::chrono::steady_clock::now();
+  f();
+  bench::sync(d);
+  return std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
+}
+
+double median(std::vector<double> v) {
+  std::sort(v.begin(), v.end());
+  return v[v.size() / 2];
+}
+
+}  // namespace
+}  // namespace lcx
+
+int main(int argc, char** argv) {
+  using namespace lcx;
+  try {
+    const Options o = parse(argc, argv);
+    const int64_t T = o.tokens, Hq = o.heads, Hkv = o.kv_heads, d = o.head_dim;
+    const DType dt = o.device.is_cuda() ? DType::bf16 : DType::f32;
+    const Tensor q = bench::random_uniform({T, Hq, d}, dt, o.device, 1.f, 1);
+    const Tensor k = bench::random_uniform({T, Hkv, d}, dt, o.device, 1.f, 2);
+    const Tensor v = bench::random_uniform({T, Hkv, d}, dt, o.device, 1.f, 3);
+    const Tensor dout = bench::random_uniform({T, Hq, d}, dt, o.device, 1.f, 4);
+    Tensor out = Tensor::empty({T, Hq, d}, dt, o.device), lse = Tensor::empty({Hq, T}, DType::f32, o.device);
+    Tensor dq = Tensor::empty(q.shape(), dt, o.device), dk = Tensor::empty(k.shape(), dt, o.device),
+           dv = Tensor::empty(v.shape(), dt, o.device);
+    auto useful = [&](const std::vector<int64_t>& b) {
+      double pairs = 0;
+      for (size_t i = 0; i + 1 < b.size(); ++i) {
+        const double n = static_cast<double>(b[i + 1] - b[i]);
+        pairs += n * (n + 1) / 2;
+      }
+      return 4.0 * pairs * static_cast<double>(Hq * d);
+    };
+    for (const std::string& mix : o.mixes) {
+      const std::vector<int64_t> b = bench::document_bounds(mix, T, o.seed);
+      double t_full[2] = {0, 0}, t_masked[2] = {0, 0};
+      for (int masked = 0; masked < 2; ++masked) {
+        ops::AttentionParams p;
+        if (masked) p.documents = b;
+        std::vector<double> fwd, bwd;
+        for (int r = 0; r < o.reps + 1; ++r) {  // the first call warms up (cuDNN builds its graphs)
+          const double f = seconds_of(o.device, [&] { ops::attention_forward(q, k, v, out, lse, p); });
+          const double g =
+              seconds_of(o.device, [&] { ops::attention_backward(q, k, v, out, lse, dout, dq, dk, dv, p); });
+          if (r > 0) fwd.push_back(f), bwd.push_back(g);
+        }
+        double* t = masked ? t_masked : t_full;
+        t[0] = median(fwd);
+        t[1] = median(bwd);
+        const double flops = useful(masked ? b : std::vector<int64_t>{0, T});
+        std::printf("{\"mix\":\"%s\",\"kind\":\"%s\",\"tokens\":%lld,\"documents\":%zu,\"forward_s\":%.6f,"
+                    "\"backward_s\":%.6f,\"useful_tflops_fwd\":%.2f,\"useful_tflops_bwd\":%.2f}\n",
+                    mix.c_str(), masked ? "masked" : "causal", static_cast<long long>(T), b.size() - 1, t[0], t[1],
+                    flops / t[0] / 1e12, 2.5 * flops / t[1] / 1e12);
+      }
+      const double rate_fwd = (useful(b) / t_masked[0]) / (useful({0, T}) / t_full[0]);
+      const double rate_bwd = (useful(b) / t_masked[1]) / (useful({0, T}) / t_full[1]);
+      std::printf("summary %s: %zu documents, masked/causal rate per useful FLOP fwd %.2fx bwd %.2fx, "
+                  "wall fwd+bwd masked %.4f s vs causal %.4f s (%.2fx faster)\n",
+                  mix.c_str(), b.size() - 1, rate_fwd, rate_bwd, t_masked[0] + t_masked[1], t_full[0] + t_full[1],
+                  (t_full[0] + t_full[1]) / (t_masked[0] + t_masked[1]));
+    }
+    return 0;
+  } catch (const Error& e) {
+    std::fprintf(stderr, "%s\n", e.what());
+    return 2;
+  }
+}
