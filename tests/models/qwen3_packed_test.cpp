@@ -2,7 +2,8 @@
 // documents trains as each document alone (CPU, fp32): the loss sum (1e-6 relative) and every
 // parameter gradient (2e-6 relative L2) of one packed step equal the sums over one step per document. Positions restart at
 // each document (core's rotary and rope_yarn read them from the shard), the attention is masked
-// per document, and each document's EOS predicts nothing, as the dataset sets it.
+// per document, and each document's EOS predicts nothing, as the dataset sets it. With
+// Recipe::checkpoint_every the backward's rebuild forwards carry the mask too.
 #include <gtest/gtest.h>
 #include <nlohmann/json.hpp>
 
@@ -65,13 +66,15 @@ struct Trained {
 };
 
 // One step per sequence, gradients accumulating (grad_scale 1: sums, not means).
-Trained train(const std::vector<Sequence>& seqs, const std::string& rope_yarn_table, const std::string& qwen3_table) {
+Trained train(const std::vector<Sequence>& seqs, const std::string& rope_yarn_table, const std::string& qwen3_table,
+              int64_t checkpoint_every) {
   std::shared_ptr<Model> model = test::make_qwen3(qwen3_table);
   model->init_random(kSpec.dump(), 23, Device::cpu(), DType::f32);
   std::shared_ptr<PositionalEncoding> pe =
       rope_yarn_table.empty() ? std::shared_ptr<PositionalEncoding>(make_default_rope())
                               : test::make_plugin<PositionalEncoding>("rope_yarn", rope_yarn_table);
   test::DefaultSlots s(*model, pe);
+  s.slots.recipe.checkpoint_every = checkpoint_every;
   model->zero_grad();
   Trained t;
   for (const Sequence& seq : seqs) {
@@ -84,14 +87,14 @@ Trained train(const std::vector<Sequence>& seqs, const std::string& rope_yarn_ta
 }
 
 void expect_packed_equals_alone(const std::vector<int64_t>& lengths, const std::string& rope_yarn_table,
-                                const std::string& qwen3_table = "") {
+                                const std::string& qwen3_table = "", int64_t checkpoint_every = 1) {
   const auto docs = documents(lengths);
   std::vector<Sequence> alone;
   for (const auto& d : docs) alone.push_back(pack({d}, false));
-  const Trained want = train(alone, rope_yarn_table, qwen3_table);
-  const Trained got = train({pack(docs, true)}, rope_yarn_table, qwen3_table);
+  const Trained want = train(alone, rope_yarn_table, qwen3_table, checkpoint_every);
+  const Trained got = train({pack(docs, true)}, rope_yarn_table, qwen3_table, checkpoint_every);
   const std::string what = str(lengths.size(), " documents", rope_yarn_table.empty() ? "" : ", rope_yarn",
-                               qwen3_table.empty() ? "" : ", " + qwen3_table);
+                               qwen3_table.empty() ? "" : ", " + qwen3_table, ", checkpoint_every ", checkpoint_every);
   EXPECT_EQ(got.valid, want.valid) << what;
   EXPECT_NEAR(got.loss_sum, want.loss_sum, 1e-6 * std::abs(want.loss_sum)) << what;
   for (const auto& [name, g] : want.grads) {
@@ -104,7 +107,7 @@ void expect_packed_equals_alone(const std::vector<int64_t>& lengths, const std::
     EXPECT_LE(test::rel_l2(got.grads.at(name), g), 2e-6) << name << ": " << what;
   }
   // Unmasked, the same packed sequence is another computation: the mask is what makes them equal.
-  const Trained across = train({pack(docs, false)}, rope_yarn_table, qwen3_table);
+  const Trained across = train({pack(docs, false)}, rope_yarn_table, qwen3_table, checkpoint_every);
   EXPECT_GT(std::abs(across.loss_sum - want.loss_sum), 1e-4 * std::abs(want.loss_sum)) << what;
 }
 
@@ -119,6 +122,12 @@ TEST(PackedDocuments, RopeYarnPositionsRestartPerDocument) {
 
 TEST(PackedDocuments, HeadGroupsCarryTheMask) {
   expect_packed_equals_alone({33, 12, 50}, "", "attention_head_groups = 2");
+}
+
+// Two layers, the second's input rebuilt in the backward by layer 0's forward again: that forward
+// masks too, or layer 1's gradients would be the unmasked ones.
+TEST(PackedDocuments, CheckpointRebuildCarriesTheMask) {
+  expect_packed_equals_alone({45, 3, 60}, "", "", 2);
 }
 
 }  // namespace
