@@ -98,6 +98,18 @@ class Offload final : public MemoryStrategy {
     prepare(x);
     reap();
     if (s.resident) {
+      // The first resident input: the moved ones still copying out are waited for and dropped, so
+      // the residents never sit beside the prefetch window (the plan counts the larger of the two).
+      // The host waits for copies of inputs produced a layer or more ago; the GPU keeps its queue.
+      for (LayerInput& o : inputs_)
+        if (o.state == State::saving) {
+          const auto t0 = std::chrono::steady_clock::now();
+          o.copied.synchronize();
+          host_wait_s_ += std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
+          o.device = Tensor();
+          o.kept_device.clear();
+          o.state = State::on_host;
+        }
       s.device = x;
       s.kept_device.clear();
       s.kept = 0;
@@ -229,23 +241,26 @@ class Offload final : public MemoryStrategy {
     const int64_t want = gpu_layers_ >= 0 ? gpu_layers_ : in.recipe.gpu_layers;
     const int64_t resident = std::clamp<int64_t>(want, 0, saved), moved = saved - resident;
     const int64_t window = std::min<int64_t>(moved, prefetch_ + 1);
+    // The resident inputs are the last ones: the window of moved inputs has drained (save) before
+    // the first of them is saved, and the backward loads moved ones ahead only as residents are
+    // released (at resident layer j from the first: j + 1 residents, prefetch - j loaded ahead). So
+    // the two never add up: at most the larger is on the device.
+    const int64_t on_gpu = std::max(resident, window);
     const int64_t each = in.tokens_per_rank * in.model.hidden_size * static_cast<int64_t>(dtype_size(in.weight_dtype));
-    if (resident > 0) {
-      plan.add(str("saved layer inputs kept on the GPU: the last ", resident, " x [T,H] (gpu_layers)"),
-               PlanCategory::activations_gpu, resident * each, plan_phase::step);
-      if (plan.kept_bytes_per_layer > 0)
-        plan.add(str("kept attention of the layers kept on the GPU: ", resident, " layers"),
-                 PlanCategory::activations_gpu, resident * plan.kept_bytes_per_layer, plan_phase::step);
-    }
+    if (on_gpu == 0) return;
+    const std::string which = resident == 0   ? str("at most ", window, " moved (prefetch ", prefetch_, ")")
+                              : moved == 0    ? str("the last ", resident, " kept there (gpu_layers)")
+                                              : str("the last ", resident, " kept there (gpu_layers) or at most ", window,
+                                                    " moved (prefetch ", prefetch_, "), never both");
+    plan.add(str("saved layer inputs on the GPU: ", on_gpu, " x [T,H], ", which), PlanCategory::activations_gpu,
+             on_gpu * each, plan_phase::step);
+    if (plan.kept_bytes_per_layer > 0)
+      plan.add(str("kept attention on the GPU: ", on_gpu, " layers, beside their inputs"), PlanCategory::activations_gpu,
+               on_gpu * plan.kept_bytes_per_layer, plan_phase::step);
     if (moved == 0) return;
-    if (plan.kept_bytes_per_layer > 0) {
-      plan.add(str("kept attention of the layers on the GPU: at most ", window, " layers"),
-               PlanCategory::activations_gpu, window * plan.kept_bytes_per_layer, plan_phase::step);
+    if (plan.kept_bytes_per_layer > 0)
       plan.add(str("kept attention in pinned host memory: ", moved, " layers"), PlanCategory::activations_host,
                moved * plan.kept_bytes_per_layer, plan_phase::always, true);
-    }
-    plan.add(str("saved layer inputs on the GPU: at most ", window, " x [T,H] (prefetch ", prefetch_, ")"),
-             PlanCategory::activations_gpu, window * each, plan_phase::step);
     // Pinned once and kept across steps.
     plan.add(str("saved layer inputs in pinned host memory: ", moved, " x [T,H]"), PlanCategory::activations_host,
              moved * each, plan_phase::always, true);

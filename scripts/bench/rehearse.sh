@@ -13,7 +13,7 @@
 #                                     [embedding, final norm, head + loss, host gaps: once per step]
 #                  + the full-depth optimizer                    [measured by the rehearsal, real]
 # Both runs take random-init weights (bf16, master_dtype MASTER), random token ids and the plugins
-# of PLUGINS; ARGS adds lcx-train flags to both (e.g. --set run.host_memory=125GB). About 4 minutes
+# of PLUGINS; ARGS adds lcx-train flags to both (e.g. --set run.host_memory=125GB); ONE_LAYER=0 skips (b). About 4 minutes
 # a case for Qwen3-4B at 1M tokens on one H200 (rehearsal ~1.5 min, the layer's step ~70 s).
 #   CASES="qwen3-4b:1048576 qwen3-8b:1048576" OUT=/tmp/rh scripts/bench/rehearse.sh build
 set -uo pipefail
@@ -76,6 +76,7 @@ print(f"--set qwen3.keep_attention={str(c['keep_attention']).lower()}"
       + (f" --set qwen3.attention_head_groups={c['head_groups']}" if c["head_groups"] > 0 else ""))
 PY
 )
+  [[ ${ONE_LAYER:-1} == 0 ]] && continue  # the rehearsal alone (the layer was timed before)
   start=$(date +%s)
   timeout "$limit" "$build/bin/lcx-train" --config "$one/run.toml" --profile --set run.profile_step=1 $same ${ARGS:-} \
     >"$one/lcx.log" 2>&1
@@ -114,13 +115,18 @@ for c in cases:
                 span[e["args"]["phase"]] += e["dur"] / 1e6
         layer = span["forward"] + span["backward"]
         rest = m["step_s"] - layer - m["time_optimizer_s"]
-        predicted = L * layer + rest + r["optimizer_s"]
+        # checkpoint_every = k: the backward runs the forward of each unsaved layer once more.
+        k = max(1, r["recipe_choices"].get("checkpoint_every", 1))
+        rebuilt = L - (L + k - 1) // k
+        predicted = L * layer + rebuilt * span["forward"] + rest + r["optimizer_s"]
+        again = f" + {rebuilt} x {span['forward']:.2f}" if rebuilt else ""
         row += [f"{span['forward']:.2f} + {span['backward']:.2f} (1 layer of {L})", f"{rest:.2f}", f"{r['optimizer_s']:.2f}",
-                f"{L} x {layer:.2f} + {rest:.2f} + {r['optimizer_s']:.2f} = {predicted:.1f}"]
+                f"{L} x {layer:.2f}{again} + {rest:.2f} + {r['optimizer_s']:.2f} = {predicted:.1f}"]
     except (OSError, ValueError, IndexError, KeyError) as e:
         row += [f"1-layer step failed ({type(e).__name__}: {e})", "", "", ""]
     print("| " + " | ".join(row) + " |")
 print()
 print("A rehearsal cuts the attention math (its loss means nothing); its peaks are the real step's. The 1-layer step is "
-      "real and traced (lcx-train --profile, step 1); rest = that step's time outside its layer and its optimizer.")
+      "real and traced (lcx-train --profile, step 1); rest = that step's time outside its layer and its optimizer; "
+      "with checkpoint_every = k the layers between checkpoints run their forward once more.")
 PY

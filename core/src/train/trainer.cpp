@@ -329,7 +329,9 @@ int Trainer::rehearse() {
                            // The choices, for a shorter run to be given the same (scripts/bench/rehearse.sh).
                            {"recipe_choices",
                             {{"keep_attention", run_.planned().recipe.keep_attention},
-                             {"head_groups", run_.planned().recipe.head_groups}}},
+                             {"head_groups", run_.planned().recipe.head_groups},
+                             {"checkpoint_every", run_.planned().recipe.checkpoint_every},
+                             {"gpu_layers", run_.planned().recipe.gpu_layers}}},
                            {"loss_meaningless", r.loss},
                            {"step_s", r.t_end - r.t_start},
                            {"optimizer_s", r.t_end - r.t_optimizer},  // real: the update is not cut
