@@ -202,9 +202,11 @@ class Offload final : public MemoryStrategy {
     return s.device;
   }
 
+  // prefetch = 0 loads nothing ahead, the step's hints included: a resident input and a moved one
+  // loaded beside it would be two inputs where the plan (and the user who chose 0) count one.
   void prefetch(int layer) override {
     LayerInput& s = input_of(layer);
-    if (s.state == State::on_host && held() < prefetch_ + 1) load(s);
+    if (prefetch_ > 0 && s.state == State::on_host && held() < prefetch_ + 1) load(s);
   }
 
 
