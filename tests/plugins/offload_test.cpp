@@ -167,6 +167,36 @@ TEST(OffloadCpuBookkeeping, GpuLayersStayOnTheDeviceAndThePoolShrinks) {
   }
 }
 
+// prefetch = 0 beside a resident input: the step's hint loads nothing, so the backward of the
+// resident layer holds its input alone (the plan counts the larger of residents and window, one
+// input here; an 8B 1M rehearsal on the H200 measured a moved input loaded beside it before).
+TEST(OffloadCpuBookkeeping, NoPrefetchLoadsNothingBesideTheResidents) {
+  const int L = 6;
+  const int64_t T = 64, H = 32, each = T * H * 4;
+  auto offload = make_offload("prefetch = 0\ngpu_layers = 1");
+  offload->use_recipe(Recipe{});
+  offload->begin_step(L);
+  for (int l = 0; l < L; ++l) offload->save(l, Tensor::zeros({T, H}, DType::f32, Device::cpu(), MemoryCategory::activations));
+  const int64_t during = activation_peak(Device::cpu(), [&] {
+    offload->fetch(L - 1);
+    offload->prefetch(L - 2);  // the step's hint for the next layer
+  });
+  EXPECT_EQ(during, 0) << "a moved input was loaded beside the resident one";
+  offload->release(L - 1);
+  const int64_t moved = activation_peak(Device::cpu(), [&] { offload->fetch(L - 2); });
+  EXPECT_EQ(moved, each);  // loaded when used
+  offload->release(L - 2);
+  offload->end_step();
+  PlanInputs in;
+  in.model.num_layers = L;
+  in.model.hidden_size = H;
+  in.tokens_per_rank = in.seq_len = T;
+  in.weight_dtype = DType::f32;
+  MemoryPlan plan;
+  offload->plan(in, plan);
+  EXPECT_EQ(plan.category_bytes(PlanCategory::activations_gpu), each);
+}
+
 TEST(OffloadCpuBookkeeping, RoundTripReturnsTheSavedBytesInAnyFetchOrder) {
   const int L = 7;
   std::mt19937 rng(5);
