@@ -341,9 +341,9 @@ AttentionParams check_attention(const char* op, const Tensor& q, const Tensor& k
 }
 
 #ifdef LCX_HAVE_CUDA
-// Document-masked attention on the GPU, once per document on row slices: exact, and the work is
-// the sum of the documents' squared lengths, at one call per document: cuDNN for long documents,
-// lcx's own kernels for short ones and ring pieces (runs_on_cudnn).
+// Document-masked attention on the GPU as lcx's own kernels run once per document, on row slices:
+// exact, and the work is the sum of the documents' squared lengths, at one launch per document.
+// Not cuDNN: it builds and caches a plan per shape, and document lengths change every step.
 // Each document's query rows meet its key rows at their own positions (ring blocks have queries
 // and keys at different offsets); queries of a document with no key here see nothing (out 0, lse
 // -inf), keys of one with no query get no gradient. The LSE [Hq,T] is strided per document: a
@@ -374,23 +374,6 @@ AttentionParams one_document(const AttentionParams& p, const DocumentSlice& s) {
   return r;
 }
 
-// A long document whose query and key rows are the same tokens is plain causal attention from
-// position 0, which cuDNN's kernel runs at its full rate (the H200: the own kernels reached under a
-// tenth of it per document). cuDNN builds a plan per length and caches it; a mix of long documents
-// has few lengths in a step, and the 36 layers share them. Short documents (a plan each would cost
-// more than their attention) and ring pieces, whose queries and keys sit apart, take the own kernels.
-constexpr int64_t kCudnnDocumentRows = 16384;
-bool runs_on_cudnn(const DocumentSlice& s, const AttentionParams& p) {
-  const int64_t n = s.q_end - s.q_begin;
-  return p.causal && s.q_pos == s.k_pos && n == s.k_end - s.k_begin && n >= kCudnnDocumentRows;
-}
-AttentionParams from_zero(const AttentionParams& p) {
-  AttentionParams r = p;
-  r.documents = {};
-  r.q_offset = r.k_offset = 0;
-  return r;
-}
-
 void attention_forward_by_document(const Tensor& q, const Tensor& k, const Tensor& v, Tensor& out, Tensor& lse,
                                    const AttentionParams& p) {
   const bool cut = attention_cut();
@@ -405,12 +388,8 @@ void attention_forward_by_document(const Tensor& q, const Tensor& k, const Tenso
                               DType::f32, q.device());
     } else {
       l = Tensor::empty({q.size(1), n}, DType::f32, q.device());
-      if (runs_on_cudnn(s, p))
-        cuda::attention_forward(q.rows(s.q_begin, s.q_end), k.rows(s.k_begin, s.k_end), v.rows(s.k_begin, s.k_end), o, l,
-                                from_zero(p));
-      else
-        cuda::attention_forward_own(q.rows(s.q_begin, s.q_end), k.rows(s.k_begin, s.k_end), v.rows(s.k_begin, s.k_end),
-                                    o, l, one_document(p, s));
+      cuda::attention_forward_own(q.rows(s.q_begin, s.q_end), k.rows(s.k_begin, s.k_end), v.rows(s.k_begin, s.k_end),
+                                  o, l, one_document(p, s));
     }
     if (!cut) cuda::copy_columns(l, 0, lse, s.q_begin, n);
   }
@@ -434,13 +413,9 @@ void attention_backward_by_document(const Tensor& q, const Tensor& k, const Tens
     }
     Tensor l = Tensor::empty({q.size(1), n}, DType::f32, q.device());
     if (!cut) cuda::copy_columns(lse, s.q_begin, l, 0, n);
-    if (runs_on_cudnn(s, p))
-      cuda::attention_backward(q.rows(s.q_begin, s.q_end), k.rows(s.k_begin, s.k_end), v.rows(s.k_begin, s.k_end),
-                               out.rows(s.q_begin, s.q_end), l, dout.rows(s.q_begin, s.q_end), dqs, dks, dvs, from_zero(p));
-    else
-      cuda::attention_backward_own(q.rows(s.q_begin, s.q_end), k.rows(s.k_begin, s.k_end), v.rows(s.k_begin, s.k_end),
-                                   out.rows(s.q_begin, s.q_end), l, dout.rows(s.q_begin, s.q_end), dqs, dks, dvs,
-                                   one_document(p, s));
+    cuda::attention_backward_own(q.rows(s.q_begin, s.q_end), k.rows(s.k_begin, s.k_end), v.rows(s.k_begin, s.k_end),
+                                 out.rows(s.q_begin, s.q_end), l, dout.rows(s.q_begin, s.q_end), dqs, dks, dvs,
+                                 one_document(p, s));
   }
 }
 
