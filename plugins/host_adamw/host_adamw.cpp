@@ -21,6 +21,7 @@
 //
 // On CPU tensors the same code runs: copies between host buffers, events always complete
 // (lcx/stream.h), so CI runs the GPU's bookkeeping with a real worker thread.
+#include <lcx/adamw_scalars.h>
 #include <lcx/defaults.h>
 #include <lcx/error.h>
 #include <lcx/pinned.h>
@@ -261,14 +262,8 @@ class HostAdamW final : public Optimizer {
     wait_for_norms();  // the update overwrites the staging the norm thread reads
     for (Group& g : groups_) g.grads_staged = false;  // the next step's come from its backward
     ++step_;
-    Hyper h{};
-    h.lr = static_cast<float>(lr);
-    h.beta1 = static_cast<float>(cfg_.beta1);
-    h.beta2 = static_cast<float>(cfg_.beta2);
-    h.eps = static_cast<float>(cfg_.eps);
-    // As core's AdamW: the bias corrections in fp64, passed as fp32 scalars.
-    h.step_size = static_cast<float>(lr / (1.0 - std::pow(cfg_.beta1, static_cast<double>(step_))));
-    h.bias_correction2_sqrt = static_cast<float>(std::sqrt(1.0 - std::pow(cfg_.beta2, static_cast<double>(step_))));
+    const AdamWScalars a = adamw_scalars(cfg_, lr, step_);  // as core's AdamW
+    Hyper h{a.lr, a.beta1, a.beta2, a.eps, 0.0f, a.step_size, a.bias_correction2_sqrt, 1.0f};
     h.grad_scale = grad_scale_;
     grad_scale_ = 1.0f;
     host_wait_s_ = 0;

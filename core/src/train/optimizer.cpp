@@ -4,6 +4,7 @@
 #include <cmath>
 #include <map>
 
+#include "lcx/adamw_scalars.h"
 #include "lcx/error.h"
 #include "lcx/ops.h"
 #include "lcx/plan.h"
@@ -45,14 +46,8 @@ void AdamW::scale_grads(double scale) {
 
 void AdamW::step(double lr) {
   ++step_;
-  adamw::Hyper h;
-  h.lr = static_cast<float>(lr);
-  h.beta1 = static_cast<float>(cfg_.beta1);
-  h.beta2 = static_cast<float>(cfg_.beta2);
-  h.eps = static_cast<float>(cfg_.eps);
-  // torch computes the bias corrections in fp64 (Python floats) and passes fp32-rounded scalars.
-  h.step_size = static_cast<float>(lr / (1.0 - std::pow(cfg_.beta1, static_cast<double>(step_))));
-  h.bias_correction2_sqrt = static_cast<float>(std::sqrt(1.0 - std::pow(cfg_.beta2, static_cast<double>(step_))));
+  const AdamWScalars a = adamw_scalars(cfg_, lr, step_);
+  adamw::Hyper h{a.lr, a.beta1, a.beta2, a.eps, 0.0f, a.step_size, a.bias_correction2_sqrt};
   ProfileScope scope(OpKind::optimizer, "adamw_step");
   for (auto& s : params_) {
     h.weight_decay = s.p->decay ? static_cast<float>(cfg_.weight_decay) : 0.0f;
