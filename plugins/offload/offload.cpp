@@ -40,6 +40,7 @@
 #include <lcx/stream.h>
 
 #include <algorithm>
+#include <limits>
 #include <chrono>
 #include <vector>
 
@@ -57,10 +58,14 @@ std::string gib(double bytes) {
 class Offload final : public MemoryStrategy {
  public:
   // gpu_layers: -1 for "auto" (the recipe's), else the saved inputs kept on the device.
+  // prefetch: -1 for "auto" (the recipe's, else kDefaultPrefetch), else the inputs loaded ahead.
   Offload(int prefetch, int64_t max_host_bytes, int64_t gpu_layers)
-      : prefetch_(prefetch), max_host_bytes_(max_host_bytes), gpu_layers_(gpu_layers) {}
+      : prefetch_key_(prefetch), max_host_bytes_(max_host_bytes), gpu_layers_(gpu_layers) {}
 
-  void use_recipe(const Recipe& recipe) override { recipe_ = recipe; }
+  void use_recipe(const Recipe& recipe) override {
+    recipe_ = recipe;
+    prefetch_ = ahead(recipe);
+  }
 
   void begin_step(int num_layers) override {
     LCX_CHECK(num_layers >= 0, "offload: ", num_layers, " layers");
@@ -242,7 +247,8 @@ class Offload final : public MemoryStrategy {
     const int64_t saved = in.recipe.saved_layers(in.model.num_layers);
     const int64_t want = gpu_layers_ >= 0 ? gpu_layers_ : in.recipe.gpu_layers;
     const int64_t resident = std::clamp<int64_t>(want, 0, saved), moved = saved - resident;
-    const int64_t window = std::min<int64_t>(moved, prefetch_ + 1);
+    const int prefetch = ahead(in.recipe);
+    const int64_t window = std::min<int64_t>(moved, prefetch + 1);
     // The resident inputs are the last ones: the window of moved inputs has drained (save) before
     // the first of them is saved, and the backward loads moved ones ahead only as residents are
     // released (at resident layer j from the first: j + 1 residents, prefetch - j loaded ahead). So
@@ -250,10 +256,10 @@ class Offload final : public MemoryStrategy {
     const int64_t on_gpu = std::max(resident, window);
     const int64_t each = in.tokens_per_rank * in.model.hidden_size * static_cast<int64_t>(dtype_size(in.weight_dtype));
     if (on_gpu == 0) return;
-    const std::string which = resident == 0   ? str("at most ", window, " moved (prefetch ", prefetch_, ")")
+    const std::string which = resident == 0   ? str("at most ", window, " moved (prefetch ", prefetch, ")")
                               : moved == 0    ? str("the last ", resident, " kept there (gpu_layers)")
                                               : str("the last ", resident, " kept there (gpu_layers) or at most ", window,
-                                                    " moved (prefetch ", prefetch_, "), never both");
+                                                    " moved (prefetch ", prefetch, "), never both");
     plan.add(str("saved layer inputs on the GPU: ", on_gpu, " x [T,H], ", which), PlanCategory::activations_gpu,
              on_gpu * each, plan_phase::step);
     if (plan.kept_bytes_per_layer > 0)
@@ -266,6 +272,8 @@ class Offload final : public MemoryStrategy {
     // Pinned once and kept across steps.
     plan.add(str("saved layer inputs in pinned host memory: ", moved, " x [T,H]"), PlanCategory::activations_host,
              moved * each, plan_phase::always, true);
+    // Nothing loaded ahead: the backward waits for each moved layer's copy in.
+    if (prefetch == 0) plan.work.exposed_copy_bytes += static_cast<double>(moved * (each + plan.kept_bytes_per_layer));
   }
 
  private:
@@ -402,7 +410,12 @@ class Offload final : public MemoryStrategy {
     s.state = State::empty;
   }
 
-  const int prefetch_;
+  static constexpr int kDefaultPrefetch = 2;  // hides the copies at every length measured
+  int ahead(const Recipe& r) const {
+    return prefetch_key_ >= 0 ? prefetch_key_ : r.prefetch >= 0 ? static_cast<int>(r.prefetch) : kDefaultPrefetch;
+  }
+  const int prefetch_key_;
+  int prefetch_ = prefetch_key_ >= 0 ? prefetch_key_ : kDefaultPrefetch;  // this run's: ahead(recipe_)
   const int64_t max_host_bytes_;
   const int64_t gpu_layers_;
   Recipe recipe_;
@@ -418,24 +431,30 @@ class Offload final : public MemoryStrategy {
   double host_wait_s_ = 0;
 };
 
+// A key that is "auto" (the plan's recipe decides: -1) or a count in [0, most].
+template <class Config>
+int64_t auto_or_count(const Config& config, const char* key, int64_t most, const char* fix) {
+  if (!config.has(key)) return -1;
+  int64_t n = -1;
+  try {
+    n = config.get_int(key, -1);
+  } catch (const Error&) {  // not an integer: the one string it may be is "auto"
+    const std::string text = config.get_string(key, "auto");
+    if (text != "auto") config.fail(key, str("'", text, "' is neither \"auto\" nor a count"), fix);
+    return -1;
+  }
+  if (n < 0 || n > most) config.fail(key, str(n, " is out of range"), fix);
+  return n;
+}
+
 std::unique_ptr<Plugin> create(const PluginArgs& args) {
-  const int64_t depth = args.config.get_int("prefetch", 2);
-  if (depth < 0 || depth > 64) args.config.fail("prefetch", str(depth, " is out of range"), "0 to 64; 2 hides the copies");
+  const int64_t depth = auto_or_count(args.config, "prefetch", 64,
+                                      "\"auto\" (the plan's choice) or 0 to 64 inputs loaded ahead; 2 hides the copies");
   const int64_t max_mib = args.config.get_int("max_host_mib", 0);
   if (max_mib < 0) args.config.fail("max_host_mib", "must be >= 0", "0 means the host's MemAvailable");
-  int64_t gpu_layers = -1;
-  if (args.config.has("gpu_layers")) {
-    const char* fix = "\"auto\" (the plan's choice) or a count >= 0 of saved layer inputs kept on the GPU";
-    bool is_auto = false;
-    try {
-      gpu_layers = args.config.get_int("gpu_layers", -1);
-    } catch (const Error&) {  // not an integer: the one string it may be is "auto"
-      const std::string text = args.config.get_string("gpu_layers", "auto");
-      if (text != "auto") args.config.fail("gpu_layers", str("'", text, "' is neither \"auto\" nor a count"), fix);
-      is_auto = true;
-    }
-    if (!is_auto && gpu_layers < 0) args.config.fail("gpu_layers", str(gpu_layers, " is below 0"), fix);
-  }
+  const int64_t gpu_layers =
+      auto_or_count(args.config, "gpu_layers", std::numeric_limits<int32_t>::max(),
+                    "\"auto\" (the plan's choice) or a count >= 0 of saved layer inputs kept on the GPU");
   return std::make_unique<Offload>(static_cast<int>(depth), max_mib * 1024 * 1024, gpu_layers);
 }
 

@@ -220,5 +220,30 @@ TEST(PlanCli, HostBudgetMovesTheRecipeToPlacementAndDeeperRecompute) {
   EXPECT_NE(pick.find("every 2 layers one input saved"), std::string::npos) << pick;
 }
 
+// Qwen3-8B at 1M on the same machine: with the offload's own prefetch window (3 inputs of 8 GiB)
+// nothing fits both budgets; the plan then tries loading nothing ahead (the window's bytes go to
+// saved inputs, each copy in is exposed and costed) and fits with every third layer saved: the
+// recipe an H200 rehearsal measured equal to this plan (docs/PERF.md). A prefetch key set wins.
+TEST(PlanCli, NothingLoadedAheadWhenTheWindowDoesNotFit) {
+  const std::string dir = ::testing::TempDir() + "lcx-plan-8b-1m";
+  std::filesystem::create_directories(dir);
+  test::write_file(dir + "/plan.toml", "[model]\nmodule = \"qwen3\"\ninit = \"qwen3-8b\"\n[data]\nseq_len = 1048576\n"
+                                       "[train]\nmaster_dtype = \"bf16\"\n"
+                                       "[plugins]\nload = [\"loss_chunked\", \"offload\", \"tiled_mlp\"]\n");
+  const std::string plan = test::lcx_train() + " --plan --config " + dir + "/plan.toml --gpu-memory 139GiB --host-memory 120GiB";
+  auto chosen = run_command(plan);
+  ASSERT_EQ(chosen.exit_code, 0) << chosen.output;
+  const size_t at = chosen.output.find("<- chosen");
+  ASSERT_NE(at, std::string::npos) << chosen.output;
+  const std::string line = chosen.output.substr(chosen.output.rfind('\n', at) + 1, at - chosen.output.rfind('\n', at) - 1);
+  EXPECT_EQ(line.rfind("  fits ", 0), 0u) << line;
+  EXPECT_NE(line.find("every 3 layers one input saved, 1 saved inputs on the GPU, nothing loaded ahead"), std::string::npos)
+      << line;
+  auto fixed = run_command(plan + " --set offload.prefetch=2");
+  ASSERT_EQ(fixed.exit_code, 0) << fixed.output;
+  EXPECT_EQ(fixed.output.find("nothing loaded ahead"), std::string::npos) << fixed.output;
+  EXPECT_EQ(fixed.output.find("\n  fits "), std::string::npos) << fixed.output;
+}
+
 }  // namespace
 }  // namespace lcx

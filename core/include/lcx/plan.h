@@ -87,6 +87,7 @@ struct StepWork {
   double attention_forward_flops = 0;   // causal: 2 d flops per (query, key) pair and head, twice (QK^T, PV)
   double attention_backward_flops = 0;  // 2.5x the forward's pairs: dV, dP, dS, dQ, dK
   double memory_bytes = 0;              // elementwise passes and the optimizer: bytes read and written
+  double exposed_copy_bytes = 0;        // host <-> GPU copies the compute waits for (not overlapped)
 };
 
 struct MemoryPlan {

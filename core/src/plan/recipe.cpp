@@ -7,7 +7,8 @@
 // The rates are what one H200 reached in the step trace of full-depth Qwen3-4B at 64k tokens
 // (docs/PERF.md): cuBLASLt bf16 GEMMs, cuDNN's causal attention forward and backward, and the
 // elementwise kernels' memory traffic. Host copies of tensors a memory strategy moves overlap
-// compute and are not counted.
+// compute and are not counted, except those it says the compute waits for (exposed_copy_bytes:
+// nothing loaded ahead), at the pinned copy rate.
 #include <algorithm>
 #include <optional>
 
@@ -18,12 +19,13 @@ namespace lcx {
 
 double predicted_step_seconds(const StepWork& w) {
   constexpr double kGemmFlops = 640e12, kAttentionForwardFlops = 570e12, kAttentionBackwardFlops = 525e12,
-                   kMemoryBytes = 2.4e12;
+                   kMemoryBytes = 2.4e12, kHostCopyBytes = 55e9;  // pinned host <-> GPU, each way
   // A head group's projections are 1/groups as wide: on the H200 eight groups ran them at about
   // half the full width's rate (the 64k step: 0.85 s more than one group, beside the attention).
   const double grouped_rate = kGemmFlops / (1.0 + static_cast<double>(std::max<int64_t>(w.head_groups, 1) - 1) / 7.0);
   return w.gemm_flops / kGemmFlops + w.grouped_gemm_flops / grouped_rate + w.attention_forward_flops / kAttentionForwardFlops +
-         w.attention_backward_flops / kAttentionBackwardFlops + w.memory_bytes / kMemoryBytes;
+         w.attention_backward_flops / kAttentionBackwardFlops + w.memory_bytes / kMemoryBytes +
+         w.exposed_copy_bytes / kHostCopyBytes;
 }
 
 std::string recipe_name(const Recipe& r) {
@@ -31,6 +33,7 @@ std::string recipe_name(const Recipe& r) {
                          r.head_groups == 1 ? std::string("one head group") : str(r.head_groups, " head groups"));
   if (r.checkpoint_every > 1) name += str(", every ", r.checkpoint_every, " layers one input saved");
   if (r.gpu_layers >= 0) name += str(", ", r.gpu_layers, " saved inputs on the GPU");
+  if (r.prefetch == 0) name += ", nothing loaded ahead";
   return name;
 }
 
@@ -93,32 +96,38 @@ std::vector<RecipeOption> rank_recipes(const PlanInputs& in, const PlanSlots& sl
   for (int64_t k : spacings)
     for (bool keep : {true, false}) {
       if (keep && k > 1) continue;  // the layers between checkpoints keep nothing (train/step.cpp)
-      for (int64_t groups : group_counts) {
-        RecipeOption o;
-        o.recipe.keep_attention = keep;
-        o.recipe.head_groups = groups;
-        o.recipe.checkpoint_every = k;
-        try {
-          o.recipe.gpu_layers = most_gpu_layers(in, slots, o.recipe, gpu_bytes);
-        } catch (const Error& e) {
-          // A provider that refuses this spacing (a key set against it) drops its candidates.
-          if (k == 1) throw;
-          if (!refused) refused = e;
-          continue;
+      for (int64_t groups : group_counts)
+        // The strategy's own prefetch first; nothing loaded ahead only where that does not fit (it
+        // frees the window's GPU bytes for more inputs there, and exposes each copy in).
+        for (int64_t prefetch : {int64_t{-1}, int64_t{0}}) {
+          RecipeOption o;
+          o.recipe.keep_attention = keep;
+          o.recipe.head_groups = groups;
+          o.recipe.checkpoint_every = k;
+          o.recipe.prefetch = prefetch;
+          try {
+            o.recipe.gpu_layers = most_gpu_layers(in, slots, o.recipe, gpu_bytes);
+          } catch (const Error& e) {
+            // A provider that refuses this spacing (a key set against it) drops its candidates.
+            if (k == 1) throw;
+            if (!refused) refused = e;
+            break;
+          }
+          const Planned p = plan_recipe(in, slots, o.recipe);
+          // A head group count the model does not take (a mesh that splits heads), or a prefetch the
+          // strategy does not take (its key, or no strategy that loads ahead), plans the same as the
+          // candidate before it: listed once.
+          if (!out.empty() && out.back().recipe.keep_attention == keep && out.back().recipe.checkpoint_every == k &&
+              out.back().gpu_peak == p.gpu_peak && out.back().host_node == p.host_node && out.back().seconds == p.seconds)
+            break;
+          o.gpu_peak = p.gpu_peak;
+          o.host_peak = p.host_peak;
+          o.host_node = p.host_node;
+          o.fits = o.gpu_peak <= gpu_bytes && (host_bytes < 0 || o.host_node <= host_bytes);
+          o.seconds = p.seconds;
+          out.push_back(o);
+          if (o.fits) break;
         }
-        const Planned p = plan_recipe(in, slots, o.recipe);
-        // A head group count the model does not take (a mesh that splits heads) plans the same as
-        // the one before it: listed once.
-        if (!out.empty() && out.back().recipe.keep_attention == keep && out.back().recipe.checkpoint_every == k &&
-            out.back().gpu_peak == p.gpu_peak && out.back().host_node == p.host_node && out.back().seconds == p.seconds)
-          continue;
-        o.gpu_peak = p.gpu_peak;
-        o.host_peak = p.host_peak;
-        o.host_node = p.host_node;
-        o.fits = o.gpu_peak <= gpu_bytes && (host_bytes < 0 || o.host_node <= host_bytes);
-        o.seconds = p.seconds;
-        out.push_back(o);
-      }
     }
   if (out.empty() && refused) throw *refused;
   // Equal times (the same work, placed otherwise): the fewer pinned bytes first.

@@ -57,6 +57,9 @@ struct Recipe {
   // Saved inputs the memory strategy keeps on the GPU for the whole step, the rest where it moves
   // them; -1: the strategy's own rule.
   int64_t gpu_layers = -1;
+  // Saved inputs the memory strategy loads ahead of the backward's use; -1: its own rule. 0 saves
+  // the window's GPU bytes and leaves each copy in exposed (the cost model counts it).
+  int64_t prefetch = -1;
 
   bool saves(int64_t layer) const { return layer % std::max<int64_t>(1, checkpoint_every) == 0; }
   int64_t saved_layers(int64_t num_layers) const {
