@@ -219,5 +219,28 @@ TEST_F(Refusals, PlanRefusesAMeshNoLoadedPluginServes) {
   EXPECT_NE(served.output.find("memory plan"), std::string::npos) << served.output;
 }
 
+// Issue 24: cp and sp both above 1 with both axes' providers loaded is the two-dimensional mesh,
+// which nothing composes yet: refused by name with the fix, never planned or launched.
+TEST_F(Refusals, TwoDimensionalSequenceParallelismIsRefusedUntilItComposes) {
+  const std::string m =
+      manifest("max_steps = 1\n", "[distributed]\ncp = 2\nsp = 2\n[plugins]\nload = [\"cp_ring\", \"sp_ulysses\"]\n");
+  for (const char* mode : {" --plan --gpu-memory 80GB", ""}) {
+    auto both = lcx("--config " + m + mode);
+    EXPECT_EQ(both.exit_code, 2) << both.output;
+    EXPECT_NE(both.output.find("two providers for slot parallelism: 'cp_ring'"), std::string::npos) << both.output;
+    EXPECT_NE(both.output.find("a mesh with both cp > 1 and sp > 1 (two-dimensional sequence parallelism) has nothing"),
+              std::string::npos)
+        << both.output;
+    EXPECT_NE(both.output.find("set the other axis of [distributed] (cp or sp) to 1"), std::string::npos) << both.output;
+    EXPECT_EQ(both.output.find("memory plan"), std::string::npos) << both.output;
+    EXPECT_FALSE(std::filesystem::exists(dir / "out" / "metrics.jsonl"));
+  }
+
+  // The fix it names runs: one provider, its axis alone.
+  auto one = lcx("--config " + m + " --plan --gpu-memory 80GB --disable sp_ulysses --set distributed.sp=1");
+  EXPECT_EQ(one.exit_code, 0) << one.output;
+  EXPECT_NE(one.output.find("memory plan"), std::string::npos) << one.output;
+}
+
 }  // namespace
 }  // namespace lcx

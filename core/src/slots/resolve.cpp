@@ -49,6 +49,17 @@ std::map<uint32_t, SlotProvider> plan_slots(const Manifest& m, const PluginLoade
     if (it != providers.end() && it->second.name == info.name)
       throw Error(str("plugin '", info.name, "' is named twice (", it->second.origin, " and ", info.path, ")"),
                   "plugins.load", str("name '", info.name, "' once in [plugins] load"));
+    // Two parallelism providers (one per sequence axis, cp and sp) would be the two-dimensional
+    // mesh of issue 24; no provider stacks over another yet, so the mesh is refused by the axes
+    // it asks for rather than run with one axis left unsplit.
+    if (it != providers.end() && info.slot == LCX_SLOT_PARALLELISM)
+      throw Error(str("two providers for slot ", slot_name(info.slot), ": '", it->second.name, "' (",
+                      it->second.origin, ") and '", info.name, "' (", info.path,
+                      "): parallelism providers do not stack yet, so a mesh with both cp > 1 and sp > 1 "
+                      "(two-dimensional sequence parallelism) has nothing that would run it"),
+                  "plugins.load",
+                  str("keep one in [plugins] load (or --disable ", info.name,
+                      ") and set the other axis of [distributed] (cp or sp) to 1"));
     if (it != providers.end())
       throw Error(str("two providers for slot ", slot_name(info.slot), ": '", it->second.name, "' (",
                       it->second.origin, ") and '", info.name, "' (", info.path, ")"),
