@@ -47,17 +47,19 @@ TEST(PlanCli, PackedRecipePlansUnderSpUlysses) {
 // The recipe: every candidate planned and timed by the cost model, the fastest that fits chosen.
 // Kept attention (no attention forward in the backward) is predicted faster than the recompute,
 // one head group faster than eight; a smaller GPU budget moves the choice to what fits.
+// The recipe line `--plan` marks "<- chosen", without the mark; empty when none is.
+std::string chosen_line(const std::string& out) {
+  const size_t at = out.find("<- chosen");
+  if (at == std::string::npos) return std::string();
+  return out.substr(out.rfind('\n', at) + 1, at - out.rfind('\n', at) - 1);
+}
+
 TEST(PlanCli, ChoosesTheFastestRecipeThatFits) {
   const std::string dir = ::testing::TempDir() + "lcx-plan-recipe";
   std::filesystem::create_directories(dir);
   test::write_file(dir + "/plan.toml", "[model]\nmodule = \"qwen3\"\ninit = \"qwen3-4b\"\n[data]\nseq_len = 65536\n"
                                        "[train]\nmaster_dtype = \"bf16\"\ncheckpoint_every = 1\n"
                                        "[plugins]\nload = [\"loss_chunked\"]\n");
-  auto chosen_line = [](const std::string& out) {
-    const size_t at = out.find("<- chosen");
-    if (at == std::string::npos) return std::string();
-    return out.substr(out.rfind('\n', at) + 1, at - out.rfind('\n', at) - 1);
-  };
   auto predicted = [](const std::string& out, const std::string& recipe) {
     const size_t at = out.find(recipe + ": predicted step ");
     return at == std::string::npos ? -1.0 : std::stod(out.substr(at + recipe.size() + 17));
@@ -199,9 +201,8 @@ TEST(PlanCli, HostBudgetMovesTheRecipeToPlacementAndDeeperRecompute) {
 
   auto chosen = run_command(plan);
   ASSERT_EQ(chosen.exit_code, 0) << chosen.output;
-  const size_t at = chosen.output.find("<- chosen");
-  ASSERT_NE(at, std::string::npos) << chosen.output;
-  const std::string line = chosen.output.substr(chosen.output.rfind('\n', at) + 1, at - chosen.output.rfind('\n', at) - 1);
+  const std::string line = chosen_line(chosen.output);
+  ASSERT_FALSE(line.empty()) << chosen.output;
   EXPECT_EQ(line.rfind("  fits ", 0), 0u) << line;
   EXPECT_NE(line.find("attention recomputed, 4 head groups, 12 saved inputs on the GPU"), std::string::npos) << line;
   EXPECT_EQ(chosen.output.find("host fix: "), std::string::npos) << chosen.output;
@@ -213,9 +214,8 @@ TEST(PlanCli, HostBudgetMovesTheRecipeToPlacementAndDeeperRecompute) {
   auto deeper = run_command(test::lcx_train() + " --plan --config " + dir +
                             "/plan.toml --gpu-memory 139GiB --host-memory 100GB");
   ASSERT_EQ(deeper.exit_code, 0) << deeper.output;
-  const size_t mark = deeper.output.find("<- chosen");
-  ASSERT_NE(mark, std::string::npos) << deeper.output;
-  const std::string pick = deeper.output.substr(deeper.output.rfind('\n', mark) + 1, mark - deeper.output.rfind('\n', mark) - 1);
+  const std::string pick = chosen_line(deeper.output);
+  ASSERT_FALSE(pick.empty()) << deeper.output;
   EXPECT_EQ(pick.rfind("  fits ", 0), 0u) << pick;
   EXPECT_NE(pick.find("every 2 layers one input saved"), std::string::npos) << pick;
 }
@@ -233,9 +233,8 @@ TEST(PlanCli, NothingLoadedAheadWhenTheWindowDoesNotFit) {
   const std::string plan = test::lcx_train() + " --plan --config " + dir + "/plan.toml --gpu-memory 139GiB --host-memory 120GiB";
   auto chosen = run_command(plan);
   ASSERT_EQ(chosen.exit_code, 0) << chosen.output;
-  const size_t at = chosen.output.find("<- chosen");
-  ASSERT_NE(at, std::string::npos) << chosen.output;
-  const std::string line = chosen.output.substr(chosen.output.rfind('\n', at) + 1, at - chosen.output.rfind('\n', at) - 1);
+  const std::string line = chosen_line(chosen.output);
+  ASSERT_FALSE(line.empty()) << chosen.output;
   EXPECT_EQ(line.rfind("  fits ", 0), 0u) << line;
   EXPECT_NE(line.find("every 3 layers one input saved, 1 saved inputs on the GPU, nothing loaded ahead"), std::string::npos)
       << line;
