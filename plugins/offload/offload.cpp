@@ -438,8 +438,13 @@ int64_t auto_or_count(const Config& config, const char* key, int64_t most, const
   int64_t n = -1;
   try {
     n = config.get_int(key, -1);
-  } catch (const Error&) {  // not an integer: the one string it may be is "auto"
-    const std::string text = config.get_string(key, "auto");
+  } catch (const Error& not_integer) {  // the one string it may be is "auto"
+    std::string text;
+    try {
+      text = config.get_string(key, "auto");
+    } catch (const Error&) {
+      throw not_integer;  // neither: the integer's error names what was found
+    }
     if (text != "auto") config.fail(key, str("'", text, "' is neither \"auto\" nor a count"), fix);
     return -1;
   }

@@ -263,7 +263,8 @@ TEST(OffloadCpuBookkeeping, PlanPutsTheInputsOnTheHost) {
 
 TEST(OffloadCpuBookkeeping, RefusesABadPrefetchByName) {
   for (const char* bad :
-       {"prefetch = -1", "prefetch = 100", "max_host_mib = -5", "prefech = 2", "gpu_layers = -1", "gpu_layers = \"most\""}) {
+       {"prefetch = -1", "prefetch = 100", "prefetch = \"some\"", "prefetch = true", "max_host_mib = -5", "prefech = 2",
+        "gpu_layers = -1", "gpu_layers = \"most\""}) {
     try {
       make_offload(bad);
       ADD_FAILURE() << bad << " was accepted";
@@ -272,6 +273,7 @@ TEST(OffloadCpuBookkeeping, RefusesABadPrefetchByName) {
       EXPECT_NE(std::string(e.what()).find(key), std::string::npos) << e.what();
     }
   }
+  EXPECT_NO_THROW(make_offload("prefetch = \"auto\""));  // the plan's choice, as by default
 }
 
 #define LCX_SKIP_WITHOUT_GPU() \
