@@ -24,6 +24,44 @@ inline std::vector<int64_t> parse_list(const std::string& s) {
   return v;
 }
 
+// Comma-separated names ("one,pg19").
+inline std::vector<std::string> parse_names(const std::string& s) {
+  std::vector<std::string> v;
+  std::stringstream ss(s);
+  for (std::string item; std::getline(ss, item, ',');)
+    if (!item.empty()) v.push_back(item);
+  return v;
+}
+
+// A benchmark's command line, one option at a time: `while (args.next())`, then name() and
+// value(); errors name the tool and the option.
+class Args {
+ public:
+  Args(const char* tool, int argc, char** argv) : tool_(tool), argc_(argc), argv_(argv) {}
+  bool next() { return ++i_ < argc_ && (name_ = argv_[i_], true); }
+  const std::string& name() const { return name_; }
+  std::string value() {
+    if (i_ + 1 >= argc_) throw Error(str(tool_, ": ", name_, " needs a value"));
+    return argv_[++i_];
+  }
+  int64_t number() { return std::stoll(value()); }
+  Device device() {
+    const std::string d = value();
+    if (d != "cuda" && d != "cpu") throw Error(str(tool_, ": ", name_, " is cuda or cpu, got ", d));
+    return d == "cuda" ? Device::cuda() : Device::cpu();
+  }
+  [[noreturn]] void unknown(const std::string& fix) const {
+    throw Error(str(tool_, ": unknown option ", name_), {}, fix);
+  }
+
+ private:
+  const char* tool_;
+  int argc_;
+  char** argv_;
+  int i_ = 0;
+  std::string name_;
+};
+
 // The host waits for every queued kernel, so the clock around a call measures the device's work.
 inline void sync(Device d) {
   if (d.is_cuda()) backend_for(d)->synchronize();

@@ -42,36 +42,19 @@ struct Options {
 
 Options parse(int argc, char** argv) {
   Options o;
-  for (int i = 1; i < argc; ++i) {
-    const std::string a = argv[i];
-    auto value = [&]() -> std::string {
-      if (i + 1 >= argc) throw Error(str("cp_balance_bench: ", a, " needs a value"));
-      return argv[++i];
-    };
-    if (a == "--device") {
-      const std::string d = value();
-      if (d != "cuda" && d != "cpu") throw Error(str("cp_balance_bench: --device is cuda or cpu, got ", d));
-      o.device = d == "cuda" ? Device::cuda() : Device::cpu();
-    } else if (a == "--tokens") {
-      o.tokens = std::stoll(value());
-    } else if (a == "--cp") {
-      o.cps = bench::parse_list(value());
-    } else if (a == "--heads") {
-      o.heads = std::stoll(value());
-    } else if (a == "--kv-heads") {
-      o.kv_heads = std::stoll(value());
-    } else if (a == "--head-dim") {
-      o.head_dim = std::stoll(value());
-    } else if (a == "--mix") {
-      o.mix = value();
-    } else if (a == "--seed") {
-      o.seed = static_cast<uint64_t>(std::stoll(value()));
-    } else if (a == "--reps") {
-      o.reps = std::max(1, std::stoi(value()));
-    } else {
-      throw Error(str("cp_balance_bench: unknown argument ", a), {},
-                  "see the usage at the top of tests/bench/cp_balance_bench.cpp");
-    }
+  bench::Args args("cp_balance_bench", argc, argv);
+  while (args.next()) {
+    const std::string& a = args.name();
+    if (a == "--device") o.device = args.device();
+    else if (a == "--tokens") o.tokens = args.number();
+    else if (a == "--cp") o.cps = bench::parse_list(args.value());
+    else if (a == "--heads") o.heads = args.number();
+    else if (a == "--kv-heads") o.kv_heads = args.number();
+    else if (a == "--head-dim") o.head_dim = args.number();
+    else if (a == "--mix") o.mix = args.value();
+    else if (a == "--seed") o.seed = static_cast<uint64_t>(args.number());
+    else if (a == "--reps") o.reps = std::max<int>(1, static_cast<int>(args.number()));
+    else args.unknown("see the usage at the top of tests/bench/cp_balance_bench.cpp");
   }
   return o;
 }

@@ -36,47 +36,20 @@ struct Options {
   uint64_t seed = 1;
 };
 
-std::vector<std::string> split(const std::string& s) {
-  std::vector<std::string> v;
-  size_t at = 0;
-  while (at <= s.size()) {
-    const size_t comma = std::min(s.find(',', at), s.size());
-    if (comma > at) v.push_back(s.substr(at, comma - at));
-    at = comma + 1;
-  }
-  return v;
-}
-
 Options parse(int argc, char** argv) {
   Options o;
-  for (int i = 1; i < argc; ++i) {
-    const std::string a = argv[i];
-    auto value = [&]() -> std::string {
-      if (i + 1 >= argc) throw Error(str("doc_attention_bench: ", a, " needs a value"));
-      return argv[++i];
-    };
-    if (a == "--device") {
-      const std::string d = value();
-      if (d != "cuda" && d != "cpu") throw Error(str("doc_attention_bench: --device is cuda or cpu, got ", d));
-      o.device = d == "cuda" ? Device::cuda() : Device::cpu();
-    } else if (a == "--tokens") {
-      o.tokens = std::stoll(value());
-    } else if (a == "--heads") {
-      o.heads = std::stoll(value());
-    } else if (a == "--kv-heads") {
-      o.kv_heads = std::stoll(value());
-    } else if (a == "--head-dim") {
-      o.head_dim = std::stoll(value());
-    } else if (a == "--mixes") {
-      o.mixes = split(value());
-    } else if (a == "--reps") {
-      o.reps = static_cast<int>(std::stoll(value()));
-    } else if (a == "--seed") {
-      o.seed = static_cast<uint64_t>(std::stoll(value()));
-    } else {
-      throw Error(str("doc_attention_bench: unknown option ", a),
-                  "", "--device --tokens --heads --kv-heads --head-dim --mixes --reps --seed");
-    }
+  bench::Args args("doc_attention_bench", argc, argv);
+  while (args.next()) {
+    const std::string& a = args.name();
+    if (a == "--device") o.device = args.device();
+    else if (a == "--tokens") o.tokens = args.number();
+    else if (a == "--heads") o.heads = args.number();
+    else if (a == "--kv-heads") o.kv_heads = args.number();
+    else if (a == "--head-dim") o.head_dim = args.number();
+    else if (a == "--mixes") o.mixes = bench::parse_names(args.value());
+    else if (a == "--reps") o.reps = static_cast<int>(args.number());
+    else if (a == "--seed") o.seed = static_cast<uint64_t>(args.number());
+    else args.unknown("--device --tokens --heads --kv-heads --head-dim --mixes --reps --seed");
   }
   return o;
 }

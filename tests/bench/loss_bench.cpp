@@ -42,38 +42,32 @@ struct Options {
 
 Options parse(int argc, char** argv) {
   Options o;
-  for (int i = 1; i < argc; ++i) {
-    const std::string a = argv[i];
-    auto value = [&]() -> std::string {
-      if (i + 1 >= argc) throw Error(str("loss_bench: ", a, " needs a value"));
-      return argv[++i];
-    };
+  bench::Args args("loss_bench", argc, argv);
+  while (args.next()) {
+    const std::string& a = args.name();
     if (a == "--device") {
-      const std::string d = value();
-      if (d != "cuda" && d != "cpu") throw Error(str("loss_bench: --device is cuda or cpu, got ", d));
-      o.device = d == "cuda" ? Device::cuda() : Device::cpu();
+      o.device = args.device();
     } else if (a == "--tokens") {
-      o.tokens = bench::parse_list(value());
+      o.tokens = bench::parse_list(args.value());
     } else if (a == "--sweep") {
-      o.sweep = bench::parse_list(value());
+      o.sweep = bench::parse_list(args.value());
     } else if (a == "--hidden") {
-      o.hidden = std::stoll(value());
+      o.hidden = args.number();
     } else if (a == "--vocab") {
-      o.vocab = std::stoll(value());
+      o.vocab = args.number();
     } else if (a == "--chunk-rows") {
-      o.chunk_rows = std::stoll(value());
+      o.chunk_rows = args.number();
     } else if (a == "--reps") {
-      o.reps = std::max(1, std::stoi(value()));
+      o.reps = std::max<int>(1, static_cast<int>(args.number()));
     } else if (a == "--dtype") {
-      o.dtype = value();
+      o.dtype = args.value();
       if (o.dtype != "bf16" && o.dtype != "fp32") throw Error(str("loss_bench: --dtype is bf16 or fp32, got ", o.dtype));
     } else if (a == "--no-plain") {
       o.plain = false;
     } else if (a == "--plugin-dir") {
-      o.plugin_dir = value();
+      o.plugin_dir = args.value();
     } else {
-      throw Error(str("loss_bench: unknown argument ", a),
-                  {}, "see the usage at the top of tests/bench/loss_bench.cpp");
+      args.unknown("see the usage at the top of tests/bench/loss_bench.cpp");
     }
   }
   return o;
