@@ -41,7 +41,7 @@ for t in glob.glob(f"{out}/*/*/torch.json"):
         peer[os.path.basename(os.path.dirname(t))] = json.load(open(t))
     except ValueError:
         pass
-print("| case | variant | step s | forward s | backward s | MFU | peak GiB | plan GiB | pinned / plan GiB | PyTorch s | PyTorch GiB | lcx / PyTorch |")
+print("| case | variant | step s | forward s | backward s | MFU | peak GiB | plan GiB | host (pinned + optimizer) / plan GiB | PyTorch s | PyTorch GiB | lcx / PyTorch |")
 print("|---|---|---|---|---|---|---|---|---|---|---|---|")
 import re
 def planned(log):
@@ -60,7 +60,8 @@ for m in sorted(glob.glob(f"{out}/*/*/out/metrics.jsonl")):
     med = lambda k: statistics.median(r.get(k, 0) for r in (rows[1:] or rows))  # one step: warm-up included
     step = med("step_s")
     peak = max(r.get("peak_gpu_bytes", 0) for r in rows) / 2**30
-    pinned = max(r.get("peak_pinned_bytes", 0) for r in rows) / 2**30
+    # The plan's host figure: the pinned pool and an optimizer's state in host memory (host_adamw).
+    pinned = max(r.get("peak_pinned_bytes", 0) + r.get("host_optimizer_bytes", 0) for r in rows) / 2**30
     pl = planned(os.path.join(os.path.dirname(os.path.dirname(m)), "lcx.log"))
     plan_gpu = f"{pl[0] / 2**30:.2f}" if pl else "-"
     plan_pinned = f"{pinned:.2f} / {pl[1] / 2**30:.2f}" if pl else f"{pinned:.2f} / -"

@@ -184,7 +184,7 @@ TEST_F(TrainRun, RehearsalComparesPeaksWithThePlanAndWritesNoRun) {
                    test::tiny_run_manifest(dir / "out", dir / "data.tokens", 3, true, "max_steps = 4\nsave_final = true\n", plugins));
   auto r = train("--config " + (dir / "run.toml").string() + " --rehearse");
   ASSERT_EQ(r.exit_code, 0) << r.output;
-  for (const char* s : {"REHEARSAL, not training", "(meaningless)", "pinned host bytes held: measured",
+  for (const char* s : {"REHEARSAL, not training", "(meaningless)", "host bytes held (pinned pool + optimizer state in host memory): measured",
                         "not judged on the CPU", "the measured peaks agree with the plan"})
     EXPECT_NE(r.output.find(s), std::string::npos) << s << " missing\n" << r.output;
   const nlohmann::json report = nlohmann::json::parse(std::ifstream(dir / "out" / "rehearsal.json"));

@@ -64,6 +64,17 @@ int64_t host_peak_bytes() {
   return static_cast<int64_t>(u.ru_maxrss) * 1024;
 }
 
+// The plan's host figure holds the pinned pool and an optimizer's state kept in ordinary host
+// memory (host_adamw's fp32 master and moments); on a GPU run, host tensors of those categories are
+// exactly that state (core's own optimizer keeps its state on the device). On the CPU every tensor
+// is a host tensor and the plan is the GPU's, so nothing is added there.
+int64_t host_optimizer_bytes(Device device) {
+  if (!device.is_cuda()) return 0;
+  const AllocatorStats s = allocator_for(Device::cpu()).stats();
+  return s.live_by_category[static_cast<int>(MemoryCategory::master_weights)] +
+         s.live_by_category[static_cast<int>(MemoryCategory::optimizer)];
+}
+
 // How long the run is: each step takes grad_accum sequences for each data-parallel rank.
 struct RunLength {
   int64_t per_step = 0;
@@ -318,7 +329,8 @@ int Trainer::rehearse() {
   const Row rows[] = {{device.is_cuda() ? "GPU allocated peak (plan: without the reserve)"
                                         : "CPU allocator peak (plan: the GPU's, without the reserve)",
                        allocator_for(device).stats().peak_bytes, plan.peak(false).bytes, device.is_cuda()},
-                      {"pinned host bytes held", pinned_allocator().stats().peak_bytes, plan.host_peak(), true}};
+                      {"host bytes held (pinned pool + optimizer state in host memory)",
+                       pinned_allocator().stats().peak_bytes + host_optimizer_bytes(device), plan.host_peak(), true}};
   bool agree = true;
   nlohmann::json report = {{"rehearsal", true},
                            {"note", "a rehearsal: the attention math was cut; the loss means nothing"},
@@ -396,6 +408,7 @@ void Trainer::log_step(const StepRecord& r) {
                       {"time_weights_wait_s", r.weights_wait_s},
                       {"peak_host_bytes", host_peak_bytes()},
                       {"peak_pinned_bytes", pinned_allocator().stats().peak_bytes},
+                      {"host_optimizer_bytes", host_optimizer_bytes(device)},
                       {"skipped", !r.finite}};
   if (device.is_cuda()) {
     m["peak_gpu_bytes"] = allocator_for(device).stats().peak_bytes;
@@ -443,7 +456,8 @@ void log_recipe(const Run& run) {
                 run.device().is_cuda() ? str("; predicted step ", predicted_step_seconds(plan.work), " s") : std::string()));
   // What the measured peaks (metrics' peak_gpu_bytes, peak_pinned_bytes) are to be compared with.
   log::info(str("plan: GPU peak ", plan.peak(false).bytes, " B allocated (", plan.peak(true).bytes,
-                " B with the reserve), pinned host ", plan.host_peak(), " B"));
+                " B with the reserve), pinned host ", plan.host_peak(),
+                " B (the pinned pool's peak + host_optimizer_bytes)"));
   if (seq_len > rope.effective_max_positions())
     log::warn(str("sequences of ", seq_len, " tokens go beyond the ", rope.effective_max_positions(),
                   " positions this model places correctly: expect a loss near 10 instead of ~4. Load a YaRN "
