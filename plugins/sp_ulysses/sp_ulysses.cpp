@@ -193,6 +193,8 @@ class Ulysses final : public Parallelism {
     plan.add("attention backward dQ accumulator and workspace (cuDNN) [Hq/sp,L,d] fp32 x 2", PlanCategory::transient,
              cudnn_dq_accumulator_bytes(Hq / sp, sp * T, d) + cudnn_backward_workspace_bytes(Hq / sp, sp * T, d),
              plan_phase::backward);
+    if (in.documents_masked)
+      plan_document_masks(plan, Hq / sp, std::max<int64_t>(1, Hkv / sp), sp * T, d, in.weight_dtype);
     if (Hkv < sp)
       plan.add("all-to-all: fp32 sum of replicated dk/dv [T,Hkv,d]", PlanCategory::communication, T * Hkv * d * 4,
                plan_phase::backward);

@@ -5,6 +5,7 @@
 #include "lcx/plan.h"
 
 namespace lcx {
+
 namespace {
 
 class SingleRank final : public Parallelism {
@@ -47,6 +48,10 @@ class SingleRank final : public Parallelism {
     plan.add("attention forward workspace (cuDNN)", PlanCategory::transient, kCudnnForwardWorkspace, plan_phase::forward);
     plan.add("attention backward workspace (cuDNN) [Hq,T,d] fp32 + 256 B", PlanCategory::transient,
              cudnn_backward_workspace_bytes(hq, in.tokens_per_rank, d), plan_phase::backward);
+    if (in.documents_masked) {
+      const int64_t hkv = std::max<int64_t>(1, in.model.num_kv_heads / std::max<int64_t>(1, plan.attention_head_groups));
+      plan_document_masks(plan, hq, hkv, in.tokens_per_rank, d, in.weight_dtype);
+    }
   }
 
  private:
