@@ -138,8 +138,9 @@ TEST(PlanArithmetic, EveryDefaultProviderContributes) {
 }
 
 // [data] attend_across_documents = false (the default) masks attention per document: the single
-// GPU's attention then runs cuDNN on padded batches of documents, whose buffers (at most twice the
-// rows) and per-document tables are planned; attending across documents plans neither.
+// GPU's attention then runs cuDNN on padded batches of documents, whose buffers (at most T rows
+// rounded up to a power of two) and per-document tables are planned in place of the unmasked
+// call's accumulator and workspaces; attending across documents plans those instead.
 TEST(PlanArithmetic, DocumentMasksPlanPaddedBatchesOnlyWhenMasked) {
   const int64_t T = 8192;
   CoreConfig cfg;
@@ -152,15 +153,19 @@ TEST(PlanArithmetic, DocumentMasksPlanPaddedBatchesOnlyWhenMasked) {
   const PlanTerm& bwd = term(p, "document-masked attention backward");
   EXPECT_EQ(bwd.phase, plan_phase::backward);
   EXPECT_EQ(bwd.contributor, "single");
-  EXPECT_EQ(bwd.bytes, 2 * T * (4 * (hq + hkv) * d * 2 + 2 * hq * 4 + 2 * hq * d * 4) + 256);
-  EXPECT_EQ(term(p, "document-masked attention forward").bytes, 2 * T * (2 * (hq + hkv) * d * 2 + hq * 4) + 256);
+  EXPECT_EQ(bwd.bytes, T * (4 * (hq + hkv) * d * 2 + 2 * hq * 4 + 2 * hq * d * 4) + 256);
+  EXPECT_EQ(term(p, "document-masked attention forward").bytes, T * (2 * (hq + hkv) * d * 2 + hq * 4) + 256);
   EXPECT_EQ(term(p, "document tables").bytes, 2 * T * 4 + (T + 1) * 8);
+  // Rows round up to a power of two: 5,000 tokens plan 8,192 padded rows.
+  EXPECT_EQ(cudnn_document_padding_bytes(false, hq, hkv, 5000, d, 2), 8192 * (2 * (hq + hkv) * d * 2 + hq * 4) + 256);
+  for (const PlanTerm& t : p.terms) EXPECT_EQ(t.name.find("attention backward dQ accumulator"), std::string::npos);
 
   cfg.data.attend_across_documents = true;
   const PlanInputs across = plan_inputs(cfg, preset("qwen3-0.6b"), T);
   EXPECT_FALSE(across.documents_masked);
   const MemoryPlan q = build_plan(across, qwen3_slots());
   for (const PlanTerm& t : q.terms) EXPECT_EQ(t.name.find("document"), std::string::npos) << t.name;
+  EXPECT_EQ(term(q, "attention backward dQ accumulator").bytes, cudnn_dq_accumulator_bytes(hq, T, d));
   EXPECT_LT(q.peak().bytes, p.peak().bytes);
 }
 

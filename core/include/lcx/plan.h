@@ -55,15 +55,17 @@ inline int64_t cudnn_dq_accumulator_bytes(int64_t hq, int64_t T, int64_t d) { re
 inline int64_t cudnn_backward_workspace_bytes(int64_t hq, int64_t T, int64_t d) { return hq * T * d * 4 + 256; }
 
 // Document-masked attention on the GPU (kernels/cuda/attention_documents.cpp) runs cuDNN on
-// batches of documents, each padded to a power of two of rows; the padded rows of one call are at
-// most twice the call's real rows, themselves at most T (or one least padded document, 128 rows).
-// Per padded row a forward call holds q, out [Hq,d] and k, v [Hkv,d] in the activations' dtype
-// (`elem` bytes) and the stats [Hq] fp32; a backward call also dout, dq [Hq,d], dk, dv [Hkv,d],
+// batches of documents, each padded to a power of two of rows; the padded rows of one batch are at
+// most the call's T rows rounded up to a power of two (or one least padded document, 128 rows).
+// Per padded row a forward batch holds q, out [Hq,d] and k, v [Hkv,d] in the activations' dtype
+// (`elem` bytes) and the stats [Hq] fp32; a backward batch also dout, dq [Hq,d], dk, dv [Hkv,d],
 // the softmax sums [Hq] fp32, the dQ accumulator [Hq,d] fp32 and cuDNN's workspace as large again
-// (above). Calls run one after another, so this bounds the peak.
+// (above). Batches run one after another, so this bounds the peak; it holds the unmasked call's
+// accumulator and workspaces, which a masked step's call replaces.
 inline int64_t cudnn_document_padding_bytes(bool backward, int64_t hq, int64_t hkv, int64_t T, int64_t d,
                                             int64_t elem) {
-  const int64_t rows = 2 * T > 128 ? 2 * T : 128;
+  int64_t rows = 128;  // kernels/document_batches.h kMinPaddedRows
+  while (rows < T) rows *= 2;
   const int64_t per_row = backward ? 4 * (hq + hkv) * d * elem + 2 * hq * 4 + 2 * hq * d * 4
                                    : 2 * (hq + hkv) * d * elem + hq * 4;
   return rows * per_row + 256;

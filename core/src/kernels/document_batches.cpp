@@ -20,9 +20,8 @@ std::vector<DocumentBatch> document_batches(const std::vector<int64_t>& lengths)
   }
   std::vector<DocumentBatch> out;
   for (auto& [S, docs] : buckets) {
-    // Only the smallest S can hold documents of fewer than S/2 rows: its batches are capped so
-    // their padded rows stay within twice the call's real rows.
-    const uint64_t cap = std::bit_floor(static_cast<uint64_t>(std::max<int64_t>(1, 2 * total / S)));
+    const uint64_t cap = std::bit_floor(std::max<uint64_t>(1, std::bit_ceil(static_cast<uint64_t>(total)) /
+                                                                    static_cast<uint64_t>(S)));
     size_t next = 0;
     while (next < docs.size()) {
       const uint64_t left = docs.size() - next;

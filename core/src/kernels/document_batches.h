@@ -5,11 +5,12 @@
 // each document's rows are padded to S, its length rounded up to a power of two (at least
 // kMinPaddedRows), and the documents of one S run as batches of B documents, B a power of two
 // (13 documents of one S run as 8 + 4 + 1). The plan keys are then (2^i, 2^j) pairs: a new mix of
-// lengths reuses the plans of earlier steps. The padded rows of a batch are at most twice its real
-// rows (each document of S > kMinPaddedRows holds more than S/2 rows), and batches of the
-// smallest S are capped at the same: a batch's padded rows never pass twice the call's real rows
-// (or one S), which bounds the memory plan's term (lcx/plan.h cudnn_document_padding_bytes).
+// lengths reuses the plans of earlier steps. A batch's padded rows B * S are capped at the call's
+// real rows rounded up to a power of two (or one kMinPaddedRows document), which bounds the memory
+// plan's term (lcx/plan.h cudnn_document_padding_bytes): calls run one after another, so their
+// buffers never pass the rows of one unmasked call by more than that rounding.
 #pragma once
+#include <cstddef>
 #include <cstdint>
 #include <vector>
 
@@ -22,7 +23,7 @@ int64_t padded_rows(int64_t n);
 
 struct DocumentBatch {
   int64_t rows = 0;           // S: each document's padded rows
-  std::vector<size_t> docs;   // indices into the lengths given; a power-of-two count
+  std::vector<std::size_t> docs;   // indices into the lengths given; a power-of-two count
 };
 
 // Every document of positive length in exactly one batch, the batches of one S largest first,
