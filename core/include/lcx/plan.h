@@ -153,8 +153,8 @@ struct MemoryPlan {
 
 // The terms of document-masked attention on cuDNN's padded batches (cudnn_document_padding_bytes,
 // document_table_bytes) in the forward and backward, for a Parallelism whose calls see `rows`
-// query rows of hq query and hkv key/value heads: added by the single-rank default and
-// sp_ulysses when PlanInputs::documents_masked.
+// query rows of hq query and hkv key/value heads: added by the single-rank default, and by a
+// Parallelism whose calls see whole sequences, when PlanInputs::documents_masked.
 void plan_document_masks(MemoryPlan& plan, int64_t hq, int64_t hkv, int64_t rows, int64_t d, DType dtype);
 
 }  // namespace lcx

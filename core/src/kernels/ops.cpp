@@ -342,7 +342,8 @@ AttentionParams check_attention(const char* op, const Tensor& q, const Tensor& k
 
 #ifdef LCX_HAVE_CUDA
 // Document-masked attention on the GPU: the work is the sum of the documents' squared lengths.
-// Where the queries and keys are the same rows (one GPU, sp_ulysses), the documents run on cuDNN
+// Where the queries and keys are the same rows (one GPU, whole sequences after an all-to-all), the
+// documents run on cuDNN
 // as padded batches of power-of-two shapes (kernels/cuda/attention_documents.cpp), whose plans a
 // new mix of lengths reuses. What cuDNN does not take (ring pieces with queries and keys apart,
 // LCX_ATTENTION=own, no cuDNN, a refused shape) runs on lcx's own kernels once per document, on

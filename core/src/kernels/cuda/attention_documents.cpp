@@ -1,5 +1,5 @@
 // Document-masked attention on cuDNN as padded batches. The documents of one call whose query rows
-// and key rows are the same rows (one GPU, and sp_ulysses after its all-to-all) are grouped by
+// and key rows are the same rows (one GPU, or whole sequences after an all-to-all) are grouped by
 // kernels/document_batches.h: lengths rounded up to a power of two S, batches of a power-of-two B
 // documents, so the cached plans are keyed by (2^i, 2^j) pairs and a new mix of lengths each step
 // reuses them. Each batch is one cuDNN call over [B, S] padded rows: the documents' q, k, v (and
