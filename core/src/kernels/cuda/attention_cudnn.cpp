@@ -252,7 +252,7 @@ class Graph {
 };
 
 enum Uid : int64_t {
-  kQ = 1, kK, kV, kO, kStats, kScale, kNeg, kDO, kDQ, kDK, kDV, kSoftmaxSum, kDQAccum, kOne, kSeqQ, kSeqKV
+  kQ = 1, kK, kV, kO, kStats, kScale, kNeg, kDO, kDQ, kDK, kDV, kSoftmaxSum, kDQAccum, kOne, kSeqQ, kSeqKV, kPadNeg
 };
 
 struct Plan {
@@ -358,7 +358,7 @@ std::unique_ptr<Plan> forward_plan(const Shape4& s, DType dt, bool causal) {
   auto S1 = g.virt(f32, s.s_dims(), s.s_strides());
   g.pointwise(CUDNN_POINTWISE_MUL, S0, g.scalar(kScale), S1);
   // The padding mask, then the causal one: the order of cuDNN's own SDPA graphs.
-  auto padded = s.padded ? g.padding_mask(S1, s.s_dims(), s.s_strides(), seq_q, seq_kv, kNeg) : S1;
+  auto padded = s.padded ? g.padding_mask(S1, s.s_dims(), s.s_strides(), seq_q, seq_kv, kPadNeg) : S1;
   auto scores = causal ? g.causal_mask(padded, s.s_dims(), s.s_strides(), kNeg) : padded;
   auto M = g.virt(f32, s.row_dims(), s.row_strides());
   g.reduction(CUDNN_REDUCE_TENSOR_MAX, scores, M);
@@ -413,7 +413,7 @@ std::unique_ptr<Plan> backward_plan(const Shape4& s, DType dt, bool causal) {
   g.matmul(Q, KT, S0, seq_q, seq_kv);
   auto S1 = g.virt(f32, s.s_dims(), s.s_strides());
   g.pointwise(CUDNN_POINTWISE_MUL, S0, scale, S1);
-  auto S1p = s.padded ? g.padding_mask(S1, s.s_dims(), s.s_strides(), seq_q, seq_kv, kNeg) : S1;
+  auto S1p = s.padded ? g.padding_mask(S1, s.s_dims(), s.s_strides(), seq_q, seq_kv, kPadNeg) : S1;
   auto S2 = g.virt(f32, s.s_dims(), s.s_strides());
   g.pointwise(CUDNN_POINTWISE_SUB, S1p, stats, S2);
   auto S3 = causal ? g.causal_mask(S2, s.s_dims(), s.s_strides(), kNeg) : S2;
@@ -659,8 +659,12 @@ void cudnn_padded_attention_forward(const Tensor& q, const Tensor& k, const Tens
   LCX_CHECK(plan, "cudnn_padded_attention_forward without a plan: ask cudnn_padded_attention_ready first");
   float scale = p.scale, neg = -FLT_MAX;
   void* lens = const_cast<int32_t*>(seq_lens);
-  std::vector<int64_t> uids{kQ, kK, kV, kO, kStats, kScale, kNeg, kSeqQ, kSeqKV};
+  std::vector<int64_t> uids{kQ, kK, kV, kO, kStats, kScale, kPadNeg, kSeqQ, kSeqKV};
   std::vector<void*> ptrs{q.data(), k.data(), v.data(), out.data(), stats.data(), &scale, &neg, lens, lens};
+  if (p.causal) {
+    uids.push_back(kNeg);
+    ptrs.push_back(&neg);
+  }
   execute(*plan, uids, ptrs, q.device());
 }
 
@@ -677,11 +681,15 @@ void cudnn_padded_attention_backward(const Tensor& q, const Tensor& k, const Ten
     LCX_CUDA_CHECK(cudaMemsetAsync(dq_accum.data(), 0, dq_accum.nbytes(), current_stream()));
   float scale = p.scale, neg = -FLT_MAX, one = 1.f;
   void* lens = const_cast<int32_t*>(seq_lens);
-  std::vector<int64_t> uids{kQ,  kK,  kV,  kO,          kStats,   kScale, kDO,  kDQ,   kDK,
-                            kDV, kSoftmaxSum, kDQAccum, kOne, kNeg, kSeqQ, kSeqKV};
+  std::vector<int64_t> uids{kQ,  kK,          kV,       kO,   kStats,  kScale, kDO,    kDQ,
+                            kDK, kDV, kSoftmaxSum, kDQAccum, kOne, kPadNeg, kSeqQ, kSeqKV};
   std::vector<void*> ptrs{q.data(),  k.data(),  v.data(),           out.data(),      stats.data(), &scale,
                           dout.data(), dq.data(), dk.data(),        dv.data(),       softmax_sum.data(),
                           dq_accum.data(), &one, &neg, lens, lens};
+  if (p.causal) {
+    uids.push_back(kNeg);
+    ptrs.push_back(&neg);
+  }
   execute(*plan, uids, ptrs, q.device());
 }
 
