@@ -343,13 +343,12 @@ AttentionParams check_attention(const char* op, const Tensor& q, const Tensor& k
 #ifdef LCX_HAVE_CUDA
 // Document-masked attention on the GPU: the work is the sum of the documents' squared lengths.
 // Where the queries and keys are the same rows (one GPU, whole sequences after an all-to-all), the
-// documents run on cuDNN
-// as padded batches of power-of-two shapes (kernels/cuda/attention_documents.cpp), whose plans a
-// new mix of lengths reuses. What cuDNN does not take (ring pieces with queries and keys apart,
-// LCX_ATTENTION=own, no cuDNN, a refused shape) runs on lcx's own kernels once per document, on
-// row slices. Each document's query rows meet its key rows at their own positions; queries of a
-// document with no key here see nothing (out 0, lse -inf), keys of one with no query get no
-// gradient. The LSE [Hq,T] is strided per document: a contiguous copy serves. Under a rehearsal's
+// documents run on cuDNN as padded batches of power-of-two shapes (kernels/cuda/
+// attention_documents.cpp), whose plans a new mix of lengths reuses. What cuDNN does not take
+// (ring pieces with queries and keys apart, LCX_ATTENTION=own, no cuDNN, a refused shape) runs
+// on lcx's own kernels once per document, on row slices. Each document's query rows meet its key
+// rows at their own positions; queries of a document with no key here see nothing (out 0, lse
+// -inf), keys of one with no query get no gradient. The LSE [Hq,T] is strided per document: a contiguous copy serves. Under a rehearsal's
 // cut (kernels/attention_cut.h) each document still allocates what its kernels allocate, and
 // nothing launches: the caller writes the zeros.
 struct DocumentSlice {
