@@ -306,6 +306,9 @@ class CpRing final : public Parallelism {
     plan.add("attention forward workspace (cuDNN)", PlanCategory::transient, kCudnnForwardWorkspace, plan_phase::forward);
     plan.add("one piece's backward dQ accumulator and workspace (cuDNN) [Hq,T,d] fp32 x 2", PlanCategory::transient,
              cudnn_dq_accumulator_bytes(Hq, T, d) + cudnn_backward_workspace_bytes(Hq, T, d), plan_phase::backward);
+    // Masked by document, a piece whose queries and keys are one chunk (c = T/2 rows at equal
+    // positions) runs on cuDNN's padded batches of documents (lcx/plan.h): counted beside the above.
+    if (in.documents_masked) plan_document_masks(plan, Hq, Hkv, (T + 1) / 2, d, in.weight_dtype);
   }
 
  private:

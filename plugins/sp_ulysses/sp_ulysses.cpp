@@ -189,10 +189,17 @@ class Ulysses final : public Parallelism {
       plan.add("all-to-all: last layer's head-layout q, k, v, out, LSE and its q, k, v, out, until its recompute",
                PlanCategory::communication, heads + T * Hq * 4 + inputs, phase);
     // One attention call: Hq/sp heads over all L = sp T rows (lcx/plan.h: what the fused attention allocates).
-    plan.add("attention forward workspace (cuDNN)", PlanCategory::transient, kCudnnForwardWorkspace, plan_phase::forward);
-    plan.add("attention backward dQ accumulator and workspace (cuDNN) [Hq/sp,L,d] fp32 x 2", PlanCategory::transient,
-             cudnn_dq_accumulator_bytes(Hq / sp, sp * T, d) + cudnn_backward_workspace_bytes(Hq / sp, sp * T, d),
-             plan_phase::backward);
+    // Masked by document: cuDNN's padded batches of documents instead.
+    if (in.documents_masked) {
+      plan_document_masks(plan, Hq / sp, std::max<int64_t>(1, Hkv / sp), sp * T, d, in.weight_dtype);
+    } else {
+      plan.add("attention forward workspace (cuDNN)", PlanCategory::transient, kCudnnForwardWorkspace,
+               plan_phase::forward);
+      plan.add("attention backward dQ accumulator and workspace (cuDNN) [Hq/sp,L,d] fp32 x 2",
+               PlanCategory::transient,
+               cudnn_dq_accumulator_bytes(Hq / sp, sp * T, d) + cudnn_backward_workspace_bytes(Hq / sp, sp * T, d),
+               plan_phase::backward);
+    }
     if (Hkv < sp)
       plan.add("all-to-all: fp32 sum of replicated dk/dv [T,Hkv,d]", PlanCategory::communication, T * Hkv * d * 4,
                plan_phase::backward);

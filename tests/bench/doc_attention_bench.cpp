@@ -8,9 +8,12 @@
 // Mixes: "one" (a single document: the mask's overhead alone), "pg19" (lengths drawn from a
 // log-normal fit of PG-19's book lengths, median ~90k tokens, so a few documents and a cut one),
 // "short" (log-normal around 1k tokens: thousands of documents, as chat/code corpora), "uniform4k".
-// One JSON line per (mix, kind) on stdout, then a summary line per mix.
+// On the GPU the masked attention runs on cuDNN's padded batches of documents (kernels/cuda/
+// attention_documents.cpp); --masked-kernels auto,own also times it on the own kernels once per
+// document (kind "masked_own"), the path before them, with the full causal one on cuDNN still.
+// One JSON line per (mix, kind) on stdout, then a summary line per mix and masked kind.
 //
-//   doc_attention_bench --device cuda --tokens 131072
+//   doc_attention_bench --device cuda --tokens 131072 [--masked-kernels auto,own]
 //   doc_attention_bench --device cpu --tokens 512 --heads 4 --kv-heads 2 --head-dim 16   (a smoke run)
 #include <algorithm>
 #include <chrono>
@@ -24,6 +27,9 @@
 #include "lcx/error.h"
 #include "lcx/ops.h"
 #include "lcx/tensor.h"
+#ifdef LCX_HAVE_CUDA
+#include "kernels/cuda/attention_cudnn.h"
+#endif
 
 namespace lcx {
 namespace {
@@ -32,6 +38,7 @@ struct Options {
   Device device = Device::cuda();
   int64_t tokens = 131072, heads = 32, kv_heads = 8, head_dim = 128;  // Qwen3-8B's attention
   std::vector<std::string> mixes = {"one", "pg19", "short", "uniform4k"};
+  std::vector<std::string> masked_kernels = {"auto"};  // auto: cuDNN's batches where they load; own
   int reps = 3;
   uint64_t seed = 1;
 };
@@ -47,10 +54,14 @@ Options parse(int argc, char** argv) {
     else if (a == "--kv-heads") o.kv_heads = args.number();
     else if (a == "--head-dim") o.head_dim = args.number();
     else if (a == "--mixes") o.mixes = bench::parse_names(args.value());
+    else if (a == "--masked-kernels") o.masked_kernels = bench::parse_names(args.value());
     else if (a == "--reps") o.reps = static_cast<int>(args.number());
     else if (a == "--seed") o.seed = static_cast<uint64_t>(args.number());
-    else args.unknown("--device --tokens --heads --kv-heads --head-dim --mixes --reps --seed");
+    else args.unknown("--device --tokens --heads --kv-heads --head-dim --mixes --masked-kernels --reps --seed");
   }
+  for (const std::string& k : o.masked_kernels)
+    if (k != "auto" && k != "own")
+      throw Error(str("--masked-kernels ", k), "--masked-kernels", "name auto (cuDNN where it loads) and/or own");
   return o;
 }
 
@@ -66,6 +77,32 @@ double median(std::vector<double> v) {
   std::sort(v.begin(), v.end());
   return v[v.size() / 2];
 }
+
+// The GPU's attention kernels for the masked calls: "own" pins the own kernels; "auto" and the
+// CPU leave the choice alone. Restores the previous choice when it goes.
+class MaskedKernels {
+ public:
+  explicit MaskedKernels(const std::string& name) {
+#ifdef LCX_HAVE_CUDA
+    before_ = cuda::attention_kernel();
+    if (name == "own") cuda::set_attention_kernel(cuda::AttentionKernel::own);
+#else
+    (void)name;
+#endif
+  }
+  ~MaskedKernels() {
+#ifdef LCX_HAVE_CUDA
+    cuda::set_attention_kernel(before_);
+#endif
+  }
+  MaskedKernels(const MaskedKernels&) = delete;
+  MaskedKernels& operator=(const MaskedKernels&) = delete;
+
+ private:
+#ifdef LCX_HAVE_CUDA
+  cuda::AttentionKernel before_ = cuda::AttentionKernel::automatic;
+#endif
+};
 
 }  // namespace
 }  // namespace lcx
@@ -93,32 +130,41 @@ int main(int argc, char** argv) {
     };
     for (const std::string& mix : o.mixes) {
       const std::vector<int64_t> b = bench::document_bounds(mix, T, o.seed);
-      double t_full[2] = {0, 0}, t_masked[2] = {0, 0};
-      for (int masked = 0; masked < 2; ++masked) {
+      // Median forward and backward seconds over --reps, after a warm-up call (cuDNN builds its
+      // plans), printed as one JSON line.
+      auto time = [&](const char* kind, const std::vector<int64_t>& documents, double t[2]) {
         ops::AttentionParams p;
-        if (masked) p.documents = b;
+        p.documents = documents;
         std::vector<double> fwd, bwd;
-        for (int r = 0; r < o.reps + 1; ++r) {  // the first call warms up (cuDNN builds its graphs)
+        for (int r = 0; r < o.reps + 1; ++r) {
           const double f = seconds_of(o.device, [&] { ops::attention_forward(q, k, v, out, lse, p); });
           const double g =
               seconds_of(o.device, [&] { ops::attention_backward(q, k, v, out, lse, dout, dq, dk, dv, p); });
           if (r > 0) fwd.push_back(f), bwd.push_back(g);
         }
-        double* t = masked ? t_masked : t_full;
         t[0] = median(fwd);
         t[1] = median(bwd);
-        const double flops = useful(masked ? b : std::vector<int64_t>{0, T});
+        const double flops = useful(documents.empty() ? std::vector<int64_t>{0, T} : documents);
         std::printf("{\"mix\":\"%s\",\"kind\":\"%s\",\"tokens\":%lld,\"documents\":%zu,\"forward_s\":%.6f,"
                     "\"backward_s\":%.6f,\"useful_tflops_fwd\":%.2f,\"useful_tflops_bwd\":%.2f}\n",
-                    mix.c_str(), masked ? "masked" : "causal", static_cast<long long>(T), b.size() - 1, t[0], t[1],
-                    flops / t[0] / 1e12, 2.5 * flops / t[1] / 1e12);
+                    mix.c_str(), kind, static_cast<long long>(T), b.size() - 1, t[0], t[1], flops / t[0] / 1e12,
+                    2.5 * flops / t[1] / 1e12);
+      };
+      double t_full[2] = {0, 0};
+      time("causal", {}, t_full);
+      for (const std::string& kernels : o.masked_kernels) {
+        double t_masked[2] = {0, 0};
+        {
+          MaskedKernels pin(kernels);
+          time(kernels == "own" ? "masked_own" : "masked", b, t_masked);
+        }
+        const double rate_fwd = (useful(b) / t_masked[0]) / (useful({0, T}) / t_full[0]);
+        const double rate_bwd = (useful(b) / t_masked[1]) / (useful({0, T}) / t_full[1]);
+        std::printf("summary %s (masked on %s kernels): %zu documents, masked/causal rate per useful FLOP fwd %.2fx "
+                    "bwd %.2fx, wall fwd+bwd masked %.4f s vs causal %.4f s (%.2fx faster)\n",
+                    mix.c_str(), kernels.c_str(), b.size() - 1, rate_fwd, rate_bwd, t_masked[0] + t_masked[1],
+                    t_full[0] + t_full[1], (t_full[0] + t_full[1]) / (t_masked[0] + t_masked[1]));
       }
-      const double rate_fwd = (useful(b) / t_masked[0]) / (useful({0, T}) / t_full[0]);
-      const double rate_bwd = (useful(b) / t_masked[1]) / (useful({0, T}) / t_full[1]);
-      std::printf("summary %s: %zu documents, masked/causal rate per useful FLOP fwd %.2fx bwd %.2fx, "
-                  "wall fwd+bwd masked %.4f s vs causal %.4f s (%.2fx faster)\n",
-                  mix.c_str(), b.size() - 1, rate_fwd, rate_bwd, t_masked[0] + t_masked[1], t_full[0] + t_full[1],
-                  (t_full[0] + t_full[1]) / (t_masked[0] + t_masked[1]));
     }
     return 0;
   } catch (const Error& e) {

@@ -153,9 +153,46 @@ TEST_F(GpuOps, AttentionCudnnAgreesWithOwnKernels) {
   EXPECT_CLOSE(dv[0], dv[1], DType::bf16);
 }
 
+// Document-masked attention on cuDNN's padded batches (kernels/cuda/attention_documents.cpp)
+// against the own kernels run once per document, on a Qwen3-8B-shaped mix too large for the CPU:
+// a document of 5,000 rows (padded to 8,192), one of a single row, several per padded size (the
+// batches of 2 and 4), lengths that are no multiple of 8. LCX_ATTENTION=cudnn makes a refused
+// batch an error, so passing means cuDNN ran every document.
+TEST_F(GpuOps, AttentionDocumentsOnCudnnAgreeWithOwnKernels) {
+  SCOPED_TRACE(trace());
+  if (cuda::cudnn_version().empty()) GTEST_SKIP() << "libcudnn.so.9 is not loadable here";
+  const int64_t T = 8192, Hq = 32, Hkv = 8, d = 128;
+  const std::vector<int64_t> documents{0, 5000, 5001, 5130, 5400, 6000, 6999, 7200, 7333, 7461, T};
+  ops::AttentionParams p;
+  p.causal = true;
+  p.documents = documents;
+  const Tensor q = on_gpu(host_normal({T, Hq, d}, DType::bf16, rng_));
+  const Tensor k = on_gpu(host_normal({T, Hkv, d}, DType::bf16, rng_));
+  const Tensor v = on_gpu(host_normal({T, Hkv, d}, DType::bf16, rng_));
+  const Tensor dout = on_gpu(host_normal({T, Hq, d}, DType::bf16, rng_));
+  Tensor out[2], lse[2], dq[2], dk[2], dv[2];
+  const cuda::AttentionKernel kinds[2] = {cuda::AttentionKernel::cudnn, cuda::AttentionKernel::own};
+  for (int i = 0; i < 2; ++i) {
+    KernelChoice choice(kinds[i]);
+    out[i] = poisoned_gpu({T, Hq, d}, DType::bf16);
+    lse[i] = poisoned_gpu({Hq, T}, DType::f32);
+    dq[i] = poisoned_gpu({T, Hq, d}, DType::bf16);
+    dk[i] = poisoned_gpu({T, Hkv, d}, DType::bf16);
+    dv[i] = poisoned_gpu({T, Hkv, d}, DType::bf16);
+    ops::attention_forward(q, k, v, out[i], lse[i], p);
+    ops::attention_backward(q, k, v, out[i], lse[i], dout, dq[i], dk[i], dv[i], p);
+  }
+  EXPECT_CLOSE(out[0], out[1], DType::bf16);
+  EXPECT_LE(rel_l2(lse[0], lse[1]), 1e-4);
+  EXPECT_CLOSE(dq[0], dq[1], DType::bf16);
+  EXPECT_CLOSE(dk[0], dk[1], DType::bf16);
+  EXPECT_CLOSE(dv[0], dv[1], DType::bf16);
+}
+
 // A rehearsal's cut (kernels/attention_cut.h) keeps each attention call's allocations: the same
-// count and the same peak as the real call, on cuDNN, on the own kernels and per document under a
-// document mask (the own kernels on row slices, ops.cpp), and zeros out.
+// count and the same peak as the real call, on cuDNN, on the own kernels, per document under a
+// document mask (the own kernels on row slices, ops.cpp) and on cuDNN's padded batches of
+// documents, and zeros out.
 TEST_F(GpuOps, AttentionCutAllocatesWhatTheRealCallDoes) {
   SCOPED_TRACE(trace());
   const int64_t T = 4096, Hq = 4, Hkv = 2, d = 128;
@@ -177,12 +214,14 @@ TEST_F(GpuOps, AttentionCutAllocatesWhatTheRealCallDoes) {
     return Use{after.allocations - before.allocations, after.peak_bytes - before.live_bytes};
   };
   const std::vector<int64_t> documents{0, 1000, 1001, 2500, T};
-  for (int variant = 0; variant < 3; ++variant) {
-    const cuda::AttentionKernel kernel = variant == 0 ? cuda::AttentionKernel::cudnn : cuda::AttentionKernel::own;
+  const char* variants[] = {"cudnn", "own kernels", "per document", "padded batches of documents (cuDNN)"};
+  for (int variant = 0; variant < 4; ++variant) {
+    const cuda::AttentionKernel kernel =
+        variant == 0 || variant == 3 ? cuda::AttentionKernel::cudnn : cuda::AttentionKernel::own;
     if (kernel == cuda::AttentionKernel::cudnn && cuda::cudnn_version().empty()) continue;
-    SCOPED_TRACE(variant == 0 ? "cudnn" : variant == 1 ? "own kernels" : "per document");
+    SCOPED_TRACE(variants[variant]);
     KernelChoice choice(kernel);
-    p.documents = variant == 2 ? std::span<const int64_t>(documents) : std::span<const int64_t>();
+    p.documents = variant >= 2 ? std::span<const int64_t>(documents) : std::span<const int64_t>();
     Tensor out = poisoned_gpu({T, Hq, d}, t), lse = poisoned_gpu({Hq, T}, DType::f32);
     Tensor dq = poisoned_gpu({T, Hq, d}, t), dk = poisoned_gpu({T, Hkv, d}, t), dv = poisoned_gpu({T, Hkv, d}, t);
     const Use real = call(out, lse, dq, dk, dv);

@@ -183,11 +183,14 @@ TEST(PlanCli, HostMemoryIsABudgetCountedOverTheNodesRanks) {
 // the recipe of docs/PERF.md (83.3 GiB on the GPU with every input offloaded). With every saved
 // input in pinned memory (offload.gpu_layers = 0, train.checkpoint_every = 1) no recipe fits the
 // host (180 GiB of inputs); left to the plan, the search keeps 11 inputs on the GPU (125 GiB
-// pinned); with 100 GB of host it saves every second layer's input.
+// pinned); with 100 GB of host it saves every second layer's input. Those figures are unmasked
+// attention's (attend_across_documents = true); masked per document, cuDNN's padded batches hold
+// copies of the documents' q, k, v, out and their gradients, and the plan moves to 8 head groups.
 TEST(PlanCli, HostBudgetMovesTheRecipeToPlacementAndDeeperRecompute) {
   const std::string dir = ::testing::TempDir() + "lcx-plan-4b-1m";
   std::filesystem::create_directories(dir);
   test::write_file(dir + "/plan.toml", "[model]\nmodule = \"qwen3\"\ninit = \"qwen3-4b\"\n[data]\nseq_len = 1048576\n"
+                                       "attend_across_documents = true\n"
                                        "[train]\nmaster_dtype = \"bf16\"\n"
                                        "[plugins]\nload = [\"loss_chunked\", \"offload\", \"tiled_mlp\"]\n");
   const std::string plan = test::lcx_train() + " --plan --config " + dir + "/plan.toml --gpu-memory 139GiB --host-memory 125GB";
@@ -205,6 +208,8 @@ TEST(PlanCli, HostBudgetMovesTheRecipeToPlacementAndDeeperRecompute) {
   ASSERT_FALSE(line.empty()) << chosen.output;
   EXPECT_EQ(line.rfind("  fits ", 0), 0u) << line;
   EXPECT_NE(line.find("attention recomputed, 4 head groups, 12 saved inputs on the GPU"), std::string::npos) << line;
+  const std::string masked = chosen_line(run_command(plan + " --set data.attend_across_documents=false").output);
+  EXPECT_NE(masked.find("attention recomputed, 8 head groups"), std::string::npos) << masked;
   EXPECT_EQ(chosen.output.find("host fix: "), std::string::npos) << chosen.output;
   const std::string host_fits = plan_row("host memory", "125.00 GiB", "fits");
   EXPECT_NE(chosen.output.find(host_fits.substr(0, host_fits.size() - 1)), std::string::npos) << chosen.output;

@@ -137,6 +137,38 @@ TEST(PlanArithmetic, EveryDefaultProviderContributes) {
   EXPECT_EQ(term(p, "attention backward delta").bytes, 16LL * 8192 * 4);
 }
 
+// [data] attend_across_documents = false (the default) masks attention per document: the single
+// GPU's attention then runs cuDNN on padded batches of documents, whose buffers (at most T rows
+// rounded up to a power of two) and per-document tables are planned in place of the unmasked
+// call's accumulator and workspaces; attending across documents plans those instead.
+TEST(PlanArithmetic, DocumentMasksPlanPaddedBatchesOnlyWhenMasked) {
+  const int64_t T = 8192;
+  CoreConfig cfg;
+  cfg.model.dtype = "bf16";
+  const PlanInputs masked = plan_inputs(cfg, preset("qwen3-0.6b"), T);
+  EXPECT_TRUE(masked.documents_masked);
+  const MemoryPlan p = build_plan(masked, qwen3_slots());
+  // qwen3-0.6b: 16 query heads, 8 key/value heads, head_dim 128, bf16; one head group.
+  const int64_t hq = 16, hkv = 8, d = 128;
+  const PlanTerm& bwd = term(p, "document-masked attention backward");
+  EXPECT_EQ(bwd.phase, plan_phase::backward);
+  EXPECT_EQ(bwd.contributor, "single");
+  EXPECT_EQ(bwd.bytes, T * (4 * (hq + hkv) * d * 2 + 2 * hq * 4 + 2 * hq * d * 4) + 256);
+  EXPECT_EQ(term(p, "document-masked attention forward").bytes, T * (2 * (hq + hkv) * d * 2 + hq * 4) + 256);
+  EXPECT_EQ(term(p, "document tables").bytes, 2 * T * 4 + (T + 1) * 8);
+  // Rows round up to a power of two: 5,000 tokens plan 8,192 padded rows.
+  EXPECT_EQ(cudnn_document_padding_bytes(false, hq, hkv, 5000, d, 2), 8192 * (2 * (hq + hkv) * d * 2 + hq * 4) + 256);
+  for (const PlanTerm& t : p.terms) EXPECT_EQ(t.name.find("attention backward dQ accumulator"), std::string::npos);
+
+  cfg.data.attend_across_documents = true;
+  const PlanInputs across = plan_inputs(cfg, preset("qwen3-0.6b"), T);
+  EXPECT_FALSE(across.documents_masked);
+  const MemoryPlan q = build_plan(across, qwen3_slots());
+  for (const PlanTerm& t : q.terms) EXPECT_EQ(t.name.find("document"), std::string::npos) << t.name;
+  EXPECT_EQ(term(q, "attention backward dQ accumulator").bytes, cudnn_dq_accumulator_bytes(hq, T, d));
+  EXPECT_LT(q.peak().bytes, p.peak().bytes);
+}
+
 TEST(PlanArithmetic, ChunkedLossIsFarBelowFullLogits) {
   const PlanInputs in = inputs("qwen3-4b", 131072);
   PlanSlots full = qwen3_slots();

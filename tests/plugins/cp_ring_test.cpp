@@ -340,6 +340,16 @@ TEST(CpRingPlan, RingBuffersAndAccumulators) {
   // K/V receive buffers in both phases, the fp32 dK/dV accumulators in backward.
   EXPECT_EQ(plan.category_bytes(PlanCategory::communication), 2 * 4 * kv * 2 + 4 * kv * 4);
   EXPECT_GT(plan.gpu_bytes(plan_phase::backward), plan.gpu_bytes(plan_phase::forward));
+  // Masked by document, a chunk's own piece (T/2 rows) runs on cuDNN's padded batches: planned.
+  for (const PlanTerm& t : plan.terms) EXPECT_EQ(t.name.find("document-masked"), std::string::npos) << t.name;
+  in.documents_masked = true;
+  MemoryPlan masked;
+  p->plan(in, masked);
+  int64_t padded = 0;
+  for (const PlanTerm& t : masked.terms)
+    if (t.name.rfind("document-masked attention backward", 0) == 0) padded = t.bytes;
+  EXPECT_EQ(padded, cudnn_document_padding_bytes(true, 32, 8, in.tokens_per_rank / 2, 128, 2));
+  in.documents_masked = false;
   MemoryPlan single;
   in.cp = 1;
   p->plan(in, single);

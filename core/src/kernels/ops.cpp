@@ -341,15 +341,16 @@ AttentionParams check_attention(const char* op, const Tensor& q, const Tensor& k
 }
 
 #ifdef LCX_HAVE_CUDA
-// Document-masked attention on the GPU as lcx's own kernels run once per document, on row slices:
-// exact, and the work is the sum of the documents' squared lengths, at one launch per document.
-// Not cuDNN: it builds and caches a plan per shape, and document lengths change every step.
-// Each document's query rows meet its key rows at their own positions (ring blocks have queries
-// and keys at different offsets); queries of a document with no key here see nothing (out 0, lse
-// -inf), keys of one with no query get no gradient. The LSE [Hq,T] is strided per document: a
-// contiguous copy serves. Under a rehearsal's cut (kernels/attention_cut.h) each document still
-// allocates its LSE and the own kernels what they allocate, and nothing launches: the caller
-// writes the zeros.
+// Document-masked attention on the GPU: the work is the sum of the documents' squared lengths.
+// Where the queries and keys are the same rows (one GPU, whole sequences after an all-to-all), the
+// documents run on cuDNN as padded batches of power-of-two shapes (kernels/cuda/
+// attention_documents.cpp), whose plans a new mix of lengths reuses. What cuDNN does not take
+// (ring pieces with queries and keys apart, LCX_ATTENTION=own, no cuDNN, a refused shape) runs
+// on lcx's own kernels once per document, on row slices. Each document's query rows meet its key
+// rows at their own positions; queries of a document with no key here see nothing (out 0, lse
+// -inf), keys of one with no query get no gradient. The LSE [Hq,T] is strided per document: a contiguous copy serves. Under a rehearsal's
+// cut (kernels/attention_cut.h) each document still allocates what its kernels allocate, and
+// nothing launches: the caller writes the zeros.
 struct DocumentSlice {
   int64_t q_begin, q_end, k_begin, k_end;  // rows of q and of k
   int64_t q_pos, k_pos;                    // their first positions
@@ -366,6 +367,34 @@ std::vector<DocumentSlice> document_slices(const Tensor& q, const Tensor& k, con
   return out;
 }
 
+// The documents cuDNN's padded batches may take: all of them when the queries and keys are the
+// same rows, else none. Returns their indices into `slices` and their spans.
+std::vector<size_t> same_row_documents(const Tensor& q, const Tensor& k, const AttentionParams& p,
+                                       const std::vector<DocumentSlice>& slices,
+                                       std::vector<cuda::DocumentSpan>& spans) {
+  std::vector<size_t> which;
+  if (q.size(0) != k.size(0) || p.q_offset != p.k_offset) return which;
+  for (size_t i = 0; i < slices.size(); ++i)
+    if (slices[i].q_end > slices[i].q_begin) {
+      which.push_back(i);
+      spans.push_back({slices[i].q_begin, slices[i].q_end - slices[i].q_begin});
+    }
+  return which;
+}
+
+// Marks the slices the padded batches ran; the rest go to the own kernels.
+template <class Run>
+std::vector<char> run_on_cudnn(const Tensor& q, const Tensor& k, const AttentionParams& p,
+                               const std::vector<DocumentSlice>& slices, Run run) {
+  std::vector<char> done(slices.size(), 0);
+  std::vector<cuda::DocumentSpan> spans;
+  const std::vector<size_t> which = same_row_documents(q, k, p, slices, spans);
+  if (which.empty()) return done;
+  const std::vector<char> ran = run(spans);
+  for (size_t j = 0; j < which.size(); ++j) done[which[j]] = ran[j];
+  return done;
+}
+
 AttentionParams one_document(const AttentionParams& p, const DocumentSlice& s) {
   AttentionParams r = p;
   r.documents = {};
@@ -377,9 +406,14 @@ AttentionParams one_document(const AttentionParams& p, const DocumentSlice& s) {
 void attention_forward_by_document(const Tensor& q, const Tensor& k, const Tensor& v, Tensor& out, Tensor& lse,
                                    const AttentionParams& p) {
   const bool cut = attention_cut();
-  for (const DocumentSlice& s : document_slices(q, k, p)) {
+  const std::vector<DocumentSlice> slices = document_slices(q, k, p);
+  const std::vector<char> done = run_on_cudnn(q, k, p, slices, [&](const std::vector<cuda::DocumentSpan>& spans) {
+    return cuda::attention_forward_documents(q, k, v, out, lse, p, spans);
+  });
+  for (size_t i = 0; i < slices.size(); ++i) {
+    const DocumentSlice& s = slices[i];
     const int64_t n = s.q_end - s.q_begin;
-    if (n == 0) continue;
+    if (n == 0 || done[i]) continue;
     Tensor o = out.rows(s.q_begin, s.q_end);
     Tensor l;
     if (s.k_begin == s.k_end) {
@@ -399,7 +433,13 @@ void attention_backward_by_document(const Tensor& q, const Tensor& k, const Tens
                                     const Tensor& lse, const Tensor& dout, Tensor& dq, Tensor& dk, Tensor& dv,
                                     const AttentionParams& p) {
   const bool cut = attention_cut();
-  for (const DocumentSlice& s : document_slices(q, k, p)) {
+  const std::vector<DocumentSlice> slices = document_slices(q, k, p);
+  const std::vector<char> done = run_on_cudnn(q, k, p, slices, [&](const std::vector<cuda::DocumentSpan>& spans) {
+    return cuda::attention_backward_documents(q, k, v, out, lse, dout, dq, dk, dv, p, spans);
+  });
+  for (size_t i = 0; i < slices.size(); ++i) {
+    const DocumentSlice& s = slices[i];
+    if (done[i]) continue;
     const int64_t n = s.q_end - s.q_begin;
     Tensor dqs = dq.rows(s.q_begin, s.q_end), dks = dk.rows(s.k_begin, s.k_end), dvs = dv.rows(s.k_begin, s.k_end);
     if (n == 0 || s.k_begin == s.k_end) {

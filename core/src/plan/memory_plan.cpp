@@ -90,4 +90,14 @@ MemoryPlan::Peak MemoryPlan::largest_transient() const {
   return best;
 }
 
+void plan_document_masks(MemoryPlan& plan, int64_t hq, int64_t hkv, int64_t rows, int64_t d, DType dtype) {
+  const int64_t elem = static_cast<int64_t>(dtype_size(dtype));
+  plan.add("document-masked attention forward: padded batches, stats (cuDNN)", PlanCategory::transient,
+           cudnn_document_padding_bytes(false, hq, hkv, rows, d, elem), plan_phase::forward);
+  plan.add("document-masked attention backward: padded batches, stats, dQ accumulator, workspace (cuDNN)",
+           PlanCategory::transient, cudnn_document_padding_bytes(true, hq, hkv, rows, d, elem), plan_phase::backward);
+  plan.add("document tables: bounds [docs+1] int64, starts and lengths [docs] int32 (<= one per token)",
+           PlanCategory::transient, document_table_bytes(rows), plan_phase::step);
+}
+
 }  // namespace lcx

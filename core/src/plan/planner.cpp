@@ -110,6 +110,7 @@ PlanInputs plan_inputs(const CoreConfig& cfg, const ModelConfig& model, int64_t 
   in.master_dtype = cfg.train.master_dtype == "bf16" ? DType::bf16 : DType::f32;
   in.grad_accum = cfg.train.grad_accum;
   in.grad_dtype = grad_dtype_for(cfg.train, in.weight_dtype, in.world_size);
+  in.documents_masked = !cfg.data.attend_across_documents;
   const int64_t unit = plan_seq_unit(in, cfg.data.pad_to_multiple_of);
   in = with_seq(in, checked_mul(checked_add(seq_len, unit - 1, "data.seq_len") / unit, unit, "data.seq_len"));
   // A term of the plan is one rank's tokens x one model width x a few bytes and buffers; refused

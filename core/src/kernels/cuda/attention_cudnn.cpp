@@ -15,6 +15,11 @@
 // to 128, 16-byte aligned rows, and either a full (non-causal) block or a causal one with equal
 // query and key positions (T == S, q_offset == k_offset). Ring attention's other causal blocks
 // run on the own kernels.
+// Padded batches (document masks, attention_documents.cpp) give the graphs a batch dimension b
+// and each element's real rows as int32 [b,1,1,1] tensors: a padding mask (row < seq_len_q and
+// column < seq_len_kv) before the causal one, and the GEMMs' M/N/K overrides, as NVIDIA's
+// cudnn-frontend builds its padded SDPA graphs; that is what its flash engines recognise to skip
+// the padded tiles.
 #include "kernels/cuda/attention_cudnn.h"
 
 #include <dlfcn.h>
@@ -181,7 +186,10 @@ class Graph {
     op->finalize();
     ops_.push_back(op);
   }
-  void matmul(const DescPtr& a, const DescPtr& b, const DescPtr& c) {
+  // m, n, k: per-batch-element sizes that override the GEMM's (padded batches: the real rows),
+  // each an int32 [b,1,1,1] tensor or nullptr.
+  void matmul(const DescPtr& a, const DescPtr& b, const DescPtr& c, const DescPtr& m = nullptr,
+              const DescPtr& n = nullptr, const DescPtr& k = nullptr) {
     auto mm = keep(CUDNN_BACKEND_MATMUL_DESCRIPTOR);
     mm->set_type(CUDNN_ATTR_MATMUL_COMP_TYPE, CUDNN_DATA_FLOAT);
     mm->finalize();
@@ -190,6 +198,9 @@ class Graph {
         .set_desc(CUDNN_ATTR_OPERATION_MATMUL_BDESC, *b)
         .set_desc(CUDNN_ATTR_OPERATION_MATMUL_CDESC, *c)
         .set_desc(CUDNN_ATTR_OPERATION_MATMUL_DESC, *mm);
+    if (m) op->set_desc(CUDNN_ATTR_OPERATION_MATMUL_GEMM_M_OVERRIDE_DESC, *m);
+    if (n) op->set_desc(CUDNN_ATTR_OPERATION_MATMUL_GEMM_N_OVERRIDE_DESC, *n);
+    if (k) op->set_desc(CUDNN_ATTR_OPERATION_MATMUL_GEMM_K_OVERRIDE_DESC, *k);
     op->finalize();
     ops_.push_back(op);
   }
@@ -210,6 +221,24 @@ class Graph {
     pointwise(CUDNN_POINTWISE_BINARY_SELECT, s, scalar(neg_uid), out, keep_it);
     return out;
   }
+  // Keeps s where the row index < seq_q and the column index < seq_kv (int32 [b,1,1,1], each batch
+  // element's real rows), else `neg`: the padding mask, as cuDNN's own SDPA graphs spell it
+  // (GEN_INDEX, CMP_LT, LOGICAL_AND, BINARY_SELECT), which is what lets its flash engines skip the
+  // padded tiles rather than compute and discard them.
+  DescPtr padding_mask(const DescPtr& s, const Dims& dims, const Dims& strides, const DescPtr& seq_q,
+                       const DescPtr& seq_kv, int64_t neg_uid) {
+    auto row = virt(CUDNN_DATA_INT32, dims, strides), col = virt(CUDNN_DATA_INT32, dims, strides);
+    pointwise(CUDNN_POINTWISE_GEN_INDEX, s, nullptr, row, nullptr, CUDNN_DATA_INT32, 2);
+    pointwise(CUDNN_POINTWISE_GEN_INDEX, s, nullptr, col, nullptr, CUDNN_DATA_INT32, 3);
+    auto row_in = virt(CUDNN_DATA_BOOLEAN, dims, strides), col_in = virt(CUDNN_DATA_BOOLEAN, dims, strides);
+    pointwise(CUDNN_POINTWISE_CMP_LT, row, seq_q, row_in, nullptr, CUDNN_DATA_BOOLEAN);
+    pointwise(CUDNN_POINTWISE_CMP_LT, col, seq_kv, col_in, nullptr, CUDNN_DATA_BOOLEAN);
+    auto keep_it = virt(CUDNN_DATA_BOOLEAN, dims, strides);
+    pointwise(CUDNN_POINTWISE_LOGICAL_AND, row_in, col_in, keep_it, nullptr, CUDNN_DATA_BOOLEAN);
+    auto out = virt(CUDNN_DATA_FLOAT, dims, strides);
+    pointwise(CUDNN_POINTWISE_BINARY_SELECT, s, scalar(neg_uid), out, keep_it);
+    return out;
+  }
   const std::vector<DescPtr>& ops() const { return ops_; }
 
  private:
@@ -223,7 +252,7 @@ class Graph {
 };
 
 enum Uid : int64_t {
-  kQ = 1, kK, kV, kO, kStats, kScale, kNeg, kDO, kDQ, kDK, kDV, kSoftmaxSum, kDQAccum, kOne
+  kQ = 1, kK, kV, kO, kStats, kScale, kNeg, kDO, kDQ, kDK, kDV, kSoftmaxSum, kDQAccum, kOne, kSeqQ, kSeqKV, kPadNeg
 };
 
 struct Plan {
@@ -288,20 +317,25 @@ void finalize_plan(Plan& p) {
 
 cudnnDataType_t cudnn_type(DType t) { return t == DType::bf16 ? CUDNN_DATA_BFLOAT16 : CUDNN_DATA_HALF; }
 
+// b batch elements, each [T, heads, d] rows in lcx's layout one after another ([b*T, heads, d]);
+// b = 1 but for padded batches of documents, whose `padded` graphs carry each element's real rows
+// (seq_len, int32 [b,1,1,1]) as the padding mask and the GEMMs' size overrides.
 struct Shape4 {
-  int64_t T, S, Hq, Hkv, d;
-  Dims q_dims() const { return {1, Hq, T, d}; }
+  int64_t b, T, S, Hq, Hkv, d;
+  bool padded = false;
+  Dims q_dims() const { return {b, Hq, T, d}; }
   Dims q_strides() const { return {T * Hq * d, d, Hq * d, 1}; }
-  Dims kv_dims() const { return {1, Hkv, S, d}; }
+  Dims kv_dims() const { return {b, Hkv, S, d}; }
   Dims kv_strides() const { return {S * Hkv * d, d, Hkv * d, 1}; }
-  Dims kvt_dims() const { return {1, Hkv, d, S}; }
+  Dims kvt_dims() const { return {b, Hkv, d, S}; }
   Dims kvt_strides() const { return {S * Hkv * d, d, 1, Hkv * d}; }
-  Dims s_dims() const { return {1, Hq, T, S}; }
+  Dims s_dims() const { return {b, Hq, T, S}; }
   Dims s_strides() const { return {Hq * T * S, T * S, S, 1}; }
-  Dims st_dims() const { return {1, Hq, S, T}; }
+  Dims st_dims() const { return {b, Hq, S, T}; }
   Dims st_strides() const { return {Hq * T * S, T * S, 1, S}; }
-  Dims row_dims() const { return {1, Hq, T, 1}; }
+  Dims row_dims() const { return {b, Hq, T, 1}; }
   Dims row_strides() const { return {Hq * T, T, 1, 1}; }
+  Dims len_dims() const { return {b, 1, 1, 1}; }
 };
 
 // The forward graph's operations, each finalized (which checks shapes and types); not yet a plan.
@@ -314,11 +348,18 @@ std::unique_ptr<Plan> forward_plan(const Shape4& s, DType dt, bool causal) {
   auto V = g.tensor(kV, io, s.kv_dims(), s.kv_strides());
   auto O = g.tensor(kO, io, s.q_dims(), s.q_strides());
   auto stats = g.tensor(kStats, f32, s.row_dims(), s.row_strides());
+  DescPtr seq_q, seq_kv;  // nullptr unless padded
+  if (s.padded) {
+    seq_q = g.tensor(kSeqQ, CUDNN_DATA_INT32, s.len_dims(), {1, 1, 1, 1});
+    seq_kv = g.tensor(kSeqKV, CUDNN_DATA_INT32, s.len_dims(), {1, 1, 1, 1});
+  }
   auto S0 = g.virt(f32, s.s_dims(), s.s_strides());
-  g.matmul(Q, KT, S0);
+  g.matmul(Q, KT, S0, seq_q, seq_kv);
   auto S1 = g.virt(f32, s.s_dims(), s.s_strides());
   g.pointwise(CUDNN_POINTWISE_MUL, S0, g.scalar(kScale), S1);
-  auto scores = causal ? g.causal_mask(S1, s.s_dims(), s.s_strides(), kNeg) : S1;
+  // The padding mask, then the causal one: the order of cuDNN's own SDPA graphs.
+  auto padded = s.padded ? g.padding_mask(S1, s.s_dims(), s.s_strides(), seq_q, seq_kv, kPadNeg) : S1;
+  auto scores = causal ? g.causal_mask(padded, s.s_dims(), s.s_strides(), kNeg) : padded;
   auto M = g.virt(f32, s.row_dims(), s.row_strides());
   g.reduction(CUDNN_REDUCE_TENSOR_MAX, scores, M);
   auto Z = g.virt(f32, s.s_dims(), s.s_strides());
@@ -332,7 +373,7 @@ std::unique_ptr<Plan> forward_plan(const Shape4& s, DType dt, bool causal) {
   g.pointwise(CUDNN_POINTWISE_ADD, M, logL, stats);
   auto P = g.virt(io, s.s_dims(), s.s_strides());
   g.pointwise(CUDNN_POINTWISE_DIV, E, L, P);
-  g.matmul(P, V, O);
+  g.matmul(P, V, O, seq_q, nullptr, seq_kv);
   return p;
 }
 
@@ -353,6 +394,11 @@ std::unique_ptr<Plan> backward_plan(const Shape4& s, DType dt, bool causal) {
   auto softmax_sum = g.tensor(kSoftmaxSum, f32, s.row_dims(), s.row_strides());
   auto dQ_accum = g.tensor(kDQAccum, f32, s.q_dims(), {s.Hq * s.T * s.d, s.T * s.d, s.d, 1});
   auto scale = g.scalar(kScale);
+  DescPtr seq_q, seq_kv;  // nullptr unless padded
+  if (s.padded) {
+    seq_q = g.tensor(kSeqQ, CUDNN_DATA_INT32, s.len_dims(), {1, 1, 1, 1});
+    seq_kv = g.tensor(kSeqKV, CUDNN_DATA_INT32, s.len_dims(), {1, 1, 1, 1});
+  }
 
   // softmax_sum = rowsum(dO * O)
   auto dOO = g.virt(f32, s.q_dims(), s.q_strides());
@@ -361,13 +407,15 @@ std::unique_ptr<Plan> backward_plan(const Shape4& s, DType dt, bool causal) {
   g.reduction(CUDNN_REDUCE_TENSOR_ADD, dOO, rowsum);
   g.pointwise(CUDNN_POINTWISE_MUL, rowsum, g.scalar(kOne), softmax_sum);
 
-  // P = exp(scale * Q K^T - stats), masked
+  // P = exp(scale * Q K^T - stats), masked (padding before the stats, causal after: as cuDNN's
+  // own SDPA backward graphs)
   auto S0 = g.virt(f32, s.s_dims(), s.s_strides());
-  g.matmul(Q, KT, S0);
+  g.matmul(Q, KT, S0, seq_q, seq_kv);
   auto S1 = g.virt(f32, s.s_dims(), s.s_strides());
   g.pointwise(CUDNN_POINTWISE_MUL, S0, scale, S1);
+  auto S1p = s.padded ? g.padding_mask(S1, s.s_dims(), s.s_strides(), seq_q, seq_kv, kPadNeg) : S1;
   auto S2 = g.virt(f32, s.s_dims(), s.s_strides());
-  g.pointwise(CUDNN_POINTWISE_SUB, S1, stats, S2);
+  g.pointwise(CUDNN_POINTWISE_SUB, S1p, stats, S2);
   auto S3 = causal ? g.causal_mask(S2, s.s_dims(), s.s_strides(), kNeg) : S2;
   auto P = g.virt(f32, s.s_dims(), s.s_strides());
   g.pointwise(CUDNN_POINTWISE_EXP, S3, nullptr, P);
@@ -376,18 +424,18 @@ std::unique_ptr<Plan> backward_plan(const Shape4& s, DType dt, bool causal) {
   auto PT = g.virt(io, s.st_dims(), s.st_strides());
   g.reshape(P, PT);
   const bool gqa = s.Hq != s.Hkv;
-  const Dims full_dims{1, s.Hq, s.S, s.d}, full_strides{s.Hq * s.S * s.d, s.S * s.d, s.d, 1};
+  const Dims full_dims{s.b, s.Hq, s.S, s.d}, full_strides{s.Hq * s.S * s.d, s.S * s.d, s.d, 1};
   if (gqa) {
     auto dV_full = g.virt(io, full_dims, full_strides);
-    g.matmul(PT, dO, dV_full);
+    g.matmul(PT, dO, dV_full, seq_kv, nullptr, seq_q);
     g.reduction(CUDNN_REDUCE_TENSOR_ADD, dV_full, dV);
   } else {
-    g.matmul(PT, dO, dV);
+    g.matmul(PT, dO, dV, seq_kv, nullptr, seq_q);
   }
 
   // dS = P * (dO V^T - softmax_sum) * scale
   auto dP = g.virt(f32, s.s_dims(), s.s_strides());
-  g.matmul(dO, VT, dP);
+  g.matmul(dO, VT, dP, seq_q, seq_kv);
   auto dP1 = g.virt(f32, s.s_dims(), s.s_strides());
   g.pointwise(CUDNN_POINTWISE_SUB, dP, softmax_sum, dP1);
   auto dS0 = g.virt(f32, s.s_dims(), s.s_strides());
@@ -400,21 +448,21 @@ std::unique_ptr<Plan> backward_plan(const Shape4& s, DType dt, bool causal) {
   g.reshape(dS, dST);
   if (gqa) {
     auto dK_full = g.virt(io, full_dims, full_strides);
-    g.matmul(dST, Q, dK_full);
+    g.matmul(dST, Q, dK_full, seq_kv, nullptr, seq_q);
     g.reduction(CUDNN_REDUCE_TENSOR_ADD, dK_full, dK);
   } else {
-    g.matmul(dST, Q, dK);
+    g.matmul(dST, Q, dK, seq_kv, nullptr, seq_q);
   }
 
   // dQ = dS K through the fp32 accumulator
   auto K = g.virt(io, s.kv_dims(), s.kv_strides());
   g.reshape(KT, K);
-  g.matmul(dS, K, dQ_accum);
+  g.matmul(dS, K, dQ_accum, seq_q, nullptr, seq_kv);
   g.pointwise(CUDNN_POINTWISE_IDENTITY, dQ_accum, nullptr, dQ);
   return p;
 }
 
-using PlanKey = std::tuple<bool, int64_t, int64_t, int64_t, int64_t, int64_t, int, bool>;
+using PlanKey = std::tuple<bool, int64_t, int64_t, int64_t, int64_t, int64_t, int64_t, int, bool, bool>;
 std::map<PlanKey, std::unique_ptr<Plan>> g_plans;  // nullptr: cuDNN refused the shape
 
 bool aligned16(const void* p) { return reinterpret_cast<uintptr_t>(p) % 16 == 0; }
@@ -440,7 +488,7 @@ const char* refusal(const std::vector<const Tensor*>& io, const Tensor& q, const
 // The cached plan for the call, built on first use; nullptr when cuDNN refuses it (logged once,
 // or thrown when the choice is `cudnn`). Called under g_mu.
 Plan* plan_for(bool backward, const Shape4& s, DType t, bool causal) {
-  const PlanKey key{backward, s.T, s.S, s.Hq, s.Hkv, s.d, static_cast<int>(t), causal};
+  const PlanKey key{backward, s.b, s.T, s.S, s.Hq, s.Hkv, s.d, static_cast<int>(t), causal, s.padded};
   auto it = g_plans.find(key);
   if (it == g_plans.end()) {
     std::unique_ptr<Plan> plan;
@@ -449,7 +497,8 @@ Plan* plan_for(bool backward, const Shape4& s, DType t, bool causal) {
       finalize_plan(*plan);
     } catch (const Error& e) {
       if (choice() == AttentionKernel::cudnn) throw;
-      log::warn(str("cuDNN attention ", backward ? "backward" : "forward", " refused T=", s.T, " S=", s.S, " Hq=",
+      log::warn(str("cuDNN attention ", backward ? "backward" : "forward", " refused b=", s.b,
+                    s.padded ? " (padded)" : "", " T=", s.T, " S=", s.S, " Hq=",
                     s.Hq, " Hkv=", s.Hkv, " d=", s.d, causal ? " causal" : " full", ": ", e.what(),
                     "; the own kernels run it"));
     }
@@ -524,7 +573,7 @@ bool cudnn_attention_forward(const Tensor& q, const Tensor& k, const Tensor& v, 
     note_refusal(why, q, k);
     return false;
   }
-  const Shape4 s{q.size(0), k.size(0), q.size(1), k.size(1), q.size(2)};
+  const Shape4 s{1, q.size(0), k.size(0), q.size(1), k.size(1), q.size(2)};
   Plan* plan = plan_for(false, s, q.dtype(), p.causal);
   if (!plan) return false;
   float scale = p.scale, neg = -FLT_MAX;
@@ -542,7 +591,7 @@ int64_t cudnn_attention_workspace(bool backward, int64_t T, int64_t S, int64_t H
                                   bool causal) {
   std::lock_guard lock(g_mu);
   if (!api() || choice() == AttentionKernel::own) return -1;
-  const Plan* plan = plan_for(backward, Shape4{T, S, Hq, Hkv, d}, t, causal);
+  const Plan* plan = plan_for(backward, Shape4{1, T, S, Hq, Hkv, d}, t, causal);
   return plan ? plan->workspace : -1;
 }
 
@@ -556,7 +605,7 @@ bool cudnn_attention_backward(const Tensor& q, const Tensor& k, const Tensor& v,
     note_refusal(why, q, k);
     return false;
   }
-  const Shape4 s{q.size(0), k.size(0), q.size(1), k.size(1), q.size(2)};
+  const Shape4 s{1, q.size(0), k.size(0), q.size(1), k.size(1), q.size(2)};
   Plan* plan = plan_for(true, s, q.dtype(), p.causal);
   if (!plan) return false;
   Tensor softmax_sum = Tensor::empty({s.Hq, s.T}, DType::f32, q.device());
@@ -572,6 +621,76 @@ bool cudnn_attention_backward(const Tensor& q, const Tensor& k, const Tensor& v,
   }
   execute(*plan, uids, ptrs, q.device());
   return true;
+}
+
+namespace {
+
+// Why cuDNN does not take padded batches of this dtype and head size, or nullptr when it may.
+const char* padded_refusal(DType t, int64_t d) {
+  if (!api()) return "libcudnn.so.9 is not loadable";
+  if (t != DType::bf16 && t != DType::f16) return "cuDNN attention takes bf16 or fp16";
+  if (d % 8 != 0 || d > 128) return "cuDNN attention takes head_dim a multiple of 8 up to 128";
+  return nullptr;
+}
+
+// The padded batch's plan, or nullptr (the own kernels run its documents). Called under g_mu.
+Plan* padded_plan(bool backward, int64_t B, int64_t S, int64_t Hq, int64_t Hkv, int64_t d, DType t, bool causal) {
+  if (choice() == AttentionKernel::own) return nullptr;
+  if (const char* why = padded_refusal(t, d)) {
+    if (choice() == AttentionKernel::cudnn) throw Error(str("LCX_ATTENTION=cudnn: ", why));
+    return nullptr;
+  }
+  return plan_for(backward, Shape4{B, S, S, Hq, Hkv, d, true}, t, causal);
+}
+
+}  // namespace
+
+bool cudnn_padded_attention_ready(bool backward, int64_t B, int64_t S, int64_t Hq, int64_t Hkv, int64_t d, DType t,
+                                  bool causal) {
+  std::lock_guard lock(g_mu);
+  return padded_plan(backward, B, S, Hq, Hkv, d, t, causal) != nullptr;
+}
+
+void cudnn_padded_attention_forward(const Tensor& q, const Tensor& k, const Tensor& v, Tensor& out, Tensor& stats,
+                                    const int32_t* seq_lens, int64_t B, const ops::AttentionParams& p) {
+  std::lock_guard lock(g_mu);
+  const int64_t S = q.size(0) / B;
+  Plan* plan = padded_plan(false, B, S, q.size(1), k.size(1), q.size(2), q.dtype(), p.causal);
+  LCX_CHECK(plan, "cudnn_padded_attention_forward without a plan: ask cudnn_padded_attention_ready first");
+  float scale = p.scale, neg = -FLT_MAX;
+  void* lens = const_cast<int32_t*>(seq_lens);
+  std::vector<int64_t> uids{kQ, kK, kV, kO, kStats, kScale, kPadNeg, kSeqQ, kSeqKV};
+  std::vector<void*> ptrs{q.data(), k.data(), v.data(), out.data(), stats.data(), &scale, &neg, lens, lens};
+  if (p.causal) {
+    uids.push_back(kNeg);
+    ptrs.push_back(&neg);
+  }
+  execute(*plan, uids, ptrs, q.device());
+}
+
+void cudnn_padded_attention_backward(const Tensor& q, const Tensor& k, const Tensor& v, const Tensor& out,
+                                     const Tensor& stats, const Tensor& dout, Tensor& dq, Tensor& dk, Tensor& dv,
+                                     const int32_t* seq_lens, int64_t B, const ops::AttentionParams& p) {
+  std::lock_guard lock(g_mu);
+  const int64_t S = q.size(0) / B, Hq = q.size(1), d = q.size(2);
+  Plan* plan = padded_plan(true, B, S, Hq, k.size(1), d, q.dtype(), p.causal);
+  LCX_CHECK(plan, "cudnn_padded_attention_backward without a plan: ask cudnn_padded_attention_ready first");
+  Tensor softmax_sum = Tensor::empty({B * Hq * S}, DType::f32, q.device());
+  Tensor dq_accum = Tensor::empty({B * Hq * S * d}, DType::f32, q.device());
+  if (!ops::attention_cut())
+    LCX_CUDA_CHECK(cudaMemsetAsync(dq_accum.data(), 0, dq_accum.nbytes(), current_stream()));
+  float scale = p.scale, neg = -FLT_MAX, one = 1.f;
+  void* lens = const_cast<int32_t*>(seq_lens);
+  std::vector<int64_t> uids{kQ,  kK,          kV,       kO,   kStats,  kScale, kDO,    kDQ,
+                            kDK, kDV, kSoftmaxSum, kDQAccum, kOne, kPadNeg, kSeqQ, kSeqKV};
+  std::vector<void*> ptrs{q.data(),  k.data(),  v.data(),           out.data(),      stats.data(), &scale,
+                          dout.data(), dq.data(), dk.data(),        dv.data(),       softmax_sum.data(),
+                          dq_accum.data(), &one, &neg, lens, lens};
+  if (p.causal) {
+    uids.push_back(kNeg);
+    ptrs.push_back(&neg);
+  }
+  execute(*plan, uids, ptrs, q.device());
 }
 
 }  // namespace lcx::cuda

@@ -4,6 +4,8 @@
 // Storage is bf16 (fp16 and fp32 where the CPU reference accepts them), math is fp32; kernels run
 // on lcx::cuda::current_stream() (core/src/cuda/stream.h).
 #pragma once
+#include <vector>
+
 #include "lcx/ops.h"
 
 namespace lcx::ops::cuda {
@@ -33,6 +35,20 @@ void attention_forward_own(const Tensor& q, const Tensor& k, const Tensor& v, Te
                            const AttentionParams& p);
 void attention_backward_own(const Tensor& q, const Tensor& k, const Tensor& v, const Tensor& out, const Tensor& lse,
                             const Tensor& dout, Tensor& dq, Tensor& dk, Tensor& dv, const AttentionParams& p);
+// Document-masked attention on cuDNN (attention_documents.cpp): each span is a document whose
+// query rows and key rows are the same rows [begin, begin + length) of q and k, at equal
+// positions. The spans run as padded batches; returns per span whether it ran (false where cuDNN
+// is off, absent or refuses the shape: the caller runs that span on the own kernels).
+struct DocumentSpan {
+  int64_t begin, length;
+};
+std::vector<char> attention_forward_documents(const Tensor& q, const Tensor& k, const Tensor& v, Tensor& out,
+                                              Tensor& lse, const AttentionParams& p,
+                                              const std::vector<DocumentSpan>& spans);
+std::vector<char> attention_backward_documents(const Tensor& q, const Tensor& k, const Tensor& v, const Tensor& out,
+                                               const Tensor& lse, const Tensor& dout, Tensor& dq, Tensor& dk,
+                                               Tensor& dv, const AttentionParams& p,
+                                               const std::vector<DocumentSpan>& spans);
 double cross_entropy_forward_backward(const Tensor& logits, const Tensor& targets, double grad_scale,
                                       Tensor* dlogits, int64_t* valid);
 void cross_entropy_chunk(const Tensor& logits, const Tensor& targets, float grad_scale, Tensor& row_loss,

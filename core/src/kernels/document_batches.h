@@ -1,0 +1,33 @@
+// How document-masked attention on cuDNN groups a call's documents (kernels/cuda/
+// attention_documents.cpp), kept apart from the CUDA code so CI checks it on the CPU.
+// cuDNN builds and caches one execution plan per shape, and a packed sequence's document lengths
+// change every step, so the documents run as padded batches whose shapes come from a small set:
+// each document's rows are padded to S, its length rounded up to a power of two (at least
+// kMinPaddedRows), and the documents of one S run as batches of B documents, B a power of two
+// (13 documents of one S run as 8 + 4 + 1). The plan keys are then (2^i, 2^j) pairs: a new mix of
+// lengths reuses the plans of earlier steps. A batch's padded rows B * S are capped at the call's
+// real rows rounded up to a power of two (or one kMinPaddedRows document), which bounds the memory
+// plan's term (lcx/plan.h cudnn_document_padding_bytes): calls run one after another, so their
+// buffers never pass the rows of one unmasked call by more than that rounding.
+#pragma once
+#include <cstddef>
+#include <cstdint>
+#include <vector>
+
+namespace lcx::ops {
+
+inline constexpr int64_t kMinPaddedRows = 128;
+
+// A document of n > 0 rows padded: the least power of two >= max(n, kMinPaddedRows).
+int64_t padded_rows(int64_t n);
+
+struct DocumentBatch {
+  int64_t rows = 0;           // S: each document's padded rows
+  std::vector<std::size_t> docs;   // indices into the lengths given; a power-of-two count
+};
+
+// Every document of positive length in exactly one batch, the batches of one S largest first,
+// S ascending. Zero lengths are left out (they have no rows to attend).
+std::vector<DocumentBatch> document_batches(const std::vector<int64_t>& lengths);
+
+}  // namespace lcx::ops

@@ -1,0 +1,91 @@
+// The grouping of document-masked attention on cuDNN (kernels/document_batches.h): every document
+// in exactly one batch, batch sizes powers of two, padded sizes powers of two that hold their
+// documents, and padded rows within the real rows rounded up to a power of two.
+#include "kernels/document_batches.h"
+
+#include <gtest/gtest.h>
+
+#include <bit>
+#include <random>
+
+namespace lcx::ops {
+namespace {
+
+// Checks the invariants the CUDA side and the memory plan rely on; returns the batches.
+std::vector<DocumentBatch> checked(const std::vector<int64_t>& lengths) {
+  const std::vector<DocumentBatch> batches = document_batches(lengths);
+  std::vector<int> seen(lengths.size(), 0);
+  int64_t total = 0;
+  for (int64_t n : lengths) total += std::max<int64_t>(0, n);
+  for (const DocumentBatch& b : batches) {
+    EXPECT_TRUE(std::has_single_bit(static_cast<uint64_t>(b.rows))) << b.rows;
+    EXPECT_GE(b.rows, kMinPaddedRows);
+    EXPECT_TRUE(std::has_single_bit(b.docs.size())) << b.docs.size();
+    EXPECT_LE(static_cast<int64_t>(b.docs.size()) * b.rows,
+              std::max(static_cast<int64_t>(std::bit_ceil(static_cast<uint64_t>(total))), kMinPaddedRows));
+    for (size_t i : b.docs) {
+      if (i >= lengths.size()) {
+        ADD_FAILURE() << "document index " << i << " past " << lengths.size();
+        continue;
+      }
+      ++seen[i];
+      EXPECT_LE(lengths[i], b.rows);
+      EXPECT_EQ(padded_rows(lengths[i]), b.rows);
+    }
+  }
+  for (size_t i = 0; i < lengths.size(); ++i) EXPECT_EQ(seen[i], lengths[i] > 0 ? 1 : 0) << "document " << i;
+  return batches;
+}
+
+TEST(DocumentBatches, PaddedRowsArePowersOfTwoFromTheLeast) {
+  EXPECT_EQ(padded_rows(1), kMinPaddedRows);
+  EXPECT_EQ(padded_rows(kMinPaddedRows), kMinPaddedRows);
+  EXPECT_EQ(padded_rows(kMinPaddedRows + 1), 2 * kMinPaddedRows);
+  EXPECT_EQ(padded_rows(4096), 4096);
+  EXPECT_EQ(padded_rows(4097), 8192);
+  EXPECT_EQ(padded_rows(90001), 131072);
+}
+
+TEST(DocumentBatches, ThirteenDocumentsOfOneSizeRunAsEightFourOne) {
+  const std::vector<DocumentBatch> b = checked(std::vector<int64_t>(13, 1000));
+  ASSERT_EQ(b.size(), 3u);
+  EXPECT_EQ(b[0].docs.size(), 8u);
+  EXPECT_EQ(b[1].docs.size(), 4u);
+  EXPECT_EQ(b[2].docs.size(), 1u);
+  for (const DocumentBatch& x : b) EXPECT_EQ(x.rows, 1024);
+}
+
+TEST(DocumentBatches, SizesAscendAndZeroLengthsAreLeftOut) {
+  const std::vector<DocumentBatch> b = checked({300, 0, 5000, 70, 260, 129});
+  ASSERT_EQ(b.size(), 4u);
+  EXPECT_EQ(b[0].rows, 128);
+  EXPECT_EQ(b[0].docs, std::vector<size_t>{3});
+  EXPECT_EQ(b[1].rows, 256);
+  EXPECT_EQ(b[1].docs, std::vector<size_t>{5});
+  EXPECT_EQ(b[2].rows, 512);
+  EXPECT_EQ(b[2].docs, (std::vector<size_t>{0, 4}));
+  EXPECT_EQ(b[3].rows, 8192);
+}
+
+TEST(DocumentBatches, TinyDocumentsAreCappedAtTheRealRowsRoundedUp) {
+  // 1,000 documents of 3 rows: 3,000 real rows, 4,096 rounded up; a batch of 128-row documents
+  // holds at most 32 of them.
+  const std::vector<DocumentBatch> b = checked(std::vector<int64_t>(1000, 3));
+  for (const DocumentBatch& x : b) EXPECT_LE(x.docs.size(), 32u);
+  EXPECT_EQ(b.front().docs.size(), 32u);
+  // One tiny document alone pads to the least size.
+  EXPECT_EQ(checked({5}).front().rows, kMinPaddedRows);
+}
+
+TEST(DocumentBatches, RandomMixesKeepTheInvariants) {
+  std::mt19937_64 rng(7);
+  std::lognormal_distribution<double> len(std::log(1000.0), 1.5);
+  for (int trial = 0; trial < 50; ++trial) {
+    std::vector<int64_t> lengths(1 + rng() % 300);
+    for (int64_t& n : lengths) n = static_cast<int64_t>(len(rng)) % 200000;
+    checked(lengths);
+  }
+}
+
+}  // namespace
+}  // namespace lcx::ops
