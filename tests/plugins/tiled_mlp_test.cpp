@@ -200,8 +200,9 @@ TEST(TiledMlp, RefusesBadTileRowsByName) {
     } catch (const Error& e) {
       EXPECT_NE(std::string(e.what()).find(std::string(bad).substr(0, std::string(bad).find(' '))), std::string::npos)
           << e.what();
-      if (std::string(bad).rfind("tile_rows", 0) == 0)
+      if (std::string(bad).rfind("tile_rows", 0) == 0) {
         EXPECT_NE(e.fix().find("\"auto\" (the plan's choice"), std::string::npos) << e.fix();
+      }
     }
   }
 }

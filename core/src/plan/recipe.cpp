@@ -115,6 +115,7 @@ std::vector<int64_t> row_candidates(const PlanInputs& in, const PlanSlots& slots
     if (out.empty() || std::min(n, T) > out.back()) out.push_back(std::min(n, T));
   auto planned = [&](int64_t n) {
     PlanInputs with = in;
+    with.recipe = Recipe{};  // every provider takes the plain recipe (a key may refuse another)
     with.recipe.*field = n;
     const MemoryPlan plan = build_plan(with, slots);
     std::vector<double> sig{predicted_step_seconds(plan.work)};
@@ -136,7 +137,7 @@ std::vector<Rows> rows_fastest_first(const PlanInputs& in, const PlanSlots& slot
   for (int64_t tile : tiles)
     for (int64_t chunk : chunks) {
       PlanInputs with = in;
-      with.recipe = with_rows(in.recipe, {tile, chunk});
+      with.recipe = with_rows(Recipe{}, {tile, chunk});
       timed.push_back({predicted_step_seconds(build_plan(with, slots).work), {tile, chunk}});
     }
   std::stable_sort(timed.begin(), timed.end(), [&](const auto& a, const auto& b) {
