@@ -127,25 +127,26 @@ std::vector<int64_t> row_candidates(const PlanInputs& in, const PlanSlots& slots
 }
 
 // Every pair of tile and chunk counts, fastest first by the cost model (their work adds to the rest
-// of the step's whatever the other choices: ranked once), the leaner first among equals; the leanest
-// pair (the fewest rows of each, the least memory) is the last.
+// of the step's, so they are ranked once, on the plain recipe), the leaner first among equals; the
+// leanest pair (the fewest rows of each: the least memory) last. Where nothing is loaded ahead, a
+// larger pair may leave fewer inputs on the GPU and expose more copies: the search takes the
+// fastest rows that fit, then the most inputs on the GPU beside them.
 std::vector<Rows> rows_fastest_first(const PlanInputs& in, const PlanSlots& slots, Rows* leanest) {
   const std::vector<int64_t> tiles = row_candidates(in, slots, kTileRows, &Recipe::mlp_tile_rows);
   const std::vector<int64_t> chunks = row_candidates(in, slots, kChunkRows, &Recipe::loss_chunk_rows);
   *leanest = {tiles.front(), chunks.front()};
   std::vector<std::pair<double, Rows>> timed;
   for (int64_t tile : tiles)
-    for (int64_t chunk : chunks) {
-      PlanInputs with = in;
-      with.recipe = with_rows(Recipe{}, {tile, chunk});
-      timed.push_back({predicted_step_seconds(build_plan(with, slots).work), {tile, chunk}});
-    }
-  std::stable_sort(timed.begin(), timed.end(), [&](const auto& a, const auto& b) {
-    if (a.second == *leanest || b.second == *leanest) return b.second == *leanest && !(a.second == *leanest);
-    return a.first < b.first;
-  });
+    for (int64_t chunk : chunks)
+      if (!(Rows{tile, chunk} == *leanest)) {
+        PlanInputs with = in;
+        with.recipe = with_rows(Recipe{}, {tile, chunk});
+        timed.push_back({predicted_step_seconds(build_plan(with, slots).work), {tile, chunk}});
+      }
+  std::stable_sort(timed.begin(), timed.end(), [](const auto& a, const auto& b) { return a.first < b.first; });
   std::vector<Rows> out;
   for (const auto& t : timed) out.push_back(t.second);
+  out.push_back(*leanest);
   return out;
 }
 
