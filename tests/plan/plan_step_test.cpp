@@ -20,7 +20,7 @@ struct StepCase {
   // otherwise core's on_device plan is one [T,H] above the step (planner.cpp says why).
   int64_t checkpoint_every = 1;
   // Recipe::mlp_tile_rows and loss_chunk_rows, as the plan hands them over: > 0 runs tiled_mlp
-  // (its key "auto") with the recipe's tiles, and the loss's chunks from the recipe. Tiles small
+  // (its key "auto") with the recipe's tiles, and the loss's chunks from the recipe. Tiles large
   // enough that the MLP backward is still the peak: below, in bf16, the attention backward's is, where
   // the CPU kernels allocate less than the GPU's that the plan counts.
   int64_t tile_rows = 0, chunk_rows = 0;
