@@ -18,6 +18,10 @@
 // skipped (its grad_hidden rows are zeroed). Every op dispatches on the tensors' device, so the
 // same code runs the CPU reference and the CUDA kernels.
 //
+// The chunk: `chunk_rows` when set; under "auto" (the default) the plan's choice
+// (Recipe::loss_chunk_rows: the largest chunk that fits, since each chunk costs the head gradient's
+// traffic once more, see plan()), else 1024 (a run not planned for the GPU).
+//
 // The host waits on the device twice per call, never per chunk: once for the targets (which
 // chunks have a valid label, and the valid count) and once at the end for the per-token losses,
 // summed in row order in double so the loss is deterministic.
@@ -25,8 +29,10 @@
 #include <lcx/plan.h>
 #include <lcx/plugin.h>
 #include <lcx/slots/loss.h>
+#include <lcx/slots/model.h>
 
 #include <algorithm>
+#include <optional>
 #include <vector>
 
 namespace lcx {
@@ -37,9 +43,16 @@ constexpr int64_t kIgnoreIndex = -100;
 // (one a row) and keeps the logits GEMM efficient, at 155 MB for V = 151,936.
 constexpr int64_t kLogitRows = 256;
 
+// The chunk without a key or a plan. 1024 by measurement (docs/PERF.md, the chunk_rows sweep on an
+// H200): 1.5x faster than TRL's 256 for 0.47 GB instead of 0.23 GB with the Qwen3 vocabulary.
+constexpr int64_t kDefaultChunkRows = 1024;
+
 class ChunkedLoss final : public Loss {
  public:
+  // chunk_rows: 0 for "auto".
   explicit ChunkedLoss(int64_t chunk_rows) : chunk_rows_(chunk_rows) {}
+
+  void use_recipe(const Recipe& recipe) override { recipe_rows_ = recipe.loss_chunk_rows; }
 
   LossResult forward_backward(const Tensor& hidden, const Tensor& head, const Tensor& targets,
                               double grad_scale, Tensor& grad_hidden, Tensor& grad_head) override {
@@ -55,12 +68,16 @@ class ChunkedLoss final : public Loss {
   std::string plan_offer() const override { return "the logits never whole"; }
   void plan(const PlanInputs& in, MemoryPlan& plan) const override {
     const int64_t T = std::max<int64_t>(in.tokens_per_rank, 1);
-    const int64_t C = std::min(chunk_rows_, T);
+    const int64_t C = std::min(rows(in.recipe.loss_chunk_rows), T);
     const bool in_place = in.weight_dtype == DType::f32;
     const int64_t S = slice_rows(C, in_place);
     const int64_t V = in.model.vocab_size;
     plan.work.gemm_flops += 6.0 * static_cast<double>(T) * static_cast<double>(V) * static_cast<double>(in.model.hidden_size);
     plan.work.memory_bytes += 3.0 * static_cast<double>(T) * static_cast<double>(V) * 4;  // one fused pass over each slice
+    // Each chunk's head-gradient GEMM reads and writes the whole fp32 [V,H] gradient, whatever its
+    // rows: the cost that makes small chunks slow (the chunk_rows sweep, docs/PERF.md).
+    plan.work.memory_bytes += static_cast<double>((T + C - 1) / C) * 8.0 * static_cast<double>(V) *
+                              static_cast<double>(in.model.hidden_size);
     plan.add(str("logits of one slice [", S, ",V] fp32 + per-token loss"), PlanCategory::transient, S * V * 4 + T * 4,
              plan_phase::loss);
     if (!in_place)
@@ -74,7 +91,7 @@ class ChunkedLoss final : public Loss {
     check_shapes(hidden, head, targets, grad_hidden, grad_head);
     const int64_t T = hidden.size(0), H = hidden.size(1), V = head.size(0);
     const Device dev = hidden.device();
-    const int64_t C = std::min(chunk_rows_, std::max<int64_t>(T, 1));
+    const int64_t C = std::min(rows(recipe_rows_), std::max<int64_t>(T, 1));
     LossResult result;
     const std::vector<bool> has_valid = chunks_with_valid_targets(targets, C, &result.valid);
     const bool backward = grad_hidden != nullptr;
@@ -127,6 +144,11 @@ class ChunkedLoss final : public Loss {
     return result;
   }
 
+  // The chunk: the key's, else the plan's (recipe_rows), else kDefaultChunkRows.
+  int64_t rows(int64_t recipe_rows) const {
+    return chunk_rows_ > 0 ? chunk_rows_ : recipe_rows > 0 ? recipe_rows : kDefaultChunkRows;
+  }
+
   // Rows of fp32 logits computed at once in a chunk of C rows: the whole chunk when its gradient
   // is written over them (fp32 head), else at most kLogitRows.
   static int64_t slice_rows(int64_t C, bool in_place) { return in_place ? C : std::min(C, kLogitRows); }
@@ -169,17 +191,16 @@ class ChunkedLoss final : public Loss {
                       dtype_name(grad_head->dtype()), " ", shape_str(grad_head->shape())));
   }
 
-  int64_t chunk_rows_;
+  const int64_t chunk_rows_;  // 0: "auto"
+  int64_t recipe_rows_ = 0;   // the plan's chunk (Recipe::loss_chunk_rows); 0: none
 };
 
 std::unique_ptr<Plugin> create(const PluginArgs& args) {
-  // 1024 by measurement (docs/PERF.md, the chunk_rows sweep on an H200): 1.5x faster than TRL's
-  // 256 for 0.47 GB instead of 0.23 GB with the Qwen3 vocabulary; beyond it time gains flatten.
-  const int64_t rows = args.config.get_int("chunk_rows", 1024);
-  if (rows < 1)
-    args.config.fail("chunk_rows", str("must be >= 1, got ", rows),
-                     "1024 is the default; smaller chunks trade time for memory (256 is TRL's)");
-  return std::make_unique<ChunkedLoss>(rows);
+  const char* fix = "\"auto\" (the plan's choice, the default) or a row count >= 1; smaller chunks trade time for "
+                    "memory (256 is TRL's)";
+  const std::optional<int64_t> rows = args.config.get_int_or_auto("chunk_rows", fix);
+  if (rows && *rows < 1) args.config.fail("chunk_rows", str("must be >= 1, got ", *rows), fix);
+  return std::make_unique<ChunkedLoss>(rows.value_or(0));
 }
 
 }  // namespace

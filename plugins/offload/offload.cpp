@@ -40,8 +40,9 @@
 #include <lcx/stream.h>
 
 #include <algorithm>
-#include <limits>
 #include <chrono>
+#include <limits>
+#include <optional>
 #include <vector>
 
 namespace lcx {
@@ -432,24 +433,11 @@ class Offload final : public MemoryStrategy {
 };
 
 // A key that is "auto" (the plan's recipe decides: -1) or a count in [0, most].
-template <class Config>
-int64_t auto_or_count(const Config& config, const char* key, int64_t most, const char* fix) {
-  if (!config.has(key)) return -1;
-  int64_t n = -1;
-  try {
-    n = config.get_int(key, -1);
-  } catch (const Error& not_integer) {  // the one string it may be is "auto"
-    std::string text;
-    try {
-      text = config.get_string(key, "auto");
-    } catch (const Error&) {
-      throw not_integer;  // neither: the integer's error names what was found
-    }
-    if (text != "auto") config.fail(key, str("'", text, "' is neither \"auto\" nor a count"), fix);
-    return -1;
-  }
-  if (n < 0 || n > most) config.fail(key, str(n, " is out of range"), fix);
-  return n;
+int64_t auto_or_count(const ConfigView& config, const char* key, int64_t most, const char* fix) {
+  const std::optional<int64_t> n = config.get_int_or_auto(key, fix);
+  if (!n) return -1;
+  if (*n < 0 || *n > most) config.fail(key, str(*n, " is out of range"), fix);
+  return *n;
 }
 
 std::unique_ptr<Plugin> create(const PluginArgs& args) {

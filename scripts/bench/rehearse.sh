@@ -73,7 +73,9 @@ try:
 except (OSError, ValueError, KeyError):
     sys.exit()
 print(f"--set qwen3.keep_attention={str(c['keep_attention']).lower()}"
-      + (f" --set qwen3.attention_head_groups={c['head_groups']}" if c["head_groups"] > 0 else ""))
+      + (f" --set qwen3.attention_head_groups={c['head_groups']}" if c["head_groups"] > 0 else "")
+      + (f" --set tiled_mlp.tile_rows={c['mlp_tile_rows']}" if c.get("mlp_tile_rows", 0) > 0 else "")
+      + (f" --set loss_chunked.chunk_rows={c['loss_chunk_rows']}" if c.get("loss_chunk_rows", 0) > 0 else ""))
 PY
 )
   [[ ${ONE_LAYER:-1} == 0 ]] && continue  # the rehearsal alone (the layer was timed before)

@@ -60,9 +60,11 @@ TEST(PlanCli, ChoosesTheFastestRecipeThatFits) {
   test::write_file(dir + "/plan.toml", "[model]\nmodule = \"qwen3\"\ninit = \"qwen3-4b\"\n[data]\nseq_len = 65536\n"
                                        "[train]\nmaster_dtype = \"bf16\"\ncheckpoint_every = 1\n"
                                        "[plugins]\nload = [\"loss_chunked\"]\n");
-  auto predicted = [](const std::string& out, const std::string& recipe) {
-    const size_t at = out.find(recipe + ": predicted step ");
-    return at == std::string::npos ? -1.0 : std::stod(out.substr(at + recipe.size() + 17));
+  // Every candidate fits 141 GB with the largest loss chunks (the plan's choice of chunk_rows).
+  auto predicted = [](const std::string& out, std::string recipe) {
+    recipe += ", loss chunks of 4,096 rows: predicted step ";
+    const size_t at = out.find(recipe);
+    return at == std::string::npos ? -1.0 : std::stod(out.substr(at + recipe.size()));
   };
   auto big = run_command(test::lcx_train() + " --plan --config " + dir + "/plan.toml --gpu-memory 141GB");
   ASSERT_EQ(big.exit_code, 0) << big.output;
@@ -85,6 +87,43 @@ TEST(PlanCli, ChoosesTheFastestRecipeThatFits) {
                          "/plan.toml --gpu-memory 141GB --set qwen3.keep_attention=false");
   ASSERT_EQ(off.exit_code, 0) << off.output;
   EXPECT_EQ(predicted(off.output, "attention kept from the forward, one head group"), recomputed) << off.output;
+}
+
+// Issue 21 item 4: the MLP's tiles and the loss's chunks are the plan's choice. Qwen3-4B at 131,072
+// tokens: with room, one tile of the whole sequence and 4,096-row chunks (the least work); at 50 GB,
+// tiles of 16,384 rows beside deeper recompute. Keys set in the manifest win (the recipe names no
+// rows, the breakdown plans the keys'); a bad value stops the plan naming the key and the fix.
+TEST(PlanCli, TilesAndLossChunksAreThePlansChoiceAndKeysWin) {
+  const std::string dir = ::testing::TempDir() + "lcx-plan-rows";
+  std::filesystem::create_directories(dir);
+  test::write_file(dir + "/plan.toml", "[model]\nmodule = \"qwen3\"\ninit = \"qwen3-4b\"\n[data]\nseq_len = 131072\n"
+                                       "[train]\nmaster_dtype = \"bf16\"\n"
+                                       "[plugins]\nload = [\"loss_chunked\", \"tiled_mlp\"]\n");
+  const std::string plan = test::lcx_train() + " --plan --config " + dir + "/plan.toml";
+  auto big = run_command(plan + " --gpu-memory 141GB");
+  ASSERT_EQ(big.exit_code, 0) << big.output;
+  EXPECT_NE(chosen_line(big.output).find("fits   attention kept from the forward, one head group, MLP tiles of 131,072 rows, "
+                                         "loss chunks of 4,096 rows: predicted step "),
+            std::string::npos)
+      << big.output;
+  auto tight = run_command(plan + " --gpu-memory 50GB");
+  ASSERT_EQ(tight.exit_code, 0) << tight.output;
+  EXPECT_NE(chosen_line(tight.output).find(", MLP tiles of 16,384 rows, loss chunks of 4,096 rows: "), std::string::npos)
+      << tight.output;
+  EXPECT_EQ(chosen_line(tight.output).rfind("  fits ", 0), 0u) << tight.output;
+  auto keyed = run_command(plan + " --gpu-memory 50GB --set tiled_mlp.tile_rows=8192 --set loss_chunked.chunk_rows=256");
+  ASSERT_EQ(keyed.exit_code, 0) << keyed.output;
+  const std::string line = chosen_line(keyed.output);
+  ASSERT_FALSE(line.empty()) << keyed.output;
+  EXPECT_EQ(line.find("MLP tiles"), std::string::npos) << line;
+  EXPECT_EQ(line.find("loss chunks"), std::string::npos) << line;
+  for (const char* s : {"backward: MLP dact, dgate, dup [8192,I] (one tile)", "one chunk's dlogits [256,V]"})
+    EXPECT_NE(keyed.output.find(s), std::string::npos) << s << "\n" << keyed.output;
+  auto bad = run_command(plan + " --gpu-memory 50GB --set tiled_mlp.tile_rows=big");
+  EXPECT_EQ(bad.exit_code, 2) << bad.output;
+  EXPECT_NE(bad.output.find("tiled_mlp.tile_rows: 'big' is neither \"auto\" nor an integer"), std::string::npos)
+      << bad.output;
+  EXPECT_NE(bad.output.find("fix: \"auto\" (the plan's choice"), std::string::npos) << bad.output;
 }
 
 TEST(PlanCli, ShapeFromInitWhenThePathIsCleared) {
@@ -141,8 +180,8 @@ TEST(PlanCli, HostMemoryIsABudgetCountedOverTheNodesRanks) {
        {plan_row("pinned host memory", "36.00 GiB", "per rank"), plan_row("pinned host, node", "288.00 GiB", "8 ranks on one node"),
         plan_row("host memory", "125.00 GiB", "short by 163.00 GiB"),
         std::string("  host fix: lower data.seq_len, keep fewer layers' inputs in host memory"),
-        std::string("short  attention recomputed, one head group: predicted step 347.7 s, GPU 48.56 GiB, pinned host 288.00 "
-                    "GiB (8 ranks)   <- chosen")})
+        std::string("short  attention recomputed, one head group, loss chunks of 256 rows: predicted step 348.8 s, GPU 48.56 "
+                    "GiB, pinned host 288.00 GiB (8 ranks)   <- chosen")})
     EXPECT_NE(r.output.find(s), std::string::npos) << s << "\n" << r.output;
   EXPECT_EQ(r.output.find("fits   attention"), std::string::npos) << "no recipe fits 125 GB of host: " << r.output;
   // A node with ample host memory takes the faster recipe that keeps the attention.
@@ -156,8 +195,9 @@ TEST(PlanCli, HostMemoryIsABudgetCountedOverTheNodesRanks) {
   // for every input on the GPU beside the kept attention: nothing pinned, the fastest recipe.
   auto placed = run_command(plan + " --host-memory 125GB");
   ASSERT_EQ(placed.exit_code, 0) << placed.output;
-  EXPECT_NE(placed.output.find("fits   attention kept from the forward, one head group, 36 saved inputs on the GPU: "
-                               "predicted step 276.6 s, GPU 115.66 GiB, pinned host 0.00 GiB (8 ranks)   <- chosen"),
+  EXPECT_NE(placed.output.find("fits   attention kept from the forward, one head group, 36 saved inputs on the GPU, loss "
+                               "chunks of 4,096 rows: predicted step 276.7 s, GPU 115.66 GiB, pinned host 0.00 GiB (8 ranks)   "
+                               "<- chosen"),
             std::string::npos)
       << placed.output;
 

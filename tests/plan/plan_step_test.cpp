@@ -19,6 +19,11 @@ struct StepCase {
   // Recipe::checkpoint_every: the inputs between checkpoints rebuilt. A k dividing the 3 layers:
   // otherwise core's on_device plan is one [T,H] above the step (planner.cpp says why).
   int64_t checkpoint_every = 1;
+  // Recipe::mlp_tile_rows and loss_chunk_rows, as the plan hands them over: > 0 runs tiled_mlp
+  // (its key "auto") with the recipe's tiles, and the loss's chunks from the recipe. Tiles large
+  // enough that the MLP backward is still the peak: below, in bf16, the attention backward's is, where
+  // the CPU kernels allocate less than the GPU's that the plan counts.
+  int64_t tile_rows = 0, chunk_rows = 0;
 };
 
 class PlanAgainstStep : public ::testing::TestWithParam<StepCase> {};
@@ -33,8 +38,13 @@ TEST_P(PlanAgainstStep, CpuPeakOfOneQwen3StepMatchesThePlan) {
   test::DefaultSlots s(*model);
   std::shared_ptr<Loss> chunked;
   if (std::string(c.loss) != "nll") chunked = test::make_plugin<Loss>(c.loss);
+  std::shared_ptr<MlpStrategy> tiled;
+  if (c.tile_rows > 0) tiled = test::make_plugin<MlpStrategy>("tiled_mlp");
   StepSlots slots{*model, chunked ? *chunked : *s.loss, *s.rope, *s.memory, *s.parallel};
+  slots.mlp = tiled.get();
   slots.recipe.checkpoint_every = c.checkpoint_every;
+  slots.recipe.mlp_tile_rows = c.tile_rows;
+  slots.recipe.loss_chunk_rows = c.chunk_rows;
   const int64_t T = 512;
   std::vector<int64_t> ids(T), labels(T);
   for (int64_t t = 0; t < T; ++t) ids[static_cast<size_t>(t)] = labels[static_cast<size_t>(t)] = (t * 37) % 2000;
@@ -51,12 +61,14 @@ TEST_P(PlanAgainstStep, CpuPeakOfOneQwen3StepMatchesThePlan) {
   in.model = model->config();
   in.seq_len = in.tokens_per_rank = T;
   in.weight_dtype = c.dtype;
-  in.recipe.checkpoint_every = c.checkpoint_every;
+  in.recipe = slots.recipe;
   PlanSlots ps;
   ps.model = model.get();  // the module's own plan: its head groups (auto: one kv head each)
   ps.model_name = "qwen3";
   ps.loss = chunked.get();
   ps.loss_name = c.loss;
+  ps.mlp = tiled.get();
+  if (tiled) ps.mlp_name = "tiled_mlp";
   const MemoryPlan plan = build_plan(in, ps);
   int64_t persistent = 0;
   for (const auto& t : plan.terms)
@@ -84,10 +96,15 @@ TEST_P(PlanAgainstStep, CpuPeakOfOneQwen3StepMatchesThePlan) {
 INSTANTIATE_TEST_SUITE_P(DtypesAndLosses, PlanAgainstStep,
                          ::testing::Values(StepCase{DType::f32, "nll"}, StepCase{DType::bf16, "nll"},
                                            StepCase{DType::f32, "loss_chunked"}, StepCase{DType::bf16, "loss_chunked"},
-                                           StepCase{DType::f32, "nll", 3}, StepCase{DType::bf16, "loss_chunked", 3}),
+                                           StepCase{DType::f32, "nll", 3}, StepCase{DType::bf16, "loss_chunked", 3},
+                                           StepCase{DType::bf16, "loss_chunked", 1, 384, 64},
+                                           StepCase{DType::f32, "loss_chunked", 1, 200, 128}),
                          [](const auto& info) {
                            return std::string(dtype_name(info.param.dtype)) + "_" + info.param.loss +
-                                  (info.param.checkpoint_every > 1 ? str("_every", info.param.checkpoint_every) : "");
+                                  (info.param.checkpoint_every > 1 ? str("_every", info.param.checkpoint_every) : "") +
+                                  (info.param.tile_rows > 0
+                                       ? str("_tiles", info.param.tile_rows, "_chunks", info.param.chunk_rows)
+                                       : "");
                          });
 
 }  // namespace

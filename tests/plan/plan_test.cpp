@@ -325,6 +325,77 @@ TEST(PlanArithmetic, RecipeSearchPlacesTheMostInputsThatFit) {
   EXPECT_GT(longest, longest_fitting_seq(in, s, gpu, 40LL << 30, 16, 1));
 }
 
+// Tiles of the MLP and chunks of the loss: with room, the search takes the largest (one tile of the
+// shard, 4,096-row chunks: the least work); under a budget that the leanest rows of the same recipe
+// just fit, rows no larger, each the largest that still fits. Keys set in the manifest win: nothing
+// is left to choose. The rows never multiply the candidates listed.
+TEST(PlanArithmetic, RecipeSearchTakesTheLargestTilesAndChunksThatFit) {
+  const PlanInputs in = inputs("qwen3-4b", 131072, 1, "bf16");
+  auto with_rows = [](const std::string& tile, const std::string& chunk) {
+    static std::vector<std::shared_ptr<Plugin>> made;
+    made.push_back(create_plugin("tiled_mlp", tile));
+    made.push_back(create_plugin("loss_chunked", chunk));
+    PlanSlots s = qwen3_slots();
+    s.mlp = dynamic_cast<const MlpStrategy*>(made[made.size() - 2].get());
+    s.mlp_name = "tiled_mlp";
+    s.loss = dynamic_cast<const Loss*>(made.back().get());
+    s.loss_name = "loss_chunked";
+    return s;
+  };
+  const PlanSlots s = with_rows("", "");
+  auto peak = [&](const Recipe& r, const PlanSlots& slots) {
+    PlanInputs with = in;
+    with.recipe = r;
+    return build_plan(with, slots).peak().bytes;
+  };
+  const Recipe big = choose_recipe(in, s, 141LL << 30, -1, 0);
+  EXPECT_EQ(big.mlp_tile_rows, 131072);
+  EXPECT_EQ(big.loss_chunk_rows, 4096);
+  EXPECT_NE(recipe_name(big).find(", MLP tiles of 131,072 rows, loss chunks of 4,096 rows"), std::string::npos)
+      << recipe_name(big);
+
+  Recipe lean = big;
+  lean.mlp_tile_rows = 4096;
+  lean.loss_chunk_rows = 256;
+  const int64_t budget = peak(lean, s);
+  ASSERT_LT(budget, peak(big, s));
+  const Recipe tight = choose_recipe(in, s, budget, -1, 0);
+  EXPECT_LE(peak(tight, s), budget) << recipe_name(tight);
+  EXPECT_LE(tight.mlp_tile_rows, big.mlp_tile_rows);
+  EXPECT_LE(tight.loss_chunk_rows, big.loss_chunk_rows);
+  EXPECT_TRUE(tight.mlp_tile_rows < big.mlp_tile_rows || tight.loss_chunk_rows < big.loss_chunk_rows)
+      << recipe_name(tight);
+  // Each the largest that fits beside the other: the next size up of either passes the budget.
+  const std::vector<int64_t> tiles{4096, 8192, 16384, 32768, 131072}, chunks{256, 1024, 4096};
+  auto next = [](const std::vector<int64_t>& v, int64_t x) {
+    auto it = std::upper_bound(v.begin(), v.end(), x);
+    return it == v.end() ? int64_t{0} : *it;
+  };
+  if (const int64_t up = next(tiles, tight.mlp_tile_rows)) {
+    Recipe r = tight;
+    r.mlp_tile_rows = up;
+    EXPECT_GT(peak(r, s), budget) << recipe_name(r);
+  }
+  if (const int64_t up = next(chunks, tight.loss_chunk_rows)) {
+    Recipe r = tight;
+    r.loss_chunk_rows = up;
+    EXPECT_GT(peak(r, s), budget) << recipe_name(r);
+  }
+
+  // Keys set: the providers plan their own rows whatever the recipe, so the search leaves them be.
+  const PlanSlots keyed = with_rows("tile_rows = 8192", "chunk_rows = 256");
+  const Recipe fixed = choose_recipe(in, keyed, 141LL << 30, -1, 0);
+  EXPECT_EQ(fixed.mlp_tile_rows, 0);
+  EXPECT_EQ(fixed.loss_chunk_rows, 0);
+  EXPECT_EQ(recipe_name(fixed).find("MLP tiles"), std::string::npos) << recipe_name(fixed);
+  PlanInputs planned = in;
+  planned.recipe = fixed;
+  const MemoryPlan plan = build_plan(planned, keyed);
+  term(plan, "backward: MLP dact, dgate, dup [8192,I] (one tile)");
+  term(plan, "one chunk's dlogits [256,V]");
+  EXPECT_EQ(rank_recipes(in, s, 141LL << 30, -1, 0).size(), rank_recipes(in, keyed, 141LL << 30, -1, 0).size());
+}
+
 TEST(PlanArithmetic, ContextParallelDividesTokensPerRank) {
   const PlanInputs one = inputs("qwen3-8b", 1048576, 1), eight = inputs("qwen3-8b", 1048576, 8);
   EXPECT_EQ(eight.tokens_per_rank, 131072);

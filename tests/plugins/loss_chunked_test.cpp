@@ -4,12 +4,14 @@
 // so these tests exercise the .so a run would load.
 #include <gtest/gtest.h>
 
+#include <algorithm>
 #include <cmath>
 #include <random>
 
 #include "config/manifest.h"
 #include "lcx/defaults.h"
 #include "lcx/ops.h"
+#include "lcx/plan.h"
 #include "plugin/loader.h"
 #include "plugins/loss_chunked_cases.h"
 
@@ -192,6 +194,19 @@ TEST(LossChunked, RefusesBadChunkRows) {
   }
 }
 
+// chunk_rows is "auto" or a count: another string fails naming the key, what was found and the fix.
+TEST(LossChunked, RefusesAStringOtherThanAuto) {
+  try {
+    test::make_plugin<Loss>("loss_chunked", "chunk_rows = \"big\"");
+    FAIL() << "chunk_rows = \"big\" was accepted";
+  } catch (const Error& e) {
+    const std::string what = e.what();
+    EXPECT_NE(what.find("loss_chunked.chunk_rows: 'big' is neither \"auto\" nor an integer"), std::string::npos) << what;
+    EXPECT_NE(e.fix().find("\"auto\" (the plan's choice"), std::string::npos) << e.fix();
+  }
+  EXPECT_NO_THROW(test::make_plugin<Loss>("loss_chunked", "chunk_rows = \"auto\""));
+}
+
 TEST(LossChunked, RefusesMismatchedShapes) {
   std::mt19937 rng(13);
   Tensor hidden = random_tensor({10, 8}, rng, 1.f), head = random_tensor({11, 9}, rng, 1.f);
@@ -248,6 +263,68 @@ TEST(LossChunked, PeakWithBf16HeadIsOneSliceOfLogitsAndOneChunkOfGradient) {
     const int64_t peak = cpu.stats().peak_bytes - live;
     EXPECT_EQ(peak, std::min<int64_t>(C, 256) * V * 4 + C * V * 2 + T * 4) << "chunk_rows " << C;
   }
+}
+
+// Under "auto" (the key absent or "auto") the chunk is the plan's, handed over by use_recipe
+// (Recipe::loss_chunk_rows), else 1024; a count set in the manifest wins over the recipe. The CPU
+// allocator's peak shows the chunk a call used (one slice of fp32 logits, the chunk's bf16 gradient),
+// and the plan counts the same chunk from PlanInputs::recipe.
+TEST(LossChunked, AutoTakesThePlansChunkAndAKeySetWins) {
+  const int64_t T = 3000, H = 32, V = 1001;
+  std::mt19937 rng(19);
+  Tensor hidden = random_tensor({T, H}, rng, 1.f).to(DType::bf16), head = random_tensor({V, H}, rng, 0.5f).to(DType::bf16);
+  Tensor targets = make_targets(T, V, rng, {});
+  Tensor gh = Tensor::empty({T, H}, DType::bf16), gw = Tensor::zeros({V, H}, DType::f32);
+  Allocator& cpu = allocator_for(Device::cpu());
+  auto peak = [&](Loss& loss) {
+    const int64_t live = cpu.stats().live_bytes;
+    cpu.reset_peak();
+    loss.forward_backward(hidden, head, targets, 1.0 / T, gh, gw);
+    return cpu.stats().peak_bytes - live;
+  };
+  auto chunk = [&](int64_t C) { return std::min<int64_t>(C, 256) * V * 4 + C * V * 2 + T * 4; };
+  auto planned = [&](const Loss& loss, const Recipe& r) {
+    PlanInputs in;
+    in.model.vocab_size = V;
+    in.model.hidden_size = H;
+    in.tokens_per_rank = in.seq_len = T;
+    in.recipe = r;
+    MemoryPlan plan;
+    loss.plan(in, plan);
+    return plan.gpu_bytes(plan_phase::loss, false);
+  };
+  Recipe r;
+  r.loss_chunk_rows = 128;
+  for (const char* table : {"", "chunk_rows = \"auto\""}) {
+    auto loss = test::make_plugin<Loss>("loss_chunked", table);
+    EXPECT_EQ(peak(*loss), chunk(1024)) << table;
+    EXPECT_EQ(planned(*loss, Recipe{}), chunk(1024)) << table;
+    loss->use_recipe(r);
+    EXPECT_EQ(peak(*loss), chunk(128)) << table;
+    EXPECT_EQ(planned(*loss, r), chunk(128)) << table;
+  }
+  auto keyed = load_chunked(512);
+  keyed->use_recipe(r);
+  EXPECT_EQ(peak(*keyed), chunk(512));
+  EXPECT_EQ(planned(*keyed, r), chunk(512));
+}
+
+// Each chunk's head-gradient GEMM reads and writes the fp32 [V,H] gradient: the plan's work counts
+// it per chunk, so larger chunks are predicted faster (the chunk_rows sweep on the H200).
+TEST(LossChunked, WorkCountsTheHeadGradientOncePerChunk) {
+  PlanInputs in;
+  in.model.vocab_size = 151936;
+  in.model.hidden_size = 2560;
+  in.tokens_per_rank = in.seq_len = 65536;
+  auto loss = test::make_plugin<Loss>("loss_chunked");
+  auto bytes = [&](int64_t C) {
+    in.recipe.loss_chunk_rows = C;
+    MemoryPlan plan;
+    loss->plan(in, plan);
+    return plan.work.memory_bytes;
+  };
+  EXPECT_DOUBLE_EQ(bytes(256) - bytes(1024), (256 - 64) * 8.0 * 151936 * 2560);
+  EXPECT_GT(bytes(1024), bytes(4096));
 }
 
 }  // namespace

@@ -109,6 +109,43 @@ TEST(TiledMlp, Qwen3StepMatchesTheWholeMlp) {
   EXPECT_NEAR(got.first, want.first, 1e-6 * want.first);
   for (size_t i = 0; i < want.second.size(); ++i)
     EXPECT_LT(rel_l2(got.second[i], want.second[i]), 1e-5) << model->parameters()[i]->name;
+  // Under "auto" the step hands the plan's tile to the MLP slot (use_recipe): the recipe's 9 rows
+  // are the same tiles as the key's, bit for bit.
+  auto chosen = make_tiled("");
+  s.slots.recipe.mlp_tile_rows = 9;
+  const auto planned = step(chosen.get());
+  EXPECT_EQ(planned.first, got.first);
+  EXPECT_EQ(planned.second, got.second);
+}
+
+// Under "auto" (the key absent or "auto") the tile is the plan's (Recipe::mlp_tile_rows, handed over
+// by use_recipe), else one of about 256 MiB per [rows, I] buffer; a count set in the manifest wins.
+// The CPU allocator's peak in the forward is one tile's gate, up and act.
+TEST(TiledMlp, AutoTakesThePlansTileAndAKeySetWins) {
+  const int64_t T = 100, H = 32, I = 48;
+  std::mt19937 rng(21);
+  const Tensor x = random({T, H}, DType::f32, rng);
+  const MlpWeights w{random({I, H}, DType::f32, rng), random({I, H}, DType::f32, rng), random({H, I}, DType::f32, rng)};
+  Allocator& cpu = allocator_for(Device::cpu());
+  Tensor out = Tensor::empty({T, H}, DType::f32);
+  auto peak = [&](MlpStrategy& mlp) {
+    const int64_t live = cpu.stats().live_bytes;
+    cpu.reset_peak();
+    mlp.forward(x, w, out);
+    return cpu.stats().peak_bytes - live;
+  };
+  auto tile = [&](int64_t rows) { return 3 * rows * I * 4; };
+  Recipe r;
+  r.mlp_tile_rows = 7;
+  for (const char* table : {"", "tile_rows = \"auto\""}) {
+    auto mlp = make_tiled(table);
+    EXPECT_EQ(peak(*mlp), tile(T)) << table;  // the sequence is shorter than the 256 MiB tile
+    mlp->use_recipe(r);
+    EXPECT_EQ(peak(*mlp), tile(7)) << table;
+  }
+  auto keyed = make_tiled("tile_rows = 64");
+  keyed->use_recipe(r);
+  EXPECT_EQ(peak(*keyed), tile(64));
 }
 
 TEST(TiledMlp, PlanHoldsOneTileOfTheIntermediates) {
@@ -134,18 +171,38 @@ TEST(TiledMlp, PlanHoldsOneTileOfTheIntermediates) {
   EXPECT_EQ(transient(*tiled, plan_phase::forward), 3 * auto_rows * 9728 * 2);
   auto fixed = make_tiled("tile_rows = 8192");
   EXPECT_EQ(transient(*fixed, plan_phase::mlp_backward), 6 * 8192LL * 9728 * 2);
+  // Under "auto" the plan's tile (PlanInputs::recipe); a key set wins over it.
+  in.recipe.mlp_tile_rows = 32768;
+  EXPECT_EQ(transient(*tiled, plan_phase::mlp_backward), 6 * 32768LL * 9728 * 2);
+  EXPECT_EQ(transient(*fixed, plan_phase::mlp_backward), 6 * 8192LL * 9728 * 2);
+  // Each tile accumulates into the three weights' gradients once (whole's work per call): smaller
+  // tiles are predicted slower.
+  in.model.num_layers = 36;
+  auto work = [&](const MlpStrategy& m) {
+    MemoryPlan p;
+    m.plan(in, p);
+    return p.work.memory_bytes;
+  };
+  MemoryPlan one;
+  whole->plan(in, one);
+  EXPECT_DOUBLE_EQ(one.work.memory_bytes, 36 * 6.0 * 9728 * 2560 * 4);  // fp32 gradients
+  EXPECT_DOUBLE_EQ(work(*tiled), 32 * one.work.memory_bytes);
+  EXPECT_DOUBLE_EQ(work(*fixed), 128 * one.work.memory_bytes);
   in.tokens_per_rank = 1000;  // a sequence shorter than a tile holds only its own rows
   EXPECT_EQ(transient(*fixed, plan_phase::mlp_backward), 6 * 1000LL * 9728 * 2);
 }
 
-TEST(TiledMlp, RefusesNegativeTileRowsByName) {
-  for (const char* bad : {"tile_rows = -1", "tile_row = 4"}) {
+TEST(TiledMlp, RefusesBadTileRowsByName) {
+  for (const char* bad : {"tile_rows = -1", "tile_rows = 0", "tile_rows = \"big\"", "tile_row = 4"}) {
     try {
       make_tiled(bad);
       ADD_FAILURE() << bad << " was accepted";
     } catch (const Error& e) {
       EXPECT_NE(std::string(e.what()).find(std::string(bad).substr(0, std::string(bad).find(' '))), std::string::npos)
           << e.what();
+      if (std::string(bad).rfind("tile_rows", 0) == 0) {
+        EXPECT_NE(e.fix().find("\"auto\" (the plan's choice"), std::string::npos) << e.fix();
+      }
     }
   }
 }

@@ -30,6 +30,9 @@ class ConfigView {
   std::string get_string(const std::string& key, const std::string& def) const;
   std::vector<std::string> get_strings(const std::string& key,
                                        const std::vector<std::string>& def) const;
+  // A key the plan may decide: absent or "auto" -> nullopt, else its integer; any other string
+  // fails naming what was found, with `fix`. The caller checks the integer's range.
+  std::optional<int64_t> get_int_or_auto(const std::string& key, const std::string& fix) const;
   // Required keys: absent -> error naming the key and the table.
   int64_t require_int(const std::string& key) const;
   std::string require_string(const std::string& key) const;

@@ -107,7 +107,10 @@ struct StepWork {
   int64_t head_groups = 1;
   double attention_forward_flops = 0;   // causal: 2 d flops per (query, key) pair and head, twice (QK^T, PV)
   double attention_backward_flops = 0;  // 2.5x the forward's pairs: dV, dP, dS, dQ, dK
-  double memory_bytes = 0;              // elementwise passes and the optimizer: bytes read and written
+  // Elementwise passes and the optimizer: bytes read and written; also what a GEMM repeated over
+  // tiles or chunks of rows moves once per call (its weights read, an fp32 gradient it accumulates
+  // read and written), which larger tiles and chunks save.
+  double memory_bytes = 0;
   double exposed_copy_bytes = 0;        // host <-> GPU copies the compute waits for (not overlapped)
 };
 

@@ -17,9 +17,16 @@
 
 namespace lcx {
 
+struct Recipe;
+
 class Plugin {
  public:
   virtual ~Plugin() = default;
+  // The plan's recipe (lcx/slots/model.h) for the steps that follow: the step hands it to every
+  // slot's provider before each step (and the evaluation before its forward). A provider reads the
+  // fields that concern it only where its own key is "auto" (a key set in the manifest wins);
+  // one that has nothing to choose ignores it.
+  virtual void use_recipe(const Recipe& /*recipe*/) {}
   // What loading this provider, with its defaults, in place of its slot's core default would
   // save, as the phrase a plan that does not fit prints after "load <name>" (`--plan`, the
   // out-of-memory report); the planner then counts the plan with it. Empty: never offered.

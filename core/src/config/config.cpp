@@ -114,6 +114,16 @@ std::string ConfigView::get_string(const std::string& key, const std::string& de
   impl_->asked.insert(key);
   return get_value<std::string>(*this, impl_->table, key, def, false);
 }
+std::optional<int64_t> ConfigView::get_int_or_auto(const std::string& key, const std::string& fix) const {
+  impl_->asked.insert(key);
+  const toml::node* n = impl_->table ? impl_->table->get(key) : nullptr;
+  if (!n) return std::nullopt;
+  if (const auto* text = n->as_string()) {
+    if (text->get() == "auto") return std::nullopt;
+    fail(key, str("'", text->get(), "' is neither \"auto\" nor an integer"), fix);
+  }
+  return get_int(key, 0);  // anything else: the integer's error names the type found
+}
 int64_t ConfigView::require_int(const std::string& key) const {
   impl_->asked.insert(key);
   return get_value<int64_t>(*this, impl_->table, key, 0, true);

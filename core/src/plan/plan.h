@@ -80,7 +80,8 @@ struct RecipeOption {
 };
 // checkpoint_every: the spacing train.checkpoint_every sets, or 0 ("auto") to search 1, 2, 3, 4,
 // 6, ... (plan/recipe.cpp); gpu_layers is the most the GPU budget leaves room for, -1 where the
-// memory strategy places nothing by the recipe.
+// memory strategy places nothing by the recipe; mlp_tile_rows and loss_chunk_rows the fastest of a
+// few sizes that fit beside the rest, 0 where the provider does not plan them apart.
 std::vector<RecipeOption> rank_recipes(const PlanInputs& in, const PlanSlots& slots, int64_t gpu_bytes,
                                        int64_t host_bytes, int64_t checkpoint_every = 0);
 // The first candidate that fits, or the leanest when none does.

@@ -10,7 +10,9 @@
 // compute and are not counted, except those it says the compute waits for (exposed_copy_bytes:
 // nothing loaded ahead), at the pinned copy rate.
 #include <algorithm>
+#include <limits>
 #include <optional>
+#include <span>
 
 #include "lcx/error.h"
 #include "plan/plan.h"
@@ -34,6 +36,8 @@ std::string recipe_name(const Recipe& r) {
   if (r.checkpoint_every > 1) name += str(", every ", r.checkpoint_every, " layers one input saved");
   if (r.gpu_layers >= 0) name += str(", ", r.gpu_layers, " saved inputs on the GPU");
   if (r.prefetch == 0) name += ", nothing loaded ahead";
+  if (r.mlp_tile_rows > 0) name += str(", MLP tiles of ", with_commas(r.mlp_tile_rows), " rows");
+  if (r.loss_chunk_rows > 0) name += str(", loss chunks of ", with_commas(r.loss_chunk_rows), " rows");
   return name;
 }
 
@@ -49,6 +53,13 @@ std::vector<int64_t> checkpoint_spacings(int64_t layers) {
     out.push_back(k);
   return out;
 }
+
+// The rows the search tries for the MLP slot's tiles and the Loss slot's chunks (Recipe::mlp_tile_rows,
+// loss_chunk_rows), each cut to the rank's rows: a few sizes, from about where an H200's GEMMs stay
+// busy to where the time gained flattens (the chunk_rows sweep, docs/PERF.md); the rank's rows are
+// one tile more. A provider that does not cut rows, or whose key is set, plans them all alike.
+constexpr int64_t kTileRows[] = {4096, 8192, 16384, 32768, std::numeric_limits<int64_t>::max()};
+constexpr int64_t kChunkRows[] = {256, 1024, 4096};
 
 struct Planned {
   int64_t gpu_peak = 0, host_peak = 0, host_node = 0;
@@ -82,16 +93,76 @@ int64_t most_gpu_layers(const PlanInputs& in, const PlanSlots& slots, Recipe r, 
   return lo;
 }
 
-}  // namespace
+// One pair of row counts for the MLP's tiles and the loss's chunks (0: the provider's own rule).
+struct Rows {
+  int64_t tile = 0, chunk = 0;
+  bool operator==(const Rows&) const = default;
+};
 
-std::vector<RecipeOption> rank_recipes(const PlanInputs& in, const PlanSlots& slots, int64_t gpu_bytes,
-                                       int64_t host_bytes, int64_t checkpoint_every) {
+Recipe with_rows(Recipe r, Rows rows) {
+  r.mlp_tile_rows = rows.tile;
+  r.loss_chunk_rows = rows.chunk;
+  return r;
+}
+
+// The candidate counts of one field, ascending and cut to the rank's rows; {0} where the provider
+// plans the fewest and the most alike (bytes of every phase and the predicted time): nothing to choose.
+std::vector<int64_t> row_candidates(const PlanInputs& in, const PlanSlots& slots, std::span<const int64_t> tries,
+                                    int64_t Recipe::*field) {
+  const int64_t T = std::max<int64_t>(in.tokens_per_rank, 1);
+  std::vector<int64_t> out;
+  for (int64_t n : tries)
+    if (out.empty() || std::min(n, T) > out.back()) out.push_back(std::min(n, T));
+  auto planned = [&](int64_t n) {
+    PlanInputs with = in;
+    with.recipe = Recipe{};  // every provider takes the plain recipe (a key may refuse another)
+    with.recipe.*field = n;
+    const MemoryPlan plan = build_plan(with, slots);
+    std::vector<double> sig{predicted_step_seconds(plan.work)};
+    for (const std::string& phase : MemoryPlan::phases()) sig.push_back(static_cast<double>(plan.gpu_bytes(phase)));
+    return sig;
+  };
+  if (out.size() < 2 || planned(out.front()) == planned(out.back())) return {0};
+  return out;
+}
+
+// Every pair of tile and chunk counts, fastest first by the cost model (their work adds to the rest
+// of the step's, so they are ranked once, on the plain recipe), the leaner first among equals; the
+// leanest pair (the fewest rows of each: the least memory) last. Where nothing is loaded ahead, a
+// larger pair may leave fewer inputs on the GPU and expose more copies: the search takes the
+// fastest rows that fit, then the most inputs on the GPU beside them.
+std::vector<Rows> rows_fastest_first(const PlanInputs& in, const PlanSlots& slots, Rows* leanest) {
+  const std::vector<int64_t> tiles = row_candidates(in, slots, kTileRows, &Recipe::mlp_tile_rows);
+  const std::vector<int64_t> chunks = row_candidates(in, slots, kChunkRows, &Recipe::loss_chunk_rows);
+  *leanest = {tiles.front(), chunks.front()};
+  std::vector<std::pair<double, Rows>> timed;
+  for (int64_t tile : tiles)
+    for (int64_t chunk : chunks)
+      if (!(Rows{tile, chunk} == *leanest)) {
+        PlanInputs with = in;
+        with.recipe = with_rows(Recipe{}, {tile, chunk});
+        timed.push_back({predicted_step_seconds(build_plan(with, slots).work), {tile, chunk}});
+      }
+  std::stable_sort(timed.begin(), timed.end(), [](const auto& a, const auto& b) { return a.first < b.first; });
+  std::vector<Rows> out;
+  for (const auto& t : timed) out.push_back(t.second);
+  out.push_back(*leanest);
+  return out;
+}
+
+// The candidates of rank_recipes; with first_fit, only until one fits both budgets (the longest
+// sequence's search asks no more), its rows the leanest.
+std::vector<RecipeOption> search_recipes(const PlanInputs& in, const PlanSlots& slots, int64_t gpu_bytes,
+                                         int64_t host_bytes, int64_t checkpoint_every, bool first_fit) {
   std::vector<RecipeOption> out;
   std::vector<int64_t> group_counts;
   for (int64_t g = 1; g <= std::max<int64_t>(1, in.model.num_kv_heads); g *= 2)
     if (in.model.num_kv_heads % g == 0) group_counts.push_back(g);
   const std::vector<int64_t> spacings =
       checkpoint_every > 0 ? std::vector<int64_t>{checkpoint_every} : checkpoint_spacings(in.model.num_layers);
+  Rows leanest;
+  const std::vector<Rows> rows = rows_fastest_first(in, slots, &leanest);
+  auto fits = [&](const Planned& p) { return p.gpu_peak <= gpu_bytes && (host_bytes < 0 || p.host_node <= host_bytes); };
   std::optional<Error> refused;
   for (int64_t k : spacings)
     for (bool keep : {true, false}) {
@@ -105,6 +176,7 @@ std::vector<RecipeOption> rank_recipes(const PlanInputs& in, const PlanSlots& sl
           o.recipe.head_groups = groups;
           o.recipe.checkpoint_every = k;
           o.recipe.prefetch = prefetch;
+          o.recipe = with_rows(o.recipe, leanest);
           try {
             o.recipe.gpu_layers = most_gpu_layers(in, slots, o.recipe, gpu_bytes);
           } catch (const Error& e) {
@@ -113,7 +185,21 @@ std::vector<RecipeOption> rank_recipes(const PlanInputs& in, const PlanSlots& sl
             if (!refused) refused = e;
             break;
           }
-          const Planned p = plan_recipe(in, slots, o.recipe);
+          Planned p = plan_recipe(in, slots, o.recipe);
+          // The leanest rows fit: the fastest rows that fit beside the rest, each with the most saved
+          // inputs on the GPU that they leave room for.
+          if (fits(p) && !first_fit)
+            for (const Rows& r : rows) {
+              if (r == leanest) break;
+              Recipe faster = with_rows(o.recipe, r);
+              faster.gpu_layers = most_gpu_layers(in, slots, faster, gpu_bytes);
+              const Planned q = plan_recipe(in, slots, faster);
+              if (fits(q)) {
+                o.recipe = faster;
+                p = q;
+                break;
+              }
+            }
           // A head group count the model does not take (a mesh that splits heads), or a prefetch the
           // strategy does not take (its key, or no strategy that loads ahead), plans the same as the
           // candidate before it: listed once.
@@ -123,13 +209,24 @@ std::vector<RecipeOption> rank_recipes(const PlanInputs& in, const PlanSlots& sl
           o.gpu_peak = p.gpu_peak;
           o.host_peak = p.host_peak;
           o.host_node = p.host_node;
-          o.fits = o.gpu_peak <= gpu_bytes && (host_bytes < 0 || o.host_node <= host_bytes);
+          o.fits = fits(p);
           o.seconds = p.seconds;
           out.push_back(o);
-          if (o.fits) break;
+          if (o.fits) {
+            if (first_fit) return out;
+            break;
+          }
         }
     }
   if (out.empty() && refused) throw *refused;
+  return out;
+}
+
+}  // namespace
+
+std::vector<RecipeOption> rank_recipes(const PlanInputs& in, const PlanSlots& slots, int64_t gpu_bytes,
+                                       int64_t host_bytes, int64_t checkpoint_every) {
+  std::vector<RecipeOption> out = search_recipes(in, slots, gpu_bytes, host_bytes, checkpoint_every, false);
   // Equal times (the same work, placed otherwise): the fewer pinned bytes first.
   std::stable_sort(out.begin(), out.end(), [](const RecipeOption& a, const RecipeOption& b) {
     return a.seconds != b.seconds ? a.seconds < b.seconds : a.host_node < b.host_node;
@@ -155,9 +252,8 @@ Recipe choose_recipe(const PlanInputs& in, const PlanSlots& slots, int64_t gpu_b
 int64_t longest_fitting_seq(const PlanInputs& in, const PlanSlots& slots, int64_t gpu_bytes, int64_t host_bytes,
                             int64_t unit, int64_t checkpoint_every) {
   return longest_seq_where(in, unit, [&](const PlanInputs& at) {
-    for (const RecipeOption& o : rank_recipes(at, slots, gpu_bytes, host_bytes, checkpoint_every))
-      if (o.fits) return true;
-    return false;
+    const std::vector<RecipeOption> found = search_recipes(at, slots, gpu_bytes, host_bytes, checkpoint_every, true);
+    return !found.empty() && found.back().fits;
   });
 }
 

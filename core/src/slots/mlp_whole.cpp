@@ -45,6 +45,11 @@ class WholeMlp final : public MlpStrategy {
     plan.add("layer forward: MLP gate, up, act [T,I]", PlanCategory::transient, 3 * TI, plan_phase::forward);
     plan.add("recompute: MLP gate, up, act [T,I]", PlanCategory::transient, 3 * TI, plan_phase::mlp_backward);
     plan.add("backward: MLP dact, dgate, dup [T,I]", PlanCategory::transient, 3 * TI, plan_phase::mlp_backward);
+    // Beyond the arithmetic (the model's): each layer's backward reads and writes the three weights'
+    // gradients once, as its GEMMs accumulate into them (an MLP run in tiles does it per tile).
+    plan.work.memory_bytes += static_cast<double>(in.model.num_layers) * 6.0 *
+                              static_cast<double>(in.model.intermediate_size * in.model.hidden_size) *
+                              static_cast<double>(dtype_size(in.grad_dtype));
   }
 };
 

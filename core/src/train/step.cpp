@@ -30,9 +30,17 @@ DType act_dtype(const StepSlots& s) {
   return head.dtype();
 }
 
+// The plan's recipe to every slot's provider (Plugin::use_recipe), before it runs.
+void hand_recipe(StepSlots& s) {
+  for_each_slot([&]<class T>(const SlotRow<T>&) {
+    if (T* provider = s.get<T>()) provider->use_recipe(s.recipe);
+  });
+}
+
 // embed -> layers -> final norm, without saving anything: the evaluation and logits path.
 Tensor forward_only(StepSlots& s, const Shard& shard, Device device, const RopeTables& rope) {
   const ModelConfig& cfg = s.model->config();
+  hand_recipe(s);
   const int64_t T = shard.tokens.size(0), H = cfg.hidden_size;
   StepContext ctx{&rope, s.parallel, device, s.mlp, nullptr, s.recipe, shard.document_bounds};
   const Tensor tokens = on(shard.tokens, device);
@@ -113,7 +121,7 @@ StepResult train_step(StepSlots& s, const Shard& shard, double grad_scale, Devic
   const int k = static_cast<int>(std::max<int64_t>(1, s.recipe.checkpoint_every));
   const Tensor tokens = on(shard.tokens, device);
   const Tensor targets = on(shard.targets, device);
-  memory.use_recipe(s.recipe);
+  hand_recipe(s);
   memory.begin_step(L);
   optimizer.weights_needed(Optimizer::kNonLayer);
   hooks.begin_step();

@@ -343,7 +343,10 @@ int Trainer::rehearse() {
                             {{"keep_attention", run_.planned().recipe.keep_attention},
                              {"head_groups", run_.planned().recipe.head_groups},
                              {"checkpoint_every", run_.planned().recipe.checkpoint_every},
-                             {"gpu_layers", run_.planned().recipe.gpu_layers}}},
+                             {"gpu_layers", run_.planned().recipe.gpu_layers},
+                             {"prefetch", run_.planned().recipe.prefetch},
+                             {"mlp_tile_rows", run_.planned().recipe.mlp_tile_rows},
+                             {"loss_chunk_rows", run_.planned().recipe.loss_chunk_rows}}},
                            {"loss_meaningless", r.loss},
                            {"step_s", r.t_end - r.t_start},
                            {"optimizer_s", r.t_end - r.t_optimizer},  // real: the update is not cut

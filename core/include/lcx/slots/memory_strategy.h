@@ -18,14 +18,11 @@ namespace lcx {
 
 struct PlanInputs;
 struct MemoryPlan;
-struct Recipe;
 
 class MemoryStrategy : public Plugin {
  public:
-  // The plan's recipe (lcx/slots/model.h) for the steps that follow; the step calls it before
-  // begin_step. It says which layers are saved (every checkpoint_every-th) and how many saved
-  // inputs the plan leaves on the GPU (gpu_layers); a strategy that places nothing ignores it.
-  virtual void use_recipe(const Recipe& /*recipe*/) {}
+  // use_recipe (Plugin) comes before begin_step: which layers are saved (every checkpoint_every-th),
+  // how many saved inputs the plan leaves on the GPU (gpu_layers) and how many load ahead (prefetch).
   virtual void begin_step(int num_layers) = 0;
   virtual void save(int layer, const Tensor& input) = 0;
   virtual Tensor fetch(int layer) = 0;

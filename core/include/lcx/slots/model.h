@@ -60,6 +60,11 @@ struct Recipe {
   // Saved inputs the memory strategy loads ahead of the backward's use; -1: its own rule. 0 saves
   // the window's GPU bytes and leaves each copy in exposed (the cost model counts it).
   int64_t prefetch = -1;
+  // Rows the MLP slot's provider runs at once (its tiles), and rows of the final hidden states the
+  // Loss slot's provider takes per chunk; 0: the provider's own rule (and a provider that does not
+  // cut the rows ignores them).
+  int64_t mlp_tile_rows = 0;
+  int64_t loss_chunk_rows = 0;
 
   bool saves(int64_t layer) const { return layer % std::max<int64_t>(1, checkpoint_every) == 0; }
   int64_t saved_layers(int64_t num_layers) const {
