@@ -147,7 +147,7 @@ class CpRing final : public Parallelism {
     if (rank < 0 || rank >= cp_)
       throw Error(str("cp_ring: shard() for rank ", rank, " but [distributed] cp = ", cp_,
                       "; it takes the rank's cp coordinate, 0 to ", cp_ - 1),
-                  "distributed.sp", "run cp_ring with sp = 1: it does not compose with sp_ulysses yet");
+                  "distributed.cp", "pass the rank's cp coordinate (with sp_ulysses stacked over the ring, it does)");
     if (seq.targets.size(0) != L)
       throw Error(str("cp_ring: a sequence of ", L, " tokens has ", seq.targets.size(0), " targets"));
     Shard s;
