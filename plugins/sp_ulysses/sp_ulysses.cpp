@@ -245,9 +245,10 @@ class Ulysses final : public Parallelism {
   }
 
   // The inner's shard for the rank's cp coordinate, cut in sp contiguous parts. The zigzag ring
-  // cuts 2 x cp chunks, and each cp shard must cut in sp: 2 x cp x sp divides the sequence.
+  // cuts 2 x cp chunks (none at cp 1), and each cp shard must cut in sp: 2 x cp x sp divides the
+  // sequence.
   Shard stacked_shard(const Sequence& seq, int rank) const {
-    const int64_t cp = inner_->size(), L = seq.tokens.size(0), multiple = 2 * cp * sp_;
+    const int64_t cp = inner_->size(), L = seq.tokens.size(0), multiple = (cp > 1 ? 2 * cp : 1) * sp_;
     LCX_CHECK(rank >= 0 && rank < cp * sp_, "sp_ulysses over a cp of ", cp, " has no rank ", rank, " of ", cp * sp_);
     if (L % multiple != 0)
       throw Error(str(table_, ": a sequence of ", L, " tokens does not split over cp = ", cp, " x sp = ", sp_,

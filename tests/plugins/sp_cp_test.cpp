@@ -43,10 +43,10 @@ TEST(SpCp, ShardIsTheContiguousSplitOfTheZigzagShard) {
   auto par = test::load_stacked(2, 2);
   const std::vector<std::vector<int32_t>> want = {{0, 1, 2, 3}, {12, 13, 14, 15}, {4, 5, 6, 7}, {8, 9, 10, 11}};
   for (int r = 0; r < 4; ++r) EXPECT_EQ(test::shard_rows(*par, 16, r), want[static_cast<size_t>(r)]) << "rank " << r;
-  auto wide = test::load_stacked(2, 4);  // each 8-row cp shard in 4: a part never spans both chunks
-  EXPECT_EQ(test::shard_rows(*wide, 32, 1), (std::vector<int32_t>{2, 3}));
-  EXPECT_EQ(test::shard_rows(*wide, 32, 3), (std::vector<int32_t>{26, 27}));
-  EXPECT_EQ(test::shard_rows(*wide, 32, 4), (std::vector<int32_t>{8, 9}));
+  auto wide = test::load_stacked(2, 4);  // chunks of 8; each 16-row cp shard in 4 parts of 4
+  EXPECT_EQ(test::shard_rows(*wide, 32, 1), (std::vector<int32_t>{4, 5, 6, 7}));
+  EXPECT_EQ(test::shard_rows(*wide, 32, 3), (std::vector<int32_t>{28, 29, 30, 31}));
+  EXPECT_EQ(test::shard_rows(*wide, 32, 4), (std::vector<int32_t>{8, 9, 10, 11}));
 }
 
 TEST(SpCp, RefusesASequenceThatDoesNotSplitOverTwoCpSp) {
