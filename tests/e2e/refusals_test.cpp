@@ -225,7 +225,7 @@ TEST_F(Refusals, PlanRefusesAMeshNoLoadedPluginServes) {
 TEST_F(Refusals, TwoDimensionalSequenceParallelismStacksBothProviders) {
   for (const char* load : {"\"cp_ring\", \"sp_ulysses\"", "\"sp_ulysses\", \"cp_ring\""}) {
     const std::string m =
-        manifest("max_steps = 1\n", str("[distributed]\ncp = 2\nsp = 2\n[plugins]\nload = [", load, "]\n"));
+        manifest("max_steps = 1\n", str("[distributed]\nnproc_per_node = 4\ncp = 2\nsp = 2\n[plugins]\nload = [", load, "]\n"));
     auto plan = lcx("--config " + m + " --plan --gpu-memory 80GB");
     EXPECT_EQ(plan.exit_code, 0) << plan.output;
     EXPECT_NE(plan.output.find("memory plan"), std::string::npos) << plan.output;
@@ -236,7 +236,7 @@ TEST_F(Refusals, TwoDimensionalSequenceParallelismStacksBothProviders) {
     EXPECT_TRUE(std::filesystem::exists(dir / "out" / "metrics.jsonl"));
   }
   const std::string m =
-      manifest("max_steps = 1\n", "[distributed]\ncp = 2\nsp = 4\n[plugins]\nload = [\"cp_ring\", \"sp_ulysses\"]\n");
+      manifest("max_steps = 1\n", "[distributed]\nnproc_per_node = 8\ncp = 2\nsp = 4\n[plugins]\nload = [\"cp_ring\", \"sp_ulysses\"]\n");
   auto odd = lcx("--config " + m + " --overwrite --set data.seq_len=24");
   EXPECT_EQ(odd.exit_code, 2) << odd.output;
   EXPECT_NE(odd.output.find("need a multiple of 2 x cp x sp = 16"), std::string::npos) << odd.output;
