@@ -189,7 +189,7 @@ class CpRing final : public Parallelism {
     const int r = ring->rank(), n = ring->size(), next = (r + 1) % n, prev = (r + n - 1) % n;
     const int64_t c = chunk_of(q);
     const Device dev = q.device();
-    if (r == 0 && !logged_.exchange(true)) log_traffic(2 * c, k, n);
+    if (mesh_->world().rank() == 0 && !logged_.exchange(true)) log_traffic(2 * c, k, n);
     // LSE accumulates in place (it is fp32); the output in fp32 unless it already is.
     Tensor acc = out.dtype() == DType::f32 ? out : Tensor::empty(out.shape(), DType::f32, dev);
     KvRing kv(k, v);
