@@ -98,7 +98,7 @@ TEST(SpCpGpu, AttentionEqualsSingleRank) {
         c.d = 128;
         c.device = Device::cuda();
         c.dtype = dt;
-        c.tol.l2 = dt == DType::f32 ? 1e-5 : 1e-2;
+        c.tol.l2 = dt == DType::f32 ? 1e-4 : 1e-2;  // as cp_ring_gpu: the ring merges partial results
         test::check_attention_2d(c);
         c.documents = {0, 1, 300, 301, 1000, 1536};
         test::check_attention_2d(c);
