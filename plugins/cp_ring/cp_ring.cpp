@@ -147,7 +147,7 @@ class CpRing final : public Parallelism {
     if (rank < 0 || rank >= cp_)
       throw Error(str("cp_ring: shard() for rank ", rank, " but [distributed] cp = ", cp_,
                       "; it takes the rank's cp coordinate, 0 to ", cp_ - 1),
-                  "distributed.sp", "run cp_ring with sp = 1: it does not compose with sp_ulysses yet");
+                  "distributed.cp", "pass the rank's cp coordinate (with sp_ulysses stacked over the ring, it does)");
     if (seq.targets.size(0) != L)
       throw Error(str("cp_ring: a sequence of ", L, " tokens has ", seq.targets.size(0), " targets"));
     Shard s;
@@ -189,7 +189,7 @@ class CpRing final : public Parallelism {
     const int r = ring->rank(), n = ring->size(), next = (r + 1) % n, prev = (r + n - 1) % n;
     const int64_t c = chunk_of(q);
     const Device dev = q.device();
-    if (r == 0 && !logged_.exchange(true)) log_traffic(2 * c, k, n);
+    if (mesh_->world().rank() == 0 && !logged_.exchange(true)) log_traffic(2 * c, k, n);
     // LSE accumulates in place (it is fp32); the output in fp32 unless it already is.
     Tensor acc = out.dtype() == DType::f32 ? out : Tensor::empty(out.shape(), DType::f32, dev);
     KvRing kv(k, v);

@@ -15,6 +15,13 @@
 // with no kernels of its own. all_to_all sends dim-0 block j to rank j: packing puts block j =
 // rank j's heads for this rank's tokens; what arrives is already [L, heads/sp, d] in token order.
 //
+// Stacked over a cp provider (two-dimensional sequence parallelism, README.md): the rank mesh is
+// dp x cp x sp with sp fastest (lcx/mesh_shape.h), so a group of sp ranks holds one cp shard of
+// the inner (cp_ring's zigzag shard of rank cp), each rank its contiguous 1/sp of that shard's
+// rows. The all-to-all gives every rank of the group the whole cp shard on its heads, and the
+// attention over it is the inner's (the ring over the cp communicator, among the ranks holding
+// the same heads) instead of the plain op; the rest is unchanged.
+//
 // The head-layout q, k, v, out and LSE of the last forward are kept (with the caller's tensors,
 // so their addresses cannot be reused) and the backward that follows the recompute only sends
 // dout forward and dq, dk, dv back. A backward for other tensors moves its inputs again.
@@ -38,6 +45,11 @@ constexpr double kMiB = 1024.0 * 1024.0;
 class Ulysses final : public Parallelism {
  public:
   Ulysses(int64_t size, std::string table) : sp_(size), table_(std::move(table)) {}
+
+  // Any provider of the cp axis whose shard() takes the cp coordinate and whose attention takes
+  // any number of heads (it is configured with this rank's).
+  bool stacks_over(const Parallelism& inner) const override { return inner.mesh_axis() == "cp"; }
+  void set_inner(std::shared_ptr<Parallelism> inner) override { inner_ = std::move(inner); }
 
   void configure(const ParallelModelInfo& info, Mesh* mesh) override {
     const std::string key = "distributed.sp";
@@ -63,14 +75,23 @@ class Ulysses final : public Parallelism {
     info_ = info;
     kv_local_ = std::max<int64_t>(1, info.num_kv_heads / sp_);
     kv_blocks_ = info.num_kv_heads / kv_local_;
+    if (inner_) {
+      // The inner attends over this rank's heads only: its query heads and its (replicated) kv heads.
+      ParallelModelInfo mine = info;
+      mine.num_heads = info.num_heads / sp_;
+      mine.num_kv_heads = kv_local_;
+      inner_->configure(mine, mesh);
+    }
     configured_ = true;
   }
 
-  int size() const override { return static_cast<int>(sp_); }
+  int size() const override { return static_cast<int>(sp_) * (inner_ ? inner_->size() : 1); }
   std::string mesh_axis() const override { return "sp"; }
 
-  bool masks_documents() const override { return true; }
+  bool masks_documents() const override { return inner_ ? inner_->masks_documents() : true; }
+  // Stacked, `rank` is the place among cp x sp ranks, cp * sp_size + sp (the trainer's seq_rank).
   Shard shard(const Sequence& seq, int rank) const override {
+    if (inner_) return stacked_shard(seq, rank);
     const int64_t L = seq.tokens.size(0);
     LCX_CHECK(rank >= 0 && rank < sp_, "sp_ulysses has no rank ", rank, " of ", sp_);
     if (L % sp_ != 0)
@@ -92,7 +113,7 @@ class Ulysses final : public Parallelism {
   void attention_forward(const Tensor& q, const Tensor& k, const Tensor& v, Tensor& out, Tensor& lse,
                          const AttentionArgs& args) override {
     // One rank is plain attention over whatever heads come (a model may pass one head group).
-    if (sp_ == 1) return ops::attention_forward(q, k, v, out, lse, params(args));
+    if (sp_ == 1) return attend_forward(q, k, v, out, lse, args);
     check_inputs(q, k, v);
     cache_ = {};  // the previous layer's buffers go before this one's arrive
     Communicator& c = comm();
@@ -110,7 +131,7 @@ class Ulysses final : public Parallelism {
     h.vh = to_heads(c, v, kv_blocks_, kv_local_);
     h.oh = Tensor::empty({L, Hr, d}, out.dtype(), out.device(), MemoryCategory::communication);
     h.lseh = Tensor::empty({Hr, L}, DType::f32, out.device(), MemoryCategory::communication);
-    ops::attention_forward(h.qh, h.kh, h.vh, h.oh, h.lseh, params(args));
+    attend_forward(h.qh, h.kh, h.vh, h.oh, h.lseh, args);
 
     from_heads(c, h.oh, out, sp_);
     // LSE [Hr, sp, T] -> blocks per destination [sp, Hr, T]; what arrives is [Hq, T] in head order.
@@ -122,7 +143,7 @@ class Ulysses final : public Parallelism {
 
   void attention_backward(const Tensor& q, const Tensor& k, const Tensor& v, const Tensor& out, const Tensor& lse,
                           const Tensor& dout, Tensor& dq, Tensor& dk, Tensor& dv, const AttentionArgs& args) override {
-    if (sp_ == 1) return ops::attention_backward(q, k, v, out, lse, dout, dq, dk, dv, params(args));
+    if (sp_ == 1) return attend_backward(q, k, v, out, lse, dout, dq, dk, dv, args);
     check_inputs(q, k, v);
     Communicator& c = comm();
     const int64_t T = q.size(0), L = T * sp_, Hr = heads_per_rank(), d = info_.head_dim;
@@ -146,7 +167,7 @@ class Ulysses final : public Parallelism {
     Tensor dvh = Tensor::empty({L, kv_local_, d}, dv.dtype(), dv.device(), MemoryCategory::communication);
     {
       const Tensor douth = to_heads(c, dout, sp_, Hr);
-      ops::attention_backward(h.qh, h.kh, h.vh, h.oh, h.lseh, douth, dqh, dkh, dvh, params(args));
+      attend_backward(h.qh, h.kh, h.vh, h.oh, h.lseh, douth, dqh, dkh, dvh, args);
     }
     h = {};
     from_heads(c, dqh, dq, sp_);
@@ -165,7 +186,7 @@ class Ulysses final : public Parallelism {
   void plan(const PlanInputs& in, MemoryPlan& plan) const override {
     const int64_t sp = std::max<int64_t>(1, in.sp), T = in.tokens_per_rank, d = in.model.head_dim;
     const int64_t Hq = in.model.num_heads, Hkv = in.model.num_kv_heads;
-    if (sp == 1) return make_single_rank()->plan(in, plan);  // plain attention: the single-rank default's terms
+    if (sp == 1) return inner_ ? inner_->plan(in, plan) : make_single_rank()->plan(in, plan);
     const int64_t ab = static_cast<int64_t>(dtype_size(in.weight_dtype));
     const int64_t kv_sent = std::max(Hkv, sp);  // kv heads per token leaving a rank, replicas included
     const int64_t heads = T * (2 * Hq + 2 * kv_sent) * d * ab;
@@ -188,15 +209,22 @@ class Ulysses final : public Parallelism {
     for (const char* phase : {plan_phase::loss, plan_phase::final_norm})
       plan.add("all-to-all: last layer's head-layout q, k, v, out, LSE and its q, k, v, out, until its recompute",
                PlanCategory::communication, heads + T * Hq * 4 + inputs, phase);
-    // One attention call: Hq/sp heads over all L = sp T rows (lcx/plan.h: what the fused attention allocates).
-    // Masked by document: cuDNN's padded batches of documents instead.
-    if (in.documents_masked) {
+    if (inner_) {
+      // Stacked: the inner's attention (the ring) over this rank's heads and the cp shard's sp T rows.
+      PlanInputs mine = in;
+      mine.tokens_per_rank = sp * T;
+      mine.model.num_heads = Hq / sp;
+      mine.model.num_kv_heads = std::max<int64_t>(1, Hkv / sp);
+      mine.sp = 1;
+      inner_->plan(mine, plan);
+    } else if (in.documents_masked) {
+      // One attention call masked by document: cuDNN's padded batches of documents.
       plan_document_masks(plan, Hq / sp, std::max<int64_t>(1, Hkv / sp), sp * T, d, in.weight_dtype);
     } else {
+      // One attention call: Hq/sp heads over all L = sp T rows (lcx/plan.h: what the fused attention allocates).
       plan.add("attention forward workspace (cuDNN)", PlanCategory::transient, kCudnnForwardWorkspace,
                plan_phase::forward);
-      plan.add("attention backward dQ accumulator and workspace (cuDNN) [Hq/sp,L,d] fp32 x 2",
-               PlanCategory::transient,
+      plan.add("attention backward dQ accumulator and workspace (cuDNN) [Hq/sp,L,d] fp32 x 2", PlanCategory::transient,
                cudnn_dq_accumulator_bytes(Hq / sp, sp * T, d) + cudnn_backward_workspace_bytes(Hq / sp, sp * T, d),
                plan_phase::backward);
     }
@@ -206,6 +234,42 @@ class Ulysses final : public Parallelism {
   }
 
  private:
+  // Attention on the head layout: the plain op over the whole sequence, or stacked, the inner's
+  // over its shard (its ring runs on these heads' rows of the cp shard).
+  void attend_forward(const Tensor& q, const Tensor& k, const Tensor& v, Tensor& out, Tensor& lse,
+                      const AttentionArgs& args) {
+    if (inner_) return inner_->attention_forward(q, k, v, out, lse, args);
+    ops::attention_forward(q, k, v, out, lse, params(args));
+  }
+  void attend_backward(const Tensor& q, const Tensor& k, const Tensor& v, const Tensor& out, const Tensor& lse,
+                       const Tensor& dout, Tensor& dq, Tensor& dk, Tensor& dv, const AttentionArgs& args) {
+    if (inner_) return inner_->attention_backward(q, k, v, out, lse, dout, dq, dk, dv, args);
+    ops::attention_backward(q, k, v, out, lse, dout, dq, dk, dv, params(args));
+  }
+
+  // The inner's shard for the rank's cp coordinate, cut in sp contiguous parts. The zigzag ring
+  // cuts 2 x cp chunks (none at cp 1), and each cp shard must cut in sp: 2 x cp x sp divides the
+  // sequence.
+  Shard stacked_shard(const Sequence& seq, int rank) const {
+    const int64_t cp = inner_->size(), L = seq.tokens.size(0), multiple = (cp > 1 ? 2 * cp : 1) * sp_;
+    LCX_CHECK(rank >= 0 && rank < cp * sp_, "sp_ulysses over a cp of ", cp, " has no rank ", rank, " of ", cp * sp_);
+    if (L % multiple != 0)
+      throw Error(str(table_, ": a sequence of ", L, " tokens does not split over cp = ", cp, " x sp = ", sp_,
+                      " ranks: the ring's 2 x cp zigzag chunks, each cp shard cut in sp contiguous parts, need a "
+                      "multiple of 2 x cp x sp = ", multiple),
+                  "data.pad_to_multiple_of",
+                  str("set data.pad_to_multiple_of = ", multiple, " and [data] seq_len to a multiple of ", multiple));
+    const Shard whole = inner_->shard(seq, static_cast<int>(rank / sp_));
+    const int64_t T = whole.tokens.size(0) / sp_, begin = (rank % sp_) * T;
+    Shard s;
+    s.tokens = whole.tokens.rows(begin, begin + T);
+    s.targets = whole.targets.rows(begin, begin + T);
+    s.positions = whole.positions.rows(begin, begin + T);
+    s.global_length = whole.global_length;
+    s.document_bounds = whole.document_bounds;
+    return s;
+  }
+
   struct Cache {
     Tensor q, k, v, out;           // the caller's tensors, held so their addresses stay theirs
     Tensor qh, kh, vh, oh, lseh;   // head layout
@@ -223,9 +287,9 @@ class Ulysses final : public Parallelism {
     if (m.shape().sp != sp_)
       throw Error(str(table_, " was created for sp = ", sp_, " but the mesh's sp axis is ", m.shape().sp),
                   "distributed.sp", "create the plugin with the [distributed] shape its mesh has (PluginArgs::mesh)");
-    if (m.shape().cp != 1)
+    if (m.shape().cp != 1 && !inner_)
       throw Error(str(table_, " shards a sequence over the sp axis only, but the mesh has cp = ", m.shape().cp),
-                  "distributed.cp", "set [distributed] cp = 1 with sp_ulysses");
+                  "distributed.cp", "set [distributed] cp = 1 with sp_ulysses, or load cp_ring beside it for the cp axis");
   }
 
   Communicator& comm() const {
@@ -324,6 +388,7 @@ class Ulysses final : public Parallelism {
   int64_t sp_;
   std::string table_;
   Mesh* mesh_ = nullptr;
+  std::shared_ptr<Parallelism> inner_;  // the cp provider this one stacks over; null alone
   ParallelModelInfo info_;
   int64_t kv_local_ = 1;   // kv heads per rank
   int64_t kv_blocks_ = 1;  // kv head blocks per token: sp, or Hkv when replicated

@@ -208,6 +208,15 @@ TEST_F(Refusals, PlanRefusesAMeshNoLoadedPluginServes) {
       << plan.output;
   EXPECT_NE(plan.output.find("fix: set distributed.sp = 1"), std::string::npos) << plan.output;
   EXPECT_EQ(plan.output.find("memory plan"), std::string::npos) << plan.output;
+  // The issue's case: cp 2 x sp 4 with the ring alone; its deprecated size = 8 is refused by name.
+  auto wide = lcx("--config " + m + " --plan --gpu-memory 80GB --set distributed.sp=4");
+  EXPECT_EQ(wide.exit_code, 2) << wide.output;
+  EXPECT_NE(wide.output.find("[distributed] sp = 4 but the loaded parallelism (cp_ring) serves only the cp axis"),
+            std::string::npos)
+      << wide.output;
+  auto sized = lcx("--config " + m + " --plan --gpu-memory 80GB --set distributed.sp=4 --set cp_ring.size=8");
+  EXPECT_EQ(sized.exit_code, 2) << sized.output;
+  EXPECT_NE(sized.output.find("cp_ring.size: is 8 but [distributed] cp = 2"), std::string::npos) << sized.output;
 
   auto none = lcx("--config " + m + " --plan --gpu-memory 80GB --disable cp_ring --set distributed.sp=1");
   EXPECT_EQ(none.exit_code, 2) << none.output;
@@ -219,27 +228,28 @@ TEST_F(Refusals, PlanRefusesAMeshNoLoadedPluginServes) {
   EXPECT_NE(served.output.find("memory plan"), std::string::npos) << served.output;
 }
 
-// Issue 24: cp and sp both above 1 with both axes' providers loaded is the two-dimensional mesh,
-// which nothing composes yet: refused by name with the fix, never planned or launched.
-TEST_F(Refusals, TwoDimensionalSequenceParallelismIsRefusedUntilItComposes) {
-  const std::string m =
-      manifest("max_steps = 1\n", "[distributed]\ncp = 2\nsp = 2\n[plugins]\nload = [\"cp_ring\", \"sp_ulysses\"]\n");
-  for (const char* mode : {" --plan --gpu-memory 80GB", ""}) {
-    auto both = lcx("--config " + m + mode);
-    EXPECT_EQ(both.exit_code, 2) << both.output;
-    EXPECT_NE(both.output.find("two providers for slot parallelism: 'cp_ring'"), std::string::npos) << both.output;
-    EXPECT_NE(both.output.find("a mesh with both cp > 1 and sp > 1 (two-dimensional sequence parallelism) has nothing"),
-              std::string::npos)
-        << both.output;
-    EXPECT_NE(both.output.find("set the other axis of [distributed] (cp or sp) to 1"), std::string::npos) << both.output;
-    EXPECT_EQ(both.output.find("memory plan"), std::string::npos) << both.output;
-    EXPECT_FALSE(std::filesystem::exists(dir / "out" / "metrics.jsonl"));
+// Issue 24: cp and sp both above 1 with both axes' providers loaded is the two-dimensional mesh:
+// sp_ulysses stacks over cp_ring whichever order [plugins] load names them, the plan counts both
+// and training runs; a sequence the mesh cannot split is refused by name before any step.
+TEST_F(Refusals, TwoDimensionalSequenceParallelismStacksBothProviders) {
+  for (const char* load : {"\"cp_ring\", \"sp_ulysses\"", "\"sp_ulysses\", \"cp_ring\""}) {
+    const std::string m =
+        manifest("max_steps = 1\n", str("[distributed]\nnproc_per_node = 4\ncp = 2\nsp = 2\n[plugins]\nload = [", load, "]\n"));
+    auto plan = lcx("--config " + m + " --plan --gpu-memory 80GB");
+    EXPECT_EQ(plan.exit_code, 0) << plan.output;
+    EXPECT_NE(plan.output.find("memory plan"), std::string::npos) << plan.output;
+    EXPECT_NE(plan.output.find("parallelism sp_ulysses"), std::string::npos) << plan.output;
+    auto run = lcx("--config " + m + " --overwrite");
+    EXPECT_EQ(run.exit_code, 0) << run.output;
+    EXPECT_NE(run.output.find("cp_ring: ring traffic per rank"), std::string::npos) << run.output;
+    EXPECT_TRUE(std::filesystem::exists(dir / "out" / "metrics.jsonl"));
   }
-
-  // The fix it names runs: one provider, its axis alone.
-  auto one = lcx("--config " + m + " --plan --gpu-memory 80GB --disable sp_ulysses --set distributed.sp=1");
-  EXPECT_EQ(one.exit_code, 0) << one.output;
-  EXPECT_NE(one.output.find("memory plan"), std::string::npos) << one.output;
+  const std::string m =
+      manifest("max_steps = 1\n", "[distributed]\nnproc_per_node = 8\ncp = 2\nsp = 4\n[plugins]\nload = [\"cp_ring\", \"sp_ulysses\"]\n");
+  auto odd = lcx("--config " + m + " --overwrite --set data.seq_len=24");
+  EXPECT_EQ(odd.exit_code, 2) << odd.output;
+  EXPECT_NE(odd.output.find("need a multiple of 2 x cp x sp = 16"), std::string::npos) << odd.output;
+  EXPECT_NE(odd.output.find("fix: set data.pad_to_multiple_of = 16"), std::string::npos) << odd.output;
 }
 
 }  // namespace

@@ -44,6 +44,22 @@ TEST(PlanCli, PackedRecipePlansUnderSpUlysses) {
     EXPECT_NE(r.output.find(s), std::string::npos) << s << "\n" << r.output;
 }
 
+// Issue 24: the 16-GPU recipe stacks sp_ulysses over cp_ring; the plan counts both at the composed
+// shard (4,194,304 / 16 tokens per rank; the ring over the cp shard's rows on the rank's heads).
+TEST(PlanCli, SixteenGpuRecipePlansTheStackedMesh) {
+  auto r = run_command(test::lcx_train() + " --plan --config " + std::string(LCX_SOURCE_DIR) +
+                       "/configs/qwen3_8b_4m_16gpu.toml --gpu-memory 141GB");
+  ASSERT_EQ(r.exit_code, 0) << r.output;
+  for (const char* s : {"4,194,304 tokens", "cp 2", "sp 8", "262,144 tokens per rank", "parallelism sp_ulysses",
+                        "all-to-all: q, k, v, out in head layout", "ring K/V receive buffers"})
+    EXPECT_NE(r.output.find(s), std::string::npos) << s << "\n" << r.output;
+  // Too small a GPU: the pair grows along the ring's axis as loaded, never swapped for the ring alone.
+  auto small = run_command(test::lcx_train() + " --plan --config " + std::string(LCX_SOURCE_DIR) +
+                           "/configs/qwen3_8b_4m_16gpu.toml --gpu-memory 60GB --host-memory 2TB");
+  EXPECT_NE(small.output.find("raise distributed.cp to 4 (32 GPUs"), std::string::npos) << small.output;
+  EXPECT_EQ(small.output.find("load cp_ring"), std::string::npos) << small.output;
+}
+
 // The recipe: every candidate planned and timed by the cost model, the fastest that fits chosen.
 // Kept attention (no attention forward in the backward) is predicted faster than the recompute,
 // one head group faster than eight; a smaller GPU budget moves the choice to what fits.

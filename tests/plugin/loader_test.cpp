@@ -116,6 +116,31 @@ TEST(PluginLoader, RefusesTwoProvidersForOneSlot) {
   EXPECT_EQ(providers.at(LCX_SLOT_LOSS).name, "loss_chunked");
 }
 
+// Two parallelism providers stack when exactly one stacks over the other (sp_ulysses over
+// cp_ring, whichever order [plugins] load names them); otherwise, or with a third, they are refused.
+TEST(PluginLoader, StacksTwoParallelismProvidersOnlyWhenOneStacksOverTheOther) {
+  for (const char* load : {"\"cp_ring\", \"sp_ulysses\"", "\"sp_ulysses\", \"cp_ring\""}) {
+    Manifest m = Manifest::parse(str("[plugins]\nload = [", load, "]\n"), "2d.toml");
+    SlotSet s = resolve_slots(m, loader_with_fixtures(), {}, Device::cpu(), MeshShape{1, 2, 4});
+    const SlotProvider& par = s.providers.at(LCX_SLOT_PARALLELISM);
+    EXPECT_EQ(par.name, "sp_ulysses") << load;
+    ASSERT_EQ(par.beneath.size(), 1u) << load;
+    EXPECT_EQ(par.beneath[0].name, "cp_ring") << load;
+    ASSERT_NE(s.parallel_inner, nullptr);
+    EXPECT_EQ(s.parallel_inner->mesh_axis(), "cp");
+    EXPECT_EQ(s.parallel->size(), 8) << load;
+  }
+  Manifest neither = Manifest::parse("[plugins]\nload = [\"sp_ulysses\", \"second_parallelism\"]\n", "n.toml");
+  auto msg = error_of([&] { resolve_slots(neither, loader_with_fixtures(), {}, Device::cpu(), MeshShape{1, 1, 2}); });
+  EXPECT_NE(msg.find("'sp_ulysses'"), std::string::npos) << msg;
+  EXPECT_NE(msg.find("axis none): neither stacks over the other"), std::string::npos) << msg;
+  EXPECT_NE(msg.find("--disable second_parallelism"), std::string::npos) << msg;
+  Manifest three =
+      Manifest::parse("[plugins]\nload = [\"cp_ring\", \"sp_ulysses\", \"second_parallelism\"]\n", "3.toml");
+  msg = error_of([&] { plan_slots(three, loader_with_fixtures(), {}); });
+  EXPECT_NE(msg.find("two providers for slot parallelism: 'cp_ring'"), std::string::npos) << msg;
+}
+
 TEST(PluginLoader, RejectsUnknownKeyNamingValidOnes) {
   Manifest m = Manifest::parse("[plugins]\nload = [\"loss_chunked\"]\n[loss_chunked]\nchunk_row = 64\n", "k.toml");
   auto msg = error_of([&] { resolve_slots(m, loader_with_fixtures(), {}, Device::cpu()); });

@@ -1,10 +1,11 @@
 // sp_ulysses with virtual ranks: thread-ranks whose tensors all live on one GPU, exchanging
 // through the in-process communicator. The same cases as the CPU suite at GPU sizes (d = 128, the
-// cuDNN path for bf16), each against the single-rank run of the same kernels and dtype.
+// cuDNN path for bf16), each against the single-rank run of the same kernels and dtype; and the
+// same with sp_ulysses stacked over cp_ring (cp x sp, tests/plugins/sp_cp_cases.h).
 #include <gtest/gtest.h>
 
 #include "gpu/gpu_test_util.h"
-#include "plugins/sp_ulysses_cases.h"
+#include "plugins/sp_cp_cases.h"
 
 namespace lcx {
 namespace {
@@ -81,6 +82,47 @@ TEST(SpUlyssesGpu, TrainingStepEqualsSingleRank) {
         c.loss_rtol = dt == DType::f32 ? 1e-5 : 1e-2;
         test::check_step(c);
       }
+}
+
+TEST(SpCpGpu, AttentionEqualsSingleRank) {
+  LCX_SKIP_WITHOUT_GPU();
+  for (DType dt : {DType::bf16, DType::f32})
+    for (auto [cp, sp] : {std::pair{2, 2}, {2, 4}, {4, 2}})
+      for (int64_t Hkv : {int64_t{2}, int64_t{8}}) {
+        test::Attention2dCase c;
+        c.cp = cp;
+        c.sp = sp;
+        c.L = 1536;
+        c.Hq = 16;
+        c.Hkv = Hkv;
+        c.d = 128;
+        c.device = Device::cuda();
+        c.dtype = dt;
+        c.tol.l2 = dt == DType::f32 ? 1e-4 : 1e-2;  // as cp_ring_gpu: the ring merges partial results
+        test::check_attention_2d(c);
+        c.documents = {0, 1, 300, 301, 1000, 1536};
+        test::check_attention_2d(c);
+      }
+}
+
+TEST(SpCpGpu, TrainingStepEqualsSingleRank) {
+  LCX_SKIP_WITHOUT_GPU();
+  for (DType dt : {DType::f32, DType::bf16})
+    for (auto [cp, sp] : {std::pair{2, 2}, {2, 4}, {4, 2}}) {
+      test::StepCase c;
+      c.sp = sp;
+      c.L = 1024;
+      c.Hq = 8;
+      c.Hkv = 2;
+      c.d = 64;
+      c.hidden = 128;
+      c.vocab = 512;
+      c.device = Device::cuda();
+      c.weight_dtype = dt;
+      c.tol.l2 = dt == DType::f32 ? 1e-4 : 3e-2;
+      c.loss_rtol = dt == DType::f32 ? 1e-5 : 1e-2;
+      test::check_step_2d(cp, c);
+    }
 }
 
 }  // namespace

@@ -45,9 +45,10 @@ void print_plugins(const PluginLoader& loader) {
 }
 
 void print_providers(const std::map<uint32_t, SlotProvider>& providers) {
-  for (const auto& [slot, p] : providers)
-    std::printf("  %-20s %-16s %s%s\n", slot_name(slot), p.name.c_str(), p.origin.c_str(),
-                p.info.status.empty() || p.info.status == "ready" ? "" : ("  [" + p.info.status + "]").c_str());
+  for (const auto& [slot, first] : providers)
+    for (const SlotProvider* p = &first; p; p = p->beneath.empty() ? nullptr : &p->beneath.front())
+      std::printf("  %-20s %-16s %s%s\n", slot_name(slot), p->name.c_str(), p->origin.c_str(),
+                  p->info.status.empty() || p->info.status == "ready" ? "" : ("  [" + p->info.status + "]").c_str());
 }
 
 // The log message as a JSON string, so the run folder's log is JSON lines whatever the text.
@@ -132,9 +133,10 @@ int run(const CliOptions& o) {
                 writes_log ? (std::filesystem::path(core.run.output_dir) / "log.jsonl").string() : std::string());
   spdlog::info(str(o.resume.empty() ? "start of a new run" : "resume (--resume " + o.resume + ")", ": lcx-train ",
                    LCX_VERSION, " git ", LCX_GIT_HASH, ", pid ", getpid(), worker_rank ? str(", rank ", worker_rank) : ""));
-  for (const auto& [slot, p] : providers)
-    spdlog::info(str("slot ", slot_name(slot), ": ", p.name, " ", p.info.version, " ", p.origin,
-                     p.info.sha256.empty() ? "" : " sha256:" + p.info.sha256));
+  for (const auto& [slot, first] : providers)
+    for (const SlotProvider* p = &first; p; p = p->beneath.empty() ? nullptr : &p->beneath.front())
+      spdlog::info(str("slot ", slot_name(slot), ": ", p->name, " ", p->info.version, " ", p->origin,
+                       p->info.sha256.empty() ? "" : " sha256:" + p->info.sha256));
   spdlog::info("config " + nlohmann::json::parse(manifest->to_json()).dump());
   SlotFactory make_slots = [&](Device device) {
     return resolve_slots(*manifest, loader, o.disabled, device, configured_mesh(core.distributed));

@@ -39,6 +39,10 @@ struct PlanSlots : SlotTuple<ConstSlotPtr> {
     return const_cast<std::string&>(static_cast<const PlanSlots*>(this)->name_of<T>());
   }
 
+  // The mesh axis of the Parallelism the slot's provider stacks over (SlotSet::parallel_inner);
+  // empty without one. A stacked pair grows along it as loaded.
+  std::string parallel_inner_axis;
+
   static PlanSlots of(const SlotSet& s);
 
  private:

@@ -76,6 +76,7 @@ PlanSlots PlanSlots::of(const SlotSet& s) {
     auto it = s.providers.find(row.id);
     if (it != s.providers.end()) p.name_of<T>() = it->second.name;
   });
+  if (s.parallel_inner) p.parallel_inner_axis = s.parallel_inner->mesh_axis();
   return p;
 }
 
@@ -331,15 +332,16 @@ std::vector<PlanKnob> plan_knobs(const PlanInputs& in, const PlanSlots& slots, c
   if (loads.size() > 1) add("load " + join(loads, " and "), in, combined);
   // More ranks per sequence: the first size of a parallelism's mesh axis (doubling, up to 64)
   // that fits with the providers above; the loaded parallelism when it offers itself, else the
-  // first installed one that does.
+  // first installed one that does. A stacked pair (two-dimensional) grows its inner's axis as loaded.
   const Offer* parallel = nullptr;
   for (const Offer& o : offers)
     if (o.slot == LCX_SLOT_PARALLELISM && (!parallel || o.name == slots.parallel_name)) parallel = &o;
+  const bool stacked = !slots.parallel_inner_axis.empty();
   const Parallelism* grows = parallel ? dynamic_cast<const Parallelism*>(parallel->object.get()) : nullptr;
-  const std::string axis = grows ? grows->mesh_axis() : std::string();
+  const std::string axis = stacked ? slots.parallel_inner_axis : grows ? grows->mesh_axis() : std::string();
   if (axis == "cp" || axis == "sp") {
     PlanSlots with = combined;
-    place(with, *parallel);
+    if (!stacked) place(with, *parallel);
     const int64_t now = axis == "cp" ? in.cp : in.sp;
     for (int64_t n = std::max<int64_t>(2, now * 2); n <= 64; n *= 2) {
       PlanInputs i = in;
@@ -350,7 +352,7 @@ std::vector<PlanKnob> plan_knobs(const PlanInputs& in, const PlanSlots& slots, c
       const int64_t peak = peak_of(i, with);
       if (peak <= gpu_bytes || n == 64) {
         std::string action = str("raise distributed.", axis, " to ", n, " (", i.world_size, " GPUs");
-        if (slots.parallel_name != parallel->name) action += ", load " + parallel->name;
+        if (!stacked && slots.parallel_name != parallel->name) action += ", load " + parallel->name;
         if (!loads.empty()) action += ", with " + join(loads, " and ");
         knobs.push_back({action + ")", peak, peak <= gpu_bytes});
         break;

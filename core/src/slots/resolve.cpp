@@ -49,25 +49,20 @@ std::map<uint32_t, SlotProvider> plan_slots(const Manifest& m, const PluginLoade
     if (it != providers.end() && it->second.name == info.name)
       throw Error(str("plugin '", info.name, "' is named twice (", it->second.origin, " and ", info.path, ")"),
                   "plugins.load", str("name '", info.name, "' once in [plugins] load"));
-    // Two parallelism providers (one per sequence axis, cp and sp) would be the two-dimensional
-    // mesh of issue 24; no provider stacks over another yet, so the mesh is refused by the axes
-    // it asks for rather than run with one axis left unsplit.
-    if (it != providers.end() && info.slot == LCX_SLOT_PARALLELISM)
-      throw Error(str("two providers for slot ", slot_name(info.slot), ": '", it->second.name, "' (",
-                      it->second.origin, ") and '", info.name, "' (", info.path,
-                      "): parallelism providers do not stack yet, so a mesh with both cp > 1 and sp > 1 "
-                      "(two-dimensional sequence parallelism) has nothing that would run it"),
-                  "plugins.load",
-                  str("keep one in [plugins] load (or --disable ", info.name,
-                      ") and set the other axis of [distributed] (cp or sp) to 1"));
+    // Two parallelism providers (one per sequence axis, cp and sp) are the two-dimensional mesh;
+    // whether one stacks over the other is asked of the objects (resolve_slots).
+    if (it != providers.end() && info.slot == LCX_SLOT_PARALLELISM && it->second.beneath.empty()) {
+      it->second.beneath.push_back({info.name, info.path, info, {}});
+      continue;
+    }
     if (it != providers.end())
       throw Error(str("two providers for slot ", slot_name(info.slot), ": '", it->second.name, "' (",
                       it->second.origin, ") and '", info.name, "' (", info.path, ")"),
                   "plugins.load", str("keep one in [plugins] load, or --disable ", info.name));
-    providers[info.slot] = {info.name, info.path, info};
+    providers[info.slot] = {info.name, info.path, info, {}};
   }
   for_each_slot([&](const auto& row) {
-    if (row.default_name && !providers.count(row.id)) providers[row.id] = {row.default_name, "core default", {}};
+    if (row.default_name && !providers.count(row.id)) providers[row.id] = {row.default_name, "core default", {}, {}};
   });
   return providers;
 }
@@ -81,6 +76,37 @@ static std::shared_ptr<T> as_slot(std::shared_ptr<Plugin> p, const PluginInfo& i
   return out;
 }
 
+// Two parallelism providers run only stacked: exactly one must stack over the other. The outer
+// becomes the slot's provider (`created`, the providers entry) and gets the inner, returned.
+static std::shared_ptr<Parallelism> stack_parallelism(const Manifest& m, const PluginLoader& loader, Device device,
+                                                      const MeshShape& mesh, SlotProvider& par,
+                                                      std::map<uint32_t, std::shared_ptr<Plugin>>& created) {
+  SlotProvider second = par.beneath.front();
+  PluginArgs args{second.info.name, m.section(second.info.name), device, mesh};
+  auto a = as_slot<Parallelism>(created.at(LCX_SLOT_PARALLELISM), par.info);
+  auto b = as_slot<Parallelism>(loader.create(second.origin, args, &second.info), second.info);
+  const bool a_over_b = a->stacks_over(*b), b_over_a = b->stacks_over(*a);
+  if (a_over_b == b_over_a)
+    throw Error(str("two providers for slot ", slot_name(LCX_SLOT_PARALLELISM), ": '", par.name, "' (", par.origin,
+                    ", axis ", a->mesh_axis().empty() ? std::string("none") : a->mesh_axis(), ") and '", second.name,
+                    "' (", second.origin, ", axis ", b->mesh_axis().empty() ? std::string("none") : b->mesh_axis(),
+                    "): ", a_over_b ? "each would stack over the other" : "neither stacks over the other",
+                    ", so a mesh splitting a sequence over both axes has nothing that would run it"),
+                "plugins.load",
+                str("keep one in [plugins] load (or --disable ", second.name,
+                    ") and set the other axis of [distributed] (cp or sp) to 1"));
+  std::shared_ptr<Parallelism> outer = a_over_b ? a : b, inner = a_over_b ? b : a;
+  if (!a_over_b) {
+    par.beneath.front() = {par.name, par.origin, par.info, {}};
+    par.name = second.name;
+    par.origin = second.origin;
+    par.info = second.info;
+  }
+  outer->set_inner(inner);
+  created[LCX_SLOT_PARALLELISM] = outer;
+  return inner;
+}
+
 SlotSet resolve_slots(const Manifest& m, const PluginLoader& loader, const std::vector<std::string>& disabled,
                       Device device, const MeshShape& mesh) {
   SlotSet s;
@@ -91,6 +117,8 @@ SlotSet resolve_slots(const Manifest& m, const PluginLoader& loader, const std::
     PluginArgs args{prov.info.name, m.section(prov.info.name), device, mesh};
     created[slot] = loader.create(prov.origin, args, &prov.info);
   }
+  SlotProvider& par = s.providers.at(LCX_SLOT_PARALLELISM);
+  if (!par.beneath.empty()) s.parallel_inner = stack_parallelism(m, loader, device, mesh, par, created);
   for_each_slot([&]<class T>(const SlotRow<T>& row) {
     auto it = created.find(row.id);
     if (it != created.end())

@@ -18,11 +18,16 @@ struct SlotProvider {
   std::string name;
   std::string origin;  // "core default" or the plugin's path
   PluginInfo info;     // empty for core defaults
+  // The Parallelism slot may hold a second provider (another mesh axis) stacked beneath this one
+  // (lcx/slots/parallelism.h: stacks_over); plan_slots lists it here, resolve_slots orders the pair.
+  std::vector<SlotProvider> beneath;
 };
 
 // One provider per slot (lcx/slots.h); the model is null when the manifest names no model module.
 struct SlotSet : SlotTuple<std::shared_ptr> {
   std::map<uint32_t, SlotProvider> providers;
+  // The provider `parallel` stacks over (its providers entry's `beneath`); null without one.
+  std::shared_ptr<Parallelism> parallel_inner;
 };
 
 // The names of core's default providers, by slot; "(none)" for a slot without one.
@@ -37,7 +42,8 @@ using RopeOffers = std::function<std::vector<std::pair<std::string, std::string>
 std::unique_ptr<PositionalEncoding> make_default_rope_offering(RopeOffers offers);
 // Which plugin names the manifest asks for, in order, after --disable.
 std::vector<std::string> requested_plugins(const Manifest& m, const std::vector<std::string>& disabled);
-// Describes without creating (for --dry-run): refuses two providers for one slot.
+// Describes without creating (for --dry-run): refuses two providers for one slot, except a second
+// Parallelism provider, kept beneath the first until resolve_slots asks which stacks over which.
 std::map<uint32_t, SlotProvider> plan_slots(const Manifest& m, const PluginLoader& loader,
                                             const std::vector<std::string>& disabled);
 // Creates the providers; `mesh` is the [distributed] shape the plugins are created for (PluginArgs).

@@ -110,9 +110,11 @@ void Run::check_parallelism() const {
   const std::string name = it != slots_.providers.end() ? it->second.name : std::string("the parallelism");
   // Each axis that splits a sequence needs a provider serving it: a mesh nothing would run is
   // refused here, before a plan prints it or a launch starts its ranks.
+  // A stacked pair (two-dimensional sequence parallelism) serves both providers' axes.
   const std::string served = par.mesh_axis();
+  const std::string inner = slots_.parallel_inner ? slots_.parallel_inner->mesh_axis() : std::string();
   for (const auto& [axis, ranks] : {std::pair<std::string, int>{"cp", shape.cp}, {"sp", shape.sp}}) {
-    if (ranks <= 1 || axis == served) continue;
+    if (ranks <= 1 || axis == served || axis == inner) continue;
     throw Error(str("[distributed] ", axis, " = ", ranks, " but the loaded parallelism (", name, ") ",
                     served.empty() ? std::string("splits no sequence") : str("serves only the ", served, " axis"),
                     ": nothing would split the sequence over that axis"),

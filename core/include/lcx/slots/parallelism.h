@@ -1,6 +1,7 @@
 // Parallelism slot: how one sequence is cut across ranks and how attention still sees every
 // earlier token. The result must equal a single big device's.
 #pragma once
+#include <memory>
 #include <span>
 #include <string>
 #include <vector>
@@ -58,6 +59,14 @@ class Parallelism : public Plugin {
                                   Tensor& dv, const AttentionArgs& args) = 0;
   // Adds what this provider holds during a step to `plan` (lcx/plan.h); the default adds nothing.
   virtual void plan(const PlanInputs& /*in*/, MemoryPlan& /*plan*/) const {}
+  // Two-dimensional sequence parallelism (ABI 3.1): two providers serving different mesh axes may
+  // stack, one running its attention through the other's. Core asks each loaded provider whether
+  // it stacks over the other and keeps the pair only when exactly one does; that one (the outer)
+  // becomes the run's Parallelism and gets the other through set_inner() before configure(). From
+  // then on the outer answers for both: size() is the ranks of both axes, shard() takes the rank's
+  // place among them, configure() and plan() reach the inner with what it runs on.
+  virtual bool stacks_over(const Parallelism& /*inner*/) const { return false; }
+  virtual void set_inner(std::shared_ptr<Parallelism> /*inner*/) {}
 };
 
 }  // namespace lcx

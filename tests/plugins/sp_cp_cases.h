@@ -1,0 +1,203 @@
+// Two-dimensional sequence parallelism: sp_ulysses stacked over cp_ring on a cp x sp mesh, against
+// one rank holding the whole sequence. Shared by the CPU suite (thread-ranks) and the GPU suite
+// (virtual ranks: thread-ranks whose tensors live on one GPU):
+//   - attention: each rank's rows of out, lse, dq, dk, dv (the rows its shard names) equal the
+//     single-rank op's;
+//   - a training step of a tiny qwen3: the loss and every parameter gradient summed over the
+//     cp x sp ranks equal the single-rank step's.
+#pragma once
+#include "plugins/sp_ulysses_cases.h"
+
+namespace lcx::test {
+
+// sp_ulysses stacked over cp_ring, created for a [distributed] cp x sp mesh as core's
+// resolve_slots stacks them.
+inline std::shared_ptr<Parallelism> load_stacked(int cp, int sp) {
+  const MeshShape shape{1, cp, sp};
+  auto ring = make_plugin<Parallelism>("cp_ring", "", Device::cpu(), nullptr, shape);
+  auto outer = make_plugin<Parallelism>("sp_ulysses", "", Device::cpu(), nullptr, shape);
+  EXPECT_TRUE(outer->stacks_over(*ring));
+  EXPECT_FALSE(ring->stacks_over(*outer));
+  outer->set_inner(ring);
+  return outer;
+}
+
+// The sequence positions a rank's shard holds, in its row order: the shard of a sequence whose
+// token t is t.
+inline std::vector<int32_t> shard_rows(const Parallelism& par, int64_t L, int seq_rank) {
+  Sequence seq;
+  seq.tokens = Tensor::empty({L}, DType::i32);
+  seq.targets = Tensor::empty({L}, DType::i64);
+  for (int64_t t = 0; t < L; ++t) {
+    seq.tokens.data_as<int32_t>()[t] = static_cast<int32_t>(t);
+    seq.targets.data_as<int64_t>()[t] = t;
+  }
+  const Shard s = par.shard(seq, seq_rank);
+  return std::vector<int32_t>(s.tokens.data_as<int32_t>(), s.tokens.data_as<int32_t>() + s.tokens.size(0));
+}
+
+// Rows `ids` of x [L, ...] as a new [ids, ...] tensor on x's device.
+inline Tensor gather_rows(const Tensor& x, const std::vector<int32_t>& ids) {
+  const int64_t n = static_cast<int64_t>(ids.size()), row = x.numel() / x.size(0);
+  Tensor host = Tensor::empty({n}, DType::i32);
+  std::copy(ids.begin(), ids.end(), host.data_as<int32_t>());
+  const Tensor id = x.device() == Device::cpu() ? host : host.to(x.device());
+  Shape shape = x.shape();
+  shape[0] = n;
+  Tensor out = Tensor::empty(shape, x.dtype(), x.device());
+  Tensor flat = out.view({n, row});
+  ops::embedding_forward(id, x.view({x.size(0), row}), flat);
+  return out;
+}
+
+struct Attention2dCase {
+  int cp = 2, sp = 2;
+  int64_t L = 32, Hq = 8, Hkv = 2, d = 8;
+  Device device = Device::cpu();
+  DType dtype = DType::f32;
+  Tolerance tol;
+  std::vector<int64_t> documents;  // packed documents' bounds over the whole sequence; empty: one
+};
+
+inline void check_attention_2d(const Attention2dCase& c) {
+  const int n = c.cp * c.sp;
+  const int64_t L = c.L, Hq = c.Hq, Hkv = c.Hkv, d = c.d;
+  const std::string what = str("cp ", c.cp, " x sp ", c.sp, ", Hq ", Hq, ", Hkv ", Hkv, ", d ", d, ", L ", L, ", ",
+                               dtype_name(c.dtype), c.documents.empty() ? "" : str(", ", c.documents.size() - 1, " documents"));
+  std::mt19937 rng(static_cast<uint32_t>(100 * c.cp + 10 * c.sp + Hkv));
+  std::normal_distribution<float> dist(0.f, 1.f);
+  auto rnd = [&](Shape s) {
+    std::vector<float> v(static_cast<size_t>(shape_numel(s)));
+    for (auto& x : v) x = dist(rng);
+    return Tensor::from_floats(v, std::move(s), c.dtype, c.device);
+  };
+  const Tensor q = rnd({L, Hq, d}), k = rnd({L, Hkv, d}), v = rnd({L, Hkv, d}), dout = rnd({L, Hq, d});
+  AttentionArgs args;
+  args.scale = 1.f / std::sqrt(static_cast<float>(d));
+  args.documents = c.documents;
+  ops::AttentionParams p;
+  p.scale = args.scale;
+  p.documents = c.documents;
+  Tensor out = Tensor::empty({L, Hq, d}, c.dtype, c.device), lse = Tensor::empty({Hq, L}, DType::f32, c.device);
+  ops::attention_forward(q, k, v, out, lse, p);
+  Tensor dq = Tensor::empty(q.shape(), c.dtype, c.device), dk = Tensor::empty(k.shape(), c.dtype, c.device),
+         dv = Tensor::empty(v.shape(), c.dtype, c.device);
+  ops::attention_backward(q, k, v, out, lse, dout, dq, dk, dv, p);
+
+  ParallelModelInfo info;
+  info.num_heads = Hq;
+  info.num_kv_heads = Hkv;
+  info.head_dim = d;
+  info.layer_types = {"full_attention", "full_attention"};
+  std::vector<std::shared_ptr<Parallelism>> plugins;
+  for (int r = 0; r < n; ++r) plugins.push_back(load_stacked(c.cp, c.sp));
+
+  struct Got {
+    std::vector<int32_t> rows;
+    Tensor out, lse, dq, dk, dv;
+  };
+  std::vector<Got> got(static_cast<size_t>(n));
+  run_in_process(n, [&](Communicator& comm) {
+    Mesh mesh(comm, {.dp = 1, .cp = c.cp, .sp = c.sp});
+    const int r = comm.rank();
+    Parallelism& par = *plugins[static_cast<size_t>(r)];
+    par.configure(info, &mesh);
+    Got& g = got[static_cast<size_t>(r)];
+    g.rows = shard_rows(par, L, mesh.coord().cp * c.sp + mesh.coord().sp);
+    const int64_t T = static_cast<int64_t>(g.rows.size());
+    const Tensor qr = gather_rows(q, g.rows), kr = gather_rows(k, g.rows), vr = gather_rows(v, g.rows),
+                 dor = gather_rows(dout, g.rows);
+    g.out = Tensor::empty({T, Hq, d}, c.dtype, c.device);
+    g.lse = Tensor::empty({Hq, T}, DType::f32, c.device);
+    g.dq = Tensor::empty({T, Hq, d}, c.dtype, c.device);
+    g.dk = Tensor::empty({T, Hkv, d}, c.dtype, c.device);
+    g.dv = Tensor::empty({T, Hkv, d}, c.dtype, c.device);
+    par.attention_forward(qr, kr, vr, g.out, g.lse, args);
+    par.attention_backward(qr, kr, vr, g.out, g.lse, dor, g.dq, g.dk, g.dv, args);
+  });
+
+  const std::vector<float> lse_all = lse.to_floats();
+  std::vector<int> held(static_cast<size_t>(L), 0);
+  for (int r = 0; r < n; ++r) {
+    const Got& g = got[static_cast<size_t>(r)];
+    ASSERT_EQ(static_cast<int64_t>(g.rows.size()), L / n) << what;
+    for (int32_t t : g.rows) ++held[static_cast<size_t>(t)];
+    EXPECT_TRUE(c.tol.ok(g.out.to_floats(), gather_rows(out, g.rows).to_floats())) << "out, rank " << r << ": " << what;
+    EXPECT_TRUE(c.tol.ok(g.dq.to_floats(), gather_rows(dq, g.rows).to_floats())) << "dq, rank " << r << ": " << what;
+    EXPECT_TRUE(c.tol.ok(g.dk.to_floats(), gather_rows(dk, g.rows).to_floats())) << "dk, rank " << r << ": " << what;
+    EXPECT_TRUE(c.tol.ok(g.dv.to_floats(), gather_rows(dv, g.rows).to_floats())) << "dv, rank " << r << ": " << what;
+    std::vector<float> want_lse;
+    for (int64_t h = 0; h < Hq; ++h)
+      for (int32_t t : g.rows) want_lse.push_back(lse_all[static_cast<size_t>(h * L + t)]);
+    EXPECT_TRUE(c.tol.ok(g.lse.to_floats(), want_lse)) << "lse, rank " << r << ": " << what;
+  }
+  for (int64_t t = 0; t < L; ++t) EXPECT_EQ(held[static_cast<size_t>(t)], 1) << "position " << t << ": " << what;
+}
+
+// One training step of the whole sequence on one rank, then over cp x sp ranks (each: its shard,
+// train_step with the whole sequence's mean, then loss and grads summed over the sequence's ranks
+// as the trainer's all-reduce does). Loss sums and every gradient must agree.
+inline void check_step_2d(int cp, const StepCase& c) {
+  const int n = cp * c.sp;
+  const std::string what = str("cp ", cp, " x sp ", c.sp, ", Hq ", c.Hq, ", Hkv ", c.Hkv, ", L ", c.L,
+                               c.documents.empty() ? "" : str(", ", c.documents.size() - 1, " documents"), ", ",
+                               device_name(c.device), " ", dtype_name(c.weight_dtype));
+  std::mt19937 rng(7);
+  std::uniform_int_distribution<int32_t> tok(0, static_cast<int32_t>(c.vocab) - 1);
+  Sequence seq;
+  seq.tokens = Tensor::empty({c.L}, DType::i32);
+  seq.targets = Tensor::empty({c.L}, DType::i64);
+  seq.document_bounds = c.documents;
+  for (int64_t t = 0; t < c.L; ++t) seq.tokens.data_as<int32_t>()[t] = tok(rng);
+  int64_t valid = 0;
+  for (int64_t t = 0; t < c.L; ++t) {
+    const bool ignored = t + 1 == c.L || (t >= c.L / 2 - 3 && t < c.L / 2 + 2);
+    seq.targets.data_as<int64_t>()[t] = ignored ? -100 : seq.tokens.data_as<int32_t>()[(t + 1) % c.L];
+    valid += !ignored;
+  }
+  const double scale = 1.0 / static_cast<double>(valid);
+
+  Slots one = make_slots(c, std::shared_ptr<Parallelism>(make_single_rank()));
+  StepSlots one_slots = one.slots();
+  configure_slots(one_slots);
+  one.model->zero_grad();
+  const StepResult want = train_step(one_slots, one.parallel->shard(seq, 0), scale, c.device);
+  ASSERT_EQ(want.valid, valid) << what;
+
+  std::vector<Slots> ranks;
+  for (int r = 0; r < n; ++r) ranks.push_back(make_slots(c, load_stacked(cp, c.sp)));
+  std::vector<double> loss_sum(static_cast<size_t>(n));
+  run_in_process(n, [&](Communicator& comm) {
+    Mesh mesh(comm, {.dp = 1, .cp = cp, .sp = c.sp});
+    const int r = comm.rank();
+    Slots& s = ranks[static_cast<size_t>(r)];
+    StepSlots slots = s.slots();
+    slots.mesh = &mesh;
+    configure_slots(slots);
+    s.model->zero_grad();
+    const Shard shard = s.parallel->shard(seq, mesh.coord().cp * c.sp + mesh.coord().sp);
+    const StepResult got = train_step(slots, shard, scale, c.device);
+    double sums[1] = {got.loss_sum};
+    mesh.seq().all_reduce(std::span<double>(sums, 1));
+    for (Parameter* p : s.model->parameters()) mesh.seq().all_reduce(p->grad);
+    loss_sum[static_cast<size_t>(r)] = sums[0];
+  });
+
+  for (int r = 0; r < n; ++r)
+    EXPECT_NEAR(loss_sum[static_cast<size_t>(r)], want.loss_sum, c.loss_rtol * std::fabs(want.loss_sum)) << what;
+  const std::vector<Parameter*> ps = one.model->parameters();
+  for (int r = 0; r < n; ++r) {
+    const std::vector<Parameter*> qs = ranks[static_cast<size_t>(r)].model->parameters();
+    ASSERT_EQ(ps.size(), qs.size());
+    for (size_t i = 0; i < ps.size(); ++i) {
+      const std::vector<float> w = ps[i]->grad.to_floats();
+      float norm = 0;
+      for (float x : w) norm = std::max(norm, std::fabs(x));
+      ASSERT_GT(norm, 0.f) << ps[i]->name << " has no gradient: " << what;
+      EXPECT_TRUE(c.tol.ok(qs[i]->grad.to_floats(), w, std::max(1.f, norm)))
+          << ps[i]->name << ", rank " << r << ": " << what;
+    }
+  }
+}
+
+}  // namespace lcx::test

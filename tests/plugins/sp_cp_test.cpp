@@ -1,0 +1,187 @@
+// Two-dimensional sequence parallelism (issue 24): sp_ulysses stacked over cp_ring, on CPU
+// thread-ranks in fp32, against one rank holding the whole sequence; how core stacks the pair
+// from a manifest; and the trainer running the mesh, dp x cp x sp included.
+#include <gtest/gtest.h>
+
+#include <filesystem>
+#include <fstream>
+#include <nlohmann/json.hpp>
+
+#include "lcx/plan.h"
+#include "plugins/sp_cp_cases.h"
+#include "slots/resolve.h"
+
+namespace lcx {
+namespace {
+
+ParallelModelInfo model_info(int64_t Hq, int64_t Hkv) {
+  ParallelModelInfo info;
+  info.num_heads = Hq;
+  info.num_kv_heads = Hkv;
+  info.head_dim = 8;
+  info.layer_types = {"full_attention"};
+  return info;
+}
+
+TEST(SpCp, StacksOnlyOverTheCpAxis) {
+  auto ring = test::make_plugin<Parallelism>("cp_ring", "", Device::cpu(), nullptr, MeshShape{1, 2, 2});
+  auto ulysses = test::make_plugin<Parallelism>("sp_ulysses", "", Device::cpu(), nullptr, MeshShape{1, 2, 2});
+  EXPECT_TRUE(ulysses->stacks_over(*ring));
+  EXPECT_FALSE(ring->stacks_over(*ulysses));
+  EXPECT_FALSE(ulysses->stacks_over(*test::make_plugin<Parallelism>("sp_ulysses", "", Device::cpu(), nullptr,
+                                                                    MeshShape{1, 2, 2})));
+  EXPECT_EQ(ulysses->size(), 2);
+  ulysses->set_inner(ring);
+  EXPECT_EQ(ulysses->size(), 4);
+  EXPECT_EQ(ulysses->mesh_axis(), "sp");
+  EXPECT_TRUE(ulysses->masks_documents());
+}
+
+// sp inside cp: the cp shard of cp rank c is cp_ring's zigzag chunks c and 2cp-1-c, and sp rank s
+// of that group holds its s-th contiguous part, positions global.
+TEST(SpCp, ShardIsTheContiguousSplitOfTheZigzagShard) {
+  auto par = test::load_stacked(2, 2);
+  const std::vector<std::vector<int32_t>> want = {{0, 1, 2, 3}, {12, 13, 14, 15}, {4, 5, 6, 7}, {8, 9, 10, 11}};
+  for (int r = 0; r < 4; ++r) EXPECT_EQ(test::shard_rows(*par, 16, r), want[static_cast<size_t>(r)]) << "rank " << r;
+  auto wide = test::load_stacked(2, 4);  // chunks of 8; each 16-row cp shard in 4 parts of 4
+  EXPECT_EQ(test::shard_rows(*wide, 32, 1), (std::vector<int32_t>{4, 5, 6, 7}));
+  EXPECT_EQ(test::shard_rows(*wide, 32, 3), (std::vector<int32_t>{28, 29, 30, 31}));
+  EXPECT_EQ(test::shard_rows(*wide, 32, 4), (std::vector<int32_t>{8, 9, 10, 11}));
+}
+
+TEST(SpCp, RefusesASequenceThatDoesNotSplitOverTwoCpSp) {
+  auto par = test::load_stacked(2, 4);
+  const std::string msg = test::error_of([&] { test::shard_rows(*par, 24, 0); });
+  EXPECT_NE(msg.find("need a multiple of 2 x cp x sp = 16"), std::string::npos) << msg;
+  EXPECT_NE(msg.find("set data.pad_to_multiple_of = 16"), std::string::npos) << msg;
+}
+
+TEST(SpCp, RefusesHeadsThatDoNotSplitOverSp) {
+  auto par = test::load_stacked(2, 4);
+  std::string msg = test::error_of([&] { par->configure(model_info(6, 2), nullptr); });
+  EXPECT_NE(msg.find("6 query heads do not divide over sp = 4"), std::string::npos) << msg;
+  msg = test::error_of([&] { par->configure(model_info(12, 3), nullptr); });
+  EXPECT_NE(msg.find("3 key/value heads cannot be replicated evenly over sp = 4"), std::string::npos) << msg;
+}
+
+// GQA: fewer kv heads than sp (replicas), as many, and more.
+TEST(SpCpExact, AttentionEqualsSingleRank) {
+  for (auto [cp, sp] : {std::pair{2, 2}, {2, 4}, {4, 2}})
+    for (int64_t Hkv : {int64_t{1}, int64_t{2}, int64_t{4}, int64_t{8}}) {
+      test::Attention2dCase c;
+      c.cp = cp;
+      c.sp = sp;
+      c.L = 2 * cp * sp * 3;
+      c.Hkv = Hkv;
+      test::check_attention_2d(c);
+    }
+}
+
+// Packed documents: the ring's document-aware pieces on each rank's heads, with bounds inside a
+// chunk, on chunk edges and a one-token document.
+TEST(SpCpExact, AttentionWithDocumentsEqualsSingleRank) {
+  for (auto [cp, sp] : {std::pair{2, 2}, {2, 4}, {4, 2}}) {
+    test::Attention2dCase c;
+    c.cp = cp;
+    c.sp = sp;
+    c.L = 48;
+    c.documents = {0, 1, 12, 13, 30, 48};
+    test::check_attention_2d(c);
+  }
+}
+
+TEST(SpCpExact, TrainingStepEqualsSingleRank) {
+  for (auto [cp, sp] : {std::pair{2, 2}, {2, 4}, {4, 2}}) {
+    test::StepCase c;
+    c.sp = sp;
+    c.L = 48;
+    test::check_step_2d(cp, c);
+  }
+}
+
+TEST(SpCpExact, TrainingStepWithPackedDocumentsEqualsSingleRank) {
+  test::StepCase c;
+  c.sp = 2;
+  c.L = 48;
+  c.Hkv = 4;
+  c.documents = {0, 7, 20, 21, 48};
+  test::check_step_2d(2, c);
+}
+
+// The composed buffers: the all-to-all's at the rank's T tokens, the ring's at the cp shard's
+// sp T rows on the rank's heads, and no single-call attention scratch over the whole sequence.
+TEST(SpCp, PlansTheAllToAllAndTheRingAtTheComposedShard) {
+  PlanInputs in;
+  in.model.num_heads = 32;
+  in.model.num_kv_heads = 8;
+  in.model.head_dim = 128;
+  in.cp = 2;
+  in.sp = 4;
+  in.seq_len = 1 << 20;
+  in.tokens_per_rank = in.seq_len / 8;
+  MemoryPlan plan;
+  test::load_stacked(2, 4)->plan(in, plan);
+  auto bytes_of = [&](const std::string& name) {
+    for (const PlanTerm& t : plan.terms)
+      if (t.name.find(name) != std::string::npos) return t.bytes;
+    return int64_t{-1};
+  };
+  const int64_t T = in.tokens_per_rank;
+  EXPECT_EQ(bytes_of("all-to-all: q, k, v, out in head layout"), T * (2 * 32 + 2 * 8) * 128 * 2);
+  // K/V of 8/4 kv heads over the cp shard's 4T rows, two buffers each.
+  EXPECT_EQ(bytes_of("ring K/V receive buffers"), 4 * (4 * T) * 2 * 128 * 2);
+  EXPECT_EQ(bytes_of("travelling dK/dV accumulators"), 4 * (4 * T) * 2 * 128 * 4);
+  EXPECT_EQ(bytes_of("[Hq/sp,L,d]"), -1);
+  EXPECT_EQ(bytes_of("one piece's backward dQ accumulator and workspace (cuDNN)"),
+            cudnn_dq_accumulator_bytes(8, 4 * T, 128) + cudnn_backward_workspace_bytes(8, 4 * T, 128));
+}
+
+// lcx-train as a user runs it: thread-ranks on the CPU, the trainer building the mesh, stacking
+// the two plugins from [plugins] load, sharding and reducing over the whole world. cp x sp traces
+// the single-rank run; dp 2 x cp 2 x sp 2 traces dp 2 alone (two sequences a step either way).
+TEST(SpCpTrainer, RunsTrackTheSingleRankRunAndDpAlone) {
+  if (!std::filesystem::exists(test::qwen3_tokenizer())) GTEST_SKIP() << "data/qwen3/tokenizer.json absent: run scripts/fetch_data.sh";
+  const auto dir = test::temp_dir("sp-cp-train");
+  {
+    std::mt19937 rng(5);
+    std::vector<uint32_t> pattern(40);
+    for (auto& x : pattern) x = rng() % 256;
+    std::ofstream out(dir / "data.tokens", std::ios::binary);
+    for (int r = 0; r < 12; ++r) out.write(reinterpret_cast<const char*>(pattern.data()), pattern.size() * 4);
+  }
+  auto run = [&](int dp, int cp, int sp) {
+    const std::string name = str("run", dp, cp, sp);
+    const auto out = dir / name;
+    const std::string load = cp * sp > 1 ? "\"sp_ulysses\", \"cp_ring\", " : "";
+    test::write_file(dir / (name + ".toml"),
+                     test::tiny_run_manifest(out, dir / "data.tokens", 3, true, "max_steps = 2\n",
+                                             str("[plugins]\nload = [", load, "\"loss_chunked\"]\n[distributed]\nnproc_per_node = ",
+                                                 dp * cp * sp, "\ncp = ", cp, "\nsp = ", sp, "\n")));
+    const test::CommandResult r = test::run_command(test::lcx_train() + " --config " + (dir / (name + ".toml")).string());
+    EXPECT_EQ(r.exit_code, 0) << r.output;
+    if (cp * sp > 1) {
+      EXPECT_NE(r.output.find("sp_ulysses: all-to-all per layer and rank"), std::string::npos) << r.output;
+      EXPECT_NE(r.output.find("cp_ring: ring traffic per rank"), std::string::npos) << r.output;
+    }
+    std::vector<std::pair<double, double>> steps;
+    std::ifstream in(out / "metrics.jsonl");
+    for (std::string line; std::getline(in, line);) {
+      auto j = nlohmann::json::parse(line);
+      steps.emplace_back(j.at("loss").get<double>(), j.at("grad_norm").get<double>());
+    }
+    return steps;
+  };
+  auto same = [](const auto& got, const auto& want, const std::string& what) {
+    ASSERT_EQ(got.size(), 2u) << what;
+    ASSERT_EQ(want.size(), 2u) << what;
+    for (size_t i = 0; i < 2; ++i) {
+      EXPECT_NEAR(got[i].first, want[i].first, 1e-6 * want[i].first) << "loss, step " << i + 1 << ", " << what;
+      EXPECT_NEAR(got[i].second, want[i].second, 1e-5 * want[i].second) << "grad_norm, step " << i + 1 << ", " << what;
+    }
+  };
+  same(run(1, 2, 2), run(1, 1, 1), "cp 2 x sp 2");
+  same(run(2, 2, 2), run(2, 1, 1), "dp 2 x cp 2 x sp 2");
+}
+
+}  // namespace
+}  // namespace lcx
