@@ -129,11 +129,14 @@ TEST(DocumentBatches, PairsGroupByBothPaddedSizes) {
   const std::vector<DocumentPairBatch> b =
       checked_pairs({100, 50, 300, 120, 0, 200, 90}, {1000, 0, 1000, 900, 40, 100, 1000});
   ASSERT_EQ(b.size(), 4u);
-  EXPECT_EQ(std::make_pair(b[0].q_rows, b[0].k_rows), std::make_pair<int64_t, int64_t>(128, 1024));
+  EXPECT_EQ(b[0].q_rows, 128);
+  EXPECT_EQ(b[0].k_rows, 1024);
   EXPECT_EQ(b[0].docs, (std::vector<size_t>{0, 3}));
   EXPECT_EQ(b[1].docs, std::vector<size_t>{6});
-  EXPECT_EQ(std::make_pair(b[2].q_rows, b[2].k_rows), std::make_pair<int64_t, int64_t>(256, 128));
-  EXPECT_EQ(std::make_pair(b[3].q_rows, b[3].k_rows), std::make_pair<int64_t, int64_t>(512, 1024));
+  EXPECT_EQ(b[2].q_rows, 256);
+  EXPECT_EQ(b[2].k_rows, 128);
+  EXPECT_EQ(b[3].q_rows, 512);
+  EXPECT_EQ(b[3].k_rows, 1024);
 }
 
 TEST(DocumentBatches, PairsAreCappedOnTheTighterSide) {
