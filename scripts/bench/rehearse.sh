@@ -43,6 +43,7 @@ source = "$1/ids.tokens"
 seq_len = $3
 drop_last = true
 shuffle = false
+attend_across_documents = true  # random ids are one text; masked plans bound the padded batches instead
 [train]
 lr = 1e-5
 max_steps = 1

@@ -1,6 +1,6 @@
 // The grouping of document-masked attention on cuDNN (kernels/document_batches.h): every document
-// in exactly one batch, batch sizes powers of two, padded sizes powers of two that hold their
-// documents, and padded rows within the real rows rounded up to a power of two.
+// in exactly one batch, batch sizes powers of two, padded sizes quarter steps of an octave that
+// hold their documents, and padded rows within the real rows rounded up to a power of two.
 #include "kernels/document_batches.h"
 
 #include <gtest/gtest.h>
@@ -18,7 +18,7 @@ std::vector<DocumentBatch> checked(const std::vector<int64_t>& lengths) {
   int64_t total = 0;
   for (int64_t n : lengths) total += std::max<int64_t>(0, n);
   for (const DocumentBatch& b : batches) {
-    EXPECT_TRUE(std::has_single_bit(static_cast<uint64_t>(b.rows))) << b.rows;
+    EXPECT_EQ(b.rows % kMinPaddedRows, 0) << b.rows;
     EXPECT_GE(b.rows, kMinPaddedRows);
     EXPECT_TRUE(std::has_single_bit(b.docs.size())) << b.docs.size();
     EXPECT_LE(static_cast<int64_t>(b.docs.size()) * b.rows,
@@ -37,13 +37,24 @@ std::vector<DocumentBatch> checked(const std::vector<int64_t>& lengths) {
   return batches;
 }
 
-TEST(DocumentBatches, PaddedRowsArePowersOfTwoFromTheLeast) {
+TEST(DocumentBatches, PaddedRowsAreQuarterStepsOfTheOctave) {
   EXPECT_EQ(padded_rows(1), kMinPaddedRows);
   EXPECT_EQ(padded_rows(kMinPaddedRows), kMinPaddedRows);
-  EXPECT_EQ(padded_rows(kMinPaddedRows + 1), 2 * kMinPaddedRows);
+  EXPECT_EQ(padded_rows(kMinPaddedRows + 1), 2 * kMinPaddedRows);  // below 1,024 rows: steps of 128
+  EXPECT_EQ(padded_rows(300), 384);
   EXPECT_EQ(padded_rows(4096), 4096);
-  EXPECT_EQ(padded_rows(4097), 8192);
-  EXPECT_EQ(padded_rows(90001), 131072);
+  EXPECT_EQ(padded_rows(4097), 5120);
+  EXPECT_EQ(padded_rows(90001), 98304);  // 1.5 x 65,536
+  EXPECT_EQ(padded_rows(70000), 81920);  // 1.25 x 65,536
+  // Less than one step (a quarter of the octave's lower half, at least kMinPaddedRows) above the
+  // document, and never below it.
+  for (int64_t n = 1; n < 300000; n = n * 5 / 4 + 1) {
+    const int64_t S = padded_rows(n);
+    const int64_t step = std::max(kMinPaddedRows, static_cast<int64_t>(std::bit_ceil(static_cast<uint64_t>(n))) / 8);
+    EXPECT_GE(S, n);
+    EXPECT_LT(S - std::max(n, kMinPaddedRows), step) << n;
+    EXPECT_EQ(S % step, 0) << n;
+  }
 }
 
 TEST(DocumentBatches, ThirteenDocumentsOfOneSizeRunAsEightFourOne) {
@@ -52,7 +63,7 @@ TEST(DocumentBatches, ThirteenDocumentsOfOneSizeRunAsEightFourOne) {
   EXPECT_EQ(b[0].docs.size(), 8u);
   EXPECT_EQ(b[1].docs.size(), 4u);
   EXPECT_EQ(b[2].docs.size(), 1u);
-  for (const DocumentBatch& x : b) EXPECT_EQ(x.rows, 1024);
+  for (const DocumentBatch& x : b) EXPECT_EQ(x.rows, 1024);  // 1,000 rows: 1,024 is the step above
 }
 
 TEST(DocumentBatches, SizesAscendAndZeroLengthsAreLeftOut) {
@@ -62,9 +73,9 @@ TEST(DocumentBatches, SizesAscendAndZeroLengthsAreLeftOut) {
   EXPECT_EQ(b[0].docs, std::vector<size_t>{3});
   EXPECT_EQ(b[1].rows, 256);
   EXPECT_EQ(b[1].docs, std::vector<size_t>{5});
-  EXPECT_EQ(b[2].rows, 512);
+  EXPECT_EQ(b[2].rows, 384);  // 300 and 260 rows share the step
   EXPECT_EQ(b[2].docs, (std::vector<size_t>{0, 4}));
-  EXPECT_EQ(b[3].rows, 8192);
+  EXPECT_EQ(b[3].rows, 5120);
 }
 
 TEST(DocumentBatches, TinyDocumentsAreCappedAtTheRealRowsRoundedUp) {
@@ -135,7 +146,7 @@ TEST(DocumentBatches, PairsGroupByBothPaddedSizes) {
   EXPECT_EQ(b[1].docs, std::vector<size_t>{6});
   EXPECT_EQ(b[2].q_rows, 256);
   EXPECT_EQ(b[2].k_rows, 128);
-  EXPECT_EQ(b[3].q_rows, 512);
+  EXPECT_EQ(b[3].q_rows, 384);
   EXPECT_EQ(b[3].k_rows, 1024);
 }
 

@@ -8,7 +8,10 @@
 namespace lcx::ops {
 
 int64_t padded_rows(int64_t n) {
-  return static_cast<int64_t>(std::bit_ceil(static_cast<uint64_t>(std::max(n, kMinPaddedRows))));
+  const int64_t p = static_cast<int64_t>(std::bit_ceil(static_cast<uint64_t>(std::max(n, kMinPaddedRows))));
+  // Quarter steps of the octave where they stay multiples of kMinPaddedRows.
+  const int64_t step = std::max(kMinPaddedRows, p / 8);
+  return (std::max(n, kMinPaddedRows) + step - 1) / step * step;
 }
 
 std::vector<DocumentBatch> document_batches(const std::vector<int64_t>& lengths) {

@@ -2,10 +2,13 @@
 // attention_documents.cpp), kept apart from the CUDA code so CI checks it on the CPU.
 // cuDNN builds and caches one execution plan per shape, and a packed sequence's document lengths
 // change every step, so the documents run as padded batches whose shapes come from a small set:
-// each document's rows are padded to S, its length rounded up to a power of two (at least
-// kMinPaddedRows), and the documents of one S run as batches of B documents, B a power of two
-// (13 documents of one S run as 8 + 4 + 1). The plan keys are then (2^i, 2^j) pairs: a new mix of
-// lengths reuses the plans of earlier steps. A batch's padded rows B * S are capped at the call's
+// each document's rows are padded to S, its length rounded up to a quarter step of its octave
+// (1, 1.25, 1.5, 1.75 times a power of two, a multiple of kMinPaddedRows), and the documents of one
+// S run as batches of B documents, B a power of two (13 documents of one S run as 8 + 4 + 1). The
+// plan keys are then (2^i, S) pairs, four sizes S per octave: a new mix of lengths reuses the plans
+// of earlier steps. Quarter steps, not powers of two: the H200 measured cuDNN's forward paying for
+// the padded query rows (a 70k-row book padded to 131,072 ran at 0.56 of the unpadded rate, its
+// backward at 0.94), so the padding is held under a quarter of the octave. A batch's padded rows B * S are capped at the call's
 // real rows rounded up to a power of two (or one kMinPaddedRows document), which bounds the memory
 // plan's term (lcx/plan.h cudnn_document_padding_bytes): calls run one after another, so their
 // buffers never pass the rows of one unmasked call by more than that rounding.
@@ -18,7 +21,7 @@ namespace lcx::ops {
 
 inline constexpr int64_t kMinPaddedRows = 128;
 
-// A document of n > 0 rows padded: the least power of two >= max(n, kMinPaddedRows).
+// A document of n > 0 rows padded: the least quarter step >= max(n, kMinPaddedRows) (above).
 int64_t padded_rows(int64_t n);
 
 struct DocumentBatch {

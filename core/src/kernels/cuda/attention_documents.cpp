@@ -1,18 +1,18 @@
 // Document-masked attention on cuDNN as padded batches. The documents of one call whose query rows
 // and key rows are the same rows (one GPU, or whole sequences after an all-to-all) are grouped by
-// kernels/document_batches.h: lengths rounded up to a power of two S, batches of a power-of-two B
-// documents, so the cached plans are keyed by (2^i, 2^j) pairs and a new mix of lengths each step
-// reuses them. Each batch is one cuDNN call over [B, S] padded rows: the documents' q, k, v (and
+// kernels/document_batches.h: lengths rounded up to a quarter step of their octave S, batches of
+// a power-of-two B documents, so the cached plans are keyed by (2^i, S) pairs, four S per octave,
+// and a new mix of lengths each step reuses them. Each batch is one cuDNN call over [B, S] padded rows: the documents' q, k, v (and
 // out, dout, the LSE for the backward) are gathered into zero-padded buffers, cuDNN runs causal
 // attention with a padding mask of each element's real rows (seq_len, which lets its flash engines
-// skip the padded tiles, so the work follows the real lengths), and the real rows are scattered
-// back. A ring's piece of a query chunk against an earlier key chunk (queries and keys at other
-// rows, every key of a document before its queries) runs the same way with full attention: its
-// documents grouped by their (query, key) pair of padded lengths (document_pair_batches), each side
-// gathered with its own tables and cuDNN told each element's seq_q and seq_kv.
-// The per-document start/length tables of all of a call's batches are uploaded once. A
-// padded row never changes a real one: its keys are masked, and its queries' rows are dropped
-// (in the backward its dout is zero and its scores masked, so it adds nothing to dK, dV).
+// skip the padded tiles; on the H200 the backward did, the forward paid for the padded query
+// rows), and the real rows are scattered back. A ring's piece of a query chunk against an earlier
+// key chunk (queries and keys at other rows, every key of a document before its queries) runs the
+// same way with full attention: its documents grouped by their (query, key) pair of padded lengths
+// (document_pair_batches), each side gathered with its own tables and cuDNN told each element's
+// seq_q and seq_kv. The per-document start/length tables of all of a call's batches are uploaded
+// once. A padded row never changes a real one: its keys are masked, and its queries' rows are
+// dropped (in the backward its dout is zero and its scores masked, so it adds nothing to dK, dV).
 // A batch cuDNN refuses (or every batch, under LCX_ATTENTION=own, without libcudnn, for dtypes or
 // head sizes it does not take) is reported back unhandled: ops.cpp runs its documents on the own
 // kernels. Under a rehearsal's cut (kernels/attention_cut.h) the batches allocate their buffers,
