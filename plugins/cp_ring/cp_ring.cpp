@@ -306,8 +306,11 @@ class CpRing final : public Parallelism {
     plan.add("attention forward workspace (cuDNN)", PlanCategory::transient, kCudnnForwardWorkspace, plan_phase::forward);
     plan.add("one piece's backward dQ accumulator and workspace (cuDNN) [Hq,T,d] fp32 x 2", PlanCategory::transient,
              cudnn_dq_accumulator_bytes(Hq, T, d) + cudnn_backward_workspace_bytes(Hq, T, d), plan_phase::backward);
-    // Masked by document, a piece whose queries and keys are one chunk (c = T/2 rows at equal
-    // positions) runs on cuDNN's padded batches of documents (lcx/plan.h): counted beside the above.
+    // Masked by document, a piece's documents run on cuDNN's padded batches (lcx/plan.h): the
+    // chunk's own piece (c = T/2 rows, queries and keys at equal positions) and a query chunk
+    // against an earlier key chunk (c queries, c keys) alike. Each side of a batch is padded within
+    // c rounded up to a power of two (kernels/document_batches.h), so the term of c rows bounds
+    // both; the pieces run one after another. Counted beside the above.
     if (in.documents_masked) plan_document_masks(plan, Hq, Hkv, (T + 1) / 2, d, in.weight_dtype);
   }
 

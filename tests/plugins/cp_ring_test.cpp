@@ -340,7 +340,8 @@ TEST(CpRingPlan, RingBuffersAndAccumulators) {
   // K/V receive buffers in both phases, the fp32 dK/dV accumulators in backward.
   EXPECT_EQ(plan.category_bytes(PlanCategory::communication), 2 * 4 * kv * 2 + 4 * kv * 4);
   EXPECT_GT(plan.gpu_bytes(plan_phase::backward), plan.gpu_bytes(plan_phase::forward));
-  // Masked by document, a chunk's own piece (T/2 rows) runs on cuDNN's padded batches: planned.
+  // Masked by document, a chunk's own piece and an off-diagonal piece (T/2 queries, T/2 keys) run
+  // on cuDNN's padded batches, each side within T/2 rounded up: one term of T/2 rows is planned.
   for (const PlanTerm& t : plan.terms) EXPECT_EQ(t.name.find("document-masked"), std::string::npos) << t.name;
   in.documents_masked = true;
   MemoryPlan masked;

@@ -33,4 +33,19 @@ struct DocumentBatch {
 // S ascending. Zero lengths are left out (they have no rows to attend).
 std::vector<DocumentBatch> document_batches(const std::vector<int64_t>& lengths);
 
+// Documents whose query rows and key rows differ (a ring's piece of a query chunk against an earlier
+// key chunk): document i has q_lengths[i] query rows and k_lengths[i] key rows, each padded on its
+// own (padded_rows), and the documents of one (S_q, S_k) pair run as power-of-two batches as above.
+// A batch's padded query rows B * S_q are capped at the call's real query rows rounded up to a power
+// of two (or one S_q), and its key rows likewise: the bound of document_batches for each side.
+struct DocumentPairBatch {
+  int64_t q_rows = 0, k_rows = 0;  // S_q, S_k: each document's padded query and key rows
+  std::vector<std::size_t> docs;   // indices into the lengths given; a power-of-two count
+};
+
+// Every document with both lengths positive in exactly one batch, the batches of one pair largest
+// first, pairs ascending. A document without queries or without keys is left out.
+std::vector<DocumentPairBatch> document_pair_batches(const std::vector<int64_t>& q_lengths,
+                                                     const std::vector<int64_t>& k_lengths);
+
 }  // namespace lcx::ops

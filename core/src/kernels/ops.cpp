@@ -344,13 +344,15 @@ AttentionParams check_attention(const char* op, const Tensor& q, const Tensor& k
 // Document-masked attention on the GPU: the work is the sum of the documents' squared lengths.
 // Where the queries and keys are the same rows (one GPU, whole sequences after an all-to-all), the
 // documents run on cuDNN as padded batches of power-of-two shapes (kernels/cuda/
-// attention_documents.cpp), whose plans a new mix of lengths reuses. What cuDNN does not take
-// (ring pieces with queries and keys apart, LCX_ATTENTION=own, no cuDNN, a refused shape) runs
-// on lcx's own kernels once per document, on row slices. Each document's query rows meet its key
-// rows at their own positions; queries of a document with no key here see nothing (out 0, lse
-// -inf), keys of one with no query get no gradient. The LSE [Hq,T] is strided per document: a contiguous copy serves. Under a rehearsal's
-// cut (kernels/attention_cut.h) each document still allocates what its kernels allocate, and
-// nothing launches: the caller writes the zeros.
+// attention_documents.cpp), whose plans a new mix of lengths reuses; in a ring's piece with queries
+// and keys apart, so do the documents whose keys all precede their queries (full attention). What
+// cuDNN does not take (a document's keys and queries interleaved, LCX_ATTENTION=own, no cuDNN, a
+// refused shape) runs on lcx's own kernels once per document, on row slices. Each document's query
+// rows meet its key rows at their own positions; queries of a document with no key here see nothing
+// (out 0, lse -inf), keys of one with no query get no gradient. The LSE [Hq,T] is strided per
+// document: a contiguous copy serves. Under a rehearsal's cut (kernels/attention_cut.h) each
+// document still allocates what its kernels allocate, and nothing launches: the caller writes the
+// zeros.
 struct DocumentSlice {
   int64_t q_begin, q_end, k_begin, k_end;  // rows of q and of k
   int64_t q_pos, k_pos;                    // their first positions
@@ -367,18 +369,33 @@ std::vector<DocumentSlice> document_slices(const Tensor& q, const Tensor& k, con
   return out;
 }
 
-// The documents cuDNN's padded batches may take: all of them when the queries and keys are the
-// same rows, else none. Returns their indices into `slices` and their spans.
-std::vector<size_t> same_row_documents(const Tensor& q, const Tensor& k, const AttentionParams& p,
-                                       const std::vector<DocumentSlice>& slices,
-                                       std::vector<cuda::DocumentSpan>& spans) {
+// The documents cuDNN's padded batches may take, with their query and key spans: all of them when
+// the queries and keys are the same rows; else (a ring's query chunk against another key chunk)
+// those with queries and keys whose attention is full: not causal, or every key of the document
+// before every query. Those run with `full` (p not causal). Returns their indices into `slices`.
+std::vector<size_t> cudnn_documents(const Tensor& q, const Tensor& k, const AttentionParams& p,
+                                    const std::vector<DocumentSlice>& slices, std::vector<cuda::DocumentSpan>& q_spans,
+                                    std::vector<cuda::DocumentSpan>& k_spans, AttentionParams& full) {
   std::vector<size_t> which;
-  if (q.size(0) != k.size(0) || p.q_offset != p.k_offset) return which;
-  for (size_t i = 0; i < slices.size(); ++i)
-    if (slices[i].q_end > slices[i].q_begin) {
-      which.push_back(i);
-      spans.push_back({slices[i].q_begin, slices[i].q_end - slices[i].q_begin});
-    }
+  full = p;
+  if (q.size(0) == k.size(0) && p.q_offset == p.k_offset) {
+    for (size_t i = 0; i < slices.size(); ++i)
+      if (slices[i].q_end > slices[i].q_begin) {
+        which.push_back(i);
+        q_spans.push_back({slices[i].q_begin, slices[i].q_end - slices[i].q_begin});
+      }
+    k_spans = q_spans;
+    return which;
+  }
+  full.causal = false;
+  for (size_t i = 0; i < slices.size(); ++i) {
+    const DocumentSlice& s = slices[i];
+    const int64_t nq = s.q_end - s.q_begin, nk = s.k_end - s.k_begin;
+    if (nq == 0 || nk == 0 || (p.causal && s.k_pos + nk > s.q_pos)) continue;
+    which.push_back(i);
+    q_spans.push_back({s.q_begin, nq});
+    k_spans.push_back({s.k_begin, nk});
+  }
   return which;
 }
 
@@ -387,10 +404,11 @@ template <class Run>
 std::vector<char> run_on_cudnn(const Tensor& q, const Tensor& k, const AttentionParams& p,
                                const std::vector<DocumentSlice>& slices, Run run) {
   std::vector<char> done(slices.size(), 0);
-  std::vector<cuda::DocumentSpan> spans;
-  const std::vector<size_t> which = same_row_documents(q, k, p, slices, spans);
+  std::vector<cuda::DocumentSpan> q_spans, k_spans;
+  AttentionParams full;
+  const std::vector<size_t> which = cudnn_documents(q, k, p, slices, q_spans, k_spans, full);
   if (which.empty()) return done;
-  const std::vector<char> ran = run(spans);
+  const std::vector<char> ran = run(full, q_spans, k_spans);
   for (size_t j = 0; j < which.size(); ++j) done[which[j]] = ran[j];
   return done;
 }
@@ -407,9 +425,10 @@ void attention_forward_by_document(const Tensor& q, const Tensor& k, const Tenso
                                    const AttentionParams& p) {
   const bool cut = attention_cut();
   const std::vector<DocumentSlice> slices = document_slices(q, k, p);
-  const std::vector<char> done = run_on_cudnn(q, k, p, slices, [&](const std::vector<cuda::DocumentSpan>& spans) {
-    return cuda::attention_forward_documents(q, k, v, out, lse, p, spans);
-  });
+  const std::vector<char> done =
+      run_on_cudnn(q, k, p, slices, [&](const AttentionParams& r, const auto& q_spans, const auto& k_spans) {
+        return cuda::attention_forward_documents(q, k, v, out, lse, r, q_spans, k_spans);
+      });
   for (size_t i = 0; i < slices.size(); ++i) {
     const DocumentSlice& s = slices[i];
     const int64_t n = s.q_end - s.q_begin;
@@ -434,9 +453,10 @@ void attention_backward_by_document(const Tensor& q, const Tensor& k, const Tens
                                     const AttentionParams& p) {
   const bool cut = attention_cut();
   const std::vector<DocumentSlice> slices = document_slices(q, k, p);
-  const std::vector<char> done = run_on_cudnn(q, k, p, slices, [&](const std::vector<cuda::DocumentSpan>& spans) {
-    return cuda::attention_backward_documents(q, k, v, out, lse, dout, dq, dk, dv, p, spans);
-  });
+  const std::vector<char> done =
+      run_on_cudnn(q, k, p, slices, [&](const AttentionParams& r, const auto& q_spans, const auto& k_spans) {
+        return cuda::attention_backward_documents(q, k, v, out, lse, dout, dq, dk, dv, r, q_spans, k_spans);
+      });
   for (size_t i = 0; i < slices.size(); ++i) {
     const DocumentSlice& s = slices[i];
     if (done[i]) continue;

@@ -634,33 +634,34 @@ const char* padded_refusal(DType t, int64_t d) {
 }
 
 // The padded batch's plan, or nullptr (the own kernels run its documents). Called under g_mu.
-Plan* padded_plan(bool backward, int64_t B, int64_t S, int64_t Hq, int64_t Hkv, int64_t d, DType t, bool causal) {
+Plan* padded_plan(bool backward, int64_t B, int64_t Sq, int64_t Sk, int64_t Hq, int64_t Hkv, int64_t d, DType t,
+                  bool causal) {
   if (choice() == AttentionKernel::own) return nullptr;
   if (const char* why = padded_refusal(t, d)) {
     if (choice() == AttentionKernel::cudnn) throw Error(str("LCX_ATTENTION=cudnn: ", why));
     return nullptr;
   }
-  return plan_for(backward, Shape4{B, S, S, Hq, Hkv, d, true}, t, causal);
+  return plan_for(backward, Shape4{B, Sq, Sk, Hq, Hkv, d, true}, t, causal);
 }
 
 }  // namespace
 
-bool cudnn_padded_attention_ready(bool backward, int64_t B, int64_t S, int64_t Hq, int64_t Hkv, int64_t d, DType t,
-                                  bool causal) {
+bool cudnn_padded_attention_ready(bool backward, int64_t B, int64_t Sq, int64_t Sk, int64_t Hq, int64_t Hkv, int64_t d,
+                                  DType t, bool causal) {
   std::lock_guard lock(g_mu);
-  return padded_plan(backward, B, S, Hq, Hkv, d, t, causal) != nullptr;
+  return padded_plan(backward, B, Sq, Sk, Hq, Hkv, d, t, causal) != nullptr;
 }
 
 void cudnn_padded_attention_forward(const Tensor& q, const Tensor& k, const Tensor& v, Tensor& out, Tensor& stats,
-                                    const int32_t* seq_lens, int64_t B, const ops::AttentionParams& p) {
+                                    const int32_t* seq_q, const int32_t* seq_kv, int64_t B,
+                                    const ops::AttentionParams& p) {
   std::lock_guard lock(g_mu);
-  const int64_t S = q.size(0) / B;
-  Plan* plan = padded_plan(false, B, S, q.size(1), k.size(1), q.size(2), q.dtype(), p.causal);
+  Plan* plan = padded_plan(false, B, q.size(0) / B, k.size(0) / B, q.size(1), k.size(1), q.size(2), q.dtype(), p.causal);
   LCX_CHECK(plan, "cudnn_padded_attention_forward without a plan: ask cudnn_padded_attention_ready first");
   float scale = p.scale, neg = -FLT_MAX;
-  void* lens = const_cast<int32_t*>(seq_lens);
+  void *lens_q = const_cast<int32_t*>(seq_q), *lens_kv = const_cast<int32_t*>(seq_kv);
   std::vector<int64_t> uids{kQ, kK, kV, kO, kStats, kScale, kPadNeg, kSeqQ, kSeqKV};
-  std::vector<void*> ptrs{q.data(), k.data(), v.data(), out.data(), stats.data(), &scale, &neg, lens, lens};
+  std::vector<void*> ptrs{q.data(), k.data(), v.data(), out.data(), stats.data(), &scale, &neg, lens_q, lens_kv};
   if (p.causal) {
     uids.push_back(kNeg);
     ptrs.push_back(&neg);
@@ -670,22 +671,23 @@ void cudnn_padded_attention_forward(const Tensor& q, const Tensor& k, const Tens
 
 void cudnn_padded_attention_backward(const Tensor& q, const Tensor& k, const Tensor& v, const Tensor& out,
                                      const Tensor& stats, const Tensor& dout, Tensor& dq, Tensor& dk, Tensor& dv,
-                                     const int32_t* seq_lens, int64_t B, const ops::AttentionParams& p) {
+                                     const int32_t* seq_q, const int32_t* seq_kv, int64_t B,
+                                     const ops::AttentionParams& p) {
   std::lock_guard lock(g_mu);
   const int64_t S = q.size(0) / B, Hq = q.size(1), d = q.size(2);
-  Plan* plan = padded_plan(true, B, S, Hq, k.size(1), d, q.dtype(), p.causal);
+  Plan* plan = padded_plan(true, B, S, k.size(0) / B, Hq, k.size(1), d, q.dtype(), p.causal);
   LCX_CHECK(plan, "cudnn_padded_attention_backward without a plan: ask cudnn_padded_attention_ready first");
   Tensor softmax_sum = Tensor::empty({B * Hq * S}, DType::f32, q.device());
   Tensor dq_accum = Tensor::empty({B * Hq * S * d}, DType::f32, q.device());
   if (!ops::attention_cut())
     LCX_CUDA_CHECK(cudaMemsetAsync(dq_accum.data(), 0, dq_accum.nbytes(), current_stream()));
   float scale = p.scale, neg = -FLT_MAX, one = 1.f;
-  void* lens = const_cast<int32_t*>(seq_lens);
+  void *lens_q = const_cast<int32_t*>(seq_q), *lens_kv = const_cast<int32_t*>(seq_kv);
   std::vector<int64_t> uids{kQ,  kK,          kV,       kO,   kStats,  kScale, kDO,    kDQ,
                             kDK, kDV, kSoftmaxSum, kDQAccum, kOne, kPadNeg, kSeqQ, kSeqKV};
   std::vector<void*> ptrs{q.data(),  k.data(),  v.data(),           out.data(),      stats.data(), &scale,
                           dout.data(), dq.data(), dk.data(),        dv.data(),       softmax_sum.data(),
-                          dq_accum.data(), &one, &neg, lens, lens};
+                          dq_accum.data(), &one, &neg, lens_q, lens_kv};
   if (p.causal) {
     uids.push_back(kNeg);
     ptrs.push_back(&neg);

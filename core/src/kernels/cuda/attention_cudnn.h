@@ -31,18 +31,21 @@ bool cudnn_attention_backward(const Tensor& q, const Tensor& k, const Tensor& v,
 int64_t cudnn_attention_workspace(bool backward, int64_t T, int64_t S, int64_t Hq, int64_t Hkv, int64_t d, DType t,
                                   bool causal);
 
-// Padded batches of documents (attention_documents.cpp): q, out, dout, dq [B*S, Hq, d] and k, v,
-// dk, dv [B*S, Hkv, d], batch element b's S rows one after another, its first seq_lens[b] real
-// (queries and keys alike; the rest zero); stats [B, Hq, S] fp32; seq_lens int32 [B] on the device,
-// 16-byte aligned. Causal (p.causal) within each element; the padded rows' outputs are
-// meaningless. ready() builds and caches the plan of (B, S) and says whether cuDNN takes it (false:
-// the own kernels run these documents); the calls need it to have said true.
-bool cudnn_padded_attention_ready(bool backward, int64_t B, int64_t S, int64_t Hq, int64_t Hkv, int64_t d, DType t,
-                                  bool causal);
+// Padded batches of documents (attention_documents.cpp): q, out, dout, dq [B*Sq, Hq, d] and k, v,
+// dk, dv [B*Sk, Hkv, d], batch element b's rows one after another, its first seq_q[b] queries and
+// seq_kv[b] keys real (the rest zero); stats [B, Hq, Sq] fp32; seq_q, seq_kv int32 [B] on the
+// device, 16-byte aligned (the same table when queries and keys are the same rows). Causal
+// (p.causal, which needs Sq = Sk and equal lengths) within each element; the padded rows' outputs
+// are meaningless. ready() builds and caches the plan of (B, Sq, Sk) and says whether cuDNN takes
+// it (false: the own kernels run these documents); the calls need it to have said true.
+bool cudnn_padded_attention_ready(bool backward, int64_t B, int64_t Sq, int64_t Sk, int64_t Hq, int64_t Hkv, int64_t d,
+                                  DType t, bool causal);
 void cudnn_padded_attention_forward(const Tensor& q, const Tensor& k, const Tensor& v, Tensor& out, Tensor& stats,
-                                    const int32_t* seq_lens, int64_t B, const ops::AttentionParams& p);
+                                    const int32_t* seq_q, const int32_t* seq_kv, int64_t B,
+                                    const ops::AttentionParams& p);
 void cudnn_padded_attention_backward(const Tensor& q, const Tensor& k, const Tensor& v, const Tensor& out,
                                      const Tensor& stats, const Tensor& dout, Tensor& dq, Tensor& dk, Tensor& dv,
-                                     const int32_t* seq_lens, int64_t B, const ops::AttentionParams& p);
+                                     const int32_t* seq_q, const int32_t* seq_kv, int64_t B,
+                                     const ops::AttentionParams& p);
 
 }  // namespace lcx::cuda

@@ -5,10 +5,14 @@
 // and a new mix of lengths each step reuses them. Each batch is one cuDNN call over [B, S] padded rows: the documents' q, k, v (and
 // out, dout, the LSE for the backward) are gathered into zero-padded buffers, cuDNN runs causal
 // attention with a padding mask of each element's real rows (seq_len, which lets its flash engines
-// skip the padded tiles; on the H200 the backward did, the forward paid for the padded query rows), and the real rows are scattered
-// back. The per-document start/length tables of all of a call's batches are uploaded once. A
-// padded row never changes a real one: its keys are masked, and its queries' rows are dropped
-// (in the backward its dout is zero and its scores masked, so it adds nothing to dK, dV).
+// skip the padded tiles; on the H200 the backward did, the forward paid for the padded query
+// rows), and the real rows are scattered back. A ring's piece of a query chunk against an earlier
+// key chunk (queries and keys at other rows, every key of a document before its queries) runs the
+// same way with full attention: its documents grouped by their (query, key) pair of padded lengths
+// (document_pair_batches), each side gathered with its own tables and cuDNN told each element's
+// seq_q and seq_kv. The per-document start/length tables of all of a call's batches are uploaded
+// once. A padded row never changes a real one: its keys are masked, and its queries' rows are
+// dropped (in the backward its dout is zero and its scores masked, so it adds nothing to dK, dV).
 // A batch cuDNN refuses (or every batch, under LCX_ATTENTION=own, without libcudnn, for dtypes or
 // head sizes it does not take) is reported back unhandled: ops.cpp runs its documents on the own
 // kernels. Under a rehearsal's cut (kernels/attention_cut.h) the batches allocate their buffers,
@@ -39,34 +43,51 @@ bool packable(std::initializer_list<const Tensor*> ts) {
   return true;
 }
 
-// The batches of one call that cuDNN takes, with their tables on the device: batch i's lengths at
-// lens(i) and its first rows at starts(i), each 16-byte aligned (cuDNN reads the lengths).
+// The batches of one call that cuDNN takes, with their tables on the device: batch i's query
+// lengths at q_lens(i), first query rows at q_starts(i), and the same of its keys, each 16-byte
+// aligned (cuDNN reads the lengths).
 struct Batches {
-  std::vector<DocumentBatch> list;
+  std::vector<DocumentPairBatch> list;
   std::vector<int64_t> offsets;
   Tensor tables;
   std::vector<char> handled;
 
-  const int32_t* lens(size_t i) const { return tables.data_as<const int32_t>() + offsets[i]; }
-  const int32_t* starts(size_t i) const { return lens(i) + round4(static_cast<int64_t>(list[i].docs.size())); }
+  const int32_t* table(size_t i, int which) const {
+    return tables.data_as<const int32_t>() + offsets[i] + which * round4(static_cast<int64_t>(list[i].docs.size()));
+  }
+  const int32_t* q_lens(size_t i) const { return table(i, 0); }
+  const int32_t* q_starts(size_t i) const { return table(i, 1); }
+  const int32_t* k_lens(size_t i) const { return table(i, 2); }
+  const int32_t* k_starts(size_t i) const { return table(i, 3); }
   static int64_t round4(int64_t n) { return (n + 3) / 4 * 4; }
 };
 
+// Documents whose queries and keys are the same rows group by one length (document_batches);
+// the others by their pair of lengths.
+std::vector<DocumentPairBatch> grouped(const std::vector<DocumentSpan>& q_spans,
+                                       const std::vector<DocumentSpan>& k_spans) {
+  std::vector<int64_t> q_lengths, k_lengths;
+  for (const DocumentSpan& s : q_spans) q_lengths.push_back(s.length);
+  for (const DocumentSpan& s : k_spans) k_lengths.push_back(s.length);
+  if (q_spans != k_spans) return document_pair_batches(q_lengths, k_lengths);
+  std::vector<DocumentPairBatch> out;
+  for (DocumentBatch& b : document_batches(q_lengths)) out.push_back({b.rows, b.rows, std::move(b.docs)});
+  return out;
+}
+
 Batches batches_for(bool backward, const Tensor& q, const Tensor& k, const AttentionParams& p,
-                    const std::vector<DocumentSpan>& spans) {
+                    const std::vector<DocumentSpan>& q_spans, const std::vector<DocumentSpan>& k_spans) {
   Batches out;
-  out.handled.assign(spans.size(), 0);
-  std::vector<int64_t> lengths;
-  for (const DocumentSpan& s : spans) lengths.push_back(s.length);
+  out.handled.assign(q_spans.size(), 0);
   int64_t words = 0;
-  for (DocumentBatch& b : document_batches(lengths)) {
+  for (DocumentPairBatch& b : grouped(q_spans, k_spans)) {
     const int64_t B = static_cast<int64_t>(b.docs.size());
-    if (!lcx::cuda::cudnn_padded_attention_ready(backward, B, b.rows, q.size(1), k.size(1), q.size(2), q.dtype(),
-                                                 p.causal))
+    if (!lcx::cuda::cudnn_padded_attention_ready(backward, B, b.q_rows, b.k_rows, q.size(1), k.size(1), q.size(2),
+                                                 q.dtype(), p.causal))
       continue;
     for (size_t i : b.docs) out.handled[i] = 1;
     out.offsets.push_back(words);
-    words += 2 * Batches::round4(B);
+    words += 4 * Batches::round4(B);
     out.list.push_back(std::move(b));
   }
   if (out.list.empty()) return out;
@@ -74,11 +95,14 @@ Batches batches_for(bool backward, const Tensor& q, const Tensor& k, const Atten
   int32_t* t = host.data_as<int32_t>();
   for (size_t i = 0; i < out.list.size(); ++i) {
     const auto& docs = out.list[i].docs;
-    const int64_t B = static_cast<int64_t>(docs.size());
+    const int64_t B = static_cast<int64_t>(docs.size()), R = Batches::round4(B);
     for (int64_t j = 0; j < B; ++j) {
-      const DocumentSpan& s = spans[docs[static_cast<size_t>(j)]];
-      t[out.offsets[i] + j] = static_cast<int32_t>(s.length);
-      t[out.offsets[i] + Batches::round4(B) + j] = static_cast<int32_t>(s.begin);
+      const DocumentSpan &qs = q_spans[docs[static_cast<size_t>(j)]], &ks = k_spans[docs[static_cast<size_t>(j)]];
+      int32_t* row = t + out.offsets[i] + j;
+      row[0] = static_cast<int32_t>(qs.length);
+      row[R] = static_cast<int32_t>(qs.begin);
+      row[2 * R] = static_cast<int32_t>(ks.length);
+      row[3 * R] = static_cast<int32_t>(ks.begin);
     }
   }
   out.tables = host.to(q.device());
@@ -89,28 +113,31 @@ Batches batches_for(bool backward, const Tensor& q, const Tensor& k, const Atten
 
 std::vector<char> attention_forward_documents(const Tensor& q, const Tensor& k, const Tensor& v, Tensor& out,
                                               Tensor& lse, const AttentionParams& p,
-                                              const std::vector<DocumentSpan>& spans) {
-  if (!packable({&q, &k, &v, &out})) return std::vector<char>(spans.size(), 0);
-  const Batches batches = batches_for(false, q, k, p, spans);
+                                              const std::vector<DocumentSpan>& q_spans,
+                                              const std::vector<DocumentSpan>& k_spans) {
+  if (!packable({&q, &k, &v, &out})) return std::vector<char>(q_spans.size(), 0);
+  const Batches batches = batches_for(false, q, k, p, q_spans, k_spans);
   const bool cut = attention_cut();
   const int64_t Hq = q.size(1), Hkv = k.size(1), d = q.size(2);
   for (size_t i = 0; i < batches.list.size(); ++i) {
-    const int64_t B = static_cast<int64_t>(batches.list[i].docs.size()), S = batches.list[i].rows;
-    const int32_t *lens = batches.lens(i), *starts = batches.starts(i);
-    Tensor qp = Tensor::empty({B * S, Hq, d}, q.dtype(), q.device());
-    Tensor kp = Tensor::empty({B * S, Hkv, d}, q.dtype(), q.device());
-    Tensor vp = Tensor::empty({B * S, Hkv, d}, q.dtype(), q.device());
-    Tensor op = Tensor::empty({B * S, Hq, d}, q.dtype(), q.device());
-    Tensor stats = Tensor::empty({B, Hq, S}, DType::f32, q.device());
+    const int64_t B = static_cast<int64_t>(batches.list[i].docs.size());
+    const int64_t Sq = batches.list[i].q_rows, Sk = batches.list[i].k_rows;
+    const int32_t *q_lens = batches.q_lens(i), *q_starts = batches.q_starts(i);
+    const int32_t *k_lens = batches.k_lens(i), *k_starts = batches.k_starts(i);
+    Tensor qp = Tensor::empty({B * Sq, Hq, d}, q.dtype(), q.device());
+    Tensor kp = Tensor::empty({B * Sk, Hkv, d}, q.dtype(), q.device());
+    Tensor vp = Tensor::empty({B * Sk, Hkv, d}, q.dtype(), q.device());
+    Tensor op = Tensor::empty({B * Sq, Hq, d}, q.dtype(), q.device());
+    Tensor stats = Tensor::empty({B, Hq, Sq}, DType::f32, q.device());
     if (!cut) {
-      pack_documents(q, qp, starts, lens, B, S);
-      pack_documents(k, kp, starts, lens, B, S);
-      pack_documents(v, vp, starts, lens, B, S);
+      pack_documents(q, qp, q_starts, q_lens, B, Sq);
+      pack_documents(k, kp, k_starts, k_lens, B, Sk);
+      pack_documents(v, vp, k_starts, k_lens, B, Sk);
     }
-    lcx::cuda::cudnn_padded_attention_forward(qp, kp, vp, op, stats, lens, B, p);
+    lcx::cuda::cudnn_padded_attention_forward(qp, kp, vp, op, stats, q_lens, k_lens, B, p);
     if (cut) continue;
-    unpack_documents(op, out, starts, lens, B, S);
-    unpack_lse(stats, lse, starts, lens, B, S);
+    unpack_documents(op, out, q_starts, q_lens, B, Sq);
+    unpack_lse(stats, lse, q_starts, q_lens, B, Sq);
   }
   return batches.handled;
 }
@@ -118,31 +145,34 @@ std::vector<char> attention_forward_documents(const Tensor& q, const Tensor& k, 
 std::vector<char> attention_backward_documents(const Tensor& q, const Tensor& k, const Tensor& v, const Tensor& out,
                                                const Tensor& lse, const Tensor& dout, Tensor& dq, Tensor& dk,
                                                Tensor& dv, const AttentionParams& p,
-                                               const std::vector<DocumentSpan>& spans) {
-  if (!packable({&q, &k, &v, &out, &dout, &dq, &dk, &dv})) return std::vector<char>(spans.size(), 0);
-  const Batches batches = batches_for(true, q, k, p, spans);
+                                               const std::vector<DocumentSpan>& q_spans,
+                                               const std::vector<DocumentSpan>& k_spans) {
+  if (!packable({&q, &k, &v, &out, &dout, &dq, &dk, &dv})) return std::vector<char>(q_spans.size(), 0);
+  const Batches batches = batches_for(true, q, k, p, q_spans, k_spans);
   const bool cut = attention_cut();
   const int64_t Hq = q.size(1), Hkv = k.size(1), d = q.size(2);
   for (size_t i = 0; i < batches.list.size(); ++i) {
-    const int64_t B = static_cast<int64_t>(batches.list[i].docs.size()), S = batches.list[i].rows;
-    const int32_t *lens = batches.lens(i), *starts = batches.starts(i);
-    auto rows = [&](int64_t heads) { return Tensor::empty({B * S, heads, d}, q.dtype(), q.device()); };
-    Tensor qp = rows(Hq), kp = rows(Hkv), vp = rows(Hkv), op = rows(Hq), dop = rows(Hq);
-    Tensor dqp = rows(Hq), dkp = rows(Hkv), dvp = rows(Hkv);
-    Tensor stats = Tensor::empty({B, Hq, S}, DType::f32, q.device());
+    const int64_t B = static_cast<int64_t>(batches.list[i].docs.size());
+    const int64_t Sq = batches.list[i].q_rows, Sk = batches.list[i].k_rows;
+    const int32_t *q_lens = batches.q_lens(i), *q_starts = batches.q_starts(i);
+    const int32_t *k_lens = batches.k_lens(i), *k_starts = batches.k_starts(i);
+    auto rows = [&](int64_t S, int64_t heads) { return Tensor::empty({B * S, heads, d}, q.dtype(), q.device()); };
+    Tensor qp = rows(Sq, Hq), kp = rows(Sk, Hkv), vp = rows(Sk, Hkv), op = rows(Sq, Hq), dop = rows(Sq, Hq);
+    Tensor dqp = rows(Sq, Hq), dkp = rows(Sk, Hkv), dvp = rows(Sk, Hkv);
+    Tensor stats = Tensor::empty({B, Hq, Sq}, DType::f32, q.device());
     if (!cut) {
-      pack_documents(q, qp, starts, lens, B, S);
-      pack_documents(k, kp, starts, lens, B, S);
-      pack_documents(v, vp, starts, lens, B, S);
-      pack_documents(out, op, starts, lens, B, S);
-      pack_documents(dout, dop, starts, lens, B, S);
-      pack_lse(lse, stats, starts, lens, B, S);
+      pack_documents(q, qp, q_starts, q_lens, B, Sq);
+      pack_documents(k, kp, k_starts, k_lens, B, Sk);
+      pack_documents(v, vp, k_starts, k_lens, B, Sk);
+      pack_documents(out, op, q_starts, q_lens, B, Sq);
+      pack_documents(dout, dop, q_starts, q_lens, B, Sq);
+      pack_lse(lse, stats, q_starts, q_lens, B, Sq);
     }
-    lcx::cuda::cudnn_padded_attention_backward(qp, kp, vp, op, stats, dop, dqp, dkp, dvp, lens, B, p);
+    lcx::cuda::cudnn_padded_attention_backward(qp, kp, vp, op, stats, dop, dqp, dkp, dvp, q_lens, k_lens, B, p);
     if (cut) continue;
-    unpack_documents(dqp, dq, starts, lens, B, S);
-    unpack_documents(dkp, dk, starts, lens, B, S);
-    unpack_documents(dvp, dv, starts, lens, B, S);
+    unpack_documents(dqp, dq, q_starts, q_lens, B, Sq);
+    unpack_documents(dkp, dk, k_starts, k_lens, B, Sk);
+    unpack_documents(dvp, dv, k_starts, k_lens, B, Sk);
   }
   return batches.handled;
 }

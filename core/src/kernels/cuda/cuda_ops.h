@@ -35,20 +35,25 @@ void attention_forward_own(const Tensor& q, const Tensor& k, const Tensor& v, Te
                            const AttentionParams& p);
 void attention_backward_own(const Tensor& q, const Tensor& k, const Tensor& v, const Tensor& out, const Tensor& lse,
                             const Tensor& dout, Tensor& dq, Tensor& dk, Tensor& dv, const AttentionParams& p);
-// Document-masked attention on cuDNN (attention_documents.cpp): each span is a document whose
-// query rows and key rows are the same rows [begin, begin + length) of q and k, at equal
-// positions. The spans run as padded batches; returns per span whether it ran (false where cuDNN
-// is off, absent or refuses the shape: the caller runs that span on the own kernels).
+// Document-masked attention on cuDNN (attention_documents.cpp): document i's query rows
+// q_spans[i] of q meet its key rows k_spans[i] of k. Either the spans are the same rows at equal
+// positions (causal as p says), or p is not causal and each document's attention is full (a ring's
+// query chunk against an earlier key chunk, every key before every query). The documents run as
+// padded batches; returns per document whether it ran (false where cuDNN is off, absent or refuses
+// the shape: the caller runs that document on the own kernels). Lengths are positive.
 struct DocumentSpan {
   int64_t begin, length;
+  bool operator==(const DocumentSpan&) const = default;
 };
 std::vector<char> attention_forward_documents(const Tensor& q, const Tensor& k, const Tensor& v, Tensor& out,
                                               Tensor& lse, const AttentionParams& p,
-                                              const std::vector<DocumentSpan>& spans);
+                                              const std::vector<DocumentSpan>& q_spans,
+                                              const std::vector<DocumentSpan>& k_spans);
 std::vector<char> attention_backward_documents(const Tensor& q, const Tensor& k, const Tensor& v, const Tensor& out,
                                                const Tensor& lse, const Tensor& dout, Tensor& dq, Tensor& dk,
                                                Tensor& dv, const AttentionParams& p,
-                                               const std::vector<DocumentSpan>& spans);
+                                               const std::vector<DocumentSpan>& q_spans,
+                                               const std::vector<DocumentSpan>& k_spans);
 double cross_entropy_forward_backward(const Tensor& logits, const Tensor& targets, double grad_scale,
                                       Tensor* dlogits, int64_t* valid);
 void cross_entropy_chunk(const Tensor& logits, const Tensor& targets, float grad_scale, Tensor& row_loss,
