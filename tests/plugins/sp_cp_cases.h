@@ -64,31 +64,12 @@ inline void check_attention_2d(const Attention2dCase& c) {
   const int64_t L = c.L, Hq = c.Hq, Hkv = c.Hkv, d = c.d;
   const std::string what = str("cp ", c.cp, " x sp ", c.sp, ", Hq ", Hq, ", Hkv ", Hkv, ", d ", d, ", L ", L, ", ",
                                dtype_name(c.dtype), c.documents.empty() ? "" : str(", ", c.documents.size() - 1, " documents"));
-  std::mt19937 rng(static_cast<uint32_t>(100 * c.cp + 10 * c.sp + Hkv));
-  std::normal_distribution<float> dist(0.f, 1.f);
-  auto rnd = [&](Shape s) {
-    std::vector<float> v(static_cast<size_t>(shape_numel(s)));
-    for (auto& x : v) x = dist(rng);
-    return Tensor::from_floats(v, std::move(s), c.dtype, c.device);
-  };
-  const Tensor q = rnd({L, Hq, d}), k = rnd({L, Hkv, d}), v = rnd({L, Hkv, d}), dout = rnd({L, Hq, d});
-  AttentionArgs args;
-  args.scale = 1.f / std::sqrt(static_cast<float>(d));
-  args.documents = c.documents;
-  ops::AttentionParams p;
-  p.scale = args.scale;
-  p.documents = c.documents;
-  Tensor out = Tensor::empty({L, Hq, d}, c.dtype, c.device), lse = Tensor::empty({Hq, L}, DType::f32, c.device);
-  ops::attention_forward(q, k, v, out, lse, p);
-  Tensor dq = Tensor::empty(q.shape(), c.dtype, c.device), dk = Tensor::empty(k.shape(), c.dtype, c.device),
-         dv = Tensor::empty(v.shape(), c.dtype, c.device);
-  ops::attention_backward(q, k, v, out, lse, dout, dq, dk, dv, p);
-
-  ParallelModelInfo info;
-  info.num_heads = Hq;
-  info.num_kv_heads = Hkv;
-  info.head_dim = d;
-  info.layer_types = {"full_attention", "full_attention"};
+  const SingleRankAttention ref = single_rank_attention(L, Hq, Hkv, d, c.dtype, c.device, c.documents,
+                                                       static_cast<uint32_t>(100 * c.cp + 10 * c.sp + Hkv));
+  const Tensor &q = ref.q, &k = ref.k, &v = ref.v, &dout = ref.dout, &out = ref.out, &lse = ref.lse, &dq = ref.dq,
+               &dk = ref.dk, &dv = ref.dv;
+  const AttentionArgs& args = ref.args;
+  const ParallelModelInfo& info = ref.info;
   std::vector<std::shared_ptr<Parallelism>> plugins;
   for (int r = 0; r < n; ++r) plugins.push_back(load_stacked(c.cp, c.sp));
 

@@ -57,6 +57,48 @@ struct AttentionCase {
   std::vector<int64_t> documents;  // packed documents' bounds over the whole sequence; empty: one
 };
 
+// The single-rank attention a parity case holds the ranks to: q, k, v and dout of [L, H, d] drawn
+// from a normal generator seeded with `seed`, masked by `documents` when given, the forward and
+// backward over the whole sequence, and what the ranks are given (their arguments, the model info).
+struct SingleRankAttention {
+  Tensor q, k, v, dout, out, lse, dq, dk, dv;
+  AttentionArgs args;
+  ParallelModelInfo info;
+};
+inline SingleRankAttention single_rank_attention(int64_t L, int64_t Hq, int64_t Hkv, int64_t d, DType dtype,
+                                                 Device device, const std::vector<int64_t>& documents,
+                                                 uint32_t seed) {
+  std::mt19937 rng(seed);
+  std::normal_distribution<float> dist(0.f, 1.f);
+  auto rnd = [&](Shape s) {
+    std::vector<float> v(static_cast<size_t>(shape_numel(s)));
+    for (auto& x : v) x = dist(rng);
+    return Tensor::from_floats(v, std::move(s), dtype, device);
+  };
+  SingleRankAttention a;
+  a.q = rnd({L, Hq, d});
+  a.k = rnd({L, Hkv, d});
+  a.v = rnd({L, Hkv, d});
+  a.dout = rnd({L, Hq, d});
+  a.args.scale = 1.f / std::sqrt(static_cast<float>(d));
+  a.args.documents = documents;
+  ops::AttentionParams p;
+  p.scale = a.args.scale;
+  p.documents = documents;
+  a.out = Tensor::empty({L, Hq, d}, dtype, device);
+  a.lse = Tensor::empty({Hq, L}, DType::f32, device);
+  ops::attention_forward(a.q, a.k, a.v, a.out, a.lse, p);
+  a.dq = Tensor::empty(a.q.shape(), dtype, device);
+  a.dk = Tensor::empty(a.k.shape(), dtype, device);
+  a.dv = Tensor::empty(a.v.shape(), dtype, device);
+  ops::attention_backward(a.q, a.k, a.v, a.out, a.lse, a.dout, a.dq, a.dk, a.dv, p);
+  a.info.num_heads = Hq;
+  a.info.num_kv_heads = Hkv;
+  a.info.head_dim = d;
+  a.info.layer_types = {"full_attention", "full_attention"};
+  return a;
+}
+
 // Runs single-rank attention over [L,H,d] and sp_ulysses over sp thread-ranks; every rank's
 // rows must match. Returns nothing: failures are gtest expectations naming the case.
 inline void check_attention(const AttentionCase& c) {
@@ -65,32 +107,12 @@ inline void check_attention(const AttentionCase& c) {
   const std::string what = str("sp ", sp, ", Hq ", Hq, ", Hkv ", Hkv, ", d ", d, ", T/rank ", T, ", ",
                                dtype_name(c.dtype), c.reuse_forward ? "" : ", backward on copies",
                                c.documents.empty() ? "" : str(", ", c.documents.size() - 1, " documents"));
-  std::mt19937 rng(static_cast<uint32_t>(1000 * sp + 10 * Hkv + d));
-  std::normal_distribution<float> dist(0.f, 1.f);
-  auto rnd = [&](Shape s) {
-    std::vector<float> v(static_cast<size_t>(shape_numel(s)));
-    for (auto& x : v) x = dist(rng);
-    return Tensor::from_floats(v, std::move(s), c.dtype, c.device);
-  };
-  const Tensor q = rnd({L, Hq, d}), k = rnd({L, Hkv, d}), v = rnd({L, Hkv, d}), dout = rnd({L, Hq, d});
-  AttentionArgs args;
-  args.scale = 1.f / std::sqrt(static_cast<float>(d));
-  args.documents = c.documents;
-  ops::AttentionParams p;
-  p.scale = args.scale;
-  p.documents = c.documents;
-
-  Tensor out = Tensor::empty({L, Hq, d}, c.dtype, c.device), lse = Tensor::empty({Hq, L}, DType::f32, c.device);
-  ops::attention_forward(q, k, v, out, lse, p);
-  Tensor dq = Tensor::empty(q.shape(), c.dtype, c.device), dk = Tensor::empty(k.shape(), c.dtype, c.device),
-         dv = Tensor::empty(v.shape(), c.dtype, c.device);
-  ops::attention_backward(q, k, v, out, lse, dout, dq, dk, dv, p);
-
-  ParallelModelInfo info;
-  info.num_heads = Hq;
-  info.num_kv_heads = Hkv;
-  info.head_dim = d;
-  info.layer_types = {"full_attention", "full_attention"};
+  const SingleRankAttention ref =
+      single_rank_attention(L, Hq, Hkv, d, c.dtype, c.device, c.documents, static_cast<uint32_t>(1000 * sp + 10 * Hkv + d));
+  const Tensor &q = ref.q, &k = ref.k, &v = ref.v, &dout = ref.dout, &out = ref.out, &lse = ref.lse, &dq = ref.dq,
+               &dk = ref.dk, &dv = ref.dv;
+  const AttentionArgs& args = ref.args;
+  const ParallelModelInfo& info = ref.info;
   std::vector<std::shared_ptr<Parallelism>> plugins;
   for (int r = 0; r < sp; ++r) plugins.push_back(load_ulysses(sp));
 
