@@ -123,19 +123,9 @@ inline void check_step_2d(int cp, const StepCase& c) {
   const std::string what = str("cp ", cp, " x sp ", c.sp, ", Hq ", c.Hq, ", Hkv ", c.Hkv, ", L ", c.L,
                                c.documents.empty() ? "" : str(", ", c.documents.size() - 1, " documents"), ", ",
                                device_name(c.device), " ", dtype_name(c.weight_dtype));
-  std::mt19937 rng(7);
-  std::uniform_int_distribution<int32_t> tok(0, static_cast<int32_t>(c.vocab) - 1);
-  Sequence seq;
-  seq.tokens = Tensor::empty({c.L}, DType::i32);
-  seq.targets = Tensor::empty({c.L}, DType::i64);
-  seq.document_bounds = c.documents;
-  for (int64_t t = 0; t < c.L; ++t) seq.tokens.data_as<int32_t>()[t] = tok(rng);
-  int64_t valid = 0;
-  for (int64_t t = 0; t < c.L; ++t) {
-    const bool ignored = t + 1 == c.L || (t >= c.L / 2 - 3 && t < c.L / 2 + 2);
-    seq.targets.data_as<int64_t>()[t] = ignored ? -100 : seq.tokens.data_as<int32_t>()[(t + 1) % c.L];
-    valid += !ignored;
-  }
+  const StepSequence ss = step_sequence(c);
+  const Sequence& seq = ss.seq;
+  const int64_t valid = ss.valid;
   const double scale = 1.0 / static_cast<double>(valid);
 
   Slots one = make_slots(c, std::shared_ptr<Parallelism>(make_single_rank()));
@@ -166,19 +156,7 @@ inline void check_step_2d(int cp, const StepCase& c) {
 
   for (int r = 0; r < n; ++r)
     EXPECT_NEAR(loss_sum[static_cast<size_t>(r)], want.loss_sum, c.loss_rtol * std::fabs(want.loss_sum)) << what;
-  const std::vector<Parameter*> ps = one.model->parameters();
-  for (int r = 0; r < n; ++r) {
-    const std::vector<Parameter*> qs = ranks[static_cast<size_t>(r)].model->parameters();
-    ASSERT_EQ(ps.size(), qs.size());
-    for (size_t i = 0; i < ps.size(); ++i) {
-      const std::vector<float> w = ps[i]->grad.to_floats();
-      float norm = 0;
-      for (float x : w) norm = std::max(norm, std::fabs(x));
-      ASSERT_GT(norm, 0.f) << ps[i]->name << " has no gradient: " << what;
-      EXPECT_TRUE(c.tol.ok(qs[i]->grad.to_floats(), w, std::max(1.f, norm)))
-          << ps[i]->name << ", rank " << r << ": " << what;
-    }
-  }
+  expect_rank_grads(one, ranks, c.tol, what);
 }
 
 }  // namespace lcx::test

@@ -208,6 +208,48 @@ inline Slots make_slots(const StepCase& c, std::shared_ptr<Parallelism> parallel
   return s;
 }
 
+// The sequence a step case trains: random token ids, next-token targets with a run of ignored
+// targets across a shard boundary and the last one ignored (as the data gives), and the count of
+// valid targets.
+struct StepSequence {
+  Sequence seq;
+  int64_t valid = 0;
+};
+inline StepSequence step_sequence(const StepCase& c) {
+  std::mt19937 rng(7);
+  std::uniform_int_distribution<int32_t> tok(0, static_cast<int32_t>(c.vocab) - 1);
+  StepSequence s;
+  s.seq.tokens = Tensor::empty({c.L}, DType::i32);
+  s.seq.targets = Tensor::empty({c.L}, DType::i64);
+  s.seq.document_bounds = c.documents;
+  for (int64_t t = 0; t < c.L; ++t) s.seq.tokens.data_as<int32_t>()[t] = tok(rng);
+  for (int64_t t = 0; t < c.L; ++t) {
+    const bool ignored = t + 1 == c.L || (t >= c.L / 2 - 3 && t < c.L / 2 + 2);
+    s.seq.targets.data_as<int64_t>()[t] = ignored ? -100 : s.seq.tokens.data_as<int32_t>()[(t + 1) % c.L];
+    s.valid += !ignored;
+  }
+  return s;
+}
+
+// Every rank's summed gradients against the single rank's, tensor by tensor; each reference
+// gradient must be nonzero, and atol is relative to its largest entry (entries near zero carry
+// summation noise).
+inline void expect_rank_grads(const Slots& one, const std::vector<Slots>& ranks, const Tolerance& tol,
+                              const std::string& what) {
+  const std::vector<Parameter*> ps = one.model->parameters();
+  for (size_t r = 0; r < ranks.size(); ++r) {
+    const std::vector<Parameter*> qs = ranks[r].model->parameters();
+    ASSERT_EQ(ps.size(), qs.size());
+    for (size_t i = 0; i < ps.size(); ++i) {
+      const std::vector<float> w = ps[i]->grad.to_floats();
+      float norm = 0;
+      for (float x : w) norm = std::max(norm, std::fabs(x));
+      ASSERT_GT(norm, 0.f) << ps[i]->name << " has no gradient: " << what;
+      EXPECT_TRUE(tol.ok(qs[i]->grad.to_floats(), w, std::max(1.f, norm))) << ps[i]->name << ", rank " << r << ": " << what;
+    }
+  }
+}
+
 // One training step of the whole sequence on one rank, then the same sequence over sp ranks
 // (each: its shard, train_step with the whole sequence's mean, then the grads summed over the
 // ranks as the trainer's all-reduce does). Loss sums and every gradient must agree.
@@ -216,20 +258,9 @@ inline void check_step(const StepCase& c) {
                                c.documents.empty() ? "" : str(", ", c.documents.size() - 1, " documents"),
                                c.rope_yarn_table.empty() ? "" : ", rope_yarn", c.offload ? ", offload" : "", ", ", device_name(c.device), " ",
                                dtype_name(c.weight_dtype));
-  std::mt19937 rng(7);
-  std::uniform_int_distribution<int32_t> tok(0, static_cast<int32_t>(c.vocab) - 1);
-  Sequence seq;
-  seq.tokens = Tensor::empty({c.L}, DType::i32);
-  seq.targets = Tensor::empty({c.L}, DType::i64);
-  seq.document_bounds = c.documents;
-  for (int64_t t = 0; t < c.L; ++t) seq.tokens.data_as<int32_t>()[t] = tok(rng);
-  int64_t valid = 0;
-  for (int64_t t = 0; t < c.L; ++t) {
-    // A run of ignored targets across a shard boundary, and the last target, as the data gives.
-    const bool ignored = t + 1 == c.L || (t >= c.L / 2 - 3 && t < c.L / 2 + 2);
-    seq.targets.data_as<int64_t>()[t] = ignored ? -100 : seq.tokens.data_as<int32_t>()[(t + 1) % c.L];
-    valid += !ignored;
-  }
+  const StepSequence ss = step_sequence(c);
+  const Sequence& seq = ss.seq;
+  const int64_t valid = ss.valid;
   const double scale = 1.0 / static_cast<double>(valid);
 
   Slots one = make_slots(c, std::shared_ptr<Parallelism>(make_single_rank()));
@@ -264,20 +295,7 @@ inline void check_step(const StepCase& c) {
     EXPECT_NEAR(loss_sum[static_cast<size_t>(r)], want.loss_sum, c.loss_rtol * std::fabs(want.loss_sum)) << what;
     EXPECT_EQ(valid_sum[static_cast<size_t>(r)], valid) << what;
   }
-  const std::vector<Parameter*> ps = one.model->parameters();
-  for (int r = 0; r < c.sp; ++r) {
-    const std::vector<Parameter*> qs = ranks[static_cast<size_t>(r)].model->parameters();
-    ASSERT_EQ(ps.size(), qs.size());
-    for (size_t i = 0; i < ps.size(); ++i) {
-      const std::vector<float> w = ps[i]->grad.to_floats();
-      float norm = 0;
-      for (float x : w) norm = std::max(norm, std::fabs(x));
-      ASSERT_GT(norm, 0.f) << ps[i]->name << " has no gradient: " << what;
-      // atol relative to the tensor's largest gradient: entries near zero carry summation noise.
-      EXPECT_TRUE(c.tol.ok(qs[i]->grad.to_floats(), w, std::max(1.f, norm)))
-          << ps[i]->name << ", rank " << r << ": " << what;
-    }
-  }
+  expect_rank_grads(one, ranks, c.tol, what);
 }
 
 }  // namespace lcx::test
