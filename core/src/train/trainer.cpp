@@ -65,9 +65,9 @@ int64_t host_peak_bytes() {
 }
 
 // The plan's host figure holds the pinned pool and an optimizer's state kept in ordinary host
-// memory (an Optimizer provider's host-side master and moments); on a GPU run, host tensors of those categories are
-// exactly that state (core's own optimizer keeps its state on the device). On the CPU every tensor
-// is a host tensor and the plan is the GPU's, so nothing is added there.
+// memory (an Optimizer provider's host-side master and moments); on a GPU run, host tensors of
+// those categories are exactly that state (core's own optimizer keeps its state on the device).
+// On the CPU every tensor is a host tensor and the plan is the GPU's, so nothing is added there.
 int64_t host_optimizer_bytes(Device device) {
   if (!device.is_cuda()) return 0;
   const AllocatorStats s = allocator_for(Device::cpu()).stats();
