@@ -194,8 +194,9 @@ TEST_F(GpuOps, AttentionDocumentsOnCudnnAgreeWithOwnKernels) {
 // batches of (query, key) pairs against the own kernels per document. A zigzag piece: a query chunk
 // against an earlier key chunk, one document spanning both (its keys all before its queries: full
 // attention on cuDNN), documents with keys only or queries only beside it (LSE -inf, no gradient).
-// A non-causal piece with chunks overlapping: several documents per padded pair (batches of 2 and
-// 1), query and key lengths differing. A causal piece with the chunks overlapping: a document whose
+// The same piece inside one document (the cp_ring case of a long book). A non-causal piece with
+// chunks overlapping: several documents per padded pair (batches of 2 and 1), query and key lengths
+// differing. A causal piece with the chunks overlapping: a document whose
 // keys reach its queries' positions is causal within, which the own kernels keep; cuDNN's full
 // attention there would differ. LCX_ATTENTION=cudnn makes a refused batch an error.
 TEST_F(GpuOps, AttentionDocumentPiecesApartOnCudnnAgreeWithOwnKernels) {
@@ -211,6 +212,9 @@ TEST_F(GpuOps, AttentionDocumentPiecesApartOnCudnnAgreeWithOwnKernels) {
   const Piece pieces[] = {
       {"zigzag: queries 8192.. against keys 0..4096", true, 4096, 8192, 4096, 0,
        {0, 700, 2500, 9500, 9501, 11000, 12288}},
+      // One document over both chunks: no mask is left, and a causal block whose keys all precede its
+      // queries is full attention (ops.cpp), which cuDNN takes.
+      {"zigzag, one document: queries 8192.. against keys 0..4096", true, 4096, 8192, 4096, 0, {0, 12288}},
       {"not causal, overlapping", false, 3000, 500, 4000, 0, {0, 300, 1200, 1201, 2000, 2600, 3900, 4000}},
       {"causal, overlapping", true, 3000, 500, 4000, 0, {0, 300, 1200, 1201, 2000, 2600, 3900, 4000}},
   };

@@ -337,6 +337,10 @@ AttentionParams check_attention(const char* op, const Tensor& q, const Tensor& k
     const auto last = std::upper_bound(d.begin(), d.end(), std::min(p.q_offset, p.k_offset));
     if (last != d.end() && *last >= std::max(p.q_offset + q.size(0), p.k_offset + k.size(0))) r.documents = {};
   }
+  // Every key at or before the first query: the causal mask hides nothing, and as a full block it
+  // runs on cuDNN, which takes causal blocks only at equal positions (a ring's piece of one
+  // document against its earlier chunk would otherwise fall to the own kernels).
+  if (r.causal && r.documents.empty() && p.k_offset + k.size(0) <= p.q_offset + 1) r.causal = false;
   return r;
 }
 
