@@ -156,7 +156,7 @@ TEST_F(GpuOps, AttentionCudnnAgreesWithOwnKernels) {
 
 // Document-masked attention on cuDNN's padded batches (kernels/cuda/attention_documents.cpp)
 // against the own kernels run once per document, on a Qwen3-8B-shaped mix too large for the CPU:
-// a document of 5,000 rows (padded to 8,192), one of a single row, several per padded size (the
+// a document of 5,000 rows (padded to 5,120), one of a single row, several per padded size (the
 // batches of 2 and 4), lengths that are no multiple of 8. LCX_ATTENTION=cudnn makes a refused
 // batch an error, so passing means cuDNN ran every document.
 TEST_F(GpuOps, AttentionDocumentsOnCudnnAgreeWithOwnKernels) {

@@ -1,6 +1,7 @@
 // The grouping of document-masked attention on cuDNN (kernels/document_batches.h): every document
-// in exactly one batch, batch sizes powers of two, padded sizes quarter steps of an octave that
-// hold their documents, and padded rows within the real rows rounded up to a power of two.
+// in exactly one batch, batch sizes powers of two, padded sizes steps of an octave (quarter
+// steps, 32nd steps for long documents) that hold their documents, and padded rows within the real
+// rows rounded up to a power of two.
 #include "kernels/document_batches.h"
 
 #include <gtest/gtest.h>
@@ -37,20 +38,22 @@ std::vector<DocumentBatch> checked(const std::vector<int64_t>& lengths) {
   return batches;
 }
 
-TEST(DocumentBatches, PaddedRowsAreQuarterStepsOfTheOctave) {
+TEST(DocumentBatches, PaddedRowsAreQuarterStepsOfTheOctaveThenFiner) {
   EXPECT_EQ(padded_rows(1), kMinPaddedRows);
   EXPECT_EQ(padded_rows(kMinPaddedRows), kMinPaddedRows);
   EXPECT_EQ(padded_rows(kMinPaddedRows + 1), 2 * kMinPaddedRows);  // below 1,024 rows: steps of 128
   EXPECT_EQ(padded_rows(300), 384);
   EXPECT_EQ(padded_rows(4096), 4096);
-  EXPECT_EQ(padded_rows(4097), 5120);
-  EXPECT_EQ(padded_rows(90001), 98304);  // 1.5 x 65,536
-  EXPECT_EQ(padded_rows(70000), 81920);  // 1.25 x 65,536
-  // Less than one step (a quarter of the octave's lower half, at least kMinPaddedRows) above the
-  // document, and never below it.
+  EXPECT_EQ(padded_rows(3500), 3584);    // 1.75 x 2,048
+  EXPECT_EQ(padded_rows(4097), 4224);    // past kFineFromRows: steps of 8,192 / 64
+  EXPECT_EQ(padded_rows(90001), 90112);  // 44 x 2,048
+  EXPECT_EQ(padded_rows(66045), 67584);  // a book of the pg19 mix: 2.3% padded, not 24% (81,920)
+  // Less than one step (a quarter of the octave's lower half, a 32nd past kFineFromRows, at least
+  // kMinPaddedRows) above the document, and never below it.
   for (int64_t n = 1; n < 300000; n = n * 5 / 4 + 1) {
     const int64_t S = padded_rows(n);
-    const int64_t step = std::max(kMinPaddedRows, static_cast<int64_t>(std::bit_ceil(static_cast<uint64_t>(n))) / 8);
+    const int64_t p = static_cast<int64_t>(std::bit_ceil(static_cast<uint64_t>(n)));
+    const int64_t step = std::max(kMinPaddedRows, n > kFineFromRows ? p / 64 : p / 8);
     EXPECT_GE(S, n);
     EXPECT_LT(S - std::max(n, kMinPaddedRows), step) << n;
     EXPECT_EQ(S % step, 0) << n;

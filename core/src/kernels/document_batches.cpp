@@ -9,8 +9,8 @@ namespace lcx::ops {
 
 int64_t padded_rows(int64_t n) {
   const int64_t p = static_cast<int64_t>(std::bit_ceil(static_cast<uint64_t>(std::max(n, kMinPaddedRows))));
-  // Quarter steps of the octave where they stay multiples of kMinPaddedRows.
-  const int64_t step = std::max(kMinPaddedRows, p / 8);
+  // Quarter steps of the octave (32nd steps past kFineFromRows), multiples of kMinPaddedRows.
+  const int64_t step = std::max(kMinPaddedRows, n > kFineFromRows ? p / 64 : p / 8);
   return (std::max(n, kMinPaddedRows) + step - 1) / step * step;
 }
 

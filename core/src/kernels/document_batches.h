@@ -8,10 +8,14 @@
 // plan keys are then (2^i, S) pairs, four sizes S per octave: a new mix of lengths reuses the plans
 // of earlier steps. Quarter steps, not powers of two: the H200 measured cuDNN's forward paying for
 // the padded query rows (a 70k-row book padded to 131,072 ran at 0.56 of the unpadded rate, its
-// backward at 0.94), so the padding is held under a quarter of the octave. A batch's padded rows B * S are capped at the call's
-// real rows rounded up to a power of two (or one kMinPaddedRows document), which bounds the memory
-// plan's term (lcx/plan.h cudnn_document_padding_bytes): calls run one after another, so their
-// buffers never pass the rows of one unmasked call by more than that rounding.
+// backward at 0.94). Past kFineFromRows the steps are a 32nd of the octave (padding under 3.2%):
+// such a document fills the GPU alone, so batching gains nothing there, while a quarter step still
+// cost its forward 18% (a 66k-row book padded to 81,920 rows ran at 0.82 of the causal rate); a
+// plan per size costs little beside calls that long, and at most 32 sizes an octave are cached.
+// A batch's padded rows B * S are capped at the call's real rows rounded up to a power of two (or
+// one kMinPaddedRows document), which bounds the memory plan's term (lcx/plan.h
+// cudnn_document_padding_bytes): calls run one after another, so their buffers never pass the rows
+// of one unmasked call by more than that rounding.
 #pragma once
 #include <cstddef>
 #include <cstdint>
@@ -20,8 +24,9 @@
 namespace lcx::ops {
 
 inline constexpr int64_t kMinPaddedRows = 128;
+inline constexpr int64_t kFineFromRows = 4096;
 
-// A document of n > 0 rows padded: the least quarter step >= max(n, kMinPaddedRows) (above).
+// A document of n > 0 rows padded: the least step (above) >= max(n, kMinPaddedRows).
 int64_t padded_rows(int64_t n);
 
 struct DocumentBatch {

@@ -1,8 +1,8 @@
 // Document-masked attention on cuDNN as padded batches. The documents of one call whose query rows
 // and key rows are the same rows (one GPU, or whole sequences after an all-to-all) are grouped by
-// kernels/document_batches.h: lengths rounded up to a quarter step of their octave S, batches of
-// a power-of-two B documents, so the cached plans are keyed by (2^i, S) pairs, four S per octave,
-// and a new mix of lengths each step reuses them. Each batch is one cuDNN call over [B, S] padded rows: the documents' q, k, v (and
+// kernels/document_batches.h: lengths rounded up to a quarter step of their octave S (a 32nd for
+// long documents), batches of a power-of-two B documents, so the cached plans are keyed by (2^i, S)
+// pairs, few per octave, and a new mix of lengths each step reuses them. Each batch is one cuDNN call over [B, S] padded rows: the documents' q, k, v (and
 // out, dout, the LSE for the backward) are gathered into zero-padded buffers, cuDNN runs causal
 // attention with a padding mask of each element's real rows (seq_len, which lets its flash engines
 // skip the padded tiles; on the H200 the backward did, the forward paid for the padded query
