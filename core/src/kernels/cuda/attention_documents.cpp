@@ -44,8 +44,8 @@ bool packable(std::initializer_list<const Tensor*> ts) {
 }
 
 // The batches of one call that cuDNN takes, with their tables on the device: batch i's query
-// lengths at q_lens(i), first query rows at q_starts(i), and the same of its keys, each 16-byte
-// aligned (cuDNN reads the lengths).
+// lengths at table(i, 0), first query rows at table(i, 1), and the same of its keys at 2 and 3,
+// each 16-byte aligned (cuDNN reads the lengths).
 struct Batches {
   std::vector<DocumentPairBatch> list;
   std::vector<int64_t> offsets;
@@ -55,11 +55,26 @@ struct Batches {
   const int32_t* table(size_t i, int which) const {
     return tables.data_as<const int32_t>() + offsets[i] + which * round4(static_cast<int64_t>(list[i].docs.size()));
   }
-  const int32_t* q_lens(size_t i) const { return table(i, 0); }
-  const int32_t* q_starts(size_t i) const { return table(i, 1); }
-  const int32_t* k_lens(size_t i) const { return table(i, 2); }
-  const int32_t* k_starts(size_t i) const { return table(i, 3); }
   static int64_t round4(int64_t n) { return (n + 3) / 4 * 4; }
+};
+
+// Batch i of a call: B documents padded to Sq query and Sk key rows, its tables on the device.
+struct Batch {
+  int64_t B, Sq, Sk;
+  const int32_t *q_lens, *q_starts, *k_lens, *k_starts;
+
+  Batch(const Batches& all, size_t i)
+      : B(static_cast<int64_t>(all.list[i].docs.size())), Sq(all.list[i].q_rows), Sk(all.list[i].k_rows),
+        q_lens(all.table(i, 0)), q_starts(all.table(i, 1)), k_lens(all.table(i, 2)), k_starts(all.table(i, 3)) {}
+  // Padded rows of a query-side (Sq) or key-side (Sk) tensor like t with `heads` heads, unfilled.
+  Tensor rows(bool queries, int64_t heads, const Tensor& t) const {
+    return Tensor::empty({B * (queries ? Sq : Sk), heads, t.size(2)}, t.dtype(), t.device());
+  }
+  void pack_inputs(const Tensor& q, const Tensor& k, const Tensor& v, Tensor& qp, Tensor& kp, Tensor& vp) const {
+    pack_documents(q, qp, q_starts, q_lens, B, Sq);
+    pack_documents(k, kp, k_starts, k_lens, B, Sk);
+    pack_documents(v, vp, k_starts, k_lens, B, Sk);
+  }
 };
 
 // Documents whose queries and keys are the same rows group by one length (document_batches);
@@ -118,26 +133,16 @@ std::vector<char> attention_forward_documents(const Tensor& q, const Tensor& k, 
   if (!packable({&q, &k, &v, &out})) return std::vector<char>(q_spans.size(), 0);
   const Batches batches = batches_for(false, q, k, p, q_spans, k_spans);
   const bool cut = attention_cut();
-  const int64_t Hq = q.size(1), Hkv = k.size(1), d = q.size(2);
+  const int64_t Hq = q.size(1), Hkv = k.size(1);
   for (size_t i = 0; i < batches.list.size(); ++i) {
-    const int64_t B = static_cast<int64_t>(batches.list[i].docs.size());
-    const int64_t Sq = batches.list[i].q_rows, Sk = batches.list[i].k_rows;
-    const int32_t *q_lens = batches.q_lens(i), *q_starts = batches.q_starts(i);
-    const int32_t *k_lens = batches.k_lens(i), *k_starts = batches.k_starts(i);
-    Tensor qp = Tensor::empty({B * Sq, Hq, d}, q.dtype(), q.device());
-    Tensor kp = Tensor::empty({B * Sk, Hkv, d}, q.dtype(), q.device());
-    Tensor vp = Tensor::empty({B * Sk, Hkv, d}, q.dtype(), q.device());
-    Tensor op = Tensor::empty({B * Sq, Hq, d}, q.dtype(), q.device());
-    Tensor stats = Tensor::empty({B, Hq, Sq}, DType::f32, q.device());
-    if (!cut) {
-      pack_documents(q, qp, q_starts, q_lens, B, Sq);
-      pack_documents(k, kp, k_starts, k_lens, B, Sk);
-      pack_documents(v, vp, k_starts, k_lens, B, Sk);
-    }
-    lcx::cuda::cudnn_padded_attention_forward(qp, kp, vp, op, stats, q_lens, k_lens, B, p);
+    const Batch b(batches, i);
+    Tensor qp = b.rows(true, Hq, q), kp = b.rows(false, Hkv, q), vp = b.rows(false, Hkv, q), op = b.rows(true, Hq, q);
+    Tensor stats = Tensor::empty({b.B, Hq, b.Sq}, DType::f32, q.device());
+    if (!cut) b.pack_inputs(q, k, v, qp, kp, vp);
+    lcx::cuda::cudnn_padded_attention_forward(qp, kp, vp, op, stats, b.q_lens, b.k_lens, b.B, p);
     if (cut) continue;
-    unpack_documents(op, out, q_starts, q_lens, B, Sq);
-    unpack_lse(stats, lse, q_starts, q_lens, B, Sq);
+    unpack_documents(op, out, b.q_starts, b.q_lens, b.B, b.Sq);
+    unpack_lse(stats, lse, b.q_starts, b.q_lens, b.B, b.Sq);
   }
   return batches.handled;
 }
@@ -150,29 +155,23 @@ std::vector<char> attention_backward_documents(const Tensor& q, const Tensor& k,
   if (!packable({&q, &k, &v, &out, &dout, &dq, &dk, &dv})) return std::vector<char>(q_spans.size(), 0);
   const Batches batches = batches_for(true, q, k, p, q_spans, k_spans);
   const bool cut = attention_cut();
-  const int64_t Hq = q.size(1), Hkv = k.size(1), d = q.size(2);
+  const int64_t Hq = q.size(1), Hkv = k.size(1);
   for (size_t i = 0; i < batches.list.size(); ++i) {
-    const int64_t B = static_cast<int64_t>(batches.list[i].docs.size());
-    const int64_t Sq = batches.list[i].q_rows, Sk = batches.list[i].k_rows;
-    const int32_t *q_lens = batches.q_lens(i), *q_starts = batches.q_starts(i);
-    const int32_t *k_lens = batches.k_lens(i), *k_starts = batches.k_starts(i);
-    auto rows = [&](int64_t S, int64_t heads) { return Tensor::empty({B * S, heads, d}, q.dtype(), q.device()); };
-    Tensor qp = rows(Sq, Hq), kp = rows(Sk, Hkv), vp = rows(Sk, Hkv), op = rows(Sq, Hq), dop = rows(Sq, Hq);
-    Tensor dqp = rows(Sq, Hq), dkp = rows(Sk, Hkv), dvp = rows(Sk, Hkv);
-    Tensor stats = Tensor::empty({B, Hq, Sq}, DType::f32, q.device());
+    const Batch b(batches, i);
+    Tensor qp = b.rows(true, Hq, q), kp = b.rows(false, Hkv, q), vp = b.rows(false, Hkv, q), op = b.rows(true, Hq, q);
+    Tensor dop = b.rows(true, Hq, q), dqp = b.rows(true, Hq, q), dkp = b.rows(false, Hkv, q), dvp = b.rows(false, Hkv, q);
+    Tensor stats = Tensor::empty({b.B, Hq, b.Sq}, DType::f32, q.device());
     if (!cut) {
-      pack_documents(q, qp, q_starts, q_lens, B, Sq);
-      pack_documents(k, kp, k_starts, k_lens, B, Sk);
-      pack_documents(v, vp, k_starts, k_lens, B, Sk);
-      pack_documents(out, op, q_starts, q_lens, B, Sq);
-      pack_documents(dout, dop, q_starts, q_lens, B, Sq);
-      pack_lse(lse, stats, q_starts, q_lens, B, Sq);
+      b.pack_inputs(q, k, v, qp, kp, vp);
+      pack_documents(out, op, b.q_starts, b.q_lens, b.B, b.Sq);
+      pack_documents(dout, dop, b.q_starts, b.q_lens, b.B, b.Sq);
+      pack_lse(lse, stats, b.q_starts, b.q_lens, b.B, b.Sq);
     }
-    lcx::cuda::cudnn_padded_attention_backward(qp, kp, vp, op, stats, dop, dqp, dkp, dvp, q_lens, k_lens, B, p);
+    lcx::cuda::cudnn_padded_attention_backward(qp, kp, vp, op, stats, dop, dqp, dkp, dvp, b.q_lens, b.k_lens, b.B, p);
     if (cut) continue;
-    unpack_documents(dqp, dq, q_starts, q_lens, B, Sq);
-    unpack_documents(dkp, dk, k_starts, k_lens, B, Sk);
-    unpack_documents(dvp, dv, k_starts, k_lens, B, Sk);
+    unpack_documents(dqp, dq, b.q_starts, b.q_lens, b.B, b.Sq);
+    unpack_documents(dkp, dk, b.k_starts, b.k_lens, b.B, b.Sk);
+    unpack_documents(dvp, dv, b.k_starts, b.k_lens, b.B, b.Sk);
   }
   return batches.handled;
 }
