@@ -62,12 +62,8 @@ ops::AttentionParams whole_params(const AttentionArgs& a) {
 
 // Columns [col0, col0 + n) of an fp32 [H,T] LSE as a contiguous [H,n] tensor.
 Tensor lse_columns(const Tensor& lse, int64_t col0, int64_t n) {
-  const int64_t H = lse.size(0), T = lse.size(1);
-  Tensor out = Tensor::empty({H, n}, DType::f32, lse.device());
-  for (int64_t h = 0; h < H; ++h) {
-    Tensor dst = out.rows(h, h + 1).view({n});
-    dst.copy_from(Tensor::borrow(lse.data_as<float>() + h * T + col0, {n}, DType::f32, lse.device()));
-  }
+  Tensor out = Tensor::empty({lse.size(0), n}, DType::f32, lse.device());
+  ops::copy_columns(lse, col0, out, 0, n);
   return out;
 }
 
