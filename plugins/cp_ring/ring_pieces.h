@@ -70,6 +70,8 @@ inline double work_spread(const ChunkLayout& layout, const std::vector<int64_t>&
   return total > 0 ? static_cast<double>(*mx - *mn) * layout.n / total : 0;
 }
 
+inline constexpr int kSwapPasses = 64;
+
 // Longest processing time first under a cardinality cap: chunks by descending work, each to the
 // least loaded rank that holds fewer than 2k (the lowest rank on ties). At k = 1 this pairs the
 // heaviest chunk with the lightest, which is optimal for pairs.
@@ -88,8 +90,8 @@ inline ChunkLayout greedy_layout(const std::vector<int64_t>& work, int n, int64_
     load[best] += work[static_cast<size_t>(ch)];
   }
   // Then the best swap of a chunk of the most loaded rank with a lighter one of another rank, while
-  // one lowers the larger of the two loads (bounded: each pass costs 4k^2 n comparisons).
-  for (int64_t pass = 0; pass < 8 * n * k; ++pass) {
+  // one lowers the larger of the two loads (at most kSwapPasses, each of 4 k^2 n comparisons).
+  for (int pass = 0; pass < kSwapPasses; ++pass) {
     const size_t top = static_cast<size_t>(std::max_element(load.begin(), load.end()) - load.begin());
     int64_t best = load[top];
     size_t bs = 0, ba = 0, bb = 0;
@@ -126,16 +128,15 @@ inline constexpr double kTargetSpread = 0.02;
 // The chunks each of n ranks holds for a sequence of L tokens (L a multiple of 2n) with packed
 // documents' cumulative bounds: the zigzag when it balances the masked work within kTargetSpread
 // (always without documents or with one); otherwise the greedy layout for k = 1, 2, 4, ... while
-// chunks keep at least min_rows rows and divide L, the smallest k within the target, or the least
-// maximum work of those tried. Every rank holds 2k chunks, so K/V blocks stay equal-sized.
-inline ChunkLayout balanced_layout(std::span<const int64_t> documents, int64_t L, int n,
-                                   int64_t min_rows = kMinChunkRows) {
+// chunks keep at least kMinChunkRows rows and divide L, the smallest k within the target, or the
+// least spread of those tried. Every rank holds 2k chunks, so K/V blocks stay equal-sized.
+inline ChunkLayout balanced_layout(std::span<const int64_t> documents, int64_t L, int n) {
   ChunkLayout best = zigzag_layout(L, n);
   if (n == 1 || documents.size() <= 2) return best;
   std::vector<int64_t> work = chunk_work(documents, L, best.c);
   best.spread = work_spread(best, work);
   if (best.spread <= kTargetSpread) return best;
-  for (int64_t k = 1; L % (2 * n * k) == 0 && (k == 1 || L / (2 * n * k) >= min_rows); k *= 2) {
+  for (int64_t k = 1; L % (2 * n * k) == 0 && (k == 1 || L / (2 * n * k) >= kMinChunkRows); k *= 2) {
     const int64_t c = L / (2 * n * k);
     ChunkLayout g = greedy_layout(k == 1 ? work : chunk_work(documents, L, c), n, k, c);
     if (g.spread < best.spread) best = std::move(g);
