@@ -11,8 +11,11 @@
 // so each step past the first is one full [2c x c] or [c x 2c] piece of work, equal on every rank.
 // Each piece runs through ops::attention_forward/backward (CPU reference or CUDA kernels); full
 // pieces run without a mask, diagonal ones with equal offsets (the cuDNN fused path takes both).
-// Packed documents (AttentionArgs::documents): each piece is cut into chunk pairs run at their
-// positions in the sequence under the document bounds, and a pair sharing no document is skipped.
+// Packed documents (AttentionArgs::documents): the masked work follows where the documents fall,
+// so the shards are balanced for it (ring_pieces.h balanced_layout: 2 x cp x k chunks, 2k per rank,
+// the zigzag where it already balances); every chunk pair runs at its positions in the sequence
+// under the document bounds, and a pair sharing no document is skipped. shard() and the attention
+// derive the same layout from the same bounds.
 // While a piece computes, the next K/V block is already moving (send to r+1, receive from r-1).
 // Forward partial results merge by log-sum-exp in fp32 (ring_merge.h). Backward: each block's
 // backward with the final out and LSE gives that block's exact share of dQ, dK and dV (flash
@@ -39,6 +42,7 @@
 namespace lcx {
 namespace {
 
+using cp_ring::ChunkLayout;
 using cp_ring::Piece;
 using cp_ring::pieces_for;
 
@@ -58,12 +62,8 @@ ops::AttentionParams whole_params(const AttentionArgs& a) {
 
 // Columns [col0, col0 + n) of an fp32 [H,T] LSE as a contiguous [H,n] tensor.
 Tensor lse_columns(const Tensor& lse, int64_t col0, int64_t n) {
-  const int64_t H = lse.size(0), T = lse.size(1);
-  Tensor out = Tensor::empty({H, n}, DType::f32, lse.device());
-  for (int64_t h = 0; h < H; ++h) {
-    Tensor dst = out.rows(h, h + 1).view({n});
-    dst.copy_from(Tensor::borrow(lse.data_as<float>() + h * T + col0, {n}, DType::f32, lse.device()));
-  }
+  Tensor out = Tensor::empty({lse.size(0), n}, DType::f32, lse.device());
+  ops::copy_columns(lse, col0, out, 0, n);
   return out;
 }
 
@@ -101,15 +101,15 @@ struct PiecePlan {
   ops::AttentionParams params;
 };
 
-// Rank r's pieces against the block of rank j (ring of n, chunks of c); with document bounds, the
-// chunk pairs of cp_ring::document_pieces at their positions under the bounds.
-std::vector<PiecePlan> planned_pieces(int r, int j, int n, int64_t c, const AttentionArgs& a) {
+// Rank r's pieces against the block of rank j; with document bounds, the chunk pairs of
+// cp_ring::document_pieces at their positions under the bounds.
+std::vector<PiecePlan> planned_pieces(int r, int j, const ChunkLayout& layout, const AttentionArgs& a) {
   std::vector<PiecePlan> out;
   if (a.documents.empty()) {
-    for (const Piece& p : pieces_for(r, j, c, a.causal)) out.push_back({p, params_of(a, p.causal)});
+    for (const Piece& p : pieces_for(r, j, layout.c, a.causal)) out.push_back({p, params_of(a, p.causal)});
     return out;
   }
-  for (const cp_ring::PlacedPiece& pp : cp_ring::document_pieces(r, j, n, c, a.causal, a.documents)) {
+  for (const cp_ring::PlacedPiece& pp : cp_ring::document_pieces(r, j, layout, a.causal, a.documents)) {
     ops::AttentionParams p = params_of(a, a.causal);
     p.q_offset = pp.q_pos;
     p.k_offset = pp.k_pos;
@@ -165,18 +165,21 @@ class CpRing final : public Parallelism {
       throw Error(str("cp_ring: a sequence of ", L, " tokens cannot be cut into 2 x cp = ", chunks,
                       " equal chunks (zigzag sharding: rank r holds chunks r and ", chunks - 1, " - r)"),
                   "data.pad_to_multiple_of", str("set data.pad_to_multiple_of = ", chunks, " (a multiple of 2 x cp)"));
-    const int64_t c = L / chunks;
-    const int64_t starts[2] = {rank * c, (chunks - 1 - rank) * c};
-    s.tokens = Tensor::empty({2 * c}, DType::i32);
-    s.targets = Tensor::empty({2 * c}, DType::i64);
-    s.positions = Tensor::empty({2 * c}, DType::i64);
+    const ChunkLayout layout = cp_ring::balanced_layout(seq.document_bounds, L, cp_);
+    const int64_t c = layout.c, T = L / cp_;
+    s.tokens = Tensor::empty({T}, DType::i32);
+    s.targets = Tensor::empty({T}, DType::i64);
+    s.positions = Tensor::empty({T}, DType::i64);
     const Tensor tokens = seq.tokens.device().is_cuda() ? seq.tokens.to(Device::cpu()) : seq.tokens;
     const Tensor targets = seq.targets.device().is_cuda() ? seq.targets.to(Device::cpu()) : seq.targets;
-    for (int h = 0; h < 2; ++h) {
-      s.tokens.rows(h * c, (h + 1) * c).copy_from(tokens.rows(starts[h], starts[h] + c));
-      s.targets.rows(h * c, (h + 1) * c).copy_from(targets.rows(starts[h], starts[h] + c));
+    int64_t h = 0;
+    for (int64_t chunk : layout.of(rank)) {
+      const int64_t start = chunk * c;
+      s.tokens.rows(h * c, (h + 1) * c).copy_from(tokens.rows(start, start + c));
+      s.targets.rows(h * c, (h + 1) * c).copy_from(targets.rows(start, start + c));
       for (int64_t i = 0; i < c; ++i)
-        s.positions.data_as<int64_t>()[h * c + i] = sequence_position(seq.document_bounds, starts[h] + i);
+        s.positions.data_as<int64_t>()[h * c + i] = sequence_position(seq.document_bounds, start + i);
+      ++h;
     }
     s.document_bounds = seq.document_bounds;
     return s;
@@ -187,26 +190,27 @@ class CpRing final : public Parallelism {
     Communicator* ring = ring_comm();
     if (!ring) return ops::attention_forward(q, k, v, out, lse, whole_params(args));
     const int r = ring->rank(), n = ring->size(), next = (r + 1) % n, prev = (r + n - 1) % n;
-    const int64_t c = chunk_of(q);
+    const ChunkLayout& layout = layout_of(q, n, args);
+    const int64_t c = layout.c;
     const Device dev = q.device();
-    if (mesh_->world().rank() == 0 && !logged_.exchange(true)) log_traffic(2 * c, k, n);
+    if (mesh_->world().rank() == 0 && !logged_.exchange(true)) log_traffic(q.size(0), k, n);
     // LSE accumulates in place (it is fp32); the output in fp32 unless it already is.
     Tensor acc = out.dtype() == DType::f32 ? out : Tensor::empty(out.shape(), DType::f32, dev);
     KvRing kv(k, v);
-    bool seen[2] = {false, false};  // whether each query chunk has a partial result yet
+    std::vector<bool> seen(layout.of(r).size(), false);  // whether each query chunk has a partial result yet
     for (int s = 0; s < n; ++s) {
       const int j = (r - s + n) % n;
       std::unique_ptr<CommWork> moving = s + 1 < n ? kv.pass(*ring, next, prev) : nullptr;
-      for (const PiecePlan& pp : planned_pieces(r, j, n, c, args)) {
+      for (const PiecePlan& pp : planned_pieces(r, j, layout, args)) {
         const Piece& p = pp.piece;
         const int64_t nq = p.q_end - p.q_begin;
         Tensor o = Tensor::empty({nq, q.size(1), q.size(2)}, q.dtype(), dev);
         Tensor l = Tensor::empty({q.size(1), nq}, DType::f32, dev);
         ops::attention_forward(q.rows(p.q_begin, p.q_end), kv.k().rows(p.k_begin, p.k_end),
                                kv.v().rows(p.k_begin, p.k_end), o, l, pp.params);
-        const bool first = !seen[p.q_begin / c];
+        const bool first = !seen[static_cast<size_t>(p.q_begin / c)];
         cp_ring::merge_partial(acc, lse, p.q_begin, o, l, first);
-        for (int64_t h = p.q_begin / c; h < p.q_end / c; ++h) seen[h] = true;
+        for (int64_t h = p.q_begin / c; h < p.q_end / c; ++h) seen[static_cast<size_t>(h)] = true;
       }
       if (moving) {
         moving->wait();
@@ -221,11 +225,13 @@ class CpRing final : public Parallelism {
     Communicator* ring = ring_comm();
     if (!ring) return ops::attention_backward(q, k, v, out, lse, dout, dq, dk, dv, whole_params(args));
     const int r = ring->rank(), n = ring->size(), next = (r + 1) % n, prev = (r + n - 1) % n;
-    const int64_t c = chunk_of(q), T = 2 * c;
+    const ChunkLayout& layout = layout_of(q, n, args);
+    const int64_t c = layout.c, T = q.size(0);
     const Device dev = q.device();
-    // A piece's LSE rows must be contiguous: the whole [Hq,T] serves pieces over both chunks.
-    const Tensor lse_half[2] = {lse_columns(lse, 0, c), lse_columns(lse, c, c)};
-    auto lse_rows = [&](int64_t b, int64_t e) { return e - b == T ? lse : lse_half[b / c]; };
+    // A piece's LSE rows must be contiguous: the whole [Hq,T] serves pieces over all chunks.
+    std::vector<Tensor> lse_chunk;
+    for (int64_t h = 0; h * c < T; ++h) lse_chunk.push_back(lse_columns(lse, h * c, c));
+    auto lse_rows = [&](int64_t b, int64_t e) { return e - b == T ? lse : lse_chunk[static_cast<size_t>(b / c)]; };
 
     Tensor dq_acc = Tensor::zeros(q.shape(), DType::f32, dev);
     // dK/dV accumulators travel: the one in hand is sent on while the next one arrives.
@@ -246,7 +252,7 @@ class CpRing final : public Parallelism {
         Tensor dk, dv;
       };
       std::vector<KeyGrad> pending;  // this rank's share of block j's dK/dV, until its accumulator arrives
-      for (const PiecePlan& pp : planned_pieces(r, j, n, c, args)) {
+      for (const PiecePlan& pp : planned_pieces(r, j, layout, args)) {
         const Piece& p = pp.piece;
         const int64_t nq = p.q_end - p.q_begin, nk = p.k_end - p.k_begin;
         Tensor dq_p = Tensor::empty({nq, q.size(1), q.size(2)}, q.dtype(), dev);
@@ -300,16 +306,17 @@ class CpRing final : public Parallelism {
              4 * kv_elems * 4, plan_phase::backward);
     plan.add("ring dQ accumulator [T,Hq,d] fp32", PlanCategory::transient, q_elems * 4, plan_phase::backward);
     plan.add("one piece's dQ, dK, dV", PlanCategory::transient, (q_elems + 2 * kv_elems) * w, plan_phase::backward);
-    plan.add("LSE halves and attention backward delta [Hq,T] fp32", PlanCategory::transient, 2 * Hq * T * 4,
+    plan.add("LSE per chunk and attention backward delta [Hq,T] fp32", PlanCategory::transient, 2 * Hq * T * 4,
              plan_phase::backward);
     // The largest piece has T query rows (lcx/plan.h: what the fused attention allocates per call).
     plan.add("attention forward workspace (cuDNN)", PlanCategory::transient, kCudnnForwardWorkspace, plan_phase::forward);
     plan.add("one piece's backward dQ accumulator and workspace (cuDNN) [Hq,T,d] fp32 x 2", PlanCategory::transient,
              cudnn_dq_accumulator_bytes(Hq, T, d) + cudnn_backward_workspace_bytes(Hq, T, d), plan_phase::backward);
     // Masked by document, a piece's documents run on cuDNN's padded batches (lcx/plan.h): the
-    // chunk's own piece (c = T/2 rows, queries and keys at equal positions) and a query chunk
-    // against an earlier key chunk (c queries, c keys) alike. Each side of a batch is padded within
-    // c rounded up to a power of two (kernels/document_batches.h), so the term of c rows bounds
+    // chunk's own piece (c rows, queries and keys at equal positions) and a query chunk against an
+    // earlier key chunk (c queries, c keys) alike, c = T/2 with the zigzag and T/(2k) when the
+    // balanced layout cuts finer, so pieces only get smaller. Each side of a batch is padded within
+    // c rounded up to a power of two (kernels/document_batches.h), so the term of T/2 rows bounds
     // both; the pieces run one after another. Counted beside the above.
     if (in.documents_masked) plan_document_masks(plan, Hq, Hkv, (T + 1) / 2, d, in.weight_dtype);
   }
@@ -343,17 +350,28 @@ class CpRing final : public Parallelism {
                   " layers, forward + recompute + backward) ", step / kMiB, " MiB"));
   }
 
-  static int64_t chunk_of(const Tensor& q) {
+  // The layout shard() cut this rank's rows by: the same function of the same bounds. Kept for
+  // the next call, since every layer of a step (forward, recompute and backward) asks again.
+  const ChunkLayout& layout_of(const Tensor& q, int n, const AttentionArgs& a) {
     if (q.size(0) % 2 != 0)
-      throw Error(str("cp_ring: a rank's attention got ", q.size(0), " query rows; its shard holds two equal chunks"),
+      throw Error(str("cp_ring: a rank's attention got ", q.size(0), " query rows; its shard holds equal chunks, ",
+                      "an even number of them"),
                   {}, "hand attention the rows of this rank's shard (cp_ring.shard)");
-    return q.size(0) / 2;
+    const int64_t L = q.size(0) * n;
+    if (layout_.n != n || layout_.c * 2 * layout_.k * n != L ||
+        !std::ranges::equal(layout_documents_, a.documents)) {
+      layout_ = cp_ring::balanced_layout(a.documents, L, n);
+      layout_documents_.assign(a.documents.begin(), a.documents.end());
+    }
+    return layout_;
   }
 
   int cp_;
   Mesh* mesh_ = nullptr;
   int64_t layers_ = 0;
   std::atomic<bool> logged_{false};
+  ChunkLayout layout_;                     // layout_of's last answer, for layout_documents_
+  std::vector<int64_t> layout_documents_;
 };
 
 // The ring's size is [distributed] cp. `size` is the key it replaced: still accepted when it

@@ -1,9 +1,11 @@
 // The ring's schedule of attention work (cp_ring.cpp's header comment explains the zigzag): which
-// query rows of rank r's shard meet which key rows of the block in hand at each ring step. Shared
-// by the plugin and tests/bench/cp_balance_bench.cpp, which times each rank's schedule alone.
+// query rows of rank r's shard meet which key rows of the block in hand at each ring step, and,
+// with packed documents, which chunks of the sequence each rank holds. Shared by the plugin and
+// tests/bench/cp_balance_bench.cpp, which times each rank's schedule alone.
 #pragma once
 #include <algorithm>
 #include <cstdint>
+#include <numeric>
 #include <span>
 #include <vector>
 
@@ -23,6 +25,126 @@ inline std::vector<Piece> pieces_for(int r, int j, int64_t c, bool causal) {
   return {{c, 2 * c, 0, 2 * c, false}};
 }
 
+// Which chunks of the sequence each rank holds: the sequence cut into 2 n k chunks of c rows, rank
+// r holding 2k of them, in position order, as its rows [0, 2kc). k = 1 with rank r holding chunks r
+// and 2n-1-r is the zigzag.
+struct ChunkLayout {
+  int n = 1;
+  int64_t k = 1, c = 0;
+  std::vector<int64_t> chunks;  // rank r's chunk indices at [2kr, 2k(r+1)), ascending
+  double spread = 0;            // predicted (max - min) / mean of the ranks' work (chunk_work)
+
+  std::span<const int64_t> of(int r) const {
+    return std::span<const int64_t>(chunks).subspan(static_cast<size_t>(2 * k * r), static_cast<size_t>(2 * k));
+  }
+  // The position in the sequence of rank r's local row.
+  int64_t position(int r, int64_t row) const { return of(r)[static_cast<size_t>(row / c)] * c + row % c; }
+};
+
+inline ChunkLayout zigzag_layout(int64_t L, int n) {
+  ChunkLayout z{n, 1, L / (2 * n), {}, 0};
+  for (int r = 0; r < n; ++r) z.chunks.insert(z.chunks.end(), {r, 2 * n - 1 - r});
+  return z;
+}
+
+// Masked causal attention's work in each chunk of c rows: a query at position p sees the p - s + 1
+// keys from its document's start s to itself, so a chunk's work is the number of (query, key)
+// pairs its pieces compute. Exact integers, so every rank derives the same layout.
+inline std::vector<int64_t> chunk_work(std::span<const int64_t> documents, int64_t L, int64_t c) {
+  std::vector<int64_t> w(static_cast<size_t>(L / c), 0);
+  for (size_t d = 0; d + 1 < documents.size(); ++d)
+    for (int64_t a = documents[d], e = std::min(documents[d + 1], L); a < e;) {  // a chunk at a time
+      const int64_t b = std::min(e, (a / c + 1) * c), s = documents[d];
+      w[static_cast<size_t>(a / c)] += (b - a) * (a - s + 1 + b - s) / 2;  // sum of a-s+1 .. b-s
+      a = b;
+    }
+  return w;
+}
+
+inline double work_spread(const ChunkLayout& layout, const std::vector<int64_t>& work) {
+  std::vector<int64_t> load(static_cast<size_t>(layout.n), 0);
+  for (int r = 0; r < layout.n; ++r)
+    for (int64_t ch : layout.of(r)) load[static_cast<size_t>(r)] += work[static_cast<size_t>(ch)];
+  const auto [mn, mx] = std::minmax_element(load.begin(), load.end());
+  const double total = static_cast<double>(std::accumulate(load.begin(), load.end(), int64_t{0}));
+  return total > 0 ? static_cast<double>(*mx - *mn) * layout.n / total : 0;
+}
+
+inline constexpr int kSwapPasses = 64;
+
+// Longest processing time first under a cardinality cap: chunks by descending work, each to the
+// least loaded rank that holds fewer than 2k (the lowest rank on ties). At k = 1 this pairs the
+// heaviest chunk with the lightest, which is optimal for pairs.
+inline ChunkLayout greedy_layout(const std::vector<int64_t>& work, int n, int64_t k, int64_t c) {
+  std::vector<int64_t> order(work.size());
+  std::iota(order.begin(), order.end(), 0);
+  std::stable_sort(order.begin(), order.end(),
+                   [&](int64_t a, int64_t b) { return work[static_cast<size_t>(a)] > work[static_cast<size_t>(b)]; });
+  std::vector<int64_t> load(static_cast<size_t>(n), 0);
+  std::vector<std::vector<int64_t>> held(static_cast<size_t>(n));
+  for (int64_t ch : order) {
+    size_t best = held.size();
+    for (size_t r = 0; r < held.size(); ++r)
+      if (static_cast<int64_t>(held[r].size()) < 2 * k && (best == held.size() || load[r] < load[best])) best = r;
+    held[best].push_back(ch);
+    load[best] += work[static_cast<size_t>(ch)];
+  }
+  // Then the best swap of a chunk of the most loaded rank with a lighter one of another rank, while
+  // one lowers the larger of the two loads (at most kSwapPasses, each of 4 k^2 n comparisons).
+  for (int pass = 0; pass < kSwapPasses; ++pass) {
+    const size_t top = static_cast<size_t>(std::max_element(load.begin(), load.end()) - load.begin());
+    int64_t best = load[top];
+    size_t bs = 0, ba = 0, bb = 0;
+    for (size_t s = 0; s < held.size(); ++s) {
+      if (s == top) continue;
+      for (size_t a = 0; a < held[top].size(); ++a)
+        for (size_t b = 0; b < held[s].size(); ++b) {
+          const int64_t d = work[static_cast<size_t>(held[top][a])] - work[static_cast<size_t>(held[s][b])];
+          const int64_t worse = std::max(load[top] - d, load[s] + d);
+          if (d > 0 && worse < best) best = worse, bs = s, ba = a, bb = b;
+        }
+    }
+    if (best == load[top]) break;
+    const int64_t d = work[static_cast<size_t>(held[top][ba])] - work[static_cast<size_t>(held[bs][bb])];
+    std::swap(held[top][ba], held[bs][bb]);
+    load[top] -= d;
+    load[bs] += d;
+  }
+  ChunkLayout out{n, k, c, {}, 0};
+  for (auto& h : held) {
+    std::sort(h.begin(), h.end());
+    out.chunks.insert(out.chunks.end(), h.begin(), h.end());
+  }
+  out.spread = work_spread(out, work);
+  return out;
+}
+
+// The smallest chunk a balanced layout cuts: pieces of fewer rows run the GPU's attention kernels
+// below their rate, and each costs a kernel call.
+inline constexpr int64_t kMinChunkRows = 512;
+// The predicted spread a layout is kept at: the smallest k that reaches it wins.
+inline constexpr double kTargetSpread = 0.02;
+
+// The chunks each of n ranks holds for a sequence of L tokens (L a multiple of 2n) with packed
+// documents' cumulative bounds: the zigzag when it balances the masked work within kTargetSpread
+// (always without documents or with one); otherwise the greedy layout for k = 1, 2, 4, ... while
+// chunks keep at least kMinChunkRows rows and divide L, the smallest k within the target, or the
+// least spread of those tried. Every rank holds 2k chunks, so K/V blocks stay equal-sized.
+inline ChunkLayout balanced_layout(std::span<const int64_t> documents, int64_t L, int n) {
+  ChunkLayout best = zigzag_layout(L, n);
+  if (n == 1 || documents.size() <= 2) return best;
+  std::vector<int64_t> work = chunk_work(documents, L, best.c);
+  best.spread = work_spread(best, work);
+  if (best.spread <= kTargetSpread) return best;
+  for (int64_t k = 1; L % (2 * n * k) == 0 && (k == 1 || L / (2 * n * k) >= kMinChunkRows); k *= 2) {
+    const int64_t c = L / (2 * n * k);
+    ChunkLayout g = greedy_layout(k == 1 ? work : chunk_work(documents, L, c), n, k, c);
+    if (g.spread < best.spread) best = std::move(g);
+    if (best.spread <= kTargetSpread) break;
+  }
+  return best;
+}
+
 // A piece with the positions in the sequence of its first query row and first key row.
 struct PlacedPiece {
   Piece piece;
@@ -30,22 +152,24 @@ struct PlacedPiece {
 };
 
 // With packed documents (cumulative bounds over the sequence): rank r's pieces against rank j's
-// block on a ring of n, cut into chunk pairs (one query chunk, one key chunk, each contiguous in
-// the sequence) placed at their positions, so the bounds apply as they are; a pair whose chunks
-// share no document is left out, since none of its queries sees any of its keys.
-inline std::vector<PlacedPiece> document_pieces(int r, int j, int n, int64_t c, bool causal,
+// block, one per chunk pair (one query chunk, one key chunk, each contiguous in the sequence)
+// placed at their positions, so the bounds apply as they are; a pair whose chunks share no
+// document, or whose keys all follow its queries, is left out, since none of its queries sees any
+// of its keys.
+inline std::vector<PlacedPiece> document_pieces(int r, int j, const ChunkLayout& layout, bool causal,
                                                 std::span<const int64_t> documents) {
-  auto position = [&](int rank, int64_t h) { return (h == 0 ? rank : 2 * n - 1 - rank) * c; };
+  const int64_t c = layout.c;
   auto document = [&](int64_t pos) { return std::upper_bound(documents.begin(), documents.end(), pos) - documents.begin(); };
   std::vector<PlacedPiece> out;
-  for (const Piece& p : pieces_for(r, j, c, causal))
-    for (int64_t qh = p.q_begin / c; qh < p.q_end / c; ++qh)
-      for (int64_t kh = p.k_begin / c; kh < p.k_end / c; ++kh) {
-        const int64_t qg = position(r, qh), kg = position(j, kh);
-        if (causal && kg > qg) continue;
-        if (document(qg + c - 1) < document(kg) || document(kg + c - 1) < document(qg)) continue;
-        out.push_back({{qh * c, (qh + 1) * c, kh * c, (kh + 1) * c, causal && kg == qg}, qg, kg});
-      }
+  const std::span<const int64_t> qs = layout.of(r), ks = layout.of(j);
+  for (size_t a = 0; a < qs.size(); ++a)
+    for (size_t b = 0; b < ks.size(); ++b) {
+      const int64_t qg = qs[a] * c, kg = ks[b] * c;
+      if (causal && kg > qg) continue;
+      if (document(qg + c - 1) < document(kg) || document(kg + c - 1) < document(qg)) continue;
+      const int64_t qa = static_cast<int64_t>(a) * c, kb = static_cast<int64_t>(b) * c;
+      out.push_back({{qa, qa + c, kb, kb + c, causal && kg == qg}, qg, kg});
+    }
   return out;
 }
 

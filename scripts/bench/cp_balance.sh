@@ -11,10 +11,11 @@ mkdir -p "$out"
 for t in ${TOKENS:-131072 262144}; do
   "$build/tests/cp_balance_bench" --device "${DEVICE:-cuda}" --tokens "$t" --cp "${CPS:-2,4,8}" ${BENCH_ARGS:-} \
     >>"$out/cp_balance.jsonl"
-  # Packed documents (issue 23): the zigzag masked by each length mix's bounds, beside the rest.
+  # Packed documents (issue 23): cp_ring's layout balanced for each length mix's bounds, masked by
+  # them, beside the rest.
   for mix in ${MIXES:-}; do
     "$build/tests/cp_balance_bench" --device "${DEVICE:-cuda}" --tokens "$t" --cp "${CPS:-2,4,8}" --mix "$mix" ${BENCH_ARGS:-} |
-      grep '"zigzag+' >>"$out/cp_balance.jsonl"
+      grep '"balanced+' >>"$out/cp_balance.jsonl"
   done
 done
 python3 - "$out/cp_balance.jsonl" >"$out/cp_balance.md" <<'PY'
@@ -27,7 +28,9 @@ for s in (r for r in rows if r.get("summary")):
     ms = ", ".join(f"{r['total_ms']:.1f}" for r in ranks)
     units = sorted({r["work_units"] for r in ranks})
     units = f"{units[0]:g}" if len(units) == 1 else f"{units[0]:g} to {units[-1]:g}"
-    print(f"| {s['tokens']:,} | {s['cp']} | {s['layout']} | {ms} | {units} | {s['max_over_min']:.3f} | {s['spread_pct']:.1f}% | "
+    layout = s["layout"] + (f", k = {s['k']}, predicted spread {s['predicted_spread_pct']:.1f}%, "
+                            f"{max(r['pieces'] for r in ranks)} pieces" if "k" in s else "")
+    print(f"| {s['tokens']:,} | {s['cp']} | {layout} | {ms} | {units} | {s['max_over_min']:.3f} | {s['spread_pct']:.1f}% | "
           f"{s['sent_per_layer_forward_mib']:.0f} / {s['sent_per_layer_backward_mib']:.0f} |")
 PY
 cat "$out/cp_balance.md"

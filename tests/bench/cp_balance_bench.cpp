@@ -7,10 +7,12 @@
 // sharding (rank r holds the r-th L/cp tokens), the layout zigzag replaces, so the table shows the
 // imbalance zigzag removes. Also printed: the bytes one rank sends per layer (K/V blocks in the
 // forward; K/V again and the fp32 dK/dV accumulators in the backward), the figure the plugin logs.
+// With --mix, the layout cp_ring balances for the documents (ring_pieces.h balanced_layout) is
+// timed too: its summary line gives k (each rank holds 2k chunks) and the work spread it predicts.
 // One JSON line per (layout, cp, rank) and one summary line per (layout, cp) on stdout.
 //
 //   cp_balance_bench --device cuda --tokens 131072 --cp 2,4,8 [--mix pg19|short]   (--mix adds the
-//   zigzag schedule masked by packed documents of that length mix, bench_util.h)
+//   balanced schedule masked by packed documents of that length mix, bench_util.h)
 //   cp_balance_bench --device cpu --tokens 512 --cp 2,4 --heads 4 --kv-heads 2 --head-dim 16   (a smoke run)
 #include <algorithm>
 #include <chrono>
@@ -34,8 +36,8 @@ struct Options {
   int64_t tokens = 131072, heads = 32, kv_heads = 8, head_dim = 128;  // Qwen3-8B's attention
   std::vector<int64_t> cps = {2, 4, 8};
   int reps = 3;
-  // Packed documents (bench_util.h's mixes): the zigzag schedule masked by their bounds, beside
-  // the unmasked layouts. Empty: one text.
+  // Packed documents (bench_util.h's mixes): cp_ring's balanced schedule masked by their bounds,
+  // beside the unmasked layouts. Empty: one text.
   std::string mix;
   uint64_t seed = 1;
 };
@@ -66,14 +68,14 @@ Tensor random_tensor(Shape shape, Device d, uint64_t seed) {
 
 enum class Layout { zigzag, contiguous, zigzag_documents };
 
-// Rank r's pieces against rank j's block (ring of n), each with its first query's and key's
-// positions (used under document bounds only). Contiguous: r holds tokens [2rc, 2(r+1)c), so its
-// own block is causal, earlier blocks are full and later ones are not seen at all. Zigzag with
-// documents: cp_ring's own chunk pairs, those sharing no document left out.
-std::vector<cp_ring::PlacedPiece> schedule(Layout layout, int r, int j, int n, int64_t c,
+// Rank r's pieces against rank j's block, each with its first query's and key's positions (used
+// under document bounds only); c is the zigzag's chunk. Contiguous: r holds tokens [2rc, 2(r+1)c),
+// so its own block is causal, earlier blocks are full and later ones are not seen at all. With
+// documents: cp_ring's own chunk pairs of its balanced layout, those sharing no document left out.
+std::vector<cp_ring::PlacedPiece> schedule(Layout layout, int r, int j, int64_t c, const cp_ring::ChunkLayout& chunks,
                                            const std::vector<int64_t>& documents) {
   std::vector<cp_ring::PlacedPiece> out;
-  if (layout == Layout::zigzag_documents) return cp_ring::document_pieces(r, j, n, c, true, documents);
+  if (layout == Layout::zigzag_documents) return cp_ring::document_pieces(r, j, chunks, true, documents);
   if (layout == Layout::zigzag)
     for (const cp_ring::Piece& p : cp_ring::pieces_for(r, j, c, true)) out.push_back({p, 0, 0});
   else if (j == r)
@@ -86,11 +88,12 @@ std::vector<cp_ring::PlacedPiece> schedule(Layout layout, int r, int j, int n, i
 struct RankTime {
   double forward_s = 0, backward_s = 0;
   double units = 0;  // score-matrix entries computed, in units of c x c (a causal c x c counts one half)
+  int64_t pieces = 0;  // attention calls of the forward (the backward makes as many)
 };
 
 // One rank's whole ring, forward then backward, alone on the device.
 RankTime time_rank(const Options& o, Layout layout, int r, int n, const Tensor& q, const Tensor& k, const Tensor& v,
-                   const Tensor& dout, const std::vector<int64_t>& documents) {
+                   const Tensor& dout, const cp_ring::ChunkLayout& chunks, const std::vector<int64_t>& documents) {
   const int64_t c = q.size(0) / 2;
   const Device dev = o.device;
   const DType dt = q.dtype();
@@ -113,7 +116,7 @@ RankTime time_rank(const Options& o, Layout layout, int r, int n, const Tensor& 
   auto t0 = clock();
   for (int s = 0; s < n; ++s) {
     const int j = (r - s + n) % n;
-    for (const cp_ring::PlacedPiece& pp : schedule(layout, r, j, n, c, documents)) {
+    for (const cp_ring::PlacedPiece& pp : schedule(layout, r, j, c, chunks, documents)) {
       const cp_ring::Piece& pc = pp.piece;
       const int64_t nq = pc.q_end - pc.q_begin, nk = pc.k_end - pc.k_begin;
       Tensor out = Tensor::empty({nq, q.size(1), q.size(2)}, dt, dev);
@@ -123,6 +126,7 @@ RankTime time_rank(const Options& o, Layout layout, int r, int n, const Tensor& 
                              out, lse, p);
       outs.emplace_back(std::move(out), std::move(lse));
       t.units += static_cast<double>(nq * nk) / static_cast<double>(c * c) * (pc.causal ? 0.5 : 1.0);
+      ++t.pieces;
     }
   }
   bench::sync(dev);
@@ -130,7 +134,7 @@ RankTime time_rank(const Options& o, Layout layout, int r, int n, const Tensor& 
   size_t i = 0;
   for (int s = 0; s < n; ++s) {
     const int j = (r - s + n) % n;
-    for (const cp_ring::PlacedPiece& pp : schedule(layout, r, j, n, c, documents)) {
+    for (const cp_ring::PlacedPiece& pp : schedule(layout, r, j, c, chunks, documents)) {
       const cp_ring::Piece& pc = pp.piece;
       const int64_t nq = pc.q_end - pc.q_begin, nk = pc.k_end - pc.k_begin;
       Tensor dq = Tensor::empty({nq, q.size(1), q.size(2)}, dt, dev);
@@ -169,41 +173,47 @@ int run(const Options& o) {
     const double fwd_bytes = static_cast<double>(cp - 1) * kv_block;
     const double bwd_bytes = static_cast<double>(cp - 1) * kv_block + static_cast<double>(cp) * grads;
     const std::vector<int64_t> documents = o.mix.empty() ? std::vector<int64_t>{} : bench::document_bounds(o.mix, o.tokens, o.seed);
+    const cp_ring::ChunkLayout chunks = cp_ring::balanced_layout(documents, o.tokens, static_cast<int>(cp));
     std::vector<Layout> layouts{Layout::zigzag, Layout::contiguous};
     if (!documents.empty()) layouts.push_back(Layout::zigzag_documents);
     for (Layout layout : layouts) {
       const std::string name = layout == Layout::zigzag       ? "zigzag"
                                : layout == Layout::contiguous ? "contiguous"
-                                                              : str("zigzag+", o.mix, " (", documents.size() - 1, " documents)");
-      time_rank(o, layout, static_cast<int>(cp - 1), static_cast<int>(cp), q, k, v, dout, documents);  // warm-up
+                                                              : str("balanced+", o.mix, " (", documents.size() - 1, " documents)");
+      time_rank(o, layout, static_cast<int>(cp - 1), static_cast<int>(cp), q, k, v, dout, chunks, documents);  // warm-up
       std::vector<double> totals;
       for (int r = 0; r < cp; ++r) {
         std::vector<double> f, b;
         RankTime last;
         for (int rep = 0; rep < o.reps; ++rep) {
-          last = time_rank(o, layout, r, static_cast<int>(cp), q, k, v, dout, documents);
+          last = time_rank(o, layout, r, static_cast<int>(cp), q, k, v, dout, chunks, documents);
           f.push_back(last.forward_s);
           b.push_back(last.backward_s);
         }
         const double fm = median(f), bm = median(b);
         totals.push_back(fm + bm);
         std::printf(
-            "{\"layout\": \"%s\", \"cp\": %lld, \"rank\": %d, \"tokens\": %lld, \"work_units\": %.1f, \"forward_ms\": %.3f, "
-            "\"backward_ms\": %.3f, \"total_ms\": %.3f}\n",
-            name.c_str(), static_cast<long long>(cp), r, static_cast<long long>(o.tokens), last.units, fm * 1e3, bm * 1e3,
-            (fm + bm) * 1e3);
+            "{\"layout\": \"%s\", \"cp\": %lld, \"rank\": %d, \"tokens\": %lld, \"work_units\": %.1f, \"pieces\": %lld, "
+            "\"forward_ms\": %.3f, \"backward_ms\": %.3f, \"total_ms\": %.3f}\n",
+            name.c_str(), static_cast<long long>(cp), r, static_cast<long long>(o.tokens), last.units,
+            static_cast<long long>(last.pieces), fm * 1e3, bm * 1e3, (fm + bm) * 1e3);
         std::fflush(stdout);
       }
       const double mx = *std::max_element(totals.begin(), totals.end());
       const double mn = *std::min_element(totals.begin(), totals.end());
       double mean = 0;
       for (double x : totals) mean += x / static_cast<double>(totals.size());
+      // The balanced layout's k and the spread of the masked work it predicts.
+      const std::string predicted = layout == Layout::zigzag_documents
+                                        ? str(", \"k\": ", chunks.k, ", \"chunk_rows\": ", chunks.c,
+                                              ", \"predicted_spread_pct\": ", 100.0 * chunks.spread)
+                                        : std::string();
       std::printf(
           "{\"summary\": true, \"layout\": \"%s\", \"cp\": %lld, \"tokens\": %lld, \"min_ms\": %.3f, \"max_ms\": %.3f, "
           "\"mean_ms\": %.3f, \"spread_pct\": %.2f, \"max_over_min\": %.4f, \"sent_per_layer_forward_mib\": %.1f, "
-          "\"sent_per_layer_backward_mib\": %.1f}\n",
+          "\"sent_per_layer_backward_mib\": %.1f%s}\n",
           name.c_str(), static_cast<long long>(cp), static_cast<long long>(o.tokens), mn * 1e3, mx * 1e3, mean * 1e3,
-          100.0 * (mx - mn) / mean, mx / mn, fwd_bytes / kMiB, bwd_bytes / kMiB);
+          100.0 * (mx - mn) / mean, mx / mn, fwd_bytes / kMiB, bwd_bytes / kMiB, predicted.c_str());
       std::fflush(stdout);
     }
   }

@@ -46,6 +46,12 @@ inline std::vector<int64_t> positions_of(const Shard& s) {
   return std::vector<int64_t>(p, p + s.positions.numel());
 }
 
+// The indices in the sequence of a shard's rows, for a sequence of iota_sequence's tokens.
+inline std::vector<int64_t> indices_of(const Shard& s) {
+  const int32_t* t = s.tokens.data_as<const int32_t>();
+  return std::vector<int64_t>(t, t + s.tokens.numel());
+}
+
 struct AttnCase {
   int cp;
   int64_t chunk, Hq, Hkv, d;
@@ -102,14 +108,15 @@ inline AttnErrors ring_attention_errors(const AttnCase& c, Device device, DType 
   info.num_kv_heads = c.Hkv;
   info.head_dim = c.d;
   info.layer_types = {"full_attention"};
-  const Sequence seq = iota_sequence(L);
+  Sequence seq = iota_sequence(L);
+  seq.document_bounds = c.documents;  // shard() lays the chunks out by them, as attention does
 
   run_in_process(c.cp, [&](Communicator& comm) {
     Mesh mesh(comm, {.dp = 1, .cp = c.cp, .sp = 1});
     Parallelism& par = *plugins[static_cast<size_t>(comm.rank())];
     par.configure(info, &mesh);
     const Shard sh = par.shard(seq, mesh.coord().cp);
-    const std::vector<int64_t> pos = positions_of(sh);
+    const std::vector<int64_t> pos = indices_of(sh);
     const int64_t T = static_cast<int64_t>(pos.size());
     auto gather = [&](const Tensor& g) {
       Tensor t = Tensor::empty({T, g.size(1), g.size(2)}, DType::f32);

@@ -11,6 +11,7 @@
 #include <fstream>
 #include <nlohmann/json.hpp>
 
+#include "bench/bench_util.h"
 #include "lcx/plan.h"
 #include "lcx/safetensors.h"
 #include "plugins/cp_ring_cases.h"
@@ -84,6 +85,89 @@ TEST(CpRingShard, ScheduleCoversTheCausalPairsOnce) {
       for (int64_t q = 0; q < 2 * c; ++q)
         for (int64_t kp = 0; kp <= position(r, q); ++kp)
           EXPECT_EQ(seen[static_cast<size_t>(position(r, q) * L + kp)], 1) << "cp " << cp << " rank " << r;
+    }
+  }
+}
+
+// A sequence of 4,096 tokens in three documents that the zigzag on two ranks leaves 3% apart and
+// whole chunks of 1,024 cannot balance: the balanced layout cuts chunks of 512 (k = 2).
+const std::vector<int64_t> kCutFiner = {0, 1344, 2752, 4096};
+
+// Every chunk held once, 2k per rank in position order, and chunks of at least kMinChunkRows when
+// the layout cuts finer than the zigzag.
+void expect_valid_layout(const cp_ring::ChunkLayout& l, int64_t L, int n, const std::string& what) {
+  ASSERT_EQ(l.n, n) << what;
+  ASSERT_EQ(l.c * 2 * n * l.k, L) << what;
+  if (l.k > 1) EXPECT_GE(l.c, cp_ring::kMinChunkRows) << what;
+  ASSERT_EQ(static_cast<int64_t>(l.chunks.size()), 2 * n * l.k) << what;
+  std::vector<int> held(l.chunks.size(), 0);
+  for (int r = 0; r < n; ++r) {
+    EXPECT_TRUE(std::is_sorted(l.of(r).begin(), l.of(r).end())) << what << ": rank " << r;
+    for (int64_t ch : l.of(r)) ++held.at(static_cast<size_t>(ch));
+  }
+  for (size_t ch = 0; ch < held.size(); ++ch) EXPECT_EQ(held[ch], 1) << what << ": chunk " << ch;
+}
+
+// Without documents, with one, or with documents the zigzag already balances, the shards are
+// today's zigzag: rank r holds chunks r and 2cp-1-r.
+TEST(CpRingLayout, ZigzagWithoutDocumentsOrWhereItBalances) {
+  for (int n : {2, 4, 8}) {
+    const int64_t L = 2 * n * 4096;
+    std::vector<int64_t> zigzag;
+    for (int r = 0; r < n; ++r) zigzag.insert(zigzag.end(), {r, 2 * n - 1 - r});
+    // Two documents of L/2: a query's offset in its document is r or n-1-r chunks on every rank.
+    for (const std::vector<int64_t>& docs : {std::vector<int64_t>{}, {0, L}, {0, L / 2, L}}) {
+      const cp_ring::ChunkLayout l = cp_ring::balanced_layout(docs, L, n);
+      EXPECT_EQ(l.k, 1) << "cp " << n << ", " << docs.size() << " bounds";
+      EXPECT_EQ(l.chunks, zigzag) << "cp " << n << ", " << docs.size() << " bounds";
+      EXPECT_EQ(l.spread, 0.0) << "cp " << n << ", " << docs.size() << " bounds";
+    }
+  }
+}
+
+// Issue 23's length mixes (bench_util.h): the masked causal work per rank, counted token by token
+// from the layout's positions (a query sees its document's keys up to itself), is within
+// kTargetSpread of the mean on 2, 4 and 8 ranks, and is the spread the layout predicts.
+TEST(CpRingLayout, BalancesPackedMixesWithinTheTarget) {
+  int zigzag_off = 0;  // cases the zigzag leaves more than 5% apart: what the layout has to fix
+  for (int64_t L : {int64_t{131072}, int64_t{1} << 20})
+    for (const char* mix : {"pg19", "short"})
+      for (uint64_t seed : {1, 2, 3}) {
+        const std::vector<int64_t> docs = bench::document_bounds(mix, L, seed);
+        for (int n : {2, 4, 8}) {
+          const std::string what = str(mix, " seed ", seed, ", ", L, " tokens, cp ", n);
+          const cp_ring::ChunkLayout l = cp_ring::balanced_layout(docs, L, n);
+          expect_valid_layout(l, L, n, what);
+          std::vector<double> work(static_cast<size_t>(n), 0);
+          for (int r = 0; r < n; ++r)
+            for (int64_t row = 0; row < L / n; ++row)
+              work[static_cast<size_t>(r)] += static_cast<double>(sequence_position(docs, l.position(r, row)) + 1);
+          const auto [mn, mx] = std::minmax_element(work.begin(), work.end());
+          const double mean = std::accumulate(work.begin(), work.end(), 0.0) / n, spread = (*mx - *mn) / mean;
+          EXPECT_LE(spread, cp_ring::kTargetSpread) << what << ": k = " << l.k;
+          EXPECT_NEAR(spread, l.spread, 1e-9) << what;
+          const cp_ring::ChunkLayout z = cp_ring::zigzag_layout(L, n);
+          zigzag_off += cp_ring::work_spread(z, cp_ring::chunk_work(docs, L, z.c)) > 0.05;
+        }
+      }
+  EXPECT_GE(zigzag_off, 30);
+}
+
+TEST(CpRingShard, BalancedShardHoldsItsChunksInPositionOrder) {
+  auto p = test::make_cp_ring(2);
+  Sequence seq = test::iota_sequence(4096, 3);
+  seq.document_bounds = kCutFiner;
+  const cp_ring::ChunkLayout l = cp_ring::balanced_layout(kCutFiner, 4096, 2);
+  ASSERT_EQ(l.k, 2);
+  for (int r = 0; r < 2; ++r) {
+    const Shard s = p->shard(seq, r);
+    ASSERT_EQ(s.tokens.numel(), 2048);
+    EXPECT_EQ(s.document_bounds, kCutFiner);
+    for (int64_t row = 0; row < 2048; ++row) {
+      const int64_t at = l.position(r, row);
+      ASSERT_EQ(s.tokens.data_as<int32_t>()[row], at) << "rank " << r << " row " << row;
+      ASSERT_EQ(s.targets.data_as<int64_t>()[row], at + 1) << "rank " << r << " row " << row;
+      ASSERT_EQ(s.positions.data_as<int64_t>()[row], sequence_position(kCutFiner, at)) << "rank " << r;
     }
   }
 }
@@ -207,6 +291,14 @@ TEST(CpRingAttention, PackedDocumentsEqualSingleRank) {
   test::expect_ring_attention({4, 8, 2, 2, 8, false, {0, 17, 64}}, Device::cpu(), DType::f32, kFp32Tol);
 }
 
+// Documents the balanced layout cuts finer than the zigzag (k = 2: four chunks per rank, merged per
+// chunk, the backward's LSE per chunk).
+TEST(CpRingAttention, PackedDocumentsCutFinerEqualSingleRank) {
+  ASSERT_EQ(cp_ring::balanced_layout(kCutFiner, 4096, 2).k, 2);
+  test::expect_ring_attention({2, 1024, 4, 2, 8, true, kCutFiner}, Device::cpu(), DType::f32, kFp32Tol);
+  test::expect_ring_attention({2, 1024, 2, 1, 8, false, kCutFiner}, Device::cpu(), DType::f32, kFp32Tol);
+}
+
 class CpRingStepCpu : public ::testing::TestWithParam<int> {};
 
 TEST_P(CpRingStepCpu, EqualsSingleRankStep) {
@@ -224,6 +316,15 @@ TEST_P(CpRingStepCpu, PackedDocumentsEqualSingleRankStep) {
   const test::StepOutcome want = test::single_rank_step(seq, Device::cpu(), DType::f32);
   const test::StepOutcome got = test::cp_step(seq, cp, Device::cpu(), DType::f32);
   test::expect_same_step(got, want, 1e-6, 2e-5, str("cp = ", cp, ", packed documents"));
+}
+
+TEST(CpRingStepCpu, PackedDocumentsCutFinerEqualSingleRankStep) {
+  Sequence seq = test::random_sequence(4096, 64, 5);
+  seq.document_bounds = kCutFiner;
+  ASSERT_EQ(cp_ring::balanced_layout(kCutFiner, 4096, 2).k, 2);
+  const test::StepOutcome want = test::single_rank_step(seq, Device::cpu(), DType::f32);
+  const test::StepOutcome got = test::cp_step(seq, 2, Device::cpu(), DType::f32);
+  test::expect_same_step(got, want, 1e-6, 2e-5, "cp = 2, packed documents in chunks of 512");
 }
 
 INSTANTIATE_TEST_SUITE_P(Ranks, CpRingStepCpu, ::testing::Values(2, 4),

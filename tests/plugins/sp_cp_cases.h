@@ -23,9 +23,11 @@ inline std::shared_ptr<Parallelism> load_stacked(int cp, int sp) {
 }
 
 // The sequence positions a rank's shard holds, in its row order: the shard of a sequence whose
-// token t is t.
-inline std::vector<int32_t> shard_rows(const Parallelism& par, int64_t L, int seq_rank) {
+// token t is t, packed as `documents` say (cp_ring lays its chunks out by them).
+inline std::vector<int32_t> shard_rows(const Parallelism& par, int64_t L, int seq_rank,
+                                       const std::vector<int64_t>& documents = {}) {
   Sequence seq;
+  seq.document_bounds = documents;
   seq.tokens = Tensor::empty({L}, DType::i32);
   seq.targets = Tensor::empty({L}, DType::i64);
   for (int64_t t = 0; t < L; ++t) {
@@ -84,7 +86,7 @@ inline void check_attention_2d(const Attention2dCase& c) {
     Parallelism& par = *plugins[static_cast<size_t>(r)];
     par.configure(info, &mesh);
     Got& g = got[static_cast<size_t>(r)];
-    g.rows = shard_rows(par, L, mesh.coord().cp * c.sp + mesh.coord().sp);
+    g.rows = shard_rows(par, L, mesh.coord().cp * c.sp + mesh.coord().sp, c.documents);
     const int64_t T = static_cast<int64_t>(g.rows.size());
     const Tensor qr = gather_rows(q, g.rows), kr = gather_rows(k, g.rows), vr = gather_rows(v, g.rows),
                  dor = gather_rows(dout, g.rows);

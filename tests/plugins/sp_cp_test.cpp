@@ -90,6 +90,14 @@ TEST(SpCpExact, AttentionWithDocumentsEqualsSingleRank) {
   }
 }
 
+// Documents the ring's balanced layout cuts into chunks of 512 (k = 2), each cp shard then cut in sp.
+TEST(SpCpExact, AttentionWithDocumentsCutFinerEqualsSingleRank) {
+  test::Attention2dCase c;
+  c.L = 4096;
+  c.documents = {0, 1344, 2752, 4096};
+  test::check_attention_2d(c);
+}
+
 TEST(SpCpExact, TrainingStepEqualsSingleRank) {
   for (auto [cp, sp] : {std::pair{2, 2}, {2, 4}, {4, 2}}) {
     test::StepCase c;
