@@ -2,7 +2,8 @@
 # Work per rank under cp_ring (issue 12, part 5): each virtual rank's ring schedule timed alone on
 # the GPU (tests/bench/cp_balance_bench.cpp says why alone), zigzag beside contiguous sharding,
 # Qwen3-8B's attention shape. Writes $OUT/cp_balance.jsonl and $OUT/cp_balance.md; about 30 s.
-#   TOKENS="131072 262144" CPS=2,4,8 MIXES="pg19 short" scripts/bench/cp_balance.sh build
+#   TOKENS="131072 262144" CPS=2,4,8 MIXES="pg19 short" SEEDS="1 2 3" scripts/bench/cp_balance.sh build
+# (each mix and seed: the zigzag and the balanced layout under its document masks, side by side)
 set -euo pipefail
 build=${1:-build}
 out=${OUT:-/tmp/lcx-cp-balance}
@@ -14,8 +15,10 @@ for t in ${TOKENS:-131072 262144}; do
   # Packed documents (issue 23): cp_ring's layout balanced for each length mix's bounds, masked by
   # them, beside the rest.
   for mix in ${MIXES:-}; do
-    "$build/tests/cp_balance_bench" --device "${DEVICE:-cuda}" --tokens "$t" --cp "${CPS:-2,4,8}" --mix "$mix" ${BENCH_ARGS:-} |
-      grep '"balanced+' >>"$out/cp_balance.jsonl"
+    for seed in ${SEEDS:-1}; do
+      "$build/tests/cp_balance_bench" --device "${DEVICE:-cuda}" --tokens "$t" --cp "${CPS:-2,4,8}" --mix "$mix" \
+        --seed "$seed" --documents-only ${BENCH_ARGS:-} >>"$out/cp_balance.jsonl"
+    done
   done
 done
 python3 - "$out/cp_balance.jsonl" >"$out/cp_balance.md" <<'PY'

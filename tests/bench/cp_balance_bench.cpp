@@ -8,7 +8,9 @@
 // imbalance zigzag removes. Also printed: the bytes one rank sends per layer (K/V blocks in the
 // forward; K/V again and the fp32 dK/dV accumulators in the backward), the figure the plugin logs.
 // With --mix, the layout cp_ring balances for the documents (ring_pieces.h balanced_layout) is
-// timed too: its summary line gives k (each rank holds 2k chunks) and the work spread it predicts.
+// timed too: its summary line gives k (each rank holds 2k chunks) and the work spread it predicts;
+// beside it the plain zigzag under the same document masks, the layout it replaces
+// (--documents-only: these two alone, for sweeping seeds).
 // One JSON line per (layout, cp, rank) and one summary line per (layout, cp) on stdout.
 //
 //   cp_balance_bench --device cuda --tokens 131072 --cp 2,4,8 [--mix pg19|short]   (--mix adds the
@@ -40,6 +42,7 @@ struct Options {
   // beside the unmasked layouts. Empty: one text.
   std::string mix;
   uint64_t seed = 1;
+  bool documents_only = false;
 };
 
 Options parse(int argc, char** argv) {
@@ -55,6 +58,7 @@ Options parse(int argc, char** argv) {
     else if (a == "--head-dim") o.head_dim = args.number();
     else if (a == "--mix") o.mix = args.value();
     else if (a == "--seed") o.seed = static_cast<uint64_t>(args.number());
+    else if (a == "--documents-only") o.documents_only = true;
     else if (a == "--reps") o.reps = std::max<int>(1, static_cast<int>(args.number()));
     else args.unknown("see the usage at the top of tests/bench/cp_balance_bench.cpp");
   }
@@ -66,7 +70,8 @@ Tensor random_tensor(Shape shape, Device d, uint64_t seed) {
   return bench::random_uniform(std::move(shape), d.is_cuda() ? DType::bf16 : DType::f32, d, 1.f, seed);
 }
 
-enum class Layout { zigzag, contiguous, zigzag_documents };
+enum class Layout { zigzag, contiguous, zigzag_masked, balanced_documents };
+bool masked(Layout l) { return l == Layout::zigzag_masked || l == Layout::balanced_documents; }
 
 // Rank r's pieces against rank j's block, each with its first query's and key's positions (used
 // under document bounds only); c is the zigzag's chunk. Contiguous: r holds tokens [2rc, 2(r+1)c),
@@ -75,7 +80,7 @@ enum class Layout { zigzag, contiguous, zigzag_documents };
 std::vector<cp_ring::PlacedPiece> schedule(Layout layout, int r, int j, int64_t c, const cp_ring::ChunkLayout& chunks,
                                            const std::vector<int64_t>& documents) {
   std::vector<cp_ring::PlacedPiece> out;
-  if (layout == Layout::zigzag_documents) return cp_ring::document_pieces(r, j, chunks, true, documents);
+  if (masked(layout)) return cp_ring::document_pieces(r, j, chunks, true, documents);
   if (layout == Layout::zigzag)
     for (const cp_ring::Piece& p : cp_ring::pieces_for(r, j, c, true)) out.push_back({p, 0, 0});
   else if (j == r)
@@ -102,11 +107,11 @@ RankTime time_rank(const Options& o, Layout layout, int r, int n, const Tensor& 
   RankTime t;
   // Masked pieces run at their positions under the bounds, as cp_ring runs them.
   auto place = [&](const cp_ring::PlacedPiece& pp) {
-    const bool masked = layout == Layout::zigzag_documents;
-    p.causal = masked || pp.piece.causal;
-    p.q_offset = masked ? pp.q_pos : 0;
-    p.k_offset = masked ? pp.k_pos : 0;
-    if (masked) p.documents = documents;
+    const bool m = masked(layout);
+    p.causal = m || pp.piece.causal;
+    p.q_offset = m ? pp.q_pos : 0;
+    p.k_offset = m ? pp.k_pos : 0;
+    if (m) p.documents = documents;
   };
   auto clock = [] { return std::chrono::steady_clock::now(); };
   auto seconds = [](auto a, auto b) { return std::chrono::duration<double>(b - a).count(); };
@@ -173,13 +178,18 @@ int run(const Options& o) {
     const double fwd_bytes = static_cast<double>(cp - 1) * kv_block;
     const double bwd_bytes = static_cast<double>(cp - 1) * kv_block + static_cast<double>(cp) * grads;
     const std::vector<int64_t> documents = o.mix.empty() ? std::vector<int64_t>{} : bench::document_bounds(o.mix, o.tokens, o.seed);
-    const cp_ring::ChunkLayout chunks = cp_ring::balanced_layout(documents, o.tokens, static_cast<int>(cp));
-    std::vector<Layout> layouts{Layout::zigzag, Layout::contiguous};
-    if (!documents.empty()) layouts.push_back(Layout::zigzag_documents);
+    const cp_ring::ChunkLayout balanced = cp_ring::balanced_layout(documents, o.tokens, static_cast<int>(cp));
+    const cp_ring::ChunkLayout zigzag = cp_ring::zigzag_layout(o.tokens, static_cast<int>(cp));
+    std::vector<Layout> layouts;
+    if (documents.empty() || !o.documents_only) layouts = {Layout::zigzag, Layout::contiguous};
+    if (!documents.empty()) layouts.insert(layouts.end(), {Layout::zigzag_masked, Layout::balanced_documents});
     for (Layout layout : layouts) {
-      const std::string name = layout == Layout::zigzag       ? "zigzag"
-                               : layout == Layout::contiguous ? "contiguous"
-                                                              : str("balanced+", o.mix, " (", documents.size() - 1, " documents)");
+      const cp_ring::ChunkLayout& chunks = layout == Layout::balanced_documents ? balanced : zigzag;
+      const std::string docs = str(o.mix, " (", documents.size() - 1, " documents, seed ", o.seed, ")");
+      const std::string name = layout == Layout::zigzag          ? "zigzag"
+                               : layout == Layout::contiguous    ? "contiguous"
+                               : layout == Layout::zigzag_masked ? "zigzag+" + docs
+                                                                 : "balanced+" + docs;
       time_rank(o, layout, static_cast<int>(cp - 1), static_cast<int>(cp), q, k, v, dout, chunks, documents);  // warm-up
       std::vector<double> totals;
       for (int r = 0; r < cp; ++r) {
@@ -204,7 +214,7 @@ int run(const Options& o) {
       double mean = 0;
       for (double x : totals) mean += x / static_cast<double>(totals.size());
       // The balanced layout's k and the spread of the masked work it predicts.
-      const std::string predicted = layout == Layout::zigzag_documents
+      const std::string predicted = layout == Layout::balanced_documents
                                         ? str(", \"k\": ", chunks.k, ", \"chunk_rows\": ", chunks.c,
                                               ", \"predicted_spread_pct\": ", 100.0 * chunks.spread)
                                         : std::string();
