@@ -27,7 +27,7 @@ struct MeshCoord {
 };
 
 // A rank's place among the cp x sp ranks of one sequence, the same under either order: the index
-// of the shard it holds (Parallelism::shard's rank; stacked, sp_ulysses cuts cp_ring's zigzag
+// of the shard it holds (Parallelism::shard's rank; stacked, the outer provider cuts the inner's
 // shard cp_index in sp contiguous parts) and its rank in Mesh::seq.
 inline int seq_index(const MeshShape& s, const MeshCoord& c) { return c.cp * s.sp + c.sp; }
 
