@@ -16,11 +16,13 @@
 // rank j's heads for this rank's tokens; what arrives is already [L, heads/sp, d] in token order.
 //
 // Stacked over a cp provider (two-dimensional sequence parallelism, README.md): the rank mesh is
-// dp x cp x sp with sp fastest (lcx/mesh_shape.h), so a group of sp ranks holds one cp shard of
-// the inner (cp_ring's zigzag shard of rank cp), each rank its contiguous 1/sp of that shard's
-// rows. The all-to-all gives every rank of the group the whole cp shard on its heads, and the
-// attention over it is the inner's (the ring over the cp communicator, among the ranks holding
-// the same heads) instead of the plain op; the rest is unchanged.
+// dp x cp x sp, placed with sp or cp on neighbouring ranks (lcx/mesh_shape.h); either way the sp
+// communicator ranks its group by sp coordinate and the cp one by cp coordinate, so the plugin
+// reads no placement. A group of sp ranks holds one cp shard of the inner (cp_ring's zigzag shard
+// of rank cp), each rank its contiguous 1/sp of that shard's rows. The all-to-all gives every rank
+// of the group the whole cp shard on its heads, and the attention over it is the inner's (the
+// ring over the cp communicator, among the ranks holding the same heads) instead of the plain op;
+// the rest is unchanged.
 //
 // The head-layout q, k, v, out and LSE of the last forward are kept (with the caller's tensors,
 // so their addresses cannot be reused) and the backward that follows the recompute only sends
@@ -89,7 +91,7 @@ class Ulysses final : public Parallelism {
   std::string mesh_axis() const override { return "sp"; }
 
   bool masks_documents() const override { return inner_ ? inner_->masks_documents() : true; }
-  // Stacked, `rank` is the place among cp x sp ranks, cp * sp_size + sp (the trainer's seq_rank).
+  // Stacked, `rank` is the place among cp x sp ranks, cp * sp_size + sp (seq_index, lcx/mesh_shape.h).
   Shard shard(const Sequence& seq, int rank) const override {
     if (inner_) return stacked_shard(seq, rank);
     const int64_t L = seq.tokens.size(0);

@@ -114,6 +114,24 @@ TEST(CoreConfig, CheckpointEveryIsAutoOrACount) {
   }
 }
 
+// [distributed] order places cp and sp on the ranks: sp_inner unless set, carried into the mesh
+// the plugins are created for; any other value is refused by key, the fix naming both.
+TEST(CoreConfig, DistributedOrderIsSpInnerOrCpInner) {
+  EXPECT_EQ(read_core_config(Manifest::parse("[distributed]\ncp = 2\n", "c.toml"), {}).distributed.order,
+            MeshOrder::sp_inner);
+  const CoreConfig c = read_core_config(Manifest::parse("[distributed]\ncp = 2\nsp = 4\norder = \"cp_inner\"\n", "c.toml"), {});
+  EXPECT_EQ(c.distributed.order, MeshOrder::cp_inner);
+  EXPECT_EQ(configured_mesh(c.distributed).order, MeshOrder::cp_inner);
+  try {
+    read_core_config(Manifest::parse("[distributed]\norder = \"ring_inner\"\n", "c.toml"), {});
+    ADD_FAILURE() << "order = ring_inner was accepted";
+  } catch (const Error& e) {
+    EXPECT_EQ(e.key(), "distributed.order");
+    EXPECT_NE(std::string(e.what()).find("'ring_inner' is not allowed"), std::string::npos) << e.what();
+    EXPECT_NE(e.fix().find("sp_inner, cp_inner"), std::string::npos) << e.fix();
+  }
+}
+
 TEST(Manifest, SyntaxErrorNamesLine) {
   try {
     Manifest::parse("[a]\nx = 1\ny = \n", "bad.toml");

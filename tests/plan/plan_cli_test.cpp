@@ -51,13 +51,31 @@ TEST(PlanCli, SixteenGpuRecipePlansTheStackedMesh) {
                        "/configs/qwen3_8b_4m_16gpu.toml --gpu-memory 141GB");
   ASSERT_EQ(r.exit_code, 0) << r.output;
   for (const char* s : {"4,194,304 tokens", "cp 2", "sp 8", "262,144 tokens per rank", "parallelism sp_ulysses",
-                        "all-to-all: q, k, v, out in head layout", "ring K/V receive buffers"})
+                        "all-to-all: q, k, v, out in head layout", "ring K/V receive buffers",
+                        "placement: order sp_inner: each sp group on 8 neighbouring ranks, each cp ring strided 8 ranks apart"})
     EXPECT_NE(r.output.find(s), std::string::npos) << s << "\n" << r.output;
   // Too small a GPU: the pair grows along the ring's axis as loaded, never swapped for the ring alone.
   auto small = run_command(test::lcx_train() + " --plan --config " + std::string(LCX_SOURCE_DIR) +
                            "/configs/qwen3_8b_4m_16gpu.toml --gpu-memory 60GB --host-memory 2TB");
   EXPECT_NE(small.output.find("raise distributed.cp to 4 (32 GPUs"), std::string::npos) << small.output;
   EXPECT_EQ(small.output.find("load cp_ring"), std::string::npos) << small.output;
+}
+
+// [distributed] order: the other placement is planned and printed; a value that names no order is
+// refused by its key before any planning, exit code 2.
+TEST(PlanCli, SixteenGpuRecipePrintsThePlacementOrder) {
+  const std::string plan = test::lcx_train() + " --plan --config " + std::string(LCX_SOURCE_DIR) +
+                           "/configs/qwen3_8b_4m_16gpu.toml --gpu-memory 141GB --set distributed.order=";
+  auto r = run_command(plan + "cp_inner");
+  ASSERT_EQ(r.exit_code, 0) << r.output;
+  EXPECT_NE(r.output.find("placement: order cp_inner: each cp ring on 2 neighbouring ranks, each sp group strided 2 "
+                          "ranks apart"),
+            std::string::npos)
+      << r.output;
+  auto bad = run_command(plan + "ring_inner");
+  EXPECT_EQ(bad.exit_code, 2) << bad.output;
+  for (const char* s : {"distributed.order", "'ring_inner' is not allowed", "sp_inner, cp_inner"})
+    EXPECT_NE(bad.output.find(s), std::string::npos) << s << "\n" << bad.output;
 }
 
 // The recipe: every candidate planned and timed by the cost model, the fastest that fits chosen.

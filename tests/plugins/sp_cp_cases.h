@@ -5,6 +5,8 @@
 //     single-rank op's;
 //   - a training step of a tiny qwen3: the loss and every parameter gradient summed over the
 //     cp x sp ranks equal the single-rank step's.
+// Either placement order ([distributed] order): each rank takes the shard of its seq_index, which
+// under cp_inner differs from its world rank, so the communicators must group what the shards say.
 #pragma once
 #include "plugins/sp_ulysses_cases.h"
 
@@ -59,13 +61,15 @@ struct Attention2dCase {
   DType dtype = DType::f32;
   Tolerance tol;
   std::vector<int64_t> documents;  // packed documents' bounds over the whole sequence; empty: one
+  MeshOrder order = MeshOrder::sp_inner;
 };
 
 inline void check_attention_2d(const Attention2dCase& c) {
   const int n = c.cp * c.sp;
   const int64_t L = c.L, Hq = c.Hq, Hkv = c.Hkv, d = c.d;
-  const std::string what = str("cp ", c.cp, " x sp ", c.sp, ", Hq ", Hq, ", Hkv ", Hkv, ", d ", d, ", L ", L, ", ",
-                               dtype_name(c.dtype), c.documents.empty() ? "" : str(", ", c.documents.size() - 1, " documents"));
+  const std::string what = str("cp ", c.cp, " x sp ", c.sp, " ", mesh_order_name(c.order), ", Hq ", Hq, ", Hkv ", Hkv,
+                               ", d ", d, ", L ", L, ", ", dtype_name(c.dtype),
+                               c.documents.empty() ? "" : str(", ", c.documents.size() - 1, " documents"));
   const SingleRankAttention ref = single_rank_attention(L, Hq, Hkv, d, c.dtype, c.device, c.documents,
                                                        static_cast<uint32_t>(100 * c.cp + 10 * c.sp + Hkv));
   const Tensor &q = ref.q, &k = ref.k, &v = ref.v, &dout = ref.dout, &out = ref.out, &lse = ref.lse, &dq = ref.dq,
@@ -81,12 +85,12 @@ inline void check_attention_2d(const Attention2dCase& c) {
   };
   std::vector<Got> got(static_cast<size_t>(n));
   run_in_process(n, [&](Communicator& comm) {
-    Mesh mesh(comm, {.dp = 1, .cp = c.cp, .sp = c.sp});
+    Mesh mesh(comm, {.dp = 1, .cp = c.cp, .sp = c.sp, .order = c.order});
     const int r = comm.rank();
     Parallelism& par = *plugins[static_cast<size_t>(r)];
     par.configure(info, &mesh);
     Got& g = got[static_cast<size_t>(r)];
-    g.rows = shard_rows(par, L, mesh.coord().cp * c.sp + mesh.coord().sp, c.documents);
+    g.rows = shard_rows(par, L, seq_index(mesh.shape(), mesh.coord()), c.documents);
     const int64_t T = static_cast<int64_t>(g.rows.size());
     const Tensor qr = gather_rows(q, g.rows), kr = gather_rows(k, g.rows), vr = gather_rows(v, g.rows),
                  dor = gather_rows(dout, g.rows);
@@ -120,10 +124,10 @@ inline void check_attention_2d(const Attention2dCase& c) {
 // One training step of the whole sequence on one rank, then over cp x sp ranks (each: its shard,
 // train_step with the whole sequence's mean, then loss and grads summed over the sequence's ranks
 // as the trainer's all-reduce does). Loss sums and every gradient must agree.
-inline void check_step_2d(int cp, const StepCase& c) {
+inline void check_step_2d(int cp, const StepCase& c, MeshOrder order = MeshOrder::sp_inner) {
   const int n = cp * c.sp;
-  const std::string what = str("cp ", cp, " x sp ", c.sp, ", Hq ", c.Hq, ", Hkv ", c.Hkv, ", L ", c.L,
-                               c.documents.empty() ? "" : str(", ", c.documents.size() - 1, " documents"), ", ",
+  const std::string what = str("cp ", cp, " x sp ", c.sp, " ", mesh_order_name(order), ", Hq ", c.Hq, ", Hkv ", c.Hkv,
+                               ", L ", c.L, c.documents.empty() ? "" : str(", ", c.documents.size() - 1, " documents"), ", ",
                                device_name(c.device), " ", dtype_name(c.weight_dtype));
   const StepSequence ss = step_sequence(c);
   const Sequence& seq = ss.seq;
@@ -141,14 +145,14 @@ inline void check_step_2d(int cp, const StepCase& c) {
   for (int r = 0; r < n; ++r) ranks.push_back(make_slots(c, load_stacked(cp, c.sp)));
   std::vector<double> loss_sum(static_cast<size_t>(n));
   run_in_process(n, [&](Communicator& comm) {
-    Mesh mesh(comm, {.dp = 1, .cp = cp, .sp = c.sp});
+    Mesh mesh(comm, {.dp = 1, .cp = cp, .sp = c.sp, .order = order});
     const int r = comm.rank();
     Slots& s = ranks[static_cast<size_t>(r)];
     StepSlots slots = s.slots();
     slots.mesh = &mesh;
     configure_slots(slots);
     s.model->zero_grad();
-    const Shard shard = s.parallel->shard(seq, mesh.coord().cp * c.sp + mesh.coord().sp);
+    const Shard shard = s.parallel->shard(seq, seq_index(mesh.shape(), mesh.coord()));
     const StepResult got = train_step(slots, shard, scale, c.device);
     double sums[1] = {got.loss_sum};
     mesh.seq().all_reduce(std::span<double>(sums, 1));

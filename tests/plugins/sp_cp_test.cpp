@@ -118,6 +118,33 @@ TEST(SpCpExact, TrainingStepWithPackedDocumentsEqualsSingleRank) {
   test::check_step_2d(2, c);
 }
 
+// cp_inner: each cp ring on neighbouring ranks and each sp group strided over them, so world rank
+// r holds the shard of another seq_index; the communicators must still meet the shards they carry.
+TEST(SpCpExact, AttentionEqualsSingleRankCpInner) {
+  for (auto [cp, sp] : {std::pair{2, 2}, {2, 4}, {4, 2}})
+    for (int64_t Hkv : {int64_t{1}, int64_t{8}}) {
+      test::Attention2dCase c;
+      c.cp = cp;
+      c.sp = sp;
+      c.L = 48;
+      c.Hkv = Hkv;
+      c.order = MeshOrder::cp_inner;
+      test::check_attention_2d(c);
+      c.documents = {0, 1, 12, 13, 30, 48};
+      test::check_attention_2d(c);
+    }
+}
+
+TEST(SpCpExact, TrainingStepEqualsSingleRankCpInner) {
+  for (auto [cp, sp] : {std::pair{2, 2}, {2, 4}, {4, 2}}) {
+    test::StepCase c;
+    c.sp = sp;
+    c.L = 48;
+    c.tol = {1e-5, 1e-6, 0};
+    test::check_step_2d(cp, c, MeshOrder::cp_inner);
+  }
+}
+
 // The composed buffers: the all-to-all's at the rank's T tokens, the ring's at the cp shard's
 // sp T rows on the rank's heads, and no single-call attention scratch over the whole sequence.
 TEST(SpCp, PlansTheAllToAllAndTheRingAtTheComposedShard) {
@@ -148,7 +175,8 @@ TEST(SpCp, PlansTheAllToAllAndTheRingAtTheComposedShard) {
 
 // lcx-train as a user runs it: thread-ranks on the CPU, the trainer building the mesh, stacking
 // the two plugins from [plugins] load, sharding and reducing over the whole world. cp x sp traces
-// the single-rank run; dp 2 x cp 2 x sp 2 traces dp 2 alone (two sequences a step either way).
+// the single-rank run; dp 2 x cp 2 x sp 2 traces dp 2 alone (two sequences a step either way),
+// in either placement order.
 TEST(SpCpTrainer, RunsTrackTheSingleRankRunAndDpAlone) {
   if (!std::filesystem::exists(test::qwen3_tokenizer())) GTEST_SKIP() << "data/qwen3/tokenizer.json absent: run scripts/fetch_data.sh";
   const auto dir = test::temp_dir("sp-cp-train");
@@ -159,17 +187,19 @@ TEST(SpCpTrainer, RunsTrackTheSingleRankRunAndDpAlone) {
     std::ofstream out(dir / "data.tokens", std::ios::binary);
     for (int r = 0; r < 12; ++r) out.write(reinterpret_cast<const char*>(pattern.data()), pattern.size() * 4);
   }
-  auto run = [&](int dp, int cp, int sp) {
-    const std::string name = str("run", dp, cp, sp);
+  auto run = [&](int dp, int cp, int sp, const std::string& order = "sp_inner") {
+    const std::string name = str("run", dp, cp, sp, order);
     const auto out = dir / name;
     const std::string load = cp * sp > 1 ? "\"sp_ulysses\", \"cp_ring\", " : "";
     test::write_file(dir / (name + ".toml"),
                      test::tiny_run_manifest(out, dir / "data.tokens", 3, true, "max_steps = 2\n",
                                              str("[plugins]\nload = [", load, "\"loss_chunked\"]\n[distributed]\nnproc_per_node = ",
-                                                 dp * cp * sp, "\ncp = ", cp, "\nsp = ", sp, "\n")));
+                                                 dp * cp * sp, "\ncp = ", cp, "\nsp = ", sp, "\norder = \"", order,
+                                                 "\"\n")));
     const test::CommandResult r = test::run_command(test::lcx_train() + " --config " + (dir / (name + ".toml")).string());
     EXPECT_EQ(r.exit_code, 0) << r.output;
     if (cp * sp > 1) {
+      EXPECT_NE(r.output.find(str("x sp ", sp, ", ", order, ")")), std::string::npos) << r.output;
       EXPECT_NE(r.output.find("sp_ulysses: all-to-all per layer and rank"), std::string::npos) << r.output;
       EXPECT_NE(r.output.find("cp_ring: ring traffic per rank"), std::string::npos) << r.output;
     }
@@ -190,7 +220,9 @@ TEST(SpCpTrainer, RunsTrackTheSingleRankRunAndDpAlone) {
     }
   };
   same(run(1, 2, 2), run(1, 1, 1), "cp 2 x sp 2");
-  same(run(2, 2, 2), run(2, 1, 1), "dp 2 x cp 2 x sp 2");
+  const auto dp2 = run(2, 1, 1);
+  same(run(2, 2, 2), dp2, "dp 2 x cp 2 x sp 2");
+  same(run(2, 2, 2, "cp_inner"), dp2, "dp 2 x cp 2 x sp 2, cp_inner");
 }
 
 }  // namespace

@@ -125,5 +125,38 @@ TEST(SpCpGpu, TrainingStepEqualsSingleRank) {
     }
 }
 
+// The other placement ([distributed] order = "cp_inner"), on one mesh: each rank's shard is its
+// seq_index, no longer its world rank, and the communicators must follow.
+TEST(SpCpGpu, CpInnerEqualsSingleRank) {
+  LCX_SKIP_WITHOUT_GPU();
+  test::Attention2dCase a;
+  a.cp = 2;
+  a.sp = 4;
+  a.L = 1536;
+  a.Hq = 16;
+  a.Hkv = 2;
+  a.d = 128;
+  a.device = Device::cuda();
+  a.dtype = DType::bf16;
+  a.tol.l2 = 1e-2;
+  a.order = MeshOrder::cp_inner;
+  test::check_attention_2d(a);
+  a.documents = {0, 1, 300, 301, 1000, 1536};
+  test::check_attention_2d(a);
+  test::StepCase c;
+  c.sp = 4;
+  c.L = 1024;
+  c.Hq = 8;
+  c.Hkv = 2;
+  c.d = 64;
+  c.hidden = 128;
+  c.vocab = 512;
+  c.device = Device::cuda();
+  c.weight_dtype = DType::bf16;
+  c.tol.l2 = 3e-2;
+  c.loss_rtol = 1e-2;
+  test::check_step_2d(2, c, MeshOrder::cp_inner);
+}
+
 }  // namespace
 }  // namespace lcx

@@ -122,6 +122,7 @@ class Mesh {
   // Throws lcx::Error naming the [distributed] keys when an axis is < 1 or dp * cp * sp differs
   // from world_size. Call before any GPU work.
   static void validate(const MeshShape& shape, int world_size);
+  // Where a world rank sits, as shape.order places the axes (lcx/mesh_shape.h).
   static MeshCoord coord_of(const MeshShape& shape, int world_rank);
 
   // A collective over `world` (every rank calls it): validates, then splits one communicator per
@@ -137,7 +138,8 @@ class Mesh {
   Communicator& dp() const { return *dp_; }
   Communicator& cp() const { return *cp_; }
   Communicator& sp() const { return *sp_; }
-  // cp x sp: the ranks that share one sequence (loss and valid-token counts of one sequence).
+  // cp x sp: the ranks that share one sequence (loss and valid-token counts of one sequence),
+  // ranked by seq_index (the order of their shards) whatever the placement order.
   Communicator& seq() const { return *seq_; }
 
  private:

@@ -13,6 +13,7 @@
 #include <vector>
 
 #include "lcx/dtype.h"
+#include "lcx/mesh_shape.h"
 #include "lcx/slots/model.h"
 
 namespace lcx {
@@ -87,6 +88,7 @@ struct PlanInputs {
   DType grad_dtype = DType::f32;     // of the GEMM weights' gradients (norms, embedding, head: fp32)
   Recipe recipe;                     // the choices planned (model.h); explicit keys win over them
   bool documents_masked = false;     // [data] attend_across_documents = false: attention masks per document
+  MeshOrder order = MeshOrder::sp_inner;  // [distributed] order: which of cp and sp takes neighbouring ranks
 };
 
 struct PlanTerm {

@@ -159,6 +159,9 @@ CoreConfig read_core_config(const Manifest& m, const std::vector<std::string>& p
     d.dp = v.get_int("dp", d.dp);
     d.cp = v.get_int("cp", d.cp);
     d.sp = v.get_int("sp", d.sp);
+    const std::string order = v.get_string("order", mesh_order_name(d.order));
+    one_of(v, "order", order, {"sp_inner", "cp_inner"});
+    d.order = order == "cp_inner" ? MeshOrder::cp_inner : MeshOrder::sp_inner;
     for (const char* k : {"nproc_per_node", "dp", "cp", "sp"})
       if (v.get_int(k, 1) < 1) v.fail(k, "must be >= 1");
     d.shard_parameters = v.get_bool("shard_parameters", d.shard_parameters);

@@ -83,6 +83,7 @@ struct PluginsSection {
 struct DistributedConfig {
   int64_t nproc_per_node = 1;
   int64_t dp = 1, cp = 1, sp = 1;
+  MeshOrder order = MeshOrder::sp_inner;  // "sp_inner" | "cp_inner": which axis takes neighbouring ranks
   // Parameters, gradients and optimizer state split across all ranks (ZeRO-3); else replicated
   // with gradients all-reduced.
   bool shard_parameters = true;
@@ -94,7 +95,7 @@ struct DistributedConfig {
 // The mesh as [distributed] gives it, which plugins are created for (PluginArgs::mesh); dp as
 // given (the trainer widens dp = 1 to the ranks cp x sp leave).
 inline MeshShape configured_mesh(const DistributedConfig& d) {
-  return {static_cast<int>(d.dp), static_cast<int>(d.cp), static_cast<int>(d.sp)};
+  return {static_cast<int>(d.dp), static_cast<int>(d.cp), static_cast<int>(d.sp), d.order};
 }
 
 struct CoreConfig {

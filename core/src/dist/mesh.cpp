@@ -19,18 +19,19 @@ void Mesh::validate(const MeshShape& s, int world_size) {
 }
 
 MeshCoord Mesh::coord_of(const MeshShape& s, int r) {
+  if (s.order == MeshOrder::cp_inner) return {r / (s.cp * s.sp), r % s.cp, (r / s.cp) % s.sp};
   return {r / (s.cp * s.sp), (r / s.sp) % s.cp, r % s.sp};
 }
 
 Mesh::Mesh(Communicator& world, const MeshShape& shape)
     : world_(world), shape_(shape), coord_((validate(shape, world.size()), coord_of(shape, world.rank()))) {
-  const int r = world.rank();
   const auto [d, c, s] = coord_;
-  // Color = the coordinates that stay fixed along the axis; key = the position along it.
+  // Color = the coordinates that stay fixed along the axis; key = the position along it, so an
+  // axis's ranks are its coordinates under either order.
   dp_ = world.split(c * shape.sp + s, d, "dp");
   cp_ = world.split(d * shape.sp + s, c, "cp");
   sp_ = world.split(d * shape.cp + c, s, "sp");
-  seq_ = world.split(d, r, "seq");
+  seq_ = world.split(d, seq_index(shape, coord_), "seq");
 }
 
 Mesh::~Mesh() = default;

@@ -105,6 +105,7 @@ PlanInputs plan_inputs(const CoreConfig& cfg, const ModelConfig& model, int64_t 
   in.dp = cfg.distributed.dp;
   in.cp = cfg.distributed.cp;
   in.sp = cfg.distributed.sp;
+  in.order = cfg.distributed.order;
   in.world_size = in.dp * in.cp * in.sp;
   in.local_ranks = cfg.distributed.nproc_per_node;
   in.weight_dtype = dtype_from_name(cfg.model.dtype);
@@ -199,6 +200,12 @@ std::string format_plan(const MemoryPlan& plan, const PlanInputs& in, const Plan
     << m.vocab_size << (m.tie_word_embeddings ? ", tied head" : ", untied head") << "\n";
   o << "  sequence: " << with_commas(in.seq_len) << " tokens; mesh dp " << in.dp << " x cp " << in.cp << " x sp "
     << in.sp << " (world " << in.world_size << "): " << with_commas(in.tokens_per_rank) << " tokens per rank\n";
+  // Placement matters only when both sequence axes have ranks: say which one shares a node.
+  if (in.cp > 1 && in.sp > 1)
+    o << "  placement: order " << mesh_order_name(in.order)
+      << (in.order == MeshOrder::cp_inner
+              ? str(": each cp ring on ", in.cp, " neighbouring ranks, each sp group strided ", in.cp, " ranks apart\n")
+              : str(": each sp group on ", in.sp, " neighbouring ranks, each cp ring strided ", in.sp, " ranks apart\n"));
   o << "  dtypes: weights and activations " << dtype_name(in.weight_dtype) << ", master "
     << (in.master_dtype == DType::f32 ? "fp32" : "none (moments in the weights' dtype)") << "; grad_accum "
     << in.grad_accum << "\n";

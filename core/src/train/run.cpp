@@ -94,11 +94,7 @@ int Run::world_size() const { return rank_.world ? rank_.world->size() : 1; }
 MeshShape Run::mesh_shape() const { return rank_.mesh ? rank_.mesh->shape() : MeshShape{}; }
 MeshCoord Run::mesh_coord() const { return rank_.mesh ? rank_.mesh->coord() : MeshCoord{}; }
 
-int Run::seq_rank() const {
-  const MeshShape shape = mesh_shape();
-  const MeshCoord coord = mesh_coord();
-  return coord.cp * shape.sp + coord.sp;
-}
+int Run::seq_rank() const { return seq_index(mesh_shape(), mesh_coord()); }
 
 RankIO Run::rank_io() const { return RankIO{rank(), world_size(), rank_.world, sharded()}; }
 

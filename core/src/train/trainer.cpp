@@ -446,7 +446,9 @@ void log_device(const Run& run) {
   const MeshShape shape = run.mesh_shape();
   log::info(str("device ", device_name(run.device()), ", weights ", dtype_name(run.dtype()), ", ", run.world_size(),
                 run.world_size() == 1 ? " rank" : " ranks",
-                run.mesh() ? str(" (dp ", shape.dp, " x cp ", shape.cp, " x sp ", shape.sp, ")") : ""));
+                run.mesh() ? str(" (dp ", shape.dp, " x cp ", shape.cp, " x sp ", shape.sp,
+                                 shape.cp > 1 && shape.sp > 1 ? str(", ", mesh_order_name(shape.order)) : "", ")")
+                           : ""));
 }
 
 // The recipe the plan chose, and a warning for sequences longer than the positions placed correctly.
@@ -491,7 +493,7 @@ int train_rank(const CoreConfig& cfg, const Manifest& manifest, const SlotFactor
 }
 
 MeshShape mesh_shape(const DistributedConfig& d, int world) {
-  MeshShape s{static_cast<int>(d.dp), static_cast<int>(d.cp), static_cast<int>(d.sp)};
+  MeshShape s = configured_mesh(d);
   // dp left at 1 takes the ranks that cp and sp leave.
   if (s.dp == 1 && s.cp * s.sp > 0 && world % (s.cp * s.sp) == 0) s.dp = world / (s.cp * s.sp);
   Mesh::validate(s, world);
