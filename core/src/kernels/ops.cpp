@@ -433,22 +433,36 @@ void attention_forward_by_document(const Tensor& q, const Tensor& k, const Tenso
       run_on_cudnn(q, k, p, slices, [&](const AttentionParams& r, const auto& q_spans, const auto& k_spans) {
         return cuda::attention_forward_documents(q, k, v, out, lse, r, q_spans, k_spans);
       });
+  // Queries with no key here (in a ring's piece, the documents of the query chunk that the key
+  // chunk does not hold; most of them with short documents) see nothing: out 0, LSE -inf. Such
+  // documents follow one another in q's rows, so each run of them is one zero fill and one column
+  // copy from a single -inf block uploaded once per call (a host copy per document, each a wait
+  // on the device, cost a ring's piece of short documents more than its attention).
+  std::vector<std::pair<int64_t, int64_t>> unseen;  // runs of query rows
   for (size_t i = 0; i < slices.size(); ++i) {
     const DocumentSlice& s = slices[i];
     const int64_t n = s.q_end - s.q_begin;
     if (n == 0 || done[i]) continue;
-    Tensor o = out.rows(s.q_begin, s.q_end);
-    Tensor l;
     if (s.k_begin == s.k_end) {
-      if (!cut) o.zero();
-      l = Tensor::from_floats(std::vector<float>(static_cast<size_t>(q.size(1) * n), -INFINITY), {q.size(1), n},
-                              DType::f32, q.device());
-    } else {
-      l = Tensor::empty({q.size(1), n}, DType::f32, q.device());
-      cuda::attention_forward_own(q.rows(s.q_begin, s.q_end), k.rows(s.k_begin, s.k_end), v.rows(s.k_begin, s.k_end),
-                                  o, l, one_document(p, s));
+      if (!unseen.empty() && unseen.back().second == s.q_begin) unseen.back().second = s.q_end;
+      else unseen.emplace_back(s.q_begin, s.q_end);
+      continue;
     }
+    Tensor o = out.rows(s.q_begin, s.q_end);
+    Tensor l = Tensor::empty({q.size(1), n}, DType::f32, q.device());
+    cuda::attention_forward_own(q.rows(s.q_begin, s.q_end), k.rows(s.k_begin, s.k_end), v.rows(s.k_begin, s.k_end),
+                                o, l, one_document(p, s));
     if (!cut) cuda::copy_columns(l, 0, lse, s.q_begin, n);
+  }
+  if (unseen.empty()) return;
+  int64_t widest = 0;
+  for (const auto& [b, e] : unseen) widest = std::max(widest, e - b);
+  const Tensor none = Tensor::from_floats(std::vector<float>(static_cast<size_t>(q.size(1) * widest), -INFINITY),
+                                          {q.size(1), widest}, DType::f32, q.device());
+  if (cut) return;
+  for (const auto& [b, e] : unseen) {
+    out.rows(b, e).zero();
+    cuda::copy_columns(none, 0, lse, b, e - b);
   }
 }
 
