@@ -121,7 +121,8 @@ std::vector<PiecePlan> planned_pieces(int r, int j, const ChunkLayout& layout, c
 
 class CpRing final : public Parallelism {
  public:
-  explicit CpRing(int cp) : cp_(cp) {}
+  // piece_cost: what balanced_layout weighs a piece at; negative keeps the zigzag ([cp_ring] balance).
+  CpRing(int cp, int64_t piece_cost) : cp_(cp), piece_cost_(piece_cost) {}
 
   void configure(const ParallelModelInfo& info, Mesh* mesh) override {
     for (size_t l = 0; l < info.layer_types.size(); ++l)
@@ -165,7 +166,7 @@ class CpRing final : public Parallelism {
       throw Error(str("cp_ring: a sequence of ", L, " tokens cannot be cut into 2 x cp = ", chunks,
                       " equal chunks (zigzag sharding: rank r holds chunks r and ", chunks - 1, " - r)"),
                   "data.pad_to_multiple_of", str("set data.pad_to_multiple_of = ", chunks, " (a multiple of 2 x cp)"));
-    const ChunkLayout layout = cp_ring::balanced_layout(seq.document_bounds, L, cp_);
+    const ChunkLayout layout = layout_for(seq.document_bounds, L, cp_);
     const int64_t c = layout.c, T = L / cp_;
     s.tokens = Tensor::empty({T}, DType::i32);
     s.targets = Tensor::empty({T}, DType::i64);
@@ -360,13 +361,18 @@ class CpRing final : public Parallelism {
     const int64_t L = q.size(0) * n;
     if (layout_.n != n || layout_.c * 2 * layout_.k * n != L ||
         !std::ranges::equal(layout_documents_, a.documents)) {
-      layout_ = cp_ring::balanced_layout(a.documents, L, n);
+      layout_ = layout_for(a.documents, L, n);
       layout_documents_.assign(a.documents.begin(), a.documents.end());
     }
     return layout_;
   }
 
+  ChunkLayout layout_for(std::span<const int64_t> documents, int64_t L, int n) const {
+    return piece_cost_ < 0 ? cp_ring::zigzag_layout(L, n) : cp_ring::balanced_layout(documents, L, n, piece_cost_);
+  }
+
   int cp_;
+  int64_t piece_cost_;
   Mesh* mesh_ = nullptr;
   int64_t layers_ = 0;
   std::atomic<bool> logged_{false};
@@ -388,7 +394,14 @@ std::unique_ptr<Plugin> create(const PluginArgs& args) {
   if (args.config.has("attend_across_documents"))
     args.config.fail("attend_across_documents", "moved to [data]: it decides for the data and every provider",
                      "drop cp_ring.attend_across_documents and set [data] attend_across_documents");
-  return std::make_unique<CpRing>(static_cast<int>(cp));
+  // How shards are laid out for packed documents: "time" (the slowest rank's predicted time: masked
+  // work and a cost per piece), "work" (the masked work alone), "zigzag" (as without documents).
+  const std::string balance = args.config.get_string("balance", "time");
+  if (balance != "time" && balance != "work" && balance != "zigzag")
+    args.config.fail("balance", str("is '", balance, "'; it is time, work or zigzag"),
+                     "leave it unset (time: shards laid out for the slowest rank's predicted time)");
+  const int64_t piece_cost = balance == "time" ? cp_ring::kPieceCostPairs : balance == "work" ? 0 : -1;
+  return std::make_unique<CpRing>(static_cast<int>(cp), piece_cost);
 }
 
 }  // namespace

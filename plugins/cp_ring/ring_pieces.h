@@ -122,25 +122,66 @@ inline ChunkLayout greedy_layout(const std::vector<int64_t>& work, int n, int64_
 // The smallest chunk a balanced layout cuts: pieces of fewer rows run the GPU's attention kernels
 // below their rate, and each costs a kernel call.
 inline constexpr int64_t kMinChunkRows = 512;
-// The predicted spread a layout is kept at: the smallest k that reaches it wins.
-inline constexpr double kTargetSpread = 0.02;
+
+// What one chunk-pair piece costs beyond its work, in (query, key) pairs of masked work. Measured
+// on the H200 (tests/bench/cp_balance_bench.cpp, 131,072 tokens, 32 query / 8 key-value heads of
+// 128, docs/PERF.md): a rank's forward + backward took about 108 ms per 1e9 masked pairs plus
+// 0.4 ms per piece (the calls, gathers and merges of a piece), so a piece weighs 3.7M pairs. With
+// it the layouts chosen for the measured mixes were within 7% of the faster of zigzag and
+// work-balanced shards (1.3% on average), where balancing work alone lost up to 20% to the extra
+// pieces of short chunks. Fewer heads make the work cheaper and the piece relatively dearer.
+inline constexpr int64_t kPieceCostPairs = 3'700'000;
+
+// Each chunk's cost for a layout to balance: its masked work plus piece_cost for every chunk pair
+// it is the query side of (the earlier chunks that hold part of its first document, and itself).
+// Both depend on the chunk alone, not on which ranks hold it, so a rank's cost is the sum of its
+// chunks'.
+inline std::vector<int64_t> chunk_cost(std::span<const int64_t> documents, int64_t L, int64_t c, int64_t piece_cost) {
+  std::vector<int64_t> w = chunk_work(documents, L, c);
+  if (piece_cost > 0)
+    for (size_t i = 0; i < w.size(); ++i) {
+      const int64_t at = static_cast<int64_t>(i) * c;
+      const int64_t start = *(std::upper_bound(documents.begin(), documents.end(), at) - 1);
+      w[i] += piece_cost * (static_cast<int64_t>(i) - start / c + 1);
+    }
+  return w;
+}
+
+inline int64_t max_rank_cost(const ChunkLayout& layout, const std::vector<int64_t>& cost) {
+  int64_t most = 0;
+  for (int r = 0; r < layout.n; ++r) {
+    int64_t sum = 0;
+    for (int64_t ch : layout.of(r)) sum += cost[static_cast<size_t>(ch)];
+    most = std::max(most, sum);
+  }
+  return most;
+}
+
+// A layout replaces the one in hand only when it lowers the slowest rank's cost by more than this
+// share: the model's error on the H200 was a few percent.
+inline constexpr double kMinGain = 0.01;
 
 // The chunks each of n ranks holds for a sequence of L tokens (L a multiple of 2n) with packed
-// documents' cumulative bounds: the zigzag when it balances the masked work within kTargetSpread
-// (always without documents or with one); otherwise the greedy layout for k = 1, 2, 4, ... while
-// chunks keep at least kMinChunkRows rows and divide L, the smallest k within the target, or the
-// least spread of those tried. Every rank holds 2k chunks, so K/V blocks stay equal-sized.
-inline ChunkLayout balanced_layout(std::span<const int64_t> documents, int64_t L, int n) {
+// documents' cumulative bounds: of the zigzag and the greedy layouts for k = 1, 2, 4, ... (while
+// chunks keep at least kMinChunkRows rows and divide L), the one whose slowest rank costs least
+// (chunk_cost with piece_cost per piece; 0 balances the masked work alone), each larger k kept
+// only for a gain over kMinGain (any gain when pieces cost nothing). The zigzag always without documents or with one. Every rank holds
+// 2k chunks, so K/V blocks stay equal-sized. `spread` is the chosen layout's predicted spread of
+// that cost.
+inline ChunkLayout balanced_layout(std::span<const int64_t> documents, int64_t L, int n,
+                                   int64_t piece_cost = kPieceCostPairs) {
   ChunkLayout best = zigzag_layout(L, n);
   if (n == 1 || documents.size() <= 2) return best;
-  std::vector<int64_t> work = chunk_work(documents, L, best.c);
-  best.spread = work_spread(best, work);
-  if (best.spread <= kTargetSpread) return best;
+  std::vector<int64_t> cost = chunk_cost(documents, L, best.c, piece_cost);
+  best.spread = work_spread(best, cost);
+  int64_t best_max = max_rank_cost(best, cost);
   for (int64_t k = 1; L % (2 * n * k) == 0 && (k == 1 || L / (2 * n * k) >= kMinChunkRows); k *= 2) {
     const int64_t c = L / (2 * n * k);
-    ChunkLayout g = greedy_layout(k == 1 ? work : chunk_work(documents, L, c), n, k, c);
-    if (g.spread < best.spread) best = std::move(g);
-    if (best.spread <= kTargetSpread) break;
+    const std::vector<int64_t> ck = k == 1 ? cost : chunk_cost(documents, L, c, piece_cost);
+    ChunkLayout g = greedy_layout(ck, n, k, c);
+    const int64_t m = max_rank_cost(g, ck);
+    const double gain = piece_cost > 0 ? kMinGain : 0.0;  // balanced for work alone, any gain counts
+    if (static_cast<double>(m) < (1.0 - gain) * static_cast<double>(best_max)) best = std::move(g), best_max = m;
   }
   return best;
 }

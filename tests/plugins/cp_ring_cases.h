@@ -57,6 +57,7 @@ struct AttnCase {
   int64_t chunk, Hq, Hkv, d;
   bool causal = true;
   std::vector<int64_t> documents = {};  // packed documents' bounds over the sequence; empty: one
+  std::string ring_table = {};           // the cp_ring table the ranks are created with
 };
 
 inline std::string describe(const AttnCase& c) {
@@ -102,7 +103,7 @@ inline AttnErrors ring_attention_errors(const AttnCase& c, Device device, DType 
       r_dq(static_cast<size_t>(dq.numel()), NAN), r_dk(static_cast<size_t>(dk.numel()), NAN),
       r_dv(static_cast<size_t>(dv.numel()), NAN);
   std::vector<std::shared_ptr<Parallelism>> plugins;
-  for (int r = 0; r < c.cp; ++r) plugins.push_back(make_cp_ring(c.cp));
+  for (int r = 0; r < c.cp; ++r) plugins.push_back(make_cp_ring(c.cp, c.ring_table));
   ParallelModelInfo info;
   info.num_heads = c.Hq;
   info.num_kv_heads = c.Hkv;
@@ -240,7 +241,8 @@ inline StepOutcome single_rank_step(const Sequence& seq, Device device, DType dt
 // cp in-process ranks as the trainer runs them: each binds its mesh, takes its shard, steps with
 // grad_scale = 1 / (valid targets of the whole sequence), then the grads and the loss are summed
 // over the ranks. Rank 0's result.
-inline StepOutcome cp_step(const Sequence& seq, int cp, Device device, DType dtype, const StepPlugins& with = {}) {
+inline StepOutcome cp_step(const Sequence& seq, int cp, Device device, DType dtype, const StepPlugins& with = {},
+                           const std::string& ring_table = {}) {
   struct Rank {
     std::shared_ptr<Model> model;
     std::shared_ptr<Parallelism> parallel;
@@ -251,7 +253,7 @@ inline StepOutcome cp_step(const Sequence& seq, int cp, Device device, DType dty
   std::vector<Rank> ranks(static_cast<size_t>(cp));
   for (Rank& r : ranks) {
     r.model = tiny_model(device, dtype, with);
-    r.parallel = make_cp_ring(cp);
+    r.parallel = make_cp_ring(cp, ring_table);
     r.loss = with.loss();
     r.rope = with.rope();
     r.memory = with.memory();

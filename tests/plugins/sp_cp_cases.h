@@ -14,9 +14,9 @@ namespace lcx::test {
 
 // sp_ulysses stacked over cp_ring, created for a [distributed] cp x sp mesh as core's
 // resolve_slots stacks them.
-inline std::shared_ptr<Parallelism> load_stacked(int cp, int sp) {
+inline std::shared_ptr<Parallelism> load_stacked(int cp, int sp, const std::string& ring_table = {}) {
   const MeshShape shape{1, cp, sp};
-  auto ring = make_plugin<Parallelism>("cp_ring", "", Device::cpu(), nullptr, shape);
+  auto ring = make_plugin<Parallelism>("cp_ring", ring_table, Device::cpu(), nullptr, shape);
   auto outer = make_plugin<Parallelism>("sp_ulysses", "", Device::cpu(), nullptr, shape);
   EXPECT_TRUE(outer->stacks_over(*ring));
   EXPECT_FALSE(ring->stacks_over(*outer));
@@ -62,6 +62,7 @@ struct Attention2dCase {
   Tolerance tol;
   std::vector<int64_t> documents;  // packed documents' bounds over the whole sequence; empty: one
   MeshOrder order = MeshOrder::sp_inner;
+  std::string ring_table;  // the cp_ring table
 };
 
 inline void check_attention_2d(const Attention2dCase& c) {
@@ -77,7 +78,7 @@ inline void check_attention_2d(const Attention2dCase& c) {
   const AttentionArgs& args = ref.args;
   const ParallelModelInfo& info = ref.info;
   std::vector<std::shared_ptr<Parallelism>> plugins;
-  for (int r = 0; r < n; ++r) plugins.push_back(load_stacked(c.cp, c.sp));
+  for (int r = 0; r < n; ++r) plugins.push_back(load_stacked(c.cp, c.sp, c.ring_table));
 
   struct Got {
     std::vector<int32_t> rows;

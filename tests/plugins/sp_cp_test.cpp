@@ -9,6 +9,7 @@
 
 #include "lcx/plan.h"
 #include "plugins/sp_cp_cases.h"
+#include "ring_pieces.h"
 #include "slots/resolve.h"
 
 namespace lcx {
@@ -90,11 +91,14 @@ TEST(SpCpExact, AttentionWithDocumentsEqualsSingleRank) {
   }
 }
 
-// Documents the ring's balanced layout cuts into chunks of 512 (k = 2), each cp shard then cut in sp.
+// Documents the ring's layout balanced for work cuts into chunks of 512 (k = 2), each cp shard then
+// cut in sp.
 TEST(SpCpExact, AttentionWithDocumentsCutFinerEqualsSingleRank) {
   test::Attention2dCase c;
   c.L = 4096;
   c.documents = {0, 1344, 2752, 4096};
+  c.ring_table = "balance = \"work\"";
+  ASSERT_EQ(cp_ring::balanced_layout(c.documents, c.L, c.cp, 0).k, 2);
   test::check_attention_2d(c);
 }
 
