@@ -63,25 +63,43 @@ TEST(SpUlyssesGpu, AttentionWithDocumentsEqualsSingleRank) {
     }
 }
 
+// The GPU step case the sp and sp x cp steps share: a tiny model at 1,024 tokens in dtype dt.
+test::StepCase gpu_step_case(int sp, int64_t Hkv, DType dt) {
+  test::StepCase c;
+  c.sp = sp;
+  c.L = 1024;
+  c.Hq = 8;
+  c.Hkv = Hkv;
+  c.d = 64;
+  c.hidden = 128;
+  c.vocab = 512;
+  c.device = Device::cuda();
+  c.weight_dtype = dt;
+  c.tol.l2 = dt == DType::f32 ? 1e-4 : 3e-2;
+  c.loss_rtol = dt == DType::f32 ? 1e-5 : 1e-2;
+  return c;
+}
+
+// The GPU attention case of a cp x sp mesh: 1,536 tokens, 16 query heads of 128, in dtype dt.
+test::Attention2dCase gpu_attention_2d_case(int cp, int sp, int64_t Hkv, DType dt) {
+  test::Attention2dCase c;
+  c.cp = cp;
+  c.sp = sp;
+  c.L = 1536;
+  c.Hq = 16;
+  c.Hkv = Hkv;
+  c.d = 128;
+  c.device = Device::cuda();
+  c.dtype = dt;
+  c.tol.l2 = dt == DType::f32 ? 1e-4 : 1e-2;  // as cp_ring_gpu: the ring merges partial results
+  return c;
+}
+
 TEST(SpUlyssesGpu, TrainingStepEqualsSingleRank) {
   LCX_SKIP_WITHOUT_GPU();
   for (DType dt : {DType::f32, DType::bf16})
     for (int sp : {2, 4, 8})
-      for (int64_t Hkv : {int64_t{2}, int64_t{8}}) {
-        test::StepCase c;
-        c.sp = sp;
-        c.L = 1024;
-        c.Hq = 8;
-        c.Hkv = Hkv;
-        c.d = 64;
-        c.hidden = 128;
-        c.vocab = 512;
-        c.device = Device::cuda();
-        c.weight_dtype = dt;
-        c.tol.l2 = dt == DType::f32 ? 1e-4 : 3e-2;
-        c.loss_rtol = dt == DType::f32 ? 1e-5 : 1e-2;
-        test::check_step(c);
-      }
+      for (int64_t Hkv : {int64_t{2}, int64_t{8}}) test::check_step(gpu_step_case(sp, Hkv, dt));
 }
 
 TEST(SpCpGpu, AttentionEqualsSingleRank) {
@@ -89,16 +107,7 @@ TEST(SpCpGpu, AttentionEqualsSingleRank) {
   for (DType dt : {DType::bf16, DType::f32})
     for (auto [cp, sp] : {std::pair{2, 2}, {2, 4}, {4, 2}})
       for (int64_t Hkv : {int64_t{2}, int64_t{8}}) {
-        test::Attention2dCase c;
-        c.cp = cp;
-        c.sp = sp;
-        c.L = 1536;
-        c.Hq = 16;
-        c.Hkv = Hkv;
-        c.d = 128;
-        c.device = Device::cuda();
-        c.dtype = dt;
-        c.tol.l2 = dt == DType::f32 ? 1e-4 : 1e-2;  // as cp_ring_gpu: the ring merges partial results
+        test::Attention2dCase c = gpu_attention_2d_case(cp, sp, Hkv, dt);
         test::check_attention_2d(c);
         c.documents = {0, 1, 300, 301, 1000, 1536};
         test::check_attention_2d(c);
@@ -108,54 +117,19 @@ TEST(SpCpGpu, AttentionEqualsSingleRank) {
 TEST(SpCpGpu, TrainingStepEqualsSingleRank) {
   LCX_SKIP_WITHOUT_GPU();
   for (DType dt : {DType::f32, DType::bf16})
-    for (auto [cp, sp] : {std::pair{2, 2}, {2, 4}, {4, 2}}) {
-      test::StepCase c;
-      c.sp = sp;
-      c.L = 1024;
-      c.Hq = 8;
-      c.Hkv = 2;
-      c.d = 64;
-      c.hidden = 128;
-      c.vocab = 512;
-      c.device = Device::cuda();
-      c.weight_dtype = dt;
-      c.tol.l2 = dt == DType::f32 ? 1e-4 : 3e-2;
-      c.loss_rtol = dt == DType::f32 ? 1e-5 : 1e-2;
-      test::check_step_2d(cp, c);
-    }
+    for (auto [cp, sp] : {std::pair{2, 2}, {2, 4}, {4, 2}}) test::check_step_2d(cp, gpu_step_case(sp, 2, dt));
 }
 
 // The other placement ([distributed] order = "cp_inner"), on one mesh: each rank's shard is its
 // seq_index, no longer its world rank, and the communicators must follow.
 TEST(SpCpGpu, CpInnerEqualsSingleRank) {
   LCX_SKIP_WITHOUT_GPU();
-  test::Attention2dCase a;
-  a.cp = 2;
-  a.sp = 4;
-  a.L = 1536;
-  a.Hq = 16;
-  a.Hkv = 2;
-  a.d = 128;
-  a.device = Device::cuda();
-  a.dtype = DType::bf16;
-  a.tol.l2 = 1e-2;
+  test::Attention2dCase a = gpu_attention_2d_case(2, 4, 2, DType::bf16);
   a.order = MeshOrder::cp_inner;
   test::check_attention_2d(a);
   a.documents = {0, 1, 300, 301, 1000, 1536};
   test::check_attention_2d(a);
-  test::StepCase c;
-  c.sp = 4;
-  c.L = 1024;
-  c.Hq = 8;
-  c.Hkv = 2;
-  c.d = 64;
-  c.hidden = 128;
-  c.vocab = 512;
-  c.device = Device::cuda();
-  c.weight_dtype = DType::bf16;
-  c.tol.l2 = 3e-2;
-  c.loss_rtol = 1e-2;
-  test::check_step_2d(2, c, MeshOrder::cp_inner);
+  test::check_step_2d(2, gpu_step_case(4, 2, DType::bf16), MeshOrder::cp_inner);
 }
 
 }  // namespace
