@@ -271,6 +271,22 @@ TEST(CpRingRefuses, SizeThatDiffersFromTheMesh) {
   EXPECT_NE(e.find("no rank mesh"), std::string::npos) << e;
 }
 
+TEST(CpRingRefuses, UnknownBalance) {
+  const std::string e = error_of([] { test::make_cp_ring(2, "balance = \"even\""); });
+  EXPECT_NE(e.find("balance"), std::string::npos) << e;
+  EXPECT_NE(e.find("time, work or zigzag"), std::string::npos) << e;
+}
+
+// `balance = "zigzag"` keeps rank r on chunks r and 2cp-1-r with documents the other modes re-lay.
+TEST(CpRingShard, ZigzagBalanceKeepsTheZigzagWithDocuments) {
+  auto p = test::make_cp_ring(2, "balance = \"zigzag\"");
+  Sequence seq = test::iota_sequence(4096, 3);
+  seq.document_bounds = kCutFiner;
+  ASSERT_NE(cp_ring::balanced_layout(kCutFiner, 4096, 2, 0).k, 1);
+  const Shard s = p->shard(seq, 1);  // chunks 1 and 2 of 1,024
+  for (int64_t row = 0; row < 2048; ++row) ASSERT_EQ(s.tokens.data_as<int32_t>()[row], 1024 + row) << row;
+}
+
 TEST(CpRingRefuses, BadSize) {
   EXPECT_NE(error_of([] { test::make_cp_ring(1, "size = 0"); }).find("size"), std::string::npos);
   EXPECT_NE(error_of([] { test::make_cp_ring(2, "chunks = 3"); }).find("chunks"), std::string::npos);
