@@ -130,17 +130,10 @@ inline void check_step_2d(int cp, const StepCase& c, MeshOrder order = MeshOrder
   const std::string what = str("cp ", cp, " x sp ", c.sp, " ", mesh_order_name(order), ", Hq ", c.Hq, ", Hkv ", c.Hkv,
                                ", L ", c.L, c.documents.empty() ? "" : str(", ", c.documents.size() - 1, " documents"), ", ",
                                device_name(c.device), " ", dtype_name(c.weight_dtype));
-  const StepSequence ss = step_sequence(c);
-  const Sequence& seq = ss.seq;
-  const int64_t valid = ss.valid;
-  const double scale = 1.0 / static_cast<double>(valid);
-
-  Slots one = make_slots(c, std::shared_ptr<Parallelism>(make_single_rank()));
-  StepSlots one_slots = one.slots();
-  configure_slots(one_slots);
-  one.model->zero_grad();
-  const StepResult want = train_step(one_slots, one.parallel->shard(seq, 0), scale, c.device);
-  ASSERT_EQ(want.valid, valid) << what;
+  const ReferenceStep ref = reference_step(c);
+  const Sequence& seq = ref.ss.seq;
+  const StepResult& want = ref.want;
+  ASSERT_EQ(want.valid, ref.ss.valid) << what;
 
   std::vector<Slots> ranks;
   for (int r = 0; r < n; ++r) ranks.push_back(make_slots(c, load_stacked(cp, c.sp)));
@@ -148,22 +141,16 @@ inline void check_step_2d(int cp, const StepCase& c, MeshOrder order = MeshOrder
   run_in_process(n, [&](Communicator& comm) {
     Mesh mesh(comm, {.dp = 1, .cp = cp, .sp = c.sp, .order = order});
     const int r = comm.rank();
-    Slots& s = ranks[static_cast<size_t>(r)];
-    StepSlots slots = s.slots();
-    slots.mesh = &mesh;
-    configure_slots(slots);
-    s.model->zero_grad();
-    const Shard shard = s.parallel->shard(seq, seq_index(mesh.shape(), mesh.coord()));
-    const StepResult got = train_step(slots, shard, scale, c.device);
+    const StepResult got = rank_step(ranks[static_cast<size_t>(r)], mesh, mesh.seq(), seq,
+                                     seq_index(mesh.shape(), mesh.coord()), ref.scale, c.device);
     double sums[1] = {got.loss_sum};
     mesh.seq().all_reduce(std::span<double>(sums, 1));
-    for (Parameter* p : s.model->parameters()) mesh.seq().all_reduce(p->grad);
     loss_sum[static_cast<size_t>(r)] = sums[0];
   });
 
   for (int r = 0; r < n; ++r)
     EXPECT_NEAR(loss_sum[static_cast<size_t>(r)], want.loss_sum, c.loss_rtol * std::fabs(want.loss_sum)) << what;
-  expect_rank_grads(one, ranks, c.tol, what);
+  expect_rank_grads(ref.one, ranks, c.tol, what);
 }
 
 }  // namespace lcx::test

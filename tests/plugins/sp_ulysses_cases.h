@@ -250,6 +250,37 @@ inline void expect_rank_grads(const Slots& one, const std::vector<Slots>& ranks,
   }
 }
 
+// The whole sequence's step on one rank: the reference the ranks' summed loss and grads must equal.
+struct ReferenceStep {
+  StepSequence ss;
+  double scale = 0;  // 1 / the whole sequence's valid targets, every rank's grad_scale
+  Slots one;
+  StepResult want;
+};
+inline ReferenceStep reference_step(const StepCase& c) {
+  ReferenceStep r{step_sequence(c)};
+  r.scale = 1.0 / static_cast<double>(r.ss.valid);
+  r.one = make_slots(c, std::shared_ptr<Parallelism>(make_single_rank()));
+  StepSlots slots = r.one.slots();
+  configure_slots(slots);
+  r.one.model->zero_grad();
+  r.want = train_step(slots, r.one.parallel->shard(r.ss.seq, 0), r.scale, c.device);
+  return r;
+}
+
+// One rank's step of a parity case: its shard `index` of the sequence, trained with the whole
+// sequence's scale, its parameter grads then summed over `group` as the trainer's all-reduce does.
+inline StepResult rank_step(Slots& s, Mesh& mesh, Communicator& group, const Sequence& seq, int index, double scale,
+                            Device device) {
+  StepSlots slots = s.slots();
+  slots.mesh = &mesh;
+  configure_slots(slots);
+  s.model->zero_grad();
+  const StepResult got = train_step(slots, s.parallel->shard(seq, index), scale, device);
+  for (Parameter* p : s.model->parameters()) group.all_reduce(p->grad);
+  return got;
+}
+
 // One training step of the whole sequence on one rank, then the same sequence over sp ranks
 // (each: its shard, train_step with the whole sequence's mean, then the grads summed over the
 // ranks as the trainer's all-reduce does). Loss sums and every gradient must agree.
@@ -258,16 +289,10 @@ inline void check_step(const StepCase& c) {
                                c.documents.empty() ? "" : str(", ", c.documents.size() - 1, " documents"),
                                c.rope_yarn_table.empty() ? "" : ", rope_yarn", c.offload ? ", offload" : "", ", ", device_name(c.device), " ",
                                dtype_name(c.weight_dtype));
-  const StepSequence ss = step_sequence(c);
-  const Sequence& seq = ss.seq;
-  const int64_t valid = ss.valid;
-  const double scale = 1.0 / static_cast<double>(valid);
-
-  Slots one = make_slots(c, std::shared_ptr<Parallelism>(make_single_rank()));
-  StepSlots one_slots = one.slots();
-  configure_slots(one_slots);
-  one.model->zero_grad();
-  const StepResult want = train_step(one_slots, one.parallel->shard(seq, 0), scale, c.device);
+  const ReferenceStep ref = reference_step(c);
+  const Sequence& seq = ref.ss.seq;
+  const int64_t valid = ref.ss.valid;
+  const StepResult& want = ref.want;
   ASSERT_EQ(want.valid, valid) << what;
 
   std::vector<Slots> ranks;
@@ -277,16 +302,9 @@ inline void check_step(const StepCase& c) {
   run_in_process(c.sp, [&](Communicator& comm) {
     Mesh mesh(comm, {.dp = 1, .cp = 1, .sp = c.sp});
     const int r = comm.rank();
-    Slots& s = ranks[static_cast<size_t>(r)];
-    StepSlots slots = s.slots();
-    slots.mesh = &mesh;
-    configure_slots(slots);
-    s.model->zero_grad();
-    const Shard shard = s.parallel->shard(seq, r);
-    const StepResult got = train_step(slots, shard, scale, c.device);
+    const StepResult got = rank_step(ranks[static_cast<size_t>(r)], mesh, mesh.sp(), seq, r, ref.scale, c.device);
     double sums[2] = {got.loss_sum, static_cast<double>(got.valid)};
     mesh.sp().all_reduce(std::span<double>(sums, 2));
-    for (Parameter* p : s.model->parameters()) mesh.sp().all_reduce(p->grad);
     loss_sum[static_cast<size_t>(r)] = sums[0];
     valid_sum[static_cast<size_t>(r)] = static_cast<int64_t>(sums[1]);
   });
@@ -295,7 +313,7 @@ inline void check_step(const StepCase& c) {
     EXPECT_NEAR(loss_sum[static_cast<size_t>(r)], want.loss_sum, c.loss_rtol * std::fabs(want.loss_sum)) << what;
     EXPECT_EQ(valid_sum[static_cast<size_t>(r)], valid) << what;
   }
-  expect_rank_grads(one, ranks, c.tol, what);
+  expect_rank_grads(ref.one, ranks, c.tol, what);
 }
 
 }  // namespace lcx::test
