@@ -184,13 +184,7 @@ TEST(SpCp, PlansTheAllToAllAndTheRingAtTheComposedShard) {
 TEST(SpCpTrainer, RunsTrackTheSingleRankRunAndDpAlone) {
   if (!std::filesystem::exists(test::qwen3_tokenizer())) GTEST_SKIP() << "data/qwen3/tokenizer.json absent: run scripts/fetch_data.sh";
   const auto dir = test::temp_dir("sp-cp-train");
-  {
-    std::mt19937 rng(5);
-    std::vector<uint32_t> pattern(40);
-    for (auto& x : pattern) x = rng() % 256;
-    std::ofstream out(dir / "data.tokens", std::ios::binary);
-    for (int r = 0; r < 12; ++r) out.write(reinterpret_cast<const char*>(pattern.data()), pattern.size() * 4);
-  }
+  test::write_repeating_tokens(dir / "data.tokens");
   auto run = [&](int dp, int cp, int sp, const std::string& order = "sp_inner") {
     const std::string name = str("run", dp, cp, sp, order);
     const auto out = dir / name;
@@ -207,13 +201,7 @@ TEST(SpCpTrainer, RunsTrackTheSingleRankRunAndDpAlone) {
       EXPECT_NE(r.output.find("sp_ulysses: all-to-all per layer and rank"), std::string::npos) << r.output;
       EXPECT_NE(r.output.find("cp_ring: ring traffic per rank"), std::string::npos) << r.output;
     }
-    std::vector<std::pair<double, double>> steps;
-    std::ifstream in(out / "metrics.jsonl");
-    for (std::string line; std::getline(in, line);) {
-      auto j = nlohmann::json::parse(line);
-      steps.emplace_back(j.at("loss").get<double>(), j.at("grad_norm").get<double>());
-    }
-    return steps;
+    return test::loss_and_norm(out);
   };
   auto same = [](const auto& got, const auto& want, const std::string& what) {
     ASSERT_EQ(got.size(), 2u) << what;

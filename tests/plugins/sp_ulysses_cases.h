@@ -8,7 +8,10 @@
 
 #include <algorithm>
 #include <cmath>
+#include <filesystem>
+#include <fstream>
 #include <map>
+#include <nlohmann/json.hpp>
 #include <mutex>
 #include <random>
 
@@ -248,6 +251,25 @@ inline void expect_rank_grads(const Slots& one, const std::vector<Slots>& ranks,
       EXPECT_TRUE(tol.ok(qs[i]->grad.to_floats(), w, std::max(1.f, norm))) << ps[i]->name << ", rank " << r << ": " << what;
     }
   }
+}
+
+// The trainer runs of the parity tests: a token file of one 40-token pattern repeated 12 times
+// (sequences a short run learns), and each step's (loss, grad_norm) from a run's metrics.jsonl.
+inline void write_repeating_tokens(const std::filesystem::path& file) {
+  std::mt19937 rng(5);
+  std::vector<uint32_t> pattern(40);
+  for (auto& x : pattern) x = rng() % 256;
+  std::ofstream out(file, std::ios::binary);
+  for (int r = 0; r < 12; ++r) out.write(reinterpret_cast<const char*>(pattern.data()), pattern.size() * 4);
+}
+inline std::vector<std::pair<double, double>> loss_and_norm(const std::filesystem::path& run_dir) {
+  std::vector<std::pair<double, double>> steps;
+  std::ifstream in(run_dir / "metrics.jsonl");
+  for (std::string line; std::getline(in, line);) {
+    auto j = nlohmann::json::parse(line);
+    steps.emplace_back(j.at("loss").get<double>(), j.at("grad_norm").get<double>());
+  }
+  return steps;
 }
 
 // The whole sequence's step on one rank: the reference the ranks' summed loss and grads must equal.

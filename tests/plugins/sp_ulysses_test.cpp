@@ -229,13 +229,7 @@ TEST(SpUlysses, ShardsRestartPositionsAtEachDocument) {
 TEST(SpUlyssesTrainer, RunsTrackTheSingleRankRun) {
   if (!std::filesystem::exists(test::qwen3_tokenizer())) GTEST_SKIP() << "data/qwen3/tokenizer.json absent: run scripts/fetch_data.sh";
   const auto dir = test::temp_dir("sp-train");
-  {
-    std::mt19937 rng(5);
-    std::vector<uint32_t> pattern(40);
-    for (auto& x : pattern) x = rng() % 256;
-    std::ofstream out(dir / "data.tokens", std::ios::binary);
-    for (int r = 0; r < 12; ++r) out.write(reinterpret_cast<const char*>(pattern.data()), pattern.size() * 4);
-  }
+  test::write_repeating_tokens(dir / "data.tokens");
   auto run = [&](int sp) {
     const auto out = dir / str("out", sp);
     test::write_file(dir / str("run", sp, ".toml"),
@@ -246,13 +240,7 @@ TEST(SpUlyssesTrainer, RunsTrackTheSingleRankRun) {
     if (sp > 1) {
       EXPECT_NE(r.output.find("sp_ulysses: all-to-all per layer and rank"), std::string::npos) << r.output;
     }
-    std::vector<std::pair<double, double>> steps;
-    std::ifstream in(out / "metrics.jsonl");
-    for (std::string line; std::getline(in, line);) {
-      auto j = nlohmann::json::parse(line);
-      steps.emplace_back(j.at("loss").get<double>(), j.at("grad_norm").get<double>());
-    }
-    return steps;
+    return test::loss_and_norm(out);
   };
   const auto one = run(1);
   ASSERT_EQ(one.size(), 3u);
