@@ -8,7 +8,8 @@
 // imbalance zigzag removes. Also printed: the bytes one rank sends per layer (K/V blocks in the
 // forward; K/V again and the fp32 dK/dV accumulators in the backward), the figure the plugin logs.
 // With --mix, the layout cp_ring balances for the documents (ring_pieces.h balanced_layout) is
-// timed too: its summary line gives k (each rank holds 2k chunks) and the work spread it predicts;
+// timed too: its summary line gives k (each rank holds 2k chunks) and the spread of the cost it
+// balances (masked pairs and a fixed cost a piece) that it predicts;
 // beside it the plain zigzag under the same document masks, the layout it replaces
 // (--documents-only: these two alone, for sweeping seeds).
 // One JSON line per (layout, cp, rank) and one summary line per (layout, cp) on stdout.
