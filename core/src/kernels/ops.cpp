@@ -436,8 +436,8 @@ void attention_forward_by_document(const Tensor& q, const Tensor& k, const Tenso
   // Queries with no key here (in a ring's piece, the documents of the query chunk that the key
   // chunk does not hold; most of them with short documents) see nothing: out 0, LSE -inf. Such
   // documents follow one another in q's rows, so each run of them is one zero fill and one column
-  // copy from a single -inf block uploaded once per call (a host copy per document, each a wait
-  // on the device, cost a ring's piece of short documents more than its attention).
+  // copy from a single -inf block uploaded once per call on the stream (a host copy per document,
+  // each a wait on the device, cost a ring's piece of short documents more than its attention).
   std::vector<std::pair<int64_t, int64_t>> unseen;  // runs of query rows
   for (size_t i = 0; i < slices.size(); ++i) {
     const DocumentSlice& s = slices[i];
@@ -457,9 +457,9 @@ void attention_forward_by_document(const Tensor& q, const Tensor& k, const Tenso
   if (unseen.empty()) return;
   int64_t widest = 0;
   for (const auto& [b, e] : unseen) widest = std::max(widest, e - b);
-  const Tensor none = Tensor::from_floats(std::vector<float>(static_cast<size_t>(q.size(1) * widest), -INFINITY),
-                                          {q.size(1), widest}, DType::f32, q.device());
+  Tensor none = Tensor::empty({q.size(1), widest}, DType::f32, q.device());
   if (cut) return;
+  cuda::upload(std::vector<float>(static_cast<size_t>(none.numel()), -INFINITY).data(), none);
   for (const auto& [b, e] : unseen) {
     out.rows(b, e).zero();
     cuda::copy_columns(none, 0, lse, b, e - b);

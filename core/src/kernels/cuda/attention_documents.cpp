@@ -120,7 +120,10 @@ Batches batches_for(bool backward, const Tensor& q, const Tensor& k, const Atten
       row[3 * R] = static_cast<int32_t>(ks.begin);
     }
   }
-  out.tables = host.to(q.device());
+  // Not Tensor::to: its synchronous copy waited for the whole device once per call (once per
+  // ring piece under cp_ring), draining the queue.
+  out.tables = Tensor::empty({words}, DType::i32, q.device());
+  upload(host.data(), out.tables);
   return out;
 }
 

@@ -25,6 +25,10 @@ void add_inplace(Tensor& acc, const Tensor& x);
 void scale_inplace(Tensor& x, float s);
 void cast(const Tensor& src, Tensor& dst);
 void copy_columns(const Tensor& src, int64_t src_col, Tensor& dst, int64_t dst_col, int64_t cols);
+// dst.nbytes() bytes of host memory into dst, in order on the current stream. Unlike Tensor::to,
+// whose synchronous copy waits for the whole device, the host goes on queueing work; `host` may
+// be freed on return (pageable memory is staged before the call returns).
+void upload(const void* host, Tensor& dst);
 void attention_forward(const Tensor& q, const Tensor& k, const Tensor& v, Tensor& out, Tensor& lse,
                        const AttentionParams& p);
 void attention_backward(const Tensor& q, const Tensor& k, const Tensor& v, const Tensor& out, const Tensor& lse,
