@@ -44,6 +44,7 @@ struct Options {
   std::string mix;
   uint64_t seed = 1;
   bool documents_only = false;
+  bool layouts_only = false;  // each rank's pieces and masked pairs, nothing run (for fitting the piece cost)
 };
 
 Options parse(int argc, char** argv) {
@@ -60,6 +61,7 @@ Options parse(int argc, char** argv) {
     else if (a == "--mix") o.mix = args.value();
     else if (a == "--seed") o.seed = static_cast<uint64_t>(args.number());
     else if (a == "--documents-only") o.documents_only = true;
+    else if (a == "--layouts-only") o.layouts_only = true;
     else if (a == "--reps") o.reps = std::max<int>(1, static_cast<int>(args.number()));
     else args.unknown("see the usage at the top of tests/bench/cp_balance_bench.cpp");
   }
@@ -95,6 +97,7 @@ struct RankTime {
   double forward_s = 0, backward_s = 0;
   double units = 0;  // score-matrix entries computed, in units of c x c (a causal c x c counts one half)
   int64_t pieces = 0;  // attention calls of the forward (the backward makes as many)
+  int64_t masked_pairs = 0;  // (query, key) pairs the document masks leave (masked layouts only)
 };
 
 // One rank's whole ring, forward then backward, alone on the device.
@@ -128,7 +131,8 @@ RankTime time_rank(const Options& o, Layout layout, int r, int n, const Tensor& 
       Tensor out = Tensor::empty({nq, q.size(1), q.size(2)}, dt, dev);
       Tensor lse = Tensor::empty({q.size(1), nq}, DType::f32, dev);
       place(pp);
-      ops::attention_forward(q.rows(pc.q_begin, pc.q_end), k.rows(pc.k_begin, pc.k_end), v.rows(pc.k_begin, pc.k_end),
+      if (!o.layouts_only)
+        ops::attention_forward(q.rows(pc.q_begin, pc.q_end), k.rows(pc.k_begin, pc.k_end), v.rows(pc.k_begin, pc.k_end),
                              out, lse, p);
       outs.emplace_back(std::move(out), std::move(lse));
       t.units += static_cast<double>(nq * nk) / static_cast<double>(c * c) * (pc.causal ? 0.5 : 1.0);
@@ -147,12 +151,17 @@ RankTime time_rank(const Options& o, Layout layout, int r, int n, const Tensor& 
       Tensor dk = Tensor::empty({nk, k.size(1), k.size(2)}, dt, dev), dv = Tensor::empty({nk, v.size(1), v.size(2)}, dt, dev);
       place(pp);
       const auto& [out, lse] = outs[i++];
-      ops::attention_backward(q.rows(pc.q_begin, pc.q_end), k.rows(pc.k_begin, pc.k_end), v.rows(pc.k_begin, pc.k_end),
+      if (!o.layouts_only)
+        ops::attention_backward(q.rows(pc.q_begin, pc.q_end), k.rows(pc.k_begin, pc.k_end), v.rows(pc.k_begin, pc.k_end),
                               out, lse, dout.rows(pc.q_begin, pc.q_end), dq, dk, dv, p);
     }
   }
   bench::sync(dev);
   auto t2 = clock();
+  if (masked(layout)) {
+    const std::vector<int64_t> work = cp_ring::chunk_work(documents, static_cast<int64_t>(chunks.chunks.size()) * chunks.c, chunks.c);
+    for (int64_t ch : chunks.of(r)) t.masked_pairs += work[static_cast<size_t>(ch)];
+  }
   t.forward_s = seconds(t0, t1);
   t.backward_s = seconds(t1, t2);
   return t;
@@ -205,9 +214,10 @@ int run(const Options& o) {
         totals.push_back(fm + bm);
         std::printf(
             "{\"layout\": \"%s\", \"cp\": %lld, \"rank\": %d, \"tokens\": %lld, \"work_units\": %.1f, \"pieces\": %lld, "
-            "\"forward_ms\": %.3f, \"backward_ms\": %.3f, \"total_ms\": %.3f}\n",
+            "\"masked_pairs\": %lld, \"forward_ms\": %.3f, \"backward_ms\": %.3f, \"total_ms\": %.3f}\n",
             name.c_str(), static_cast<long long>(cp), r, static_cast<long long>(o.tokens), last.units,
-            static_cast<long long>(last.pieces), fm * 1e3, bm * 1e3, (fm + bm) * 1e3);
+            static_cast<long long>(last.pieces), static_cast<long long>(last.masked_pairs), fm * 1e3, bm * 1e3,
+            (fm + bm) * 1e3);
         std::fflush(stdout);
       }
       const double mx = *std::max_element(totals.begin(), totals.end());
