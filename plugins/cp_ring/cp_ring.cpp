@@ -121,8 +121,9 @@ std::vector<PiecePlan> planned_pieces(int r, int j, const ChunkLayout& layout, c
 
 class CpRing final : public Parallelism {
  public:
-  // piece_cost: what balanced_layout weighs a piece at; negative keeps the zigzag ([cp_ring] balance).
-  CpRing(int cp, int64_t piece_cost) : cp_(cp), piece_cost_(piece_cost) {}
+  // call_cost: what balanced_layout weighs a cuDNN call at (0: the masked work alone); negative
+  // keeps the zigzag ([cp_ring] balance).
+  CpRing(int cp, int64_t call_cost) : cp_(cp), call_cost_(call_cost) {}
 
   void configure(const ParallelModelInfo& info, Mesh* mesh) override {
     for (size_t l = 0; l < info.layer_types.size(); ++l)
@@ -317,7 +318,7 @@ class CpRing final : public Parallelism {
     // chunk's own piece (c rows, queries and keys at equal positions) and a query chunk against an
     // earlier key chunk (c queries, c keys) alike, c = T/2 with the zigzag and T/(2k) when the
     // balanced layout cuts finer, so pieces only get smaller. Each side of a batch is padded within
-    // c rounded up to a power of two (kernels/document_batches.h), so the term of T/2 rows bounds
+    // c rounded up to a power of two (lcx/document_batches.h), so the term of T/2 rows bounds
     // both; the pieces run one after another. Counted beside the above.
     if (in.documents_masked) plan_document_masks(plan, Hq, Hkv, (T + 1) / 2, d, in.weight_dtype);
   }
@@ -368,11 +369,11 @@ class CpRing final : public Parallelism {
   }
 
   ChunkLayout layout_for(std::span<const int64_t> documents, int64_t L, int n) const {
-    return piece_cost_ < 0 ? cp_ring::zigzag_layout(L, n) : cp_ring::balanced_layout(documents, L, n, piece_cost_);
+    return call_cost_ < 0 ? cp_ring::zigzag_layout(L, n) : cp_ring::balanced_layout(documents, L, n, call_cost_);
   }
 
   int cp_;
-  int64_t piece_cost_;
+  int64_t call_cost_;
   Mesh* mesh_ = nullptr;
   int64_t layers_ = 0;
   std::atomic<bool> logged_{false};
@@ -394,14 +395,15 @@ std::unique_ptr<Plugin> create(const PluginArgs& args) {
   if (args.config.has("attend_across_documents"))
     args.config.fail("attend_across_documents", "moved to [data]: it decides for the data and every provider",
                      "drop cp_ring.attend_across_documents and set [data] attend_across_documents");
-  // How shards are laid out for packed documents: "time" (the slowest rank's predicted time: masked
-  // work and a cost per piece), "work" (the masked work alone), "zigzag" (as without documents).
+  // How shards are laid out for packed documents: "time" (the slowest rank's predicted time: the
+  // padded work of the GPU's batches and a cost per call), "work" (the masked work alone), "zigzag"
+  // (as without documents).
   const std::string balance = args.config.get_string("balance", "time");
   if (balance != "time" && balance != "work" && balance != "zigzag")
     args.config.fail("balance", str("is '", balance, "'; it is time, work or zigzag"),
                      "leave it unset (time: shards laid out for the slowest rank's predicted time)");
-  const int64_t piece_cost = balance == "time" ? cp_ring::kPieceCostPairs : balance == "work" ? 0 : -1;
-  return std::make_unique<CpRing>(static_cast<int>(cp), piece_cost);
+  const int64_t call_cost = balance == "time" ? cp_ring::kCallCostPairs : balance == "work" ? 0 : -1;
+  return std::make_unique<CpRing>(static_cast<int>(cp), call_cost);
 }
 
 }  // namespace

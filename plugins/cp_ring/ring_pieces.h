@@ -9,6 +9,8 @@
 #include <span>
 #include <vector>
 
+#include <lcx/document_batches.h>
+
 namespace lcx::cp_ring {
 
 // One query-rows x key-rows piece of a ring step, in the rank's local rows.
@@ -123,27 +125,45 @@ inline ChunkLayout greedy_layout(const std::vector<int64_t>& work, int n, int64_
 // below their rate, and each costs a kernel call.
 inline constexpr int64_t kMinChunkRows = 512;
 
-// What one chunk-pair piece costs beyond its work, in (query, key) pairs of masked work. Measured
-// on the H200 (tests/bench/cp_balance_bench.cpp, 131,072 tokens, 32 query / 8 key-value heads of
-// 128, docs/PERF.md): a rank's forward + backward took about 108 ms per 1e9 masked pairs plus
-// 0.4 ms per piece (the calls, gathers and merges of a piece), so a piece weighs 3.7M pairs. With
-// it the layouts chosen for the measured mixes were within 7% of the faster of zigzag and
-// work-balanced shards (1.3% on average), where balancing work alone lost up to 20% to the extra
-// pieces of short chunks. Fewer heads make the work cheaper and the piece relatively dearer.
-inline constexpr int64_t kPieceCostPairs = 3'700'000;
+// What one cuDNN call of a piece's padded batches costs beyond its pairs, in (query, key) pairs.
+// Fitted on the H200 (tests/bench/cp_balance_bench.cpp --layouts-only against the ranks' times,
+// 131,072 tokens, 32 query / 8 key-value heads of 128, book and short-document mixes, docs/PERF.md):
+// a rank's forward + backward took 106.4 ms per 1e9 padded pairs plus 0.23 ms per call (median
+// error 2.4%, where masked pairs and pieces alone missed by 8%: short documents' padding and
+// batch counts differ between ranks), so a call weighs 2.2M pairs. Fewer heads make the pairs
+// cheaper and the call relatively dearer.
+inline constexpr int64_t kCallCostPairs = 2'200'000;
 
-// Each chunk's cost for a layout to balance: its masked work plus piece_cost for every chunk pair
-// it is the query side of (the earlier chunks that hold part of its first document, and itself).
-// Both depend on the chunk alone, not on which ranks hold it, so a rank's cost is the sum of its
-// chunks'.
-inline std::vector<int64_t> chunk_cost(std::span<const int64_t> documents, int64_t L, int64_t c, int64_t piece_cost) {
-  std::vector<int64_t> w = chunk_work(documents, L, c);
-  if (piece_cost > 0)
-    for (size_t i = 0; i < w.size(); ++i) {
-      const int64_t at = static_cast<int64_t>(i) * c;
-      const int64_t start = *(std::upper_bound(documents.begin(), documents.end(), at) - 1);
-      w[i] += piece_cost * (static_cast<int64_t>(i) - start / c + 1);
+// The padded work of the chunk pair (query chunk at position qg, key chunk at kg, c rows each) as
+// the GPU's padded batches run it (lcx/document_batches.h): the documents both chunks hold, causal
+// on the diagonal (qg == kg) and full where the keys precede the queries.
+inline ops::PaddedWork pair_work(std::span<const int64_t> documents, int64_t qg, int64_t kg, int64_t c) {
+  std::vector<int64_t> ql, kl;
+  auto first = std::upper_bound(documents.begin(), documents.end(), std::min(qg, kg)) - 1;
+  for (auto d = first; d + 1 < documents.end() && *d < std::max(qg, kg) + c; ++d) {
+    const int64_t nq = std::min(d[1], qg + c) - std::max(d[0], qg), nk = std::min(d[1], kg + c) - std::max(d[0], kg);
+    if (nq <= 0 || nk <= 0) continue;
+    ql.push_back(nq);
+    kl.push_back(nk);
+  }
+  return ops::padded_work(ql, kl, qg == kg);
+}
+
+// Each chunk's cost for a layout to balance. call_cost 0: its masked work (chunk_work). Else the
+// padded pairs of every chunk pair it is the query side of (the earlier chunks that hold part of
+// its first document, and itself) plus call_cost per cuDNN call. Either depends on the chunk alone,
+// not on which ranks hold it, so a rank's cost is the sum of its chunks'.
+inline std::vector<int64_t> chunk_cost(std::span<const int64_t> documents, int64_t L, int64_t c, int64_t call_cost) {
+  if (call_cost == 0) return chunk_work(documents, L, c);
+  std::vector<int64_t> w(static_cast<size_t>(L / c), 0);
+  for (size_t i = 0; i < w.size(); ++i) {
+    const int64_t at = static_cast<int64_t>(i) * c;
+    const int64_t start = *(std::upper_bound(documents.begin(), documents.end(), at) - 1);
+    for (int64_t j = start / c; j <= static_cast<int64_t>(i); ++j) {
+      const ops::PaddedWork pw = pair_work(documents, at, j * c, c);
+      w[i] += pw.pairs + call_cost * pw.calls;
     }
+  }
   return w;
 }
 
@@ -164,23 +184,23 @@ inline constexpr double kMinGain = 0.01;
 // The chunks each of n ranks holds for a sequence of L tokens (L a multiple of 2n) with packed
 // documents' cumulative bounds: of the zigzag and the greedy layouts for k = 1, 2, 4, ... (while
 // chunks keep at least kMinChunkRows rows and divide L), the one whose slowest rank costs least
-// (chunk_cost with piece_cost per piece; 0 balances the masked work alone), each larger k kept
-// only for a gain over kMinGain (any gain when pieces cost nothing). The zigzag always without documents or with one. Every rank holds
+// (chunk_cost with call_cost per cuDNN call; 0 balances the masked work alone), each larger k kept
+// only for a gain over kMinGain (any gain when balancing work alone). The zigzag always without documents or with one. Every rank holds
 // 2k chunks, so K/V blocks stay equal-sized. `spread` is the chosen layout's predicted spread of
 // that cost.
 inline ChunkLayout balanced_layout(std::span<const int64_t> documents, int64_t L, int n,
-                                   int64_t piece_cost = kPieceCostPairs) {
+                                   int64_t call_cost = kCallCostPairs) {
   ChunkLayout best = zigzag_layout(L, n);
   if (n == 1 || documents.size() <= 2) return best;
-  std::vector<int64_t> cost = chunk_cost(documents, L, best.c, piece_cost);
+  std::vector<int64_t> cost = chunk_cost(documents, L, best.c, call_cost);
   best.spread = work_spread(best, cost);
   int64_t best_max = max_rank_cost(best, cost);
   for (int64_t k = 1; L % (2 * n * k) == 0 && (k == 1 || L / (2 * n * k) >= kMinChunkRows); k *= 2) {
     const int64_t c = L / (2 * n * k);
-    const std::vector<int64_t> ck = k == 1 ? cost : chunk_cost(documents, L, c, piece_cost);
+    const std::vector<int64_t> ck = k == 1 ? cost : chunk_cost(documents, L, c, call_cost);
     ChunkLayout g = greedy_layout(ck, n, k, c);
     const int64_t m = max_rank_cost(g, ck);
-    const double gain = piece_cost > 0 ? kMinGain : 0.0;  // balanced for work alone, any gain counts
+    const double gain = call_cost > 0 ? kMinGain : 0.0;  // balanced for work alone, any gain counts
     if (static_cast<double>(m) < (1.0 - gain) * static_cast<double>(best_max)) best = std::move(g), best_max = m;
   }
   return best;

@@ -26,6 +26,7 @@
 #include <vector>
 
 #include "bench_util.h"
+#include "lcx/document_batches.h"
 #include "lcx/error.h"
 #include "lcx/ops.h"
 #include "lcx/tensor.h"
@@ -98,7 +99,10 @@ struct RankTime {
   double units = 0;  // score-matrix entries computed, in units of c x c (a causal c x c counts one half)
   int64_t pieces = 0;  // attention calls of the forward (the backward makes as many)
   int64_t masked_pairs = 0;  // (query, key) pairs the document masks leave (masked layouts only)
+  int64_t padded_pairs = 0;  // the pairs the padded batches compute (each document at its padded rows)
+  int64_t batches = 0;       // the padded batches' calls (forward; the backward makes as many)
 };
+
 
 // One rank's whole ring, forward then backward, alone on the device.
 RankTime time_rank(const Options& o, Layout layout, int r, int n, const Tensor& q, const Tensor& k, const Tensor& v,
@@ -135,6 +139,11 @@ RankTime time_rank(const Options& o, Layout layout, int r, int n, const Tensor& 
         ops::attention_forward(q.rows(pc.q_begin, pc.q_end), k.rows(pc.k_begin, pc.k_end), v.rows(pc.k_begin, pc.k_end),
                              out, lse, p);
       outs.emplace_back(std::move(out), std::move(lse));
+      if (masked(layout)) {
+        const ops::PaddedWork w = cp_ring::pair_work(documents, pp.q_pos, pp.k_pos, chunks.c);
+        t.padded_pairs += w.pairs;
+        t.batches += w.calls;
+      }
       t.units += static_cast<double>(nq * nk) / static_cast<double>(c * c) * (pc.causal ? 0.5 : 1.0);
       ++t.pieces;
     }
@@ -214,9 +223,10 @@ int run(const Options& o) {
         totals.push_back(fm + bm);
         std::printf(
             "{\"layout\": \"%s\", \"cp\": %lld, \"rank\": %d, \"tokens\": %lld, \"work_units\": %.1f, \"pieces\": %lld, "
-            "\"masked_pairs\": %lld, \"forward_ms\": %.3f, \"backward_ms\": %.3f, \"total_ms\": %.3f}\n",
+            "\"masked_pairs\": %lld, \"padded_pairs\": %lld, \"batches\": %lld, \"forward_ms\": %.3f, \"backward_ms\": %.3f, \"total_ms\": %.3f}\n",
             name.c_str(), static_cast<long long>(cp), r, static_cast<long long>(o.tokens), last.units,
-            static_cast<long long>(last.pieces), static_cast<long long>(last.masked_pairs), fm * 1e3, bm * 1e3,
+            static_cast<long long>(last.pieces), static_cast<long long>(last.masked_pairs), static_cast<long long>(last.padded_pairs),
+            static_cast<long long>(last.batches), fm * 1e3, bm * 1e3,
             (fm + bm) * 1e3);
         std::fflush(stdout);
       }

@@ -1,8 +1,8 @@
-// The grouping of document-masked attention on cuDNN (kernels/document_batches.h): every document
+// The grouping of document-masked attention on cuDNN (lcx/document_batches.h): every document
 // in exactly one batch, batch sizes powers of two, padded sizes steps of an octave (quarter
 // steps, 32nd steps for long documents) that hold their documents, and padded rows within the real
 // rows rounded up to a power of two.
-#include "kernels/document_batches.h"
+#include "lcx/document_batches.h"
 
 #include <gtest/gtest.h>
 
@@ -177,6 +177,22 @@ TEST(DocumentBatches, RandomPairsKeepTheInvariants) {
     }
     checked_pairs(q, k);
   }
+}
+
+// The work the padded batches compute, which cp_ring balances: causal blocks at their padded rows,
+// pairs apart as full rectangles, one call a batch.
+TEST(DocumentBatches, PaddedWorkCountsPaddedPairsAndCalls) {
+  // Same rows: 100 and 120 rows pad to 128 (one batch of two), 5,000 to 5,120 (a 32nd of 8,192
+  // past 4,096 rows: 256-row steps): 2 * 128 * 129 / 2 + 5120 * 5121 / 2 pairs in two calls.
+  const PaddedWork same = padded_work({100, 5000, 120}, {}, true);
+  EXPECT_EQ(same.pairs, 2 * 128 * 129 / 2 + int64_t{5120} * 5121 / 2);
+  EXPECT_EQ(same.calls, 2);
+  // Apart: (100 queries, 300 keys) pads to (128, 384); (600, 40) to (640, 128); distinct pairs of
+  // sizes, so a call each.
+  const PaddedWork apart = padded_work({100, 600}, {300, 40}, false);
+  EXPECT_EQ(apart.pairs, 128 * 384 + 640 * 128);
+  EXPECT_EQ(apart.calls, 2);
+  EXPECT_EQ(padded_work({}, {}, true).calls, 0);
 }
 
 }  // namespace

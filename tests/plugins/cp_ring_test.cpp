@@ -130,9 +130,10 @@ TEST(CpRingLayout, ZigzagWithoutDocumentsOrWhereItBalances) {
 
 // Issue 23's length mixes (bench_util.h) on 2, 4 and 8 ranks, each rank's cost recounted from what
 // it runs: its masked work token by token from the layout's positions (a query sees its
-// document's keys up to itself) and its pieces from the ring's own schedule (document_pieces over
-// every step). Balanced for work (piece cost 0), the work is within 2% of the mean and is the
-// spread the layout predicts; balanced for time (the default piece cost), the slowest rank never
+// document's keys up to itself), and its padded work and cuDNN calls piece by piece from the
+// ring's own schedule (document_pieces over every step). Balanced for work (call cost 0), the work
+// is within 2% of the mean and is the spread the layout predicts; balanced for time (the default
+// call cost), the cost the chunks sum to is the one the schedule runs, the slowest rank never
 // costs more than the zigzag's and costs over 5% less in most cases the zigzag leaves apart.
 TEST(CpRingLayout, BalancesPackedMixes) {
   int zigzag_off = 0, faster = 0;  // cases the zigzag leaves over 5% apart; those the default beats by 5%
@@ -142,34 +143,32 @@ TEST(CpRingLayout, BalancesPackedMixes) {
         const std::vector<int64_t> docs = bench::document_bounds(mix, L, seed);
         for (int n : {2, 4, 8}) {
           const std::string what = str(mix, " seed ", seed, ", ", L, " tokens, cp ", n);
-          // Each rank's masked work and pieces under layout l.
-          auto counted = [&](const cp_ring::ChunkLayout& l, std::vector<double>& work, std::vector<int64_t>& pieces) {
+          // Each rank's masked work, and its padded work plus the cost of its calls, under layout l.
+          auto counted = [&](const cp_ring::ChunkLayout& l, std::vector<double>& work, std::vector<double>& timed) {
             work.assign(static_cast<size_t>(n), 0);
-            pieces.assign(static_cast<size_t>(n), 0);
+            timed.assign(static_cast<size_t>(n), 0);
             for (int r = 0; r < n; ++r) {
               for (int64_t row = 0; row < L / n; ++row)
                 work[static_cast<size_t>(r)] += static_cast<double>(sequence_position(docs, l.position(r, row)) + 1);
               for (int j = 0; j < n; ++j)
-                pieces[static_cast<size_t>(r)] += static_cast<int64_t>(cp_ring::document_pieces(r, j, l, true, docs).size());
+                for (const cp_ring::PlacedPiece& pp : cp_ring::document_pieces(r, j, l, true, docs)) {
+                  const ops::PaddedWork pw = cp_ring::pair_work(docs, pp.q_pos, pp.k_pos, l.c);
+                  timed[static_cast<size_t>(r)] += static_cast<double>(pw.pairs + cp_ring::kCallCostPairs * pw.calls);
+                }
             }
           };
-          std::vector<double> work;
-          std::vector<int64_t> pieces;
+          std::vector<double> work, timed;
           const cp_ring::ChunkLayout w = cp_ring::balanced_layout(docs, L, n, 0);
           expect_valid_layout(w, L, n, what);
-          counted(w, work, pieces);
+          counted(w, work, timed);
           const auto [mn, mx] = std::minmax_element(work.begin(), work.end());
           const double mean = std::accumulate(work.begin(), work.end(), 0.0) / n, spread = (*mx - *mn) / mean;
           EXPECT_LE(spread, 0.02) << what << ": k = " << w.k;
           EXPECT_NEAR(spread, w.spread, 1e-9) << what;
 
           auto slowest = [&](const cp_ring::ChunkLayout& l) {
-            counted(l, work, pieces);
-            double most = 0;
-            for (int r = 0; r < n; ++r)
-              most = std::max(most, work[static_cast<size_t>(r)] +
-                                        static_cast<double>(cp_ring::kPieceCostPairs * pieces[static_cast<size_t>(r)]));
-            return most;
+            counted(l, work, timed);
+            return *std::max_element(timed.begin(), timed.end());
           };
           const cp_ring::ChunkLayout t = cp_ring::balanced_layout(docs, L, n);
           expect_valid_layout(t, L, n, what);
@@ -177,7 +176,7 @@ TEST(CpRingLayout, BalancesPackedMixes) {
           const double t_most = slowest(t), z_most = slowest(z);
           // The cost the layout predicts is the one its schedule runs.
           EXPECT_EQ(t_most, static_cast<double>(cp_ring::max_rank_cost(
-                                t, cp_ring::chunk_cost(docs, L, t.c, cp_ring::kPieceCostPairs))))
+                                t, cp_ring::chunk_cost(docs, L, t.c, cp_ring::kCallCostPairs))))
               << what;
           EXPECT_LE(t_most, z_most) << what << ": k = " << t.k;
           const bool off = cp_ring::work_spread(z, cp_ring::chunk_work(docs, L, z.c)) > 0.05;

@@ -65,7 +65,7 @@ inline int64_t cudnn_backward_workspace_bytes(int64_t hq, int64_t T, int64_t d) 
 // accumulator and workspaces, which a masked step's call replaces.
 inline int64_t cudnn_document_padding_bytes(bool backward, int64_t hq, int64_t hkv, int64_t T, int64_t d,
                                             int64_t elem) {
-  int64_t rows = 128;  // kernels/document_batches.h kMinPaddedRows
+  int64_t rows = 128;  // lcx/document_batches.h kMinPaddedRows
   while (rows < T) rows *= 2;
   const int64_t per_row = backward ? 4 * (hq + hkv) * d * elem + 2 * hq * 4 + 2 * hq * d * 4
                                    : 2 * (hq + hkv) * d * elem + hq * 4;

@@ -1,6 +1,6 @@
 // Document-masked attention on cuDNN as padded batches. The documents of one call whose query rows
 // and key rows are the same rows (one GPU, or whole sequences after an all-to-all) are grouped by
-// kernels/document_batches.h: lengths rounded up to a quarter step of their octave S (a 32nd for
+// lcx/document_batches.h: lengths rounded up to a quarter step of their octave S (a 32nd for
 // long documents), batches of a power-of-two B documents, so the cached plans are keyed by (2^i, S)
 // pairs, few per octave, and a new mix of lengths each step reuses them. Each batch is one cuDNN call over [B, S] padded rows: the documents' q, k, v (and
 // out, dout, the LSE for the backward) are gathered into zero-padded buffers, cuDNN runs causal
@@ -27,7 +27,7 @@
 #include "kernels/cuda/attention_cudnn.h"
 #include "kernels/cuda/cuda_ops.h"
 #include "kernels/cuda/document_pack.h"
-#include "kernels/document_batches.h"
+#include "lcx/document_batches.h"
 
 namespace lcx::ops::cuda {
 namespace {
