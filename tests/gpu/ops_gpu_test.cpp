@@ -288,10 +288,11 @@ TEST_F(GpuOps, AttentionDocumentBatchesOnCudnnTouchOnlyTheirRows) {
   for (bool ragged : {true, false}) {
     SCOPED_TRACE(ragged ? "ragged" : "padded copies");
     cuda::set_cudnn_ragged_documents(ragged);
-    if (ragged)
+    if (ragged) {
       for (bool backward : {false, true})
         EXPECT_TRUE(cuda::cudnn_ragged_attention_ready(backward, 2, 256, 256, Hq, Hkv, d, t, true))
             << "cuDNN " << cuda::cudnn_version() << " refuses the ragged " << (backward ? "backward" : "forward");
+    }
     Tensor o = poisoned_gpu({T, Hq, d}, t), l = poisoned_gpu({Hq, T}, DType::f32);
     Tensor gq = poisoned_gpu({T, Hq, d}, t), gk = poisoned_gpu({T, Hkv, d}, t), gv = poisoned_gpu({T, Hkv, d}, t);
     const std::vector<char> ran = ops::cuda::attention_forward_documents(q, k, v, o, l, r, spans, spans);

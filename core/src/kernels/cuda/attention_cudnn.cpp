@@ -26,11 +26,13 @@
 // element e starts at offset[e] rather than e * batch stride; Q, O, dO, dQ share the query side's,
 // K, V, dK, dV and the backward's K reshaped from K^T the key side's). cuDNN takes them with the
 // padding mask only, on Hopper and later; int64 offsets from cuDNN 9.5 (int32 ones overflow past
-// 2^31 elements: 131,072 rows of 64 heads of 128). The flash engines guard each element's rows by
-// its seq_len (Transformer Engine's THD with gaps between sequences relies on rows past seq_len
-// staying unwritten; tests/gpu/ops_gpu_test.cpp checks it on the loaded cuDNN), so a batch's
-// documents need not be adjacent: a padded row is never read into a real one (masked) nor written. The stats, softmax sums and dQ accumulator stay padded
-// [b, Hq, S] buffers: lcx's LSE is [Hq, T], not the [T, Hq] that cuDNN's ragged stats (9.6+) take.
+// 2^31 elements: 131,072 rows of 64 heads of 128). Rows past an element's seq_len are masked where
+// read and never written (Transformer Engine's THD with gaps between sequences relies on that;
+// AttentionDocumentBatchesOnCudnnTouchOnlyTheirRows in tests/gpu/ops_gpu_test.cpp checks it on the
+// loaded cuDNN), so a batch's documents need not be adjacent and its padded rows never reach a
+// neighbour. The offsets ascend and the last is the end of the last element's real rows, the
+// layout of cuDNN's THD callers. The stats, softmax sums and dQ accumulator stay padded [b, Hq, S]
+// buffers: lcx's LSE is [Hq, T], not the [T, Hq] that cuDNN's ragged stats (9.6+) take.
 #include "kernels/cuda/attention_cudnn.h"
 
 #include <dlfcn.h>
