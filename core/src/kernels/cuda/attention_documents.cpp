@@ -39,7 +39,8 @@
 namespace lcx::ops::cuda {
 namespace {
 
-// The gathers move rows as 16-byte words: 16-bit floats, rows of a multiple of 16 bytes, aligned.
+// 16-bit floats, rows of a multiple of 16 bytes, aligned: every document's first row then sits on
+// the 16-byte alignment cuDNN's ragged tensors declare, and the gathers move rows as 16-byte words.
 bool packable(std::initializer_list<const Tensor*> ts) {
   const DType t = (*ts.begin())->dtype();
   if (t != DType::bf16 && t != DType::f16) return false;
