@@ -25,7 +25,8 @@ print("| tokens | mix | documents | masked on | causal fwd / bwd ms | masked fwd
 print("|---|---|---|---|---|---|---|---|---|---|---|")
 for m in (r for r in rows if r["kind"] in ("masked", "masked_padded", "masked_own")):
     c = next(r for r in rows if r["kind"] == "causal" and r["mix"] == m["mix"] and r["tokens"] == m["tokens"])
-    on = {"masked": "cudnn batches", "masked_padded": "cudnn padded copies", "masked_own": "own per document"}[m["kind"]]
+    on = {"masked": "cudnn batches", "masked_padded": "cudnn padded copies",
+          "masked_own": "own per document"}[m["kind"]]
     print(f"| {m['tokens']:,} | {m['mix']} | {m['documents']} | {on} | {1e3*c['forward_s']:.1f} / {1e3*c['backward_s']:.1f} | "
           f"{1e3*m['forward_s']:.1f} / {1e3*m['backward_s']:.1f} | {c['useful_tflops_fwd']:.0f} / {c['useful_tflops_bwd']:.0f} | "
           f"{m['useful_tflops_fwd']:.0f} / {m['useful_tflops_bwd']:.0f} | "
