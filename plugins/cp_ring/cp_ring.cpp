@@ -320,7 +320,7 @@ class CpRing final : public Parallelism {
     // balanced layout cuts finer, so pieces only get smaller. Each side of a batch is padded within
     // c rounded up to a power of two (lcx/document_batches.h), so the term of T/2 rows bounds
     // both; the pieces run one after another. Counted beside the above.
-    if (in.documents_masked) plan_document_masks(plan, Hq, Hkv, (T + 1) / 2, d, in.weight_dtype);
+    if (in.documents_masked) plan_document_masks(plan, Hq, (T + 1) / 2, d);
   }
 
  private:

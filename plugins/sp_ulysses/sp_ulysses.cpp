@@ -221,7 +221,7 @@ class Ulysses final : public Parallelism {
       inner_->plan(mine, plan);
     } else if (in.documents_masked) {
       // One attention call masked by document: cuDNN's padded batches of documents.
-      plan_document_masks(plan, Hq / sp, std::max<int64_t>(1, Hkv / sp), sp * T, d, in.weight_dtype);
+      plan_document_masks(plan, Hq / sp, sp * T, d);
     } else {
       // One attention call: Hq/sp heads over all L = sp T rows (lcx/plan.h: what the fused attention allocates).
       plan.add("attention forward workspace (cuDNN)", PlanCategory::transient, kCudnnForwardWorkspace,

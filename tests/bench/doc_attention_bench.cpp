@@ -9,11 +9,13 @@
 // log-normal fit of PG-19's book lengths, median ~90k tokens, so a few documents and a cut one),
 // "short" (log-normal around 1k tokens: thousands of documents, as chat/code corpora), "uniform4k".
 // On the GPU the masked attention runs on cuDNN's padded batches of documents (kernels/cuda/
-// attention_documents.cpp); --masked-kernels auto,own also times it on the own kernels once per
-// document (kind "masked_own"), the path before them, with the full causal one on cuDNN still.
+// attention_documents.cpp), read and written in place through cuDNN's ragged offsets;
+// --masked-kernels auto,padded,own also times them through padded copies of the documents (kind
+// "masked_padded", the path where cuDNN refuses ragged plans, and before them) and on the own
+// kernels once per document (kind "masked_own"), with the full causal one on cuDNN still.
 // One JSON line per (mix, kind) on stdout, then a summary line per mix and masked kind.
 //
-//   doc_attention_bench --device cuda --tokens 131072 [--masked-kernels auto,own]
+//   doc_attention_bench --device cuda --tokens 131072 [--masked-kernels auto,padded,own]
 //   doc_attention_bench --device cpu --tokens 512 --heads 4 --kv-heads 2 --head-dim 16   (a smoke run)
 #include <algorithm>
 #include <chrono>
@@ -38,7 +40,7 @@ struct Options {
   Device device = Device::cuda();
   int64_t tokens = 131072, heads = 32, kv_heads = 8, head_dim = 128;  // Qwen3-8B's attention
   std::vector<std::string> mixes = {"one", "pg19", "short", "uniform4k"};
-  std::vector<std::string> masked_kernels = {"auto"};  // auto: cuDNN's batches where they load; own
+  std::vector<std::string> masked_kernels = {"auto"};  // auto: cuDNN's batches where they load; padded; own
   int reps = 3;
   uint64_t seed = 1;
 };
@@ -60,8 +62,9 @@ Options parse(int argc, char** argv) {
     else args.unknown("--device --tokens --heads --kv-heads --head-dim --mixes --masked-kernels --reps --seed");
   }
   for (const std::string& k : o.masked_kernels)
-    if (k != "auto" && k != "own")
-      throw Error(str("--masked-kernels ", k), "--masked-kernels", "name auto (cuDNN where it loads) and/or own");
+    if (k != "auto" && k != "padded" && k != "own")
+      throw Error(str("--masked-kernels ", k), "--masked-kernels",
+                  "name auto (cuDNN where it loads), padded (cuDNN on padded copies) and/or own");
   return o;
 }
 
@@ -78,14 +81,16 @@ double median(std::vector<double> v) {
   return v[v.size() / 2];
 }
 
-// The GPU's attention kernels for the masked calls: "own" pins the own kernels; "auto" and the
-// CPU leave the choice alone. Restores the previous choice when it goes.
+// The GPU's attention kernels for the masked calls: "own" pins the own kernels, "padded" keeps
+// cuDNN's batches on padded copies (no ragged plans); "auto" and the CPU leave the choice alone.
+// Restores the previous choice when it goes.
 class MaskedKernels {
  public:
   explicit MaskedKernels(const std::string& name) {
 #ifdef LCX_HAVE_CUDA
     before_ = cuda::attention_kernel();
     if (name == "own") cuda::set_attention_kernel(cuda::AttentionKernel::own);
+    if (name == "padded") cuda::set_cudnn_ragged_documents(false);
 #else
     (void)name;
 #endif
@@ -93,6 +98,7 @@ class MaskedKernels {
   ~MaskedKernels() {
 #ifdef LCX_HAVE_CUDA
     cuda::set_attention_kernel(before_);
+    cuda::set_cudnn_ragged_documents(true);
 #endif
   }
   MaskedKernels(const MaskedKernels&) = delete;
@@ -159,7 +165,7 @@ int main(int argc, char** argv) {
         double t_masked[2] = {0, 0};
         {
           MaskedKernels pin(kernels);
-          time(kernels == "own" ? "masked_own" : "masked", b, t_masked);
+          time(kernels == "auto" ? "masked" : kernels == "own" ? "masked_own" : "masked_padded", b, t_masked);
         }
         const double rate_fwd = (useful(b) / t_masked[0]) / (useful({0, T}) / t_full[0]);
         const double rate_bwd = (useful(b) / t_masked[1]) / (useful({0, T}) / t_full[1]);

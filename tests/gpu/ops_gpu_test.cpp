@@ -5,8 +5,10 @@
 // storage and 1e-2 for bf16/fp16.
 #include <gtest/gtest.h>
 
+#include <algorithm>
 #include <cmath>
 #include <random>
+#include <vector>
 
 #include "gpu/attention_shapes.h"
 #include "gpu/gpu_test_util.h"
@@ -16,6 +18,7 @@
 #ifdef LCX_HAVE_CUDA
 #include "kernels/attention_cut.h"
 #include "kernels/cuda/attention_cudnn.h"
+#include "kernels/cuda/cuda_ops.h"
 #endif
 
 namespace lcx::test {
@@ -162,10 +165,11 @@ TEST_F(GpuOps, AttentionCudnnAgreesWithOwnKernels) {
   expect_cudnn_equals_own(q, k, v, dout, p);
 }
 
-// Document-masked attention on cuDNN's padded batches (kernels/cuda/attention_documents.cpp)
-// against the own kernels run once per document, on a Qwen3-8B-shaped mix too large for the CPU:
-// a document of 5,000 rows (padded to 5,120), one of a single row, several per padded size (the
-// batches of 2 and 4), lengths that are no multiple of 8. LCX_ATTENTION=cudnn makes a refused
+// Document-masked attention on cuDNN's batches (kernels/cuda/attention_documents.cpp: ragged, in
+// place, where the loaded cuDNN builds those plans) against the own kernels run once per document,
+// on a Qwen3-8B-shaped mix too large for the CPU: a document of 5,000 rows (padded to 5,120), one
+// of a single row, several per padded size (the batches of 2 and 4), lengths that are no multiple
+// of 8. LCX_ATTENTION=cudnn makes a refused
 // batch an error, so passing means cuDNN ran every document.
 TEST_F(GpuOps, AttentionDocumentsOnCudnnAgreeWithOwnKernels) {
   SCOPED_TRACE(trace());
@@ -225,10 +229,93 @@ TEST_F(GpuOps, AttentionDocumentPiecesApartOnCudnnAgreeWithOwnKernels) {
   }
 }
 
+// cuDNN's batches of documents (attention_documents.cpp) called directly on spans that leave rows
+// to no batch, on the ragged path (cuDNN reads and writes the documents in place) and on the padded
+// fallback: each document's rows of out, the LSE, dq, dk, dv equal the own kernels' on it, and
+// every other row keeps its poison. The layout is what a write of padded rows would clobber: a
+// batch of two documents of 200 and 210 rows (both padded to 256) with 30 rows of no document after
+// the first, inside its padded rows; a document of 300 rows (padded to 384) right before one of 37
+// (padded to 128) whose smaller batch runs first; 223 rows of no document; a last document of 1,048
+// rows (padded to 1,280) ending at the tensors' end. GQA, so dk and dv come from cuDNN's reduction
+// over each group. The ragged plans must build on the loaded cuDNN (the fallback is for others).
+TEST_F(GpuOps, AttentionDocumentBatchesOnCudnnTouchOnlyTheirRows) {
+  SCOPED_TRACE(trace());
+  if (cuda::cudnn_version().empty()) GTEST_SKIP() << "libcudnn.so.9 is not loadable here";
+  RecordProperty("cudnn", cuda::cudnn_version());
+  const int64_t T = 2048, Hq = 8, Hkv = 2, d = 128;
+  const DType t = DType::bf16;
+  const std::vector<ops::cuda::DocumentSpan> spans{{0, 200}, {230, 210}, {440, 300}, {740, 37}, {1000, 1048}};
+  // Every row in some document for the own kernels' reference: the spans and the rows between them.
+  const std::vector<int64_t> documents{0, 200, 230, 440, 740, 777, 1000, T};
+  std::vector<char> in_span(T, 0);
+  for (const auto& sp : spans) std::fill_n(in_span.begin() + sp.begin, sp.length, 1);
+  const Tensor q = on_gpu(host_normal({T, Hq, d}, t, rng_)), k = on_gpu(host_normal({T, Hkv, d}, t, rng_));
+  const Tensor v = on_gpu(host_normal({T, Hkv, d}, t, rng_)), dout = on_gpu(host_normal({T, Hq, d}, t, rng_));
+  ops::AttentionParams p;
+  p.causal = true;
+  p.documents = documents;
+  Tensor out = poisoned_gpu({T, Hq, d}, t), lse = poisoned_gpu({Hq, T}, DType::f32);
+  Tensor dq = poisoned_gpu({T, Hq, d}, t), dk = poisoned_gpu({T, Hkv, d}, t), dv = poisoned_gpu({T, Hkv, d}, t);
+  {
+    KernelChoice own(cuda::AttentionKernel::own);
+    ops::attention_forward(q, k, v, out, lse, p);
+    ops::attention_backward(q, k, v, out, lse, dout, dq, dk, dv, p);
+  }
+  // got's rows (or, for the LSE [Hq, T], columns) in a span within the dtype's tolerance of want's,
+  // and the rest still NaN.
+  auto expect_rows = [&](const Tensor& got, const Tensor& want, bool columns, const char* name) {
+    SCOPED_TRACE(name);
+    const std::vector<float> g = got.to_floats(), w = want.to_floats();
+    const size_t per_row = columns ? 1 : g.size() / static_cast<size_t>(T);
+    std::vector<float> gs, ws;
+    int64_t clobbered = 0;
+    for (size_t i = 0; i < g.size(); ++i) {
+      const size_t row = columns ? i % static_cast<size_t>(T) : i / per_row;
+      if (!in_span[row]) {
+        clobbered += !std::isnan(g[i]);
+        continue;
+      }
+      gs.push_back(g[i]);
+      ws.push_back(w[i]);
+    }
+    EXPECT_EQ(clobbered, 0) << "elements written outside every document";
+    EXPECT_LE(rel_l2(gs, ws), columns ? 1e-4 : tolerance(t));
+  };
+  KernelChoice cudnn(cuda::AttentionKernel::cudnn);
+  ops::AttentionParams r;
+  r.causal = true;
+  r.scale = 1.f / std::sqrt(static_cast<float>(d));
+  for (bool ragged : {true, false}) {
+    SCOPED_TRACE(ragged ? "ragged" : "padded copies");
+    cuda::set_cudnn_ragged_documents(ragged);
+    if (ragged) {
+      for (bool backward : {false, true})
+        EXPECT_TRUE(cuda::cudnn_ragged_attention_ready(backward, 2, 256, 256, Hq, Hkv, d, t, true))
+            << "cuDNN " << cuda::cudnn_version() << " refuses the ragged " << (backward ? "backward" : "forward");
+    }
+    Tensor o = poisoned_gpu({T, Hq, d}, t), l = poisoned_gpu({Hq, T}, DType::f32);
+    Tensor gq = poisoned_gpu({T, Hq, d}, t), gk = poisoned_gpu({T, Hkv, d}, t), gv = poisoned_gpu({T, Hkv, d}, t);
+    const std::vector<char> ran = ops::cuda::attention_forward_documents(q, k, v, o, l, r, spans, spans);
+    const std::vector<char> ran_back =
+        ops::cuda::attention_backward_documents(q, k, v, out, lse, dout, gq, gk, gv, r, spans, spans);
+    for (size_t i = 0; i < spans.size(); ++i) {
+      EXPECT_TRUE(ran[i]) << "document " << i;
+      EXPECT_TRUE(ran_back[i]) << "document " << i;
+    }
+    expect_rows(o, out, false, "out");
+    expect_rows(l, lse, true, "lse");
+    expect_rows(gq, dq, false, "dq");
+    expect_rows(gk, dk, false, "dk");
+    expect_rows(gv, dv, false, "dv");
+  }
+  cuda::set_cudnn_ragged_documents(true);
+}
+
 // A rehearsal's cut (kernels/attention_cut.h) keeps each attention call's allocations: the same
 // count and the same peak as the real call, on cuDNN, on the own kernels, per document under a
-// document mask (the own kernels on row slices, ops.cpp) and on cuDNN's padded batches of
-// documents, the same for a ring's piece of queries after its keys (q_offset = T), and zeros out.
+// document mask (the own kernels on row slices, ops.cpp) and on cuDNN's ragged batches of
+// documents, the same for a ring's piece of queries after its keys (q_offset = T) and for the
+// padded copies that stand in where cuDNN refuses ragged plans, and zeros out.
 TEST_F(GpuOps, AttentionCutAllocatesWhatTheRealCallDoes) {
   SCOPED_TRACE(trace());
   const int64_t T = 4096, Hq = 4, Hkv = 2, d = 128;
@@ -251,9 +338,9 @@ TEST_F(GpuOps, AttentionCutAllocatesWhatTheRealCallDoes) {
   };
   const std::vector<int64_t> documents{0, 1000, 1001, 2500, T};
   const std::vector<int64_t> apart{0, 1000, 1001, 2500, T + 300, T + 1500, 2 * T};
-  const char* variants[] = {"cudnn", "own kernels", "per document", "padded batches of documents (cuDNN)",
-                            "queries after keys, padded batches (cuDNN)"};
-  for (int variant = 0; variant < 5; ++variant) {
+  const char* variants[] = {"cudnn", "own kernels", "per document", "ragged batches of documents (cuDNN)",
+                            "queries after keys, ragged batches (cuDNN)", "padded copies of documents (cuDNN)"};
+  for (int variant = 0; variant < 6; ++variant) {
     const cuda::AttentionKernel kernel =
         variant == 0 || variant >= 3 ? cuda::AttentionKernel::cudnn : cuda::AttentionKernel::own;
     if (kernel == cuda::AttentionKernel::cudnn && cuda::cudnn_version().empty()) continue;
@@ -263,6 +350,7 @@ TEST_F(GpuOps, AttentionCutAllocatesWhatTheRealCallDoes) {
                   : variant >= 2 ? std::span<const int64_t>(documents)
                                  : std::span<const int64_t>();
     p.q_offset = variant == 4 ? T : 0;
+    cuda::set_cudnn_ragged_documents(variant != 5);
     Tensor out = poisoned_gpu({T, Hq, d}, t), lse = poisoned_gpu({Hq, T}, DType::f32);
     Tensor dq = poisoned_gpu({T, Hq, d}, t), dk = poisoned_gpu({T, Hkv, d}, t), dv = poisoned_gpu({T, Hkv, d}, t);
     const Use real = call(out, lse, dq, dk, dv);
@@ -275,6 +363,7 @@ TEST_F(GpuOps, AttentionCutAllocatesWhatTheRealCallDoes) {
     for (const Tensor* x : {&out, &lse, &dq, &dk, &dv})
       for (float f : x->to_floats()) ASSERT_EQ(f, 0.f);
   }
+  cuda::set_cudnn_ragged_documents(true);
 }
 
 // The memory plan's cuDNN terms (lcx/plan.h) against what the loaded cuDNN asks, for the head

@@ -501,7 +501,7 @@ TEST(CpRingPlan, RingBuffersAndAccumulators) {
   int64_t padded = 0;
   for (const PlanTerm& t : masked.terms)
     if (t.name.rfind("document-masked attention backward", 0) == 0) padded = t.bytes;
-  EXPECT_EQ(padded, cudnn_document_padding_bytes(true, 32, 8, in.tokens_per_rank / 2, 128, 2));
+  EXPECT_EQ(padded, cudnn_document_batch_bytes(true, 32, in.tokens_per_rank / 2, 128));
   in.documents_masked = false;
   MemoryPlan single;
   in.cp = 1;

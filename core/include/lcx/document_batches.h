@@ -16,8 +16,11 @@
 // plan per size costs little beside calls that long, and at most 32 sizes an octave are cached.
 // A batch's padded rows B * S are capped at the call's real rows rounded up to a power of two (or
 // one kMinPaddedRows document), which bounds the memory plan's term (lcx/plan.h
-// cudnn_document_padding_bytes): calls run one after another, so their buffers never pass the rows
-// of one unmasked call by more than that rounding.
+// cudnn_document_batch_bytes: cuDNN's fp32 stats, dQ accumulator and workspace per padded row, the
+// documents themselves read in place): calls run one after another, so their buffers never pass
+// the rows of one unmasked call by more than that rounding. Reading in place frees the padding of
+// memory but not of work (cuDNN's forward still computes the padded query rows), so the steps stay
+// this fine.
 #pragma once
 #include <algorithm>
 #include <bit>

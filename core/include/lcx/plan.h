@@ -56,24 +56,25 @@ inline int64_t cudnn_dq_accumulator_bytes(int64_t hq, int64_t T, int64_t d) { re
 inline int64_t cudnn_backward_workspace_bytes(int64_t hq, int64_t T, int64_t d) { return hq * T * d * 4 + 256; }
 
 // Document-masked attention on the GPU (kernels/cuda/attention_documents.cpp) runs cuDNN on
-// batches of documents, each padded to a power of two of rows; the padded rows of one batch are at
-// most the call's T rows rounded up to a power of two (or one least padded document, 128 rows).
-// Per padded row a forward batch holds q, out [Hq,d] and k, v [Hkv,d] in the activations' dtype
-// (`elem` bytes) and the stats [Hq] fp32; a backward batch also dout, dq [Hq,d], dk, dv [Hkv,d],
-// the softmax sums [Hq] fp32, the dQ accumulator [Hq,d] fp32 and cuDNN's workspace as large again
+// batches of documents padded to a few sizes, read and written in place in the call's tensors
+// through cuDNN's ragged offsets; the padded rows of one batch are at most the call's T rows
+// rounded up to a power of two (or one least padded document, 128 rows). Per padded row a forward
+// batch holds the stats [Hq] fp32 (the LSE in cuDNN's layout); a backward batch the stats and the
+// softmax sums [Hq] fp32, the dQ accumulator [Hq,d] fp32 and cuDNN's workspace as large again
 // (above). Batches run one after another, so this bounds the peak; it holds the unmasked call's
-// accumulator and workspaces, which a masked step's call replaces.
-inline int64_t cudnn_document_padding_bytes(bool backward, int64_t hq, int64_t hkv, int64_t T, int64_t d,
-                                            int64_t elem) {
+// accumulator and workspaces, which a masked step's call replaces. (Where cuDNN refuses the ragged
+// plans the batches gather their rows into padded copies, which this does not count.)
+inline int64_t cudnn_document_batch_bytes(bool backward, int64_t hq, int64_t T, int64_t d) {
   int64_t rows = 128;  // lcx/document_batches.h kMinPaddedRows
   while (rows < T) rows *= 2;
-  const int64_t per_row = backward ? 4 * (hq + hkv) * d * elem + 2 * hq * 4 + 2 * hq * d * 4
-                                   : 2 * (hq + hkv) * d * elem + hq * 4;
+  const int64_t per_row = backward ? 2 * hq * 4 + 2 * hq * d * 4 : hq * 4;
   return rows * per_row + 256;
 }
-// The per-document tables one masked call uploads (start and length, int32) and the host's
-// document bounds (int64), at their worst of one document per token.
-inline int64_t document_table_bytes(int64_t T) { return 2 * T * 4 + (T + 1) * 8; }
+// The per-document tables one masked call uploads and the host's document bounds (int64), at their
+// worst of one document per token: per batch of B documents the query and key lengths and first
+// rows (int32, B rounded up to 4) and the query and key ragged offsets (int64, B + 1 rounded up to
+// 2), at most 32 bytes a document and 80 a batch, and no more batches than documents.
+inline int64_t document_table_bytes(int64_t T) { return 112 * T + (T + 1) * 8; }
 
 struct PlanInputs {
   ModelConfig model;
@@ -156,10 +157,10 @@ struct MemoryPlan {
   Peak largest_transient() const;
 };
 
-// The terms of document-masked attention on cuDNN's padded batches (cudnn_document_padding_bytes,
+// The terms of document-masked attention on cuDNN's batches of documents (cudnn_document_batch_bytes,
 // document_table_bytes) in the forward and backward, for a Parallelism whose calls see `rows`
-// query rows of hq query and hkv key/value heads: added by the single-rank default, and by a
-// Parallelism whose calls see whole sequences, when PlanInputs::documents_masked.
-void plan_document_masks(MemoryPlan& plan, int64_t hq, int64_t hkv, int64_t rows, int64_t d, DType dtype);
+// query rows of hq query heads: added by the single-rank default, and by a Parallelism whose calls
+// see whole sequences, when PlanInputs::documents_masked.
+void plan_document_masks(MemoryPlan& plan, int64_t hq, int64_t rows, int64_t d);
 
 }  // namespace lcx

@@ -90,13 +90,12 @@ MemoryPlan::Peak MemoryPlan::largest_transient() const {
   return best;
 }
 
-void plan_document_masks(MemoryPlan& plan, int64_t hq, int64_t hkv, int64_t rows, int64_t d, DType dtype) {
-  const int64_t elem = static_cast<int64_t>(dtype_size(dtype));
-  plan.add("document-masked attention forward: padded batches, stats (cuDNN)", PlanCategory::transient,
-           cudnn_document_padding_bytes(false, hq, hkv, rows, d, elem), plan_phase::forward);
-  plan.add("document-masked attention backward: padded batches, stats, dQ accumulator, workspace (cuDNN)",
-           PlanCategory::transient, cudnn_document_padding_bytes(true, hq, hkv, rows, d, elem), plan_phase::backward);
-  plan.add("document tables: bounds [docs+1] int64, starts and lengths [docs] int32 (<= one per token)",
+void plan_document_masks(MemoryPlan& plan, int64_t hq, int64_t rows, int64_t d) {
+  plan.add("document-masked attention forward: stats of the batches (cuDNN, ragged)", PlanCategory::transient,
+           cudnn_document_batch_bytes(false, hq, rows, d), plan_phase::forward);
+  plan.add("document-masked attention backward: stats, softmax sums, dQ accumulator, workspace (cuDNN, ragged)",
+           PlanCategory::transient, cudnn_document_batch_bytes(true, hq, rows, d), plan_phase::backward);
+  plan.add("document tables: bounds [docs+1] int64, per batch lengths and first rows int32, ragged offsets int64",
            PlanCategory::transient, document_table_bytes(rows), plan_phase::step);
 }
 

@@ -36,18 +36,16 @@ class SingleRank final : public Parallelism {
   }
   // The attention kernels keep no [T,T] matrix; the backward holds the fp32 row sums delta [Hq,T]
   // (out . dout) and, in cuDNN's kernel (the GPU's default where it loads), an fp32 dQ
-  // accumulator [Hq,T,d] and cuDNN's workspaces (lcx/plan.h); masked by document, cuDNN's padded
-  // batches hold those and the documents' padded copies instead (plan_document_masks). Hq is one
+  // accumulator [Hq,T,d] and cuDNN's workspaces (lcx/plan.h); masked by document, cuDNN's batches
+  // of documents hold those per padded row instead (plan_document_masks). Hq is one
   // call's: the model's head groups divide it. The LSE belongs to the model's layer.
   void plan(const PlanInputs& in, MemoryPlan& plan) const override {
     const int64_t hq = in.model.num_heads / std::max<int64_t>(1, plan.attention_head_groups);
     const int64_t d = in.model.head_dim > 0 ? in.model.head_dim : in.model.hidden_size / std::max<int64_t>(1, in.model.num_heads);
     plan.add("attention backward delta [Hq,T] fp32", PlanCategory::transient, hq * in.tokens_per_rank * 4,
              plan_phase::backward);
-    if (in.documents_masked) {  // cuDNN's padded batches of documents, in place of one unmasked call
-      const int64_t hkv = std::max<int64_t>(1, in.model.num_kv_heads / std::max<int64_t>(1, plan.attention_head_groups));
-      return plan_document_masks(plan, hq, hkv, in.tokens_per_rank, d, in.weight_dtype);
-    }
+    if (in.documents_masked)  // cuDNN's batches of documents, in place of one unmasked call
+      return plan_document_masks(plan, hq, in.tokens_per_rank, d);
     plan.add("attention backward dQ accumulator [Hq,T,d] fp32 (cuDNN)", PlanCategory::transient,
              cudnn_dq_accumulator_bytes(hq, in.tokens_per_rank, d), plan_phase::backward);
     plan.add("attention forward workspace (cuDNN)", PlanCategory::transient, kCudnnForwardWorkspace, plan_phase::forward);

@@ -20,6 +20,19 @@
 // column < seq_len_kv) before the causal one, and the GEMMs' M/N/K overrides, as NVIDIA's
 // cudnn-frontend builds its padded SDPA graphs; that is what its flash engines recognise to skip
 // the padded tiles.
+// Ragged batches (the same, `ragged`) read and write the documents where they lie in the caller's
+// [T, heads, d] tensors, as Transformer Engine's THD layout does: Q, K, V, O, dO, dQ, dK, dV each
+// name an int64 [b+1,1,1,1] tensor of element offsets (CUDNN_ATTR_TENSOR_RAGGED_OFFSET_DESC;
+// element e starts at offset[e] rather than e * batch stride; Q, O, dO, dQ share the query side's,
+// K, V, dK, dV and the backward's K reshaped from K^T the key side's). cuDNN takes them with the
+// padding mask only, on Hopper and later; int64 offsets from cuDNN 9.5 (int32 ones overflow past
+// 2^31 elements: 131,072 rows of 64 heads of 128). Rows past an element's seq_len are masked where
+// read and never written (Transformer Engine's THD with gaps between sequences relies on that;
+// AttentionDocumentBatchesOnCudnnTouchOnlyTheirRows in tests/gpu/ops_gpu_test.cpp checks it on the
+// loaded cuDNN), so a batch's documents need not be adjacent and its padded rows never reach a
+// neighbour. The offsets ascend and the last is the end of the last element's real rows, the
+// layout of cuDNN's THD callers. The stats, softmax sums and dQ accumulator stay padded [b, Hq, S]
+// buffers: lcx's LSE is [Hq, T], not the [T, Hq] that cuDNN's ragged stats (9.6+) take.
 #include "kernels/cuda/attention_cudnn.h"
 
 #include <dlfcn.h>
@@ -35,6 +48,7 @@
 #include <string>
 #include <tuple>
 #include <type_traits>
+#include <utility>
 #include <vector>
 
 #include "cuda/check_libs.h"
@@ -138,8 +152,9 @@ using Dims = std::vector<int64_t>;
 // An operation graph under construction; it owns every descriptor it made, for the plan's life.
 class Graph {
  public:
+  // offsets: nullptr, or the int64 [b+1,1,1,1] tensor of each batch element's first element (ragged).
   DescPtr tensor(int64_t uid, cudnnDataType_t t, const Dims& dims, const Dims& strides, bool is_virtual = false,
-                 bool by_value = false) {
+                 bool by_value = false, const DescPtr& offsets = nullptr) {
     auto d = keep(CUDNN_BACKEND_TENSOR_DESCRIPTOR);
     const int64_t align = 16;
     const bool v = is_virtual, bv = by_value;
@@ -150,11 +165,16 @@ class Graph {
         .set_i64(CUDNN_ATTR_TENSOR_BYTE_ALIGNMENT, align)
         .set(CUDNN_ATTR_TENSOR_IS_VIRTUAL, CUDNN_TYPE_BOOLEAN, 1, &v);
     if (by_value) d->set(CUDNN_ATTR_TENSOR_IS_BY_VALUE, CUDNN_TYPE_BOOLEAN, 1, &bv);
+    if (offsets) d->set_desc(CUDNN_ATTR_TENSOR_RAGGED_OFFSET_DESC, *offsets);
     d->finalize();
     return d;
   }
-  DescPtr virt(cudnnDataType_t t, const Dims& dims, const Dims& strides) {
-    return tensor(next_virtual_++, t, dims, strides, true);
+  DescPtr virt(cudnnDataType_t t, const Dims& dims, const Dims& strides, const DescPtr& offsets = nullptr) {
+    return tensor(next_virtual_++, t, dims, strides, true, false, offsets);
+  }
+  // A tensor in memory, at the ragged offsets when `offsets` is given.
+  DescPtr io(int64_t uid, cudnnDataType_t t, const Dims& dims, const Dims& strides, const DescPtr& offsets) {
+    return tensor(uid, t, dims, strides, false, false, offsets);
   }
   // A float passed by value through the variant pack.
   DescPtr scalar(int64_t uid) { return tensor(uid, CUDNN_DATA_FLOAT, {1, 1, 1, 1}, {1, 1, 1, 1}, false, true); }
@@ -252,7 +272,8 @@ class Graph {
 };
 
 enum Uid : int64_t {
-  kQ = 1, kK, kV, kO, kStats, kScale, kNeg, kDO, kDQ, kDK, kDV, kSoftmaxSum, kDQAccum, kOne, kSeqQ, kSeqKV, kPadNeg
+  kQ = 1, kK, kV, kO, kStats, kScale, kNeg, kDO, kDQ, kDK, kDV, kSoftmaxSum, kDQAccum, kOne, kSeqQ, kSeqKV, kPadNeg,
+  kQOffsets, kKOffsets
 };
 
 struct Plan {
@@ -319,10 +340,11 @@ cudnnDataType_t cudnn_type(DType t) { return t == DType::bf16 ? CUDNN_DATA_BFLOA
 
 // b batch elements, each [T, heads, d] rows in lcx's layout one after another ([b*T, heads, d]);
 // b = 1 but for padded batches of documents, whose `padded` graphs carry each element's real rows
-// (seq_len, int32 [b,1,1,1]) as the padding mask and the GEMMs' size overrides.
+// (seq_len, int32 [b,1,1,1]) as the padding mask and the GEMMs' size overrides. `ragged` (with
+// padded) places the elements of q, k, v, out and their gradients at offsets given per call.
 struct Shape4 {
   int64_t b, T, S, Hq, Hkv, d;
-  bool padded = false;
+  bool padded = false, ragged = false;
   Dims q_dims() const { return {b, Hq, T, d}; }
   Dims q_strides() const { return {T * Hq * d, d, Hq * d, 1}; }
   Dims kv_dims() const { return {b, Hkv, S, d}; }
@@ -336,17 +358,26 @@ struct Shape4 {
   Dims row_dims() const { return {b, Hq, T, 1}; }
   Dims row_strides() const { return {Hq * T, T, 1, 1}; }
   Dims len_dims() const { return {b, 1, 1, 1}; }
+  Dims offset_dims() const { return {b + 1, 1, 1, 1}; }
 };
+
+// The query side's and the key side's ragged offsets of a ragged shape's graph, else nullptrs.
+std::pair<DescPtr, DescPtr> ragged_offsets(Graph& g, const Shape4& s) {
+  if (!s.ragged) return {};
+  return {g.tensor(kQOffsets, CUDNN_DATA_INT64, s.offset_dims(), {1, 1, 1, 1}),
+          g.tensor(kKOffsets, CUDNN_DATA_INT64, s.offset_dims(), {1, 1, 1, 1})};
+}
 
 // The forward graph's operations, each finalized (which checks shapes and types); not yet a plan.
 std::unique_ptr<Plan> forward_plan(const Shape4& s, DType dt, bool causal) {
   auto p = std::make_unique<Plan>();
   Graph& g = p->graph;
   const cudnnDataType_t io = cudnn_type(dt), f32 = CUDNN_DATA_FLOAT;
-  auto Q = g.tensor(kQ, io, s.q_dims(), s.q_strides());
-  auto KT = g.tensor(kK, io, s.kvt_dims(), s.kvt_strides());
-  auto V = g.tensor(kV, io, s.kv_dims(), s.kv_strides());
-  auto O = g.tensor(kO, io, s.q_dims(), s.q_strides());
+  const auto [q_at, k_at] = ragged_offsets(g, s);
+  auto Q = g.io(kQ, io, s.q_dims(), s.q_strides(), q_at);
+  auto KT = g.io(kK, io, s.kvt_dims(), s.kvt_strides(), k_at);
+  auto V = g.io(kV, io, s.kv_dims(), s.kv_strides(), k_at);
+  auto O = g.io(kO, io, s.q_dims(), s.q_strides(), q_at);
   auto stats = g.tensor(kStats, f32, s.row_dims(), s.row_strides());
   DescPtr seq_q, seq_kv;  // nullptr unless padded
   if (s.padded) {
@@ -382,15 +413,16 @@ std::unique_ptr<Plan> backward_plan(const Shape4& s, DType dt, bool causal) {
   auto p = std::make_unique<Plan>();
   Graph& g = p->graph;
   const cudnnDataType_t io = cudnn_type(dt), f32 = CUDNN_DATA_FLOAT;
-  auto Q = g.tensor(kQ, io, s.q_dims(), s.q_strides());
-  auto KT = g.tensor(kK, io, s.kvt_dims(), s.kvt_strides());
-  auto VT = g.tensor(kV, io, s.kvt_dims(), s.kvt_strides());
-  auto O = g.tensor(kO, io, s.q_dims(), s.q_strides());
+  const auto [q_at, k_at] = ragged_offsets(g, s);
+  auto Q = g.io(kQ, io, s.q_dims(), s.q_strides(), q_at);
+  auto KT = g.io(kK, io, s.kvt_dims(), s.kvt_strides(), k_at);
+  auto VT = g.io(kV, io, s.kvt_dims(), s.kvt_strides(), k_at);
+  auto O = g.io(kO, io, s.q_dims(), s.q_strides(), q_at);
   auto stats = g.tensor(kStats, f32, s.row_dims(), s.row_strides());
-  auto dO = g.tensor(kDO, io, s.q_dims(), s.q_strides());
-  auto dQ = g.tensor(kDQ, io, s.q_dims(), s.q_strides());
-  auto dK = g.tensor(kDK, io, s.kv_dims(), s.kv_strides());
-  auto dV = g.tensor(kDV, io, s.kv_dims(), s.kv_strides());
+  auto dO = g.io(kDO, io, s.q_dims(), s.q_strides(), q_at);
+  auto dQ = g.io(kDQ, io, s.q_dims(), s.q_strides(), q_at);
+  auto dK = g.io(kDK, io, s.kv_dims(), s.kv_strides(), k_at);
+  auto dV = g.io(kDV, io, s.kv_dims(), s.kv_strides(), k_at);
   auto softmax_sum = g.tensor(kSoftmaxSum, f32, s.row_dims(), s.row_strides());
   auto dQ_accum = g.tensor(kDQAccum, f32, s.q_dims(), {s.Hq * s.T * s.d, s.T * s.d, s.d, 1});
   auto scale = g.scalar(kScale);
@@ -454,15 +486,15 @@ std::unique_ptr<Plan> backward_plan(const Shape4& s, DType dt, bool causal) {
     g.matmul(dST, Q, dK, seq_kv, nullptr, seq_q);
   }
 
-  // dQ = dS K through the fp32 accumulator
-  auto K = g.virt(io, s.kv_dims(), s.kv_strides());
+  // dQ = dS K through the fp32 accumulator (K, read through K^T's strides, at K's offsets)
+  auto K = g.virt(io, s.kv_dims(), s.kv_strides(), k_at);
   g.reshape(KT, K);
   g.matmul(dS, K, dQ_accum, seq_q, nullptr, seq_kv);
   g.pointwise(CUDNN_POINTWISE_IDENTITY, dQ_accum, nullptr, dQ);
   return p;
 }
 
-using PlanKey = std::tuple<bool, int64_t, int64_t, int64_t, int64_t, int64_t, int64_t, int, bool, bool>;
+using PlanKey = std::tuple<bool, int64_t, int64_t, int64_t, int64_t, int64_t, int64_t, int, bool, bool, bool>;
 std::map<PlanKey, std::unique_ptr<Plan>> g_plans;  // nullptr: cuDNN refused the shape
 
 bool aligned16(const void* p) { return reinterpret_cast<uintptr_t>(p) % 16 == 0; }
@@ -486,9 +518,10 @@ const char* refusal(const std::vector<const Tensor*>& io, const Tensor& q, const
 }
 
 // The cached plan for the call, built on first use; nullptr when cuDNN refuses it (logged once,
-// or thrown when the choice is `cudnn`). Called under g_mu.
+// or thrown when the choice is `cudnn`, but for a ragged shape: its padded twin still runs on cuDNN).
+// Called under g_mu.
 Plan* plan_for(bool backward, const Shape4& s, DType t, bool causal) {
-  const PlanKey key{backward, s.b, s.T, s.S, s.Hq, s.Hkv, s.d, static_cast<int>(t), causal, s.padded};
+  const PlanKey key{backward, s.b, s.T, s.S, s.Hq, s.Hkv, s.d, static_cast<int>(t), causal, s.padded, s.ragged};
   auto it = g_plans.find(key);
   if (it == g_plans.end()) {
     std::unique_ptr<Plan> plan;
@@ -496,15 +529,15 @@ Plan* plan_for(bool backward, const Shape4& s, DType t, bool causal) {
       plan = backward ? backward_plan(s, t, causal) : forward_plan(s, t, causal);
       finalize_plan(*plan);
     } catch (const Error& e) {
-      if (choice() == AttentionKernel::cudnn) throw;
+      if (choice() == AttentionKernel::cudnn && !s.ragged) throw;
       log::warn(str("cuDNN attention ", backward ? "backward" : "forward", " refused b=", s.b,
-                    s.padded ? " (padded)" : "", " T=", s.T, " S=", s.S, " Hq=",
+                    s.ragged ? " (ragged)" : s.padded ? " (padded)" : "", " T=", s.T, " S=", s.S, " Hq=",
                     s.Hq, " Hkv=", s.Hkv, " d=", s.d, causal ? " causal" : " full", ": ", e.what(),
-                    "; the own kernels run it"));
+                    s.ragged ? "; padded copies of its documents run it" : "; the own kernels run it"));
     }
     it = g_plans.emplace(key, std::move(plan)).first;
   }
-  if (!it->second && choice() == AttentionKernel::cudnn)
+  if (!it->second && choice() == AttentionKernel::cudnn && !s.ragged)
     throw Error("cuDNN refused this attention shape earlier (see the log); LCX_ATTENTION=auto runs the own kernels");
   return it->second.get();
 }
@@ -633,15 +666,66 @@ const char* padded_refusal(DType t, int64_t d) {
   return nullptr;
 }
 
-// The padded batch's plan, or nullptr (the own kernels run its documents). Called under g_mu.
-Plan* padded_plan(bool backward, int64_t B, int64_t Sq, int64_t Sk, int64_t Hq, int64_t Hkv, int64_t d, DType t,
-                  bool causal) {
-  if (choice() == AttentionKernel::own) return nullptr;
+bool g_ragged = true;  // set_cudnn_ragged_documents; guarded by g_mu
+
+// The batch's plan, padded or ragged, or nullptr (the caller runs its documents another way).
+// Called under g_mu.
+Plan* batch_plan(bool backward, bool ragged, int64_t B, int64_t Sq, int64_t Sk, int64_t Hq, int64_t Hkv, int64_t d,
+                 DType t, bool causal) {
+  if (choice() == AttentionKernel::own || (ragged && !g_ragged)) return nullptr;
   if (const char* why = padded_refusal(t, d)) {
     if (choice() == AttentionKernel::cudnn) throw Error(str("LCX_ATTENTION=cudnn: ", why));
     return nullptr;
   }
-  return plan_for(backward, Shape4{B, Sq, Sk, Hq, Hkv, d, true}, t, causal);
+  return plan_for(backward, Shape4{B, Sq, Sk, Hq, Hkv, d, true, ragged}, t, causal);
+}
+
+void* device(const void* p) { return const_cast<void*>(p); }
+
+// The forward of a padded or ragged batch: q, k, v, out and stats where the plan reads them.
+void batch_forward(Plan& plan, const Tensor& q, const Tensor& k, const Tensor& v, Tensor& out, Tensor& stats,
+                   const int32_t* seq_q, const int32_t* seq_kv, const int64_t* q_at, const int64_t* k_at,
+                   const ops::AttentionParams& p) {
+  float scale = p.scale, neg = -FLT_MAX;
+  std::vector<int64_t> uids{kQ, kK, kV, kO, kStats, kScale, kPadNeg, kSeqQ, kSeqKV};
+  std::vector<void*> ptrs{q.data(), k.data(), v.data(), out.data(), stats.data(), &scale, &neg, device(seq_q),
+                          device(seq_kv)};
+  if (q_at) {
+    uids.insert(uids.end(), {kQOffsets, kKOffsets});
+    ptrs.insert(ptrs.end(), {device(q_at), device(k_at)});
+  }
+  if (p.causal) {
+    uids.push_back(kNeg);
+    ptrs.push_back(&neg);
+  }
+  execute(plan, uids, ptrs, q.device());
+}
+
+// The backward likewise; its softmax sums and dQ accumulator are [B, Hq, Sq(, d)] fp32 either way.
+void batch_backward(Plan& plan, int64_t B, int64_t Sq, const Tensor& q, const Tensor& k, const Tensor& v,
+                    const Tensor& out, const Tensor& stats, const Tensor& dout, Tensor& dq, Tensor& dk, Tensor& dv,
+                    const int32_t* seq_q, const int32_t* seq_kv, const int64_t* q_at, const int64_t* k_at,
+                    const ops::AttentionParams& p) {
+  const int64_t Hq = q.size(1), d = q.size(2);
+  Tensor softmax_sum = Tensor::empty({B * Hq * Sq}, DType::f32, q.device());
+  Tensor dq_accum = Tensor::empty({B * Hq * Sq * d}, DType::f32, q.device());
+  if (!ops::attention_cut())
+    LCX_CUDA_CHECK(cudaMemsetAsync(dq_accum.data(), 0, dq_accum.nbytes(), current_stream()));
+  float scale = p.scale, neg = -FLT_MAX, one = 1.f;
+  std::vector<int64_t> uids{kQ,  kK,          kV,       kO,   kStats,  kScale, kDO,    kDQ,
+                            kDK, kDV, kSoftmaxSum, kDQAccum, kOne, kPadNeg, kSeqQ, kSeqKV};
+  std::vector<void*> ptrs{q.data(),  k.data(),  v.data(),           out.data(),      stats.data(), &scale,
+                          dout.data(), dq.data(), dk.data(),        dv.data(),       softmax_sum.data(),
+                          dq_accum.data(), &one, &neg, device(seq_q), device(seq_kv)};
+  if (q_at) {
+    uids.insert(uids.end(), {kQOffsets, kKOffsets});
+    ptrs.insert(ptrs.end(), {device(q_at), device(k_at)});
+  }
+  if (p.causal) {
+    uids.push_back(kNeg);
+    ptrs.push_back(&neg);
+  }
+  execute(plan, uids, ptrs, q.device());
 }
 
 }  // namespace
@@ -649,24 +733,17 @@ Plan* padded_plan(bool backward, int64_t B, int64_t Sq, int64_t Sk, int64_t Hq, 
 bool cudnn_padded_attention_ready(bool backward, int64_t B, int64_t Sq, int64_t Sk, int64_t Hq, int64_t Hkv, int64_t d,
                                   DType t, bool causal) {
   std::lock_guard lock(g_mu);
-  return padded_plan(backward, B, Sq, Sk, Hq, Hkv, d, t, causal) != nullptr;
+  return batch_plan(backward, false, B, Sq, Sk, Hq, Hkv, d, t, causal) != nullptr;
 }
 
 void cudnn_padded_attention_forward(const Tensor& q, const Tensor& k, const Tensor& v, Tensor& out, Tensor& stats,
                                     const int32_t* seq_q, const int32_t* seq_kv, int64_t B,
                                     const ops::AttentionParams& p) {
   std::lock_guard lock(g_mu);
-  Plan* plan = padded_plan(false, B, q.size(0) / B, k.size(0) / B, q.size(1), k.size(1), q.size(2), q.dtype(), p.causal);
+  Plan* plan =
+      batch_plan(false, false, B, q.size(0) / B, k.size(0) / B, q.size(1), k.size(1), q.size(2), q.dtype(), p.causal);
   LCX_CHECK(plan, "cudnn_padded_attention_forward without a plan: ask cudnn_padded_attention_ready first");
-  float scale = p.scale, neg = -FLT_MAX;
-  void *lens_q = const_cast<int32_t*>(seq_q), *lens_kv = const_cast<int32_t*>(seq_kv);
-  std::vector<int64_t> uids{kQ, kK, kV, kO, kStats, kScale, kPadNeg, kSeqQ, kSeqKV};
-  std::vector<void*> ptrs{q.data(), k.data(), v.data(), out.data(), stats.data(), &scale, &neg, lens_q, lens_kv};
-  if (p.causal) {
-    uids.push_back(kNeg);
-    ptrs.push_back(&neg);
-  }
-  execute(*plan, uids, ptrs, q.device());
+  batch_forward(*plan, q, k, v, out, stats, seq_q, seq_kv, nullptr, nullptr, p);
 }
 
 void cudnn_padded_attention_backward(const Tensor& q, const Tensor& k, const Tensor& v, const Tensor& out,
@@ -674,25 +751,42 @@ void cudnn_padded_attention_backward(const Tensor& q, const Tensor& k, const Ten
                                      const int32_t* seq_q, const int32_t* seq_kv, int64_t B,
                                      const ops::AttentionParams& p) {
   std::lock_guard lock(g_mu);
-  const int64_t S = q.size(0) / B, Hq = q.size(1), d = q.size(2);
-  Plan* plan = padded_plan(true, B, S, k.size(0) / B, Hq, k.size(1), d, q.dtype(), p.causal);
+  const int64_t Sq = q.size(0) / B;
+  Plan* plan = batch_plan(true, false, B, Sq, k.size(0) / B, q.size(1), k.size(1), q.size(2), q.dtype(), p.causal);
   LCX_CHECK(plan, "cudnn_padded_attention_backward without a plan: ask cudnn_padded_attention_ready first");
-  Tensor softmax_sum = Tensor::empty({B * Hq * S}, DType::f32, q.device());
-  Tensor dq_accum = Tensor::empty({B * Hq * S * d}, DType::f32, q.device());
-  if (!ops::attention_cut())
-    LCX_CUDA_CHECK(cudaMemsetAsync(dq_accum.data(), 0, dq_accum.nbytes(), current_stream()));
-  float scale = p.scale, neg = -FLT_MAX, one = 1.f;
-  void *lens_q = const_cast<int32_t*>(seq_q), *lens_kv = const_cast<int32_t*>(seq_kv);
-  std::vector<int64_t> uids{kQ,  kK,          kV,       kO,   kStats,  kScale, kDO,    kDQ,
-                            kDK, kDV, kSoftmaxSum, kDQAccum, kOne, kPadNeg, kSeqQ, kSeqKV};
-  std::vector<void*> ptrs{q.data(),  k.data(),  v.data(),           out.data(),      stats.data(), &scale,
-                          dout.data(), dq.data(), dk.data(),        dv.data(),       softmax_sum.data(),
-                          dq_accum.data(), &one, &neg, lens_q, lens_kv};
-  if (p.causal) {
-    uids.push_back(kNeg);
-    ptrs.push_back(&neg);
-  }
-  execute(*plan, uids, ptrs, q.device());
+  batch_backward(*plan, B, Sq, q, k, v, out, stats, dout, dq, dk, dv, seq_q, seq_kv, nullptr, nullptr, p);
+}
+
+void set_cudnn_ragged_documents(bool on) {
+  std::lock_guard lock(g_mu);
+  g_ragged = on;
+}
+
+bool cudnn_ragged_attention_ready(bool backward, int64_t B, int64_t Sq, int64_t Sk, int64_t Hq, int64_t Hkv, int64_t d,
+                                  DType t, bool causal) {
+  std::lock_guard lock(g_mu);
+  return batch_plan(backward, true, B, Sq, Sk, Hq, Hkv, d, t, causal) != nullptr;
+}
+
+void cudnn_ragged_attention_forward(const Tensor& q, const Tensor& k, const Tensor& v, Tensor& out, Tensor& stats,
+                                    const int32_t* seq_q, const int32_t* seq_kv, const int64_t* q_offsets,
+                                    const int64_t* k_offsets, int64_t B, int64_t Sq, int64_t Sk,
+                                    const ops::AttentionParams& p) {
+  std::lock_guard lock(g_mu);
+  Plan* plan = batch_plan(false, true, B, Sq, Sk, q.size(1), k.size(1), q.size(2), q.dtype(), p.causal);
+  LCX_CHECK(plan, "cudnn_ragged_attention_forward without a plan: ask cudnn_ragged_attention_ready first");
+  batch_forward(*plan, q, k, v, out, stats, seq_q, seq_kv, q_offsets, k_offsets, p);
+}
+
+void cudnn_ragged_attention_backward(const Tensor& q, const Tensor& k, const Tensor& v, const Tensor& out,
+                                     const Tensor& stats, const Tensor& dout, Tensor& dq, Tensor& dk, Tensor& dv,
+                                     const int32_t* seq_q, const int32_t* seq_kv, const int64_t* q_offsets,
+                                     const int64_t* k_offsets, int64_t B, int64_t Sq, int64_t Sk,
+                                     const ops::AttentionParams& p) {
+  std::lock_guard lock(g_mu);
+  Plan* plan = batch_plan(true, true, B, Sq, Sk, q.size(1), k.size(1), q.size(2), q.dtype(), p.causal);
+  LCX_CHECK(plan, "cudnn_ragged_attention_backward without a plan: ask cudnn_ragged_attention_ready first");
+  batch_backward(*plan, B, Sq, q, k, v, out, stats, dout, dq, dk, dv, seq_q, seq_kv, q_offsets, k_offsets, p);
 }
 
 }  // namespace lcx::cuda

@@ -48,4 +48,29 @@ void cudnn_padded_attention_backward(const Tensor& q, const Tensor& k, const Ten
                                      const int32_t* seq_q, const int32_t* seq_kv, int64_t B,
                                      const ops::AttentionParams& p);
 
+// Ragged batches of documents (attention_documents.cpp): the same attention as padded batches,
+// the elements read and written in place in the caller's unpadded tensors: q, out, dout, dq
+// [Tq, Hq, d] and k, v, dk, dv [Tk, Hkv, d], element b's rows from q_offsets[b] / (Hq d) and
+// k_offsets[b] / (Hkv d) (int64 [B+1] element offsets on the device, 16-byte aligned, ascending,
+// the last the end of the last element's real rows), its first seq_q[b] and seq_kv[b] rows real,
+// each element padded to Sq query and Sk key rows. Only the real rows are read into the result
+// and written: rows of these tensors outside every element are left alone. stats [B, Hq, Sq] fp32
+// stay padded. ready() builds and caches the ragged plan of (B, Sq, Sk) and says whether cuDNN
+// takes it (false: padded batches run these documents; never an error, LCX_ATTENTION=cudnn too,
+// since they still run on cuDNN); the calls need it to have said true.
+bool cudnn_ragged_attention_ready(bool backward, int64_t B, int64_t Sq, int64_t Sk, int64_t Hq, int64_t Hkv, int64_t d,
+                                  DType t, bool causal);
+void cudnn_ragged_attention_forward(const Tensor& q, const Tensor& k, const Tensor& v, Tensor& out, Tensor& stats,
+                                    const int32_t* seq_q, const int32_t* seq_kv, const int64_t* q_offsets,
+                                    const int64_t* k_offsets, int64_t B, int64_t Sq, int64_t Sk,
+                                    const ops::AttentionParams& p);
+void cudnn_ragged_attention_backward(const Tensor& q, const Tensor& k, const Tensor& v, const Tensor& out,
+                                     const Tensor& stats, const Tensor& dout, Tensor& dq, Tensor& dk, Tensor& dv,
+                                     const int32_t* seq_q, const int32_t* seq_kv, const int64_t* q_offsets,
+                                     const int64_t* k_offsets, int64_t B, int64_t Sq, int64_t Sk,
+                                     const ops::AttentionParams& p);
+// Whether ready() may offer ragged plans (default true); false keeps documents on padded batches
+// (tests of that fallback, and measuring what the ragged reads and writes save).
+void set_cudnn_ragged_documents(bool on);
+
 }  // namespace lcx::cuda

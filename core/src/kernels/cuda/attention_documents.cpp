@@ -2,21 +2,28 @@
 // and key rows are the same rows (one GPU, or whole sequences after an all-to-all) are grouped by
 // lcx/document_batches.h: lengths rounded up to a quarter step of their octave S (a 32nd for
 // long documents), batches of a power-of-two B documents, so the cached plans are keyed by (2^i, S)
-// pairs, few per octave, and a new mix of lengths each step reuses them. Each batch is one cuDNN call over [B, S] padded rows: the documents' q, k, v (and
-// out, dout, the LSE for the backward) are gathered into zero-padded buffers, cuDNN runs causal
-// attention with a padding mask of each element's real rows (seq_len, which lets its flash engines
-// skip the padded tiles; on the H200 the backward did, the forward paid for the padded query
-// rows), and the real rows are scattered back. A ring's piece of a query chunk against an earlier
-// key chunk (queries and keys at other rows, every key of a document before its queries) runs the
-// same way with full attention: its documents grouped by their (query, key) pair of padded lengths
-// (document_pair_batches), each side gathered with its own tables and cuDNN told each element's
-// seq_q and seq_kv. The per-document start/length tables of all of a call's batches are uploaded
-// once. A padded row never changes a real one: its keys are masked, and its queries' rows are
-// dropped (in the backward its dout is zero and its scores masked, so it adds nothing to dK, dV).
-// A batch cuDNN refuses (or every batch, under LCX_ATTENTION=own, without libcudnn, for dtypes or
-// head sizes it does not take) is reported back unhandled: ops.cpp runs its documents on the own
-// kernels. Under a rehearsal's cut (kernels/attention_cut.h) the batches allocate their buffers,
-// tables and cuDNN workspaces and launch nothing.
+// pairs, few per octave, and a new mix of lengths each step reuses them. Each batch is one cuDNN
+// call over B elements of S rows, causal attention with a padding mask of each element's real rows
+// (seq_len, which lets its flash engines skip the padded tiles; on the H200 the backward did, the
+// forward paid for the padded query rows). cuDNN reads and writes the documents where they lie:
+// its ragged offsets (attention_cudnn.cpp) place element b at the document's first row of q, k, v,
+// out and their gradients, and it touches only the element's real rows, so no copies of q, k, v
+// (and out, dout, dq, dk, dv) are made: on the H200 those gathers and scatters were 10-14% of the
+// time of 64 short documents at 131,072 tokens. Only the LSE still moves, between lcx's [Hq, T]
+// and cuDNN's padded stats [B, Hq, S] (a 2/d part of the rows' bytes). Where cuDNN refuses a ragged
+// plan (before Hopper, cuDNN before 9.5) the batch gathers its documents into zero-padded buffers,
+// runs the padded plan and scatters the real rows back. A ring's piece of a query chunk against an
+// earlier key chunk (queries and keys at other rows, every key of a document before its queries)
+// runs the same way with full attention: its documents grouped by their (query, key) pair of
+// padded lengths (document_pair_batches), each side with its own tables and cuDNN told each
+// element's seq_q and seq_kv. The per-document tables of all of a call's batches (lengths, first
+// rows, ragged offsets) are uploaded once. A padded row never changes a real one: its keys are
+// masked, and its queries' rows are dropped (in the backward its dout is zero or unread and its
+// scores masked, so it adds nothing to dK, dV). A batch cuDNN refuses (or every batch, under
+// LCX_ATTENTION=own, without libcudnn, for dtypes or head sizes it does not take) is reported back
+// unhandled: ops.cpp runs its documents on the own kernels, so the rows of those documents must
+// stay untouched here. Under a rehearsal's cut (kernels/attention_cut.h) the batches allocate
+// their buffers, tables and cuDNN workspaces and launch nothing.
 #include <cstdint>
 #include <initializer_list>
 #include <utility>
@@ -32,7 +39,8 @@
 namespace lcx::ops::cuda {
 namespace {
 
-// The gathers move rows as 16-byte words: 16-bit floats, rows of a multiple of 16 bytes, aligned.
+// 16-bit floats, rows of a multiple of 16 bytes, aligned: every document's first row then sits on
+// the 16-byte alignment cuDNN's ragged tensors declare, and the gathers move rows as 16-byte words.
 bool packable(std::initializer_list<const Tensor*> ts) {
   const DType t = (*ts.begin())->dtype();
   if (t != DType::bf16 && t != DType::f16) return false;
@@ -44,32 +52,46 @@ bool packable(std::initializer_list<const Tensor*> ts) {
 }
 
 // The batches of one call that cuDNN takes, with their tables on the device: batch i's query
-// lengths at table(i, 0), first query rows at table(i, 1), and the same of its keys at 2 and 3,
-// each 16-byte aligned (cuDNN reads the lengths).
+// lengths at table(i, 0), first query rows at table(i, 1), and the same of its keys at 2 and 3
+// (int32, B rounded up to 4), then for a ragged batch its query and key ragged offsets (int64,
+// B + 1 rounded up to 2): each table 16-byte aligned (cuDNN reads the lengths and offsets).
 struct Batches {
   std::vector<DocumentPairBatch> list;
-  std::vector<int64_t> offsets;
+  std::vector<char> ragged;  // per batch: in place (ragged plans) or through padded copies
+  std::vector<int64_t> offsets;  // per batch: its first table's word
   Tensor tables;
   std::vector<char> handled;
 
   const int32_t* table(size_t i, int which) const {
-    return tables.data_as<const int32_t>() + offsets[i] + which * round4(static_cast<int64_t>(list[i].docs.size()));
+    return tables.data_as<const int32_t>() + offsets[i] + which * round4(size(i));
   }
+  // The ragged offsets of batch i's queries (which 0) or keys (1).
+  const int64_t* ragged_offsets(size_t i, int which) const {
+    return reinterpret_cast<const int64_t*>(table(i, 4)) + which * round2(size(i) + 1);
+  }
+  int64_t size(size_t i) const { return static_cast<int64_t>(list[i].docs.size()); }
   static int64_t round4(int64_t n) { return (n + 3) / 4 * 4; }
+  static int64_t round2(int64_t n) { return (n + 1) / 2 * 2; }
+  static int64_t words(int64_t B, bool ragged) { return 4 * round4(B) + (ragged ? 2 * 2 * round2(B + 1) : 0); }
 };
 
 // Batch i of a call: B documents padded to Sq query and Sk key rows, its tables on the device.
 struct Batch {
   int64_t B, Sq, Sk;
+  bool ragged;
   const int32_t *q_lens, *q_starts, *k_lens, *k_starts;
+  const int64_t *q_at, *k_at;  // nullptr unless ragged
 
   Batch(const Batches& all, size_t i)
-      : B(static_cast<int64_t>(all.list[i].docs.size())), Sq(all.list[i].q_rows), Sk(all.list[i].k_rows),
-        q_lens(all.table(i, 0)), q_starts(all.table(i, 1)), k_lens(all.table(i, 2)), k_starts(all.table(i, 3)) {}
+      : B(all.size(i)), Sq(all.list[i].q_rows), Sk(all.list[i].k_rows), ragged(all.ragged[i] != 0),
+        q_lens(all.table(i, 0)), q_starts(all.table(i, 1)), k_lens(all.table(i, 2)), k_starts(all.table(i, 3)),
+        q_at(ragged ? all.ragged_offsets(i, 0) : nullptr), k_at(ragged ? all.ragged_offsets(i, 1) : nullptr) {}
   // Padded rows of a query-side (Sq) or key-side (Sk) tensor like t with `heads` heads, unfilled.
   Tensor rows(bool queries, int64_t heads, const Tensor& t) const {
     return Tensor::empty({B * (queries ? Sq : Sk), heads, t.size(2)}, t.dtype(), t.device());
   }
+  // cuDNN's stats of the batch's queries [B, Hq, Sq] fp32, unfilled.
+  Tensor stats(const Tensor& q) const { return Tensor::empty({B, q.size(1), Sq}, DType::f32, q.device()); }
   void pack_inputs(const Tensor& q, const Tensor& k, const Tensor& v, Tensor& qp, Tensor& kp, Tensor& vp) const {
     pack_documents(q, qp, q_starts, q_lens, B, Sq);
     pack_documents(k, kp, k_starts, k_lens, B, Sk);
@@ -90,19 +112,26 @@ std::vector<DocumentPairBatch> grouped(const std::vector<DocumentSpan>& q_spans,
   return out;
 }
 
+// Each group of documents as a ragged batch where cuDNN takes its plan, else as a padded one, else
+// left to the caller. The documents of a batch come in the order of the spans (document_batches
+// keeps it), so each side's offsets ascend, the layout cuDNN's THD callers give it.
 Batches batches_for(bool backward, const Tensor& q, const Tensor& k, const AttentionParams& p,
                     const std::vector<DocumentSpan>& q_spans, const std::vector<DocumentSpan>& k_spans) {
   Batches out;
   out.handled.assign(q_spans.size(), 0);
+  const int64_t Hq = q.size(1), Hkv = k.size(1), d = q.size(2);
   int64_t words = 0;
   for (DocumentPairBatch& b : grouped(q_spans, k_spans)) {
     const int64_t B = static_cast<int64_t>(b.docs.size());
-    if (!lcx::cuda::cudnn_padded_attention_ready(backward, B, b.q_rows, b.k_rows, q.size(1), k.size(1), q.size(2),
-                                                 q.dtype(), p.causal))
+    const bool ragged =
+        lcx::cuda::cudnn_ragged_attention_ready(backward, B, b.q_rows, b.k_rows, Hq, Hkv, d, q.dtype(), p.causal);
+    if (!ragged &&
+        !lcx::cuda::cudnn_padded_attention_ready(backward, B, b.q_rows, b.k_rows, Hq, Hkv, d, q.dtype(), p.causal))
       continue;
     for (size_t i : b.docs) out.handled[i] = 1;
     out.offsets.push_back(words);
-    words += 4 * Batches::round4(B);
+    out.ragged.push_back(ragged);
+    words += Batches::words(B, ragged);
     out.list.push_back(std::move(b));
   }
   if (out.list.empty()) return out;
@@ -110,14 +139,21 @@ Batches batches_for(bool backward, const Tensor& q, const Tensor& k, const Atten
   int32_t* t = host.data_as<int32_t>();
   for (size_t i = 0; i < out.list.size(); ++i) {
     const auto& docs = out.list[i].docs;
-    const int64_t B = static_cast<int64_t>(docs.size()), R = Batches::round4(B);
+    const int64_t B = out.size(i), R = Batches::round4(B);
+    int32_t* table = t + out.offsets[i];
+    int64_t* q_at = reinterpret_cast<int64_t*>(table + 4 * R);
+    int64_t* k_at = q_at + Batches::round2(B + 1);
     for (int64_t j = 0; j < B; ++j) {
       const DocumentSpan &qs = q_spans[docs[static_cast<size_t>(j)]], &ks = k_spans[docs[static_cast<size_t>(j)]];
-      int32_t* row = t + out.offsets[i] + j;
-      row[0] = static_cast<int32_t>(qs.length);
-      row[R] = static_cast<int32_t>(qs.begin);
-      row[2 * R] = static_cast<int32_t>(ks.length);
-      row[3 * R] = static_cast<int32_t>(ks.begin);
+      table[j] = static_cast<int32_t>(qs.length);
+      table[R + j] = static_cast<int32_t>(qs.begin);
+      table[2 * R + j] = static_cast<int32_t>(ks.length);
+      table[3 * R + j] = static_cast<int32_t>(ks.begin);
+      if (!out.ragged[i]) continue;
+      q_at[j] = qs.begin * Hq * d;
+      k_at[j] = ks.begin * Hkv * d;
+      q_at[j + 1] = (qs.begin + qs.length) * Hq * d;
+      k_at[j + 1] = (ks.begin + ks.length) * Hkv * d;
     }
   }
   // Not Tensor::to: its synchronous copy waited for the whole device once per call (once per
@@ -139,13 +175,17 @@ std::vector<char> attention_forward_documents(const Tensor& q, const Tensor& k, 
   const int64_t Hq = q.size(1), Hkv = k.size(1);
   for (size_t i = 0; i < batches.list.size(); ++i) {
     const Batch b(batches, i);
-    Tensor qp = b.rows(true, Hq, q), kp = b.rows(false, Hkv, q), vp = b.rows(false, Hkv, q), op = b.rows(true, Hq, q);
-    Tensor stats = Tensor::empty({b.B, Hq, b.Sq}, DType::f32, q.device());
-    if (!cut) b.pack_inputs(q, k, v, qp, kp, vp);
-    lcx::cuda::cudnn_padded_attention_forward(qp, kp, vp, op, stats, b.q_lens, b.k_lens, b.B, p);
-    if (cut) continue;
-    unpack_documents(op, out, b.q_starts, b.q_lens, b.B, b.Sq);
-    unpack_lse(stats, lse, b.q_starts, b.q_lens, b.B, b.Sq);
+    Tensor stats = b.stats(q);
+    if (b.ragged) {
+      lcx::cuda::cudnn_ragged_attention_forward(q, k, v, out, stats, b.q_lens, b.k_lens, b.q_at, b.k_at, b.B, b.Sq,
+                                                b.Sk, p);
+    } else {
+      Tensor qp = b.rows(true, Hq, q), kp = b.rows(false, Hkv, q), vp = b.rows(false, Hkv, q), op = b.rows(true, Hq, q);
+      if (!cut) b.pack_inputs(q, k, v, qp, kp, vp);
+      lcx::cuda::cudnn_padded_attention_forward(qp, kp, vp, op, stats, b.q_lens, b.k_lens, b.B, p);
+      if (!cut) unpack_documents(op, out, b.q_starts, b.q_lens, b.B, b.Sq);
+    }
+    if (!cut) unpack_lse(stats, lse, b.q_starts, b.q_lens, b.B, b.Sq);
   }
   return batches.handled;
 }
@@ -161,14 +201,19 @@ std::vector<char> attention_backward_documents(const Tensor& q, const Tensor& k,
   const int64_t Hq = q.size(1), Hkv = k.size(1);
   for (size_t i = 0; i < batches.list.size(); ++i) {
     const Batch b(batches, i);
+    Tensor stats = b.stats(q);
+    if (!cut) pack_lse(lse, stats, b.q_starts, b.q_lens, b.B, b.Sq);
+    if (b.ragged) {
+      lcx::cuda::cudnn_ragged_attention_backward(q, k, v, out, stats, dout, dq, dk, dv, b.q_lens, b.k_lens, b.q_at,
+                                                 b.k_at, b.B, b.Sq, b.Sk, p);
+      continue;
+    }
     Tensor qp = b.rows(true, Hq, q), kp = b.rows(false, Hkv, q), vp = b.rows(false, Hkv, q), op = b.rows(true, Hq, q);
     Tensor dop = b.rows(true, Hq, q), dqp = b.rows(true, Hq, q), dkp = b.rows(false, Hkv, q), dvp = b.rows(false, Hkv, q);
-    Tensor stats = Tensor::empty({b.B, Hq, b.Sq}, DType::f32, q.device());
     if (!cut) {
       b.pack_inputs(q, k, v, qp, kp, vp);
       pack_documents(out, op, b.q_starts, b.q_lens, b.B, b.Sq);
       pack_documents(dout, dop, b.q_starts, b.q_lens, b.B, b.Sq);
-      pack_lse(lse, stats, b.q_starts, b.q_lens, b.B, b.Sq);
     }
     lcx::cuda::cudnn_padded_attention_backward(qp, kp, vp, op, stats, dop, dqp, dkp, dvp, b.q_lens, b.k_lens, b.B, p);
     if (cut) continue;

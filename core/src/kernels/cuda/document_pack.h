@@ -1,6 +1,7 @@
-// The copies around document-masked attention on cuDNN (attention_documents.cpp): documents'
-// rows of a packed [T, heads, d] tensor into a padded batch [B, S, heads, d] (padding zero) and
-// back, and the LSE [heads, T] to and from cuDNN's stats [B, heads, S]. Batch element b is the
+// The copies around document-masked attention on cuDNN (attention_documents.cpp): the LSE
+// [heads, T] to and from cuDNN's stats [B, heads, S] for every batch, and, where cuDNN refuses a
+// batch's ragged plan, documents' rows of a packed [T, heads, d] tensor into a padded batch
+// [B, S, heads, d] (padding zero) and back. Batch element b is the
 // document of starts[b] (its first row) and lens[b] (its rows, <= S); both int32 [B] on the device.
 // Rows are moved as 16-byte words: the callers take rows of a multiple of 16 bytes, 16-byte aligned.
 #pragma once
