@@ -1,7 +1,7 @@
 // How document-masked attention on cuDNN groups a call's documents (core/src/kernels/cuda/
-// attention_documents.cpp). Public and inline so that a parallelism plugin can weigh its layouts by
-// the work the kernels do (padded_work below; cp_ring's balanced shards), and kept apart from the
-// CUDA code so CI checks it on the CPU.
+// attention_documents.cpp). Public and inline so that a parallelism plugin can weigh its shards by
+// the work the kernels do (padded_work below), and kept apart from the CUDA code so CI checks it
+// on the CPU.
 // cuDNN builds and caches one execution plan per shape, and a packed sequence's document lengths
 // change every step, so the documents run as padded batches whose shapes come from a small set:
 // each document's rows are padded to S, its length rounded up to a quarter step of its octave

@@ -157,7 +157,7 @@ Batches batches_for(bool backward, const Tensor& q, const Tensor& k, const Atten
     }
   }
   // Not Tensor::to: its synchronous copy waited for the whole device once per call (once per
-  // ring piece under cp_ring), draining the queue.
+  // piece of a ring), draining the queue.
   out.tables = Tensor::empty({words}, DType::i32, q.device());
   upload(host.data(), out.tables);
   return out;
