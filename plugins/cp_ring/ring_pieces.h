@@ -128,11 +128,11 @@ inline constexpr int64_t kMinChunkRows = 512;
 // What one cuDNN call of a piece's padded batches costs beyond its pairs, in (query, key) pairs.
 // Fitted on the H200 (tests/bench/cp_balance_bench.cpp --layouts-only against the ranks' times,
 // 131,072 tokens, 32 query / 8 key-value heads of 128, book and short-document mixes, docs/PERF.md):
-// a rank's forward + backward took 106.4 ms per 1e9 padded pairs plus 0.23 ms per call (median
-// error 2.4%, where masked pairs and pieces alone missed by 8%: short documents' padding and
-// batch counts differ between ranks), so a call weighs 2.2M pairs. Fewer heads make the pairs
-// cheaper and the call relatively dearer.
-inline constexpr int64_t kCallCostPairs = 2'200'000;
+// with the documents read in place (cuDNN's ragged offsets) a rank's forward + backward took
+// 106.3 ms per 1e9 padded pairs plus 0.15 ms per call (median error 2.1%, where masked pairs and
+// pieces alone missed by 6%: short documents' padding and batch counts differ between ranks), so a
+// call weighs 1.4M pairs. Fewer heads make the pairs cheaper and the call relatively dearer.
+inline constexpr int64_t kCallCostPairs = 1'400'000;
 
 // The padded work of the chunk pair (query chunk at position qg, key chunk at kg, c rows each) as
 // the GPU's padded batches run it (lcx/document_batches.h): the documents both chunks hold, causal
