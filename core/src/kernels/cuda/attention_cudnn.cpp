@@ -530,10 +530,14 @@ Plan* plan_for(bool backward, const Shape4& s, DType t, bool causal) {
       finalize_plan(*plan);
     } catch (const Error& e) {
       if (choice() == AttentionKernel::cudnn && !s.ragged) throw;
-      log::warn(str("cuDNN attention ", backward ? "backward" : "forward", " refused b=", s.b,
-                    s.ragged ? " (ragged)" : s.padded ? " (padded)" : "", " T=", s.T, " S=", s.S, " Hq=",
-                    s.Hq, " Hkv=", s.Hkv, " d=", s.d, causal ? " causal" : " full", ": ", e.what(),
-                    s.ragged ? "; padded copies of its documents run it" : "; the own kernels run it"));
+      // A cuDNN without ragged offsets refuses every batch shape of a run alike: one line says so.
+      static bool ragged_told = false;
+      if (!s.ragged || !std::exchange(ragged_told, true))
+        log::warn(str("cuDNN attention ", backward ? "backward" : "forward", " refused b=", s.b,
+                      s.ragged ? " (ragged)" : s.padded ? " (padded)" : "", " T=", s.T, " S=", s.S, " Hq=",
+                      s.Hq, " Hkv=", s.Hkv, " d=", s.d, causal ? " causal" : " full", ": ", e.what(),
+                      s.ragged ? "; padded copies of its documents run it (later ragged refusals are not logged)"
+                               : "; the own kernels run it"));
     }
     it = g_plans.emplace(key, std::move(plan)).first;
   }
