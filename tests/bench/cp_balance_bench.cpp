@@ -17,6 +17,9 @@
 //   cp_balance_bench --device cuda --tokens 131072 --cp 2,4,8 [--mix pg19|short]   (--mix adds the
 //   balanced schedule masked by packed documents of that length mix, bench_util.h)
 //   cp_balance_bench --device cpu --tokens 512 --cp 2,4 --heads 4 --kv-heads 2 --head-dim 16   (a smoke run)
+//   cp_balance_bench --device cpu --mix short --documents-only --layouts-only   (each rank's masked pairs,
+//   padded pairs and cuDNN calls without running them: joined with a GPU run's times, they fit
+//   ring_pieces.h kCallCostPairs)
 #include <algorithm>
 #include <chrono>
 #include <cmath>
@@ -45,7 +48,7 @@ struct Options {
   std::string mix;
   uint64_t seed = 1;
   bool documents_only = false;
-  bool layouts_only = false;  // each rank's pieces and masked pairs, nothing run (for fitting the piece cost)
+  bool layouts_only = false;  // each rank's pieces, pairs and calls, nothing run (for fitting the call cost)
 };
 
 Options parse(int argc, char** argv) {
@@ -102,7 +105,6 @@ struct RankTime {
   int64_t padded_pairs = 0;  // the pairs the padded batches compute (each document at its padded rows)
   int64_t batches = 0;       // the padded batches' calls (forward; the backward makes as many)
 };
-
 
 // One rank's whole ring, forward then backward, alone on the device.
 RankTime time_rank(const Options& o, Layout layout, int r, int n, const Tensor& q, const Tensor& k, const Tensor& v,
