@@ -290,7 +290,7 @@ TEST_F(GpuOps, AttentionDocumentBatchesOnCudnnTouchOnlyTheirRows) {
     cuda::set_cudnn_ragged_documents(ragged);
     if (ragged) {
       for (bool backward : {false, true})
-        EXPECT_TRUE(cuda::cudnn_ragged_attention_ready(backward, 2, 256, 256, Hq, Hkv, d, t, true))
+        EXPECT_TRUE(cuda::cudnn_batch_attention_ready(backward, true, 2, 256, 256, Hq, Hkv, d, t, true))
             << "cuDNN " << cuda::cudnn_version() << " refuses the ragged " << (backward ? "backward" : "forward");
     }
     Tensor o = poisoned_gpu({T, Hq, d}, t), l = poisoned_gpu({Hq, T}, DType::f32);

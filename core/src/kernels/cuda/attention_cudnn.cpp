@@ -734,63 +734,36 @@ void batch_backward(Plan& plan, int64_t B, int64_t Sq, const Tensor& q, const Te
 
 }  // namespace
 
-bool cudnn_padded_attention_ready(bool backward, int64_t B, int64_t Sq, int64_t Sk, int64_t Hq, int64_t Hkv, int64_t d,
-                                  DType t, bool causal) {
+bool cudnn_batch_attention_ready(bool backward, bool ragged, int64_t B, int64_t Sq, int64_t Sk, int64_t Hq,
+                                 int64_t Hkv, int64_t d, DType t, bool causal) {
   std::lock_guard lock(g_mu);
-  return batch_plan(backward, false, B, Sq, Sk, Hq, Hkv, d, t, causal) != nullptr;
+  return batch_plan(backward, ragged, B, Sq, Sk, Hq, Hkv, d, t, causal) != nullptr;
 }
 
-void cudnn_padded_attention_forward(const Tensor& q, const Tensor& k, const Tensor& v, Tensor& out, Tensor& stats,
-                                    const int32_t* seq_q, const int32_t* seq_kv, int64_t B,
+void cudnn_batch_attention_forward(const Tensor& q, const Tensor& k, const Tensor& v, Tensor& out, Tensor& stats,
+                                   const int32_t* seq_q, const int32_t* seq_kv, const int64_t* q_offsets,
+                                   const int64_t* k_offsets, int64_t B, int64_t Sq, int64_t Sk,
+                                   const ops::AttentionParams& p) {
+  std::lock_guard lock(g_mu);
+  Plan* plan = batch_plan(false, q_offsets != nullptr, B, Sq, Sk, q.size(1), k.size(1), q.size(2), q.dtype(), p.causal);
+  LCX_CHECK(plan, "cudnn_batch_attention_forward without a plan: ask cudnn_batch_attention_ready first");
+  batch_forward(*plan, q, k, v, out, stats, seq_q, seq_kv, q_offsets, k_offsets, p);
+}
+
+void cudnn_batch_attention_backward(const Tensor& q, const Tensor& k, const Tensor& v, const Tensor& out,
+                                    const Tensor& stats, const Tensor& dout, Tensor& dq, Tensor& dk, Tensor& dv,
+                                    const int32_t* seq_q, const int32_t* seq_kv, const int64_t* q_offsets,
+                                    const int64_t* k_offsets, int64_t B, int64_t Sq, int64_t Sk,
                                     const ops::AttentionParams& p) {
   std::lock_guard lock(g_mu);
-  Plan* plan =
-      batch_plan(false, false, B, q.size(0) / B, k.size(0) / B, q.size(1), k.size(1), q.size(2), q.dtype(), p.causal);
-  LCX_CHECK(plan, "cudnn_padded_attention_forward without a plan: ask cudnn_padded_attention_ready first");
-  batch_forward(*plan, q, k, v, out, stats, seq_q, seq_kv, nullptr, nullptr, p);
-}
-
-void cudnn_padded_attention_backward(const Tensor& q, const Tensor& k, const Tensor& v, const Tensor& out,
-                                     const Tensor& stats, const Tensor& dout, Tensor& dq, Tensor& dk, Tensor& dv,
-                                     const int32_t* seq_q, const int32_t* seq_kv, int64_t B,
-                                     const ops::AttentionParams& p) {
-  std::lock_guard lock(g_mu);
-  const int64_t Sq = q.size(0) / B;
-  Plan* plan = batch_plan(true, false, B, Sq, k.size(0) / B, q.size(1), k.size(1), q.size(2), q.dtype(), p.causal);
-  LCX_CHECK(plan, "cudnn_padded_attention_backward without a plan: ask cudnn_padded_attention_ready first");
-  batch_backward(*plan, B, Sq, q, k, v, out, stats, dout, dq, dk, dv, seq_q, seq_kv, nullptr, nullptr, p);
+  Plan* plan = batch_plan(true, q_offsets != nullptr, B, Sq, Sk, q.size(1), k.size(1), q.size(2), q.dtype(), p.causal);
+  LCX_CHECK(plan, "cudnn_batch_attention_backward without a plan: ask cudnn_batch_attention_ready first");
+  batch_backward(*plan, B, Sq, q, k, v, out, stats, dout, dq, dk, dv, seq_q, seq_kv, q_offsets, k_offsets, p);
 }
 
 void set_cudnn_ragged_documents(bool on) {
   std::lock_guard lock(g_mu);
   g_ragged = on;
-}
-
-bool cudnn_ragged_attention_ready(bool backward, int64_t B, int64_t Sq, int64_t Sk, int64_t Hq, int64_t Hkv, int64_t d,
-                                  DType t, bool causal) {
-  std::lock_guard lock(g_mu);
-  return batch_plan(backward, true, B, Sq, Sk, Hq, Hkv, d, t, causal) != nullptr;
-}
-
-void cudnn_ragged_attention_forward(const Tensor& q, const Tensor& k, const Tensor& v, Tensor& out, Tensor& stats,
-                                    const int32_t* seq_q, const int32_t* seq_kv, const int64_t* q_offsets,
-                                    const int64_t* k_offsets, int64_t B, int64_t Sq, int64_t Sk,
-                                    const ops::AttentionParams& p) {
-  std::lock_guard lock(g_mu);
-  Plan* plan = batch_plan(false, true, B, Sq, Sk, q.size(1), k.size(1), q.size(2), q.dtype(), p.causal);
-  LCX_CHECK(plan, "cudnn_ragged_attention_forward without a plan: ask cudnn_ragged_attention_ready first");
-  batch_forward(*plan, q, k, v, out, stats, seq_q, seq_kv, q_offsets, k_offsets, p);
-}
-
-void cudnn_ragged_attention_backward(const Tensor& q, const Tensor& k, const Tensor& v, const Tensor& out,
-                                     const Tensor& stats, const Tensor& dout, Tensor& dq, Tensor& dk, Tensor& dv,
-                                     const int32_t* seq_q, const int32_t* seq_kv, const int64_t* q_offsets,
-                                     const int64_t* k_offsets, int64_t B, int64_t Sq, int64_t Sk,
-                                     const ops::AttentionParams& p) {
-  std::lock_guard lock(g_mu);
-  Plan* plan = batch_plan(true, true, B, Sq, Sk, q.size(1), k.size(1), q.size(2), q.dtype(), p.causal);
-  LCX_CHECK(plan, "cudnn_ragged_attention_backward without a plan: ask cudnn_ragged_attention_ready first");
-  batch_backward(*plan, B, Sq, q, k, v, out, stats, dout, dq, dk, dv, seq_q, seq_kv, q_offsets, k_offsets, p);
 }
 
 }  // namespace lcx::cuda

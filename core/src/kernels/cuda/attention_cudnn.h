@@ -31,44 +31,33 @@ bool cudnn_attention_backward(const Tensor& q, const Tensor& k, const Tensor& v,
 int64_t cudnn_attention_workspace(bool backward, int64_t T, int64_t S, int64_t Hq, int64_t Hkv, int64_t d, DType t,
                                   bool causal);
 
-// Padded batches of documents (attention_documents.cpp): q, out, dout, dq [B*Sq, Hq, d] and k, v,
-// dk, dv [B*Sk, Hkv, d], batch element b's rows one after another, its first seq_q[b] queries and
-// seq_kv[b] keys real (the rest zero); stats [B, Hq, Sq] fp32; seq_q, seq_kv int32 [B] on the
-// device, 16-byte aligned (the same table when queries and keys are the same rows). Causal
-// (p.causal, which needs Sq = Sk and equal lengths) within each element; the padded rows' outputs
-// are meaningless. ready() builds and caches the plan of (B, Sq, Sk) and says whether cuDNN takes
-// it (false: the own kernels run these documents); the calls need it to have said true.
-bool cudnn_padded_attention_ready(bool backward, int64_t B, int64_t Sq, int64_t Sk, int64_t Hq, int64_t Hkv, int64_t d,
-                                  DType t, bool causal);
-void cudnn_padded_attention_forward(const Tensor& q, const Tensor& k, const Tensor& v, Tensor& out, Tensor& stats,
-                                    const int32_t* seq_q, const int32_t* seq_kv, int64_t B,
-                                    const ops::AttentionParams& p);
-void cudnn_padded_attention_backward(const Tensor& q, const Tensor& k, const Tensor& v, const Tensor& out,
-                                     const Tensor& stats, const Tensor& dout, Tensor& dq, Tensor& dk, Tensor& dv,
-                                     const int32_t* seq_q, const int32_t* seq_kv, int64_t B,
-                                     const ops::AttentionParams& p);
-
-// Ragged batches of documents (attention_documents.cpp): the same attention as padded batches,
-// the elements read and written in place in the caller's unpadded tensors: q, out, dout, dq
-// [Tq, Hq, d] and k, v, dk, dv [Tk, Hkv, d], element b's rows from q_offsets[b] / (Hq d) and
-// k_offsets[b] / (Hkv d) (int64 [B+1] element offsets on the device, 16-byte aligned, ascending,
-// the last the end of the last element's real rows), its first seq_q[b] and seq_kv[b] rows real,
-// each element padded to Sq query and Sk key rows. Only the real rows are read into the result
-// and written: rows of these tensors outside every element are left alone. stats [B, Hq, Sq] fp32
-// stay padded. ready() builds and caches the ragged plan of (B, Sq, Sk) and says whether cuDNN
-// takes it (false: padded batches run these documents; never an error, LCX_ATTENTION=cudnn too,
-// since they still run on cuDNN); the calls need it to have said true.
-bool cudnn_ragged_attention_ready(bool backward, int64_t B, int64_t Sq, int64_t Sk, int64_t Hq, int64_t Hkv, int64_t d,
-                                  DType t, bool causal);
-void cudnn_ragged_attention_forward(const Tensor& q, const Tensor& k, const Tensor& v, Tensor& out, Tensor& stats,
+// Batches of B documents (attention_documents.cpp), each element padded to Sq query and Sk key
+// rows, its first seq_q[b] queries and seq_kv[b] keys real; seq_q, seq_kv int32 [B] on the device,
+// 16-byte aligned (the same table when queries and keys are the same rows); stats [B, Hq, Sq] fp32.
+// Causal (p.causal, which needs Sq = Sk and equal lengths) within each element.
+// - Padded (q_offsets and k_offsets nullptr): q, out, dout, dq [B*Sq, Hq, d] and k, v, dk, dv
+//   [B*Sk, Hkv, d], element b's rows one after another, the padded rows zero; their outputs are
+//   meaningless.
+// - Ragged: the elements read and written in place in the caller's unpadded tensors, q, out, dout,
+//   dq [Tq, Hq, d] and k, v, dk, dv [Tk, Hkv, d], element b's rows from q_offsets[b] / (Hq d) and
+//   k_offsets[b] / (Hkv d) (int64 [B+1] element offsets on the device, 16-byte aligned, ascending,
+//   the last the end of the last element's real rows). Only the real rows are read into the result
+//   and written: rows outside every element are left alone.
+// ready() builds and caches the plan of (B, Sq, Sk) and says whether cuDNN takes it: false for a
+// padded batch lets the own kernels run its documents; false for a ragged one lets padded copies
+// run them (never an error, LCX_ATTENTION=cudnn too, since they still run on cuDNN). The calls need
+// it to have said true.
+bool cudnn_batch_attention_ready(bool backward, bool ragged, int64_t B, int64_t Sq, int64_t Sk, int64_t Hq,
+                                 int64_t Hkv, int64_t d, DType t, bool causal);
+void cudnn_batch_attention_forward(const Tensor& q, const Tensor& k, const Tensor& v, Tensor& out, Tensor& stats,
+                                   const int32_t* seq_q, const int32_t* seq_kv, const int64_t* q_offsets,
+                                   const int64_t* k_offsets, int64_t B, int64_t Sq, int64_t Sk,
+                                   const ops::AttentionParams& p);
+void cudnn_batch_attention_backward(const Tensor& q, const Tensor& k, const Tensor& v, const Tensor& out,
+                                    const Tensor& stats, const Tensor& dout, Tensor& dq, Tensor& dk, Tensor& dv,
                                     const int32_t* seq_q, const int32_t* seq_kv, const int64_t* q_offsets,
                                     const int64_t* k_offsets, int64_t B, int64_t Sq, int64_t Sk,
                                     const ops::AttentionParams& p);
-void cudnn_ragged_attention_backward(const Tensor& q, const Tensor& k, const Tensor& v, const Tensor& out,
-                                     const Tensor& stats, const Tensor& dout, Tensor& dq, Tensor& dk, Tensor& dv,
-                                     const int32_t* seq_q, const int32_t* seq_kv, const int64_t* q_offsets,
-                                     const int64_t* k_offsets, int64_t B, int64_t Sq, int64_t Sk,
-                                     const ops::AttentionParams& p);
 // Whether ready() may offer ragged plans (default true); false keeps documents on padded batches
 // (tests of that fallback, and measuring what the ragged reads and writes save).
 void set_cudnn_ragged_documents(bool on);

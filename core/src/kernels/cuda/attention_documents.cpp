@@ -123,11 +123,12 @@ Batches batches_for(bool backward, const Tensor& q, const Tensor& k, const Atten
   int64_t words = 0;
   for (DocumentPairBatch& b : grouped(q_spans, k_spans)) {
     const int64_t B = static_cast<int64_t>(b.docs.size());
-    const bool ragged =
-        lcx::cuda::cudnn_ragged_attention_ready(backward, B, b.q_rows, b.k_rows, Hq, Hkv, d, q.dtype(), p.causal);
-    if (!ragged &&
-        !lcx::cuda::cudnn_padded_attention_ready(backward, B, b.q_rows, b.k_rows, Hq, Hkv, d, q.dtype(), p.causal))
-      continue;
+    auto ready = [&](bool ragged) {
+      return lcx::cuda::cudnn_batch_attention_ready(backward, ragged, B, b.q_rows, b.k_rows, Hq, Hkv, d, q.dtype(),
+                                                    p.causal);
+    };
+    const bool ragged = ready(true);
+    if (!ragged && !ready(false)) continue;
     for (size_t i : b.docs) out.handled[i] = 1;
     out.offsets.push_back(words);
     out.ragged.push_back(ragged);
@@ -177,12 +178,13 @@ std::vector<char> attention_forward_documents(const Tensor& q, const Tensor& k, 
     const Batch b(batches, i);
     Tensor stats = b.stats(q);
     if (b.ragged) {
-      lcx::cuda::cudnn_ragged_attention_forward(q, k, v, out, stats, b.q_lens, b.k_lens, b.q_at, b.k_at, b.B, b.Sq,
-                                                b.Sk, p);
+      lcx::cuda::cudnn_batch_attention_forward(q, k, v, out, stats, b.q_lens, b.k_lens, b.q_at, b.k_at, b.B, b.Sq,
+                                               b.Sk, p);
     } else {
       Tensor qp = b.rows(true, Hq, q), kp = b.rows(false, Hkv, q), vp = b.rows(false, Hkv, q), op = b.rows(true, Hq, q);
       if (!cut) b.pack_inputs(q, k, v, qp, kp, vp);
-      lcx::cuda::cudnn_padded_attention_forward(qp, kp, vp, op, stats, b.q_lens, b.k_lens, b.B, p);
+      lcx::cuda::cudnn_batch_attention_forward(qp, kp, vp, op, stats, b.q_lens, b.k_lens, nullptr, nullptr, b.B, b.Sq,
+                                               b.Sk, p);
       if (!cut) unpack_documents(op, out, b.q_starts, b.q_lens, b.B, b.Sq);
     }
     if (!cut) unpack_lse(stats, lse, b.q_starts, b.q_lens, b.B, b.Sq);
@@ -204,8 +206,8 @@ std::vector<char> attention_backward_documents(const Tensor& q, const Tensor& k,
     Tensor stats = b.stats(q);
     if (!cut) pack_lse(lse, stats, b.q_starts, b.q_lens, b.B, b.Sq);
     if (b.ragged) {
-      lcx::cuda::cudnn_ragged_attention_backward(q, k, v, out, stats, dout, dq, dk, dv, b.q_lens, b.k_lens, b.q_at,
-                                                 b.k_at, b.B, b.Sq, b.Sk, p);
+      lcx::cuda::cudnn_batch_attention_backward(q, k, v, out, stats, dout, dq, dk, dv, b.q_lens, b.k_lens, b.q_at,
+                                                b.k_at, b.B, b.Sq, b.Sk, p);
       continue;
     }
     Tensor qp = b.rows(true, Hq, q), kp = b.rows(false, Hkv, q), vp = b.rows(false, Hkv, q), op = b.rows(true, Hq, q);
@@ -215,7 +217,8 @@ std::vector<char> attention_backward_documents(const Tensor& q, const Tensor& k,
       pack_documents(out, op, b.q_starts, b.q_lens, b.B, b.Sq);
       pack_documents(dout, dop, b.q_starts, b.q_lens, b.B, b.Sq);
     }
-    lcx::cuda::cudnn_padded_attention_backward(qp, kp, vp, op, stats, dop, dqp, dkp, dvp, b.q_lens, b.k_lens, b.B, p);
+    lcx::cuda::cudnn_batch_attention_backward(qp, kp, vp, op, stats, dop, dqp, dkp, dvp, b.q_lens, b.k_lens, nullptr,
+                                              nullptr, b.B, b.Sq, b.Sk, p);
     if (cut) continue;
     unpack_documents(dqp, dq, b.q_starts, b.q_lens, b.B, b.Sq);
     unpack_documents(dkp, dk, b.k_starts, b.k_lens, b.B, b.Sk);
