@@ -199,6 +199,11 @@ class CpRing final : public Parallelism {
     // LSE accumulates in place (it is fp32); the output in fp32 unless it already is.
     Tensor acc = out.dtype() == DType::f32 ? out : Tensor::empty(out.shape(), DType::f32, dev);
     KvRing kv(k, v);
+    if (!args.documents.empty()) {
+      forward_rounds(q, kv, acc, lse, args, *ring, layout);
+      if (acc.data() != out.data()) ops::cast(acc, out);
+      return;
+    }
     std::vector<bool> seen(layout.of(r).size(), false);  // whether each query chunk has a partial result yet
     for (int s = 0; s < n; ++s) {
       const int j = (r - s + n) % n;
@@ -230,6 +235,7 @@ class CpRing final : public Parallelism {
     const ChunkLayout& layout = layout_of(q, n, args);
     const int64_t c = layout.c, T = q.size(0);
     const Device dev = q.device();
+    if (!args.documents.empty()) return backward_rounds(q, k, v, out, lse, dout, dq, dk, dv, args, *ring, layout);
     // A piece's LSE rows must be contiguous: the whole [Hq,T] serves pieces over all chunks.
     std::vector<Tensor> lse_chunk;
     for (int64_t h = 0; h * c < T; ++h) lse_chunk.push_back(lse_columns(lse, h * c, c));
@@ -314,13 +320,17 @@ class CpRing final : public Parallelism {
     plan.add("attention forward workspace (cuDNN)", PlanCategory::transient, kCudnnForwardWorkspace, plan_phase::forward);
     plan.add("one piece's backward dQ accumulator and workspace (cuDNN) [Hq,T,d] fp32 x 2", PlanCategory::transient,
              cudnn_dq_accumulator_bytes(Hq, T, d) + cudnn_backward_workspace_bytes(Hq, T, d), plan_phase::backward);
-    // Masked by document, a piece's documents run on cuDNN's padded batches (lcx/plan.h): the
-    // chunk's own piece (c rows, queries and keys at equal positions) and a query chunk against an
-    // earlier key chunk (c queries, c keys) alike, c = T/2 with the zigzag and T/(2k) when the
-    // balanced layout cuts finer, so pieces only get smaller. Each side of a batch is padded within
-    // c rounded up to a power of two (lcx/document_batches.h), so the term of T/2 rows bounds
-    // both; the pieces run one after another. Counted beside the above.
-    if (in.documents_masked) plan_document_masks(plan, Hq, (T + 1) / 2, d);
+    // Masked by document, a ring step's rounds run on cuDNN's batches (lcx/plan.h): a round's blocks
+    // hold at most the rank's T query rows and T key rows, each side of a batch padded within
+    // them rounded up to a power of two (lcx/document_batches.h), so the term of T rows bounds
+    // every round; the rounds run one after another. Counted beside the above.
+    if (in.documents_masked) {
+      plan_document_masks(plan, Hq, T, d);
+      // A ring step's rounds (ring_pieces.h step_rounds) sum their dK/dV before the accumulator
+      // arrives; the rounds' own partial buffers are the piece terms above, at full size.
+      plan.add("ring step's dK/dV sums 2 x [T,Hkv,d] fp32", PlanCategory::transient, 2 * kv_elems * 4,
+               plan_phase::backward);
+    }
   }
 
  private:
@@ -328,6 +338,127 @@ class CpRing final : public Parallelism {
     if (m.shape().cp != cp_)
       throw Error(str("cp_ring was created for cp = ", cp_, " but the rank mesh has cp = ", m.shape().cp),
                   "distributed.cp", "create the plugin with the [distributed] shape its mesh has (PluginArgs::mesh)");
+  }
+
+  // With packed documents each ring step runs as rounds (ring_pieces.h step_rounds): one call of
+  // ops::attention_forward_blocks per round writes the round's blocks into full-size partial
+  // buffers, and the runs of query rows it wrote fold into the running result (the first result a
+  // row gets is copied). Every query sees at least itself, so every row has a result at the end.
+  void forward_rounds(const Tensor& q, KvRing& kv, Tensor& acc, Tensor& lse, const AttentionArgs& args,
+                      Communicator& ring, const ChunkLayout& layout) const {
+    const int r = ring.rank(), n = ring.size(), next = (r + 1) % n, prev = (r + n - 1) % n;
+    const int64_t T = q.size(0);
+    Tensor o = Tensor::empty(q.shape(), q.dtype(), q.device());
+    Tensor l = Tensor::empty({q.size(1), T}, DType::f32, q.device());
+    std::vector<char> seen(static_cast<size_t>(T), 0);
+    for (int s = 0; s < n; ++s) {
+      const int j = (r - s + n) % n;
+      std::unique_ptr<CommWork> moving = s + 1 < n ? kv.pass(ring, next, prev) : nullptr;
+      for (const cp_ring::Round& round : cp_ring::step_rounds(r, j, layout, args.causal, args.documents)) {
+        ops::attention_forward_blocks(q, kv.k(), kv.v(), o, l, args.scale, round.causal, round.blocks);
+        for (const auto& [b, e] : query_runs(round))
+          for (int64_t a = b; a < e;) {  // split where rows already seen meet rows not yet seen
+            const char first = !seen[static_cast<size_t>(a)];
+            int64_t z = a;
+            while (z < e && !seen[static_cast<size_t>(z)] == first) seen[static_cast<size_t>(z++)] = 1;
+            cp_ring::merge_rows(acc, lse, o, l, a, z - a, first);
+            a = z;
+          }
+      }
+      if (moving) {
+        moving->wait();
+        kv.advance();
+      }
+    }
+    LCX_CHECK(std::ranges::all_of(seen, [](char x) { return x != 0; }),
+              "cp_ring: a query row saw no key in any ring step; the document bounds must cover every position");
+  }
+
+  // The backward by the same rounds: each round's dQ adds into the rank's fp32 dQ on the rows it
+  // wrote, its dK/dV into a step's fp32 sums on the key rows it wrote, and those sums into the
+  // travelling accumulator once it has arrived.
+  void backward_rounds(const Tensor& q, const Tensor& k, const Tensor& v, const Tensor& out, const Tensor& lse,
+                       const Tensor& dout, Tensor& dq, Tensor& dk, Tensor& dv, const AttentionArgs& args,
+                       Communicator& ring, const ChunkLayout& layout) const {
+    const int r = ring.rank(), n = ring.size(), next = (r + 1) % n, prev = (r + n - 1) % n;
+    const Device dev = q.device();
+    Tensor dq_acc = Tensor::zeros(q.shape(), DType::f32, dev);
+    std::array<Tensor, 2> dk_acc, dv_acc;
+    for (auto& t : dk_acc) t = Tensor::empty(k.shape(), DType::f32, dev, MemoryCategory::communication);
+    for (auto& t : dv_acc) t = Tensor::empty(v.shape(), DType::f32, dev, MemoryCategory::communication);
+    dk_acc[0].zero();
+    dv_acc[0].zero();
+    Tensor dk_step = Tensor::empty(k.shape(), DType::f32, dev), dv_step = Tensor::empty(v.shape(), DType::f32, dev);
+    Tensor dq_r = Tensor::empty(q.shape(), q.dtype(), dev);
+    Tensor dk_r = Tensor::empty(k.shape(), q.dtype(), dev), dv_r = Tensor::empty(v.shape(), q.dtype(), dev);
+    size_t cur = 0;
+    std::unique_ptr<CommWork> grads_moving;
+    KvRing kv(k, v);
+    for (int s = 0; s < n; ++s) {
+      const int j = (r - s + n) % n;
+      std::unique_ptr<CommWork> moving = s + 1 < n ? kv.pass(ring, next, prev) : nullptr;
+      const std::vector<cp_ring::Round> rounds = cp_ring::step_rounds(r, j, layout, args.causal, args.documents);
+      std::vector<std::pair<int64_t, int64_t>> key_rows;  // the step's, for the accumulator
+      if (!rounds.empty()) {
+        dk_step.zero();
+        dv_step.zero();
+      }
+      for (const cp_ring::Round& round : rounds) {
+        ops::attention_backward_blocks(q, kv.k(), kv.v(), out, lse, dout, dq_r, dk_r, dv_r, args.scale, round.causal,
+                                       round.blocks);
+        for (const auto& [b, e] : query_runs(round)) {
+          Tensor rows = dq_acc.rows(b, e);
+          ops::add_inplace(rows, dq_r.rows(b, e));
+        }
+        for (const auto& [b, e] : key_runs(round)) {
+          Tensor dks = dk_step.rows(b, e), dvs = dv_step.rows(b, e);
+          ops::add_inplace(dks, dk_r.rows(b, e));
+          ops::add_inplace(dvs, dv_r.rows(b, e));
+          key_rows.emplace_back(b, e);
+        }
+      }
+      if (grads_moving) {
+        grads_moving->wait();
+        grads_moving.reset();
+      }
+      for (const auto& [b, e] : coalesced(std::move(key_rows))) {
+        Tensor dka = dk_acc[cur].rows(b, e), dva = dv_acc[cur].rows(b, e);
+        ops::add_inplace(dka, dk_step.rows(b, e));
+        ops::add_inplace(dva, dv_step.rows(b, e));
+      }
+      grads_moving = ring.send_recv_async({P2POp::send(dk_acc[cur], next), P2POp::send(dv_acc[cur], next),
+                                           P2POp::recv(dk_acc[cur ^ 1], prev), P2POp::recv(dv_acc[cur ^ 1], prev)});
+      cur ^= 1;
+      if (moving) {
+        moving->wait();
+        kv.advance();
+      }
+    }
+    grads_moving->wait();
+    ops::cast(dq_acc, dq);
+    ops::cast(dk_acc[cur], dk);
+    ops::cast(dv_acc[cur], dv);
+  }
+
+  // Row ranges sorted and joined where they touch: one merge or add per run, not per block.
+  static std::vector<std::pair<int64_t, int64_t>> coalesced(std::vector<std::pair<int64_t, int64_t>> rows) {
+    std::sort(rows.begin(), rows.end());
+    std::vector<std::pair<int64_t, int64_t>> out;
+    for (const auto& [b, e] : rows) {
+      if (!out.empty() && b <= out.back().second) out.back().second = std::max(out.back().second, e);
+      else out.emplace_back(b, e);
+    }
+    return out;
+  }
+  static std::vector<std::pair<int64_t, int64_t>> query_runs(const cp_ring::Round& round) {
+    std::vector<std::pair<int64_t, int64_t>> rows;
+    for (const ops::AttentionBlock& b : round.blocks) rows.emplace_back(b.q_begin, b.q_begin + b.q_rows);
+    return coalesced(std::move(rows));
+  }
+  static std::vector<std::pair<int64_t, int64_t>> key_runs(const cp_ring::Round& round) {
+    std::vector<std::pair<int64_t, int64_t>> rows;
+    for (const ops::AttentionBlock& b : round.blocks) rows.emplace_back(b.k_begin, b.k_begin + b.k_rows);
+    return coalesced(std::move(rows));
   }
 
   // The cp communicator of this rank's mesh; nullptr when one rank holds the sequence.

@@ -26,8 +26,8 @@ struct MergeParams {
   float* acc_lse;  // [H,T]
   const void* blk_out;  // [n,H,d]
   DType blk_dtype;
-  const float* blk_lse;  // [H,n]
-  int64_t T, H, d, n, row0;
+  const float* blk_lse;  // [H,blk_T]
+  int64_t T, H, d, n, row0, blk_row0, blk_T;
   bool first;
 };
 
@@ -37,9 +37,9 @@ __global__ void merge_kernel(MergeParams p) {
   if (row >= p.n * p.H) return;
   const int64_t i = row / p.H, h = row % p.H;
   float* o = p.acc_out + ((p.row0 + i) * p.H + h) * p.d;
-  const int64_t b = (i * p.H + h) * p.d;
+  const int64_t b = ((p.blk_row0 + i) * p.H + h) * p.d;
   float* la = p.acc_lse + h * p.T + p.row0 + i;
-  const float lb = p.blk_lse[h * p.n + i];
+  const float lb = p.blk_lse[h * p.blk_T + p.blk_row0 + i];
   if (p.first) {
     for (int64_t e = lane; e < p.d; e += 32) o[e] = load(p.blk_out, b + e, p.blk_dtype);
     if (lane == 0) *la = lb;
@@ -57,8 +57,7 @@ __global__ void merge_kernel(MergeParams p) {
 
 }  // namespace
 
-void merge_partial_cuda(Tensor& acc_out, Tensor& acc_lse, int64_t row0, const Tensor& blk_out, const Tensor& blk_lse,
-                        bool first) {
+void merge_cuda(Tensor& acc_out, Tensor& acc_lse, const Tensor& blk_out, const Tensor& blk_lse, const MergeRows& m) {
   MergeParams p;
   p.acc_out = acc_out.data_as<float>();
   p.acc_lse = acc_lse.data_as<float>();
@@ -68,9 +67,11 @@ void merge_partial_cuda(Tensor& acc_out, Tensor& acc_lse, int64_t row0, const Te
   p.T = acc_out.size(0);
   p.H = acc_out.size(1);
   p.d = acc_out.size(2);
-  p.n = blk_out.size(0);
-  p.row0 = row0;
-  p.first = first;
+  p.n = m.n;
+  p.row0 = m.row0;
+  p.blk_row0 = m.blk_row0;
+  p.blk_T = m.blk_T;
+  p.first = m.first;
   const int64_t rows = p.n * p.H;
   if (rows == 0) return;
   const unsigned blocks = static_cast<unsigned>((rows + kWarpsPerBlock - 1) / kWarpsPerBlock);

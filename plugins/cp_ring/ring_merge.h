@@ -13,9 +13,19 @@ namespace lcx::cp_ring {
 void merge_partial(Tensor& acc_out, Tensor& acc_lse, int64_t row0, const Tensor& blk_out, const Tensor& blk_lse,
                    bool first);
 
+// The same for rows [row0, row0 + n) of a block's result laid out like the running one (blk_out
+// [T,H,d], blk_lse [H,T]: one call of ops::attention_forward_blocks wrote them among other rows).
+void merge_rows(Tensor& acc_out, Tensor& acc_lse, const Tensor& blk_out, const Tensor& blk_lse, int64_t row0,
+                int64_t n, bool first);
+
+// Rows [row0, row0 + n) of the running result from rows [blk_row0, blk_row0 + n) of a block's,
+// whose LSE has blk_T columns.
+struct MergeRows {
+  int64_t row0, blk_row0, blk_T, n;
+  bool first;
+};
 #ifdef LCX_CP_RING_CUDA
-void merge_partial_cuda(Tensor& acc_out, Tensor& acc_lse, int64_t row0, const Tensor& blk_out, const Tensor& blk_lse,
-                        bool first);
+void merge_cuda(Tensor& acc_out, Tensor& acc_lse, const Tensor& blk_out, const Tensor& blk_lse, const MergeRows& m);
 #endif
 
 }  // namespace lcx::cp_ring

@@ -5,11 +5,13 @@
 #pragma once
 #include <algorithm>
 #include <cstdint>
+#include <map>
 #include <numeric>
 #include <span>
 #include <vector>
 
 #include <lcx/document_batches.h>
+#include <lcx/ops.h>
 
 namespace lcx::cp_ring {
 
@@ -134,9 +136,10 @@ inline constexpr int64_t kMinChunkRows = 512;
 // call weighs 1.4M pairs. Fewer heads make the pairs cheaper and the call relatively dearer.
 inline constexpr int64_t kCallCostPairs = 1'400'000;
 
-// The padded work of the chunk pair (query chunk at position qg, key chunk at kg, c rows each) as
-// the GPU's padded batches run it (lcx/document_batches.h): the documents both chunks hold, causal
-// on the diagonal (qg == kg) and full where the keys precede the queries.
+// The work of the chunk pair (query chunk at position qg, key chunk at kg, c rows each) as the
+// GPU's batches run it (lcx/document_batches.h, octave classes: the documents read in place, each
+// computed at its rows rounded up to whole tiles): the documents both chunks hold, causal on the
+// diagonal (qg == kg) and full where the keys precede the queries.
 inline ops::PaddedWork pair_work(std::span<const int64_t> documents, int64_t qg, int64_t kg, int64_t c) {
   std::vector<int64_t> ql, kl;
   auto first = std::upper_bound(documents.begin(), documents.end(), std::min(qg, kg)) - 1;
@@ -146,7 +149,7 @@ inline ops::PaddedWork pair_work(std::span<const int64_t> documents, int64_t qg,
     ql.push_back(nq);
     kl.push_back(nk);
   }
-  return ops::padded_work(ql, kl, qg == kg);
+  return ops::padded_work(ql, kl, qg == kg, ops::LengthClasses::octave);
 }
 
 // Each chunk's cost for a layout to balance. call_cost 0: its masked work (chunk_work). Else the
@@ -181,31 +184,6 @@ inline int64_t max_rank_cost(const ChunkLayout& layout, const std::vector<int64_
 // share: the model's error on the H200 was a few percent.
 inline constexpr double kMinGain = 0.01;
 
-// The chunks each of n ranks holds for a sequence of L tokens (L a multiple of 2n) with packed
-// documents' cumulative bounds: of the zigzag and the greedy layouts for k = 1, 2, 4, ... (while
-// chunks keep at least kMinChunkRows rows and divide L), the one whose slowest rank costs least
-// (chunk_cost with call_cost per cuDNN call; 0 balances the masked work alone), each larger k kept
-// only for a gain over kMinGain (any gain when balancing work alone). The zigzag always without documents or with one. Every rank holds
-// 2k chunks, so K/V blocks stay equal-sized. `spread` is the chosen layout's predicted spread of
-// that cost.
-inline ChunkLayout balanced_layout(std::span<const int64_t> documents, int64_t L, int n,
-                                   int64_t call_cost = kCallCostPairs) {
-  ChunkLayout best = zigzag_layout(L, n);
-  if (n == 1 || documents.size() <= 2) return best;
-  std::vector<int64_t> cost = chunk_cost(documents, L, best.c, call_cost);
-  best.spread = work_spread(best, cost);
-  int64_t best_max = max_rank_cost(best, cost);
-  for (int64_t k = 1; L % (2 * n * k) == 0 && (k == 1 || L / (2 * n * k) >= kMinChunkRows); k *= 2) {
-    const int64_t c = L / (2 * n * k);
-    const std::vector<int64_t> ck = k == 1 ? cost : chunk_cost(documents, L, c, call_cost);
-    ChunkLayout g = greedy_layout(ck, n, k, c);
-    const int64_t m = max_rank_cost(g, ck);
-    const double gain = call_cost > 0 ? kMinGain : 0.0;  // balanced for work alone, any gain counts
-    if (static_cast<double>(m) < (1.0 - gain) * static_cast<double>(best_max)) best = std::move(g), best_max = m;
-  }
-  return best;
-}
-
 // A piece with the positions in the sequence of its first query row and first key row.
 struct PlacedPiece {
   Piece piece;
@@ -232,6 +210,138 @@ inline std::vector<PlacedPiece> document_pieces(int r, int j, const ChunkLayout&
       out.push_back({{qa, qa + c, kb, kb + c, causal && kg == qg}, qg, kg});
     }
   return out;
+}
+
+// A ring step's work with packed documents as few calls (ops::attention_forward_blocks): each
+// document's rows in a query chunk against its rows in a key chunk, for every chunk pair of the
+// step (document_pieces), is one block, in rank r's local rows and the block's rows; the blocks go
+// into rounds, each one call, in which no two blocks share a query row or a key row. Rows of
+// different documents never meet, so only one document's blocks can clash: the block of its i-th
+// query chunk and j-th key chunk (among those it has in this step, in order) goes to round
+// j - i + (its query chunks - 1), one diagonal of its grid of chunk pairs. A diagonal's blocks
+// ascend in query rows and in key rows together, as do the documents one after another, so each
+// round's blocks ascend on both sides, the layout cuDNN's packed callers give its ragged offsets
+// (a Latin square, round (i + j) mod m, would need fewer rounds for a book across many chunks but
+// puts blocks in descending key order). A document inside one chunk pair has one block; one
+// split across two key chunks two rounds. The diagonal blocks (a chunk against itself, causal
+// within each document) are a round of their own.
+// Before, each chunk pair was its own call: with short documents and 2k chunks a rank, up to 4k^2
+// calls a step, each with its batches, table upload and merge.
+struct Round {
+  bool causal = false;
+  std::vector<ops::AttentionBlock> blocks;
+};
+
+inline std::vector<Round> step_rounds(int r, int j, const ChunkLayout& layout, bool causal,
+                                      std::span<const int64_t> documents) {
+  struct Tagged {
+    int64_t doc, qa, kb;
+    ops::AttentionBlock block;
+  };
+  std::vector<Tagged> full;
+  Round diagonal{true, {}};
+  const int64_t c = layout.c;
+  for (const PlacedPiece& pp : document_pieces(r, j, layout, causal, documents)) {
+    const Piece& p = pp.piece;
+    auto d = std::upper_bound(documents.begin(), documents.end(), std::min(pp.q_pos, pp.k_pos)) - 1;
+    for (; d + 1 < documents.end() && *d < std::max(pp.q_pos, pp.k_pos) + c; ++d) {
+      const int64_t qb = std::max(d[0], pp.q_pos), qe = std::min(d[1], pp.q_pos + c);
+      const int64_t kb = std::max(d[0], pp.k_pos), ke = std::min(d[1], pp.k_pos + c);
+      if (qe <= qb || ke <= kb) continue;
+      const ops::AttentionBlock b{p.q_begin + qb - pp.q_pos, qe - qb, p.k_begin + kb - pp.k_pos, ke - kb};
+      if (p.causal) diagonal.blocks.push_back(b);
+      else full.push_back({d - documents.begin(), p.q_begin, p.k_begin, b});
+    }
+  }
+  std::vector<Round> out;
+  if (!diagonal.blocks.empty()) out.push_back(std::move(diagonal));
+  // Per document, its query chunks and key chunks in order: its grid's rows and columns.
+  std::map<int64_t, std::pair<std::vector<int64_t>, std::vector<int64_t>>> chunks_of;
+  for (const Tagged& t : full) {
+    auto& [qs, ks] = chunks_of[t.doc];
+    if (std::find(qs.begin(), qs.end(), t.qa) == qs.end()) qs.push_back(t.qa);
+    if (std::find(ks.begin(), ks.end(), t.kb) == ks.end()) ks.push_back(t.kb);
+  }
+  for (auto& [doc, qk] : chunks_of) {
+    std::sort(qk.first.begin(), qk.first.end());
+    std::sort(qk.second.begin(), qk.second.end());
+  }
+  const size_t first_full = out.size();
+  for (const Tagged& t : full) {
+    const auto& [qs, ks] = chunks_of[t.doc];
+    const size_t i = static_cast<size_t>(std::lower_bound(qs.begin(), qs.end(), t.qa) - qs.begin());
+    const size_t jj = static_cast<size_t>(std::lower_bound(ks.begin(), ks.end(), t.kb) - ks.begin());
+    const size_t round = first_full + jj + qs.size() - 1 - i;
+    if (out.size() <= round) out.resize(round + 1);
+    out[round].blocks.push_back(t.block);
+  }
+  std::erase_if(out, [](const Round& x) { return x.blocks.empty(); });  // diagonals no document reached
+  return out;
+}
+
+// The work of a round as the GPU's batches run it (lcx/document_batches.h, octave classes): each
+// block one document.
+inline ops::PaddedWork round_work(const Round& round) {
+  std::vector<int64_t> ql, kl;
+  for (const ops::AttentionBlock& b : round.blocks) {
+    ql.push_back(b.q_rows);
+    kl.push_back(b.k_rows);
+  }
+  return ops::padded_work(ql, kl, round.causal, ops::LengthClasses::octave);
+}
+
+// Rank r's predicted cost over the whole ring: every round's computed pairs plus call_cost per
+// cuDNN call.
+inline int64_t rank_cost(const ChunkLayout& layout, int r, std::span<const int64_t> documents, int64_t call_cost) {
+  int64_t cost = 0;
+  for (int j = 0; j < layout.n; ++j)
+    for (const Round& round : step_rounds(r, j, layout, true, documents)) {
+      const ops::PaddedWork w = round_work(round);
+      cost += w.pairs + call_cost * w.calls;
+    }
+  return cost;
+}
+
+// Each rank's predicted cost of a layout: over its ring steps' rounds (rank_cost) when call_cost
+// is positive, else the sum of its chunks' masked work. Sets the layout's predicted spread.
+inline std::vector<int64_t> rank_costs(ChunkLayout& layout, std::span<const int64_t> documents,
+                                       const std::vector<int64_t>& chunk_costs, int64_t call_cost) {
+  std::vector<int64_t> costs(static_cast<size_t>(layout.n), 0);
+  for (int r = 0; r < layout.n; ++r)
+    if (call_cost > 0) costs[static_cast<size_t>(r)] = rank_cost(layout, r, documents, call_cost);
+    else
+      for (int64_t ch : layout.of(r)) costs[static_cast<size_t>(r)] += chunk_costs[static_cast<size_t>(ch)];
+  const auto [mn, mx] = std::minmax_element(costs.begin(), costs.end());
+  const double total = static_cast<double>(std::accumulate(costs.begin(), costs.end(), int64_t{0}));
+  layout.spread = total > 0 ? static_cast<double>(*mx - *mn) * layout.n / total : 0;
+  return costs;
+}
+
+// The chunks each of n ranks holds for a sequence of L tokens (L a multiple of 2n) with packed
+// documents' cumulative bounds: of the zigzag and the greedy layouts for k = 1, 2, 4, ... (while
+// chunks keep at least kMinChunkRows rows and divide L), the one whose slowest rank costs least.
+// The greedy layouts balance chunk_cost (additive, so a chunk's cost is its own); the choice
+// between them weighs each rank's ring steps as they run (rank_cost: every round's computed pairs
+// and call_cost per cuDNN call, since a step's chunk pairs share calls), each larger k kept only
+// for a gain over kMinGain. call_cost 0 balances and chooses by the masked work alone (any gain
+// counts). The zigzag always without documents or with one. Every rank holds 2k chunks, so K/V
+// blocks stay equal-sized. `spread` is the chosen layout's predicted spread of that cost.
+inline ChunkLayout balanced_layout(std::span<const int64_t> documents, int64_t L, int n,
+                                   int64_t call_cost = kCallCostPairs) {
+  ChunkLayout best = zigzag_layout(L, n);
+  if (n == 1 || documents.size() <= 2) return best;
+  const std::vector<int64_t> cost = chunk_cost(documents, L, best.c, call_cost);
+  auto slowest = [](const std::vector<int64_t>& costs) { return *std::max_element(costs.begin(), costs.end()); };
+  int64_t best_max = slowest(rank_costs(best, documents, cost, call_cost));
+  for (int64_t k = 1; L % (2 * n * k) == 0 && (k == 1 || L / (2 * n * k) >= kMinChunkRows); k *= 2) {
+    const int64_t c = L / (2 * n * k);
+    const std::vector<int64_t> ck = k == 1 ? cost : chunk_cost(documents, L, c, call_cost);
+    ChunkLayout g = greedy_layout(ck, n, k, c);
+    const int64_t m = slowest(rank_costs(g, documents, ck, call_cost));
+    const double gain = call_cost > 0 ? kMinGain : 0.0;  // balanced for work alone, any gain counts
+    if (static_cast<double>(m) < (1.0 - gain) * static_cast<double>(best_max)) best = std::move(g), best_max = m;
+  }
+  return best;
 }
 
 }  // namespace lcx::cp_ring

@@ -80,14 +80,11 @@ Tensor random_tensor(Shape shape, Device d, uint64_t seed) {
 enum class Layout { zigzag, contiguous, zigzag_masked, balanced_documents };
 bool masked(Layout l) { return l == Layout::zigzag_masked || l == Layout::balanced_documents; }
 
-// Rank r's pieces against rank j's block, each with its first query's and key's positions (used
-// under document bounds only); c is the zigzag's chunk. Contiguous: r holds tokens [2rc, 2(r+1)c),
-// so its own block is causal, earlier blocks are full and later ones are not seen at all. With
-// documents: cp_ring's own chunk pairs of its balanced layout, those sharing no document left out.
-std::vector<cp_ring::PlacedPiece> schedule(Layout layout, int r, int j, int64_t c, const cp_ring::ChunkLayout& chunks,
-                                           const std::vector<int64_t>& documents) {
+// Rank r's pieces against rank j's block without documents; c is the zigzag's chunk. Contiguous: r
+// holds tokens [2rc, 2(r+1)c), so its own block is causal, earlier blocks are full and later ones
+// are not seen at all.
+std::vector<cp_ring::PlacedPiece> schedule(Layout layout, int r, int j, int64_t c) {
   std::vector<cp_ring::PlacedPiece> out;
-  if (masked(layout)) return cp_ring::document_pieces(r, j, chunks, true, documents);
   if (layout == Layout::zigzag)
     for (const cp_ring::Piece& p : cp_ring::pieces_for(r, j, c, true)) out.push_back({p, 0, 0});
   else if (j == r)
@@ -100,38 +97,81 @@ std::vector<cp_ring::PlacedPiece> schedule(Layout layout, int r, int j, int64_t 
 struct RankTime {
   double forward_s = 0, backward_s = 0;
   double units = 0;  // score-matrix entries computed, in units of c x c (a causal c x c counts one half)
-  int64_t pieces = 0;  // attention calls of the forward (the backward makes as many)
+  int64_t pieces = 0;  // attention calls of the forward (the backward makes as many): pieces, or rounds
   int64_t masked_pairs = 0;  // (query, key) pairs the document masks leave (masked layouts only)
-  int64_t padded_pairs = 0;  // the pairs the padded batches compute (each document at its padded rows)
-  int64_t batches = 0;       // the padded batches' calls (forward; the backward makes as many)
+  int64_t padded_pairs = 0;  // the pairs the GPU's batches compute (each document at its computed rows)
+  int64_t batches = 0;       // the batches' cuDNN calls (forward; the backward makes as many)
 };
+
+auto clock_now() { return std::chrono::steady_clock::now(); }
+double seconds(std::chrono::steady_clock::time_point a, std::chrono::steady_clock::time_point b) {
+  return std::chrono::duration<double>(b - a).count();
+}
+
+// One rank's whole ring under document masks as cp_ring runs it: each step's rounds
+// (ring_pieces.h step_rounds), one ops::attention_*_blocks call each, on the rank's full rows.
+// The ring's merges and gradient sums are not timed (as the pieces' are not below).
+RankTime time_rank_rounds(const Options& o, int r, int n, const Tensor& q, const Tensor& k, const Tensor& v,
+                          const Tensor& dout, const cp_ring::ChunkLayout& chunks,
+                          const std::vector<int64_t>& documents) {
+  const Device dev = o.device;
+  const float scale = 1.f / std::sqrt(static_cast<float>(o.head_dim));
+  RankTime t;
+  std::vector<std::vector<cp_ring::Round>> steps;
+  for (int s = 0; s < n; ++s) steps.push_back(cp_ring::step_rounds(r, (r - s + n) % n, chunks, true, documents));
+  const int64_t c = chunks.c;
+  for (const auto& rounds : steps)
+    for (const cp_ring::Round& round : rounds) {
+      const ops::PaddedWork w = cp_ring::round_work(round);
+      t.padded_pairs += w.pairs;
+      t.batches += w.calls;
+      ++t.pieces;
+      for (const ops::AttentionBlock& b : round.blocks)
+        t.units += static_cast<double>(b.q_rows * b.k_rows) / static_cast<double>(c * c) * (round.causal ? 0.5 : 1.0);
+    }
+  const std::vector<int64_t> work = cp_ring::chunk_work(documents, static_cast<int64_t>(chunks.chunks.size()) * c, c);
+  for (int64_t ch : chunks.of(r)) t.masked_pairs += work[static_cast<size_t>(ch)];
+  if (o.layouts_only) return t;
+  // The rounds' outputs land in one buffer (their values do not change the backward's speed).
+  Tensor out = Tensor::zeros(q.shape(), q.dtype(), dev), lse = Tensor::zeros({q.size(1), q.size(0)}, DType::f32, dev);
+  Tensor dq = Tensor::empty(q.shape(), q.dtype(), dev);
+  Tensor dk = Tensor::empty(k.shape(), q.dtype(), dev), dv = Tensor::empty(v.shape(), q.dtype(), dev);
+  bench::sync(dev);
+  auto t0 = clock_now();
+  for (const auto& rounds : steps)
+    for (const cp_ring::Round& round : rounds)
+      ops::attention_forward_blocks(q, k, v, out, lse, scale, round.causal, round.blocks);
+  bench::sync(dev);
+  auto t1 = clock_now();
+  for (const auto& rounds : steps)
+    for (const cp_ring::Round& round : rounds)
+      ops::attention_backward_blocks(q, k, v, out, lse, dout, dq, dk, dv, scale, round.causal, round.blocks);
+  bench::sync(dev);
+  auto t2 = clock_now();
+  t.forward_s = seconds(t0, t1);
+  t.backward_s = seconds(t1, t2);
+  return t;
+}
 
 // One rank's whole ring, forward then backward, alone on the device.
 RankTime time_rank(const Options& o, Layout layout, int r, int n, const Tensor& q, const Tensor& k, const Tensor& v,
                    const Tensor& dout, const cp_ring::ChunkLayout& chunks, const std::vector<int64_t>& documents) {
+  if (masked(layout)) return time_rank_rounds(o, r, n, q, k, v, dout, chunks, documents);
   const int64_t c = q.size(0) / 2;
   const Device dev = o.device;
   const DType dt = q.dtype();
   ops::AttentionParams p;
   p.scale = 1.f / std::sqrt(static_cast<float>(o.head_dim));
   RankTime t;
-  // Masked pieces run at their positions under the bounds, as cp_ring runs them.
-  auto place = [&](const cp_ring::PlacedPiece& pp) {
-    const bool m = masked(layout);
-    p.causal = m || pp.piece.causal;
-    p.q_offset = m ? pp.q_pos : 0;
-    p.k_offset = m ? pp.k_pos : 0;
-    if (m) p.documents = documents;
-  };
-  auto clock = [] { return std::chrono::steady_clock::now(); };
-  auto seconds = [](auto a, auto b) { return std::chrono::duration<double>(b - a).count(); };
+  auto place = [&](const cp_ring::PlacedPiece& pp) { p.causal = pp.piece.causal; };
+  auto clock = clock_now;
   // The LSE of a piece comes from its own forward (its values do not change the backward's speed).
   std::vector<std::pair<Tensor, Tensor>> outs;
   bench::sync(dev);
   auto t0 = clock();
   for (int s = 0; s < n; ++s) {
     const int j = (r - s + n) % n;
-    for (const cp_ring::PlacedPiece& pp : schedule(layout, r, j, c, chunks, documents)) {
+    for (const cp_ring::PlacedPiece& pp : schedule(layout, r, j, c)) {
       const cp_ring::Piece& pc = pp.piece;
       const int64_t nq = pc.q_end - pc.q_begin, nk = pc.k_end - pc.k_begin;
       Tensor out = Tensor::empty({nq, q.size(1), q.size(2)}, dt, dev);
@@ -141,11 +181,6 @@ RankTime time_rank(const Options& o, Layout layout, int r, int n, const Tensor& 
         ops::attention_forward(q.rows(pc.q_begin, pc.q_end), k.rows(pc.k_begin, pc.k_end), v.rows(pc.k_begin, pc.k_end),
                              out, lse, p);
       outs.emplace_back(std::move(out), std::move(lse));
-      if (masked(layout)) {
-        const ops::PaddedWork w = cp_ring::pair_work(documents, pp.q_pos, pp.k_pos, chunks.c);
-        t.padded_pairs += w.pairs;
-        t.batches += w.calls;
-      }
       t.units += static_cast<double>(nq * nk) / static_cast<double>(c * c) * (pc.causal ? 0.5 : 1.0);
       ++t.pieces;
     }
@@ -155,7 +190,7 @@ RankTime time_rank(const Options& o, Layout layout, int r, int n, const Tensor& 
   size_t i = 0;
   for (int s = 0; s < n; ++s) {
     const int j = (r - s + n) % n;
-    for (const cp_ring::PlacedPiece& pp : schedule(layout, r, j, c, chunks, documents)) {
+    for (const cp_ring::PlacedPiece& pp : schedule(layout, r, j, c)) {
       const cp_ring::Piece& pc = pp.piece;
       const int64_t nq = pc.q_end - pc.q_begin, nk = pc.k_end - pc.k_begin;
       Tensor dq = Tensor::empty({nq, q.size(1), q.size(2)}, dt, dev);
@@ -169,10 +204,6 @@ RankTime time_rank(const Options& o, Layout layout, int r, int n, const Tensor& 
   }
   bench::sync(dev);
   auto t2 = clock();
-  if (masked(layout)) {
-    const std::vector<int64_t> work = cp_ring::chunk_work(documents, static_cast<int64_t>(chunks.chunks.size()) * chunks.c, chunks.c);
-    for (int64_t ch : chunks.of(r)) t.masked_pairs += work[static_cast<size_t>(ch)];
-  }
   t.forward_s = seconds(t0, t1);
   t.backward_s = seconds(t1, t2);
   return t;

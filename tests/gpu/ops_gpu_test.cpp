@@ -311,6 +311,75 @@ TEST_F(GpuOps, AttentionDocumentBatchesOnCudnnTouchOnlyTheirRows) {
   cuda::set_cudnn_ragged_documents(true);
 }
 
+// Blocks of one call (ops::attention_forward_blocks, a ring step's rounds under document masks) on
+// cuDNN's batches, read in place and through padded copies, and on the own kernels block by block:
+// each block's rows match the CPU twin (fp32 on the same bf16 values) within bf16 tolerance, rows
+// outside every block stay NaN. Full blocks at unrelated rows of q and k, of lengths in several
+// classes, and causal ones (square, equal positions).
+TEST_F(GpuOps, AttentionBlocksMatchTheCpu) {
+  SCOPED_TRACE(trace());
+  const int64_t T = 3072, S = 2560, Hq = 8, Hkv = 2, d = 128;
+  const DType t = DType::bf16;
+  const std::vector<ops::AttentionBlock> full = {{0, 700, 1800, 700}, {700, 90, 0, 1500}, {1000, 1300, 1500, 200},
+                                                 {2400, 5, 1700, 64}};
+  const std::vector<ops::AttentionBlock> causal = {{0, 1100, 1200, 1100}, {1200, 300, 0, 300}, {2000, 77, 500, 77}};
+  const Tensor hq = host_normal({T, Hq, d}, t, rng_), hk = host_normal({S, Hkv, d}, t, rng_);
+  const Tensor hv = host_normal({S, Hkv, d}, t, rng_), hdout = host_normal({T, Hq, d}, t, rng_);
+  const Tensor q = on_gpu(hq), k = on_gpu(hk), v = on_gpu(hv), dout = on_gpu(hdout);
+  for (bool is_causal : {false, true}) {
+    const std::vector<ops::AttentionBlock>& blocks = is_causal ? causal : full;
+    std::vector<char> q_in(T, 0), k_in(S, 0);
+    for (const ops::AttentionBlock& b : blocks) {
+      std::fill_n(q_in.begin() + b.q_begin, b.q_rows, 1);
+      std::fill_n(k_in.begin() + b.k_begin, b.k_rows, 1);
+    }
+    // The CPU twin in fp32; its rows outside the blocks are never read.
+    const Tensor cq = hq.to(DType::f32), ck = hk.to(DType::f32), cv = hv.to(DType::f32), cdout = hdout.to(DType::f32);
+    Tensor out = Tensor::zeros({T, Hq, d}, DType::f32), lse = Tensor::zeros({Hq, T}, DType::f32);
+    Tensor dq = Tensor::zeros({T, Hq, d}, DType::f32), dk = Tensor::zeros({S, Hkv, d}, DType::f32),
+           dv = Tensor::zeros({S, Hkv, d}, DType::f32);
+    ops::attention_forward_blocks(cq, ck, cv, out, lse, 0.f, is_causal, blocks);
+    ops::attention_backward_blocks(cq, ck, cv, out, lse, cdout, dq, dk, dv, 0.f, is_causal, blocks);
+    // got's rows (the LSE's columns) in a block within tolerance of want's, the rest still NaN.
+    auto expect_rows = [&](const Tensor& got, const Tensor& want, const std::vector<char>& in, bool columns,
+                           const char* name) {
+      SCOPED_TRACE(name);
+      const std::vector<float> g = got.to_floats(), w = want.to_floats();
+      const size_t rows = in.size(), per_row = columns ? 1 : g.size() / rows;
+      std::vector<float> gs, ws;
+      int64_t clobbered = 0;
+      for (size_t i = 0; i < g.size(); ++i) {
+        const size_t row = columns ? i % rows : i / per_row;
+        if (!in[row]) {
+          clobbered += !std::isnan(g[i]);
+          continue;
+        }
+        gs.push_back(g[i]);
+        ws.push_back(w[i]);
+      }
+      EXPECT_EQ(clobbered, 0) << "elements written outside every block";
+      EXPECT_LE(rel_l2(gs, ws), columns ? 1e-3 : tolerance(t));
+    };
+    for (int way = 0; way < 3; ++way) {
+      SCOPED_TRACE(str(is_causal ? "causal" : "full", way == 0 ? ", ragged" : way == 1 ? ", padded copies" : ", own"));
+      if (way < 2 && cuda::cudnn_version().empty()) continue;
+      cuda::set_cudnn_ragged_documents(way == 0);
+      KernelChoice choice(way == 2 ? cuda::AttentionKernel::own : cuda::AttentionKernel::cudnn);
+      Tensor o = poisoned_gpu({T, Hq, d}, t), l = poisoned_gpu({Hq, T}, DType::f32);
+      Tensor gq = poisoned_gpu({T, Hq, d}, t), gk = poisoned_gpu({S, Hkv, d}, t), gv = poisoned_gpu({S, Hkv, d}, t);
+      ops::attention_forward_blocks(q, k, v, o, l, 0.f, is_causal, blocks);
+      // The backward reads the GPU's own out and LSE, as a ring does.
+      ops::attention_backward_blocks(q, k, v, o, l, dout, gq, gk, gv, 0.f, is_causal, blocks);
+      expect_rows(o, out, q_in, false, "out");
+      expect_rows(l, lse, q_in, true, "lse");
+      expect_rows(gq, dq, q_in, false, "dq");
+      expect_rows(gk, dk, k_in, false, "dk");
+      expect_rows(gv, dv, k_in, false, "dv");
+    }
+    cuda::set_cudnn_ragged_documents(true);
+  }
+}
+
 // A rehearsal's cut (kernels/attention_cut.h) keeps each attention call's allocations: the same
 // count and the same peak as the real call, on cuDNN, on the own kernels, per document under a
 // document mask (the own kernels on row slices, ops.cpp) and on cuDNN's ragged batches of

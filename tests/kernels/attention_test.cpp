@@ -271,6 +271,83 @@ TEST(AttentionCpu, DocumentsEqualEachDocumentAlone) {
   }
 }
 
+// Blocks of one call (ops::attention_forward_blocks, a ring step's rounds): each block's rows equal
+// the block run alone on its slices, forward and backward, and rows outside every block keep what
+// they held. Full blocks at unrelated rows of q and k, and causal ones (square, equal positions).
+TEST(AttentionCpu, BlocksEqualEachBlockAlone) {
+  const int64_t T = 40, S = 36, Hq = 4, Hkv = 2, d = 16;
+  const std::vector<ops::AttentionBlock> full = {{0, 10, 20, 8}, {12, 5, 0, 12}, {30, 7, 12, 6}};
+  const std::vector<ops::AttentionBlock> causal = {{0, 8, 0, 8}, {10, 6, 20, 6}, {17, 1, 30, 1}};
+  for (bool is_causal : {false, true}) {
+    const std::vector<ops::AttentionBlock>& blocks = is_causal ? causal : full;
+    SCOPED_TRACE(is_causal ? "causal" : "full");
+    Tensor q = rand_tensor({T, Hq, d}, 31), k = rand_tensor({S, Hkv, d}, 32), v = rand_tensor({S, Hkv, d}, 33);
+    const Tensor dout = rand_tensor({T, Hq, d}, 34);
+    auto filled = [](Shape shape, float x) {
+      Tensor t = Tensor::empty(std::move(shape), DType::f32);
+      for (int64_t i = 0; i < t.numel(); ++i) t.data_as<float>()[i] = x;
+      return t;
+    };
+    Tensor out = filled({T, Hq, d}, 7.f), lse = filled({Hq, T}, 7.f);
+    ops::attention_forward_blocks(q, k, v, out, lse, 0.f, is_causal, blocks);
+    Tensor dq = filled({T, Hq, d}, 7.f), dk = filled({S, Hkv, d}, 7.f), dv = filled({S, Hkv, d}, 7.f);
+    ops::attention_backward_blocks(q, k, v, out, lse, dout, dq, dk, dv, 0.f, is_causal, blocks);
+    std::vector<char> q_in(T, 0), k_in(S, 0);
+    const auto lse_all = lse.to_floats();
+    for (const ops::AttentionBlock& b : blocks) {
+      const int64_t q0 = b.q_begin, q1 = q0 + b.q_rows, k0 = b.k_begin, k1 = k0 + b.k_rows;
+      SCOPED_TRACE(str("block at query row ", q0, ", key row ", k0));
+      std::fill(q_in.begin() + q0, q_in.begin() + q1, 1);
+      std::fill(k_in.begin() + k0, k_in.begin() + k1, 1);
+      const Case one{b.q_rows, b.k_rows, Hq, Hkv, d, is_causal};
+      const Tensor bq = q.rows(q0, q1).clone(), bk = k.rows(k0, k1).clone(), bv = v.rows(k0, k1).clone();
+      Tensor o = Tensor::empty({b.q_rows, Hq, d}, DType::f32), l = Tensor::empty({Hq, b.q_rows}, DType::f32);
+      ops::attention_forward(bq, bk, bv, o, l, params(one));
+      Tensor gq = Tensor::empty(bq.shape(), DType::f32), gk = Tensor::empty(bk.shape(), DType::f32),
+             gv = Tensor::empty(bv.shape(), DType::f32);
+      ops::attention_backward(bq, bk, bv, o, l, dout.rows(q0, q1).clone(), gq, gk, gv, params(one));
+      EXPECT_LT(test::max_diff(out.rows(q0, q1).to_floats(), o.to_floats()), 1e-6f);
+      EXPECT_LT(test::max_diff(dq.rows(q0, q1).to_floats(), gq.to_floats()), 1e-6f);
+      EXPECT_LT(test::max_diff(dk.rows(k0, k1).to_floats(), gk.to_floats()), 1e-6f);
+      EXPECT_LT(test::max_diff(dv.rows(k0, k1).to_floats(), gv.to_floats()), 1e-6f);
+      const auto lo = l.to_floats();
+      for (int64_t h = 0; h < Hq; ++h)
+        for (int64_t t = 0; t < b.q_rows; ++t)
+          EXPECT_EQ(lse_all[static_cast<size_t>(h * T + q0 + t)], lo[static_cast<size_t>(h * b.q_rows + t)]);
+    }
+    // Rows in no block are untouched.
+    auto untouched = [](const Tensor& t, const std::vector<char>& in) {
+      const auto x = t.to_floats();
+      const int64_t row = t.numel() / t.size(0);
+      for (int64_t i = 0; i < t.size(0); ++i)
+        if (!in[static_cast<size_t>(i)])
+          for (int64_t e = 0; e < row; ++e)
+            if (x[static_cast<size_t>(i * row + e)] != 7.f) return false;
+      return true;
+    };
+    EXPECT_TRUE(untouched(out, q_in));
+    EXPECT_TRUE(untouched(dq, q_in));
+    EXPECT_TRUE(untouched(dk, k_in));
+    EXPECT_TRUE(untouched(dv, k_in));
+    for (int64_t h = 0; h < Hq; ++h)
+      for (int64_t t = 0; t < T; ++t)
+        if (!q_in[static_cast<size_t>(t)]) EXPECT_EQ(lse_all[static_cast<size_t>(h * T + t)], 7.f);
+  }
+}
+
+TEST(AttentionCpu, BlocksRefuseSharedRowsAndNonSquareCausalBlocks) {
+  Tensor q = rand_tensor({16, 2, 4}, 1), k = rand_tensor({16, 1, 4}, 2), v = rand_tensor({16, 1, 4}, 3);
+  Tensor out = Tensor::empty({16, 2, 4}, DType::f32), lse = Tensor::empty({2, 16}, DType::f32);
+  auto error = [&](std::vector<ops::AttentionBlock> blocks, bool causal) {
+    return test::error_of([&] { ops::attention_forward_blocks(q, k, v, out, lse, 0.f, causal, blocks); });
+  };
+  EXPECT_NE(error({{0, 8, 0, 4}, {4, 4, 8, 4}}, false).find("query rows 4 to 8"), std::string::npos);
+  EXPECT_NE(error({{0, 4, 0, 8}, {8, 4, 6, 4}}, false).find("key rows 6 to 8"), std::string::npos);
+  EXPECT_NE(error({{0, 4, 0, 8}}, true).find("causal"), std::string::npos);
+  EXPECT_NE(error({{10, 8, 0, 4}}, false).find("outside"), std::string::npos);
+  EXPECT_EQ(error({{0, 4, 0, 8}, {8, 8, 8, 8}}, false), "(no error)");
+}
+
 TEST(AttentionCpu, RefusesDocumentBoundsThatDoNotCoverThePositions) {
   Tensor q = rand_tensor({8, 2, 4}, 1), k = rand_tensor({8, 1, 4}, 2), v = rand_tensor({8, 1, 4}, 3);
   Tensor out = Tensor::empty({8, 2, 4}, DType::f32), lse = Tensor::empty({2, 8}, DType::f32);

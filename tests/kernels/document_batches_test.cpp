@@ -1,7 +1,7 @@
 // The grouping of document-masked attention on cuDNN (lcx/document_batches.h): every document
-// in exactly one batch, batch sizes powers of two, padded sizes steps of an octave (quarter
-// steps, 32nd steps for long documents) that hold their documents, and padded rows within the real
-// rows rounded up to a power of two.
+// in exactly one batch, batch sizes powers of two, padded sizes of their length class (octaves, or
+// quarter steps and 32nd steps for long documents) that hold their documents, and padded rows
+// within the real rows rounded up to a power of two.
 #include "lcx/document_batches.h"
 
 #include <gtest/gtest.h>
@@ -12,9 +12,11 @@
 namespace lcx::ops {
 namespace {
 
-// Checks the invariants the CUDA side and the memory plan rely on; returns the batches.
-std::vector<DocumentBatch> checked(const std::vector<int64_t>& lengths) {
-  const std::vector<DocumentBatch> batches = document_batches(lengths);
+// Checks the invariants the CUDA side and the memory plan rely on (for either kind of length
+// class); returns the batches.
+std::vector<DocumentBatch> checked(const std::vector<int64_t>& lengths,
+                                   LengthClasses classes = LengthClasses::fine) {
+  const std::vector<DocumentBatch> batches = document_batches(lengths, classes);
   std::vector<int> seen(lengths.size(), 0);
   int64_t total = 0;
   for (int64_t n : lengths) total += std::max<int64_t>(0, n);
@@ -31,7 +33,7 @@ std::vector<DocumentBatch> checked(const std::vector<int64_t>& lengths) {
       }
       ++seen[i];
       EXPECT_LE(lengths[i], b.rows);
-      EXPECT_EQ(padded_rows(lengths[i]), b.rows);
+      EXPECT_EQ(padded_rows(lengths[i], classes), b.rows);
     }
   }
   for (size_t i = 0; i < lengths.size(); ++i) EXPECT_EQ(seen[i], lengths[i] > 0 ? 1 : 0) << "document " << i;
@@ -98,14 +100,16 @@ TEST(DocumentBatches, RandomMixesKeepTheInvariants) {
     std::vector<int64_t> lengths(1 + rng() % 300);
     for (int64_t& n : lengths) n = static_cast<int64_t>(len(rng)) % 200000;
     checked(lengths);
+    checked(lengths, LengthClasses::octave);
   }
 }
 
 // The pair grouping's invariants: documents with queries and keys each in exactly one batch, both
 // padded sizes holding their lengths, power-of-two counts, and each side's padded rows within its
 // real rows rounded up to a power of two (the memory plan's bound).
-std::vector<DocumentPairBatch> checked_pairs(const std::vector<int64_t>& q, const std::vector<int64_t>& k) {
-  const std::vector<DocumentPairBatch> batches = document_pair_batches(q, k);
+std::vector<DocumentPairBatch> checked_pairs(const std::vector<int64_t>& q, const std::vector<int64_t>& k,
+                                             LengthClasses classes = LengthClasses::fine) {
+  const std::vector<DocumentPairBatch> batches = document_pair_batches(q, k, classes);
   std::vector<int> seen(q.size(), 0);
   int64_t q_total = 0, k_total = 0;
   for (size_t i = 0; i < q.size(); ++i)
@@ -128,8 +132,8 @@ std::vector<DocumentPairBatch> checked_pairs(const std::vector<int64_t>& q, cons
         continue;
       }
       ++seen[i];
-      EXPECT_EQ(padded_rows(q[i]), b.q_rows);
-      EXPECT_EQ(padded_rows(k[i]), b.k_rows);
+      EXPECT_EQ(padded_rows(q[i], classes), b.q_rows);
+      EXPECT_EQ(padded_rows(k[i], classes), b.k_rows);
       EXPECT_LE(q[i], b.q_rows);
       EXPECT_LE(k[i], b.k_rows);
     }
@@ -176,7 +180,25 @@ TEST(DocumentBatches, RandomPairsKeepTheInvariants) {
       k[i] = rng() % 5 == 0 ? 0 : static_cast<int64_t>(len(rng)) % 50000;
     }
     checked_pairs(q, k);
+    checked_pairs(q, k, LengthClasses::octave);
   }
+}
+
+// Read in place, documents group by octave: powers of two, at least kMinPaddedRows, so fewer calls.
+TEST(DocumentBatches, OctaveClassesArePowersOfTwo) {
+  EXPECT_EQ(padded_rows(1, LengthClasses::octave), kMinPaddedRows);
+  EXPECT_EQ(padded_rows(129, LengthClasses::octave), 256);
+  EXPECT_EQ(padded_rows(300, LengthClasses::octave), 512);
+  EXPECT_EQ(padded_rows(4096, LengthClasses::octave), 4096);
+  EXPECT_EQ(padded_rows(66045, LengthClasses::octave), 131072);
+  // 300, 260, 500 and 450 rows share one class (and one batch) there; fine classes split them
+  // into 384 and 512.
+  const std::vector<DocumentBatch> b = checked({300, 260, 500, 450, 70}, LengthClasses::octave);
+  ASSERT_EQ(b.size(), 2u);
+  EXPECT_EQ(b[0].rows, 128);
+  EXPECT_EQ(b[1].rows, 512);
+  EXPECT_EQ(b[1].docs, (std::vector<size_t>{0, 1, 2, 3}));
+  EXPECT_EQ(checked({300, 260, 500, 450, 70}).size(), 3u);
 }
 
 // The work the padded batches compute, which cp_ring balances: causal blocks at their padded rows,
@@ -193,6 +215,19 @@ TEST(DocumentBatches, PaddedWorkCountsPaddedPairsAndCalls) {
   EXPECT_EQ(apart.pairs, 128 * 384 + 640 * 128);
   EXPECT_EQ(apart.calls, 2);
   EXPECT_EQ(padded_work({}, {}, true).calls, 0);
+  // Octave classes: each document computed at its rows rounded up to whole 128-row tiles (cuDNN
+  // skips the tiles past its real rows), the calls fewer: 100 and 120 rows in one batch (128),
+  // 5,000 in another (8,192), 5,000 rows computed as 5,120.
+  const PaddedWork octave = padded_work({100, 5000, 120}, {}, true, LengthClasses::octave);
+  EXPECT_EQ(octave.pairs, 2 * 128 * 129 / 2 + int64_t{5120} * 5121 / 2);
+  EXPECT_EQ(octave.calls, 2);
+  // 300 and 500 rows: one class (512), each computed at 384 and 512 rows; fine classes: two calls.
+  EXPECT_EQ(padded_work({300, 500}, {}, true, LengthClasses::octave).calls, 1);
+  EXPECT_EQ(padded_work({300, 500}, {}, true, LengthClasses::octave).pairs, 384 * 385 / 2 + 512 * 513 / 2);
+  EXPECT_EQ(padded_work({300, 500}, {}, true).calls, 2);
+  const PaddedWork octave_apart = padded_work({100, 600}, {300, 40}, false, LengthClasses::octave);
+  EXPECT_EQ(octave_apart.pairs, 128 * 384 + 640 * 128);
+  EXPECT_EQ(octave_apart.calls, 2);  // (128, 512) and (1024, 128)
 }
 
 }  // namespace

@@ -130,11 +130,12 @@ TEST(CpRingLayout, ZigzagWithoutDocumentsOrWhereItBalances) {
 
 // Issue 23's length mixes (bench_util.h) on 2, 4 and 8 ranks, each rank's cost recounted from what
 // it runs: its masked work token by token from the layout's positions (a query sees its
-// document's keys up to itself), and its padded work and cuDNN calls piece by piece from the
-// ring's own schedule (document_pieces over every step). Balanced for work (call cost 0), the work
-// is within 2% of the mean and is the spread the layout predicts; balanced for time (the default
-// call cost), the cost the chunks sum to is the one the schedule runs, the slowest rank never
-// costs more than the zigzag's and costs over 5% less in most cases the zigzag leaves apart.
+// document's keys up to itself), and its computed pairs and cuDNN calls round by round from the
+// ring's own schedule (step_rounds over every step), whose blocks must hold exactly the masked
+// work and, in each round, ascend on both sides without sharing a row. Balanced for work (call
+// cost 0), the work is within 2% of the mean and is the spread the layout predicts; balanced for
+// time (the default call cost), the cost predicted is the one the schedule runs, the slowest rank
+// never costs more than the zigzag's and costs over 5% less in most cases the zigzag leaves apart.
 TEST(CpRingLayout, BalancesPackedMixes) {
   int zigzag_off = 0, faster = 0;  // cases the zigzag leaves over 5% apart; those the default beats by 5%
   for (int64_t L : {int64_t{131072}, int64_t{1} << 20})
@@ -150,11 +151,20 @@ TEST(CpRingLayout, BalancesPackedMixes) {
             for (int r = 0; r < n; ++r) {
               for (int64_t row = 0; row < L / n; ++row)
                 work[static_cast<size_t>(r)] += static_cast<double>(sequence_position(docs, l.position(r, row)) + 1);
+              double blocks = 0;
               for (int j = 0; j < n; ++j)
-                for (const cp_ring::PlacedPiece& pp : cp_ring::document_pieces(r, j, l, true, docs)) {
-                  const ops::PaddedWork pw = cp_ring::pair_work(docs, pp.q_pos, pp.k_pos, l.c);
+                for (const cp_ring::Round& round : cp_ring::step_rounds(r, j, l, true, docs)) {
+                  const ops::PaddedWork pw = cp_ring::round_work(round);
                   timed[static_cast<size_t>(r)] += static_cast<double>(pw.pairs + cp_ring::kCallCostPairs * pw.calls);
+                  int64_t q_end = 0, k_end = 0;  // each round's blocks ascend on both sides, sharing no row
+                  for (const ops::AttentionBlock& b : round.blocks) {
+                    blocks += static_cast<double>(round.causal ? b.q_rows * (b.q_rows + 1) / 2 : b.q_rows * b.k_rows);
+                    EXPECT_TRUE(b.q_begin >= q_end && b.k_begin >= k_end) << what << ": rank " << r << ", step " << j;
+                    q_end = b.q_begin + b.q_rows;
+                    k_end = b.k_begin + b.k_rows;
+                  }
                 }
+              EXPECT_EQ(blocks, work[static_cast<size_t>(r)]) << what << ": rank " << r << ", k = " << l.k;
             }
           };
           std::vector<double> work, timed;
@@ -175,9 +185,12 @@ TEST(CpRingLayout, BalancesPackedMixes) {
           const cp_ring::ChunkLayout z = cp_ring::zigzag_layout(L, n);
           const double t_most = slowest(t), z_most = slowest(z);
           // The cost the layout predicts is the one its schedule runs.
-          EXPECT_EQ(t_most, static_cast<double>(cp_ring::max_rank_cost(
-                                t, cp_ring::chunk_cost(docs, L, t.c, cp_ring::kCallCostPairs))))
-              << what;
+          cp_ring::ChunkLayout predicted = t;
+          const std::vector<int64_t> costs =
+              cp_ring::rank_costs(predicted, docs, cp_ring::chunk_cost(docs, L, t.c, cp_ring::kCallCostPairs),
+                                  cp_ring::kCallCostPairs);
+          EXPECT_EQ(t_most, static_cast<double>(*std::max_element(costs.begin(), costs.end()))) << what;
+          EXPECT_DOUBLE_EQ(predicted.spread, t.spread) << what;
           EXPECT_LE(t_most, z_most) << what << ": k = " << t.k;
           const bool off = cp_ring::work_spread(z, cp_ring::chunk_work(docs, L, z.c)) > 0.05;
           zigzag_off += off;
@@ -492,8 +505,8 @@ TEST(CpRingPlan, RingBuffersAndAccumulators) {
   // K/V receive buffers in both phases, the fp32 dK/dV accumulators in backward.
   EXPECT_EQ(plan.category_bytes(PlanCategory::communication), 2 * 4 * kv * 2 + 4 * kv * 4);
   EXPECT_GT(plan.gpu_bytes(plan_phase::backward), plan.gpu_bytes(plan_phase::forward));
-  // Masked by document, a chunk's own piece and an off-diagonal piece (T/2 queries, T/2 keys) run
-  // on cuDNN's padded batches, each side within T/2 rounded up: one term of T/2 rows is planned.
+  // Masked by document, a ring step's rounds run on cuDNN's batches, a round holding up to the
+  // rank's T query and T key rows: one term of T rows is planned, and the step's fp32 dK/dV sums.
   for (const PlanTerm& t : plan.terms) EXPECT_EQ(t.name.find("document-masked"), std::string::npos) << t.name;
   in.documents_masked = true;
   MemoryPlan masked;
@@ -501,7 +514,10 @@ TEST(CpRingPlan, RingBuffersAndAccumulators) {
   int64_t padded = 0;
   for (const PlanTerm& t : masked.terms)
     if (t.name.rfind("document-masked attention backward", 0) == 0) padded = t.bytes;
-  EXPECT_EQ(padded, cudnn_document_batch_bytes(true, 32, in.tokens_per_rank / 2, 128));
+  EXPECT_EQ(padded, cudnn_document_batch_bytes(true, 32, in.tokens_per_rank, 128));
+  EXPECT_EQ(masked.gpu_bytes(plan_phase::backward) - plan.gpu_bytes(plan_phase::backward),
+            padded + document_table_bytes(in.tokens_per_rank) + 2 * kv * 4)
+      << "the document terms and the step's dK/dV sums beside the unmasked plan";
   in.documents_masked = false;
   MemoryPlan single;
   in.cp = 1;

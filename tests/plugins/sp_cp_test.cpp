@@ -208,7 +208,11 @@ TEST(SpCpTrainer, RunsTrackTheSingleRankRunAndDpAlone) {
     ASSERT_EQ(want.size(), 2u) << what;
     for (size_t i = 0; i < 2; ++i) {
       EXPECT_NEAR(got[i].first, want[i].first, 1e-6 * want[i].first) << "loss, step " << i + 1 << ", " << what;
-      EXPECT_NEAR(got[i].second, want[i].second, 1e-5 * want[i].second) << "grad_norm, step " << i + 1 << ", " << what;
+      // Step 2's norm follows step 1's AdamW update, which scales each gradient by its own size, so
+      // the tiniest gradients' fp32 summation order (the ring sums each document's blocks by round,
+      // the single rank in one call) shows at a few 1e-5 there.
+      EXPECT_NEAR(got[i].second, want[i].second, (i == 0 ? 1e-5 : 3e-5) * want[i].second)
+          << "grad_norm, step " << i + 1 << ", " << what;
     }
   };
   same(run(1, 2, 2), run(1, 1, 1), "cp 2 x sp 2");

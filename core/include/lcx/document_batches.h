@@ -3,24 +3,27 @@
 // the work the kernels do (padded_work below), and kept apart from the CUDA code so CI checks it
 // on the CPU.
 // cuDNN builds and caches one execution plan per shape, and a packed sequence's document lengths
-// change every step, so the documents run as padded batches whose shapes come from a small set:
-// each document's rows are padded to S, its length rounded up to a quarter step of its octave
-// (1, 1.25, 1.5, 1.75 times a power of two, a multiple of kMinPaddedRows), and the documents of one
-// S run as batches of B documents, B a power of two (13 documents of one S run as 8 + 4 + 1). The
-// plan keys are then (2^i, S) pairs, four sizes S per octave: a new mix of lengths reuses the plans
-// of earlier steps. Quarter steps, not powers of two: the H200 measured cuDNN's forward paying for
-// the padded query rows (a 70k-row book padded to 131,072 ran at 0.56 of the unpadded rate, its
-// backward at 0.94). Past kFineFromRows the steps are a 32nd of the octave (padding under 3.2%):
-// such a document fills the GPU alone, so batching gains nothing there, while a quarter step still
-// cost its forward 18% (a 66k-row book padded to 81,920 rows ran at 0.82 of the causal rate); a
-// plan per size costs little beside calls that long, and at most 32 sizes an octave are cached.
+// change every step, so the documents run as batches whose shapes come from a small set: each
+// document's rows are padded to S, its length rounded up to its length class, and the documents of
+// one S run as batches of B documents, B a power of two (13 documents of one S run as 8 + 4 + 1).
+// The plan keys are then (2^i, S) pairs: a new mix of lengths reuses the plans of earlier steps.
+// Two kinds of classes (LengthClasses), since what padding costs depends on how cuDNN reads the
+// documents:
+// - octave (powers of two, at least kMinPaddedRows): cuDNN reads each document in place through
+//   its ragged offsets and skips the tiles past each element's real rows, forward and backward, so
+//   padding costs no work and coarse classes mean fewer, larger calls and fewer plans. On the H200,
+//   64 short documents in 131,072 tokens ran at 0.96 / 0.83 of the causal rate (forward / backward)
+//   against 0.90 / 0.81 with the fine classes below, and two books at 1.03 / 0.97 either way.
+// - fine (quarter steps of the octave: 1, 1.25, 1.5, 1.75 times a power of two, multiples of
+//   kMinPaddedRows; past kFineFromRows a 32nd of the octave, under 3.2% padding): for documents
+//   gathered into zero-padded buffers (a cuDNN without ragged plans), where cuDNN's forward computes
+//   the padded query rows: a 70k-row book padded to 131,072 ran at 0.56 of the unpadded rate, and a
+//   quarter step still cost a 66k-row book's forward 18%. A document that long fills the GPU alone,
+//   so batching gains nothing there, and a plan per size costs little beside calls that long.
 // A batch's padded rows B * S are capped at the call's real rows rounded up to a power of two (or
-// one kMinPaddedRows document), which bounds the memory plan's term (lcx/plan.h
-// cudnn_document_batch_bytes: cuDNN's fp32 stats, dQ accumulator and workspace per padded row, the
-// documents themselves read in place): calls run one after another, so their buffers never pass
-// the rows of one unmasked call by more than that rounding. Reading in place frees the padding of
-// memory but not of work (cuDNN's forward still computes the padded query rows), so the steps stay
-// this fine.
+// one S), which bounds the memory plan's term (lcx/plan.h cudnn_document_batch_bytes: cuDNN's fp32
+// stats, dQ accumulator and workspace per padded row): calls run one after another, so their
+// buffers never pass the rows of one unmasked call by more than that rounding.
 #pragma once
 #include <algorithm>
 #include <bit>
@@ -35,12 +38,23 @@ namespace lcx::ops {
 inline constexpr int64_t kMinPaddedRows = 128;
 inline constexpr int64_t kFineFromRows = 4096;
 
-// A document of n > 0 rows padded: the least step (above) >= max(n, kMinPaddedRows).
-inline int64_t padded_rows(int64_t n) {
+enum class LengthClasses { octave, fine };
+
+// A document of n > 0 rows padded: the least size of its class >= max(n, kMinPaddedRows).
+inline int64_t padded_rows(int64_t n, LengthClasses classes = LengthClasses::fine) {
   const int64_t p = static_cast<int64_t>(std::bit_ceil(static_cast<uint64_t>(std::max(n, kMinPaddedRows))));
+  if (classes == LengthClasses::octave) return p;
   // Quarter steps of the octave (32nd steps past kFineFromRows), multiples of kMinPaddedRows.
   const int64_t step = std::max(kMinPaddedRows, n > kFineFromRows ? p / 64 : p / 8);
   return (std::max(n, kMinPaddedRows) + step - 1) / step * step;
+}
+
+// The rows of a document of n > 0 rows that its batch computes: its padded rows where the padding
+// is computed (fine classes, padded copies), its rows rounded up to whole kMinPaddedRows tiles where
+// cuDNN skips the tiles past the real rows (octave classes, read in place).
+inline int64_t computed_rows(int64_t n, LengthClasses classes) {
+  if (classes == LengthClasses::fine) return padded_rows(n, classes);
+  return (std::max(n, int64_t{1}) + kMinPaddedRows - 1) / kMinPaddedRows * kMinPaddedRows;
 }
 
 struct DocumentBatch {
@@ -50,12 +64,13 @@ struct DocumentBatch {
 
 // Every document of positive length in exactly one batch, the batches of one S largest first,
 // S ascending. Zero lengths are left out (they have no rows to attend).
-inline std::vector<DocumentBatch> document_batches(const std::vector<int64_t>& lengths) {
+inline std::vector<DocumentBatch> document_batches(const std::vector<int64_t>& lengths,
+                                                  LengthClasses classes = LengthClasses::fine) {
   std::map<int64_t, std::vector<size_t>> buckets;
   int64_t total = 0;
   for (size_t i = 0; i < lengths.size(); ++i) {
     if (lengths[i] <= 0) continue;
-    buckets[padded_rows(lengths[i])].push_back(i);
+    buckets[padded_rows(lengths[i], classes)].push_back(i);
     total += lengths[i];
   }
   std::vector<DocumentBatch> out;
@@ -87,12 +102,13 @@ struct DocumentPairBatch {
 // Every document with both lengths positive in exactly one batch, the batches of one pair largest
 // first, pairs ascending. A document without queries or without keys is left out.
 inline std::vector<DocumentPairBatch> document_pair_batches(const std::vector<int64_t>& q_lengths,
-                                                            const std::vector<int64_t>& k_lengths) {
+                                                            const std::vector<int64_t>& k_lengths,
+                                                            LengthClasses classes = LengthClasses::fine) {
   std::map<std::pair<int64_t, int64_t>, std::vector<size_t>> buckets;
   int64_t q_total = 0, k_total = 0;
   for (size_t i = 0; i < q_lengths.size() && i < k_lengths.size(); ++i) {
     if (q_lengths[i] <= 0 || k_lengths[i] <= 0) continue;
-    buckets[{padded_rows(q_lengths[i]), padded_rows(k_lengths[i])}].push_back(i);
+    buckets[{padded_rows(q_lengths[i], classes), padded_rows(k_lengths[i], classes)}].push_back(i);
     q_total += q_lengths[i];
     k_total += k_lengths[i];
   }
@@ -116,24 +132,25 @@ inline std::vector<DocumentPairBatch> document_pair_batches(const std::vector<in
 }
 
 // What one call of document-masked attention computes on the GPU: the (query, key) pairs of its
-// padded batches (each document at its padded rows; on and below the diagonal where the queries
-// and keys are the same rows, every pair where they are apart) and its cuDNN calls, one a batch.
-// Document i has q_lengths[i] query rows and k_lengths[i] key rows; same_rows: they are the same
-// rows (causal within each document; then k_lengths is not read).
+// batches (each document at its computed rows, computed_rows; on and below the diagonal where the
+// queries and keys are the same rows, every pair where they are apart) and its cuDNN calls, one a
+// batch. Document i has q_lengths[i] query rows and k_lengths[i] key rows; same_rows: they are the
+// same rows (causal within each document; then k_lengths is not read).
 struct PaddedWork {
   int64_t pairs = 0, calls = 0;
 };
 inline PaddedWork padded_work(const std::vector<int64_t>& q_lengths, const std::vector<int64_t>& k_lengths,
-                              bool same_rows) {
+                              bool same_rows, LengthClasses classes = LengthClasses::fine) {
   PaddedWork w;
+  auto rows = [&](size_t i, const std::vector<int64_t>& lengths) { return computed_rows(lengths[i], classes); };
   if (same_rows) {
-    for (const DocumentBatch& b : document_batches(q_lengths)) {
-      w.pairs += static_cast<int64_t>(b.docs.size()) * b.rows * (b.rows + 1) / 2;
+    for (const DocumentBatch& b : document_batches(q_lengths, classes)) {
+      for (size_t i : b.docs) w.pairs += rows(i, q_lengths) * (rows(i, q_lengths) + 1) / 2;
       ++w.calls;
     }
   } else {
-    for (const DocumentPairBatch& b : document_pair_batches(q_lengths, k_lengths)) {
-      w.pairs += static_cast<int64_t>(b.docs.size()) * b.q_rows * b.k_rows;
+    for (const DocumentPairBatch& b : document_pair_batches(q_lengths, k_lengths, classes)) {
+      for (size_t i : b.docs) w.pairs += rows(i, q_lengths) * rows(i, k_lengths);
       ++w.calls;
     }
   }

@@ -60,6 +60,22 @@ void attention_backward(const Tensor& q, const Tensor& k, const Tensor& v, const
                         const Tensor& lse, const Tensor& dout, Tensor& dq, Tensor& dk, Tensor& dv,
                         const AttentionParams& p);
 
+// Attention of separate blocks in one call (a ring step's chunk pairs under document masks): block
+// i's query rows [q_begin, q_begin + q_rows) of q see its key rows [k_begin, k_begin + k_rows) of
+// k, all of them, or with causal (then q_rows == k_rows, the two at equal positions) those at or
+// before their own. No two blocks share a query row or a key row. Writes out and lse only on the
+// blocks' query rows (the backward: dq on their query rows, dk and dv on their key rows); every
+// other row is left as it was. On the GPU the blocks run as cuDNN batches like document masks, a
+// few calls however many blocks; what cuDNN refuses runs block by block.
+struct AttentionBlock {
+  int64_t q_begin = 0, q_rows = 0, k_begin = 0, k_rows = 0;
+};
+void attention_forward_blocks(const Tensor& q, const Tensor& k, const Tensor& v, Tensor& out, Tensor& lse,
+                              float scale, bool causal, std::span<const AttentionBlock> blocks);
+void attention_backward_blocks(const Tensor& q, const Tensor& k, const Tensor& v, const Tensor& out,
+                               const Tensor& lse, const Tensor& dout, Tensor& dq, Tensor& dk, Tensor& dv, float scale,
+                               bool causal, std::span<const AttentionBlock> blocks);
+
 // Cross entropy over rows of logits [T,V] (fp32 math) against targets int64 [T] (-100 ignored).
 // Returns the loss sum; writes dlogits = grad_scale * (softmax - onehot) for valid rows, 0 else.
 double cross_entropy_forward_backward(const Tensor& logits, const Tensor& targets, double grad_scale,

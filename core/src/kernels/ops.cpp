@@ -11,6 +11,8 @@
 #include <atomic>
 #include <cmath>
 #include <initializer_list>
+#include <numeric>
+#include <span>
 #include <utility>
 #include <vector>
 
@@ -569,6 +571,151 @@ void attention_backward(const Tensor& q, const Tensor& k, const Tensor& v, const
   if (cuda) return gpu_attention_backward(q, k, v, out, lse, dout, dq, dk, dv, r);
 #endif
   LCX_ROUTE(cuda, attention_backward, q, k, v, out, lse, dout, dq, dk, dv, r);
+}
+
+namespace {
+
+// A block's rows within q and k; causal blocks square; no two blocks sharing a query or a key row.
+void check_blocks(const char* op, const Tensor& q, const Tensor& k, bool causal,
+                  std::span<const AttentionBlock> blocks) {
+  std::vector<std::pair<int64_t, int64_t>> qs, ks;
+  for (size_t i = 0; i < blocks.size(); ++i) {
+    const AttentionBlock& b = blocks[i];
+    if (b.q_begin < 0 || b.q_rows < 0 || b.q_begin + b.q_rows > q.size(0) || b.k_begin < 0 || b.k_rows < 0 ||
+        b.k_begin + b.k_rows > k.size(0))
+      fail(op, str("block ", i, " (query rows ", b.q_begin, " + ", b.q_rows, ", key rows ", b.k_begin, " + ", b.k_rows,
+                   ") lies outside ", desc("q", q), " or ", desc("k", k)));
+    if (causal && b.q_rows != b.k_rows)
+      fail(op, str("block ", i, " is causal with ", b.q_rows, " query rows and ", b.k_rows,
+                   " key rows; a causal block has its queries and keys at equal positions"));
+    if (b.q_rows == 0 || b.k_rows == 0) continue;
+    qs.emplace_back(b.q_begin, b.q_begin + b.q_rows);
+    ks.emplace_back(b.k_begin, b.k_begin + b.k_rows);
+  }
+  for (auto* rows : {&qs, &ks}) {
+    std::sort(rows->begin(), rows->end());
+    for (size_t i = 1; i < rows->size(); ++i)
+      if ((*rows)[i].first < (*rows)[i - 1].second)
+        fail(op, str("two blocks share ", rows == &qs ? "query" : "key", " rows ", (*rows)[i].first, " to ",
+                     std::min((*rows)[i].second, (*rows)[i - 1].second), "; each row is written by one block"));
+  }
+}
+
+AttentionParams block_params(float scale, bool causal) {
+  AttentionParams p;
+  p.scale = scale;
+  p.causal = causal;
+  return p;
+}
+
+// One block as a plain call on row slices; its LSE columns through a contiguous copy.
+void forward_block(const Tensor& q, const Tensor& k, const Tensor& v, Tensor& out, Tensor& lse, float scale,
+                   bool causal, const AttentionBlock& b) {
+  Tensor o = out.rows(b.q_begin, b.q_begin + b.q_rows);
+  Tensor l = Tensor::empty({q.size(1), b.q_rows}, DType::f32, q.device());
+  attention_forward(q.rows(b.q_begin, b.q_begin + b.q_rows), k.rows(b.k_begin, b.k_begin + b.k_rows),
+                    v.rows(b.k_begin, b.k_begin + b.k_rows), o, l, block_params(scale, causal));
+  copy_columns(l, 0, lse, b.q_begin, b.q_rows);
+}
+
+void backward_block(const Tensor& q, const Tensor& k, const Tensor& v, const Tensor& out, const Tensor& lse,
+                    const Tensor& dout, Tensor& dq, Tensor& dk, Tensor& dv, float scale, bool causal,
+                    const AttentionBlock& b) {
+  const int64_t q0 = b.q_begin, q1 = b.q_begin + b.q_rows, k0 = b.k_begin, k1 = b.k_begin + b.k_rows;
+  Tensor l = Tensor::empty({q.size(1), b.q_rows}, DType::f32, q.device());
+  copy_columns(lse, q0, l, 0, b.q_rows);
+  Tensor dqs = dq.rows(q0, q1), dks = dk.rows(k0, k1), dvs = dv.rows(k0, k1);
+  attention_backward(q.rows(q0, q1), k.rows(k0, k1), v.rows(k0, k1), out.rows(q0, q1), l, dout.rows(q0, q1), dqs, dks,
+                     dvs, block_params(scale, causal));
+}
+
+#ifdef LCX_HAVE_CUDA
+// The blocks as cuDNN's document batches take them (each block one document), in runs whose query
+// rows and key rows both ascend (the layout of cuDNN's packed callers, whose ragged offsets we
+// mirror: a ring's rounds make one run); per block whether it ran there.
+template <class Run>
+std::vector<char> blocks_on_cudnn(std::span<const AttentionBlock> blocks, Run run) {
+  std::vector<size_t> order;
+  for (size_t i = 0; i < blocks.size(); ++i)
+    if (blocks[i].q_rows > 0 && blocks[i].k_rows > 0) order.push_back(i);
+  std::sort(order.begin(), order.end(), [&](size_t a, size_t b) { return blocks[a].q_begin < blocks[b].q_begin; });
+  std::vector<char> done(blocks.size(), 0);
+  for (size_t from = 0; from < order.size();) {
+    std::vector<cuda::DocumentSpan> q_spans, k_spans;
+    size_t to = from;
+    for (; to < order.size(); ++to) {
+      const AttentionBlock& b = blocks[order[to]];
+      if (!k_spans.empty() && b.k_begin < k_spans.back().begin + k_spans.back().length) break;
+      q_spans.push_back({b.q_begin, b.q_rows});
+      k_spans.push_back({b.k_begin, b.k_rows});
+    }
+    const std::vector<char> ran = run(q_spans, k_spans);
+    for (size_t j = from; j < to; ++j) done[order[j]] = ran[j - from];
+    from = to;
+  }
+  return done;
+}
+#endif
+
+}  // namespace
+
+void attention_forward_blocks(const Tensor& q, const Tensor& k, const Tensor& v, Tensor& out, Tensor& lse, float scale,
+                              bool causal, std::span<const AttentionBlock> blocks) {
+  const char* op = "attention_forward_blocks";
+  const bool cuda = on_cuda(op, {{"q", &q}, {"k", &k}, {"v", &v}, {"out", &out}, {"lse", &lse}});
+  const AttentionParams r = check_attention(op, q, k, v, out, lse, block_params(scale, causal));
+  check_blocks(op, q, k, causal, blocks);
+  ProfileScope scope(OpKind::attention_fwd, op);
+  std::vector<char> done(blocks.size(), 0);
+#ifdef LCX_HAVE_CUDA
+  if (cuda)
+    done = blocks_on_cudnn(blocks, [&](const auto& q_spans, const auto& k_spans) {
+      return cuda::attention_forward_documents(q, k, v, out, lse, r, q_spans, k_spans);
+    });
+#else
+  (void)cuda;
+#endif
+  for (size_t i = 0; i < blocks.size(); ++i)
+    if (!done[i] && blocks[i].q_rows > 0 && blocks[i].k_rows > 0)
+      forward_block(q, k, v, out, lse, r.scale, causal, blocks[i]);
+}
+
+void attention_backward_blocks(const Tensor& q, const Tensor& k, const Tensor& v, const Tensor& out, const Tensor& lse,
+                               const Tensor& dout, Tensor& dq, Tensor& dk, Tensor& dv, float scale, bool causal,
+                               std::span<const AttentionBlock> blocks) {
+  const char* op = "attention_backward_blocks";
+  const bool cuda = on_cuda(op, {{"q", &q},
+                                 {"k", &k},
+                                 {"v", &v},
+                                 {"out", &out},
+                                 {"lse", &lse},
+                                 {"dout", &dout},
+                                 {"dq", &dq},
+                                 {"dk", &dk},
+                                 {"dv", &dv}});
+  const AttentionParams r = check_attention(op, q, k, v, out, lse, block_params(scale, causal));
+  for (Arg x : {Arg{"dout", &dout}, Arg{"dq", &dq}}) {
+    need_float(op, x.first, *x.second);
+    need_same_shape(op, x.first, *x.second, "q", q);
+  }
+  for (Arg x : {Arg{"dk", &dk}, Arg{"dv", &dv}}) {
+    need_float(op, x.first, *x.second);
+    need_same_shape(op, x.first, *x.second, "k", k);
+  }
+  check_blocks(op, q, k, causal, blocks);
+  ProfileScope scope(OpKind::attention_bwd, op);
+  std::vector<char> done(blocks.size(), 0);
+#ifdef LCX_HAVE_CUDA
+  if (cuda)
+    done = blocks_on_cudnn(blocks, [&](const auto& q_spans, const auto& k_spans) {
+      return cuda::attention_backward_documents(q, k, v, out, lse, dout, dq, dk, dv, r, q_spans, k_spans);
+    });
+#else
+  (void)cuda;
+#endif
+  for (size_t i = 0; i < blocks.size(); ++i)
+    if (!done[i] && blocks[i].q_rows > 0 && blocks[i].k_rows > 0)
+      backward_block(q, k, v, out, lse, dout, dq, dk, dv, r.scale, causal, blocks[i]);
 }
 
 namespace {

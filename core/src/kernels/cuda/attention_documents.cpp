@@ -1,31 +1,34 @@
-// Document-masked attention on cuDNN as padded batches. The documents of one call whose query rows
-// and key rows are the same rows (one GPU, or whole sequences after an all-to-all) are grouped by
-// lcx/document_batches.h: lengths rounded up to a quarter step of their octave S (a 32nd for
-// long documents), batches of a power-of-two B documents, so the cached plans are keyed by (2^i, S)
-// pairs, few per octave, and a new mix of lengths each step reuses them. Each batch is one cuDNN
-// call over B elements of S rows, causal attention with a padding mask of each element's real rows
-// (seq_len, which lets its flash engines skip the padded tiles; on the H200 the backward did, the
-// forward paid for the padded query rows). cuDNN reads and writes the documents where they lie:
-// its ragged offsets (attention_cudnn.cpp) place element b at the document's first row of q, k, v,
-// out and their gradients, and it touches only the element's real rows, so no copies of q, k, v
-// (and out, dout, dq, dk, dv) are made: on the H200 those gathers and scatters were 10-14% of the
-// time of 64 short documents at 131,072 tokens. Only the LSE still moves, between lcx's [Hq, T]
-// and cuDNN's padded stats [B, Hq, S] (a 2/d part of the rows' bytes). Where cuDNN refuses a ragged
-// plan (before Hopper, cuDNN before 9.5) the batch gathers its documents into zero-padded buffers,
-// runs the padded plan and scatters the real rows back. A ring's piece of a query chunk against an
-// earlier key chunk (queries and keys at other rows, every key of a document before its queries)
-// runs the same way with full attention: its documents grouped by their (query, key) pair of
-// padded lengths (document_pair_batches), each side with its own tables and cuDNN told each
-// element's seq_q and seq_kv. The per-document tables of all of a call's batches (lengths, first
-// rows, ragged offsets) are uploaded once. A padded row never changes a real one: its keys are
-// masked, and its queries' rows are dropped (in the backward its dout is zero or unread and its
-// scores masked, so it adds nothing to dK, dV). A batch cuDNN refuses (or every batch, under
-// LCX_ATTENTION=own, without libcudnn, for dtypes or head sizes it does not take) is reported back
-// unhandled: ops.cpp runs its documents on the own kernels, so the rows of those documents must
-// stay untouched here. Under a rehearsal's cut (kernels/attention_cut.h) the batches allocate
-// their buffers, tables and cuDNN workspaces and launch nothing.
+// Document-masked attention on cuDNN as batches. The documents of one call whose query rows and
+// key rows are the same rows (one GPU, or whole sequences after an all-to-all) are grouped by
+// lcx/document_batches.h: lengths rounded up to their length class S, batches of a power-of-two B
+// documents, so the cached plans are keyed by (2^i, S) pairs and a new mix of lengths each step
+// reuses them. Each batch is one cuDNN call over B elements of S rows, causal attention with a
+// padding mask of each element's real rows (seq_len, which lets its flash engines skip the padded
+// tiles). cuDNN reads and writes the documents where they lie: its ragged offsets
+// (attention_cudnn.cpp) place element b at the document's first row of q, k, v, out and their
+// gradients, and it touches only the element's real rows, so no copies of q, k, v (and out, dout,
+// dq, dk, dv) are made: on the H200 those gathers and scatters were 10-14% of the time of 64 short
+// documents at 131,072 tokens. Read in place, padded query rows cost no work either, so the classes
+// are octaves (few, large calls). Only the LSE still moves, between lcx's [Hq, T] and cuDNN's
+// padded stats [B, Hq, S] (a 2/d part of the rows' bytes). Where cuDNN refuses a ragged plan
+// (before Hopper, cuDNN before 9.5) the batch's documents are regrouped in fine classes (padding
+// computed there, so kept small), gathered into zero-padded buffers, run on the padded plan and the
+// real rows scattered back. A ring's piece of a query chunk against an earlier key chunk (queries
+// and keys at other rows, every key of a document before its queries) runs the same way with full
+// attention: its documents grouped by their (query, key) pair of lengths (document_pair_batches),
+// each side with its own tables and cuDNN told each element's seq_q and seq_kv. The per-document
+// tables of all of a call's batches (lengths, first rows, ragged offsets) are uploaded once. A
+// padded row never changes a real one: its keys are masked, and its queries' rows are dropped (in
+// the backward its dout is zero or unread and its scores masked, so it adds nothing to dK, dV). A
+// batch cuDNN refuses (or every batch, under LCX_ATTENTION=own, without libcudnn, for dtypes or
+// head sizes it does not take) is reported back unhandled: ops.cpp runs its documents on the own
+// kernels, so the rows of those documents must stay untouched here. Under a rehearsal's cut
+// (kernels/attention_cut.h) the batches allocate their buffers, tables and cuDNN workspaces and
+// launch nothing.
+#include <algorithm>
 #include <cstdint>
 #include <initializer_list>
+#include <numeric>
 #include <utility>
 #include <vector>
 
@@ -99,42 +102,61 @@ struct Batch {
   }
 };
 
-// Documents whose queries and keys are the same rows group by one length (document_batches);
-// the others by their pair of lengths.
+// The documents `which` (indices into the spans) grouped by class: where queries and keys are the
+// same rows by one length (document_batches), the others by their pair of lengths. The batches'
+// docs index the spans.
 std::vector<DocumentPairBatch> grouped(const std::vector<DocumentSpan>& q_spans,
-                                       const std::vector<DocumentSpan>& k_spans) {
+                                       const std::vector<DocumentSpan>& k_spans, const std::vector<size_t>& which,
+                                       LengthClasses classes) {
   std::vector<int64_t> q_lengths, k_lengths;
-  for (const DocumentSpan& s : q_spans) q_lengths.push_back(s.length);
-  for (const DocumentSpan& s : k_spans) k_lengths.push_back(s.length);
-  if (q_spans != k_spans) return document_pair_batches(q_lengths, k_lengths);
+  for (size_t i : which) {
+    q_lengths.push_back(q_spans[i].length);
+    k_lengths.push_back(k_spans[i].length);
+  }
   std::vector<DocumentPairBatch> out;
-  for (DocumentBatch& b : document_batches(q_lengths)) out.push_back({b.rows, b.rows, std::move(b.docs)});
+  if (q_spans != k_spans) {
+    out = document_pair_batches(q_lengths, k_lengths, classes);
+  } else {
+    for (DocumentBatch& b : document_batches(q_lengths, classes)) out.push_back({b.rows, b.rows, std::move(b.docs)});
+  }
+  for (DocumentPairBatch& b : out)
+    for (size_t& i : b.docs) i = which[i];
   return out;
 }
 
-// Each group of documents as a ragged batch where cuDNN takes its plan, else as a padded one, else
-// left to the caller. The documents of a batch come in the order of the spans (document_batches
-// keeps it), so each side's offsets ascend, the layout cuDNN's THD callers give it.
+// The documents as ragged batches of octave classes where cuDNN takes their plans (padding costs
+// no work there); the documents of a refused batch (a cuDNN without ragged plans, or ragged reads
+// switched off) regrouped in fine classes as padded batches; what cuDNN refuses then is left to the
+// caller. The documents of a batch come in the order of the spans (the grouping keeps it), so each
+// side's offsets ascend, the layout cuDNN's THD callers give it.
 Batches batches_for(bool backward, const Tensor& q, const Tensor& k, const AttentionParams& p,
                     const std::vector<DocumentSpan>& q_spans, const std::vector<DocumentSpan>& k_spans) {
   Batches out;
   out.handled.assign(q_spans.size(), 0);
   const int64_t Hq = q.size(1), Hkv = k.size(1), d = q.size(2);
   int64_t words = 0;
-  for (DocumentPairBatch& b : grouped(q_spans, k_spans)) {
-    const int64_t B = static_cast<int64_t>(b.docs.size());
-    auto ready = [&](bool ragged) {
-      return lcx::cuda::cudnn_batch_attention_ready(backward, ragged, B, b.q_rows, b.k_rows, Hq, Hkv, d, q.dtype(),
-                                                    p.causal);
-    };
-    const bool ragged = ready(true);
-    if (!ragged && !ready(false)) continue;
-    for (size_t i : b.docs) out.handled[i] = 1;
-    out.offsets.push_back(words);
-    out.ragged.push_back(ragged);
-    words += Batches::words(B, ragged);
-    out.list.push_back(std::move(b));
-  }
+  auto add = [&](const std::vector<size_t>& which, bool ragged) {
+    std::vector<size_t> refused;
+    for (DocumentPairBatch& b : grouped(q_spans, k_spans, which, ragged ? LengthClasses::octave : LengthClasses::fine)) {
+      const int64_t B = static_cast<int64_t>(b.docs.size());
+      if (!lcx::cuda::cudnn_batch_attention_ready(backward, ragged, B, b.q_rows, b.k_rows, Hq, Hkv, d, q.dtype(),
+                                                  p.causal)) {
+        refused.insert(refused.end(), b.docs.begin(), b.docs.end());
+        continue;
+      }
+      for (size_t i : b.docs) out.handled[i] = 1;
+      out.offsets.push_back(words);
+      out.ragged.push_back(ragged);
+      words += Batches::words(B, ragged);
+      out.list.push_back(std::move(b));
+    }
+    std::sort(refused.begin(), refused.end());
+    return refused;
+  };
+  std::vector<size_t> all(q_spans.size());
+  std::iota(all.begin(), all.end(), size_t{0});
+  const std::vector<size_t> refused = add(all, true);
+  if (!refused.empty()) add(refused, false);
   if (out.list.empty()) return out;
   Tensor host = Tensor::zeros({words}, DType::i32);
   int32_t* t = host.data_as<int32_t>();

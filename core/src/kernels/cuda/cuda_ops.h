@@ -40,9 +40,10 @@ void attention_forward_own(const Tensor& q, const Tensor& k, const Tensor& v, Te
 void attention_backward_own(const Tensor& q, const Tensor& k, const Tensor& v, const Tensor& out, const Tensor& lse,
                             const Tensor& dout, Tensor& dq, Tensor& dk, Tensor& dv, const AttentionParams& p);
 // Document-masked attention on cuDNN (attention_documents.cpp): document i's query rows
-// q_spans[i] of q meet its key rows k_spans[i] of k. Either the spans are the same rows at equal
-// positions (causal as p says), or p is not causal and each document's attention is full (a ring's
-// query chunk against an earlier key chunk, every key before every query). The documents run as
+// q_spans[i] of q meet its key rows k_spans[i] of k. Either each document's query and key spans
+// are of one length at equal positions (causal as p says; the same rows of one tensor, or blocks of
+// ops::attention_forward_blocks), or p is not causal and each document's attention is full (a
+// ring's query chunk against an earlier key chunk, every key before every query). The documents run as
 // padded batches; returns per document whether it ran (false where cuDNN is off, absent or refuses
 // the shape: the caller runs that document on the own kernels). Lengths are positive.
 struct DocumentSpan {
