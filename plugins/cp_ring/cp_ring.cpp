@@ -13,9 +13,12 @@
 // pieces run without a mask, diagonal ones with equal offsets (the cuDNN fused path takes both).
 // Packed documents (AttentionArgs::documents): the masked work follows where the documents fall,
 // so the shards are laid out for it (ring_pieces.h balanced_layout: the zigzag or 2 x cp x k chunks,
-// 2k per rank, whichever makes the slowest rank's predicted time least; [cp_ring] balance); every
-// chunk pair runs at its positions in the sequence under the document bounds, and a pair sharing
-// no document is skipped. shard() and the attention derive the same layout from the same bounds.
+// 2k per rank, whichever makes the slowest rank's predicted time least; [cp_ring] balance), and
+// each ring step runs as rounds (ring_pieces.h step_rounds): each document's rows in a query chunk
+// against its rows in a key chunk of the block in hand is one block, and the step's blocks go into
+// the fewest rounds whose blocks share no row, one ops::attention_forward_blocks call a round (few
+// cuDNN calls a step however many chunk pairs and documents); a chunk pair sharing no document
+// adds nothing. shard() and the attention derive the same layout from the same bounds.
 // While a piece computes, the next K/V block is already moving (send to r+1, receive from r-1).
 // Forward partial results merge by log-sum-exp in fp32 (ring_merge.h). Backward: each block's
 // backward with the final out and LSE gives that block's exact share of dQ, dK and dV (flash

@@ -8,18 +8,19 @@
 // imbalance zigzag removes. Also printed: the bytes one rank sends per layer (K/V blocks in the
 // forward; K/V again and the fp32 dK/dV accumulators in the backward), the figure the plugin logs.
 // With --mix, the layout cp_ring balances for the documents (ring_pieces.h balanced_layout) is
-// timed too: its summary line gives k (each rank holds 2k chunks) and the spread of the cost it
-// balances (masked pairs and a fixed cost a piece) that it predicts;
-// beside it the plain zigzag under the same document masks, the layout it replaces
-// (--documents-only: these two alone, for sweeping seeds).
+// timed too, each ring step as the plugin runs it (step_rounds: one ops::attention_*_blocks call a
+// round): its summary line gives k (each rank holds 2k chunks) and the spread of the cost it
+// balances (computed pairs and a fixed cost a cuDNN call) that it predicts; beside it the plain
+// zigzag under the same document masks, the layout it replaces (--documents-only: these two
+// alone, for sweeping seeds).
 // One JSON line per (layout, cp, rank) and one summary line per (layout, cp) on stdout.
 //
 //   cp_balance_bench --device cuda --tokens 131072 --cp 2,4,8 [--mix pg19|short]   (--mix adds the
 //   balanced schedule masked by packed documents of that length mix, bench_util.h)
 //   cp_balance_bench --device cpu --tokens 512 --cp 2,4 --heads 4 --kv-heads 2 --head-dim 16   (a smoke run)
 //   cp_balance_bench --device cpu --mix short --documents-only --layouts-only   (each rank's masked pairs,
-//   padded pairs and cuDNN calls without running them: joined with a GPU run's times, they fit
-//   ring_pieces.h kCallCostPairs)
+//   computed pairs, rounds and cuDNN calls without running them; a GPU run prints them beside its
+//   times, which fit ring_pieces.h kCallCostPairs)
 #include <algorithm>
 #include <chrono>
 #include <cmath>
