@@ -98,6 +98,42 @@ class KvRing {
   int slot_ = 0;
 };
 
+// The travelling fp32 dK/dV accumulators: the one in hand takes this rank's share of the gradients
+// of the block in hand once it has arrived (arrive()), then goes on to r+1 while the next arrives
+// in the other buffer (pass()); after the last step the one in hand is the rank's own block's.
+class GradRing {
+ public:
+  GradRing(const Tensor& k, const Tensor& v) {
+    for (auto& t : dk_) t = Tensor::empty(k.shape(), DType::f32, k.device(), MemoryCategory::communication);
+    for (auto& t : dv_) t = Tensor::empty(v.shape(), DType::f32, v.device(), MemoryCategory::communication);
+    dk_[0].zero();
+    dv_[0].zero();
+  }
+  void arrive() {
+    if (!moving_) return;
+    moving_->wait();
+    moving_.reset();
+  }
+  // Rows [b, e) of the accumulator in hand (after arrive()).
+  Tensor dk(int64_t b, int64_t e) { return dk_[cur_].rows(b, e); }
+  Tensor dv(int64_t b, int64_t e) { return dv_[cur_].rows(b, e); }
+  void pass(Communicator& c, int next, int prev) {
+    moving_ = c.send_recv_async({P2POp::send(dk_[cur_], next), P2POp::send(dv_[cur_], next),
+                                 P2POp::recv(dk_[cur_ ^ 1], prev), P2POp::recv(dv_[cur_ ^ 1], prev)});
+    cur_ ^= 1;
+  }
+  void finish(Tensor& dk, Tensor& dv) {
+    arrive();
+    ops::cast(dk_[cur_], dk);
+    ops::cast(dv_[cur_], dv);
+  }
+
+ private:
+  std::array<Tensor, 2> dk_, dv_;
+  size_t cur_ = 0;
+  std::unique_ptr<CommWork> moving_;  // the accumulator for the next block, arriving
+};
+
 // One piece of the ring's schedule with the attention parameters it runs with.
 struct PiecePlan {
   Piece piece;
@@ -245,14 +281,7 @@ class CpRing final : public Parallelism {
     auto lse_rows = [&](int64_t b, int64_t e) { return e - b == T ? lse : lse_chunk[static_cast<size_t>(b / c)]; };
 
     Tensor dq_acc = Tensor::zeros(q.shape(), DType::f32, dev);
-    // dK/dV accumulators travel: the one in hand is sent on while the next one arrives.
-    std::array<Tensor, 2> dk_acc, dv_acc;
-    for (auto& t : dk_acc) t = Tensor::empty(k.shape(), DType::f32, dev, MemoryCategory::communication);
-    for (auto& t : dv_acc) t = Tensor::empty(v.shape(), DType::f32, dev, MemoryCategory::communication);
-    dk_acc[0].zero();
-    dv_acc[0].zero();
-    size_t cur = 0;
-    std::unique_ptr<CommWork> grads_moving;  // the accumulator for the next block, arriving
+    GradRing grads(k, v);
 
     KvRing kv(k, v);
     for (int s = 0; s < n; ++s) {
@@ -277,28 +306,21 @@ class CpRing final : public Parallelism {
         ops::add_inplace(dq_rows, dq_p);
         pending.push_back({p.k_begin, p.k_end, std::move(dk_p), std::move(dv_p)});
       }
-      if (grads_moving) {
-        grads_moving->wait();
-        grads_moving.reset();
-      }
+      grads.arrive();
       for (const KeyGrad& g : pending) {
-        Tensor dk_rows = dk_acc[cur].rows(g.k_begin, g.k_end), dv_rows = dv_acc[cur].rows(g.k_begin, g.k_end);
+        Tensor dk_rows = grads.dk(g.k_begin, g.k_end), dv_rows = grads.dv(g.k_begin, g.k_end);
         ops::add_inplace(dk_rows, g.dk);
         ops::add_inplace(dv_rows, g.dv);
       }
       // Block j's accumulator goes on to r+1; after the last step it reaches j itself.
-      grads_moving = ring->send_recv_async({P2POp::send(dk_acc[cur], next), P2POp::send(dv_acc[cur], next),
-                                            P2POp::recv(dk_acc[cur ^ 1], prev), P2POp::recv(dv_acc[cur ^ 1], prev)});
-      cur ^= 1;
+      grads.pass(*ring, next, prev);
       if (moving) {
         moving->wait();
         kv.advance();
       }
     }
-    grads_moving->wait();
     ops::cast(dq_acc, dq);
-    ops::cast(dk_acc[cur], dk);
-    ops::cast(dv_acc[cur], dv);
+    grads.finish(dk, dv);
   }
 
   // Per rank, T = tokens_per_rank; what a ring step holds beside the model's own attention tensors.
@@ -361,9 +383,9 @@ class CpRing final : public Parallelism {
         ops::attention_forward_blocks(q, kv.k(), kv.v(), o, l, args.scale, round.causal, round.blocks);
         for (const auto& [b, e] : query_runs(round))
           for (int64_t a = b; a < e;) {  // split where rows already seen meet rows not yet seen
-            const char first = !seen[static_cast<size_t>(a)];
+            const bool first = seen[static_cast<size_t>(a)] == 0;
             int64_t z = a;
-            while (z < e && !seen[static_cast<size_t>(z)] == first) seen[static_cast<size_t>(z++)] = 1;
+            while (z < e && (seen[static_cast<size_t>(z)] == 0) == first) seen[static_cast<size_t>(z++)] = 1;
             cp_ring::merge_rows(acc, lse, o, l, a, z - a, first);
             a = z;
           }
@@ -386,16 +408,10 @@ class CpRing final : public Parallelism {
     const int r = ring.rank(), n = ring.size(), next = (r + 1) % n, prev = (r + n - 1) % n;
     const Device dev = q.device();
     Tensor dq_acc = Tensor::zeros(q.shape(), DType::f32, dev);
-    std::array<Tensor, 2> dk_acc, dv_acc;
-    for (auto& t : dk_acc) t = Tensor::empty(k.shape(), DType::f32, dev, MemoryCategory::communication);
-    for (auto& t : dv_acc) t = Tensor::empty(v.shape(), DType::f32, dev, MemoryCategory::communication);
-    dk_acc[0].zero();
-    dv_acc[0].zero();
+    GradRing grads(k, v);
     Tensor dk_step = Tensor::empty(k.shape(), DType::f32, dev), dv_step = Tensor::empty(v.shape(), DType::f32, dev);
     Tensor dq_r = Tensor::empty(q.shape(), q.dtype(), dev);
     Tensor dk_r = Tensor::empty(k.shape(), q.dtype(), dev), dv_r = Tensor::empty(v.shape(), q.dtype(), dev);
-    size_t cur = 0;
-    std::unique_ptr<CommWork> grads_moving;
     KvRing kv(k, v);
     for (int s = 0; s < n; ++s) {
       const int j = (r - s + n) % n;
@@ -420,27 +436,20 @@ class CpRing final : public Parallelism {
           key_rows.emplace_back(b, e);
         }
       }
-      if (grads_moving) {
-        grads_moving->wait();
-        grads_moving.reset();
-      }
+      grads.arrive();
       for (const auto& [b, e] : coalesced(std::move(key_rows))) {
-        Tensor dka = dk_acc[cur].rows(b, e), dva = dv_acc[cur].rows(b, e);
+        Tensor dka = grads.dk(b, e), dva = grads.dv(b, e);
         ops::add_inplace(dka, dk_step.rows(b, e));
         ops::add_inplace(dva, dv_step.rows(b, e));
       }
-      grads_moving = ring.send_recv_async({P2POp::send(dk_acc[cur], next), P2POp::send(dv_acc[cur], next),
-                                           P2POp::recv(dk_acc[cur ^ 1], prev), P2POp::recv(dv_acc[cur ^ 1], prev)});
-      cur ^= 1;
+      grads.pass(ring, next, prev);
       if (moving) {
         moving->wait();
         kv.advance();
       }
     }
-    grads_moving->wait();
     ops::cast(dq_acc, dq);
-    ops::cast(dk_acc[cur], dk);
-    ops::cast(dv_acc[cur], dv);
+    grads.finish(dk, dv);
   }
 
   // Row ranges sorted and joined where they touch: one merge or add per run, not per block.

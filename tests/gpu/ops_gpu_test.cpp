@@ -238,6 +238,26 @@ TEST_F(GpuOps, AttentionDocumentPiecesApartOnCudnnAgreeWithOwnKernels) {
 // (padded to 128) whose smaller batch runs first; 223 rows of no document; a last document of 1,048
 // rows (padded to 1,280) ending at the tensors' end. GQA, so dk and dv come from cuDNN's reduction
 // over each group. The ragged plans must build on the loaded cuDNN (the fallback is for others).
+// got's rows marked in `in` (for an LSE [H, rows], its columns) within tol of want's (relative L2),
+// and every other element still NaN (poisoned_gpu): nothing written outside those rows.
+void expect_rows_written(const Tensor& got, const Tensor& want, const std::vector<char>& in, bool columns, double tol) {
+  const std::vector<float> g = got.to_floats(), w = want.to_floats();
+  const size_t rows = in.size(), per_row = columns ? 1 : g.size() / rows;
+  std::vector<float> gs, ws;
+  int64_t clobbered = 0;
+  for (size_t i = 0; i < g.size(); ++i) {
+    const size_t row = columns ? i % rows : i / per_row;
+    if (!in[row]) {
+      clobbered += !std::isnan(g[i]);
+      continue;
+    }
+    gs.push_back(g[i]);
+    ws.push_back(w[i]);
+  }
+  EXPECT_EQ(clobbered, 0) << "elements written outside the rows";
+  EXPECT_LE(rel_l2(gs, ws), tol);
+}
+
 TEST_F(GpuOps, AttentionDocumentBatchesOnCudnnTouchOnlyTheirRows) {
   SCOPED_TRACE(trace());
   if (cuda::cudnn_version().empty()) GTEST_SKIP() << "libcudnn.so.9 is not loadable here";
@@ -261,25 +281,9 @@ TEST_F(GpuOps, AttentionDocumentBatchesOnCudnnTouchOnlyTheirRows) {
     ops::attention_forward(q, k, v, out, lse, p);
     ops::attention_backward(q, k, v, out, lse, dout, dq, dk, dv, p);
   }
-  // got's rows (or, for the LSE [Hq, T], columns) in a span within the dtype's tolerance of want's,
-  // and the rest still NaN.
   auto expect_rows = [&](const Tensor& got, const Tensor& want, bool columns, const char* name) {
     SCOPED_TRACE(name);
-    const std::vector<float> g = got.to_floats(), w = want.to_floats();
-    const size_t per_row = columns ? 1 : g.size() / static_cast<size_t>(T);
-    std::vector<float> gs, ws;
-    int64_t clobbered = 0;
-    for (size_t i = 0; i < g.size(); ++i) {
-      const size_t row = columns ? i % static_cast<size_t>(T) : i / per_row;
-      if (!in_span[row]) {
-        clobbered += !std::isnan(g[i]);
-        continue;
-      }
-      gs.push_back(g[i]);
-      ws.push_back(w[i]);
-    }
-    EXPECT_EQ(clobbered, 0) << "elements written outside every document";
-    EXPECT_LE(rel_l2(gs, ws), columns ? 1e-4 : tolerance(t));
+    expect_rows_written(got, want, in_span, columns, columns ? 1e-4 : tolerance(t));
   };
   KernelChoice cudnn(cuda::AttentionKernel::cudnn);
   ops::AttentionParams r;
@@ -340,25 +344,10 @@ TEST_F(GpuOps, AttentionBlocksMatchTheCpu) {
            dv = Tensor::zeros({S, Hkv, d}, DType::f32);
     ops::attention_forward_blocks(cq, ck, cv, out, lse, 0.f, is_causal, blocks);
     ops::attention_backward_blocks(cq, ck, cv, out, lse, cdout, dq, dk, dv, 0.f, is_causal, blocks);
-    // got's rows (the LSE's columns) in a block within tolerance of want's, the rest still NaN.
     auto expect_rows = [&](const Tensor& got, const Tensor& want, const std::vector<char>& in, bool columns,
                            const char* name) {
       SCOPED_TRACE(name);
-      const std::vector<float> g = got.to_floats(), w = want.to_floats();
-      const size_t rows = in.size(), per_row = columns ? 1 : g.size() / rows;
-      std::vector<float> gs, ws;
-      int64_t clobbered = 0;
-      for (size_t i = 0; i < g.size(); ++i) {
-        const size_t row = columns ? i % rows : i / per_row;
-        if (!in[row]) {
-          clobbered += !std::isnan(g[i]);
-          continue;
-        }
-        gs.push_back(g[i]);
-        ws.push_back(w[i]);
-      }
-      EXPECT_EQ(clobbered, 0) << "elements written outside every block";
-      EXPECT_LE(rel_l2(gs, ws), columns ? 1e-3 : tolerance(t));
+      expect_rows_written(got, want, in, columns, columns ? 1e-3 : tolerance(t));
     };
     for (int way = 0; way < 3; ++way) {
       SCOPED_TRACE(str(is_causal ? "causal" : "full", way == 0 ? ", ragged" : way == 1 ? ", padded copies" : ", own"));

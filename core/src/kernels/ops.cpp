@@ -346,6 +346,36 @@ AttentionParams check_attention(const char* op, const Tensor& q, const Tensor& k
   return r;
 }
 
+// The backward's arguments: the forward's, then dout and dq shaped like q, dk and dv like k.
+// Returns whether they are on the GPU, and the params as check_attention resolves them.
+struct CheckedBackward {
+  bool cuda;
+  AttentionParams params;
+};
+CheckedBackward check_attention_backward(const char* op, const Tensor& q, const Tensor& k, const Tensor& v,
+                                         const Tensor& out, const Tensor& lse, const Tensor& dout, const Tensor& dq,
+                                         const Tensor& dk, const Tensor& dv, const AttentionParams& p) {
+  const bool cuda = on_cuda(op, {{"q", &q},
+                                 {"k", &k},
+                                 {"v", &v},
+                                 {"out", &out},
+                                 {"lse", &lse},
+                                 {"dout", &dout},
+                                 {"dq", &dq},
+                                 {"dk", &dk},
+                                 {"dv", &dv}});
+  const AttentionParams r = check_attention(op, q, k, v, out, lse, p);
+  for (Arg x : {Arg{"dout", &dout}, Arg{"dq", &dq}}) {
+    need_float(op, x.first, *x.second);
+    need_same_shape(op, x.first, *x.second, "q", q);
+  }
+  for (Arg x : {Arg{"dk", &dk}, Arg{"dv", &dv}}) {
+    need_float(op, x.first, *x.second);
+    need_same_shape(op, x.first, *x.second, "k", k);
+  }
+  return {cuda, r};
+}
+
 #ifdef LCX_HAVE_CUDA
 // Document-masked attention on the GPU: the work is the sum of the documents' squared lengths.
 // Where the queries and keys are the same rows (one GPU, whole sequences after an all-to-all), the
@@ -539,24 +569,9 @@ void attention_forward(const Tensor& q, const Tensor& k, const Tensor& v, Tensor
 void attention_backward(const Tensor& q, const Tensor& k, const Tensor& v, const Tensor& out, const Tensor& lse,
                         const Tensor& dout, Tensor& dq, Tensor& dk, Tensor& dv, const AttentionParams& p) {
   const char* op = "attention_backward";
-  const bool cuda = on_cuda(op, {{"q", &q},
-                                 {"k", &k},
-                                 {"v", &v},
-                                 {"out", &out},
-                                 {"lse", &lse},
-                                 {"dout", &dout},
-                                 {"dq", &dq},
-                                 {"dk", &dk},
-                                 {"dv", &dv}});
-  const AttentionParams r = check_attention(op, q, k, v, out, lse, p);
-  for (Arg x : {Arg{"dout", &dout}, Arg{"dq", &dq}}) {
-    need_float(op, x.first, *x.second);
-    need_same_shape(op, x.first, *x.second, "q", q);
-  }
-  for (Arg x : {Arg{"dk", &dk}, Arg{"dv", &dv}}) {
-    need_float(op, x.first, *x.second);
-    need_same_shape(op, x.first, *x.second, "k", k);
-  }
+  const CheckedBackward checked = check_attention_backward(op, q, k, v, out, lse, dout, dq, dk, dv, p);
+  const bool cuda = checked.cuda;
+  const AttentionParams& r = checked.params;
   ProfileScope scope(OpKind::attention_bwd, op);
   if (attention_cut()) {
 #ifdef LCX_HAVE_CUDA
@@ -684,24 +699,10 @@ void attention_backward_blocks(const Tensor& q, const Tensor& k, const Tensor& v
                                const Tensor& dout, Tensor& dq, Tensor& dk, Tensor& dv, float scale, bool causal,
                                std::span<const AttentionBlock> blocks) {
   const char* op = "attention_backward_blocks";
-  const bool cuda = on_cuda(op, {{"q", &q},
-                                 {"k", &k},
-                                 {"v", &v},
-                                 {"out", &out},
-                                 {"lse", &lse},
-                                 {"dout", &dout},
-                                 {"dq", &dq},
-                                 {"dk", &dk},
-                                 {"dv", &dv}});
-  const AttentionParams r = check_attention(op, q, k, v, out, lse, block_params(scale, causal));
-  for (Arg x : {Arg{"dout", &dout}, Arg{"dq", &dq}}) {
-    need_float(op, x.first, *x.second);
-    need_same_shape(op, x.first, *x.second, "q", q);
-  }
-  for (Arg x : {Arg{"dk", &dk}, Arg{"dv", &dv}}) {
-    need_float(op, x.first, *x.second);
-    need_same_shape(op, x.first, *x.second, "k", k);
-  }
+  const CheckedBackward checked =
+      check_attention_backward(op, q, k, v, out, lse, dout, dq, dk, dv, block_params(scale, causal));
+  const bool cuda = checked.cuda;
+  const AttentionParams& r = checked.params;
   check_blocks(op, q, k, causal, blocks);
   ProfileScope scope(OpKind::attention_bwd, op);
   std::vector<char> done(blocks.size(), 0);
