@@ -239,7 +239,7 @@ class CpRing final : public Parallelism {
     Tensor acc = out.dtype() == DType::f32 ? out : Tensor::empty(out.shape(), DType::f32, dev);
     KvRing kv(k, v);
     if (!args.documents.empty()) {
-      forward_rounds(q, kv, acc, lse, args, *ring, layout);
+      forward_rounds(q, kv, acc, lse, args, *ring);
       if (acc.data() != out.data()) ops::cast(acc, out);
       return;
     }
@@ -274,7 +274,7 @@ class CpRing final : public Parallelism {
     const ChunkLayout& layout = layout_of(q, n, args);
     const int64_t c = layout.c, T = q.size(0);
     const Device dev = q.device();
-    if (!args.documents.empty()) return backward_rounds(q, k, v, out, lse, dout, dq, dk, dv, args, *ring, layout);
+    if (!args.documents.empty()) return backward_rounds(q, k, v, out, lse, dout, dq, dk, dv, args, *ring);
     // A piece's LSE rows must be contiguous: the whole [Hq,T] serves pieces over all chunks.
     std::vector<Tensor> lse_chunk;
     for (int64_t h = 0; h * c < T; ++h) lse_chunk.push_back(lse_columns(lse, h * c, c));
@@ -370,7 +370,7 @@ class CpRing final : public Parallelism {
   // buffers, and the runs of query rows it wrote fold into the running result (the first result a
   // row gets is copied). Every query sees at least itself, so every row has a result at the end.
   void forward_rounds(const Tensor& q, KvRing& kv, Tensor& acc, Tensor& lse, const AttentionArgs& args,
-                      Communicator& ring, const ChunkLayout& layout) const {
+                      Communicator& ring) {
     const int r = ring.rank(), n = ring.size(), next = (r + 1) % n, prev = (r + n - 1) % n;
     const int64_t T = q.size(0);
     Tensor o = Tensor::empty(q.shape(), q.dtype(), q.device());
@@ -379,7 +379,7 @@ class CpRing final : public Parallelism {
     for (int s = 0; s < n; ++s) {
       const int j = (r - s + n) % n;
       std::unique_ptr<CommWork> moving = s + 1 < n ? kv.pass(ring, next, prev) : nullptr;
-      for (const cp_ring::Round& round : cp_ring::step_rounds(r, j, layout, args.causal, args.documents)) {
+      for (const cp_ring::Round& round : rounds_of(r, j, args)) {
         ops::attention_forward_blocks(q, kv.k(), kv.v(), o, l, args.scale, round.causal, round.blocks);
         for (const auto& [b, e] : query_runs(round))
           for (int64_t a = b; a < e;) {  // split where rows already seen meet rows not yet seen
@@ -404,7 +404,7 @@ class CpRing final : public Parallelism {
   // travelling accumulator once it has arrived.
   void backward_rounds(const Tensor& q, const Tensor& k, const Tensor& v, const Tensor& out, const Tensor& lse,
                        const Tensor& dout, Tensor& dq, Tensor& dk, Tensor& dv, const AttentionArgs& args,
-                       Communicator& ring, const ChunkLayout& layout) const {
+                       Communicator& ring) {
     const int r = ring.rank(), n = ring.size(), next = (r + 1) % n, prev = (r + n - 1) % n;
     const Device dev = q.device();
     Tensor dq_acc = Tensor::zeros(q.shape(), DType::f32, dev);
@@ -416,7 +416,7 @@ class CpRing final : public Parallelism {
     for (int s = 0; s < n; ++s) {
       const int j = (r - s + n) % n;
       std::unique_ptr<CommWork> moving = s + 1 < n ? kv.pass(ring, next, prev) : nullptr;
-      const std::vector<cp_ring::Round> rounds = cp_ring::step_rounds(r, j, layout, args.causal, args.documents);
+      const std::vector<cp_ring::Round>& rounds = rounds_of(r, j, args);
       std::vector<std::pair<int64_t, int64_t>> key_rows;  // the step's, for the accumulator
       if (!rounds.empty()) {
         dk_step.zero();
@@ -507,8 +507,21 @@ class CpRing final : public Parallelism {
         !std::ranges::equal(layout_documents_, a.documents)) {
       layout_ = layout_for(a.documents, L, n);
       layout_documents_.assign(a.documents.begin(), a.documents.end());
+      rounds_.clear();
     }
     return layout_;
+  }
+
+  // Rank r's rounds against each rank's block under the layout layout_of last answered: the same
+  // for every layer and pass of a step, so computed once per layout.
+  const std::vector<cp_ring::Round>& rounds_of(int r, int j, const AttentionArgs& a) {
+    if (rounds_.empty() || rounds_rank_ != r || rounds_causal_ != a.causal) {
+      rounds_.clear();
+      for (int i = 0; i < layout_.n; ++i) rounds_.push_back(cp_ring::step_rounds(r, i, layout_, a.causal, a.documents));
+      rounds_rank_ = r;
+      rounds_causal_ = a.causal;
+    }
+    return rounds_[static_cast<size_t>(j)];
   }
 
   ChunkLayout layout_for(std::span<const int64_t> documents, int64_t L, int n) const {
@@ -522,6 +535,9 @@ class CpRing final : public Parallelism {
   std::atomic<bool> logged_{false};
   ChunkLayout layout_;                     // layout_of's last answer, for layout_documents_
   std::vector<int64_t> layout_documents_;
+  std::vector<std::vector<cp_ring::Round>> rounds_;  // rounds_of's, per block owner j
+  int rounds_rank_ = -1;
+  bool rounds_causal_ = true;
 };
 
 // The ring's size is [distributed] cp. `size` is the key it replaced: still accepted when it

@@ -126,6 +126,10 @@ inline ChunkLayout greedy_layout(const std::vector<int64_t>& work, int n, int64_
 // The smallest chunk a balanced layout cuts: pieces of fewer rows run the GPU's attention kernels
 // below their rate, and each costs a kernel call.
 inline constexpr int64_t kMinChunkRows = 512;
+// Nor more than 2 kMaxK chunks a rank: the cost model put the best k at most 8 for issue 23's
+// length mixes from 131,072 to 1,048,576 tokens on 2 to 8 ranks, and costing layouts of hundreds
+// of chunks a rank took most of a second of host time a sequence.
+inline constexpr int64_t kMaxK = 32;
 
 // What one cuDNN call of a piece's padded batches costs beyond its pairs, in (query, key) pairs.
 // Fitted on the H200 (tests/bench/cp_balance_bench.cpp --layouts-only against the ranks' times,
@@ -183,6 +187,9 @@ inline int64_t max_rank_cost(const ChunkLayout& layout, const std::vector<int64_
 // A layout replaces the one in hand only when it lowers the slowest rank's cost by more than this
 // share: the model's error on the H200 was a few percent.
 inline constexpr double kMinGain = 0.01;
+// balanced_layout stops trying finer chunks once a layout's slowest rank costs this much more than
+// the best so far.
+inline constexpr double kStopAbove = 1.25;
 
 // A piece with the positions in the sequence of its first query row and first key row.
 struct PlacedPiece {
@@ -317,15 +324,66 @@ inline std::vector<int64_t> rank_costs(ChunkLayout& layout, std::span<const int6
   return costs;
 }
 
+// A greedy layout balances each chunk's own cost, but a rank's steps share their cuDNN calls
+// (rounds), so the ranks' costs as they run differ from those sums. Refined against them: the swap
+// of a chunk of the slowest rank with a chunk of another rank that lowers the larger of the two
+// ranks' costs the most, while one lowers the slowest rank's cost (at most kRefinePasses swaps,
+// each of 4 k^2 (n - 1) pairs costed; only for layouts of up to kRefineMaxChunks chunks a rank,
+// where one chunk is a large share of a rank's work and costing stays cheap: this runs on the host
+// once per sequence, at most 0.3 s on 131,072 tokens of issue 23's mixes on 8 ranks, on one core
+// of the CI machine). A swap moves where keys arrive for other ranks too, so every rank is
+// recosted after each and a swap that raises the slowest is undone. On the model, short documents
+// on 8 ranks: 4 chunks a rank refined from a 37% spread to 2.5% (docs/PERF.md).
+inline constexpr int kRefinePasses = 16;
+inline constexpr int64_t kRefineMaxChunks = 8;
+
+inline void refine_layout(ChunkLayout& layout, std::span<const int64_t> documents, int64_t call_cost,
+                          std::vector<int64_t>& costs) {
+  const int n = layout.n;
+  const int64_t per = 2 * layout.k;
+  if (call_cost <= 0 || per > kRefineMaxChunks || n < 2) return;
+  auto swapped = [&](const ChunkLayout& l, int a, size_t ia, int b, size_t ib) {
+    ChunkLayout t = l;
+    std::swap(t.chunks[static_cast<size_t>(per * a) + ia], t.chunks[static_cast<size_t>(per * b) + ib]);
+    for (int r : {a, b})
+      std::sort(t.chunks.begin() + per * r, t.chunks.begin() + per * (r + 1));
+    return t;
+  };
+  for (int pass = 0; pass < kRefinePasses; ++pass) {
+    const int top = static_cast<int>(std::max_element(costs.begin(), costs.end()) - costs.begin());
+    const int64_t most = costs[static_cast<size_t>(top)];
+    int64_t best = most;
+    int bb = -1;
+    size_t ba = 0, bi = 0;
+    for (int b = 0; b < n; ++b) {
+      if (b == top) continue;
+      for (size_t ia = 0; ia < static_cast<size_t>(per); ++ia)
+        for (size_t ib = 0; ib < static_cast<size_t>(per); ++ib) {
+          const ChunkLayout t = swapped(layout, top, ia, b, ib);
+          const int64_t worse = std::max(rank_cost(t, top, documents, call_cost), rank_cost(t, b, documents, call_cost));
+          if (worse < best) best = worse, bb = b, ba = ia, bi = ib;
+        }
+    }
+    if (bb < 0) return;
+    ChunkLayout t = swapped(layout, top, ba, bb, bi);
+    std::vector<int64_t> c(static_cast<size_t>(n));
+    for (int r = 0; r < n; ++r) c[static_cast<size_t>(r)] = rank_cost(t, r, documents, call_cost);
+    if (*std::max_element(c.begin(), c.end()) >= most) return;
+    layout = std::move(t);
+    costs = std::move(c);
+  }
+}
+
 // The chunks each of n ranks holds for a sequence of L tokens (L a multiple of 2n) with packed
 // documents' cumulative bounds: of the zigzag and the greedy layouts for k = 1, 2, 4, ... (while
-// chunks keep at least kMinChunkRows rows and divide L), the one whose slowest rank costs least.
-// The greedy layouts balance chunk_cost (additive, so a chunk's cost is its own); the choice
-// between them weighs each rank's ring steps as they run (rank_cost: every round's computed pairs
-// and call_cost per cuDNN call, since a step's chunk pairs share calls), each larger k kept only
-// for a gain over kMinGain. call_cost 0 balances and chooses by the masked work alone (any gain
-// counts). The zigzag always without documents or with one. Every rank holds 2k chunks, so K/V
-// blocks stay equal-sized. `spread` is the chosen layout's predicted spread of that cost.
+// chunks keep at least kMinChunkRows rows and divide L; for time, k at most kMaxK and until one
+// costs kStopAbove times the best), the one whose slowest rank costs least. The greedy layouts balance
+// chunk_cost (additive, so a chunk's cost is its own), then refine_layout evens them by what each
+// rank's ring steps run; the choice between them weighs that too (rank_cost: every round's
+// computed pairs and call_cost per cuDNN call, since a step's chunk pairs share calls), each larger
+// k kept only for a gain over kMinGain. call_cost 0 balances and chooses by the masked work alone
+// (any gain counts). The zigzag always without documents or with one. Every rank holds 2k chunks,
+// so K/V blocks stay equal-sized. `spread` is the chosen layout's predicted spread of that cost.
 inline ChunkLayout balanced_layout(std::span<const int64_t> documents, int64_t L, int n,
                                    int64_t call_cost = kCallCostPairs) {
   ChunkLayout best = zigzag_layout(L, n);
@@ -333,13 +391,20 @@ inline ChunkLayout balanced_layout(std::span<const int64_t> documents, int64_t L
   const std::vector<int64_t> cost = chunk_cost(documents, L, best.c, call_cost);
   auto slowest = [](const std::vector<int64_t>& costs) { return *std::max_element(costs.begin(), costs.end()); };
   int64_t best_max = slowest(rank_costs(best, documents, cost, call_cost));
-  for (int64_t k = 1; L % (2 * n * k) == 0 && (k == 1 || L / (2 * n * k) >= kMinChunkRows); k *= 2) {
+  for (int64_t k = 1; L % (2 * n * k) == 0 && (k == 1 || L / (2 * n * k) >= kMinChunkRows) &&
+                     (call_cost == 0 || k <= kMaxK);
+       k *= 2) {
     const int64_t c = L / (2 * n * k);
     const std::vector<int64_t> ck = k == 1 ? cost : chunk_cost(documents, L, c, call_cost);
     ChunkLayout g = greedy_layout(ck, n, k, c);
+    std::vector<int64_t> costs = rank_costs(g, documents, ck, call_cost);
+    refine_layout(g, documents, call_cost, costs);
     const int64_t m = slowest(rank_costs(g, documents, ck, call_cost));
     const double gain = call_cost > 0 ? kMinGain : 0.0;  // balanced for work alone, any gain counts
     if (static_cast<double>(m) < (1.0 - gain) * static_cast<double>(best_max)) best = std::move(g), best_max = m;
+    // Past the best k the calls and cut documents only add up: stop well above it (costing a
+    // layout of many small chunks is most of this function's time at a million tokens).
+    else if (call_cost > 0 && static_cast<double>(m) > kStopAbove * static_cast<double>(best_max)) break;
   }
   return best;
 }
