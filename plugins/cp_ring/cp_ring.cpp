@@ -134,30 +134,6 @@ class GradRing {
   std::unique_ptr<CommWork> moving_;  // the accumulator for the next block, arriving
 };
 
-// One piece of the ring's schedule with the attention parameters it runs with.
-struct PiecePlan {
-  Piece piece;
-  ops::AttentionParams params;
-};
-
-// Rank r's pieces against the block of rank j; with document bounds, the chunk pairs of
-// cp_ring::document_pieces at their positions under the bounds.
-std::vector<PiecePlan> planned_pieces(int r, int j, const ChunkLayout& layout, const AttentionArgs& a) {
-  std::vector<PiecePlan> out;
-  if (a.documents.empty()) {
-    for (const Piece& p : pieces_for(r, j, layout.c, a.causal)) out.push_back({p, params_of(a, p.causal)});
-    return out;
-  }
-  for (const cp_ring::PlacedPiece& pp : cp_ring::document_pieces(r, j, layout, a.causal, a.documents)) {
-    ops::AttentionParams p = params_of(a, a.causal);
-    p.q_offset = pp.q_pos;
-    p.k_offset = pp.k_pos;
-    p.documents = a.documents;
-    out.push_back({pp.piece, p});
-  }
-  return out;
-}
-
 class CpRing final : public Parallelism {
  public:
   // call_cost: what balanced_layout weighs a cuDNN call at (0: the masked work alone); negative
@@ -247,13 +223,12 @@ class CpRing final : public Parallelism {
     for (int s = 0; s < n; ++s) {
       const int j = (r - s + n) % n;
       std::unique_ptr<CommWork> moving = s + 1 < n ? kv.pass(*ring, next, prev) : nullptr;
-      for (const PiecePlan& pp : planned_pieces(r, j, layout, args)) {
-        const Piece& p = pp.piece;
+      for (const Piece& p : pieces_for(r, j, c, args.causal)) {
         const int64_t nq = p.q_end - p.q_begin;
         Tensor o = Tensor::empty({nq, q.size(1), q.size(2)}, q.dtype(), dev);
         Tensor l = Tensor::empty({q.size(1), nq}, DType::f32, dev);
         ops::attention_forward(q.rows(p.q_begin, p.q_end), kv.k().rows(p.k_begin, p.k_end),
-                               kv.v().rows(p.k_begin, p.k_end), o, l, pp.params);
+                               kv.v().rows(p.k_begin, p.k_end), o, l, params_of(args, p.causal));
         const bool first = !seen[static_cast<size_t>(p.q_begin / c)];
         cp_ring::merge_partial(acc, lse, p.q_begin, o, l, first);
         for (int64_t h = p.q_begin / c; h < p.q_end / c; ++h) seen[static_cast<size_t>(h)] = true;
@@ -292,8 +267,7 @@ class CpRing final : public Parallelism {
         Tensor dk, dv;
       };
       std::vector<KeyGrad> pending;  // this rank's share of block j's dK/dV, until its accumulator arrives
-      for (const PiecePlan& pp : planned_pieces(r, j, layout, args)) {
-        const Piece& p = pp.piece;
+      for (const Piece& p : pieces_for(r, j, c, args.causal)) {
         const int64_t nq = p.q_end - p.q_begin, nk = p.k_end - p.k_begin;
         Tensor dq_p = Tensor::empty({nq, q.size(1), q.size(2)}, q.dtype(), dev);
         Tensor dk_p = Tensor::empty({nk, k.size(1), k.size(2)}, q.dtype(), dev);
@@ -301,7 +275,7 @@ class CpRing final : public Parallelism {
         ops::attention_backward(q.rows(p.q_begin, p.q_end), kv.k().rows(p.k_begin, p.k_end),
                                 kv.v().rows(p.k_begin, p.k_end), out.rows(p.q_begin, p.q_end),
                                 lse_rows(p.q_begin, p.q_end), dout.rows(p.q_begin, p.q_end), dq_p, dk_p, dv_p,
-                                pp.params);
+                                params_of(args, p.causal));
         Tensor dq_rows = dq_acc.rows(p.q_begin, p.q_end);
         ops::add_inplace(dq_rows, dq_p);
         pending.push_back({p.k_begin, p.k_end, std::move(dk_p), std::move(dv_p)});

@@ -294,7 +294,9 @@ TEST(PlanArithmetic, RecipeSearchPlacesTheMostInputsThatFit) {
   for (const RecipeOption& o : options) {
     if (std::find(spacings.begin(), spacings.end(), o.recipe.checkpoint_every) == spacings.end())
       spacings.push_back(o.recipe.checkpoint_every);
-    if (o.recipe.keep_attention) EXPECT_EQ(o.recipe.checkpoint_every, 1);
+    if (o.recipe.keep_attention) {
+      EXPECT_EQ(o.recipe.checkpoint_every, 1);
+    }
     EXPECT_GE(o.recipe.gpu_layers, 0);
     EXPECT_LE(o.recipe.gpu_layers, o.recipe.saved_layers(36));
     EXPECT_TRUE(o.fits) << recipe_name(o.recipe) << ": " << format_bytes(o.gpu_peak);  // the GPU's room is found, never passed
@@ -311,8 +313,9 @@ TEST(PlanArithmetic, RecipeSearchPlacesTheMostInputsThatFit) {
   // The memory strategy's host bytes are those of the inputs it does not keep on the GPU.
   const int64_t each = 262144LL * 2560 * 2;
   for (const RecipeOption& o : options)
-    if (!o.recipe.keep_attention)
+    if (!o.recipe.keep_attention) {
       EXPECT_EQ(o.host_peak, (o.recipe.saved_layers(36) - o.recipe.gpu_layers) * each) << recipe_name(o.recipe);
+    }
   // A fixed train.checkpoint_every is the search's input; core's on_device places nothing.
   for (const RecipeOption& o : rank_recipes(in, qwen3_slots(), gpu, -1, 3)) {
     EXPECT_EQ(o.recipe.checkpoint_every, 3);

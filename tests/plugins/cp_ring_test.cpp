@@ -101,7 +101,9 @@ const std::string kBalanceWork = "balance = \"work\"";
 void expect_valid_layout(const cp_ring::ChunkLayout& l, int64_t L, int n, const std::string& what) {
   ASSERT_EQ(l.n, n) << what;
   ASSERT_EQ(l.c * 2 * n * l.k, L) << what;
-  if (l.k > 1) EXPECT_GE(l.c, cp_ring::kMinChunkRows) << what;
+  if (l.k > 1) {
+    EXPECT_GE(l.c, cp_ring::kMinChunkRows) << what;
+  }
   ASSERT_EQ(static_cast<int64_t>(l.chunks.size()), 2 * n * l.k) << what;
   std::vector<int> held(l.chunks.size(), 0);
   for (int r = 0; r < n; ++r) {
