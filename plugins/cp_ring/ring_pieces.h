@@ -309,6 +309,13 @@ inline int64_t rank_cost(const ChunkLayout& layout, int r, std::span<const int64
   return cost;
 }
 
+// The layout's predicted spread, (max - min) / mean, of its ranks' costs.
+inline void set_spread(ChunkLayout& layout, const std::vector<int64_t>& costs) {
+  const auto [mn, mx] = std::minmax_element(costs.begin(), costs.end());
+  const double total = static_cast<double>(std::accumulate(costs.begin(), costs.end(), int64_t{0}));
+  layout.spread = total > 0 ? static_cast<double>(*mx - *mn) * layout.n / total : 0;
+}
+
 // Each rank's predicted cost of a layout: over its ring steps' rounds (rank_cost) when call_cost
 // is positive, else the sum of its chunks' masked work. Sets the layout's predicted spread.
 inline std::vector<int64_t> rank_costs(ChunkLayout& layout, std::span<const int64_t> documents,
@@ -318,9 +325,7 @@ inline std::vector<int64_t> rank_costs(ChunkLayout& layout, std::span<const int6
     if (call_cost > 0) costs[static_cast<size_t>(r)] = rank_cost(layout, r, documents, call_cost);
     else
       for (int64_t ch : layout.of(r)) costs[static_cast<size_t>(r)] += chunk_costs[static_cast<size_t>(ch)];
-  const auto [mn, mx] = std::minmax_element(costs.begin(), costs.end());
-  const double total = static_cast<double>(std::accumulate(costs.begin(), costs.end(), int64_t{0}));
-  layout.spread = total > 0 ? static_cast<double>(*mx - *mn) * layout.n / total : 0;
+  set_spread(layout, costs);
   return costs;
 }
 
@@ -398,8 +403,9 @@ inline ChunkLayout balanced_layout(std::span<const int64_t> documents, int64_t L
     const std::vector<int64_t> ck = k == 1 ? cost : chunk_cost(documents, L, c, call_cost);
     ChunkLayout g = greedy_layout(ck, n, k, c);
     std::vector<int64_t> costs = rank_costs(g, documents, ck, call_cost);
-    refine_layout(g, documents, call_cost, costs);
-    const int64_t m = slowest(rank_costs(g, documents, ck, call_cost));
+    refine_layout(g, documents, call_cost, costs);  // hands back the refined layout's costs
+    set_spread(g, costs);
+    const int64_t m = slowest(costs);
     const double gain = call_cost > 0 ? kMinGain : 0.0;  // balanced for work alone, any gain counts
     if (static_cast<double>(m) < (1.0 - gain) * static_cast<double>(best_max)) best = std::move(g), best_max = m;
     // Past the best k the calls and cut documents only add up: stop well above it (costing a

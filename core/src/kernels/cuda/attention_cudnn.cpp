@@ -740,14 +740,26 @@ bool cudnn_batch_attention_ready(bool backward, bool ragged, int64_t B, int64_t 
   return batch_plan(backward, ragged, B, Sq, Sk, Hq, Hkv, d, t, causal) != nullptr;
 }
 
+namespace {
+// Runs `run` on the batch's cached plan under g_mu (ragged when offsets are given); the plan must
+// exist: cudnn_batch_attention_ready said so.
+template <class Run>
+void with_batch_plan(bool backward, const Tensor& q, const Tensor& k, const int64_t* q_offsets, int64_t B, int64_t Sq,
+                     int64_t Sk, const ops::AttentionParams& p, Run run) {
+  std::lock_guard lock(g_mu);
+  Plan* plan = batch_plan(backward, q_offsets != nullptr, B, Sq, Sk, q.size(1), k.size(1), q.size(2), q.dtype(), p.causal);
+  LCX_CHECK(plan, "a cuDNN batch of documents without a plan: ask cudnn_batch_attention_ready first");
+  run(*plan);
+}
+}  // namespace
+
 void cudnn_batch_attention_forward(const Tensor& q, const Tensor& k, const Tensor& v, Tensor& out, Tensor& stats,
                                    const int32_t* seq_q, const int32_t* seq_kv, const int64_t* q_offsets,
                                    const int64_t* k_offsets, int64_t B, int64_t Sq, int64_t Sk,
                                    const ops::AttentionParams& p) {
-  std::lock_guard lock(g_mu);
-  Plan* plan = batch_plan(false, q_offsets != nullptr, B, Sq, Sk, q.size(1), k.size(1), q.size(2), q.dtype(), p.causal);
-  LCX_CHECK(plan, "cudnn_batch_attention_forward without a plan: ask cudnn_batch_attention_ready first");
-  batch_forward(*plan, q, k, v, out, stats, seq_q, seq_kv, q_offsets, k_offsets, p);
+  with_batch_plan(false, q, k, q_offsets, B, Sq, Sk, p, [&](Plan& plan) {
+    batch_forward(plan, q, k, v, out, stats, seq_q, seq_kv, q_offsets, k_offsets, p);
+  });
 }
 
 void cudnn_batch_attention_backward(const Tensor& q, const Tensor& k, const Tensor& v, const Tensor& out,
@@ -755,10 +767,9 @@ void cudnn_batch_attention_backward(const Tensor& q, const Tensor& k, const Tens
                                     const int32_t* seq_q, const int32_t* seq_kv, const int64_t* q_offsets,
                                     const int64_t* k_offsets, int64_t B, int64_t Sq, int64_t Sk,
                                     const ops::AttentionParams& p) {
-  std::lock_guard lock(g_mu);
-  Plan* plan = batch_plan(true, q_offsets != nullptr, B, Sq, Sk, q.size(1), k.size(1), q.size(2), q.dtype(), p.causal);
-  LCX_CHECK(plan, "cudnn_batch_attention_backward without a plan: ask cudnn_batch_attention_ready first");
-  batch_backward(*plan, B, Sq, q, k, v, out, stats, dout, dq, dk, dv, seq_q, seq_kv, q_offsets, k_offsets, p);
+  with_batch_plan(true, q, k, q_offsets, B, Sq, Sk, p, [&](Plan& plan) {
+    batch_backward(plan, B, Sq, q, k, v, out, stats, dout, dq, dk, dv, seq_q, seq_kv, q_offsets, k_offsets, p);
+  });
 }
 
 void set_cudnn_ragged_documents(bool on) {
