@@ -4,6 +4,7 @@
 // tests/bench/cp_balance_bench.cpp, which times each rank's schedule alone.
 #pragma once
 #include <algorithm>
+#include <cmath>
 #include <cstdint>
 #include <map>
 #include <numeric>
@@ -131,14 +132,26 @@ inline constexpr int64_t kMinChunkRows = 512;
 // of chunks a rank took most of a second of host time a sequence.
 inline constexpr int64_t kMaxK = 32;
 
-// What one cuDNN call of a piece's padded batches costs beyond its pairs, in (query, key) pairs.
-// Fitted on the H200 (tests/bench/cp_balance_bench.cpp --layouts-only against the ranks' times,
-// 131,072 tokens, 32 query / 8 key-value heads of 128, book and short-document mixes, docs/PERF.md):
-// with the documents read in place (cuDNN's ragged offsets) a rank's forward + backward took
-// 106.3 ms per 1e9 padded pairs plus 0.15 ms per call (median error 2.1%, where masked pairs and
-// pieces alone missed by 6%: short documents' padding and batch counts differ between ranks), so a
-// call weighs 1.4M pairs. Fewer heads make the pairs cheaper and the call relatively dearer.
-inline constexpr int64_t kCallCostPairs = 1'400'000;
+// What a cuDNN call of a round's batches costs beyond its pairs, in (query, key) pairs: a fixed
+// cost, kCallCostPairs, and kOctaveCalls times that for each octave of the call's key rows above
+// 512 (ops::PaddedWork::call_octaves: a call of 32,768 keys counts 6, one of 512 or fewer none).
+// Fitted on the H200 (scripts/bench/cp_balance.sh prints the fit: each masked rank's time against
+// the pairs its rounds compute, its calls and their octaves, least relative squares; 131,072
+// tokens, 32 query / 8 key-value heads of 128, book and short-document mixes, seeds 1-3, two runs,
+// docs/PERF.md): a rank's forward + backward took 108.9 ms per 1e9 computed pairs, 0.080 ms a call
+// and 0.048 ms a call octave over 336 rank times (median error 1.5-1.8%, p90 5-6%, at most 11%).
+// The fit before it, a flat 0.24 ms a call, missed short documents' ranks by up to 48% (p90 23%):
+// it charged their small calls a book's long last tile. Fewer heads make the pairs cheaper and
+// the calls relatively dearer.
+inline constexpr int64_t kCallCostPairs = 740'000;
+inline constexpr double kOctaveCalls = 0.60;
+
+// The cost of work the GPU's batches run: its pairs and its calls at call_cost each, plus their
+// key octaves.
+inline int64_t work_cost(const ops::PaddedWork& w, int64_t call_cost) {
+  return w.pairs + call_cost * w.calls +
+         static_cast<int64_t>(std::llround(kOctaveCalls * static_cast<double>(call_cost * w.call_octaves)));
+}
 
 // The work of the chunk pair (query chunk at position qg, key chunk at kg, c rows each) as the
 // GPU's batches run it (lcx/document_batches.h, octave classes: the documents read in place, each
@@ -158,7 +171,7 @@ inline ops::PaddedWork pair_work(std::span<const int64_t> documents, int64_t qg,
 
 // Each chunk's cost for a layout to balance. call_cost 0: its masked work (chunk_work). Else the
 // padded pairs of every chunk pair it is the query side of (the earlier chunks that hold part of
-// its first document, and itself) plus call_cost per cuDNN call. Either depends on the chunk alone,
+// its first document, and itself) plus their calls' cost (work_cost). Either depends on the chunk alone,
 // not on which ranks hold it, so a rank's cost is the sum of its chunks'.
 inline std::vector<int64_t> chunk_cost(std::span<const int64_t> documents, int64_t L, int64_t c, int64_t call_cost) {
   if (call_cost == 0) return chunk_work(documents, L, c);
@@ -168,7 +181,7 @@ inline std::vector<int64_t> chunk_cost(std::span<const int64_t> documents, int64
     const int64_t start = *(std::upper_bound(documents.begin(), documents.end(), at) - 1);
     for (int64_t j = start / c; j <= static_cast<int64_t>(i); ++j) {
       const ops::PaddedWork pw = pair_work(documents, at, j * c, c);
-      w[i] += pw.pairs + call_cost * pw.calls;
+      w[i] += work_cost(pw, call_cost);
     }
   }
   return w;
@@ -190,6 +203,9 @@ inline constexpr double kMinGain = 0.01;
 // balanced_layout stops trying finer chunks once a layout's slowest rank costs this much more than
 // the best so far.
 inline constexpr double kStopAbove = 1.25;
+// Of the layouts tried, those whose slowest rank costs at most this much more than the best's are
+// taken as equally fast, and the most even of them is chosen.
+inline constexpr double kSpreadBand = 0.02;
 
 // A piece with the positions in the sequence of its first query row and first key row.
 struct PlacedPiece {
@@ -297,14 +313,14 @@ inline ops::PaddedWork round_work(const Round& round) {
   return ops::padded_work(ql, kl, round.causal, ops::LengthClasses::octave);
 }
 
-// Rank r's predicted cost over the whole ring: every round's computed pairs plus call_cost per
-// cuDNN call.
+// Rank r's predicted cost over the whole ring: every round's computed pairs plus its calls' cost
+// (work_cost).
 inline int64_t rank_cost(const ChunkLayout& layout, int r, std::span<const int64_t> documents, int64_t call_cost) {
   int64_t cost = 0;
   for (int j = 0; j < layout.n; ++j)
     for (const Round& round : step_rounds(r, j, layout, true, documents)) {
       const ops::PaddedWork w = round_work(round);
-      cost += w.pairs + call_cost * w.calls;
+      cost += work_cost(w, call_cost);
     }
   return cost;
 }
@@ -332,8 +348,9 @@ inline std::vector<int64_t> rank_costs(ChunkLayout& layout, std::span<const int6
 // A greedy layout balances each chunk's own cost, but a rank's steps share their cuDNN calls
 // (rounds), so the ranks' costs as they run differ from those sums. Refined against them: the swap
 // of a chunk of the slowest rank with a chunk of another rank that lowers the larger of the two
-// ranks' costs the most, while one lowers the slowest rank's cost (at most kRefinePasses swaps,
-// each of 4 k^2 (n - 1) pairs costed; only for layouts of up to kRefineMaxChunks chunks a rank,
+// ranks' costs the most, while one lowers the slowest rank's cost; then the swap of a chunk of the
+// fastest rank that lifts the smaller of the two the most without reaching the slowest (at most
+// kRefinePasses swaps in all, each of 4 k^2 (n - 1) pairs costed; only for layouts of up to kRefineMaxChunks chunks a rank,
 // where one chunk is a large share of a rank's work and costing stays cheap: this runs on the host
 // once per sequence, at most 0.3 s on 131,072 tokens of issue 23's mixes on 8 ranks, on one core
 // of the CI machine). A swap moves where keys arrive for other ranks too, so every rank is
@@ -354,26 +371,44 @@ inline void refine_layout(ChunkLayout& layout, std::span<const int64_t> document
       std::sort(t.chunks.begin() + per * r, t.chunks.begin() + per * (r + 1));
     return t;
   };
-  for (int pass = 0; pass < kRefinePasses; ++pass) {
-    const int top = static_cast<int>(std::max_element(costs.begin(), costs.end()) - costs.begin());
-    const int64_t most = costs[static_cast<size_t>(top)];
-    int64_t best = most;
-    int bb = -1;
-    size_t ba = 0, bi = 0;
+  // The best swap of a chunk of rank `of` with one of another rank, by `score` of the two ranks'
+  // costs after it (higher is better; only scores above `floor` count): -1 when none.
+  struct Swap {
+    int b = -1;
+    size_t ia = 0, ib = 0;
+  };
+  auto best_swap = [&](int of, int64_t floor, auto score) {
+    Swap best;
     for (int b = 0; b < n; ++b) {
-      if (b == top) continue;
+      if (b == of) continue;
       for (size_t ia = 0; ia < static_cast<size_t>(per); ++ia)
         for (size_t ib = 0; ib < static_cast<size_t>(per); ++ib) {
-          const ChunkLayout t = swapped(layout, top, ia, b, ib);
-          const int64_t worse = std::max(rank_cost(t, top, documents, call_cost), rank_cost(t, b, documents, call_cost));
-          if (worse < best) best = worse, bb = b, ba = ia, bi = ib;
+          const ChunkLayout t = swapped(layout, of, ia, b, ib);
+          const int64_t s = score(rank_cost(t, of, documents, call_cost), rank_cost(t, b, documents, call_cost));
+          if (s > floor) floor = s, best = {b, ia, ib};
         }
     }
-    if (bb < 0) return;
-    ChunkLayout t = swapped(layout, top, ba, bb, bi);
+    return best;
+  };
+  for (int pass = 0; pass < kRefinePasses; ++pass) {
+    const auto [lo, hi] = std::minmax_element(costs.begin(), costs.end());
+    const int top = static_cast<int>(hi - costs.begin()), low = static_cast<int>(lo - costs.begin());
+    const int64_t most = *hi, least = *lo;
+    // First lower the slowest rank, whose time is the step's; when no swap does, lift the fastest
+    // without raising the slowest: the step's time stays and the ranks even out (every ring step
+    // waits for the slower neighbour, and the spread is what issue 23 measures).
+    int of = top;
+    Swap sw = best_swap(top, -most, [](int64_t x, int64_t y) { return -std::max(x, y); });
+    if (sw.b < 0) {
+      of = low;
+      sw = best_swap(low, least, [most](int64_t x, int64_t y) { return std::max(x, y) < most ? std::min(x, y) : 0; });
+    }
+    if (sw.b < 0) return;
+    ChunkLayout t = swapped(layout, of, sw.ia, sw.b, sw.ib);
     std::vector<int64_t> c(static_cast<size_t>(n));
     for (int r = 0; r < n; ++r) c[static_cast<size_t>(r)] = rank_cost(t, r, documents, call_cost);
-    if (*std::max_element(c.begin(), c.end()) >= most) return;
+    const auto [nlo, nhi] = std::minmax_element(c.begin(), c.end());
+    if (*nhi > most || (*nhi == most && *nlo <= least)) return;
     layout = std::move(t);
     costs = std::move(c);
   }
@@ -396,6 +431,7 @@ inline ChunkLayout balanced_layout(std::span<const int64_t> documents, int64_t L
   const std::vector<int64_t> cost = chunk_cost(documents, L, best.c, call_cost);
   auto slowest = [](const std::vector<int64_t>& costs) { return *std::max_element(costs.begin(), costs.end()); };
   int64_t best_max = slowest(rank_costs(best, documents, cost, call_cost));
+  std::vector<std::pair<ChunkLayout, int64_t>> tried{{best, best_max}};
   for (int64_t k = 1; L % (2 * n * k) == 0 && (k == 1 || L / (2 * n * k) >= kMinChunkRows) &&
                      (call_cost == 0 || k <= kMaxK);
        k *= 2) {
@@ -407,11 +443,17 @@ inline ChunkLayout balanced_layout(std::span<const int64_t> documents, int64_t L
     set_spread(g, costs);
     const int64_t m = slowest(costs);
     const double gain = call_cost > 0 ? kMinGain : 0.0;  // balanced for work alone, any gain counts
+    if (call_cost > 0) tried.emplace_back(g, m);
     if (static_cast<double>(m) < (1.0 - gain) * static_cast<double>(best_max)) best = std::move(g), best_max = m;
     // Past the best k the calls and cut documents only add up: stop well above it (costing a
     // layout of many small chunks is most of this function's time at a million tokens).
     else if (call_cost > 0 && static_cast<double>(m) > kStopAbove * static_cast<double>(best_max)) break;
   }
+  // Layouts whose slowest rank is within kSpreadBand of the best are as fast on the model (its
+  // error is a few percent): of those, the one whose ranks are most even.
+  for (auto& [l, m] : tried)
+    if (static_cast<double>(m) <= (1.0 + kSpreadBand) * static_cast<double>(best_max) && l.spread < best.spread)
+      best = std::move(l);
   return best;
 }
 

@@ -10,14 +10,14 @@ out=${OUT:-/tmp/lcx-cp-balance}
 mkdir -p "$out"
 : >"$out/cp_balance.jsonl"
 for t in ${TOKENS:-131072 262144}; do
-  "$build/tests/cp_balance_bench" --device "${DEVICE:-cuda}" --tokens "$t" --cp "${CPS:-2,4,8}" ${BENCH_ARGS:-} \
+  "$build/tests/cp_balance_bench" --device "${DEVICE:-cuda}" --tokens "$t" --cp "${CPS:-2,4,8}" ${CP_BALANCE_ARGS:-} \
     >>"$out/cp_balance.jsonl"
   # Packed documents (issue 23): cp_ring's layout balanced for each length mix's bounds, masked by
   # them, beside the rest.
   for mix in ${MIXES:-}; do
     for seed in ${SEEDS:-1}; do
       "$build/tests/cp_balance_bench" --device "${DEVICE:-cuda}" --tokens "$t" --cp "${CPS:-2,4,8}" --mix "$mix" \
-        --seed "$seed" --documents-only ${BENCH_ARGS:-} >>"$out/cp_balance.jsonl"
+        --seed "$seed" --documents-only ${CP_BALANCE_ARGS:-} >>"$out/cp_balance.jsonl"
     done
   done
 done
@@ -35,23 +35,26 @@ for s in (r for r in rows if r.get("summary")):
                             f"{max(r['pieces'] for r in ranks)} calls of the attention (pieces, or rounds)" if "k" in s else "")
     print(f"| {s['tokens']:,} | {s['cp']} | {layout} | {ms} | {units} | {s['max_over_min']:.3f} | {s['spread_pct']:.1f}% | "
           f"{s['sent_per_layer_forward_mib']:.0f} / {s['sent_per_layer_backward_mib']:.0f} |")
-# The call cost cp_ring's layouts weigh (ring_pieces.h kCallCostPairs), refitted on these runs:
-# each masked rank's time against the pairs its rounds compute and its cuDNN calls, least squares
-# through the origin.
+# The call cost cp_ring's layouts weigh (ring_pieces.h kCallCostPairs, kOctaveCalls), refitted on
+# these runs: each masked rank's time against the pairs its rounds compute, its cuDNN calls and
+# their key octaves (lcx/document_batches.h call_octaves), least squares of the relative errors
+# (a rank of 5 ms counts as much as one of 300) through the origin.
 masked = [r for r in rows if not r.get("summary") and r.get("padded_pairs", 0) > 0]
-if len(masked) >= 2:
-    p = [r["padded_pairs"] / 1e9 for r in masked]
-    c = [float(r["batches"]) for r in masked]
+if len(masked) >= 3:
+    X = [[r["padded_pairs"] / 1e9, float(r["batches"]), float(r["call_octaves"])] for r in masked]
     t = [r["total_ms"] for r in masked]
-    spp, scc, spc = sum(x * x for x in p), sum(x * x for x in c), sum(x * y for x, y in zip(p, c))
-    spt, sct = sum(x * y for x, y in zip(p, t)), sum(x * y for x, y in zip(c, t))
-    det = spp * scc - spc * spc
-    if det > 0:
-        a, b = (spt * scc - sct * spc) / det, (sct * spp - spt * spc) / det
-        err = sorted(abs(a * x + b * y - z) / z for x, y, z in zip(p, c, t))
-        print(f"\nFit over {len(masked)} masked rank times: {a:.1f} ms per 1e9 computed pairs + {b:.3f} ms per cuDNN "
-              f"call (a call weighs {b / a * 1e9 / 1e6:.2f}M pairs; ring_pieces.h kCallCostPairs); relative error "
-              f"median {100 * err[len(err) // 2]:.1f}%, p90 {100 * err[int(0.9 * (len(err) - 1))]:.1f}%, "
-              f"most {100 * err[-1]:.1f}%")
+    W = [[v / z for v in x] for x, z in zip(X, t)]  # each row over its time: relative errors
+    M = [[sum(w[i] * w[j] for w in W) for j in range(3)] + [sum(w[i] for w in W)] for i in range(3)]
+    for i in range(3):  # Gauss-Jordan on the normal equations
+        M[i] = [v / M[i][i] for v in M[i]]
+        for j in range(3):
+            if j != i:
+                M[j] = [a - M[j][i] * b for a, b in zip(M[j], M[i])]
+    a, b, o = (M[i][3] for i in range(3))
+    err = sorted(abs(a * x[0] + b * x[1] + o * x[2] - z) / z for x, z in zip(X, t))
+    print(f"\nFit over {len(masked)} masked rank times: {a:.1f} ms per 1e9 computed pairs + {b:.3f} ms per cuDNN call "
+          f"+ {o:.3f} ms per call octave (ring_pieces.h kCallCostPairs {b / a * 1e9 / 1e6:.2f}M pairs, kOctaveCalls "
+          f"{o / b:.2f}); relative error median {100 * err[len(err) // 2]:.1f}%, p90 {100 * err[int(0.9 * (len(err) - 1))]:.1f}%, "
+          f"most {100 * err[-1]:.1f}%")
 PY
 cat "$out/cp_balance.md"

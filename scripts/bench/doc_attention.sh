@@ -16,7 +16,7 @@ mkdir -p "$out"
 for t in ${TOKENS:-131072}; do
   "$build/tests/doc_attention_bench" --device "${DEVICE:-cuda}" --tokens "$t" --mixes "${MIXES:-one,pg19,short,uniform4k}" \
     --masked-kernels "${MASKED_KERNELS:-auto,padded,own}" \
-    ${BENCH_ARGS:-} | tee -a "$out/doc_attention.summary" | grep '^{' >>"$out/doc_attention.jsonl"
+    ${DOC_ATTENTION_ARGS:-} | tee -a "$out/doc_attention.summary" | grep '^{' >>"$out/doc_attention.jsonl"
 done
 python3 - "$out/doc_attention.jsonl" >"$out/doc_attention.md" <<'PY'
 import json, sys

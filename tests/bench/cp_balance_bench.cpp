@@ -3,7 +3,7 @@
 // ring schedule runs alone on the device: at every ring step the attention pieces cp_ring computes
 // for it (ring_pieces.h, the plugin's own schedule), forward and backward, on tensors of the
 // model's attention shape. The device is synchronized around each rank's schedule and the host
-// clock read; the median of --reps repetitions is reported. The same is done for contiguous
+// clock read; the median of --reps repetitions (default 5, taken round the ranks) is reported. The same is done for contiguous
 // sharding (rank r holds the r-th L/cp tokens), the layout zigzag replaces, so the table shows the
 // imbalance zigzag removes. Also printed: the bytes one rank sends per layer (K/V blocks in the
 // forward; K/V again and the fp32 dK/dV accumulators in the backward), the figure the plugin logs.
@@ -43,7 +43,7 @@ struct Options {
   Device device = Device::cuda();
   int64_t tokens = 131072, heads = 32, kv_heads = 8, head_dim = 128;  // Qwen3-8B's attention
   std::vector<int64_t> cps = {2, 4, 8};
-  int reps = 3;
+  int reps = 5;
   // Packed documents (bench_util.h's mixes): cp_ring's balanced schedule masked by their bounds,
   // beside the unmasked layouts. Empty: one text.
   std::string mix;
@@ -102,6 +102,7 @@ struct RankTime {
   int64_t masked_pairs = 0;  // (query, key) pairs the document masks leave (masked layouts only)
   int64_t padded_pairs = 0;  // the pairs the GPU's batches compute (each document at its computed rows)
   int64_t batches = 0;       // the batches' cuDNN calls (forward; the backward makes as many)
+  int64_t call_octaves = 0;  // the calls' key octaves (ops::PaddedWork::call_octaves)
 };
 
 auto clock_now() { return std::chrono::steady_clock::now(); }
@@ -126,6 +127,7 @@ RankTime time_rank_rounds(const Options& o, int r, int n, const Tensor& q, const
       const ops::PaddedWork w = cp_ring::round_work(round);
       t.padded_pairs += w.pairs;
       t.batches += w.calls;
+      t.call_octaves += w.call_octaves;
       ++t.pieces;
       for (const ops::AttentionBlock& b : round.blocks)
         t.units += static_cast<double>(b.q_rows * b.k_rows) / static_cast<double>(c * c) * (round.causal ? 0.5 : 1.0);
@@ -244,24 +246,29 @@ int run(const Options& o) {
                                : layout == Layout::zigzag_masked ? "zigzag+" + docs
                                                                  : "balanced+" + docs;
       time_rank(o, layout, static_cast<int>(cp - 1), static_cast<int>(cp), q, k, v, dout, chunks, documents);  // warm-up
-      std::vector<double> totals;
-      for (int r = 0; r < cp; ++r) {
-        std::vector<double> f, b;
-        RankTime last;
-        for (int rep = 0; rep < o.reps; ++rep) {
-          last = time_rank(o, layout, r, static_cast<int>(cp), q, k, v, dout, chunks, documents);
-          f.push_back(last.forward_s);
-          b.push_back(last.backward_s);
+      // Repetitions go round the ranks (rep outer, rank inner), not rank after rank: the GPU's clock
+      // drifts under its power cap over seconds, and timing one rank's repetitions back to back
+      // charged a slow stretch to that rank alone (ranks of equal work differed by up to 12%).
+      const size_t n = static_cast<size_t>(cp);
+      std::vector<std::vector<double>> f(n), b(n);
+      std::vector<RankTime> last(n);
+      for (int rep = 0; rep < o.reps; ++rep)
+        for (size_t r = 0; r < n; ++r) {
+          last[r] = time_rank(o, layout, static_cast<int>(r), static_cast<int>(cp), q, k, v, dout, chunks, documents);
+          f[r].push_back(last[r].forward_s);
+          b[r].push_back(last[r].backward_s);
         }
-        const double fm = median(f), bm = median(b);
+      std::vector<double> totals;
+      for (size_t r = 0; r < n; ++r) {
+        const double fm = median(f[r]), bm = median(b[r]);
         totals.push_back(fm + bm);
+        const RankTime& t = last[r];
         std::printf(
-            "{\"layout\": \"%s\", \"cp\": %lld, \"rank\": %d, \"tokens\": %lld, \"work_units\": %.1f, \"pieces\": %lld, "
-            "\"masked_pairs\": %lld, \"padded_pairs\": %lld, \"batches\": %lld, \"forward_ms\": %.3f, \"backward_ms\": %.3f, \"total_ms\": %.3f}\n",
-            name.c_str(), static_cast<long long>(cp), r, static_cast<long long>(o.tokens), last.units,
-            static_cast<long long>(last.pieces), static_cast<long long>(last.masked_pairs), static_cast<long long>(last.padded_pairs),
-            static_cast<long long>(last.batches), fm * 1e3, bm * 1e3,
-            (fm + bm) * 1e3);
+            "{\"layout\": \"%s\", \"cp\": %lld, \"rank\": %zu, \"tokens\": %lld, \"work_units\": %.1f, \"pieces\": %lld, "
+            "\"masked_pairs\": %lld, \"padded_pairs\": %lld, \"batches\": %lld, \"call_octaves\": %lld, \"forward_ms\": %.3f, \"backward_ms\": %.3f, \"total_ms\": %.3f}\n",
+            name.c_str(), static_cast<long long>(cp), r, static_cast<long long>(o.tokens), t.units,
+            static_cast<long long>(t.pieces), static_cast<long long>(t.masked_pairs), static_cast<long long>(t.padded_pairs),
+            static_cast<long long>(t.batches), static_cast<long long>(t.call_octaves), fm * 1e3, bm * 1e3, (fm + bm) * 1e3);
         std::fflush(stdout);
       }
       const double mx = *std::max_element(totals.begin(), totals.end());

@@ -228,6 +228,15 @@ TEST(DocumentBatches, PaddedWorkCountsPaddedPairsAndCalls) {
   const PaddedWork octave_apart = padded_work({100, 600}, {300, 40}, false, LengthClasses::octave);
   EXPECT_EQ(octave_apart.pairs, 128 * 384 + 640 * 128);
   EXPECT_EQ(octave_apart.calls, 2);  // (128, 512) and (1024, 128)
+  // Each call's key octaves above 512 rows: the 128-row call none, the 8,192-row call 4; apart,
+  // keys of 512 and 128 rows none. 5,120 rows in fine classes count as ceil(log2) = 13: 4.
+  EXPECT_EQ(octave.call_octaves, 4);
+  EXPECT_EQ(octave_apart.call_octaves, 0);
+  EXPECT_EQ(same.call_octaves, 4);
+  EXPECT_EQ(call_octaves(513), 1);
+  EXPECT_EQ(call_octaves(1024), 1);
+  EXPECT_EQ(call_octaves(32768), 6);
+  EXPECT_EQ(call_octaves(1), 0);
 }
 
 }  // namespace

@@ -137,7 +137,8 @@ TEST(CpRingLayout, ZigzagWithoutDocumentsOrWhereItBalances) {
 // work and, in each round, ascend on both sides without sharing a row. Balanced for work (call
 // cost 0), the work is within 2% of the mean and is the spread the layout predicts; balanced for
 // time (the default call cost), the cost predicted is the one the schedule runs, the slowest rank
-// never costs more than the zigzag's and costs over 5% less in most cases the zigzag leaves apart.
+// never costs more than the zigzag's by over kSpreadBand (a more even layout within it is taken
+// for as fast) and costs over 5% less in most cases the zigzag leaves apart.
 TEST(CpRingLayout, BalancesPackedMixes) {
   int zigzag_off = 0, faster = 0;  // cases the zigzag leaves over 5% apart; those the default beats by 5%
   for (int64_t L : {int64_t{131072}, int64_t{1} << 20})
@@ -157,7 +158,7 @@ TEST(CpRingLayout, BalancesPackedMixes) {
               for (int j = 0; j < n; ++j)
                 for (const cp_ring::Round& round : cp_ring::step_rounds(r, j, l, true, docs)) {
                   const ops::PaddedWork pw = cp_ring::round_work(round);
-                  timed[static_cast<size_t>(r)] += static_cast<double>(pw.pairs + cp_ring::kCallCostPairs * pw.calls);
+                  timed[static_cast<size_t>(r)] += static_cast<double>(cp_ring::work_cost(pw, cp_ring::kCallCostPairs));
                   int64_t q_end = 0, k_end = 0;  // each round's blocks ascend on both sides, sharing no row
                   for (const ops::AttentionBlock& b : round.blocks) {
                     blocks += static_cast<double>(round.causal ? b.q_rows * (b.q_rows + 1) / 2 : b.q_rows * b.k_rows);
@@ -193,7 +194,7 @@ TEST(CpRingLayout, BalancesPackedMixes) {
                                   cp_ring::kCallCostPairs);
           EXPECT_EQ(t_most, static_cast<double>(*std::max_element(costs.begin(), costs.end()))) << what;
           EXPECT_DOUBLE_EQ(predicted.spread, t.spread) << what;
-          EXPECT_LE(t_most, z_most) << what << ": k = " << t.k;
+          EXPECT_LE(t_most, (1 + cp_ring::kSpreadBand) * z_most) << what << ": k = " << t.k;
           const bool off = cp_ring::work_spread(z, cp_ring::chunk_work(docs, L, z.c)) > 0.05;
           zigzag_off += off;
           faster += off && t_most < 0.95 * z_most;

@@ -135,10 +135,22 @@ inline std::vector<DocumentPairBatch> document_pair_batches(const std::vector<in
 // batches (each document at its computed rows, computed_rows; on and below the diagonal where the
 // queries and keys are the same rows, every pair where they are apart) and its cuDNN calls, one a
 // batch. Document i has q_lengths[i] query rows and k_lengths[i] key rows; same_rows: they are the
-// same rows (causal within each document; then k_lengths is not read).
+// same rows (causal within each document; then k_lengths is not read). call_octaves sums, over the
+// calls, the octaves of each call's padded key rows S_k above kTailFreeKeyRows (log2(S_k / 512),
+// at least 0): what a call costs beyond its pairs grows with the keys its tiles read (its last
+// wave of tiles leaves the GPU part idle for about one tile's time). On the H200, 168 ranks' ring
+// schedules of book and short-document mixes (docs/PERF.md) fitted a rank's time to its pairs and
+// call_octaves within 2.0% (median; 13.6% at most), where pairs and calls missed by up to 48%:
+// calls of short documents cost almost nothing beyond their pairs, calls of books a long tile.
+inline constexpr int64_t kTailFreeKeyRows = 512;
 struct PaddedWork {
-  int64_t pairs = 0, calls = 0;
+  int64_t pairs = 0, calls = 0, call_octaves = 0;
 };
+inline int64_t call_octaves(int64_t key_rows) {
+  const int64_t o = static_cast<int64_t>(std::bit_width(static_cast<uint64_t>(std::max<int64_t>(key_rows, 1) - 1))) -
+                    static_cast<int64_t>(std::bit_width(static_cast<uint64_t>(kTailFreeKeyRows - 1)));
+  return std::max<int64_t>(0, o);
+}
 inline PaddedWork padded_work(const std::vector<int64_t>& q_lengths, const std::vector<int64_t>& k_lengths,
                               bool same_rows, LengthClasses classes = LengthClasses::fine) {
   PaddedWork w;
@@ -147,11 +159,13 @@ inline PaddedWork padded_work(const std::vector<int64_t>& q_lengths, const std::
     for (const DocumentBatch& b : document_batches(q_lengths, classes)) {
       for (size_t i : b.docs) w.pairs += rows(i, q_lengths) * (rows(i, q_lengths) + 1) / 2;
       ++w.calls;
+      w.call_octaves += call_octaves(b.rows);
     }
   } else {
     for (const DocumentPairBatch& b : document_pair_batches(q_lengths, k_lengths, classes)) {
       for (size_t i : b.docs) w.pairs += rows(i, q_lengths) * rows(i, k_lengths);
       ++w.calls;
+      w.call_octaves += call_octaves(b.k_rows);
     }
   }
   return w;
