@@ -349,13 +349,14 @@ inline std::vector<int64_t> rank_costs(ChunkLayout& layout, std::span<const int6
 // (rounds), so the ranks' costs as they run differ from those sums. Refined against them: the swap
 // of a chunk of the slowest rank with a chunk of another rank that lowers the larger of the two
 // ranks' costs the most, while one lowers the slowest rank's cost; then the swap of a chunk of the
-// fastest rank that lifts the smaller of the two the most without reaching the slowest (at most
-// kRefinePasses swaps in all, each of 4 k^2 (n - 1) pairs costed; only for layouts of up to kRefineMaxChunks chunks a rank,
-// where one chunk is a large share of a rank's work and costing stays cheap: this runs on the host
-// once per sequence, at most 0.3 s on 131,072 tokens of issue 23's mixes on 8 ranks, on one core
-// of the CI machine). A swap moves where keys arrive for other ranks too, so every rank is
-// recosted after each and a swap that raises the slowest is undone. On the model, short documents
-// on 8 ranks: 4 chunks a rank refined from a 37% spread to 2.5% (docs/PERF.md).
+// fastest rank that lifts the smaller of the two the most without reaching the slowest. At most
+// kRefinePasses swaps in all, each of 4 k^2 (n - 1) pairs costed, and only for layouts of up to
+// kRefineMaxChunks chunks a rank, where one chunk is a large share of a rank's work and costing
+// stays cheap: balanced_layout runs on the host once per sequence, and took at most 0.25 s on
+// 131,072 tokens and 0.8 s on 1,048,576 of issue 23's mixes on 8 ranks, on one core of the CI
+// machine. A swap moves where keys arrive for other ranks too, so every rank is recosted after
+// each and a swap that raises the slowest is undone. On the model, short documents on 8 ranks: 4
+// chunks a rank refined from a 37% spread to 2.5% (docs/PERF.md).
 inline constexpr int kRefinePasses = 16;
 inline constexpr int64_t kRefineMaxChunks = 8;
 
