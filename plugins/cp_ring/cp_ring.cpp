@@ -36,6 +36,7 @@
 #include <array>
 #include <atomic>
 #include <memory>
+#include <mutex>
 #include <utility>
 #include <vector>
 
@@ -498,9 +499,34 @@ class CpRing final : public Parallelism {
     return rounds_[static_cast<size_t>(j)];
   }
 
+  // shard() and the attention ask for the layout of the same bounds; with packed documents it takes
+  // up to most of a second of host time at a million tokens (ring_pieces.h refine_layout), so the
+  // last few answers are kept, keyed by their bounds. A few, not one: shard() may already be cutting
+  // the next sequence while the attention still runs this one. Locked: shard() may run on the
+  // loader's thread.
   ChunkLayout layout_for(std::span<const int64_t> documents, int64_t L, int n) const {
-    return call_cost_ < 0 ? cp_ring::zigzag_layout(L, n) : cp_ring::balanced_layout(documents, L, n, call_cost_);
+    if (call_cost_ < 0 || documents.size() <= 2) return cp_ring::zigzag_layout(L, n);
+    auto same = [&](const Known& m) { return m.L == L && m.n == n && std::ranges::equal(m.documents, documents); };
+    {
+      std::lock_guard<std::mutex> hold(known_mutex_);
+      for (const Known& m : known_)
+        if (same(m)) return m.layout;
+    }
+    ChunkLayout layout = cp_ring::balanced_layout(documents, L, n, call_cost_);
+    std::lock_guard<std::mutex> hold(known_mutex_);
+    if (known_.size() >= kKnownLayouts) known_.erase(known_.begin());
+    known_.push_back({std::vector<int64_t>(documents.begin(), documents.end()), L, n, layout});
+    return layout;
   }
+  struct Known {
+    std::vector<int64_t> documents;
+    int64_t L;
+    int n;
+    ChunkLayout layout;
+  };
+  static constexpr size_t kKnownLayouts = 4;
+  mutable std::mutex known_mutex_;
+  mutable std::vector<Known> known_;
 
   int cp_;
   int64_t call_cost_;
