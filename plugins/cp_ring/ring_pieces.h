@@ -132,24 +132,28 @@ inline constexpr int64_t kMinChunkRows = 512;
 // of chunks a rank took most of a second of host time a sequence.
 inline constexpr int64_t kMaxK = 32;
 
-// What a cuDNN call of a round's batches costs beyond its pairs, in (query, key) pairs: a fixed
-// cost, kCallCostPairs, and kOctaveCalls times that for each octave of the call's key rows above
-// 512 (ops::PaddedWork::call_octaves: a call of 32,768 keys counts 6, one of 512 or fewer none).
-// Fitted on the H200 (scripts/bench/cp_balance.sh prints the fit: each masked rank's time against
-// the pairs its rounds compute, its calls and their octaves, least relative squares; 131,072
-// tokens, 32 query / 8 key-value heads of 128, book and short-document mixes, seeds 1-3, two runs,
-// docs/PERF.md): a rank's forward + backward took 108.9 ms per 1e9 computed pairs, 0.080 ms a call
-// and 0.048 ms a call octave over 336 rank times (median error 1.5-1.8%, p90 5-6%, at most 11%).
-// The fit before it, a flat 0.24 ms a call, missed short documents' ranks by up to 48% (p90 23%):
-// it charged their small calls a book's long last tile. Fewer heads make the pairs cheaper and
-// the calls relatively dearer.
-inline constexpr int64_t kCallCostPairs = 740'000;
-inline constexpr double kOctaveCalls = 0.60;
+// What a round's work costs beyond its pairs, in (query, key) pairs: a fixed cost a cuDNN call,
+// kCallCostPairs, and kOctaveCalls times that for each octave of the call's key rows above 512
+// (ops::PaddedWork::call_octaves: a call of 32,768 keys counts 6, one of 512 or fewer none); and
+// kQueryTilePairs for each tile of 128 query rows (ops::PaddedWork::query_tiles: a thread block of
+// the forward, and the backward's passes over each query row), which short documents' small
+// blocks pay far more of per pair than books. Fitted on the H200 (scripts/bench/cp_balance.sh
+// prints the fit: each masked rank's time against the pairs its rounds compute, its calls, their
+// octaves and its query tiles, least relative squares; 131,072 tokens, 32 query / 8 key-value
+// heads of 128, book and short-document mixes, seeds 1-3, two runs, docs/PERF.md): a rank's
+// forward + backward took 106.4 ms per 1e9 computed pairs, 0.060 ms a call, 0.022 ms a call
+// octave and 4.2 us a query tile over 279 rank times (median error 1.9%, p90 4.0%). Without the
+// tiles (the fit before it), two layouts of short documents on 8 ranks, predicted within 6% of
+// even, ran 12% and 14% apart. Fewer heads make the pairs and tiles cheaper and the calls
+// relatively dearer.
+inline constexpr int64_t kCallCostPairs = 570'000;
+inline constexpr double kOctaveCalls = 0.36;
+inline constexpr int64_t kQueryTilePairs = 39'000;
 
-// The cost of work the GPU's batches run: its pairs and its calls at call_cost each, plus their
-// key octaves.
+// The cost of work the GPU's batches run: its pairs, its calls at call_cost each plus their key
+// octaves, and its query tiles.
 inline int64_t work_cost(const ops::PaddedWork& w, int64_t call_cost) {
-  return w.pairs + call_cost * w.calls +
+  return w.pairs + call_cost * w.calls + kQueryTilePairs * w.query_tiles +
          static_cast<int64_t>(std::llround(kOctaveCalls * static_cast<double>(call_cost * w.call_octaves)));
 }
 

@@ -35,26 +35,28 @@ for s in (r for r in rows if r.get("summary")):
                             f"{max(r['pieces'] for r in ranks)} calls of the attention (pieces, or rounds)" if "k" in s else "")
     print(f"| {s['tokens']:,} | {s['cp']} | {layout} | {ms} | {units} | {s['max_over_min']:.3f} | {s['spread_pct']:.1f}% | "
           f"{s['sent_per_layer_forward_mib']:.0f} / {s['sent_per_layer_backward_mib']:.0f} |")
-# The call cost cp_ring's layouts weigh (ring_pieces.h kCallCostPairs, kOctaveCalls), refitted on
-# these runs: each masked rank's time against the pairs its rounds compute, its cuDNN calls and
-# their key octaves (lcx/document_batches.h call_octaves), least squares of the relative errors
-# (a rank of 5 ms counts as much as one of 300) through the origin.
-masked = [r for r in rows if not r.get("summary") and r.get("padded_pairs", 0) > 0]
-if len(masked) >= 3:
-    X = [[r["padded_pairs"] / 1e9, float(r["batches"]), float(r["call_octaves"])] for r in masked]
+# The costs cp_ring's layouts weigh (ring_pieces.h kCallCostPairs, kOctaveCalls, kQueryTilePairs),
+# refitted on these runs: each masked rank's time against the pairs its rounds compute, its cuDNN
+# calls, their key octaves and its query tiles (lcx/document_batches.h PaddedWork), least squares
+# of the relative errors (a rank of 5 ms counts as much as one of 300) through the origin.
+masked = [r for r in rows if not r.get("summary") and r.get("padded_pairs", 0) > 0 and "query_tiles" in r]
+terms = 4
+if len(masked) > terms:
+    X = [[r["padded_pairs"] / 1e9, float(r["batches"]), float(r["call_octaves"]), r["query_tiles"] / 1e3] for r in masked]
     t = [r["total_ms"] for r in masked]
     W = [[v / z for v in x] for x, z in zip(X, t)]  # each row over its time: relative errors
-    M = [[sum(w[i] * w[j] for w in W) for j in range(3)] + [sum(w[i] for w in W)] for i in range(3)]
-    for i in range(3):  # Gauss-Jordan on the normal equations
+    M = [[sum(w[i] * w[j] for w in W) for j in range(terms)] + [sum(w[i] for w in W)] for i in range(terms)]
+    for i in range(terms):  # Gauss-Jordan on the normal equations
         M[i] = [v / M[i][i] for v in M[i]]
-        for j in range(3):
+        for j in range(terms):
             if j != i:
                 M[j] = [a - M[j][i] * b for a, b in zip(M[j], M[i])]
-    a, b, o = (M[i][3] for i in range(3))
-    err = sorted(abs(a * x[0] + b * x[1] + o * x[2] - z) / z for x, z in zip(X, t))
+    a, b, o, q = (M[i][terms] for i in range(terms))
+    err = sorted(abs(a * x[0] + b * x[1] + o * x[2] + q * x[3] - z) / z for x, z in zip(X, t))
     print(f"\nFit over {len(masked)} masked rank times: {a:.1f} ms per 1e9 computed pairs + {b:.3f} ms per cuDNN call "
-          f"+ {o:.3f} ms per call octave (ring_pieces.h kCallCostPairs {b / a * 1e9 / 1e6:.2f}M pairs, kOctaveCalls "
-          f"{o / b:.2f}); relative error median {100 * err[len(err) // 2]:.1f}%, p90 {100 * err[int(0.9 * (len(err) - 1))]:.1f}%, "
+          f"+ {o:.3f} ms per call octave + {q:.2f} ms per 1000 query tiles (ring_pieces.h kCallCostPairs "
+          f"{b / a * 1e9 / 1e6:.2f}M pairs, kOctaveCalls {o / b:.2f}, kQueryTilePairs {q / a * 1e6 / 1e3:.1f}k pairs); "
+          f"relative error median {100 * err[len(err) // 2]:.1f}%, p90 {100 * err[int(0.9 * (len(err) - 1))]:.1f}%, "
           f"most {100 * err[-1]:.1f}%")
 PY
 cat "$out/cp_balance.md"

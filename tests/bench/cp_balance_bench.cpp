@@ -20,7 +20,7 @@
 //   cp_balance_bench --device cpu --tokens 512 --cp 2,4 --heads 4 --kv-heads 2 --head-dim 16   (a smoke run)
 //   cp_balance_bench --device cpu --mix short --documents-only --layouts-only   (each rank's masked pairs,
 //   computed pairs, rounds and cuDNN calls without running them; a GPU run prints them beside its
-//   times, which fit ring_pieces.h kCallCostPairs)
+//   times, which fit ring_pieces.h kCallCostPairs, kOctaveCalls and kQueryTilePairs)
 #include <algorithm>
 #include <chrono>
 #include <cmath>
@@ -103,6 +103,7 @@ struct RankTime {
   int64_t padded_pairs = 0;  // the pairs the GPU's batches compute (each document at its computed rows)
   int64_t batches = 0;       // the batches' cuDNN calls (forward; the backward makes as many)
   int64_t call_octaves = 0;  // the calls' key octaves (ops::PaddedWork::call_octaves)
+  int64_t query_tiles = 0;   // the blocks' query tiles (ops::PaddedWork::query_tiles)
 };
 
 auto clock_now() { return std::chrono::steady_clock::now(); }
@@ -128,6 +129,7 @@ RankTime time_rank_rounds(const Options& o, int r, int n, const Tensor& q, const
       t.padded_pairs += w.pairs;
       t.batches += w.calls;
       t.call_octaves += w.call_octaves;
+      t.query_tiles += w.query_tiles;
       ++t.pieces;
       for (const ops::AttentionBlock& b : round.blocks)
         t.units += static_cast<double>(b.q_rows * b.k_rows) / static_cast<double>(c * c) * (round.causal ? 0.5 : 1.0);
@@ -265,10 +267,11 @@ int run(const Options& o) {
         const RankTime& t = last[r];
         std::printf(
             "{\"layout\": \"%s\", \"cp\": %lld, \"rank\": %zu, \"tokens\": %lld, \"work_units\": %.1f, \"pieces\": %lld, "
-            "\"masked_pairs\": %lld, \"padded_pairs\": %lld, \"batches\": %lld, \"call_octaves\": %lld, \"forward_ms\": %.3f, \"backward_ms\": %.3f, \"total_ms\": %.3f}\n",
+            "\"masked_pairs\": %lld, \"padded_pairs\": %lld, \"batches\": %lld, \"call_octaves\": %lld, \"query_tiles\": %lld, \"forward_ms\": %.3f, \"backward_ms\": %.3f, \"total_ms\": %.3f}\n",
             name.c_str(), static_cast<long long>(cp), r, static_cast<long long>(o.tokens), t.units,
             static_cast<long long>(t.pieces), static_cast<long long>(t.masked_pairs), static_cast<long long>(t.padded_pairs),
-            static_cast<long long>(t.batches), static_cast<long long>(t.call_octaves), fm * 1e3, bm * 1e3, (fm + bm) * 1e3);
+            static_cast<long long>(t.batches), static_cast<long long>(t.call_octaves),
+            static_cast<long long>(t.query_tiles), fm * 1e3, bm * 1e3, (fm + bm) * 1e3);
         std::fflush(stdout);
       }
       const double mx = *std::max_element(totals.begin(), totals.end());

@@ -237,6 +237,14 @@ TEST(DocumentBatches, PaddedWorkCountsPaddedPairsAndCalls) {
   EXPECT_EQ(call_octaves(1024), 1);
   EXPECT_EQ(call_octaves(32768), 6);
   EXPECT_EQ(call_octaves(1), 0);
+  // Query tiles: each document's computed query rows in 128-row tiles, whatever the batching. Same
+  // rows, octave: 128 + 5,120 + 128 rows are 1 + 40 + 1; fine: the same. Apart, octave: 100 queries
+  // computed as 128 (1), 600 as 640 (5); fine, 600 pads to 640 too.
+  EXPECT_EQ(octave.query_tiles, 42);
+  EXPECT_EQ(same.query_tiles, 42);
+  EXPECT_EQ(octave_apart.query_tiles, 6);
+  EXPECT_EQ(apart.query_tiles, 6);
+  EXPECT_EQ(padded_work({300, 500}, {}, true, LengthClasses::octave).query_tiles, 3 + 4);
 }
 
 }  // namespace

@@ -222,9 +222,11 @@ TEST(CpRingLayout, RefinementLowersTheSlowestRank) {
   std::vector<int64_t> recount(static_cast<size_t>(n));
   for (int r = 0; r < n; ++r) recount[static_cast<size_t>(r)] = cp_ring::rank_cost(g, r, docs, cp_ring::kCallCostPairs);
   EXPECT_EQ(recount, costs) << "the costs refine_layout hands back are the layout's";
-  EXPECT_LT(*std::max_element(costs.begin(), costs.end()), 0.95 * static_cast<double>(before));
+  // 75.0M to 72.1M pairs' cost with the query-tile model (ring_pieces.h); 7% lower with the model
+  // before it, whose greedy start was further off.
+  EXPECT_LT(*std::max_element(costs.begin(), costs.end()), 0.98 * static_cast<double>(before));
   cp_ring::rank_costs(g, docs, ck, cp_ring::kCallCostPairs);  // the refined layout's predicted spread
-  EXPECT_LT(g.spread, spread_before);
+  EXPECT_LT(g.spread, spread_before) << "before " << spread_before << ", after " << g.spread;
 }
 
 TEST(CpRingShard, BalancedShardHoldsItsChunksInPositionOrder) {

@@ -138,13 +138,16 @@ inline std::vector<DocumentPairBatch> document_pair_batches(const std::vector<in
 // same rows (causal within each document; then k_lengths is not read). call_octaves sums, over the
 // calls, the octaves of each call's padded key rows S_k above kTailFreeKeyRows (log2(S_k / 512),
 // at least 0): what a call costs beyond its pairs grows with the keys its tiles read (its last
-// wave of tiles leaves the GPU part idle for about one tile's time). On the H200, 168 ranks' ring
-// schedules of book and short-document mixes (docs/PERF.md) fitted a rank's time to its pairs and
-// call_octaves within 2.0% (median; 13.6% at most), where pairs and calls missed by up to 48%:
-// calls of short documents cost almost nothing beyond their pairs, calls of books a long tile.
+// wave of tiles leaves the GPU part idle for about one tile's time). query_tiles counts the
+// documents' computed query rows in tiles of kMinPaddedRows: each tile is a thread block of the
+// forward, and the backward's passes over dO, O and the fp32 dQ accumulator run per query row, a
+// cost the pairs miss where documents are short. On the H200, 279 ranks' ring schedules of book
+// and short-document mixes (docs/PERF.md) fitted a rank's time to pairs, calls, call_octaves and
+// query_tiles within 1.9% (median; p90 4.0%); without query_tiles, layouts of short documents
+// predicted within 3-6% of even ran 12-14% apart.
 inline constexpr int64_t kTailFreeKeyRows = 512;
 struct PaddedWork {
-  int64_t pairs = 0, calls = 0, call_octaves = 0;
+  int64_t pairs = 0, calls = 0, call_octaves = 0, query_tiles = 0;
 };
 inline int64_t call_octaves(int64_t key_rows) {
   const int64_t o = static_cast<int64_t>(std::bit_width(static_cast<uint64_t>(std::max<int64_t>(key_rows, 1) - 1))) -
@@ -157,13 +160,19 @@ inline PaddedWork padded_work(const std::vector<int64_t>& q_lengths, const std::
   auto rows = [&](size_t i, const std::vector<int64_t>& lengths) { return computed_rows(lengths[i], classes); };
   if (same_rows) {
     for (const DocumentBatch& b : document_batches(q_lengths, classes)) {
-      for (size_t i : b.docs) w.pairs += rows(i, q_lengths) * (rows(i, q_lengths) + 1) / 2;
+      for (size_t i : b.docs) {
+        w.pairs += rows(i, q_lengths) * (rows(i, q_lengths) + 1) / 2;
+        w.query_tiles += (rows(i, q_lengths) + kMinPaddedRows - 1) / kMinPaddedRows;
+      }
       ++w.calls;
       w.call_octaves += call_octaves(b.rows);
     }
   } else {
     for (const DocumentPairBatch& b : document_pair_batches(q_lengths, k_lengths, classes)) {
-      for (size_t i : b.docs) w.pairs += rows(i, q_lengths) * rows(i, k_lengths);
+      for (size_t i : b.docs) {
+        w.pairs += rows(i, q_lengths) * rows(i, k_lengths);
+        w.query_tiles += (rows(i, q_lengths) + kMinPaddedRows - 1) / kMinPaddedRows;
+      }
       ++w.calls;
       w.call_octaves += call_octaves(b.k_rows);
     }
