@@ -184,21 +184,22 @@ class CpRing final : public Parallelism {
                       " equal chunks (zigzag sharding: rank r holds chunks r and ", chunks - 1, " - r)"),
                   "data.pad_to_multiple_of", str("set data.pad_to_multiple_of = ", chunks, " (a multiple of 2 x cp)"));
     const ChunkLayout layout = layout_for(seq.document_bounds, L, cp_);
-    const int64_t c = layout.c, T = L / cp_;
+    const int64_t T = L / cp_;
     s.tokens = Tensor::empty({T}, DType::i32);
     s.targets = Tensor::empty({T}, DType::i64);
     s.positions = Tensor::empty({T}, DType::i64);
     const Tensor tokens = seq.tokens.device().is_cuda() ? seq.tokens.to(Device::cpu()) : seq.tokens;
     const Tensor targets = seq.targets.device().is_cuda() ? seq.targets.to(Device::cpu()) : seq.targets;
-    int64_t h = 0;
+    int64_t at = 0;  // the rank's rows so far: its chunks in position order, of the layout's rows each
     for (int64_t chunk : layout.of(rank)) {
-      const int64_t start = chunk * c;
-      s.tokens.rows(h * c, (h + 1) * c).copy_from(tokens.rows(start, start + c));
-      s.targets.rows(h * c, (h + 1) * c).copy_from(targets.rows(start, start + c));
-      for (int64_t i = 0; i < c; ++i)
-        s.positions.data_as<int64_t>()[h * c + i] = sequence_position(seq.document_bounds, start + i);
-      ++h;
+      const int64_t start = layout.begin(chunk), rows = layout.rows(chunk);
+      s.tokens.rows(at, at + rows).copy_from(tokens.rows(start, start + rows));
+      s.targets.rows(at, at + rows).copy_from(targets.rows(start, start + rows));
+      for (int64_t i = 0; i < rows; ++i)
+        s.positions.data_as<int64_t>()[at + i] = sequence_position(seq.document_bounds, start + i);
+      at += rows;
     }
+    LCX_CHECK(at == T, "cp_ring: a layout's chunks must hold L / cp rows on every rank");
     s.document_bounds = seq.document_bounds;
     return s;
   }

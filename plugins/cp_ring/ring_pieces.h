@@ -9,6 +9,7 @@
 #include <map>
 #include <numeric>
 #include <span>
+#include <tuple>
 #include <vector>
 
 #include <lcx/document_batches.h>
@@ -30,20 +31,33 @@ inline std::vector<Piece> pieces_for(int r, int j, int64_t c, bool causal) {
   return {{c, 2 * c, 0, 2 * c, false}};
 }
 
-// Which chunks of the sequence each rank holds: the sequence cut into 2 n k chunks of c rows, rank
-// r holding 2k of them, in position order, as its rows [0, 2kc). k = 1 with rank r holding chunks r
-// and 2n-1-r is the zigzag.
+// Which chunks of the sequence each rank holds: the sequence cut into 2 n k chunks, rank r holding
+// 2k of them, in position order, as its rows [0, L / n). k = 1 with rank r holding chunks r and
+// 2n-1-r is the zigzag. Chunks are c rows each unless a balanced layout moved their bounds
+// (even_bounds): then `bounds` holds where each starts, the sequence's end last, and each rank's
+// chunks still sum to 2kc rows, so K/V blocks stay equal-sized.
 struct ChunkLayout {
   int n = 1;
   int64_t k = 1, c = 0;
   std::vector<int64_t> chunks;  // rank r's chunk indices at [2kr, 2k(r+1)), ascending
   double spread = 0;            // predicted (max - min) / mean of the ranks' work (chunk_work)
+  std::vector<int64_t> bounds;  // 2nk + 1 chunk starts and the end; empty: c rows each
 
   std::span<const int64_t> of(int r) const {
     return std::span<const int64_t>(chunks).subspan(static_cast<size_t>(2 * k * r), static_cast<size_t>(2 * k));
   }
+  int64_t begin(int64_t ch) const { return bounds.empty() ? ch * c : bounds[static_cast<size_t>(ch)]; }
+  int64_t rows(int64_t ch) const {
+    return bounds.empty() ? c : bounds[static_cast<size_t>(ch) + 1] - bounds[static_cast<size_t>(ch)];
+  }
   // The position in the sequence of rank r's local row.
-  int64_t position(int r, int64_t row) const { return of(r)[static_cast<size_t>(row / c)] * c + row % c; }
+  int64_t position(int r, int64_t row) const {
+    for (int64_t ch : of(r)) {
+      if (row < rows(ch)) return begin(ch) + row;
+      row -= rows(ch);
+    }
+    return -1;  // past the rank's rows
+  }
 };
 
 inline ChunkLayout zigzag_layout(int64_t L, int n) {
@@ -52,17 +66,23 @@ inline ChunkLayout zigzag_layout(int64_t L, int n) {
   return z;
 }
 
-// Masked causal attention's work in each chunk of c rows: a query at position p sees the p - s + 1
-// keys from its document's start s to itself, so a chunk's work is the number of (query, key)
-// pairs its pieces compute. Exact integers, so every rank derives the same layout.
+// Masked causal attention's work for the queries at positions [a, b): a query at position p sees
+// the p - s + 1 keys from its document's start s to itself, so it is the number of (query, key)
+// pairs they compute. Exact integers, so every rank derives the same layout.
+inline int64_t range_work(std::span<const int64_t> documents, int64_t a, int64_t b) {
+  int64_t w = 0;
+  for (auto d = std::upper_bound(documents.begin(), documents.end(), a) - 1; d + 1 < documents.end() && *d < b; ++d) {
+    const int64_t s = d[0], lo = std::max(a, d[0]), hi = std::min(b, d[1]);
+    if (hi > lo) w += (hi - lo) * (lo - s + 1 + hi - s) / 2;  // sum of lo-s+1 .. hi-s
+  }
+  return w;
+}
+
+// That work in each chunk of c rows.
 inline std::vector<int64_t> chunk_work(std::span<const int64_t> documents, int64_t L, int64_t c) {
   std::vector<int64_t> w(static_cast<size_t>(L / c), 0);
-  for (size_t d = 0; d + 1 < documents.size(); ++d)
-    for (int64_t a = documents[d], e = std::min(documents[d + 1], L); a < e;) {  // a chunk at a time
-      const int64_t b = std::min(e, (a / c + 1) * c), s = documents[d];
-      w[static_cast<size_t>(a / c)] += (b - a) * (a - s + 1 + b - s) / 2;  // sum of a-s+1 .. b-s
-      a = b;
-    }
+  for (size_t i = 0; i < w.size(); ++i)
+    w[i] = range_work(documents, static_cast<int64_t>(i) * c, static_cast<int64_t>(i + 1) * c);
   return w;
 }
 
@@ -224,18 +244,21 @@ struct PlacedPiece {
 // of its keys.
 inline std::vector<PlacedPiece> document_pieces(int r, int j, const ChunkLayout& layout, bool causal,
                                                 std::span<const int64_t> documents) {
-  const int64_t c = layout.c;
   auto document = [&](int64_t pos) { return std::upper_bound(documents.begin(), documents.end(), pos) - documents.begin(); };
   std::vector<PlacedPiece> out;
   const std::span<const int64_t> qs = layout.of(r), ks = layout.of(j);
-  for (size_t a = 0; a < qs.size(); ++a)
-    for (size_t b = 0; b < ks.size(); ++b) {
-      const int64_t qg = qs[a] * c, kg = ks[b] * c;
-      if (causal && kg > qg) continue;
-      if (document(qg + c - 1) < document(kg) || document(kg + c - 1) < document(qg)) continue;
-      const int64_t qa = static_cast<int64_t>(a) * c, kb = static_cast<int64_t>(b) * c;
-      out.push_back({{qa, qa + c, kb, kb + c, causal && kg == qg}, qg, kg});
+  int64_t qa = 0;  // local rows where the chunks start
+  for (const int64_t qc : qs) {
+    const int64_t qg = layout.begin(qc), qn = layout.rows(qc);
+    int64_t kb = 0;
+    for (const int64_t kc : ks) {
+      const int64_t kg = layout.begin(kc), kn = layout.rows(kc);
+      if (!(causal && kg > qg) && document(qg + qn - 1) >= document(kg) && document(kg + kn - 1) >= document(qg))
+        out.push_back({{qa, qa + qn, kb, kb + kn, causal && kg == qg}, qg, kg});
+      kb += kn;
     }
+    qa += qn;
+  }
   return out;
 }
 
@@ -267,13 +290,13 @@ inline std::vector<Round> step_rounds(int r, int j, const ChunkLayout& layout, b
   };
   std::vector<Tagged> full;
   Round diagonal{true, {}};
-  const int64_t c = layout.c;
   for (const PlacedPiece& pp : document_pieces(r, j, layout, causal, documents)) {
     const Piece& p = pp.piece;
+    const int64_t q_end = pp.q_pos + p.q_end - p.q_begin, k_end = pp.k_pos + p.k_end - p.k_begin;
     auto d = std::upper_bound(documents.begin(), documents.end(), std::min(pp.q_pos, pp.k_pos)) - 1;
-    for (; d + 1 < documents.end() && *d < std::max(pp.q_pos, pp.k_pos) + c; ++d) {
-      const int64_t qb = std::max(d[0], pp.q_pos), qe = std::min(d[1], pp.q_pos + c);
-      const int64_t kb = std::max(d[0], pp.k_pos), ke = std::min(d[1], pp.k_pos + c);
+    for (; d + 1 < documents.end() && *d < std::max(q_end, k_end); ++d) {
+      const int64_t qb = std::max(d[0], pp.q_pos), qe = std::min(d[1], q_end);
+      const int64_t kb = std::max(d[0], pp.k_pos), ke = std::min(d[1], k_end);
       if (qe <= qb || ke <= kb) continue;
       const ops::AttentionBlock b{p.q_begin + qb - pp.q_pos, qe - qb, p.k_begin + kb - pp.k_pos, ke - kb};
       if (p.causal) diagonal.blocks.push_back(b);
@@ -419,16 +442,168 @@ inline void refine_layout(ChunkLayout& layout, std::span<const int64_t> document
   }
 }
 
+// Whole chunks cannot always even the ranks out: with three books on 8 ranks, two chunks a rank
+// left one rank 10% lighter than the rest, and finer chunks cost every rank more calls. So the
+// bounds between chunks move, in whole tiles of kBoundStep rows. A slide takes two chunks of one
+// rank and moves every bound between them by the same rows: the first grows at its end, the
+// second shrinks at its start, the chunks between shift along the sequence, and every rank keeps
+// its 2kc rows (so K/V blocks stay equal-sized). A layout scores by its slowest rank's cost, then
+// the gap to its fastest, then the sum of squared costs; every rank is recosted for each slide,
+// since where its keys and queries fall changes for many. First Newton steps on all ranks' slides
+// at once (one rank's slide alone cannot lower several ranks tied at the slowest), then single
+// slides, the best of each pass, to polish. A chunk keeps at least kBoundStep rows. For layouts of
+// up to kSlideMaxChunks chunks a rank, where one chunk is a large share of a rank's work; finer
+// ones are evened by refine_layout's swaps. On the model (docs/PERF.md), issue 23's mixes at
+// 131,072 tokens on 2-8 ranks went from spreads up to 10.9% to at most 2.3%, and the slowest rank
+// 1-12% faster; balanced_layout then took at most 0.4 s of host time at 131,072 tokens and 1.3 s
+// at 1,048,576 (one core of the CI machine), once per sequence on the loader's thread.
+inline constexpr int64_t kBoundStep = ops::kMinPaddedRows;
+inline constexpr int kBoundPasses = 16;
+inline constexpr int kNewtonSteps = 8;
+inline constexpr int64_t kSlideMaxChunks = 4;
+
+inline void even_bounds(ChunkLayout& layout, std::span<const int64_t> documents, int64_t call_cost,
+                        std::vector<int64_t>& costs) {
+  const int n = layout.n;
+  const int64_t per = 2 * layout.k, m = per * n;
+  if (call_cost <= 0 || per > kSlideMaxChunks || n < 2 || layout.c < 2 * kBoundStep) return;
+  ChunkLayout t = layout;
+  if (t.bounds.empty())
+    for (int64_t i = 0; i <= m; ++i) t.bounds.push_back(i * t.c);
+  std::vector<std::pair<int64_t, int64_t>> slides;  // two chunks of one rank, in position order
+  for (int r = 0; r < n; ++r)
+    for (size_t x = 0; x < static_cast<size_t>(per); ++x)
+      for (size_t y = x + 1; y < static_cast<size_t>(per); ++y) slides.emplace_back(t.of(r)[x], t.of(r)[y]);
+  // Lower is better; the squares break ties of the first two (they fall as the ranks even out).
+  auto score = [](const std::vector<int64_t>& c) {
+    double squares = 0;
+    for (int64_t x : c) squares += static_cast<double>(x) * static_cast<double>(x);
+    const auto [lo, hi] = std::minmax_element(c.begin(), c.end());
+    return std::tuple{*hi, *hi - *lo, squares};
+  };
+  auto costs_of = [&](const ChunkLayout& l) {
+    std::vector<int64_t> c(static_cast<size_t>(n));
+    for (int r = 0; r < n; ++r) c[static_cast<size_t>(r)] = rank_cost(l, r, documents, call_cost);
+    return c;
+  };
+  // Slide chunks `first` .. `second` by s rows: false where a chunk would keep under kBoundStep.
+  auto slide = [&](ChunkLayout& l, int64_t first, int64_t second, int64_t s) {
+    if (l.rows(first) + s < kBoundStep || l.rows(second) - s < kBoundStep) return false;
+    for (int64_t i = first + 1; i <= second; ++i) l.bounds[static_cast<size_t>(i)] += s;
+    return true;
+  };
+  // Newton steps on the slides of each rank's neighbouring chunks (together they reach every way of
+  // moving the bounds that keeps the ranks' rows): each slide's effect on every rank's cost
+  // measured by moving it a quarter chunk, then the slides that bring all ranks to one cost by
+  // least squares (a small ridge keeps the steps short where slides overlap), rounded to tiles,
+  // and kept when the score improves (else the step halved, twice).
+  std::vector<std::pair<int64_t, int64_t>> axes;
+  for (int r = 0; r < n; ++r)
+    for (size_t x = 0; x + 1 < static_cast<size_t>(per); ++x) axes.emplace_back(t.of(r)[x], t.of(r)[x + 1]);
+  const size_t V = axes.size();
+  const int64_t probe = std::max(kBoundStep, t.c / 4 / kBoundStep * kBoundStep);
+  for (int step = 0; step < kNewtonSteps; ++step) {
+    // J[r][v]: rank r's cost change per row slid along axis v.
+    std::vector<std::vector<double>> J(static_cast<size_t>(n), std::vector<double>(V, 0));
+    for (size_t v = 0; v < V; ++v) {
+      // Central differences where both ways are open: a slide's cost moves in small jumps where
+      // bounds cross documents' ends, and the two sides average them out.
+      ChunkLayout up = t, down = t;
+      const bool u_ok = slide(up, axes[v].first, axes[v].second, probe);
+      const bool d_ok = slide(down, axes[v].first, axes[v].second, -probe);
+      if (!u_ok && !d_ok) continue;
+      const std::vector<int64_t> cu = u_ok ? costs_of(up) : costs, cd = d_ok ? costs_of(down) : costs;
+      const double span = static_cast<double>(probe * (u_ok + d_ok));
+      for (size_t r = 0; r < static_cast<size_t>(n); ++r) J[r][v] = static_cast<double>(cu[r] - cd[r]) / span;
+    }
+    // Unknowns: the slides and the common cost they aim at. Minimize |costs + J d - goal|^2 +
+    // ridge |d|^2 through the normal equations (V + 1 unknowns, Gauss-Jordan with pivoting).
+    const size_t U = V + 1;
+    std::vector<std::vector<double>> M(U, std::vector<double>(U + 1, 0));
+    double trace = 0;
+    for (size_t r = 0; r < static_cast<size_t>(n); ++r) {
+      std::vector<double> row(J[r]);
+      row.push_back(-1.0);
+      for (size_t i = 0; i < U; ++i) {
+        for (size_t j = 0; j < U; ++j) M[i][j] += row[i] * row[j];
+        M[i][U] -= row[i] * static_cast<double>(costs[r]);
+      }
+    }
+    for (size_t v = 0; v < V; ++v) trace += M[v][v];
+    const double ridge = trace > 0 ? 1e-3 * trace / static_cast<double>(V) : 1.0;
+    for (size_t v = 0; v < V; ++v) M[v][v] += ridge;
+    for (size_t i = 0; i < U; ++i) {
+      size_t p = i;
+      for (size_t j = i + 1; j < U; ++j)
+        if (std::abs(M[j][i]) > std::abs(M[p][i])) p = j;
+      std::swap(M[i], M[p]);
+      if (std::abs(M[i][i]) < 1e-30) continue;
+      const double pivot = M[i][i];
+      for (double& x : M[i]) x /= pivot;
+      for (size_t j = 0; j < U; ++j)
+        if (j != i && M[j][i] != 0) {
+          const double f = M[j][i];
+          for (size_t k = i; k <= U; ++k) M[j][k] -= f * M[i][k];
+        }
+    }
+    bool kept = false;
+    for (double scale : {1.0, 0.5, 0.25}) {
+      ChunkLayout u = t;
+      bool ok = true, any = false;
+      for (size_t v = 0; v < V && ok; ++v) {
+        const double rows = scale * M[v][U];
+        const int64_t s = static_cast<int64_t>(std::llround(rows / static_cast<double>(kBoundStep))) * kBoundStep;
+        if (s != 0) ok = slide(u, axes[v].first, axes[v].second, s), any = true;
+      }
+      if (!ok || !any) continue;
+      std::vector<int64_t> c = costs_of(u);
+      if (!(score(c) < score(costs))) continue;
+      t = std::move(u);
+      costs = std::move(c);
+      kept = true;
+      break;
+    }
+    if (!kept) break;
+  }
+  // Then single slides of any two chunks of a rank, each step from half a chunk down to a tile,
+  // both ways: the best of each pass while one improves the score.
+  for (int pass = 0; pass < kBoundPasses; ++pass) {
+    auto best_score = score(costs);
+    ChunkLayout best;
+    std::vector<int64_t> best_costs;
+    for (const auto& [first, second] : slides)
+      for (int64_t d = t.c / 2 / kBoundStep * kBoundStep; d >= kBoundStep; d /= 2)
+        for (const int64_t s : {d, -d}) {
+          ChunkLayout u = t;
+          if (!slide(u, first, second, s)) continue;
+          std::vector<int64_t> c = costs_of(u);
+          const auto sc = score(c);
+          if (!(sc < best_score)) continue;
+          best_score = sc;
+          best = std::move(u);
+          best_costs = std::move(c);
+        }
+    if (best_costs.empty()) break;
+    t = std::move(best);
+    costs = std::move(best_costs);
+  }
+  bool moved = false;
+  for (int64_t i = 0; i <= m; ++i) moved = moved || t.bounds[static_cast<size_t>(i)] != i * t.c;
+  if (!moved) t.bounds.clear();
+  layout = std::move(t);
+}
+
 // The chunks each of n ranks holds for a sequence of L tokens (L a multiple of 2n) with packed
 // documents' cumulative bounds: of the zigzag and the greedy layouts for k = 1, 2, 4, ... (while
 // chunks keep at least kMinChunkRows rows and divide L; for time, k at most kMaxK and until one
 // costs kStopAbove times the best), the one whose slowest rank costs least. The greedy layouts balance
-// chunk_cost (additive, so a chunk's cost is its own), then refine_layout evens them by what each
-// rank's ring steps run; the choice between them weighs that too (rank_cost: every round's
-// computed pairs and call_cost per cuDNN call, since a step's chunk pairs share calls), each larger
-// k kept only for a gain over kMinGain. call_cost 0 balances and chooses by the masked work alone
-// (any gain counts). The zigzag always without documents or with one. Every rank holds 2k chunks,
-// so K/V blocks stay equal-sized. `spread` is the chosen layout's predicted spread of that cost.
+// chunk_cost (additive, so a chunk's cost is its own), then refine_layout and even_bounds even
+// them by what each rank's ring steps run; the choice between them weighs that too (rank_cost:
+// every round's computed pairs, query tiles and call_cost per cuDNN call, since a step's chunk
+// pairs share calls), each larger k kept only for a gain over kMinGain. call_cost 0 balances and
+// chooses by the masked work alone (any gain counts; chunks stay equal). The zigzag always
+// without documents or with one. Every rank holds 2k chunks of 2kc rows in all, so K/V blocks
+// stay equal-sized. `spread` is the chosen layout's predicted spread of that cost.
 inline ChunkLayout balanced_layout(std::span<const int64_t> documents, int64_t L, int n,
                                    int64_t call_cost = kCallCostPairs) {
   ChunkLayout best = zigzag_layout(L, n);
@@ -445,6 +620,7 @@ inline ChunkLayout balanced_layout(std::span<const int64_t> documents, int64_t L
     ChunkLayout g = greedy_layout(ck, n, k, c);
     std::vector<int64_t> costs = rank_costs(g, documents, ck, call_cost);
     refine_layout(g, documents, call_cost, costs);  // hands back the refined layout's costs
+    even_bounds(g, documents, call_cost, costs);     // and so does this
     set_spread(g, costs);
     const int64_t m = slowest(costs);
     const double gain = call_cost > 0 ? kMinGain : 0.0;  // balanced for work alone, any gain counts

@@ -134,8 +134,8 @@ RankTime time_rank_rounds(const Options& o, int r, int n, const Tensor& q, const
       for (const ops::AttentionBlock& b : round.blocks)
         t.units += static_cast<double>(b.q_rows * b.k_rows) / static_cast<double>(c * c) * (round.causal ? 0.5 : 1.0);
     }
-  const std::vector<int64_t> work = cp_ring::chunk_work(documents, static_cast<int64_t>(chunks.chunks.size()) * c, c);
-  for (int64_t ch : chunks.of(r)) t.masked_pairs += work[static_cast<size_t>(ch)];
+  for (int64_t ch : chunks.of(r))
+    t.masked_pairs += cp_ring::range_work(documents, chunks.begin(ch), chunks.begin(ch) + chunks.rows(ch));
   if (o.layouts_only) return t;
   // The rounds' outputs land in one buffer (their values do not change the backward's speed).
   Tensor out = Tensor::zeros(q.shape(), q.dtype(), dev), lse = Tensor::zeros({q.size(1), q.size(0)}, DType::f32, dev);
@@ -281,6 +281,7 @@ int run(const Options& o) {
       // The balanced layout's k and the spread of the masked work it predicts.
       const std::string predicted = layout == Layout::balanced_documents
                                         ? str(", \"k\": ", chunks.k, ", \"chunk_rows\": ", chunks.c,
+                                              ", \"bounds_moved\": ", chunks.bounds.empty() ? "false" : "true",
                                               ", \"predicted_spread_pct\": ", 100.0 * chunks.spread)
                                         : std::string();
       std::printf(

@@ -10,6 +10,7 @@
 #include <memory>
 #include <random>
 #include <string>
+#include <utility>
 #include <vector>
 
 #include "config/manifest.h"
@@ -156,6 +157,11 @@ inline AttnErrors ring_attention_errors(const AttnCase& c, Device device, DType 
   e.dv = rel_l2(r_dv, dv.to_floats());
   return e;
 }
+
+// Packed documents whose default (time) layout moves its chunks' bounds (ring_pieces.h
+// even_bounds), per ring size: chunks of unequal rows on every rank, 4,096 tokens.
+inline const std::vector<std::pair<int, std::vector<int64_t>>> kMovedBounds = {
+    {2, {0, 1344, 2752, 4096}}, {4, {0, 1, 50, 97, 300, 2500, 4096}}, {8, {0, 700, 4096}}};
 
 inline void expect_ring_attention(const AttnCase& c, Device device, DType dtype, double tol, uint32_t seed = 7) {
   const AttnErrors e = ring_attention_errors(c, device, dtype, seed);

@@ -5,6 +5,7 @@
 #include <gtest/gtest.h>
 
 #include "plugins/cp_ring_cases.h"
+#include "ring_pieces.h"
 
 namespace lcx {
 namespace {
@@ -38,6 +39,16 @@ TEST_P(CpRingAttentionGpu, Bf16PackedDocuments) {
   const int64_t L = 2 * cp * 96;
   test::expect_ring_attention({cp, 96, 8, 2, 128, true, {0, 1, 50, 97, 300, L - 7, L}}, Device::cuda(), DType::bf16,
                               kBf16Tol);
+}
+
+// The default layout with its chunks' bounds moved: pieces of unequal rows through the rounds.
+TEST(CpRingAttentionGpuMovedBounds, Bf16PackedDocuments) {
+  LCX_SKIP_WITHOUT_GPU();
+  for (const auto& [cp, docs] : test::kMovedBounds) {
+    const int64_t L = docs.back();
+    ASSERT_FALSE(cp_ring::balanced_layout(docs, L, cp).bounds.empty()) << "cp " << cp;
+    test::expect_ring_attention({cp, L / (2 * cp), 8, 2, 128, true, docs}, Device::cuda(), DType::bf16, kBf16Tol);
+  }
 }
 
 INSTANTIATE_TEST_SUITE_P(Ranks, CpRingAttentionGpu, ::testing::Values(2, 4, 8),

@@ -111,6 +111,21 @@ void expect_valid_layout(const cp_ring::ChunkLayout& l, int64_t L, int n, const 
     for (int64_t ch : l.of(r)) ++held.at(static_cast<size_t>(ch));
   }
   for (size_t ch = 0; ch < held.size(); ++ch) EXPECT_EQ(held[ch], 1) << what << ": chunk " << ch;
+  // Moved bounds: the chunks tile the sequence in order, each of at least kBoundStep rows, and
+  // every rank's chunks hold L / n rows.
+  if (l.bounds.empty()) return;
+  ASSERT_EQ(l.bounds.size(), l.chunks.size() + 1) << what;
+  EXPECT_EQ(l.bounds.front(), 0) << what;
+  EXPECT_EQ(l.bounds.back(), L) << what;
+  for (size_t ch = 0; ch < l.chunks.size(); ++ch) {
+    EXPECT_GE(l.rows(static_cast<int64_t>(ch)), cp_ring::kBoundStep) << what << ": chunk " << ch;
+    EXPECT_EQ(l.bounds[ch] % cp_ring::kBoundStep, 0) << what << ": chunk " << ch;
+  }
+  for (int r = 0; r < n; ++r) {
+    int64_t rows = 0;
+    for (int64_t ch : l.of(r)) rows += l.rows(ch);
+    EXPECT_EQ(rows, L / n) << what << ": rank " << r;
+  }
 }
 
 // Without documents, with one, or with documents the zigzag already balances, the shards are
@@ -227,6 +242,56 @@ TEST(CpRingLayout, RefinementLowersTheSlowestRank) {
   EXPECT_LT(*std::max_element(costs.begin(), costs.end()), 0.98 * static_cast<double>(before));
   cp_ring::rank_costs(g, docs, ck, cp_ring::kCallCostPairs);  // the refined layout's predicted spread
   EXPECT_LT(g.spread, spread_before) << "before " << spread_before << ", after " << g.spread;
+}
+
+// Whole chunks leave three books on 8 ranks 10% apart on the model (two chunks a rank: one rank's
+// pair is light, and finer chunks cost more calls); moving the bounds between chunks (even_bounds)
+// evens them out and lowers the slowest rank, each rank keeping its rows.
+TEST(CpRingLayout, MovedBoundsEvenWhatWholeChunksCannot) {
+  const int64_t L = 131072, k = 1;
+  const int n = 8;
+  const std::vector<int64_t> docs = bench::document_bounds("pg19", L, 2);
+  const int64_t c = L / (2 * n * k);
+  const std::vector<int64_t> ck = cp_ring::chunk_cost(docs, L, c, cp_ring::kCallCostPairs);
+  cp_ring::ChunkLayout g = cp_ring::greedy_layout(ck, n, k, c);
+  std::vector<int64_t> costs = cp_ring::rank_costs(g, docs, ck, cp_ring::kCallCostPairs);
+  cp_ring::refine_layout(g, docs, cp_ring::kCallCostPairs, costs);
+  cp_ring::set_spread(g, costs);
+  EXPECT_GT(g.spread, 0.08) << "whole chunks";
+  const int64_t before = *std::max_element(costs.begin(), costs.end());
+  cp_ring::even_bounds(g, docs, cp_ring::kCallCostPairs, costs);
+  ASSERT_FALSE(g.bounds.empty());
+  expect_valid_layout(g, L, n, "moved bounds");
+  std::vector<int64_t> recount(static_cast<size_t>(n));
+  for (int r = 0; r < n; ++r) recount[static_cast<size_t>(r)] = cp_ring::rank_cost(g, r, docs, cp_ring::kCallCostPairs);
+  EXPECT_EQ(recount, costs) << "the costs even_bounds hands back are the layout's";
+  cp_ring::set_spread(g, costs);
+  EXPECT_LT(g.spread, 0.02);
+  EXPECT_LT(*std::max_element(costs.begin(), costs.end()), before);
+  // balanced_layout takes it: the default layout of this sequence has moved bounds.
+  const cp_ring::ChunkLayout t = cp_ring::balanced_layout(docs, L, n);
+  EXPECT_FALSE(t.bounds.empty());
+  EXPECT_LT(t.spread, 0.02);
+}
+
+// The default (time) layout of kCutFiner on two ranks moves its chunks' bounds: the shard holds
+// each chunk's rows, whatever their length, in position order.
+TEST(CpRingShard, MovedBoundsShardHoldsItsChunksInPositionOrder) {
+  auto p = test::make_cp_ring(2);
+  Sequence seq = test::iota_sequence(4096, 3);
+  seq.document_bounds = kCutFiner;
+  const cp_ring::ChunkLayout l = cp_ring::balanced_layout(kCutFiner, 4096, 2);
+  ASSERT_FALSE(l.bounds.empty());
+  expect_valid_layout(l, 4096, 2, "kCutFiner");
+  for (int r = 0; r < 2; ++r) {
+    const Shard s = p->shard(seq, r);
+    ASSERT_EQ(s.tokens.numel(), 2048);
+    for (int64_t row = 0; row < 2048; ++row) {
+      const int64_t at = l.position(r, row);
+      ASSERT_EQ(s.tokens.data_as<int32_t>()[row], at) << "rank " << r << " row " << row;
+      ASSERT_EQ(s.positions.data_as<int64_t>()[row], sequence_position(kCutFiner, at)) << "rank " << r;
+    }
+  }
 }
 
 TEST(CpRingShard, BalancedShardHoldsItsChunksInPositionOrder) {
@@ -391,6 +456,16 @@ TEST(CpRingAttention, PackedDocumentsCutFinerEqualSingleRank) {
   test::expect_ring_attention({2, 1024, 2, 1, 8, false, kCutFiner, kBalanceWork}, Device::cpu(), DType::f32, kFp32Tol);
 }
 
+// Layouts whose chunks' bounds moved (the default balance): chunks of unequal rows on each rank,
+// pieces and merges at their own lengths.
+TEST(CpRingAttention, PackedDocumentsMovedBoundsEqualSingleRank) {
+  for (const auto& [cp, docs] : test::kMovedBounds) {
+    const int64_t L = docs.back();
+    ASSERT_FALSE(cp_ring::balanced_layout(docs, L, cp).bounds.empty()) << "cp " << cp;
+    test::expect_ring_attention({cp, L / (2 * cp), 4, 2, 8, true, docs}, Device::cpu(), DType::f32, kFp32Tol);
+  }
+}
+
 class CpRingStepCpu : public ::testing::TestWithParam<int> {};
 
 TEST_P(CpRingStepCpu, EqualsSingleRankStep) {
@@ -417,6 +492,15 @@ TEST(CpRingStepCpu, PackedDocumentsCutFinerEqualSingleRankStep) {
   const test::StepOutcome want = test::single_rank_step(seq, Device::cpu(), DType::f32);
   const test::StepOutcome got = test::cp_step(seq, 2, Device::cpu(), DType::f32, {}, kBalanceWork);
   test::expect_same_step(got, want, 1e-6, 2e-5, "cp = 2, packed documents in chunks of 512");
+}
+
+TEST(CpRingStepCpu, PackedDocumentsMovedBoundsEqualSingleRankStep) {
+  Sequence seq = test::random_sequence(4096, 64, 5);
+  seq.document_bounds = kCutFiner;
+  ASSERT_FALSE(cp_ring::balanced_layout(kCutFiner, 4096, 2).bounds.empty());
+  const test::StepOutcome want = test::single_rank_step(seq, Device::cpu(), DType::f32);
+  const test::StepOutcome got = test::cp_step(seq, 2, Device::cpu(), DType::f32);
+  test::expect_same_step(got, want, 1e-6, 2e-5, "cp = 2, packed documents in chunks of moved bounds");
 }
 
 INSTANTIATE_TEST_SUITE_P(Ranks, CpRingStepCpu, ::testing::Values(2, 4),
