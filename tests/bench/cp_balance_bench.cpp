@@ -18,6 +18,8 @@
 //   cp_balance_bench --device cuda --tokens 131072 --cp 2,4,8 [--mix pg19|short]   (--mix adds the
 //   balanced schedule masked by packed documents of that length mix, bench_util.h)
 //   cp_balance_bench --device cpu --tokens 512 --cp 2,4 --heads 4 --kv-heads 2 --head-dim 16   (a smoke run)
+//   cp_balance_bench --device cuda --tokens 131072 --cp 4 --mix pg19 --documents-only --chunks 0,3,4,7,2,5,1,6
+//   --bounds 0,16256,...,131072   (that layout timed in place of the balanced one, for ablations)
 //   cp_balance_bench --device cpu --mix short --documents-only --layouts-only   (each rank's masked pairs,
 //   computed pairs, rounds and cuDNN calls without running them; a GPU run prints them beside its
 //   times, which fit ring_pieces.h kCallCostPairs, kOctaveCalls and kQueryTilePairs)
@@ -50,6 +52,9 @@ struct Options {
   uint64_t seed = 1;
   bool documents_only = false;
   bool layouts_only = false;  // each rank's pieces, pairs and calls, nothing run (for fitting the call cost)
+  // A layout to time in place of the balanced one (one --cp): its chunks rank by rank (2k each, in
+  // position order) and, optionally, the chunks' bounds (2 cp k + 1 of them, 0 to --tokens).
+  std::vector<int64_t> given_chunks, given_bounds;
 };
 
 Options parse(int argc, char** argv) {
@@ -67,6 +72,8 @@ Options parse(int argc, char** argv) {
     else if (a == "--seed") o.seed = static_cast<uint64_t>(args.number());
     else if (a == "--documents-only") o.documents_only = true;
     else if (a == "--layouts-only") o.layouts_only = true;
+    else if (a == "--chunks") o.given_chunks = bench::parse_list(args.value());
+    else if (a == "--bounds") o.given_bounds = bench::parse_list(args.value());
     else if (a == "--reps") o.reps = std::max<int>(1, static_cast<int>(args.number()));
     else args.unknown("see the usage at the top of tests/bench/cp_balance_bench.cpp");
   }
@@ -219,6 +226,30 @@ double median(std::vector<double> v) {
   return v[v.size() / 2];
 }
 
+// --chunks (and --bounds): the layout to time, checked as cp_ring would need it, its predicted
+// spread costed as balanced_layout costs its own.
+cp_ring::ChunkLayout given_layout(const Options& o, int n, const std::vector<int64_t>& documents) {
+  const int64_t m = static_cast<int64_t>(o.given_chunks.size()), L = o.tokens;
+  if (o.cps.size() != 1 || m % (2 * n) != 0 || L % m != 0)
+    throw Error(str("cp_balance_bench: --chunks holds ", m, " chunks; it takes one --cp and 2k chunks a rank that cut ",
+                    "--tokens evenly"), "--chunks");
+  cp_ring::ChunkLayout l{n, m / (2 * n), L / m, o.given_chunks, 0, o.given_bounds};
+  std::vector<int64_t> rows(static_cast<size_t>(n), 0), seen(static_cast<size_t>(m), 0);
+  for (int r = 0; r < n; ++r)
+    for (int64_t ch : l.of(r)) {
+      if (ch < 0 || ch >= m || seen[static_cast<size_t>(ch)]++)
+        throw Error(str("cp_balance_bench: --chunks must name each of chunks 0 to ", m - 1, " once"), "--chunks");
+      rows[static_cast<size_t>(r)] += l.rows(ch);
+    }
+  if (!l.bounds.empty() && (static_cast<int64_t>(l.bounds.size()) != m + 1 || l.bounds.front() != 0 ||
+                            l.bounds.back() != L || !std::is_sorted(l.bounds.begin(), l.bounds.end())))
+    throw Error(str("cp_balance_bench: --bounds takes ", m + 1, " ascending values from 0 to ", L), "--bounds");
+  for (int64_t x : rows)
+    if (x != L / n) throw Error(str("cp_balance_bench: a rank's chunks hold ", x, " rows, not ", L / n), "--bounds");
+  cp_ring::rank_costs(l, documents, {}, cp_ring::kCallCostPairs);  // sets the predicted spread
+  return l;
+}
+
 int run(const Options& o) {
   constexpr double kMiB = 1024.0 * 1024.0;
   const double elem = o.device.is_cuda() ? 2.0 : 4.0;
@@ -235,7 +266,9 @@ int run(const Options& o) {
     const double fwd_bytes = static_cast<double>(cp - 1) * kv_block;
     const double bwd_bytes = static_cast<double>(cp - 1) * kv_block + static_cast<double>(cp) * grads;
     const std::vector<int64_t> documents = o.mix.empty() ? std::vector<int64_t>{} : bench::document_bounds(o.mix, o.tokens, o.seed);
-    const cp_ring::ChunkLayout balanced = cp_ring::balanced_layout(documents, o.tokens, static_cast<int>(cp));
+    const cp_ring::ChunkLayout balanced = o.given_chunks.empty()
+                                              ? cp_ring::balanced_layout(documents, o.tokens, static_cast<int>(cp))
+                                              : given_layout(o, static_cast<int>(cp), documents);
     const cp_ring::ChunkLayout zigzag = cp_ring::zigzag_layout(o.tokens, static_cast<int>(cp));
     std::vector<Layout> layouts;
     if (documents.empty() || !o.documents_only) layouts = {Layout::zigzag, Layout::contiguous};
@@ -246,7 +279,8 @@ int run(const Options& o) {
       const std::string name = layout == Layout::zigzag          ? "zigzag"
                                : layout == Layout::contiguous    ? "contiguous"
                                : layout == Layout::zigzag_masked ? "zigzag+" + docs
-                                                                 : "balanced+" + docs;
+                               : o.given_chunks.empty()          ? "balanced+" + docs
+                                                                 : "given+" + docs;
       time_rank(o, layout, static_cast<int>(cp - 1), static_cast<int>(cp), q, k, v, dout, chunks, documents);  // warm-up
       // Repetitions go round the ranks (rep outer, rank inner), not rank after rank: the GPU's clock
       // drifts under its power cap over seconds, and timing one rank's repetitions back to back
