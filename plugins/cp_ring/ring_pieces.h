@@ -379,9 +379,9 @@ inline std::vector<int64_t> rank_costs(ChunkLayout& layout, std::span<const int6
 // fastest rank that lifts the smaller of the two the most without reaching the slowest. At most
 // kRefinePasses swaps in all, each of 4 k^2 (n - 1) pairs costed, and only for layouts of up to
 // kRefineMaxChunks chunks a rank, where one chunk is a large share of a rank's work and costing
-// stays cheap: balanced_layout runs on the host once per sequence, and took at most 0.25 s on
-// 131,072 tokens and 0.8 s on 1,048,576 of issue 23's mixes on 8 ranks, on one core of the CI
-// machine. A swap moves where keys arrive for other ranks too, so every rank is recosted after
+// stays cheap: balanced_layout runs on the host once per sequence (with even_bounds, at most
+// 0.35 s at 131,072 tokens and 1.2 s at 1,048,576 of issue 23's mixes, on one core of the CI
+// machine). A swap moves where keys arrive for other ranks too, so every rank is recosted after
 // each and a swap that raises the slowest is undone. On the model, short documents on 8 ranks: 4
 // chunks a rank refined from a 37% spread to 2.5% (docs/PERF.md).
 inline constexpr int kRefinePasses = 16;
@@ -455,8 +455,8 @@ inline void refine_layout(ChunkLayout& layout, std::span<const int64_t> document
 // up to kSlideMaxChunks chunks a rank, where one chunk is a large share of a rank's work; finer
 // ones are evened by refine_layout's swaps. On the model (docs/PERF.md), issue 23's mixes at
 // 131,072 tokens on 2-8 ranks went from spreads up to 10.9% to at most 2.3%, and the slowest rank
-// 1-12% faster; balanced_layout then took at most 0.4 s of host time at 131,072 tokens and 1.3 s
-// at 1,048,576 (one core of the CI machine), once per sequence on the loader's thread.
+// up to 12% faster; balanced_layout then took at most 0.35 s of host time at 131,072 tokens and
+// 1.2 s at 1,048,576 (one core of the CI machine), once per sequence, in shard().
 inline constexpr int64_t kBoundStep = ops::kMinPaddedRows;
 inline constexpr int kBoundPasses = 16;
 inline constexpr int kNewtonSteps = 8;
