@@ -222,54 +222,62 @@ TEST(CpRingLayout, BalancesPackedMixes) {
 // The greedy layout balances each chunk's own cost; refined against what each rank's rounds run
 // (swaps of the slowest rank's chunks), the slowest rank costs less and the layout stays valid:
 // short documents at 131,072 tokens on 8 ranks, 8 chunks a rank (the model's choice there).
-TEST(CpRingLayout, RefinementLowersTheSlowestRank) {
-  const int64_t L = 131072, k = 4;
-  const int n = 8;
-  const std::vector<int64_t> docs = bench::document_bounds("short", L, 1);
-  const int64_t c = L / (2 * n * k);
-  const std::vector<int64_t> ck = cp_ring::chunk_cost(docs, L, c, cp_ring::kCallCostPairs);
-  cp_ring::ChunkLayout g = cp_ring::greedy_layout(ck, n, k, c);
-  std::vector<int64_t> costs = cp_ring::rank_costs(g, docs, ck, cp_ring::kCallCostPairs);
-  const int64_t before = *std::max_element(costs.begin(), costs.end());
-  const double spread_before = g.spread;
-  cp_ring::refine_layout(g, docs, cp_ring::kCallCostPairs, costs);
-  expect_valid_layout(g, L, n, "refined");
+// The greedy layout of a mix's documents with 2k chunks a rank, its ranks costed over their rounds.
+struct Greedy {
+  std::vector<int64_t> docs;
+  cp_ring::ChunkLayout layout;
+  std::vector<int64_t> costs;
+};
+Greedy greedy_of(const std::string& mix, uint64_t seed, int64_t L, int n, int64_t k) {
+  Greedy g{bench::document_bounds(mix, L, seed), {}, {}};
+  const std::vector<int64_t> ck = cp_ring::chunk_cost(g.docs, L, L / (2 * n * k), cp_ring::kCallCostPairs);
+  g.layout = cp_ring::greedy_layout(ck, n, k, L / (2 * n * k));
+  g.costs = cp_ring::rank_costs(g.layout, g.docs, ck, cp_ring::kCallCostPairs);
+  return g;
+}
+
+// What a refinement hands back is a valid layout and its ranks' costs; sets its predicted spread.
+void expect_costs_of_valid_layout(Greedy& g, int64_t L, const std::string& what) {
+  const int n = g.layout.n;
+  expect_valid_layout(g.layout, L, n, what);
   std::vector<int64_t> recount(static_cast<size_t>(n));
-  for (int r = 0; r < n; ++r) recount[static_cast<size_t>(r)] = cp_ring::rank_cost(g, r, docs, cp_ring::kCallCostPairs);
-  EXPECT_EQ(recount, costs) << "the costs refine_layout hands back are the layout's";
+  for (int r = 0; r < n; ++r)
+    recount[static_cast<size_t>(r)] = cp_ring::rank_cost(g.layout, r, g.docs, cp_ring::kCallCostPairs);
+  EXPECT_EQ(recount, g.costs) << what << ": the costs handed back are the layout's";
+  cp_ring::set_spread(g.layout, g.costs);
+}
+
+TEST(CpRingLayout, RefinementLowersTheSlowestRank) {
+  const int64_t L = 131072;
+  Greedy g = greedy_of("short", 1, L, 8, 4);
+  const int64_t before = *std::max_element(g.costs.begin(), g.costs.end());
+  const double spread_before = g.layout.spread;
+  cp_ring::refine_layout(g.layout, g.docs, cp_ring::kCallCostPairs, g.costs);
+  expect_costs_of_valid_layout(g, L, "refined");
   // 75.0M to 72.1M pairs' cost with the query-tile model (ring_pieces.h); 7% lower with the model
   // before it, whose greedy start was further off.
-  EXPECT_LT(*std::max_element(costs.begin(), costs.end()), 0.98 * static_cast<double>(before));
-  cp_ring::rank_costs(g, docs, ck, cp_ring::kCallCostPairs);  // the refined layout's predicted spread
-  EXPECT_LT(g.spread, spread_before) << "before " << spread_before << ", after " << g.spread;
+  EXPECT_LT(*std::max_element(g.costs.begin(), g.costs.end()), 0.98 * static_cast<double>(before));
+  EXPECT_LT(g.layout.spread, spread_before) << "before " << spread_before << ", after " << g.layout.spread;
 }
 
 // Whole chunks leave three books on 8 ranks 10% apart on the model (two chunks a rank: one rank's
 // pair is light, and finer chunks cost more calls); moving the bounds between chunks (even_bounds)
 // evens them out and lowers the slowest rank, each rank keeping its rows.
 TEST(CpRingLayout, MovedBoundsEvenWhatWholeChunksCannot) {
-  const int64_t L = 131072, k = 1;
+  const int64_t L = 131072;
   const int n = 8;
-  const std::vector<int64_t> docs = bench::document_bounds("pg19", L, 2);
-  const int64_t c = L / (2 * n * k);
-  const std::vector<int64_t> ck = cp_ring::chunk_cost(docs, L, c, cp_ring::kCallCostPairs);
-  cp_ring::ChunkLayout g = cp_ring::greedy_layout(ck, n, k, c);
-  std::vector<int64_t> costs = cp_ring::rank_costs(g, docs, ck, cp_ring::kCallCostPairs);
-  cp_ring::refine_layout(g, docs, cp_ring::kCallCostPairs, costs);
-  cp_ring::set_spread(g, costs);
-  EXPECT_GT(g.spread, 0.08) << "whole chunks";
-  const int64_t before = *std::max_element(costs.begin(), costs.end());
-  cp_ring::even_bounds(g, docs, cp_ring::kCallCostPairs, costs);
-  ASSERT_FALSE(g.bounds.empty());
-  expect_valid_layout(g, L, n, "moved bounds");
-  std::vector<int64_t> recount(static_cast<size_t>(n));
-  for (int r = 0; r < n; ++r) recount[static_cast<size_t>(r)] = cp_ring::rank_cost(g, r, docs, cp_ring::kCallCostPairs);
-  EXPECT_EQ(recount, costs) << "the costs even_bounds hands back are the layout's";
-  cp_ring::set_spread(g, costs);
-  EXPECT_LT(g.spread, 0.02);
-  EXPECT_LT(*std::max_element(costs.begin(), costs.end()), before);
+  Greedy g = greedy_of("pg19", 2, L, n, 1);
+  cp_ring::refine_layout(g.layout, g.docs, cp_ring::kCallCostPairs, g.costs);
+  cp_ring::set_spread(g.layout, g.costs);
+  EXPECT_GT(g.layout.spread, 0.08) << "whole chunks";
+  const int64_t before = *std::max_element(g.costs.begin(), g.costs.end());
+  cp_ring::even_bounds(g.layout, g.docs, cp_ring::kCallCostPairs, g.costs);
+  ASSERT_FALSE(g.layout.bounds.empty());
+  expect_costs_of_valid_layout(g, L, "moved bounds");
+  EXPECT_LT(g.layout.spread, 0.02);
+  EXPECT_LT(*std::max_element(g.costs.begin(), g.costs.end()), before);
   // balanced_layout takes it: the default layout of this sequence has moved bounds.
-  const cp_ring::ChunkLayout t = cp_ring::balanced_layout(docs, L, n);
+  const cp_ring::ChunkLayout t = cp_ring::balanced_layout(g.docs, L, n);
   EXPECT_FALSE(t.bounds.empty());
   EXPECT_LT(t.spread, 0.02);
 }
