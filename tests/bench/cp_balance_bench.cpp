@@ -27,6 +27,7 @@
 #include <chrono>
 #include <cmath>
 #include <cstdio>
+#include <functional>
 #include <sstream>
 #include <string>
 #include <vector>
@@ -234,6 +235,11 @@ cp_ring::ChunkLayout given_layout(const Options& o, int n, const std::vector<int
     throw Error(str("cp_balance_bench: --chunks holds ", m, " chunks; it takes one --cp and 2k chunks a rank that cut ",
                     "--tokens evenly"), "--chunks");
   cp_ring::ChunkLayout l{n, m / (2 * n), L / m, o.given_chunks, 0, o.given_bounds};
+  // The bounds first: the rows below are read off them.
+  if (!l.bounds.empty() &&
+      (static_cast<int64_t>(l.bounds.size()) != m + 1 || l.bounds.front() != 0 || l.bounds.back() != L ||
+       std::adjacent_find(l.bounds.begin(), l.bounds.end(), std::greater_equal<int64_t>()) != l.bounds.end()))
+    throw Error(str("cp_balance_bench: --bounds takes ", m + 1, " rising values from 0 to ", L), "--bounds");
   std::vector<int64_t> rows(static_cast<size_t>(n), 0), seen(static_cast<size_t>(m), 0);
   for (int r = 0; r < n; ++r)
     for (int64_t ch : l.of(r)) {
@@ -241,9 +247,6 @@ cp_ring::ChunkLayout given_layout(const Options& o, int n, const std::vector<int
         throw Error(str("cp_balance_bench: --chunks must name each of chunks 0 to ", m - 1, " once"), "--chunks");
       rows[static_cast<size_t>(r)] += l.rows(ch);
     }
-  if (!l.bounds.empty() && (static_cast<int64_t>(l.bounds.size()) != m + 1 || l.bounds.front() != 0 ||
-                            l.bounds.back() != L || !std::is_sorted(l.bounds.begin(), l.bounds.end())))
-    throw Error(str("cp_balance_bench: --bounds takes ", m + 1, " ascending values from 0 to ", L), "--bounds");
   for (int64_t x : rows)
     if (x != L / n) throw Error(str("cp_balance_bench: a rank's chunks hold ", x, " rows, not ", L / n), "--bounds");
   cp_ring::rank_costs(l, documents, {}, cp_ring::kCallCostPairs);  // sets the predicted spread
