@@ -496,7 +496,8 @@ inline void even_bounds(ChunkLayout& layout, std::span<const int64_t> documents,
   // moving the bounds that keeps the ranks' rows): each slide's effect on every rank's cost
   // measured by moving it a quarter chunk, then the slides that bring all ranks to one cost by
   // least squares (a small ridge keeps the steps short where slides overlap), rounded to tiles,
-  // and kept when the score improves (else the step halved, twice).
+  // and kept when the score improves (else the step halved, twice). In doubles, unlike the
+  // integer costs: every rank runs the same build on the same bounds, so all derive one layout.
   std::vector<std::pair<int64_t, int64_t>> axes;
   for (int r = 0; r < n; ++r)
     for (size_t x = 0; x + 1 < static_cast<size_t>(per); ++x) axes.emplace_back(t.of(r)[x], t.of(r)[x + 1]);
@@ -552,6 +553,10 @@ inline void even_bounds(ChunkLayout& layout, std::span<const int64_t> documents,
       bool ok = true, any = false;
       for (size_t v = 0; v < V && ok; ++v) {
         const double rows = scale * M[v][U];
+        if (!(std::abs(rows) < static_cast<double>(t.bounds.back()))) {  // a singular system's answer
+          ok = false;
+          break;
+        }
         const int64_t s = static_cast<int64_t>(std::llround(rows / static_cast<double>(kBoundStep))) * kBoundStep;
         if (s != 0) ok = slide(u, axes[v].first, axes[v].second, s), any = true;
       }
