@@ -61,7 +61,7 @@ struct ChunkLayout {
 };
 
 inline ChunkLayout zigzag_layout(int64_t L, int n) {
-  ChunkLayout z{n, 1, L / (2 * n), {}, 0};
+  ChunkLayout z{n, 1, L / (2 * n), {}, 0, {}};
   for (int r = 0; r < n; ++r) z.chunks.insert(z.chunks.end(), {r, 2 * n - 1 - r});
   return z;
 }
@@ -135,7 +135,7 @@ inline ChunkLayout greedy_layout(const std::vector<int64_t>& work, int n, int64_
     load[top] -= d;
     load[bs] += d;
   }
-  ChunkLayout out{n, k, c, {}, 0};
+  ChunkLayout out{n, k, c, {}, 0, {}};
   for (auto& h : held) {
     std::sort(h.begin(), h.end());
     out.chunks.insert(out.chunks.end(), h.begin(), h.end());
@@ -352,6 +352,13 @@ inline int64_t rank_cost(const ChunkLayout& layout, int r, std::span<const int64
   return cost;
 }
 
+// Every rank's rank_cost under the layout.
+inline std::vector<int64_t> ranks_cost(const ChunkLayout& layout, std::span<const int64_t> documents, int64_t call_cost) {
+  std::vector<int64_t> costs(static_cast<size_t>(layout.n));
+  for (int r = 0; r < layout.n; ++r) costs[static_cast<size_t>(r)] = rank_cost(layout, r, documents, call_cost);
+  return costs;
+}
+
 // The layout's predicted spread, (max - min) / mean, of its ranks' costs.
 inline void set_spread(ChunkLayout& layout, const std::vector<int64_t>& costs) {
   const auto [mn, mx] = std::minmax_element(costs.begin(), costs.end());
@@ -364,9 +371,9 @@ inline void set_spread(ChunkLayout& layout, const std::vector<int64_t>& costs) {
 inline std::vector<int64_t> rank_costs(ChunkLayout& layout, std::span<const int64_t> documents,
                                        const std::vector<int64_t>& chunk_costs, int64_t call_cost) {
   std::vector<int64_t> costs(static_cast<size_t>(layout.n), 0);
-  for (int r = 0; r < layout.n; ++r)
-    if (call_cost > 0) costs[static_cast<size_t>(r)] = rank_cost(layout, r, documents, call_cost);
-    else
+  if (call_cost > 0) costs = ranks_cost(layout, documents, call_cost);
+  else
+    for (int r = 0; r < layout.n; ++r)
       for (int64_t ch : layout.of(r)) costs[static_cast<size_t>(r)] += chunk_costs[static_cast<size_t>(ch)];
   set_spread(layout, costs);
   return costs;
@@ -433,8 +440,7 @@ inline void refine_layout(ChunkLayout& layout, std::span<const int64_t> document
     }
     if (sw.b < 0) return;
     ChunkLayout t = swapped(layout, of, sw.ia, sw.b, sw.ib);
-    std::vector<int64_t> c(static_cast<size_t>(n));
-    for (int r = 0; r < n; ++r) c[static_cast<size_t>(r)] = rank_cost(t, r, documents, call_cost);
+    std::vector<int64_t> c = ranks_cost(t, documents, call_cost);
     const auto [nlo, nhi] = std::minmax_element(c.begin(), c.end());
     if (*nhi > most || (*nhi == most && *nlo <= least)) return;
     layout = std::move(t);
@@ -462,6 +468,46 @@ inline constexpr int kBoundPasses = 16;
 inline constexpr int kNewtonSteps = 8;
 inline constexpr int64_t kSlideMaxChunks = 4;
 
+// even_bounds' Newton step: given J[r][v], rank r's cost change per row slid along slide v, the
+// rows to slide along each so that every rank reaches one common cost, by least squares: minimize
+// |costs + J d - goal|^2 + ridge |d|^2 over the slides d and the goal, through the normal
+// equations (Gauss-Jordan with partial pivoting). The small ridge keeps the steps short where
+// slides overlap (several reach the same bounds).
+inline std::vector<double> common_cost_slides(const std::vector<std::vector<double>>& J,
+                                              const std::vector<int64_t>& costs) {
+  const size_t V = J.empty() ? 0 : J[0].size(), U = V + 1;  // the slides, then the goal
+  std::vector<std::vector<double>> M(U, std::vector<double>(U + 1, 0));
+  for (size_t r = 0; r < J.size(); ++r) {
+    std::vector<double> row(J[r]);
+    row.push_back(-1.0);
+    for (size_t i = 0; i < U; ++i) {
+      for (size_t j = 0; j < U; ++j) M[i][j] += row[i] * row[j];
+      M[i][U] -= row[i] * static_cast<double>(costs[r]);
+    }
+  }
+  double trace = 0;
+  for (size_t v = 0; v < V; ++v) trace += M[v][v];
+  const double ridge = trace > 0 ? 1e-3 * trace / static_cast<double>(V) : 1.0;
+  for (size_t v = 0; v < V; ++v) M[v][v] += ridge;
+  for (size_t i = 0; i < U; ++i) {
+    size_t p = i;
+    for (size_t j = i + 1; j < U; ++j)
+      if (std::abs(M[j][i]) > std::abs(M[p][i])) p = j;
+    std::swap(M[i], M[p]);
+    if (std::abs(M[i][i]) < 1e-30) continue;
+    const double pivot = M[i][i];
+    for (double& x : M[i]) x /= pivot;
+    for (size_t j = 0; j < U; ++j)
+      if (j != i && M[j][i] != 0) {
+        const double f = M[j][i];
+        for (size_t k = i; k <= U; ++k) M[j][k] -= f * M[i][k];
+      }
+  }
+  std::vector<double> d(V);
+  for (size_t v = 0; v < V; ++v) d[v] = M[v][U];
+  return d;
+}
+
 inline void even_bounds(ChunkLayout& layout, std::span<const int64_t> documents, int64_t call_cost,
                         std::vector<int64_t>& costs) {
   const int n = layout.n;
@@ -481,11 +527,6 @@ inline void even_bounds(ChunkLayout& layout, std::span<const int64_t> documents,
     const auto [lo, hi] = std::minmax_element(c.begin(), c.end());
     return std::tuple{*hi, *hi - *lo, squares};
   };
-  auto costs_of = [&](const ChunkLayout& l) {
-    std::vector<int64_t> c(static_cast<size_t>(n));
-    for (int r = 0; r < n; ++r) c[static_cast<size_t>(r)] = rank_cost(l, r, documents, call_cost);
-    return c;
-  };
   // Slide chunks `first` .. `second` by s rows: false where a chunk would keep under kBoundStep.
   auto slide = [&](ChunkLayout& l, int64_t first, int64_t second, int64_t s) {
     if (l.rows(first) + s < kBoundStep || l.rows(second) - s < kBoundStep) return false;
@@ -494,10 +535,10 @@ inline void even_bounds(ChunkLayout& layout, std::span<const int64_t> documents,
   };
   // Newton steps on the slides of each rank's neighbouring chunks (together they reach every way of
   // moving the bounds that keeps the ranks' rows): each slide's effect on every rank's cost
-  // measured by moving it a quarter chunk, then the slides that bring all ranks to one cost by
-  // least squares (a small ridge keeps the steps short where slides overlap), rounded to tiles,
-  // and kept when the score improves (else the step halved, twice). In doubles, unlike the
-  // integer costs: every rank runs the same build on the same bounds, so all derive one layout.
+  // measured by moving it a quarter chunk, then the slides that bring all ranks to one cost
+  // (common_cost_slides), rounded to tiles, and kept when the score improves (else the step
+  // halved, twice). In doubles, unlike the integer costs: every rank runs the same build on the
+  // same bounds, so all derive one layout.
   std::vector<std::pair<int64_t, int64_t>> axes;
   for (int r = 0; r < n; ++r)
     for (size_t x = 0; x + 1 < static_cast<size_t>(per); ++x) axes.emplace_back(t.of(r)[x], t.of(r)[x + 1]);
@@ -513,55 +554,27 @@ inline void even_bounds(ChunkLayout& layout, std::span<const int64_t> documents,
       const bool u_ok = slide(up, axes[v].first, axes[v].second, probe);
       const bool d_ok = slide(down, axes[v].first, axes[v].second, -probe);
       if (!u_ok && !d_ok) continue;
-      const std::vector<int64_t> cu = u_ok ? costs_of(up) : costs, cd = d_ok ? costs_of(down) : costs;
+      const std::vector<int64_t> cu = u_ok ? ranks_cost(up, documents, call_cost) : costs;
+      const std::vector<int64_t> cd = d_ok ? ranks_cost(down, documents, call_cost) : costs;
       const double span = static_cast<double>(probe * (u_ok + d_ok));
       for (size_t r = 0; r < static_cast<size_t>(n); ++r) J[r][v] = static_cast<double>(cu[r] - cd[r]) / span;
     }
-    // Unknowns: the slides and the common cost they aim at. Minimize |costs + J d - goal|^2 +
-    // ridge |d|^2 through the normal equations (V + 1 unknowns, Gauss-Jordan with pivoting).
-    const size_t U = V + 1;
-    std::vector<std::vector<double>> M(U, std::vector<double>(U + 1, 0));
-    double trace = 0;
-    for (size_t r = 0; r < static_cast<size_t>(n); ++r) {
-      std::vector<double> row(J[r]);
-      row.push_back(-1.0);
-      for (size_t i = 0; i < U; ++i) {
-        for (size_t j = 0; j < U; ++j) M[i][j] += row[i] * row[j];
-        M[i][U] -= row[i] * static_cast<double>(costs[r]);
-      }
-    }
-    for (size_t v = 0; v < V; ++v) trace += M[v][v];
-    const double ridge = trace > 0 ? 1e-3 * trace / static_cast<double>(V) : 1.0;
-    for (size_t v = 0; v < V; ++v) M[v][v] += ridge;
-    for (size_t i = 0; i < U; ++i) {
-      size_t p = i;
-      for (size_t j = i + 1; j < U; ++j)
-        if (std::abs(M[j][i]) > std::abs(M[p][i])) p = j;
-      std::swap(M[i], M[p]);
-      if (std::abs(M[i][i]) < 1e-30) continue;
-      const double pivot = M[i][i];
-      for (double& x : M[i]) x /= pivot;
-      for (size_t j = 0; j < U; ++j)
-        if (j != i && M[j][i] != 0) {
-          const double f = M[j][i];
-          for (size_t k = i; k <= U; ++k) M[j][k] -= f * M[i][k];
-        }
-    }
+    const std::vector<double> rows = common_cost_slides(J, costs);
     bool kept = false;
     for (double scale : {1.0, 0.5, 0.25}) {
       ChunkLayout u = t;
       bool ok = true, any = false;
       for (size_t v = 0; v < V && ok; ++v) {
-        const double rows = scale * M[v][U];
-        if (!(std::abs(rows) < static_cast<double>(t.bounds.back()))) {  // a singular system's answer
+        const double slid = scale * rows[v];  // rows along slide v
+        if (!(std::abs(slid) < static_cast<double>(t.bounds.back()))) {  // a singular system's answer
           ok = false;
           break;
         }
-        const int64_t s = static_cast<int64_t>(std::llround(rows / static_cast<double>(kBoundStep))) * kBoundStep;
+        const int64_t s = static_cast<int64_t>(std::llround(slid / static_cast<double>(kBoundStep))) * kBoundStep;
         if (s != 0) ok = slide(u, axes[v].first, axes[v].second, s), any = true;
       }
       if (!ok || !any) continue;
-      std::vector<int64_t> c = costs_of(u);
+      std::vector<int64_t> c = ranks_cost(u, documents, call_cost);
       if (!(score(c) < score(costs))) continue;
       t = std::move(u);
       costs = std::move(c);
@@ -581,7 +594,7 @@ inline void even_bounds(ChunkLayout& layout, std::span<const int64_t> documents,
         for (const int64_t s : {d, -d}) {
           ChunkLayout u = t;
           if (!slide(u, first, second, s)) continue;
-          std::vector<int64_t> c = costs_of(u);
+          std::vector<int64_t> c = ranks_cost(u, documents, call_cost);
           const auto sc = score(c);
           if (!(sc < best_score)) continue;
           best_score = sc;

@@ -158,11 +158,13 @@ inline PaddedWork padded_work(const std::vector<int64_t>& q_lengths, const std::
                               bool same_rows, LengthClasses classes = LengthClasses::fine) {
   PaddedWork w;
   auto rows = [&](size_t i, const std::vector<int64_t>& lengths) { return computed_rows(lengths[i], classes); };
+  auto tiles = [](int64_t computed) { return (computed + kMinPaddedRows - 1) / kMinPaddedRows; };
   if (same_rows) {
     for (const DocumentBatch& b : document_batches(q_lengths, classes)) {
       for (size_t i : b.docs) {
-        w.pairs += rows(i, q_lengths) * (rows(i, q_lengths) + 1) / 2;
-        w.query_tiles += (rows(i, q_lengths) + kMinPaddedRows - 1) / kMinPaddedRows;
+        const int64_t q = rows(i, q_lengths);
+        w.pairs += q * (q + 1) / 2;
+        w.query_tiles += tiles(q);
       }
       ++w.calls;
       w.call_octaves += call_octaves(b.rows);
@@ -170,8 +172,9 @@ inline PaddedWork padded_work(const std::vector<int64_t>& q_lengths, const std::
   } else {
     for (const DocumentPairBatch& b : document_pair_batches(q_lengths, k_lengths, classes)) {
       for (size_t i : b.docs) {
-        w.pairs += rows(i, q_lengths) * rows(i, k_lengths);
-        w.query_tiles += (rows(i, q_lengths) + kMinPaddedRows - 1) / kMinPaddedRows;
+        const int64_t q = rows(i, q_lengths);
+        w.pairs += q * rows(i, k_lengths);
+        w.query_tiles += tiles(q);
       }
       ++w.calls;
       w.call_octaves += call_octaves(b.k_rows);
