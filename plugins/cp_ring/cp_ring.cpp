@@ -501,10 +501,10 @@ class CpRing final : public Parallelism {
   }
 
   // shard() and the attention ask for the layout of the same bounds; with packed documents it takes
-  // up to most of a second of host time at a million tokens (ring_pieces.h refine_layout), so the
-  // last few answers are kept, keyed by their bounds. A few, not one: shard() may already be cutting
-  // the next sequence while the attention still runs this one. Locked: shard() may run on the
-  // loader's thread.
+  // up to 1.2 s of host time at a million tokens (ring_pieces.h balanced_layout), so the last few
+  // answers are kept, keyed by their bounds. A few, and locked, because shard() is const and its
+  // contract does not tie it to the step's thread: a caller may cut the next sequence while the
+  // attention still runs this one. Today's trainer cuts each just before its step.
   ChunkLayout layout_for(std::span<const int64_t> documents, int64_t L, int n) const {
     if (call_cost_ < 0 || documents.size() <= 2) return cp_ring::zigzag_layout(L, n);
     auto same = [&](const Known& m) { return m.L == L && m.n == n && std::ranges::equal(m.documents, documents); };
