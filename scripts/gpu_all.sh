@@ -43,7 +43,7 @@ if [[ ${LOSS:-0} != 0 ]]; then
 fi
 # Packed documents: masked attention against full causal (DOC_ATTENTION=1).
 if [[ ${DOC_ATTENTION:-0} != 0 ]]; then
-  OUT=$out/doc_attention timeout "${DOC_ATTENTION_TIMEOUT:-300}" scripts/bench/doc_attention.sh build \
+  OUT=$out/doc_attention timeout "${DOC_ATTENTION_TIMEOUT:-480}" scripts/bench/doc_attention.sh build \
     >"$out/doc_attention.out" 2>&1
 fi
 # cp_ring's work per rank, zigzag and with packed documents of both length mixes (CP_BALANCE=1).

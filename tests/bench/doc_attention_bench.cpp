@@ -14,6 +14,8 @@
 // "masked_padded", the path where cuDNN refuses ragged plans, and before them) and on the own
 // kernels once per document (kind "masked_own"), with the full causal one on cuDNN still.
 // One JSON line per (mix, kind) on stdout, then a summary line per mix and masked kind.
+// --bounds prints instead one JSON line per mix with its document bounds, and times nothing: the
+// PyTorch peer (scripts/bench/doc_attention_torch.py) reads them, so both time the same documents.
 //
 //   doc_attention_bench --device cuda --tokens 131072 [--masked-kernels auto,padded,own]
 //   doc_attention_bench --device cpu --tokens 512 --heads 4 --kv-heads 2 --head-dim 16   (a smoke run)
@@ -43,6 +45,7 @@ struct Options {
   std::vector<std::string> masked_kernels = {"auto"};  // auto: cuDNN's batches where they load; padded; own
   int reps = 3;
   uint64_t seed = 1;
+  bool bounds_only = false;
 };
 
 Options parse(int argc, char** argv) {
@@ -59,7 +62,8 @@ Options parse(int argc, char** argv) {
     else if (a == "--masked-kernels") o.masked_kernels = bench::parse_names(args.value());
     else if (a == "--reps") o.reps = static_cast<int>(args.number());
     else if (a == "--seed") o.seed = static_cast<uint64_t>(args.number());
-    else args.unknown("--device --tokens --heads --kv-heads --head-dim --mixes --masked-kernels --reps --seed");
+    else if (a == "--bounds") o.bounds_only = true;
+    else args.unknown("--device --tokens --heads --kv-heads --head-dim --mixes --masked-kernels --reps --seed --bounds");
   }
   for (const std::string& k : o.masked_kernels)
     if (k != "auto" && k != "padded" && k != "own")
@@ -117,6 +121,16 @@ int main(int argc, char** argv) {
   using namespace lcx;
   try {
     const Options o = parse(argc, argv);
+    if (o.bounds_only) {
+      for (const std::string& mix : o.mixes) {
+        const std::vector<int64_t> b = bench::document_bounds(mix, o.tokens, o.seed);
+        std::printf("{\"mix\":\"%s\",\"tokens\":%lld,\"seed\":%llu,\"bounds\":[", mix.c_str(),
+                    static_cast<long long>(o.tokens), static_cast<unsigned long long>(o.seed));
+        for (size_t i = 0; i < b.size(); ++i) std::printf("%s%lld", i ? "," : "", static_cast<long long>(b[i]));
+        std::printf("]}\n");
+      }
+      return 0;
+    }
     const int64_t T = o.tokens, Hq = o.heads, Hkv = o.kv_heads, d = o.head_dim;
     const DType dt = o.device.is_cuda() ? DType::bf16 : DType::f32;
     const Tensor q = bench::random_uniform({T, Hq, d}, dt, o.device, 1.f, 1);
