@@ -501,10 +501,11 @@ class CpRing final : public Parallelism {
   }
 
   // shard() and the attention ask for the layout of the same bounds; with packed documents it takes
-  // up to 1.2 s of host time at a million tokens (ring_pieces.h balanced_layout), so the last few
-  // answers are kept, keyed by their bounds. A few, and locked, because shard() is const and its
-  // contract does not tie it to the step's thread: a caller may cut the next sequence while the
-  // attention still runs this one. Today's trainer cuts each just before its step.
+  // up to 1.2 s of host time at a million tokens (ring_pieces.h balanced_layout), so the last
+  // answers are kept, keyed by their bounds. Locked, because shard() is const and its contract does
+  // not tie it to the step's thread: the trainer cuts a step's later sequences and the next step's
+  // on a worker while the attention runs this one (train/trainer.cpp cut_ahead), so shard() finds
+  // their layouts here. Enough for two steps of grad_accum = 8.
   ChunkLayout layout_for(std::span<const int64_t> documents, int64_t L, int n) const {
     if (call_cost_ < 0 || documents.size() <= 2) return cp_ring::zigzag_layout(L, n);
     auto same = [&](const Known& m) { return m.L == L && m.n == n && std::ranges::equal(m.documents, documents); };
@@ -525,7 +526,7 @@ class CpRing final : public Parallelism {
     int n;
     ChunkLayout layout;
   };
-  static constexpr size_t kKnownLayouts = 4;
+  static constexpr size_t kKnownLayouts = 16;
   mutable std::mutex known_mutex_;
   mutable std::vector<Known> known_;
 

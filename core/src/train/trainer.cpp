@@ -13,6 +13,7 @@
 #include <cstdlib>
 #include <filesystem>
 #include <fstream>
+#include <future>
 #include <memory>
 #include <nlohmann/json.hpp>
 
@@ -115,11 +116,14 @@ class Trainer {
     bool finite = true;
     bool stop = false;  // some rank was asked to stop
     double forward_s = 0, backward_s = 0, memory_wait_s = 0, weights_wait_s = 0;
+    double shard_s = 0;  // the step's thread in Parallelism::shard()
     double t_start = 0, t_communication = 0, t_optimizer = 0, t_end = 0;
   };
 
   static TrainerState start_state(const Run& run, const std::string& resume_dir);
   StepRecord train_step();
+  void cut_ahead(const Batch& batch);
+  std::pair<size_t, size_t> my_sequences(const Batch& batch) const;
   void forward_backward_step(const Batch& batch, StepRecord& r);
   void reduce_across_ranks(StepRecord& r);
   void optimizer_step(StepRecord& r);
@@ -138,6 +142,9 @@ class Trainer {
   MetricsLog metrics_;
   ProgressBar bar_;
   double run_start_ = 0;
+  // The worker cutting the sequences ahead of the one in hand (cut_ahead); declared last, so it is
+  // waited for before the members it reads go.
+  std::future<void> ahead_;
 };
 
 constexpr int64_t kMaxNonfiniteInRow = 3;
@@ -210,6 +217,7 @@ Trainer::StepRecord Trainer::train_step() {
   const Batch batch = run_.data().batch(state_.step, length_.per_step);
   r.valid = batch.valid_labels;
   r.tokens = batch.tokens;
+  cut_ahead(batch);
   forward_backward_step(batch, r);
   reduce_across_ranks(r);
   optimizer_step(r);
@@ -227,13 +235,47 @@ Trainer::StepRecord Trainer::train_step() {
   return r;
 }
 
+// This rank's sequences of the step: the batch's [first, last) for its dp coordinate.
+std::pair<size_t, size_t> Trainer::my_sequences(const Batch& batch) const {
+  const size_t accum = static_cast<size_t>(cfg_.train.grad_accum);
+  const size_t first = std::min(batch.sequences.size(), static_cast<size_t>(run_.mesh_coord().dp) * accum);
+  return {first, std::min(batch.sequences.size(), first + accum)};
+}
+
+// Cutting a sequence over ranks can take host time: cp_ring lays packed documents out by their
+// work, up to 0.35 s at 131,072 tokens on 8 ranks and 1.2 s at a million (docs/PERF.md), on the
+// step's thread before its first kernel. The slot keeps its last answers, and shard() is const and
+// may run on another thread, so a worker cuts this rank's later sequences of this step and its
+// sequences of the next step while the GPU runs this one; shard() then finds their layouts ready.
+// The worker's shards are dropped, and so are its errors: the step's own shard() of the same
+// sequence raises them where they belong. One rank alone cuts nothing worth it.
+void Trainer::cut_ahead(const Batch& batch) {
+  if (ahead_.valid()) ahead_.wait();  // it was cutting this step's sequences: done before they are needed
+  if (run_.slots().parallel->size() <= 1 || batch.valid_labels <= 0 || ops::attention_cut()) return;
+  const auto [first, last] = my_sequences(batch);
+  std::vector<Sequence> later(batch.sequences.begin() + static_cast<std::ptrdiff_t>(std::min(first + 1, last)),
+                              batch.sequences.begin() + static_cast<std::ptrdiff_t>(last));
+  const int64_t next = state_.step + 1;
+  ahead_ = std::async(std::launch::async, [this, later = std::move(later), next] {
+    try {
+      const Parallelism& parallel = *run_.slots().parallel;
+      const int rank = run_.seq_rank();
+      for (const Sequence& seq : later) parallel.shard(seq, rank);
+      if (next >= length_.total_steps) return;
+      const Batch b = run_.data().batch(next, length_.per_step);
+      const auto [f, l] = my_sequences(b);
+      for (size_t j = f; j < l; ++j) parallel.shard(b.sequences[j], rank);
+    } catch (const std::exception&) {
+      // The step's own shard() of this sequence says what went wrong.
+    }
+  });
+}
+
 // Every sequence of the step is known before the first forward, so the mean over the step's
 // valid targets is exact from the start (transformers' num_items_in_batch).
 void Trainer::forward_backward_step(const Batch& batch, StepRecord& r) {
   const Device device = run_.device();
-  const size_t accum = static_cast<size_t>(cfg_.train.grad_accum);
-  const size_t mine_begin = std::min(batch.sequences.size(), static_cast<size_t>(run_.mesh_coord().dp) * accum);
-  const size_t mine_end = std::min(batch.sequences.size(), mine_begin + accum);
+  const auto [mine_begin, mine_end] = my_sequences(batch);
   // One step of the run, when asked (memory_timeline_step): every allocation of it, for the timeline.
   std::unique_ptr<StepTimeline> timeline;
   if (cfg_.run.memory_timeline && run_.lead() && state_.step == first_step_ + cfg_.run.memory_timeline_step - 1)
@@ -241,7 +283,9 @@ void Trainer::forward_backward_step(const Batch& batch, StepRecord& r) {
   try {
     if (r.valid > 0) {
       for (size_t j = mine_begin; j < mine_end; ++j) {
+        const double t0 = now_s();
         Shard shard = run_.slots().parallel->shard(batch.sequences[j], run_.seq_rank());
+        r.shard_s += now_s() - t0;
         StepResult s = lcx::train_step(run_.step(), shard, 1.0 / static_cast<double>(r.valid), device);
         r.loss_sum += s.loss_sum;
         r.forward_s += s.forward_s;
@@ -409,6 +453,7 @@ void Trainer::log_step(const StepRecord& r) {
                       {"time_communication_s", r.t_optimizer - r.t_communication},
                       {"time_memory_wait_s", r.memory_wait_s},
                       {"time_weights_wait_s", r.weights_wait_s},
+                      {"time_shard_s", r.shard_s},
                       {"peak_host_bytes", host_peak_bytes()},
                       {"peak_pinned_bytes", pinned_allocator().stats().peak_bytes},
                       {"host_optimizer_bytes", host_optimizer_bytes(device)},

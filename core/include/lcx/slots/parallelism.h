@@ -49,6 +49,10 @@ class Parallelism : public Plugin {
   // Whether attention_forward/backward honour AttentionArgs::documents. A provider that does not
   // is refused by name when [data] attend_across_documents = false, never run unmasked.
   virtual bool masks_documents() const { return false; }
+  // This rank's share of `seq`. Called on the step's thread and also on a worker thread while this
+  // rank's attention runs: the trainer cuts a step's later sequences and the next step's ahead, so
+  // whatever a provider computes per sequence (and keeps, under a lock) is ready when the step
+  // needs it. It must therefore leave alone, or lock, any state the attention calls use.
   virtual Shard shard(const Sequence& seq, int rank) const = 0;
   // q [T,Hq,d], k/v [T,Hkv,d] of this rank; out [T,Hq,d]; lse fp32 [Hq,T] (natural log).
   virtual void attention_forward(const Tensor& q, const Tensor& k, const Tensor& v, Tensor& out,
