@@ -3,7 +3,8 @@
 // ring schedule runs alone on the device: at every ring step the attention pieces cp_ring computes
 // for it (ring_pieces.h, the plugin's own schedule), forward and backward, on tensors of the
 // model's attention shape. The device is synchronized around each rank's schedule and the host
-// clock read; the median of --reps repetitions (default 5, taken round the ranks) is reported. The same is done for contiguous
+// clock read; after a warm-up pass of every rank, the median of --reps repetitions (default 5, taken
+// round the ranks) is reported. The same is done for contiguous
 // sharding (rank r holds the r-th L/cp tokens), the layout zigzag replaces, so the table shows the
 // imbalance zigzag removes. Also printed: the bytes one rank sends per layer (K/V blocks in the
 // forward; K/V again and the fp32 dK/dV accumulators in the backward), the figure the plugin logs.
@@ -222,9 +223,12 @@ RankTime time_rank(const Options& o, Layout layout, int r, int n, const Tensor& 
   return t;
 }
 
+// The middle value; of an even count the mean of the middle two (with 2 repetitions, not the
+// larger: one slow repetition alone would be reported).
 double median(std::vector<double> v) {
   std::sort(v.begin(), v.end());
-  return v[v.size() / 2];
+  const size_t h = v.size() / 2;
+  return v.size() % 2 ? v[h] : (v[h - 1] + v[h]) / 2;
 }
 
 // --chunks (and --bounds): the layout to time, checked as cp_ring would need it, its predicted
@@ -284,7 +288,12 @@ int run(const Options& o) {
                                : layout == Layout::zigzag_masked ? "zigzag+" + docs
                                : o.given_chunks.empty()          ? "balanced+" + docs
                                                                  : "given+" + docs;
-      time_rank(o, layout, static_cast<int>(cp - 1), static_cast<int>(cp), q, k, v, dout, chunks, documents);  // warm-up
+      // A warm-up of every rank: each rank's rounds have batch shapes of their own, and cuDNN builds
+      // a plan for each new one on its first call (hundreds of ms a shape, charged to the first
+      // repetition; with the warm-up of one rank only, ranks of equal work at a million tokens on 4
+      // ranks came out up to 12% apart, and short documents up to 14x).
+      for (int r = 0; r < static_cast<int>(cp); ++r)
+        time_rank(o, layout, r, static_cast<int>(cp), q, k, v, dout, chunks, documents);
       // Repetitions go round the ranks (rep outer, rank inner), not rank after rank: the GPU's clock
       // drifts under its power cap over seconds, and timing one rank's repetitions back to back
       // charged a slow stretch to that rank alone (ranks of equal work differed by up to 12%).
