@@ -501,7 +501,7 @@ class CpRing final : public Parallelism {
   }
 
   // shard() and the attention ask for the layout of the same bounds; with packed documents it takes
-  // up to 1.2 s of host time at a million tokens (ring_pieces.h balanced_layout), so the last
+  // up to 1.0 s of host time at a million tokens (ring_pieces.h balanced_layout), so the last
   // answers are kept, keyed by their bounds. Locked, because shard() is const and its contract does
   // not tie it to the step's thread: the trainer cuts a step's later sequences and the next step's
   // on a worker while the attention runs this one (train/trainer.cpp cut_ahead), so shard() finds

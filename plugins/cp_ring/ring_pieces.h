@@ -247,13 +247,23 @@ inline std::vector<PlacedPiece> document_pieces(int r, int j, const ChunkLayout&
   auto document = [&](int64_t pos) { return std::upper_bound(documents.begin(), documents.end(), pos) - documents.begin(); };
   std::vector<PlacedPiece> out;
   const std::span<const int64_t> qs = layout.of(r), ks = layout.of(j);
+  // Each key chunk's first and last documents, looked up once rather than once per query chunk
+  // (this runs for every rank pair of every layout balanced_layout costs).
+  out.reserve(qs.size() * ks.size());
+  std::vector<int64_t> kfirst(ks.size()), klast(ks.size());
+  for (size_t i = 0; i < ks.size(); ++i) {
+    const int64_t kg = layout.begin(ks[i]);
+    kfirst[i] = document(kg);
+    klast[i] = document(kg + layout.rows(ks[i]) - 1);
+  }
   int64_t qa = 0;  // local rows where the chunks start
   for (const int64_t qc : qs) {
     const int64_t qg = layout.begin(qc), qn = layout.rows(qc);
+    const int64_t qfirst = document(qg), qlast = document(qg + qn - 1);
     int64_t kb = 0;
-    for (const int64_t kc : ks) {
-      const int64_t kg = layout.begin(kc), kn = layout.rows(kc);
-      if (!(causal && kg > qg) && document(qg + qn - 1) >= document(kg) && document(kg + kn - 1) >= document(qg))
+    for (size_t i = 0; i < ks.size(); ++i) {
+      const int64_t kg = layout.begin(ks[i]), kn = layout.rows(ks[i]);
+      if (!(causal && kg > qg) && qlast >= kfirst[i] && klast[i] >= qfirst)
         out.push_back({{qa, qa + qn, kb, kb + kn, causal && kg == qg}, qg, kg});
       kb += kn;
     }
@@ -333,6 +343,8 @@ inline std::vector<Round> step_rounds(int r, int j, const ChunkLayout& layout, b
 // block one document.
 inline ops::PaddedWork round_work(const Round& round) {
   std::vector<int64_t> ql, kl;
+  ql.reserve(round.blocks.size());
+  kl.reserve(round.blocks.size());
   for (const ops::AttentionBlock& b : round.blocks) {
     ql.push_back(b.q_rows);
     kl.push_back(b.k_rows);
@@ -387,7 +399,7 @@ inline std::vector<int64_t> rank_costs(ChunkLayout& layout, std::span<const int6
 // kRefinePasses swaps in all, each of 4 k^2 (n - 1) pairs costed, and only for layouts of up to
 // kRefineMaxChunks chunks a rank, where one chunk is a large share of a rank's work and costing
 // stays cheap: balanced_layout runs on the host once per sequence (with even_bounds, at most
-// 0.35 s at 131,072 tokens and 1.2 s at 1,048,576 of issue 23's mixes, on one core of the CI
+// 0.3 s at 131,072 tokens and 1.0 s at 1,048,576 of issue 23's mixes, on one core of the CI
 // machine). A swap moves where keys arrive for other ranks too, so every rank is recosted after
 // each and a swap that raises the slowest is undone. On the model, short documents on 8 ranks: 4
 // chunks a rank refined from a 37% spread to 2.5% (docs/PERF.md).
@@ -461,8 +473,8 @@ inline void refine_layout(ChunkLayout& layout, std::span<const int64_t> document
 // up to kSlideMaxChunks chunks a rank, where one chunk is a large share of a rank's work; finer
 // ones are evened by refine_layout's swaps. On the model (docs/PERF.md), issue 23's mixes at
 // 131,072 tokens on 2-8 ranks went from spreads up to 10.9% to at most 2.3%, and the slowest rank
-// up to 12% faster; balanced_layout then took at most 0.35 s of host time at 131,072 tokens and
-// 1.2 s at 1,048,576 (one core of the CI machine), once per sequence, in shard().
+// up to 12% faster; balanced_layout then takes at most 0.3 s of host time at 131,072 tokens and
+// 1.0 s at 1,048,576 (one core of the CI machine), once per sequence, in shard().
 inline constexpr int64_t kBoundStep = ops::kMinPaddedRows;
 inline constexpr int kBoundPasses = 16;
 inline constexpr int kNewtonSteps = 8;

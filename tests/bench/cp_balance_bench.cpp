@@ -10,8 +10,9 @@
 // forward; K/V again and the fp32 dK/dV accumulators in the backward), the figure the plugin logs.
 // With --mix, the layout cp_ring balances for the documents (ring_pieces.h balanced_layout) is
 // timed too, each ring step as the plugin runs it (step_rounds: one ops::attention_*_blocks call a
-// round): its summary line gives k (each rank holds 2k chunks) and the spread of the cost it
-// balances (computed pairs and a fixed cost a cuDNN call) that it predicts; beside it the plain
+// round): its summary line gives k (each rank holds 2k chunks), the spread of the cost it
+// balances (computed pairs and a fixed cost a cuDNN call) that it predicts and the host seconds
+// balanced_layout took (layout_host_s, what cp_ring's shard() spends on it); beside it the plain
 // zigzag under the same document masks, the layout it replaces (--documents-only: these two
 // alone, for sweeping seeds).
 // One JSON line per (layout, cp, rank) and one summary line per (layout, cp) on stdout.
@@ -273,9 +274,11 @@ int run(const Options& o) {
     const double fwd_bytes = static_cast<double>(cp - 1) * kv_block;
     const double bwd_bytes = static_cast<double>(cp - 1) * kv_block + static_cast<double>(cp) * grads;
     const std::vector<int64_t> documents = o.mix.empty() ? std::vector<int64_t>{} : bench::document_bounds(o.mix, o.tokens, o.seed);
+    const auto layout_start = clock_now();  // the host time cp_ring's shard() spends on it
     const cp_ring::ChunkLayout balanced = o.given_chunks.empty()
                                               ? cp_ring::balanced_layout(documents, o.tokens, static_cast<int>(cp))
                                               : given_layout(o, static_cast<int>(cp), documents);
+    const double layout_host_s = seconds(layout_start, clock_now());
     const cp_ring::ChunkLayout zigzag = cp_ring::zigzag_layout(o.tokens, static_cast<int>(cp));
     std::vector<Layout> layouts;
     if (documents.empty() || !o.documents_only) layouts = {Layout::zigzag, Layout::contiguous};
@@ -328,7 +331,8 @@ int run(const Options& o) {
       const std::string predicted = layout == Layout::balanced_documents
                                         ? str(", \"k\": ", chunks.k, ", \"chunk_rows\": ", chunks.c,
                                               ", \"bounds_moved\": ", chunks.bounds.empty() ? "false" : "true",
-                                              ", \"predicted_spread_pct\": ", 100.0 * chunks.spread)
+                                              ", \"predicted_spread_pct\": ", 100.0 * chunks.spread,
+                                              ", \"layout_host_s\": ", layout_host_s)
                                         : std::string();
       std::printf(
           "{\"summary\": true, \"layout\": \"%s\", \"cp\": %lld, \"tokens\": %lld, \"min_ms\": %.3f, \"max_ms\": %.3f, "

@@ -243,9 +243,10 @@ std::pair<size_t, size_t> Trainer::my_sequences(const Batch& batch) const {
 }
 
 // Cutting a sequence over ranks can take host time: a Parallelism provider that lays packed
-// documents out by their work took up to 0.35 s at 131,072 tokens on 8 ranks and 1.2 s at a
-// million (docs/PERF.md), on the step's thread before its first kernel. The slot keeps its last answers, and shard() is const and
-// may run on another thread, so a worker cuts this rank's later sequences of this step and its
+// documents out by their work takes up to 0.3 s at 131,072 tokens on 8 ranks and 1.0 s at a
+// million on one core, more with every rank's thread at it at once (docs/PERF.md), on the step's
+// thread before its first kernel. The slot keeps its last answers, and shard() is const and may
+// run on another thread, so a worker cuts this rank's later sequences of this step and its
 // sequences of the next step while the GPU runs this one; shard() then finds their layouts ready.
 // The worker's shards are dropped, and so are its errors: the step's own shard() of the same
 // sequence raises them where they belong. One rank alone cuts nothing worth it. LCX_CUT_AHEAD=0
