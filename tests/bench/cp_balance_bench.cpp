@@ -334,12 +334,20 @@ int run(const Options& o) {
                                               ", \"predicted_spread_pct\": ", 100.0 * chunks.spread,
                                               ", \"layout_host_s\": ", layout_host_s)
                                         : std::string();
+      // Under --layouts-only nothing ran: the times are 0 and their ratios null, so the line stays JSON.
+      auto ratio = [](double num, double den, const char* format) {
+        if (!(den > 0)) return std::string("null");
+        char buf[32];
+        std::snprintf(buf, sizeof buf, format, num / den);
+        return std::string(buf);
+      };
       std::printf(
           "{\"summary\": true, \"layout\": \"%s\", \"cp\": %lld, \"tokens\": %lld, \"min_ms\": %.3f, \"max_ms\": %.3f, "
-          "\"mean_ms\": %.3f, \"spread_pct\": %.2f, \"max_over_min\": %.4f, \"sent_per_layer_forward_mib\": %.1f, "
+          "\"mean_ms\": %.3f, \"spread_pct\": %s, \"max_over_min\": %s, \"sent_per_layer_forward_mib\": %.1f, "
           "\"sent_per_layer_backward_mib\": %.1f%s}\n",
           name.c_str(), static_cast<long long>(cp), static_cast<long long>(o.tokens), mn * 1e3, mx * 1e3, mean * 1e3,
-          100.0 * (mx - mn) / mean, mx / mn, fwd_bytes / kMiB, bwd_bytes / kMiB, predicted.c_str());
+          ratio(100.0 * (mx - mn), mean, "%.2f").c_str(), ratio(mx, mn, "%.4f").c_str(), fwd_bytes / kMiB, bwd_bytes / kMiB,
+          predicted.c_str());
       std::fflush(stdout);
     }
   }
