@@ -86,7 +86,8 @@ def flex_peer(q, k, v, dout, bounds, reps):
     def mask(b, h, qi, ki):
         return (qi >= ki) & (doc[qi] == doc[ki])
 
-    block = create_block_mask(mask, None, None, T, T, device=q.device, _compile=True)
+    # Compiled, as torch's docs advise for long sequences: eager it builds the dense T x T mask.
+    block = torch.compile(create_block_mask)(mask, None, None, T, T, device=q.device)
     attend = torch.compile(flex_attention)
     # flex takes [B, H, T, d]
     qh, kh, vh = (x.detach().transpose(0, 1).unsqueeze(0).contiguous().requires_grad_() for x in (q, k, v))
