@@ -54,7 +54,7 @@ fi
 # cp_ring's work per rank, zigzag and with packed documents of both length mixes (CP_BALANCE=1).
 if [[ ${CP_BALANCE:-0} != 0 ]]; then
   OUT=$out/cp_balance TOKENS=${CP_BALANCE_TOKENS:-131072} MIXES=${CP_BALANCE_MIXES:-"pg19 short"} \
-    timeout "${CP_BALANCE_TIMEOUT:-240}" scripts/bench/cp_balance.sh build >"$out/cp_balance.out" 2>&1
+    timeout "${CP_BALANCE_TIMEOUT:-360}" scripts/bench/cp_balance.sh build >"$out/cp_balance.out" 2>&1
 fi
 # Several GPUs: cp_ring and sp_ulysses over NCCL workers, one per GPU.
 if [[ ${MULTI:-0} != 0 ]] && (($(nvidia-smi -L | wc -l) > 1)); then

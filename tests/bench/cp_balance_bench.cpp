@@ -3,8 +3,8 @@
 // ring schedule runs alone on the device: at every ring step the attention pieces cp_ring computes
 // for it (ring_pieces.h, the plugin's own schedule), forward and backward, on tensors of the
 // model's attention shape. The device is synchronized around each rank's schedule and the host
-// clock read; after a warm-up pass of every rank, the median of --reps repetitions (default 5, taken
-// round the ranks) is reported. The same is done for contiguous
+// clock read; after a warm-up pass of every rank, the median of --reps repetitions (default 9, taken
+// round the ranks: with 5, ranks of equal work still came out up to 6% apart) is reported. The same is done for contiguous
 // sharding (rank r holds the r-th L/cp tokens), the layout zigzag replaces, so the table shows the
 // imbalance zigzag removes. Also printed: the bytes one rank sends per layer (K/V blocks in the
 // forward; K/V again and the fp32 dK/dV accumulators in the backward), the figure the plugin logs.
@@ -48,7 +48,7 @@ struct Options {
   Device device = Device::cuda();
   int64_t tokens = 131072, heads = 32, kv_heads = 8, head_dim = 128;  // Qwen3-8B's attention
   std::vector<int64_t> cps = {2, 4, 8};
-  int reps = 5;
+  int reps = 9;
   // Packed documents (bench_util.h's mixes): cp_ring's balanced schedule masked by their bounds,
   // beside the unmasked layouts. Empty: one text.
   std::string mix;
