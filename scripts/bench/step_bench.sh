@@ -10,6 +10,11 @@
 # TABLES adds TOML tables to the manifest (e.g. a [distributed] mesh); LCX_ARGS adds lcx-train
 # flags (e.g. --profile, --set qwen3.keep_attention=false); TORCH=0 skips the peer; TORCH_ARGS adds
 # torch_step.py flags (--offload: its checkpointed activations in pinned host memory).
+# DOCS=short (a length mix of doc_attention_bench: short, pg19, uniform4k) packs documents of that
+# mix into every sequence, each closed by <|endoftext|>: lcx masks them ([data]
+# attend_across_documents = false) and the peer gets their bounds (torch_step.py --documents:
+# positions restarting per document, transformers' packed-sequence mask, flex attention); ACROSS=1
+# keeps the same tokens but attends across documents on both sides (full causal), for the ablation.
 set -uo pipefail
 build=${1:-build}
 out=${OUT:-/tmp/lcx-bench}
@@ -29,7 +34,23 @@ for c in $cases; do
   layers=${LAYERS:-}
   run=$out/$model-$tokens
   rm -rf "$run" && mkdir -p "$run"
-  python3 -c "import numpy as np; np.random.default_rng(0).integers(0, 151643, size=$tokens*($steps+1), dtype=np.uint32).tofile('$run/ids.tokens')"
+  docs=${DOCS:+$run/bounds.jsonl}
+  across=true
+  if [[ -n $docs ]]; then
+    "$build/tests/doc_attention_bench" --device cpu --tokens "$tokens" --mixes "$DOCS" --bounds >"$docs" || exit 1
+    [[ ${ACROSS:-0} == 0 ]] && across=false
+  fi
+  # Random ids below <|endoftext|> (151643); with DOCS, each document's last token is it.
+  python3 - "$run/ids.tokens" "$tokens" "$((steps + 1))" "$docs" <<'PY'
+import json, sys
+import numpy as np
+path, tokens, seqs, docs = sys.argv[1], int(sys.argv[2]), int(sys.argv[3]), sys.argv[4]
+ids = np.random.default_rng(0).integers(0, 151643, size=(seqs, tokens), dtype=np.uint32)
+if docs:
+    ends = np.array(json.loads(open(docs).readline())["bounds"][1:]) - 1
+    ids[:, ends] = 151643
+ids.tofile(path)
+PY
   init="{\"preset\": \"$model\"${layers:+, \"num_hidden_layers\": $layers}}"
   cat >"$run/run.toml" <<TOML
 [run]
@@ -46,7 +67,7 @@ source = "$run/ids.tokens"
 seq_len = $tokens
 drop_last = true
 shuffle = false
-attend_across_documents = true
+attend_across_documents = $across
 [train]
 lr = 1e-5
 max_steps = $steps
@@ -77,9 +98,15 @@ PY
 )
   torch='{"error": "not run"}'
   [[ ${TORCH:-1} != 0 ]] && torch=$(PYTHONUNBUFFERED=1 timeout "$limit" python3 scripts/bench/torch_step.py --model "$model" --tokens "$tokens" \
-          --steps $((steps - 1)) ${layers:+--layers $layers} ${TORCH_ARGS:-} 2>"$run/torch.err" | tail -1)
+          --steps $((steps - 1)) ${layers:+--layers $layers} ${docs:+$([[ $across == false ]] && echo --documents "$docs")} \
+          ${TORCH_ARGS:-} 2>"$run/torch.err" | tail -1)
   echo "$torch" >"$run/torch.json"
-  row=$(python3 - "$lcx" "$torch" "$model" "$tokens" <<'PY'
+  label=$model
+  if [[ -n $docs ]]; then
+    n=$(python3 -c "import json, sys; print(len(json.loads(open(sys.argv[1]).readline())['bounds']) - 1)" "$docs")
+    label+=", $n $DOCS documents $([[ $across == false ]] && echo masked || echo "attended across")"
+  fi
+  row=$(python3 - "$lcx" "$torch" "$label" "$tokens" <<'PY'
 import json, sys
 l = sys.argv[1].split("|")
 try:

@@ -7,6 +7,14 @@ computes it. Prints one JSON line per configuration: step seconds (median of the
 tokens/s and peak GPU memory.
 
     python3 scripts/bench/torch_step.py --model qwen3-0.6b --tokens 8192 32768 --steps 3
+
+With --documents (a file of `doc_attention_bench --bounds` lines), each sequence packs those
+documents, each closed by <|endoftext|> whose target is ignored, as lcx packs them with [data]
+attend_across_documents = false: position ids restart at each document and transformers masks
+them from those (its packed-sequence detection, without an attention mask), on --attn
+(flex_attention unless told; SDPA then builds a dense T x T mask). Before timing, a small model
+checks that the packed documents really are masked: a document's logits must equal those of the
+same document run alone.
 """
 import argparse
 import contextlib
@@ -75,12 +83,51 @@ class ChunkedLossCheckpoint(torch.autograd.Function):
         return dh, dw.to(head.dtype), None, None
 
 
-def run(model_name, tokens, steps, layers=None, offload=False):
+EOS = 151643
+
+
+def document_bounds(path, tokens):
+    """The bounds {0, ..., tokens} of the first line of `path` written for this many tokens."""
+    for line in open(path):
+        row = json.loads(line)
+        if row["tokens"] == tokens:
+            return row["bounds"]
+    raise SystemExit(f"{path} has no document bounds for {tokens} tokens")
+
+
+def restarting_positions(bounds, device):
+    pos = torch.empty(bounds[-1], dtype=torch.long, device=device)
+    for a, b in zip(bounds[:-1], bounds[1:]):
+        pos[a:b] = torch.arange(b - a, device=device)
+    return pos[None]
+
+
+def check_masks_documents(attn):
+    """Raises unless transformers masks packed documents from restarting position ids on `attn`."""
+    cfg = Qwen3Config(vocab_size=1000, hidden_size=128, intermediate_size=256, num_hidden_layers=2,
+                      num_attention_heads=4, num_key_value_heads=2, head_dim=32)
+    cfg._attn_implementation = attn
+    torch.manual_seed(0)
+    with torch.device("cuda"):
+        model = Qwen3ForCausalLM(cfg).float().eval()
+    bounds = [0, 100, 256]
+    ids = torch.randint(0, 1000, (1, 256), device="cuda")
+    # No cache, as in training: transformers looks for packed documents only without one.
+    with torch.no_grad():
+        packed = model(input_ids=ids, position_ids=restarting_positions(bounds, "cuda"), use_cache=False).logits[0, 100:]
+        alone = model(input_ids=ids[:, 100:], position_ids=restarting_positions([0, 156], "cuda"),
+                      use_cache=False).logits[0]
+    diff = (packed - alone).abs().max().item()
+    if not diff < 1e-3 * alone.abs().max().item():
+        raise RuntimeError(f"{attn} does not mask packed documents (a document's logits differ from its own by {diff})")
+
+
+def run(model_name, tokens, steps, layers=None, offload=False, bounds=None, attn="sdpa"):
     cfg = Qwen3Config(vocab_size=151936, head_dim=128, rope_theta=1e6, rms_norm_eps=1e-6,
                       max_position_embeddings=max(40960, tokens), **SHAPES[model_name])
     if layers:
         cfg.num_hidden_layers = layers
-    cfg._attn_implementation = "sdpa"
+    cfg._attn_implementation = attn
     torch.manual_seed(0)
     with torch.device("cuda"):
         model = Qwen3ForCausalLM(cfg).to(torch.bfloat16)
@@ -88,9 +135,16 @@ def run(model_name, tokens, steps, layers=None, offload=False):
     model.config.use_cache = False
     model.train()
     opt = torch.optim.AdamW(model.parameters(), lr=1e-5, fused=True)
-    ids = torch.randint(0, cfg.vocab_size, (1, tokens), device="cuda")
+    ids = torch.randint(0, EOS, (1, tokens), device="cuda")
+    positions = None
+    if bounds:
+        ends = torch.tensor(bounds[1:], device="cuda") - 1
+        ids[0, ends] = EOS
+        positions = restarting_positions(bounds, "cuda")
     labels = torch.roll(ids, -1, dims=1)[0]
     labels[-1] = -100
+    if bounds:
+        labels[ends] = -100  # a document's EOS predicts nothing: the next one is out of its sight
     head = model.lm_head.weight
     times = []
     torch.cuda.reset_peak_memory_stats()
@@ -101,7 +155,7 @@ def run(model_name, tokens, steps, layers=None, offload=False):
         # host memory, as the peer's activation offload does.
         saving = torch.autograd.graph.save_on_cpu(pin_memory=True) if offload else contextlib.nullcontext()
         with saving:
-            hidden = model.model(input_ids=ids).last_hidden_state[0]
+            hidden = model.model(input_ids=ids, position_ids=positions).last_hidden_state[0]
             loss = ChunkedLossCheckpoint.apply(hidden, head, labels, 256)
         loss.backward()
         torch.nn.utils.clip_grad_norm_(model.parameters(), 1.0)
@@ -111,7 +165,8 @@ def run(model_name, tokens, steps, layers=None, offload=False):
         if i > 0:  # the first step warms up allocator and kernels
             times.append(time.perf_counter() - t0)
     step = statistics.median(times)
-    out = dict(system="pytorch", model=model_name, layers=cfg.num_hidden_layers, tokens=tokens, offload=offload, step_s=step,
+    out = dict(system="pytorch", model=model_name, layers=cfg.num_hidden_layers, tokens=tokens, offload=offload,
+               attention=attn, documents=len(bounds) - 1 if bounds else 1, step_s=step,
                tokens_per_s=tokens / step, peak_gib=torch.cuda.max_memory_allocated() / 2**30,
                loss=float(loss))
     print(json.dumps(out), flush=True)
@@ -127,10 +182,19 @@ def main():
     ap.add_argument("--steps", type=int, default=2)
     ap.add_argument("--layers", type=int, default=None)
     ap.add_argument("--offload", action="store_true", help="checkpointed activations in pinned host memory")
+    ap.add_argument("--documents", help="doc_attention_bench --bounds lines: pack and mask these documents")
+    ap.add_argument("--attn", help="transformers' attention (sdpa; with --documents flex_attention)")
     a = ap.parse_args()
+    attn = a.attn or ("flex_attention" if a.documents else "sdpa")
+    if a.documents:
+        try:
+            check_masks_documents(attn)
+        except Exception as e:  # the table says why the peer has no figure
+            print(json.dumps(dict(system="pytorch", model=a.model, error=f"{attn}: {e}"[:200])), flush=True)
+            return
     for t in a.tokens:
         try:
-            run(a.model, t, a.steps, a.layers, a.offload)
+            run(a.model, t, a.steps, a.layers, a.offload, document_bounds(a.documents, t) if a.documents else None, attn)
         except torch.OutOfMemoryError:
             print(json.dumps(dict(system="pytorch", model=a.model, tokens=t, error="out of memory")), flush=True)
             torch.cuda.empty_cache()

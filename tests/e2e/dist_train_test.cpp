@@ -3,7 +3,9 @@
 // ZeRO-3 sharding of parameters, gradients and optimizer state.
 #include <gtest/gtest.h>
 
+#include <cmath>
 #include <fstream>
+#include <map>
 #include <random>
 #include <nlohmann/json.hpp>
 
@@ -144,18 +146,30 @@ TEST_F(DistTrain, CpRingThreadRanksTrainPackedDocumentsAsOneRank) {
     EXPECT_EQ(r.exit_code, 0) << r.output;
     return o;
   };
-  auto losses = [](const std::filesystem::path& o) {
+  std::map<std::string, std::vector<double>> flops;
+  auto losses = [&](const std::filesystem::path& o) {
     std::vector<double> v;
     std::ifstream in(o / "metrics.jsonl");
     for (std::string line; std::getline(in, line);) {
       const auto j = nlohmann::json::parse(line);
       EXPECT_GE(j.at("time_shard_s").get<double>(), 0.0) << line;
       v.push_back(j.at("loss").get<double>());
+      flops[o.filename().string()].push_back(j.at("flops").get<double>());
     }
     return v;
   };
   const auto one = losses(run("docs_one", ""));
   const auto across = losses(run("docs_across", "", " --set data.attend_across_documents=true"));
+  // The step's FLOPs count the attention it does: each document's own square when masked, the
+  // sequence's when not. Same sequences, so the two differ by 6 x layers x heads x head_dim (the
+  // tiny model's 2, 4, 8) times a whole number of pairs, and only there.
+  ASSERT_EQ(flops["docs_one"].size(), 3u);
+  ASSERT_EQ(flops["docs_across"].size(), 3u);
+  for (size_t i = 0; i < 3; ++i) {
+    const double pairs = (flops["docs_across"][i] - flops["docs_one"][i]) / (6.0 * 2 * 4 * 8);
+    EXPECT_GT(pairs, 32.0) << "step " << i + 1 << ": masked documents counted as one causal sequence";
+    EXPECT_NEAR(pairs, std::round(pairs), 1e-6) << "step " << i + 1;
+  }
   const auto two = losses(run("docs_cp2", "[plugins]\nload = [\"cp_ring\"]\n[distributed]\nnproc_per_node = 2\ncp = 2\n"));
   ASSERT_EQ(one.size(), 3u);
   ASSERT_EQ(across.size(), 3u);
