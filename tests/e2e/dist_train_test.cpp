@@ -155,6 +155,8 @@ TEST_F(DistTrain, CpRingThreadRanksTrainPackedDocumentsAsOneRank) {
       EXPECT_GE(j.at("time_shard_s").get<double>(), 0.0) << line;
       v.push_back(j.at("loss").get<double>());
       flops[o.filename().string()].push_back(j.at("flops").get<double>());
+      // 2 sequences a step of short documents (an EOS every 7 tokens or so, in 32-token sequences)
+      EXPECT_GT(j.at("documents").get<int64_t>(), 4) << line;
     }
     return v;
   };

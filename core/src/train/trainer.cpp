@@ -123,6 +123,7 @@ class Trainer {
   struct StepRecord {
     int64_t valid = 0;  // targets of the whole step, across ranks, that are not -100
     int64_t tokens = 0;
+    int64_t documents = 0;  // in the step's sequences; one cut by a sequence's end counts in both
     double flops = 0;
     double loss_sum = 0, loss = 0, grad_norm = 0, lr = 0;
     bool finite = true;
@@ -243,7 +244,10 @@ Trainer::StepRecord Trainer::train_step() {
   ++state_.step;
   state_.sequences_done += static_cast<int64_t>(batch.sequences.size());
   state_.num_tokens += static_cast<double>(r.tokens);
-  for (const Sequence& seq : batch.sequences) r.flops += step_flops(run_.model().config(), seq);
+  for (const Sequence& seq : batch.sequences) {
+    r.flops += step_flops(run_.model().config(), seq);
+    r.documents += seq.documents;
+  }
   return r;
 }
 
@@ -465,6 +469,7 @@ void Trainer::log_step(const StepRecord& r) {
                       {"step_s", step_s},
                       {"tokens_per_s", static_cast<double>(r.tokens) / step_s},
                       {"flops", r.flops},
+                      {"documents", r.documents},
                       {"time_forward_s", r.forward_s},
                       {"time_backward_s", r.backward_s},
                       {"time_optimizer_s", r.t_end - r.t_optimizer},
