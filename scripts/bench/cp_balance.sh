@@ -1,7 +1,8 @@
 #!/usr/bin/env bash
 # Work per rank under cp_ring (issue 12, part 5): each virtual rank's ring schedule timed alone on
 # the GPU (tests/bench/cp_balance_bench.cpp says why alone), zigzag beside contiguous sharding,
-# Qwen3-8B's attention shape. Writes $OUT/cp_balance.jsonl and $OUT/cp_balance.md; about 30 s.
+# Qwen3-8B's attention shape. Writes $OUT/cp_balance.jsonl and $OUT/cp_balance.md; about 30 s without
+# MIXES, about 4 minutes at 131,072 tokens with MIXES="pg19 short" SEEDS="1 2 3" (9 repetitions).
 #   TOKENS="131072 262144" CPS=2,4,8 MIXES="pg19 short" SEEDS="1 2 3" scripts/bench/cp_balance.sh build
 #   TOKENS=1048576 CPS=8 UNMASKED=0 MIXES="pg19 short" SEEDS="1 2 3" CP_BALANCE_ARGS="--reps 3" ...   (a million tokens)
 # (each mix and seed: the zigzag and the balanced layout under its document masks, side by side)
