@@ -36,9 +36,10 @@ for c in $cases; do
   rm -rf "$run" && mkdir -p "$run"
   docs=${DOCS:+$run/bounds.jsonl}
   across=true
+  peer_docs=()  # the peer masks the documents too, or neither does
   if [[ -n $docs ]]; then
     "$build/tests/doc_attention_bench" --device cpu --tokens "$tokens" --mixes "$DOCS" --bounds >"$docs" || exit 1
-    [[ ${ACROSS:-0} == 0 ]] && across=false
+    [[ ${ACROSS:-0} == 0 ]] && { across=false; peer_docs=(--documents "$docs"); }
   fi
   # Random ids below <|endoftext|> (151643); with DOCS, each document's last token is it.
   python3 - "$run/ids.tokens" "$tokens" "$((steps + 1))" "$docs" <<'PY'
@@ -98,8 +99,7 @@ PY
 )
   torch='{"error": "not run"}'
   [[ ${TORCH:-1} != 0 ]] && torch=$(PYTHONUNBUFFERED=1 timeout "$limit" python3 scripts/bench/torch_step.py --model "$model" --tokens "$tokens" \
-          --steps $((steps - 1)) ${layers:+--layers $layers} ${docs:+$([[ $across == false ]] && echo --documents "$docs")} \
-          ${TORCH_ARGS:-} 2>"$run/torch.err" | tail -1)
+          --steps $((steps - 1)) ${layers:+--layers $layers} "${peer_docs[@]}" ${TORCH_ARGS:-} 2>"$run/torch.err" | tail -1)
   echo "$torch" >"$run/torch.json"
   label=$model
   if [[ -n $docs ]]; then

@@ -6,8 +6,9 @@
 // clock read; after a warm-up pass of every rank, the median of --reps repetitions (default 9, taken
 // round the ranks: with 5, ranks of equal work still came out up to 6% apart) is reported. The
 // same is done for contiguous sharding (rank r holds the r-th L/cp tokens), the layout zigzag
-// replaces, so the table shows the imbalance zigzag removes. Also printed: the bytes one rank sends per layer (K/V blocks in the
-// forward; K/V again and the fp32 dK/dV accumulators in the backward), the figure the plugin logs.
+// replaces, so the table shows the imbalance zigzag removes. Also printed: the bytes one rank
+// sends per layer (K/V blocks in the forward; K/V again and the fp32 dK/dV accumulators in the
+// backward), the figure the plugin logs.
 // With --mix, the layout cp_ring balances for the documents (ring_pieces.h balanced_layout) is
 // timed too, each ring step as the plugin runs it (step_rounds: one ops::attention_*_blocks call a
 // round): its summary line gives k (each rank holds 2k chunks), the spread of the cost it
