@@ -21,6 +21,7 @@
 //
 // On CPU tensors the same code runs: copies between host buffers, events always complete
 // (lcx/stream.h), so CI runs the GPU's bookkeeping with a real worker thread.
+#include <lcx/clock.h>
 #include <lcx/adamw_scalars.h>
 #include <lcx/defaults.h>
 #include <lcx/error.h>
@@ -46,10 +47,6 @@
 
 namespace lcx {
 namespace {
-
-double now_s() {
-  return std::chrono::duration<double>(std::chrono::steady_clock::now().time_since_epoch()).count();
-}
 
 // fn(i) for every i in [0, n), on up to `threads` threads (the caller is one of them); the first
 // exception is rethrown once all have stopped.

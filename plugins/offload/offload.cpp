@@ -35,6 +35,7 @@
 #include <lcx/pinned.h>
 #include <lcx/plan.h>
 #include <lcx/plugin.h>
+#include <lcx/size_math.h>
 #include <lcx/slots/memory_strategy.h>
 #include <lcx/slots/model.h>
 #include <lcx/stream.h>
@@ -47,14 +48,6 @@
 
 namespace lcx {
 namespace {
-
-constexpr double kMiB = 1024.0 * 1024.0, kGiB = kMiB * 1024.0;
-
-// "180.5 GiB", or "12.25 MiB" below a GiB: two decimals.
-std::string gib(double bytes) {
-  const bool big = bytes >= kGiB;
-  return str(static_cast<double>(static_cast<int64_t>(bytes / (big ? kGiB : kMiB) * 100)) / 100, big ? " GiB" : " MiB");
-}
 
 class Offload final : public MemoryStrategy {
  public:
@@ -343,13 +336,13 @@ class Offload final : public MemoryStrategy {
       for (LayerInput& s : inputs_) s.kept_host.clear();
       release_cached_pinned();
     }
-    const std::string what = str(moved_, " layer inputs of ", x.nbytes() / kMiB, " MiB");
+    const std::string what = str(moved_, " layer inputs of ", format_bytes(static_cast<int64_t>(x.nbytes())));
     pool_ = pin(need, what);
     for (LayerInput& s : inputs_) s.host = Tensor();
     const int64_t available = host_memory_available();
     log::info(str("offload: ", what, " in ", pinned_is_page_locked() ? "pinned" : "(unpinned) host",
-                  " memory: ", gib(static_cast<double>(need)), " of ",
-                  available < 0 ? std::string("unknown") : gib(static_cast<double>(available)),
+                  " memory: ", format_bytes(need), " of ",
+                  available < 0 ? std::string("unknown") : format_bytes(available),
                   " available; at most ", prefetch_ + 1, " of them on ", device_name(device_), ", ",
                   inputs_.size() - moved_, " layers not moved (kept on the device or not saved)"));
   }
@@ -362,8 +355,8 @@ class Offload final : public MemoryStrategy {
     const bool capped = max_host_bytes_ > 0 && (limit < 0 || max_host_bytes_ - pinned_bytes() < limit);
     if (capped) limit = max_host_bytes_ - pinned_bytes();
     if (limit >= 0 && static_cast<int64_t>(bytes) > limit)
-      throw Error(str("offload: ", what, " need ", gib(static_cast<double>(bytes)), " of pinned host memory, but only ",
-                      gib(static_cast<double>(std::max<int64_t>(limit, 0))), " is available (",
+      throw Error(str("offload: ", what, " need ", format_bytes(bytes), " of pinned host memory, but only ",
+                      format_bytes(std::max<int64_t>(limit, 0)), " is available (",
                       capped ? "offload.max_host_mib" : "MemAvailable in /proc/meminfo", ")"),
                   "offload", "shorten data.seq_len, free host memory, or drop offload from [plugins] load");
     return pinned_alloc(bytes, MemoryCategory::activations);

@@ -33,6 +33,7 @@
 #include <lcx/ops.h>
 #include <lcx/plan.h>
 #include <lcx/plugin.h>
+#include <lcx/size_math.h>
 #include <lcx/slots/parallelism.h>
 
 #include <algorithm>
@@ -41,8 +42,6 @@
 
 namespace lcx {
 namespace {
-
-constexpr double kMiB = 1024.0 * 1024.0;
 
 class Ulysses final : public Parallelism {
  public:
@@ -106,7 +105,7 @@ class Ulysses final : public Parallelism {
     s.tokens = seq.tokens.rows(begin, begin + T);
     s.targets = seq.targets.rows(begin, begin + T);
     s.positions = Tensor::empty({T}, DType::i64);
-    for (int64_t i = 0; i < T; ++i) s.positions.data_as<int64_t>()[i] = sequence_position(seq.document_bounds, begin + i);
+    fill_positions(s.positions, 0, seq.document_bounds, begin, T);
     s.global_length = L;
     s.document_bounds = seq.document_bounds;
     return s;
@@ -377,14 +376,14 @@ class Ulysses final : public Parallelism {
 
   // Bytes this rank hands to all_to_all per layer; (sp-1)/sp of them leave the rank.
   void log_traffic(int64_t T, DType dt) const {
-    const double b = static_cast<double>(dtype_size(dt));
-    const double qb = static_cast<double>(T * info_.num_heads * info_.head_dim) * b;
-    const double kb = static_cast<double>(T * std::max<int64_t>(info_.num_kv_heads, sp_) * info_.head_dim) * b;
-    const double lb = static_cast<double>(T * info_.num_heads) * 4;
+    const int64_t b = static_cast<int64_t>(dtype_size(dt));
+    const int64_t qb = T * info_.num_heads * info_.head_dim * b;
+    const int64_t kb = T * std::max<int64_t>(info_.num_kv_heads, sp_) * info_.head_dim * b;
+    const int64_t lb = T * info_.num_heads * 4;
     log::info(str(table_, ": all-to-all per layer and rank (", T, " tokens of ", T * sp_, ", sp ", sp_, "): forward ",
-                  (2 * qb + 2 * kb + lb) / kMiB, " MiB (q, out ", qb / kMiB, " each; k, v ", kb / kMiB,
-                  " each; LSE ", lb / kMiB, "), backward ", (2 * qb + 2 * kb) / kMiB,
-                  " MiB (dout, dq, dk, dv); ", sp_ - 1, "/", sp_, " of it crosses the interconnect"));
+                  format_bytes(2 * qb + 2 * kb + lb), " (q, out ", format_bytes(qb), " each; k, v ", format_bytes(kb),
+                  " each; LSE ", format_bytes(lb), "), backward ", format_bytes(2 * qb + 2 * kb),
+                  " (dout, dq, dk, dv); ", sp_ - 1, "/", sp_, " of it crosses the interconnect"));
   }
 
   int64_t sp_;

@@ -62,9 +62,9 @@ TEST(Dataset, PacksDocumentsWithEosBetweenAndShiftsTargets) {
   EXPECT_EQ(ints(s1.targets), (V{'e', kEos, -100, -100}));
   EXPECT_EQ(ints(s2.tokens), (V{'g', 'h'}));  // the remainder, not padded with pad_to_multiple_of = 1
   EXPECT_EQ(ints(s2.targets), (V{'h', -100}));
-  EXPECT_EQ(s0.documents, 1);
-  EXPECT_EQ(s1.documents, 2);
-  EXPECT_EQ(s2.documents, 1);
+  EXPECT_EQ(s0.document_count, 1);
+  EXPECT_EQ(s1.document_count, 2);
+  EXPECT_EQ(s2.document_count, 1);
   EXPECT_EQ(s0.document_bounds, (V{0, 4}));
   EXPECT_EQ(s1.document_bounds, (V{0, 3, 4}));
   EXPECT_EQ(s2.document_bounds, (V{0, 2}));  // c's tail, its positions restarting at 0
@@ -77,7 +77,7 @@ TEST(Dataset, PacksDocumentsWithEosBetweenAndShiftsTargets) {
   Dataset across = f.open();
   EXPECT_EQ(ints(across.get(1).targets), (V{'e', kEos, 'f', -100}));
   EXPECT_TRUE(across.get(1).document_bounds.empty());
-  EXPECT_EQ(across.get(1).documents, 2);
+  EXPECT_EQ(across.get(1).document_count, 2);
   EXPECT_EQ(across.valid_labels(1), 3);
 }
 

@@ -235,7 +235,7 @@ TEST(OffloadCpuBookkeeping, RefusesAPoolBeyondTheHostLimitWithTheFigure) {
     FAIL() << "a pool of more than 1 MiB was accepted";
   } catch (const Error& e) {
     const std::string msg = e.what();
-    EXPECT_NE(msg.find("4 layer inputs of 0.265625 MiB"), std::string::npos) << msg;
+    EXPECT_NE(msg.find("4 layer inputs of 272.0 KiB"), std::string::npos) << msg;
     EXPECT_NE(msg.find("offload.max_host_mib"), std::string::npos) << msg;
     EXPECT_EQ(e.key(), "offload");
   }

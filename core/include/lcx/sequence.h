@@ -12,7 +12,7 @@ namespace lcx {
 struct Sequence {
   Tensor tokens;   // int32 [L]
   Tensor targets;  // int64 [L], shifted: targets[t] = tokens[t+1], -100 where ignored
-  int documents = 1;  // how many documents were packed into it
+  int document_count = 1;  // how many documents were packed into it
   // Where its documents begin and end when each attends only to itself ([data]
   // attend_across_documents = false): cumulative, {0, end of the first, ..., L}. Empty when every
   // token attends to all earlier ones (the key is true). A document's last token is its EOS.
@@ -42,6 +42,14 @@ inline int64_t sequence_position(const std::vector<int64_t>& document_bounds, in
     (document_bounds[static_cast<size_t>(mid)] <= index ? lo : hi) = mid;
   }
   return index - document_bounds[static_cast<size_t>(lo)];
+}
+
+// The positions of `count` tokens from `begin` of a sequence, written from `at` of `positions`
+// (int64 on the host): how every Parallelism provider fills its shard's positions.
+inline void fill_positions(Tensor& positions, int64_t at, const std::vector<int64_t>& document_bounds, int64_t begin,
+                           int64_t count) {
+  int64_t* p = positions.data_as<int64_t>() + at;
+  for (int64_t i = 0; i < count; ++i) p[i] = sequence_position(document_bounds, begin + i);
 }
 
 }  // namespace lcx

@@ -16,6 +16,9 @@ inline int64_t checked_mul(int64_t a, int64_t b, const std::string& what) {
   return r;
 }
 
+// "12.34 GiB", "512.0 MiB" or "4.0 KiB": how every message of lcx and its plugins shows a size.
+std::string format_bytes(int64_t bytes);
+
 inline int64_t checked_add(int64_t a, int64_t b, const std::string& what) {
   int64_t r = 0;
   if (__builtin_add_overflow(a, b, &r))

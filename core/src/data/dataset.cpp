@@ -514,7 +514,7 @@ Sequence Dataset::get(int64_t index) const {
   }
   // Documents touching [a, a + real): the one holding a, then each one starting inside.
   const auto [first, last] = s.starts_inside(index);
-  q.documents = static_cast<int>(last - first) + 1;
+  q.document_count = static_cast<int>(last - first) + 1;
   if (!s.cfg.attend_across_documents) {
     // A document's EOS closes it: its target (the next document's first token) is ignored. The
     // padding stays with the last document, whose targets there are -100 already.

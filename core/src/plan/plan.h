@@ -138,7 +138,6 @@ extern const char* const kHostMemoryFix;
 void check_host_memory(const MemoryPlan& plan, const PlanInputs& in, int64_t host_bytes);
 // Total memory of GPU 0, or nullopt without a usable GPU.
 std::optional<int64_t> local_gpu_memory();
-std::string format_bytes(int64_t bytes);  // "12.34 GiB"
 std::string with_commas(int64_t v);       // "1,048,576"
 
 // The model's shape without its weights, as the model module describes it: config.json under

@@ -15,8 +15,8 @@ namespace {
 
 constexpr int64_t kMiB = int64_t{1} << 20;
 // Outside the allocator: the CUDA context with its kernels and the cuBLAS/cuBLASLt handles. An
-// estimate (a context on an H100/H200 with CUDA 12-13 takes about half a GiB); part 3 of issue 10
-// checks it against the measured figure.
+// estimate: a context on an H100/H200 with CUDA 12-13 takes about half a GiB (docs/PERF.md, "Memory
+// plan against measured peaks", holds it to the measured figure).
 constexpr int64_t kContextBytes = 512 * kMiB;
 constexpr int64_t kCublasLtWorkspace = 32 * kMiB;  // one per device, matmul_cublaslt.cu
 // Allocation rounding and fragmentation, as a share of the allocated peak.
@@ -170,18 +170,6 @@ int64_t longest_seq_where(const PlanInputs& in, int64_t unit, const std::functio
 
 int64_t longest_fitting_seq(const PlanInputs& in, const PlanSlots& slots, int64_t gpu_bytes, int64_t unit) {
   return longest_seq_where(in, unit, [&](const PlanInputs& at) { return peak_of(at, slots) <= gpu_bytes; });
-}
-
-std::string format_bytes(int64_t bytes) {
-  char buf[32];
-  const double b = static_cast<double>(bytes);
-  if (bytes >= (int64_t{1} << 30) || bytes == 0)
-    std::snprintf(buf, sizeof buf, "%.2f GiB", b / static_cast<double>(int64_t{1} << 30));
-  else if (bytes >= (int64_t{1} << 20))
-    std::snprintf(buf, sizeof buf, "%.1f MiB", b / static_cast<double>(int64_t{1} << 20));
-  else
-    std::snprintf(buf, sizeof buf, "%.1f KiB", b / 1024.0);
-  return buf;
 }
 
 std::string format_plan(const MemoryPlan& plan, const PlanInputs& in, const PlanSlots& slots, int64_t gpu_bytes,

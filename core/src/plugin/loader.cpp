@@ -108,6 +108,19 @@ std::shared_ptr<T> keep_loaded(std::unique_ptr<T> obj, std::shared_ptr<boost::dl
   return std::shared_ptr<T>(obj.release(), [lib](T* p) { delete p; });
 }
 
+// The library at `path`, opened, with its description read (before any C++ symbol is touched) and
+// its file's hash.
+struct Described {
+  std::shared_ptr<boost::dll::shared_library> lib;
+  PluginInfo info;
+};
+Described open_described(const std::string& path) {
+  Described d{open_library(path), {}};
+  d.info = read_description(*d.lib, path);
+  d.info.sha256 = sha256_file(path);
+  return d;
+}
+
 }  // namespace
 
 PluginLoader::PluginLoader(std::vector<std::string> search_dirs) : dirs_(std::move(search_dirs)) {}
@@ -163,11 +176,7 @@ std::string PluginLoader::find(const std::string& name_or_path) const {
 }
 
 PluginInfo PluginLoader::describe(const std::string& name_or_path) const {
-  std::string path = find(name_or_path);
-  auto lib = open_library(path);
-  PluginInfo info = read_description(*lib, path);
-  info.sha256 = sha256_file(path);
-  return info;
+  return open_described(find(name_or_path)).info;
 }
 
 std::vector<PluginInfo> PluginLoader::discover(std::vector<std::string>* problems) const {
@@ -184,9 +193,7 @@ std::vector<PluginInfo> PluginLoader::discover(std::vector<std::string>* problem
     std::sort(files.begin(), files.end());
     for (const auto& f : files) {
       try {
-        auto lib = open_library(f.string());
-        PluginInfo info = read_description(*lib, f.string());
-        info.sha256 = sha256_file(f.string());
+        PluginInfo info = open_described(f.string()).info;
         if (!found.count(info.name)) {
           order.push_back(info.name);
           found[info.name] = info;
@@ -203,10 +210,8 @@ std::vector<PluginInfo> PluginLoader::discover(std::vector<std::string>* problem
 
 std::shared_ptr<Plugin> PluginLoader::create(const std::string& name_or_path, const PluginArgs& args,
                                              PluginInfo* info_out) const {
-  std::string path = find(name_or_path);
-  auto lib = open_library(path);
-  PluginInfo info = read_description(*lib, path);  // before any C++ symbol is touched
-  info.sha256 = sha256_file(path);
+  const std::string path = find(name_or_path);
+  auto [lib, info] = open_described(path);
   if (!lib->has(LCX_FACTORY_SYMBOL))
     throw Error(str("'", path, "' describes plugin '", info.name, "' but exports no factory ('",
                     LCX_FACTORY_SYMBOL, "')"),

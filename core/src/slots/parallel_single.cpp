@@ -21,8 +21,7 @@ class SingleRank final : public Parallelism {
     s.global_length = seq.tokens.size(0);
     s.document_bounds = seq.document_bounds;
     s.positions = Tensor::empty({s.global_length}, DType::i64);
-    for (int64_t i = 0; i < s.global_length; ++i)
-      s.positions.data_as<int64_t>()[i] = sequence_position(s.document_bounds, i);
+    fill_positions(s.positions, 0, s.document_bounds, 0, s.global_length);
     return s;
   }
   void attention_forward(const Tensor& q, const Tensor& k, const Tensor& v, Tensor& out, Tensor& lse,

@@ -2,6 +2,7 @@
 #include <cstdlib>
 #include <map>
 
+#include "lcx/clock.h"
 #include "lcx/error.h"
 #include "lcx/memory.h"
 #include "lcx/tensor.h"
@@ -24,11 +25,6 @@ const char* memory_category_name(MemoryCategory c) {
     case MemoryCategory::other: return "other";
   }
   return "?";
-}
-
-static double now_s() {
-  using namespace std::chrono;
-  return duration<double>(steady_clock::now().time_since_epoch()).count();
 }
 
 void MemoryRecorder::enable(bool on) {

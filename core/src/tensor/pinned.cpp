@@ -3,6 +3,7 @@
 // up by a small one). Without CUDA, or without a visible GPU, blocks are ordinary aligned host
 // memory with the same caching and statistics.
 #include "lcx/pinned.h"
+#include "lcx/size_math.h"
 
 #include <algorithm>
 #include <cstdio>
@@ -25,12 +26,6 @@ namespace lcx {
 namespace {
 
 constexpr size_t kPinnedAlign = 4096;
-
-std::string gib(size_t bytes) {
-  char buf[32];
-  std::snprintf(buf, sizeof buf, "%.2f GiB", static_cast<double>(bytes) / static_cast<double>(size_t{1} << 30));
-  return buf;
-}
 
 class PinnedPool final : public Allocator {
  public:
@@ -70,8 +65,8 @@ class PinnedPool final : public Allocator {
     }
     if (!p) {
       const int64_t available = host_memory_available();
-      throw Error(str("cannot pin ", gib(size), " (", size, " bytes) of host memory: ", gib(held_bytes()),
-                      " pinned already, ", available < 0 ? std::string("unknown") : gib(static_cast<size_t>(available)),
+      throw Error(str("cannot pin ", format_bytes(static_cast<int64_t>(size)), " (", size, " bytes) of host memory: ", format_bytes(static_cast<int64_t>(held_bytes())),
+                      " pinned already, ", available < 0 ? std::string("unknown") : format_bytes(available),
                       " available to this process"),
                   "pinned memory",
                   "lower data.seq_len, keep fewer layers' inputs in host memory, or run where the host has more memory "

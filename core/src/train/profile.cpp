@@ -17,6 +17,7 @@
 #include <fstream>
 #include <nlohmann/json.hpp>
 
+#include "lcx/clock.h"
 #include "lcx/error.h"
 #include "lcx/log.h"
 #include "lcx/stream.h"
@@ -61,10 +62,6 @@ namespace {
 // than take ever more events.
 constexpr size_t kMaxScopes = size_t{1} << 20;
 constexpr size_t kFirstEvents = 8192;
-
-double now_s() {
-  return std::chrono::duration<double>(std::chrono::steady_clock::now().time_since_epoch()).count();
-}
 
 }  // namespace
 

@@ -5,14 +5,11 @@
 #include <optional>
 #include <vector>
 
+#include "lcx/clock.h"
 #include "lcx/profile.h"
 
 namespace lcx {
 namespace {
-
-double now_s() {
-  return std::chrono::duration<double>(std::chrono::steady_clock::now().time_since_epoch()).count();
-}
 
 // Device work is asynchronous; a phase's time is only true once the device has caught up.
 void sync(Device d) {

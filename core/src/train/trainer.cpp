@@ -20,6 +20,7 @@
 #include "data/dataset.h"
 #include "dist/launcher.h"
 #include "kernels/attention_cut.h"
+#include "lcx/clock.h"
 #include "lcx/comm.h"
 #include "lcx/log.h"
 #include "lcx/pinned.h"
@@ -39,11 +40,6 @@
 
 namespace lcx {
 namespace {
-
-double now_s() {
-  using namespace std::chrono;
-  return duration<double>(steady_clock::now().time_since_epoch()).count();
-}
 
 // Model FLOPs of one sequence's step (forward + backward = 3x forward), per the usual accounting:
 // 6 per matmul parameter per token (layers and the head, not the embedding lookup) plus causal
@@ -246,7 +242,7 @@ Trainer::StepRecord Trainer::train_step() {
   state_.num_tokens += static_cast<double>(r.tokens);
   for (const Sequence& seq : batch.sequences) {
     r.flops += step_flops(run_.model().config(), seq);
-    r.documents += seq.documents;
+    r.documents += seq.document_count;
   }
   return r;
 }

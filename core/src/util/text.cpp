@@ -1,8 +1,23 @@
 #include "util/text.h"
 
 #include <algorithm>
+#include <cstdio>
+
+#include "lcx/size_math.h"
 
 namespace lcx {
+
+std::string format_bytes(int64_t bytes) {
+  char buf[32];
+  const double b = static_cast<double>(bytes);
+  if (bytes >= (int64_t{1} << 30) || bytes == 0)
+    std::snprintf(buf, sizeof buf, "%.2f GiB", b / static_cast<double>(int64_t{1} << 30));
+  else if (bytes >= (int64_t{1} << 20))
+    std::snprintf(buf, sizeof buf, "%.1f MiB", b / static_cast<double>(int64_t{1} << 20));
+  else
+    std::snprintf(buf, sizeof buf, "%.1f KiB", b / 1024.0);
+  return buf;
+}
 
 static size_t edit_distance(const std::string& a, const std::string& b) {
   std::vector<size_t> prev(b.size() + 1), cur(b.size() + 1);
