@@ -44,7 +44,7 @@ void plan_dense_decoder(const PlanInputs& in, MemoryPlan& plan, const DenseDecod
   const int64_t ab = static_cast<int64_t>(dtype_size(in.weight_dtype));  // activations take the weights' dtype
   const int64_t head = in.model.tie_word_embeddings ? 0 : s.V * s.H;
   const int64_t n = s.V * s.H + s.L * layer_params(s) + s.H + head;  // embedding, layers, final norm, head
-  // ZeRO-3 over the whole mesh (core/src/dist/sharded_params.h): a rank keeps 1/world of each
+  // ZeRO-3 over the whole mesh (core/src/distributed/sharded_params.h): a rank keeps 1/world of each
   // parameter's value and fp32 grad (and its master and moments: the optimizer's plan).
   const int64_t shards = std::max<int64_t>(1, in.world_size);
   const int64_t per_rank = (n + shards - 1) / shards;

@@ -7,7 +7,7 @@
 
 #include "gpu/gpu_test_util.h"
 #include "lcx/stream.h"
-#include "train/profile.h"
+#include "profile/step_profiler.h"
 
 namespace lcx::test {
 namespace {

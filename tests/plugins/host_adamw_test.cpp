@@ -10,7 +10,7 @@
 #include "lcx/pinned.h"
 #include "lcx/plan.h"
 #include "models/model_util.h"
-#include "train/optimizer.h"
+#include "slots/adamw.h"
 
 namespace lcx {
 namespace {

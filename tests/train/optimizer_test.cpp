@@ -2,7 +2,7 @@
 
 #include <cmath>
 
-#include "train/optimizer.h"
+#include "slots/adamw.h"
 
 namespace lcx {
 namespace {

@@ -8,7 +8,7 @@
 #include <thread>
 
 #include "support/test_util.h"
-#include "train/profile.h"
+#include "profile/step_profiler.h"
 
 namespace lcx {
 namespace {

@@ -4,7 +4,7 @@
 
 #include "data/dataset.h"
 #include "data/tokenizer.h"
-#include "dist/sharded_params.h"
+#include "distributed/sharded_params.h"
 #include "lcx/pinned.h"
 #include "lcx/error.h"
 #include "lcx/log.h"

@@ -18,7 +18,7 @@
 #include <nlohmann/json.hpp>
 
 #include "data/dataset.h"
-#include "dist/launcher.h"
+#include "distributed/launcher.h"
 #include "kernels/attention_cut.h"
 #include "lcx/clock.h"
 #include "lcx/comm.h"
@@ -27,7 +27,7 @@
 #include "plan/plan.h"
 #include "plan/timeline.h"
 #include "train/checkpoint.h"
-#include "train/profile.h"
+#include "profile/step_profiler.h"
 #include "train/progress.h"
 #include "train/run.h"
 #include "train/run_folder.h"
@@ -35,7 +35,7 @@
 #include "train/step.h"
 #include "train/stop_signal.h"
 #ifdef LCX_HAVE_CUDA
-#include "dist/nccl_comm.h"
+#include "distributed/nccl_comm.h"
 #endif
 
 namespace lcx {

@@ -36,7 +36,7 @@ struct OptimizerConfig {
 // Where the parameters handed to configure() come from.
 struct OptimizerScope {
   int world_size = 1;    // ranks of the run; without sharding their gradients are summed after the backward
-  bool sharded = false;  // the parameters are this rank's ZeRO-3 shards (core/src/dist sharding)
+  bool sharded = false;  // the parameters are this rank's ZeRO-3 shards (core/src/distributed sharding)
 };
 
 // A checkpoint's optimizer state: per parameter name the fp32 tensors on the host,

@@ -3,7 +3,7 @@
 //   p -= step_size * m / (sqrt(v)/bc2_sqrt + eps)
 #include <cmath>
 
-#include "train/adamw_kernel.h"
+#include "kernels/adamw_kernel.h"
 
 namespace lcx::adamw {
 namespace {

@@ -6,7 +6,7 @@
 #include <mutex>
 #include <thread>
 
-#include "dist/bootstrap.h"
+#include "distributed/bootstrap.h"
 #include "lcx/error.h"
 #include "support/test_util.h"
 

@@ -20,9 +20,9 @@
 #include <thread>
 #include <vector>
 
-#include "dist/launcher.h"
-#include "dist/nccl_comm.h"
-#include "dist/rank_data.h"
+#include "distributed/launcher.h"
+#include "distributed/nccl_comm.h"
+#include "distributed/rank_data.h"
 #include "lcx/comm.h"
 #include "lcx/error.h"
 #include "train/stop_signal.h"

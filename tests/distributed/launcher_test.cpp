@@ -11,7 +11,7 @@
 #include <sstream>
 #include <thread>
 
-#include "dist/launcher.h"
+#include "distributed/launcher.h"
 #include "lcx/error.h"
 #include "support/test_util.h"
 

@@ -5,7 +5,7 @@
 #pragma once
 #include <string>
 
-#include "dist/launcher.h"
+#include "distributed/launcher.h"
 
 namespace lcx {
 

@@ -5,7 +5,7 @@
 #include <cuda_fp16.h>
 
 #include "cuda/check.h"
-#include "train/adamw_kernel.h"
+#include "kernels/adamw_kernel.h"
 
 namespace lcx::adamw {
 namespace {

@@ -7,7 +7,7 @@
 #include <chrono>
 #include <thread>
 
-#include "dist/comm_cases.h"
+#include "distributed/comm_cases.h"
 
 namespace lcx {
 namespace {

@@ -7,7 +7,7 @@
 #pragma once
 #include <memory>
 
-#include "dist/launcher.h"
+#include "distributed/launcher.h"
 #include "lcx/comm.h"
 
 namespace lcx {

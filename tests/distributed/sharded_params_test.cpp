@@ -5,9 +5,9 @@
 #include <cmath>
 #include <mutex>
 
-#include "dist/comm_cases.h"
-#include "dist/sharded_params.h"
-#include "train/optimizer.h"
+#include "distributed/comm_cases.h"
+#include "distributed/sharded_params.h"
+#include "slots/adamw.h"
 
 namespace lcx {
 namespace {

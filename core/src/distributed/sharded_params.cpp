@@ -1,10 +1,10 @@
-#include "dist/sharded_params.h"
+#include "distributed/sharded_params.h"
 
 #include <cmath>
 
 #include "lcx/ops.h"
 #include "lcx/profile.h"
-#include "train/adamw_kernel.h"
+#include "kernels/adamw_kernel.h"
 
 namespace lcx {
 

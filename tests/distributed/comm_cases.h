@@ -6,7 +6,7 @@
 #include <mutex>
 #include <vector>
 
-#include "dist/rank_data.h"
+#include "distributed/rank_data.h"
 #include "lcx/comm.h"
 
 namespace lcx::test {

@@ -1,4 +1,4 @@
-#include "dist/bootstrap.h"
+#include "distributed/bootstrap.h"
 
 #include <fcntl.h>
 #include <netdb.h>

@@ -7,7 +7,7 @@
 // during the step. finish() synchronizes once and reads every event against the step's first one
 // (cudaEventElapsedTime), so times are the device's: a host gap is the time a stream sat idle
 // between two ops. On the CPU, where work runs as it is issued, a steady clock is read instead.
-#include "train/profile.h"
+#include "profile/step_profiler.h"
 
 #include <algorithm>
 #include <chrono>

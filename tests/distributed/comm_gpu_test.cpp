@@ -5,8 +5,8 @@
 
 #include <algorithm>
 
-#include "dist/comm_cases.h"
-#include "dist/launcher.h"
+#include "distributed/comm_cases.h"
+#include "distributed/launcher.h"
 #ifdef LCX_HAVE_CUDA
 #include <cuda_runtime.h>
 #endif

@@ -1,4 +1,4 @@
-#include "dist/nccl_comm.h"
+#include "distributed/nccl_comm.h"
 
 #ifdef LCX_HAVE_CUDA
 #include <cuda_runtime.h>
@@ -11,7 +11,7 @@
 
 #include "cuda/check.h"
 #include "cuda/stream.h"
-#include "dist/bootstrap.h"
+#include "distributed/bootstrap.h"
 #include "lcx/profile.h"
 
 #define LCX_NCCL_CHECK(call)                                                                       \

@@ -1,15 +1,16 @@
-#include "train/optimizer.h"
+#include "slots/adamw.h"
 
 #include <algorithm>
 #include <cmath>
 #include <map>
 
 #include "lcx/adamw_scalars.h"
+#include "lcx/defaults.h"
 #include "lcx/error.h"
 #include "lcx/ops.h"
 #include "lcx/plan.h"
 #include "lcx/profile.h"
-#include "train/adamw_kernel.h"
+#include "kernels/adamw_kernel.h"
 
 namespace lcx {
 
@@ -104,5 +105,7 @@ void AdamW::plan(const PlanInputs& in, MemoryPlan& plan) const {
   // Every parameter's value, grad, master and moments read and written once.
   plan.work.memory_bytes += static_cast<double>(plan.parameters) * (master ? 24.0 : 12.0);
 }
+
+std::unique_ptr<Optimizer> make_adamw_optimizer() { return std::make_unique<AdamW>(); }
 
 }  // namespace lcx

@@ -3,7 +3,7 @@
 // we echo line by line and keep a tail of, so a failure can quote the failing rank's last words.
 // Signals arrive through a self-pipe, so the handler only writes a byte and the poll loop does
 // the rest.
-#include "dist/launcher.h"
+#include "distributed/launcher.h"
 
 #include <arpa/inet.h>
 #include <fcntl.h>
