@@ -44,7 +44,7 @@ Sequence pack(const std::vector<std::vector<int32_t>>& docs, bool masked) {
   Sequence s;
   s.tokens = Tensor::empty({L}, DType::i32);
   s.targets = Tensor::empty({L}, DType::i64);
-  s.documents = static_cast<int>(docs.size());
+  s.document_count = static_cast<int>(docs.size());
   int64_t at = 0;
   if (masked) s.document_bounds.push_back(0);
   for (const auto& d : docs) {

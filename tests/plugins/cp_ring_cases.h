@@ -38,7 +38,7 @@ inline Sequence iota_sequence(int64_t L, int documents = 1) {
     s.tokens.data_as<int32_t>()[i] = static_cast<int32_t>(i);
     s.targets.data_as<int64_t>()[i] = i + 1;
   }
-  s.documents = documents;
+  s.document_count = documents;
   return s;
 }
 
