@@ -11,6 +11,7 @@
 #include "config/core_config.h"
 #include "config/manifest.h"
 #include "lcx/plan.h"
+#include "lcx/size_math.h"
 #include "plugin/loader.h"
 #include "slots/resolve.h"
 
