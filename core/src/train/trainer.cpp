@@ -552,7 +552,7 @@ int train_rank(const CoreConfig& cfg, const Manifest& manifest, const SlotFactor
   run.configure_step();
   run.shard_parameters();
   run.choose_grad_dtype();
-  run.plan_local_step();
+  run.plan_local_step(opts.force);
   if (run.lead()) log_recipe(run);
   const RunLength length = run_length(run);
   run.make_optimizer(resume_dir);
