@@ -334,7 +334,22 @@ TEST_F(FirstContact, Case6MessagesANewUserMeets) {
   EXPECT_TRUE(has(neither.output, "[data] tokenizer is not set")) << neither.output;
 }
 
-// MEH cases: a number for a size, an empty output_dir.
+// MEH cases: a token file of only end-of-text ids, an output_dir inside the plugin folder.
+TEST_F(FirstContact, MehNoTrainableTargetAndOutputDirInThePluginFolder) {
+  write_tokens(dir / "eos.tokens", 512, [](uint32_t) { return 151643u; });
+  auto eos = lcx("--config " + manifest() + " --set data.source=" + (dir / "eos.tokens").string());
+  EXPECT_EQ(eos.exit_code, 2) << eos.output;
+  EXPECT_TRUE(has(eos.output, "has no trainable target")) << eos.output;
+  EXPECT_FALSE(has(eos.output, "not finite")) << eos.output;
+  fs::create_directories(dir / "plugins");
+  auto inside = lcx("--config " + manifest("max_steps = 1\n", "[plugins]\ndir = \"plugins\"\n") +
+                    " --set run.output_dir=" + (dir / "plugins" / "run").string());
+  EXPECT_EQ(inside.exit_code, 2) << inside.output;
+  EXPECT_TRUE(has(inside.output, "is inside the plugin folder")) << inside.output;
+  EXPECT_FALSE(fs::exists(dir / "plugins" / "run"));
+}
+
+// MEH cases: a number for a size, an empty output_dir, a memory timeline past the last step.
 TEST_F(FirstContact, MehSizesWithoutUnitsAndEmptyOutputDir) {
   auto number = lcx("--config " + manifest() + " --dry-run --set run.gpu_memory=5");
   EXPECT_EQ(number.exit_code, 2) << number.output;
@@ -342,6 +357,9 @@ TEST_F(FirstContact, MehSizesWithoutUnitsAndEmptyOutputDir) {
   auto empty = lcx("--config " + manifest() + " --dry-run --set run.output_dir=");
   EXPECT_EQ(empty.exit_code, 2) << empty.output;
   EXPECT_TRUE(has(empty.output, "run.output_dir: is empty")) << empty.output;
+  auto late = lcx("--config " + manifest() + " --set run.memory_timeline=true --set run.memory_timeline_step=5");
+  EXPECT_EQ(late.exit_code, 0) << late.output;
+  EXPECT_TRUE(has(late.output, "run.memory_timeline_step = 5 is past this run's last step")) << late.output;
 }
 
 }  // namespace

@@ -100,6 +100,19 @@ void refuse_tables_of_unloaded_plugins(const Manifest& m, const PluginLoader& lo
   }
 }
 
+// The run's files beside the code lcx loads: a checkpoint folder could shadow or replace a plugin.
+void refuse_output_dir_in_plugin_folder(const std::string& output_dir, const PluginLoader& loader) {
+  std::error_code ec;
+  const std::filesystem::path out = std::filesystem::weakly_canonical(std::filesystem::absolute(output_dir), ec);
+  for (const auto& dir : loader.search_dirs()) {
+    const std::filesystem::path plugins = std::filesystem::weakly_canonical(std::filesystem::absolute(dir), ec);
+    const auto [end, _] = std::mismatch(plugins.begin(), plugins.end(), out.begin(), out.end());
+    if (!plugins.empty() && end == plugins.end())
+      throw Error(str("run.output_dir ", output_dir, " is inside the plugin folder ", dir), "run.output_dir",
+                  "give the run a folder outside the plugin folders (lcx-train --list-plugins names them)");
+  }
+}
+
 // --dry-run: the plan against the GPU's budget where the run may use a GPU and the budget is known
 // ([run] gpu_memory, or this machine's GPU), as a run checks it before its first step.
 void check_plan_fits(const CoreConfig& core, SlotSet slots, bool force) {
@@ -162,8 +175,10 @@ int run(const CliOptions& o) {
   const char* worker_rank = std::getenv("LCX_WORKER") ? std::getenv("RANK") : nullptr;
   // The job's first process claims the folder (torchrun's rank 0, or the process a user started).
   const char* job_rank = std::getenv("RANK");
-  if (!std::getenv("LCX_WORKER") && (!job_rank || std::string(job_rank) == "0"))
-    claim_output_dir(core, o.resume, o.overwrite);
+  if (!std::getenv("LCX_WORKER") && (!job_rank || std::string(job_rank) == "0")) {
+    refuse_output_dir_in_plugin_folder(core.run.output_dir, loader);
+    claim_output_dir(core, o.config, o.resume, o.overwrite);
+  }
   else
     create_output_dir(core.run.output_dir);
   const bool writes_log = !worker_rank || std::string(worker_rank) == "0";

@@ -183,7 +183,7 @@ void lock_run_folder(const fs::path& dir) {
 
 }  // namespace
 
-void claim_output_dir(const CoreConfig& cfg, const std::string& resume, bool overwrite) {
+void claim_output_dir(const CoreConfig& cfg, const std::string& manifest, const std::string& resume, bool overwrite) {
   const fs::path dir(cfg.run.output_dir);
   std::error_code ec;
   const fs::path real = fs::weakly_canonical(fs::absolute(dir), ec);
@@ -196,7 +196,7 @@ void claim_output_dir(const CoreConfig& cfg, const std::string& resume, bool ove
   if (resume.empty() && !overwrite && fs::is_directory(dir, ec)) {
     std::vector<std::string> foreign;
     for (const auto& e : fs::directory_iterator(dir, ec))
-      if (!written_by_lcx(e)) foreign.push_back(e.path().filename().string());
+      if (!written_by_lcx(e) && !fs::equivalent(e.path(), manifest, ec)) foreign.push_back(e.path().filename().string());
     if (!foreign.empty()) {
       std::sort(foreign.begin(), foreign.end());
       if (foreign.size() > 3) foreign.resize(3), foreign.push_back("...");

@@ -25,10 +25,11 @@ void create_output_dir(const std::string& dir, const std::string& key = "run.out
 
 // Once per job, before anything is written into run.output_dir (log.jsonl included): refuses the
 // root folder and the home folder (a symlink to them too); for a new run, refuses a folder holding
-// anything lcx does not write unless `overwrite` (which still deletes only lcx's own files); then
+// anything lcx does not write but the run's own manifest (`manifest`, the --config file) unless
+// `overwrite` (which still deletes only lcx's own files); then
 // creates it and holds its lock, an flock on <output_dir>/.lcx.lock, until the process ends,
 // refusing a folder another lcx-train holds, naming its pid and host.
-void claim_output_dir(const CoreConfig& cfg, const std::string& resume, bool overwrite);
+void claim_output_dir(const CoreConfig& cfg, const std::string& manifest, const std::string& resume, bool overwrite);
 
 // Once per job, before any rank loads anything. Throws lcx::Error for the refusals above.
 void open_run_folder(const CoreConfig& cfg, const std::string& resume, bool overwrite);

@@ -183,6 +183,9 @@ Trainer::Trainer(Run& run, const Manifest& manifest, RunLength length, const std
   if (run.lead() && cfg_.run.profile && first_step_ + cfg_.run.profile_step > length.total_steps)
     log::warn(str("run.profile_step = ", cfg_.run.profile_step, " is past this run's last step (",
                   length.total_steps - first_step_, " to take): no step will be profiled"));
+  if (run.lead() && cfg_.run.memory_timeline && first_step_ + cfg_.run.memory_timeline_step > length.total_steps)
+    log::warn(str("run.memory_timeline_step = ", cfg_.run.memory_timeline_step, " is past this run's last step (",
+                  length.total_steps - first_step_, " to take): no memory timeline will be recorded"));
 }
 
 TrainerState Trainer::start_state(const Run& run, const std::string& resume_dir) {
