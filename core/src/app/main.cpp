@@ -178,9 +178,9 @@ int run(const CliOptions& o) {
   if (!std::getenv("LCX_WORKER") && (!job_rank || std::string(job_rank) == "0")) {
     refuse_output_dir_in_plugin_folder(core.run.output_dir, loader);
     claim_output_dir(core, o.config, o.resume, o.overwrite);
-  }
-  else
+  } else {
     create_output_dir(core.run.output_dir);
+  }
   const bool writes_log = !worker_rank || std::string(worker_rank) == "0";
   setup_logging(core.run.log_level,
                 writes_log ? (std::filesystem::path(core.run.output_dir) / "log.jsonl").string() : std::string());

@@ -36,11 +36,15 @@ void resolve_paths(toml::table& root, const std::filesystem::path& base) {
 
 }  // namespace
 
+void resolve_manifest_paths(Manifest& m, const std::string& base) {
+  m.edit([&](toml::table& root) { resolve_paths(root, base); });
+}
+
 Manifest load_run_manifest(const std::string& path, const std::vector<std::string>& sets) {
   Manifest m = Manifest::load(path);
-  m.edit([&](toml::table& root) { resolve_paths(root, std::filesystem::absolute(path).parent_path()); });
+  resolve_manifest_paths(m, std::filesystem::absolute(path).parent_path().string());
   for (const auto& s : sets) m.set(s);
-  m.edit([&](toml::table& root) { resolve_paths(root, std::filesystem::current_path()); });
+  resolve_manifest_paths(m, std::filesystem::current_path().string());
   return m;
 }
 

@@ -112,6 +112,8 @@ struct CoreConfig {
 // resolves against the file's folder, one given by --set against the working folder; both are
 // stored absolute, so a checkpoint's manifest.toml names the same files from anywhere.
 Manifest load_run_manifest(const std::string& path, const std::vector<std::string>& sets);
+// Each relative path key of `m` made absolute against the folder `base`.
+void resolve_manifest_paths(Manifest& m, const std::string& base);
 
 // The names of core's sections.
 const std::vector<std::string>& core_section_names();

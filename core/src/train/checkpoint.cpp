@@ -64,8 +64,11 @@ nlohmann::json read_state_json(const std::string& dir) {
 // "<name> element <i> is nan" for the first element of `t` that is not finite; "" when all are.
 std::string first_nonfinite(const std::string& name, const Tensor& t) {
   if (!is_floating(t.dtype())) return {};
-  const std::vector<float> v = t.to_floats();
-  for (size_t i = 0; i < v.size(); ++i)
+  // fp32 on the host (the optimizer's state) is read in place; anything else converted.
+  const bool in_place = t.dtype() == DType::f32 && !t.device().is_cuda();
+  const std::vector<float> converted = in_place ? std::vector<float>() : t.to_floats();
+  const float* v = in_place ? t.data_as<float>() : converted.data();
+  for (int64_t i = 0; i < t.numel(); ++i)
     if (!std::isfinite(v[i])) return str(name, " element ", i, " is ", v[i]);
   return {};
 }

@@ -94,7 +94,10 @@ void check_same_run(const CoreConfig& now, const std::string& checkpoint) {
     log::warn(str(checkpoint, " has no manifest.toml: whether this run's [model] and [data] match it is not checked"));
     return;
   }
-  const Manifest saved = Manifest::load(p.string());
+  Manifest saved = Manifest::load(p.string());
+  // lcx saves its paths absolute; a relative one (a manifest.toml written by hand) is taken from the
+  // working folder, as a --set path is.
+  resolve_manifest_paths(saved, fs::current_path().string());
   const CoreConfig was = read_core_config(saved, requested_plugins(saved, {}));
   auto b = [](bool x) { return std::string(x ? "true" : "false"); };
   const std::pair<const char*, std::pair<std::string, std::string>> keys[] = {
