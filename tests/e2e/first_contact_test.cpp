@@ -334,7 +334,7 @@ TEST_F(FirstContact, Case6MessagesANewUserMeets) {
   EXPECT_TRUE(has(neither.output, "[data] tokenizer is not set")) << neither.output;
 }
 
-// MEH cases: a token file of only end-of-text ids, an output_dir inside the plugin folder.
+// MEH cases: a token file of only end-of-text ids, an output_dir that is the plugin folder.
 TEST_F(FirstContact, MehNoTrainableTargetAndOutputDirInThePluginFolder) {
   write_tokens(dir / "eos.tokens", 512, [](uint32_t) { return 151643u; });
   auto eos = lcx("--config " + manifest() + " --set data.source=" + (dir / "eos.tokens").string());
@@ -343,10 +343,10 @@ TEST_F(FirstContact, MehNoTrainableTargetAndOutputDirInThePluginFolder) {
   EXPECT_FALSE(has(eos.output, "not finite")) << eos.output;
   fs::create_directories(dir / "plugins");
   auto inside = lcx("--config " + manifest("max_steps = 1\n", "[plugins]\ndir = \"plugins\"\n") +
-                    " --set run.output_dir=" + (dir / "plugins" / "run").string());
+                    " --set run.output_dir=" + (dir / "plugins").string());
   EXPECT_EQ(inside.exit_code, 2) << inside.output;
-  EXPECT_TRUE(has(inside.output, "is inside the plugin folder")) << inside.output;
-  EXPECT_FALSE(fs::exists(dir / "plugins" / "run"));
+  EXPECT_TRUE(has(inside.output, "is the plugin folder")) << inside.output;
+  EXPECT_FALSE(fs::exists(dir / "plugins" / "log.jsonl"));
 }
 
 // MEH cases: a number for a size, an empty output_dir, a memory timeline past the last step.

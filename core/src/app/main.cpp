@@ -100,17 +100,15 @@ void refuse_tables_of_unloaded_plugins(const Manifest& m, const PluginLoader& lo
   }
 }
 
-// The run's files beside the code lcx loads: a checkpoint folder could shadow or replace a plugin.
+// The run's files beside the code lcx loads (a folder is searched for plugins, not its
+// subfolders): what a run writes and deletes there would sit among the plugins.
 void refuse_output_dir_in_plugin_folder(const std::string& output_dir, const PluginLoader& loader) {
   std::error_code ec;
-  const std::filesystem::path out = std::filesystem::weakly_canonical(std::filesystem::absolute(output_dir), ec);
-  for (const auto& dir : loader.search_dirs()) {
-    const std::filesystem::path plugins = std::filesystem::weakly_canonical(std::filesystem::absolute(dir), ec);
-    const auto [end, _] = std::mismatch(plugins.begin(), plugins.end(), out.begin(), out.end());
-    if (!plugins.empty() && end == plugins.end())
-      throw Error(str("run.output_dir ", output_dir, " is inside the plugin folder ", dir), "run.output_dir",
-                  "give the run a folder outside the plugin folders (lcx-train --list-plugins names them)");
-  }
+  const auto out = std::filesystem::weakly_canonical(std::filesystem::absolute(output_dir), ec);
+  for (const auto& dir : loader.search_dirs())
+    if (out == std::filesystem::weakly_canonical(std::filesystem::absolute(dir), ec))
+      throw Error(str("run.output_dir ", output_dir, " is the plugin folder ", dir), "run.output_dir",
+                  "give the run a folder of its own, e.g. a subfolder run/ (lcx-train --list-plugins names the plugin folders)");
 }
 
 // --dry-run: the plan against the GPU's budget where the run may use a GPU and the budget is known
