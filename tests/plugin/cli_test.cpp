@@ -15,6 +15,12 @@ struct Cli : ::testing::Test {
     test::write_file(p, body);
     return p.string();
   }
+  // `body` with the [data] a run reads (--dry-run checks its files): the Qwen3 tokenizer and a token file.
+  std::string runnable(const std::string& body) {
+    test::write_file(dir / "data.tokens", std::string(4096, '\0'));
+    return manifest(body + "[data]\ntokenizer = \"" + test::qwen3_tokenizer() + "\"\nsource = \"" + (dir / "data.tokens").string() +
+                    "\"\nseq_len = 32\n");
+  }
   test::CommandResult lcx(const std::string& args) {
     return run_command("LCX_PLUGIN_PATH=" + std::string(LCX_FIXTURE_PLUGIN_DIR) + " " + test::lcx_train() + " " + args);
   }
@@ -39,7 +45,7 @@ TEST_F(Cli, VersionAndHelp) {
 }
 
 TEST_F(Cli, DryRunPrintsResolvedConfigAndProviders) {
-  auto m = manifest("[plugins]\nload = [\"loss_chunked\"]\n[loss_chunked]\nchunk_rows = 64\n[train]\nlr = 1e-4\n");
+  auto m = runnable("[plugins]\nload = [\"loss_chunked\"]\n[loss_chunked]\nchunk_rows = 64\n[train]\nlr = 1e-4\n");
   auto r = lcx("--config " + m + " --dry-run --set train.lr=0.5 --set loss_chunked.chunk_rows=128");
   ASSERT_EQ(r.exit_code, 0) << r.output;
   EXPECT_NE(r.output.find("chunk_rows = 128"), std::string::npos) << r.output;
@@ -50,7 +56,7 @@ TEST_F(Cli, DryRunPrintsResolvedConfigAndProviders) {
 }
 
 TEST_F(Cli, DisableFallsBackToCoreDefault) {
-  auto m = manifest("[plugins]\nload = [\"loss_chunked\"]\n[loss_chunked]\nchunk_rows = 64\n");
+  auto m = runnable("[plugins]\nload = [\"loss_chunked\"]\n[loss_chunked]\nchunk_rows = 64\n");
   auto r = lcx("--config " + m + " --dry-run --disable loss_chunked");
   ASSERT_EQ(r.exit_code, 0) << r.output;
   EXPECT_NE(r.output.find("loss                 nll"), std::string::npos) << r.output;
@@ -63,7 +69,8 @@ TEST_F(Cli, SetIsTypeChecked) {
   auto m = manifest("[train]\nlr = 1e-4\nmax_steps = 10\n");
   auto r = lcx("--config " + m + " --dry-run --set train.max_steps=ten");
   EXPECT_EQ(r.exit_code, 2) << r.output;
-  EXPECT_NE(r.output.find("run.toml:3 has a integer there, not a string"), std::string::npos) << r.output;
+  EXPECT_NE(r.output.find("train.max_steps wants an integer (as "), std::string::npos) << r.output;
+  EXPECT_NE(r.output.find("run.toml:3 gives it), got a string"), std::string::npos) << r.output;
   auto r2 = lcx("--config " + m + " --dry-run --set train.max_step=3");
   EXPECT_EQ(r2.exit_code, 2);
   EXPECT_NE(r2.output.find("train.max_step: unknown key"), std::string::npos) << r2.output;

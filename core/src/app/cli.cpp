@@ -14,7 +14,10 @@ CliOptions parse_cli(int argc, char** argv) {
   po::options_description desc(
       "lcx-train: long-context fine-tuning of Qwen3 models\n\n"
       "Usage: lcx-train --config run.toml [--set section.key=value]... [--disable NAME]...\n"
-      "       lcx-train tokenize --tokenizer FILE (--text STRING | --file PATH) [--count]\n\n"
+      "       lcx-train tokenize --tokenizer FILE (--text STRING | --file PATH) [--count]\n"
+      "       lcx-train eval --config run.toml (--checkpoint DIR | --model DIR) --seq-len N --out DIR\n"
+      "       lcx-train eval-plot --out FILE.svg CSV_OR_DIR...\n"
+      "(each subcommand's --help lists its options)\n\n"
       "Options");
   desc.add_options()
       ("config,c", po::value(&o.config)->value_name("FILE"), "the run manifest (TOML)")
@@ -41,6 +44,8 @@ CliOptions parse_cli(int argc, char** argv) {
       ("overwrite", po::bool_switch(&o.overwrite),
        "start a new run in an output_dir that holds an earlier run: its checkpoints, metrics.jsonl and "
        "TensorBoard events are deleted first")
+      ("force", po::bool_switch(&o.force),
+       "run even when the plan says the GPU's memory is short (refused by default, with what would make it fit)")
       ("version", po::bool_switch(&o.version), "print the version and exit")
       ("help,h", po::bool_switch(&o.help), "print this help");
   o.argv.assign(argv, argv + argc);

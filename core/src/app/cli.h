@@ -18,6 +18,7 @@ struct CliOptions {
   std::string host_memory;  // --host-memory for --plan; "" means this host's
   std::string resume;
   bool overwrite = false;
+  bool force = false;  // run even when the plan says the GPU is short
   std::vector<std::string> argv;  // as given, for the launcher to start workers alike  // "latest" or a checkpoint folder
   bool version = false;
   bool help = false;

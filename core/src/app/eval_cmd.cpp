@@ -21,6 +21,7 @@
 #include "lcx/error.h"
 #include "lcx/log.h"
 #include "plugin/loader.h"
+#include "train/run_folder.h"
 #include "slots/resolve.h"
 #include "train/checkpoint.h"
 #include "train/run.h"
@@ -134,12 +135,10 @@ int eval_main(int argc, char** argv) {
   if (max_sequences < 1) throw Error("--max-sequences must be at least 1", "--max-sequences", "pass --max-sequences 4");
   if (chunk < 1) throw Error("--chunk-rows must be at least 1", "--chunk-rows", "pass --chunk-rows 256");
 
-  Manifest manifest = Manifest::load(config);
-  for (const auto& s : sets) manifest.set(s);
-  std::string dir_entry = manifest.section("plugins").get_string("dir", "");
-  if (!dir_entry.empty() && fs::path(dir_entry).is_relative())
-    dir_entry = (fs::path(config).parent_path() / dir_entry).lexically_normal().string();
-  PluginLoader loader(PluginLoader::default_search_dirs(dir_entry));
+  // The results' folder, checked before the weights are loaded and the sequences evaluated.
+  create_output_dir(out, "--out");
+  Manifest manifest = load_run_manifest(config, sets);
+  PluginLoader loader(PluginLoader::default_search_dirs(manifest.section("plugins").get_string("dir", "")));
   const CoreConfig core = read_core_config(manifest, requested_plugins(manifest, {}));
   const Device device = pick_device(core.run.device);
   Run run(core, resolve_slots(manifest, loader, disabled, device, configured_mesh(core.distributed)), device);
@@ -206,7 +205,6 @@ int eval_main(int argc, char** argv) {
   const double mean_all = pl.mean(0, seq_len);
   const int64_t tail_start = seq_len - seq_len / 10;
   const double mean_tail = pl.mean(tail_start, seq_len);
-  fs::create_directories(out);
   write_text(fs::path(out) / (label + ".csv"), bins_csv(curve));
   write_text(fs::path(out) / (label + ".tokens.csv"), tokens_csv);
   nlohmann::json meta = {{"label", label},

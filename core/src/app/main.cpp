@@ -5,6 +5,7 @@
 #include <spdlog/spdlog.h>
 #include <unistd.h>
 
+#include <algorithm>
 #include <cstdio>
 #include <cstdlib>
 #include <filesystem>
@@ -20,6 +21,8 @@
 #include "lcx/error.h"
 #include "plugin/loader.h"
 #include "slots/resolve.h"
+#include "plan/plan.h"
+#include "train/run.h"
 #include "train/run_folder.h"
 #include "train/trainer.h"
 
@@ -83,6 +86,46 @@ void setup_logging(const std::string& level, const std::string& log_file) {
   spdlog::set_default_logger(logger);
 }
 
+// A table named after a plugin that is installed but not in [plugins] load configures nothing.
+void refuse_tables_of_unloaded_plugins(const Manifest& m, const PluginLoader& loader) {
+  const std::vector<std::string> loaded = requested_plugins(m, {});
+  const std::vector<std::string>& core = core_section_names();
+  for (const auto& name : m.table_names()) {
+    if (std::find(core.begin(), core.end(), name) != core.end() ||
+        std::find(loaded.begin(), loaded.end(), name) != loaded.end() || !loader.installed(name))
+      continue;
+    throw Error(str(m.section(name).where(), ": [", name, "] configures the plugin ", name,
+                    ", which is installed but not loaded"),
+                name, str("add \"", name, "\" to [plugins] load (or remove the [", name, "] table)"));
+  }
+}
+
+// The run's files beside the code lcx loads (a folder is searched for plugins, not its
+// subfolders): what a run writes and deletes there would sit among the plugins.
+void refuse_output_dir_in_plugin_folder(const std::string& output_dir, const PluginLoader& loader) {
+  std::error_code ec;
+  const auto out = std::filesystem::weakly_canonical(std::filesystem::absolute(output_dir), ec);
+  for (const auto& dir : loader.search_dirs())
+    if (out == std::filesystem::weakly_canonical(std::filesystem::absolute(dir), ec))
+      throw Error(str("run.output_dir ", output_dir, " is the plugin folder ", dir), "run.output_dir",
+                  "give the run a folder of its own, e.g. a subfolder run/ (lcx-train --list-plugins names the plugin folders)");
+}
+
+// --dry-run: the plan against the GPU's budget where the run may use a GPU and the budget is known
+// ([run] gpu_memory, or this machine's GPU), as a run checks it before its first step.
+void check_plan_fits(const CoreConfig& core, SlotSet slots, bool force) {
+  if (!slots.model || core.run.device == "cpu") return;
+  const std::optional<int64_t> gpu_bytes = core.run.gpu_memory != "auto"
+                                               ? std::optional<int64_t>(parse_memory_size(core.run.gpu_memory, "run.gpu_memory"))
+                                               : local_gpu_memory();
+  if (!gpu_bytes) return;
+  Run run(core, std::move(slots), Device::cpu());
+  run.check_parallelism();
+  run.plan_step(plan_model_config(core.model, run.model()), core.data.seq_len, *gpu_bytes, host_memory_budget("", core.run));
+  check_gpu_memory(core, run.planned(), run.plan_slots(), *gpu_bytes, force);
+  check_host_memory(build_plan(run.planned(), run.plan_slots()), run.planned(), host_memory_budget("", core.run));
+}
+
 int run(const CliOptions& o) {
   if (o.help) {
     std::cout << o.help_text;
@@ -95,13 +138,10 @@ int run(const CliOptions& o) {
   std::string dir_entry;
   std::optional<Manifest> manifest;
   if (!o.config.empty()) {
-    manifest = Manifest::load(o.config);
-    for (const auto& s : o.sets) manifest->set(s);
+    manifest = load_run_manifest(o.config, o.sets);
     if (o.profile) manifest->set("run.profile=true");
     if (o.rehearse) manifest->set("run.rehearse=true");
     dir_entry = manifest->section("plugins").get_string("dir", "");
-    if (!dir_entry.empty() && std::filesystem::path(dir_entry).is_relative())
-      dir_entry = (std::filesystem::path(o.config).parent_path() / dir_entry).lexically_normal().string();
   }
   PluginLoader loader(PluginLoader::default_search_dirs(dir_entry));
   if (o.list_plugins) {
@@ -110,6 +150,7 @@ int run(const CliOptions& o) {
   }
   if (!manifest) throw Error("no manifest given", {}, "run lcx-train --config run.toml (see --help)");
 
+  refuse_tables_of_unloaded_plugins(*manifest, loader);
   CoreConfig core = read_core_config(*manifest, requested_plugins(*manifest, {}));
   auto providers = plan_slots(*manifest, loader, o.disabled);
   if (o.dry_run) {
@@ -117,17 +158,27 @@ int run(const CliOptions& o) {
                 manifest->to_toml().c_str());
     print_providers(providers);
     // Creating the plugins validates their tables (unknown keys, types) without any GPU work.
-    resolve_slots(*manifest, loader, o.disabled, Device::cpu(), configured_mesh(core.distributed));
+    SlotSet slots = resolve_slots(*manifest, loader, o.disabled, Device::cpu(), configured_mesh(core.distributed));
+    check_run_inputs(core, slots);
+    check_plan_fits(core, std::move(slots), o.force);
     std::printf("config OK\n");
     return 0;
   }
   if (o.plan) return run_plan_command(*manifest, core, loader, o.disabled, o.gpu_memory, o.host_memory);
 
-  // Every table, the plugins' too, is checked before the run folder gets its first byte.
-  resolve_slots(*manifest, loader, o.disabled, Device::cpu(), configured_mesh(core.distributed));
-  create_output_dir(core.run.output_dir);
+  // Every table, the plugins' too, and every path are checked before the run folder gets its
+  // first byte and before the corpus is tokenized.
+  check_run_inputs(core, resolve_slots(*manifest, loader, o.disabled, Device::cpu(), configured_mesh(core.distributed)));
   // Workers a launcher started (LCX_WORKER) other than rank 0 keep to the terminal: one log per job.
   const char* worker_rank = std::getenv("LCX_WORKER") ? std::getenv("RANK") : nullptr;
+  // The job's first process claims the folder (torchrun's rank 0, or the process a user started).
+  const char* job_rank = std::getenv("RANK");
+  if (!std::getenv("LCX_WORKER") && (!job_rank || std::string(job_rank) == "0")) {
+    refuse_output_dir_in_plugin_folder(core.run.output_dir, loader);
+    claim_output_dir(core, o.config, o.resume, o.overwrite);
+  } else {
+    create_output_dir(core.run.output_dir);
+  }
   const bool writes_log = !worker_rank || std::string(worker_rank) == "0";
   setup_logging(core.run.log_level,
                 writes_log ? (std::filesystem::path(core.run.output_dir) / "log.jsonl").string() : std::string());
@@ -141,7 +192,7 @@ int run(const CliOptions& o) {
   SlotFactory make_slots = [&](Device device) {
     return resolve_slots(*manifest, loader, o.disabled, device, configured_mesh(core.distributed));
   };
-  return run_training(core, *manifest, make_slots, TrainOptions{o.resume, o.overwrite, o.argv});
+  return run_training(core, *manifest, make_slots, TrainOptions{o.resume, o.overwrite, o.force, o.argv});
 }
 
 }  // namespace

@@ -1,6 +1,8 @@
 // `lcx-train tokenize`: prints the ids lcx's tokenizer gives a text (or only their number), so a
 // user can check what the model will see. Ids are those of Hugging Face `tokenizers`.
 #include <boost/program_options.hpp>
+#include <algorithm>
+#include <chrono>
 #include <cstdio>
 #include <fstream>
 #include <iostream>
@@ -46,8 +48,18 @@ int tokenize_main(int argc, char** argv) {
     throw Error("tokenize needs exactly one of --text and --file", "--text", "pass --text STRING or --file PATH");
   if (!file.empty()) text = read_file(file, "--file", "give a readable text file");
   Tokenizer tok = Tokenizer::load(tokenizer);
+  // A large file takes a while: say what is being done, and at what rate it went.
+  constexpr size_t kLarge = size_t{64} << 20;
+  const auto start = std::chrono::steady_clock::now();
+  const std::string what = file.empty() ? std::string("--text") : file;
+  if (text.size() >= kLarge) std::fprintf(stderr, "tokenizing %s: %zu MiB...\n", what.c_str(), text.size() >> 20);
   EncodeStats stats;
   auto ids = tok.encode(text, threads, &stats);
+  if (text.size() >= kLarge) {
+    const double s = std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
+    std::fprintf(stderr, "tokenized %s: %zu tokens in %.1f s (%.1f MiB/s)\n", what.c_str(), ids.size(), s,
+                 static_cast<double>(text.size() >> 20) / std::max(s, 1e-9));
+  }
   if (stats.invalid_utf8 > 0)
     std::fprintf(stderr, "warning: %lld invalid UTF-8 sequences replaced by U+FFFD (as Python's errors='replace')\n",
                  static_cast<long long>(stats.invalid_utf8));

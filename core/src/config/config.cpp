@@ -35,6 +35,36 @@ const char* node_type_name(const toml::node& n) {
   }
 }
 
+// "a float", "an integer", "an array": the type name with its article.
+std::string a_type(const toml::node& n) {
+  const std::string name = node_type_name(n);
+  return (std::string("aeiou").find(name[0]) != std::string::npos ? "an " : "a ") + name;
+}
+
+// The names users of transformers' TrainingArguments and TRL's SFTConfig type, and the key of
+// lcx's that means the same; suggested when the key is unknown and its lcx name is valid there.
+const std::map<std::string, std::string>& key_aliases() {
+  static const std::map<std::string, std::string> aliases = {
+      {"learning_rate", "lr"},
+      {"max_seq_length", "seq_len"},
+      {"max_length", "seq_len"},
+      {"per_device_train_batch_size", "grad_accum"},
+      {"gradient_accumulation_steps", "grad_accum"},
+      {"num_train_epochs", "epochs"},
+      {"lr_scheduler_type", "schedule"},
+      {"adam_beta1", "beta1"},
+      {"adam_beta2", "beta2"},
+      {"adam_epsilon", "eps"},
+      {"save_total_limit", "keep_checkpoints"},
+      {"logging_steps", "log_every"},
+      {"gradient_checkpointing", "checkpoint_every"},
+      {"model_name_or_path", "path"},
+      {"dataset_text_field", "text_field"},
+      {"torch_dtype", "dtype"},
+  };
+  return aliases;
+}
+
 std::string location(const std::string& source, const toml::node* n) {
   if (n && n->source().begin.line > 0) return str(source, ":", n->source().begin.line);
   if (n) return "--set";
@@ -169,6 +199,8 @@ void ConfigView::check_unknown() const {
     std::string key(k.str());
     if (impl_->asked.count(key)) continue;
     std::string near = closest(key, valid);
+    auto alias = key_aliases().find(key);
+    if (alias != key_aliases().end() && impl_->asked.count(alias->second)) near = alias->second;
     fail(key, "unknown key",
          str(near.empty() ? "" : str("did you mean '", near, "'? "), "valid keys: ",
              valid.empty() ? std::string("(none)") : join(valid, ", ")));
@@ -226,7 +258,7 @@ void Manifest::set(const std::string& assignment) {
       n = t->get(parts[i]);
     }
     if (!n->is_table())
-      throw Error(str("--set ", path, ": '", parts[i], "' is a ", node_type_name(*n), ", not a table"), path);
+      throw Error(str("--set ", path, ": '", parts[i], "' is ", a_type(*n), ", not a table"), path);
     t = n->as_table();
   }
   const std::string& key = parts.back();
@@ -238,9 +270,9 @@ void Manifest::set(const std::string& assignment) {
     bool same = old->type() == newv.type() ||
                 (old->type() == toml::node_type::floating_point && newv.type() == toml::node_type::integer);
     if (!same)
-      throw Error(str("--set ", path, "=", value, ": ", location(source_, old), " has a ",
-                      node_type_name(*old), " there, not a ", node_type_name(newv)),
-                  path, str("give a ", node_type_name(*old), " value"));
+      throw Error(str("--set ", path, "=", value, ": ", path, " wants ", a_type(*old), " (as ", location(source_, old),
+                      " gives it), got ", a_type(newv)),
+                  path, str("give ", a_type(*old), " value"));
     if (old->type() == toml::node_type::floating_point && newv.type() == toml::node_type::integer) {
       t->insert_or_assign(key, static_cast<double>(*newv.value<int64_t>()));
       return;

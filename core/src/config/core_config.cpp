@@ -15,6 +15,39 @@ const std::vector<std::string>& core_section_names() {
   return names;
 }
 
+namespace {
+
+constexpr int64_t kMaxRanksPerNode = 1024;
+
+// Core's keys that name a file or folder.
+constexpr const char* kPathKeys[][2] = {{"run", "output_dir"}, {"model", "path"},    {"data", "tokenizer"},
+                                        {"data", "source"},     {"data", "cache_dir"}, {"plugins", "dir"}};
+
+// Each relative path key of `root` made absolute against `base`, in place (the node keeps its
+// source line, for errors).
+void resolve_paths(toml::table& root, const std::filesystem::path& base) {
+  for (const auto& [section, key] : kPathKeys) {
+    toml::table* t = root[section].as_table();
+    toml::value<std::string>* v = t ? t->get_as<std::string>(key) : nullptr;
+    if (!v || v->get().empty() || std::filesystem::path(v->get()).is_absolute()) continue;
+    v->get() = (base / v->get()).lexically_normal().string();
+  }
+}
+
+}  // namespace
+
+void resolve_manifest_paths(Manifest& m, const std::string& base) {
+  m.edit([&](toml::table& root) { resolve_paths(root, base); });
+}
+
+Manifest load_run_manifest(const std::string& path, const std::vector<std::string>& sets) {
+  Manifest m = Manifest::load(path);
+  resolve_manifest_paths(m, std::filesystem::absolute(path).parent_path().string());
+  for (const auto& s : sets) m.set(s);
+  resolve_manifest_paths(m, std::filesystem::current_path().string());
+  return m;
+}
+
 static void one_of(const ConfigView& v, const std::string& key, const std::string& value,
                    const std::vector<std::string>& allowed) {
   if (std::find(allowed.begin(), allowed.end(), value) == allowed.end())
@@ -33,6 +66,8 @@ CoreConfig read_core_config(const Manifest& m, const std::vector<std::string>& p
   {
     ConfigView v = m.section("run");
     c.run.output_dir = v.get_string("output_dir", c.run.output_dir);
+    if (c.run.output_dir.empty())
+      v.fail("output_dir", "is empty", "give the run's folder, e.g. output_dir = \"runs/my-run\" (created when missing)");
     c.run.seed = v.get_int("seed", c.run.seed);
     c.run.device = v.get_string("device", c.run.device);
     one_of(v, "device", c.run.device, {"auto", "cpu", "cuda"});
@@ -51,7 +86,12 @@ CoreConfig read_core_config(const Manifest& m, const std::vector<std::string>& p
     c.run.rehearse = v.get_bool("rehearse", c.run.rehearse);
     // A memory budget: "auto" or a size parse_memory_size reads.
     auto budget = [&v](const char* key, std::string& value, const char* meaning) {
-      value = v.get_string(key, value);
+      try {
+        value = v.get_string(key, value);
+      } catch (const Error&) {  // a bare number: its unit is unknown
+        v.fail(key, "expected a string: a size with its unit, or \"auto\"",
+               str("write it in quotes with its unit, e.g. ", key, " = \"80GiB\", or \"auto\" (", meaning, ")"));
+      }
       if (value == "auto") return;
       try {
         parse_memory_size(value, str("run.", key));
@@ -77,6 +117,9 @@ CoreConfig read_core_config(const Manifest& m, const std::vector<std::string>& p
   {
     ConfigView v = m.section("data");
     c.data.tokenizer = v.get_string("tokenizer", c.data.tokenizer);
+    // A model folder carries its tokenizer: unset, the tokenizer is model.path's.
+    if (c.data.tokenizer.empty() && !c.model.path.empty())
+      c.data.tokenizer = (std::filesystem::path(c.model.path) / "tokenizer.json").string();
     c.data.source = v.get_string("source", c.data.source);
     c.data.format = v.get_string("format", c.data.format);
     one_of(v, "format", c.data.format, {"auto", "txt", "jsonl", "tokens"});
@@ -164,6 +207,9 @@ CoreConfig read_core_config(const Manifest& m, const std::vector<std::string>& p
     d.order = order == "cp_inner" ? MeshOrder::cp_inner : MeshOrder::sp_inner;
     for (const char* k : {"nproc_per_node", "dp", "cp", "sp"})
       if (v.get_int(k, 1) < 1) v.fail(k, "must be >= 1");
+    // Ranks of one node: a GPU each, or a thread each (virtual_ranks, the CPU).
+    need(v, "nproc_per_node", d.nproc_per_node, d.nproc_per_node <= kMaxRanksPerNode, str("at most ", kMaxRanksPerNode),
+         "one rank per GPU of the node (8 on an HGX node); more nodes are started by torchrun or srun");
     d.shard_parameters = v.get_bool("shard_parameters", d.shard_parameters);
     d.virtual_ranks = v.get_bool("virtual_ranks", d.virtual_ranks);
     d.timeout_s = v.get_double("timeout_s", d.timeout_s);

@@ -107,6 +107,14 @@ struct CoreConfig {
   DistributedConfig distributed;
 };
 
+// The manifest at `path` with `sets` (--set section.key=value) applied. A relative path in the
+// file (run.output_dir, model.path, data.tokenizer, data.source, data.cache_dir, plugins.dir)
+// resolves against the file's folder, one given by --set against the working folder; both are
+// stored absolute, so a checkpoint's manifest.toml names the same files from anywhere.
+Manifest load_run_manifest(const std::string& path, const std::vector<std::string>& sets);
+// Each relative path key of `m` made absolute against the folder `base`.
+void resolve_manifest_paths(Manifest& m, const std::string& base);
+
 // The names of core's sections.
 const std::vector<std::string>& core_section_names();
 // Reads every core section; throws on unknown keys and wrong types. Refuses a top-level table that

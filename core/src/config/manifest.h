@@ -1,6 +1,7 @@
 // The run manifest: a TOML file, then --set overrides, then views of its tables for core and
 // plugins. Errors name the file, the line and the key.
 #pragma once
+#include <functional>
 #include <map>
 #include <memory>
 #include <string>
@@ -21,6 +22,8 @@ class Manifest {
   // "section.key=value" (deeper paths allowed). The value is TOML (numbers, true/false, arrays,
   // quoted or bare strings). An existing key keeps its type: a mismatch is an error.
   void set(const std::string& assignment);
+  // `f` given the whole table to change in place (keys' source lines are kept).
+  void edit(const std::function<void(toml::table&)>& f) { f(*root_); }
   ConfigView section(const std::string& name) const;
   std::vector<std::string> table_names() const;
   std::string to_toml() const;

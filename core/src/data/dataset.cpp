@@ -474,9 +474,16 @@ Dataset Dataset::open(const DataConfig& cfg, const Tokenizer& tok, const Options
   }
   r.sequences = s->num_sequences;
   log::info(r.summary());
-  if (r.dropped_tokens) log::warn(str("data: dropped ", r.dropped_tokens, " tokens at the end of the stream: ", r.dropped_why));
   Dataset d;
   d.s_ = std::move(s);
+  // Every step would have no loss to take (a NaN, skipped): say why at the start.
+  int64_t valid = 0;
+  for (int64_t i = 0; i < d.s_->num_sequences && valid == 0; ++i) valid += d.valid_labels(i);
+  if (valid == 0)
+    throw Error(str("data.source ", cfg.source, " has no trainable target: every token is the end of a document, which "
+                    "predicts nothing"),
+                "data.source", "give documents with text in them (a token file of only end-of-text ids has none)");
+  if (r.dropped_tokens) log::warn(str("data: dropped ", r.dropped_tokens, " tokens at the end of the stream: ", r.dropped_why));
   return d;
 }
 

@@ -339,10 +339,19 @@ Tokenizer Tokenizer::load(const std::string& path) {
   if (!is_null_or(m, "end_of_word_suffix", "")) refuse(path, "model.end_of_word_suffix", m["end_of_word_suffix"], bpe_what);
   bool ignore_merges = m.value("ignore_merges", false);
 
+  // A file cut or hand-edited: named, not a JSON library's exception.
+  if (!m.contains("vocab") || !m["vocab"].is_object() || !m.contains("merges") || !m["merges"].is_array())
+    throw Error(str(path, ": tokenizer.json has no ", !m.contains("vocab") || !m["vocab"].is_object() ? "model.vocab object" : "model.merges array",
+                    " (a byte-level BPE tokenizer has both)"),
+                "data.tokenizer",
+                "give the model's own tokenizer.json, as tokenizers' Tokenizer.save writes it (scripts/fetch_data.sh fetches "
+                "Qwen3's into data/qwen3/)");
+
   // Vocabulary: byte-level strings back to the bytes they stand for.
   std::vector<std::string> vocab;
   int64_t entries = 0;
   for (const auto& [token, id_json] : m.at("vocab").items()) {
+    if (!id_json.is_number_integer()) refuse(path, "model.vocab[\"" + token + "\"]", id_json, "integer ids");
     int32_t id = id_json.get<int32_t>();
     if (id < 0) refuse(path, "model.vocab[\"" + token + "\"]", id_json, "non-negative ids");
     if (static_cast<size_t>(id) >= vocab.size()) vocab.resize(id + 1);

@@ -37,7 +37,12 @@ int64_t parse_memory_size(const std::string& text, const std::string& option) {
   else if (unit == "G" || unit == "GB" || unit == "GIB") shift = 30;
   else if (unit == "T" || unit == "TB" || unit == "TIB") shift = 40;
   if (shift < 0 || !(value > 0) || !std::isfinite(value)) throw bad();
-  return static_cast<int64_t>(std::ldexp(value, shift));
+  // Sums and multiples of budgets stay within int64: sizes past 2^62 bytes are refused.
+  const double bytes = std::ldexp(value, shift);
+  if (bytes > std::ldexp(1.0, 62))
+    throw Error(str(option, " '", text, "' is ", bytes, " bytes, past the 4 EiB (2^62 bytes) lcx's 64-bit sizes hold"), option,
+                "give the memory of the GPU or host, e.g. 80GB, 141GiB or 2TB");
+  return static_cast<int64_t>(bytes);
 }
 
 int64_t host_memory_budget(const std::string& text, const RunConfig& run) {

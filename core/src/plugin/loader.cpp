@@ -175,6 +175,13 @@ std::string PluginLoader::find(const std::string& name_or_path) const {
                   "; add a folder with [plugins] dir or LCX_PLUGIN_PATH"));
 }
 
+bool PluginLoader::installed(const std::string& name) const {
+  std::error_code ec;
+  for (const auto& dir : dirs_)
+    if (fs::exists(fs::path(dir) / (kPrefix + name + kSuffix), ec)) return true;
+  return false;
+}
+
 PluginInfo PluginLoader::describe(const std::string& name_or_path) const {
   return open_described(find(name_or_path)).info;
 }

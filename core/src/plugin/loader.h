@@ -41,6 +41,8 @@ class PluginLoader {
   // Every lcx plugin in the search folders (first one found wins for a name); broken files are
   // reported through `problems`.
   std::vector<PluginInfo> discover(std::vector<std::string>* problems = nullptr) const;
+  // Whether a plugin of this name is in the search folders (its file, not loaded).
+  bool installed(const std::string& name) const;
   // Loads, checks and creates. The returned object holds its library.
   std::shared_ptr<Plugin> create(const std::string& name_or_path, const PluginArgs& args,
                                  PluginInfo* info = nullptr) const;

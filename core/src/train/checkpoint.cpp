@@ -3,6 +3,8 @@
 #include <unistd.h>
 
 #include <algorithm>
+#include <cmath>
+#include <span>
 #include <filesystem>
 #include <fstream>
 #include <nlohmann/json.hpp>
@@ -59,6 +61,18 @@ nlohmann::json read_state_json(const std::string& dir) {
   throw Error(str(p.string(), " ", problem), {}, fix);
 }
 
+// "<name> element <i> is nan" for the first element of `t` that is not finite; "" when all are.
+std::string first_nonfinite(const std::string& name, const Tensor& t) {
+  if (!is_floating(t.dtype())) return {};
+  // fp32 on the host (the optimizer's state) is read in place; anything else converted.
+  const bool in_place = t.dtype() == DType::f32 && !t.device().is_cuda();
+  const std::vector<float> converted = in_place ? std::vector<float>() : t.to_floats();
+  const float* v = in_place ? t.data_as<float>() : converted.data();
+  for (int64_t i = 0; i < t.numel(); ++i)
+    if (!std::isfinite(v[i])) return str(name, " element ", i, " is ", v[i]);
+  return {};
+}
+
 void write_text(const fs::path& p, const std::string& text) {
   std::ofstream out(p, std::ios::binary);
   out << text;
@@ -94,6 +108,27 @@ std::string save_checkpoint(const std::string& output_dir, Model& model, const O
   auto barrier = [&] {
     if (io.comm) io.comm->barrier();
   };
+  // A checkpoint of weights that are not finite would be useless, and rotation would delete the
+  // good ones before it: every rank looks at what it saves first, and all stop together.
+  OptimizerState os;
+  std::string bad;
+  if (io.rank == 0 || io.sharded) {
+    os = opt.state();
+    for (const auto& [name, t] : os.tensors)
+      if (bad.empty()) bad = first_nonfinite(name, t);
+    const bool has_master = std::any_of(os.tensors.begin(), os.tensors.end(),
+                                        [](const auto& nt) { return nt.first.ends_with(".master"); });
+    if (!has_master)  // the model's values are the weights the optimizer updates
+      for (Parameter* p : model.parameters())
+        if (bad.empty()) bad = first_nonfinite(p->name, p->value);
+  }
+  double bad_ranks = bad.empty() ? 0 : 1;
+  if (io.comm) io.comm->all_reduce(std::span<double>(&bad_ranks, 1));
+  if (bad_ranks > 0)
+    throw Error(str("step ", state.step, ": the weights or optimizer state are not finite (",
+                    bad.empty() ? std::string("on another rank") : bad, "): checkpoint-", state.step,
+                    " is not saved, and the earlier checkpoints in ", output_dir, " are kept"),
+                "train.lr", "resume from the last good checkpoint (--resume latest) with a lower lr, or check the data");
   if (io.rank == 0) {
     fs::remove_all(tmp);
     fs::create_directories(tmp);
@@ -104,7 +139,6 @@ std::string save_checkpoint(const std::string& output_dir, Model& model, const O
   }
   barrier();
   if (io.rank == 0 || io.sharded) {
-    OptimizerState os = opt.state();
     std::vector<safetensors::NamedTensor> tensors;
     for (auto& [name, t] : os.tensors) tensors.push_back({name, t});
     safetensors::write_file((tmp / optimizer_file(io)).string(), tensors, DType::f32,
@@ -184,7 +218,19 @@ void load_optimizer_state(const std::string& dir, Optimizer& opt, const RankIO& 
   auto ckpt = safetensors::Checkpoint::open((fs::path(dir) / optimizer_file(io)).string());
   OptimizerState st;
   st.step = js.value("optimizer_step", js.at("step").get<int64_t>());
-  for (const auto& name : ckpt.names()) st.tensors.emplace_back(name, ckpt.load(name, DType::f32));
+  // Checked as the model's weights are: a damaged state would make every later step NaN.
+  for (const auto& name : ckpt.names()) {
+    st.tensors.emplace_back(name, ckpt.load(name, DType::f32, Device::cpu(), true));
+    if (!name.ends_with(".exp_avg_sq")) continue;
+    const Tensor& t = st.tensors.back().second;
+    const float* v = t.data_as<float>();
+    for (int64_t i = 0; i < t.numel(); ++i)
+      if (v[i] < 0)
+        throw Error(str(ckpt.file_of(name), ": ", name, " element ", i, " is ", v[i],
+                        ", a second moment below 0: the optimizer state is damaged"),
+                    {}, "resume from another checkpoint (its optimizer.safetensors intact), or start from its weights "
+                        "alone: a new run with model.path = \"" + dir + "\"");
+  }
   opt.load_state(st);
 }
 

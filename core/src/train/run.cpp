@@ -1,6 +1,7 @@
 #include "train/run.h"
 
 #include <chrono>
+#include <filesystem>
 
 #include "data/dataset.h"
 #include "data/tokenizer.h"
@@ -8,6 +9,8 @@
 #include "lcx/pinned.h"
 #include "lcx/error.h"
 #include "lcx/log.h"
+#include "plugin/loader.h"
+#include "util/text.h"
 
 namespace lcx {
 
@@ -20,6 +23,47 @@ Device pick_device(const std::string& want) {
     return Device::cuda(0);
   }
   return cuda_available() ? Device::cuda(0) : Device::cpu();
+}
+
+void check_run_inputs(const CoreConfig& cfg, const SlotSet& slots) {
+  namespace fs = std::filesystem;
+  std::error_code ec;
+  const std::string& path = cfg.model.path;
+  if (!path.empty()) {
+    const char* fix = "give a Hugging Face model folder (config.json and *.safetensors), or [model] init = \"qwen3-0.6b\" "
+                      "(a preset or a JSON object of config.json keys) for random weights";
+    if (!fs::is_directory(path, ec))
+      throw Error(str("[model] path ", path, fs::exists(path, ec) ? " is not a folder" : " does not exist"), "model.path", fix);
+    if (!fs::is_regular_file(fs::path(path) / "config.json", ec))
+      throw Error(str("[model] path ", path, " has no config.json"), "model.path", fix);
+    if (slots.model) slots.model->describe(path);
+  }
+  if (cfg.data.tokenizer.empty())
+    throw Error("[data] tokenizer is not set", "data.tokenizer", "give the path of a tokenizer.json");
+  Tokenizer::load(cfg.data.tokenizer);
+  if (cfg.data.source.empty())
+    throw Error("data.source is not set", "data.source", "name a folder of .txt files, a .jsonl file or a .tokens file");
+  if (!fs::exists(cfg.data.source, ec))
+    throw Error(str("data.source ", cfg.data.source, " does not exist"), "data.source", "check the path");
+}
+
+void check_gpu_memory(const CoreConfig& cfg, const PlanInputs& in, const PlanSlots& slots, int64_t gpu_bytes, bool force) {
+  const int64_t peak = build_plan(in, slots).peak(true).bytes;
+  if (gpu_bytes <= 0 || peak <= gpu_bytes) return;
+  const std::string what = str("the plan's GPU peak for this run is ", format_bytes(peak), " (reserve included) but the GPU ",
+                               cfg.run.gpu_memory == "auto" ? "has " : str("budget run.gpu_memory = \"", cfg.run.gpu_memory, "\" is "),
+                               format_bytes(gpu_bytes), ": short by ", format_bytes(peak - gpu_bytes));
+  if (force) {
+    log::warn(what + "; --force: running anyway, expect out of memory");
+    return;
+  }
+  const PluginLoader loader(PluginLoader::default_search_dirs(cfg.plugins.dir));
+  std::vector<std::string> fixes;
+  for (const PlanKnob& k : plan_knobs(in, slots, &loader, gpu_bytes, plan_seq_unit(in, cfg.data.pad_to_multiple_of)))
+    if (k.fits) fixes.push_back(str(k.action, " (peak ", format_bytes(k.peak), ")"));
+  throw Error(what, "data.seq_len",
+              str(fixes.empty() ? std::string("a smaller model, or more GPUs per sequence") : join(fixes, "; or "),
+                  " (lcx-train --plan shows the breakdown); --force runs anyway"));
 }
 
 // ZeRO-3 around the step: non-layer weights (embedding, final norm, head) are gathered for the
@@ -135,7 +179,11 @@ void Run::open_data(const DataConfig& data, bool progress) {
 }
 
 void Run::check_sequence_split() const {
-  if (data_->num_sequences() > 0) slots_.parallel->shard(data_->get(0), seq_rank());
+  // The last sequence may be shorter (the stream's remainder, padded to pad_to_multiple_of): it is
+  // cut at the start too, not at the end of the epoch.
+  const int64_t n = data_->num_sequences();
+  if (n > 0) slots_.parallel->shard(data_->get(0), seq_rank());
+  if (n > 1 && data_->length(n - 1) != data_->length(0)) slots_.parallel->shard(data_->get(n - 1), seq_rank());
 }
 
 void Run::load_weights(const std::string& dir) { model().load_hf(dir, device_, dtype_); }
@@ -190,7 +238,7 @@ void Run::plan_step(const ModelConfig& shape, int64_t seq_len, int64_t gpu_bytes
   step_.recipe = planned_.recipe;
 }
 
-void Run::plan_local_step() {
+void Run::plan_local_step(bool force) {
   const ModelConfig& shape = model().config();
   const int64_t host_budget = host_memory_budget("", cfg_.run);
   if (device_.is_cuda()) {
@@ -198,6 +246,7 @@ void Run::plan_local_step() {
     const int64_t budget = cfg_.run.gpu_memory == "auto" ? local_gpu_memory().value_or(0)
                                                          : parse_memory_size(cfg_.run.gpu_memory, "run.gpu_memory");
     plan_step(shape, data_->seq_len(), budget, host_budget);
+    check_gpu_memory(cfg_, planned_, plan_slots(), budget, force);
   } else {
     planned_ = plan_inputs(cfg_, shape, data_->seq_len());
     if (rank_.local_ranks > 0) planned_.local_ranks = rank_.local_ranks;

@@ -23,6 +23,16 @@ class ShardingHooks;
 // [run] device: "cpu", "cuda" (refused without a GPU) or "auto" (the first GPU when there is one).
 Device pick_device(const std::string& want);
 
+// What a run reads, looked at before any of it is read at length (the corpus tokenized, the
+// weights loaded): [model] path and its config.json, described by the model module (which refuses
+// a model it does not support), [data] tokenizer loaded, [data] source present. Throws lcx::Error
+// naming the key.
+void check_run_inputs(const CoreConfig& cfg, const SlotSet& slots);
+
+// Refuses, before the first step, a plan whose GPU peak (reserve included) passes gpu_bytes, with
+// the knobs that would make it fit; `force` (--force) warns and goes on.
+void check_gpu_memory(const CoreConfig& cfg, const PlanInputs& in, const PlanSlots& slots, int64_t gpu_bytes, bool force);
+
 // This rank in the job.
 struct RankSetup {
   Communicator* world = nullptr;  // null: one rank
@@ -45,7 +55,8 @@ class Run {
   void check_parallelism() const;
   // `data` (its seq_len as given) tokenized with [data] tokenizer; progress: a bar while tokenizing.
   void open_data(const DataConfig& data, bool progress);
-  // A length the parallelism cannot split fails here, before any weight is loaded.
+  // A length the parallelism cannot split, the first sequence's or the last's (the stream's
+  // shorter remainder), fails here, before any weight is loaded.
   void check_sequence_split() const;
   // Weights from a Hugging Face folder: a model, or a checkpoint.
   void load_weights(const std::string& dir);
@@ -66,8 +77,9 @@ class Run {
   void plan_step(const ModelConfig& shape, int64_t seq_len, int64_t gpu_bytes, int64_t host_bytes);
   // plan_step for the loaded model and the data's sequences on this machine: the local GPU's
   // memory and the host's ([run] gpu_memory, host_memory). Refuses a recipe whose pinned bytes,
-  // times the node's ranks, pass the host's memory, before anything is pinned.
-  void plan_local_step();
+  // times the node's ranks, pass the host's memory, before anything is pinned, and one whose GPU
+  // peak passes the GPU's budget unless `force` (check_gpu_memory).
+  void plan_local_step(bool force = false);
   // The Optimizer slot's provider configured with [train] over the parameters, or this rank's
   // shards of them; with its state from resume_dir when set.
   void make_optimizer(const std::string& resume_dir);

@@ -1,6 +1,13 @@
 #include "train/run_folder.h"
 
+#include <fcntl.h>
+#include <sys/file.h>
+#include <unistd.h>
+
+#include <algorithm>
+#include <cerrno>
 #include <chrono>
+#include <cstring>
 #include <filesystem>
 #include <fstream>
 #include <nlohmann/json.hpp>
@@ -10,6 +17,7 @@
 #include "log/tfevents.h"
 #include "slots/resolve.h"
 #include "train/checkpoint.h"
+#include "util/text.h"
 
 namespace fs = std::filesystem;
 
@@ -86,7 +94,10 @@ void check_same_run(const CoreConfig& now, const std::string& checkpoint) {
     log::warn(str(checkpoint, " has no manifest.toml: whether this run's [model] and [data] match it is not checked"));
     return;
   }
-  const Manifest saved = Manifest::load(p.string());
+  Manifest saved = Manifest::load(p.string());
+  // lcx saves its paths absolute; a relative one (a manifest.toml written by hand) is taken from the
+  // working folder, as a --set path is.
+  resolve_manifest_paths(saved, fs::current_path().string());
   const CoreConfig was = read_core_config(saved, requested_plugins(saved, {}));
   auto b = [](bool x) { return std::string(x ? "true" : "false"); };
   const std::pair<const char*, std::pair<std::string, std::string>> keys[] = {
@@ -115,15 +126,91 @@ void check_same_run(const CoreConfig& now, const std::string& checkpoint) {
 
 }  // namespace
 
-void create_output_dir(const std::string& output_dir) {
+void create_output_dir(const std::string& dir, const std::string& key) {
   std::error_code ec;
-  if (fs::exists(output_dir, ec) && !fs::is_directory(output_dir, ec))
-    throw Error(str("run.output_dir ", output_dir, " is a file, not a folder"), "run.output_dir",
-                "give the path of a folder (it is created when missing)");
-  fs::create_directories(output_dir, ec);
+  if (fs::exists(dir, ec) && !fs::is_directory(dir, ec))
+    throw Error(str(key, " ", dir, " is a file, not a folder"), key, "give the path of a folder (it is created when missing)");
+  fs::create_directories(dir, ec);
   if (ec)
-    throw Error(str("cannot create run.output_dir ", output_dir, ": ", ec.message()), "run.output_dir",
+    throw Error(str("cannot create ", key, " ", dir, ": ", ec.message()), key,
                 "give a path where this user can create a folder");
+  if (::access(dir.c_str(), W_OK) != 0)
+    throw Error(str(key, " ", dir, " is not writable: ", std::strerror(errno)), key,
+                "give a folder this user can write (not on a read-only mount), or make it writable");
+}
+
+namespace {
+
+constexpr const char* kLock = ".lcx.lock";
+
+// What lcx writes into a run folder; metrics.jsonl only when its lines are lcx's rows (the last
+// one may be cut by a kill).
+bool written_by_lcx(const fs::directory_entry& e) {
+  const std::string name = e.path().filename().string();
+  std::error_code ec;
+  if (name == kMetrics) {
+    size_t bad = 0;
+    const auto rows = read_metrics(e.path(), &bad);
+    return bad == 0 || (bad == 1 && !rows.empty());
+  }
+  if (name.starts_with("checkpoint-") && e.is_directory(ec))
+    return std::all_of(name.begin() + 11, name.end(), ::isdigit) && name.size() > 11;
+  return name == kLock || name == "log.jsonl" || name == "rehearsal.json" || name == "memory_timeline.json" ||
+         name == "memory_timeline.svg" || name == str(kMetrics, ".tmp") || tfevents::is_events_file(name) ||
+         (name.starts_with("trace-step") && name.ends_with(".json")) || name.starts_with(".deleting-") ||
+         (name.starts_with(".checkpoint-") && name.ends_with(".tmp"));
+}
+
+void lock_run_folder(const fs::path& dir) {
+  const fs::path p = dir / kLock;
+  const int fd = ::open(p.c_str(), O_RDWR | O_CREAT | O_CLOEXEC, 0644);
+  if (fd < 0)
+    throw Error(str("cannot open ", p.string(), ": ", std::strerror(errno)), "run.output_dir", "give a folder this user can write");
+  if (::flock(fd, LOCK_EX | LOCK_NB) != 0) {
+    char holder[256] = {};
+    const ssize_t n = ::pread(fd, holder, sizeof holder - 1, 0);
+    ::close(fd);
+    std::string who(holder, n > 0 ? static_cast<size_t>(n) : 0);
+    while (!who.empty() && (who.back() == '\n' || who.back() == ' ')) who.pop_back();
+    throw Error(str("run.output_dir ", dir.string(), " is in use by another lcx-train (",
+                    who.empty() ? std::string("pid unknown") : who, ")"),
+                "run.output_dir", "wait for that run to end (or stop it), or give this run another run.output_dir");
+  }
+  char host[256] = {};
+  if (::gethostname(host, sizeof host - 1) != 0) std::strcpy(host, "unknown host");
+  const std::string who = str("pid ", ::getpid(), " on host ", host, "\n");
+  if (::ftruncate(fd, 0) != 0 || ::pwrite(fd, who.data(), who.size(), 0) != static_cast<ssize_t>(who.size()))
+    log::warn(str("cannot write ", p.string(), ": ", std::strerror(errno)));
+  // fd stays open, and the lock held, until the process ends; O_CLOEXEC: launched workers hold none.
+}
+
+}  // namespace
+
+void claim_output_dir(const CoreConfig& cfg, const std::string& manifest, const std::string& resume, bool overwrite) {
+  const fs::path dir(cfg.run.output_dir);
+  std::error_code ec;
+  const fs::path real = fs::weakly_canonical(fs::absolute(dir), ec);
+  const char* home = std::getenv("HOME");
+  const bool is_root = real == real.root_path();
+  if (is_root || (home && *home && real == fs::weakly_canonical(home, ec)))
+    throw Error(str("run.output_dir ", dir.string(), " is ", is_root ? "the root folder" : "the home folder",
+                    real != dir ? str(" (", real.string(), ")") : std::string(), ": lcx writes and deletes checkpoints there"),
+                "run.output_dir", "give the run a folder of its own, e.g. output_dir = \"runs/my-run\"");
+  if (resume.empty() && !overwrite && fs::is_directory(dir, ec)) {
+    std::vector<std::string> foreign;
+    for (const auto& e : fs::directory_iterator(dir, ec))
+      if (!written_by_lcx(e) && !fs::equivalent(e.path(), manifest, ec)) foreign.push_back(e.path().filename().string());
+    if (!foreign.empty()) {
+      std::sort(foreign.begin(), foreign.end());
+      if (foreign.size() > 3) foreign.resize(3), foreign.push_back("...");
+      throw Error(str("run.output_dir ", dir.string(), " holds files lcx did not write (", join(foreign, ", "), ")"),
+                  "run.output_dir",
+                  "give the run an empty or new folder; --overwrite starts there anyway (it deletes only lcx's own "
+                  "checkpoints, metrics.jsonl and TensorBoard events, never the other files)");
+    }
+  }
+  create_output_dir(dir.string());
+  lock_run_folder(dir);
 }
 
 void open_run_folder(const CoreConfig& cfg, const std::string& resume, bool overwrite) {
@@ -149,6 +236,10 @@ void open_run_folder(const CoreConfig& cfg, const std::string& resume, bool over
     } else if (!read_metrics(metrics).empty()) {
       log::warn(str(metrics.string(), " of an earlier run that saved no checkpoint is replaced by this run's"));
     }
+    std::error_code ec;
+    if (fs::exists(metrics, ec) && !written_by_lcx(fs::directory_entry(metrics, ec)))
+      throw Error(str(metrics.string(), " is not lcx's (its lines are not lcx's metrics rows)"), "run.output_dir",
+                  "move it out of run.output_dir, or give the run another folder: lcx does not delete files it did not write");
     fs::remove(metrics);
     for (const auto& e : events_files(dir)) fs::remove(e);
     return;

@@ -19,8 +19,17 @@ namespace tfevents {
 class Writer;
 }
 
-// Creates output_dir; refuses one that is a file, or that cannot be created, naming it.
-void create_output_dir(const std::string& output_dir);
+// Creates `dir`; refuses one that is a file, that cannot be created or is not writable (a
+// read-only mount), naming it and `key` (the option or config key that gave it).
+void create_output_dir(const std::string& dir, const std::string& key = "run.output_dir");
+
+// Once per job, before anything is written into run.output_dir (log.jsonl included): refuses the
+// root folder and the home folder (a symlink to them too); for a new run, refuses a folder holding
+// anything lcx does not write but the run's own manifest (`manifest`, the --config file) unless
+// `overwrite` (which still deletes only lcx's own files); then
+// creates it and holds its lock, an flock on <output_dir>/.lcx.lock, until the process ends,
+// refusing a folder another lcx-train holds, naming its pid and host.
+void claim_output_dir(const CoreConfig& cfg, const std::string& manifest, const std::string& resume, bool overwrite);
 
 // Once per job, before any rank loads anything. Throws lcx::Error for the refusals above.
 void open_run_folder(const CoreConfig& cfg, const std::string& resume, bool overwrite);

@@ -179,6 +179,9 @@ Trainer::Trainer(Run& run, const Manifest& manifest, RunLength length, const std
   if (run.lead() && cfg_.run.profile && first_step_ + cfg_.run.profile_step > length.total_steps)
     log::warn(str("run.profile_step = ", cfg_.run.profile_step, " is past this run's last step (",
                   length.total_steps - first_step_, " to take): no step will be profiled"));
+  if (run.lead() && cfg_.run.memory_timeline && first_step_ + cfg_.run.memory_timeline_step > length.total_steps)
+    log::warn(str("run.memory_timeline_step = ", cfg_.run.memory_timeline_step, " is past this run's last step (",
+                  length.total_steps - first_step_, " to take): no memory timeline will be recorded"));
 }
 
 TrainerState Trainer::start_state(const Run& run, const std::string& resume_dir) {
@@ -548,7 +551,7 @@ int train_rank(const CoreConfig& cfg, const Manifest& manifest, const SlotFactor
   run.configure_step();
   run.shard_parameters();
   run.choose_grad_dtype();
-  run.plan_local_step();
+  run.plan_local_step(opts.force);
   if (run.lead()) log_recipe(run);
   const RunLength length = run_length(run);
   run.make_optimizer(resume_dir);

@@ -14,6 +14,7 @@ namespace lcx {
 struct TrainOptions {
   std::string resume;  // "", "latest" or a checkpoint folder
   bool overwrite = false;  // a fresh run may replace the checkpoints and metrics in output_dir
+  bool force = false;  // --force: run a plan that does not fit the GPU (check_gpu_memory)
   // argv of this process, for the launcher to start its workers with the same arguments.
   std::vector<std::string> argv;
 };

@@ -16,6 +16,9 @@ std::string read_file(const std::string& path, const std::string& key, const std
   if (std::filesystem::is_directory(status))
     throw Error(str(key, ": '", path, "' is a folder, not a file"), key, fix);
   if (!std::filesystem::exists(status)) throw Error(str(key, ": '", path, "' does not exist"), key, fix);
+  // A device or pipe (/dev/zero) would be read without end.
+  if (!std::filesystem::is_regular_file(status))
+    throw Error(str(key, ": '", path, "' is not a regular file (a device, pipe or socket)"), key, fix);
   std::ifstream in(path, std::ios::binary);
   if (!in) throw Error(str(key, ": cannot read '", path, "': ", std::strerror(errno)), key, fix);
   std::ostringstream s;

@@ -6,7 +6,7 @@
 namespace lcx {
 
 // The bytes of `path`. Throws naming `key` (the option or config key that gave the path) when it
-// is missing, a folder, or unreadable; `fix` is the error's fix line.
+// is missing, a folder, not a regular file (a device, a pipe), or unreadable; `fix` is the error's fix line.
 std::string read_file(const std::string& path, const std::string& key, const std::string& fix);
 
 }  // namespace lcx
