@@ -22,6 +22,8 @@
 // gradients are fp32 and accumulate across calls.
 #include <cmath>
 #include <algorithm>
+#include <chrono>
+#include <cstdio>
 #include <filesystem>
 #include <fstream>
 #include <set>
@@ -96,6 +98,7 @@ class Qwen3Model final : public Model {
                       " layers", cfg_.tie_word_embeddings ? " and a tied head" : ""),
                   {}, "check that config.json belongs to these weights");
     }
+    std::vector<safetensors::LoadTarget> targets;
     for (auto& p : params_) {
       if (!ck.has(p.name))
         throw Error(str(ck.path(), ": tensor '", p.name, "' is missing"), {},
@@ -105,10 +108,19 @@ class Qwen3Model final : public Model {
       if (info.shape != p.value.shape())
         throw Error(str(ck.file_of(p.name), ": tensor '", p.name, "' has shape ", shape_str(info.shape), " but config.json implies ",
                         shape_str(p.value.shape())));
-      p.value = ck.load(p.name, dtype, device, check_finite_);
+      targets.push_back({p.name, p.value});
     }
+    const auto start = std::chrono::steady_clock::now();
+    safetensors::LoadOptions opt;
+    opt.check_finite = check_finite_;
+    opt.progress = true;
+    ck.load_into(targets, opt);
+    char seconds[32];
+    std::snprintf(seconds, sizeof seconds, "%.1f",
+                  std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count());
     log::info(str("qwen3: loaded ", dir, " (", cfg_.num_layers, " layers, hidden ", cfg_.hidden_size, ", ",
-                  parameter_count(), " parameters, ", dtype_name(dtype), ")"));
+                  parameter_count(), " parameters, ", dtype_name(dtype), ") in ", seconds, " s",
+                  check_finite_ ? ", every weight checked finite" : ", finite check off"));
   }
 
   ModelConfig describe(const std::string& spec) const override {
