@@ -467,18 +467,18 @@ void Checkpoint::load_into(const std::vector<LoadTarget>& targets, const LoadOpt
   }
   if (pieces.empty()) return;
 
-  std::map<const File*, int> fds;
-  auto close_all = [&fds] {
-    for (auto& [f, fd] : fds) ::close(fd);
-  };
+  // Read with pread rather than through the mapping: no page faults, and the kernel copies
+  // straight into the staging (or destination) memory.
+  struct Fds : std::map<const File*, int> {
+    ~Fds() {
+      for (auto& [f, fd] : *this) ::close(fd);
+    }
+  } fds;
   for (size_t k : floats) {
     const File* f = jobs[k].file;
     if (fds.count(f)) continue;
     const int fd = ::open(f->path().c_str(), O_RDONLY | O_CLOEXEC);
-    if (fd < 0) {
-      close_all();
-      fail(f->path(), "", str("cannot open: ", std::strerror(errno)));
-    }
+    if (fd < 0) fail(f->path(), "", str("cannot open: ", std::strerror(errno)));
     ::posix_fadvise(fd, 0, 0, POSIX_FADV_SEQUENTIAL);
     fds[f] = fd;
   }
@@ -536,6 +536,9 @@ void Checkpoint::load_into(const std::vector<LoadTarget>& targets, const LoadOpt
       if (jobs[k].dst.device().is_cuda()) device_index = jobs[k].dst.device().index;
     gpu_bad = Tensor::empty({static_cast<int64_t>(jobs.size())}, DType::i64, Device::cuda(device_index));
     LCX_CUDA_CHECK(cudaMemset(gpu_bad.data(), 0xff, gpu_bad.nbytes()));
+    // The readers' streams do not wait for the legacy stream: whatever last used these
+    // destinations is finished first.
+    LCX_CUDA_CHECK(cudaDeviceSynchronize());
   }
   auto gpu_reader = [&] {
     LCX_CUDA_CHECK(cudaSetDevice(device_index));
@@ -546,7 +549,7 @@ void Checkpoint::load_into(const std::vector<LoadTarget>& targets, const LoadOpt
       cudaStream_t& s;
       cudaEvent_t* e;
       ~Cleanup() {
-        if (s) cudaStreamSynchronize(s), cudaStreamDestroy(s);
+        if (s) cudaStreamDestroy(s);
         for (int k = 0; k < 2; ++k)
           if (e[k]) cudaEventDestroy(e[k]);
       }
@@ -558,6 +561,11 @@ void Checkpoint::load_into(const std::vector<LoadTarget>& targets, const LoadOpt
     if (convert)
       for (auto& s : scratch)
         s = Tensor::empty({static_cast<int64_t>(piece_bytes / 4)}, DType::f32, Device::cuda(device_index));
+    // Declared after the buffers, so even a failing reader drains its copies before they go.
+    struct Drain {
+      cudaStream_t s;
+      ~Drain() { cudaStreamSynchronize(s); }
+    } drain{stream};
     lcx::cuda::StreamGuard on(stream);
     unsigned k = 0;
     for (size_t i; !stop && (i = next++) < pieces.size(); ++k) {
@@ -609,7 +617,6 @@ void Checkpoint::load_into(const std::vector<LoadTarget>& targets, const LoadOpt
     std::this_thread::sleep_for(std::chrono::milliseconds(50));
   }
   for (auto& t : pool) t.join();
-  close_all();
 #ifdef LCX_HAVE_CUDA
   // The staging buffers go back to the host: the plan counts pinned memory for other uses.
   if (cuda) release_cached_pinned();
