@@ -99,6 +99,7 @@ class Qwen3Model final : public Model {
                   {}, "check that config.json belongs to these weights");
     }
     std::vector<safetensors::LoadTarget> targets;
+    uint64_t stored = 0;  // bytes read
     for (auto& p : params_) {
       if (!ck.has(p.name))
         throw Error(str(ck.path(), ": tensor '", p.name, "' is missing"), {},
@@ -109,17 +110,18 @@ class Qwen3Model final : public Model {
         throw Error(str(ck.file_of(p.name), ": tensor '", p.name, "' has shape ", shape_str(info.shape), " but config.json implies ",
                         shape_str(p.value.shape())));
       targets.push_back({p.name, p.value});
+      stored += info.end - info.begin;
     }
     const auto start = std::chrono::steady_clock::now();
     safetensors::LoadOptions opt;
     opt.check_finite = check_finite_;
     opt.progress = true;
     ck.load_into(targets, opt);
-    char seconds[32];
-    std::snprintf(seconds, sizeof seconds, "%.1f",
-                  std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count());
+    const double s = std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
+    char took[64];
+    std::snprintf(took, sizeof took, "%.1f s (%.2f GB/s)", s, s > 0 ? static_cast<double>(stored) / 1e9 / s : 0.0);
     log::info(str("qwen3: loaded ", dir, " (", cfg_.num_layers, " layers, hidden ", cfg_.hidden_size, ", ",
-                  parameter_count(), " parameters, ", dtype_name(dtype), ") in ", seconds, " s",
+                  parameter_count(), " parameters, ", dtype_name(dtype), ") in ", took,
                   check_finite_ ? ", every weight checked finite" : ", finite check off"));
   }
 

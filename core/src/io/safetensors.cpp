@@ -385,7 +385,8 @@ class LoadProgress {
   LoadProgress(bool show, uint64_t total) : show_(show), tty_(isatty(STDERR_FILENO) != 0), total_(total) {}
   void update(uint64_t done, double elapsed, bool final) {
     if (!show_) return;
-    if (!final && elapsed - last_ < (tty_ ? 0.25 : 5.0)) return;
+    // Nothing to say before the first bytes arrive (no rate, no ETA yet).
+    if (!final && (done == 0 || elapsed - last_ < (tty_ ? 0.25 : 5.0))) return;
     last_ = elapsed;
     const double rate = elapsed > 0 ? static_cast<double>(done) / elapsed : 0;
     char line[160];
