@@ -14,6 +14,7 @@
 #include <cerrno>
 #include <chrono>
 #include <cmath>
+#include <condition_variable>
 #include <cstdio>
 #include <cstdlib>
 #include <cstring>
@@ -491,7 +492,9 @@ void Checkpoint::load_into(const std::vector<LoadTarget>& targets, const LoadOpt
   for (auto& b : first_bad) b = INT64_MAX;
   std::atomic<size_t> next{0};
   std::atomic<uint64_t> done{0};
-  std::atomic<int> finished{0};
+  int finished = 0;  // readers done, under finish_mu
+  std::mutex finish_mu;
+  std::condition_variable finish_cv;
   std::atomic<bool> stop{false};
   std::mutex error_mu;
   std::exception_ptr error;
@@ -611,11 +614,16 @@ void Checkpoint::load_into(const std::vector<LoadTarget>& targets, const LoadOpt
       } catch (...) {
         record_error();
       }
-      ++finished;
+      {
+        std::lock_guard lock(finish_mu);
+        ++finished;
+      }
+      finish_cv.notify_one();
     });
-  while (finished < threads) {
-    progress.update(done, elapsed(), false);
-    std::this_thread::sleep_for(std::chrono::milliseconds(50));
+  {
+    std::unique_lock lock(finish_mu);
+    while (!finish_cv.wait_for(lock, std::chrono::milliseconds(50), [&] { return finished == threads; }))
+      progress.update(done, elapsed(), false);
   }
   for (auto& t : pool) t.join();
 #ifdef LCX_HAVE_CUDA
