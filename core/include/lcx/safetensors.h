@@ -87,7 +87,7 @@ class Checkpoint {
   const TensorInfo& info(const std::string& name) const;
   // The file a tensor lives in (for error messages).
   const std::string& file_of(const std::string& name) const;
-  // Converts to `dtype` on the host, then moves to `device`. With check_finite, a NaN or Inf
+  // One tensor in `dtype` on `device` (load_into of one target). With check_finite, a NaN or Inf
   // (after conversion) fails naming the file, the tensor and the element.
   Tensor load(const std::string& name, DType dtype, Device device = Device::cpu(),
               bool check_finite = false) const;
