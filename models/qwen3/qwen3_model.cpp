@@ -22,6 +22,8 @@
 // gradients are fp32 and accumulate across calls.
 #include <cmath>
 #include <algorithm>
+#include <chrono>
+#include <cstdio>
 #include <filesystem>
 #include <fstream>
 #include <set>
@@ -96,6 +98,8 @@ class Qwen3Model final : public Model {
                       " layers", cfg_.tie_word_embeddings ? " and a tied head" : ""),
                   {}, "check that config.json belongs to these weights");
     }
+    std::vector<safetensors::LoadTarget> targets;
+    uint64_t stored = 0;  // bytes read
     for (auto& p : params_) {
       if (!ck.has(p.name))
         throw Error(str(ck.path(), ": tensor '", p.name, "' is missing"), {},
@@ -105,10 +109,20 @@ class Qwen3Model final : public Model {
       if (info.shape != p.value.shape())
         throw Error(str(ck.file_of(p.name), ": tensor '", p.name, "' has shape ", shape_str(info.shape), " but config.json implies ",
                         shape_str(p.value.shape())));
-      p.value = ck.load(p.name, dtype, device, check_finite_);
+      targets.push_back({p.name, p.value});
+      stored += info.end - info.begin;
     }
+    const auto start = std::chrono::steady_clock::now();
+    safetensors::LoadOptions opt;
+    opt.check_finite = check_finite_;
+    opt.progress = true;
+    ck.load_into(targets, opt);
+    const double s = std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
+    char took[64];
+    std::snprintf(took, sizeof took, "%.1f s (%.2f GB/s)", s, s > 0 ? static_cast<double>(stored) / 1e9 / s : 0.0);
     log::info(str("qwen3: loaded ", dir, " (", cfg_.num_layers, " layers, hidden ", cfg_.hidden_size, ", ",
-                  parameter_count(), " parameters, ", dtype_name(dtype), ")"));
+                  parameter_count(), " parameters, ", dtype_name(dtype), ") in ", took,
+                  check_finite_ ? ", every weight checked finite" : ", finite check off"));
   }
 
   ModelConfig describe(const std::string& spec) const override {

@@ -24,6 +24,23 @@ struct TensorInfo {
   uint64_t end = 0;
 };
 
+// A batched load (Checkpoint::load_into). Readers work on chunks of every file at once; for a GPU
+// target each chunk goes through a pinned staging buffer to the device as soon as it is read, and is
+// converted and checked there, so the disk, the copy and the check overlap.
+struct LoadOptions {
+  bool check_finite = false;  // refuse a NaN or Inf (after conversion), naming file, tensor, element
+  bool progress = false;      // a line with the bytes done, GB/s and the ETA on stderr (rank 0 only)
+  int threads = 0;            // readers; 0: from the machine's cores
+  uint64_t piece_bytes = 16ull << 20;  // what a reader reads at a time: a multiple of 16
+};
+
+// One tensor of a batched load: the checkpoint's tensor `name` into `dst`, which the caller has
+// allocated (on the host or a GPU) with that tensor's shape and the dtype wanted.
+struct LoadTarget {
+  std::string name;
+  Tensor dst;
+};
+
 struct Header {
   std::vector<TensorInfo> tensors;           // in data order
   std::map<std::string, std::string> metadata;  // "__metadata__"
@@ -70,10 +87,13 @@ class Checkpoint {
   const TensorInfo& info(const std::string& name) const;
   // The file a tensor lives in (for error messages).
   const std::string& file_of(const std::string& name) const;
-  // Converts to `dtype` on the host, then moves to `device`. With check_finite, a NaN or Inf
+  // One tensor in `dtype` on `device` (load_into of one target). With check_finite, a NaN or Inf
   // (after conversion) fails naming the file, the tensor and the element.
   Tensor load(const std::string& name, DType dtype, Device device = Device::cpu(),
               bool check_finite = false) const;
+  // Fills every target, in parallel, with the values load() gives bit for bit. Every target is
+  // checked (name, shape, dtype) before the first byte is read.
+  void load_into(const std::vector<LoadTarget>& targets, const LoadOptions& options = {}) const;
 
  private:
   std::string path_;

@@ -10,13 +10,28 @@
 #include <unistd.h>
 
 #include <algorithm>
+#include <atomic>
 #include <cerrno>
+#include <chrono>
 #include <cmath>
+#include <condition_variable>
+#include <cstdio>
+#include <cstdlib>
 #include <cstring>
+#include <exception>
 #include <filesystem>
 #include <fstream>
+#include <mutex>
 #include <nlohmann/json.hpp>
 #include <set>
+#include <thread>
+
+#include "kernels/convert_check.h"
+#include "lcx/pinned.h"
+#ifdef LCX_HAVE_CUDA
+#include "cuda/check.h"
+#include "cuda/stream.h"
+#endif
 
 namespace lcx::safetensors {
 namespace fs = std::filesystem;
@@ -44,27 +59,6 @@ const char* safetensors_name(DType t) {
     case DType::i64: return "I64";
   }
   return "?";
-}
-
-double load_float(const std::string& d, const uint8_t* p) {
-  if (d == "F32") {
-    float v;
-    std::memcpy(&v, p, 4);
-    return v;
-  }
-  if (d == "BF16") {
-    bf16 v;
-    std::memcpy(&v, p, 2);
-    return bf16_to_float(v);
-  }
-  if (d == "F16") {
-    f16 v;
-    std::memcpy(&v, p, 2);
-    return f16_to_float(v);
-  }
-  double v;
-  std::memcpy(&v, p, 8);
-  return v;
 }
 
 int64_t load_int(const std::string& d, const uint8_t* p) {
@@ -305,52 +299,365 @@ const std::string& Checkpoint::file_of(const std::string& name) const {
   return files_[it->second.first]->path();
 }
 
-Tensor Checkpoint::load(const std::string& name, DType dtype, Device device, bool check_finite) const {
-  const TensorInfo& t = info(name);
-  const File& f = *files_[where_.at(name).first];
-  const uint8_t* src = f.bytes(t);
-  const size_t esize = dtype_bytes(t.dtype);
-  Tensor out = Tensor::empty(t.shape, dtype, Device::cpu(), MemoryCategory::weights);
-  const int64_t n = out.numel();
-  if (t.dtype == safetensors_name(dtype)) {
-    std::memcpy(out.data(), src, out.nbytes());
-  } else if (is_floating(dtype)) {
-    if (t.dtype.rfind("F8", 0) == 0)
-      fail(f.path(), name, str("cannot convert ", t.dtype, " (fp8 is not supported)"));
+namespace {
+
+// What one target asks for, checked before any byte is read.
+struct Job {
+  const File* file = nullptr;
+  const TensorInfo* info = nullptr;
+  Tensor dst;
+  size_t esize = 0;        // stored bytes per element
+  ops::StoredFloat from{};  // float targets
+};
+
+// A piece of one job's stored bytes, [begin, end) within the tensor: the unit a reader reads,
+// copies and checks. Pieces are multiples of 16 bytes (whole elements of every dtype) but the last.
+struct Piece {
+  size_t job;
+  uint64_t begin, end;
+};
+
+ops::StoredFloat stored_float(const std::string& d) {
+  if (d == "F64") return ops::StoredFloat::f64;
+  if (d == "F32") return ops::StoredFloat::f32;
+  if (d == "F16") return ops::StoredFloat::f16;
+  return ops::StoredFloat::bf16;
+}
+
+// Refuses a target whose dtypes cannot meet, with the reasons load() always gave.
+void check_kinds(const File& f, const std::string& name, const std::string& stored, DType dtype) {
+  if (stored == safetensors_name(dtype)) return;
+  if (is_floating(dtype)) {
+    if (stored.rfind("F8", 0) == 0) fail(f.path(), name, str("cannot convert ", stored, " (fp8 is not supported)"));
     // Integers in a floating-point tensor are a relabelled or foreign file, never weights.
-    if (!is_float_name(t.dtype))
-      fail(f.path(), name, str("holds ", t.dtype, " but a floating-point tensor (", dtype_name(dtype), ") was asked for"),
+    if (!is_float_name(stored))
+      fail(f.path(), name, str("holds ", stored, " but a floating-point tensor (", dtype_name(dtype), ") was asked for"),
            "the file is damaged or not this model's: a weight is stored as F32, F16 or BF16");
-    for (int64_t i = 0; i < n; ++i) {
-      const uint8_t* p = src + static_cast<size_t>(i) * esize;
-      const float v = static_cast<float>(load_float(t.dtype, p));
-      switch (dtype) {
-        case DType::f32: out.data_as<float>()[i] = v; break;
-        case DType::bf16: out.data_as<bf16>()[i] = float_to_bf16(v); break;
-        default: out.data_as<f16>()[i] = float_to_f16(v); break;
-      }
-    }
+  } else if (is_float_name(stored) || stored.rfind("F8", 0) == 0) {
+    fail(f.path(), name, str("holds ", stored, " but an integer tensor (", dtype_name(dtype), ") was asked for"));
+  }
+}
+
+// Integer tensors are few and small (none in a model's weights): converted on the host, one by one.
+void load_integer(const Job& j) {
+  const std::string& d = j.info->dtype;
+  Tensor host = j.dst.device().is_cuda() ? Tensor::empty(j.dst.shape(), j.dst.dtype()) : j.dst;
+  const uint8_t* src = j.file->bytes(*j.info);
+  const int64_t n = host.numel();
+  if (d == safetensors_name(host.dtype())) {
+    std::memcpy(host.data(), src, host.nbytes());
   } else {
-    if (is_float_name(t.dtype) || t.dtype.rfind("F8", 0) == 0)
-      fail(f.path(), name, str("holds ", t.dtype, " but an integer tensor (", dtype_name(dtype), ") was asked for"));
     for (int64_t i = 0; i < n; ++i) {
-      int64_t v = load_int(t.dtype, src + static_cast<size_t>(i) * esize);
-      if (dtype == DType::i32) {
-        if (v < INT32_MIN || v > INT32_MAX) fail(f.path(), name, str("element ", i, " = ", v, " does not fit int32"));
-        out.data_as<int32_t>()[i] = static_cast<int32_t>(v);
+      const int64_t v = load_int(d, src + static_cast<size_t>(i) * j.esize);
+      if (host.dtype() == DType::i32) {
+        if (v < INT32_MIN || v > INT32_MAX)
+          fail(j.file->path(), j.info->name, str("element ", i, " = ", v, " does not fit int32"));
+        host.data_as<int32_t>()[i] = static_cast<int32_t>(v);
       } else {
-        out.data_as<int64_t>()[i] = v;
+        host.data_as<int64_t>()[i] = v;
       }
     }
   }
-  if (check_finite && is_floating(dtype)) {
-    std::vector<float> v = dtype == DType::f32 ? std::vector<float>() : out.to_floats();
-    const float* p = dtype == DType::f32 ? out.data_as<float>() : v.data();
-    for (int64_t i = 0; i < n; ++i)
-      if (!std::isfinite(p[i]))
-        fail(f.path(), name, str("element ", i, " is ", p[i]), "the checkpoint is corrupt or diverged; use another");
+  if (j.dst.device().is_cuda()) {
+    Tensor dst = j.dst;
+    dst.copy_from(host);
   }
-  return device.is_cuda() ? out.to(device) : out;
+}
+
+// pread until `n` bytes are in, or fail naming the file and tensor.
+void read_exact(int fd, void* buf, uint64_t n, uint64_t offset, const Job& j) {
+  auto* p = static_cast<char*>(buf);
+  while (n > 0) {
+    const ssize_t got = ::pread(fd, p, n, static_cast<off_t>(offset));
+    if (got < 0 && errno == EINTR) continue;
+    if (got <= 0)
+      fail(j.file->path(), j.info->name,
+           got < 0 ? str("read failed: ", std::strerror(errno)) : std::string("file ended early: changed since it was opened?"),
+           "check the disk and the file; a file being written cannot be loaded");
+    p += got;
+    n -= static_cast<uint64_t>(got);
+    offset += static_cast<uint64_t>(got);
+  }
+}
+
+// The line a load prints as it goes: "loading weights  47% 7.7/16.4 GB, 3.52 GB/s, ETA 2s".
+class LoadProgress {
+ public:
+  LoadProgress(bool show, uint64_t total) : show_(show), tty_(isatty(STDERR_FILENO) != 0), total_(total) {}
+  void update(uint64_t done, double elapsed, bool final) {
+    if (!show_) return;
+    // Nothing to say before the first bytes arrive (no rate, no ETA yet).
+    if (!final && (done == 0 || elapsed - last_ < (tty_ ? 0.25 : 5.0))) return;
+    last_ = elapsed;
+    const double rate = elapsed > 0 ? static_cast<double>(done) / elapsed : 0;
+    char line[160];
+    if (final)
+      std::snprintf(line, sizeof line, "loaded weights: %.1f GB in %.1f s, %.2f GB/s", static_cast<double>(done) / 1e9,
+                    elapsed, rate / 1e9);
+    else
+      std::snprintf(line, sizeof line, "loading weights %3d%% %.1f/%.1f GB, %.2f GB/s, ETA %.0fs",
+                    total_ ? static_cast<int>(100 * done / total_) : 100, static_cast<double>(done) / 1e9,
+                    static_cast<double>(total_) / 1e9, rate / 1e9,
+                    rate > 0 ? static_cast<double>(total_ - done) / rate : 0.0);
+    if (tty_)
+      std::fprintf(stderr, "\r%s\033[K%s", line, final ? "\n" : "");
+    else
+      std::fprintf(stderr, "%s\n", line);
+    std::fflush(stderr);
+  }
+
+ private:
+  bool show_, tty_;
+  uint64_t total_;
+  double last_ = -1e9;
+};
+
+// Workers a launcher started, other than rank 0, keep quiet: one progress line per job, as one log.
+bool lead_process() {
+  const char* rank = std::getenv("LCX_WORKER") ? std::getenv("RANK") : nullptr;
+  return !rank || std::string(rank) == "0";
+}
+
+}  // namespace
+
+Tensor Checkpoint::load(const std::string& name, DType dtype, Device device, bool check_finite) const {
+  Tensor out = Tensor::empty(info(name).shape, dtype, device, MemoryCategory::weights);
+  LoadOptions o;
+  o.check_finite = check_finite;
+  load_into({{name, out}}, o);
+  return out;
+}
+
+void Checkpoint::load_into(const std::vector<LoadTarget>& targets, const LoadOptions& options) const {
+  std::vector<Job> jobs;
+  std::vector<size_t> floats;  // indices of the float jobs, the parallel part
+  bool cuda = false, convert = false;
+  for (const auto& t : targets) {
+    const TensorInfo& ti = info(t.name);
+    const File& f = *files_[where_.at(t.name).first];
+    if (!t.dst.defined()) fail(f.path(), t.name, "has no destination tensor to load into");
+    if (t.dst.shape() != ti.shape)
+      fail(f.path(), t.name, str("has shape ", shape_str(ti.shape), " but its destination has ", shape_str(t.dst.shape())));
+    check_kinds(f, t.name, ti.dtype, t.dst.dtype());
+    Job j{&f, &ti, t.dst, dtype_bytes(ti.dtype), {}};
+    if (is_floating(t.dst.dtype())) {
+      j.from = stored_float(ti.dtype);
+      floats.push_back(jobs.size());
+      cuda = cuda || t.dst.device().is_cuda();
+      convert = convert || ti.dtype != safetensors_name(t.dst.dtype());
+    }
+    jobs.push_back(std::move(j));
+  }
+  for (const Job& j : jobs)
+    if (!is_floating(j.dst.dtype())) load_integer(j);
+
+  // Pieces in file order, each file front to back, so the readers stream every file.
+  std::sort(floats.begin(), floats.end(), [&](size_t a, size_t b) {
+    return jobs[a].file != jobs[b].file ? jobs[a].file->path() < jobs[b].file->path()
+                                        : jobs[a].info->begin < jobs[b].info->begin;
+  });
+  const uint64_t piece_bytes = options.piece_bytes;
+  if (piece_bytes == 0 || piece_bytes % 16 != 0)
+    throw Error(str("safetensors load: piece_bytes = ", piece_bytes, " is not a positive multiple of 16"), {},
+                "leave LoadOptions::piece_bytes at its default");
+  std::vector<Piece> pieces;
+  uint64_t total = 0;
+  for (size_t k : floats) {
+    const uint64_t bytes = jobs[k].info->end - jobs[k].info->begin;
+    for (uint64_t b = 0; b < bytes; b += piece_bytes) pieces.push_back({k, b, std::min(bytes, b + piece_bytes)});
+    total += bytes;
+  }
+  if (pieces.empty()) return;
+
+  // Read with pread rather than through the mapping: no page faults, and the kernel copies
+  // straight into the staging (or destination) memory.
+  struct Fds : std::map<const File*, int> {
+    ~Fds() {
+      for (auto& [f, fd] : *this) ::close(fd);
+    }
+  } fds;
+  for (size_t k : floats) {
+    const File* f = jobs[k].file;
+    if (fds.count(f)) continue;
+    const int fd = ::open(f->path().c_str(), O_RDONLY | O_CLOEXEC);
+    if (fd < 0) fail(f->path(), "", str("cannot open: ", std::strerror(errno)));
+    ::posix_fadvise(fd, 0, 0, POSIX_FADV_SEQUENTIAL);
+    fds[f] = fd;
+  }
+
+  const int hw = static_cast<int>(std::max(1u, std::thread::hardware_concurrency()));
+  const int threads = static_cast<int>(std::min<size_t>(pieces.size(), options.threads > 0 ? options.threads : std::min(hw, 16)));
+  // Per job, the first element found not finite; INT64_MAX while none (the GPU's counters: below).
+  std::vector<std::atomic<int64_t>> first_bad(jobs.size());
+  for (auto& b : first_bad) b = INT64_MAX;
+  std::atomic<size_t> next{0};
+  std::atomic<uint64_t> done{0};
+  int finished = 0;  // readers done, under finish_mu
+  std::mutex finish_mu;
+  std::condition_variable finish_cv;
+  std::atomic<bool> stop{false};
+  std::mutex error_mu;
+  std::exception_ptr error;
+  auto record_error = [&] {
+    std::lock_guard lock(error_mu);
+    if (!error) error = std::current_exception();
+    stop = true;
+  };
+  auto note_bad = [&](const Piece& p, int64_t bad) {
+    if (bad < 0) return;
+    const int64_t at = static_cast<int64_t>(p.begin / jobs[p.job].esize) + bad;
+    for (int64_t cur = first_bad[p.job]; at < cur && !first_bad[p.job].compare_exchange_weak(cur, at);) {
+    }
+  };
+  auto piece_ptr = [&](const Piece& p) {  // where a piece's converted elements go
+    const Job& j = jobs[p.job];
+    return static_cast<char*>(j.dst.data()) + p.begin / j.esize * dtype_size(j.dst.dtype());
+  };
+
+  auto host_reader = [&] {
+    std::vector<uint8_t> buf;
+    for (size_t i; !stop && (i = next++) < pieces.size();) {
+      const Piece& p = pieces[i];
+      const Job& j = jobs[p.job];
+      const uint64_t n = p.end - p.begin;
+      const bool same = j.info->dtype == safetensors_name(j.dst.dtype());
+      void* dst = piece_ptr(p);
+      if (!same) buf.resize(n);
+      read_exact(fds.at(j.file), same ? dst : buf.data(), n, j.file->header().data_offset + j.info->begin + p.begin, j);
+      note_bad(p, ops::cpu::convert_check(same ? dst : buf.data(), j.from, dst, j.dst.dtype(),
+                                          static_cast<int64_t>(n / j.esize), options.check_finite));
+      done += n;
+    }
+  };
+
+#ifdef LCX_HAVE_CUDA
+  // On a GPU each reader owns a stream, two pinned buffers and (when a dtype changes) two device
+  // buffers: while one piece is copied and converted, the next is read.
+  Tensor gpu_bad;
+  int device_index = 0;
+  if (cuda) {
+    for (size_t k : floats)
+      if (jobs[k].dst.device().is_cuda()) device_index = jobs[k].dst.device().index;
+    gpu_bad = Tensor::empty({static_cast<int64_t>(jobs.size())}, DType::i64, Device::cuda(device_index));
+    LCX_CUDA_CHECK(cudaMemset(gpu_bad.data(), 0xff, gpu_bad.nbytes()));
+    // The readers' streams do not wait for the legacy stream: whatever last used these
+    // destinations is finished first.
+    LCX_CUDA_CHECK(cudaDeviceSynchronize());
+  }
+  auto gpu_reader = [&] {
+    LCX_CUDA_CHECK(cudaSetDevice(device_index));
+    cudaStream_t stream = nullptr;
+    cudaEvent_t free_again[2] = {nullptr, nullptr};
+    LCX_CUDA_CHECK(cudaStreamCreateWithFlags(&stream, cudaStreamNonBlocking));
+    struct Cleanup {
+      cudaStream_t& s;
+      cudaEvent_t* e;
+      ~Cleanup() {
+        if (s) cudaStreamDestroy(s);
+        for (int k = 0; k < 2; ++k)
+          if (e[k]) cudaEventDestroy(e[k]);
+      }
+    } cleanup{stream, free_again};
+    for (auto& e : free_again) LCX_CUDA_CHECK(cudaEventCreateWithFlags(&e, cudaEventDisableTiming));
+    PinnedBuffer staging[2] = {pinned_alloc(piece_bytes, MemoryCategory::weights),
+                               pinned_alloc(piece_bytes, MemoryCategory::weights)};
+    Tensor scratch[2];
+    if (convert)
+      for (auto& s : scratch)
+        s = Tensor::empty({static_cast<int64_t>(piece_bytes / 4)}, DType::f32, Device::cuda(device_index));
+    // Declared after the buffers, so even a failing reader drains its copies before they go.
+    struct Drain {
+      cudaStream_t s;
+      ~Drain() { cudaStreamSynchronize(s); }
+    } drain{stream};
+    lcx::cuda::StreamGuard on(stream);
+    unsigned k = 0;
+    for (size_t i; !stop && (i = next++) < pieces.size(); ++k) {
+      const Piece& p = pieces[i];
+      const Job& j = jobs[p.job];
+      const uint64_t n = p.end - p.begin;
+      const int slot = static_cast<int>(k % 2);
+      LCX_CUDA_CHECK(cudaEventSynchronize(free_again[slot]));
+      void* host = staging[slot].data();
+      read_exact(fds.at(j.file), host, n, j.file->header().data_offset + j.info->begin + p.begin, j);
+      void* dst = piece_ptr(p);
+      const int64_t count = static_cast<int64_t>(n / j.esize);
+      if (!j.dst.device().is_cuda()) {  // a host target in a mixed batch
+        note_bad(p, ops::cpu::convert_check(host, j.from, dst, j.dst.dtype(), count, options.check_finite));
+      } else {
+        const bool same = j.info->dtype == safetensors_name(j.dst.dtype());
+        void* src = same ? dst : scratch[slot].data();
+        LCX_CUDA_CHECK(cudaMemcpyAsync(src, host, n, cudaMemcpyHostToDevice, stream));
+        auto* bad = options.check_finite ? gpu_bad.data_as<unsigned long long>() + p.job : nullptr;
+        if (!same || bad) ops::cuda::convert_check(src, j.from, dst, j.dst.dtype(), count, p.begin / j.esize, bad);
+      }
+      LCX_CUDA_CHECK(cudaEventRecord(free_again[slot], stream));
+      done += n;
+    }
+    LCX_CUDA_CHECK(cudaStreamSynchronize(stream));
+  };
+#endif
+
+  const auto start = std::chrono::steady_clock::now();
+  auto elapsed = [&start] { return std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count(); };
+  LoadProgress progress(options.progress && lead_process(), total);
+  std::vector<std::thread> pool;
+  for (int t = 0; t < threads; ++t)
+    pool.emplace_back([&] {
+      try {
+#ifdef LCX_HAVE_CUDA
+        if (cuda)
+          gpu_reader();
+        else
+#endif
+          host_reader();
+      } catch (...) {
+        record_error();
+      }
+      {
+        std::lock_guard lock(finish_mu);
+        ++finished;
+      }
+      finish_cv.notify_one();
+    });
+  {
+    std::unique_lock lock(finish_mu);
+    while (!finish_cv.wait_for(lock, std::chrono::milliseconds(50), [&] { return finished == threads; }))
+      progress.update(done, elapsed(), false);
+  }
+  for (auto& t : pool) t.join();
+#ifdef LCX_HAVE_CUDA
+  // The staging buffers go back to the host: the plan counts pinned memory for other uses.
+  if (cuda) release_cached_pinned();
+#endif
+  if (error) std::rethrow_exception(error);
+
+  if (options.check_finite) {
+#ifdef LCX_HAVE_CUDA
+    if (cuda) {
+      std::vector<int64_t> dev(jobs.size());
+      LCX_CUDA_CHECK(cudaMemcpy(dev.data(), gpu_bad.data(), gpu_bad.nbytes(), cudaMemcpyDeviceToHost));
+      for (size_t k = 0; k < jobs.size(); ++k)
+        if (dev[k] >= 0 && dev[k] < first_bad[k]) first_bad[k] = dev[k];  // all ones, read signed: -1
+    }
+#endif
+    for (size_t k = 0; k < jobs.size(); ++k) {
+      const int64_t at = first_bad[k];
+      if (at == INT64_MAX) continue;
+      const Job& j = jobs[k];
+      // The element as converted, for the message: re-read from the mapping.
+      float wide = 0;
+      uint32_t as_dst = 0;
+      ops::cpu::convert_check(j.file->bytes(*j.info) + static_cast<size_t>(at) * j.esize, j.from, &as_dst, j.dst.dtype(), 1,
+                              false);
+      ops::cpu::convert_check(&as_dst, j.dst.dtype() == DType::f32   ? ops::StoredFloat::f32
+                                       : j.dst.dtype() == DType::bf16 ? ops::StoredFloat::bf16
+                                                                      : ops::StoredFloat::f16,
+                              &wide, DType::f32, 1, false);
+      fail(j.file->path(), j.info->name, str("element ", at, " is ", wide), "the checkpoint is corrupt or diverged; use another");
+    }
+  }
+  progress.update(total, elapsed(), true);
 }
 
 void write_file(const std::string& path, const std::vector<NamedTensor>& tensors, DType dtype,
