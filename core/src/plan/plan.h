@@ -11,6 +11,7 @@
 #include "config/core_config.h"
 #include "config/manifest.h"
 #include "lcx/plan.h"
+#include "plan/rates.h"
 #include "plugin/loader.h"
 #include "slots/resolve.h"
 
@@ -96,8 +97,6 @@ Recipe choose_recipe(const PlanInputs& in, const PlanSlots& slots, int64_t gpu_b
 int64_t longest_fitting_seq(const PlanInputs& in, const PlanSlots& slots, int64_t gpu_bytes, int64_t host_bytes,
                             int64_t unit, int64_t checkpoint_every);
 std::string recipe_name(const Recipe& r);
-// The cost model: a step's work (MemoryPlan::work) in seconds on the GPU the rates were measured on.
-double predicted_step_seconds(const StepWork& w);
 
 // The breakdown `--plan` prints. gpu_bytes <= 0 leaves out the GPU's fit lines, host_bytes < 0
 // the host's.
