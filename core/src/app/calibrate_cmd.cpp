@@ -7,11 +7,12 @@
 // - head_groups_at_half_rate: the attention half's projections cut into 8 head groups (1/8 as
 //   wide) against the same at full width: a slowdown s at 8 groups gives 1 + 7 / (s - 1).
 // - attention_forward_flops, attention_backward_flops: causal GQA attention, 32 query / 8 key-value
-//   heads of 128, bf16, at 65,536 tokens: 4 d FLOPs per (query, key) pair and head forward, 2.5x
-//   that backward.
-// - memory_bytes: one layer's elementwise passes (SwiGLU forward twice and backward over [T,I],
-//   RMSNorm forward four times and backward twice, two residual adds over [T,H]), counted as
-//   the plan counts them: T x 2 bytes x (11 I + 24 H).
+//   heads of 128, bf16, at 65,536 and 131,072 tokens (their mean rate): 4 d FLOPs per (query, key)
+//   pair and head forward, 2.5x that backward.
+// - memory_bytes: one layer's elementwise passes with a recompute (SwiGLU forward twice and
+//   backward over [T,I]; RMSNorm forward four times and backward twice and two residual adds over
+//   [T,H]; the q/k norms and rotary on [T,Hq,d] and [T,Hkv,d] forward twice and backward once),
+//   counted as the plan counts a layer's: T x 2 bytes x (11 I + 24 H).
 // - host_copy_bytes: pinned host -> GPU and GPU -> pinned host copies of 1 GiB, their mean rate.
 // Each figure is the median of a few timed calls after a warm-up, the device synchronized around
 // the host clock.
@@ -39,9 +40,14 @@ namespace {
 
 void sync() { backend_for(Device::cuda())->synchronize(); }
 
+// After a second of warm-up calls: a step keeps the GPU busy for seconds, at the clocks it holds
+// under sustained load, not those of a cold start.
 double median_seconds(const std::function<void()>& fn, int reps) {
-  fn();
-  sync();
+  const auto warm = std::chrono::steady_clock::now();
+  do {
+    fn();
+    sync();
+  } while (std::chrono::steady_clock::now() - warm < std::chrono::seconds(1));
   std::vector<double> t;
   for (int i = 0; i < reps; ++i) {
     const auto a = std::chrono::steady_clock::now();
@@ -133,8 +139,10 @@ RatesRow measure(bool quick, const RatesRow* known) {
               static_cast<long long>(kGroups));
   report("head groups at half rate", row.rates[rate_name::half_rate_groups], "", 1, known, rate_name::half_rate_groups);
 
-  {
-    const int64_t L = quick ? 16384 : 65536, Hq = 32, Hkv = 8, d = 128;
+  double forward_rate = 0, backward_rate = 0;
+  const std::vector<int64_t> lengths = quick ? std::vector<int64_t>{16384} : std::vector<int64_t>{65536, 131072};
+  for (const int64_t L : lengths) {
+    const int64_t Hq = 32, Hkv = 8, d = 128;
     Tensor q = gpu_random({L, Hq, d}, DType::bf16), k = gpu_random({L, Hkv, d}, DType::bf16),
            v = gpu_random({L, Hkv, d}, DType::bf16), dout = gpu_random({L, Hq, d}, DType::bf16);
     Tensor out = Tensor::empty({L, Hq, d}, DType::bf16, g), lse = Tensor::empty({Hq, L}, DType::f32, g);
@@ -145,8 +153,14 @@ RatesRow measure(bool quick, const RatesRow* known) {
     const double forward_flops = pairs * 4 * static_cast<double>(d);
     const double f = median_seconds([&] { ops::attention_forward(q, k, v, out, lse, p); }, reps);
     const double b = median_seconds([&] { ops::attention_backward(q, k, v, out, lse, dout, dq, dk, dv, p); }, reps);
-    row.rates[rate_name::attention_forward] = forward_flops / f;
-    row.rates[rate_name::attention_backward] = 2.5 * forward_flops / b;
+    forward_rate += forward_flops / f / static_cast<double>(lengths.size());
+    backward_rate += 2.5 * forward_flops / b / static_cast<double>(lengths.size());
+    std::printf("  %-28s %10.1f / %.1f TFLOP/s forward / backward at %lld tokens\n", "attention", forward_flops / f / 1e12,
+                2.5 * forward_flops / b / 1e12, static_cast<long long>(L));
+  }
+  {
+    row.rates[rate_name::attention_forward] = forward_rate;
+    row.rates[rate_name::attention_backward] = backward_rate;
     report("attention forward", row.rates[rate_name::attention_forward], "TFLOP/s", 1e12, known,
            rate_name::attention_forward);
     report("attention backward", row.rates[rate_name::attention_backward], "TFLOP/s", 1e12, known,
@@ -159,6 +173,16 @@ RatesRow measure(bool quick, const RatesRow* known) {
     Tensor x = gpu_random({T, H}, DType::bf16), w = gpu_random({H}, DType::bf16), y = Tensor::empty({T, H}, DType::bf16, g);
     Tensor rstd = Tensor::empty({T}, DType::f32, g), dy = gpu_random({T, H}, DType::bf16),
            dx = Tensor::empty({T, H}, DType::bf16, g), dw = Tensor::zeros({H}, DType::f32, g);
+    // The q and k heads of 128, their norms and rotary tables.
+    const int64_t d = 128, nq = qd / d, nkv = kvd / d;
+    Tensor hq = gpu_random({T * nq, d}, DType::bf16), hk = gpu_random({T * nkv, d}, DType::bf16),
+           wn = gpu_random({d}, DType::bf16);
+    Tensor qn = Tensor::empty({T * nq, d}, DType::bf16, g), kn = Tensor::empty({T * nkv, d}, DType::bf16, g);
+    Tensor rq = Tensor::empty({T * nq}, DType::f32, g), rk = Tensor::empty({T * nkv}, DType::f32, g);
+    Tensor dq = Tensor::empty({T * nq, d}, DType::bf16, g), dk = Tensor::empty({T * nkv, d}, DType::bf16, g);
+    Tensor dwn = Tensor::zeros({d}, DType::f32, g);
+    Tensor cos = gpu_random({T, d / 2}, DType::f32), sin = gpu_random({T, d / 2}, DType::f32);
+    Tensor q3 = qn.view({T, nq, d}), k3 = kn.view({T, nkv, d}), dq3 = dq.view({T, nq, d}), dk3 = dk.view({T, nkv, d});
     const double s = median_seconds(
         [&] {
           for (int i = 0; i < 2; ++i) ops::swiglu_forward(gate, up, act);
@@ -166,6 +190,16 @@ RatesRow measure(bool quick, const RatesRow* known) {
           for (int i = 0; i < 4; ++i) ops::rmsnorm_forward(x, w, 1e-6f, y, rstd);
           for (int i = 0; i < 2; ++i) ops::rmsnorm_backward(x, w, rstd, dy, dx, dw);
           for (int i = 0; i < 2; ++i) ops::add(x, dy, y);
+          for (int i = 0; i < 2; ++i) {
+            ops::rmsnorm_forward(hq, wn, 1e-6f, qn, rq);
+            ops::rmsnorm_forward(hk, wn, 1e-6f, kn, rk);
+            ops::rotary_forward(q3, cos, sin);
+            ops::rotary_forward(k3, cos, sin);
+          }
+          ops::rotary_backward(dq3, cos, sin);
+          ops::rotary_backward(dk3, cos, sin);
+          ops::rmsnorm_backward(hq, wn, rq, qn, dq, dwn);
+          ops::rmsnorm_backward(hk, wn, rk, kn, dk, dwn);
         },
         reps);
     row.rates[rate_name::memory] = static_cast<double>(T) * 2 * static_cast<double>(11 * I + 24 * H) / s;
