@@ -68,7 +68,6 @@ double step_flops(const ModelConfig& c, const Sequence& seq) {
   return 6 * matmul_params * tokens + 6 * static_cast<double>(c.num_layers) * static_cast<double>(c.num_heads) * d * squares;
 }
 
-
 int64_t host_peak_bytes() {
   rusage u{};
   getrusage(RUSAGE_SELF, &u);
