@@ -2,7 +2,7 @@
 # Makes a relocatable bundle of a build folder for a machine that has the CUDA driver and
 # libraries but not this machine's other shared libraries (the GPU machine: no toml++, spdlog,
 # utf8proc, OpenBLAS...). Layout, as the install tree: bin/, lib/ (liblcx_core.so and the
-# non-system libraries ldd finds), lib/lcx/plugins/, tests/ (test and benchmark binaries, whose
+# non-system libraries ldd finds), lib/lcx/plugins/, share/lcx/ (the rates table), tests/ (test and benchmark binaries, whose
 # RPATH $ORIGIN/../lib finds lib/). CUDA, cuDNN and NCCL libraries are left out: the GPU machine
 # has its own. Everything is stripped to stay well under the 64 MiB a device call carries.
 #   scripts/bundle.sh [build folder, default build] [bundle folder, default .bundle]
@@ -12,7 +12,8 @@ out=${2:-.bundle}
 [[ -f $build/lib/liblcx_core.so ]] || { echo "bundle: $build/lib/liblcx_core.so not found; build first" >&2; exit 1; }
 
 rm -rf "$out"
-mkdir -p "$out/bin" "$out/lib/lcx/plugins" "$out/tests"
+mkdir -p "$out/bin" "$out/lib/lcx/plugins" "$out/share/lcx" "$out/tests"
+cp -a "$build"/share/lcx/. "$out/share/lcx/"
 cp -a "$build"/bin/. "$out/bin/" 2>/dev/null || true
 cp -L "$build"/lib/*.so* "$out/lib/"
 [[ -d $build/lib/lcx/plugins ]] && cp -a "$build"/lib/lcx/plugins/. "$out/lib/lcx/plugins/"

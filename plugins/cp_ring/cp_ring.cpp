@@ -28,6 +28,7 @@
 #include <lcx/defaults.h>
 #include <lcx/log.h>
 #include <lcx/ops.h>
+#include <lcx/attention_cost.h>
 #include <lcx/plan.h>
 #include <lcx/plugin.h>
 #include <lcx/slots/parallelism.h>
@@ -317,14 +318,14 @@ class CpRing final : public Parallelism {
     plan.add("one piece's dQ, dK, dV", PlanCategory::transient, (q_elems + 2 * kv_elems) * w, plan_phase::backward);
     plan.add("LSE per chunk and attention backward delta [Hq,T] fp32", PlanCategory::transient, 2 * Hq * T * 4,
              plan_phase::backward);
-    // The largest piece has T query rows (lcx/plan.h: what the fused attention allocates per call).
-    plan.add("attention forward workspace (cuDNN)", PlanCategory::transient, kCudnnForwardWorkspace, plan_phase::forward);
+    // The largest piece has T query rows (lcx/attention_cost.h: what one attention call allocates).
+    const AttentionBytes piece = attention_call_bytes(Hq, T, d);
+    plan.add("attention forward workspace (cuDNN)", PlanCategory::transient, piece.forward, plan_phase::forward);
     plan.add("one piece's backward dQ accumulator and workspace (cuDNN) [Hq,T,d] fp32 x 2", PlanCategory::transient,
-             cudnn_dq_accumulator_bytes(Hq, T, d) + cudnn_backward_workspace_bytes(Hq, T, d), plan_phase::backward);
-    // Masked by document, a ring step's rounds run on cuDNN's batches (lcx/plan.h): a round's blocks
-    // hold at most the rank's T query rows and T key rows, each side of a batch padded within
-    // them rounded up to a power of two (lcx/document_batches.h), so the term of T rows bounds
-    // every round; the rounds run one after another. Counted beside the above.
+             piece.backward, plan_phase::backward);
+    // Masked by document, a ring step's rounds run as masked calls: a round's blocks hold at most
+    // the rank's T query rows and T key rows, so the masked call of T rows bounds every round;
+    // the rounds run one after another. Counted beside the above.
     if (in.documents_masked) {
       plan_document_masks(plan, Hq, T, d);
       // A ring step's rounds (ring_pieces.h step_rounds) sum their dK/dV before the accumulator

@@ -12,7 +12,7 @@
 #include <tuple>
 #include <vector>
 
-#include <lcx/document_batches.h>
+#include <lcx/attention_cost.h>
 #include <lcx/ops.h>
 
 namespace lcx::cp_ring {
@@ -154,8 +154,8 @@ inline constexpr int64_t kMaxK = 32;
 
 // What a round's work costs beyond its pairs, in (query, key) pairs: a fixed cost a cuDNN call,
 // kCallCostPairs, and kOctaveCalls times that for each octave of the call's key rows above 512
-// (ops::PaddedWork::call_octaves: a call of 32,768 keys counts 6, one of 512 or fewer none); and
-// kQueryTilePairs for each tile of 128 query rows (ops::PaddedWork::query_tiles: a thread block of
+// (AttentionWork::call_octaves: a call of 32,768 keys counts 6, one of 512 or fewer none); and
+// kQueryTilePairs for each tile of 128 query rows (AttentionWork::query_tiles: a thread block of
 // the forward, and the backward's passes over each query row), which short documents' small
 // blocks pay far more of per pair than books. Fitted on the H200 (scripts/bench/cp_balance.sh
 // prints the fit: each masked rank's time against the pairs its rounds compute, its calls, their
@@ -172,16 +172,15 @@ inline constexpr int64_t kQueryTilePairs = 39'000;
 
 // The cost of work the GPU's batches run: its pairs, its calls at call_cost each plus their key
 // octaves, and its query tiles.
-inline int64_t work_cost(const ops::PaddedWork& w, int64_t call_cost) {
+inline int64_t work_cost(const AttentionWork& w, int64_t call_cost) {
   return w.pairs + call_cost * w.calls + kQueryTilePairs * w.query_tiles +
          static_cast<int64_t>(std::llround(kOctaveCalls * static_cast<double>(call_cost * w.call_octaves)));
 }
 
 // The work of the chunk pair (query chunk at position qg, key chunk at kg, c rows each) as the
-// GPU's batches run it (lcx/document_batches.h, octave classes: the documents read in place, each
-// computed at its rows rounded up to whole tiles): the documents both chunks hold, causal on the
+// GPU runs it (lcx/attention_cost.h attention_work): the documents both chunks hold, causal on the
 // diagonal (qg == kg) and full where the keys precede the queries.
-inline ops::PaddedWork pair_work(std::span<const int64_t> documents, int64_t qg, int64_t kg, int64_t c) {
+inline AttentionWork pair_work(std::span<const int64_t> documents, int64_t qg, int64_t kg, int64_t c) {
   std::vector<int64_t> ql, kl;
   auto first = std::upper_bound(documents.begin(), documents.end(), std::min(qg, kg)) - 1;
   for (auto d = first; d + 1 < documents.end() && *d < std::max(qg, kg) + c; ++d) {
@@ -190,7 +189,7 @@ inline ops::PaddedWork pair_work(std::span<const int64_t> documents, int64_t qg,
     ql.push_back(nq);
     kl.push_back(nk);
   }
-  return ops::padded_work(ql, kl, qg == kg, ops::LengthClasses::octave);
+  return attention_work(ql, kl, qg == kg);
 }
 
 // Each chunk's cost for a layout to balance. call_cost 0: its masked work (chunk_work). Else the
@@ -204,7 +203,7 @@ inline std::vector<int64_t> chunk_cost(std::span<const int64_t> documents, int64
     const int64_t at = static_cast<int64_t>(i) * c;
     const int64_t start = *(std::upper_bound(documents.begin(), documents.end(), at) - 1);
     for (int64_t j = start / c; j <= static_cast<int64_t>(i); ++j) {
-      const ops::PaddedWork pw = pair_work(documents, at, j * c, c);
+      const AttentionWork pw = pair_work(documents, at, j * c, c);
       w[i] += work_cost(pw, call_cost);
     }
   }
@@ -339,9 +338,9 @@ inline std::vector<Round> step_rounds(int r, int j, const ChunkLayout& layout, b
   return out;
 }
 
-// The work of a round as the GPU's batches run it (lcx/document_batches.h, octave classes): each
-// block one document.
-inline ops::PaddedWork round_work(const Round& round) {
+// The work of a round as the GPU runs it (lcx/attention_cost.h attention_work): each block one
+// document.
+inline AttentionWork round_work(const Round& round) {
   std::vector<int64_t> ql, kl;
   ql.reserve(round.blocks.size());
   kl.reserve(round.blocks.size());
@@ -349,7 +348,7 @@ inline ops::PaddedWork round_work(const Round& round) {
     ql.push_back(b.q_rows);
     kl.push_back(b.k_rows);
   }
-  return ops::padded_work(ql, kl, round.causal, ops::LengthClasses::octave);
+  return attention_work(ql, kl, round.causal);
 }
 
 // Rank r's predicted cost over the whole ring: every round's computed pairs plus its calls' cost
@@ -358,7 +357,7 @@ inline int64_t rank_cost(const ChunkLayout& layout, int r, std::span<const int64
   int64_t cost = 0;
   for (int j = 0; j < layout.n; ++j)
     for (const Round& round : step_rounds(r, j, layout, true, documents)) {
-      const ops::PaddedWork w = round_work(round);
+      const AttentionWork w = round_work(round);
       cost += work_cost(w, call_cost);
     }
   return cost;
@@ -475,7 +474,7 @@ inline void refine_layout(ChunkLayout& layout, std::span<const int64_t> document
 // 131,072 tokens on 2-8 ranks went from spreads up to 10.9% to at most 2.3%, and the slowest rank
 // up to 12% faster; balanced_layout then takes at most 0.3 s of host time at 131,072 tokens and
 // 1.0 s at 1,048,576 (one core of the CI machine), once per sequence, in shard().
-inline constexpr int64_t kBoundStep = ops::kMinPaddedRows;
+inline constexpr int64_t kBoundStep = kAttentionTileRows;
 inline constexpr int kBoundPasses = 16;
 inline constexpr int kNewtonSteps = 8;
 inline constexpr int64_t kSlideMaxChunks = 4;

@@ -31,6 +31,7 @@
 #include <lcx/defaults.h>
 #include <lcx/log.h>
 #include <lcx/ops.h>
+#include <lcx/attention_cost.h>
 #include <lcx/plan.h>
 #include <lcx/plugin.h>
 #include <lcx/size_math.h>
@@ -222,12 +223,11 @@ class Ulysses final : public Parallelism {
       // One attention call masked by document: cuDNN's padded batches of documents.
       plan_document_masks(plan, Hq / sp, sp * T, d);
     } else {
-      // One attention call: Hq/sp heads over all L = sp T rows (lcx/plan.h: what the fused attention allocates).
-      plan.add("attention forward workspace (cuDNN)", PlanCategory::transient, kCudnnForwardWorkspace,
-               plan_phase::forward);
+      // One attention call: Hq/sp heads over all L = sp T rows (lcx/attention_cost.h: what the call allocates).
+      const AttentionBytes call = attention_call_bytes(Hq / sp, sp * T, d);
+      plan.add("attention forward workspace (cuDNN)", PlanCategory::transient, call.forward, plan_phase::forward);
       plan.add("attention backward dQ accumulator and workspace (cuDNN) [Hq/sp,L,d] fp32 x 2", PlanCategory::transient,
-               cudnn_dq_accumulator_bytes(Hq / sp, sp * T, d) + cudnn_backward_workspace_bytes(Hq / sp, sp * T, d),
-               plan_phase::backward);
+               call.backward, plan_phase::backward);
     }
     if (Hkv < sp)
       plan.add("all-to-all: fp32 sum of replicated dk/dv [T,Hkv,d]", PlanCategory::communication, T * Hkv * d * 4,

@@ -43,7 +43,7 @@ for s in (r for r in rows if r.get("summary")):
           f"{s['sent_per_layer_forward_mib']:.0f} / {s['sent_per_layer_backward_mib']:.0f} |")
 # The costs cp_ring's layouts weigh (ring_pieces.h kCallCostPairs, kOctaveCalls, kQueryTilePairs),
 # refitted on these runs: each masked rank's time against the pairs its rounds compute, its cuDNN
-# calls, their key octaves and its query tiles (lcx/document_batches.h PaddedWork), least squares
+# calls, their key octaves and its query tiles (lcx/attention_cost.h AttentionWork), least squares
 # of the relative errors (a rank of 5 ms counts as much as one of 300) through the origin.
 masked = [r for r in rows if not r.get("summary") and r.get("padded_pairs", 0) > 0 and "query_tiles" in r]
 terms = 4

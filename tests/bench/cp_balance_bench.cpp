@@ -36,7 +36,7 @@
 #include <vector>
 
 #include "bench_util.h"
-#include "lcx/document_batches.h"
+#include "lcx/attention_cost.h"
 #include "lcx/error.h"
 #include "lcx/ops.h"
 #include "lcx/tensor.h"
@@ -113,8 +113,8 @@ struct RankTime {
   int64_t masked_pairs = 0;  // (query, key) pairs the document masks leave (masked layouts only)
   int64_t padded_pairs = 0;  // the pairs the GPU's batches compute (each document at its computed rows)
   int64_t batches = 0;       // the batches' cuDNN calls (forward; the backward makes as many)
-  int64_t call_octaves = 0;  // the calls' key octaves (ops::PaddedWork::call_octaves)
-  int64_t query_tiles = 0;   // the blocks' query tiles (ops::PaddedWork::query_tiles)
+  int64_t call_octaves = 0;  // the calls' key octaves (AttentionWork::call_octaves)
+  int64_t query_tiles = 0;   // the blocks' query tiles (AttentionWork::query_tiles)
 };
 
 auto clock_now() { return std::chrono::steady_clock::now(); }
@@ -136,7 +136,7 @@ RankTime time_rank_rounds(const Options& o, int r, int n, const Tensor& q, const
   const int64_t c = chunks.c;
   for (const auto& rounds : steps)
     for (const cp_ring::Round& round : rounds) {
-      const ops::PaddedWork w = cp_ring::round_work(round);
+      const AttentionWork w = cp_ring::round_work(round);
       t.padded_pairs += w.pairs;
       t.batches += w.calls;
       t.call_octaves += w.call_octaves;

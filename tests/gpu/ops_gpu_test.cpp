@@ -19,6 +19,7 @@
 #include "kernels/attention_cut.h"
 #include "kernels/cuda/attention_cudnn.h"
 #include "kernels/cuda/cuda_ops.h"
+#include "kernels/cudnn_sizes.h"
 #endif
 
 namespace lcx::test {
@@ -424,7 +425,7 @@ TEST_F(GpuOps, AttentionCutAllocatesWhatTheRealCallDoes) {
   cuda::set_cudnn_ragged_documents(true);
 }
 
-// The memory plan's cuDNN terms (lcx/plan.h) against what the loaded cuDNN asks, for the head
+// The memory plan's cuDNN terms (kernels/cudnn_sizes.h) against what the loaded cuDNN asks, for the head
 // groups and lengths the plan is used at (one kv head per group of Qwen3 shapes, 32k to 1M).
 TEST_F(GpuOps, PlanCudnnWorkspacesAreWhatCudnnAsks) {
   if (cuda::cudnn_version().empty()) GTEST_SKIP() << "libcudnn.so.9 is not loadable here";

@@ -1,10 +1,13 @@
-// The grouping of document-masked attention on cuDNN (lcx/document_batches.h): every document
+// The grouping of document-masked attention on cuDNN (kernels/document_batches.h): every document
 // in exactly one batch, batch sizes powers of two, padded sizes of their length class (octaves, or
 // quarter steps and 32nd steps for long documents) that hold their documents, and padded rows
 // within the real rows rounded up to a power of two.
-#include "lcx/document_batches.h"
+#include "kernels/document_batches.h"
 
 #include <gtest/gtest.h>
+
+#include "kernels/cudnn_sizes.h"
+#include "lcx/attention_cost.h"
 
 #include <bit>
 #include <random>
@@ -245,6 +248,38 @@ TEST(DocumentBatches, PaddedWorkCountsPaddedPairsAndCalls) {
   EXPECT_EQ(octave_apart.query_tiles, 6);
   EXPECT_EQ(apart.query_tiles, 6);
   EXPECT_EQ(padded_work({300, 500}, {}, true, LengthClasses::octave).query_tiles, 3 + 4);
+}
+
+// What the SDK tells a plugin (lcx/attention_cost.h) is the work of the batches the GPU runs:
+// documents read in place, in octave classes.
+TEST(DocumentBatches, AttentionWorkIsTheInPlaceBatchesWork) {
+  const std::vector<int64_t> q{100, 5000, 120, 300, 0, 70000}, k{300, 40, 120, 1000, 7, 65536};
+  for (bool same : {true, false}) {
+    SCOPED_TRACE(same ? "same rows" : "apart");
+    const PaddedWork w = padded_work(q, k, same, LengthClasses::octave);
+    const AttentionWork a = attention_work(q, k, same);
+    EXPECT_EQ(a.pairs, w.pairs);
+    EXPECT_EQ(a.calls, w.calls);
+    EXPECT_EQ(a.call_octaves, w.call_octaves);
+    EXPECT_EQ(a.query_tiles, w.query_tiles);
+    EXPECT_NE(a.pairs, padded_work(q, k, same).pairs) << "fine classes compute the padding";
+  }
+  EXPECT_EQ(kAttentionTileRows, kMinPaddedRows);
+}
+
+// The bytes the SDK tells a plugin one attention call allocates are cuDNN's (kernels/cudnn_sizes.h):
+// unmasked, its workspaces and dQ accumulator; masked, the batches' and the document tables.
+TEST(DocumentBatches, AttentionCallBytesAreCudnnBuffers) {
+  const int64_t hq = 4, T = 5000, d = 128;
+  const AttentionBytes call = attention_call_bytes(hq, T, d);
+  EXPECT_EQ(call.forward, 256);
+  EXPECT_EQ(call.backward, 2 * hq * T * d * 4 + 256);
+  EXPECT_EQ(call.step, 0);
+  const AttentionBytes masked = attention_call_bytes(hq, T, d, true);
+  EXPECT_EQ(masked.forward, cudnn_document_batch_bytes(false, hq, T, d));
+  EXPECT_EQ(masked.forward, 8192 * hq * 4 + 256);
+  EXPECT_EQ(masked.backward, cudnn_document_batch_bytes(true, hq, T, d));
+  EXPECT_EQ(masked.step, document_table_bytes(T));
 }
 
 }  // namespace

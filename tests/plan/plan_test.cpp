@@ -6,6 +6,7 @@
 #include <algorithm>
 
 #include "config/manifest.h"
+#include "kernels/cudnn_sizes.h"
 #include "lcx/defaults.h"
 #include "plan/plan.h"
 #include "support/test_util.h"

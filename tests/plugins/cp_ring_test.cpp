@@ -12,6 +12,7 @@
 #include <nlohmann/json.hpp>
 
 #include "bench/bench_util.h"
+#include "lcx/attention_cost.h"
 #include "lcx/plan.h"
 #include "lcx/safetensors.h"
 #include "plugins/cp_ring_cases.h"
@@ -172,7 +173,7 @@ TEST(CpRingLayout, BalancesPackedMixes) {
               double blocks = 0;
               for (int j = 0; j < n; ++j)
                 for (const cp_ring::Round& round : cp_ring::step_rounds(r, j, l, true, docs)) {
-                  const ops::PaddedWork pw = cp_ring::round_work(round);
+                  const AttentionWork pw = cp_ring::round_work(round);
                   timed[static_cast<size_t>(r)] += static_cast<double>(cp_ring::work_cost(pw, cp_ring::kCallCostPairs));
                   int64_t q_end = 0, k_end = 0;  // each round's blocks ascend on both sides, sharing no row
                   for (const ops::AttentionBlock& b : round.blocks) {
@@ -634,9 +635,10 @@ TEST(CpRingPlan, RingBuffersAndAccumulators) {
   int64_t padded = 0;
   for (const PlanTerm& t : masked.terms)
     if (t.name.rfind("document-masked attention backward", 0) == 0) padded = t.bytes;
-  EXPECT_EQ(padded, cudnn_document_batch_bytes(true, 32, in.tokens_per_rank, 128));
+  const AttentionBytes call = attention_call_bytes(32, in.tokens_per_rank, 128, true);
+  EXPECT_EQ(padded, call.backward);
   EXPECT_EQ(masked.gpu_bytes(plan_phase::backward) - plan.gpu_bytes(plan_phase::backward),
-            padded + document_table_bytes(in.tokens_per_rank) + 2 * kv * 4)
+            padded + call.step + 2 * kv * 4)
       << "the document terms and the step's dK/dV sums beside the unmasked plan";
   in.documents_masked = false;
   MemoryPlan single;

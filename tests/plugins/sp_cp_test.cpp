@@ -7,6 +7,7 @@
 #include <fstream>
 #include <nlohmann/json.hpp>
 
+#include "lcx/attention_cost.h"
 #include "lcx/plan.h"
 #include "plugins/sp_cp_cases.h"
 #include "ring_pieces.h"
@@ -174,7 +175,7 @@ TEST(SpCp, PlansTheAllToAllAndTheRingAtTheComposedShard) {
   EXPECT_EQ(bytes_of("travelling dK/dV accumulators"), 4 * (4 * T) * 2 * 128 * 4);
   EXPECT_EQ(bytes_of("[Hq/sp,L,d]"), -1);
   EXPECT_EQ(bytes_of("one piece's backward dQ accumulator and workspace (cuDNN)"),
-            cudnn_dq_accumulator_bytes(8, 4 * T, 128) + cudnn_backward_workspace_bytes(8, 4 * T, 128));
+            attention_call_bytes(8, 4 * T, 128).backward);
 }
 
 // lcx-train as a user runs it: thread-ranks on the CPU, the trainer building the mesh, stacking

@@ -8,6 +8,7 @@
 #include <fstream>
 #include <nlohmann/json.hpp>
 
+#include "lcx/attention_cost.h"
 #include "lcx/plan.h"
 #include "plugins/sp_ulysses_cases.h"
 
@@ -265,7 +266,7 @@ TEST(SpUlysses, PlansItsBuffers) {
   MemoryPlan plan;
   test::load_ulysses(4)->plan(in, plan);
   ASSERT_FALSE(plan.terms.empty());
-  // Buffers of the all-to-all, and the fused attention's own scratch (lcx/plan.h) as transient.
+  // Buffers of the all-to-all, and the fused attention's own scratch (lcx/attention_cost.h) as transient.
   for (const PlanTerm& t : plan.terms)
     EXPECT_EQ(t.category, t.name.find("(cuDNN)") != std::string::npos ? PlanCategory::transient
                                                                         : PlanCategory::communication)
@@ -276,8 +277,8 @@ TEST(SpUlysses, PlansItsBuffers) {
   EXPECT_EQ(plan.terms[0].bytes, heads);
   const int64_t L = in.seq_len;
   EXPECT_EQ(plan.gpu_bytes(plan_phase::backward, false) - plan.gpu_bytes(plan_phase::forward, false),
-            heads + in.tokens_per_rank * 32 * 4 + cudnn_dq_accumulator_bytes(32 / 4, L, 128) +
-                cudnn_backward_workspace_bytes(32 / 4, L, 128) - kCudnnForwardWorkspace);
+            heads + in.tokens_per_rank * 32 * 4 + attention_call_bytes(32 / 4, L, 128).backward -
+                attention_call_bytes(32 / 4, L, 128).forward);
   // Replication: with 2 kv heads over 8 ranks every rank sends 8 heads' worth of k and v.
   in.model.num_kv_heads = 2;
   in.sp = 8;

@@ -65,8 +65,8 @@ void attention_backward(const Tensor& q, const Tensor& k, const Tensor& v, const
 // k, all of them, or with causal (then q_rows == k_rows, the two at equal positions) those at or
 // before their own. No two blocks share a query row or a key row. Writes out and lse only on the
 // blocks' query rows (the backward: dq on their query rows, dk and dv on their key rows); every
-// other row is left as it was. On the GPU the blocks run as cuDNN batches like document masks, a
-// few calls however many blocks; what cuDNN refuses runs block by block.
+// other row is left as it was. On the GPU the blocks run batched like document masks, a few calls
+// however many blocks (lcx/attention_cost.h attention_work counts them).
 struct AttentionBlock {
   int64_t q_begin = 0, q_rows = 0, k_begin = 0, k_rows = 0;
 };

@@ -46,36 +46,6 @@ enum class PlanCategory : uint8_t {
 constexpr int kPlanCategories = 9;
 const char* plan_category_name(PlanCategory c);
 
-// What one call of the GPU's fused attention (cuDNN) allocates beside its inputs and outputs, for
-// Parallelism plugins' plans: a 256-byte forward workspace; in the backward an fp32 dQ
-// accumulator [Hq,T,d] and cuDNN's own workspace as large again plus 256 bytes (cuDNN 9.19 on
-// sm_90 at every length from 32k to 1M tokens, checked on the GPU by test_gpu). Hq and T are the
-// call's: one head group's heads, one piece's query rows.
-inline constexpr int64_t kCudnnForwardWorkspace = 256;
-inline int64_t cudnn_dq_accumulator_bytes(int64_t hq, int64_t T, int64_t d) { return hq * T * d * 4; }
-inline int64_t cudnn_backward_workspace_bytes(int64_t hq, int64_t T, int64_t d) { return hq * T * d * 4 + 256; }
-
-// Document-masked attention on the GPU (kernels/cuda/attention_documents.cpp) runs cuDNN on
-// batches of documents padded to a few sizes, read and written in place in the call's tensors
-// through cuDNN's ragged offsets; the padded rows of one batch are at most the call's T rows
-// rounded up to a power of two (or one least padded document, 128 rows). Per padded row a forward
-// batch holds the stats [Hq] fp32 (the LSE in cuDNN's layout); a backward batch the stats and the
-// softmax sums [Hq] fp32, the dQ accumulator [Hq,d] fp32 and cuDNN's workspace as large again
-// (above). Batches run one after another, so this bounds the peak; it holds the unmasked call's
-// accumulator and workspaces, which a masked step's call replaces. (Where cuDNN refuses the ragged
-// plans the batches gather their rows into padded copies, which this does not count.)
-inline int64_t cudnn_document_batch_bytes(bool backward, int64_t hq, int64_t T, int64_t d) {
-  int64_t rows = 128;  // lcx/document_batches.h kMinPaddedRows
-  while (rows < T) rows *= 2;
-  const int64_t per_row = backward ? 2 * hq * 4 + 2 * hq * d * 4 : hq * 4;
-  return rows * per_row + 256;
-}
-// The per-document tables one masked call uploads and the host's document bounds (int64), at their
-// worst of one document per token: per batch of B documents the query and key lengths and first
-// rows (int32, B rounded up to 4) and the query and key ragged offsets (int64, B + 1 rounded up to
-// 2), at most 32 bytes a document and 80 a batch, and no more batches than documents.
-inline int64_t document_table_bytes(int64_t T) { return 112 * T + (T + 1) * 8; }
-
 struct PlanInputs {
   ModelConfig model;
   int64_t seq_len = 0;          // the global sequence length, after padding
@@ -103,7 +73,7 @@ struct PlanTerm {
 
 // The step's work by kind, for the plan's time estimate: each provider adds what its own calls
 // compute beside its memory terms; core turns the sums into seconds with the rates this kind of
-// GPU reaches (plan/recipe.cpp, calibrated on the step trace), and ranks the recipes by them.
+// GPU reaches (its row of the rates table, lcx/rates.h), and ranks the recipes by them.
 struct StepWork {
   double gemm_flops = 0;
   double grouped_gemm_flops = 0;  // GEMMs cut by head group (head_groups of them per full-width one)
@@ -157,10 +127,10 @@ struct MemoryPlan {
   Peak largest_transient() const;
 };
 
-// The terms of document-masked attention on cuDNN's batches of documents (cudnn_document_batch_bytes,
-// document_table_bytes) in the forward and backward, for a Parallelism whose calls see `rows`
-// query rows of hq query heads: added by the single-rank default, and by a Parallelism whose calls
-// see whole sequences, when PlanInputs::documents_masked.
+// The terms of one document-masked attention call (lcx/attention_cost.h attention_call_bytes,
+// masked) in the forward, the backward and through the step, for a Parallelism whose calls see
+// `rows` query rows of hq query heads: added by the single-rank default, and by a Parallelism
+// whose calls see whole sequences, when PlanInputs::documents_masked.
 void plan_document_masks(MemoryPlan& plan, int64_t hq, int64_t rows, int64_t d);
 
 }  // namespace lcx

@@ -17,6 +17,7 @@ CliOptions parse_cli(int argc, char** argv) {
       "       lcx-train tokenize --tokenizer FILE (--text STRING | --file PATH) [--count]\n"
       "       lcx-train eval --config run.toml (--checkpoint DIR | --model DIR) --seq-len N --out DIR\n"
       "       lcx-train eval-plot --out FILE.svg CSV_OR_DIR...\n"
+      "       lcx-train calibrate [--out FILE]   (measure this GPU's rates row, see calibrate --help)\n"
       "(each subcommand's --help lists its options)\n\n"
       "Options");
   desc.add_options()
@@ -36,6 +37,9 @@ CliOptions parse_cli(int argc, char** argv) {
        "the measured peaks against the plan's; exit 0 when they agree, 1 when not. Writes no checkpoint or metrics")
       ("gpu-memory", po::value(&o.gpu_memory)->value_name("SIZE"),
        "GPU memory for --plan, e.g. 80GB or 141GB (GB = GiB); default: the local GPU's")
+      ("gpu-name", po::value(&o.gpu_name)->value_name("NAME"),
+       "the GPU whose rates time --plan's recipes, e.g. \"NVIDIA H100 80GB HBM3\" (its rates table row, or the "
+       "nearest); default: run.gpu_name, else the local GPU's, else the H200's")
       ("host-memory", po::value(&o.host_memory)->value_name("SIZE"),
        "host memory of the node for --plan, shared by its ranks' pinned buffers; default: what this one leaves "
        "(MemAvailable and the cgroup's limit)")

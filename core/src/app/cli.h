@@ -16,6 +16,7 @@ struct CliOptions {
   bool rehearse = false;  // --rehearse: run.rehearse = true
   std::string gpu_memory;  // --gpu-memory for --plan; "" means the local GPU's
   std::string host_memory;  // --host-memory for --plan; "" means this host's
+  std::string gpu_name;     // --gpu-name for --plan: the rates row; "" means [run] gpu_name
   std::string resume;
   bool overwrite = false;
   bool force = false;  // run even when the plan says the GPU is short
@@ -30,5 +31,7 @@ CliOptions parse_cli(int argc, char** argv);
 
 // `lcx-train tokenize ...` (argv[0] is "tokenize"): prints token ids; see tokenize_cmd.cpp.
 int tokenize_main(int argc, char** argv);
+// `lcx-train calibrate ...` (argv[0] is "calibrate"): measures this GPU's rates row; see calibrate_cmd.cpp.
+int calibrate_main(int argc, char** argv);
 
 }  // namespace lcx

@@ -164,7 +164,7 @@ int run(const CliOptions& o) {
     std::printf("config OK\n");
     return 0;
   }
-  if (o.plan) return run_plan_command(*manifest, core, loader, o.disabled, o.gpu_memory, o.host_memory);
+  if (o.plan) return run_plan_command(*manifest, core, loader, o.disabled, o.gpu_memory, o.host_memory, o.gpu_name);
 
   // Every table, the plugins' too, and every path are checked before the run folder gets its
   // first byte and before the corpus is tokenized.
@@ -201,6 +201,7 @@ int run(const CliOptions& o) {
 int main(int argc, char** argv) {
   try {
     if (argc > 1 && std::string(argv[1]) == "tokenize") return lcx::tokenize_main(argc - 1, argv + 1);
+    if (argc > 1 && std::string(argv[1]) == "calibrate") return lcx::calibrate_main(argc - 1, argv + 1);
     if (argc > 1 && std::string(argv[1]) == "eval") return lcx::eval_main(argc - 1, argv + 1);
     if (argc > 1 && std::string(argv[1]) == "eval-plot") return lcx::eval_plot_main(argc - 1, argv + 1);
     return lcx::run(lcx::parse_cli(argc, argv));

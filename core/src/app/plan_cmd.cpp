@@ -14,7 +14,7 @@ namespace lcx {
 
 int run_plan_command(const Manifest& m, const CoreConfig& cfg, const PluginLoader& loader,
                      const std::vector<std::string>& disabled, const std::string& gpu_memory,
-                     const std::string& host_memory) {
+                     const std::string& host_memory, const std::string& gpu_name) {
   int64_t gpu_bytes = 0;
   if (!gpu_memory.empty()) {
     gpu_bytes = parse_memory_size(gpu_memory);
@@ -26,6 +26,7 @@ int run_plan_command(const Manifest& m, const CoreConfig& cfg, const PluginLoade
     throw Error("--plan needs the GPU's memory, and this machine has no GPU to ask", "--gpu-memory",
                 "give it, e.g. --gpu-memory 80GB (H100) or --gpu-memory 141GB (H200)");
   }
+  const RatesTable::Choice rates = use_rates_for(gpu_name.empty() ? cfg.run.gpu_name : gpu_name, gpu_bytes);
   Run run(cfg, resolve_slots(m, loader, disabled, Device::cpu(), configured_mesh(cfg.distributed)), Device::cpu(), {},
           "the plan needs the model's shape");
   std::string model_source;
@@ -38,8 +39,9 @@ int run_plan_command(const Manifest& m, const CoreConfig& cfg, const PluginLoade
   const int64_t unit = plan_seq_unit(in, cfg.data.pad_to_multiple_of);
   const std::vector<RecipeOption> options = rank_recipes(in, ps, gpu_bytes, host_bytes, cfg.train.checkpoint_every);
   const MemoryPlan plan = build_plan(in, ps);
-  std::printf("# %s, model shape from %s\n%s", m.source().c_str(), model_source.c_str(),
-              format_plan(plan, in, ps, gpu_bytes, unit, host_bytes).c_str());
+  std::printf("# %s, model shape from %s\n# rates: the '%s' row (%s)%s%s\n%s", m.source().c_str(),
+              model_source.c_str(), rates.row.device.c_str(), rates.row.source.c_str(), rates.note.empty() ? "" : "; ",
+              rates.note.c_str(), format_plan(plan, in, ps, gpu_bytes, unit, host_bytes).c_str());
   std::printf("\nrecipe (fastest first by the cost model; the first that fits is taken, keys set in the manifest win):\n");
   // The choice and its runners-up: the fastest candidates, the chosen one wherever it ranks.
   constexpr size_t kShown = 12;

@@ -101,6 +101,11 @@ CoreConfig read_core_config(const Manifest& m, const std::vector<std::string>& p
     };
     budget("gpu_memory", c.run.gpu_memory, "the device's memory");
     budget("host_memory", c.run.host_memory, "what the host and the cgroup leave");
+    c.run.gpu_name = v.get_string("gpu_name", c.run.gpu_name);
+    c.run.peak_tflops = v.get_double("peak_tflops", c.run.peak_tflops);
+    if (!(c.run.peak_tflops >= 0) || !std::isfinite(c.run.peak_tflops))
+      v.fail("peak_tflops", str("must be a positive number of TFLOP/s, got ", c.run.peak_tflops),
+             "the GPU's dense bf16 peak, e.g. 989.4 (H100/H200 SXM); leave it out for the rates table's");
     v.check_unknown();
   }
   {

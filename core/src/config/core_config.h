@@ -25,6 +25,11 @@ struct RunConfig {
   // The host memory this node's ranks may pin together: "auto" (MemAvailable and the cgroup's
   // room, lcx/pinned.h), or a size; a recipe whose pinned bytes x local ranks pass it is refused.
   std::string host_memory = "auto";
+  // The GPU whose rates the plan's times use (its row of the rates table, plan/rates.h): "" for
+  // this GPU's, or the shipped H200 row where there is none.
+  std::string gpu_name;
+  // The dense peak the MFU is reported against, TFLOP/s; 0: the rates row's peak_flops.
+  double peak_tflops = 0;
   // One step's allocations at full length and depth with the attention math cut, the measured
   // peaks compared with the plan's (train/trainer.cpp); nothing saved, its loss meaningless.
   bool rehearse = false;

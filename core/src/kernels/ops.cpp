@@ -379,7 +379,7 @@ CheckedBackward check_attention_backward(const char* op, const Tensor& q, const 
 #ifdef LCX_HAVE_CUDA
 // Document-masked attention on the GPU: the work is the sum of the documents' squared lengths.
 // Where the queries and keys are the same rows (one GPU, whole sequences after an all-to-all), the
-// documents run on cuDNN as padded batches of few shapes (lcx/document_batches.h, kernels/cuda/
+// documents run on cuDNN as padded batches of few shapes (kernels/document_batches.h, kernels/cuda/
 // attention_documents.cpp), whose plans a new mix of lengths reuses; in a ring's piece with queries
 // and keys apart, so do the documents whose keys all precede their queries (full attention). What
 // cuDNN does not take (a document's keys and queries interleaved, LCX_ATTENTION=own, no cuDNN, a

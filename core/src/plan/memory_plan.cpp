@@ -1,6 +1,7 @@
 // The SDK half of the memory plan (lcx/plan.h): terms and their sums per phase.
 #include <algorithm>
 
+#include "lcx/attention_cost.h"
 #include "lcx/plan.h"
 #include "lcx/size_math.h"
 
@@ -91,12 +92,13 @@ MemoryPlan::Peak MemoryPlan::largest_transient() const {
 }
 
 void plan_document_masks(MemoryPlan& plan, int64_t hq, int64_t rows, int64_t d) {
+  const AttentionBytes b = attention_call_bytes(hq, rows, d, true);
   plan.add("document-masked attention forward: stats of the batches (cuDNN, ragged)", PlanCategory::transient,
-           cudnn_document_batch_bytes(false, hq, rows, d), plan_phase::forward);
+           b.forward, plan_phase::forward);
   plan.add("document-masked attention backward: stats, softmax sums, dQ accumulator, workspace (cuDNN, ragged)",
-           PlanCategory::transient, cudnn_document_batch_bytes(true, hq, rows, d), plan_phase::backward);
+           PlanCategory::transient, b.backward, plan_phase::backward);
   plan.add("document tables: bounds [docs+1] int64, per batch lengths and first rows int32, ragged offsets int64",
-           PlanCategory::transient, document_table_bytes(rows), plan_phase::step);
+           PlanCategory::transient, b.step, plan_phase::step);
 }
 
 }  // namespace lcx

@@ -12,6 +12,7 @@
 #include "config/manifest.h"
 #include "lcx/plan.h"
 #include "lcx/size_math.h"
+#include "plan/rates.h"
 #include "plugin/loader.h"
 #include "slots/resolve.h"
 
@@ -97,8 +98,6 @@ Recipe choose_recipe(const PlanInputs& in, const PlanSlots& slots, int64_t gpu_b
 int64_t longest_fitting_seq(const PlanInputs& in, const PlanSlots& slots, int64_t gpu_bytes, int64_t host_bytes,
                             int64_t unit, int64_t checkpoint_every);
 std::string recipe_name(const Recipe& r);
-// The cost model: a step's work (MemoryPlan::work) in seconds on the GPU the rates were measured on.
-double predicted_step_seconds(const StepWork& w);
 
 // The breakdown `--plan` prints. gpu_bytes <= 0 leaves out the GPU's fit lines, host_bytes < 0
 // the host's.

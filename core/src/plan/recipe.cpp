@@ -1,14 +1,11 @@
 // The recipe: the choices that trade memory for time (lcx/slots/model.h Recipe), made per run by the
 // plan. Each candidate is planned (its bytes) and timed by the cost model (its providers' work,
-// MemoryPlan::work, at the rates below); the fastest whose plan fits the GPU (and whose pinned
-// host bytes, times the ranks of the node, fit the host) is taken. A key set in the manifest wins, since the providers read the
+// MemoryPlan::work, at the rates of the GPU planned for: plan/rates.h); the fastest whose plan
+// fits the GPU (and whose pinned host bytes, times the ranks of the node, fit the host) is taken. A key set in the manifest wins, since the providers read the
 // recipe only where their key is "auto".
 //
-// The rates are what one H200 reached in the step trace of full-depth Qwen3-4B at 64k tokens
-// (docs/PERF.md): cuBLASLt bf16 GEMMs, cuDNN's causal attention forward and backward, and the
-// elementwise kernels' memory traffic. Host copies of tensors a memory strategy moves overlap
-// compute and are not counted, except those it says the compute waits for (exposed_copy_bytes:
-// nothing loaded ahead), at the pinned copy rate.
+// Host copies of tensors a memory strategy moves overlap compute and are not counted, except those
+// it says the compute waits for (exposed_copy_bytes: nothing loaded ahead), at the pinned copy rate.
 #include <algorithm>
 #include <limits>
 #include <optional>
@@ -18,17 +15,6 @@
 #include "plan/plan.h"
 
 namespace lcx {
-
-double predicted_step_seconds(const StepWork& w) {
-  constexpr double kGemmFlops = 640e12, kAttentionForwardFlops = 570e12, kAttentionBackwardFlops = 525e12,
-                   kMemoryBytes = 2.4e12, kHostCopyBytes = 55e9;  // pinned host <-> GPU, each way
-  // A head group's projections are 1/groups as wide: on the H200 eight groups ran them at about
-  // half the full width's rate (the 64k step: 0.85 s more than one group, beside the attention).
-  const double grouped_rate = kGemmFlops / (1.0 + static_cast<double>(std::max<int64_t>(w.head_groups, 1) - 1) / 7.0);
-  return w.gemm_flops / kGemmFlops + w.grouped_gemm_flops / grouped_rate + w.attention_forward_flops / kAttentionForwardFlops +
-         w.attention_backward_flops / kAttentionBackwardFlops + w.memory_bytes / kMemoryBytes +
-         w.exposed_copy_bytes / kHostCopyBytes;
-}
 
 std::string recipe_name(const Recipe& r) {
   std::string name = str(r.keep_attention ? "attention kept from the forward" : "attention recomputed", ", ",

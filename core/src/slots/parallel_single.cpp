@@ -1,7 +1,8 @@
 #include <algorithm>
 
-#include "lcx/ops.h"
+#include "kernels/cudnn_sizes.h"
 #include "lcx/defaults.h"
+#include "lcx/ops.h"
 #include "lcx/plan.h"
 
 namespace lcx {
@@ -35,7 +36,7 @@ class SingleRank final : public Parallelism {
   }
   // The attention kernels keep no [T,T] matrix; the backward holds the fp32 row sums delta [Hq,T]
   // (out . dout) and, in cuDNN's kernel (the GPU's default where it loads), an fp32 dQ
-  // accumulator [Hq,T,d] and cuDNN's workspaces (lcx/plan.h); masked by document, cuDNN's batches
+  // accumulator [Hq,T,d] and cuDNN's workspaces (kernels/cudnn_sizes.h); masked by document, cuDNN's batches
   // of documents hold those per padded row instead (plan_document_masks). Hq is one
   // call's: the model's head groups divide it. The LSE belongs to the model's layer.
   void plan(const PlanInputs& in, MemoryPlan& plan) const override {

@@ -64,9 +64,6 @@ double step_flops(const ModelConfig& c, const Sequence& seq) {
   return 6 * matmul_params * tokens + 6 * static_cast<double>(c.num_layers) * static_cast<double>(c.num_heads) * d * squares;
 }
 
-// Dense bf16 peak of the GPUs lcx targets (H100/H200 SXM); MFU is reported on GPUs only.
-constexpr double kGpuPeakFlops = 989.4e12;
-
 int64_t host_peak_bytes() {
   rusage u{};
   getrusage(RUSAGE_SELF, &u);
@@ -482,7 +479,8 @@ void Trainer::log_step(const StepRecord& r) {
                       {"skipped", !r.finite}};
   if (device.is_cuda()) {
     m["peak_gpu_bytes"] = allocator_for(device).stats().peak_bytes;
-    m["mfu"] = r.flops / step_s / kGpuPeakFlops / run_.world_size();
+    // MFU on GPUs only, against [run] peak_tflops or the rates row's peak.
+    if (const double peak = mfu_peak_flops(cfg_.run.peak_tflops); peak > 0) m["mfu"] = r.flops / step_s / peak / run_.world_size();
   }
   metrics_.append(std::move(m));
 }
@@ -551,6 +549,14 @@ int train_rank(const CoreConfig& cfg, const Manifest& manifest, const SlotFactor
   run.configure_step();
   run.shard_parameters();
   run.choose_grad_dtype();
+  const RatesTable::Choice rates = use_rates_for(cfg.run.gpu_name, local_gpu_memory().value_or(0));
+  if (run.lead()) {
+    log::info(str("rates: the '", rates.row.device, "' row (", rates.row.source, ")", rates.note.empty() ? "" : "; ",
+                  rates.note));
+    if (device.is_cuda() && mfu_peak_flops(cfg.run.peak_tflops) <= 0)
+      log::warn(str("no MFU: the rates row '", rates.row.device,
+                    "' has no peak_flops; set [run] peak_tflops to the GPU's dense bf16 peak"));
+  }
   run.plan_local_step(opts.force);
   if (run.lead()) log_recipe(run);
   const RunLength length = run_length(run);

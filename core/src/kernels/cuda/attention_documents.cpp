@@ -1,6 +1,6 @@
 // Document-masked attention on cuDNN as batches. The documents of one call whose query rows and
 // key rows are the same rows (one GPU, or whole sequences after an all-to-all) are grouped by
-// lcx/document_batches.h: lengths rounded up to their length class S, batches of a power-of-two B
+// kernels/document_batches.h: lengths rounded up to their length class S, batches of a power-of-two B
 // documents, so the cached plans are keyed by (2^i, S) pairs and a new mix of lengths each step
 // reuses them. Each batch is one cuDNN call over B elements of S rows, causal attention with a
 // padding mask of each element's real rows (seq_len, which lets its flash engines skip the padded
@@ -37,7 +37,7 @@
 #include "kernels/cuda/attention_cudnn.h"
 #include "kernels/cuda/cuda_ops.h"
 #include "kernels/cuda/document_pack.h"
-#include "lcx/document_batches.h"
+#include "kernels/document_batches.h"
 
 namespace lcx::ops::cuda {
 namespace {

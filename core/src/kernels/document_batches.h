@@ -1,7 +1,6 @@
-// How document-masked attention on cuDNN groups a call's documents (core/src/kernels/cuda/
-// attention_documents.cpp). Public and inline so that a parallelism plugin can weigh its shards by
-// the work the kernels do (padded_work below), and kept apart from the CUDA code so CI checks it
-// on the CPU.
+// How document-masked attention on cuDNN groups a call's documents (kernels/cuda/
+// attention_documents.cpp). Kept apart from the CUDA code so that CI checks it on the CPU, and so
+// that lcx/attention_cost.h attention_work reports the work the kernels do (padded_work below).
 // cuDNN builds and caches one execution plan per shape, and a packed sequence's document lengths
 // change every step, so the documents run as batches whose shapes come from a small set: each
 // document's rows are padded to S, its length rounded up to its length class, and the documents of
@@ -21,9 +20,9 @@
 //   quarter step still cost a 66k-row book's forward 18%. A document that long fills the GPU alone,
 //   so batching gains nothing there, and a plan per size costs little beside calls that long.
 // A batch's padded rows B * S are capped at the call's real rows rounded up to a power of two (or
-// one S), which bounds the memory plan's term (lcx/plan.h cudnn_document_batch_bytes: cuDNN's fp32
-// stats, dQ accumulator and workspace per padded row): calls run one after another, so their
-// buffers never pass the rows of one unmasked call by more than that rounding.
+// one S), which bounds the memory plan's term (kernels/cudnn_sizes.h cudnn_document_batch_bytes:
+// cuDNN's fp32 stats, dQ accumulator and workspace per padded row): calls run one after another,
+// so their buffers never pass the rows of one unmasked call by more than that rounding.
 #pragma once
 #include <algorithm>
 #include <bit>

@@ -1,0 +1,227 @@
+// The rates table (plan/rates.h): the shipped file parses and times the plan as the H200's
+// measured rates; refusals name the file; a GPU without a row gets the nearest one, and says so;
+// calibrate's writer round-trips a row; [run] peak_tflops overrides the MFU's peak; --plan names
+// the row it timed with.
+#include <gtest/gtest.h>
+
+#include <cstdlib>
+#include <filesystem>
+#include <fstream>
+
+#include "config/core_config.h"
+#include "lcx/error.h"
+#include "lcx/rates.h"
+#include "plan/rates.h"
+#include "support/test_util.h"
+
+namespace lcx {
+namespace {
+
+namespace fs = std::filesystem;
+
+std::string error_of(const std::function<void()>& fn) {
+  try {
+    fn();
+  } catch (const Error& e) {
+    return e.what();
+  }
+  return "no error";
+}
+
+fs::path scratch(const std::string& name) {
+  const fs::path dir = fs::temp_directory_path() / ("lcx_rates_test_" + std::to_string(::getpid()));
+  fs::create_directories(dir);
+  return dir / name;
+}
+
+void write(const fs::path& p, const std::string& text) { std::ofstream(p) << text; }
+
+const char* kTwoRows = R"(
+["NVIDIA H200"]
+gemm_flops = 640e12
+attention_forward_flops = 570e12
+attention_backward_flops = 525e12
+memory_bytes = 2.4e12
+host_copy_bytes = 55e9
+head_groups_at_half_rate = 8
+memory_gib = 140
+
+["NVIDIA A100-SXM4-80GB"]
+gemm_flops = 250e12
+attention_forward_flops = 200e12
+attention_backward_flops = 180e12
+memory_bytes = 1.5e12
+host_copy_bytes = 25e9
+head_groups_at_half_rate = 6
+memory_gib = 80
+)";
+
+// The shipped table holds the H200's row at the rates the cost model was fitted with, so the plan's
+// predictions on it are what they were: the same seconds for the same work, term by term.
+TEST(Rates, ShippedTableHoldsTheH200Row) {
+  const RatesTable t = RatesTable::load(shipped_rates_path());
+  const RatesRow* h200 = t.find(kDefaultRatesDevice);
+  ASSERT_NE(h200, nullptr) << shipped_rates_path();
+  EXPECT_EQ(h200->get(rate_name::gemm), 640e12);
+  EXPECT_EQ(h200->get(rate_name::attention_forward), 570e12);
+  EXPECT_EQ(h200->get(rate_name::attention_backward), 525e12);
+  EXPECT_EQ(h200->get(rate_name::memory), 2.4e12);
+  EXPECT_EQ(h200->get(rate_name::host_copy), 55e9);
+  EXPECT_EQ(h200->get(rate_name::peak), 989.4e12);
+  StepWork w;
+  w.gemm_flops = 6.4e14;
+  w.grouped_gemm_flops = 6.4e14;
+  w.head_groups = 8;
+  w.attention_forward_flops = 5.7e14;
+  w.attention_backward_flops = 5.25e14;
+  w.memory_bytes = 2.4e12;
+  w.exposed_copy_bytes = 55e9;
+  // 1 s of each kind; eight head groups run their projections at half rate: 2 s.
+  EXPECT_DOUBLE_EQ(predicted_step_seconds(w, *h200), 7.0);
+  // Without a row set, the plan times with the H200's (the CPU's default).
+  EXPECT_EQ(active_rates().device, kDefaultRatesDevice);
+  EXPECT_EQ(predicted_step_seconds(w), predicted_step_seconds(w, *h200));
+  EXPECT_EQ(device_rate(rate_name::gemm, 1), 640e12);
+  // A provider's own rate, which the row does not have, is its default.
+  EXPECT_EQ(device_rate("cp_ring.call_cost_pairs", 570000), 570000);
+}
+
+TEST(Rates, MissingOrMalformedFileIsRefusedNamingIt) {
+  const fs::path missing = scratch("missing.toml");
+  std::string msg = error_of([&] { RatesTable::load(missing.string()); });
+  EXPECT_NE(msg.find(missing.string()), std::string::npos) << msg;
+  EXPECT_NE(msg.find("does not exist"), std::string::npos) << msg;
+
+  const fs::path bad = scratch("bad.toml");
+  write(bad, "[\"NVIDIA H200\"\ngemm_flops = 640e12\n");
+  msg = error_of([&] { RatesTable::load(bad.string()); });
+  EXPECT_NE(msg.find(bad.string() + ":"), std::string::npos) << msg;
+
+  write(bad, "[\"NVIDIA H200\"]\ngemm_flops = \"fast\"\n");
+  msg = error_of([&] { RatesTable::load(bad.string(), false); });
+  EXPECT_NE(msg.find(bad.string()), std::string::npos) << msg;
+  EXPECT_NE(msg.find("NVIDIA H200.gemm_flops is not a positive number"), std::string::npos) << msg;
+
+  write(bad, "gemm_flops = 640e12\n");
+  msg = error_of([&] { RatesTable::load(bad.string(), false); });
+  EXPECT_NE(msg.find("'gemm_flops' is not a table of rates"), std::string::npos) << msg;
+
+  // A complete table's rows carry every rate core's cost model reads.
+  write(bad, "[\"NVIDIA H200\"]\ngemm_flops = 640e12\n");
+  msg = error_of([&] { RatesTable::load(bad.string()); });
+  EXPECT_NE(msg.find("the row 'NVIDIA H200' has no attention_forward_flops"), std::string::npos) << msg;
+
+  // LCX_RATES names a user file: it must exist.
+  ::setenv("LCX_RATES", missing.string().c_str(), 1);
+  msg = error_of([] { load_rates(); });
+  ::unsetenv("LCX_RATES");
+  EXPECT_NE(msg.find(missing.string()), std::string::npos) << msg;
+}
+
+TEST(Rates, RowByNameAndNearestRowWithItsNote) {
+  const RatesTable t = RatesTable::parse(kTwoRows, "two.toml");
+  ASSERT_EQ(t.rows.size(), 2u);
+  const RatesTable::Choice own = t.choose("NVIDIA A100-SXM4-80GB", 0);
+  EXPECT_TRUE(own.exact);
+  EXPECT_TRUE(own.note.empty()) << own.note;
+  EXPECT_EQ(own.row.get(rate_name::gemm), 250e12);
+
+  // By name: an A100 of 40 GB shares "a100" and "sxm4" with the 80 GB row.
+  const RatesTable::Choice a100 = t.choose("NVIDIA A100-SXM4-40GB", int64_t{40} << 30);
+  EXPECT_FALSE(a100.exact);
+  EXPECT_EQ(a100.row.device, "NVIDIA A100-SXM4-80GB");
+  EXPECT_NE(a100.note.find("no rates row for 'NVIDIA A100-SXM4-40GB'"), std::string::npos) << a100.note;
+  EXPECT_NE(a100.note.find("estimates from the nearest row, 'NVIDIA A100-SXM4-80GB' (by name"), std::string::npos)
+      << a100.note;
+  EXPECT_NE(a100.note.find("two.toml"), std::string::npos) << a100.note;
+
+  // No word in common: the nearest memory. 94 GiB is nearer 80 than 140 on a log scale; 128 nearer 140.
+  const RatesTable::Choice h100 = t.choose("NVIDIA H100 NVL", int64_t{94} << 30);
+  EXPECT_EQ(h100.row.device, "NVIDIA A100-SXM4-80GB");
+  EXPECT_NE(h100.note.find("(by memory size"), std::string::npos) << h100.note;
+  EXPECT_EQ(t.choose("NVIDIA GH200 480GB", int64_t{128} << 30).row.device, "NVIDIA H200");
+}
+
+// The user's rows override the shipped table key by key; rows of new GPUs are added.
+TEST(Rates, UserRowsOverrideKeyByKey) {
+  RatesTable t = RatesTable::parse(kTwoRows, "shipped.toml");
+  t.merge(RatesTable::parse("[\"NVIDIA H200\"]\ngemm_flops = 650e12\n[\"NVIDIA L4\"]\nmemory_gib = 22\n", "mine.toml",
+                            false));
+  const RatesRow* h200 = t.find("NVIDIA H200");
+  ASSERT_NE(h200, nullptr);
+  EXPECT_EQ(h200->get(rate_name::gemm), 650e12);
+  EXPECT_EQ(h200->get(rate_name::memory), 2.4e12);
+  EXPECT_EQ(h200->source, "shipped.toml + mine.toml");
+  ASSERT_NE(t.find("NVIDIA L4"), nullptr);
+}
+
+// What calibrate writes reads back as the same row, beside the file's other rows.
+TEST(Rates, CalibrateWriterRoundTripsARow) {
+  const fs::path out = scratch("sub/rates.toml");
+  fs::remove_all(out.parent_path());
+  RatesRow row;
+  row.device = "NVIDIA H200";
+  row.rates = {{rate_name::gemm, 652.3171e12},
+               {rate_name::attention_forward, 575.5e12},
+               {rate_name::attention_backward, 1.0 / 3.0 * 1.6e15},
+               {rate_name::memory, 2.41e12},
+               {rate_name::host_copy, 54.87e9},
+               {rate_name::half_rate_groups, 8.25},
+               {rate_name::memory_gib, 140}};
+  RatesRow other = row;
+  other.device = "NVIDIA \"Quoted\" GPU";
+  write_rates_row(out.string(), other);
+  write_rates_row(out.string(), row);
+  row.rates[rate_name::gemm] = 655e12;  // a second calibration replaces the row's rates
+  write_rates_row(out.string(), row);
+  const RatesTable back = RatesTable::load(out.string());
+  ASSERT_EQ(back.rows.size(), 2u);
+  const RatesRow* got = back.find("NVIDIA H200");
+  ASSERT_NE(got, nullptr);
+  EXPECT_EQ(got->rates, row.rates);
+  ASSERT_NE(back.find(other.device), nullptr);
+  EXPECT_EQ(back.find(other.device)->rates, other.rates);
+  fs::remove_all(out.parent_path());
+}
+
+TEST(Rates, PeakTflopsOverridesTheRowsPeak) {
+  EXPECT_EQ(mfu_peak_flops(0), 989.4e12);  // the H200 row's
+  Manifest m = Manifest::parse("[run]\npeak_tflops = 312\n", "peak.toml");
+  CoreConfig cfg = read_core_config(m, {});
+  EXPECT_EQ(cfg.run.peak_tflops, 312);
+  EXPECT_EQ(mfu_peak_flops(cfg.run.peak_tflops), 312e12);
+  // A row without a peak (a calibrated GPU lcx does not know): no MFU unless the key gives one.
+  RatesRow row = RatesTable::parse(kTwoRows, "two.toml").rows[1];
+  set_active_rates(row);
+  EXPECT_EQ(mfu_peak_flops(0), 0);
+  EXPECT_EQ(mfu_peak_flops(312), 312e12);
+  m = Manifest::parse("[run]\npeak_tflops = -1\n", "peak.toml");
+  const std::string msg = error_of([&] { read_core_config(m, {}); });
+  EXPECT_NE(msg.find("peak_tflops"), std::string::npos) << msg;
+}
+
+// --plan says which row timed its recipes: the H200's on a machine without a GPU, the nearest
+// for a GPU named without a row of its own.
+TEST(Rates, PlanNamesTheRowItTimesWith) {
+  const std::string plan = test::lcx_train() + " --plan --config " + std::string(LCX_SOURCE_DIR) +
+                           "/configs/qwen3_8b_1m_8gpu.toml --gpu-memory 80GB";
+  if (local_gpu_name()) GTEST_SKIP() << "this machine has a GPU, whose row --plan takes";
+  auto r = test::run_command(plan);
+  ASSERT_EQ(r.exit_code, 0) << r.output;
+  EXPECT_NE(r.output.find("# rates: the 'NVIDIA H200' row (" + shipped_rates_path()), std::string::npos) << r.output;
+  EXPECT_NE(r.output.find("no GPU here and none named"), std::string::npos) << r.output;
+  r = test::run_command(plan + " --gpu-name 'NVIDIA A100-SXM4-80GB'");
+  ASSERT_EQ(r.exit_code, 0) << r.output;
+  EXPECT_NE(r.output.find("no rates row for 'NVIDIA A100-SXM4-80GB': its times are estimates from the nearest row, "
+                          "'NVIDIA H200' (by memory size"),
+            std::string::npos)
+      << r.output;
+  // Named in the manifest: the same.
+  r = test::run_command(plan + " --set \"run.gpu_name='NVIDIA H200'\"");
+  ASSERT_EQ(r.exit_code, 0) << r.output;
+  EXPECT_EQ(r.output.find("no GPU here"), std::string::npos) << r.output;
+  EXPECT_NE(r.output.find("# rates: the 'NVIDIA H200' row"), std::string::npos) << r.output;
+}
+
+}  // namespace
+}  // namespace lcx
