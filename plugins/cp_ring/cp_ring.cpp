@@ -12,9 +12,9 @@
 // Each piece runs through ops::attention_forward/backward (CPU reference or CUDA kernels); full
 // pieces run without a mask, diagonal ones with equal offsets (the cuDNN fused path takes both).
 // Packed documents (AttentionArgs::documents): the masked work follows where the documents fall,
-// so the shards are laid out for it (ring_pieces.h balanced_layout: the zigzag or 2 x cp x k chunks,
+// so the shards are laid out for it (balance.h balanced_layout: the zigzag or 2 x cp x k chunks,
 // 2k per rank, whichever makes the slowest rank's predicted time least; [cp_ring] balance), and
-// each ring step runs as rounds (ring_pieces.h step_rounds): each document's rows in a query chunk
+// each ring step runs as rounds (schedule.h step_rounds): each document's rows in a query chunk
 // against its rows in a key chunk of the block in hand is one block, and the step's blocks go into
 // the fewest rounds whose blocks share no row, one ops::attention_forward_blocks call a round (few
 // cuDNN calls a step however many chunk pairs and documents); a chunk pair sharing no document
@@ -38,11 +38,14 @@
 #include <atomic>
 #include <memory>
 #include <mutex>
+#include <optional>
 #include <utility>
 #include <vector>
 
+#include "balance.h"
+#include "layout.h"
 #include "ring_merge.h"
-#include "ring_pieces.h"
+#include "schedule.h"
 
 namespace lcx {
 namespace {
@@ -138,9 +141,9 @@ class GradRing {
 
 class CpRing final : public Parallelism {
  public:
-  // call_cost: what balanced_layout weighs a cuDNN call at (0: the masked work alone); negative
-  // keeps the zigzag ([cp_ring] balance).
-  CpRing(int cp, int64_t call_cost) : cp_(cp), call_cost_(call_cost) {}
+  // costs: what balanced_layout weighs a layout's work by (kMaskedWorkOnly: the masked work
+  // alone); none keeps the zigzag ([cp_ring] balance).
+  CpRing(int cp, std::optional<cp_ring::RingCosts> costs) : cp_(cp), costs_(costs) {}
 
   void configure(const ParallelModelInfo& info, Mesh* mesh) override {
     for (size_t l = 0; l < info.layer_types.size(); ++l)
@@ -328,7 +331,7 @@ class CpRing final : public Parallelism {
     // the rounds run one after another. Counted beside the above.
     if (in.documents_masked) {
       plan_document_masks(plan, Hq, T, d);
-      // A ring step's rounds (ring_pieces.h step_rounds) sum their dK/dV before the accumulator
+      // A ring step's rounds (schedule.h step_rounds) sum their dK/dV before the accumulator
       // arrives; the rounds' own partial buffers are the piece terms above, at full size.
       plan.add("ring step's dK/dV sums 2 x [T,Hkv,d] fp32", PlanCategory::transient, 2 * kv_elems * 4,
                plan_phase::backward);
@@ -342,7 +345,7 @@ class CpRing final : public Parallelism {
                   "distributed.cp", "create the plugin with the [distributed] shape its mesh has (PluginArgs::mesh)");
   }
 
-  // With packed documents each ring step runs as rounds (ring_pieces.h step_rounds): one call of
+  // With packed documents each ring step runs as rounds (schedule.h step_rounds): one call of
   // ops::attention_forward_blocks per round writes the round's blocks into full-size partial
   // buffers, and the runs of query rows it wrote fold into the running result (the first result a
   // row gets is copied). Every query sees at least itself, so every row has a result at the end.
@@ -502,20 +505,20 @@ class CpRing final : public Parallelism {
   }
 
   // shard() and the attention ask for the layout of the same bounds; with packed documents it takes
-  // up to 1.0 s of host time at a million tokens (ring_pieces.h balanced_layout), so the last
+  // up to 1.0 s of host time at a million tokens (balance.h balanced_layout), so the last
   // answers are kept, keyed by their bounds. Locked, because shard() is const and its contract does
   // not tie it to the step's thread: the trainer cuts a step's later sequences and the next step's
   // on a worker while the attention runs this one (train/trainer.cpp cut_ahead), so shard() finds
   // their layouts here. Enough for two steps of grad_accum = 8.
   ChunkLayout layout_for(std::span<const int64_t> documents, int64_t L, int n) const {
-    if (call_cost_ < 0 || documents.size() <= 2) return cp_ring::zigzag_layout(L, n);
+    if (!costs_ || documents.size() <= 2) return cp_ring::zigzag_layout(L, n);
     auto same = [&](const Known& m) { return m.L == L && m.n == n && std::ranges::equal(m.documents, documents); };
     {
       std::lock_guard<std::mutex> hold(known_mutex_);
       for (const Known& m : known_)
         if (same(m)) return m.layout;
     }
-    ChunkLayout layout = cp_ring::balanced_layout(documents, L, n, call_cost_);
+    ChunkLayout layout = cp_ring::balanced_layout(documents, L, n, *costs_);
     std::lock_guard<std::mutex> hold(known_mutex_);
     if (known_.size() >= kKnownLayouts) known_.erase(known_.begin());
     known_.push_back({std::vector<int64_t>(documents.begin(), documents.end()), L, n, layout});
@@ -532,7 +535,7 @@ class CpRing final : public Parallelism {
   mutable std::vector<Known> known_;
 
   int cp_;
-  int64_t call_cost_;
+  std::optional<cp_ring::RingCosts> costs_;
   Mesh* mesh_ = nullptr;
   int64_t layers_ = 0;
   std::atomic<bool> logged_{false};
@@ -543,17 +546,8 @@ class CpRing final : public Parallelism {
   bool rounds_causal_ = true;
 };
 
-// The ring's size is [distributed] cp. `size` is the key it replaced: still accepted when it
-// equals cp, and deprecated.
+// The ring's size is [distributed] cp.
 std::unique_ptr<Plugin> create(const PluginArgs& args) {
-  const int64_t cp = args.config.get_int("size", args.mesh.cp);
-  if (cp < 1 || cp > 4096) args.config.fail("size", str("must be between 1 and 4096, got ", cp), "set it to distributed.cp");
-  if (args.config.has("size")) {
-    if (cp != args.mesh.cp)
-      args.config.fail("size", str("is ", cp, " but [distributed] cp = ", args.mesh.cp, "; the ring's size is distributed.cp"),
-                       "drop cp_ring.size (deprecated) and set distributed.cp");
-    log::warn("cp_ring.size is deprecated: the ring takes its size from [distributed] cp; drop the key");
-  }
   if (args.config.has("attend_across_documents"))
     args.config.fail("attend_across_documents", "moved to [data]: it decides for the data and every provider",
                      "drop cp_ring.attend_across_documents and set [data] attend_across_documents");
@@ -564,8 +558,10 @@ std::unique_ptr<Plugin> create(const PluginArgs& args) {
   if (balance != "time" && balance != "work" && balance != "zigzag")
     args.config.fail("balance", str("is '", balance, "'; it is time, work or zigzag"),
                      "leave it unset (time: shards laid out for the slowest rank's predicted time)");
-  const int64_t call_cost = balance == "time" ? cp_ring::kCallCostPairs : balance == "work" ? 0 : -1;
-  return std::make_unique<CpRing>(static_cast<int>(cp), call_cost);
+  std::optional<cp_ring::RingCosts> costs;
+  if (balance == "time") costs = cp_ring::ring_costs();
+  else if (balance == "work") costs = cp_ring::kMaskedWorkOnly;
+  return std::make_unique<CpRing>(args.mesh.cp, costs);
 }
 
 }  // namespace

@@ -41,7 +41,7 @@ for s in (r for r in rows if r.get("summary")):
                             f"{max(r['pieces'] for r in ranks)} calls of the attention (pieces, or rounds)" if "k" in s else "")
     print(f"| {s['tokens']:,} | {s['cp']} | {layout} | {ms} | {units} | {s['max_over_min']:.3f} | {s['spread_pct']:.1f}% | "
           f"{s['sent_per_layer_forward_mib']:.0f} / {s['sent_per_layer_backward_mib']:.0f} |")
-# The costs cp_ring's layouts weigh (ring_pieces.h kCallCostPairs, kOctaveCalls, kQueryTilePairs),
+# The costs cp_ring's layouts weigh (cost.h RingCosts: call_pairs, octave_calls, query_tile_pairs),
 # refitted on these runs: each masked rank's time against the pairs its rounds compute, its cuDNN
 # calls, their key octaves and its query tiles (lcx/attention_cost.h AttentionWork), least squares
 # of the relative errors (a rank of 5 ms counts as much as one of 300) through the origin.
@@ -60,8 +60,8 @@ if len(masked) > terms:
     a, b, o, q = (M[i][terms] for i in range(terms))
     err = sorted(abs(a * x[0] + b * x[1] + o * x[2] + q * x[3] - z) / z for x, z in zip(X, t))
     print(f"\nFit over {len(masked)} masked rank times: {a:.1f} ms per 1e9 computed pairs + {b:.3f} ms per cuDNN call "
-          f"+ {o:.3f} ms per call octave + {q:.2f} ms per 1000 query tiles (ring_pieces.h kCallCostPairs "
-          f"{b / a * 1e9 / 1e6:.2f}M pairs, kOctaveCalls {o / b:.2f}, kQueryTilePairs {q / a * 1e6 / 1e3:.1f}k pairs); "
+          f"+ {o:.3f} ms per call octave + {q:.2f} ms per 1000 query tiles (cost.h RingCosts call_pairs "
+          f"{b / a * 1e9 / 1e6:.2f}M pairs, octave_calls {o / b:.2f}, query_tile_pairs {q / a * 1e6 / 1e3:.1f}k pairs); "
           f"relative error median {100 * err[len(err) // 2]:.1f}%, p90 {100 * err[int(0.9 * (len(err) - 1))]:.1f}%, "
           f"most {100 * err[-1]:.1f}%")
 PY

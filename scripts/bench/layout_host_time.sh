@@ -1,5 +1,5 @@
 #!/usr/bin/env bash
-# The host time of cp_ring's layout of packed documents (ring_pieces.h balanced_layout, run in
+# The host time of cp_ring's layout of packed documents (balance.h balanced_layout, run in
 # shard() once per sequence): issue 23's two length mixes, seeds 1-3, on 2, 4 and 8 ranks, at
 # 131,072 and 1,048,576 tokens, on one core of this machine (no GPU: cp_balance_bench
 # --layouts-only costs the layouts and runs nothing). Prints one row per case and the slowest.

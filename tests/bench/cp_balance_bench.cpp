@@ -1,7 +1,7 @@
 // Work per rank under cp_ring (issue 12, part 5). Virtual ranks sharing one GPU run at once, so
 // their kernels overlap and a rank's own time cannot be read off a joint run; instead each rank's
 // ring schedule runs alone on the device: at every ring step the attention pieces cp_ring computes
-// for it (ring_pieces.h, the plugin's own schedule), forward and backward, on tensors of the
+// for it (schedule.h, the plugin's own schedule), forward and backward, on tensors of the
 // model's attention shape. The device is synchronized around each rank's schedule and the host
 // clock read; after a warm-up pass of every rank, the median of --reps repetitions (default 9, taken
 // round the ranks: with 5, ranks of equal work still came out up to 6% apart) is reported. The
@@ -9,7 +9,7 @@
 // replaces, so the table shows the imbalance zigzag removes. Also printed: the bytes one rank
 // sends per layer (K/V blocks in the forward; K/V again and the fp32 dK/dV accumulators in the
 // backward), the figure the plugin logs.
-// With --mix, the layout cp_ring balances for the documents (ring_pieces.h balanced_layout) is
+// With --mix, the layout cp_ring balances for the documents (balance.h balanced_layout) is
 // timed too, each ring step as the plugin runs it (step_rounds: one ops::attention_*_blocks call a
 // round): its summary line gives k (each rank holds 2k chunks), the spread of the cost it
 // balances (computed pairs and a fixed cost a cuDNN call) that it predicts and the host seconds
@@ -25,7 +25,7 @@
 //   --bounds 0,16256,...,131072   (that layout timed in place of the balanced one, for ablations)
 //   cp_balance_bench --device cpu --mix short --documents-only --layouts-only   (each rank's masked pairs,
 //   computed pairs, rounds and cuDNN calls without running them; a GPU run prints them beside its
-//   times, which fit ring_pieces.h kCallCostPairs, kOctaveCalls and kQueryTilePairs)
+//   times, which fit cost.h RingCosts)
 #include <algorithm>
 #include <chrono>
 #include <cmath>
@@ -40,7 +40,7 @@
 #include "lcx/error.h"
 #include "lcx/ops.h"
 #include "lcx/tensor.h"
-#include "ring_pieces.h"
+#include "balance.h"
 
 namespace lcx {
 namespace {
@@ -123,7 +123,7 @@ double seconds(std::chrono::steady_clock::time_point a, std::chrono::steady_cloc
 }
 
 // One rank's whole ring under document masks as cp_ring runs it: each step's rounds
-// (ring_pieces.h step_rounds), one ops::attention_*_blocks call each, on the rank's full rows.
+// (schedule.h step_rounds), one ops::attention_*_blocks call each, on the rank's full rows.
 // The ring's merges and gradient sums are not timed (as the pieces' are not below).
 RankTime time_rank_rounds(const Options& o, int r, int n, const Tensor& q, const Tensor& k, const Tensor& v,
                           const Tensor& dout, const cp_ring::ChunkLayout& chunks,
@@ -255,7 +255,7 @@ cp_ring::ChunkLayout given_layout(const Options& o, int n, const std::vector<int
     }
   for (int64_t x : rows)
     if (x != L / n) throw Error(str("cp_balance_bench: a rank's chunks hold ", x, " rows, not ", L / n), "--bounds");
-  cp_ring::rank_costs(l, documents, {}, cp_ring::kCallCostPairs);  // sets the predicted spread
+  cp_ring::rank_costs(l, documents, {}, cp_ring::ring_costs());  // sets the predicted spread
   return l;
 }
 

@@ -16,7 +16,7 @@
 #include "lcx/plan.h"
 
 #ifdef LCX_HAVE_CUDA
-#include "kernels/attention_cut.h"
+#include "kernels/attention_table.h"
 #include "kernels/cuda/attention_cudnn.h"
 #include "kernels/cuda/cuda_ops.h"
 #include "kernels/cudnn_sizes.h"
@@ -300,9 +300,9 @@ TEST_F(GpuOps, AttentionDocumentBatchesOnCudnnTouchOnlyTheirRows) {
     }
     Tensor o = poisoned_gpu({T, Hq, d}, t), l = poisoned_gpu({Hq, T}, DType::f32);
     Tensor gq = poisoned_gpu({T, Hq, d}, t), gk = poisoned_gpu({T, Hkv, d}, t), gv = poisoned_gpu({T, Hkv, d}, t);
-    const std::vector<char> ran = ops::cuda::attention_forward_documents(q, k, v, o, l, r, spans, spans);
+    const std::vector<char> ran = ops::cuda::attention_forward_documents(q, k, v, o, l, r, spans, spans, ops::run_work);
     const std::vector<char> ran_back =
-        ops::cuda::attention_backward_documents(q, k, v, out, lse, dout, gq, gk, gv, r, spans, spans);
+        ops::cuda::attention_backward_documents(q, k, v, out, lse, dout, gq, gk, gv, r, spans, spans, ops::run_work);
     for (size_t i = 0; i < spans.size(); ++i) {
       EXPECT_TRUE(ran[i]) << "document " << i;
       EXPECT_TRUE(ran_back[i]) << "document " << i;
@@ -370,7 +370,7 @@ TEST_F(GpuOps, AttentionBlocksMatchTheCpu) {
   }
 }
 
-// A rehearsal's cut (kernels/attention_cut.h) keeps each attention call's allocations: the same
+// A rehearsal's attention table (kernels/attention_table.h) keeps each attention call's allocations: the same
 // count and the same peak as the real call, on cuDNN, on the own kernels, per document under a
 // document mask (the own kernels on row slices, ops.cpp) and on cuDNN's ragged batches of
 // documents, the same for a ring's piece of queries after its keys (q_offset = T) and for the
@@ -413,9 +413,9 @@ TEST_F(GpuOps, AttentionCutAllocatesWhatTheRealCallDoes) {
     Tensor out = poisoned_gpu({T, Hq, d}, t), lse = poisoned_gpu({Hq, T}, DType::f32);
     Tensor dq = poisoned_gpu({T, Hq, d}, t), dk = poisoned_gpu({T, Hkv, d}, t), dv = poisoned_gpu({T, Hkv, d}, t);
     const Use real = call(out, lse, dq, dk, dv);
-    ops::set_attention_cut(true);
+    ops::install_attention(ops::rehearsal_attention());
     const Use cut = call(out, lse, dq, dk, dv);
-    ops::set_attention_cut(false);
+    ops::install_attention(ops::computing_attention());
     EXPECT_EQ(cut.allocations, real.allocations);
     EXPECT_EQ(cut.peak_above_start, real.peak_above_start);
     EXPECT_GT(real.allocations, 0);

@@ -3,7 +3,7 @@
 // offsets as ring attention uses them (a later query chunk against an earlier key chunk), rows
 // that see no key, T not a multiple of the kernel's key block, and document masks (packed
 // documents: a query sees only its own document's keys), with offsets too; and a rehearsal's cut.
-#include "kernels/attention_cut.h"
+#include "kernels/attention_table.h"
 #include "kernels/kernel_test_util.h"
 #include "support/test_util.h"
 
@@ -134,9 +134,9 @@ TEST(AttentionCpu, RowThatSeesNothingIsZeroWithMinusInfLse) {
     }
 }
 
-// A rehearsal's cut (kernels/attention_cut.h): the ops check their arguments as always (document
-// bounds too), write zeros and compute nothing, with or without a document mask; off again, the
-// same call computes.
+// A rehearsal's attention table (kernels/attention_table.h): the ops check their arguments as
+// always (document bounds too), write zeros and compute nothing, with or without a document mask;
+// with the computing table back, the same call computes.
 TEST(AttentionCpu, CutWritesZerosAndStillChecks) {
   for (const Case& c : {Case{16, 16, 4, 2, 8, true}, Case{16, 16, 4, 2, 8, true, 0, 0, {0, 5, 6, 16}}}) {
     SCOPED_TRACE(name(c));
@@ -144,7 +144,7 @@ TEST(AttentionCpu, CutWritesZerosAndStillChecks) {
     Tensor out = rand_tensor({c.T, c.Hq, c.d}, 3), lse = rand_tensor({c.Hq, c.T}, 4);
     Tensor dout = rand_tensor({c.T, c.Hq, c.d}, 5), dq = rand_tensor({c.T, c.Hq, c.d}, 6);
     Tensor dk = rand_tensor({c.S, c.Hkv, c.d}, 7), dv = rand_tensor({c.S, c.Hkv, c.d}, 8);
-    ops::set_attention_cut(true);
+    ops::install_attention(ops::rehearsal_attention());
     ops::attention_forward(in.q, in.k, in.v, out, lse, params(c));
     ops::attention_backward(in.q, in.k, in.v, out, lse, dout, dq, dk, dv, params(c));
     Tensor wrong = rand_tensor({c.T, c.Hq + 1, c.d}, 9);
@@ -152,7 +152,7 @@ TEST(AttentionCpu, CutWritesZerosAndStillChecks) {
     Case short_bounds = c;
     short_bounds.documents = {0, 5};
     EXPECT_THROW(ops::attention_forward(in.q, in.k, in.v, out, lse, params(short_bounds)), Error);
-    ops::set_attention_cut(false);
+    ops::install_attention(ops::computing_attention());
     for (const Tensor* t : {&out, &lse, &dq, &dk, &dv})
       for (float x : t->to_floats()) ASSERT_EQ(x, 0.f);
     ops::attention_forward(in.q, in.k, in.v, out, lse, params(c));

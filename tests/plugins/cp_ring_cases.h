@@ -158,7 +158,7 @@ inline AttnErrors ring_attention_errors(const AttnCase& c, Device device, DType 
   return e;
 }
 
-// Packed documents whose default (time) layout moves its chunks' bounds (ring_pieces.h
+// Packed documents whose default (time) layout moves its chunks' bounds (balance.h
 // even_bounds), per ring size: chunks of unequal rows on every rank, 4,096 tokens.
 inline const std::vector<std::pair<int, std::vector<int64_t>>> kMovedBounds = {
     {2, {0, 1344, 2752, 4096}}, {4, {0, 1, 50, 97, 300, 2500, 4096}}, {8, {0, 700, 4096}}};

@@ -5,7 +5,7 @@
 #include <gtest/gtest.h>
 
 #include "plugins/cp_ring_cases.h"
-#include "ring_pieces.h"
+#include "balance.h"
 
 namespace lcx {
 namespace {

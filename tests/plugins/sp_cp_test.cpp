@@ -10,7 +10,7 @@
 #include "lcx/attention_cost.h"
 #include "lcx/plan.h"
 #include "plugins/sp_cp_cases.h"
-#include "ring_pieces.h"
+#include "balance.h"
 #include "slots/resolve.h"
 
 namespace lcx {
@@ -99,7 +99,7 @@ TEST(SpCpExact, AttentionWithDocumentsCutFinerEqualsSingleRank) {
   c.L = 4096;
   c.documents = {0, 1344, 2752, 4096};
   c.ring_table = "balance = \"work\"";
-  ASSERT_EQ(cp_ring::balanced_layout(c.documents, c.L, c.cp, 0).k, 2);
+  ASSERT_EQ(cp_ring::balanced_layout(c.documents, c.L, c.cp, cp_ring::kMaskedWorkOnly).k, 2);
   test::check_attention_2d(c);
 }
 

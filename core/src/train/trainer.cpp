@@ -19,7 +19,7 @@
 
 #include "data/dataset.h"
 #include "distributed/launcher.h"
-#include "kernels/attention_cut.h"
+#include "kernels/attention_table.h"
 #include "lcx/clock.h"
 #include "lcx/comm.h"
 #include "lcx/log.h"
@@ -269,7 +269,7 @@ void Trainer::cut_ahead(const Batch& batch) {
     const char* v = std::getenv("LCX_CUT_AHEAD");
     return v && std::string(v) == "0";
   }();
-  if (off || run_.slots().parallel->size() <= 1 || batch.valid_labels <= 0 || ops::attention_cut()) return;
+  if (off || run_.slots().parallel->size() <= 1 || batch.valid_labels <= 0 || cfg_.run.rehearse) return;
   const auto [first, last] = my_sequences(batch);
   std::vector<Sequence> later(batch.sequences.begin() + static_cast<std::ptrdiff_t>(std::min(first + 1, last)),
                               batch.sequences.begin() + static_cast<std::ptrdiff_t>(last));
@@ -373,8 +373,8 @@ int Trainer::rehearse() {
                                " layers, with the attention math cut");
   if (run_.lead())
     log::warn(str("REHEARSAL, not training (--rehearse): ", what, ". Its loss means nothing; no checkpoint, no metrics"));
-  // Left on: the process ends with the rehearsal, and thread-ranks share the switch.
-  ops::set_attention_cut(true);
+  // Left installed: the process ends with the rehearsal, and thread-ranks share the table.
+  ops::install_attention(ops::rehearsal_attention());
   allocator_for(device).reset_peak();  // on the GPU train_step resets it again after zero_grads
   const StepRecord r = train_step();
   bar_.finish();

@@ -8,7 +8,6 @@
 // owner, so the result is deterministic and GQA's sum over the group is a plain loop. Rows that
 // saw no key (lse = -inf) get p = 0. Math is fp32 CUDA-core FMA from fp32 shared-memory tiles,
 // like the forward kernel.
-#include "kernels/attention_cut.h"
 #include "kernels/cuda/attention_cudnn.h"
 #include "kernels/cuda/attention_common.cuh"
 #include "kernels/cuda/cuda_ops.h"
@@ -193,18 +192,24 @@ void launch_bwd(const Params& p) {
 }  // namespace attn
 
 void attention_backward(const Tensor& q, const Tensor& k, const Tensor& v, const Tensor& out, const Tensor& lse,
-                        const Tensor& dout, Tensor& dq, Tensor& dk, Tensor& dv, const AttentionParams& ap) {
-  if (q.size(0) > 0 && q.size(1) > 0 && lcx::cuda::cudnn_attention_backward(q, k, v, out, lse, dout, dq, dk, dv, ap))
+                        const Tensor& dout, Tensor& dq, Tensor& dk, Tensor& dv, const AttentionParams& ap,
+                        Launch launch) {
+  if (q.size(0) > 0 && q.size(1) > 0 &&
+      lcx::cuda::cudnn_attention_backward(q, k, v, out, lse, dout, dq, dk, dv, ap, launch))
     return;
-  attention_backward_own(q, k, v, out, lse, dout, dq, dk, dv, ap);
+  attention_backward_own(q, k, v, out, lse, dout, dq, dk, dv, ap, launch);
 }
 
+// delta [Hq, T] is all the own backward kernels allocate.
 void attention_backward_own(const Tensor& q, const Tensor& k, const Tensor& v, const Tensor& out, const Tensor& lse,
-                            const Tensor& dout, Tensor& dq, Tensor& dk, Tensor& dv, const AttentionParams& ap) {
+                            const Tensor& dout, Tensor& dq, Tensor& dk, Tensor& dv, const AttentionParams& ap,
+                            Launch launch) {
   attn::Params p = attn::make_params(q, k, ap);
   if (p.T == 0 || p.Hq == 0) {  // no query sees anything: the keys get no gradient
-    if (dk.nbytes()) LCX_CUDA_CHECK(cudaMemsetAsync(dk.data(), 0, dk.nbytes(), lcx::cuda::current_stream()));
-    if (dv.nbytes()) LCX_CUDA_CHECK(cudaMemsetAsync(dv.data(), 0, dv.nbytes(), lcx::cuda::current_stream()));
+    launch([&] {
+      if (dk.nbytes()) LCX_CUDA_CHECK(cudaMemsetAsync(dk.data(), 0, dk.nbytes(), lcx::cuda::current_stream()));
+      if (dv.nbytes()) LCX_CUDA_CHECK(cudaMemsetAsync(dv.data(), 0, dv.nbytes(), lcx::cuda::current_stream()));
+    });
     return;
   }
   if (p.d > 128)
@@ -226,17 +231,18 @@ void attention_backward_own(const Tensor& q, const Tensor& k, const Tensor& v, c
   p.tdv = dv.dtype();
   Tensor delta = Tensor::empty({p.Hq, p.T}, DType::f32, q.device());
   p.delta = delta.data_as<float>();
-  if (attention_cut()) return;  // a rehearsal: delta is all the own kernels allocate
-  attn::attn_bwd_delta_kernel<<<lcx::cuda::grid_for(p.T * p.Hq, 8, 65535LL * 8), 256, 0,
-                                lcx::cuda::current_stream()>>>(p);
-  LCX_CUDA_LAUNCH_CHECK();
-  if (attn::attention_backward_sm90(p)) return;
-  if (p.d <= 32)
-    attn::launch_bwd<32>(p);
-  else if (p.d <= 64)
-    attn::launch_bwd<64>(p);
-  else
-    attn::launch_bwd<128>(p);
+  launch([&] {
+    attn::attn_bwd_delta_kernel<<<lcx::cuda::grid_for(p.T * p.Hq, 8, 65535LL * 8), 256, 0,
+                                  lcx::cuda::current_stream()>>>(p);
+    LCX_CUDA_LAUNCH_CHECK();
+    if (attn::attention_backward_sm90(p)) return;
+    if (p.d <= 32)
+      attn::launch_bwd<32>(p);
+    else if (p.d <= 64)
+      attn::launch_bwd<64>(p);
+    else
+      attn::launch_bwd<128>(p);
+  });
 }
 
 }  // namespace lcx::ops::cuda

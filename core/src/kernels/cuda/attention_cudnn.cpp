@@ -53,7 +53,6 @@
 
 #include "cuda/check_libs.h"
 #include "cuda/stream.h"
-#include "kernels/attention_cut.h"
 #include "lcx/log.h"
 
 namespace lcx::cuda {
@@ -546,17 +545,24 @@ Plan* plan_for(bool backward, const Shape4& s, DType t, bool causal) {
   return it->second.get();
 }
 
-void execute(Plan& plan, const std::vector<int64_t>& uids, const std::vector<void*>& ptrs, Device device) {
+// Allocates the plan's workspace, then hands the call to `launch`: first zeroing `accumulator`
+// (the backward's fp32 dQ accumulator) where given.
+void execute(Plan& plan, const std::vector<int64_t>& uids, const std::vector<void*>& ptrs, Device device,
+             ops::Launch launch, const Tensor* accumulator = nullptr) {
   Tensor workspace = Tensor::empty({std::max<int64_t>(1, (plan.workspace + 7) / 8)}, DType::i64, device);
-  if (ops::attention_cut()) return;  // a rehearsal: the workspace is what it needed
-  Desc pack(CUDNN_BACKEND_VARIANT_PACK_DESCRIPTOR);
-  void* ws = workspace.data();
-  pack.set(CUDNN_ATTR_VARIANT_PACK_UNIQUE_IDS, CUDNN_TYPE_INT64, static_cast<int64_t>(uids.size()), uids.data())
-      .set(CUDNN_ATTR_VARIANT_PACK_DATA_POINTERS, CUDNN_TYPE_VOID_PTR, static_cast<int64_t>(ptrs.size()), ptrs.data())
-      .set(CUDNN_ATTR_VARIANT_PACK_WORKSPACE, CUDNN_TYPE_VOID_PTR, 1, &ws);
-  pack.finalize();
-  LCX_CUDNN_CHECK(api()->set_stream(handle(), current_stream()));
-  LCX_CUDNN_CHECK(api()->execute(handle(), plan.plan->get(), pack.get()));
+  launch([&] {
+    if (accumulator)
+      LCX_CUDA_CHECK(cudaMemsetAsync(accumulator->data(), 0, accumulator->nbytes(), current_stream()));
+    Desc pack(CUDNN_BACKEND_VARIANT_PACK_DESCRIPTOR);
+    void* ws = workspace.data();
+    pack.set(CUDNN_ATTR_VARIANT_PACK_UNIQUE_IDS, CUDNN_TYPE_INT64, static_cast<int64_t>(uids.size()), uids.data())
+        .set(CUDNN_ATTR_VARIANT_PACK_DATA_POINTERS, CUDNN_TYPE_VOID_PTR, static_cast<int64_t>(ptrs.size()),
+             ptrs.data())
+        .set(CUDNN_ATTR_VARIANT_PACK_WORKSPACE, CUDNN_TYPE_VOID_PTR, 1, &ws);
+    pack.finalize();
+    LCX_CUDNN_CHECK(api()->set_stream(handle(), current_stream()));
+    LCX_CUDNN_CHECK(api()->execute(handle(), plan.plan->get(), pack.get()));
+  });
 }
 
 }  // namespace
@@ -602,7 +608,7 @@ void note_refusal(const char* why, const Tensor& q, const Tensor& k) {
 }  // namespace
 
 bool cudnn_attention_forward(const Tensor& q, const Tensor& k, const Tensor& v, Tensor& out, Tensor& lse,
-                             const ops::AttentionParams& p) {
+                             const ops::AttentionParams& p, ops::Launch launch) {
   std::lock_guard lock(g_mu);
   if (choice() == AttentionKernel::own) return false;
   if (const char* why = refusal({&q, &k, &v, &out}, q, k, p)) {
@@ -620,7 +626,7 @@ bool cudnn_attention_forward(const Tensor& q, const Tensor& k, const Tensor& v, 
     uids.push_back(kNeg);
     ptrs.push_back(&neg);
   }
-  execute(*plan, uids, ptrs, q.device());
+  execute(*plan, uids, ptrs, q.device(), launch);
   return true;
 }
 
@@ -634,7 +640,7 @@ int64_t cudnn_attention_workspace(bool backward, int64_t T, int64_t S, int64_t H
 
 bool cudnn_attention_backward(const Tensor& q, const Tensor& k, const Tensor& v, const Tensor& out,
                               const Tensor& lse, const Tensor& dout, Tensor& dq, Tensor& dk, Tensor& dv,
-                              const ops::AttentionParams& p) {
+                              const ops::AttentionParams& p, ops::Launch launch) {
   std::lock_guard lock(g_mu);
   if (choice() == AttentionKernel::own) return false;
   if (const char* why = refusal({&q, &k, &v, &out, &dout, &dq, &dk, &dv}, q, k, p)) {
@@ -647,7 +653,6 @@ bool cudnn_attention_backward(const Tensor& q, const Tensor& k, const Tensor& v,
   if (!plan) return false;
   Tensor softmax_sum = Tensor::empty({s.Hq, s.T}, DType::f32, q.device());
   Tensor dq_accum = Tensor::empty({s.Hq, s.T, s.d}, DType::f32, q.device());
-  LCX_CUDA_CHECK(cudaMemsetAsync(dq_accum.data(), 0, dq_accum.nbytes(), current_stream()));
   float scale = p.scale, neg = -FLT_MAX, one = 1.f;
   std::vector<int64_t> uids{kQ, kK, kV, kO, kStats, kScale, kDO, kDQ, kDK, kDV, kSoftmaxSum, kDQAccum, kOne};
   std::vector<void*> ptrs{q.data(),  k.data(),  v.data(),           out.data(),      lse.data(), &scale, dout.data(),
@@ -656,7 +661,7 @@ bool cudnn_attention_backward(const Tensor& q, const Tensor& k, const Tensor& v,
     uids.push_back(kNeg);
     ptrs.push_back(&neg);
   }
-  execute(*plan, uids, ptrs, q.device());
+  execute(*plan, uids, ptrs, q.device(), launch, &dq_accum);
   return true;
 }
 
@@ -689,7 +694,7 @@ void* device(const void* p) { return const_cast<void*>(p); }
 // The forward of a padded or ragged batch: q, k, v, out and stats where the plan reads them.
 void batch_forward(Plan& plan, const Tensor& q, const Tensor& k, const Tensor& v, Tensor& out, Tensor& stats,
                    const int32_t* seq_q, const int32_t* seq_kv, const int64_t* q_at, const int64_t* k_at,
-                   const ops::AttentionParams& p) {
+                   const ops::AttentionParams& p, ops::Launch launch) {
   float scale = p.scale, neg = -FLT_MAX;
   std::vector<int64_t> uids{kQ, kK, kV, kO, kStats, kScale, kPadNeg, kSeqQ, kSeqKV};
   std::vector<void*> ptrs{q.data(), k.data(), v.data(), out.data(), stats.data(), &scale, &neg, device(seq_q),
@@ -702,19 +707,17 @@ void batch_forward(Plan& plan, const Tensor& q, const Tensor& k, const Tensor& v
     uids.push_back(kNeg);
     ptrs.push_back(&neg);
   }
-  execute(plan, uids, ptrs, q.device());
+  execute(plan, uids, ptrs, q.device(), launch);
 }
 
 // The backward likewise; its softmax sums and dQ accumulator are [B, Hq, Sq(, d)] fp32 either way.
 void batch_backward(Plan& plan, int64_t B, int64_t Sq, const Tensor& q, const Tensor& k, const Tensor& v,
                     const Tensor& out, const Tensor& stats, const Tensor& dout, Tensor& dq, Tensor& dk, Tensor& dv,
                     const int32_t* seq_q, const int32_t* seq_kv, const int64_t* q_at, const int64_t* k_at,
-                    const ops::AttentionParams& p) {
+                    const ops::AttentionParams& p, ops::Launch launch) {
   const int64_t Hq = q.size(1), d = q.size(2);
   Tensor softmax_sum = Tensor::empty({B * Hq * Sq}, DType::f32, q.device());
   Tensor dq_accum = Tensor::empty({B * Hq * Sq * d}, DType::f32, q.device());
-  if (!ops::attention_cut())
-    LCX_CUDA_CHECK(cudaMemsetAsync(dq_accum.data(), 0, dq_accum.nbytes(), current_stream()));
   float scale = p.scale, neg = -FLT_MAX, one = 1.f;
   std::vector<int64_t> uids{kQ,  kK,          kV,       kO,   kStats,  kScale, kDO,    kDQ,
                             kDK, kDV, kSoftmaxSum, kDQAccum, kOne, kPadNeg, kSeqQ, kSeqKV};
@@ -729,7 +732,7 @@ void batch_backward(Plan& plan, int64_t B, int64_t Sq, const Tensor& q, const Te
     uids.push_back(kNeg);
     ptrs.push_back(&neg);
   }
-  execute(plan, uids, ptrs, q.device());
+  execute(plan, uids, ptrs, q.device(), launch, &dq_accum);
 }
 
 }  // namespace
@@ -756,9 +759,9 @@ void with_batch_plan(bool backward, const Tensor& q, const Tensor& k, const int6
 void cudnn_batch_attention_forward(const Tensor& q, const Tensor& k, const Tensor& v, Tensor& out, Tensor& stats,
                                    const int32_t* seq_q, const int32_t* seq_kv, const int64_t* q_offsets,
                                    const int64_t* k_offsets, int64_t B, int64_t Sq, int64_t Sk,
-                                   const ops::AttentionParams& p) {
+                                   const ops::AttentionParams& p, ops::Launch launch) {
   with_batch_plan(false, q, k, q_offsets, B, Sq, Sk, p, [&](Plan& plan) {
-    batch_forward(plan, q, k, v, out, stats, seq_q, seq_kv, q_offsets, k_offsets, p);
+    batch_forward(plan, q, k, v, out, stats, seq_q, seq_kv, q_offsets, k_offsets, p, launch);
   });
 }
 
@@ -766,9 +769,10 @@ void cudnn_batch_attention_backward(const Tensor& q, const Tensor& k, const Tens
                                     const Tensor& stats, const Tensor& dout, Tensor& dq, Tensor& dk, Tensor& dv,
                                     const int32_t* seq_q, const int32_t* seq_kv, const int64_t* q_offsets,
                                     const int64_t* k_offsets, int64_t B, int64_t Sq, int64_t Sk,
-                                    const ops::AttentionParams& p) {
+                                    const ops::AttentionParams& p, ops::Launch launch) {
   with_batch_plan(true, q, k, q_offsets, B, Sq, Sk, p, [&](Plan& plan) {
-    batch_backward(plan, B, Sq, q, k, v, out, stats, dout, dq, dk, dv, seq_q, seq_kv, q_offsets, k_offsets, p);
+    batch_backward(plan, B, Sq, q, k, v, out, stats, dout, dq, dk, dv, seq_q, seq_kv, q_offsets, k_offsets, p,
+                   launch);
   });
 }
 

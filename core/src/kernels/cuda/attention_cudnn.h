@@ -4,6 +4,7 @@
 #pragma once
 #include <string>
 
+#include "kernels/launch.h"
 #include "lcx/ops.h"
 
 namespace lcx::cuda {
@@ -18,12 +19,13 @@ AttentionKernel attention_kernel();
 // The loaded cuDNN's version (e.g. "9.10.2"), or "" when libcudnn.so.9 could not be loaded.
 std::string cudnn_version();
 
-// true when the call ran on cuDNN; false, launching nothing, when it should run elsewhere.
+// true when the call ran on cuDNN (its workspace allocated, its work handed to `launch`); false,
+// launching nothing, when it should run elsewhere.
 bool cudnn_attention_forward(const Tensor& q, const Tensor& k, const Tensor& v, Tensor& out, Tensor& lse,
-                             const ops::AttentionParams& p);
+                             const ops::AttentionParams& p, ops::Launch launch);
 bool cudnn_attention_backward(const Tensor& q, const Tensor& k, const Tensor& v, const Tensor& out,
                               const Tensor& lse, const Tensor& dout, Tensor& dq, Tensor& dk, Tensor& dv,
-                              const ops::AttentionParams& p);
+                              const ops::AttentionParams& p, ops::Launch launch);
 
 // The workspace in bytes cuDNN asks of one attention call of this shape (what execute() allocates
 // beside the call's tensors); -1 when cuDNN is absent or refuses the shape. Builds and caches the
@@ -52,12 +54,12 @@ bool cudnn_batch_attention_ready(bool backward, bool ragged, int64_t B, int64_t 
 void cudnn_batch_attention_forward(const Tensor& q, const Tensor& k, const Tensor& v, Tensor& out, Tensor& stats,
                                    const int32_t* seq_q, const int32_t* seq_kv, const int64_t* q_offsets,
                                    const int64_t* k_offsets, int64_t B, int64_t Sq, int64_t Sk,
-                                   const ops::AttentionParams& p);
+                                   const ops::AttentionParams& p, ops::Launch launch);
 void cudnn_batch_attention_backward(const Tensor& q, const Tensor& k, const Tensor& v, const Tensor& out,
                                     const Tensor& stats, const Tensor& dout, Tensor& dq, Tensor& dk, Tensor& dv,
                                     const int32_t* seq_q, const int32_t* seq_kv, const int64_t* q_offsets,
                                     const int64_t* k_offsets, int64_t B, int64_t Sq, int64_t Sk,
-                                    const ops::AttentionParams& p);
+                                    const ops::AttentionParams& p, ops::Launch launch);
 // Whether ready() may offer ragged plans (default true); false keeps documents on padded batches
 // (tests of that fallback, and measuring what the ragged reads and writes save).
 void set_cudnn_ragged_documents(bool on);

@@ -22,9 +22,9 @@
 // the backward its dout is zero or unread and its scores masked, so it adds nothing to dK, dV). A
 // batch cuDNN refuses (or every batch, under LCX_ATTENTION=own, without libcudnn, for dtypes or
 // head sizes it does not take) is reported back unhandled: ops.cpp runs its documents on the own
-// kernels, so the rows of those documents must stay untouched here. Under a rehearsal's cut
-// (kernels/attention_cut.h) the batches allocate their buffers, tables and cuDNN workspaces and
-// launch nothing.
+// kernels, so the rows of those documents must stay untouched here. The batches allocate their
+// buffers, tables and cuDNN workspaces, and hand their copies and cuDNN calls to `launch`
+// (kernels/launch.h).
 #include <algorithm>
 #include <cstdint>
 #include <initializer_list>
@@ -33,7 +33,6 @@
 #include <vector>
 
 #include "cuda/check.h"
-#include "kernels/attention_cut.h"
 #include "kernels/cuda/attention_cudnn.h"
 #include "kernels/cuda/cuda_ops.h"
 #include "kernels/cuda/document_pack.h"
@@ -191,25 +190,24 @@ Batches batches_for(bool backward, const Tensor& q, const Tensor& k, const Atten
 std::vector<char> attention_forward_documents(const Tensor& q, const Tensor& k, const Tensor& v, Tensor& out,
                                               Tensor& lse, const AttentionParams& p,
                                               const std::vector<DocumentSpan>& q_spans,
-                                              const std::vector<DocumentSpan>& k_spans) {
+                                              const std::vector<DocumentSpan>& k_spans, Launch launch) {
   if (!packable({&q, &k, &v, &out})) return std::vector<char>(q_spans.size(), 0);
   const Batches batches = batches_for(false, q, k, p, q_spans, k_spans);
-  const bool cut = attention_cut();
   const int64_t Hq = q.size(1), Hkv = k.size(1);
   for (size_t i = 0; i < batches.list.size(); ++i) {
     const Batch b(batches, i);
     Tensor stats = b.stats(q);
     if (b.ragged) {
       lcx::cuda::cudnn_batch_attention_forward(q, k, v, out, stats, b.q_lens, b.k_lens, b.q_at, b.k_at, b.B, b.Sq,
-                                               b.Sk, p);
+                                               b.Sk, p, launch);
     } else {
       Tensor qp = b.rows(true, Hq, q), kp = b.rows(false, Hkv, q), vp = b.rows(false, Hkv, q), op = b.rows(true, Hq, q);
-      if (!cut) b.pack_inputs(q, k, v, qp, kp, vp);
+      launch([&] { b.pack_inputs(q, k, v, qp, kp, vp); });
       lcx::cuda::cudnn_batch_attention_forward(qp, kp, vp, op, stats, b.q_lens, b.k_lens, nullptr, nullptr, b.B, b.Sq,
-                                               b.Sk, p);
-      if (!cut) unpack_documents(op, out, b.q_starts, b.q_lens, b.B, b.Sq);
+                                               b.Sk, p, launch);
+      launch([&] { unpack_documents(op, out, b.q_starts, b.q_lens, b.B, b.Sq); });
     }
-    if (!cut) unpack_lse(stats, lse, b.q_starts, b.q_lens, b.B, b.Sq);
+    launch([&] { unpack_lse(stats, lse, b.q_starts, b.q_lens, b.B, b.Sq); });
   }
   return batches.handled;
 }
@@ -218,33 +216,33 @@ std::vector<char> attention_backward_documents(const Tensor& q, const Tensor& k,
                                                const Tensor& lse, const Tensor& dout, Tensor& dq, Tensor& dk,
                                                Tensor& dv, const AttentionParams& p,
                                                const std::vector<DocumentSpan>& q_spans,
-                                               const std::vector<DocumentSpan>& k_spans) {
+                                               const std::vector<DocumentSpan>& k_spans, Launch launch) {
   if (!packable({&q, &k, &v, &out, &dout, &dq, &dk, &dv})) return std::vector<char>(q_spans.size(), 0);
   const Batches batches = batches_for(true, q, k, p, q_spans, k_spans);
-  const bool cut = attention_cut();
   const int64_t Hq = q.size(1), Hkv = k.size(1);
   for (size_t i = 0; i < batches.list.size(); ++i) {
     const Batch b(batches, i);
     Tensor stats = b.stats(q);
-    if (!cut) pack_lse(lse, stats, b.q_starts, b.q_lens, b.B, b.Sq);
+    launch([&] { pack_lse(lse, stats, b.q_starts, b.q_lens, b.B, b.Sq); });
     if (b.ragged) {
       lcx::cuda::cudnn_batch_attention_backward(q, k, v, out, stats, dout, dq, dk, dv, b.q_lens, b.k_lens, b.q_at,
-                                                b.k_at, b.B, b.Sq, b.Sk, p);
+                                                b.k_at, b.B, b.Sq, b.Sk, p, launch);
       continue;
     }
     Tensor qp = b.rows(true, Hq, q), kp = b.rows(false, Hkv, q), vp = b.rows(false, Hkv, q), op = b.rows(true, Hq, q);
     Tensor dop = b.rows(true, Hq, q), dqp = b.rows(true, Hq, q), dkp = b.rows(false, Hkv, q), dvp = b.rows(false, Hkv, q);
-    if (!cut) {
+    launch([&] {
       b.pack_inputs(q, k, v, qp, kp, vp);
       pack_documents(out, op, b.q_starts, b.q_lens, b.B, b.Sq);
       pack_documents(dout, dop, b.q_starts, b.q_lens, b.B, b.Sq);
-    }
+    });
     lcx::cuda::cudnn_batch_attention_backward(qp, kp, vp, op, stats, dop, dqp, dkp, dvp, b.q_lens, b.k_lens, nullptr,
-                                              nullptr, b.B, b.Sq, b.Sk, p);
-    if (cut) continue;
-    unpack_documents(dqp, dq, b.q_starts, b.q_lens, b.B, b.Sq);
-    unpack_documents(dkp, dk, b.k_starts, b.k_lens, b.B, b.Sk);
-    unpack_documents(dvp, dv, b.k_starts, b.k_lens, b.B, b.Sk);
+                                              nullptr, b.B, b.Sq, b.Sk, p, launch);
+    launch([&] {
+      unpack_documents(dqp, dq, b.q_starts, b.q_lens, b.B, b.Sq);
+      unpack_documents(dkp, dk, b.k_starts, b.k_lens, b.B, b.Sk);
+      unpack_documents(dvp, dv, b.k_starts, b.k_lens, b.B, b.Sk);
+    });
   }
   return batches.handled;
 }

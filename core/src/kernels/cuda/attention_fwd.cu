@@ -8,7 +8,6 @@
 // from fp32 tiles in shared memory: exact against the CPU to fp32 rounding, the fallback and the
 // second opinion beside the tensor-core kernel (attention_fwd_sm90.cu) and cuDNN's fused kernel
 // (attention_cudnn.cpp), which attention_forward tries first.
-#include "kernels/attention_cut.h"
 #include "kernels/cuda/attention_cudnn.h"
 #include "kernels/cuda/attention_common.cuh"
 #include "kernels/cuda/cuda_ops.h"
@@ -137,33 +136,35 @@ void launch_fwd(const Params& p) {
 }  // namespace attn
 
 void attention_forward(const Tensor& q, const Tensor& k, const Tensor& v, Tensor& out, Tensor& lse,
-                       const AttentionParams& ap) {
+                       const AttentionParams& ap, Launch launch) {
   if (q.size(0) == 0 || q.size(1) == 0) return;
-  if (lcx::cuda::cudnn_attention_forward(q, k, v, out, lse, ap)) return;
-  attention_forward_own(q, k, v, out, lse, ap);
+  if (lcx::cuda::cudnn_attention_forward(q, k, v, out, lse, ap, launch)) return;
+  attention_forward_own(q, k, v, out, lse, ap, launch);
 }
 
+// The own forward kernels allocate nothing: all of it is work.
 void attention_forward_own(const Tensor& q, const Tensor& k, const Tensor& v, Tensor& out, Tensor& lse,
-                           const AttentionParams& ap) {
+                           const AttentionParams& ap, Launch launch) {
   attn::Params p = attn::make_params(q, k, ap);
   if (p.T == 0 || p.Hq == 0) return;
-  if (attention_cut()) return;  // a rehearsal: the own forward kernels allocate nothing
-  p.v = v.data();
-  p.tv = v.dtype();
-  p.q = q.data();
-  p.k = k.data();
-  p.o = out.data();
-  p.to = out.dtype();
-  p.lse_out = lse.data_as<float>();
-  if (attn::attention_forward_sm90(p)) return;
-  if (p.d <= 32)
-    attn::launch_fwd<32>(p);
-  else if (p.d <= 64)
-    attn::launch_fwd<64>(p);
-  else if (p.d <= 128)
-    attn::launch_fwd<128>(p);
-  else
-    throw Error(str("attention with head_dim ", p.d, " on the GPU"), {}, "the CUDA kernels take head_dim <= 128");
+  launch([&] {
+    p.v = v.data();
+    p.tv = v.dtype();
+    p.q = q.data();
+    p.k = k.data();
+    p.o = out.data();
+    p.to = out.dtype();
+    p.lse_out = lse.data_as<float>();
+    if (attn::attention_forward_sm90(p)) return;
+    if (p.d <= 32)
+      attn::launch_fwd<32>(p);
+    else if (p.d <= 64)
+      attn::launch_fwd<64>(p);
+    else if (p.d <= 128)
+      attn::launch_fwd<128>(p);
+    else
+      throw Error(str("attention with head_dim ", p.d, " on the GPU"), {}, "the CUDA kernels take head_dim <= 128");
+  });
 }
 
 }  // namespace lcx::ops::cuda

@@ -6,6 +6,7 @@
 #pragma once
 #include <vector>
 
+#include "kernels/launch.h"
 #include "lcx/ops.h"
 
 namespace lcx::ops::cuda {
@@ -29,16 +30,20 @@ void copy_columns(const Tensor& src, int64_t src_col, Tensor& dst, int64_t dst_c
 // whose synchronous copy waits for the whole device, the host goes on queueing work; `host` may
 // be freed on return (pageable memory is staged before the call returns).
 void upload(const void* host, Tensor& dst);
+// The attention calls allocate their scratch, then hand their kernels, copies and fills to
+// `launch` (kernels/launch.h).
 void attention_forward(const Tensor& q, const Tensor& k, const Tensor& v, Tensor& out, Tensor& lse,
-                       const AttentionParams& p);
+                       const AttentionParams& p, Launch launch);
 void attention_backward(const Tensor& q, const Tensor& k, const Tensor& v, const Tensor& out, const Tensor& lse,
-                        const Tensor& dout, Tensor& dq, Tensor& dk, Tensor& dv, const AttentionParams& p);
+                        const Tensor& dout, Tensor& dq, Tensor& dk, Tensor& dv, const AttentionParams& p,
+                        Launch launch);
 // The same on lcx's own kernels, never cuDNN: for calls of many distinct lengths (one per packed
 // document), for each of which cuDNN would build and cache a plan.
 void attention_forward_own(const Tensor& q, const Tensor& k, const Tensor& v, Tensor& out, Tensor& lse,
-                           const AttentionParams& p);
+                           const AttentionParams& p, Launch launch);
 void attention_backward_own(const Tensor& q, const Tensor& k, const Tensor& v, const Tensor& out, const Tensor& lse,
-                            const Tensor& dout, Tensor& dq, Tensor& dk, Tensor& dv, const AttentionParams& p);
+                            const Tensor& dout, Tensor& dq, Tensor& dk, Tensor& dv, const AttentionParams& p,
+                            Launch launch);
 // Document-masked attention on cuDNN (attention_documents.cpp): document i's query rows
 // q_spans[i] of q meet its key rows k_spans[i] of k. Either each document's query and key spans
 // are of one length at equal positions (causal as p says; the same rows of one tensor, or blocks of
@@ -53,12 +58,12 @@ struct DocumentSpan {
 std::vector<char> attention_forward_documents(const Tensor& q, const Tensor& k, const Tensor& v, Tensor& out,
                                               Tensor& lse, const AttentionParams& p,
                                               const std::vector<DocumentSpan>& q_spans,
-                                              const std::vector<DocumentSpan>& k_spans);
+                                              const std::vector<DocumentSpan>& k_spans, Launch launch);
 std::vector<char> attention_backward_documents(const Tensor& q, const Tensor& k, const Tensor& v, const Tensor& out,
                                                const Tensor& lse, const Tensor& dout, Tensor& dq, Tensor& dk,
                                                Tensor& dv, const AttentionParams& p,
                                                const std::vector<DocumentSpan>& q_spans,
-                                               const std::vector<DocumentSpan>& k_spans);
+                                               const std::vector<DocumentSpan>& k_spans, Launch launch);
 double cross_entropy_forward_backward(const Tensor& logits, const Tensor& targets, double grad_scale,
                                       Tensor* dlogits, int64_t* valid);
 void cross_entropy_chunk(const Tensor& logits, const Tensor& targets, float grad_scale, Tensor& row_loss,
