@@ -83,9 +83,7 @@ struct RecipeOption {
   double seconds = 0;  // the cost model's step time
 };
 // checkpoint_every: the spacing train.checkpoint_every sets, or 0 ("auto") to search 1, 2, 3, 4,
-// 6, ... (plan/recipe.cpp); gpu_layers is the most the GPU budget leaves room for, -1 where the
-// memory strategy places nothing by the recipe; mlp_tile_rows and loss_chunk_rows the fastest of a
-// few sizes that fit beside the rest, 0 where the provider does not plan them apart.
+// 6, ... (plan/recipe.cpp); the providers' knobs as each declares them (Plugin::knobs).
 std::vector<RecipeOption> rank_recipes(const PlanInputs& in, const PlanSlots& slots, int64_t gpu_bytes,
                                        int64_t host_bytes, int64_t checkpoint_every = 0);
 // The first candidate that fits, or the leanest when none does.
@@ -95,7 +93,20 @@ Recipe choose_recipe(const PlanInputs& in, const PlanSlots& slots, int64_t gpu_b
 // budgets (host_bytes < 0: the GPU's alone): the machine's longest for this model, mesh and providers.
 int64_t longest_fitting_seq(const PlanInputs& in, const PlanSlots& slots, int64_t gpu_bytes, int64_t host_bytes,
                             int64_t unit, int64_t checkpoint_every);
+// A knob with the name of the provider that declared it ("train" for core's own).
+struct DeclaredKnob {
+  std::string provider;
+  Knob knob;
+};
+// Core's own knob (train.checkpoint_every: `checkpoint_every`, or the spacings the search tries
+// where it is 0) and every slot's provider's, in the slot table's order, for a step of `in`.
+std::vector<DeclaredKnob> declared_knobs(const PlanInputs& in, const PlanSlots& slots, int64_t checkpoint_every);
+// The recipe of a run whose memory the plan does not size (on the host): every knob at its
+// default_value.
+Recipe unplanned_recipe(const PlanInputs& in, const PlanSlots& slots, int64_t checkpoint_every);
+// "qwen3.keep_attention = true, offload.gpu_layers = 12, ...": each value by its provider's name.
 std::string recipe_name(const Recipe& r);
+std::string knob_value_text(int64_t value, bool boolean);  // "12", or "true" / "false"
 // The cost model: a step's work (MemoryPlan::work) in seconds on the GPU the rates were measured on.
 double predicted_step_seconds(const StepWork& w);
 

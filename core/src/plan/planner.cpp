@@ -38,11 +38,11 @@ void plan_step(const PlanInputs& in, MemoryPlan& p) {
   // strategy whose device bytes stay level (a window of inputs moved in and out); beside one that
   // releases each saved input (on_device) and a k not dividing L, the full segments come after a
   // release and the peak is one [T,H] below this.
-  const int64_t rebuilt = std::min(std::max<int64_t>(1, in.recipe.checkpoint_every), in.model.num_layers) - 1;
+  const int64_t rebuilt = std::min(in.recipe.checkpoint_every(), in.model.num_layers) - 1;
   if (rebuilt > 0) {
-    p.add(str("rebuilt layer inputs ", rebuilt, " x [T,H] (train.checkpoint_every ", in.recipe.checkpoint_every, ")"),
+    p.add(str("rebuilt layer inputs ", rebuilt, " x [T,H] (train.checkpoint_every ", in.recipe.checkpoint_every(), ")"),
           PlanCategory::transient, rebuilt * TH, plan_phase::mlp_backward);
-    p.add(str("rebuilt layer inputs ", rebuilt, " x [T,H] (train.checkpoint_every ", in.recipe.checkpoint_every, ")"),
+    p.add(str("rebuilt layer inputs ", rebuilt, " x [T,H] (train.checkpoint_every ", in.recipe.checkpoint_every(), ")"),
           PlanCategory::transient, rebuilt * TH, plan_phase::backward);
     p.add(str("rebuild in the backward: ", rebuilt - 1, " rebuilt inputs and dy [T,H]"), PlanCategory::transient,
           rebuilt * TH, plan_phase::forward);
