@@ -16,6 +16,7 @@ struct CliOptions {
   bool rehearse = false;  // --rehearse: run.rehearse = true
   std::string gpu_memory;  // --gpu-memory for --plan; "" means the local GPU's
   std::string host_memory;  // --host-memory for --plan; "" means this host's
+  bool verbose = false;     // --verbose: --plan prints every term of the plan
   std::string resume;
   bool overwrite = false;
   std::vector<std::string> argv;  // as given, for the launcher to start workers alike  // "latest" or a checkpoint folder

@@ -121,7 +121,7 @@ int run(const CliOptions& o) {
     std::printf("config OK\n");
     return 0;
   }
-  if (o.plan) return run_plan_command(*manifest, core, loader, o.disabled, o.gpu_memory, o.host_memory);
+  if (o.plan) return run_plan_command(*manifest, core, loader, o.disabled, o.gpu_memory, o.host_memory, o.verbose);
 
   // Every table, the plugins' too, is checked before the run folder gets its first byte.
   resolve_slots(*manifest, loader, o.disabled, Device::cpu(), configured_mesh(core.distributed));

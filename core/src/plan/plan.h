@@ -111,9 +111,9 @@ std::string knob_value_text(int64_t value, bool boolean);  // "12", or "true" / 
 double predicted_step_seconds(const StepWork& w);
 
 // The breakdown `--plan` prints. gpu_bytes <= 0 leaves out the GPU's fit lines, host_bytes < 0
-// the host's.
+// the host's; terms: the per-phase sums and the table of every term behind them.
 std::string format_plan(const MemoryPlan& plan, const PlanInputs& in, const PlanSlots& slots, int64_t gpu_bytes,
-                        int64_t unit, int64_t host_bytes = -1);
+                        int64_t host_bytes = -1, bool terms = true);
 
 // What would make a plan fit: each knob with the peak it gives. `loader` (may be null) finds the
 // installed plugins; each that offers itself (Plugin::plan_offer) for a slot that runs core's
@@ -121,6 +121,8 @@ std::string format_plan(const MemoryPlan& plan, const PlanInputs& in, const Plan
 // Parallelism that offers itself has its mesh axis raised; and a shorter sequence.
 struct PlanKnob {
   std::string action;  // "load <plugin> (<its offer>)", "raise distributed.cp to 16 (...)", "lower data.seq_len to 65536"
+  std::vector<std::string> loads;                          // the plugins it adds to [plugins] load
+  std::vector<std::pair<std::string, std::string>> sets;  // the keys it sets: {"data.seq_len", "65536"}
   int64_t peak = 0;    // planned peak with the knob, reserve included
   bool fits = false;
 };
@@ -140,6 +142,9 @@ int64_t parse_memory_size(const std::string& text, const std::string& option = "
 // [run] host_memory, else what this host leaves (host_memory_available: MemAvailable and the
 // cgroup's room); -1 when unknown.
 int64_t host_memory_budget(const std::string& text, const RunConfig& run);
+// Where host_memory_budget's figure comes from, in words ("--host-memory", "run.host_memory", or
+// this machine's available memory).
+std::string host_memory_source(const std::string& text, const RunConfig& run);
 // The pinned host bytes of a node: one rank's host peak x the node's local ranks.
 int64_t node_host_bytes(const MemoryPlan& plan, const PlanInputs& in);
 // The fix for a step whose pinned host bytes pass the host's memory.
