@@ -104,7 +104,7 @@ std::vector<DeclaredKnob> declared_knobs(const PlanInputs& in, const PlanSlots& 
 // The recipe of a run whose memory the plan does not size (on the host): every knob at its
 // default_value.
 Recipe unplanned_recipe(const PlanInputs& in, const PlanSlots& slots, int64_t checkpoint_every);
-// "qwen3.keep_attention = true, offload.gpu_layers = 12, ...": each value by its provider's name.
+// "train.checkpoint_every = 2, <provider>.<knob> = <value>, ...": each value by its provider's name.
 std::string recipe_name(const Recipe& r);
 std::string knob_value_text(int64_t value, bool boolean);  // "12", or "true" / "false"
 // The cost model: a step's work (MemoryPlan::work) in seconds on the GPU the rates were measured on.
