@@ -60,6 +60,16 @@ fi
 if [[ ${MULTI:-0} != 0 ]] && (($(nvidia-smi -L | wc -l) > 1)); then
   OUT=$out/multi timeout "${MULTI_TIMEOUT:-300}" scripts/bench/multi_gpu_bench.sh build >"$out/multi_gpu_bench.out" 2>&1
 fi
+# This GPU's rates row (lcx-train calibrate) beside the shipped one (CALIBRATE=1).
+if [[ ${CALIBRATE:-0} != 0 ]]; then
+  timeout "${CALIBRATE_TIMEOUT:-300}" build/bin/lcx-train calibrate --out "$out/calibrated_rates.toml" \
+    >"$out/calibrate.out" 2>&1
+fi
+# A Qwen3-8B folder to its first step, cold and warm, beside transformers (STARTUP=1; writes 16 GB).
+if [[ ${STARTUP:-0} != 0 ]]; then
+  OUT=$out/startup TOKENIZER=data/qwen3/tokenizer.json timeout "${STARTUP_TIMEOUT:-420}" \
+    scripts/bench/startup_bench.sh .bundle >"$out/startup.out" 2>&1
+fi
 # Timed: alone on the GPU. Full depth beside PyTorch, each variant's recipe, one step traced.
 if [[ -n ${FULL_CASES:-} ]]; then
   CASES=$FULL_CASES VARIANTS=${FULL_VARIANTS:-"offload:loss_chunked+offload"} OUT=$out/full \
@@ -110,6 +120,8 @@ done
 echo "== quickstart on the GPU: rc $qs_rc, ${qs_s} s, loss $qs_first -> $qs_last"
 [[ -f $out/step/step_bench.md ]] && { echo "== step benchmark"; cat "$out/step/step_bench.md"; }
 [[ -f $out/full_depth.out ]] && { echo "== full depth beside PyTorch"; cat "$out/full_depth.out"; }
+[[ -f $out/calibrate.out ]] && { echo "== calibrate"; tail -25 "$out/calibrate.out"; }
+[[ -f $out/startup.out ]] && { echo "== start-up"; tail -15 "$out/startup.out"; }
 [[ -f $out/rehearse.out ]] && { echo "== rehearsal and one layer's step"; cat "$out/rehearse.out"; }
 [[ -f $out/tensorboard.out ]] && { echo "== tensorboard reader"; tail -25 "$out/tensorboard.out"; }
 [[ -f $out/loss_bench.out ]] && { echo "== loss"; cat "$out/loss/loss_bench.md" 2>/dev/null || tail -20 "$out/loss_bench.out"; }

@@ -47,6 +47,10 @@ namespace {
 
 namespace fs = std::filesystem;
 
+// The keys of the choices this module leaves to the plan under "auto", and its knobs' names.
+constexpr const char* kKeepAttention = "keep_attention";
+constexpr const char* kHeadGroups = "attention_head_groups";
+
 void fill_ones(Tensor& t) {
   const int64_t n = t.numel();
   for (int64_t i = 0; i < n; ++i) switch (t.dtype()) {
@@ -287,18 +291,46 @@ class Qwen3Model final : public Model {
     ops::add(dxn, dx1, dx);
   }
 
+  // The choices this module leaves to the plan where its keys are "auto": whether to keep each
+  // layer's attention from the forward, and the head groups its attention half runs.
+  std::vector<Knob> knobs(const PlanInputs& in) const override {
+    std::vector<Knob> out;
+    if (keep_attention_ < 0) {
+      // Layers between checkpoints keep nothing (the step runs them without a memory strategy).
+      const bool every_layer = in.recipe.checkpoint_every() == 1;
+      Knob k;
+      k.name = kKeepAttention;
+      k.values = every_layer ? std::vector<int64_t>{1, 0} : std::vector<int64_t>{0};
+      k.default_value = every_layer ? 1 : 0;
+      k.boolean = true;
+      k.means = "selective recompute: each layer's attention output and LSE kept from the forward, not recomputed";
+      out.push_back(std::move(k));
+    }
+    // A mesh that splits the heads across ranks runs them all at once: nothing to choose.
+    if (head_groups_ == 0 && in.cp * in.sp == 1) {
+      Knob k;
+      k.name = kHeadGroups;
+      for (int64_t g = 1; g <= std::max<int64_t>(1, in.model.num_kv_heads); g *= 2)
+        if (in.model.num_kv_heads % g == 0) k.values.push_back(g);
+      k.default_value = 0;  // one kv head per group
+      k.means = "attention computed over groups of heads one after another (less memory, narrower projections)";
+      out.push_back(std::move(k));
+    }
+    return out;
+  }
+
   // The dense decoder's terms with this module's head groups (auto resolved as groups_for() does).
   void plan(const PlanInputs& in, MemoryPlan& plan) const override {
     // Layers between checkpoints keep nothing (the step runs them without a memory strategy), so
     // kept attention would hold for the saved layers alone, a plan this module does not make.
-    if (keep_attention_ == 1 && in.recipe.checkpoint_every > 1)
+    if (keep_attention_ == 1 && in.recipe.checkpoint_every() > 1)
       throw Error(str(table_, ".keep_attention = true does not combine with train.checkpoint_every = ",
-                      in.recipe.checkpoint_every),
+                      in.recipe.checkpoint_every()),
                   str(table_, ".keep_attention"),
                   str("set ", table_, ".keep_attention = \"auto\" or false, or train.checkpoint_every = 1"));
-    const bool keep = keep_attention_ < 0 ? in.recipe.keep_attention && in.recipe.checkpoint_every <= 1 : keep_attention_ == 1;
     plan_dense_decoder(in, plan,
-                       {resolve_groups(in.model.num_kv_heads, in.cp * in.sp == 1, in.recipe.head_groups), keep_outputs_, keep});
+                       {resolve_groups(in.model.num_kv_heads, in.cp * in.sp == 1, in.recipe.get(table_, kHeadGroups, 0)),
+                        keep_outputs_, keeps_attention(in.recipe)});
   }
 
   void final_norm_forward(const Tensor& x, Tensor& y) override {
@@ -405,14 +437,17 @@ class Qwen3Model final : public Model {
     return head_groups_;
   }
   int64_t groups_for(const StepContext& ctx) const {
-    return resolve_groups(cfg_.num_kv_heads, ctx.parallel->attention_takes_head_groups(), ctx.recipe.head_groups);
+    return resolve_groups(cfg_.num_kv_heads, ctx.parallel->attention_takes_head_groups(),
+                          ctx.recipe.get(table_, kHeadGroups, 0));
   }
-  // Whether this step keeps each layer's attention outputs from the forward: the key, or the
-  // recipe's choice under "auto"; never without a memory strategy to hold them.
-  bool keeps_attention(const StepContext& ctx) const {
-    if (!ctx.memory) return false;
-    return keep_attention_ < 0 ? ctx.recipe.keep_attention && ctx.recipe.checkpoint_every <= 1 : keep_attention_ == 1;
+  // Whether a step of `recipe` keeps each layer's attention outputs from the forward: the key, or
+  // the recipe's choice under "auto" where every layer's input is saved.
+  bool keeps_attention(const Recipe& recipe) const {
+    return keep_attention_ < 0 ? recipe.get(table_, kKeepAttention, 0) != 0 && recipe.checkpoint_every() == 1
+                               : keep_attention_ == 1;
   }
+  // ... and never without a memory strategy to hold them.
+  bool keeps_attention(const StepContext& ctx) const { return ctx.memory && keeps_attention(ctx.recipe); }
   HeadGroup head_group(int64_t g, int64_t groups) const {
     const int64_t nq = cfg_.num_heads / groups, nkv = cfg_.num_kv_heads / groups;
     return {g * nq, nq, g * nkv, nkv};
@@ -557,7 +592,7 @@ uint64_t parse_size(const ConfigView& cfg, const std::string& key, const std::st
 // attention_head_groups: "auto" (0 here) or a positive count; that it divides the model's kv
 // heads is checked once the model's shape is known.
 int64_t parse_head_groups(const ConfigView& cfg) {
-  const char* key = "attention_head_groups";
+  const char* key = kHeadGroups;
   const char* fix = "\"auto\" or a positive divisor of the model's key/value head count";
   if (!cfg.has(key)) return 0;
   int64_t n = 0;
@@ -589,7 +624,7 @@ std::unique_ptr<Plugin> create(const PluginArgs& args) {
   const uint64_t shard = parse_size(args.config, "max_shard_size", args.config.get_string("max_shard_size", "5GB"));
   const int64_t groups = parse_head_groups(args.config);
   const bool keep_outputs = args.config.get_bool("attention_keep_outputs", false);
-  const int keep_attention = parse_auto_bool(args.config, "keep_attention");
+  const int keep_attention = parse_auto_bool(args.config, kKeepAttention);
   const std::string table = args.config.name().empty() ? std::string("qwen3") : args.config.name();
   return std::make_unique<Qwen3Model>(check_finite, shard, groups, keep_outputs, keep_attention, table);
 }

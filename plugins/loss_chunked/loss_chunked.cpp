@@ -18,8 +18,8 @@
 // skipped (its grad_hidden rows are zeroed). Every op dispatches on the tensors' device, so the
 // same code runs the CPU reference and the CUDA kernels.
 //
-// The chunk: `chunk_rows` when set; under "auto" (the default) the plan's choice
-// (Recipe::loss_chunk_rows: the largest chunk that fits, since each chunk costs the head gradient's
+// The chunk: `chunk_rows` when set; under "auto" (the default) the plan's choice (the knob
+// loss_chunked.chunk_rows: the largest chunk that fits, since each chunk costs the head gradient's
 // traffic once more, see plan()), else 1024 (a run not planned for the GPU).
 //
 // The host waits on the device twice per call, never per chunk: once for the targets (which
@@ -46,13 +46,27 @@ constexpr int64_t kLogitRows = 256;
 // The chunk without a key or a plan. 1024 by measurement (docs/PERF.md, the chunk_rows sweep on an
 // H200): 1.5x faster than TRL's 256 for 0.47 GB instead of 0.23 GB with the Qwen3 vocabulary.
 constexpr int64_t kDefaultChunkRows = 1024;
+constexpr const char* kChunkRows = "chunk_rows";
 
 class ChunkedLoss final : public Loss {
  public:
-  // chunk_rows: 0 for "auto".
-  explicit ChunkedLoss(int64_t chunk_rows) : chunk_rows_(chunk_rows) {}
+  // chunk_rows: 0 for "auto"; name: the provider's, by which the recipe names its knob.
+  ChunkedLoss(int64_t chunk_rows, std::string name) : chunk_rows_(chunk_rows), name_(std::move(name)) {}
 
-  void use_recipe(const Recipe& recipe) override { recipe_rows_ = recipe.loss_chunk_rows; }
+  // Under "auto", the chunk: a few sizes, from about where an H200's GEMMs stay busy to where the
+  // time gained flattens (the chunk_rows sweep, docs/PERF.md), cut to the rank's rows. Its work
+  // adds to the rest of the step's: ranked once.
+  std::vector<Knob> knobs(const PlanInputs& in) const override {
+    if (chunk_rows_ > 0) return {};
+    Knob k;
+    k.name = kChunkRows;
+    k.values = values_up_to({256, 1024, 4096}, std::max<int64_t>(in.tokens_per_rank, 1));
+    k.default_value = kDefaultChunkRows;
+    k.search = KnobSearch::ranked;
+    k.means = "chunked loss: rows of the logits computed at once";
+    return {std::move(k)};
+  }
+  void use_recipe(const Recipe& recipe) override { recipe_rows_ = recipe.get(name_, kChunkRows, 0); }
 
   LossResult forward_backward(const Tensor& hidden, const Tensor& head, const Tensor& targets,
                               double grad_scale, Tensor& grad_hidden, Tensor& grad_head) override {
@@ -68,7 +82,7 @@ class ChunkedLoss final : public Loss {
   std::string plan_offer() const override { return "the logits never whole"; }
   void plan(const PlanInputs& in, MemoryPlan& plan) const override {
     const int64_t T = std::max<int64_t>(in.tokens_per_rank, 1);
-    const int64_t C = std::min(rows(in.recipe.loss_chunk_rows), T);
+    const int64_t C = std::min(rows(in.recipe.get(name_, kChunkRows, 0)), T);
     const bool in_place = in.weight_dtype == DType::f32;
     const int64_t S = slice_rows(C, in_place);
     const int64_t V = in.model.vocab_size;
@@ -192,15 +206,16 @@ class ChunkedLoss final : public Loss {
   }
 
   const int64_t chunk_rows_;  // 0: "auto"
-  int64_t recipe_rows_ = 0;   // the plan's chunk (Recipe::loss_chunk_rows); 0: none
+  const std::string name_;
+  int64_t recipe_rows_ = 0;   // the plan's chunk; 0: none
 };
 
 std::unique_ptr<Plugin> create(const PluginArgs& args) {
   const char* fix = "\"auto\" (the plan's choice, the default) or a row count >= 1; smaller chunks trade time for "
                     "memory (256 is TRL's)";
-  const std::optional<int64_t> rows = args.config.get_int_or_auto("chunk_rows", fix);
-  if (rows && *rows < 1) args.config.fail("chunk_rows", str("must be >= 1, got ", *rows), fix);
-  return std::make_unique<ChunkedLoss>(rows.value_or(0));
+  const std::optional<int64_t> rows = args.config.get_int_or_auto(kChunkRows, fix);
+  if (rows && *rows < 1) args.config.fail(kChunkRows, str("must be >= 1, got ", *rows), fix);
+  return std::make_unique<ChunkedLoss>(rows.value_or(0), args.name);
 }
 
 }  // namespace

@@ -21,13 +21,13 @@
 // buffer of its own (pinned at the first step, reused after), `copied` re-recorded so it covers
 // them all, and loaded back with the input by fetch(). A layer's state is its whole bundle.
 //
-// Placement (gpu_layers = N, or the plan's recipe under "auto"): the last N saved layers keep their
+// Placement (gpu_layers = N, or the plan's choice under "auto"): the last N saved layers keep their
 // input (and kept tensors) on the device for the whole step and never touch the pool, which holds
 // only the others. The last ones, because their backward comes first (they are released first and
 // never wait on a copy in) and the forward's tail already holds them, so the copies out that would
 // be least hidden (nothing left to compute behind them) are the ones saved.
 //
-// Only the layers the step saves are placed: with Recipe::checkpoint_every = k, every k-th.
+// Only the layers the step saves are placed: with train.checkpoint_every = k, every k-th.
 //
 // On CPU tensors the same code runs with copies between host buffers and events that are always
 // complete (lcx/stream.h): the bookkeeping CI tests is the bookkeeping the GPU runs.
@@ -49,12 +49,43 @@
 namespace lcx {
 namespace {
 
+// The keys of the choices this strategy leaves to the plan under "auto", and its knobs' names.
+constexpr const char* kGpuLayers = "gpu_layers";
+constexpr const char* kPrefetch = "prefetch";
+
 class Offload final : public MemoryStrategy {
  public:
   // gpu_layers: -1 for "auto" (the recipe's), else the saved inputs kept on the device.
   // prefetch: -1 for "auto" (the recipe's, else kDefaultPrefetch), else the inputs loaded ahead.
-  Offload(int prefetch, int64_t max_host_bytes, int64_t gpu_layers)
-      : prefetch_key_(prefetch), max_host_bytes_(max_host_bytes), gpu_layers_(gpu_layers) {}
+  // name: the provider's, by which the recipe names its knobs.
+  Offload(int prefetch, int64_t max_host_bytes, int64_t gpu_layers, std::string name)
+      : prefetch_key_(prefetch), max_host_bytes_(max_host_bytes), gpu_layers_(gpu_layers), name_(std::move(name)) {}
+
+  // Under "auto": how far ahead the backward loads (the own rule first; nothing ahead only where
+  // that does not fit: it frees the window's GPU bytes, and exposes each copy in), and how many
+  // saved inputs stay on the GPU (each one more GPU bytes and fewer pinned: the most that fit).
+  std::vector<Knob> knobs(const PlanInputs& in) const override {
+    std::vector<Knob> out;
+    if (prefetch_key_ < 0) {
+      Knob k;
+      k.name = kPrefetch;
+      k.values = {kDefaultPrefetch, 0};
+      k.default_value = kDefaultPrefetch;
+      k.search = KnobSearch::until_fits;
+      k.means = "activation offload: saved inputs loaded back ahead of the backward's use";
+      out.push_back(std::move(k));
+    }
+    if (gpu_layers_ < 0) {
+      Knob k;
+      k.name = kGpuLayers;
+      for (int64_t n = 0; n <= in.recipe.saved_layers(in.model.num_layers); ++n) k.values.push_back(n);
+      k.default_value = -1;  // none
+      k.search = KnobSearch::most_that_fits;
+      k.means = "activation offload: saved layer inputs kept on the GPU, the others in pinned host memory";
+      out.push_back(std::move(k));
+    }
+    return out;
+  }
 
   void use_recipe(const Recipe& recipe) override {
     recipe_ = recipe;
@@ -92,7 +123,7 @@ class Offload final : public MemoryStrategy {
 
   void save(int layer, const Tensor& x) override {
     LayerInput& s = input_of(layer);
-    LCX_CHECK(s.saved, "offload: layer ", layer, " is saved, but the recipe saves every ", recipe_.checkpoint_every,
+    LCX_CHECK(s.saved, "offload: layer ", layer, " is saved, but the recipe saves every ", recipe_.checkpoint_every(),
               "-th layer only");
     prepare(x);
     reap();
@@ -222,7 +253,7 @@ class Offload final : public MemoryStrategy {
 
   // The saved layers whose inputs stay on the device: the key, else the recipe's, of `saved`.
   int64_t resident_layers(int64_t saved) const {
-    const int64_t want = gpu_layers_ >= 0 ? gpu_layers_ : recipe_.gpu_layers;
+    const int64_t want = gpu_layers_ >= 0 ? gpu_layers_ : recipe_.get(name_, kGpuLayers, -1);
     return std::clamp<int64_t>(want, 0, saved);
   }
 
@@ -239,7 +270,7 @@ class Offload final : public MemoryStrategy {
 
   void plan(const PlanInputs& in, MemoryPlan& plan) const override {
     const int64_t saved = in.recipe.saved_layers(in.model.num_layers);
-    const int64_t want = gpu_layers_ >= 0 ? gpu_layers_ : in.recipe.gpu_layers;
+    const int64_t want = gpu_layers_ >= 0 ? gpu_layers_ : in.recipe.get(name_, kGpuLayers, -1);
     const int64_t resident = std::clamp<int64_t>(want, 0, saved), moved = saved - resident;
     const int prefetch = ahead(in.recipe);
     const int64_t window = std::min<int64_t>(moved, prefetch + 1);
@@ -406,12 +437,14 @@ class Offload final : public MemoryStrategy {
 
   static constexpr int kDefaultPrefetch = 2;  // hides the copies at every length measured
   int ahead(const Recipe& r) const {
-    return prefetch_key_ >= 0 ? prefetch_key_ : r.prefetch >= 0 ? static_cast<int>(r.prefetch) : kDefaultPrefetch;
+    const int64_t chosen = r.get(name_, kPrefetch, -1);
+    return prefetch_key_ >= 0 ? prefetch_key_ : chosen >= 0 ? static_cast<int>(chosen) : kDefaultPrefetch;
   }
   const int prefetch_key_;
   int prefetch_ = prefetch_key_ >= 0 ? prefetch_key_ : kDefaultPrefetch;  // this run's: ahead(recipe_)
   const int64_t max_host_bytes_;
   const int64_t gpu_layers_;
+  const std::string name_;
   Recipe recipe_;
   std::vector<LayerInput> inputs_;
   size_t moved_ = 0;  // saved layers whose inputs go through the pool
@@ -434,14 +467,14 @@ int64_t auto_or_count(const ConfigView& config, const char* key, int64_t most, c
 }
 
 std::unique_ptr<Plugin> create(const PluginArgs& args) {
-  const int64_t depth = auto_or_count(args.config, "prefetch", 64,
+  const int64_t depth = auto_or_count(args.config, kPrefetch, 64,
                                       "\"auto\" (the plan's choice) or 0 to 64 inputs loaded ahead; 2 hides the copies");
   const int64_t max_mib = args.config.get_int("max_host_mib", 0);
   if (max_mib < 0) args.config.fail("max_host_mib", "must be >= 0", "0 means the host's MemAvailable");
   const int64_t gpu_layers =
-      auto_or_count(args.config, "gpu_layers", std::numeric_limits<int32_t>::max(),
+      auto_or_count(args.config, kGpuLayers, std::numeric_limits<int32_t>::max(),
                     "\"auto\" (the plan's choice) or a count >= 0 of saved layer inputs kept on the GPU");
-  return std::make_unique<Offload>(static_cast<int>(depth), max_mib * 1024 * 1024, gpu_layers);
+  return std::make_unique<Offload>(static_cast<int>(depth), max_mib * 1024 * 1024, gpu_layers, args.name);
 }
 
 }  // namespace

@@ -5,9 +5,10 @@
 // gradient are the whole MLP's row for row; the weight gradients are the same sums taken tile by
 // tile (fp32 accumulation, so equal up to the order of the additions).
 //
-// The tile: `tile_rows` when set; under "auto" (the default) the plan's choice (Recipe::mlp_tile_rows,
-// the fastest tile that fits: each tile costs its weight gradients' accumulation once more, see
-// plan()), else about 256 MiB per [rows, I] buffer (a run not planned for the GPU).
+// The tile: `tile_rows` when set; under "auto" (the default) the plan's choice (the knob
+// tiled_mlp.tile_rows, the fastest tile that fits: each tile costs its weight gradients'
+// accumulation once more, see plan()), else about 256 MiB per [rows, I] buffer (a run not planned
+// for the GPU).
 //
 // Written against the SDK headers only: a strategy that core does not know, loaded by name.
 #include <lcx/defaults.h>
@@ -18,6 +19,7 @@
 #include <lcx/slots/model.h>
 
 #include <algorithm>
+#include <limits>
 #include <optional>
 
 namespace lcx {
@@ -26,13 +28,29 @@ namespace {
 // The tile without a key or a plan: about this many bytes per [rows, I] buffer, in whole multiples
 // of 256 rows.
 constexpr int64_t kAutoTileBytes = int64_t{256} << 20;
+constexpr const char* kTileRows = "tile_rows";
+
 
 class TiledMlp final : public MlpStrategy {
  public:
-  // tile_rows: 0 for "auto".
-  explicit TiledMlp(int64_t tile_rows) : tile_rows_(tile_rows), whole_(make_whole_mlp()) {}
+  // tile_rows: 0 for "auto"; name: the provider's, by which the recipe names its knob.
+  TiledMlp(int64_t tile_rows, std::string name)
+      : tile_rows_(tile_rows), name_(std::move(name)), whole_(make_whole_mlp()) {}
 
-  void use_recipe(const Recipe& recipe) override { recipe_rows_ = recipe.mlp_tile_rows; }
+  // Under "auto", the tile: a few sizes, from about where an H200's GEMMs stay busy to where the
+  // time gained flattens (the chunk_rows sweep, docs/PERF.md), cut to the rank's rows (which are
+  // one tile more). Its work adds to the rest of the step's: ranked once.
+  std::vector<Knob> knobs(const PlanInputs& in) const override {
+    if (tile_rows_ > 0) return {};
+    Knob k;
+    k.name = kTileRows;
+    k.values = values_up_to({4096, 8192, 16384, 32768, std::numeric_limits<int64_t>::max()},
+                            std::max<int64_t>(in.tokens_per_rank, 1));
+    k.search = KnobSearch::ranked;
+    k.means = "tiled MLP: rows of the MLP's [T,I] intermediates computed at once";
+    return {std::move(k)};
+  }
+  void use_recipe(const Recipe& recipe) override { recipe_rows_ = recipe.get(name_, kTileRows, 0); }
 
   void forward(const Tensor& x, const MlpWeights& w, Tensor& out) override {
     const int64_t T = x.size(0), I = w.gate.size(0), R = rows(I, x.dtype(), recipe_rows_);
@@ -62,7 +80,7 @@ class TiledMlp final : public MlpStrategy {
   // (the model counts that) is whole's plan of one call: the tiles repeat it, and larger tiles save it.
   void plan(const PlanInputs& in, MemoryPlan& plan) const override {
     const int64_t T = std::max<int64_t>(in.tokens_per_rank, 1);
-    const int64_t R = std::min(T, rows(in.model.intermediate_size, in.weight_dtype, in.recipe.mlp_tile_rows));
+    const int64_t R = std::min(T, rows(in.model.intermediate_size, in.weight_dtype, in.recipe.get(name_, kTileRows, 0)));
     const int64_t tile = R * in.model.intermediate_size * static_cast<int64_t>(dtype_size(in.weight_dtype));
     const std::string shape = str("[", R, ",I]");
     plan.add(str("layer forward: MLP gate, up, act ", shape, " (one tile)"), PlanCategory::transient, 3 * tile,
@@ -86,16 +104,17 @@ class TiledMlp final : public MlpStrategy {
   }
 
   const int64_t tile_rows_;  // 0: "auto"
-  int64_t recipe_rows_ = 0;  // the plan's tile (Recipe::mlp_tile_rows); 0: none
+  const std::string name_;
+  int64_t recipe_rows_ = 0;  // the plan's tile; 0: none
   bool logged_ = false;
   std::unique_ptr<MlpStrategy> whole_;
 };
 
 std::unique_ptr<Plugin> create(const PluginArgs& args) {
   const char* fix = "\"auto\" (the plan's choice, the default) or a row count >= 1, e.g. 8192";
-  const std::optional<int64_t> rows = args.config.get_int_or_auto("tile_rows", fix);
-  if (rows && *rows < 1) args.config.fail("tile_rows", str(*rows, " is not a row count"), fix);
-  return std::make_unique<TiledMlp>(rows.value_or(0));
+  const std::optional<int64_t> rows = args.config.get_int_or_auto(kTileRows, fix);
+  if (rows && *rows < 1) args.config.fail(kTileRows, str(*rows, " is not a row count"), fix);
+  return std::make_unique<TiledMlp>(rows.value_or(0), args.name);
 }
 
 }  // namespace

@@ -151,7 +151,7 @@ plan_longest() {
   mkdir -p "$dir"
   manifest "$1" "$full_layers" "$check_tokens" "$dir"
   timeout 60 "$build/bin/lcx-train" --plan --config "$dir/run.toml" --gpu-memory "$2" 2>&1 |
-    sed -n 's/.*longest sequence that fits: \([0-9,]*\) tokens.*/\1/p' | tr -d , | head -1
+    sed -n 's/.*longest sequence: \([0-9,]*\) tokens.*/\1/p' | tr -d , | head -1
 }
 
 if [[ -n $fit_only ]]; then

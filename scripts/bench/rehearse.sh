@@ -73,10 +73,9 @@ try:
     c = json.load(open(sys.argv[1]))["recipe_choices"]
 except (OSError, ValueError, KeyError):
     sys.exit()
-print(f"--set qwen3.keep_attention={str(c['keep_attention']).lower()}"
-      + (f" --set qwen3.attention_head_groups={c['head_groups']}" if c["head_groups"] > 0 else "")
-      + (f" --set tiled_mlp.tile_rows={c['mlp_tile_rows']}" if c.get("mlp_tile_rows", 0) > 0 else "")
-      + (f" --set loss_chunked.chunk_rows={c['loss_chunk_rows']}" if c.get("loss_chunk_rows", 0) > 0 else ""))
+# Every choice by <provider>.<knob>, but the spacing and the memory strategy's, which follow the depth.
+print(" ".join(f"--set {k}={str(v).lower()}" for k, v in c.items()
+               if not k.startswith(("train.", "offload.")) and not (isinstance(v, int) and not isinstance(v, bool) and v <= 0)))
 PY
 )
   [[ ${ONE_LAYER:-1} == 0 ]] && continue  # the rehearsal alone (the layer was timed before)
@@ -119,7 +118,7 @@ for c in cases:
         layer = span["forward"] + span["backward"]
         rest = m["step_s"] - layer - m["time_optimizer_s"]
         # checkpoint_every = k: the backward runs the forward of each unsaved layer once more.
-        k = max(1, r["recipe_choices"].get("checkpoint_every", 1))
+        k = max(1, r["recipe_choices"].get("train.checkpoint_every", 1))
         rebuilt = L - (L + k - 1) // k
         predicted = L * layer + rebuilt * span["forward"] + rest + r["optimizer_s"]
         again = f" + {rebuilt} x {span['forward']:.2f}" if rebuilt else ""

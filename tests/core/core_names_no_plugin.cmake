@@ -1,4 +1,5 @@
-# Fails when core (core/src, core/include) names a plugin of plugins/, in code or in a comment:
+# Fails when core (core/src, core/include) names a plugin of plugins/, in code or in a comment, or
+# when the SDK names a provider's knob:
 # core learns what a plugin offers from the plugin itself (its slot interface, its plan terms,
 # Plugin::plan_offer), so a plugin can be added, renamed or removed without an edit in core.
 # Run as: cmake -DLCX_SOURCE_DIR=<repo> -P core_names_no_plugin.cmake
@@ -38,7 +39,23 @@ foreach(file ${files})
     endif()
   endforeach()
 endforeach()
+# Nor does the SDK name a provider's knob: each provider declares its own (Plugin::knobs, lcx/knob.h).
+file(GLOB_RECURSE sdk ${LCX_SOURCE_DIR}/core/include/*)
+foreach(file ${sdk})
+  file(STRINGS ${file} lines)
+  set(n 0)
+  foreach(line IN LISTS lines)
+    math(EXPR n "${n} + 1")
+    foreach(knob keep_attention mlp_tile_rows loss_chunk_rows tile_rows chunk_rows gpu_layers)
+      string(FIND "${line}" "${knob}" hit)
+      if(NOT hit EQUAL -1)
+        message(SEND_ERROR "${file}:${n}: names the provider's knob '${knob}': ${line}")
+        set(found 1)
+      endif()
+    endforeach()
+  endforeach()
+endforeach()
 if(found)
-  message(FATAL_ERROR "core names plugins (above): ask the providers instead (lcx/plugin.h plan_offer, the slot interfaces)")
+  message(FATAL_ERROR "core names plugins or their knobs (above): ask the providers instead (lcx/plugin.h plan_offer, knobs, the slot interfaces)")
 endif()
 message(STATUS "checked ${count} plugin names (${names}) in core: none named")

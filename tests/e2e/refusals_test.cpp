@@ -131,7 +131,8 @@ TEST_F(Refusals, SizesPastSixtyFourBitsOrPastTheData) {
     EXPECT_EQ(plan.output.find("fits"), std::string::npos) << plan.output;
   }
   auto plan = lcx("--config " + m + " --plan --gpu-memory 80GB --set data.seq_len=1000000000000");
-  EXPECT_EQ(plan.exit_code, 0) << plan.output;  // huge but countable: planned, and it does not fit
+  EXPECT_EQ(plan.exit_code, 1) << plan.output;  // huge but countable: planned, and it does not fit
+  EXPECT_NE(plan.output.find("verdict: does NOT fit"), std::string::npos) << plan.output;
 
   auto run = lcx("--config " + m + " --set data.seq_len=1000000000000");
   EXPECT_EQ(run.exit_code, 2) << run.output;

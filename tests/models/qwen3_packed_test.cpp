@@ -3,7 +3,7 @@
 // parameter gradient (2e-6 relative L2) of one packed step equal the sums over one step per document. Positions restart at
 // each document (core's rotary and rope_yarn read them from the shard), the attention is masked
 // per document, and each document's EOS predicts nothing, as the dataset sets it. With
-// Recipe::checkpoint_every the backward's rebuild forwards carry the mask too.
+// train.checkpoint_every the backward's rebuild forwards carry the mask too.
 #include <gtest/gtest.h>
 #include <nlohmann/json.hpp>
 
@@ -74,7 +74,7 @@ Trained train(const std::vector<Sequence>& seqs, const std::string& rope_yarn_ta
       rope_yarn_table.empty() ? std::shared_ptr<PositionalEncoding>(make_default_rope())
                               : test::make_plugin<PositionalEncoding>("rope_yarn", rope_yarn_table);
   test::DefaultSlots s(*model, pe);
-  s.slots.recipe.checkpoint_every = checkpoint_every;
+  s.slots.recipe.set_checkpoint_every(checkpoint_every);
   model->zero_grad();
   Trained t;
   for (const Sequence& seq : seqs) {

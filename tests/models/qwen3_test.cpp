@@ -479,14 +479,14 @@ TEST(Qwen3Step, AttentionKeptFromTheForwardEqualsRecompute) {
       auto m = test::make_qwen3();
       m->init_random(kTiny, 8, Device::cpu(), dt);
       test::DefaultSlots s(*m);
-      s.slots.recipe.head_groups = groups;
+      s.slots.recipe.set("qwen3", "attention_head_groups", groups);
       Shard shard = test::shard_from_labels({3, 1, 4, 1, 5, 9, 2, 6, 5, 3}, {3, 1, 4, 1, 5, 9, 2, 6, 5, 3});
       const StepResult base = test::mean_loss_step(s, shard, 9);
       std::vector<std::vector<float>> want;
       for (Parameter* p : m->parameters()) want.push_back(p->grad.to_floats());
       RecordingMemory rec;
       StepSlots slots{*m, *s.loss, *s.rope, rec, *s.parallel};
-      slots.recipe = {.keep_attention = true, .head_groups = groups};
+      slots.recipe = test::recipe_of({{"qwen3.keep_attention", 1}, {"qwen3.attention_head_groups", groups}});
       m->zero_grad();
       const StepResult kept = train_step(slots, shard, 1.0 / 9, Device::cpu());
       EXPECT_EQ(kept.loss_sum, base.loss_sum);
@@ -497,7 +497,7 @@ TEST(Qwen3Step, AttentionKeptFromTheForwardEqualsRecompute) {
     }
 }
 
-// Deeper recompute (Recipe::checkpoint_every = k): the step saves layers 0, k, 2k, ... and rebuilds
+// Deeper recompute (train.checkpoint_every = k): the step saves layers 0, k, 2k, ... and rebuilds
 // the inputs in between from the nearest saved one; the rebuild is the forward's own arithmetic, so
 // every gradient equals the step that saves each layer, bit for bit (fp32 and bf16), for k dividing
 // the 7 layers or not, and past them. A recipe that keeps the attention keeps nothing with k > 1.
@@ -516,7 +516,7 @@ TEST(Qwen3Step, CheckpointEveryKLayersGivesTheSameGradients) {
       SCOPED_TRACE(str(dtype_name(dt), " every ", k));
       RecordingMemory rec;
       StepSlots slots{*m, *s.loss, *s.rope, rec, *s.parallel};
-      slots.recipe = {.keep_attention = true, .checkpoint_every = k};
+      slots.recipe = test::recipe_of({{"qwen3.keep_attention", 1}, {"train.checkpoint_every", k}});
       m->zero_grad();
       const StepResult got = train_step(slots, shard, 1.0 / 9, Device::cpu());
       EXPECT_EQ(got.loss_sum, base.loss_sum);

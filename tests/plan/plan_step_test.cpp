@@ -16,10 +16,10 @@ namespace {
 struct StepCase {
   DType dtype;
   const char* loss;  // "nll" (core's) or a plugin name
-  // Recipe::checkpoint_every: the inputs between checkpoints rebuilt. A k dividing the 3 layers:
+  // train.checkpoint_every: the inputs between checkpoints rebuilt. A k dividing the 3 layers:
   // otherwise core's on_device plan is one [T,H] above the step (planner.cpp says why).
   int64_t checkpoint_every = 1;
-  // Recipe::mlp_tile_rows and loss_chunk_rows, as the plan hands them over: > 0 runs tiled_mlp
+  // The knobs tiled_mlp.tile_rows and loss_chunked.chunk_rows, as the plan hands them over: > 0 runs tiled_mlp
   // (its key "auto") with the recipe's tiles, and the loss's chunks from the recipe. Tiles large
   // enough that the MLP backward is still the peak: below, in bf16, the attention backward's is, where
   // the CPU kernels allocate less than the GPU's that the plan counts.
@@ -42,9 +42,9 @@ TEST_P(PlanAgainstStep, CpuPeakOfOneQwen3StepMatchesThePlan) {
   if (c.tile_rows > 0) tiled = test::make_plugin<MlpStrategy>("tiled_mlp");
   StepSlots slots{*model, chunked ? *chunked : *s.loss, *s.rope, *s.memory, *s.parallel};
   slots.mlp = tiled.get();
-  slots.recipe.checkpoint_every = c.checkpoint_every;
-  slots.recipe.mlp_tile_rows = c.tile_rows;
-  slots.recipe.loss_chunk_rows = c.chunk_rows;
+  slots.recipe.set_checkpoint_every(c.checkpoint_every);
+  slots.recipe.set("tiled_mlp", "tile_rows", c.tile_rows);
+  slots.recipe.set("loss_chunked", "chunk_rows", c.chunk_rows);
   const int64_t T = 512;
   std::vector<int64_t> ids(T), labels(T);
   for (int64_t t = 0; t < T; ++t) ids[static_cast<size_t>(t)] = labels[static_cast<size_t>(t)] = (t * 37) % 2000;

@@ -237,7 +237,7 @@ TEST(PlanArithmetic, OffloadMovesActivationsToHost) {
   EXPECT_EQ(gpu.host_peak(), 0);
 }
 
-// Recipe::checkpoint_every = k: core's on_device holds ceil(L/k) inputs, the step plans the k - 1
+// train.checkpoint_every = k: core's on_device holds ceil(L/k) inputs, the step plans the k - 1
 // rebuilt inputs beside the backward (and, while the last is rebuilt, beside the forward's
 // buffers), and the model's work grows by one forward of each unsaved layer: the cost model sees
 // the time the memory buys.
@@ -247,7 +247,7 @@ TEST(PlanArithmetic, CheckpointEveryKLayersSavesInputsAndCostsAForward) {
   const MemoryPlan every = build_plan(in, qwen3_slots());
   for (int64_t k : {2, 3, 5}) {
     SCOPED_TRACE(str("every ", k));
-    in.recipe.checkpoint_every = k;
+    in.recipe.set_checkpoint_every(k);
     const MemoryPlan sparse = build_plan(in, qwen3_slots());
     const int64_t saved = (36 + k - 1) / k;
     EXPECT_EQ(sparse.category_bytes(PlanCategory::activations_gpu), saved * TH);
@@ -265,7 +265,7 @@ TEST(PlanArithmetic, CheckpointEveryKLayersSavesInputsAndCostsAForward) {
   auto keeping = create_plugin("qwen3", "keep_attention = true");
   PlanSlots s = qwen3_slots();
   s.model = dynamic_cast<const Model*>(keeping.get());
-  in.recipe.checkpoint_every = 2;
+  in.recipe.set_checkpoint_every(2);
   try {
     build_plan(in, s);
     ADD_FAILURE() << "keep_attention with checkpoint_every 2 was planned";
@@ -275,7 +275,7 @@ TEST(PlanArithmetic, CheckpointEveryKLayersSavesInputsAndCostsAForward) {
     EXPECT_EQ(e.key(), "qwen3.keep_attention");
   }
   // The search drops those candidates and keeps the others.
-  for (const RecipeOption& o : rank_recipes(in, s, 141LL << 30, -1, 0)) EXPECT_EQ(o.recipe.checkpoint_every, 1);
+  for (const RecipeOption& o : rank_recipes(in, s, 141LL << 30, -1, 0)) EXPECT_EQ(o.recipe.checkpoint_every(), 1);
 }
 
 // The search: spacings 1, 2, 3, 4, 6, 8, 12 for 36 layers (kept attention with k = 1 alone), and
@@ -293,19 +293,19 @@ TEST(PlanArithmetic, RecipeSearchPlacesTheMostInputsThatFit) {
   const std::vector<RecipeOption> options = rank_recipes(in, s, gpu, -1, 0);
   std::vector<int64_t> spacings;
   for (const RecipeOption& o : options) {
-    if (std::find(spacings.begin(), spacings.end(), o.recipe.checkpoint_every) == spacings.end())
-      spacings.push_back(o.recipe.checkpoint_every);
-    if (o.recipe.keep_attention) {
-      EXPECT_EQ(o.recipe.checkpoint_every, 1);
+    if (std::find(spacings.begin(), spacings.end(), o.recipe.checkpoint_every()) == spacings.end())
+      spacings.push_back(o.recipe.checkpoint_every());
+    if (o.recipe.get("qwen3", "keep_attention", 0)) {
+      EXPECT_EQ(o.recipe.checkpoint_every(), 1);
     }
-    EXPECT_GE(o.recipe.gpu_layers, 0);
-    EXPECT_LE(o.recipe.gpu_layers, o.recipe.saved_layers(36));
+    EXPECT_GE(o.recipe.get("offload", "gpu_layers", -1), 0);
+    EXPECT_LE(o.recipe.get("offload", "gpu_layers", -1), o.recipe.saved_layers(36));
     EXPECT_TRUE(o.fits) << recipe_name(o.recipe) << ": " << format_bytes(o.gpu_peak);  // the GPU's room is found, never passed
     // One more input on the GPU would not fit, unless every saved input is there already.
-    if (o.recipe.gpu_layers < o.recipe.saved_layers(36)) {
+    if (o.recipe.get("offload", "gpu_layers", -1) < o.recipe.saved_layers(36)) {
       PlanInputs more = in;
       more.recipe = o.recipe;
-      ++more.recipe.gpu_layers;
+      more.recipe.set("offload", "gpu_layers", more.recipe.get("offload", "gpu_layers", -1) + 1);
       EXPECT_GT(build_plan(more, s).peak().bytes, gpu) << recipe_name(o.recipe);
     }
   }
@@ -314,13 +314,13 @@ TEST(PlanArithmetic, RecipeSearchPlacesTheMostInputsThatFit) {
   // The memory strategy's host bytes are those of the inputs it does not keep on the GPU.
   const int64_t each = 262144LL * 2560 * 2;
   for (const RecipeOption& o : options)
-    if (!o.recipe.keep_attention) {
-      EXPECT_EQ(o.host_peak, (o.recipe.saved_layers(36) - o.recipe.gpu_layers) * each) << recipe_name(o.recipe);
+    if (!o.recipe.get("qwen3", "keep_attention", 0)) {
+      EXPECT_EQ(o.host_peak, (o.recipe.saved_layers(36) - o.recipe.get("offload", "gpu_layers", -1)) * each) << recipe_name(o.recipe);
     }
   // A fixed train.checkpoint_every is the search's input; core's on_device places nothing.
   for (const RecipeOption& o : rank_recipes(in, qwen3_slots(), gpu, -1, 3)) {
-    EXPECT_EQ(o.recipe.checkpoint_every, 3);
-    EXPECT_EQ(o.recipe.gpu_layers, -1);
+    EXPECT_EQ(o.recipe.checkpoint_every(), 3);
+    EXPECT_EQ(o.recipe.get("offload", "gpu_layers", -1), -1);
   }
   // A host budget: the fastest that pins at most 40 GiB, and the longest length with the search.
   const Recipe chosen = choose_recipe(in, s, gpu, 40LL << 30, 0);
@@ -358,21 +358,19 @@ TEST(PlanArithmetic, RecipeSearchTakesTheLargestTilesAndChunksThatFit) {
     return build_plan(with, slots).peak().bytes;
   };
   const Recipe big = choose_recipe(in, s, 141LL << 30, -1, 0);
-  EXPECT_EQ(big.mlp_tile_rows, 131072);
-  EXPECT_EQ(big.loss_chunk_rows, 4096);
-  EXPECT_NE(recipe_name(big).find(", MLP tiles of 131,072 rows, loss chunks of 4,096 rows"), std::string::npos)
-      << recipe_name(big);
+  EXPECT_EQ(big.get("tiled_mlp", "tile_rows", 0), 131072);
+  EXPECT_EQ(big.get("loss_chunked", "chunk_rows", 0), 4096);
 
   Recipe lean = big;
-  lean.mlp_tile_rows = 4096;
-  lean.loss_chunk_rows = 256;
+  lean.set("tiled_mlp", "tile_rows", 4096);
+  lean.set("loss_chunked", "chunk_rows", 256);
   const int64_t budget = peak(lean, s);
   ASSERT_LT(budget, peak(big, s));
   const Recipe tight = choose_recipe(in, s, budget, -1, 0);
   EXPECT_LE(peak(tight, s), budget) << recipe_name(tight);
-  EXPECT_LE(tight.mlp_tile_rows, big.mlp_tile_rows);
-  EXPECT_LE(tight.loss_chunk_rows, big.loss_chunk_rows);
-  EXPECT_TRUE(tight.mlp_tile_rows < big.mlp_tile_rows || tight.loss_chunk_rows < big.loss_chunk_rows)
+  EXPECT_LE(tight.get("tiled_mlp", "tile_rows", 0), big.get("tiled_mlp", "tile_rows", 0));
+  EXPECT_LE(tight.get("loss_chunked", "chunk_rows", 0), big.get("loss_chunked", "chunk_rows", 0));
+  EXPECT_TRUE(tight.get("tiled_mlp", "tile_rows", 0) < big.get("tiled_mlp", "tile_rows", 0) || tight.get("loss_chunked", "chunk_rows", 0) < big.get("loss_chunked", "chunk_rows", 0))
       << recipe_name(tight);
   // Each the largest that fits beside the other: the next size up of either passes the budget.
   const std::vector<int64_t> tiles{4096, 8192, 16384, 32768, 131072}, chunks{256, 1024, 4096};
@@ -380,23 +378,22 @@ TEST(PlanArithmetic, RecipeSearchTakesTheLargestTilesAndChunksThatFit) {
     auto it = std::upper_bound(v.begin(), v.end(), x);
     return it == v.end() ? int64_t{0} : *it;
   };
-  if (const int64_t up = next(tiles, tight.mlp_tile_rows)) {
+  if (const int64_t up = next(tiles, tight.get("tiled_mlp", "tile_rows", 0))) {
     Recipe r = tight;
-    r.mlp_tile_rows = up;
+    r.set("tiled_mlp", "tile_rows", up);
     EXPECT_GT(peak(r, s), budget) << recipe_name(r);
   }
-  if (const int64_t up = next(chunks, tight.loss_chunk_rows)) {
+  if (const int64_t up = next(chunks, tight.get("loss_chunked", "chunk_rows", 0))) {
     Recipe r = tight;
-    r.loss_chunk_rows = up;
+    r.set("loss_chunked", "chunk_rows", up);
     EXPECT_GT(peak(r, s), budget) << recipe_name(r);
   }
 
   // Keys set: the providers plan their own rows whatever the recipe, so the search leaves them be.
   const PlanSlots keyed = with_rows("tile_rows = 8192", "chunk_rows = 256");
   const Recipe fixed = choose_recipe(in, keyed, 141LL << 30, -1, 0);
-  EXPECT_EQ(fixed.mlp_tile_rows, 0);
-  EXPECT_EQ(fixed.loss_chunk_rows, 0);
-  EXPECT_EQ(recipe_name(fixed).find("MLP tiles"), std::string::npos) << recipe_name(fixed);
+  EXPECT_FALSE(fixed.find("tiled_mlp", "tile_rows")) << recipe_name(fixed);
+  EXPECT_FALSE(fixed.find("loss_chunked", "chunk_rows")) << recipe_name(fixed);
   PlanInputs planned = in;
   planned.recipe = fixed;
   const MemoryPlan plan = build_plan(planned, keyed);

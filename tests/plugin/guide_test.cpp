@@ -94,7 +94,7 @@ TEST(Guide, ExampleBuildsLoadsTrainsAndPlans) {
   // The same first forward: the guide's `weight = 0.5` halves core's loss.
   EXPECT_NEAR(w.losses[0], 0.5 * p.losses[0], 1e-6 * p.losses[0]);
 
-  auto plan = lcx("--config " + manifest("plan") + " --plan --gpu-memory 80GB");
+  auto plan = lcx("--config " + manifest("plan") + " --plan --verbose --gpu-memory 80GB");
   ASSERT_EQ(plan.exit_code, 0) << plan.output;
   EXPECT_NE(plan.output.find("loss my_loss"), std::string::npos) << plan.output;
   bool logits = false;

@@ -266,7 +266,7 @@ TEST(LossChunked, PeakWithBf16HeadIsOneSliceOfLogitsAndOneChunkOfGradient) {
 }
 
 // Under "auto" (the key absent or "auto") the chunk is the plan's, handed over by use_recipe
-// (Recipe::loss_chunk_rows), else 1024; a count set in the manifest wins over the recipe. The CPU
+// (the knob loss_chunked.chunk_rows), else 1024; a count set in the manifest wins over the recipe. The CPU
 // allocator's peak shows the chunk a call used (one slice of fp32 logits, the chunk's bf16 gradient),
 // and the plan counts the same chunk from PlanInputs::recipe.
 TEST(LossChunked, AutoTakesThePlansChunkAndAKeySetWins) {
@@ -294,7 +294,7 @@ TEST(LossChunked, AutoTakesThePlansChunkAndAKeySetWins) {
     return plan.gpu_bytes(plan_phase::loss, false);
   };
   Recipe r;
-  r.loss_chunk_rows = 128;
+  r.set("loss_chunked", "chunk_rows", 128);
   for (const char* table : {"", "chunk_rows = \"auto\""}) {
     auto loss = test::make_plugin<Loss>("loss_chunked", table);
     EXPECT_EQ(peak(*loss), chunk(1024)) << table;
@@ -318,7 +318,7 @@ TEST(LossChunked, WorkCountsTheHeadGradientOncePerChunk) {
   in.tokens_per_rank = in.seq_len = 65536;
   auto loss = test::make_plugin<Loss>("loss_chunked");
   auto bytes = [&](int64_t C) {
-    in.recipe.loss_chunk_rows = C;
+    in.recipe.set("loss_chunked", "chunk_rows", C);
     MemoryPlan plan;
     loss->plan(in, plan);
     return plan.work.memory_bytes;

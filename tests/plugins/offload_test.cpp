@@ -37,7 +37,7 @@ struct StepOutcome {
   std::vector<std::vector<float>> grads;
 };
 
-// Two steps (the second reuses the pinned pool); the outcome of the second. recipe.keep_attention:
+// Two steps (the second reuses the pinned pool); the outcome of the second. qwen3.keep_attention:
 // each layer's attention outputs are kept from the forward and travel with its input.
 StepOutcome run_steps(Model& model, MemoryStrategy& memory, const Shard& shard, Device device,
                       const Recipe& recipe = {}) {
@@ -84,7 +84,7 @@ TEST_P(OffloadCpu, StepIsBitIdenticalToOnDevice) {
                               "prefetch = 1\ngpu_layers = 1", "gpu_layers = \"auto\""}) {
       auto offload = make_offload(table);
       const StepOutcome got =
-          run_steps(*model, *offload, shard, Device::cpu(), {.keep_attention = keep, .gpu_layers = 3});
+          run_steps(*model, *offload, shard, Device::cpu(), test::recipe_of({{"qwen3.keep_attention", keep}, {"offload.gpu_layers", 3}}));
       EXPECT_EQ(got.loss, want.loss) << table << " keep " << keep;
       ASSERT_EQ(got.grads.size(), want.grads.size());
       for (size_t i = 0; i < want.grads.size(); ++i)
@@ -94,7 +94,7 @@ TEST_P(OffloadCpu, StepIsBitIdenticalToOnDevice) {
   for (int64_t k : {2, 3, 6})
     for (const char* table : {"prefetch = 0", "", "gpu_layers = 1"}) {
       auto offload = make_offload(table);
-      const StepOutcome got = run_steps(*model, *offload, shard, Device::cpu(), {.checkpoint_every = k});
+      const StepOutcome got = run_steps(*model, *offload, shard, Device::cpu(), test::recipe_of({{"train.checkpoint_every", k}}));
       EXPECT_EQ(got.loss, want.loss) << table << " every " << k;
       for (size_t i = 0; i < want.grads.size(); ++i)
         EXPECT_EQ(got.grads[i], want.grads[i]) << table << " every " << k << ": " << model->parameters()[i]->name;
@@ -148,7 +148,7 @@ TEST(OffloadCpuBookkeeping, GpuLayersStayOnTheDeviceAndThePoolShrinks) {
     SCOPED_TRACE(str("gpu_layers ", c.n, ", every ", c.k));
     for (bool by_key : {true, false}) {
       auto offload = make_offload(by_key ? str("gpu_layers = ", c.n) : std::string());
-      Recipe recipe{.checkpoint_every = c.k, .gpu_layers = by_key ? 0 : c.n};  // the key wins over the recipe
+      Recipe recipe = test::recipe_of({{"train.checkpoint_every", c.k}, {"offload.gpu_layers", by_key ? 0 : c.n}});  // the key wins over the recipe
       const int64_t pinned_before = pinned_allocator().stats().live_bytes;
       const int64_t peak = activation_peak(Device::cpu(), [&] { run_steps(*model, *offload, shard, Device::cpu(), recipe); });
       const int64_t pinned = pinned_allocator().stats().live_bytes - pinned_before;
@@ -293,7 +293,7 @@ TEST(OffloadGpu, StepMatchesOnDevice) {
   const StepOutcome a = run_steps(*model, *on_device, shard, gpu), b = run_steps(*model, *on_device, shard, gpu);
   const bool deterministic = same(a, b);
   // Attention kept from the forward on the device: the same step, no attention forward recomputed.
-  const StepOutcome kept_on_device = run_steps(*model, *on_device, shard, gpu, {.keep_attention = true});
+  const StepOutcome kept_on_device = run_steps(*model, *on_device, shard, gpu, test::recipe_of({{"qwen3.keep_attention", 1}}));
   if (deterministic)
     EXPECT_TRUE(same(kept_on_device, a)) << "loss " << kept_on_device.loss << " vs " << a.loss;
   else
@@ -305,7 +305,7 @@ TEST(OffloadGpu, StepMatchesOnDevice) {
       auto offload = make_offload(str("prefetch = ", p), gpu);
       int64_t peak = 0;
       StepOutcome got;
-      peak = activation_peak(gpu, [&] { got = run_steps(*model, *offload, shard, gpu, {.keep_attention = keep}); });
+      peak = activation_peak(gpu, [&] { got = run_steps(*model, *offload, shard, gpu, test::recipe_of({{"qwen3.keep_attention", keep}})); });
       EXPECT_LE(peak, (p + 2) * (T * H * 2 + (keep ? kept_each : 0))) << "prefetch " << p << " keep " << keep;
       EXPECT_GE(offload->wait_seconds(), 0.0);
       if (deterministic) {

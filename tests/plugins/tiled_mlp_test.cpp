@@ -112,13 +112,13 @@ TEST(TiledMlp, Qwen3StepMatchesTheWholeMlp) {
   // Under "auto" the step hands the plan's tile to the MLP slot (use_recipe): the recipe's 9 rows
   // are the same tiles as the key's, bit for bit.
   auto chosen = make_tiled("");
-  s.slots.recipe.mlp_tile_rows = 9;
+  s.slots.recipe.set("tiled_mlp", "tile_rows", 9);
   const auto planned = step(chosen.get());
   EXPECT_EQ(planned.first, got.first);
   EXPECT_EQ(planned.second, got.second);
 }
 
-// Under "auto" (the key absent or "auto") the tile is the plan's (Recipe::mlp_tile_rows, handed over
+// Under "auto" (the key absent or "auto") the tile is the plan's (the knob tiled_mlp.tile_rows, handed over
 // by use_recipe), else one of about 256 MiB per [rows, I] buffer; a count set in the manifest wins.
 // The CPU allocator's peak in the forward is one tile's gate, up and act.
 TEST(TiledMlp, AutoTakesThePlansTileAndAKeySetWins) {
@@ -136,7 +136,7 @@ TEST(TiledMlp, AutoTakesThePlansTileAndAKeySetWins) {
   };
   auto tile = [&](int64_t rows) { return 3 * rows * I * 4; };
   Recipe r;
-  r.mlp_tile_rows = 7;
+  r.set("tiled_mlp", "tile_rows", 7);
   for (const char* table : {"", "tile_rows = \"auto\""}) {
     auto mlp = make_tiled(table);
     EXPECT_EQ(peak(*mlp), tile(T)) << table;  // the sequence is shorter than the 256 MiB tile
@@ -172,7 +172,7 @@ TEST(TiledMlp, PlanHoldsOneTileOfTheIntermediates) {
   auto fixed = make_tiled("tile_rows = 8192");
   EXPECT_EQ(transient(*fixed, plan_phase::mlp_backward), 6 * 8192LL * 9728 * 2);
   // Under "auto" the plan's tile (PlanInputs::recipe); a key set wins over it.
-  in.recipe.mlp_tile_rows = 32768;
+  in.recipe.set("tiled_mlp", "tile_rows", 32768);
   EXPECT_EQ(transient(*tiled, plan_phase::mlp_backward), 6 * 32768LL * 9728 * 2);
   EXPECT_EQ(transient(*fixed, plan_phase::mlp_backward), 6 * 8192LL * 9728 * 2);
   // Each tile accumulates into the three weights' gradients once (whole's work per call): smaller

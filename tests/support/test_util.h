@@ -13,10 +13,22 @@
 
 #include "config/manifest.h"
 #include "lcx/error.h"
+#include "lcx/knob.h"
 #include "lcx/tensor.h"
 #include "plugin/loader.h"
 
 namespace lcx::test {
+
+// A recipe of knob values by the names the plan prints them with ("qwen3.keep_attention",
+// "train.checkpoint_every").
+inline Recipe recipe_of(std::initializer_list<std::pair<std::string, int64_t>> values) {
+  Recipe r;
+  for (const auto& [name, value] : values) {
+    const size_t dot = name.find('.');
+    r.set(name.substr(0, dot), name.substr(dot + 1), value);
+  }
+  return r;
+}
 
 inline std::filesystem::path temp_dir(const std::string& tag) {
   std::random_device rd;

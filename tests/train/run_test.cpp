@@ -85,10 +85,10 @@ TEST(RunParts, InitializedWeightsRunThePlansRecipeInTheWeightsDtype) {
   run.plan_step(run.model().config(), 256, 1, -1);
   const Recipe leanest = choose_recipe(plan_inputs(cfg, run.model().config(), 256), run.plan_slots(), 1, -1);
   EXPECT_EQ(run.planned().seq_len, 256);
-  EXPECT_EQ(run.planned().recipe.head_groups, leanest.head_groups);
-  EXPECT_EQ(run.planned().recipe.keep_attention, leanest.keep_attention);
-  EXPECT_EQ(run.step().recipe.head_groups, leanest.head_groups);
-  EXPECT_EQ(run.step().recipe.keep_attention, leanest.keep_attention);
+  EXPECT_EQ(run.planned().recipe.get("qwen3", "attention_head_groups", 0), leanest.get("qwen3", "attention_head_groups", 0));
+  EXPECT_EQ(run.planned().recipe.get("qwen3", "keep_attention", 0), leanest.get("qwen3", "keep_attention", 0));
+  EXPECT_EQ(run.step().recipe.get("qwen3", "attention_head_groups", 0), leanest.get("qwen3", "attention_head_groups", 0));
+  EXPECT_EQ(run.step().recipe.get("qwen3", "keep_attention", 0), leanest.get("qwen3", "keep_attention", 0));
 }
 
 }  // namespace

@@ -12,20 +12,25 @@
 
 #include "lcx/abi.h"
 #include "lcx/config.h"
+#include "lcx/knob.h"
 #include "lcx/memory.h"
 #include "lcx/mesh_shape.h"
 
 namespace lcx {
 
-struct Recipe;
+struct PlanInputs;
 
 class Plugin {
  public:
   virtual ~Plugin() = default;
-  // The plan's recipe (lcx/slots/model.h) for the steps that follow: the step hands it to every
-  // slot's provider before each step (and the evaluation before its forward). A provider reads the
-  // fields that concern it only where its own key is "auto" (a key set in the manifest wins);
-  // one that has nothing to choose ignores it.
+  // The choices this provider leaves to the plan for a step of `in` (lcx/knob.h), in the order the
+  // search takes them; none where its keys have made them (a key set in the manifest wins).
+  // in.recipe holds core's own knob (train.checkpoint_every) and the choices of the knobs before,
+  // so a knob's values may follow them.
+  virtual std::vector<Knob> knobs(const PlanInputs& /*in*/) const { return {}; }
+  // The plan's recipe for the steps that follow: the step hands it to every slot's provider before
+  // each step (and the evaluation before its forward). A provider reads its own knobs' values by
+  // its name (Recipe::get); one that declares none ignores it.
   virtual void use_recipe(const Recipe& /*recipe*/) {}
   // What loading this provider, with its defaults, in place of its slot's core default would
   // save, as the phrase a plan that does not fit prints after "load <name>" (`--plan`, the

@@ -29,7 +29,9 @@ CliOptions parse_cli(int argc, char** argv) {
       ("list-plugins", po::bool_switch(&o.list_plugins), "list the plugins found: name, slot, version, status, path")
       ("dry-run", po::bool_switch(&o.dry_run), "print the resolved config and each slot's provider, then exit")
       ("plan", po::bool_switch(&o.plan),
-       "print the per-GPU memory plan (no GPU work, no weights loaded) and the longest sequence that fits, then exit")
+       "whether a step fits the GPU and the host (no GPU work, no weights loaded): the verdict, the recipe chosen, "
+       "fixes as --set lines, the per-GPU breakdown and the longest sequence that fits; exit 1 when it does not fit")
+      ("verbose", po::bool_switch(&o.verbose), "with --plan: every term of the plan, per phase")
       ("profile", po::bool_switch(&o.profile),
        "time every op of one step (run.profile_step, default 2): a table in the log and <output_dir>/trace-step<N>.json")
       ("rehearse", po::bool_switch(&o.rehearse),

@@ -17,6 +17,7 @@ struct CliOptions {
   std::string gpu_memory;  // --gpu-memory for --plan; "" means the local GPU's
   std::string host_memory;  // --host-memory for --plan; "" means this host's
   std::string gpu_name;     // --gpu-name for --plan: the rates row; "" means [run] gpu_name
+  bool verbose = false;     // --verbose: --plan prints every term of the plan
   std::string resume;
   bool overwrite = false;
   bool force = false;  // run even when the plan says the GPU is short

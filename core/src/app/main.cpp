@@ -164,7 +164,8 @@ int run(const CliOptions& o) {
     std::printf("config OK\n");
     return 0;
   }
-  if (o.plan) return run_plan_command(*manifest, core, loader, o.disabled, o.gpu_memory, o.host_memory, o.gpu_name);
+  if (o.plan)
+    return run_plan_command(*manifest, core, loader, o.disabled, o.gpu_memory, o.host_memory, o.gpu_name, o.verbose);
 
   // Every table, the plugins' too, and every path are checked before the run folder gets its
   // first byte and before the corpus is tokenized.

@@ -51,6 +51,12 @@ int64_t host_memory_budget(const std::string& text, const RunConfig& run) {
   return host_memory_available();
 }
 
+std::string host_memory_source(const std::string& text, const RunConfig& run) {
+  if (!text.empty()) return "--host-memory";
+  if (run.host_memory != "auto") return "run.host_memory";
+  return "this machine's available memory: MemAvailable and the cgroup's room";
+}
+
 int64_t node_host_bytes(const MemoryPlan& plan, const PlanInputs& in) {
   return plan.host_peak() * std::max<int64_t>(in.local_ranks, 1);
 }

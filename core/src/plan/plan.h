@@ -85,9 +85,7 @@ struct RecipeOption {
   double seconds = 0;  // the cost model's step time
 };
 // checkpoint_every: the spacing train.checkpoint_every sets, or 0 ("auto") to search 1, 2, 3, 4,
-// 6, ... (plan/recipe.cpp); gpu_layers is the most the GPU budget leaves room for, -1 where the
-// memory strategy places nothing by the recipe; mlp_tile_rows and loss_chunk_rows the fastest of a
-// few sizes that fit beside the rest, 0 where the provider does not plan them apart.
+// 6, ... (plan/recipe.cpp); the providers' knobs as each declares them (Plugin::knobs).
 std::vector<RecipeOption> rank_recipes(const PlanInputs& in, const PlanSlots& slots, int64_t gpu_bytes,
                                        int64_t host_bytes, int64_t checkpoint_every = 0);
 // The first candidate that fits, or the leanest when none does.
@@ -97,12 +95,25 @@ Recipe choose_recipe(const PlanInputs& in, const PlanSlots& slots, int64_t gpu_b
 // budgets (host_bytes < 0: the GPU's alone): the machine's longest for this model, mesh and providers.
 int64_t longest_fitting_seq(const PlanInputs& in, const PlanSlots& slots, int64_t gpu_bytes, int64_t host_bytes,
                             int64_t unit, int64_t checkpoint_every);
+// A knob with the name of the provider that declared it ("train" for core's own).
+struct DeclaredKnob {
+  std::string provider;
+  Knob knob;
+};
+// Core's own knob (train.checkpoint_every: `checkpoint_every`, or the spacings the search tries
+// where it is 0) and every slot's provider's, in the slot table's order, for a step of `in`.
+std::vector<DeclaredKnob> declared_knobs(const PlanInputs& in, const PlanSlots& slots, int64_t checkpoint_every);
+// The recipe of a run whose memory the plan does not size (on the host): every knob at its
+// default_value.
+Recipe unplanned_recipe(const PlanInputs& in, const PlanSlots& slots, int64_t checkpoint_every);
+// "train.checkpoint_every = 2, <provider>.<knob> = <value>, ...": each value by its provider's name.
 std::string recipe_name(const Recipe& r);
+std::string knob_value_text(int64_t value, bool boolean);  // "12", or "true" / "false"
 
 // The breakdown `--plan` prints. gpu_bytes <= 0 leaves out the GPU's fit lines, host_bytes < 0
-// the host's.
+// the host's; terms: the per-phase sums and the table of every term behind them.
 std::string format_plan(const MemoryPlan& plan, const PlanInputs& in, const PlanSlots& slots, int64_t gpu_bytes,
-                        int64_t unit, int64_t host_bytes = -1);
+                        int64_t host_bytes = -1, bool terms = true);
 
 // What would make a plan fit: each knob with the peak it gives. `loader` (may be null) finds the
 // installed plugins; each that offers itself (Plugin::plan_offer) for a slot that runs core's
@@ -110,6 +121,8 @@ std::string format_plan(const MemoryPlan& plan, const PlanInputs& in, const Plan
 // Parallelism that offers itself has its mesh axis raised; and a shorter sequence.
 struct PlanKnob {
   std::string action;  // "load <plugin> (<its offer>)", "raise distributed.cp to 16 (...)", "lower data.seq_len to 65536"
+  std::vector<std::string> loads;                          // the plugins it adds to [plugins] load
+  std::vector<std::pair<std::string, std::string>> sets;  // the keys it sets: {"data.seq_len", "65536"}
   int64_t peak = 0;    // planned peak with the knob, reserve included
   bool fits = false;
 };
@@ -129,6 +142,9 @@ int64_t parse_memory_size(const std::string& text, const std::string& option = "
 // [run] host_memory, else what this host leaves (host_memory_available: MemAvailable and the
 // cgroup's room); -1 when unknown.
 int64_t host_memory_budget(const std::string& text, const RunConfig& run);
+// Where host_memory_budget's figure comes from, in words ("--host-memory", "run.host_memory", or
+// this machine's available memory).
+std::string host_memory_source(const std::string& text, const RunConfig& run);
 // The pinned host bytes of a node: one rank's host peak x the node's local ranks.
 int64_t node_host_bytes(const MemoryPlan& plan, const PlanInputs& in);
 // The fix for a step whose pinned host bytes pass the host's memory.

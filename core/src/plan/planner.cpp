@@ -38,11 +38,11 @@ void plan_step(const PlanInputs& in, MemoryPlan& p) {
   // strategy whose device bytes stay level (a window of inputs moved in and out); beside one that
   // releases each saved input (on_device) and a k not dividing L, the full segments come after a
   // release and the peak is one [T,H] below this.
-  const int64_t rebuilt = std::min(std::max<int64_t>(1, in.recipe.checkpoint_every), in.model.num_layers) - 1;
+  const int64_t rebuilt = std::min(in.recipe.checkpoint_every(), in.model.num_layers) - 1;
   if (rebuilt > 0) {
-    p.add(str("rebuilt layer inputs ", rebuilt, " x [T,H] (train.checkpoint_every ", in.recipe.checkpoint_every, ")"),
+    p.add(str("rebuilt layer inputs ", rebuilt, " x [T,H] (train.checkpoint_every ", in.recipe.checkpoint_every(), ")"),
           PlanCategory::transient, rebuilt * TH, plan_phase::mlp_backward);
-    p.add(str("rebuilt layer inputs ", rebuilt, " x [T,H] (train.checkpoint_every ", in.recipe.checkpoint_every, ")"),
+    p.add(str("rebuilt layer inputs ", rebuilt, " x [T,H] (train.checkpoint_every ", in.recipe.checkpoint_every(), ")"),
           PlanCategory::transient, rebuilt * TH, plan_phase::backward);
     p.add(str("rebuild in the backward: ", rebuilt - 1, " rebuilt inputs and dy [T,H]"), PlanCategory::transient,
           rebuilt * TH, plan_phase::forward);
@@ -173,7 +173,7 @@ int64_t longest_fitting_seq(const PlanInputs& in, const PlanSlots& slots, int64_
 }
 
 std::string format_plan(const MemoryPlan& plan, const PlanInputs& in, const PlanSlots& slots, int64_t gpu_bytes,
-                        int64_t unit, int64_t host_bytes) {
+                        int64_t host_bytes, bool terms) {
   std::ostringstream o;
   const ModelConfig& m = in.model;
   char line[512];
@@ -230,14 +230,12 @@ std::string format_plan(const MemoryPlan& plan, const PlanInputs& in, const Plan
     row("GPU memory", gpu_bytes,
         peak.bytes <= gpu_bytes ? str("fits, ", format_bytes(gpu_bytes - peak.bytes), " to spare")
                                 : str("does NOT fit: short by ", format_bytes(peak.bytes - gpu_bytes)));
-    const int64_t longest = longest_fitting_seq(in, slots, gpu_bytes, unit);
-    o << "  longest sequence that fits: " << (longest ? with_commas(longest) + " tokens" : std::string("none"))
-      << " (same mesh and providers, steps of " << unit << ")\n";
   }
 
   // One line for scripts (scripts/bench/plan_validate.sh): the figures above in bytes.
   o << "  plan: peak_bytes=" << peak.bytes << " allocated_bytes=" << allocated.bytes << " phase=\"" << peak.phase
     << "\" host_bytes=" << plan.host_peak() << " tokens_per_rank=" << in.tokens_per_rank << "\n";
+  if (!terms) return o.str();
   o << "\nper phase (GPU, reserve included):";
   for (const auto& ph : MemoryPlan::phases()) o << "\n  " << std::left << ph << ": " << format_bytes(plan.gpu_bytes(ph));
   o << "\n\nterms:\n";
@@ -308,9 +306,10 @@ bool runs_default(const PlanSlots& s, uint32_t slot) {
 std::vector<PlanKnob> plan_knobs(const PlanInputs& in, const PlanSlots& slots, const PluginLoader* loader,
                                  int64_t gpu_bytes, int64_t unit) {
   std::vector<PlanKnob> knobs;
-  auto add = [&](std::string action, const PlanInputs& i, const PlanSlots& s) {
+  auto add = [&](std::string action, std::vector<std::string> load, std::vector<std::pair<std::string, std::string>> set,
+                 const PlanInputs& i, const PlanSlots& s) {
     const int64_t peak = peak_of(i, s);
-    knobs.push_back({std::move(action), peak, peak <= gpu_bytes});
+    knobs.push_back({std::move(action), std::move(load), std::move(set), peak, peak <= gpu_bytes});
   };
   const std::vector<Offer> offers = installed_offers(loader);
   // Each provider that would replace a core default, alone, then all of them together.
@@ -320,11 +319,11 @@ std::vector<PlanKnob> plan_knobs(const PlanInputs& in, const PlanSlots& slots, c
     if (o.slot == LCX_SLOT_PARALLELISM || !runs_default(slots, o.slot)) continue;
     PlanSlots s = slots;
     if (!place(s, o)) continue;
-    add(str("load ", o.name, " (", o.why, ")"), in, s);
+    add(str("load ", o.name, " (", o.why, ")"), {o.name}, {}, in, s);
     place(combined, o);
     loads.push_back(o.name);
   }
-  if (loads.size() > 1) add("load " + join(loads, " and "), in, combined);
+  if (loads.size() > 1) add("load " + join(loads, " and "), loads, {}, in, combined);
   // More ranks per sequence: the first size of a parallelism's mesh axis (doubling, up to 64)
   // that fits with the providers above; the loaded parallelism when it offers itself, else the
   // first installed one that does. A stacked pair (two-dimensional) grows its inner's axis as loaded.
@@ -347,16 +346,22 @@ std::vector<PlanKnob> plan_knobs(const PlanInputs& in, const PlanSlots& slots, c
       const int64_t peak = peak_of(i, with);
       if (peak <= gpu_bytes || n == 64) {
         std::string action = str("raise distributed.", axis, " to ", n, " (", i.world_size, " GPUs");
-        if (!stacked && slots.parallel_name != parallel->name) action += ", load " + parallel->name;
+        std::vector<std::string> load = loads;
+        if (!stacked && slots.parallel_name != parallel->name) {
+          action += ", load " + parallel->name;
+          load.push_back(parallel->name);
+        }
         if (!loads.empty()) action += ", with " + join(loads, " and ");
-        knobs.push_back({action + ")", peak, peak <= gpu_bytes});
+        knobs.push_back({action + ")", std::move(load), {{"distributed." + axis, std::to_string(n)}}, peak,
+                         peak <= gpu_bytes});
         break;
       }
     }
   }
   const int64_t longest = longest_fitting_seq(in, slots, gpu_bytes, unit);
   if (longest > 0 && longest < in.seq_len)
-    add(str("lower data.seq_len to ", longest), with_seq(in, longest), slots);
+    add(str("lower data.seq_len to ", longest), {}, {{"data.seq_len", std::to_string(longest)}}, with_seq(in, longest),
+        slots);
   return knobs;
 }
 
@@ -368,7 +373,7 @@ std::string format_out_of_memory(const CoreConfig& cfg, const SlotSet& slots, co
   const int64_t unit = plan_seq_unit(in, cfg.data.pad_to_multiple_of);
   const MemoryPlan plan = build_plan(in, ps);
   std::ostringstream o;
-  o << "out of GPU memory: " << failure << "\n\n" << format_plan(plan, in, ps, gpu_bytes, unit);
+  o << "out of GPU memory: " << failure << "\n\n" << format_plan(plan, in, ps, gpu_bytes);
   if (gpu_bytes > 0) {
     PluginLoader loader(PluginLoader::default_search_dirs(cfg.plugins.dir));
     const auto knobs = plan_knobs(in, ps, &loader, gpu_bytes, unit);

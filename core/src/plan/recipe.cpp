@@ -1,30 +1,31 @@
-// The recipe: the choices that trade memory for time (lcx/slots/model.h Recipe), made per run by the
-// plan. Each candidate is planned (its bytes) and timed by the cost model (its providers' work,
-// MemoryPlan::work, at the rates of the GPU planned for: plan/rates.h); the fastest whose plan
-// fits the GPU (and whose pinned host bytes, times the ranks of the node, fit the host) is taken. A key set in the manifest wins, since the providers read the
-// recipe only where their key is "auto".
+// The recipe: the choices that trade memory for time (lcx/knob.h), made per run by the plan. Core
+// declares its own knob (train.checkpoint_every) and asks every slot's provider for its own
+// (Plugin::knobs); the search walks their product as each knob's KnobSearch says. Each candidate
+// is planned (its bytes) and timed by the cost model (its providers' work, MemoryPlan::work, at
+// the rates of the GPU planned for: plan/rates.h); the fastest whose plan fits the GPU (and whose pinned host bytes, times the
+// ranks of the node, fit the host) is taken. A key set in the manifest wins, since a provider
+// declares no knob for a choice its key has made.
 //
 // Host copies of tensors a memory strategy moves overlap compute and are not counted, except those
 // it says the compute waits for (exposed_copy_bytes: nothing loaded ahead), at the pinned copy rate.
 #include <algorithm>
 #include <limits>
 #include <optional>
-#include <span>
 
 #include "lcx/error.h"
 #include "plan/plan.h"
 
 namespace lcx {
 
+std::string knob_value_text(int64_t value, bool boolean) {
+  return boolean ? std::string(value ? "true" : "false") : std::to_string(value);
+}
+
 std::string recipe_name(const Recipe& r) {
-  std::string name = str(r.keep_attention ? "attention kept from the forward" : "attention recomputed", ", ",
-                         r.head_groups == 1 ? std::string("one head group") : str(r.head_groups, " head groups"));
-  if (r.checkpoint_every > 1) name += str(", every ", r.checkpoint_every, " layers one input saved");
-  if (r.gpu_layers >= 0) name += str(", ", r.gpu_layers, " saved inputs on the GPU");
-  if (r.prefetch == 0) name += ", nothing loaded ahead";
-  if (r.mlp_tile_rows > 0) name += str(", MLP tiles of ", with_commas(r.mlp_tile_rows), " rows");
-  if (r.loss_chunk_rows > 0) name += str(", loss chunks of ", with_commas(r.loss_chunk_rows), " rows");
-  return name;
+  std::string name;
+  for (const KnobValue& v : r.values())
+    name += str(name.empty() ? "" : ", ", v.provider, ".", v.knob, " = ", knob_value_text(v.value, v.boolean));
+  return name.empty() ? std::string("every provider's own rule") : name;
 }
 
 namespace {
@@ -40,179 +41,229 @@ std::vector<int64_t> checkpoint_spacings(int64_t layers) {
   return out;
 }
 
-// The rows the search tries for the MLP slot's tiles and the Loss slot's chunks (Recipe::mlp_tile_rows,
-// loss_chunk_rows), each cut to the rank's rows: a few sizes, from about where an H200's GEMMs stay
-// busy to where the time gained flattens (the chunk_rows sweep, docs/PERF.md); the rank's rows are
-// one tile more. A provider that does not cut rows, or whose key is set, plans them all alike.
-constexpr int64_t kTileRows[] = {4096, 8192, 16384, 32768, std::numeric_limits<int64_t>::max()};
-constexpr int64_t kChunkRows[] = {256, 1024, 4096};
-
 struct Planned {
   int64_t gpu_peak = 0, host_peak = 0, host_node = 0;
   double seconds = 0;
 };
 
-Planned plan_recipe(const PlanInputs& in, const PlanSlots& slots, const Recipe& r) {
-  PlanInputs with = in;
-  with.recipe = r;
-  const MemoryPlan plan = build_plan(with, slots);
-  return {plan.peak().bytes, plan.host_peak(), node_host_bytes(plan, with), predicted_step_seconds(plan.work)};
-}
+// The search of rank_recipes over the declared knobs' product: for each combination of the
+// `every` knobs (in declaration order, the first outermost), the `until_fits` values in order until
+// one fits, each with the `most_that_fits` knobs at their largest that fits the GPU and the
+// `ranked` knobs at their leanest; where that fits, the fastest ranked values that fit beside it.
+class Search {
+ public:
+  Search(const PlanInputs& in, const PlanSlots& slots, int64_t gpu_bytes, int64_t host_bytes, int64_t checkpoint_every,
+         bool first_fit)
+      : in_(in), slots_(slots), gpu_bytes_(gpu_bytes), host_bytes_(host_bytes), checkpoint_every_(checkpoint_every),
+        first_fit_(first_fit) {}
 
-// The most saved inputs the memory strategy may keep on the GPU within gpu_bytes, by bisection
-// (the GPU peak grows with them, the host bytes shrink); -1 when the strategy places none by the
-// recipe (its host bytes do not move: core's on_device, or a count set by its own key).
-int64_t most_gpu_layers(const PlanInputs& in, const PlanSlots& slots, Recipe r, int64_t gpu_bytes) {
-  const int64_t saved = r.saved_layers(in.model.num_layers);
-  r.gpu_layers = 0;
-  const Planned none = plan_recipe(in, slots, r);
-  r.gpu_layers = saved;
-  const Planned all = plan_recipe(in, slots, r);
-  if (all.host_peak == none.host_peak) return -1;
-  if (all.gpu_peak <= gpu_bytes) return saved;
-  int64_t lo = 0, hi = saved;  // hi does not fit; lo fits, or is 0
-  while (hi - lo > 1) {
-    const int64_t mid = lo + (hi - lo) / 2;
-    r.gpu_layers = mid;
-    (plan_recipe(in, slots, r).gpu_peak <= gpu_bytes ? lo : hi) = mid;
+  std::vector<RecipeOption> run() {
+    rank_ranked();
+    every_level(Recipe{}, 0);
+    if (out_.empty() && refused_) throw *refused_;
+    return std::move(out_);
   }
-  return lo;
-}
 
-// One pair of row counts for the MLP's tiles and the loss's chunks (0: the provider's own rule).
-struct Rows {
-  int64_t tile = 0, chunk = 0;
-  bool operator==(const Rows&) const = default;
-};
+ private:
+  std::vector<DeclaredKnob> declared(const Recipe& r, KnobSearch kind) const {
+    PlanInputs at = in_;
+    at.recipe = r;
+    std::vector<DeclaredKnob> out;
+    for (DeclaredKnob& d : declared_knobs(at, slots_, checkpoint_every_))
+      if (d.knob.search == kind && !d.knob.values.empty()) out.push_back(std::move(d));
+    return out;
+  }
 
-Recipe with_rows(Recipe r, Rows rows) {
-  r.mlp_tile_rows = rows.tile;
-  r.loss_chunk_rows = rows.chunk;
-  return r;
-}
+  Planned plan(const Recipe& r) const {
+    PlanInputs with = in_;
+    with.recipe = r;
+    const MemoryPlan p = build_plan(with, slots_);
+    return {p.peak().bytes, p.host_peak(), node_host_bytes(p, with), predicted_step_seconds(p.work)};
+  }
+  bool fits(const Planned& p) const {
+    return p.gpu_peak <= gpu_bytes_ && (host_bytes_ < 0 || p.host_node <= host_bytes_);
+  }
 
-// The candidate counts of one field, ascending and cut to the rank's rows; {0} where the provider
-// plans the fewest and the most alike (bytes of every phase and the predicted time): nothing to choose.
-std::vector<int64_t> row_candidates(const PlanInputs& in, const PlanSlots& slots, std::span<const int64_t> tries,
-                                    int64_t Recipe::*field) {
-  const int64_t T = std::max<int64_t>(in.tokens_per_rank, 1);
-  std::vector<int64_t> out;
-  for (int64_t n : tries)
-    if (out.empty() || std::min(n, T) > out.back()) out.push_back(std::min(n, T));
-  auto planned = [&](int64_t n) {
-    PlanInputs with = in;
-    with.recipe = Recipe{};  // every provider takes the plain recipe (a key may refuse another)
-    with.recipe.*field = n;
-    const MemoryPlan plan = build_plan(with, slots);
-    std::vector<double> sig{predicted_step_seconds(plan.work)};
-    for (const std::string& phase : MemoryPlan::phases()) sig.push_back(static_cast<double>(plan.gpu_bytes(phase)));
-    return sig;
-  };
-  if (out.size() < 2 || planned(out.front()) == planned(out.back())) return {0};
-  return out;
-}
+  // Each values vector is one combination of `knobs`, in their order.
+  static void apply(Recipe& r, const std::vector<DeclaredKnob>& knobs, const std::vector<int64_t>& values) {
+    for (size_t i = 0; i < knobs.size(); ++i) r.set(knobs[i].provider, knobs[i].knob.name, values[i], knobs[i].knob.boolean);
+  }
+  // Every combination of the knobs' values, the first knob's outermost.
+  static std::vector<std::vector<int64_t>> product(const std::vector<DeclaredKnob>& knobs) {
+    std::vector<std::vector<int64_t>> out{{}};
+    for (const DeclaredKnob& d : knobs) {
+      std::vector<std::vector<int64_t>> next;
+      for (const std::vector<int64_t>& head : out)
+        for (int64_t v : d.knob.values) {
+          next.push_back(head);
+          next.back().push_back(v);
+        }
+      out = std::move(next);
+    }
+    return out;
+  }
 
-// Every pair of tile and chunk counts, fastest first by the cost model (their work adds to the rest
-// of the step's, so they are ranked once, on the plain recipe), the leaner first among equals; the
-// leanest pair (the fewest rows of each: the least memory) last. Where nothing is loaded ahead, a
-// larger pair may leave fewer inputs on the GPU and expose more copies: the search takes the
-// fastest rows that fit, then the most inputs on the GPU beside them.
-std::vector<Rows> rows_fastest_first(const PlanInputs& in, const PlanSlots& slots, Rows* leanest) {
-  const std::vector<int64_t> tiles = row_candidates(in, slots, kTileRows, &Recipe::mlp_tile_rows);
-  const std::vector<int64_t> chunks = row_candidates(in, slots, kChunkRows, &Recipe::loss_chunk_rows);
-  *leanest = {tiles.front(), chunks.front()};
-  std::vector<std::pair<double, Rows>> timed;
-  for (int64_t tile : tiles)
-    for (int64_t chunk : chunks)
-      if (!(Rows{tile, chunk} == *leanest)) {
-        PlanInputs with = in;
-        with.recipe = with_rows(Recipe{}, {tile, chunk});
-        timed.push_back({predicted_step_seconds(build_plan(with, slots).work), {tile, chunk}});
+  // The ranked knobs, declared on the plain recipe: their work adds to the rest of the step's, so
+  // their combinations are ranked once there, fastest first by the cost model, the leaner first
+  // among equals, and the leanest (each knob's first value: the least memory) last. A knob whose
+  // first and last values plan alike (bytes of every phase and the predicted time) is left to its
+  // provider: nothing to choose.
+  void rank_ranked() {
+    auto signature = [&](const DeclaredKnob& d, int64_t v) {
+      PlanInputs with = in_;
+      with.recipe.set(d.provider, d.knob.name, v, d.knob.boolean);
+      const MemoryPlan p = build_plan(with, slots_);
+      std::vector<double> sig{predicted_step_seconds(p.work)};
+      for (const std::string& phase : MemoryPlan::phases()) sig.push_back(static_cast<double>(p.gpu_bytes(phase)));
+      return sig;
+    };
+    for (DeclaredKnob& d : declared(Recipe{}, KnobSearch::ranked))
+      if (d.knob.values.size() >= 2 && signature(d, d.knob.values.front()) != signature(d, d.knob.values.back()))
+        ranked_.push_back(std::move(d));
+    for (const DeclaredKnob& d : ranked_) leanest_.push_back(d.knob.values.front());
+    std::vector<std::pair<double, std::vector<int64_t>>> timed;
+    for (std::vector<int64_t>& values : product(ranked_))
+      if (values != leanest_) {
+        Recipe r;
+        apply(r, ranked_, values);
+        timed.push_back({plan(r).seconds, std::move(values)});
       }
-  std::stable_sort(timed.begin(), timed.end(), [](const auto& a, const auto& b) { return a.first < b.first; });
-  std::vector<Rows> out;
-  for (const auto& t : timed) out.push_back(t.second);
-  out.push_back(*leanest);
-  return out;
-}
+    std::stable_sort(timed.begin(), timed.end(), [](const auto& a, const auto& b) { return a.first < b.first; });
+    for (auto& t : timed) faster_.push_back(std::move(t.second));
+  }
 
-// The candidates of rank_recipes; with first_fit, only until one fits both budgets (the longest
-// sequence's search asks no more), its rows the leanest.
-std::vector<RecipeOption> search_recipes(const PlanInputs& in, const PlanSlots& slots, int64_t gpu_bytes,
-                                         int64_t host_bytes, int64_t checkpoint_every, bool first_fit) {
-  std::vector<RecipeOption> out;
-  std::vector<int64_t> group_counts;
-  for (int64_t g = 1; g <= std::max<int64_t>(1, in.model.num_kv_heads); g *= 2)
-    if (in.model.num_kv_heads % g == 0) group_counts.push_back(g);
-  const std::vector<int64_t> spacings =
-      checkpoint_every > 0 ? std::vector<int64_t>{checkpoint_every} : checkpoint_spacings(in.model.num_layers);
-  Rows leanest;
-  const std::vector<Rows> rows = rows_fastest_first(in, slots, &leanest);
-  auto fits = [&](const Planned& p) { return p.gpu_peak <= gpu_bytes && (host_bytes < 0 || p.host_node <= host_bytes); };
-  std::optional<Error> refused;
-  for (int64_t k : spacings)
-    for (bool keep : {true, false}) {
-      if (keep && k > 1) continue;  // the layers between checkpoints keep nothing (train/step.cpp)
-      for (int64_t groups : group_counts)
-        // The strategy's own prefetch first; nothing loaded ahead only where that does not fit (it
-        // frees the window's GPU bytes for more inputs there, and exposes each copy in).
-        for (int64_t prefetch : {int64_t{-1}, int64_t{0}}) {
-          RecipeOption o;
-          o.recipe.keep_attention = keep;
-          o.recipe.head_groups = groups;
-          o.recipe.checkpoint_every = k;
-          o.recipe.prefetch = prefetch;
-          o.recipe = with_rows(o.recipe, leanest);
-          try {
-            o.recipe.gpu_layers = most_gpu_layers(in, slots, o.recipe, gpu_bytes);
-          } catch (const Error& e) {
-            // A provider that refuses this spacing (a key set against it) drops its candidates.
-            if (k == 1) throw;
-            if (!refused) refused = e;
-            break;
-          }
-          Planned p = plan_recipe(in, slots, o.recipe);
-          // The leanest rows fit: the fastest rows that fit beside the rest, each with the most saved
-          // inputs on the GPU that they leave room for.
-          if (fits(p) && !first_fit)
-            for (const Rows& r : rows) {
-              if (r == leanest) break;
-              Recipe faster = with_rows(o.recipe, r);
-              faster.gpu_layers = most_gpu_layers(in, slots, faster, gpu_bytes);
-              const Planned q = plan_recipe(in, slots, faster);
-              if (fits(q)) {
-                o.recipe = faster;
-                p = q;
-                break;
-              }
-            }
-          // A head group count the model does not take (a mesh that splits heads), or a prefetch the
-          // strategy does not take (its key, or no strategy that loads ahead), plans the same as the
-          // candidate before it: listed once.
-          if (!out.empty() && out.back().recipe.keep_attention == keep && out.back().recipe.checkpoint_every == k &&
-              out.back().gpu_peak == p.gpu_peak && out.back().host_node == p.host_node && out.back().seconds == p.seconds)
-            break;
-          o.gpu_peak = p.gpu_peak;
-          o.host_peak = p.host_peak;
-          o.host_node = p.host_node;
-          o.fits = fits(p);
-          o.seconds = p.seconds;
-          out.push_back(o);
-          if (o.fits) {
-            if (first_fit) return out;
+  // The most_that_fits knobs at the largest value whose GPU peak fits, by bisection (the GPU peak
+  // grows with the value); left to the provider where its lowest and highest values plan alike.
+  void fill_most(Recipe& r) const {
+    for (const DeclaredKnob& d : declared(r, KnobSearch::most_that_fits)) {
+      const std::vector<int64_t>& v = d.knob.values;
+      auto at = [&](size_t i) {
+        r.set(d.provider, d.knob.name, v[i], d.knob.boolean);
+        return plan(r);
+      };
+      const Planned none = at(0), all = at(v.size() - 1);
+      if (all.host_peak == none.host_peak && all.gpu_peak == none.gpu_peak) {
+        r.erase(d.provider, d.knob.name);
+        continue;
+      }
+      if (all.gpu_peak <= gpu_bytes_) continue;
+      size_t lo = 0, hi = v.size() - 1;  // hi does not fit; lo fits, or is the lowest
+      while (hi - lo > 1) {
+        const size_t mid = lo + (hi - lo) / 2;
+        (at(mid).gpu_peak <= gpu_bytes_ ? lo : hi) = mid;
+      }
+      r.set(d.provider, d.knob.name, v[lo], d.knob.boolean);
+    }
+  }
+
+  void every_level(const Recipe& r, size_t depth) {
+    const std::vector<DeclaredKnob> every = declared(r, KnobSearch::every);
+    if (depth >= every.size()) return candidate(r);
+    const DeclaredKnob& d = every[depth];
+    for (int64_t v : d.knob.values) {
+      Recipe next = r;
+      next.set(d.provider, d.knob.name, v, d.knob.boolean);
+      every_level(next, depth + 1);
+      if (done_) return;
+    }
+  }
+
+  void candidate(const Recipe& base) {
+    const std::vector<DeclaredKnob> until = declared(base, KnobSearch::until_fits);
+    for (const std::vector<int64_t>& values : product(until)) {
+      RecipeOption o;
+      o.recipe = base;
+      apply(o.recipe, until, values);
+      apply(o.recipe, ranked_, leanest_);
+      Planned p;
+      try {
+        fill_most(o.recipe);
+        p = plan(o.recipe);
+      } catch (const Error& e) {
+        // A provider that refuses this combination (a key set against it) drops it; where every
+        // candidate is refused, the first refusal is the answer.
+        if (!refused_) refused_ = e;
+        break;
+      }
+      // The leanest ranked values fit: the fastest that fit beside the rest, each with the
+      // most_that_fits knobs at what they leave room for.
+      if (fits(p) && !first_fit_)
+        for (const std::vector<int64_t>& rows : faster_) {
+          Recipe faster = o.recipe;
+          apply(faster, ranked_, rows);
+          fill_most(faster);
+          const Planned q = plan(faster);
+          if (fits(q)) {
+            o.recipe = std::move(faster);
+            p = q;
             break;
           }
         }
+      // A value its provider does not take (a mesh that splits the heads, a key that wins) plans as
+      // the candidate before it: listed once.
+      if (!out_.empty() && out_.back().gpu_peak == p.gpu_peak && out_.back().host_node == p.host_node &&
+          out_.back().seconds == p.seconds)
+        break;
+      o.gpu_peak = p.gpu_peak;
+      o.host_peak = p.host_peak;
+      o.host_node = p.host_node;
+      o.fits = fits(p);
+      o.seconds = p.seconds;
+      out_.push_back(std::move(o));
+      if (out_.back().fits) {
+        done_ = first_fit_;
+        break;
+      }
     }
-  if (out.empty() && refused) throw *refused;
-  return out;
-}
+  }
+
+  const PlanInputs& in_;
+  const PlanSlots& slots_;
+  const int64_t gpu_bytes_, host_bytes_, checkpoint_every_;
+  const bool first_fit_;
+  std::vector<DeclaredKnob> ranked_;
+  std::vector<int64_t> leanest_;
+  std::vector<std::vector<int64_t>> faster_;  // the ranked combinations but the leanest, fastest first
+  std::vector<RecipeOption> out_;
+  std::optional<Error> refused_;
+  bool done_ = false;
+};
 
 }  // namespace
 
+std::vector<DeclaredKnob> declared_knobs(const PlanInputs& in, const PlanSlots& slots, int64_t checkpoint_every) {
+  std::vector<DeclaredKnob> out;
+  Knob spacing;
+  spacing.name = Recipe::kCheckpointEvery;
+  spacing.values = checkpoint_every > 0 ? std::vector<int64_t>{checkpoint_every} : checkpoint_spacings(in.model.num_layers);
+  spacing.default_value = std::max<int64_t>(1, checkpoint_every);
+  spacing.means = "gradient checkpointing: every k-th layer's input saved, the others recomputed in the backward";
+  out.push_back({Recipe::kCoreProvider, std::move(spacing)});
+  for_each_slot([&]<class T>(const SlotRow<T>& row) {
+    const T* provider = slots.get<T>();
+    std::unique_ptr<T> standin;  // core's default for a slot the caller left empty
+    if (!provider && row.make_default) provider = (standin = row.make_default()).get();
+    if (!provider) return;
+    for (Knob& k : provider->knobs(in)) out.push_back({slots.name_of<T>(), std::move(k)});
+  });
+  return out;
+}
+
+Recipe unplanned_recipe(const PlanInputs& in, const PlanSlots& slots, int64_t checkpoint_every) {
+  Recipe r;
+  r.set_checkpoint_every(std::max<int64_t>(1, checkpoint_every));
+  PlanInputs at = in;
+  at.recipe = r;
+  for (const DeclaredKnob& d : declared_knobs(at, slots, checkpoint_every)) {
+    r.set(d.provider, d.knob.name, d.knob.default_value, d.knob.boolean);
+    at.recipe = r;
+  }
+  return r;
+}
+
 std::vector<RecipeOption> rank_recipes(const PlanInputs& in, const PlanSlots& slots, int64_t gpu_bytes,
                                        int64_t host_bytes, int64_t checkpoint_every) {
-  std::vector<RecipeOption> out = search_recipes(in, slots, gpu_bytes, host_bytes, checkpoint_every, false);
+  std::vector<RecipeOption> out = Search(in, slots, gpu_bytes, host_bytes, checkpoint_every, false).run();
   // Equal times (the same work, placed otherwise): the fewer pinned bytes first.
   std::stable_sort(out.begin(), out.end(), [](const RecipeOption& a, const RecipeOption& b) {
     return a.seconds != b.seconds ? a.seconds < b.seconds : a.host_node < b.host_node;
@@ -238,7 +289,7 @@ Recipe choose_recipe(const PlanInputs& in, const PlanSlots& slots, int64_t gpu_b
 int64_t longest_fitting_seq(const PlanInputs& in, const PlanSlots& slots, int64_t gpu_bytes, int64_t host_bytes,
                             int64_t unit, int64_t checkpoint_every) {
   return longest_seq_where(in, unit, [&](const PlanInputs& at) {
-    const std::vector<RecipeOption> found = search_recipes(at, slots, gpu_bytes, host_bytes, checkpoint_every, true);
+    const std::vector<RecipeOption> found = Search(at, slots, gpu_bytes, host_bytes, checkpoint_every, true).run();
     return !found.empty() && found.back().fits;
   });
 }

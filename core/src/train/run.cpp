@@ -250,9 +250,9 @@ void Run::plan_local_step(bool force) {
   } else {
     planned_ = plan_inputs(cfg_, shape, data_->seq_len());
     if (rank_.local_ranks > 0) planned_.local_ranks = rank_.local_ranks;
-    // Host memory is the only budget: keep what saves work, save every layer unless told otherwise.
-    planned_.recipe.checkpoint_every = std::max<int64_t>(1, cfg_.train.checkpoint_every);
-    planned_.recipe.keep_attention = planned_.recipe.checkpoint_every == 1;
+    // Host memory is the only budget: every knob at its provider's default (what saves work),
+    // every layer saved unless told otherwise.
+    planned_.recipe = unplanned_recipe(planned_, plan_slots(), cfg_.train.checkpoint_every);
     step_.recipe = planned_.recipe;
   }
   check_host_memory(build_plan(planned_, plan_slots()), planned_, host_budget);

@@ -115,7 +115,7 @@ StepResult train_step(StepSlots& s, const Shard& shard, double grad_scale, Devic
   // backward recomputes everything from the rebuilt input.
   StepContext unsaved = ctx;
   unsaved.memory = nullptr;
-  const int k = static_cast<int>(std::max<int64_t>(1, s.recipe.checkpoint_every));
+  const int k = static_cast<int>(s.recipe.checkpoint_every());
   const Tensor tokens = on(shard.tokens, device);
   const Tensor targets = on(shard.targets, device);
   hand_recipe(s);

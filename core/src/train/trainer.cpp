@@ -366,6 +366,15 @@ void Trainer::optimizer_step(StepRecord& r) {
 // that does not fit as a large one.
 constexpr double kRehearsalTolerance = 0.01;
 
+// The plan's choices by <provider>.<knob>, for a shorter run to be given the same
+// (scripts/bench/rehearse.sh).
+nlohmann::json recipe_choices(const Recipe& recipe) {
+  nlohmann::json out = nlohmann::json::object();
+  for (const KnobValue& v : recipe.values())
+    out[v.provider + "." + v.knob] = v.boolean ? nlohmann::json(v.value != 0) : nlohmann::json(v.value);
+  return out;
+}
+
 int Trainer::rehearse() {
   const Device device = run_.device();
   const ModelConfig& mc = run_.model().config();
@@ -400,15 +409,7 @@ int Trainer::rehearse() {
                            {"seq_len", run_.data().seq_len()},
                            {"layers", mc.num_layers},
                            {"recipe", recipe_name(run_.planned().recipe)},
-                           // The choices, for a shorter run to be given the same (scripts/bench/rehearse.sh).
-                           {"recipe_choices",
-                            {{"keep_attention", run_.planned().recipe.keep_attention},
-                             {"head_groups", run_.planned().recipe.head_groups},
-                             {"checkpoint_every", run_.planned().recipe.checkpoint_every},
-                             {"gpu_layers", run_.planned().recipe.gpu_layers},
-                             {"prefetch", run_.planned().recipe.prefetch},
-                             {"mlp_tile_rows", run_.planned().recipe.mlp_tile_rows},
-                             {"loss_chunk_rows", run_.planned().recipe.loss_chunk_rows}}},
+                           {"recipe_choices", recipe_choices(run_.planned().recipe)},
                            {"loss_meaningless", r.loss},
                            {"step_s", r.t_end - r.t_start},
                            {"optimizer_s", r.t_end - r.t_optimizer},  // real: the update is not cut

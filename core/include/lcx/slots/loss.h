@@ -1,7 +1,7 @@
 // Loss slot: fused forward and backward of the language-model head and cross entropy.
-// A provider that takes the rows in chunks takes their size from Recipe::loss_chunk_rows
-// (use_recipe, and PlanInputs::recipe in plan()) where its key leaves it to the plan, and adds each
-// chunk's cost to MemoryPlan::work, so the plan weighs larger chunks' speed against their memory.
+// A provider that takes the rows in chunks may leave their size to the plan as a knob of its own
+// (lcx/knob.h), and adds each chunk's cost to MemoryPlan::work, so the plan weighs larger chunks'
+// speed against their memory.
 #pragma once
 #include "lcx/plugin.h"
 #include "lcx/tensor.h"

@@ -21,8 +21,8 @@ struct MemoryPlan;
 
 class MemoryStrategy : public Plugin {
  public:
-  // use_recipe (Plugin) comes before begin_step: which layers are saved (every checkpoint_every-th),
-  // how many saved inputs the plan leaves on the GPU (gpu_layers) and how many load ahead (prefetch).
+  // use_recipe (Plugin) comes before begin_step: which layers are saved (Recipe::saves) and the
+  // values of the strategy's own knobs (where its inputs go, how many load ahead).
   virtual void begin_step(int num_layers) = 0;
   virtual void save(int layer, const Tensor& input) = 0;
   virtual Tensor fetch(int layer) = 0;

@@ -8,9 +8,9 @@
 // backward recomputes what it needs from x (nothing is kept between forward and backward), writes
 // dx and accumulates the weights' fp32 gradients (beta 1), as the model's other gradients do.
 //
-// A strategy that cuts the rows into tiles takes their size from Recipe::mlp_tile_rows (use_recipe,
-// and PlanInputs::recipe in plan()) where its key leaves it to the plan, and adds each tile's cost
-// to MemoryPlan::work, so the plan weighs larger tiles' speed against their memory.
+// A strategy that cuts the rows into tiles may leave their size to the plan as a knob of its own
+// (lcx/knob.h), and adds each tile's cost to MemoryPlan::work, so the plan weighs larger tiles'
+// speed against their memory.
 #pragma once
 #include "lcx/plugin.h"
 #include "lcx/tensor.h"

@@ -2,7 +2,6 @@
 // There is no autograd: the step (core) runs embed -> layers -> final norm -> Loss, then the
 // layers' backward last to first, recomputing each layer from the input MemoryStrategy kept.
 #pragma once
-#include <algorithm>
 #include <string>
 #include <vector>
 
@@ -46,33 +45,6 @@ struct Parameter {
   bool gemm_grad = false;
 };
 
-// Choices that trade memory for time, made by the plan for each run (the fastest that fits) and
-// handed to the providers; a key set in the manifest wins over them.
-struct Recipe {
-  bool keep_attention = false;  // attention output and LSE kept from the forward (selective recompute)
-  int64_t head_groups = 0;      // attention head groups; 0: the model's own rule
-  // The step saves the input of every checkpoint_every-th layer only (0, k, 2k, ...) and rebuilds
-  // the inputs in between in the backward, by one more forward of those layers.
-  int64_t checkpoint_every = 1;
-  // Saved inputs the memory strategy keeps on the GPU for the whole step, the rest where it moves
-  // them; -1: the strategy's own rule.
-  int64_t gpu_layers = -1;
-  // Saved inputs the memory strategy loads ahead of the backward's use; -1: its own rule. 0 saves
-  // the window's GPU bytes and leaves each copy in exposed (the cost model counts it).
-  int64_t prefetch = -1;
-  // Rows the MLP slot's provider runs at once (its tiles), and rows of the final hidden states the
-  // Loss slot's provider takes per chunk; 0: the provider's own rule (and a provider that does not
-  // cut the rows ignores them).
-  int64_t mlp_tile_rows = 0;
-  int64_t loss_chunk_rows = 0;
-
-  bool saves(int64_t layer) const { return layer % std::max<int64_t>(1, checkpoint_every) == 0; }
-  int64_t saved_layers(int64_t num_layers) const {
-    const int64_t k = std::max<int64_t>(1, checkpoint_every);
-    return (num_layers + k - 1) / k;
-  }
-};
-
 struct StepContext {
   const RopeTables* rope = nullptr;
   Parallelism* parallel = nullptr;
@@ -81,7 +53,7 @@ struct StepContext {
   // Where a layer may keep tensors beyond its input for its backward (MemoryStrategy::keep); null
   // on paths with no backward (evaluation), where nothing is kept.
   MemoryStrategy* memory = nullptr;
-  Recipe recipe;
+  Recipe recipe;  // the plan's choices (lcx/knob.h)
   // The shard's document_bounds, for the attention (AttentionArgs::documents).
   std::span<const int64_t> documents;
 };
