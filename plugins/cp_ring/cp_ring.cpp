@@ -545,6 +545,12 @@ class CpRing final : public Parallelism {
 // The ring's size is [distributed] cp. `size` is the key it replaced: still accepted when it
 // equals cp, and deprecated.
 std::unique_ptr<Plugin> create(const PluginArgs& args) {
+  args.config.describe("size", "deprecated: the ring's size is [distributed] cp; accepted only when equal to it", {},
+                       "[distributed] cp");
+  args.config.describe("attend_across_documents", "moved to [data] attend_across_documents; refused here");
+  args.config.describe("balance", "how packed documents' shards are laid out over the ring's ranks: time (the slowest "
+                       "rank's predicted time), work (the masked work alone), zigzag (as without documents)",
+                       "time, work, zigzag");
   const int64_t cp = args.config.get_int("size", args.mesh.cp);
   if (cp < 1 || cp > 4096) args.config.fail("size", str("must be between 1 and 4096, got ", cp), "set it to distributed.cp");
   if (args.config.has("size")) {

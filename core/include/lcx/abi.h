@@ -7,7 +7,7 @@
 // Major: any change to a slot interface, Tensor layout or factory signature. Minor: additions
 // that older plugins can ignore. A plugin loads when majors match and its minor <= core's.
 #define LCX_ABI_MAJOR 4  // 4: MeshShape::order (the layout of MeshShape, which Mesh's inline accessors read, changed), PlanInputs::order. 3: document bounds in Shard, AttentionArgs and StepContext; Parallelism::masks_documents; the Optimizer slot (LCX_SLOTS, lcx/slots/optimizer.h); MemoryPlan::parameters, gemm_parameters; Plugin::use_recipe (every slot's provider hears the recipe); Recipe::checkpoint_every, gpu_layers, prefetch, mlp_tile_rows, loss_chunk_rows; ConfigView::get_int_or_auto; StepWork::exposed_copy_bytes. 2: Parallelism::configure takes the mesh; MemoryStrategy plans through plan() only and keeps a layer's other tensors (keep/kept)
-#define LCX_ABI_MINOR 1  // 4.1: ops::attention_forward_blocks, attention_backward_blocks (AttentionBlock). 3.1 had added Parallelism::stacks_over, set_inner (two-dimensional sequence parallelism)
+#define LCX_ABI_MINOR 2  // 4.2: ConfigView::describe. 4.1: ops::attention_forward_blocks, attention_backward_blocks (AttentionBlock). 3.1 had added Parallelism::stacks_over, set_inner (two-dimensional sequence parallelism)
 #define LCX_PLUGIN_MAGIC 0x4C43585055474E31ull  // "LCXPUGN1"
 
 #define LCX_STRINGIFY_(x) #x

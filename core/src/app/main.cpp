@@ -16,6 +16,7 @@
 #include "app/plan_cmd.h"
 #include "config/core_config.h"
 #include "config/manifest.h"
+#include "config/reference.h"
 #include "lcx/abi.h"
 #include "lcx/error.h"
 #include "plugin/loader.h"
@@ -113,11 +114,13 @@ int run(const CliOptions& o) {
   CoreConfig core = read_core_config(*manifest, requested_plugins(*manifest, {}));
   auto providers = plan_slots(*manifest, loader, o.disabled);
   if (o.dry_run) {
-    std::printf("# resolved config (%s)\n%s\n\n# slot providers\n", manifest->source().c_str(),
-                manifest->to_toml().c_str());
-    print_providers(providers);
-    // Creating the plugins validates their tables (unknown keys, types) without any GPU work.
+    // Creating the plugins validates their tables (unknown keys, types) without any GPU work, and
+    // records every key they read, for the resolved config.
     resolve_slots(*manifest, loader, o.disabled, Device::cpu(), configured_mesh(core.distributed));
+    std::printf("# resolved config (%s)%s\n%s# slot providers\n", manifest->source().c_str(),
+                o.set_only ? ": the keys set" : ": every key read, defaults marked",
+                format_resolved(*manifest, o.set_only).c_str());
+    print_providers(providers);
     std::printf("config OK\n");
     return 0;
   }
@@ -149,6 +152,7 @@ int run(const CliOptions& o) {
 
 int main(int argc, char** argv) {
   try {
+    if (argc > 1 && std::string(argv[1]) == "config") return lcx::config_main(argc - 1, argv + 1);
     if (argc > 1 && std::string(argv[1]) == "tokenize") return lcx::tokenize_main(argc - 1, argv + 1);
     if (argc > 1 && std::string(argv[1]) == "eval") return lcx::eval_main(argc - 1, argv + 1);
     if (argc > 1 && std::string(argv[1]) == "eval-plot") return lcx::eval_plot_main(argc - 1, argv + 1);
