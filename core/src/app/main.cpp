@@ -19,6 +19,7 @@
 #include "config/reference.h"
 #include "lcx/abi.h"
 #include "lcx/error.h"
+#include "log/detail.h"
 #include "plugin/loader.h"
 #include "slots/resolve.h"
 #include "train/run_folder.h"
@@ -82,6 +83,14 @@ void setup_logging(const std::string& level, const std::string& log_file) {
   // Every line reaches the file as it is logged, so a kill -9 loses none.
   logger->flush_on(spdlog::level::trace);
   spdlog::set_default_logger(logger);
+  // The lines the terminal's summary stands for go to the file alone (log/detail.h).
+  spdlog::drop(log::kDetailLogger);
+  if (!log_file.empty()) {
+    auto detail = std::make_shared<spdlog::logger>(log::kDetailLogger, sinks.back());
+    detail->set_level(spdlog::level::from_str(level));
+    detail->flush_on(spdlog::level::trace);
+    spdlog::register_logger(detail);
+  }
 }
 
 int run(const CliOptions& o) {
@@ -138,9 +147,9 @@ int run(const CliOptions& o) {
                    LCX_VERSION, " git ", LCX_GIT_HASH, ", pid ", getpid(), worker_rank ? str(", rank ", worker_rank) : ""));
   for (const auto& [slot, first] : providers)
     for (const SlotProvider* p = &first; p; p = p->beneath.empty() ? nullptr : &p->beneath.front())
-      spdlog::info(str("slot ", slot_name(slot), ": ", p->name, " ", p->info.version, " ", p->origin,
+      log::detail(str("slot ", slot_name(slot), ": ", p->name, " ", p->info.version, " ", p->origin,
                        p->info.sha256.empty() ? "" : " sha256:" + p->info.sha256));
-  spdlog::info("config " + nlohmann::json::parse(manifest->to_json()).dump());
+  log::detail("config " + nlohmann::json::parse(manifest->to_json()).dump());
   SlotFactory make_slots = [&](Device device) {
     return resolve_slots(*manifest, loader, o.disabled, device, configured_mesh(core.distributed));
   };

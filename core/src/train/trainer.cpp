@@ -22,6 +22,7 @@
 #include "kernels/attention_cut.h"
 #include "lcx/comm.h"
 #include "lcx/log.h"
+#include "log/detail.h"
 #include "lcx/pinned.h"
 #include "plan/plan.h"
 #include "plan/timeline.h"
@@ -30,6 +31,7 @@
 #include "train/progress.h"
 #include "train/run.h"
 #include "train/run_folder.h"
+#include "train/run_summary.h"
 #include "train/schedule.h"
 #include "train/step.h"
 #include "train/stop_signal.h"
@@ -178,7 +180,7 @@ Trainer::Trainer(Run& run, const Manifest& manifest, RunLength length, const std
   StopSignals::saved(first_step_);
   run_start_ = now_s();
   if (run.lead() && !cfg_.run.rehearse)
-    log::info(str(length.total_steps, " steps of ", length.per_step, " sequence(s) of ", run.data().seq_len(), " tokens; ",
+    log::detail(str(length.total_steps, " steps of ", length.per_step, " sequence(s) of ", run.data().seq_len(), " tokens; ",
                   run.data().num_sequences(), " sequences per epoch"));
   if (run.lead() && cfg_.run.profile && first_step_ + cfg_.run.profile_step > length.total_steps)
     log::warn(str("run.profile_step = ", cfg_.run.profile_step, " is past this run's last step (",
@@ -512,7 +514,7 @@ void Trainer::save() {
 
 void log_device(const Run& run) {
   const MeshShape shape = run.mesh_shape();
-  log::info(str("device ", device_name(run.device()), ", weights ", dtype_name(run.dtype()), ", ", run.world_size(),
+  log::detail(str("device ", device_name(run.device()), ", weights ", dtype_name(run.dtype()), ", ", run.world_size(),
                 run.world_size() == 1 ? " rank" : " ranks",
                 run.mesh() ? str(" (dp ", shape.dp, " x cp ", shape.cp, " x sp ", shape.sp,
                                  shape.cp > 1 && shape.sp > 1 ? str(", ", mesh_order_name(shape.order)) : "", ")")
@@ -525,10 +527,10 @@ void log_recipe(const Run& run) {
   const int64_t seq_len = run.data().seq_len();
   const PositionalEncoding& rope = *run.slots().positional;
   const MemoryPlan plan = build_plan(run.planned(), run.plan_slots());
-  log::info(str("recipe: ", recipe_name(run.planned().recipe), ", ", dtype_name(run.grad_dtype()), " GEMM gradients",
+  log::detail(str("recipe: ", recipe_name(run.planned().recipe), ", ", dtype_name(run.grad_dtype()), " GEMM gradients",
                 run.device().is_cuda() ? str("; predicted step ", predicted_step_seconds(plan.work), " s") : std::string()));
   // What the measured peaks (metrics' peak_gpu_bytes, peak_pinned_bytes) are to be compared with.
-  log::info(str("plan: GPU peak ", plan.peak(false).bytes, " B allocated (", plan.peak(true).bytes,
+  log::detail(str("plan: GPU peak ", plan.peak(false).bytes, " B allocated (", plan.peak(true).bytes,
                 " B with the reserve), pinned host ", plan.host_peak(),
                 " B (the pinned pool's peak + host_optimizer_bytes)"));
   if (seq_len > rope.effective_max_positions())
@@ -555,6 +557,9 @@ int train_rank(const CoreConfig& cfg, const Manifest& manifest, const SlotFactor
   run.plan_local_step();
   if (run.lead()) log_recipe(run);
   const RunLength length = run_length(run);
+  if (run.lead())
+    for (const std::string& line : run_summary(run, length.total_steps, length.per_step, length.steps_per_epoch))
+      log::info(line);
   run.make_optimizer(resume_dir);
   Trainer trainer(run, manifest, length, resume_dir);
   return cfg.run.rehearse ? trainer.rehearse() : trainer.train();

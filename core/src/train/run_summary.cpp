@@ -1,0 +1,78 @@
+#include "train/run_summary.h"
+
+#include <cmath>
+#include <cstdio>
+#include <filesystem>
+
+#include "data/dataset.h"
+#include "plan/plan.h"
+#include "train/run.h"
+#include "util/text.h"
+
+namespace lcx {
+namespace {
+
+// 596.05 M, 8.19 B: a parameter count as model cards write it.
+std::string count_words(int64_t n) {
+  char buf[32];
+  const double v = static_cast<double>(n);
+  if (v >= 1e9) std::snprintf(buf, sizeof buf, "%.2f B", v / 1e9);
+  else if (v >= 1e6) std::snprintf(buf, sizeof buf, "%.2f M", v / 1e6);
+  else std::snprintf(buf, sizeof buf, "%.1f K", v / 1e3);
+  return buf;
+}
+
+// The recipe in the words of PyTorch and TRL users, the plan's own terms beside them.
+std::string recipe_words(const Recipe& r, const MemoryPlan& plan) {
+  std::vector<std::string> parts;
+  parts.push_back(r.checkpoint_every > 1 ? str("gradient checkpointing (one layer input saved every ", r.checkpoint_every, " layers)")
+                                         : std::string("gradient checkpointing (every layer's input saved)"));
+  parts.push_back(r.keep_attention ? "selective recompute (attention kept from the forward)"
+                                   : "full recompute of each layer in the backward");
+  if (plan.category_bytes(PlanCategory::activations_host, true) > 0)
+    parts.push_back(str("activation offload to pinned host memory",
+                        r.gpu_layers > 0 ? str(" (", r.gpu_layers, " layer inputs kept on the GPU)") : std::string()));
+  if (plan.category_bytes(PlanCategory::optimizer, true) > 0) parts.push_back("optimizer on the host");
+  if (r.head_groups > 1) parts.push_back(str("attention in ", r.head_groups, " head groups"));
+  if (r.mlp_tile_rows > 0) parts.push_back(str("tiled MLP (", with_commas(r.mlp_tile_rows), " rows)"));
+  if (r.loss_chunk_rows > 0) parts.push_back(str("chunked loss (", with_commas(r.loss_chunk_rows), " rows)"));
+  return join(parts, ", ");
+}
+
+}  // namespace
+
+std::vector<std::string> run_summary(const Run& run, int64_t total_steps, int64_t sequences_per_step,
+                                     int64_t steps_per_epoch) {
+  const CoreConfig& cfg = run.cfg();
+  const ModelConfig& mc = run.model().config();
+  const MemoryPlan plan = build_plan(run.planned(), run.plan_slots());
+  const MeshShape mesh = run.mesh_shape();
+  const Dataset& data = run.data();
+  std::vector<std::string> out;
+  const std::string name = !cfg.model.path.empty()
+                               ? std::filesystem::path(cfg.model.path).lexically_normal().filename().string()
+                               : std::string("random init");
+  out.push_back(str("model    ", cfg.model.module, " ", name.empty() ? cfg.model.path : name, ": ", mc.num_layers,
+                    " layers, hidden ", mc.hidden_size, ", ", mc.num_heads, " query / ", mc.num_kv_heads,
+                    " kv heads, vocab ", mc.vocab_size, "; ", count_words(plan.parameters), " parameters, ",
+                    dtype_name(run.dtype()), " weights"));
+  out.push_back(str("devices  ", device_name(run.device()), ", ", run.world_size(), run.world_size() == 1 ? " rank" : " ranks",
+                    ": mesh dp ", mesh.dp, " x cp ", mesh.cp, " x sp ", mesh.sp));
+  out.push_back(str("recipe   ", recipe_words(run.planned().recipe, plan), "; ", dtype_name(run.grad_dtype()),
+                    " GEMM gradients",
+                    run.device().is_cuda() ? str("; predicted step ", predicted_step_seconds(plan.work), " s") : std::string()));
+  out.push_back(str("memory   planned per GPU: peak ", format_bytes(plan.peak(false).bytes), " (",
+                    format_bytes(plan.peak(true).bytes), " with the reserve); pinned host ", format_bytes(plan.host_peak())));
+  out.push_back(str("data     ", with_commas(data.num_sequences()), data.num_sequences() == 1 ? " sequence" : " sequences",
+                    " of ", with_commas(data.seq_len()), " tokens (", with_commas(data.num_sequences() * data.seq_len()),
+                    " tokens, ", with_commas(data.num_documents()), data.num_documents() == 1 ? " document" : " documents",
+                    ") per epoch"));
+  char epochs[32];
+  std::snprintf(epochs, sizeof epochs, "%.3g", static_cast<double>(total_steps) / static_cast<double>(steps_per_epoch));
+  out.push_back(str("steps    ", with_commas(total_steps), total_steps == 1 ? " step" : " steps", " of ", sequences_per_step,
+                    sequences_per_step == 1 ? " sequence" : " sequences", " (", epochs, " epochs); details in ",
+                    (std::filesystem::path(cfg.run.output_dir) / "log.jsonl").string()));
+  return out;
+}
+
+}  // namespace lcx
