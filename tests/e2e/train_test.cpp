@@ -275,6 +275,11 @@ TEST_F(TrainRun, MemoryTimelineOfTheStepAskedFor) {
   const auto j = nlohmann::json::parse(in);
   EXPECT_GT(j.at("peak_bytes").get<int64_t>(), 0);
   EXPECT_FALSE(j.at("events").empty());
+  // The step's phases, from its forward through its update, as bands under the x axis.
+  std::ifstream svg_in(dir / "out" / "memory_timeline.svg");
+  const std::string svg((std::istreambuf_iterator<char>(svg_in)), std::istreambuf_iterator<char>());
+  for (const char* phase : {"forward", "loss", "backward", "optimizer"})
+    EXPECT_NE(svg.find(str("class=\"phase\" data-phase=\"", phase, "\"")), std::string::npos) << phase;
 
   auto bad = train("--config " + m + " --set run.memory_timeline=true --set run.memory_timeline_step=0");
   EXPECT_NE(bad.exit_code, 0);

@@ -156,6 +156,8 @@ class Trainer {
   CheckpointContents contents_;
   MetricsLog metrics_;
   ProgressBar bar_;
+  // The step memory_timeline_step asks for, recorded from its forward through its update.
+  std::unique_ptr<StepTimeline> timeline_;
   double run_start_ = 0;
   // The worker cutting the sequences ahead of the one in hand (cut_ahead); declared last, so it is
   // waited for before the members it reads go.
@@ -236,6 +238,11 @@ Trainer::StepRecord Trainer::train_step() {
   forward_backward_step(batch, r);
   reduce_across_ranks(r);
   optimizer_step(r);
+  if (timeline_) {  // the whole step: forward, loss, backward and the update
+    TimelineFiles f = timeline_->write(cfg_.run.output_dir, build_plan(run_.planned(), run_.plan_slots()).peak(false).bytes);
+    timeline_.reset();
+    log::info(str("memory timeline of step ", state_.step + 1, ": ", f.svg, " and ", f.json));
+  }
   if (device.is_cuda()) backend_for(device)->synchronize();
   r.t_end = now_s();
   if (profiler) {
@@ -301,9 +308,8 @@ void Trainer::forward_backward_step(const Batch& batch, StepRecord& r) {
   const Device device = run_.device();
   const auto [mine_begin, mine_end] = my_sequences(batch);
   // One step of the run, when asked (memory_timeline_step): every allocation of it, for the timeline.
-  std::unique_ptr<StepTimeline> timeline;
   if (cfg_.run.memory_timeline && run_.lead() && state_.step == first_step_ + cfg_.run.memory_timeline_step - 1)
-    timeline = std::make_unique<StepTimeline>(device);
+    timeline_ = std::make_unique<StepTimeline>(device);
   try {
     if (r.valid > 0) {
       for (size_t j = mine_begin; j < mine_end; ++j) {
@@ -324,10 +330,6 @@ void Trainer::forward_backward_step(const Batch& batch, StepRecord& r) {
       throw Error(format_out_of_memory(cfg_, run_.slots(), run_.model().config(), 0, e.what()), "data.seq_len");
     throw;
   }
-  if (timeline) {
-    TimelineFiles f = timeline->write(cfg_.run.output_dir, build_plan(run_.planned(), run_.plan_slots()).peak(false).bytes);
-    log::info(str("memory timeline of step ", state_.step + 1, ": ", f.svg, " and ", f.json));
-  }
 }
 
 // Sums over ranks: the loss, whether any rank was asked to stop (so all stop together) and,
@@ -337,6 +339,7 @@ void Trainer::reduce_across_ranks(StepRecord& r) {
   double sums[2] = {r.loss_sum, static_cast<double>(StopSignals::requested() != 0)};
   if (Communicator* world = run_.world()) {
     ProfilePhase phase(StepPhase::communication);
+    allocator_for(run_.device()).recorder().set_tag("communication");
     world->all_reduce(std::span<double>(sums, 2));
     if (!run_.sharded())
       for (Parameter* p : run_.model().parameters()) world->all_reduce(p->grad);
@@ -350,6 +353,7 @@ void Trainer::reduce_across_ranks(StepRecord& r) {
 void Trainer::optimizer_step(StepRecord& r) {
   r.t_optimizer = now_s();
   ProfilePhase phase(StepPhase::optimizer);
+  allocator_for(run_.device()).recorder().set_tag("optimizer");
   r.grad_norm = run_.grad_norm();
   r.lr = cfg_.train.lr * schedule_factor(cfg_.train.schedule, state_.step, cfg_.train.warmup_steps, length_.total_steps);
   r.finite = std::isfinite(r.loss) && std::isfinite(r.grad_norm);
