@@ -338,7 +338,7 @@ TEST_F(TrainRun, StartPrintsASummaryAndKeepsTheDetailsInTheLog) {
   ASSERT_EQ(r.exit_code, 0) << r.output;
   for (const char* line :
        {"model    qwen3 random init: 2 layers, hidden 32, 4 query / 2 kv heads, vocab 256; ", " parameters, fp32 weights",
-        "devices  cpu, 1 rank: mesh dp 1 x cp 1 x sp 1", "recipe   gradient checkpointing (every layer's input saved)",
+        "devices  cpu, 1 rank (dp 1 x cp 1 x sp 1)", "plugins  qwen3 (model)", "recipe   gradient checkpointing (every layer's input saved)",
         "memory   planned per GPU: peak ", "data     16 sequences of 32 tokens (512 tokens, 1 document) per epoch",
         "steps    2 steps of 1 sequence (0.125 epochs); details in "})
     EXPECT_NE(r.output.find(line), std::string::npos) << line << "\n" << r.output;

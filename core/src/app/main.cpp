@@ -148,7 +148,7 @@ int run(const CliOptions& o) {
   for (const auto& [slot, first] : providers)
     for (const SlotProvider* p = &first; p; p = p->beneath.empty() ? nullptr : &p->beneath.front())
       log::detail(str("slot ", slot_name(slot), ": ", p->name, " ", p->info.version, " ", p->origin,
-                       p->info.sha256.empty() ? "" : " sha256:" + p->info.sha256));
+                      p->info.sha256.empty() ? "" : " sha256:" + p->info.sha256));
   log::detail("config " + nlohmann::json::parse(manifest->to_json()).dump());
   SlotFactory make_slots = [&](Device device) {
     return resolve_slots(*manifest, loader, o.disabled, device, configured_mesh(core.distributed));

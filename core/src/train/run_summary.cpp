@@ -6,6 +6,8 @@
 
 #include "data/dataset.h"
 #include "plan/plan.h"
+#include "plugin/loader.h"
+#include "slots/resolve.h"
 #include "train/run.h"
 #include "util/text.h"
 
@@ -30,7 +32,7 @@ std::string recipe_words(const Recipe& r, const MemoryPlan& plan) {
   parts.push_back(r.keep_attention ? "selective recompute (attention kept from the forward)"
                                    : "full recompute of each layer in the backward");
   if (plan.category_bytes(PlanCategory::activations_host, true) > 0)
-    parts.push_back(str("activation offload to pinned host memory",
+    parts.push_back(str("saved activations in pinned host memory",
                         r.gpu_layers > 0 ? str(" (", r.gpu_layers, " layer inputs kept on the GPU)") : std::string()));
   if (plan.category_bytes(PlanCategory::optimizer, true) > 0) parts.push_back("optimizer on the host");
   if (r.head_groups > 1) parts.push_back(str("attention in ", r.head_groups, " head groups"));
@@ -57,7 +59,13 @@ std::vector<std::string> run_summary(const Run& run, int64_t total_steps, int64_
                     " kv heads, vocab ", mc.vocab_size, "; ", count_words(plan.parameters), " parameters, ",
                     dtype_name(run.dtype()), " weights"));
   out.push_back(str("devices  ", device_name(run.device()), ", ", run.world_size(), run.world_size() == 1 ? " rank" : " ranks",
-                    ": mesh dp ", mesh.dp, " x cp ", mesh.cp, " x sp ", mesh.sp));
+                    " (dp ", mesh.dp, " x cp ", mesh.cp, " x sp ", mesh.sp,
+                    mesh.cp > 1 && mesh.sp > 1 ? str(", ", mesh_order_name(mesh.order)) : "", ")"));
+  std::vector<std::string> plugins;
+  for (const auto& [slot, first] : run.slots().providers)
+    for (const SlotProvider* p = &first; p; p = p->beneath.empty() ? nullptr : &p->beneath.front())
+      if (!p->info.path.empty()) plugins.push_back(str(p->name, " (", slot_name(slot), ")"));
+  out.push_back(str("plugins  ", plugins.empty() ? std::string("none: core's default for every slot") : join(plugins, ", ")));
   out.push_back(str("recipe   ", recipe_words(run.planned().recipe, plan), "; ", dtype_name(run.grad_dtype()),
                     " GEMM gradients",
                     run.device().is_cuda() ? str("; predicted step ", predicted_step_seconds(plan.work), " s") : std::string()));

@@ -1,6 +1,6 @@
 // The start of a run on the terminal: a few lines a user reads at a glance (model, devices and
-// mesh, the recipe in the words of gradient checkpointing and offload, memory in GiB, data,
-// steps). The details behind them (hashes, the config, bytes) go to log.jsonl (log/detail.h).
+// mesh, the plugins, the recipe in users' words such as gradient checkpointing, memory in GiB,
+// data, steps). The details behind them (hashes, the config, bytes) go to log.jsonl (log/detail.h).
 #pragma once
 #include <cstdint>
 #include <string>
