@@ -594,24 +594,18 @@ uint64_t parse_size(const ConfigView& cfg, const std::string& key, const std::st
 int64_t parse_head_groups(const ConfigView& cfg) {
   const char* key = kHeadGroups;
   const char* fix = "\"auto\" or a positive divisor of the model's key/value head count";
-  if (!cfg.has(key)) return 0;
-  int64_t n = 0;
-  try {
-    n = cfg.get_int(key, 0);
-  } catch (const Error&) {  // not an integer: the one string it may be is "auto"
-    const std::string text = cfg.get_string(key, "auto");
-    if (text == "auto") return 0;
-    cfg.fail(key, str("'", text, "' is neither \"auto\" nor a count"), fix);
-  }
-  if (n < 1) cfg.fail(key, str(n, " is not a positive count"), fix);
-  return n;
+  const std::optional<int64_t> n = cfg.get_int_or_auto(key, fix);
+  if (!n) return 0;
+  if (*n < 1) cfg.fail(key, str(*n, " is not a positive count"), fix);
+  return *n;
 }
 
 // A key that is true, false or "auto" (the default): 1, 0, or -1.
 int parse_auto_bool(const ConfigView& cfg, const char* key) {
-  if (!cfg.has(key)) return -1;
+  cfg.describe(key, {}, "true, false, \"auto\"", "\"auto\"");
   try {
-    return cfg.get_bool(key, false) ? 1 : 0;
+    const bool on = cfg.get_bool(key, false);
+    return cfg.has(key) ? (on ? 1 : 0) : -1;
   } catch (const Error&) {  // not a bool: the one string it may be is "auto"
     const std::string text = cfg.get_string(key, "auto");
     if (text == "auto") return -1;
@@ -620,6 +614,16 @@ int parse_auto_bool(const ConfigView& cfg, const char* key) {
 }
 
 std::unique_ptr<Plugin> create(const PluginArgs& args) {
+  const ConfigView& c = args.config;
+  c.describe("check_finite", "refuse a checkpoint holding NaN or Inf (one pass over the weights)");
+  c.describe("max_shard_size", "the size above which a saved checkpoint is split into shards, as transformers writes it",
+             "a positive size: \"500MB\", \"1GiB\", bytes");
+  c.describe("attention_head_groups", "head groups the attention half runs one at a time; auto: the plan's choice",
+             "a divisor of the kv heads");
+  c.describe("attention_keep_outputs",
+             "with several head groups, keep each group's attention output and LSE from the backward's recompute");
+  c.describe("keep_attention",
+             "selective recompute: keep each layer's attention output from the forward, so the backward never reruns it");
   const bool check_finite = args.config.get_bool("check_finite", true);
   const uint64_t shard = parse_size(args.config, "max_shard_size", args.config.get_string("max_shard_size", "5GB"));
   const int64_t groups = parse_head_groups(args.config);

@@ -548,6 +548,10 @@ class CpRing final : public Parallelism {
 
 // The ring's size is [distributed] cp.
 std::unique_ptr<Plugin> create(const PluginArgs& args) {
+  args.config.describe("attend_across_documents", "moved to [data] attend_across_documents; refused here");
+  args.config.describe("balance", "how packed documents' shards are laid out over the ring's ranks: time (the slowest "
+                       "rank's predicted time), work (the masked work alone), zigzag (as without documents)",
+                       "time, work, zigzag");
   if (args.config.has("attend_across_documents"))
     args.config.fail("attend_across_documents", "moved to [data]: it decides for the data and every provider",
                      "drop cp_ring.attend_across_documents and set [data] attend_across_documents");

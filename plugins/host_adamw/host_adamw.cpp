@@ -566,6 +566,7 @@ class HostAdamW final : public Optimizer {
 };
 
 std::unique_ptr<Plugin> create(const PluginArgs& args) {
+  args.config.describe("threads", "host threads running the update; 0: every core but one", "0 to 1024");
   const int64_t threads = args.config.get_int("threads", 0);
   if (threads < 0 || threads > 1024)
     args.config.fail("threads", str(threads, " is out of range"), "0 (every core but one) to 1024");

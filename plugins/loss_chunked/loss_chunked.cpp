@@ -213,6 +213,7 @@ class ChunkedLoss final : public Loss {
 std::unique_ptr<Plugin> create(const PluginArgs& args) {
   const char* fix = "\"auto\" (the plan's choice, the default) or a row count >= 1; smaller chunks trade time for "
                     "memory (256 is TRL's)";
+  args.config.describe(kChunkRows, "rows of logits computed at once; smaller chunks trade time for memory", ">= 1");
   const std::optional<int64_t> rows = args.config.get_int_or_auto(kChunkRows, fix);
   if (rows && *rows < 1) args.config.fail(kChunkRows, str("must be >= 1, got ", *rows), fix);
   return std::make_unique<ChunkedLoss>(rows.value_or(0), args.name);

@@ -467,6 +467,9 @@ int64_t auto_or_count(const ConfigView& config, const char* key, int64_t most, c
 }
 
 std::unique_ptr<Plugin> create(const PluginArgs& args) {
+  args.config.describe(kPrefetch, "saved layer inputs copied back ahead of the backward; 2 hides the copies", "0 to 64");
+  args.config.describe("max_host_mib", "pinned host memory the offloaded inputs may take, MiB; 0: the host's MemAvailable", ">= 0");
+  args.config.describe(kGpuLayers, "saved layer inputs kept on the GPU, the rest held in pinned host memory", ">= 0");
   const int64_t depth = auto_or_count(args.config, kPrefetch, 64,
                                       "\"auto\" (the plan's choice) or 0 to 64 inputs loaded ahead; 2 hides the copies");
   const int64_t max_mib = args.config.get_int("max_host_mib", 0);

@@ -44,30 +44,42 @@ constexpr const char* kOriginalMax = "original_max_position_embeddings";
 double yarn_mscale(double scale, double mscale) { return scale <= 1 ? 1.0 : 0.1 * mscale * std::log(scale) + 1.0; }
 
 YarnKeys read_manifest(const ConfigView& cfg) {
+  // Each key falls back to the checkpoint's rope parameters: absent is nullopt. The getter runs
+  // either way, so the key's type reaches the reference (ConfigView::describe).
+  auto given = [&](const char* key, auto value) {
+    return cfg.has(key) ? std::optional<decltype(value)>(value) : std::nullopt;
+  };
+  const char* from_checkpoint = "the checkpoint's";
+  cfg.describe("factor", "target length / the trained length (163840 / 40960 = 4)", ">= 1",
+               "the checkpoint's, else max_position_embeddings / original_max_position_embeddings, else 1");
+  cfg.describe(kOriginalMax, "the number of positions the model was trained on (40960 for Qwen3)", ">= 1",
+               "the checkpoint's, else its max_position_embeddings");
+  cfg.describe("beta_fast", "rotations of the original context where the ramp starts", "> 0", "the checkpoint's, else 32");
+  cfg.describe("beta_slow", "rotations of the original context where the ramp ends", "> 0", "the checkpoint's, else 1");
+  cfg.describe("attention_factor", "the cos/sin scale", "> 0",
+               "the checkpoint's, else 0.1 ln(factor) + 1 (or from mscale / mscale_all_dim when both are set)");
+  cfg.describe("mscale", "DeepSeek-style attention factor numerator", "> 0", from_checkpoint);
+  cfg.describe("mscale_all_dim", "DeepSeek-style attention factor denominator", "> 0", from_checkpoint);
+  cfg.describe("truncate", "floor/ceil the ramp's ends, as transformers does", {}, "the checkpoint's, else true");
   YarnKeys k;
   auto positive = [&](const char* key, std::optional<double>& out, const char* fix) {
-    if (!cfg.has(key)) return;
-    out = cfg.get_double(key, 0);
-    if (!(*out > 0)) cfg.fail(key, str("must be > 0, got ", *out), fix);
+    out = given(key, cfg.get_double(key, 0));
+    if (out && !(*out > 0)) cfg.fail(key, str("must be > 0, got ", *out), fix);
   };
-  if (cfg.has("factor")) {
-    k.factor = cfg.get_double("factor", 1);
-    if (!(*k.factor >= 1))
-      cfg.fail("factor", str("must be >= 1, got ", *k.factor),
-               "factor = target sequence length / original_max_position_embeddings (e.g. 163840 / 40960 = 4)");
-  }
-  if (cfg.has(kOriginalMax)) {
-    k.original_max = cfg.get_int(kOriginalMax, 0);
-    if (*k.original_max < 1)
-      cfg.fail(kOriginalMax, str("must be >= 1, got ", *k.original_max),
-               "the number of positions the model was trained on (40960 for Qwen3)");
-  }
+  k.factor = given("factor", cfg.get_double("factor", 1));
+  if (k.factor && !(*k.factor >= 1))
+    cfg.fail("factor", str("must be >= 1, got ", *k.factor),
+             "factor = target sequence length / original_max_position_embeddings (e.g. 163840 / 40960 = 4)");
+  k.original_max = given(kOriginalMax, cfg.get_int(kOriginalMax, 0));
+  if (k.original_max && *k.original_max < 1)
+    cfg.fail(kOriginalMax, str("must be >= 1, got ", *k.original_max),
+             "the number of positions the model was trained on (40960 for Qwen3)");
   positive("beta_fast", k.beta_fast, "32 is the YaRN paper's and transformers' default");
   positive("beta_slow", k.beta_slow, "1 is the YaRN paper's and transformers' default");
   positive("attention_factor", k.attention_factor, "leave it out to use 0.1 ln(factor) + 1");
   positive("mscale", k.mscale, "leave it out unless the checkpoint's config.json sets it");
   positive("mscale_all_dim", k.mscale_all_dim, "leave it out unless the checkpoint's config.json sets it");
-  if (cfg.has("truncate")) k.truncate = cfg.get_bool("truncate", true);
+  k.truncate = given("truncate", cfg.get_bool("truncate", true));
   return k;
 }
 

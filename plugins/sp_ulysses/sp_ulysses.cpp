@@ -403,6 +403,8 @@ class Ulysses final : public Parallelism {
 // when it equals sp, and deprecated.
 std::unique_ptr<Plugin> create(const PluginArgs& args) {
   const std::string table = args.config.name().empty() ? std::string("sp_ulysses") : args.config.name();
+  args.config.describe("size", "deprecated: the ranks of a sequence are [distributed] sp; accepted only when equal to it", {},
+                       "[distributed] sp");
   const int64_t sp = args.config.get_int("size", args.mesh.sp);
   if (sp < 1) args.config.fail("size", "must be >= 1", "set [distributed] sp to the number of ranks that share a sequence");
   if (sp > (int64_t{1} << 16)) args.config.fail("size", "is implausibly large");

@@ -112,6 +112,7 @@ class TiledMlp final : public MlpStrategy {
 
 std::unique_ptr<Plugin> create(const PluginArgs& args) {
   const char* fix = "\"auto\" (the plan's choice, the default) or a row count >= 1, e.g. 8192";
+  args.config.describe(kTileRows, "tokens of the MLP's [T, I] intermediates computed at once", ">= 1");
   const std::optional<int64_t> rows = args.config.get_int_or_auto(kTileRows, fix);
   if (rows && *rows < 1) args.config.fail(kTileRows, str(*rows, " is not a row count"), fix);
   return std::make_unique<TiledMlp>(rows.value_or(0), args.name);

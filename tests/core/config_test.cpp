@@ -2,6 +2,7 @@
 
 #include "config/core_config.h"
 #include "config/manifest.h"
+#include "config/reference.h"
 #include "lcx/error.h"
 
 namespace lcx {
@@ -130,6 +131,75 @@ TEST(CoreConfig, DistributedOrderIsSpInnerOrCpInner) {
     EXPECT_NE(std::string(e.what()).find("'ring_inner' is not allowed"), std::string::npos) << e.what();
     EXPECT_NE(e.fix().find("sp_inner, cp_inner"), std::string::npos) << e.fix();
   }
+}
+
+const KeyRecord* find_key(const std::vector<KeyRecord>& keys, const std::string& table, const std::string& key) {
+  for (const KeyRecord& k : keys)
+    if (k.table == table && k.key == key) return &k;
+  return nullptr;
+}
+
+// describe() gives a key its line; the getter its type, default and value; the reference refuses a
+// key read without its line, naming it.
+TEST(ConfigView, DescribeGivesTheKeyItsLineBesideTypeAndDefault) {
+  Manifest m = Manifest::parse(kManifest, "m.toml");
+  ConfigView v = m.section("my_plugin");
+  v.describe("rows", "rows at once", ">= 1").get_int("rows", 1);
+  v.describe("mode", "how fast", {}, "the model's").get_string("mode", "fast");
+  v.get_double("absent", 0.5);
+  const auto keys = m.keys();
+  const KeyRecord* rows = find_key(keys, "my_plugin", "rows");
+  ASSERT_NE(rows, nullptr);
+  EXPECT_EQ(rows->type, "integer");
+  EXPECT_EQ(rows->default_value, "1");
+  EXPECT_EQ(rows->values, ">= 1");
+  EXPECT_EQ(rows->meaning, "rows at once");
+  EXPECT_EQ(rows->value, "64");
+  EXPECT_TRUE(rows->set);
+  const KeyRecord* mode = find_key(keys, "my_plugin", "mode");
+  ASSERT_NE(mode, nullptr);
+  EXPECT_TRUE(mode->default_is_text);  // words, not a TOML value
+  EXPECT_FALSE(mode->set);
+  try {
+    require_described(reference_tables(m));
+    ADD_FAILURE() << "a key without its line passed";
+  } catch (const Error& e) {
+    EXPECT_NE(std::string(e.what()).find("[my_plugin] absent is read without its line"), std::string::npos) << e.what();
+    EXPECT_NE(e.fix().find("describe"), std::string::npos) << e.fix();
+  }
+  v.describe("absent", "a key the manifest leaves out");
+  EXPECT_NO_THROW(require_described(reference_tables(m)));
+  // The resolved config: set keys with their value, the others with their default, marked.
+  const std::string resolved = format_resolved(m, false);
+  EXPECT_NE(resolved.find("[my_plugin]\nrows = 64\n"), std::string::npos) << resolved;
+  EXPECT_NE(resolved.find("absent = 0.5  # default"), std::string::npos) << resolved;
+  EXPECT_NE(resolved.find("# mode: the model's (default)"), std::string::npos) << resolved;
+  EXPECT_EQ(format_resolved(m, true).find("absent"), std::string::npos);
+}
+
+// Every key of core's sections has its line, type and default; the reference lists the six.
+TEST(CoreConfig, EveryCoreKeyIsDescribed) {
+  Manifest m = Manifest::parse("", "empty.toml");
+  read_core_config(m, {});
+  const auto tables = reference_tables(m);
+  EXPECT_NO_THROW(require_described(tables));
+  ASSERT_EQ(tables.size(), core_section_names().size());
+  size_t n = 0;
+  for (const ReferenceTable& t : tables)
+    for (const KeyRecord& k : t.keys) {
+      EXPECT_FALSE(k.type.empty()) << t.name << "." << k.key;
+      EXPECT_FALSE(k.default_value.empty()) << t.name << "." << k.key;
+      ++n;
+    }
+  EXPECT_GE(n, 50u);
+  const auto keys = m.keys();
+  const KeyRecord* lr = find_key(keys, "train", "lr");
+  ASSERT_NE(lr, nullptr);
+  EXPECT_EQ(lr->default_value, "2e-05");
+  EXPECT_EQ(lr->values, ">= 0 and finite");
+  const KeyRecord* schedule = find_key(keys, "train", "schedule");
+  ASSERT_NE(schedule, nullptr);
+  EXPECT_EQ(schedule->values, "constant, linear, cosine");
 }
 
 TEST(Manifest, SyntaxErrorNamesLine) {

@@ -1,6 +1,8 @@
 // lcx-train end to end on the CPU: a tiny Qwen3 on a small token file. Each test runs the real
 // binary and reads the run folder (metrics.jsonl, checkpoints), as a user would.
 #include <gtest/gtest.h>
+
+#include <algorithm>
 #include <signal.h>
 #include <unistd.h>
 
@@ -273,6 +275,11 @@ TEST_F(TrainRun, MemoryTimelineOfTheStepAskedFor) {
   const auto j = nlohmann::json::parse(in);
   EXPECT_GT(j.at("peak_bytes").get<int64_t>(), 0);
   EXPECT_FALSE(j.at("events").empty());
+  // The step's phases, from its forward through its update, as bands under the x axis.
+  std::ifstream svg_in(dir / "out" / "memory_timeline.svg");
+  const std::string svg((std::istreambuf_iterator<char>(svg_in)), std::istreambuf_iterator<char>());
+  for (const char* phase : {"forward", "loss", "backward", "optimizer"})
+    EXPECT_NE(svg.find(str("class=\"phase\" data-phase=\"", phase, "\"")), std::string::npos) << phase;
 
   auto bad = train("--config " + m + " --set run.memory_timeline=true --set run.memory_timeline_step=0");
   EXPECT_NE(bad.exit_code, 0);
@@ -321,6 +328,33 @@ TEST_F(TrainRun, LogIsAppendedWithALineForEachStartAndResume) {
   EXPECT_GT(saved, first) << "the first run's lines were lost:\n" << log;
   EXPECT_GT(resumed, saved) << log;
   EXPECT_GT(index_of("resumed from"), resumed) << log;
+}
+
+// The terminal gets a short summary of the run's start; the details (file hashes, the config as
+// JSON, the plan in bytes) are kept in log.jsonl alone.
+TEST_F(TrainRun, StartPrintsASummaryAndKeepsTheDetailsInTheLog) {
+  write_tokens(random_pattern(64, 5), 8);
+  auto r = train("--config " + manifest("max_steps = 2\n"));
+  ASSERT_EQ(r.exit_code, 0) << r.output;
+  for (const char* line :
+       {"model    qwen3 random init: 2 layers, hidden 32, 4 query / 2 kv heads, vocab 256; ", " parameters, fp32 weights",
+        "devices  cpu, 1 rank (dp 1 x cp 1 x sp 1)", "plugins  qwen3 (model)", "recipe   gradient checkpointing (every layer's input saved)",
+        "memory   planned per GPU: peak ", "data     16 sequences of 32 tokens (512 tokens, 1 document) per epoch",
+        "steps    2 steps of 1 sequence (0.125 epochs); details in "})
+    EXPECT_NE(r.output.find(line), std::string::npos) << line << "\n" << r.output;
+  for (const char* detail : {"sha256:", "config {", " B allocated", "slot model:"})
+    EXPECT_EQ(r.output.find(detail), std::string::npos) << detail << " on the terminal:\n" << r.output;
+  const std::string log = slurp(dir / "out" / "log.jsonl");
+  std::vector<std::string> messages;
+  std::istringstream lines(log);
+  for (std::string line; std::getline(lines, line);) messages.push_back(nlohmann::json::parse(line).at("message"));
+  auto logged = [&](const std::string& start) {
+    return std::any_of(messages.begin(), messages.end(), [&](const std::string& m) { return m.starts_with(start); });
+  };
+  for (const char* start : {"slot model: qwen3", "config {", "plan: GPU peak ", "recipe: ", "device cpu", "2 steps of 1",
+                            "model    qwen3", "memory   planned"})
+    EXPECT_TRUE(logged(start)) << start << "\n" << log;
+  EXPECT_NE(log.find(" sha256:"), std::string::npos) << log;
 }
 
 TEST_F(TrainRun, KillNineLosesNoLogLineAlreadyWritten) {

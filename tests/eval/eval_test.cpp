@@ -185,5 +185,51 @@ TEST(EvalCommand, WritesBinsTokensAndAPlotOfEveryRun) {
   std::filesystem::remove_all(dir);
 }
 
+// The plot marks the length the model was trained on (its config.json's max_position_embeddings,
+// recorded in <label>.json), in eval's own SVG and in eval-plot's; eval-plot counts its runs in
+// words ("1 run").
+TEST(EvalCommand, PlotsMarkTheTrainedLengthAndCountRuns) {
+  if (!std::filesystem::exists(test::qwen3_tokenizer())) GTEST_SKIP() << "data/qwen3/tokenizer.json absent";
+  auto dir = test::temp_dir("eval-mark");
+  std::vector<uint32_t> tokens(32 * 12);
+  std::mt19937 rng(7);
+  for (auto& t : tokens) t = rng() % 256;
+  {
+    std::ofstream out(dir / "data.tokens", std::ios::binary);
+    out.write(reinterpret_cast<const char*>(tokens.data()), static_cast<std::streamsize>(tokens.size() * 4));
+  }
+  std::string manifest = test::tiny_run_manifest(dir / "out", dir / "data.tokens", 1, true, "max_steps = 1\n");
+  const std::string tied = "\"tie_word_embeddings\": true";
+  manifest.replace(manifest.find(tied), tied.size(), tied + ", \"max_position_embeddings\": 48");
+  test::write_file(dir / "run.toml", manifest);
+  auto r = test::run_command(test::lcx_train() + " --config " + (dir / "run.toml").string());
+  ASSERT_EQ(r.exit_code, 0) << r.output;
+  r = test::run_command(test::lcx_train() + " eval --config " + (dir / "run.toml").string() +
+                        " --checkpoint latest --seq-len 64 --bins 8 --max-sequences 1 --label one --out " + (dir / "ev").string());
+  ASSERT_EQ(r.exit_code, 0) << r.output;
+  EXPECT_NE(r.output.find("one: 1 sequence of 64 tokens"), std::string::npos) << r.output;
+  std::ifstream mj(dir / "ev" / "one.json");
+  EXPECT_EQ(nlohmann::json::parse(mj).at("trained_positions").get<int64_t>(), 48);
+  auto read = [](const std::filesystem::path& p) {
+    std::ifstream in(p);
+    return std::string((std::istreambuf_iterator<char>(in)), std::istreambuf_iterator<char>());
+  };
+  for (const auto& svg : {dir / "ev" / "loss_by_position.svg", dir / "merged.svg"}) {
+    if (svg.filename() == "merged.svg") {
+      r = test::run_command(test::lcx_train() + " eval-plot --out " + svg.string() + " " + (dir / "ev" / "one.csv").string());
+      ASSERT_EQ(r.exit_code, 0) << r.output;
+      EXPECT_NE(r.output.find(": 1 run\n"), std::string::npos) << r.output;
+    }
+    const std::string text = read(svg);
+    EXPECT_NE(text.find(">trained length</text>"), std::string::npos) << svg;
+    EXPECT_NE(text.find("stroke-dasharray=\"2,3\""), std::string::npos) << svg;  // the dotted line at 48
+  }
+  r = test::run_command(test::lcx_train() + " eval-plot --out " + (dir / "two.svg").string() + " " +
+                        (dir / "ev" / "one.csv").string() + " " + (dir / "ev" / "one.csv").string());
+  ASSERT_EQ(r.exit_code, 0) << r.output;
+  EXPECT_NE(r.output.find(": 2 runs\n"), std::string::npos) << r.output;
+  std::filesystem::remove_all(dir);
+}
+
 }  // namespace
 }  // namespace lcx

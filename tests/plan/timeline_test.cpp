@@ -2,6 +2,7 @@
 // allocator's own recorder.
 #include <gtest/gtest.h>
 
+#include <cstdio>
 #include <fstream>
 #include <nlohmann/json.hpp>
 #include <sstream>
@@ -48,6 +49,58 @@ TEST(MemoryTimeline, StacksCategoriesAndFindsThePeak) {
   EXPECT_NE(svg.find("<title>saved activation 1</title>"), std::string::npos);
   EXPECT_NE(svg.find("plan "), std::string::npos);
   EXPECT_NE(svg.find("layer 0 backward"), std::string::npos);  // the phase mark where the tag changes
+}
+
+// Every text of the SVG lies inside its viewBox (the legend's longest label too), at an upper
+// bound of 7 px a character of 12 px sans-serif; the step's phases are bands along the x axis.
+TEST(MemoryTimeline, LegendInsideTheViewBoxAndPhaseBands) {
+  AllocatorStats start;
+  start.live_by_category[static_cast<int>(MemoryCategory::weights)] = 1000;
+  std::vector<MemoryEvent> events;
+  uint64_t address = 1;
+  for (const char* tag : {"forward", "forward", "loss", "backward", "backward", "optimizer"}) {
+    events.push_back({0, 100, 0, address, MemoryCategory::activations, tag});
+    events.push_back({0, 50, 0, address + 1000, MemoryCategory::transient, tag});
+    events.push_back({0, -50, 0, address + 1000, MemoryCategory::transient, tag});
+    ++address;
+  }
+  events.push_back({0, 10, 0, 5000, MemoryCategory::optimizer, "optimizer"});
+  const auto dir = test::temp_dir("timeline-legend");
+  const std::string svg = read(write_memory_timeline(dir.string(), start, events, 900).svg);
+  double vw = 0, vh = 0;
+  const size_t vb = svg.find("viewBox=\"0 0 ");
+  ASSERT_NE(vb, std::string::npos) << svg.substr(0, 300);
+  ASSERT_EQ(std::sscanf(svg.c_str() + vb, "viewBox=\"0 0 %lf %lf", &vw, &vh), 2);
+  auto attr = [](const std::string& tag, const std::string& name) -> std::string {
+    const size_t at = tag.find(" " + name + "=\"");
+    if (at == std::string::npos) return {};
+    const size_t from = at + name.size() + 3;
+    return tag.substr(from, tag.find('"', from) - from);
+  };
+  size_t texts = 0;
+  bool legend_seen = false;
+  for (size_t at = svg.find("<text"); at != std::string::npos; at = svg.find("<text", at + 1)) {
+    const size_t close = svg.find('>', at), end = svg.find("</text>", close);
+    const std::string tag = svg.substr(at, close - at), content = svg.substr(close + 1, end - close - 1);
+    if (!attr(tag, "transform").empty()) continue;  // the rotated y-axis unit
+    const double x = std::stod(attr(tag, "x")), y = std::stod(attr(tag, "y"));
+    const std::string anchor = attr(tag, "text-anchor"), size = attr(tag, "font-size");
+    const double width = 7.0 * static_cast<double>(content.size()) * (size.empty() ? 12.0 : std::stod(size)) / 12.0;
+    const double left = anchor == "end" ? x - width : anchor == "middle" ? x - width / 2 : x;
+    EXPECT_GE(left, 0) << content;
+    EXPECT_LE(left + width, vw) << content << " runs past the viewBox's width " << vw;
+    EXPECT_GT(y, 0) << content;
+    EXPECT_LE(y, vh) << content;
+    legend_seen = legend_seen || content == "saved activations (a band each)";
+    ++texts;
+  }
+  EXPECT_TRUE(legend_seen);
+  EXPECT_GT(texts, 8u);
+  // One band per run of a phase, in step order.
+  std::vector<std::string> phases;
+  for (size_t at = svg.find("<rect class=\"phase\""); at != std::string::npos; at = svg.find("<rect class=\"phase\"", at + 1))
+    phases.push_back(attr(svg.substr(at, svg.find('>', at) - at), "data-phase"));
+  EXPECT_EQ(phases, (std::vector<std::string>{"forward", "loss", "backward", "optimizer"}));
 }
 
 TEST(MemoryTimeline, OneBandPerSavedActivation) {

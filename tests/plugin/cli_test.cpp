@@ -1,6 +1,13 @@
 // lcx-train as a user runs it: exit codes and the one-line messages of each refusal.
 #include <gtest/gtest.h>
 
+#include <map>
+#include <set>
+#include <sstream>
+
+#include "config/manifest.h"
+#include "config/reference.h"
+#include "plugin/loader.h"
 #include "support/test_util.h"
 
 namespace lcx {
@@ -53,6 +60,75 @@ TEST_F(Cli, DryRunPrintsResolvedConfigAndProviders) {
   EXPECT_NE(r.output.find("loss_chunked"), std::string::npos);
   EXPECT_NE(r.output.find("core default"), std::string::npos);
   EXPECT_NE(r.output.find("config OK"), std::string::npos);
+}
+
+// Without --set-only every key read is printed, the defaults marked; with it, only the keys set.
+TEST_F(Cli, DryRunPrintsDefaultsAndSetOnlyTheKeysSet) {
+  auto m = manifest("[plugins]\nload = [\"loss_chunked\"]\n[train]\nlr = 1e-4\n");
+  auto all = lcx("--config " + m + " --dry-run --set train.max_steps=3");
+  ASSERT_EQ(all.exit_code, 0) << all.output;
+  for (const char* line : {"lr = 1e-04\n", "max_steps = 3\n", "schedule = \"linear\"  # default\n",
+                           "seq_len = 4096  # default\n", "[loss_chunked]\nchunk_rows = \"auto\"  # default\n"})
+    EXPECT_NE(all.output.find(line), std::string::npos) << line << "\n" << all.output;
+  auto set = lcx("--config " + m + " --dry-run --set-only --set train.max_steps=3");
+  ASSERT_EQ(set.exit_code, 0) << set.output;
+  EXPECT_NE(set.output.find("max_steps = 3"), std::string::npos) << set.output;
+  EXPECT_NE(set.output.find("lr = 0.0001"), std::string::npos) << set.output;
+  EXPECT_EQ(set.output.find("schedule"), std::string::npos) << set.output;
+  EXPECT_EQ(set.output.find("chunk_rows"), std::string::npos) << set.output;
+}
+
+// The tables of `lcx-train config`'s output: [name] -> the keys listed under it.
+std::map<std::string, std::set<std::string>> reference_keys(const std::string& text) {
+  std::map<std::string, std::set<std::string>> out;
+  std::string table, line;
+  std::istringstream in(text);
+  while (std::getline(in, line)) {
+    if (line.size() > 2 && line[0] == '[') table = line.substr(1, line.find(']') - 1);
+    else if (line.rfind("  ", 0) == 0 && line.rfind("      ", 0) != 0)
+      out[table].insert(line.substr(2, line.find_first_of(" ", 2) - 2));
+  }
+  return out;
+}
+
+// Each plugin, created with its keys set (so keys read only in some branches are read too), reads
+// only keys that `lcx-train config` lists under its table, each with its line.
+TEST_F(Cli, ConfigListsEveryKeyEachPluginReads) {
+  auto r = run_command(test::lcx_train() + " config");
+  ASSERT_EQ(r.exit_code, 0) << r.output;
+  const auto listed = reference_keys(r.output);
+  for (const char* core : {"run", "model", "data", "train", "plugins", "distributed"})
+    EXPECT_TRUE(listed.count(core)) << core << "\n" << r.output;
+  const std::map<std::string, std::string> tables = {
+      {"loss_chunked", "chunk_rows = 128"},
+      {"rope_yarn", "factor = 4.0\noriginal_max_position_embeddings = 64\nbeta_fast = 32.0\nbeta_slow = 1.0\n"
+                    "attention_factor = 1.1\nmscale = 1.0\nmscale_all_dim = 1.0\ntruncate = false"},
+      {"offload", "prefetch = 2\nmax_host_mib = 64\ngpu_layers = 1"},
+      {"tiled_mlp", "tile_rows = 256"},
+      {"cp_ring", "balance = \"work\""},
+      {"sp_ulysses", ""},
+      {"host_adamw", "threads = 2"},
+      {"qwen3", "check_finite = false\nmax_shard_size = \"1GB\"\nattention_head_groups = 2\n"
+                "attention_keep_outputs = true\nkeep_attention = true"}};
+  PluginLoader loader({test::build_plugin_dir()});
+  for (const auto& [name, body] : tables) {
+    Manifest m = Manifest::parse(str("[", name, "]\n", body, "\n"), "run.toml");
+    loader.create(name, PluginArgs{name, m.section(name), Device::cpu(), MeshShape{}});
+    ASSERT_TRUE(listed.count(name)) << name << "\n" << r.output;
+    size_t read = 0;
+    for (const KeyRecord& k : m.keys()) {
+      if (k.table != name) continue;
+      ++read;
+      EXPECT_TRUE(listed.at(name).count(k.key)) << name << "." << k.key << " is read but not in lcx-train config";
+      EXPECT_FALSE(k.meaning.empty()) << name << "." << k.key;
+    }
+    EXPECT_EQ(read, listed.at(name).size()) << name;
+  }
+  // The markdown is the same reference, one table row a key.
+  auto md = run_command(test::lcx_train() + " config --markdown");
+  ASSERT_EQ(md.exit_code, 0) << md.output;
+  EXPECT_NE(md.output.find("## [rope_yarn]"), std::string::npos);
+  EXPECT_NE(md.output.find("| `original_max_position_embeddings` | integer; >= 1 |"), std::string::npos) << md.output;
 }
 
 TEST_F(Cli, DisableFallsBackToCoreDefault) {

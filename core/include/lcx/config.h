@@ -39,6 +39,14 @@ class ConfigView {
   // A sub-table of this one, e.g. rope_parameters inside a positional encoding's table.
   ConfigView table(const std::string& key) const;
 
+  // The key's entry in the reference (`lcx-train config`, docs/config.md), declared beside its
+  // read: one line of what it means, and its range or allowed values where there is one. The
+  // getters record its type and default; `shown_default` stands for a default that is not a
+  // constant (e.g. "[distributed] cp"). An empty argument keeps what an earlier call declared.
+  // The reference refuses a key read without its line, so none goes undocumented.
+  const ConfigView& describe(const std::string& key, const std::string& meaning, const std::string& values = {},
+                             const std::string& shown_default = {}) const;
+
   // "file:line" of a key (or of the table when key is empty); "" when unknown (e.g. --set).
   std::string where(const std::string& key = {}) const;
   // Throws naming the first key nobody asked for and listing the keys that were asked for.

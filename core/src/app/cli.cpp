@@ -14,6 +14,7 @@ CliOptions parse_cli(int argc, char** argv) {
   po::options_description desc(
       "lcx-train: long-context fine-tuning of Qwen3 models\n\n"
       "Usage: lcx-train --config run.toml [--set section.key=value]... [--disable NAME]...\n"
+      "       lcx-train config [--markdown]   (every key: type, default, meaning)\n"
       "       lcx-train tokenize --tokenizer FILE (--text STRING | --file PATH) [--count]\n"
       "       lcx-train eval --config run.toml (--checkpoint DIR | --model DIR) --seq-len N --out DIR\n"
       "       lcx-train eval-plot --out FILE.svg CSV_OR_DIR...\n"
@@ -27,7 +28,9 @@ CliOptions parse_cli(int argc, char** argv) {
       ("disable,d", po::value(&o.disabled)->composing()->value_name("NAME"),
        "drop a plugin named in [plugins] load; its slot falls back to core's default (repeatable)")
       ("list-plugins", po::bool_switch(&o.list_plugins), "list the plugins found: name, slot, version, status, path")
-      ("dry-run", po::bool_switch(&o.dry_run), "print the resolved config and each slot's provider, then exit")
+      ("dry-run", po::bool_switch(&o.dry_run),
+       "print the resolved config (every key, defaults marked) and each slot's provider, then exit")
+      ("set-only", po::bool_switch(&o.set_only), "with --dry-run: print only the keys set, in the manifest or by --set")
       ("plan", po::bool_switch(&o.plan),
        "whether a step fits the GPU and the host (no GPU work, no weights loaded): the verdict, the recipe chosen, "
        "fixes as --set lines, the per-GPU breakdown and the longest sequence that fits; exit 1 when it does not fit")

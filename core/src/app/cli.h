@@ -11,6 +11,7 @@ struct CliOptions {
   std::vector<std::string> disabled;
   bool list_plugins = false;
   bool dry_run = false;
+  bool set_only = false;  // --dry-run prints only the keys set
   bool plan = false;
   bool profile = false;  // --profile: run.profile = true
   bool rehearse = false;  // --rehearse: run.rehearse = true
@@ -29,6 +30,9 @@ struct CliOptions {
 
 // Throws lcx::Error on a malformed command line.
 CliOptions parse_cli(int argc, char** argv);
+
+// `lcx-train config [--markdown]` (argv[0] is "config"): the keys' reference; see config_cmd.cpp.
+int config_main(int argc, char** argv);
 
 // `lcx-train tokenize ...` (argv[0] is "tokenize"): prints token ids; see tokenize_cmd.cpp.
 int tokenize_main(int argc, char** argv);

@@ -54,8 +54,9 @@ bool is_bins_csv(const fs::path& p) {
 }
 
 // The runs of the CSVs given (a folder stands for its bins CSVs, sorted by name), and the
-// entropy (when asked and still NaN) from the first <label>.json found beside them.
-std::vector<RunCurve> collect_runs(const std::vector<std::string>& inputs, double* entropy) {
+// entropy (when asked and still NaN) and the trained length (when asked and still 0) from the
+// first <label>.json found beside them that has them.
+std::vector<RunCurve> collect_runs(const std::vector<std::string>& inputs, double* entropy, int64_t* trained = nullptr) {
   std::vector<fs::path> files;
   for (const auto& in : inputs) {
     if (fs::is_directory(in)) {
@@ -74,13 +75,24 @@ std::vector<RunCurve> collect_runs(const std::vector<std::string>& inputs, doubl
     runs.insert(runs.end(), r.begin(), r.end());
     fs::path meta = f;
     meta.replace_extension(".json");
-    if (entropy && std::isnan(*entropy) && fs::exists(meta)) {
+    if (((entropy && std::isnan(*entropy)) || (trained && *trained == 0)) && fs::exists(meta)) {
       auto j = nlohmann::json::parse(read_text(meta));
-      if (j.contains("unigram_entropy_nats") && j["unigram_entropy_nats"].is_number())
+      if (entropy && std::isnan(*entropy) && j.contains("unigram_entropy_nats") && j["unigram_entropy_nats"].is_number())
         *entropy = j["unigram_entropy_nats"].get<double>();
+      if (trained && *trained == 0 && j.contains("trained_positions") && j["trained_positions"].is_number_integer())
+        *trained = j["trained_positions"].get<int64_t>();
     }
   }
   return runs;
+}
+
+// The positions the model was trained on: its rope parameters' original_max_position_embeddings
+// when its positions were scaled (YaRN), else its max_position_embeddings.
+int64_t trained_positions(const ModelConfig& mc) {
+  const auto j = nlohmann::json::parse(mc.rope_parameters_json, nullptr, false);
+  const char* key = "original_max_position_embeddings";
+  if (j.is_object() && j.contains(key) && j[key].is_number_integer()) return j[key].get<int64_t>();
+  return mc.max_position_embeddings;
 }
 
 void parse(po::options_description& desc, po::variables_map& vm, int argc, char** argv, const char* cmd) {
@@ -212,6 +224,7 @@ int eval_main(int argc, char** argv) {
                          {"seq_len", seq_len},
                          {"sequences", done},
                          {"effective_max_positions", slots.positional->effective_max_positions()},
+                         {"trained_positions", trained_positions(model.config())},
                          {"disabled", disabled},
                          {"sets", sets},
                          {"mean_loss", mean_all},
@@ -224,9 +237,11 @@ int eval_main(int argc, char** argv) {
 
   auto runs = collect_runs({out}, nullptr);
   write_text(fs::path(out) / "loss_by_position.svg",
-             loss_plot_svg(runs, entropy, title.empty() ? "loss by position" : title));
-  std::printf("%s: %lld sequences of %lld tokens, mean loss %.4f, last 10%% %.4f, unigram entropy %.4f nats\n",
-              label.c_str(), static_cast<long long>(done), static_cast<long long>(seq_len), mean_all, mean_tail, entropy);
+             loss_plot_svg(runs, entropy, title.empty() ? "loss by position" : title, trained_positions(model.config()),
+                           "trained length"));
+  std::printf("%s: %lld %s of %lld tokens, mean loss %.4f, last 10%% %.4f, unigram entropy %.4f nats\n", label.c_str(),
+              static_cast<long long>(done), done == 1 ? "sequence" : "sequences", static_cast<long long>(seq_len), mean_all,
+              mean_tail, entropy);
   return 0;
 }
 
@@ -244,7 +259,8 @@ int eval_plot_main(int argc, char** argv) {
       ("out", po::value(&out)->value_name("FILE"), "the SVG to write")
       ("title", po::value(&title)->value_name("TEXT"), "the plot's title")
       ("entropy", po::value(&entropy)->value_name("NATS"), "the dashed reference line")
-      ("mark", po::value(&mark)->value_name("N"), "a dotted vertical line at position N (e.g. the trained length)")
+      ("mark", po::value(&mark)->value_name("N"),
+       "a dotted vertical line at position N; default: the trained length in the first <label>.json")
       ("mark-label", po::value(&mark_label)->value_name("TEXT"), "its name (default: trained length)")
       ("input", po::value(&inputs)->composing(), "bins CSVs or folders of them")
       ("help,h", po::bool_switch(&help), "print this help");
@@ -263,10 +279,10 @@ int eval_plot_main(int argc, char** argv) {
   }
   if (out.empty() || inputs.empty())
     throw Error("eval-plot needs --out and at least one CSV or folder", "--out", "see lcx-train eval-plot --help");
-  auto runs = collect_runs(inputs, &entropy);
+  auto runs = collect_runs(inputs, &entropy, &mark);
   if (runs.empty()) throw Error("no bins CSV found in the inputs", {}, "give CSVs written by lcx-train eval");
   write_text(out, loss_plot_svg(runs, entropy, title, mark, mark_label));
-  std::printf("%s: %zu runs\n", out.c_str(), runs.size());
+  std::printf("%s: %zu %s\n", out.c_str(), runs.size(), runs.size() == 1 ? "run" : "runs");
   return 0;
 }
 

@@ -17,8 +17,10 @@
 #include "app/plan_cmd.h"
 #include "config/core_config.h"
 #include "config/manifest.h"
+#include "config/reference.h"
 #include "lcx/abi.h"
 #include "lcx/error.h"
+#include "log/detail.h"
 #include "plugin/loader.h"
 #include "slots/resolve.h"
 #include "plan/plan.h"
@@ -84,6 +86,14 @@ void setup_logging(const std::string& level, const std::string& log_file) {
   // Every line reaches the file as it is logged, so a kill -9 loses none.
   logger->flush_on(spdlog::level::trace);
   spdlog::set_default_logger(logger);
+  // The lines the terminal's summary stands for go to the file alone (log/detail.h).
+  spdlog::drop(log::kDetailLogger);
+  if (!log_file.empty()) {
+    auto detail = std::make_shared<spdlog::logger>(log::kDetailLogger, sinks.back());
+    detail->set_level(spdlog::level::from_str(level));
+    detail->flush_on(spdlog::level::trace);
+    spdlog::register_logger(detail);
+  }
 }
 
 // A table named after a plugin that is installed but not in [plugins] load configures nothing.
@@ -154,11 +164,13 @@ int run(const CliOptions& o) {
   CoreConfig core = read_core_config(*manifest, requested_plugins(*manifest, {}));
   auto providers = plan_slots(*manifest, loader, o.disabled);
   if (o.dry_run) {
-    std::printf("# resolved config (%s)\n%s\n\n# slot providers\n", manifest->source().c_str(),
-                manifest->to_toml().c_str());
-    print_providers(providers);
-    // Creating the plugins validates their tables (unknown keys, types) without any GPU work.
+    // Creating the plugins validates their tables (unknown keys, types) without any GPU work, and
+    // records every key they read, for the resolved config.
     SlotSet slots = resolve_slots(*manifest, loader, o.disabled, Device::cpu(), configured_mesh(core.distributed));
+    std::printf("# resolved config (%s)%s\n%s# slot providers\n", manifest->source().c_str(),
+                o.set_only ? ": the keys set" : ": every key read, defaults marked",
+                format_resolved(*manifest, o.set_only).c_str());
+    print_providers(providers);
     check_run_inputs(core, slots);
     check_plan_fits(core, std::move(slots), o.force);
     std::printf("config OK\n");
@@ -187,9 +199,9 @@ int run(const CliOptions& o) {
                    LCX_VERSION, " git ", LCX_GIT_HASH, ", pid ", getpid(), worker_rank ? str(", rank ", worker_rank) : ""));
   for (const auto& [slot, first] : providers)
     for (const SlotProvider* p = &first; p; p = p->beneath.empty() ? nullptr : &p->beneath.front())
-      spdlog::info(str("slot ", slot_name(slot), ": ", p->name, " ", p->info.version, " ", p->origin,
-                       p->info.sha256.empty() ? "" : " sha256:" + p->info.sha256));
-  spdlog::info("config " + nlohmann::json::parse(manifest->to_json()).dump());
+      log::detail(str("slot ", slot_name(slot), ": ", p->name, " ", p->info.version, " ", p->origin,
+                      p->info.sha256.empty() ? "" : " sha256:" + p->info.sha256));
+  log::detail("config " + nlohmann::json::parse(manifest->to_json()).dump());
   SlotFactory make_slots = [&](Device device) {
     return resolve_slots(*manifest, loader, o.disabled, device, configured_mesh(core.distributed));
   };
@@ -201,6 +213,7 @@ int run(const CliOptions& o) {
 
 int main(int argc, char** argv) {
   try {
+    if (argc > 1 && std::string(argv[1]) == "config") return lcx::config_main(argc - 1, argv + 1);
     if (argc > 1 && std::string(argv[1]) == "tokenize") return lcx::tokenize_main(argc - 1, argv + 1);
     if (argc > 1 && std::string(argv[1]) == "calibrate") return lcx::calibrate_main(argc - 1, argv + 1);
     if (argc > 1 && std::string(argv[1]) == "eval") return lcx::eval_main(argc - 1, argv + 1);

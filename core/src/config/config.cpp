@@ -1,4 +1,7 @@
 #include <algorithm>
+#include <cmath>
+#include <charconv>
+#include <cstdio>
 #include <map>
 #include <set>
 #include <sstream>
@@ -19,9 +22,74 @@ struct ConfigView::Impl {
   mutable std::set<std::string> asked;
   // Dotted key -> the --set assignment that gave its value, so errors name the override.
   std::shared_ptr<const std::map<std::string, std::string>> overrides;
+  std::shared_ptr<KeyRecords> keys;  // null for a view made without a manifest
+
+  // Records a getter's read: the first getter gives the type and default, the last the value.
+  void note(const std::string& key, const char* type, const std::string& def, const std::string& value) const {
+    update(key, [&](KeyRecord& r) {
+      if (r.type.empty()) r.type = type;
+      if (r.default_value.empty()) r.default_value = def;
+      r.value = value;
+    });
+  }
+  template <typename F>
+  void update(const std::string& key, F&& f) const {
+    if (!keys) return;
+    std::lock_guard<std::mutex> lock(keys->mutex);
+    auto [it, fresh] = keys->index.emplace(std::make_pair(name, key), keys->rows.size());
+    if (fresh) {
+      keys->rows.emplace_back();
+      keys->rows.back().table = name;
+      keys->rows.back().key = key;
+    }
+    KeyRecord& r = keys->rows[it->second];
+    r.set = table && table->contains(key);
+    f(r);
+  }
 };
 
 namespace {
+
+// Values as TOML writes them, for the reference and --dry-run.
+std::string toml_text(const std::string& s) {
+  std::string out = "\"";
+  for (char c : s) {
+    if (c == '"' || c == '\\') {
+      out += '\\';
+      out += c;
+    } else if (static_cast<unsigned char>(c) < 0x20 || c == 0x7f) {
+      char esc[8];
+      std::snprintf(esc, sizeof esc, "\\u%04x", static_cast<unsigned>(static_cast<unsigned char>(c)));
+      out += esc;
+    } else {
+      out += c;
+    }
+  }
+  return out + "\"";
+}
+std::string toml_text(double d) {
+  if (std::isnan(d)) return "nan";
+  if (std::isinf(d)) return d > 0 ? "inf" : "-inf";
+  char buf[32];
+  const auto end = std::to_chars(buf, buf + sizeof buf, d).ptr;  // the shortest that reads back the same
+  std::string out(buf, end);
+  if (out.find_first_of(".e") == std::string::npos) out += ".0";
+  return out;
+}
+bool is_toml_value(const std::string& text) {
+  try {
+    return toml::parse("v = " + text).contains("v");
+  } catch (const toml::parse_error&) {
+    return false;
+  }
+}
+std::string toml_text(int64_t v) { return std::to_string(v); }
+std::string toml_text(bool v) { return v ? "true" : "false"; }
+std::string toml_text(const std::vector<std::string>& v) {
+  std::string out = "[";
+  for (size_t i = 0; i < v.size(); ++i) out += (i ? ", " : "") + toml_text(v[i]);
+  return out + "]";
+}
 
 const char* node_type_name(const toml::node& n) {
   switch (n.type()) {
@@ -81,6 +149,20 @@ ConfigView& ConfigView::operator=(const ConfigView&) = default;
 
 const std::string& ConfigView::name() const { return impl_->name; }
 
+const ConfigView& ConfigView::describe(const std::string& key, const std::string& meaning, const std::string& values,
+                                       const std::string& shown_default) const {
+  impl_->asked.insert(key);
+  impl_->update(key, [&](KeyRecord& r) {
+    if (!meaning.empty()) r.meaning = meaning;
+    if (!values.empty()) r.values = values;
+    if (!shown_default.empty()) {
+      r.default_value = shown_default;
+      r.default_is_text = !is_toml_value(shown_default);
+    }
+  });
+  return *this;
+}
+
 bool ConfigView::has(const std::string& key) const {
   impl_->asked.insert(key);
   return impl_->table && impl_->table->contains(key);
@@ -130,44 +212,63 @@ T get_value(const ConfigView& view, const toml::table* table, const std::string&
 
 int64_t ConfigView::get_int(const std::string& key, int64_t def) const {
   impl_->asked.insert(key);
-  return get_value<int64_t>(*this, impl_->table, key, def, false);
+  const int64_t v = get_value<int64_t>(*this, impl_->table, key, def, false);
+  impl_->note(key, "integer", toml_text(def), toml_text(v));
+  return v;
 }
 double ConfigView::get_double(const std::string& key, double def) const {
   impl_->asked.insert(key);
-  return get_value<double>(*this, impl_->table, key, def, false);
+  const double v = get_value<double>(*this, impl_->table, key, def, false);
+  impl_->note(key, "float", toml_text(def), toml_text(v));
+  return v;
 }
 bool ConfigView::get_bool(const std::string& key, bool def) const {
   impl_->asked.insert(key);
-  return get_value<bool>(*this, impl_->table, key, def, false);
+  const bool v = get_value<bool>(*this, impl_->table, key, def, false);
+  impl_->note(key, "boolean", toml_text(def), toml_text(v));
+  return v;
 }
 std::string ConfigView::get_string(const std::string& key, const std::string& def) const {
   impl_->asked.insert(key);
-  return get_value<std::string>(*this, impl_->table, key, def, false);
+  std::string v = get_value<std::string>(*this, impl_->table, key, def, false);
+  impl_->note(key, "string", toml_text(def), toml_text(v));
+  return v;
 }
 std::optional<int64_t> ConfigView::get_int_or_auto(const std::string& key, const std::string& fix) const {
   impl_->asked.insert(key);
   const toml::node* n = impl_->table ? impl_->table->get(key) : nullptr;
-  if (!n) return std::nullopt;
-  if (const auto* text = n->as_string()) {
-    if (text->get() == "auto") return std::nullopt;
-    fail(key, str("'", text->get(), "' is neither \"auto\" nor an integer"), fix);
+  std::optional<int64_t> v;
+  if (n) {
+    if (const auto* text = n->as_string()) {
+      if (text->get() != "auto") fail(key, str("'", text->get(), "' is neither \"auto\" nor an integer"), fix);
+    } else {
+      v = get_value<int64_t>(*this, impl_->table, key, 0, false);  // its error names the type found
+    }
   }
-  return get_int(key, 0);  // anything else: the integer's error names the type found
+  impl_->note(key, "integer or \"auto\"", toml_text(std::string("auto")), v ? toml_text(*v) : toml_text(std::string("auto")));
+  return v;
 }
 int64_t ConfigView::require_int(const std::string& key) const {
   impl_->asked.insert(key);
-  return get_value<int64_t>(*this, impl_->table, key, 0, true);
+  const int64_t v = get_value<int64_t>(*this, impl_->table, key, 0, true);
+  impl_->note(key, "integer", "(required)", toml_text(v));
+  return v;
 }
 std::string ConfigView::require_string(const std::string& key) const {
   impl_->asked.insert(key);
-  return get_value<std::string>(*this, impl_->table, key, {}, true);
+  std::string v = get_value<std::string>(*this, impl_->table, key, {}, true);
+  impl_->note(key, "string", "(required)", toml_text(v));
+  return v;
 }
 
 std::vector<std::string> ConfigView::get_strings(const std::string& key,
                                                  const std::vector<std::string>& def) const {
   impl_->asked.insert(key);
   const toml::node* n = impl_->table ? impl_->table->get(key) : nullptr;
-  if (!n) return def;
+  if (!n) {
+    impl_->note(key, "array of strings", toml_text(def), toml_text(def));
+    return def;
+  }
   const toml::array* arr = n->as_array();
   if (!arr) fail(key, str("expected array of strings, found ", node_type_name(*n)));
   std::vector<std::string> out;
@@ -176,6 +277,7 @@ std::vector<std::string> ConfigView::get_strings(const std::string& key,
     if (!s) fail(key, str("expected array of strings, found an element of type ", node_type_name(item)));
     out.push_back(*s);
   }
+  impl_->note(key, "array of strings", toml_text(def), toml_text(out));
   return out;
 }
 
@@ -186,6 +288,8 @@ ConfigView ConfigView::table(const std::string& key) const {
   sub->source = impl_->source;
   sub->root = impl_->root;
   sub->overrides = impl_->overrides;
+  sub->keys = impl_->keys;
+  impl_->note(key, "table", "{}", {});
   const toml::node* n = impl_->table ? impl_->table->get(key) : nullptr;
   if (n && !n->is_table()) fail(key, str("expected table, found ", node_type_name(*n)));
   sub->table = n ? n->as_table() : nullptr;
@@ -287,6 +391,7 @@ ConfigView Manifest::section(const std::string& name) const {
   impl->source = source_;
   impl->root = root_;
   impl->overrides = overrides_;
+  impl->keys = keys_;
   const toml::node* n = root_->get(name);
   if (n && !n->is_table())
     throw Error(str(location(source_, n), ": ", name, ": expected a table [", name, "], found ",
@@ -300,6 +405,11 @@ std::vector<std::string> Manifest::table_names() const {
   std::vector<std::string> out;
   for (const auto& [k, v] : *root_) out.emplace_back(k.str());
   return out;
+}
+
+std::vector<KeyRecord> Manifest::keys() const {
+  std::lock_guard<std::mutex> lock(keys_->mutex);
+  return keys_->rows;
 }
 
 std::string Manifest::to_toml() const {

@@ -3,6 +3,7 @@
 #include <algorithm>
 #include <cmath>
 #include <filesystem>
+#include <optional>
 
 #include "lcx/error.h"
 #include "plan/plan.h"
@@ -50,6 +51,7 @@ Manifest load_run_manifest(const std::string& path, const std::vector<std::strin
 
 static void one_of(const ConfigView& v, const std::string& key, const std::string& value,
                    const std::vector<std::string>& allowed) {
+  v.describe(key, {}, join(allowed, ", "));
   if (std::find(allowed.begin(), allowed.end(), value) == allowed.end())
     v.fail(key, str("'", value, "' is not allowed"), str("use one of: ", join(allowed, ", ")));
 }
@@ -58,6 +60,7 @@ static void one_of(const ConfigView& v, const std::string& key, const std::strin
 template <typename T>
 static void need(const ConfigView& v, const std::string& key, T value, bool ok, const std::string& range,
                  const std::string& fix = {}) {
+  v.describe(key, {}, range.rfind("must be ", 0) == 0 ? range.substr(8) : range);
   if (!ok) v.fail(key, str(value, " is out of range: ", range), fix);
 }
 
@@ -65,6 +68,14 @@ CoreConfig read_core_config(const Manifest& m, const std::vector<std::string>& p
   CoreConfig c;
   {
     ConfigView v = m.section("run");
+    v.describe("output_dir", "the run's folder: log.jsonl, metrics.jsonl, checkpoints, TensorBoard events");
+    v.describe("seed", "seed of the random initialisation and of the data's shuffle");
+    v.describe("device", "where the run computes: auto takes the GPU when there is one");
+    v.describe("log_level", "the lowest level of the log's lines, on the terminal and in log.jsonl");
+    v.describe("memory_timeline", "record one step's allocations: memory_timeline.json and an SVG in output_dir");
+    v.describe("memory_timeline_step", "which step the memory timeline records, 1 = the first", ">= 1");
+    v.describe("profile", "time every op of one step: a table in the log and a JSON trace in output_dir");
+    v.describe("profile_step", "which step is profiled, 1 = the first (2 leaves out the warm-up)", ">= 1");
     c.run.output_dir = v.get_string("output_dir", c.run.output_dir);
     if (c.run.output_dir.empty())
       v.fail("output_dir", "is empty", "give the run's folder, e.g. output_dir = \"runs/my-run\" (created when missing)");
@@ -83,6 +94,7 @@ CoreConfig read_core_config(const Manifest& m, const std::vector<std::string>& p
     if (c.run.profile_step < 1)
       v.fail("profile_step", str("must be 1 or more, got ", c.run.profile_step),
              "2 (the default) profiles the second step of the run, without the first step's warm-up");
+    v.describe("rehearse", "one step's allocations at full size with the attention math cut, measured against the plan");
     c.run.rehearse = v.get_bool("rehearse", c.run.rehearse);
     // A memory budget: "auto" or a size parse_memory_size reads.
     auto budget = [&v](const char* key, std::string& value, const char* meaning) {
@@ -99,7 +111,11 @@ CoreConfig read_core_config(const Manifest& m, const std::vector<std::string>& p
         v.fail(key, e.what(), str("\"auto\" (", meaning, ") or a size such as \"40GiB\""));
       }
     };
+    v.describe("gpu_memory", "the GPU memory the plan's recipe may use; the fastest recipe that fits it is taken",
+               "\"auto\" (the device's) or a size, e.g. \"40GiB\"");
     budget("gpu_memory", c.run.gpu_memory, "the device's memory");
+    v.describe("host_memory", "the host memory this node's ranks may pin together",
+               "\"auto\" (MemAvailable and the cgroup's room) or a size, e.g. \"200GiB\"");
     budget("host_memory", c.run.host_memory, "what the host and the cgroup leave");
     c.run.gpu_name = v.get_string("gpu_name", c.run.gpu_name);
     c.run.peak_tflops = v.get_double("peak_tflops", c.run.peak_tflops);
@@ -110,6 +126,10 @@ CoreConfig read_core_config(const Manifest& m, const std::vector<std::string>& p
   }
   {
     ConfigView v = m.section("model");
+    v.describe("module", "the model module plugin that builds the model, e.g. \"qwen3\"");
+    v.describe("path", "a Hugging Face model folder (config.json, safetensors) to load and fine-tune");
+    v.describe("init", "random weights instead of `path`: a preset name or a JSON object of config.json keys");
+    v.describe("dtype", "the weights' dtype on the device");
     c.model.module = v.get_string("module", c.model.module);
     c.model.path = v.get_string("path", c.model.path);
     c.model.init = v.get_string("init", c.model.init);
@@ -121,6 +141,17 @@ CoreConfig read_core_config(const Manifest& m, const std::vector<std::string>& p
   }
   {
     ConfigView v = m.section("data");
+    v.describe("tokenizer", "the tokenizer.json that turns text into token ids");
+    v.describe("source", "the training data: a folder of .txt, a .txt, a .jsonl or a token file");
+    v.describe("format", "how `source` is read; auto goes by its file extension");
+    v.describe("text_field", "the field of each .jsonl line that holds its text");
+    v.describe("seq_len", "tokens in one training sequence (documents are packed end to end)", ">= 2");
+    v.describe("pad_to_multiple_of", "the last, shorter sequence is padded to a multiple of this");
+    v.describe("shuffle", "shuffle the order of the sequences each epoch (seeded by run.seed)");
+    v.describe("cache_dir", "where token caches are kept; \"\": .lcx-cache beside the source", {}, "\"\" (beside the source)");
+    v.describe("drop_last", "drop the final partial sequence instead of padding it");
+    v.describe("attend_across_documents",
+               "false: each packed document attends only to itself and its positions restart; true: one text");
     c.data.tokenizer = v.get_string("tokenizer", c.data.tokenizer);
     // A model folder carries its tokenizer: unset, the tokenizer is model.path's.
     if (c.data.tokenizer.empty() && !c.model.path.empty())
@@ -142,6 +173,25 @@ CoreConfig read_core_config(const Manifest& m, const std::vector<std::string>& p
   {
     ConfigView v = m.section("train");
     auto& t = c.train;
+    v.describe("lr", "the peak learning rate of AdamW");
+    v.describe("schedule", "the learning rate's shape after the warm-up");
+    v.describe("warmup_steps", "steps of linear warm-up from 0 to lr");
+    v.describe("max_steps", "optimizer steps to run; -1 runs `epochs` epochs");
+    v.describe("epochs", "passes over the data when max_steps is -1 (fractions allowed)");
+    v.describe("weight_decay", "AdamW's decoupled weight decay");
+    v.describe("beta1", "AdamW's first-moment decay");
+    v.describe("beta2", "AdamW's second-moment decay");
+    v.describe("eps", "AdamW's epsilon");
+    v.describe("max_grad_norm", "clip the gradients to this global norm; 0 turns clipping off");
+    v.describe("grad_accum", "sequences whose gradients are summed into one optimizer step");
+    v.describe("master_dtype", "the dtype of the master weights and AdamW's moments");
+    v.describe("grad_dtype", "the GEMM weights' gradients: auto keeps the weights' dtype where nothing needs fp32");
+    v.describe("checkpoint_every",
+               "gradient checkpointing: save every k-th layer's input and recompute the rest in the backward; auto: the plan's choice");
+    v.describe("save_steps", "save a checkpoint every this many steps; 0 saves only at the end");
+    v.describe("keep_checkpoints", "how many checkpoints are kept; older ones are deleted; 0 keeps all");
+    v.describe("save_final", "save a checkpoint after the last step");
+    v.describe("log_every", "print and record the step's metrics every this many steps");
     t.lr = v.get_double("lr", t.lr);
     need(v, "lr", t.lr, t.lr >= 0 && std::isfinite(t.lr), "must be >= 0 and finite", "e.g. lr = 2e-5");
     t.schedule = v.get_string("schedule", t.schedule);
@@ -171,17 +221,11 @@ CoreConfig read_core_config(const Manifest& m, const std::vector<std::string>& p
     one_of(v, "master_dtype", t.master_dtype, {"fp32", "bf16"});
     t.grad_dtype = v.get_string("grad_dtype", t.grad_dtype);
     one_of(v, "grad_dtype", t.grad_dtype, {"auto", "fp32", "bf16"});
-    if (v.has("checkpoint_every")) {
+    {
       const char* fix = "\"auto\" (the plan's choice) or a count >= 1: 1 saves every layer's input, k every k-th";
-      bool is_auto = false;
-      try {
-        t.checkpoint_every = v.get_int("checkpoint_every", 0);
-      } catch (const Error&) {  // not an integer: the one string it may be is "auto"
-        const std::string text = v.get_string("checkpoint_every", "auto");
-        if (text != "auto") v.fail("checkpoint_every", str("'", text, "' is neither \"auto\" nor a count"), fix);
-        is_auto = true;
-      }
-      if (!is_auto) need(v, "checkpoint_every", t.checkpoint_every, t.checkpoint_every >= 1, "must be >= 1", fix);
+      const std::optional<int64_t> every = v.get_int_or_auto("checkpoint_every", fix);
+      t.checkpoint_every = every.value_or(0);
+      need(v, "checkpoint_every", t.checkpoint_every, !every || *every >= 1, "must be >= 1", fix);
     }
     t.save_steps = v.get_int("save_steps", t.save_steps);
     need(v, "save_steps", t.save_steps, t.save_steps >= 0, "must be >= 0 (0 saves only at the end)");
@@ -194,6 +238,8 @@ CoreConfig read_core_config(const Manifest& m, const std::vector<std::string>& p
   }
   {
     ConfigView v = m.section("plugins");
+    v.describe("dir", "a folder searched first for plugins, relative to the manifest's folder", {}, "\"\" (the installed plugins)");
+    v.describe("load", "the plugins this run loads, by name (each brings its own [name] table)");
     c.plugins.dir = v.get_string("dir", c.plugins.dir);
     if (!c.plugins.dir.empty() && std::filesystem::path(c.plugins.dir).is_relative())
       c.plugins.dir = (std::filesystem::path(m.source()).parent_path() / c.plugins.dir).lexically_normal().string();
@@ -203,6 +249,14 @@ CoreConfig read_core_config(const Manifest& m, const std::vector<std::string>& p
   {
     ConfigView v = m.section("distributed");
     auto& d = c.distributed;
+    v.describe("nproc_per_node", "processes (GPUs) on this node, one rank each", ">= 1");
+    v.describe("dp", "data-parallel ranks: each takes other sequences; 1 widens to the ranks cp x sp leave", ">= 1");
+    v.describe("cp", "context-parallel ranks: one sequence split along its tokens", ">= 1");
+    v.describe("sp", "sequence-parallel ranks: the sequence split, attention by heads", ">= 1");
+    v.describe("order", "which mesh axis takes neighbouring ranks");
+    v.describe("shard_parameters", "parameters, gradients and optimizer state split across the ranks (ZeRO-3/FSDP)");
+    v.describe("virtual_ranks", "ranks as threads of one process sharing one GPU (tests, debugging)");
+    v.describe("timeout_s", "seconds a collective may wait before the run fails");
     d.nproc_per_node = v.get_int("nproc_per_node", d.nproc_per_node);
     d.dp = v.get_int("dp", d.dp);
     d.cp = v.get_int("cp", d.cp);

@@ -4,7 +4,16 @@
 
 #include <spdlog/spdlog.h>
 
+#include "log/detail.h"
+
 namespace lcx::log {
+
+void detail(const std::string& message) {
+  if (auto file = spdlog::get(kDetailLogger))
+    file->info(message);
+  else
+    spdlog::debug(message);
+}
 
 void write(Level level, const std::string& message) {
   switch (level) {

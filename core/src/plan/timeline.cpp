@@ -6,6 +6,7 @@
 #include <array>
 #include <cmath>
 #include <cstdio>
+#include <cstring>
 #include <filesystem>
 #include <fstream>
 #include <map>
@@ -26,6 +27,21 @@ constexpr std::array<MemoryCategory, kMemoryCategories> kStackOrder = {
 constexpr std::array<const char*, kMemoryCategories> kColors = {"#4c72b0", "#55a868", "#8172b3", "#937860",
                                                                 "#dd8452", "#da8bc3", "#c44e52", "#8c8c8c"};
 constexpr const char* kActivationShade = "#f0b27a";  // every other saved tensor, so layers stand apart
+
+// The step's phases, as the step tags the allocator's events (train/step.cpp, trainer.cpp), each
+// a band along the x axis; a tag names its phase by containing its name ("layer 3 backward").
+constexpr std::array<std::pair<const char*, const char*>, 5> kPhases = {
+    {{"forward", "#cfe0f3"}, {"loss", "#f6d5c3"}, {"backward", "#d5ecd4"}, {"communication", "#eadcf2"},
+     {"optimizer", "#efe3c8"}}};
+// An upper bound of a 12px sans-serif character's width, so the legend's box holds its labels.
+constexpr double kCharWidth = 7;
+
+// The index of the phase a tag names, or -1.
+int phase_of(const std::string& tag) {
+  for (size_t p = 0; p < kPhases.size(); ++p)
+    if (tag.find(kPhases[p].first) != std::string::npos) return static_cast<int>(p);
+  return -1;
+}
 
 // One stacked band: a category, or one saved-activation tensor (its own band, so the per-layer
 // staircase of checkpoints shows).
@@ -98,9 +114,26 @@ void write_text(const std::string& path, const std::string& text) {
   if (!out) throw Error(str(path, ": write failed"), "run.output_dir", "check the folder is writable");
 }
 
+// The legend's labels, top of the stack first, for the categories drawn.
+std::vector<std::pair<const char*, std::string>> legend_of(const std::array<bool, kMemoryCategories>& drawn) {
+  std::vector<std::pair<const char*, std::string>> out;
+  for (size_t k = kStackOrder.size(); k-- > 0;)
+    if (drawn[static_cast<size_t>(kStackOrder[k])])
+      out.emplace_back(kColors[k], kStackOrder[k] == MemoryCategory::activations ? "saved activations (a band each)"
+                                                                                 : memory_category_name(kStackOrder[k]));
+  return out;
+}
+
 std::string svg_of(const Series& series, int64_t planned) {
-  constexpr double W = 960, Hh = 420, left = 70, right = 190, top = 30, bottom = 40;
-  const double pw = W - left - right, ph = Hh - top - bottom;
+  std::array<bool, kMemoryCategories> drawn{};
+  for (size_t b = 0; b < series.bands.size(); ++b)
+    for (const auto& l : series.live) drawn[static_cast<size_t>(series.bands[b].category)] |= l[b] != 0;
+  const auto legend = legend_of(drawn);
+  size_t longest = 0;
+  for (const auto& [color, label] : legend) longest = std::max(longest, label.size());
+  // The legend's column is as wide as its longest label, so none is clipped.
+  constexpr double pw = 700, Hh = 430, left = 70, top = 30, bottom = 60, strip = 14;
+  const double right = 34 + kCharWidth * static_cast<double>(longest) + 16, W = left + pw + right, ph = Hh - top - bottom;
   const int64_t measured = series.measured_peak;
   const int64_t peak = std::max(measured, planned);  // the y axis holds both
   // GiB for real runs, MiB for the small ones of tests and CPU runs.
@@ -114,18 +147,16 @@ std::string svg_of(const Series& series, int64_t planned) {
   std::ostringstream o;
   o.setf(std::ios::fixed);
   o.precision(1);
-  o << "<svg xmlns=\"http://www.w3.org/2000/svg\" width=\"" << W << "\" height=\"" << Hh
-    << "\" font-family=\"sans-serif\" font-size=\"12\">\n<rect width=\"100%\" height=\"100%\" fill=\"white\"/>\n";
+  o << "<svg xmlns=\"http://www.w3.org/2000/svg\" width=\"" << W << "\" height=\"" << Hh << "\" viewBox=\"0 0 " << W
+    << " " << Hh << "\" font-family=\"sans-serif\" font-size=\"12\">\n<rect width=\"100%\" height=\"100%\" fill=\"white\"/>\n";
   o << "<text x=\"" << left << "\" y=\"18\" font-size=\"14\">Memory during one step, stacked by category (peak "
     << static_cast<double>(measured) / gib << " " << unit << ")</text>\n";
   // Stacked areas: each band between the running sums below and above it.
   std::vector<double> below(n, 0.0);
-  std::array<bool, kMemoryCategories> drawn{};
   for (size_t b = 0; b < series.bands.size(); ++b) {
     bool any = false;
     for (const auto& l : series.live) any = any || l[b] != 0;
     if (!any) continue;
-    drawn[static_cast<size_t>(series.bands[b].category)] = true;
     std::vector<double> above(n);
     for (size_t i = 0; i < n; ++i) above[i] = below[i] + static_cast<double>(series.live[i][b]);
     o << "<polygon fill=\"" << series.bands[b].color << "\" fill-opacity=\"0.85\" points=\"";
@@ -146,7 +177,26 @@ std::string svg_of(const Series& series, int64_t planned) {
   o << "<text x=\"16\" y=\"" << top + ph / 2 << "\" transform=\"rotate(-90 16 " << top + ph / 2
     << ")\" text-anchor=\"middle\">" << unit << "</text>\n";
   o << "<text x=\"" << left + pw / 2 << "\" y=\"" << Hh - 10 << "\" text-anchor=\"middle\">allocator event ("
-    << (n ? n - 1 : 0) << " events)</text>\n";
+    << (n ? n - 1 : 0) << " events), by phase of the step</text>\n";
+  // The phases as bands under the x axis: each run of events of one phase, named where it is wide
+  // enough for its name.
+  const double sy = top + ph + 8;
+  for (size_t i = 1; i < n;) {
+    const int p = i < series.tags.size() ? phase_of(series.tags[i]) : -1;
+    size_t end = i + 1;
+    while (end < n && end < series.tags.size() && phase_of(series.tags[end]) == p) ++end;
+    if (p >= 0) {
+      const double x0 = x(i - 1), x1 = x(end - 1), w = std::max(1.0, x1 - x0);
+      const char* name = kPhases[static_cast<size_t>(p)].first;
+      o << "<rect class=\"phase\" data-phase=\"" << name << "\" x=\"" << x0 << "\" y=\"" << sy << "\" width=\"" << w
+        << "\" height=\"" << strip << "\" fill=\"" << kPhases[static_cast<size_t>(p)].second << "\"><title>" << name
+        << "</title></rect>\n";
+      if (w >= kCharWidth * static_cast<double>(std::strlen(name)) + 4)
+        o << "<text x=\"" << x0 + w / 2 << "\" y=\"" << sy + strip - 3 << "\" text-anchor=\"middle\" font-size=\"10\">"
+          << name << "</text>\n";
+    }
+    i = end;
+  }
   // Phase tags where they change, as marks along the bottom.
   for (size_t i = 1; i < series.tags.size() && i < n; ++i)
     if (series.tags[i] != series.tags[i - 1] && !series.tags[i].empty())
@@ -159,12 +209,9 @@ std::string svg_of(const Series& series, int64_t planned) {
       << static_cast<double>(planned) / gib << " " << unit << "</text>\n";
   // Legend of the categories drawn, top of the stack first.
   double ly = top + 10;
-  for (size_t k = kStackOrder.size(); k-- > 0;) {
-    if (!drawn[static_cast<size_t>(kStackOrder[k])]) continue;
-    const bool act = kStackOrder[k] == MemoryCategory::activations;
-    o << "<rect x=\"" << W - right + 16 << "\" y=\"" << ly - 10 << "\" width=\"12\" height=\"12\" fill=\"" << kColors[k]
-      << "\"/><text x=\"" << W - right + 34 << "\" y=\"" << ly << "\">"
-      << (act ? "saved activations (a band each)" : memory_category_name(kStackOrder[k])) << "</text>\n";
+  for (const auto& [color, label] : legend) {
+    o << "<rect x=\"" << left + pw + 16 << "\" y=\"" << ly - 10 << "\" width=\"12\" height=\"12\" fill=\"" << color
+      << "\"/><text x=\"" << left + pw + 34 << "\" y=\"" << ly << "\">" << label << "</text>\n";
     ly += 18;
   }
   o << "</svg>\n";

@@ -6,6 +6,7 @@
 #include <vector>
 
 #include "lcx/clock.h"
+#include "lcx/memory.h"
 #include "lcx/profile.h"
 
 namespace lcx {
@@ -109,6 +110,9 @@ StepResult train_step(StepSlots& s, const Shard& shard, double grad_scale, Devic
   // Forward: each layer's input is handed to the memory strategy before the layer runs.
   const double t0 = now_s();
   std::optional<ProfilePhase> phase(std::in_place, StepPhase::forward);
+  // The memory timeline's phases (plan/timeline.h): each allocation tagged with the phase it is of.
+  MemoryRecorder& recorder = allocator_for(device).recorder();
+  recorder.set_tag("forward");
   const RopeTables rope = s.positional->tables(shard.positions, device);
   StepContext ctx{&rope, s.parallel, device, s.mlp, &memory, s.recipe, shard.document_bounds};
   // A layer whose input is not saved runs without the memory strategy: it keeps nothing, and its
@@ -140,6 +144,7 @@ StepResult train_step(StepSlots& s, const Shard& shard, double grad_scale, Devic
   sync(device);
   const double t1 = now_s();
   phase.emplace(StepPhase::loss);
+  recorder.set_tag("loss");
 
   // Loss: forward and backward at once; the head's gradient accumulates (into the embedding's
   // when tied).
@@ -149,6 +154,7 @@ StepResult train_step(StepSlots& s, const Shard& shard, double grad_scale, Devic
   r.loss_sum = lr.loss_sum;
   r.valid = lr.valid;
   phase.emplace(StepPhase::backward);
+  recorder.set_tag("backward");
   Tensor dx = Tensor::empty({T, H}, dt, device);
   model.final_norm_backward(x, dhidden, dx);
   hidden = Tensor();

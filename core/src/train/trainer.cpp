@@ -23,6 +23,7 @@
 #include "lcx/clock.h"
 #include "lcx/comm.h"
 #include "lcx/log.h"
+#include "log/detail.h"
 #include "lcx/pinned.h"
 #include "plan/plan.h"
 #include "plan/timeline.h"
@@ -31,6 +32,7 @@
 #include "train/progress.h"
 #include "train/run.h"
 #include "train/run_folder.h"
+#include "train/run_summary.h"
 #include "train/schedule.h"
 #include "train/step.h"
 #include "train/stop_signal.h"
@@ -147,6 +149,8 @@ class Trainer {
   CheckpointContents contents_;
   MetricsLog metrics_;
   ProgressBar bar_;
+  // The step memory_timeline_step asks for, recorded from its forward through its update.
+  std::unique_ptr<StepTimeline> timeline_;
   double run_start_ = 0;
   // The worker cutting the sequences ahead of the one in hand (cut_ahead); declared last, so it is
   // waited for before the members it reads go.
@@ -171,7 +175,7 @@ Trainer::Trainer(Run& run, const Manifest& manifest, RunLength length, const std
   StopSignals::saved(first_step_);
   run_start_ = now_s();
   if (run.lead() && !cfg_.run.rehearse)
-    log::info(str(length.total_steps, " steps of ", length.per_step, " sequence(s) of ", run.data().seq_len(), " tokens; ",
+    log::detail(str(length.total_steps, " steps of ", length.per_step, " sequence(s) of ", run.data().seq_len(), " tokens; ",
                   run.data().num_sequences(), " sequences per epoch"));
   if (run.lead() && cfg_.run.profile && first_step_ + cfg_.run.profile_step > length.total_steps)
     log::warn(str("run.profile_step = ", cfg_.run.profile_step, " is past this run's last step (",
@@ -230,6 +234,11 @@ Trainer::StepRecord Trainer::train_step() {
   forward_backward_step(batch, r);
   reduce_across_ranks(r);
   optimizer_step(r);
+  if (timeline_) {  // the whole step: forward, loss, backward and the update
+    TimelineFiles f = timeline_->write(cfg_.run.output_dir, build_plan(run_.planned(), run_.plan_slots()).peak(false).bytes);
+    timeline_.reset();
+    log::info(str("memory timeline of step ", state_.step + 1, ": ", f.svg, " and ", f.json));
+  }
   if (device.is_cuda()) backend_for(device)->synchronize();
   r.t_end = now_s();
   if (profiler) {
@@ -295,9 +304,8 @@ void Trainer::forward_backward_step(const Batch& batch, StepRecord& r) {
   const Device device = run_.device();
   const auto [mine_begin, mine_end] = my_sequences(batch);
   // One step of the run, when asked (memory_timeline_step): every allocation of it, for the timeline.
-  std::unique_ptr<StepTimeline> timeline;
   if (cfg_.run.memory_timeline && run_.lead() && state_.step == first_step_ + cfg_.run.memory_timeline_step - 1)
-    timeline = std::make_unique<StepTimeline>(device);
+    timeline_ = std::make_unique<StepTimeline>(device);
   try {
     if (r.valid > 0) {
       for (size_t j = mine_begin; j < mine_end; ++j) {
@@ -318,10 +326,6 @@ void Trainer::forward_backward_step(const Batch& batch, StepRecord& r) {
       throw Error(format_out_of_memory(cfg_, run_.slots(), run_.model().config(), 0, e.what()), "data.seq_len");
     throw;
   }
-  if (timeline) {
-    TimelineFiles f = timeline->write(cfg_.run.output_dir, build_plan(run_.planned(), run_.plan_slots()).peak(false).bytes);
-    log::info(str("memory timeline of step ", state_.step + 1, ": ", f.svg, " and ", f.json));
-  }
 }
 
 // Sums over ranks: the loss, whether any rank was asked to stop (so all stop together) and,
@@ -331,6 +335,7 @@ void Trainer::reduce_across_ranks(StepRecord& r) {
   double sums[2] = {r.loss_sum, static_cast<double>(StopSignals::requested() != 0)};
   if (Communicator* world = run_.world()) {
     ProfilePhase phase(StepPhase::communication);
+    allocator_for(run_.device()).recorder().set_tag("communication");
     world->all_reduce(std::span<double>(sums, 2));
     if (!run_.sharded())
       for (Parameter* p : run_.model().parameters()) world->all_reduce(p->grad);
@@ -344,6 +349,7 @@ void Trainer::reduce_across_ranks(StepRecord& r) {
 void Trainer::optimizer_step(StepRecord& r) {
   r.t_optimizer = now_s();
   ProfilePhase phase(StepPhase::optimizer);
+  allocator_for(run_.device()).recorder().set_tag("optimizer");
   r.grad_norm = run_.grad_norm();
   r.lr = cfg_.train.lr * schedule_factor(cfg_.train.schedule, state_.step, cfg_.train.warmup_steps, length_.total_steps);
   r.finite = std::isfinite(r.loss) && std::isfinite(r.grad_norm);
@@ -510,7 +516,7 @@ void Trainer::save() {
 
 void log_device(const Run& run) {
   const MeshShape shape = run.mesh_shape();
-  log::info(str("device ", device_name(run.device()), ", weights ", dtype_name(run.dtype()), ", ", run.world_size(),
+  log::detail(str("device ", device_name(run.device()), ", weights ", dtype_name(run.dtype()), ", ", run.world_size(),
                 run.world_size() == 1 ? " rank" : " ranks",
                 run.mesh() ? str(" (dp ", shape.dp, " x cp ", shape.cp, " x sp ", shape.sp,
                                  shape.cp > 1 && shape.sp > 1 ? str(", ", mesh_order_name(shape.order)) : "", ")")
@@ -523,10 +529,10 @@ void log_recipe(const Run& run) {
   const int64_t seq_len = run.data().seq_len();
   const PositionalEncoding& rope = *run.slots().positional;
   const MemoryPlan plan = build_plan(run.planned(), run.plan_slots());
-  log::info(str("recipe: ", recipe_name(run.planned().recipe), ", ", dtype_name(run.grad_dtype()), " GEMM gradients",
+  log::detail(str("recipe: ", recipe_name(run.planned().recipe), ", ", dtype_name(run.grad_dtype()), " GEMM gradients",
                 run.device().is_cuda() ? str("; predicted step ", predicted_step_seconds(plan.work), " s") : std::string()));
   // What the measured peaks (metrics' peak_gpu_bytes, peak_pinned_bytes) are to be compared with.
-  log::info(str("plan: GPU peak ", plan.peak(false).bytes, " B allocated (", plan.peak(true).bytes,
+  log::detail(str("plan: GPU peak ", plan.peak(false).bytes, " B allocated (", plan.peak(true).bytes,
                 " B with the reserve), pinned host ", plan.host_peak(),
                 " B (the pinned pool's peak + host_optimizer_bytes)"));
   if (seq_len > rope.effective_max_positions())
@@ -561,6 +567,9 @@ int train_rank(const CoreConfig& cfg, const Manifest& manifest, const SlotFactor
   run.plan_local_step(opts.force);
   if (run.lead()) log_recipe(run);
   const RunLength length = run_length(run);
+  if (run.lead())
+    for (const std::string& line : run_summary(run, length.total_steps, length.per_step, length.steps_per_epoch))
+      log::info(line);
   run.make_optimizer(resume_dir);
   Trainer trainer(run, manifest, length, resume_dir);
   return cfg.run.rehearse ? trainer.rehearse() : trainer.train();
