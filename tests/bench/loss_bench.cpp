@@ -24,7 +24,7 @@
 #include "lcx/defaults.h"
 #include "lcx/slots/loss.h"
 #include "lcx/tensor.h"
-#include "plugin/loader.h"
+#include "loader/plugin_loader.h"
 
 namespace lcx {
 namespace {

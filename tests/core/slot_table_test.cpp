@@ -9,7 +9,7 @@
 
 #include "config/manifest.h"
 #include "lcx/slots.h"
-#include "plugin/loader.h"
+#include "loader/plugin_loader.h"
 #include "slots/resolve.h"
 
 namespace lcx {

@@ -8,7 +8,7 @@
 #include "config/manifest.h"
 #include "lcx/defaults.h"
 #include "lcx/slots/model.h"
-#include "plugin/loader.h"
+#include "loader/plugin_loader.h"
 #include "support/test_util.h"
 #include "train/step.h"
 

@@ -18,7 +18,7 @@
 #include "lcx/defaults.h"
 #include "lcx/ops.h"
 #include "models/model_util.h"
-#include "plugin/loader.h"
+#include "loader/plugin_loader.h"
 #include "train/step.h"
 #include "support/test_util.h"
 

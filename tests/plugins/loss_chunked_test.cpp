@@ -12,7 +12,7 @@
 #include "lcx/defaults.h"
 #include "lcx/ops.h"
 #include "lcx/plan.h"
-#include "plugin/loader.h"
+#include "loader/plugin_loader.h"
 #include "plugins/loss_chunked_cases.h"
 
 namespace lcx {

@@ -14,7 +14,7 @@
 #include "config/manifest.h"
 #include "lcx/defaults.h"
 #include "lcx/slots/positional_encoding.h"
-#include "plugin/loader.h"
+#include "loader/plugin_loader.h"
 #include "support/test_util.h"
 
 namespace lcx {

@@ -20,7 +20,7 @@
 #include "lcx/ops.h"
 #include "lcx/slots/parallelism.h"
 #include "models/model_util.h"
-#include "plugin/loader.h"
+#include "loader/plugin_loader.h"
 #include "support/test_util.h"
 
 namespace lcx::test {

@@ -15,7 +15,7 @@
 #include "lcx/error.h"
 #include "lcx/knob.h"
 #include "lcx/tensor.h"
-#include "plugin/loader.h"
+#include "loader/plugin_loader.h"
 
 namespace lcx::test {
 

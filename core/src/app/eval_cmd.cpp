@@ -20,7 +20,7 @@
 #include "eval/position_loss.h"
 #include "lcx/error.h"
 #include "lcx/log.h"
-#include "plugin/loader.h"
+#include "loader/plugin_loader.h"
 #include "train/run_folder.h"
 #include "slots/resolve.h"
 #include "train/checkpoint.h"

@@ -21,7 +21,7 @@
 #include "lcx/abi.h"
 #include "lcx/error.h"
 #include "log/detail.h"
-#include "plugin/loader.h"
+#include "loader/plugin_loader.h"
 #include "slots/resolve.h"
 #include "plan/plan.h"
 #include "train/run.h"

@@ -5,7 +5,7 @@
 
 #include "config/core_config.h"
 #include "config/manifest.h"
-#include "plugin/loader.h"
+#include "loader/plugin_loader.h"
 
 namespace lcx {
 

@@ -6,7 +6,6 @@
 #include <optional>
 
 #include "lcx/error.h"
-#include "plan/plan.h"
 #include "util/text.h"
 
 namespace lcx {

@@ -126,4 +126,8 @@ const std::vector<std::string>& core_section_names();
 // is neither a core section nor one of `plugin_names` (suggesting the closest).
 CoreConfig read_core_config(const Manifest& m, const std::vector<std::string>& plugin_names);
 
+// "80GB", "141GiB", "81920MiB", "85899345920": GB and GiB both mean 2^30 bytes, as GPU memory is
+// quoted. Throws naming the option on anything else, and past 2^62 bytes.
+int64_t parse_memory_size(const std::string& text, const std::string& option = "--gpu-memory");
+
 }  // namespace lcx

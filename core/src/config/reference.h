@@ -6,7 +6,7 @@
 #include <vector>
 
 #include "config/manifest.h"
-#include "plugin/loader.h"
+#include "loader/plugin_loader.h"
 
 namespace lcx {
 

@@ -1,5 +1,5 @@
-// Memory sizes for the plan: parsing --gpu-memory and --host-memory, the local GPU's total when
-// there is one, and the host's budget and its check.
+// Memory sizes for the plan: the local GPU's total when there is one, and the host's budget and
+// its check.
 #include <algorithm>
 #include <cctype>
 #include <cmath>
@@ -14,36 +14,6 @@
 #endif
 
 namespace lcx {
-
-int64_t parse_memory_size(const std::string& text, const std::string& option) {
-  auto bad = [&]() -> Error {
-    return Error(str(option, " '", text, "' is not a size"), option, "e.g. 80GB, 141GiB, 81920MiB or a byte count");
-  };
-  size_t used = 0;
-  double value = 0;
-  try {
-    value = std::stod(text, &used);
-  } catch (const std::exception&) {
-    throw bad();
-  }
-  std::string unit;
-  for (size_t i = used; i < text.size(); ++i)
-    if (!std::isspace(static_cast<unsigned char>(text[i])))
-      unit += static_cast<char>(std::toupper(static_cast<unsigned char>(text[i])));
-  int shift = -1;
-  if (unit.empty() || unit == "B") shift = 0;
-  else if (unit == "K" || unit == "KB" || unit == "KIB") shift = 10;
-  else if (unit == "M" || unit == "MB" || unit == "MIB") shift = 20;
-  else if (unit == "G" || unit == "GB" || unit == "GIB") shift = 30;
-  else if (unit == "T" || unit == "TB" || unit == "TIB") shift = 40;
-  if (shift < 0 || !(value > 0) || !std::isfinite(value)) throw bad();
-  // Sums and multiples of budgets stay within int64: sizes past 2^62 bytes are refused.
-  const double bytes = std::ldexp(value, shift);
-  if (bytes > std::ldexp(1.0, 62))
-    throw Error(str(option, " '", text, "' is ", bytes, " bytes, past the 4 EiB (2^62 bytes) lcx's 64-bit sizes hold"), option,
-                "give the memory of the GPU or host, e.g. 80GB, 141GiB or 2TB");
-  return static_cast<int64_t>(bytes);
-}
 
 int64_t host_memory_budget(const std::string& text, const RunConfig& run) {
   if (!text.empty()) return parse_memory_size(text, "--host-memory");

@@ -13,7 +13,7 @@
 #include "lcx/plan.h"
 #include "lcx/size_math.h"
 #include "plan/rates.h"
-#include "plugin/loader.h"
+#include "loader/plugin_loader.h"
 #include "slots/resolve.h"
 
 namespace lcx {
@@ -135,9 +135,6 @@ std::vector<PlanKnob> plan_knobs(const PlanInputs& in, const PlanSlots& slots, c
 std::string format_out_of_memory(const CoreConfig& cfg, const SlotSet& slots, const ModelConfig& model,
                                  int64_t gpu_bytes, const std::string& failure);
 
-// "80GB", "141GiB", "81920MiB", "85899345920": GB and GiB both mean 2^30 bytes, as GPU memory is
-// quoted. Throws naming the option on anything else.
-int64_t parse_memory_size(const std::string& text, const std::string& option = "--gpu-memory");
 // The host memory a node's ranks may pin together: `text` (--host-memory) when given, else
 // [run] host_memory, else what this host leaves (host_memory_available: MemAvailable and the
 // cgroup's room); -1 when unknown.

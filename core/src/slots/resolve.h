@@ -10,7 +10,7 @@
 #include "config/manifest.h"
 #include "lcx/mesh_shape.h"
 #include "lcx/slots.h"
-#include "plugin/loader.h"
+#include "loader/plugin_loader.h"
 
 namespace lcx {
 

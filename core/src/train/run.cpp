@@ -9,7 +9,7 @@
 #include "lcx/pinned.h"
 #include "lcx/error.h"
 #include "lcx/log.h"
-#include "plugin/loader.h"
+#include "loader/plugin_loader.h"
 #include "util/text.h"
 
 namespace lcx {

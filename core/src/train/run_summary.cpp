@@ -6,7 +6,7 @@
 
 #include "data/dataset.h"
 #include "plan/plan.h"
-#include "plugin/loader.h"
+#include "loader/plugin_loader.h"
 #include "slots/resolve.h"
 #include "train/run.h"
 #include "util/text.h"

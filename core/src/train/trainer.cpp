@@ -1,8 +1,7 @@
-// The training run: each rank builds its Run (train/run.h) part by part, then the Trainer loops
-// over optimizer steps: this rank's grad_accum sequences forward and backward with the step's
-// mean-loss scale, the sums over ranks, clip and AdamW (or a skipped update when not finite),
-// the log line and metrics row, a checkpoint when due. run_training starts the ranks.
-#include "train/trainer.h"
+// The loop over one rank's optimizer steps: this rank's grad_accum sequences forward and backward
+// with the step's mean-loss scale, the sums over ranks, clip and AdamW (or a skipped update when
+// not finite), the log line and metrics row, a checkpoint when due.
+#include "train/trainer_loop.h"
 
 #include <sys/resource.h>
 #include <unistd.h>
@@ -18,8 +17,6 @@
 #include <nlohmann/json.hpp>
 
 #include "data/dataset.h"
-#include "distributed/launcher.h"
-#include "kernels/attention_table.h"
 #include "lcx/clock.h"
 #include "lcx/comm.h"
 #include "lcx/log.h"
@@ -32,13 +29,9 @@
 #include "train/progress.h"
 #include "train/run.h"
 #include "train/run_folder.h"
-#include "train/run_summary.h"
 #include "train/schedule.h"
 #include "train/step.h"
 #include "train/stop_signal.h"
-#ifdef LCX_HAVE_CUDA
-#include "distributed/nccl_comm.h"
-#endif
 
 namespace lcx {
 namespace {
@@ -72,23 +65,14 @@ int64_t host_peak_bytes() {
   return static_cast<int64_t>(u.ru_maxrss) * 1024;
 }
 
-// The plan's host figure holds the pinned pool and an optimizer's state kept in ordinary host
-// memory (an Optimizer provider's host-side master and moments); on a GPU run, host tensors of
-// those categories are exactly that state (core's own optimizer keeps its state on the device).
-// On the CPU every tensor is a host tensor and the plan is the GPU's, so nothing is added there.
+}  // namespace
+
 int64_t host_optimizer_bytes(Device device) {
   if (!device.is_cuda()) return 0;
   const AllocatorStats s = allocator_for(Device::cpu()).stats();
   return s.live_by_category[static_cast<int>(MemoryCategory::master_weights)] +
          s.live_by_category[static_cast<int>(MemoryCategory::optimizer)];
 }
-
-// How long the run is: each step takes grad_accum sequences for each data-parallel rank.
-struct RunLength {
-  int64_t per_step = 0;
-  int64_t steps_per_epoch = 0;
-  int64_t total_steps = 0;
-};
 
 RunLength run_length(const Run& run) {
   const TrainConfig& t = run.cfg().train;
@@ -100,62 +84,6 @@ RunLength run_length(const Run& run) {
   if (n.total_steps < 1) throw Error("the run has no step to take", "train.epochs", "raise epochs or set max_steps");
   return n;
 }
-
-// The loop over optimizer steps of a built Run, in the manner of torchtitan's Trainer: each step
-// is train_step (forward_backward_step over this rank's sequences, the sums over ranks,
-// optimizer_step), then log_step, the divergence check and maybe_save.
-class Trainer {
- public:
-  Trainer(Run& run, const Manifest& manifest, RunLength length, const std::string& resume_dir);
-  // The process exit code: 0 when every step is done, 130 when stopped by a signal after saving.
-  int train();
-  // [run] rehearse: one step with the attention math cut, its measured peaks against the plan's;
-  // 0 when they agree (kRehearsalTolerance), 1 when not. Saves nothing, appends no metrics.
-  int rehearse();
-
- private:
-  // What one step did, for its log line and metrics row.
-  struct StepRecord {
-    int64_t valid = 0;  // targets of the whole step, across ranks, that are not -100
-    int64_t tokens = 0;
-    int64_t documents = 0;  // in the step's sequences; one cut by a sequence's end counts in both
-    double flops = 0;
-    double loss_sum = 0, loss = 0, grad_norm = 0, lr = 0;
-    bool finite = true;
-    bool stop = false;  // some rank was asked to stop
-    double forward_s = 0, backward_s = 0, memory_wait_s = 0, weights_wait_s = 0;
-    double shard_s = 0;  // the step's thread in Parallelism::shard()
-    double t_start = 0, t_communication = 0, t_optimizer = 0, t_end = 0;
-  };
-
-  static TrainerState start_state(const Run& run, const std::string& resume_dir);
-  StepRecord train_step();
-  void cut_ahead(const Batch& batch);
-  std::pair<size_t, size_t> my_sequences(const Batch& batch) const;
-  void forward_backward_step(const Batch& batch, StepRecord& r);
-  void reduce_across_ranks(StepRecord& r);
-  void optimizer_step(StepRecord& r);
-  void log_step(const StepRecord& r);
-  void stop_if_diverged();
-  void maybe_save(bool stop);
-  void save();
-
-  Run& run_;
-  const CoreConfig& cfg_;
-  const Manifest& manifest_;
-  const RunLength length_;
-  TrainerState state_;
-  const int64_t first_step_;
-  CheckpointContents contents_;
-  MetricsLog metrics_;
-  ProgressBar bar_;
-  // The step memory_timeline_step asks for, recorded from its forward through its update.
-  std::unique_ptr<StepTimeline> timeline_;
-  double run_start_ = 0;
-  // The worker cutting the sequences ahead of the one in hand (cut_ahead); declared last, so it is
-  // waited for before the members it reads go.
-  std::future<void> ahead_;
-};
 
 constexpr int64_t kMaxNonfiniteInRow = 3;
 
@@ -367,88 +295,6 @@ void Trainer::optimizer_step(StepRecord& r) {
   }
 }
 
-// A measured peak agrees with the plan when equal to the byte (what the plan aims at) or within this
-// fraction of it: a buffer the plan has not learned yet shows as a small difference, a recipe
-// that does not fit as a large one.
-constexpr double kRehearsalTolerance = 0.01;
-
-// The plan's choices by <provider>.<knob>, for a shorter run to be given the same
-// (scripts/bench/rehearse.sh).
-nlohmann::json recipe_choices(const Recipe& recipe) {
-  nlohmann::json out = nlohmann::json::object();
-  for (const KnobValue& v : recipe.values())
-    out[v.provider + "." + v.knob] = v.boolean ? nlohmann::json(v.value != 0) : nlohmann::json(v.value);
-  return out;
-}
-
-int Trainer::rehearse() {
-  const Device device = run_.device();
-  const ModelConfig& mc = run_.model().config();
-  const std::string what = str("one step's allocations at ", run_.data().seq_len(), " tokens, ", mc.num_layers,
-                               " layers, with the attention math cut");
-  if (run_.lead())
-    log::warn(str("REHEARSAL, not training (--rehearse): ", what, ". Its loss means nothing; no checkpoint, no metrics"));
-  // Left installed: the process ends with the rehearsal, and thread-ranks share the table.
-  ops::install_attention(ops::rehearsal_attention());
-  allocator_for(device).reset_peak();  // on the GPU train_step resets it again after zero_grads
-  const StepRecord r = train_step();
-  bar_.finish();
-  if (!run_.lead()) return 0;
-
-  const MemoryPlan plan = build_plan(run_.planned(), run_.plan_slots());
-  struct Row {
-    const char* name;
-    int64_t measured, planned;
-    bool judged;
-  };
-  // On the CPU the device peak is the CPU allocator's, whose kernels allocate unlike the GPU's
-  // that the plan counts: shown, not judged. The pinned pool is the same code on both.
-  const Row rows[] = {{device.is_cuda() ? "GPU allocated peak (plan: without the reserve)"
-                                        : "CPU allocator peak (plan: the GPU's, without the reserve)",
-                       allocator_for(device).stats().peak_bytes, plan.peak(false).bytes, device.is_cuda()},
-                      {"host bytes held (pinned pool + optimizer state in host memory)",
-                       pinned_allocator().stats().peak_bytes + host_optimizer_bytes(device), plan.host_peak(), true}};
-  bool agree = true;
-  nlohmann::json report = {{"rehearsal", true},
-                           {"note", "a rehearsal: the attention math was cut; the loss means nothing"},
-                           {"device", device_name(device)},
-                           {"seq_len", run_.data().seq_len()},
-                           {"layers", mc.num_layers},
-                           {"recipe", recipe_name(run_.planned().recipe)},
-                           {"recipe_choices", recipe_choices(run_.planned().recipe)},
-                           {"loss_meaningless", r.loss},
-                           {"step_s", r.t_end - r.t_start},
-                           {"optimizer_s", r.t_end - r.t_optimizer},  // real: the update is not cut
-                           {"tolerance", kRehearsalTolerance}};
-  std::vector<std::string> lines{str("REHEARSAL (not training): ", what, "; recipe ", recipe_name(run_.planned().recipe),
-                                     "; step ", r.t_end - r.t_start, " s, loss ", r.loss, " (meaningless)")};
-  for (const Row& row : rows) {
-    const int64_t diff = row.measured - row.planned;
-    const bool equal = diff == 0;
-    const bool within = std::abs(static_cast<double>(diff)) <= kRehearsalTolerance * static_cast<double>(row.planned);
-    const char* verdict = !row.judged ? "not judged on the CPU (the plan is the GPU's)"
-                          : equal     ? "equal"
-                          : within    ? "within 1% of the plan"
-                                      : "DIFFERS by more than 1%";
-    if (row.judged && !within) agree = false;
-    lines.push_back(str("  ", row.name, ": measured ", row.measured, " B (", format_bytes(row.measured), "), plan ",
-                        row.planned, " B (", format_bytes(row.planned), "), difference ", diff > 0 ? "+" : "", diff,
-                        " B: ", verdict));
-    report[row.judged ? "judged" : "shown"].push_back(
-        {{"name", row.name}, {"measured_bytes", row.measured}, {"plan_bytes", row.planned}, {"difference_bytes", diff}});
-  }
-  lines.push_back(agree ? "rehearsal: the measured peaks agree with the plan"
-                        : "rehearsal: the measured peaks do NOT agree with the plan (exit 1)");
-  report["agree"] = agree;
-  for (const std::string& l : lines) {
-    log::info(l);
-    std::printf("%s\n", l.c_str());
-  }
-  std::fflush(stdout);
-  std::ofstream(std::filesystem::path(cfg_.run.output_dir) / "rehearsal.json") << report.dump(2) << "\n";
-  return agree ? 0 : 1;
-}
-
 // The reference's step dict every log_every steps, the progress bar, and a metrics row.
 void Trainer::log_step(const StepRecord& r) {
   if (!run_.lead()) return;
@@ -512,130 +358,6 @@ void Trainer::save() {
   const std::string dir = run_.save(state_, contents_);
   StopSignals::saved(state_.step);
   if (run_.lead()) log::info(str("saved ", dir));
-}
-
-void log_device(const Run& run) {
-  const MeshShape shape = run.mesh_shape();
-  log::detail(str("device ", device_name(run.device()), ", weights ", dtype_name(run.dtype()), ", ", run.world_size(),
-                run.world_size() == 1 ? " rank" : " ranks",
-                run.mesh() ? str(" (dp ", shape.dp, " x cp ", shape.cp, " x sp ", shape.sp,
-                                 shape.cp > 1 && shape.sp > 1 ? str(", ", mesh_order_name(shape.order)) : "", ")")
-                           : ""));
-}
-
-// The recipe the plan chose, and a warning for sequences longer than the positions placed correctly.
-void log_recipe(const Run& run) {
-  const ModelConfig& mc = run.model().config();
-  const int64_t seq_len = run.data().seq_len();
-  const PositionalEncoding& rope = *run.slots().positional;
-  const MemoryPlan plan = build_plan(run.planned(), run.plan_slots());
-  log::detail(str("recipe: ", recipe_name(run.planned().recipe), ", ", dtype_name(run.grad_dtype()), " GEMM gradients",
-                run.device().is_cuda() ? str("; predicted step ", predicted_step_seconds(plan.work), " s") : std::string()));
-  // What the measured peaks (metrics' peak_gpu_bytes, peak_pinned_bytes) are to be compared with.
-  log::detail(str("plan: GPU peak ", plan.peak(false).bytes, " B allocated (", plan.peak(true).bytes,
-                " B with the reserve), pinned host ", plan.host_peak(),
-                " B (the pinned pool's peak + host_optimizer_bytes)"));
-  if (seq_len > rope.effective_max_positions())
-    log::warn(str("sequences of ", seq_len, " tokens go beyond the ", rope.effective_max_positions(),
-                  " positions this model places correctly: expect a loss near 10 instead of ~4. Load a YaRN "
-                  "PositionalEncoding plugin with factor = ",
-                  std::ceil(static_cast<double>(seq_len) / static_cast<double>(mc.max_position_embeddings)),
-                  " and original_max_position_embeddings = ", mc.max_position_embeddings));
-}
-
-// One rank's run: the Run built part by part, in the order its refusals should come, then trained.
-int train_rank(const CoreConfig& cfg, const Manifest& manifest, const SlotFactory& make_slots, const TrainOptions& opts,
-               Device device, RankSetup rank) {
-  Run run(cfg, make_slots(device), device, rank);
-  run.check_parallelism();
-  if (run.lead()) log_device(run);
-  run.open_data(cfg.data, run.lead());
-  run.check_sequence_split();
-  const std::string resume_dir = opts.resume.empty() ? std::string() : resolve_checkpoint(cfg.run.output_dir, opts.resume);
-  run.load_or_init_weights(resume_dir);
-  run.configure_step();
-  run.shard_parameters();
-  run.choose_grad_dtype();
-  const RatesTable::Choice rates = use_rates_for(cfg.run.gpu_name, local_gpu_memory().value_or(0));
-  if (run.lead()) {
-    log::info(str("rates: the '", rates.row.device, "' row (", rates.row.source, ")", rates.note.empty() ? "" : "; ",
-                  rates.note));
-    if (device.is_cuda() && mfu_peak_flops(cfg.run.peak_tflops) <= 0)
-      log::warn(str("no MFU: the rates row '", rates.row.device,
-                    "' has no peak_flops; set [run] peak_tflops to the GPU's dense bf16 peak"));
-  }
-  run.plan_local_step(opts.force);
-  if (run.lead()) log_recipe(run);
-  const RunLength length = run_length(run);
-  if (run.lead())
-    for (const std::string& line : run_summary(run, length.total_steps, length.per_step, length.steps_per_epoch))
-      log::info(line);
-  run.make_optimizer(resume_dir);
-  Trainer trainer(run, manifest, length, resume_dir);
-  return cfg.run.rehearse ? trainer.rehearse() : trainer.train();
-}
-
-MeshShape mesh_shape(const DistributedConfig& d, int world) {
-  MeshShape s = configured_mesh(d);
-  // dp left at 1 takes the ranks that cp and sp leave.
-  if (s.dp == 1 && s.cp * s.sp > 0 && world % (s.cp * s.sp) == 0) s.dp = world / (s.cp * s.sp);
-  Mesh::validate(s, world);
-  return s;
-}
-
-}  // namespace
-
-int run_training(const CoreConfig& cfg, const Manifest& manifest, const SlotFactory& make_slots,
-                 const TrainOptions& opts) {
-  const Device device = pick_device(cfg.run.device);
-  StopSignals signals;
-  const int nproc = static_cast<int>(cfg.distributed.nproc_per_node);
-  const EnvMap env = process_env();
-  const LaunchRole role = launch_role(nproc, env);
-  // Once per job: in the process that starts it, or in rank 0 when torchrun or srun started each worker.
-  const bool job_rank0 = role != LaunchRole::worker || read_dist_env(env).rank == 0;
-  StopSignals::speak(job_rank0);
-  // A rehearsal leaves the run folder's checkpoints and metrics as they are.
-  if (job_rank0 && !env.contains("LCX_WORKER") && !cfg.run.rehearse) open_run_folder(cfg, opts.resume, opts.overwrite);
-  CommOptions copt;
-  copt.timeout_s = cfg.distributed.timeout_s;
-
-  // Thread-ranks: the CPU, or several virtual ranks sharing one GPU.
-  if (nproc > 1 && (!device.is_cuda() || cfg.distributed.virtual_ranks)) {
-    const MeshShape shape = mesh_shape(cfg.distributed, nproc);
-    std::vector<int> codes(static_cast<size_t>(nproc), 0);
-    run_in_process(
-        nproc,
-        [&](Communicator& world) {
-          Mesh mesh(world, shape);
-          codes[static_cast<size_t>(world.rank())] =
-              train_rank(cfg, manifest, make_slots, opts, device, RankSetup{&world, &mesh});
-        },
-        copt);
-    return codes[0];
-  }
-
-  if (role == LaunchRole::single) return train_rank(cfg, manifest, make_slots, opts, device, RankSetup{});
-  if (role == LaunchRole::launcher) {
-    std::vector<std::string> argv = opts.argv;
-    if (argv.empty()) throw Error("the launcher needs the command line to start its workers");
-    argv[0] = self_executable();
-    return launch_workers(nproc, argv, env);
-  }
-#ifdef LCX_HAVE_CUDA
-  const DistEnv denv = read_dist_env(env);
-  if (!device.is_cuda())
-    throw Error("worker processes need one GPU each", "run.device",
-                "use [distributed] virtual_ranks = true to run ranks as threads on the CPU or one GPU");
-  const Device mine = Device::cuda(denv.local_rank);
-  std::unique_ptr<Communicator> world = make_nccl_world(denv, denv.local_rank, copt);
-  const MeshShape shape = mesh_shape(cfg.distributed, world->size());
-  Mesh mesh(*world, shape);
-  return train_rank(cfg, manifest, make_slots, opts, mine, RankSetup{world.get(), &mesh, denv.local_world_size});
-#else
-  throw Error("this lcx was built without CUDA, so it has no NCCL workers", "distributed.nproc_per_node",
-              "on the CPU, nproc_per_node > 1 runs thread-ranks; build with CUDA for one process per GPU");
-#endif
 }
 
 }  // namespace lcx

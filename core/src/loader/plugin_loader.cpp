@@ -1,4 +1,4 @@
-#include "plugin/loader.h"
+#include "loader/plugin_loader.h"
 
 #include <algorithm>
 #include <boost/dll/import.hpp>

@@ -4,7 +4,7 @@
 
 #include "config/manifest.h"
 #include "lcx/slots/loss.h"
-#include "plugin/loader.h"
+#include "loader/plugin_loader.h"
 #include "slots/resolve.h"
 #include "support/test_util.h"
 

@@ -7,7 +7,7 @@
 
 #include "config/manifest.h"
 #include "config/reference.h"
-#include "plugin/loader.h"
+#include "loader/plugin_loader.h"
 #include "support/test_util.h"
 
 namespace lcx {
