@@ -116,7 +116,11 @@ CoreConfig read_core_config(const Manifest& m, const std::vector<std::string>& p
     v.describe("host_memory", "the host memory this node's ranks may pin together",
                "\"auto\" (MemAvailable and the cgroup's room) or a size, e.g. \"200GiB\"");
     budget("host_memory", c.run.host_memory, "what the host and the cgroup leave");
+    v.describe("gpu_name", "the GPU whose rates row (share/lcx/rates.toml) times the plan's recipes; empty: this GPU's, "
+               "else the H200's", {}, "this GPU's");
     c.run.gpu_name = v.get_string("gpu_name", c.run.gpu_name);
+    v.describe("peak_tflops", "the dense bf16 peak the MFU is reported against, TFLOP/s; 0: the rates row's peak_flops",
+               ">= 0");
     c.run.peak_tflops = v.get_double("peak_tflops", c.run.peak_tflops);
     if (!(c.run.peak_tflops >= 0) || !std::isfinite(c.run.peak_tflops))
       v.fail("peak_tflops", str("must be a positive number of TFLOP/s, got ", c.run.peak_tflops),
