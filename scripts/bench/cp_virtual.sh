@@ -14,7 +14,7 @@ mkdir -p "$out"
 run() {  # NAME PLUGINS TABLES
   local dir="$out/$1"
   rm -rf "$dir" && mkdir -p "$dir"
-  printf '[run]\noutput_dir = "%s"\ndevice = "%s"\n[model]\nmodule = "qwen3"\ninit = %s\ndtype = "bf16"\n[data]\ntokenizer = "data/qwen3/tokenizer.json"\nsource = "data/kjv/kjv.txt"\nseq_len = %s\ndrop_last = true\nshuffle = false\nattend_across_documents = true\n[train]\nmax_steps = 3\nmaster_dtype = "bf16"\nsave_final = false\n[plugins]\nload = [%s]\n%b' \
+  printf '[run]\noutput_dir = "%s"\ndevice = "%s"\n[model]\nmodule = "qwen3"\ninit = %s\ndtype = "bf16"\n[data]\ntokenizer = "'"$PWD"'/data/qwen3/tokenizer.json"\nsource = "'"$PWD"'/data/kjv/kjv.txt"\nseq_len = %s\ndrop_last = true\nshuffle = false\nattend_across_documents = true\n[train]\nmax_steps = 3\nmaster_dtype = "bf16"\nsave_final = false\n[plugins]\nload = [%s]\n%b' \
     "$dir/out" "${DEVICE:-cuda}" "'$init'" "$tokens" "$2" "$3" >"$dir/run.toml"
   local start=$(date +%s)
   timeout -s KILL "$limit" "$build/bin/lcx-train" --config "$dir/run.toml" >"$dir/log" 2>&1

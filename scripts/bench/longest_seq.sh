@@ -61,7 +61,7 @@ module = "qwen3"
 init = '{"preset": "qwen3-4b", "num_hidden_layers": $nl}'
 dtype = "bf16"
 [data]
-tokenizer = "data/qwen3/tokenizer.json"
+tokenizer = "$PWD/data/qwen3/tokenizer.json"
 source = "$out/ids.tokens"
 seq_len = $tokens
 drop_last = true

@@ -33,7 +33,7 @@ PREFETCH=${PREFETCH:-2}
 TILE_ROWS=${TILE_ROWS:-0}
 MASTER=${MASTER:-bf16}
 TIMEOUT_S=${TIMEOUT_S:-240}
-tokenizer=data/qwen3/tokenizer.json
+tokenizer=$PWD/data/qwen3/tokenizer.json
 lcx=$bundle/bin/lcx-train
 [[ -x $lcx ]] || { echo "no $lcx: make a bundle with scripts/bundle.sh and carry it" >&2; exit 2; }
 [[ -f $tokenizer ]] || { echo "no $tokenizer: carry data/qwen3" >&2; exit 2; }

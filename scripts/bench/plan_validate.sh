@@ -29,8 +29,8 @@ PLUGINS=${PLUGINS:-"none loss_chunked loss_chunked+offload"}
 LAYERS=${LAYERS:-}
 MASTER=${MASTER:-fp32}
 GPU_MEMORY=${GPU_MEMORY:-141GB}
-DATA_TOKENIZER=${DATA_TOKENIZER:-data/qwen3/tokenizer.json}
-DATA_SOURCE=${DATA_SOURCE:-data/kjv/kjv.txt}
+DATA_TOKENIZER=${DATA_TOKENIZER:-$PWD/data/qwen3/tokenizer.json}
+DATA_SOURCE=${DATA_SOURCE:-$PWD/data/kjv/kjv.txt}
 TIMEOUT_S=${TIMEOUT_S:-900}
 work=$(mktemp -d /tmp/lcx-plan-validate.XXXXXX)
 trap 'rm -rf "$work"' EXIT

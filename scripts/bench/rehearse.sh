@@ -38,7 +38,7 @@ module = "qwen3"
 init = '$2'
 dtype = "bf16"
 [data]
-tokenizer = "data/qwen3/tokenizer.json"
+tokenizer = "$PWD/data/qwen3/tokenizer.json"
 source = "$1/ids.tokens"
 seq_len = $3
 drop_last = true

@@ -41,7 +41,7 @@ module = "qwen3"
 init = '{"vocab_size": 151936, "hidden_size": 256, "intermediate_size": 512, "num_hidden_layers": 2, "num_attention_heads": 4, "num_key_value_heads": 2, "head_dim": 64, "tie_word_embeddings": false}'
 dtype = "$([[ $device == cuda ]] && echo bf16 || echo fp32)"
 [data]
-tokenizer = "data/qwen3/tokenizer.json"
+tokenizer = "$PWD/data/qwen3/tokenizer.json"
 source = "$out/docs.tokens"
 seq_len = $tokens
 pad_to_multiple_of = $((2 * cp))

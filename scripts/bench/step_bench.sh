@@ -63,7 +63,7 @@ module = "qwen3"
 init = '$init'
 dtype = "bf16"
 [data]
-tokenizer = "data/qwen3/tokenizer.json"
+tokenizer = "$PWD/data/qwen3/tokenizer.json"
 source = "$run/ids.tokens"
 seq_len = $tokens
 drop_last = true

@@ -79,8 +79,7 @@ int run_plan_command(const Manifest& m, const CoreConfig& cfg, const PluginLoade
   const int64_t gpu_peak = plan.peak().bytes, host_node = node_host_bytes(plan, in);
   const bool gpu_fits = gpu_peak <= gpu_bytes, host_fits = host_bytes < 0 || host_node <= host_bytes;
 
-  std::printf("# %s, model shape from %s\n# rates: the '%s' row (%s)%s%s\n", m.source().c_str(), model_source.c_str(),
-              rates.row.device.c_str(), rates.row.source.c_str(), rates.note.empty() ? "" : "; ", rates.note.c_str());
+  std::printf("# %s, model shape from %s\n", m.source().c_str(), model_source.c_str());
   std::printf("verdict: %s\n", gpu_fits && host_fits ? "fits" : "does NOT fit");
   std::printf("  GPU:  peak %s of %s (%s): %s\n", format_bytes(gpu_peak).c_str(), format_bytes(gpu_bytes).c_str(),
               gpu_source.c_str(), against(gpu_peak, gpu_bytes).c_str());
@@ -103,6 +102,9 @@ int run_plan_command(const Manifest& m, const CoreConfig& cfg, const PluginLoade
               longest ? str(with_commas(longest), " tokens").c_str() : "none",
               static_cast<long long>(unit));
 
+  // The rates that time the recipes below.
+  std::printf("# rates: the '%s' row (%s)%s%s\n", rates.row.device.c_str(), rates.row.source.c_str(),
+              rates.note.empty() ? "" : "; ", rates.note.c_str());
   std::printf("\nrecipe: %s, predicted step %.1f s (keys set in the manifest win)\n",
               gpu_fits && host_fits ? "the fastest that fits" : "the leanest (nothing fits)",
               predicted_step_seconds(plan.work));
