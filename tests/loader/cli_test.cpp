@@ -64,11 +64,11 @@ TEST_F(Cli, DryRunPrintsResolvedConfigAndProviders) {
 
 // Without --set-only every key read is printed, the defaults marked; with it, only the keys set.
 TEST_F(Cli, DryRunPrintsDefaultsAndSetOnlyTheKeysSet) {
-  auto m = manifest("[plugins]\nload = [\"loss_chunked\"]\n[train]\nlr = 1e-4\n");
+  auto m = runnable("[plugins]\nload = [\"loss_chunked\"]\n[train]\nlr = 1e-4\n");
   auto all = lcx("--config " + m + " --dry-run --set train.max_steps=3");
   ASSERT_EQ(all.exit_code, 0) << all.output;
   for (const char* line : {"lr = 1e-04\n", "max_steps = 3\n", "schedule = \"linear\"  # default\n",
-                           "seq_len = 4096  # default\n", "[loss_chunked]\nchunk_rows = \"auto\"  # default\n"})
+                           "text_field = \"text\"  # default\n", "[loss_chunked]\nchunk_rows = \"auto\"  # default\n"})
     EXPECT_NE(all.output.find(line), std::string::npos) << line << "\n" << all.output;
   auto set = lcx("--config " + m + " --dry-run --set-only --set train.max_steps=3");
   ASSERT_EQ(set.exit_code, 0) << set.output;
