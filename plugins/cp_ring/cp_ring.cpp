@@ -31,6 +31,7 @@
 #include <lcx/attention_cost.h>
 #include <lcx/plan.h>
 #include <lcx/plugin.h>
+#include <lcx/size_math.h>
 #include <lcx/slots/parallelism.h>
 
 #include <algorithm>
@@ -179,7 +180,7 @@ class CpRing final : public Parallelism {
       s.targets = seq.targets;
       s.document_bounds = seq.document_bounds;
       s.positions = Tensor::empty({L}, DType::i64);
-      for (int64_t i = 0; i < L; ++i) s.positions.data_as<int64_t>()[i] = sequence_position(s.document_bounds, i);
+      fill_positions(s.positions, 0, s.document_bounds, 0, L);
       return s;
     }
     const int64_t chunks = 2 * static_cast<int64_t>(cp_);
@@ -199,8 +200,7 @@ class CpRing final : public Parallelism {
       const int64_t start = layout.begin(chunk), rows = layout.rows(chunk);
       s.tokens.rows(at, at + rows).copy_from(tokens.rows(start, start + rows));
       s.targets.rows(at, at + rows).copy_from(targets.rows(start, start + rows));
-      for (int64_t i = 0; i < rows; ++i)
-        s.positions.data_as<int64_t>()[at + i] = sequence_position(seq.document_bounds, start + i);
+      fill_positions(s.positions, at, seq.document_bounds, start, rows);
       at += rows;
     }
     LCX_CHECK(at == T, "cp_ring: a layout's chunks must hold L / cp rows on every rank");
@@ -464,15 +464,14 @@ class CpRing final : public Parallelism {
 
   // What one rank sends per layer and per step; every rank sends the same.
   void log_traffic(int64_t T, const Tensor& k, int n) const {
-    constexpr double kMiB = 1024.0 * 1024.0;
-    const double kv = 2.0 * static_cast<double>(k.nbytes());                    // K and V of one block
-    const double grads = 2.0 * static_cast<double>(k.numel()) * 4;              // fp32 dK and dV
-    const double fwd = (n - 1) * kv, bwd = (n - 1) * kv + n * grads;
-    const double step = static_cast<double>(layers_) * (2 * fwd + bwd);  // forward, recompute, backward
+    const int64_t kv = 2 * static_cast<int64_t>(k.nbytes());  // K and V of one block
+    const int64_t grads = 2 * k.numel() * 4;                  // fp32 dK and dV
+    const int64_t fwd = (n - 1) * kv, bwd = (n - 1) * kv + n * grads;
+    const int64_t step = layers_ * (2 * fwd + bwd);  // forward, recompute, backward
     log::info(str("cp_ring: ring traffic per rank (", T, " tokens of ", T * n, ", cp ", n, "): per layer forward ",
-                  fwd / kMiB, " MiB (", n - 1, " K/V blocks), backward ", bwd / kMiB,
-                  " MiB (K/V again, dK/dV fp32 ", n * grads / kMiB, "); per step (", layers_,
-                  " layers, forward + recompute + backward) ", step / kMiB, " MiB"));
+                  format_bytes(fwd), " (", n - 1, " K/V blocks), backward ", format_bytes(bwd),
+                  " (K/V again, dK/dV fp32 ", format_bytes(n * grads), "); per step (", layers_,
+                  " layers, forward + recompute + backward) ", format_bytes(step)));
   }
 
   // The layout shard() cut this rank's rows by: the same function of the same bounds. Kept for
