@@ -34,7 +34,8 @@ std::string recipe_words(const Run& run, const MemoryPlan& plan) {
                                        : std::string("gradient checkpointing (every layer's input saved)")};
   for (const DeclaredKnob& d : declared_knobs(in, run.plan_slots(), run.cfg().train.checkpoint_every)) {
     const std::optional<int64_t> v = in.recipe.find(d.provider, d.knob.name);
-    if (!v || d.provider == Recipe::kCoreProvider || (d.knob.boolean && *v == 0)) continue;
+    // 0 leaves a count knob to its provider's own rule, as false leaves a switch off: neither is a choice.
+    if (!v || d.provider == Recipe::kCoreProvider || *v == 0) continue;
     const std::string words = d.knob.means.substr(0, d.knob.means.find(':'));
     parts.push_back(d.knob.boolean ? str(words, " (", d.provider, ".", d.knob.name, ")")
                                    : str(words, " (", d.provider, ".", d.knob.name, " = ", with_commas(*v), ")"));
