@@ -238,13 +238,7 @@ int calibrate_main(int argc, char** argv) {
        "$XDG_CONFIG_HOME/lcx/rates.toml, else ~/.config/lcx/rates.toml")
       ("quick", po::bool_switch(&quick), "smaller shapes and fewer repetitions: a check, not a row to plan by")
       ("help,h", po::bool_switch(&help), "print this help");
-  try {
-    po::variables_map vm;
-    po::store(po::command_line_parser(argc, argv).options(desc).run(), vm);
-    po::notify(vm);
-  } catch (const po::error& e) {
-    throw Error(e.what(), {}, "see lcx-train calibrate --help");
-  }
+  parse_subcommand(desc, argc, argv, "calibrate");
   if (help) {
     std::cout << desc;
     return 0;

@@ -9,6 +9,16 @@ namespace po = boost::program_options;
 
 namespace lcx {
 
+void parse_subcommand(const po::options_description& desc, int argc, char** argv, const char* cmd) {
+  try {
+    po::variables_map vm;
+    po::store(po::command_line_parser(argc, argv).options(desc).run(), vm);
+    po::notify(vm);
+  } catch (const po::error& e) {
+    throw Error(e.what(), {}, str("see lcx-train ", cmd, " --help"));
+  }
+}
+
 CliOptions parse_cli(int argc, char** argv) {
   CliOptions o;
   po::options_description desc(

@@ -3,6 +3,10 @@
 #include <string>
 #include <vector>
 
+namespace boost::program_options {
+class options_description;
+}
+
 namespace lcx {
 
 struct CliOptions {
@@ -30,6 +34,10 @@ struct CliOptions {
 
 // Throws lcx::Error on a malformed command line.
 CliOptions parse_cli(int argc, char** argv);
+
+// A subcommand's options parsed into the variables `desc` binds; a malformed line throws
+// lcx::Error pointing at `lcx-train <cmd> --help`.
+void parse_subcommand(const boost::program_options::options_description& desc, int argc, char** argv, const char* cmd);
 
 // `lcx-train config [--markdown]` (argv[0] is "config"): the keys' reference; see config_cmd.cpp.
 int config_main(int argc, char** argv);

@@ -23,13 +23,7 @@ int config_main(int argc, char** argv) {
       ("markdown", po::bool_switch(&markdown), "print markdown, as docs/config.md")
       ("plugin-dir", po::value(&plugin_dir)->value_name("DIR"), "a plugin folder searched first, as [plugins] dir")
       ("help,h", po::bool_switch(&help), "print this help");
-  try {
-    po::variables_map vm;
-    po::store(po::command_line_parser(argc, argv).options(desc).run(), vm);
-    po::notify(vm);
-  } catch (const po::error& e) {
-    throw Error(e.what(), {}, "see lcx-train config --help");
-  }
+  parse_subcommand(desc, argc, argv, "config");
   if (help) {
     std::cout << desc;
     return 0;

@@ -2,6 +2,7 @@
 // manifest's [data], with the manifest's slots (so a position-scaling encoding applies when it is
 // loaded, and --disable of it compares without). Runs written into one --out folder share one plot.
 #include "app/eval_cmd.h"
+#include "app/cli.h"
 
 #include <algorithm>
 #include <boost/program_options.hpp>
@@ -95,15 +96,6 @@ int64_t trained_positions(const ModelConfig& mc) {
   return mc.max_position_embeddings;
 }
 
-void parse(po::options_description& desc, po::variables_map& vm, int argc, char** argv, const char* cmd) {
-  try {
-    po::store(po::command_line_parser(argc, argv).options(desc).run(), vm);
-    po::notify(vm);
-  } catch (const po::error& e) {
-    throw Error(e.what(), {}, str("see lcx-train ", cmd, " --help"));
-  }
-}
-
 }  // namespace
 
 int eval_main(int argc, char** argv) {
@@ -133,8 +125,7 @@ int eval_main(int argc, char** argv) {
       ("title", po::value(&title)->value_name("TEXT"), "the plot's title")
       ("chunk-rows", po::value(&chunk)->value_name("R"), "rows of logits computed at once (default 256)")
       ("help,h", po::bool_switch(&help), "print this help");
-  po::variables_map vm;
-  parse(desc, vm, argc, argv, "eval");
+  parse_subcommand(desc, argc, argv, "eval");
   if (help) {
     std::cout << desc;
     return 0;
