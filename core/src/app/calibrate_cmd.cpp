@@ -4,15 +4,15 @@
 // come from its own row:
 // - gemm_flops: one layer's projections (q, k, v, o, gate, up, down) at T rows, each forward
 //   (bf16 out), input gradient (bf16) and weight gradient accumulated in fp32: 6 T N K FLOPs each.
-// - head_groups_at_half_rate: the attention half's projections cut into 8 head groups (1/8 as
-//   wide) against the same at full width: a slowdown s at 8 groups gives 1 + 7 / (s - 1).
+// - head_groups_at_half_rate: the attention half around its attention calls (projections, q/k norms,
+//   rotary, Wo's column copies) as the step runs it in 1 and in 8 head groups at 65,536 tokens: the
+//   value that makes the plan's charge for 8 groups (rates.cpp) the measured difference.
 // - attention_forward_flops, attention_backward_flops: causal GQA attention, 32 query / 8 key-value
 //   heads of 128, bf16, at 65,536 and 131,072 tokens (their mean rate): 4 d FLOPs per (query, key)
 //   pair and head forward, 2.5x that backward.
-// - memory_bytes: one layer's elementwise passes with a recompute (SwiGLU forward twice and
-//   backward over [T,I]; RMSNorm forward four times and backward twice and two residual adds over
-//   [T,H]; the q/k norms and rotary on [T,Hq,d] and [T,Hkv,d] forward twice and backward once),
-//   counted as the plan counts a layer's: T x 2 bytes x (11 I + 24 H).
+// - memory_bytes: one layer's elementwise kernels as the step launches them, with the recompute
+//   (norms, q/k norms, rotary, SwiGLU forward twice and backward, residual adds, the backward's
+//   norms), at 65,536 tokens, counted as the plan counts a layer's: T x 2 bytes x (11 I + 24 H).
 // - host_copy_bytes: pinned host -> GPU and GPU -> pinned host copies of 1 GiB, their mean rate.
 // Each figure is the median of a few timed calls after a warm-up, the device synchronized around
 // the host clock.
@@ -23,6 +23,7 @@
 #include <cstdio>
 #include <functional>
 #include <iostream>
+#include <map>
 #include <random>
 
 #include "app/cli.h"
@@ -59,19 +60,49 @@ double median_seconds(const std::function<void()>& fn, int reps) {
   return t[t.size() / 2];
 }
 
+// The GPU pools gpu_random repeats, one per dtype and scale; measure() empties it before it returns,
+// so that no GPU memory outlives the allocator at exit.
+std::map<std::pair<DType, float>, Tensor>& random_pools() {
+  static std::map<std::pair<DType, float>, Tensor> pools;
+  return pools;
+}
+
 // Normal values, never all zero (a GEMM of zeros runs faster than one of data): a pool of a prime
-// count drawn once, repeated, so that billions of elements take no time to make.
+// count drawn once and put on the GPU, repeated by device copies, so that billions of elements take
+// no time to make.
 Tensor gpu_random(Shape shape, DType dtype, float scale = 1.f) {
-  static const std::vector<float> pool = [] {
+  constexpr int64_t kPool = 1'048'573;
+  Tensor& pool = random_pools()[{dtype, scale}];
+  if (!pool.data()) {
     std::mt19937 rng(1234);
     std::normal_distribution<float> dist(0.f, 1.f);
-    std::vector<float> p(1'048'573);
-    for (auto& x : p) x = dist(rng);
-    return p;
-  }();
-  std::vector<float> v(static_cast<size_t>(shape_numel(shape)));
-  for (size_t i = 0; i < v.size(); ++i) v[i] = scale * pool[i % pool.size()];
-  return Tensor::from_floats(v, shape, dtype, Device::cuda());
+    std::vector<float> p(static_cast<size_t>(kPool));
+    for (auto& x : p) x = scale * dist(rng);
+    pool = Tensor::from_floats(p, {kPool}, dtype, Device::cuda());
+  }
+  Tensor t = Tensor::empty(shape, dtype, Device::cuda());
+  const int64_t n = t.numel();
+  Tensor flat = t.view({n});
+  for (int64_t at = 0; at < n; at += kPool) {
+    const int64_t len = std::min(kPool, n - at);
+    Tensor part = flat.rows(at, at + len);
+    part.copy_from(pool.rows(0, len));
+  }
+  return t;
+}
+
+// Rotary tables [T, d/2] as a step's are (a rotation per position and pair, so that repeated
+// calls in place keep their data's size).
+void rotary_tables(int64_t T, int64_t d, Tensor& cos, Tensor& sin) {
+  std::vector<float> c(static_cast<size_t>(T * (d / 2))), s(c.size());
+  for (int64_t t = 0; t < T; ++t)
+    for (int64_t i = 0; i < d / 2; ++i) {
+      const double f = static_cast<double>(t) * std::pow(1e6, -2.0 * static_cast<double>(i) / static_cast<double>(d));
+      c[static_cast<size_t>(t * (d / 2) + i)] = static_cast<float>(std::cos(f));
+      s[static_cast<size_t>(t * (d / 2) + i)] = static_cast<float>(std::sin(f));
+    }
+  cos = Tensor::from_floats(c, {T, d / 2}, DType::f32, Device::cuda());
+  sin = Tensor::from_floats(s, {T, d / 2}, DType::f32, Device::cuda());
 }
 
 struct Projection {
@@ -101,6 +132,180 @@ double projections_seconds(int64_t T, const std::vector<Projection>& ps, int rep
   return seconds;
 }
 
+// Qwen3-4B: hidden 2560, 32 query and 8 key-value heads of 128, intermediate 9728.
+struct Shape4B {
+  int64_t H = 2560, I = 9728, nq = 32, nkv = 8, d = 128;
+  int64_t qd() const { return nq * d; }
+  int64_t kvd() const { return nkv * d; }
+};
+
+// One layer's elementwise kernels as the step launches them (models/qwen3 layer_forward and
+// layer_backward, the MLP whole, one head group, the attention recomputed), in its order and at
+// its shapes: the forward (input norm, q/k norms and rotary, residual add, post norm, SwiGLU,
+// residual add); the backward's recompute up to the MLP's input; the MLP backward (SwiGLU again,
+// its backward); the post norm's backward and the residual; the input norm again; rotary and q/k
+// norm backwards; the input norm's backward and the residual. Every GEMM and the attention between
+// them are left out: their rates are measured apart.
+double layer_elementwise_seconds(int64_t T, const Shape4B& m, int reps) {
+  const Device g = Device::cuda();
+  const float eps = 1e-6f;
+  auto bf16 = [&](Shape s) { return Tensor::empty(std::move(s), DType::bf16, g); };
+  auto f32 = [&](Shape s) { return Tensor::empty(std::move(s), DType::f32, g); };
+  const Tensor x = gpu_random({T, m.H}, DType::bf16), o = gpu_random({T, m.H}, DType::bf16),
+               mlp_out = gpu_random({T, m.H}, DType::bf16), dy = gpu_random({T, m.H}, DType::bf16);
+  const Tensor in_w = gpu_random({m.H}, DType::bf16), post_w = gpu_random({m.H}, DType::bf16),
+               qn_w = gpu_random({m.d}, DType::bf16), kn_w = gpu_random({m.d}, DType::bf16);
+  const Tensor q = gpu_random({T * m.nq, m.d}, DType::bf16), k = gpu_random({T * m.nkv, m.d}, DType::bf16);
+  const Tensor gate = gpu_random({T, m.I}, DType::bf16), up = gpu_random({T, m.I}, DType::bf16),
+               dact = gpu_random({T, m.I}, DType::bf16);
+  Tensor dq = gpu_random({T, m.nq, m.d}, DType::bf16), dk = gpu_random({T, m.nkv, m.d}, DType::bf16);
+  Tensor cos, sin;
+  rotary_tables(T, m.d, cos, sin);
+  Tensor g_in = Tensor::zeros({m.H}, DType::f32, g), g_post = Tensor::zeros({m.H}, DType::f32, g),
+         g_qn = Tensor::zeros({m.d}, DType::f32, g), g_kn = Tensor::zeros({m.d}, DType::f32, g);
+  // The forward's, and the recompute's, from the layer's input x to the MLP's input h2.
+  auto to_mlp_input = [&](Tensor& h1, Tensor& rstd1, Tensor& x1, Tensor& h2, Tensor& rstd2) {
+    h1 = bf16({T, m.H});
+    rstd1 = f32({T});
+    ops::rmsnorm_forward(x, in_w, eps, h1, rstd1);
+    Tensor qr = bf16({T * m.nq, m.d}), kr = bf16({T * m.nkv, m.d});
+    Tensor rq = f32({T * m.nq}), rk = f32({T * m.nkv});
+    ops::rmsnorm_forward(q, qn_w, eps, qr, rq);
+    ops::rmsnorm_forward(k, kn_w, eps, kr, rk);
+    Tensor qr3 = qr.view({T, m.nq, m.d}), kr3 = kr.view({T, m.nkv, m.d});
+    ops::rotary_forward(qr3, cos, sin);
+    ops::rotary_forward(kr3, cos, sin);
+    x1 = bf16({T, m.H});
+    ops::add(x, o, x1);
+    h2 = bf16({T, m.H});
+    rstd2 = f32({T});
+    ops::rmsnorm_forward(x1, post_w, eps, h2, rstd2);
+    return std::pair{std::move(rq), std::move(rk)};
+  };
+  return median_seconds(
+      [&] {
+        Tensor h1, rstd1, x1, h2, rstd2;
+        {
+          to_mlp_input(h1, rstd1, x1, h2, rstd2);
+          Tensor act = bf16({T, m.I});
+          ops::swiglu_forward(gate, up, act);
+          Tensor y = bf16({T, m.H});
+          ops::add(x1, mlp_out, y);
+        }
+        auto [rq, rk] = to_mlp_input(h1, rstd1, x1, h2, rstd2);
+        {
+          Tensor act = bf16({T, m.I}), dgate = bf16({T, m.I}), dup = bf16({T, m.I});
+          ops::swiglu_forward(gate, up, act);
+          ops::swiglu_backward(gate, up, dact, dgate, dup);
+        }
+        Tensor dx1 = bf16({T, m.H});
+        ops::rmsnorm_backward(x1, post_w, rstd2, dy, dx1, g_post);
+        ops::add(dx1, dy, dx1);
+        ops::rmsnorm_forward(x, in_w, eps, h1, rstd1);
+        ops::rotary_backward(dq, cos, sin);
+        ops::rotary_backward(dk, cos, sin);
+        Tensor dq_raw = bf16({T * m.nq, m.d}), dk_raw = bf16({T * m.nkv, m.d});
+        ops::rmsnorm_backward(q, qn_w, rq, dq.view({T * m.nq, m.d}), dq_raw, g_qn);
+        ops::rmsnorm_backward(k, kn_w, rk, dk.view({T * m.nkv, m.d}), dk_raw, g_kn);
+        Tensor dxn = bf16({T, m.H}), dx = bf16({T, m.H});
+        ops::rmsnorm_backward(x, in_w, rstd1, dy, dxn, g_in);
+        ops::add(dxn, dx1, dx);
+      },
+      reps);
+}
+
+// The attention half of one layer around its attention calls, as the step runs it in `groups` head
+// groups (models/qwen3, the attention recomputed): per group the q/k/v projections, q/k norms and
+// rotary, and o_proj over the group's columns of Wo (a copy of them when the group is not every
+// head), in the forward and again in the backward's recompute; in the backward, with more than one
+// group, each group's q/k/v made once more, then dattn and o_proj's gradient (through a copy of
+// the group's columns), rotary and norm backwards, q/k/v's weight and input gradients. The
+// attention calls are left out (their work does not depend on the grouping; a third forward with
+// groups is the plan's own term), their outputs and input gradients stood in by data.
+double attention_half_seconds(int64_t T, const Shape4B& m, int64_t groups, int reps) {
+  const Device g = Device::cuda();
+  const float eps = 1e-6f;
+  auto bf16 = [&](Shape s) { return Tensor::empty(std::move(s), DType::bf16, g); };
+  const int64_t nq = m.nq / groups, nkv = m.nkv / groups, d = m.d, qg = nq * d, kvg = nkv * d;
+  const Tensor h1 = gpu_random({T, m.H}, DType::bf16), dx1 = gpu_random({T, m.H}, DType::bf16);
+  const Tensor wq = gpu_random({m.qd(), m.H}, DType::bf16, 0.02f), wk = gpu_random({m.kvd(), m.H}, DType::bf16, 0.02f),
+               wv = gpu_random({m.kvd(), m.H}, DType::bf16, 0.02f), wo = gpu_random({m.H, m.qd()}, DType::bf16, 0.02f);
+  const Tensor qn_w = gpu_random({d}, DType::bf16), kn_w = gpu_random({d}, DType::bf16);
+  Tensor gq = Tensor::zeros(wq.shape(), DType::f32, g), gk = Tensor::zeros(wk.shape(), DType::f32, g),
+         gv = Tensor::zeros(wv.shape(), DType::f32, g), go = Tensor::zeros(wo.shape(), DType::f32, g);
+  Tensor g_qn = Tensor::zeros({d}, DType::f32, g), g_kn = Tensor::zeros({d}, DType::f32, g);
+  const Tensor attn = gpu_random({T, qg}, DType::bf16);
+  Tensor dq = gpu_random({T, nq, d}, DType::bf16), dk = gpu_random({T, nkv, d}, DType::bf16);
+  const Tensor dv = gpu_random({T, kvg}, DType::bf16);
+  Tensor cos, sin;
+  rotary_tables(T, d, cos, sin);
+  struct Group {
+    Tensor q, k, v, qr, kr, rq, rk;
+  };
+  auto inputs = [&](int64_t gi) {
+    Group a{bf16({T, qg}), bf16({T, kvg}), bf16({T, kvg}), bf16({T * nq, d}), bf16({T * nkv, d}),
+            Tensor::empty({T * nq}, DType::f32, g), Tensor::empty({T * nkv}, DType::f32, g)};
+    ops::matmul(h1, false, wq.rows(gi * qg, (gi + 1) * qg), true, a.q);
+    ops::matmul(h1, false, wk.rows(gi * kvg, (gi + 1) * kvg), true, a.k);
+    ops::matmul(h1, false, wv.rows(gi * kvg, (gi + 1) * kvg), true, a.v);
+    ops::rmsnorm_forward(a.q.view({T * nq, d}), qn_w, eps, a.qr, a.rq);
+    ops::rmsnorm_forward(a.k.view({T * nkv, d}), kn_w, eps, a.kr, a.rk);
+    Tensor qr3 = a.qr.view({T, nq, d}), kr3 = a.kr.view({T, nkv, d});
+    ops::rotary_forward(qr3, cos, sin);
+    ops::rotary_forward(kr3, cos, sin);
+    return a;
+  };
+  auto o_columns = [&](int64_t gi) {
+    if (groups == 1) return wo;
+    Tensor c = bf16({m.H, qg});
+    ops::copy_columns(wo, gi * qg, c, 0, qg);
+    return c;
+  };
+  auto forward = [&](std::vector<Group>* keep) {
+    Tensor o = bf16({T, m.H});
+    for (int64_t gi = 0; gi < groups; ++gi) {
+      Group a = inputs(gi);
+      ops::matmul(attn, false, o_columns(gi), true, o, 1.f, gi == 0 ? 0.f : 1.f);
+      if (keep) keep->push_back(std::move(a));
+    }
+  };
+  return median_seconds(
+      [&] {
+        forward(nullptr);
+        std::vector<Group> kept;
+        forward(groups == 1 ? &kept : nullptr);
+        Tensor dx = bf16({T, m.H});
+        for (int64_t gi = 0; gi < groups; ++gi) {
+          Group a = groups == 1 ? std::move(kept[0]) : inputs(gi);
+          Tensor dattn = bf16({T, qg});
+          ops::matmul(dx1, false, o_columns(gi), false, dattn);
+          if (groups == 1) {
+            ops::matmul(dx1, true, attn, false, go, 1.f, 1.f);
+          } else {
+            Tensor part = Tensor::empty({m.H, qg}, DType::f32, g);
+            ops::copy_columns(go, gi * qg, part, 0, qg);
+            ops::matmul(dx1, true, attn, false, part, 1.f, 1.f);
+            ops::copy_columns(part, 0, go, gi * qg, qg);
+          }
+          ops::rotary_backward(dq, cos, sin);
+          ops::rotary_backward(dk, cos, sin);
+          Tensor dq_raw = bf16({T * nq, d}), dk_raw = bf16({T * nkv, d});
+          ops::rmsnorm_backward(a.q.view({T * nq, d}), qn_w, a.rq, dq.view({T * nq, d}), dq_raw, g_qn);
+          ops::rmsnorm_backward(a.k.view({T * nkv, d}), kn_w, a.rk, dk.view({T * nkv, d}), dk_raw, g_kn);
+          const Tensor dq2 = dq_raw.view({T, qg}), dk2 = dk_raw.view({T, kvg});
+          Tensor gq_g = gq.rows(gi * qg, (gi + 1) * qg), gk_g = gk.rows(gi * kvg, (gi + 1) * kvg),
+                 gv_g = gv.rows(gi * kvg, (gi + 1) * kvg);
+          ops::matmul(dq2, true, h1, false, gq_g, 1.f, 1.f);
+          ops::matmul(dk2, true, h1, false, gk_g, 1.f, 1.f);
+          ops::matmul(dv, true, h1, false, gv_g, 1.f, 1.f);
+          ops::matmul(dq2, false, wq.rows(gi * qg, (gi + 1) * qg), false, dx, 1.f, gi == 0 ? 0.f : 1.f);
+          ops::matmul(dk2, false, wk.rows(gi * kvg, (gi + 1) * kvg), false, dx, 1.f, 1.f);
+          ops::matmul(dv, false, wv.rows(gi * kvg, (gi + 1) * kvg), false, dx, 1.f, 1.f);
+        }
+      },
+      reps);
+}
+
 void report(const char* what, double value, const char* unit, double scale, const RatesRow* known, const char* key) {
   std::printf("  %-28s %10.1f %s", what, value / scale, unit);
   if (known)
@@ -116,8 +321,8 @@ RatesRow measure(bool quick, const RatesRow* known) {
     row.rates[rate_name::memory_gib] = std::round(static_cast<double>(*mem) / static_cast<double>(int64_t{1} << 30));
   const int reps = quick ? 2 : 5;
   const Device g = Device::cuda();
-  // Qwen3-4B: hidden 2560, 32 query and 8 key-value heads of 128, intermediate 9728.
-  const int64_t H = 2560, qd = 4096, kvd = 1024, I = 9728, T = quick ? 8192 : 32768;
+  const Shape4B m;
+  const int64_t H = m.H, qd = m.qd(), kvd = m.kvd(), I = m.I, T = quick ? 8192 : 32768;
 
   double layer_flops = 0;
   const double layer_s = projections_seconds(
@@ -125,18 +330,25 @@ RatesRow measure(bool quick, const RatesRow* known) {
   row.rates[rate_name::gemm] = layer_flops / layer_s;
   report("GEMM (bf16, cuBLASLt)", row.rates[rate_name::gemm], "TFLOP/s", 1e12, known, rate_name::gemm);
 
+  // What the plan charges head groups (rates.cpp predicted_step_seconds): the attention half's
+  // projections, 4 x 2 T (qkv + o) FLOPs a layer (forward, recompute, two in the backward), at
+  // gemm / (1 + (G - 1) / (h - 1)) in G groups, and with groups a third q/k/v projection (2 T qkv)
+  // at the GEMM rate. The half timed in 1 and in 8 groups, h is what makes the plan's difference
+  // between them the measured one.
   constexpr int64_t kGroups = 8;
-  double full_flops = 0, grouped_flops = 0;
-  const double full_s = projections_seconds(T, {{qd, H}, {kvd, H}, {kvd, H}, {H, qd}}, reps, full_flops);
-  const double grouped_s = kGroups * projections_seconds(T, {{qd / kGroups, H}, {kvd / kGroups, H}, {kvd / kGroups, H},
-                                                            {H, qd / kGroups}},
-                                                        reps, grouped_flops);
-  const double slowdown = (grouped_s / (kGroups * grouped_flops)) / (full_s / full_flops);
-  // At most 1000 groups: no slowdown measured (s <= 1) reads as groups that cost nothing.
+  const int64_t Th = quick ? 8192 : 65536;
+  const double qkv = static_cast<double>(m.H * (m.qd() + 2 * m.kvd())), o_proj = static_cast<double>(m.qd() * m.H);
+  const double grouped_flops = 4 * 2 * static_cast<double>(Th) * (qkv + o_proj),
+               third_qkv_flops = 2 * static_cast<double>(Th) * qkv;
+  const double one_s = attention_half_seconds(Th, m, 1, reps), grouped_s = attention_half_seconds(Th, m, kGroups, reps);
+  const double charged = (grouped_s - one_s) * row.rates[rate_name::gemm] - third_qkv_flops;
+  // At most 1000 groups: no slowdown measured reads as groups that cost nothing.
   row.rates[rate_name::half_rate_groups] =
-      slowdown > 1 + static_cast<double>(kGroups - 1) / 999 ? 1 + static_cast<double>(kGroups - 1) / (slowdown - 1) : 1000;
-  std::printf("  %-28s %10.2f x the full width's time at %lld groups\n", "head-group projections", slowdown,
-              static_cast<long long>(kGroups));
+      charged > grouped_flops * static_cast<double>(kGroups - 1) / 999
+          ? 1 + static_cast<double>(kGroups - 1) * grouped_flops / charged
+          : 1000;
+  std::printf("  %-28s %10.1f / %.1f ms in 1 / %lld groups at %lld tokens\n", "attention half, no attention",
+              one_s * 1e3, grouped_s * 1e3, static_cast<long long>(kGroups), static_cast<long long>(Th));
   report("head groups at half rate", row.rates[rate_name::half_rate_groups], "", 1, known, rate_name::half_rate_groups);
 
   double forward_rate = 0, backward_rate = 0;
@@ -168,41 +380,12 @@ RatesRow measure(bool quick, const RatesRow* known) {
   }
 
   {
-    Tensor gate = gpu_random({T, I}, DType::bf16), up = gpu_random({T, I}, DType::bf16), act = Tensor::empty({T, I}, DType::bf16, g);
-    Tensor dgate = Tensor::empty({T, I}, DType::bf16, g), dup = Tensor::empty({T, I}, DType::bf16, g);
-    Tensor x = gpu_random({T, H}, DType::bf16), w = gpu_random({H}, DType::bf16), y = Tensor::empty({T, H}, DType::bf16, g);
-    Tensor rstd = Tensor::empty({T}, DType::f32, g), dy = gpu_random({T, H}, DType::bf16),
-           dx = Tensor::empty({T, H}, DType::bf16, g), dw = Tensor::zeros({H}, DType::f32, g);
-    // The q and k heads of 128, their norms and rotary tables.
-    const int64_t d = 128, nq = qd / d, nkv = kvd / d;
-    Tensor hq = gpu_random({T * nq, d}, DType::bf16), hk = gpu_random({T * nkv, d}, DType::bf16),
-           wn = gpu_random({d}, DType::bf16);
-    Tensor qn = Tensor::empty({T * nq, d}, DType::bf16, g), kn = Tensor::empty({T * nkv, d}, DType::bf16, g);
-    Tensor rq = Tensor::empty({T * nq}, DType::f32, g), rk = Tensor::empty({T * nkv}, DType::f32, g);
-    Tensor dq = Tensor::empty({T * nq, d}, DType::bf16, g), dk = Tensor::empty({T * nkv, d}, DType::bf16, g);
-    Tensor dwn = Tensor::zeros({d}, DType::f32, g);
-    Tensor cos = gpu_random({T, d / 2}, DType::f32), sin = gpu_random({T, d / 2}, DType::f32);
-    Tensor q3 = qn.view({T, nq, d}), k3 = kn.view({T, nkv, d}), dq3 = dq.view({T, nq, d}), dk3 = dk.view({T, nkv, d});
-    const double s = median_seconds(
-        [&] {
-          for (int i = 0; i < 2; ++i) ops::swiglu_forward(gate, up, act);
-          ops::swiglu_backward(gate, up, act, dgate, dup);
-          for (int i = 0; i < 4; ++i) ops::rmsnorm_forward(x, w, 1e-6f, y, rstd);
-          for (int i = 0; i < 2; ++i) ops::rmsnorm_backward(x, w, rstd, dy, dx, dw);
-          for (int i = 0; i < 2; ++i) ops::add(x, dy, y);
-          for (int i = 0; i < 2; ++i) {
-            ops::rmsnorm_forward(hq, wn, 1e-6f, qn, rq);
-            ops::rmsnorm_forward(hk, wn, 1e-6f, kn, rk);
-            ops::rotary_forward(q3, cos, sin);
-            ops::rotary_forward(k3, cos, sin);
-          }
-          ops::rotary_backward(dq3, cos, sin);
-          ops::rotary_backward(dk3, cos, sin);
-          ops::rmsnorm_backward(hq, wn, rq, qn, dq, dwn);
-          ops::rmsnorm_backward(hk, wn, rk, kn, dk, dwn);
-        },
-        reps);
-    row.rates[rate_name::memory] = static_cast<double>(T) * 2 * static_cast<double>(11 * I + 24 * H) / s;
+    // Counted as the plan counts a layer's passes (models/qwen3 plan): T x 2 bytes x (11 I + 24 H).
+    const int64_t Te = quick ? 8192 : 65536;
+    const double s = layer_elementwise_seconds(Te, m, reps);
+    row.rates[rate_name::memory] = static_cast<double>(Te) * 2 * static_cast<double>(11 * m.I + 24 * m.H) / s;
+    std::printf("  %-28s %10.2f ms a layer at %lld tokens\n", "elementwise kernels", s * 1e3,
+                static_cast<long long>(Te));
     report("elementwise memory", row.rates[rate_name::memory], "GB/s", 1e9, known, rate_name::memory);
   }
 
@@ -218,6 +401,7 @@ RatesRow measure(bool quick, const RatesRow* known) {
                 bytes / down_s / 1e9);
     report("host copy (mean)", row.rates[rate_name::host_copy], "GB/s", 1e9, known, rate_name::host_copy);
   }
+  random_pools().clear();
   return row;
 }
 
