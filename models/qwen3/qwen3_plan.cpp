@@ -51,24 +51,28 @@ void plan_dense_decoder(const PlanInputs& in, MemoryPlan& plan, const DenseDecod
   // The optimizer plans its master weights and moments from these (lcx/slots/optimizer.h).
   plan.parameters = n;
   plan.gemm_parameters = s.L * layer_gemm_params(s);
-  plan.add("parameters (" + std::to_string(n) + ")", PlanCategory::weights, per_rank * ab, plan_phase::always);
+  plan.add("parameters", "parameters (" + std::to_string(n) + ")", PlanCategory::weights, per_rank * ab,
+           plan_phase::always);
   if (in.grad_dtype == DType::f32 || shards > 1) {
-    plan.add("fp32 gradients", PlanCategory::gradients, per_rank * 4, plan_phase::always);
+    plan.add("gradients", "fp32 gradients", PlanCategory::gradients, per_rank * 4, plan_phase::always);
   } else {
     const int64_t gemm = plan.gemm_parameters;
-    plan.add(str("GEMM weight gradients (", dtype_name(in.grad_dtype), ")"), PlanCategory::gradients,
+    plan.add("gemm_gradients", str("GEMM weight gradients (", dtype_name(in.grad_dtype), ")"), PlanCategory::gradients,
              gemm * static_cast<int64_t>(dtype_size(in.grad_dtype)), plan_phase::always);
-    plan.add("embedding, head and norm gradients (fp32)", PlanCategory::gradients, (n - gemm) * 4, plan_phase::always);
+    plan.add("other_gradients", "embedding, head and norm gradients (fp32)", PlanCategory::gradients, (n - gemm) * 4,
+             plan_phase::always);
   }
   if (shards > 1) {
     // Gathered around each layer: the full values for its forward, values and zeroed fp32 grads
     // for its recompute + backward until reduce_grads; the head's for the loss.
     const int64_t lp = layer_params(s);
-    plan.add("one layer's gathered weights", PlanCategory::communication, lp * ab, plan_phase::forward);
+    plan.add("gathered_layer", "one layer's gathered weights", PlanCategory::communication, lp * ab,
+             plan_phase::forward);
     for (const char* phase : {plan_phase::mlp_backward, plan_phase::backward})
-      plan.add("one layer's gathered weights + full fp32 grads", PlanCategory::communication, lp * (ab + 4), phase);
-    plan.add("gathered head weight + its full fp32 grad", PlanCategory::communication, s.V * s.H * (ab + 4),
-             plan_phase::loss);
+      plan.add("gathered_layer_grads", "one layer's gathered weights + full fp32 grads", PlanCategory::communication,
+               lp * (ab + 4), phase);
+    plan.add("gathered_head", "gathered head weight + its full fp32 grad", PlanCategory::communication,
+             s.V * s.H * (ab + 4), plan_phase::loss);
   }
 
   // The attention half runs one head group at a time: nq query and nkv kv heads, per token q, qr,
@@ -81,14 +85,15 @@ void plan_dense_decoder(const PlanInputs& in, MemoryPlan& plan, const DenseDecod
   // attn and, with groups, its o_proj columns) and then the MLP's (x1 = o, h2 and the MLP slot's
   // buffers). Listed as one sum, an upper bound of both: the forward never holds the peak, as the
   // backward holds one [T,H] more and the larger group transient.
-  plan.add("layer forward: h1, o/x1 [T,H]", PlanCategory::transient, 2 * T * s.H * ab, plan_phase::forward);
-  plan.add("layer forward: q, k, v, normed q/k, attn out (" + heads + ")", PlanCategory::transient,
+  plan.add("forward_residual", "layer forward: h1, o/x1 [T,H]", PlanCategory::transient, 2 * T * s.H * ab,
+           plan_phase::forward);
+  plan.add("forward_attention", "layer forward: q, k, v, normed q/k, attn out (" + heads + ")", PlanCategory::transient,
            T * (3 * gq + 3 * gkv) * ab, plan_phase::forward);
-  plan.add("layer forward: fp32 norm rstd, q/k norm rstd and LSE (" + heads + ")", PlanCategory::transient,
-           T * 4 + group_f32, plan_phase::forward);
+  plan.add("forward_stats", "layer forward: fp32 norm rstd, q/k norm rstd and LSE (" + heads + ")",
+           PlanCategory::transient, T * 4 + group_f32, plan_phase::forward);
   if (G > 1)
-    plan.add("layer forward: one group's o_proj columns [H," + std::to_string(gq) + "]", PlanCategory::transient,
-             s.H * gq * ab, plan_phase::forward);
+    plan.add("forward_o_columns", "layer forward: one group's o_proj columns [H," + std::to_string(gq) + "]",
+             PlanCategory::transient, s.H * gq * ab, plan_phase::forward);
 
   // layer_backward, first moment: the MLP slot's backward on the recomputed x1, h2 (dh2 goes to the
   // caller's dx). The recompute itself (h1, o and one group) holds less than the attention moment.
@@ -100,33 +105,37 @@ void plan_dense_decoder(const PlanInputs& in, MemoryPlan& plan, const DenseDecod
   // Kept from the forward, they are the memory strategy's to hold (its plan places them); the
   // recompute is then o_proj alone, and the attention backward makes only q, k, v again.
   plan.kept_bytes_per_layer = from_forward ? outputs : 0;
-  plan.add("MLP backward: x1, h2 [T,H], fp32 rstd", PlanCategory::transient, T * (2 * s.H * ab + 4),
-           plan_phase::mlp_backward);
+  plan.add("mlp_backward_residual", "MLP backward: x1, h2 [T,H], fp32 rstd", PlanCategory::transient,
+           T * (2 * s.H * ab + 4), plan_phase::mlp_backward);
   if (G == 1 && !from_forward)
-    plan.add("MLP backward: q, k, v, normed q/k, attn out, LSE kept for the attention backward",
+    plan.add("mlp_backward_attention",
+             "MLP backward: q, k, v, normed q/k, attn out, LSE kept for the attention backward",
              PlanCategory::transient, T * (3 * gq + 3 * gkv) * ab + group_f32, plan_phase::mlp_backward);
   if (keep)
-    plan.add("MLP backward: every group's attn out and LSE, kept for the attention backward", PlanCategory::transient,
+    plan.add("mlp_backward_kept_outputs",
+             "MLP backward: every group's attn out and LSE, kept for the attention backward", PlanCategory::transient,
              outputs, plan_phase::mlp_backward);
   // Second moment: the attention backward of one group, beside dx1 and the recomputed h1 (dh1
   // accumulates in the caller's dx): the group's recomputed tensors and dattn, dq, dk, dv; with
   // keep_outputs the group's q, k, v, normed q/k beside every group's kept output (the first
   // group's backward holds them all).
-  plan.add("attention backward: h1, dx1 [T,H], fp32 rstd", PlanCategory::transient, T * (2 * s.H * ab + 4),
-           plan_phase::backward);
+  plan.add("attention_backward_residual", "attention backward: h1, dx1 [T,H], fp32 rstd", PlanCategory::transient,
+           T * (2 * s.H * ab + 4), plan_phase::backward);
   if (keep || from_forward) {
     if (keep)
-      plan.add("attention backward: every group's attn out and LSE, kept from the recompute", PlanCategory::transient,
+      plan.add("attention_backward_kept_outputs",
+               "attention backward: every group's attn out and LSE, kept from the recompute", PlanCategory::transient,
                outputs, plan_phase::backward);
-    plan.add("attention backward: q, k, v, normed q/k, dattn, dq, dk, dv (" + heads + ")", PlanCategory::transient,
-             T * (4 * gq + 5 * gkv) * ab, plan_phase::backward);
-    plan.add("attention backward: fp32 q/k norm rstd (" + heads + ")", PlanCategory::transient,
-             T * 4 * (nq + nkv), plan_phase::backward);
+    plan.add("attention_backward_tensors", "attention backward: q, k, v, normed q/k, dattn, dq, dk, dv (" + heads + ")",
+             PlanCategory::transient, T * (4 * gq + 5 * gkv) * ab, plan_phase::backward);
+    plan.add("attention_backward_stats", "attention backward: fp32 q/k norm rstd (" + heads + ")",
+             PlanCategory::transient, T * 4 * (nq + nkv), plan_phase::backward);
   } else {
-    plan.add("attention backward: q, k, v, normed q/k, attn out, dattn, dq, dk, dv (" + heads + ")",
+    plan.add("attention_backward_tensors",
+             "attention backward: q, k, v, normed q/k, attn out, dattn, dq, dk, dv (" + heads + ")",
              PlanCategory::transient, T * (5 * gq + 5 * gkv) * ab, plan_phase::backward);
-    plan.add("attention backward: fp32 q/k norm rstd and LSE (" + heads + ")", PlanCategory::transient, group_f32,
-             plan_phase::backward);
+    plan.add("attention_backward_stats", "attention backward: fp32 q/k norm rstd and LSE (" + heads + ")",
+             PlanCategory::transient, group_f32, plan_phase::backward);
   }
 
   // The work, per layer: GEMMs of the forward, of the recompute (all of the attention half's
@@ -165,7 +174,7 @@ void plan_dense_decoder(const PlanInputs& in, MemoryPlan& plan, const DenseDecod
   }
 
   // final_norm_backward recomputes the norm: y [T,H] and fp32 rstd [T].
-  plan.add("final norm recompute: y [T,H], rstd", PlanCategory::transient, T * (s.H * ab + 4),
+  plan.add("final_norm_recompute", "final norm recompute: y [T,H], rstd", PlanCategory::transient, T * (s.H * ab + 4),
            plan_phase::final_norm);
 }
 

@@ -310,22 +310,27 @@ class CpRing final : public Parallelism {
     if (in.cp <= 1) return make_single_rank()->plan(in, plan);  // plain attention: the single-rank default's terms
     const int64_t q_elems = T * Hq * d, kv_elems = T * Hkv * d;
     for (const char* phase : {plan_phase::forward, plan_phase::backward})
-      plan.add("ring K/V receive buffers 2 x (K,V) [T,Hkv,d]", PlanCategory::communication, 4 * kv_elems * w, phase);
+      plan.add("ring_kv_buffers", "ring K/V receive buffers 2 x (K,V) [T,Hkv,d]", PlanCategory::communication,
+               4 * kv_elems * w, phase);
     if (w != 4)
-      plan.add("ring output accumulator [T,Hq,d] fp32", PlanCategory::transient, q_elems * 4, plan_phase::forward);
-    plan.add("one piece's partial output [T,Hq,d] and LSE [Hq,T]", PlanCategory::transient, q_elems * w + Hq * T * 4,
-             plan_phase::forward);
-    plan.add("travelling dK/dV accumulators 2 x (dK,dV) [T,Hkv,d] fp32", PlanCategory::communication,
-             4 * kv_elems * 4, plan_phase::backward);
-    plan.add("ring dQ accumulator [T,Hq,d] fp32", PlanCategory::transient, q_elems * 4, plan_phase::backward);
-    plan.add("one piece's dQ, dK, dV", PlanCategory::transient, (q_elems + 2 * kv_elems) * w, plan_phase::backward);
-    plan.add("LSE per chunk and attention backward delta [Hq,T] fp32", PlanCategory::transient, 2 * Hq * T * 4,
+      plan.add("ring_output_accumulator", "ring output accumulator [T,Hq,d] fp32", PlanCategory::transient, q_elems * 4,
+               plan_phase::forward);
+    plan.add("ring_piece_output", "one piece's partial output [T,Hq,d] and LSE [Hq,T]", PlanCategory::transient,
+             q_elems * w + Hq * T * 4, plan_phase::forward);
+    plan.add("ring_dkv_accumulators", "travelling dK/dV accumulators 2 x (dK,dV) [T,Hkv,d] fp32",
+             PlanCategory::communication, 4 * kv_elems * 4, plan_phase::backward);
+    plan.add("ring_dq_accumulator", "ring dQ accumulator [T,Hq,d] fp32", PlanCategory::transient, q_elems * 4,
              plan_phase::backward);
+    plan.add("ring_piece_grads", "one piece's dQ, dK, dV", PlanCategory::transient, (q_elems + 2 * kv_elems) * w,
+             plan_phase::backward);
+    plan.add("ring_lse_delta", "LSE per chunk and attention backward delta [Hq,T] fp32", PlanCategory::transient,
+             2 * Hq * T * 4, plan_phase::backward);
     // The largest piece has T query rows (lcx/attention_cost.h: what one attention call allocates).
     const AttentionBytes piece = attention_call_bytes(Hq, T, d);
-    plan.add("attention forward workspace (cuDNN)", PlanCategory::transient, piece.forward, plan_phase::forward);
-    plan.add("one piece's backward dQ accumulator and workspace (cuDNN) [Hq,T,d] fp32 x 2", PlanCategory::transient,
-             piece.backward, plan_phase::backward);
+    plan.add("attention_forward_workspace", "attention forward workspace (cuDNN)", PlanCategory::transient,
+             piece.forward, plan_phase::forward);
+    plan.add("attention_backward_call", "one piece's backward dQ accumulator and workspace (cuDNN) [Hq,T,d] fp32 x 2",
+             PlanCategory::transient, piece.backward, plan_phase::backward);
     // Masked by document, a ring step's rounds run as masked calls: a round's blocks hold at most
     // the rank's T query rows and T key rows, so the masked call of T rows bounds every round;
     // the rounds run one after another. Counted beside the above.
@@ -333,7 +338,7 @@ class CpRing final : public Parallelism {
       plan_document_masks(plan, Hq, T, d);
       // A ring step's rounds (schedule.h step_rounds) sum their dK/dV before the accumulator
       // arrives; the rounds' own partial buffers are the piece terms above, at full size.
-      plan.add("ring step's dK/dV sums 2 x [T,Hkv,d] fp32", PlanCategory::transient, 2 * kv_elems * 4,
+      plan.add("ring_dkv_sums", "ring step's dK/dV sums 2 x [T,Hkv,d] fp32", PlanCategory::transient, 2 * kv_elems * 4,
                plan_phase::backward);
     }
   }

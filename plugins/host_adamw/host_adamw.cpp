@@ -347,9 +347,11 @@ class HostAdamW final : public Optimizer {
     const int64_t n = plan.parameters, gemm = plan.gemm_parameters;
     const int64_t w = static_cast<int64_t>(dtype_size(in.weight_dtype));
     const int64_t gemm_grad = static_cast<int64_t>(dtype_size(in.grad_dtype));
-    plan.add("fp32 master copy (host)", PlanCategory::master_weights, n * 4, plan_phase::always, true);
-    plan.add("AdamW moments m, v fp32 (host)", PlanCategory::optimizer, 2 * n * 4, plan_phase::always, true);
-    plan.add("pinned staging: gradients down, new weights up", PlanCategory::optimizer,
+    plan.add("master_weights", "fp32 master copy (host)", PlanCategory::master_weights, n * 4, plan_phase::always,
+             true);
+    plan.add("adamw_moments", "AdamW moments m, v fp32 (host)", PlanCategory::optimizer, 2 * n * 4, plan_phase::always,
+             true);
+    plan.add("pinned_staging", "pinned staging: gradients down, new weights up", PlanCategory::optimizer,
              gemm * std::max(gemm_grad, w) + (n - gemm) * std::max<int64_t>(4, w), plan_phase::always, true);
   }
 

@@ -92,11 +92,11 @@ class ChunkedLoss final : public Loss {
     // rows: the cost that makes small chunks slow (the chunk_rows sweep, docs/PERF.md).
     plan.work.memory_bytes += static_cast<double>((T + C - 1) / C) * 8.0 * static_cast<double>(V) *
                               static_cast<double>(in.model.hidden_size);
-    plan.add(str("logits of one slice [", S, ",V] fp32 + per-token loss"), PlanCategory::transient, S * V * 4 + T * 4,
-             plan_phase::loss);
+    plan.add("logits_slice", str("logits of one slice [", S, ",V] fp32 + per-token loss"), PlanCategory::transient,
+             S * V * 4 + T * 4, plan_phase::loss);
     if (!in_place)
-      plan.add(str("one chunk's dlogits [", C, ",V] ", dtype_name(in.weight_dtype)), PlanCategory::transient,
-               C * V * static_cast<int64_t>(dtype_size(in.weight_dtype)), plan_phase::loss);
+      plan.add("chunk_dlogits", str("one chunk's dlogits [", C, ",V] ", dtype_name(in.weight_dtype)),
+               PlanCategory::transient, C * V * static_cast<int64_t>(dtype_size(in.weight_dtype)), plan_phase::loss);
   }
 
  private:

@@ -285,18 +285,18 @@ class Offload final : public MemoryStrategy {
                               : moved == 0    ? str("the last ", resident, " kept there (gpu_layers)")
                                               : str("the last ", resident, " kept there (gpu_layers) or at most ", window,
                                                     " moved (prefetch ", prefetch, "), never both");
-    plan.add(str("saved layer inputs on the GPU: ", on_gpu, " x [T,H], ", which), PlanCategory::activations_gpu,
-             on_gpu * each, plan_phase::step);
+    plan.add("saved_inputs", str("saved layer inputs on the GPU: ", on_gpu, " x [T,H], ", which),
+             PlanCategory::activations_gpu, on_gpu * each, plan_phase::step);
     if (plan.kept_bytes_per_layer > 0)
-      plan.add(str("kept attention on the GPU: ", on_gpu, " layers, beside their inputs"), PlanCategory::activations_gpu,
-               on_gpu * plan.kept_bytes_per_layer, plan_phase::step);
+      plan.add("kept_attention", str("kept attention on the GPU: ", on_gpu, " layers, beside their inputs"),
+               PlanCategory::activations_gpu, on_gpu * plan.kept_bytes_per_layer, plan_phase::step);
     if (moved == 0) return;
     if (plan.kept_bytes_per_layer > 0)
-      plan.add(str("kept attention in pinned host memory: ", moved, " layers"), PlanCategory::activations_host,
-               moved * plan.kept_bytes_per_layer, plan_phase::always, true);
+      plan.add("kept_attention_host", str("kept attention in pinned host memory: ", moved, " layers"),
+               PlanCategory::activations_host, moved * plan.kept_bytes_per_layer, plan_phase::always, true);
     // Pinned once and kept across steps.
-    plan.add(str("saved layer inputs in pinned host memory: ", moved, " x [T,H]"), PlanCategory::activations_host,
-             moved * each, plan_phase::always, true);
+    plan.add("saved_inputs_host", str("saved layer inputs in pinned host memory: ", moved, " x [T,H]"),
+             PlanCategory::activations_host, moved * each, plan_phase::always, true);
     // Nothing loaded ahead: the backward waits for each moved layer's copy in.
     if (prefetch == 0) plan.work.exposed_copy_bytes += static_cast<double>(moved * (each + plan.kept_bytes_per_layer));
   }

@@ -203,8 +203,8 @@ class YarnRope final : public PositionalEncoding {
   // YaRN changes the frequencies, not the tables: cos and sin [T, head_dim/2] fp32 on the GPU
   // for the whole step (PositionalEncoding::tables), already scaled by the attention factor.
   void plan(const PlanInputs& in, MemoryPlan& plan) const override {
-    plan.add("rope cos/sin [T,d/2] fp32", PlanCategory::transient, 2 * in.tokens_per_rank * (in.model.head_dim / 2) * 4,
-             plan_phase::step);
+    plan.add("rope_tables", "rope cos/sin [T,d/2] fp32", PlanCategory::transient,
+             2 * in.tokens_per_rank * (in.model.head_dim / 2) * 4, plan_phase::step);
   }
   std::string hf_rope_parameters() const override {
     require_configured();

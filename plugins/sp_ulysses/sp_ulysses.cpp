@@ -194,22 +194,23 @@ class Ulysses final : public Parallelism {
     const int64_t heads = T * (2 * Hq + 2 * kv_sent) * d * ab;
     const int64_t one_buffer = T * std::max(Hq, kv_sent) * d * ab;
     const int64_t ids = 4 * sp * T * (Hkv < sp ? 3 : 2);
-    plan.add("all-to-all: q, k, v, out in head layout [L,heads/sp,d], kept for the backward",
+    plan.add("head_layout_forward", "all-to-all: q, k, v, out in head layout [L,heads/sp,d], kept for the backward",
              PlanCategory::communication, heads, plan_phase::forward);
-    plan.add("all-to-all: fp32 LSE in head layout [Hq/sp,L]", PlanCategory::communication, T * Hq * 4,
-             plan_phase::forward);
-    plan.add("all-to-all: staging buffer of one tensor, row index tables", PlanCategory::communication,
+    plan.add("head_layout_lse", "all-to-all: fp32 LSE in head layout [Hq/sp,L]", PlanCategory::communication,
+             T * Hq * 4, plan_phase::forward);
+    plan.add("staging", "all-to-all: staging buffer of one tensor, row index tables", PlanCategory::communication,
              one_buffer + ids, plan_phase::forward);
-    plan.add("all-to-all: q, k, v, out and dout, dq, dk, dv in head layout", PlanCategory::communication, 2 * heads,
-             plan_phase::backward);
-    plan.add("all-to-all: fp32 LSE and attention backward delta [Hq/sp,L]", PlanCategory::communication,
-             2 * T * Hq * 4, plan_phase::backward);
-    plan.add("all-to-all: staging buffer of one tensor, row index tables", PlanCategory::communication,
+    plan.add("head_layout_backward", "all-to-all: q, k, v, out and dout, dq, dk, dv in head layout",
+             PlanCategory::communication, 2 * heads, plan_phase::backward);
+    plan.add("head_layout_lse_delta", "all-to-all: fp32 LSE and attention backward delta [Hq/sp,L]",
+             PlanCategory::communication, 2 * T * Hq * 4, plan_phase::backward);
+    plan.add("staging", "all-to-all: staging buffer of one tensor, row index tables", PlanCategory::communication,
              one_buffer + ids, plan_phase::backward);
     // The last layer's forward buffers wait for its recompute, through the loss.
     const int64_t inputs = T * (2 * Hq + 2 * Hkv) * d * ab;
     for (const char* phase : {plan_phase::loss, plan_phase::final_norm})
-      plan.add("all-to-all: last layer's head-layout q, k, v, out, LSE and its q, k, v, out, until its recompute",
+      plan.add("last_layer_head_layout",
+               "all-to-all: last layer's head-layout q, k, v, out, LSE and its q, k, v, out, until its recompute",
                PlanCategory::communication, heads + T * Hq * 4 + inputs, phase);
     if (inner_) {
       // Stacked: the inner's attention (the ring) over this rank's heads and the cp shard's sp T rows.
@@ -225,13 +226,15 @@ class Ulysses final : public Parallelism {
     } else {
       // One attention call: Hq/sp heads over all L = sp T rows (lcx/attention_cost.h: what the call allocates).
       const AttentionBytes call = attention_call_bytes(Hq / sp, sp * T, d);
-      plan.add("attention forward workspace (cuDNN)", PlanCategory::transient, call.forward, plan_phase::forward);
-      plan.add("attention backward dQ accumulator and workspace (cuDNN) [Hq/sp,L,d] fp32 x 2", PlanCategory::transient,
+      plan.add("attention_forward_workspace", "attention forward workspace (cuDNN)", PlanCategory::transient,
+               call.forward, plan_phase::forward);
+      plan.add("attention_backward_call",
+               "attention backward dQ accumulator and workspace (cuDNN) [Hq/sp,L,d] fp32 x 2", PlanCategory::transient,
                call.backward, plan_phase::backward);
     }
     if (Hkv < sp)
-      plan.add("all-to-all: fp32 sum of replicated dk/dv [T,Hkv,d]", PlanCategory::communication, T * Hkv * d * 4,
-               plan_phase::backward);
+      plan.add("replicated_dkv_sum", "all-to-all: fp32 sum of replicated dk/dv [T,Hkv,d]", PlanCategory::communication,
+               T * Hkv * d * 4, plan_phase::backward);
   }
 
  private:

@@ -83,12 +83,12 @@ class TiledMlp final : public MlpStrategy {
     const int64_t R = std::min(T, rows(in.model.intermediate_size, in.weight_dtype, in.recipe.get(name_, kTileRows, 0)));
     const int64_t tile = R * in.model.intermediate_size * static_cast<int64_t>(dtype_size(in.weight_dtype));
     const std::string shape = str("[", R, ",I]");
-    plan.add(str("layer forward: MLP gate, up, act ", shape, " (one tile)"), PlanCategory::transient, 3 * tile,
-             plan_phase::forward);
-    plan.add(str("recompute: MLP gate, up, act ", shape, " (one tile)"), PlanCategory::transient, 3 * tile,
-             plan_phase::mlp_backward);
-    plan.add(str("backward: MLP dact, dgate, dup ", shape, " (one tile)"), PlanCategory::transient, 3 * tile,
-             plan_phase::mlp_backward);
+    plan.add("mlp_forward", str("layer forward: MLP gate, up, act ", shape, " (one tile)"), PlanCategory::transient,
+             3 * tile, plan_phase::forward);
+    plan.add("mlp_recompute", str("recompute: MLP gate, up, act ", shape, " (one tile)"), PlanCategory::transient,
+             3 * tile, plan_phase::mlp_backward);
+    plan.add("mlp_backward", str("backward: MLP dact, dgate, dup ", shape, " (one tile)"), PlanCategory::transient,
+             3 * tile, plan_phase::mlp_backward);
     MemoryPlan one;
     whole_->plan(in, one);
     plan.work.memory_bytes += static_cast<double>((T + R - 1) / R) * one.work.memory_bytes;

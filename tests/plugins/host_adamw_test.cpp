@@ -194,7 +194,7 @@ TEST(HostAdamW, PlanMatchesWhatItAllocates) {
       if (t.contributor != "host_adamw") continue;
       if (!t.on_host) gpu += t.bytes;
       else if (t.category == PlanCategory::master_weights) master += t.bytes;
-      else if (t.name.starts_with("pinned")) staging += t.bytes;
+      else if (t.id == "pinned_staging") staging += t.bytes;
       else moments += t.bytes;
     }
     release_cached_pinned();

@@ -10,6 +10,7 @@
 #pragma once
 #include <cstdint>
 #include <string>
+#include <string_view>
 #include <vector>
 
 #include "lcx/dtype.h"
@@ -63,6 +64,9 @@ struct PlanInputs {
 };
 
 struct PlanTerm {
+  // Short snake_case, fixed while the term means the same bytes ("logits", "rope_tables"): what code
+  // and tests look a term up by, one per contributor and phase. `name` is for people (--plan).
+  std::string id;
   std::string name;  // what the bytes are, e.g. "logits [T,V] fp32"
   PlanCategory category = PlanCategory::transient;
   int64_t bytes = 0;
@@ -106,7 +110,10 @@ struct MemoryPlan {
   int64_t parameters = 0;
   int64_t gemm_parameters = 0;
 
-  void add(std::string name, PlanCategory category, int64_t bytes, std::string phase, bool on_host = false);
+  void add(std::string id, std::string name, PlanCategory category, int64_t bytes, std::string phase,
+           bool on_host = false);
+  // The first term `id` (of `contributor`, when one is named) in the order added; null when none.
+  const PlanTerm* find(std::string_view id, std::string_view contributor = {}) const;
 
   // The phases a peak can occur in, in step order.
   static const std::vector<std::string>& phases();

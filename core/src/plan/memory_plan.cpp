@@ -22,13 +22,20 @@ const char* plan_category_name(PlanCategory c) {
   return "?";
 }
 
-void MemoryPlan::add(std::string name, PlanCategory category, int64_t bytes, std::string phase, bool on_host) {
+void MemoryPlan::add(std::string id, std::string name, PlanCategory category, int64_t bytes, std::string phase,
+                     bool on_host) {
   // A negative size is a product that wrapped: refuse it rather than drop it as empty.
   if (bytes < 0) throw Error(str("memory plan: the term '", name, "' of ", contributor, " has ", bytes,
                                  " bytes, a size that passed 64 bits"),
                              "data.seq_len", "lower data.seq_len");
   if (bytes == 0) return;  // a term of nothing only clutters the breakdown
-  terms.push_back({std::move(name), category, bytes, std::move(phase), on_host, contributor});
+  terms.push_back({std::move(id), std::move(name), category, bytes, std::move(phase), on_host, contributor});
+}
+
+const PlanTerm* MemoryPlan::find(std::string_view id, std::string_view of) const {
+  for (const auto& t : terms)
+    if (t.id == id && (of.empty() || t.contributor == of)) return &t;
+  return nullptr;
 }
 
 const std::vector<std::string>& MemoryPlan::phases() {
@@ -93,11 +100,13 @@ MemoryPlan::Peak MemoryPlan::largest_transient() const {
 
 void plan_document_masks(MemoryPlan& plan, int64_t hq, int64_t rows, int64_t d) {
   const AttentionBytes b = attention_call_bytes(hq, rows, d, true);
-  plan.add("document-masked attention forward: stats of the batches (cuDNN, ragged)", PlanCategory::transient,
-           b.forward, plan_phase::forward);
-  plan.add("document-masked attention backward: stats, softmax sums, dQ accumulator, workspace (cuDNN, ragged)",
+  plan.add("document_mask_forward", "document-masked attention forward: stats of the batches (cuDNN, ragged)",
+           PlanCategory::transient, b.forward, plan_phase::forward);
+  plan.add("document_mask_backward",
+           "document-masked attention backward: stats, softmax sums, dQ accumulator, workspace (cuDNN, ragged)",
            PlanCategory::transient, b.backward, plan_phase::backward);
-  plan.add("document tables: bounds [docs+1] int64, per batch lengths and first rows int32, ragged offsets int64",
+  plan.add("document_tables",
+           "document tables: bounds [docs+1] int64, per batch lengths and first rows int32, ragged offsets int64",
            PlanCategory::transient, b.step, plan_phase::step);
 }
 

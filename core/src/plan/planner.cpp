@@ -25,13 +25,14 @@ constexpr double kAllocatorSlack = 0.02;
 // The buffers train_step (core/src/train/step.cpp) holds itself, beside what the slots hold.
 void plan_step(const PlanInputs& in, MemoryPlan& p) {
   const int64_t T = in.tokens_per_rank, TH = T * in.model.hidden_size * static_cast<int64_t>(dtype_size(in.weight_dtype));
-  p.add("token ids int32 + targets int64 [T]", PlanCategory::transient, T * 12, plan_phase::step);
-  p.add("layer output y [T,H]", PlanCategory::transient, TH, plan_phase::forward);
-  p.add("last layer output, final hidden, its grad [T,H] x3", PlanCategory::transient, 3 * TH, plan_phase::loss);
-  p.add("last layer output, final hidden, its grad, dx [T,H] x4", PlanCategory::transient, 4 * TH,
+  p.add("token_ids", "token ids int32 + targets int64 [T]", PlanCategory::transient, T * 12, plan_phase::step);
+  p.add("layer_output", "layer output y [T,H]", PlanCategory::transient, TH, plan_phase::forward);
+  p.add("loss_hidden", "last layer output, final hidden, its grad [T,H] x3", PlanCategory::transient, 3 * TH,
+        plan_phase::loss);
+  p.add("final_norm_hidden", "last layer output, final hidden, its grad, dx [T,H] x4", PlanCategory::transient, 4 * TH,
         plan_phase::final_norm);
   for (const char* phase : {plan_phase::mlp_backward, plan_phase::backward})
-    p.add("layer dy, dx [T,H] x2", PlanCategory::transient, 2 * TH, phase);
+    p.add("layer_grads", "layer dy, dx [T,H] x2", PlanCategory::transient, 2 * TH, phase);
   // checkpoint_every = k: a segment's rebuilt inputs live through its backward; while the last is
   // being rebuilt, the k-2 before it and dy sit beside the forward's buffers (its output is the
   // layer output above), which also covers the forward's own unsaved input. Exact beside a memory
@@ -40,12 +41,14 @@ void plan_step(const PlanInputs& in, MemoryPlan& p) {
   // release and the peak is one [T,H] below this.
   const int64_t rebuilt = std::min(in.recipe.checkpoint_every(), in.model.num_layers) - 1;
   if (rebuilt > 0) {
-    p.add(str("rebuilt layer inputs ", rebuilt, " x [T,H] (train.checkpoint_every ", in.recipe.checkpoint_every(), ")"),
+    p.add("rebuilt_inputs",
+          str("rebuilt layer inputs ", rebuilt, " x [T,H] (train.checkpoint_every ", in.recipe.checkpoint_every(), ")"),
           PlanCategory::transient, rebuilt * TH, plan_phase::mlp_backward);
-    p.add(str("rebuilt layer inputs ", rebuilt, " x [T,H] (train.checkpoint_every ", in.recipe.checkpoint_every(), ")"),
+    p.add("rebuilt_inputs",
+          str("rebuilt layer inputs ", rebuilt, " x [T,H] (train.checkpoint_every ", in.recipe.checkpoint_every(), ")"),
           PlanCategory::transient, rebuilt * TH, plan_phase::backward);
-    p.add(str("rebuild in the backward: ", rebuilt - 1, " rebuilt inputs and dy [T,H]"), PlanCategory::transient,
-          rebuilt * TH, plan_phase::forward);
+    p.add("rebuild_buffers", str("rebuild in the backward: ", rebuilt - 1, " rebuilt inputs and dy [T,H]"),
+          PlanCategory::transient, rebuilt * TH, plan_phase::forward);
   }
 }
 
@@ -142,10 +145,11 @@ MemoryPlan build_plan(const PlanInputs& in, const PlanSlots& s) {
   p.contributor = "step";
   plan_step(in, p);
   p.contributor = "core";
-  p.add("CUDA context, kernels, cuBLAS handles (estimate)", PlanCategory::reserve, kContextBytes, plan_phase::always);
-  p.add("cuBLASLt workspace", PlanCategory::reserve, kCublasLtWorkspace, plan_phase::always);
+  p.add("cuda_context", "CUDA context, kernels, cuBLAS handles (estimate)", PlanCategory::reserve, kContextBytes,
+        plan_phase::always);
+  p.add("cublaslt_workspace", "cuBLASLt workspace", PlanCategory::reserve, kCublasLtWorkspace, plan_phase::always);
   const int64_t allocated = p.peak(false).bytes;
-  p.add("allocator rounding and fragmentation (2% estimate)", PlanCategory::reserve,
+  p.add("allocator_slack", "allocator rounding and fragmentation (2% estimate)", PlanCategory::reserve,
         static_cast<int64_t>(static_cast<double>(allocated) * kAllocatorSlack), plan_phase::always);
   return p;
 }

@@ -99,9 +99,10 @@ void AdamW::plan(const PlanInputs& in, MemoryPlan& plan) const {
   const int64_t per_rank = (plan.parameters + shards - 1) / shards;
   const bool master = in.master_dtype == DType::f32;
   const int64_t moment = master ? 4 : static_cast<int64_t>(dtype_size(in.weight_dtype));
-  if (master) plan.add("fp32 master copy", PlanCategory::master_weights, per_rank * 4, plan_phase::always);
-  plan.add(master ? "AdamW moments m, v (fp32)" : "AdamW moments m, v (weight dtype)", PlanCategory::optimizer,
-           2 * per_rank * moment, plan_phase::always);
+  if (master)
+    plan.add("master_weights", "fp32 master copy", PlanCategory::master_weights, per_rank * 4, plan_phase::always);
+  plan.add("adamw_moments", master ? "AdamW moments m, v (fp32)" : "AdamW moments m, v (weight dtype)",
+           PlanCategory::optimizer, 2 * per_rank * moment, plan_phase::always);
   // Every parameter's value, grad, master and moments read and written once.
   plan.work.memory_bytes += static_cast<double>(plan.parameters) * (master ? 24.0 : 12.0);
 }

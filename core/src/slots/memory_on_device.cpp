@@ -34,11 +34,11 @@ class OnDeviceMemory final : public MemoryStrategy {
   void plan(const PlanInputs& in, MemoryPlan& plan) const override {
     const int64_t each = in.tokens_per_rank * in.model.hidden_size * static_cast<int64_t>(dtype_size(in.weight_dtype));
     const int64_t saved = in.recipe.saved_layers(in.model.num_layers);
-    plan.add(str("saved layer inputs ", saved, " x [T,H]"), PlanCategory::activations_gpu, saved * each,
+    plan.add("saved_inputs", str("saved layer inputs ", saved, " x [T,H]"), PlanCategory::activations_gpu, saved * each,
              plan_phase::step);
     if (plan.kept_bytes_per_layer > 0)
-      plan.add(str("kept attention outputs and LSE ", saved, " layers"), PlanCategory::activations_gpu,
-               saved * plan.kept_bytes_per_layer, plan_phase::step);
+      plan.add("kept_attention", str("kept attention outputs and LSE ", saved, " layers"),
+               PlanCategory::activations_gpu, saved * plan.kept_bytes_per_layer, plan_phase::step);
   }
 
  private:

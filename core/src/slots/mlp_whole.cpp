@@ -42,9 +42,12 @@ class WholeMlp final : public MlpStrategy {
 
   void plan(const PlanInputs& in, MemoryPlan& plan) const override {
     const int64_t TI = in.tokens_per_rank * in.model.intermediate_size * static_cast<int64_t>(dtype_size(in.weight_dtype));
-    plan.add("layer forward: MLP gate, up, act [T,I]", PlanCategory::transient, 3 * TI, plan_phase::forward);
-    plan.add("recompute: MLP gate, up, act [T,I]", PlanCategory::transient, 3 * TI, plan_phase::mlp_backward);
-    plan.add("backward: MLP dact, dgate, dup [T,I]", PlanCategory::transient, 3 * TI, plan_phase::mlp_backward);
+    plan.add("mlp_forward", "layer forward: MLP gate, up, act [T,I]", PlanCategory::transient, 3 * TI,
+             plan_phase::forward);
+    plan.add("mlp_recompute", "recompute: MLP gate, up, act [T,I]", PlanCategory::transient, 3 * TI,
+             plan_phase::mlp_backward);
+    plan.add("mlp_backward", "backward: MLP dact, dgate, dup [T,I]", PlanCategory::transient, 3 * TI,
+             plan_phase::mlp_backward);
     // Beyond the arithmetic (the model's): each layer's backward reads and writes the three weights'
     // gradients once, as its GEMMs accumulate into them (an MLP run in tiles does it per tile).
     plan.work.memory_bytes += static_cast<double>(in.model.num_layers) * 6.0 *

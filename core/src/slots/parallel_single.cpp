@@ -42,15 +42,16 @@ class SingleRank final : public Parallelism {
   void plan(const PlanInputs& in, MemoryPlan& plan) const override {
     const int64_t hq = in.model.num_heads / std::max<int64_t>(1, plan.attention_head_groups);
     const int64_t d = in.model.head_dim > 0 ? in.model.head_dim : in.model.hidden_size / std::max<int64_t>(1, in.model.num_heads);
-    plan.add("attention backward delta [Hq,T] fp32", PlanCategory::transient, hq * in.tokens_per_rank * 4,
-             plan_phase::backward);
+    plan.add("attention_delta", "attention backward delta [Hq,T] fp32", PlanCategory::transient,
+             hq * in.tokens_per_rank * 4, plan_phase::backward);
     if (in.documents_masked)  // cuDNN's batches of documents, in place of one unmasked call
       return plan_document_masks(plan, hq, in.tokens_per_rank, d);
-    plan.add("attention backward dQ accumulator [Hq,T,d] fp32 (cuDNN)", PlanCategory::transient,
-             cudnn_dq_accumulator_bytes(hq, in.tokens_per_rank, d), plan_phase::backward);
-    plan.add("attention forward workspace (cuDNN)", PlanCategory::transient, kCudnnForwardWorkspace, plan_phase::forward);
-    plan.add("attention backward workspace (cuDNN) [Hq,T,d] fp32 + 256 B", PlanCategory::transient,
-             cudnn_backward_workspace_bytes(hq, in.tokens_per_rank, d), plan_phase::backward);
+    plan.add("attention_dq_accumulator", "attention backward dQ accumulator [Hq,T,d] fp32 (cuDNN)",
+             PlanCategory::transient, cudnn_dq_accumulator_bytes(hq, in.tokens_per_rank, d), plan_phase::backward);
+    plan.add("attention_forward_workspace", "attention forward workspace (cuDNN)", PlanCategory::transient,
+             kCudnnForwardWorkspace, plan_phase::forward);
+    plan.add("attention_backward_workspace", "attention backward workspace (cuDNN) [Hq,T,d] fp32 + 256 B",
+             PlanCategory::transient, cudnn_backward_workspace_bytes(hq, in.tokens_per_rank, d), plan_phase::backward);
   }
 
  private:

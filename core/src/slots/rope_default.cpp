@@ -90,8 +90,8 @@ class DefaultRope final : public PositionalEncoding {
   }
   // tables(): cos and sin [T, head_dim/2] fp32 on the GPU for the whole step.
   void plan(const PlanInputs& in, MemoryPlan& plan) const override {
-    plan.add("rope cos/sin [T,d/2] fp32", PlanCategory::transient, 2 * in.tokens_per_rank * (in.model.head_dim / 2) * 4,
-             plan_phase::step);
+    plan.add("rope_tables", "rope cos/sin [T,d/2] fp32", PlanCategory::transient,
+             2 * in.tokens_per_rank * (in.model.head_dim / 2) * 4, plan_phase::step);
   }
 
  private:
