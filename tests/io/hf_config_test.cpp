@@ -50,28 +50,34 @@ TEST(HfConfig, SlidingWindowLayersAreDerivedAsTransformersDoes) {
   HfConfig off = HfConfig::parse(R"({"use_sliding_window":false,"sliding_window":4096,"max_window_layers":0})", "s.json");
   EXPECT_EQ(off.layer_types(2), (std::vector<std::string>{"full_attention", "full_attention"}));
   HfConfig wrong = HfConfig::parse(R"({"layer_types":["full_attention"]})", "lt.json");
-  std::string e = error_of([&] { wrong.layer_types(3); });
-  EXPECT_NE(e.find("lt.json"), std::string::npos) << e;
-  EXPECT_NE(e.find("layer_types"), std::string::npos) << e;
+  const test::Thrown e = test::thrown_by([&] { wrong.layer_types(3); });
+  EXPECT_EQ(e.key, "layer_types");
+  EXPECT_NE(e.message.find("lt.json"), std::string::npos) << e.message;
 }
 
 TEST(HfConfig, ErrorsNameFileKeyAndValue) {
   auto dir = test::temp_dir("hfconfig");
   test::write_file(dir / "config.json", R"({"model_type":"llama","hidden_size":"big","tie_word_embeddings":1})");
   HfConfig c = HfConfig::load(dir.string());
-  std::string e = error_of([&] { c.expect_model_type("qwen3"); });
-  EXPECT_NE(e.find((dir / "config.json").string()), std::string::npos) << e;
-  EXPECT_NE(e.find("'llama'"), std::string::npos) << e;
-  e = error_of([&] { c.get_int("hidden_size", 0); });
-  EXPECT_NE(e.find("hidden_size"), std::string::npos) << e;
-  EXPECT_NE(e.find("\"big\""), std::string::npos) << e;
-  EXPECT_NE(error_of([&] { c.get_bool("tie_word_embeddings", false); }).find("true or false"), std::string::npos);
-  EXPECT_NE(error_of([&] { c.require_int("vocab_size"); }).find("vocab_size: required"), std::string::npos);
+  test::Thrown e = test::thrown_by([&] { c.expect_model_type("qwen3"); });
+  EXPECT_EQ(e.key, "model_type");
+  EXPECT_NE(e.message.find((dir / "config.json").string()), std::string::npos) << e.message;
+  EXPECT_NE(e.message.find("'llama'"), std::string::npos) << e.message;
+  e = test::thrown_by([&] { c.get_int("hidden_size", 0); });
+  EXPECT_EQ(e.key, "hidden_size");
+  EXPECT_NE(e.message.find("\"big\""), std::string::npos) << e.message;
+  e = test::thrown_by([&] { c.get_bool("tie_word_embeddings", false); });
+  EXPECT_EQ(e.key, "tie_word_embeddings");
+  EXPECT_NE(e.message.find("true or false"), std::string::npos) << e.message;
+  e = test::thrown_by([&] { c.require_int("vocab_size"); });
+  EXPECT_EQ(e.key, "vocab_size");
+  EXPECT_NE(e.message.find("required"), std::string::npos) << e.message;
   EXPECT_NE(error_of([&] { HfConfig::load((dir / "missing").string()); }).find("does not exist"), std::string::npos);
   // A folder where config.json should be is named as such, not read as empty.
   std::filesystem::create_directories(dir / "odd" / "config.json");
-  e = error_of([&] { HfConfig::load((dir / "odd").string()); });
-  EXPECT_NE(e.find((dir / "odd" / "config.json").string() + "' is a folder, not a file"), std::string::npos) << e;
+  e = test::thrown_by([&] { HfConfig::load((dir / "odd").string()); });
+  EXPECT_NE(e.message.find((dir / "odd" / "config.json").string() + "' is a folder, not a file"), std::string::npos)
+      << e.message;
   EXPECT_NE(error_of([&] { HfConfig::parse("[1]", "arr"); }).find("not a JSON object"), std::string::npos);
 }
 

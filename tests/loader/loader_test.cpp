@@ -70,9 +70,10 @@ TEST(PluginLoader, RefusesAPluginSomeoneElseCouldReplace) {
   EXPECT_EQ(loader.describe("loss_chunked").name, "loss_chunked");
 
   fs::permissions(lib, fs::perms::group_write, fs::perm_options::add);
-  std::string msg = error_of([&] { loader.describe("loss_chunked"); });
-  EXPECT_NE(msg.find("plugin library '" + lib.string() + "' is writable by its group"), std::string::npos) << msg;
-  EXPECT_NE(msg.find("fix: chmod go-w " + lib.string()), std::string::npos) << msg;
+  test::Thrown e = test::thrown_by([&] { loader.describe("loss_chunked"); });
+  EXPECT_EQ(e.fix, "chmod go-w " + lib.string());
+  EXPECT_NE(e.message.find("plugin library '" + lib.string() + "' is writable by its group"), std::string::npos)
+      << e.message;
   // Listing the folder skips it with the same reason instead of running its code.
   std::vector<std::string> problems;
   EXPECT_TRUE(loader.discover(&problems).empty());
@@ -81,10 +82,11 @@ TEST(PluginLoader, RefusesAPluginSomeoneElseCouldReplace) {
   fs::permissions(lib, fs::perms::group_write, fs::perm_options::remove);
 
   fs::permissions(dir, fs::perms::others_write, fs::perm_options::add);
-  msg = error_of([&] { loader.describe("loss_chunked"); });
-  EXPECT_NE(msg.find("the folder of plugin 'lcx_loss_chunked.so', " + dir.string() + " is writable by others"),
+  e = test::thrown_by([&] { loader.describe("loss_chunked"); });
+  EXPECT_EQ(e.fix, "chmod go-w " + dir.string());
+  EXPECT_NE(e.message.find("the folder of plugin 'lcx_loss_chunked.so', " + dir.string() + " is writable by others"),
             std::string::npos)
-      << msg;
+      << e.message;
   fs::permissions(dir, fs::perms::others_write, fs::perm_options::remove);
 
   if (::geteuid() != 0) {
@@ -92,9 +94,9 @@ TEST(PluginLoader, RefusesAPluginSomeoneElseCouldReplace) {
     return;
   }
   ASSERT_EQ(::chown(lib.c_str(), 4242, static_cast<gid_t>(-1)), 0);
-  msg = error_of([&] { loader.describe("loss_chunked"); });
-  EXPECT_NE(msg.find("is owned by user 4242, not by this user"), std::string::npos) << msg;
-  EXPECT_NE(msg.find("fix: chown "), std::string::npos) << msg;
+  e = test::thrown_by([&] { loader.describe("loss_chunked"); });
+  EXPECT_EQ(e.fix.rfind(str("chown ", ::geteuid(), " ", lib.string()), 0), 0u) << e.fix;
+  EXPECT_NE(e.message.find("is owned by user 4242, not by this user"), std::string::npos) << e.message;
 }
 
 TEST(PluginLoader, RefusesAnotherAbiMajorNamingBothVersions) {
@@ -102,15 +104,17 @@ TEST(PluginLoader, RefusesAnotherAbiMajorNamingBothVersions) {
   EXPECT_NE(msg.find(str("ABI ", LCX_ABI_MAJOR + 1, ".0")), std::string::npos) << msg;
   EXPECT_NE(msg.find(str("this lcx has ABI ", LCX_ABI_MAJOR, ".", LCX_ABI_MINOR)), std::string::npos) << msg;
   // create() must refuse too, before importing a factory (the fixture has none).
-  auto msg2 = error_of([] { loader_with_fixtures().create("other_abi", PluginArgs{"other_abi", {}, {}}); });
-  EXPECT_NE(msg2.find("ABI"), std::string::npos) << msg2;
+  const test::Thrown created =
+      test::thrown_by([] { loader_with_fixtures().create("other_abi", PluginArgs{"other_abi", {}, {}}); });
+  EXPECT_EQ(created.fix, "rebuild the plugin against this lcx's SDK headers");
 }
 
 TEST(PluginLoader, RefusesTwoProvidersForOneSlot) {
   Manifest m = Manifest::parse("[plugins]\nload = [\"loss_chunked\", \"second_loss\"]\n", "two.toml");
-  auto msg = error_of([&] { plan_slots(m, loader_with_fixtures(), {}); });
-  EXPECT_NE(msg.find("two providers for slot loss"), std::string::npos) << msg;
-  EXPECT_NE(msg.find("--disable second_loss"), std::string::npos) << msg;
+  const test::Thrown e = test::thrown_by([&] { plan_slots(m, loader_with_fixtures(), {}); });
+  EXPECT_EQ(e.key, "plugins.load");
+  EXPECT_EQ(e.fix, "keep one in [plugins] load, or --disable second_loss");
+  EXPECT_NE(e.message.find("two providers for slot loss"), std::string::npos) << e.message;
   // Disabling one of them resolves it.
   auto providers = plan_slots(m, loader_with_fixtures(), {"second_loss"});
   EXPECT_EQ(providers.at(LCX_SLOT_LOSS).name, "loss_chunked");
@@ -131,27 +135,33 @@ TEST(PluginLoader, StacksTwoParallelismProvidersOnlyWhenOneStacksOverTheOther) {
     EXPECT_EQ(s.parallel->size(), 8) << load;
   }
   Manifest neither = Manifest::parse("[plugins]\nload = [\"sp_ulysses\", \"second_parallelism\"]\n", "n.toml");
-  auto msg = error_of([&] { resolve_slots(neither, loader_with_fixtures(), {}, Device::cpu(), MeshShape{1, 1, 2}); });
-  EXPECT_NE(msg.find("'sp_ulysses'"), std::string::npos) << msg;
-  EXPECT_NE(msg.find("axis none): neither stacks over the other"), std::string::npos) << msg;
-  EXPECT_NE(msg.find("--disable second_parallelism"), std::string::npos) << msg;
+  test::Thrown e =
+      test::thrown_by([&] { resolve_slots(neither, loader_with_fixtures(), {}, Device::cpu(), MeshShape{1, 1, 2}); });
+  EXPECT_EQ(e.key, "plugins.load");
+  EXPECT_NE(e.fix.find("--disable second_parallelism"), std::string::npos) << e.fix;
+  EXPECT_NE(e.message.find("'sp_ulysses'"), std::string::npos) << e.message;
+  EXPECT_NE(e.message.find("axis none): neither stacks over the other"), std::string::npos) << e.message;
   Manifest three =
       Manifest::parse("[plugins]\nload = [\"cp_ring\", \"sp_ulysses\", \"second_parallelism\"]\n", "3.toml");
-  msg = error_of([&] { plan_slots(three, loader_with_fixtures(), {}); });
-  EXPECT_NE(msg.find("two providers for slot parallelism: 'cp_ring'"), std::string::npos) << msg;
+  e = test::thrown_by([&] { plan_slots(three, loader_with_fixtures(), {}); });
+  EXPECT_EQ(e.key, "plugins.load");
+  EXPECT_NE(e.message.find("two providers for slot parallelism: 'cp_ring'"), std::string::npos) << e.message;
 }
 
 TEST(PluginLoader, RejectsUnknownKeyNamingValidOnes) {
   Manifest m = Manifest::parse("[plugins]\nload = [\"loss_chunked\"]\n[loss_chunked]\nchunk_row = 64\n", "k.toml");
-  auto msg = error_of([&] { resolve_slots(m, loader_with_fixtures(), {}, Device::cpu()); });
-  EXPECT_NE(msg.find("k.toml:4: loss_chunked.chunk_row: unknown key"), std::string::npos) << msg;
-  EXPECT_NE(msg.find("did you mean 'chunk_rows'"), std::string::npos) << msg;
+  const test::Thrown e = test::thrown_by([&] { resolve_slots(m, loader_with_fixtures(), {}, Device::cpu()); });
+  EXPECT_EQ(e.key, "loss_chunked.chunk_row");
+  EXPECT_EQ(e.fix.rfind("did you mean 'chunk_rows'? valid keys: ", 0), 0u) << e.fix;
+  EXPECT_NE(e.message.find("k.toml:4: "), std::string::npos) << e.message;  // where the key stands
 }
 
 TEST(PluginLoader, RejectsWrongTypeWithFileAndLine) {
   Manifest m = Manifest::parse("[plugins]\nload = [\"loss_chunked\"]\n\n[loss_chunked]\nchunk_rows = true\n", "t.toml");
-  auto msg = error_of([&] { resolve_slots(m, loader_with_fixtures(), {}, Device::cpu()); });
-  EXPECT_NE(msg.find("t.toml:5: loss_chunked.chunk_rows: expected integer, found boolean"), std::string::npos) << msg;
+  const test::Thrown e = test::thrown_by([&] { resolve_slots(m, loader_with_fixtures(), {}, Device::cpu()); });
+  EXPECT_EQ(e.key, "loss_chunked.chunk_rows");
+  EXPECT_NE(e.message.find("t.toml:5: loss_chunked.chunk_rows: expected integer, found boolean"), std::string::npos)
+      << e.message;
 }
 
 TEST(PluginLoader, ThirdPartyProviderFillsASlotWithoutCoreChanges) {

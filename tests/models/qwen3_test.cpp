@@ -76,57 +76,58 @@ TEST(Qwen3Config, ReadsTransformersFiveConfigWithSlidingLayers) {
   EXPECT_EQ(nlohmann::json::parse(c.rope_parameters_json)["factor"], 4.0);
   EXPECT_DOUBLE_EQ(c.rope_theta, 1e6);
   // Core's plain rope refuses the checkpoint's YaRN rather than train on other positions.
-  const std::string refused = error_of([&] { test::DefaultSlots plain(*m); });
-  EXPECT_NE(refused.find("rope_type 'yarn'"), std::string::npos) << refused;
-  EXPECT_NE(refused.find("--list-plugins"), std::string::npos) << refused;
+  const test::Thrown refused = test::thrown_by([&] { test::DefaultSlots plain(*m); });
+  EXPECT_EQ(refused.key, "rope_parameters.rope_type");
+  EXPECT_NE(refused.fix.find("--list-plugins"), std::string::npos) << refused.fix;
+  EXPECT_NE(refused.message.find("rope_type 'yarn'"), std::string::npos) << refused.message;
   // With the installed plugins offered (as the resolver offers the loader's), the fix names the
   // one whose summary speaks of the checkpoint's rope type.
-  const std::string named = error_of([&] {
+  const test::Thrown named = test::thrown_by([&] {
     test::DefaultSlots offered(*m, make_default_rope_offering([] {
       return std::vector<std::pair<std::string, std::string>>{{"other_rope", "plain rotary"},
                                                              {"rope_yarn", "YaRN rescaled rotary positions"}};
     }));
   });
-  EXPECT_NE(named.find("add \"rope_yarn\" to [plugins] load"), std::string::npos) << named;
+  EXPECT_EQ(named.key, "rope_parameters.rope_type");
+  EXPECT_EQ(named.fix.rfind("add \"rope_yarn\" to [plugins] load", 0), 0u) << named.fix;
   // Sliding layers are recorded, then refused when computed: the module runs full attention only.
   test::DefaultSlots s(*m, make_default_rope_in_place_of("rope_yarn"));
   Shard shard = test::shard_from_labels({1, 2, 3, 4}, {1, 2, 3, 4});
-  std::string e = error_of([&] { train_step(s.slots, shard, 1.0, Device::cpu()); });
-  EXPECT_NE(e.find("layer 1 is sliding_attention"), std::string::npos) << e;
+  const test::Thrown e = test::thrown_by([&] { train_step(s.slots, shard, 1.0, Device::cpu()); });
+  EXPECT_EQ(e.key, "layer_types");
+  EXPECT_NE(e.message.find("layer 1 is sliding_attention"), std::string::npos) << e.message;
 }
 
 TEST(Qwen3Config, RefusesOtherModelsAndVariants) {
   auto dir = test::temp_dir("q3-refuse");
   auto m = test::make_qwen3();
   test::write_file(dir / "config.json", R"({"model_type":"llama","vocab_size":8})");
-  std::string e = error_of([&] { m->load_hf(dir.string(), Device::cpu(), DType::f32); });
-  EXPECT_NE(e.find((dir / "config.json").string()), std::string::npos) << e;
-  EXPECT_NE(e.find("model_type is 'llama'"), std::string::npos) << e;
-  EXPECT_NE(error_of([&] { m->init_random(R"({"attention_bias":true})", 0, Device::cpu(), DType::f32); })
-                .find("attention_bias"),
-            std::string::npos);
-  EXPECT_NE(error_of([&] { m->init_random(R"({"hidden_act":"gelu"})", 0, Device::cpu(), DType::f32); }).find("gelu"),
-            std::string::npos);
+  test::Thrown e = test::thrown_by([&] { m->load_hf(dir.string(), Device::cpu(), DType::f32); });
+  EXPECT_EQ(e.key, "model_type");
+  EXPECT_NE(e.message.find((dir / "config.json").string()), std::string::npos) << e.message;
+  EXPECT_NE(e.message.find("model_type is 'llama'"), std::string::npos) << e.message;
   // Each config.json field this module does not compute is refused by its name.
-  for (const char* field : {R"("mlp_bias":true)", R"("partial_rotary_factor":0.5)", R"("attention_dropout":0.1)"}) {
+  for (const char* field : {R"("attention_bias":true)", R"("hidden_act":"gelu")", R"("mlp_bias":true)",
+                            R"("partial_rotary_factor":0.5)", R"("attention_dropout":0.1)"}) {
     const std::string name = std::string(field).substr(1, std::string(field).find('"', 1) - 1);
-    e = error_of([&] { m->init_random(str("{", field, "}"), 0, Device::cpu(), DType::f32); });
-    EXPECT_NE(e.find("key: " + name), std::string::npos) << e;
+    e = test::thrown_by([&] { m->init_random(str("{", field, "}"), 0, Device::cpu(), DType::f32); });
+    EXPECT_EQ(e.key, name) << e.message;
   }
   nlohmann::json quantized = nlohmann::json::parse(kTiny);
   quantized["model_type"] = "qwen3";
   quantized["quantization_config"] = {{"quant_method", "fp8"}};
   test::write_file(dir / "config.json", quantized.dump());
-  e = error_of([&] { m->load_hf(dir.string(), Device::cpu(), DType::f32); });
-  EXPECT_NE(e.find("quantization_config"), std::string::npos) << e;
-  EXPECT_NE(error_of([&] { m->init_random(R"({"num_attention_heads":6,"num_key_value_heads":4})", 0, Device::cpu(),
-                                          DType::f32); })
-                .find("not a multiple"),
-            std::string::npos);
-  e = error_of([&] { m->init_random(R"({"hiden_size":8})", 0, Device::cpu(), DType::f32); });
-  EXPECT_NE(e.find("unknown key 'hiden_size'"), std::string::npos) << e;
-  EXPECT_NE(error_of([&] { m->init_random("qwen3-70b", 0, Device::cpu(), DType::f32); }).find("qwen3-0.6b"),
-            std::string::npos);
+  e = test::thrown_by([&] { m->load_hf(dir.string(), Device::cpu(), DType::f32); });
+  EXPECT_EQ(e.key, "quantization_config") << e.message;
+  e = test::thrown_by(
+      [&] { m->init_random(R"({"num_attention_heads":6,"num_key_value_heads":4})", 0, Device::cpu(), DType::f32); });
+  EXPECT_EQ(e.key, "num_key_value_heads") << e.message;
+  e = test::thrown_by([&] { m->init_random(R"({"hiden_size":8})", 0, Device::cpu(), DType::f32); });
+  EXPECT_EQ(e.key, "model.init");
+  EXPECT_NE(e.message.find("unknown key 'hiden_size'"), std::string::npos) << e.message;
+  e = test::thrown_by([&] { m->init_random("qwen3-70b", 0, Device::cpu(), DType::f32); });
+  EXPECT_EQ(e.key, "model.init");
+  EXPECT_NE(e.fix.find("qwen3-0.6b"), std::string::npos) << e.fix;
 }
 
 TEST(Qwen3Config, ScaledRopeOfAnHfFolderIsNeverIgnored) {
@@ -144,18 +145,19 @@ TEST(Qwen3Config, ScaledRopeOfAnHfFolderIsNeverIgnored) {
   safetensors::write_checkpoint(dir.string(), ts, DType::f32);
   auto m = test::make_qwen3();
   m->load_hf(dir.string(), Device::cpu(), DType::f32);
-  std::string e = error_of([&] { test::DefaultSlots plain(*m); });
-  EXPECT_NE(e.find("rope_type 'yarn'"), std::string::npos) << e;
-  EXPECT_NE(e.find("key: rope_parameters.rope_type"), std::string::npos) << e;
-  EXPECT_EQ(error_of([&] { test::DefaultSlots ablation(*m, make_default_rope_in_place_of("rope_yarn")); }), "(no error)");
+  test::Thrown e = test::thrown_by([&] { test::DefaultSlots plain(*m); });
+  EXPECT_EQ(e.key, "rope_parameters.rope_type");
+  EXPECT_NE(e.message.find("rope_type 'yarn'"), std::string::npos) << e.message;
+  EXPECT_FALSE(test::thrown_by([&] { test::DefaultSlots ablation(*m, make_default_rope_in_place_of("rope_yarn")); }).thrown);
   // Other scaling types have no provider at all: refused by name either way.
   c["rope_scaling"] = {{"type", "linear"}, {"factor", 2.0}};
   test::write_file(dir / "config.json", c.dump());
   m->load_hf(dir.string(), Device::cpu(), DType::f32);
-  e = error_of([&] { test::DefaultSlots plain(*m); });
-  EXPECT_NE(e.find("rope_type 'linear'"), std::string::npos) << e;
-  e = error_of([&] { test::DefaultSlots yarn(*m, test::make_plugin<PositionalEncoding>("rope_yarn")); });
-  EXPECT_NE(e.find("rope_type 'linear'"), std::string::npos) << e;
+  e = test::thrown_by([&] { test::DefaultSlots plain(*m); });
+  EXPECT_EQ(e.key, "rope_parameters.rope_type");
+  EXPECT_NE(e.message.find("rope_type 'linear'"), std::string::npos) << e.message;
+  e = test::thrown_by([&] { test::DefaultSlots yarn(*m, test::make_plugin<PositionalEncoding>("rope_yarn")); });
+  EXPECT_NE(e.message.find("rope_type 'linear'"), std::string::npos) << e.message;
 }
 
 TEST(Qwen3Config, PresetsHaveThePublishedShapes) {
@@ -218,11 +220,12 @@ TEST(Qwen3Init, TransformersInitializerOnAPresetLayer) {
 }
 
 TEST(Qwen3Module, TableKeysAreChecked) {
-  EXPECT_NE(error_of([] { test::make_qwen3(R"(max_shard_size = "lots")"); }).find("max_shard_size"), std::string::npos);
-  EXPECT_NE(error_of([] { test::make_qwen3(R"(max_shard_size = "-1GB")"); }).find("not a positive size"),
-            std::string::npos);
-  EXPECT_NE(error_of([] { test::make_qwen3("check_finit = true"); }).find("check_finit"), std::string::npos);
-  EXPECT_EQ(error_of([] { test::make_qwen3(R"(max_shard_size = "500MB")"); }), "(no error)");
+  EXPECT_EQ(test::thrown_by([] { test::make_qwen3(R"(max_shard_size = "lots")"); }).key, "qwen3.max_shard_size");
+  const test::Thrown negative = test::thrown_by([] { test::make_qwen3(R"(max_shard_size = "-1GB")"); });
+  EXPECT_EQ(negative.key, "qwen3.max_shard_size");
+  EXPECT_NE(negative.message.find("not a positive size"), std::string::npos) << negative.message;
+  EXPECT_EQ(test::thrown_by([] { test::make_qwen3("check_finit = true"); }).key, "qwen3.check_finit");
+  EXPECT_FALSE(test::thrown_by([] { test::make_qwen3(R"(max_shard_size = "500MB")"); }).thrown);
 }
 
 TEST(Qwen3Init, DeterministicBySeed) {

@@ -19,14 +19,6 @@ namespace {
 
 namespace fs = std::filesystem;
 
-std::string error_of(const std::function<void()>& fn) {
-  try {
-    fn();
-  } catch (const Error& e) {
-    return e.what();
-  }
-  return "no error";
-}
 
 fs::path scratch(const std::string& name) {
   const fs::path dir = fs::temp_directory_path() / ("lcx_rates_test_" + std::to_string(::getpid()));
@@ -88,32 +80,35 @@ TEST(Rates, ShippedTableHoldsTheH200Row) {
 
 TEST(Rates, MissingOrMalformedFileIsRefusedNamingIt) {
   const fs::path missing = scratch("missing.toml");
-  std::string msg = error_of([&] { RatesTable::load(missing.string()); });
+  std::string msg = test::thrown_by([&] { RatesTable::load(missing.string()); }).message;
   EXPECT_NE(msg.find(missing.string()), std::string::npos) << msg;
   EXPECT_NE(msg.find("does not exist"), std::string::npos) << msg;
 
   const fs::path bad = scratch("bad.toml");
   write(bad, "[\"NVIDIA H200\"\ngemm_flops = 640e12\n");
-  msg = error_of([&] { RatesTable::load(bad.string()); });
+  msg = test::thrown_by([&] { RatesTable::load(bad.string()); }).message;
   EXPECT_NE(msg.find(bad.string() + ":"), std::string::npos) << msg;
 
+  // A bad value, a key outside any row, a row without a rate the cost model reads: each refused by
+  // its row and key, the file named.
   write(bad, "[\"NVIDIA H200\"]\ngemm_flops = \"fast\"\n");
-  msg = error_of([&] { RatesTable::load(bad.string(), false); });
-  EXPECT_NE(msg.find(bad.string()), std::string::npos) << msg;
-  EXPECT_NE(msg.find("NVIDIA H200.gemm_flops is not a positive number"), std::string::npos) << msg;
+  test::Thrown e = test::thrown_by([&] { RatesTable::load(bad.string(), false); });
+  EXPECT_EQ(e.key, "NVIDIA H200.gemm_flops");
+  EXPECT_NE(e.message.find(bad.string()), std::string::npos) << e.message;
+  EXPECT_NE(e.message.find("is not a positive number"), std::string::npos) << e.message;
 
   write(bad, "gemm_flops = 640e12\n");
-  msg = error_of([&] { RatesTable::load(bad.string(), false); });
-  EXPECT_NE(msg.find("'gemm_flops' is not a table of rates"), std::string::npos) << msg;
+  e = test::thrown_by([&] { RatesTable::load(bad.string(), false); });
+  EXPECT_EQ(e.key, "gemm_flops");
+  EXPECT_NE(e.message.find("is not a table of rates"), std::string::npos) << e.message;
 
-  // A complete table's rows carry every rate core's cost model reads.
   write(bad, "[\"NVIDIA H200\"]\ngemm_flops = 640e12\n");
-  msg = error_of([&] { RatesTable::load(bad.string()); });
-  EXPECT_NE(msg.find("the row 'NVIDIA H200' has no attention_forward_flops"), std::string::npos) << msg;
+  e = test::thrown_by([&] { RatesTable::load(bad.string()); });
+  EXPECT_EQ(e.key, "NVIDIA H200.attention_forward_flops");
 
   // LCX_RATES names a user file: it must exist.
   ::setenv("LCX_RATES", missing.string().c_str(), 1);
-  msg = error_of([] { load_rates(); });
+  msg = test::thrown_by([] { load_rates(); }).message;
   ::unsetenv("LCX_RATES");
   EXPECT_NE(msg.find(missing.string()), std::string::npos) << msg;
 }
@@ -196,8 +191,9 @@ TEST(Rates, PeakTflopsOverridesTheRowsPeak) {
   EXPECT_EQ(mfu_peak_flops(0), 0);
   EXPECT_EQ(mfu_peak_flops(312), 312e12);
   m = Manifest::parse("[run]\npeak_tflops = -1\n", "peak.toml");
-  const std::string msg = error_of([&] { read_core_config(m, {}); });
-  EXPECT_NE(msg.find("peak_tflops"), std::string::npos) << msg;
+  const test::Thrown e = test::thrown_by([&] { read_core_config(m, {}); });
+  EXPECT_EQ(e.key, "run.peak_tflops");
+  EXPECT_FALSE(e.fix.empty());
 }
 
 // --plan says which row timed its recipes: the H200's on a machine without a GPU, the nearest

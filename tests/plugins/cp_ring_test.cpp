@@ -21,7 +21,6 @@
 namespace lcx {
 namespace {
 
-using test::error_of;
 
 TEST(CpRingShard, ZigzagChunksWithGlobalPositions) {
   auto p = test::make_cp_ring(4);
@@ -334,10 +333,10 @@ TEST(CpRingShard, SizeOneHoldsTheWholeSequence) {
 
 TEST(CpRingRefuses, LengthTheShardingCannotSplit) {
   auto p = test::make_cp_ring(4);
-  const std::string e = error_of([&] { p->shard(test::iota_sequence(20), 0); });
-  EXPECT_NE(e.find("2 x cp = 8"), std::string::npos) << e;
-  EXPECT_NE(e.find("data.pad_to_multiple_of = 8"), std::string::npos) << e;
-  EXPECT_NE(e.find("key: data.pad_to_multiple_of"), std::string::npos) << e;
+  const test::Thrown e = test::thrown_by([&] { p->shard(test::iota_sequence(20), 0); });
+  EXPECT_EQ(e.key, "data.pad_to_multiple_of");
+  EXPECT_NE(e.fix.find("data.pad_to_multiple_of = 8"), std::string::npos) << e.fix;
+  EXPECT_NE(e.message.find("2 x cp = 8"), std::string::npos) << e.message;
 }
 
 TEST(CpRingShard, PackedDocumentsRestartPositionsAndKeepTheBounds) {
@@ -349,8 +348,9 @@ TEST(CpRingShard, PackedDocumentsRestartPositionsAndKeepTheBounds) {
   EXPECT_EQ(test::positions_of(s), (std::vector<int64_t>{2, 0, 1, 2}));
   EXPECT_EQ(s.document_bounds, masked.document_bounds);
   // The key it had is now [data]'s.
-  const std::string moved = error_of([&] { test::make_cp_ring(2, "attend_across_documents = true"); });
-  EXPECT_NE(moved.find("moved to [data]"), std::string::npos) << moved;
+  const test::Thrown moved = test::thrown_by([&] { test::make_cp_ring(2, "attend_across_documents = true"); });
+  EXPECT_EQ(moved.key, "cp_ring.attend_across_documents");
+  EXPECT_NE(moved.fix.find("[data] attend_across_documents"), std::string::npos) << moved.fix;
 }
 
 TEST(CpRingRefuses, SlidingWindowAndChunkedLayers) {
@@ -360,38 +360,39 @@ TEST(CpRingRefuses, SlidingWindowAndChunkedLayers) {
   info.head_dim = 8;
   for (const char* kind : {"sliding_attention", "chunked_attention"}) {
     info.layer_types = {"full_attention", kind};
-    const std::string e = error_of([&] { p->configure(info, nullptr); });
-    EXPECT_NE(e.find(str("layer 1 is ", kind)), std::string::npos) << e;
-    EXPECT_NE(e.find("key: layer_types"), std::string::npos) << e;
+    const test::Thrown e = test::thrown_by([&] { p->configure(info, nullptr); });
+    EXPECT_EQ(e.key, "layer_types");
+    EXPECT_NE(e.message.find(str("layer 1 is ", kind)), std::string::npos) << e.message;
   }
   info.layer_types = {"full_attention", "full_attention"};
-  EXPECT_EQ(error_of([&] { p->configure(info, nullptr); }), "(no error)");
+  EXPECT_FALSE(test::thrown_by([&] { p->configure(info, nullptr); }).thrown);
 }
 
 TEST(CpRingRefuses, SizeThatDiffersFromTheMesh) {
   auto p = test::make_cp_ring(2);
   ParallelModelInfo info;
   info.layer_types = {"full_attention"};
-  std::vector<std::string> errors(4);
+  std::vector<test::Thrown> errors(4);
   run_in_process(4, [&](Communicator& c) {
     Mesh mesh(c, {.dp = 1, .cp = 4, .sp = 1});
-    errors[static_cast<size_t>(c.rank())] = error_of([&] { p->configure(info, &mesh); });
+    errors[static_cast<size_t>(c.rank())] = test::thrown_by([&] { p->configure(info, &mesh); });
   });
-  for (const std::string& e : errors) {
-    EXPECT_NE(e.find("created for cp = 2 but the rank mesh has cp = 4"), std::string::npos) << e;
-    EXPECT_NE(e.find("key: distributed.cp"), std::string::npos) << e;
+  for (const test::Thrown& e : errors) {
+    EXPECT_EQ(e.key, "distributed.cp");
+    EXPECT_NE(e.message.find("created for cp = 2 but the rank mesh has cp = 4"), std::string::npos) << e.message;
   }
   // No mesh at all: attention cannot find its ring.
   Tensor q = Tensor::zeros({4, 2, 8}, DType::f32), k = Tensor::zeros({4, 2, 8}, DType::f32);
   Tensor out = Tensor::empty({4, 2, 8}, DType::f32), lse = Tensor::empty({2, 4}, DType::f32);
-  const std::string e = error_of([&] { p->attention_forward(q, k, k, out, lse, AttentionArgs{}); });
-  EXPECT_NE(e.find("no rank mesh"), std::string::npos) << e;
+  const test::Thrown e = test::thrown_by([&] { p->attention_forward(q, k, k, out, lse, AttentionArgs{}); });
+  EXPECT_EQ(e.key, "distributed.cp");
+  EXPECT_NE(e.message.find("no rank mesh"), std::string::npos) << e.message;
 }
 
 TEST(CpRingRefuses, UnknownBalance) {
-  const std::string e = error_of([] { test::make_cp_ring(2, "balance = \"even\""); });
-  EXPECT_NE(e.find("balance"), std::string::npos) << e;
-  EXPECT_NE(e.find("time, work or zigzag"), std::string::npos) << e;
+  const test::Thrown e = test::thrown_by([] { test::make_cp_ring(2, "balance = \"even\""); });
+  EXPECT_EQ(e.key, "cp_ring.balance");
+  EXPECT_NE(e.message.find("time, work or zigzag"), std::string::npos) << e.message;
 }
 
 // `balance = "zigzag"` keeps rank r on chunks r and 2cp-1-r with documents the other modes re-lay.
@@ -405,8 +406,8 @@ TEST(CpRingShard, ZigzagBalanceKeepsTheZigzagWithDocuments) {
 }
 
 TEST(CpRingRefuses, BadSize) {
-  EXPECT_NE(error_of([] { test::make_cp_ring(1, "size = 0"); }).find("size"), std::string::npos);
-  EXPECT_NE(error_of([] { test::make_cp_ring(2, "chunks = 3"); }).find("chunks"), std::string::npos);
+  EXPECT_EQ(test::thrown_by([] { test::make_cp_ring(1, "size = 0"); }).key, "cp_ring.size");
+  EXPECT_EQ(test::thrown_by([] { test::make_cp_ring(2, "chunks = 3"); }).key, "cp_ring.chunks");
 }
 
 TEST(CpRing, SizeComesFromTheMesh) {
@@ -417,9 +418,9 @@ TEST(CpRing, SizeComesFromTheMesh) {
   EXPECT_FALSE(p->plan_offer().empty());
   EXPECT_TRUE(test::make_cp_ring(1)->attention_takes_head_groups());
   // `size` is no key of the plugin: the ring's size is [distributed] cp alone.
-  const std::string e = error_of([] { test::make_cp_ring(4, "size = 4"); });
-  EXPECT_NE(e.find("cp_ring.size"), std::string::npos) << e;
-  EXPECT_NE(e.find("unknown key"), std::string::npos) << e;
+  const test::Thrown e = test::thrown_by([] { test::make_cp_ring(4, "size = 4"); });
+  EXPECT_EQ(e.key, "cp_ring.size");
+  EXPECT_NE(e.message.find("unknown key"), std::string::npos) << e.message;
 }
 
 // fp32 on the CPU: the ring's only differences from one rank are summation orders.

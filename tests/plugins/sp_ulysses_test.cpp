@@ -15,7 +15,6 @@
 namespace lcx {
 namespace {
 
-using test::error_of;
 
 ParallelModelInfo model_info(int64_t Hq, int64_t Hkv, std::vector<std::string> types = {"full_attention"}) {
   ParallelModelInfo info;
@@ -37,12 +36,12 @@ TEST(SpUlysses, LoadsReadyWithItsSize) {
   EXPECT_TRUE(test::make_plugin<Parallelism>("sp_ulysses", "")->attention_takes_head_groups());
   // The deprecated `size` is accepted when it repeats [distributed] sp, refused naming both otherwise.
   EXPECT_EQ(test::make_plugin<Parallelism>("sp_ulysses", "size = 4", Device::cpu(), nullptr, MeshShape{1, 1, 4})->size(), 4);
-  const std::string differs =
-      error_of([] { test::make_plugin<Parallelism>("sp_ulysses", "size = 2", Device::cpu(), nullptr, MeshShape{1, 1, 4}); });
-  EXPECT_NE(differs.find("sp_ulysses.size"), std::string::npos) << differs;
-  EXPECT_NE(differs.find("[distributed] sp = 4"), std::string::npos) << differs;
-  EXPECT_NE(error_of([] { test::make_plugin<Parallelism>("sp_ulysses", "size = 0"); }).find("size"), std::string::npos);
-  EXPECT_NE(error_of([] { test::make_plugin<Parallelism>("sp_ulysses", "sise = 2"); }).find("sise"), std::string::npos);
+  const test::Thrown differs = test::thrown_by(
+      [] { test::make_plugin<Parallelism>("sp_ulysses", "size = 2", Device::cpu(), nullptr, MeshShape{1, 1, 4}); });
+  EXPECT_EQ(differs.key, "sp_ulysses.size");
+  EXPECT_NE(differs.message.find("[distributed] sp = 4"), std::string::npos) << differs.message;
+  EXPECT_EQ(test::thrown_by([] { test::make_plugin<Parallelism>("sp_ulysses", "size = 0"); }).key, "sp_ulysses.size");
+  EXPECT_EQ(test::thrown_by([] { test::make_plugin<Parallelism>("sp_ulysses", "sise = 2"); }).key, "sp_ulysses.sise");
 }
 
 TEST(SpUlysses, ShardsAreContiguousWithGlobalPositions) {
@@ -63,26 +62,32 @@ TEST(SpUlysses, ShardsAreContiguousWithGlobalPositions) {
   }
   seq.tokens = seq.tokens.rows(0, 10);
   seq.targets = seq.targets.rows(0, 10);
-  std::string e = error_of([&] { p->shard(seq, 0); });
-  EXPECT_NE(e.find("10 tokens"), std::string::npos) << e;
-  EXPECT_NE(e.find("pad_to_multiple_of = 4"), std::string::npos) << e;
+  const test::Thrown e = test::thrown_by([&] { p->shard(seq, 0); });
+  EXPECT_EQ(e.key, "data.seq_len");
+  EXPECT_NE(e.fix.find("pad_to_multiple_of = 4"), std::string::npos) << e.fix;
+  EXPECT_NE(e.message.find("10 tokens"), std::string::npos) << e.message;
 }
 
 TEST(SpUlysses, RefusesHeadsThatDoNotSplitAndSlidingLayers) {
   auto p = test::load_ulysses(4);
-  std::string e = error_of([&] { p->configure(model_info(6, 2), nullptr); });
-  EXPECT_NE(e.find("6 query heads"), std::string::npos) << e;
-  EXPECT_NE(e.find("key: distributed.sp"), std::string::npos) << e;
-  e = error_of([&] { p->configure(model_info(12, 6), nullptr); });
-  EXPECT_NE(e.find("6 key/value heads do not divide"), std::string::npos) << e;
-  e = error_of([&] { test::load_ulysses(4)->configure(model_info(12, 3), nullptr); });
-  EXPECT_NE(e.find("cannot be replicated evenly"), std::string::npos) << e;
-  e = error_of([&] { p->configure(model_info(8, 2, {"full_attention", "sliding_attention"}), nullptr); });
-  EXPECT_NE(e.find("layer 1 is sliding_attention"), std::string::npos) << e;
-  e = error_of([&] { p->configure(model_info(8, 2, {"chunked_attention"}), nullptr); });
-  EXPECT_NE(e.find("chunked_attention"), std::string::npos) << e;
-  EXPECT_EQ(error_of([&] { p->configure(model_info(8, 2), nullptr); }), "(no error)");
-  EXPECT_EQ(error_of([&] { p->configure(model_info(8, 8), nullptr); }), "(no error)");
+  // Each refused by [distributed] sp, its fix the divisor or multiple sp needs.
+  test::Thrown e = test::thrown_by([&] { p->configure(model_info(6, 2), nullptr); });
+  EXPECT_EQ(e.key, "distributed.sp");
+  EXPECT_EQ(e.fix, "use an sp that divides 6");
+  e = test::thrown_by([&] { p->configure(model_info(12, 6), nullptr); });
+  EXPECT_EQ(e.key, "distributed.sp");
+  EXPECT_NE(e.message.find("6 key/value heads do not divide"), std::string::npos) << e.message;
+  e = test::thrown_by([&] { test::load_ulysses(4)->configure(model_info(12, 3), nullptr); });
+  EXPECT_EQ(e.key, "distributed.sp");
+  EXPECT_EQ(e.fix, "use an sp that is a multiple of 3");
+  e = test::thrown_by([&] { p->configure(model_info(8, 2, {"full_attention", "sliding_attention"}), nullptr); });
+  EXPECT_EQ(e.key, "distributed.sp");
+  EXPECT_NE(e.message.find("layer 1 is sliding_attention"), std::string::npos) << e.message;
+  e = test::thrown_by([&] { p->configure(model_info(8, 2, {"chunked_attention"}), nullptr); });
+  EXPECT_EQ(e.key, "distributed.sp");
+  EXPECT_NE(e.message.find("layer 0 is chunked_attention"), std::string::npos) << e.message;
+  EXPECT_FALSE(test::thrown_by([&] { p->configure(model_info(8, 2), nullptr); }).thrown);
+  EXPECT_FALSE(test::thrown_by([&] { p->configure(model_info(8, 8), nullptr); }).thrown);
 }
 
 TEST(SpUlysses, NeedsAMatchingMesh) {
@@ -90,21 +95,26 @@ TEST(SpUlysses, NeedsAMatchingMesh) {
   p->configure(model_info(4, 2), nullptr);
   Tensor q = Tensor::zeros({2, 4, 8}, DType::f32), k = Tensor::zeros({2, 2, 8}, DType::f32), v = k.clone();
   Tensor out = q.clone(), lse = Tensor::zeros({4, 2}, DType::f32);
-  std::string e = error_of([&] { p->attention_forward(q, k, v, out, lse, AttentionArgs{0.3f, true}); });
-  EXPECT_NE(e.find("needs a mesh"), std::string::npos) << e;
-  std::vector<std::string> errors(4);
+  const test::Thrown e = test::thrown_by([&] { p->attention_forward(q, k, v, out, lse, AttentionArgs{0.3f, true}); });
+  EXPECT_EQ(e.key, "distributed.sp");
+  EXPECT_NE(e.message.find("needs a mesh"), std::string::npos) << e.message;
+  std::vector<test::Thrown> errors(4);
   run_in_process(4, [&](Communicator& c) {
     Mesh mesh(c, {.dp = 1, .cp = 1, .sp = 4});
     errors[static_cast<size_t>(c.rank())] =
-        error_of([&] { test::load_ulysses(2)->configure(model_info(4, 2), &mesh); });
+        test::thrown_by([&] { test::load_ulysses(2)->configure(model_info(4, 2), &mesh); });
   });
-  for (const auto& m : errors) EXPECT_NE(m.find("mesh's sp axis is 4"), std::string::npos) << m;
+  for (const auto& m : errors) {
+    EXPECT_EQ(m.key, "distributed.sp");
+    EXPECT_NE(m.message.find("mesh's sp axis is 4"), std::string::npos) << m.message;
+  }
   run_in_process(2, [&](Communicator& c) {
     Mesh mesh(c, {.dp = 1, .cp = 2, .sp = 1});
     errors[static_cast<size_t>(c.rank())] =
-        error_of([&] { test::load_ulysses(1)->configure(model_info(4, 2), &mesh); });
+        test::thrown_by([&] { test::load_ulysses(1)->configure(model_info(4, 2), &mesh); });
   });
-  EXPECT_NE(errors[0].find("cp = 2"), std::string::npos) << errors[0];
+  EXPECT_EQ(errors[0].key, "distributed.cp");
+  EXPECT_NE(errors[0].message.find("cp = 2"), std::string::npos) << errors[0].message;
 }
 
 TEST(SpUlysses, SizeOneWithoutAMeshIsSingleRank) {

@@ -52,6 +52,21 @@ inline std::string error_of(const std::function<void()>& f) {
   return "(no error)";
 }
 
+// What `f` throws, field by field: an Error's message, key and fix (thrown is false when it
+// returns), so that a test asserts on the key and the fix rather than on how the message reads.
+struct Thrown {
+  bool thrown = false;
+  std::string message, key, fix;
+};
+inline Thrown thrown_by(const std::function<void()>& f) {
+  try {
+    f();
+  } catch (const Error& e) {
+    return {true, e.what(), e.key(), e.fix()};
+  }
+  return {};
+}
+
 struct CommandResult {
   int exit_code = -1;
   std::string output;  // stdout and stderr together
