@@ -150,6 +150,27 @@ TEST(Rates, UserRowsOverrideKeyByKey) {
   ASSERT_NE(t.find("NVIDIA L4"), nullptr);
 }
 
+// Calibrate's head-group rate is the cost model's charge inverted: planned with the rate it derives,
+// a step's grouped GEMMs cost the measured extra over one group, at any group count; the H200 row's
+// 8 is the rate at which eight groups cost the same again as one.
+TEST(Rates, HalfRateGroupsInvertTheCostModelsCharge) {
+  RatesRow row = *RatesTable::parse(kTwoRows, "two.toml").find("NVIDIA H200");
+  const double gemm = row.get(rate_name::gemm), flops = 3e15;  // 4.69 s at the row's GEMM rate
+  StepWork w;
+  w.grouped_gemm_flops = flops;
+  for (const int64_t groups : {2, 4, 8, 16})
+    for (const double extra : {0.5, 1.0, 7.5}) {
+      w.head_groups = groups;
+      row.rates[rate_name::half_rate_groups] = half_rate_groups_for(flops, groups, extra, gemm);
+      EXPECT_NEAR(predicted_step_seconds(w, row) - flops / gemm, extra, 1e-9 * extra) << groups << " " << extra;
+    }
+  EXPECT_DOUBLE_EQ(half_rate_groups_for(flops, 8, flops / gemm, gemm), 8);
+  // Nothing measured, or less than the cost model can tell from free groups: groups cost nothing.
+  EXPECT_EQ(half_rate_groups_for(flops, 8, 0, gemm), 1000);
+  EXPECT_EQ(half_rate_groups_for(flops, 8, -0.2, gemm), 1000);
+  EXPECT_GT(half_rate_groups_for(flops, 8, 0.01 * flops / gemm, gemm), 100);
+}
+
 // What calibrate writes reads back as the same row, beside the file's other rows.
 TEST(Rates, CalibrateWriterRoundTripsARow) {
   const fs::path out = scratch("sub/rates.toml");

@@ -341,12 +341,9 @@ RatesRow measure(bool quick, const RatesRow* known) {
   const double grouped_flops = 4 * 2 * static_cast<double>(Th) * (qkv + o_proj),
                third_qkv_flops = 2 * static_cast<double>(Th) * qkv;
   const double one_s = attention_half_seconds(Th, m, 1, reps), grouped_s = attention_half_seconds(Th, m, kGroups, reps);
-  const double charged = (grouped_s - one_s) * row.rates[rate_name::gemm] - third_qkv_flops;
-  // At most 1000 groups: no slowdown measured reads as groups that cost nothing.
+  const double gemm = row.rates[rate_name::gemm];
   row.rates[rate_name::half_rate_groups] =
-      charged > grouped_flops * static_cast<double>(kGroups - 1) / 999
-          ? 1 + static_cast<double>(kGroups - 1) * grouped_flops / charged
-          : 1000;
+      half_rate_groups_for(grouped_flops, kGroups, grouped_s - one_s - third_qkv_flops / gemm, gemm);
   std::printf("  %-28s %10.1f / %.1f ms in 1 / %lld groups at %lld tokens\n", "attention half, no attention",
               one_s * 1e3, grouped_s * 1e3, static_cast<long long>(kGroups), static_cast<long long>(Th));
   report("head groups at half rate", row.rates[rate_name::half_rate_groups], "", 1, known, rate_name::half_rate_groups);

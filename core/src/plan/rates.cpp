@@ -301,4 +301,12 @@ double predicted_step_seconds(const StepWork& w, const RatesRow& r) {
 
 double predicted_step_seconds(const StepWork& w) { return predicted_step_seconds(w, active_rates()); }
 
+double half_rate_groups_for(double grouped_flops, int64_t groups, double extra_seconds, double gemm) {
+  // extra = grouped_flops / gemm x (groups - 1) / (h - 1), solved for h.
+  constexpr double kMost = 1000;
+  const double steps = static_cast<double>(std::max<int64_t>(groups, 2) - 1), one = grouped_flops / gemm;
+  if (!(extra_seconds > one * steps / (kMost - 1))) return kMost;
+  return 1 + steps * one / extra_seconds;
+}
+
 }  // namespace lcx

@@ -103,5 +103,10 @@ double mfu_peak_flops(double peak_tflops);
 // The cost model: a step's work (MemoryPlan::work) in seconds at a row's rates (the active row's).
 double predicted_step_seconds(const StepWork& w, const RatesRow& rates);
 double predicted_step_seconds(const StepWork& w);
+// Its head-group charge inverted, for calibrate: the head_groups_at_half_rate at which
+// predicted_step_seconds charges `extra_seconds` more for `grouped_flops`
+// (StepWork::grouped_gemm_flops) run in `groups` head groups than in one, at GEMM rate `gemm`;
+// 1000 (groups that cost nothing) where the extra is nil or too small to tell.
+double half_rate_groups_for(double grouped_flops, int64_t groups, double extra_seconds, double gemm);
 
 }  // namespace lcx
