@@ -14,7 +14,6 @@
 namespace lcx {
 namespace {
 
-using test::error_of;
 
 // GQA with 8 query heads over 4 kv heads; head_dim 32 so the attention tensors outweigh the MLP's
 // and the groups show in the peak.
@@ -142,14 +141,15 @@ TEST(Qwen3HeadGroups, BackwardPeakFallsWithGroupsAsPlanned) {
 }
 
 TEST(Qwen3HeadGroups, CountsThatDoNotDivideTheKvHeadsAreRefusedByName) {
-  const std::string e = error_of([] {
+  const test::Thrown e = test::thrown_by([] {
     auto m = test::make_qwen3("attention_head_groups = 3");
     m->init_random(kSpec.dump(), 1, Device::cpu(), DType::f32);
   });
-  EXPECT_NE(e.find("attention_head_groups = 3 does not divide the model's 4 key/value heads"), std::string::npos) << e;
+  EXPECT_EQ(e.key, "qwen3.attention_head_groups");
+  EXPECT_EQ(e.fix, "use \"auto\" or a divisor of 4");  // the model's 4 key/value heads
   for (const char* bad : {"attention_head_groups = 0", "attention_head_groups = \"many\""})
-    EXPECT_NE(error_of([&] { test::make_qwen3(bad); }).find("attention_head_groups"), std::string::npos) << bad;
-  EXPECT_EQ(error_of([] { test::make_qwen3("attention_head_groups = \"auto\""); }), "(no error)");
+    EXPECT_EQ(test::thrown_by([&] { test::make_qwen3(bad); }).key, "qwen3.attention_head_groups") << bad;
+  EXPECT_FALSE(test::thrown_by([] { test::make_qwen3("attention_head_groups = \"auto\""); }).thrown);
 }
 
 }  // namespace

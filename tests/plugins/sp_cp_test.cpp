@@ -54,17 +54,21 @@ TEST(SpCp, ShardIsTheContiguousSplitOfTheZigzagShard) {
 
 TEST(SpCp, RefusesASequenceThatDoesNotSplitOverTwoCpSp) {
   auto par = test::load_stacked(2, 4);
-  const std::string msg = test::error_of([&] { test::shard_rows(*par, 24, 0); });
-  EXPECT_NE(msg.find("need a multiple of 2 x cp x sp = 16"), std::string::npos) << msg;
-  EXPECT_NE(msg.find("set data.pad_to_multiple_of = 16"), std::string::npos) << msg;
+  const test::Thrown e = test::thrown_by([&] { test::shard_rows(*par, 24, 0); });
+  EXPECT_EQ(e.key, "data.pad_to_multiple_of");
+  EXPECT_EQ(e.fix, "set data.pad_to_multiple_of = 16 and [data] seq_len to a multiple of 16");
 }
 
 TEST(SpCp, RefusesHeadsThatDoNotSplitOverSp) {
   auto par = test::load_stacked(2, 4);
-  std::string msg = test::error_of([&] { par->configure(model_info(6, 2), nullptr); });
-  EXPECT_NE(msg.find("6 query heads do not divide over sp = 4"), std::string::npos) << msg;
-  msg = test::error_of([&] { par->configure(model_info(12, 3), nullptr); });
-  EXPECT_NE(msg.find("3 key/value heads cannot be replicated evenly over sp = 4"), std::string::npos) << msg;
+  test::Thrown e = test::thrown_by([&] { par->configure(model_info(6, 2), nullptr); });
+  EXPECT_EQ(e.key, "distributed.sp");
+  EXPECT_EQ(e.fix, "use an sp that divides 6");
+  EXPECT_NE(e.message.find("over sp = 4"), std::string::npos) << e.message;
+  e = test::thrown_by([&] { par->configure(model_info(12, 3), nullptr); });
+  EXPECT_EQ(e.key, "distributed.sp");
+  EXPECT_EQ(e.fix, "use an sp that is a multiple of 3");
+  EXPECT_NE(e.message.find("over sp = 4"), std::string::npos) << e.message;
 }
 
 // GQA: fewer kv heads than sp (replicas), as many, and more.
