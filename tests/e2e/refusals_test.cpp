@@ -5,8 +5,10 @@
 #include <gtest/gtest.h>
 
 #include <fstream>
+#include <sstream>
 
 #include "lcx/error.h"
+#include "plan/plan.h"
 #include "support/test_util.h"
 
 namespace lcx {
@@ -36,6 +38,20 @@ struct Refusals : ::testing::Test {
   test::CommandResult lcx(const std::string& args) { return test::run_command(test::lcx_train() + " " + args); }
 };
 
+// What lcx-train printed of a refusal: its "error: " line and its "  fix: " line (empty where none).
+struct Refusal {
+  std::string error, fix;
+};
+Refusal refusal_of(const std::string& output) {
+  Refusal r;
+  std::istringstream in(output);
+  for (std::string line; std::getline(in, line);) {
+    if (line.starts_with("error: ")) r.error = line.substr(7);
+    if (line.starts_with("  fix: ")) r.fix = line.substr(7);
+  }
+  return r;
+}
+
 size_t count(const std::string& text, const std::string& what) {
   size_t n = 0;
   for (size_t at = text.find(what); at != std::string::npos; at = text.find(what, at + 1)) ++n;
@@ -48,8 +64,12 @@ TEST_F(Refusals, CheckpointYarnIsTakenOrRefusedNeverIgnored) {
       R"(, "rope_parameters": {"rope_type": "yarn", "rope_theta": 1000000.0, "factor": 4.0, "original_max_position_embeddings": 64})";
   auto plain = lcx("--config " + manifest("max_steps = 1\n", {}, yarn));
   EXPECT_EQ(plain.exit_code, 2) << plain.output;
-  EXPECT_NE(plain.output.find("rope_type 'yarn'"), std::string::npos) << plain.output;
-  EXPECT_NE(plain.output.find("fix: add \"rope_yarn\" to [plugins] load"), std::string::npos) << plain.output;
+  const Refusal yarn_refused = refusal_of(plain.output);
+  EXPECT_NE(yarn_refused.error.find("rope_type 'yarn'"), std::string::npos) << plain.output;
+  EXPECT_EQ(yarn_refused.fix,
+            "add \"rope_yarn\" to [plugins] load: it takes the checkpoint's yarn values (for an ablation without them, "
+            "add it and pass --disable rope_yarn)")
+      << plain.output;
 
   const std::string with_yarn = manifest("max_steps = 1\n", "[plugins]\nload = [\"rope_yarn\"]\n", yarn);
   auto taken = lcx("--config " + with_yarn);
@@ -136,8 +156,10 @@ TEST_F(Refusals, SizesPastSixtyFourBitsOrPastTheData) {
 
   auto run = lcx("--config " + m + " --set data.seq_len=1000000000000");
   EXPECT_EQ(run.exit_code, 2) << run.output;
-  EXPECT_NE(run.output.find("data.seq_len = 1000000000000 is longer than the 512 tokens"), std::string::npos) << run.output;
-  EXPECT_NE(run.output.find("fix: use data.seq_len <= 512"), std::string::npos) << run.output;
+  const Refusal longer = refusal_of(run.output);
+  EXPECT_NE(longer.error.find("data.seq_len = 1000000000000 is longer than the 512 tokens"), std::string::npos)
+      << run.output;
+  EXPECT_EQ(longer.fix, "use data.seq_len <= 512, or add documents") << run.output;
 }
 
 // Item 7: a folder where a file belongs is refused by name, and nothing is written first.
@@ -185,11 +207,11 @@ TEST_F(Refusals, OffloadPastTheHostMemoryIsRefusedBeforeTraining) {
   const std::string m = manifest("max_steps = 1\n", "[plugins]\nload = [\"offload\"]\n");
   auto short_host = lcx("--config " + m + " --set run.host_memory=1KB");
   EXPECT_EQ(short_host.exit_code, 2) << short_host.output;
-  EXPECT_NE(short_host.output.find("the step pins 17.0 KiB of host memory but the host has 1.0 KiB: short by 16.0 KiB"),
+  const Refusal pinned = refusal_of(short_host.output);
+  EXPECT_NE(pinned.error.find("the step pins 17.0 KiB of host memory but the host has 1.0 KiB: short by 16.0 KiB"),
             std::string::npos)
       << short_host.output;
-  EXPECT_NE(short_host.output.find("fix: lower data.seq_len, keep fewer layers' inputs in host memory"), std::string::npos)
-      << short_host.output;
+  EXPECT_EQ(pinned.fix, kHostMemoryFix) << short_host.output;
   EXPECT_EQ(short_host.output.find("recipe:"), std::string::npos) << short_host.output;
   EXPECT_FALSE(std::filesystem::exists(dir / "out" / "metrics.jsonl"));
 
@@ -204,10 +226,14 @@ TEST_F(Refusals, PlanRefusesAMeshNoLoadedPluginServes) {
   const std::string m = manifest("max_steps = 1\n", "[distributed]\ncp = 2\nsp = 2\n[plugins]\nload = [\"cp_ring\"]\n");
   auto plan = lcx("--config " + m + " --plan --gpu-memory 80GB");
   EXPECT_EQ(plan.exit_code, 2) << plan.output;
-  EXPECT_NE(plan.output.find("[distributed] sp = 2 but the loaded parallelism (cp_ring) serves only the cp axis"),
+  const Refusal unserved = refusal_of(plan.output);
+  EXPECT_NE(unserved.error.find("[distributed] sp = 2 but the loaded parallelism (cp_ring) serves only the cp axis"),
             std::string::npos)
       << plan.output;
-  EXPECT_NE(plan.output.find("fix: set distributed.sp = 1"), std::string::npos) << plan.output;
+  EXPECT_EQ(unserved.fix,
+            "set distributed.sp = 1, or load the parallelism plugin that serves the sp axis instead (lcx-train "
+            "--list-plugins)")
+      << plan.output;
   EXPECT_EQ(plan.output.find("memory plan"), std::string::npos) << plan.output;
   // cp 2 x sp 4 with the ring alone; a size key is refused by name.
   auto wide = lcx("--config " + m + " --plan --gpu-memory 80GB --set distributed.sp=4");
@@ -249,8 +275,9 @@ TEST_F(Refusals, TwoDimensionalSequenceParallelismStacksBothProviders) {
       manifest("max_steps = 1\n", "[distributed]\nnproc_per_node = 8\ncp = 2\nsp = 4\n[plugins]\nload = [\"cp_ring\", \"sp_ulysses\"]\n");
   auto odd = lcx("--config " + m + " --overwrite --set data.seq_len=24");
   EXPECT_EQ(odd.exit_code, 2) << odd.output;
-  EXPECT_NE(odd.output.find("need a multiple of 2 x cp x sp = 16"), std::string::npos) << odd.output;
-  EXPECT_NE(odd.output.find("fix: set data.pad_to_multiple_of = 16"), std::string::npos) << odd.output;
+  const Refusal unsplit = refusal_of(odd.output);
+  EXPECT_NE(unsplit.error.find("need a multiple of 2 x cp x sp = 16"), std::string::npos) << odd.output;
+  EXPECT_EQ(unsplit.fix, "set data.pad_to_multiple_of = 16 and [data] seq_len to a multiple of 16") << odd.output;
 }
 
 }  // namespace
