@@ -319,6 +319,7 @@ void Trainer::log_step(const StepRecord& r) {
                       {"tokens_per_s", static_cast<double>(r.tokens) / step_s},
                       {"flops", r.flops},
                       {"documents", r.documents},
+                      {"valid_targets", r.valid},
                       {"time_forward_s", r.forward_s},
                       {"time_backward_s", r.backward_s},
                       {"time_optimizer_s", r.t_end - r.t_optimizer},
