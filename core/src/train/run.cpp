@@ -1,5 +1,6 @@
 #include "train/run.h"
 
+#include <algorithm>
 #include <chrono>
 #include <filesystem>
 
@@ -214,6 +215,11 @@ void Run::open_eval_data(bool progress) {
     throw Error(what, "eval.source",
                 e.key() == "data.source" ? e.fix() : "give held-out data of at least [data] seq_len tokens");
   }
+  if (!progress) return;
+  const EvalConfig& e = cfg_.eval;
+  const int64_t n = eval_data_->num_sequences(), used = e.max_sequences > 0 ? std::min(e.max_sequences, n) : n;
+  log::info(str("eval: ", used, " of the ", n, " sequences of ", cfg_.eval.source, ", forward only",
+                e.at_start ? ", before the first step" : "", e.every > 0 ? str(e.at_start ? " and" : "", " every ", e.every, " steps") : ""));
 }
 
 void Run::check_sequence_split() const {

@@ -58,7 +58,8 @@ class Run {
   // `data` (its seq_len as given) tokenized with [data] tokenizer; progress: a bar while tokenizing.
   void open_data(const DataConfig& data, bool progress);
   // [eval] source, read as the training data is (eval_data_config), when [eval] asks for an
-  // evaluation; the dataset `eval` evaluates.
+  // evaluation; the dataset `eval` evaluates. progress: a bar while tokenizing, and the log's
+  // line of what is evaluated when.
   void open_eval_data(bool progress);
   // A length the parallelism cannot split, the first sequence's or the last's (the stream's
   // shorter remainder), of the data and of the eval data, fails here, before any weight is loaded.
