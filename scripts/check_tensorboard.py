@@ -1,7 +1,7 @@
 #!/usr/bin/env python3
 """Reads a run folder's TensorBoard events file with TensorBoard's own reader and checks that it
-holds what metrics.jsonl holds: the same tags (train/<key> for every number of a row), the same
-steps, the same values (as float32). Prints each tag with its step count and last value; exits 1
+holds what metrics.jsonl holds: the same tags (train/<key> for every number of a step row,
+eval/<name> for eval_<name> of an evaluation row), the same steps, the same values (as float32). Prints each tag with its step count and last value; exits 1
 on any difference.
 
     python3 scripts/check_tensorboard.py runs/quickstart
@@ -32,7 +32,8 @@ def main(run_dir):
         for k, v in r.items():
             if k in ("step", "time") or v is None or isinstance(v, str):
                 continue
-            want.setdefault("train/" + k, []).append((r["step"], as_f32(v)))
+            tag = "eval/" + k[len("eval_"):] if k.startswith("eval_") else "train/" + k
+            want.setdefault(tag, []).append((r["step"], as_f32(v)))
 
     acc = EventAccumulator(str(run), size_guidance={"scalars": 0})
     acc.Reload()
@@ -56,7 +57,7 @@ def main(run_dir):
         print("MISMATCH:", p)
     if problems:
         return 1
-    print(f"OK: {len(have)} tags x {len(rows)} steps match metrics.jsonl")
+    print(f"OK: {len(have)} tags over {len(rows)} rows match metrics.jsonl")
     return 0
 
 

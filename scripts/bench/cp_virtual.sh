@@ -25,6 +25,8 @@ run() {  # NAME PLUGINS TABLES
 import json, sys
 for l in open(sys.argv[1]):
     m = json.loads(l)
+    if "step_s" not in m:
+        continue  # an [eval] row
     print("  step %d: %.2f s (forward %.2f, backward %.2f, communication %.3f, optimizer %.2f), peak %.1f GiB" % (
         m["step"], m["step_s"], m["time_forward_s"], m["time_backward_s"], m["time_communication_s"],
         m["time_optimizer_s"], m.get("peak_gpu_bytes", 0) / 2**30))

@@ -53,7 +53,7 @@ def planned(log):
 for m in sorted(glob.glob(f"{out}/*/*/out/metrics.jsonl")):
     case = m.split("/")[-3]
     variant = m.split("/")[-4]
-    rows = [json.loads(l) for l in open(m) if l.strip()]
+    rows = [r for r in (json.loads(l) for l in open(m) if l.strip()) if "step_s" in r]  # step rows, not [eval]'s
     if not rows:
         print(f"| {case} | {variant} | failed | | | | | | | | | |")
         continue

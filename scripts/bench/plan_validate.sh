@@ -88,7 +88,7 @@ case $mode in
       timeout "$TIMEOUT_S" "$lcx" --config "$m" >"$work/log" 2>&1 || rc=$?
       measured=""
       if [[ -f $out/metrics.jsonl ]]; then
-        measured=$(tail -n 1 "$out/metrics.jsonl" | sed -n 's/.*"peak_gpu_bytes":\([0-9]*\).*/\1/p')
+        measured=$(grep '"step_s"' "$out/metrics.jsonl" | tail -n 1 | sed -n 's/.*"peak_gpu_bytes":\([0-9]*\).*/\1/p')
       fi
       if [[ -z $measured ]]; then
         if grep -qi "out of memory" "$work/log"; then measured=OOM; else measured="FAIL(rc=$rc)"; tail -n 5 "$work/log" >&2; fi

@@ -108,7 +108,7 @@ for c in cases:
             f"{host['measured_bytes'] / G:.2f} / {host['plan_bytes'] / G:.2f}", f"{host['difference_bytes']:+,}",
             "agrees" if r["agree"] else "DIFFERS"]
     try:
-        m = [json.loads(l) for l in open(f"{base}/one-layer/out/metrics.jsonl") if l.strip()][0]
+        m = [r for r in (json.loads(l) for l in open(f"{base}/one-layer/out/metrics.jsonl") if l.strip()) if "step_s" in r][0]
         trace = json.load(open(f"{base}/one-layer/out/trace-step1.json"))
         events = trace["traceEvents"] if isinstance(trace, dict) else trace
         span = {"forward": 0.0, "backward": 0.0}

@@ -65,8 +65,8 @@ for ahead in 0 1; do
 done
 python3 - "$out/metrics_0.jsonl" "$out/metrics_1.jsonl" <<'PY'
 import json, sys
-off = [json.loads(l) for l in open(sys.argv[1])]
-on = [json.loads(l) for l in open(sys.argv[2])]
+off = [r for r in map(json.loads, open(sys.argv[1])) if "step_s" in r]  # step rows, not [eval]'s
+on = [r for r in map(json.loads, open(sys.argv[2])) if "step_s" in r]
 print("| step | time_shard_s, cut on the step's thread | time_shard_s, cut ahead | step_s, on the step's thread | step_s, ahead |")
 print("|---|---|---|---|---|")
 for a, b in zip(off, on):

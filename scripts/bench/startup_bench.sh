@@ -96,7 +96,7 @@ TOML
   [[ $rc == 0 ]] || { { echo "lcx $1 failed (rc $rc):"; tail -5 "$out/lcx-$1.log"; } >&2; wall="failed (rc $rc)"; }
   local load step
   load=$(grep -o 'loaded weights: [0-9.]* GB in [0-9.]* s, [0-9.]* GB/s' "$out/lcx-$1.log" | tail -1 | sed 's/loaded weights: //')
-  step=$(python3 -c "import json,sys; print(round(json.loads(open(sys.argv[1]).readline())['step_s'], 2))" "$run/out/metrics.jsonl" 2>/dev/null)
+  step=$(python3 -c "import json,sys; print(round(next(r for r in map(json.loads, open(sys.argv[1])) if 'step_s' in r)['step_s'], 2))" "$run/out/metrics.jsonl" 2>/dev/null)
   echo "$wall|${load:--}|${step:--}"
 }
 

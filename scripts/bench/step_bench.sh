@@ -83,7 +83,7 @@ TOML
   lcx=$(python3 - "$run/out/metrics.jsonl" "$rc" <<'PY'
 import json, statistics, sys
 try:
-    rows = [json.loads(l) for l in open(sys.argv[1])]
+    rows = [r for r in map(json.loads, open(sys.argv[1])) if "step_s" in r]  # step rows, not [eval]'s
 except OSError:
     rows = []
 if not rows:

@@ -97,7 +97,7 @@ TEST_F(Cli, ConfigListsEveryKeyEachPluginReads) {
   auto r = run_command(test::lcx_train() + " config");
   ASSERT_EQ(r.exit_code, 0) << r.output;
   const auto listed = reference_keys(r.output);
-  for (const char* core : {"run", "model", "data", "train", "plugins", "distributed"})
+  for (const char* core : {"run", "model", "data", "eval", "train", "plugins", "distributed"})
     EXPECT_TRUE(listed.count(core)) << core << "\n" << r.output;
   const std::map<std::string, std::string> tables = {
       {"loss_chunked", "chunk_rows = 128"},

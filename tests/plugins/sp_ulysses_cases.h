@@ -267,6 +267,7 @@ inline std::vector<std::pair<double, double>> loss_and_norm(const std::filesyste
   std::ifstream in(run_dir / "metrics.jsonl");
   for (std::string line; std::getline(in, line);) {
     auto j = nlohmann::json::parse(line);
+    if (!j.contains("loss")) continue;  // an evaluation's row
     steps.emplace_back(j.at("loss").get<double>(), j.at("grad_norm").get<double>());
   }
   return steps;

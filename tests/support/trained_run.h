@@ -23,6 +23,7 @@ inline TrainedRun read_trained_run(const std::filesystem::path& out, const std::
   std::ifstream in(out / "metrics.jsonl");
   for (std::string line; std::getline(in, line);) {
     const auto j = nlohmann::json::parse(line);
+    if (!j.contains("loss")) continue;  // an evaluation's row
     run.losses.push_back(j.at("loss").get<double>());
     run.grad_norms.push_back(j.at("grad_norm").get<double>());
   }

@@ -1,5 +1,6 @@
 // `lcx-train eval`: per-position loss of a model over sequences of --seq-len tokens from the
-// manifest's [data], with the manifest's slots (so a position-scaling encoding applies when it is
+// manifest's [eval] source when it sets one, else its [data] source (either read as the training
+// data is: any format the dataset reads, its masks deciding which targets count), with the manifest's slots (so a position-scaling encoding applies when it is
 // loaded, and --disable of it compares without). Runs written into one --out folder share one plot.
 #include "app/eval_cmd.h"
 #include "app/cli.h"
@@ -108,6 +109,7 @@ int eval_main(int argc, char** argv) {
       "lcx-train eval: loss by position of a model over long sequences\n\n"
       "Usage: lcx-train eval --config run.toml (--checkpoint DIR | --model DIR) --seq-len N --out DIR\n"
       "                      [--set KEY=VALUE]... [--disable NAME]... [--bins B] [--max-sequences K] [--label NAME]\n\n"
+      "The sequences are [eval] source's when the manifest sets one, else [data] source's.\n"
       "Writes DIR/<label>.csv (label,bin_start,bin_end,mean_loss,count), DIR/<label>.tokens.csv (the token\n"
       "ids of each sequence), DIR/<label>.json (means, unigram entropy) and redraws DIR/loss_by_position.svg\n"
       "with every run in DIR.\n\nOptions");
@@ -151,7 +153,8 @@ int eval_main(int argc, char** argv) {
   const std::string dir = checkpoint.empty() ? model_dir : resolve_checkpoint(core.run.output_dir, checkpoint);
   if (label.empty()) label = str(fs::path(dir).lexically_normal().filename().string(), "@", seq_len);
 
-  DataConfig dc = core.data;
+  check_eval_source(core);
+  DataConfig dc = core.eval.source.empty() ? core.data : eval_data_config(core);
   dc.seq_len = seq_len;
   run.open_data(dc, true);
   run.load_weights(dir);

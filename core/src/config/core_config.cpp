@@ -11,7 +11,7 @@
 namespace lcx {
 
 const std::vector<std::string>& core_section_names() {
-  static const std::vector<std::string> names = {"run", "model", "data", "train", "plugins", "distributed"};
+  static const std::vector<std::string> names = {"run", "model", "data", "eval", "train", "plugins", "distributed"};
   return names;
 }
 
@@ -20,8 +20,9 @@ namespace {
 constexpr int64_t kMaxRanksPerNode = 1024;
 
 // Core's keys that name a file or folder.
-constexpr const char* kPathKeys[][2] = {{"run", "output_dir"}, {"model", "path"},    {"data", "tokenizer"},
-                                        {"data", "source"},     {"data", "cache_dir"}, {"plugins", "dir"}};
+constexpr const char* kPathKeys[][2] = {{"run", "output_dir"}, {"model", "path"},         {"data", "tokenizer"},
+                                        {"data", "source"},     {"data", "cache_dir"},      {"data", "chat_template"},
+                                        {"eval", "source"},     {"plugins", "dir"}};
 
 // Each relative path key of `root` made absolute against `base`, in place (the node keeps its
 // source line, for errors).
@@ -35,6 +36,13 @@ void resolve_paths(toml::table& root, const std::filesystem::path& base) {
 }
 
 }  // namespace
+
+DataConfig eval_data_config(const CoreConfig& c) {
+  DataConfig d = c.data;
+  d.source = c.eval.source;
+  d.shuffle = false;
+  return d;
+}
 
 void resolve_manifest_paths(Manifest& m, const std::string& base) {
   m.edit([&](toml::table& root) { resolve_paths(root, base); });
@@ -171,6 +179,28 @@ CoreConfig read_core_config(const Manifest& m, const std::vector<std::string>& p
     c.data.cache_dir = v.get_string("cache_dir", c.data.cache_dir);
     c.data.drop_last = v.get_bool("drop_last", c.data.drop_last);
     c.data.attend_across_documents = v.get_bool("attend_across_documents", c.data.attend_across_documents);
+    v.describe("chat_template", "a Jinja chat template file used instead of the tokenizer's own; checkpoints carry it",
+               {}, "\"\" (the tokenizer's)");
+    c.data.chat_template = v.get_string("chat_template", c.data.chat_template);
+    v.check_unknown();
+  }
+  {
+    ConfigView v = m.section("eval");
+    auto& e = c.eval;
+    v.describe("source", "held-out data whose loss is measured during training, read as [data] reads its source "
+               "(its tokenizer, seq_len, format, masks); \"\" turns evaluation off", {}, "\"\" (no evaluation)");
+    v.describe("every", "evaluate after every this many optimizer steps; 0: not during training", ">= 0");
+    v.describe("max_sequences", "evaluate the first this many sequences of source; 0: all of them", ">= 0");
+    v.describe("at_start", "evaluate once before the first step (the starting weights' loss)");
+    e.source = v.get_string("source", e.source);
+    e.every = v.get_int("every", e.every);
+    need(v, "every", e.every, e.every >= 0, "must be >= 0", "0 turns evaluation during training off; 100 evaluates every 100 steps");
+    e.max_sequences = v.get_int("max_sequences", e.max_sequences);
+    need(v, "max_sequences", e.max_sequences, e.max_sequences >= 0, "must be >= 0", "0 evaluates every sequence of eval.source");
+    e.at_start = v.get_bool("at_start", e.at_start);
+    if (e.source.empty() && (e.every > 0 || e.at_start))
+      v.fail(e.every > 0 ? "every" : "at_start", "asks for an evaluation but eval.source is not set",
+             "set [eval] source to held-out data (any source [data] reads), or leave every = 0 and at_start = false");
     v.check_unknown();
   }
   {

@@ -55,6 +55,18 @@ struct DataConfig {
   // false: a token attends only to its own document and positions restart at each one (packed
   // documents masked); true: the packed sequence is one text.
   bool attend_across_documents = false;
+  // A Jinja chat template file that replaces the tokenizer's own (tokenizer_config.json's
+  // chat_template); "" keeps the tokenizer's. Checkpoints carry the one the run trained with.
+  std::string chat_template;
+};
+
+// [eval]: the loss on held-out data during training, forward only through the step's slots.
+struct EvalConfig {
+  std::string source;         // read as [data] reads its source; "" = no evaluation
+  int64_t every = 0;          // optimizer steps between evaluations; 0 = none during training
+  int64_t max_sequences = 0;  // the first sequences of source evaluated; 0 = all of them
+  bool at_start = false;      // one evaluation before the first step
+  bool enabled() const { return !source.empty() && (every > 0 || at_start); }
 };
 
 struct TrainConfig {
@@ -107,10 +119,15 @@ struct CoreConfig {
   RunConfig run;
   ModelSection model;
   DataConfig data;
+  EvalConfig eval;
   TrainConfig train;
   PluginsSection plugins;
   DistributedConfig distributed;
 };
+
+// The data [eval] reads: [data] with eval's source, so the tokenizer, seq_len, format, masks and
+// packing are the training data's; in corpus order, so max_sequences takes the same ones each time.
+DataConfig eval_data_config(const CoreConfig& c);
 
 // The manifest at `path` with `sets` (--set section.key=value) applied. A relative path in the
 // file (run.output_dir, model.path, data.tokenizer, data.source, data.cache_dir, plugins.dir)

@@ -23,6 +23,9 @@ constexpr int64_t kCublasLtWorkspace = 32 * kMiB;  // one per device, matmul_cub
 constexpr double kAllocatorSlack = 0.02;
 
 // The buffers train_step (core/src/train/step.cpp) holds itself, beside what the slots hold.
+// [eval]'s forward-only pass (train/evaluate.h) adds no term: at the same sequence length it holds
+// the forward's buffers without anything saved for a backward and the Loss slot's forward without
+// its gradients, so it peaks within the step (tests/train/eval_test.cpp measures it).
 void plan_step(const PlanInputs& in, MemoryPlan& p) {
   const int64_t T = in.tokens_per_rank, TH = T * in.model.hidden_size * static_cast<int64_t>(dtype_size(in.weight_dtype));
   p.add("token_ids", "token ids int32 + targets int64 [T]", PlanCategory::transient, T * 12, plan_phase::step);

@@ -7,6 +7,7 @@
 #include <span>
 #include <filesystem>
 #include <fstream>
+#include <iterator>
 #include <nlohmann/json.hpp>
 
 #include "lcx/comm.h"
@@ -80,6 +81,48 @@ void write_text(const fs::path& p, const std::string& text) {
   if (!out) throw Error(str("cannot write ", p.string()), {}, "check free disk space and permissions");
 }
 
+// What a Hugging Face model folder carries beside its weights for chat use: the tokenizer's
+// settings and chat template, the generation defaults (the stop tokens), the special tokens.
+constexpr const char* kModelFiles[] = {"tokenizer_config.json", "generation_config.json", "special_tokens_map.json",
+                                       "chat_template.jinja"};
+
+std::string read_text(const fs::path& p, const std::string& key) {
+  std::ifstream in(p, std::ios::binary);
+  if (!in) throw Error(str("cannot read ", p.string()), key, "check the path");
+  return std::string(std::istreambuf_iterator<char>(in), std::istreambuf_iterator<char>());
+}
+
+void copy_model_files(const fs::path& to, const CheckpointContents& c) {
+  std::error_code ec;
+  for (const char* name : kModelFiles)
+    for (const std::string& dir : c.model_file_dirs) {
+      const fs::path from = fs::path(dir) / name;
+      if (dir.empty() || !fs::is_regular_file(from, ec)) continue;
+      fs::copy_file(from, to / name, fs::copy_options::overwrite_existing);
+      break;
+    }
+  if (c.chat_template_path.empty()) return;
+  const std::string chat_template = read_text(c.chat_template_path, "data.chat_template");
+  const fs::path config = to / "tokenizer_config.json";
+  nlohmann::ordered_json js = nlohmann::ordered_json::object();
+  if (fs::exists(config, ec)) {
+    js = nlohmann::ordered_json::parse(read_text(config, "data.tokenizer"), nullptr, false);
+    if (!js.is_object())
+      throw Error(str(config.string(), " (copied from the model's folder) is not a JSON object"), "data.tokenizer",
+                  "give a tokenizer folder whose tokenizer_config.json is valid JSON");
+  }
+  js["chat_template"] = chat_template;
+  std::string text;
+  try {
+    text = js.dump(2, ' ', false, nlohmann::ordered_json::error_handler_t::strict);
+  } catch (const nlohmann::json::exception&) {
+    throw Error(str("data.chat_template ", c.chat_template_path, " is not valid UTF-8"), "data.chat_template",
+                "save the template as UTF-8");
+  }
+  write_text(config, text + "\n");
+  if (fs::exists(to / "chat_template.jinja", ec)) write_text(to / "chat_template.jinja", chat_template);
+}
+
 }  // namespace
 
 std::vector<std::string> list_checkpoints(const std::string& output_dir) {
@@ -135,6 +178,7 @@ std::string save_checkpoint(const std::string& output_dir, Model& model, const O
     model.save_hf(tmp.string(), contents.model_dtype, contents.rope_parameters_json);
     if (!contents.tokenizer_path.empty() && fs::exists(contents.tokenizer_path))
       fs::copy_file(contents.tokenizer_path, tmp / "tokenizer.json", fs::copy_options::overwrite_existing);
+    copy_model_files(tmp, contents);
     write_text(tmp / "manifest.toml", contents.manifest_toml);
   }
   barrier();

@@ -1,5 +1,8 @@
 // Checkpoints: output_dir/checkpoint-<step>/ holds the model as a Hugging Face folder (config.json
-// with the rope parameters used, safetensors), the tokenizer files, optimizer.safetensors (fp32
+// with the rope parameters used, safetensors), the tokenizer files and what transformers, vLLM and
+// TRL read to use it as a chat model (tokenizer_config.json with its chat_template,
+// generation_config.json, special_tokens_map.json, chat_template.jinja, each where the source
+// folders have it), optimizer.safetensors (fp32
 // master weights and moments), trainer_state.json (step, data position, RNG seed, counters) and the
 // resolved manifest. A checkpoint is written under a temporary name and renamed when complete, so
 // a crash mid-write leaves the previous one intact; only complete folders are ever resumed.
@@ -37,6 +40,12 @@ struct RankIO {
 struct CheckpointContents {
   std::string manifest_toml;
   std::string tokenizer_path;  // copied beside the model when set
+  // Where the chat model's files are copied from, each from the first folder that has it: the
+  // model's folder ([model] path), then the tokenizer's (all a random init has).
+  std::vector<std::string> model_file_dirs;
+  // A chat template file ([data] chat_template): the copied tokenizer_config.json's chat_template
+  // (and chat_template.jinja, which transformers reads first, where one was copied) become it.
+  std::string chat_template_path;
   std::string rope_parameters_json = "{}";
   DType model_dtype = DType::bf16;
 };

@@ -1,5 +1,6 @@
 #include "train/run.h"
 
+#include <algorithm>
 #include <chrono>
 #include <filesystem>
 
@@ -45,6 +46,17 @@ void check_run_inputs(const CoreConfig& cfg, const SlotSet& slots) {
     throw Error("data.source is not set", "data.source", "name a folder of .txt files, a .jsonl file or a .tokens file");
   if (!fs::exists(cfg.data.source, ec))
     throw Error(str("data.source ", cfg.data.source, " does not exist"), "data.source", "check the path");
+  if (!cfg.data.chat_template.empty() && !fs::is_regular_file(cfg.data.chat_template, ec))
+    throw Error(str("data.chat_template ", cfg.data.chat_template, " is not a file"), "data.chat_template",
+                "give the path of a Jinja chat template, or leave it out for the tokenizer's own");
+  check_eval_source(cfg);
+}
+
+void check_eval_source(const CoreConfig& cfg) {
+  std::error_code ec;
+  if (!cfg.eval.source.empty() && !std::filesystem::exists(cfg.eval.source, ec))
+    throw Error(str("eval.source ", cfg.eval.source, " does not exist"), "eval.source",
+                "check the path, or remove [eval] source to train without evaluation");
 }
 
 void check_gpu_memory(const CoreConfig& cfg, const PlanInputs& in, const PlanSlots& slots, int64_t gpu_bytes, bool force) {
@@ -100,6 +112,15 @@ class ShardingHooks final : public StepHooks {
   }
   void end_step() override {
     sp_.reduce_grads(other_);
+    sp_.release(other_);
+  }
+  // Evaluation: the same gathers without gradients, and nothing kept for a backward.
+  void begin_forward_only() override {
+    sp_.gather(other_);
+    if (!layer_names_.empty()) sp_.prefetch(layer_names_[0]);
+  }
+  void end_forward_only() override {
+    if (!layer_names_.empty()) sp_.release(layer_names_.back());
     sp_.release(other_);
   }
   // Every full value, for the whole-model HF export.
@@ -178,12 +199,38 @@ void Run::open_data(const DataConfig& data, bool progress) {
   data_ = std::make_unique<Dataset>(Dataset::open(data, tokenizer, opt));
 }
 
+void Run::open_eval_data(bool progress) {
+  if (!cfg_.eval.enabled()) return;
+  const Tokenizer tokenizer = Tokenizer::load(cfg_.data.tokenizer);
+  Dataset::Options opt;
+  opt.seed = cfg_.run.seed;
+  opt.progress = progress;
+  try {
+    eval_data_ = std::make_unique<Dataset>(Dataset::open(eval_data_config(cfg_), tokenizer, opt));
+  } catch (const Error& e) {
+    // The dataset names [data]'s keys; here the source is eval's.
+    if (e.key() != "data.source" && e.key() != "data.seq_len") throw;
+    std::string what = e.what();
+    if (const size_t at = what.find("data.source"); at != std::string::npos) what.replace(at, 11, "eval.source");
+    throw Error(what, "eval.source",
+                e.key() == "data.source" ? e.fix() : "give held-out data of at least [data] seq_len tokens");
+  }
+  if (!progress) return;
+  const EvalConfig& e = cfg_.eval;
+  const int64_t n = eval_data_->num_sequences(), used = e.max_sequences > 0 ? std::min(e.max_sequences, n) : n;
+  log::info(str("eval: ", used, " of the ", n, " sequences of ", cfg_.eval.source, ", forward only",
+                e.at_start ? ", before the first step" : "", e.every > 0 ? str(e.at_start ? " and" : "", " every ", e.every, " steps") : ""));
+}
+
 void Run::check_sequence_split() const {
   // The last sequence may be shorter (the stream's remainder, padded to pad_to_multiple_of): it is
   // cut at the start too, not at the end of the epoch.
-  const int64_t n = data_->num_sequences();
-  if (n > 0) slots_.parallel->shard(data_->get(0), seq_rank());
-  if (n > 1 && data_->length(n - 1) != data_->length(0)) slots_.parallel->shard(data_->get(n - 1), seq_rank());
+  for (const Dataset* d : {data_.get(), eval_data_.get()}) {
+    if (!d) continue;
+    const int64_t n = d->num_sequences();
+    if (n > 0) slots_.parallel->shard(d->get(0), seq_rank());
+    if (n > 1 && d->length(n - 1) != d->length(0)) slots_.parallel->shard(d->get(n - 1), seq_rank());
+  }
 }
 
 void Run::load_weights(const std::string& dir) { model().load_hf(dir, device_, dtype_); }

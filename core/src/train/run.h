@@ -25,9 +25,11 @@ Device pick_device(const std::string& want);
 
 // What a run reads, looked at before any of it is read at length (the corpus tokenized, the
 // weights loaded): [model] path and its config.json, described by the model module (which refuses
-// a model it does not support), [data] tokenizer loaded, [data] source present. Throws lcx::Error
-// naming the key.
+// a model it does not support), [data] tokenizer loaded, [data] source present, and [eval] source
+// when it is set. Throws lcx::Error naming the key.
 void check_run_inputs(const CoreConfig& cfg, const SlotSet& slots);
+// [eval] source, when set, exists (key eval.source).
+void check_eval_source(const CoreConfig& cfg);
 
 // Refuses, before the first step, a plan whose GPU peak (reserve included) passes gpu_bytes, with
 // the knobs that would make it fit; `force` (--force) warns and goes on.
@@ -55,8 +57,12 @@ class Run {
   void check_parallelism() const;
   // `data` (its seq_len as given) tokenized with [data] tokenizer; progress: a bar while tokenizing.
   void open_data(const DataConfig& data, bool progress);
+  // [eval] source, read as the training data is (eval_data_config), when [eval] asks for an
+  // evaluation; the dataset `eval` evaluates. progress: a bar while tokenizing, and the log's
+  // line of what is evaluated when.
+  void open_eval_data(bool progress);
   // A length the parallelism cannot split, the first sequence's or the last's (the stream's
-  // shorter remainder), fails here, before any weight is loaded.
+  // shorter remainder), of the data and of the eval data, fails here, before any weight is loaded.
   void check_sequence_split() const;
   // Weights from a Hugging Face folder: a model, or a checkpoint.
   void load_weights(const std::string& dir);
@@ -107,6 +113,7 @@ class Run {
   Model& model() const { return *slots_.model; }
   DType dtype() const { return dtype_; }
   const Dataset& data() const { return *data_; }
+  const Dataset* eval_data() const { return eval_data_.get(); }  // null: no evaluation
   StepSlots& step() { return step_; }
   bool sharded() const { return shards_ != nullptr; }
   DType grad_dtype() const { return grad_dtype_; }
@@ -121,6 +128,7 @@ class Run {
   SlotSet slots_;
   DType dtype_;
   std::unique_ptr<Dataset> data_;
+  std::unique_ptr<Dataset> eval_data_;
   StepSlots step_;
   std::unique_ptr<ShardedParams> shards_;
   std::unique_ptr<ShardingHooks> hooks_;

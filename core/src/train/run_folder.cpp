@@ -269,11 +269,13 @@ MetricsLog::~MetricsLog() = default;
 
 namespace {
 
+// A step row's numbers as train/<key>; an evaluation row's eval_<name> as eval/<name> (eval/loss).
 tfevents::Scalars scalars_of(const nlohmann::json& row) {
   tfevents::Scalars out;
   for (const auto& [k, v] : row.items())
     if (k != "step" && k != "time" && (v.is_number() || v.is_boolean()))
-      out.emplace_back("train/" + k, v.is_boolean() ? (v.get<bool>() ? 1.0f : 0.0f) : v.get<float>());
+      out.emplace_back(k.starts_with("eval_") ? "eval/" + k.substr(5) : "train/" + k,
+                       v.is_boolean() ? (v.get<bool>() ? 1.0f : 0.0f) : v.get<float>());
   return out;
 }
 

@@ -1,5 +1,6 @@
 // The run folder (run.output_dir) holds one run's history: its checkpoints, metrics.jsonl (one row
-// a step), the TensorBoard events file beside it, and log.jsonl (appended by every start).
+// a step, and one more after each evaluation: {step, eval_loss, eval_tokens, eval_sequences,
+// eval_s}), the TensorBoard events file beside it, and log.jsonl (appended by every start).
 //   - a fresh run refuses a folder that holds checkpoints, unless --overwrite clears them first;
 //   - a resume must keep the checkpoint's [model] and [data]; the rows of metrics.jsonl after the
 //     resumed step are dropped, so the file stays one history;
@@ -43,7 +44,8 @@ class MetricsLog {
   MetricsLog(const std::string& output_dir, int64_t first_step);
   MetricsLog(MetricsLog&&) noexcept;
   ~MetricsLog();
-  // `row` has "step" and numbers; the wall time is added as "time".
+  // `row` has "step" and numbers; the wall time is added as "time". Its keys become TensorBoard
+  // tags train/<key>, or eval/<name> for eval_<name>.
   void append(nlohmann::json row);
 
  private:

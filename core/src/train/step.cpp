@@ -35,8 +35,9 @@ void hand_recipe(StepSlots& s) {
   });
 }
 
-// embed -> layers -> final norm, without saving anything: the evaluation and logits path.
-Tensor forward_only(StepSlots& s, const Shard& shard, Device device, const RopeTables& rope) {
+// embed -> layers -> final norm, without saving anything: the evaluation and logits path. The
+// caller ends the hooks' pass (end_forward_only) once it has read the head.
+Tensor forward_only(StepSlots& s, StepHooks& hooks, const Shard& shard, Device device, const RopeTables& rope) {
   const ModelConfig& cfg = s.model->config();
   hand_recipe(s);
   const int64_t T = shard.tokens.size(0), H = cfg.hidden_size;
@@ -44,11 +45,14 @@ Tensor forward_only(StepSlots& s, const Shard& shard, Device device, const RopeT
   const Tensor tokens = on(shard.tokens, device);
   Tensor x = Tensor::empty({T, H}, act_dtype(s), device, MemoryCategory::activations);
   s.optimizer->weights_needed(Optimizer::kNonLayer);
+  hooks.begin_forward_only();
   s.model->embed_forward(tokens, x);
   for (int l = 0; l < cfg.num_layers; ++l) {
     s.optimizer->weights_needed(l);
     Tensor y = Tensor::empty({T, H}, x.dtype(), device, MemoryCategory::activations);
+    hooks.before_layer_forward(l);
     s.model->layer_forward(l, x, y, ctx);
+    hooks.after_layer_forward(l);
     x = y;
   }
   Tensor hidden = Tensor::empty({T, H}, x.dtype(), device);
@@ -204,8 +208,10 @@ StepResult train_step(StepSlots& s, const Shard& shard, double grad_scale, Devic
 
 EvalResult eval_step(StepSlots& s, const Shard& shard, Device device, bool per_position) {
   s.fill_defaults();
+  StepHooks none;
+  StepHooks& hooks = s.hooks ? *s.hooks : none;
   const RopeTables rope = s.positional->tables(shard.positions, device);
-  const Tensor hidden = forward_only(s, shard, device, rope);
+  const Tensor hidden = forward_only(s, hooks, shard, device, rope);
   const Tensor targets = on(shard.targets, device);
   const Tensor head = s.model->head_weight();
   EvalResult r;
@@ -213,24 +219,29 @@ EvalResult eval_step(StepSlots& s, const Shard& shard, Device device, bool per_p
     LossResult lr = s.loss->forward(hidden, head, targets);
     r.loss_sum = lr.loss_sum;
     r.valid = lr.valid;
-    return r;
+  } else {
+    // One row at a time: the Loss slot returns sums, and a row's sum is that position's loss.
+    const int64_t T = hidden.size(0);
+    r.per_position.assign(static_cast<size_t>(T), 0.f);
+    for (int64_t t = 0; t < T; ++t) {
+      LossResult lr = s.loss->forward(hidden.rows(t, t + 1), head, targets.rows(t, t + 1));
+      r.per_position[static_cast<size_t>(t)] = static_cast<float>(lr.loss_sum);
+      r.loss_sum += lr.loss_sum;
+      r.valid += lr.valid;
+    }
   }
-  // One row at a time: the Loss slot returns sums, and a row's sum is that position's loss.
-  const int64_t T = hidden.size(0);
-  r.per_position.assign(static_cast<size_t>(T), 0.f);
-  for (int64_t t = 0; t < T; ++t) {
-    LossResult lr = s.loss->forward(hidden.rows(t, t + 1), head, targets.rows(t, t + 1));
-    r.per_position[static_cast<size_t>(t)] = static_cast<float>(lr.loss_sum);
-    r.loss_sum += lr.loss_sum;
-    r.valid += lr.valid;
-  }
+  hooks.end_forward_only();
   return r;
 }
 
 Tensor forward_hidden(StepSlots& s, const Shard& shard, Device device) {
   s.fill_defaults();
+  StepHooks none;
+  StepHooks& hooks = s.hooks ? *s.hooks : none;
   const RopeTables rope = s.positional->tables(shard.positions, device);
-  return forward_only(s, shard, device, rope);
+  Tensor hidden = forward_only(s, hooks, shard, device, rope);
+  hooks.end_forward_only();
+  return hidden;
 }
 
 }  // namespace lcx

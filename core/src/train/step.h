@@ -22,7 +22,9 @@
 namespace lcx {
 
 // Called around each piece of the step; ZeRO-3 sharding gathers a layer's weights in
-// before_*() and releases them (and reduce-scatters its gradients) in after_*().
+// before_*() and releases them (and reduce-scatters its gradients) in after_*(). A forward-only
+// pass (eval_step, forward_hidden) calls begin_forward_only, the layers' before/after_layer_forward
+// and end_forward_only: weights without gradients, all released at its end, nothing reduced.
 class StepHooks {
  public:
   virtual ~StepHooks() = default;
@@ -32,6 +34,8 @@ class StepHooks {
   virtual void before_layer_backward(int /*layer*/) {}
   virtual void after_layer_backward(int /*layer*/) {}
   virtual void end_step() {}  // after the embedding's backward
+  virtual void begin_forward_only() {}  // before the embedding
+  virtual void end_forward_only() {}    // after the loss
 };
 
 // One pointer per slot (lcx/slots.h). The model is required; every other slot left null runs

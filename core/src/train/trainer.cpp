@@ -98,6 +98,8 @@ Trainer::Trainer(Run& run, const Manifest& manifest, RunLength length, const std
       bar_(length.total_steps, run.lead() && isatty(STDERR_FILENO) != 0) {
   contents_.manifest_toml = manifest.to_toml();
   contents_.tokenizer_path = cfg_.data.tokenizer;
+  contents_.model_file_dirs = {cfg_.model.path, std::filesystem::path(cfg_.data.tokenizer).parent_path().string()};
+  contents_.chat_template_path = cfg_.data.chat_template;
   contents_.rope_parameters_json = run.slots().positional->hf_rope_parameters();
   contents_.model_dtype = run.dtype();
   StopSignals::saved(first_step_);
@@ -124,9 +126,14 @@ TrainerState Trainer::start_state(const Run& run, const std::string& resume_dir)
 }
 
 int Trainer::train() {
+  if (const std::optional<EvalTotals> e = maybe_evaluate(true)) {
+    const double epoch = static_cast<double>(state_.step) / static_cast<double>(length_.steps_per_epoch);
+    if (run_.lead()) bar_.message(step_dict({{"eval_loss", python_round(e->loss(), 4)}, {"epoch", python_round(epoch, 4)}}));
+    log_eval(*e);
+  }
   while (state_.step < length_.total_steps) {
     const StepRecord r = train_step();
-    log_step(r);
+    log_step(r, maybe_evaluate(false));
     stop_if_diverged();
     maybe_save(r.stop);
     if (r.stop) {
@@ -295,18 +302,43 @@ void Trainer::optimizer_step(StepRecord& r) {
   }
 }
 
-// The reference's step dict every log_every steps, the progress bar, and a metrics row.
-void Trainer::log_step(const StepRecord& r) {
+// An evaluation before the first step of a run (at_start; a resumed run's first step is the
+// checkpoint's, whose evaluation, when `every` asked for one there, is already in metrics.jsonl),
+// and after every `every` steps. Every rank decides alike: evaluate() is a collective.
+std::optional<EvalTotals> Trainer::maybe_evaluate(bool at_start) {
+  const EvalConfig& e = cfg_.eval;
+  const Dataset* data = run_.eval_data();
+  if (!data || cfg_.run.rehearse) return std::nullopt;
+  const bool on_every = e.every > 0 && state_.step > 0 && state_.step % e.every == 0;
+  const bool due = at_start ? e.at_start && !on_every : on_every;
+  if (!due) return std::nullopt;
+  return evaluate(run_, *data, e.max_sequences);
+}
+
+void Trainer::log_eval(const EvalTotals& e) {
+  metrics_.append({{"step", state_.step},
+                   {"eval_loss", e.loss()},
+                   {"eval_tokens", e.valid},
+                   {"eval_sequences", e.sequences},
+                   {"eval_s", e.seconds}});
+}
+
+// The reference's step dict every log_every steps (and at each evaluation, with its loss), the
+// progress bar, and a metrics row; the evaluation's own row after it.
+void Trainer::log_step(const StepRecord& r, const std::optional<EvalTotals>& eval) {
   if (!run_.lead()) return;
   const Device device = run_.device();
   const double epoch = static_cast<double>(state_.step) / static_cast<double>(length_.steps_per_epoch);
   const double step_s = r.t_end - r.t_start;
-  if (state_.step % std::max<int64_t>(1, cfg_.train.log_every) == 0 || state_.step == length_.total_steps)
-    bar_.message(step_dict({{"loss", python_round(r.loss, 4)},
-                            {"grad_norm", r.grad_norm},
-                            {"learning_rate", r.lr},
-                            {"num_tokens", state_.num_tokens},
-                            {"epoch", python_round(epoch, 4)}}));
+  if (state_.step % std::max<int64_t>(1, cfg_.train.log_every) == 0 || state_.step == length_.total_steps || eval) {
+    std::vector<std::pair<std::string, double>> dict = {{"loss", python_round(r.loss, 4)},
+                                                        {"grad_norm", r.grad_norm},
+                                                        {"learning_rate", r.lr},
+                                                        {"num_tokens", state_.num_tokens},
+                                                        {"epoch", python_round(epoch, 4)}};
+    if (eval) dict.insert(dict.begin() + 1, {"eval_loss", python_round(eval->loss(), 4)});
+    bar_.message(step_dict(dict));
+  }
   bar_.update(state_.step, now_s() - run_start_, state_.step - first_step_);
   nlohmann::json m = {{"step", state_.step},
                       {"loss", r.loss},
@@ -337,6 +369,7 @@ void Trainer::log_step(const StepRecord& r) {
     if (const double peak = mfu_peak_flops(cfg_.run.peak_tflops); peak > 0) m["mfu"] = r.flops / step_s / peak / run_.world_size();
   }
   metrics_.append(std::move(m));
+  if (eval) log_eval(*eval);
 }
 
 void Trainer::stop_if_diverged() {

@@ -3,6 +3,7 @@
 #pragma once
 #include <future>
 #include <memory>
+#include <optional>
 #include <string>
 #include <utility>
 
@@ -10,6 +11,7 @@
 #include "data/dataset.h"
 #include "plan/timeline.h"
 #include "train/checkpoint.h"
+#include "train/evaluate.h"
 #include "train/progress.h"
 #include "train/run.h"
 #include "train/run_folder.h"
@@ -65,7 +67,11 @@ class Trainer {
   void forward_backward_step(const Batch& batch, StepRecord& r);
   void reduce_across_ranks(StepRecord& r);
   void optimizer_step(StepRecord& r);
-  void log_step(const StepRecord& r);
+  // [eval] due after the steps done (state_.step): at the start with at_start, then every `every`.
+  std::optional<EvalTotals> maybe_evaluate(bool at_start);
+  // The step's log line (with eval_loss when it evaluated) and metrics row, then the eval's row.
+  void log_step(const StepRecord& r, const std::optional<EvalTotals>& eval);
+  void log_eval(const EvalTotals& e);
   void stop_if_diverged();
   void maybe_save(bool stop);
   void save();
