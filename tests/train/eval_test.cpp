@@ -380,6 +380,27 @@ TEST(EvalRun, AResumeAddsNoSecondRowForTheStepItResumesAt) {
   EXPECT_EQ(steps_of(r.steps), (std::vector<int64_t>{1, 2, 3, 4}));
 }
 
+// `lcx-train eval` on a manifest with [eval] source evaluates those sequences (held-out .jsonl
+// here, the training data a .tokens file), read as the trainer reads them.
+TEST(EvalCommand, ReadsEvalsSource) {
+  if (!have_tokenizer()) GTEST_SKIP() << "data/qwen3/tokenizer.json absent: run scripts/fetch_data.sh";
+  const OneRank& o = one_rank();
+  test::write_file(o.dir / "eval.toml", manifest(o.dir / "out", {}));
+  const test::CommandResult r = test::run_command(str(test::lcx_train(), " eval --config ", (o.dir / "eval.toml").string(),
+                                                      " --checkpoint latest --seq-len 32 --max-sequences 2 --out ",
+                                                      (o.dir / "curve").string(), " --label heldout"));
+  ASSERT_EQ(r.exit_code, 0) << r.output;
+  const Dataset data = eval_dataset(config_of(manifest(o.dir / "out", {})));
+  std::ifstream in(o.dir / "curve" / "heldout.tokens.csv");
+  std::string header, first;
+  std::getline(in, header);
+  std::getline(in, first);
+  std::string want = "0,";
+  const Sequence s = data.get(0);
+  for (int64_t k = 0; k < s.tokens.numel(); ++k) want += str(k ? " " : "", s.tokens.data_as<int32_t>()[k]);
+  EXPECT_EQ(first, want);
+}
+
 // Checkpoints as transformers, vLLM and TRL read a chat model: the tokenizer's folder's files for a
 // random init, the model folder's first where it has them, and the run's own chat template.
 TEST(EvalCheckpoint, CarriesTheChatModelFilesAndTheRunsTemplate) {
