@@ -94,7 +94,7 @@ print("|---|---|---|---|---|---|")
 steps = {}
 for kind in ("chat", "plain"):
     try:
-        m = [json.loads(l) for l in open(f"{out}/{kind}/out/metrics.jsonl") if l.strip()][0]
+        m = [r for r in (json.loads(l) for l in open(f"{out}/{kind}/out/metrics.jsonl") if l.strip()) if "step_s" in r][0]
         trace = json.load(open(f"{out}/{kind}/out/trace-step1.json"))
         events = trace["traceEvents"] if isinstance(trace, dict) else trace
         span = {"forward": 0.0, "backward": 0.0}

@@ -380,6 +380,27 @@ TEST(EvalRun, AResumeAddsNoSecondRowForTheStepItResumesAt) {
   EXPECT_EQ(steps_of(r.steps), (std::vector<int64_t>{1, 2, 3, 4}));
 }
 
+// `lcx-train eval` on a manifest with [eval] source evaluates those sequences (held-out .jsonl
+// here, the training data a .tokens file), read as the trainer reads them.
+TEST(EvalCommand, ReadsEvalsSource) {
+  if (!have_tokenizer()) GTEST_SKIP() << "data/qwen3/tokenizer.json absent: run scripts/fetch_data.sh";
+  const OneRank& o = one_rank();
+  test::write_file(o.dir / "eval.toml", manifest(o.dir / "out", {}));
+  const test::CommandResult r = test::run_command(str(test::lcx_train(), " eval --config ", (o.dir / "eval.toml").string(),
+                                                      " --checkpoint latest --seq-len 32 --max-sequences 2 --out ",
+                                                      (o.dir / "curve").string(), " --label heldout"));
+  ASSERT_EQ(r.exit_code, 0) << r.output;
+  const Dataset data = eval_dataset(config_of(manifest(o.dir / "out", {})));
+  std::ifstream in(o.dir / "curve" / "heldout.tokens.csv");
+  std::string header, first;
+  std::getline(in, header);
+  std::getline(in, first);
+  std::string want = "0,";
+  const Sequence s = data.get(0);
+  for (int64_t k = 0; k < s.tokens.numel(); ++k) want += str(k ? " " : "", s.tokens.data_as<int32_t>()[k]);
+  EXPECT_EQ(first, want);
+}
+
 // Checkpoints as transformers, vLLM and TRL read a chat model: the tokenizer's folder's files for a
 // random init, the model folder's first where it has them, and the run's own chat template.
 TEST(EvalCheckpoint, CarriesTheChatModelFilesAndTheRunsTemplate) {
@@ -418,12 +439,14 @@ TEST(EvalCheckpoint, CarriesTheChatModelFilesAndTheRunsTemplate) {
   EXPECT_EQ(read(a / "special_tokens_map.json"), read(tok / "special_tokens_map.json"));
   EXPECT_FALSE(fs::exists(a / "chat_template.jinja"));
 
-  // From a model folder (that checkpoint, its generation_config.json its own): the model's files
-  // first, the tokenizer's where it has none; the template as the source has it, byte for byte.
+  // From a model folder (that checkpoint, with files of its own) and another tokenizer: the
+  // tokenizer's settings and template from the tokenizer's folder (they go with the tokenizer.json
+  // copied, and are what the run rendered with), the model's own where the tokenizer has none, the
+  // generation defaults the model's; byte for byte without a template of the run's.
   const fs::path model = dir / "model";
   fs::copy(a, model, fs::copy_options::recursive);
   fs::remove(model / "special_tokens_map.json");
-  fs::remove(model / "tokenizer_config.json");
+  test::write_file(model / "tokenizer_config.json", R"({"chat_template": "the model folder's"})");
   test::write_file(model / "generation_config.json", R"({"eos_token_id": 151645, "from": "model folder"})");
   test::write_file(model / "chat_template.jinja", "{{ 'the model folder template' }}");
   const std::string from_model = str("path = \"", model.string(), "\"");
@@ -439,6 +462,18 @@ TEST(EvalCheckpoint, CarriesTheChatModelFilesAndTheRunsTemplate) {
   const fs::path c = dir / "c" / "out" / "checkpoint-1";
   EXPECT_EQ(read(c / "chat_template.jinja"), custom);
   EXPECT_EQ(nlohmann::json::parse(read(c / "tokenizer_config.json")).at("chat_template").get<std::string>(), custom);
+
+  // A tokenizer_config.json as the run's template: its chat_template, the "default" of named ones.
+  const std::string named = "{{ 'default template' }}";
+  test::write_file(dir / "named" / "tokenizer_config.json",
+                   nlohmann::json{{"chat_template", {{{"name", "tool_use"}, {"template", "{{ 'tools' }}"}},
+                                                     {{"name", "default"}, {"template", named}}}}}
+                       .dump());
+  run(dir / "e", manifest(dir / "e" / "out", {.data_extra = str("chat_template = \"", (dir / "named" / "tokenizer_config.json").string(), "\"\n"),
+                                              .tokenizer = tokenizer}));
+  const auto e_config = nlohmann::ordered_json::parse(read(dir / "e" / "out" / "checkpoint-1" / "tokenizer_config.json"));
+  EXPECT_EQ(e_config.at("chat_template").get<std::string>(), named);
+  EXPECT_EQ(e_config.at("model_max_length").get<int64_t>(), 131072) << "the tokenizer's own settings kept";
 
   // A missing template file is refused before the run starts, by its key.
   test::write_file(dir / "d" / "run.toml",

@@ -81,36 +81,62 @@ void write_text(const fs::path& p, const std::string& text) {
   if (!out) throw Error(str("cannot write ", p.string()), {}, "check free disk space and permissions");
 }
 
-// What a Hugging Face model folder carries beside its weights for chat use: the tokenizer's
-// settings and chat template, the generation defaults (the stop tokens), the special tokens.
-constexpr const char* kModelFiles[] = {"tokenizer_config.json", "generation_config.json", "special_tokens_map.json",
-                                       "chat_template.jinja"};
-
 std::string read_text(const fs::path& p, const std::string& key) {
   std::ifstream in(p, std::ios::binary);
   if (!in) throw Error(str("cannot read ", p.string()), key, "check the path");
   return std::string(std::istreambuf_iterator<char>(in), std::istreambuf_iterator<char>());
 }
 
+nlohmann::ordered_json read_json_object(const fs::path& p, const std::string& key) {
+  nlohmann::ordered_json js = nlohmann::ordered_json::parse(read_text(p, key), nullptr, false);
+  if (!js.is_object())
+    throw Error(str(p.string(), " is not a JSON object"), key, "give a tokenizer_config.json that is valid JSON");
+  return js;
+}
+
+// The template of [data] chat_template as the data read it: a Jinja file's text, or a
+// tokenizer_config.json's chat_template (a string, or the "default" of a list of named ones).
+std::string run_template(const std::string& path) {
+  if (fs::path(path).extension() != ".json") return read_text(path, "data.chat_template");
+  const nlohmann::ordered_json js = read_json_object(path, "data.chat_template");
+  const auto it = js.find("chat_template");
+  if (it != js.end() && it->is_string()) return it->get<std::string>();
+  if (it != js.end() && it->is_array())
+    for (const auto& t : *it)
+      if (t.is_object() && t.value("name", "") == "default" && t.contains("template") && t["template"].is_string())
+        return t["template"].get<std::string>();
+  throw Error(str(path, " holds no chat_template string (nor a \"default\" one)"), "data.chat_template",
+              "set data.chat_template to a Jinja template file or a tokenizer_config.json with its chat_template");
+}
+
+// What a Hugging Face folder carries beside the weights for chat use, and where each is taken
+// from first: the tokenizer's settings and chat template belong with the tokenizer.json copied
+// (data.tokenizer's folder, which is [model] path's unless the run names another tokenizer), the
+// generation defaults (stop tokens, sampling) with the model.
 void copy_model_files(const fs::path& to, const CheckpointContents& c) {
+  struct File {
+    const char* name;
+    bool tokenizer_first;
+  };
+  constexpr File kFiles[] = {{"tokenizer_config.json", true},
+                             {"special_tokens_map.json", true},
+                             {"chat_template.jinja", true},
+                             {"generation_config.json", false}};
   std::error_code ec;
-  for (const char* name : kModelFiles)
-    for (const std::string& dir : c.model_file_dirs) {
-      const fs::path from = fs::path(dir) / name;
-      if (dir.empty() || !fs::is_regular_file(from, ec)) continue;
-      fs::copy_file(from, to / name, fs::copy_options::overwrite_existing);
+  for (const File& f : kFiles) {
+    const std::string order[2] = {f.tokenizer_first ? c.tokenizer_dir : c.model_dir,
+                                  f.tokenizer_first ? c.model_dir : c.tokenizer_dir};
+    for (const std::string& dir : order) {
+      if (dir.empty() || !fs::is_regular_file(fs::path(dir) / f.name, ec)) continue;
+      fs::copy_file(fs::path(dir) / f.name, to / f.name, fs::copy_options::overwrite_existing);
       break;
     }
-  if (c.chat_template_path.empty()) return;
-  const std::string chat_template = read_text(c.chat_template_path, "data.chat_template");
-  const fs::path config = to / "tokenizer_config.json";
-  nlohmann::ordered_json js = nlohmann::ordered_json::object();
-  if (fs::exists(config, ec)) {
-    js = nlohmann::ordered_json::parse(read_text(config, "data.tokenizer"), nullptr, false);
-    if (!js.is_object())
-      throw Error(str(config.string(), " (copied from the model's folder) is not a JSON object"), "data.tokenizer",
-                  "give a tokenizer folder whose tokenizer_config.json is valid JSON");
   }
+  if (c.chat_template_path.empty()) return;
+  const std::string chat_template = run_template(c.chat_template_path);
+  const fs::path config = to / "tokenizer_config.json";
+  nlohmann::ordered_json js =
+      fs::exists(config, ec) ? read_json_object(config, "data.tokenizer") : nlohmann::ordered_json::object();
   js["chat_template"] = chat_template;
   std::string text;
   try {
@@ -120,6 +146,7 @@ void copy_model_files(const fs::path& to, const CheckpointContents& c) {
                 "save the template as UTF-8");
   }
   write_text(config, text + "\n");
+  // transformers reads chat_template.jinja before tokenizer_config.json's key: both say the same.
   if (fs::exists(to / "chat_template.jinja", ec)) write_text(to / "chat_template.jinja", chat_template);
 }
 

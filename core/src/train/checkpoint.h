@@ -1,7 +1,7 @@
 // Checkpoints: output_dir/checkpoint-<step>/ holds the model as a Hugging Face folder (config.json
 // with the rope parameters used, safetensors), the tokenizer files and what transformers, vLLM and
-// TRL read to use it as a chat model (tokenizer_config.json with its chat_template,
-// generation_config.json, special_tokens_map.json, chat_template.jinja, each where the source
+// TRL read to use it as a chat model (tokenizer_config.json with the chat template the run trained
+// with, generation_config.json, special_tokens_map.json, chat_template.jinja, each where the source
 // folders have it), optimizer.safetensors (fp32
 // master weights and moments), trainer_state.json (step, data position, RNG seed, counters) and the
 // resolved manifest. A checkpoint is written under a temporary name and renamed when complete, so
@@ -40,11 +40,13 @@ struct RankIO {
 struct CheckpointContents {
   std::string manifest_toml;
   std::string tokenizer_path;  // copied beside the model when set
-  // Where the chat model's files are copied from, each from the first folder that has it: the
-  // model's folder ([model] path), then the tokenizer's (all a random init has).
-  std::vector<std::string> model_file_dirs;
-  // A chat template file ([data] chat_template): the copied tokenizer_config.json's chat_template
-  // (and chat_template.jinja, which transformers reads first, where one was copied) become it.
+  // Where the chat model's files are copied from: tokenizer_config.json, special_tokens_map.json
+  // and chat_template.jinja from the tokenizer's folder, else the model's; generation_config.json
+  // from the model's folder ([model] path; "" for a random init), else the tokenizer's.
+  std::string model_dir, tokenizer_dir;
+  // [data] chat_template (a Jinja file, or a tokenizer_config.json): the checkpoint's
+  // tokenizer_config.json chat_template (and chat_template.jinja, which transformers reads first,
+  // where one was copied) become its template.
   std::string chat_template_path;
   std::string rope_parameters_json = "{}";
   DType model_dtype = DType::bf16;

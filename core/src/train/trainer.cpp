@@ -98,7 +98,8 @@ Trainer::Trainer(Run& run, const Manifest& manifest, RunLength length, const std
       bar_(length.total_steps, run.lead() && isatty(STDERR_FILENO) != 0) {
   contents_.manifest_toml = manifest.to_toml();
   contents_.tokenizer_path = cfg_.data.tokenizer;
-  contents_.model_file_dirs = {cfg_.model.path, std::filesystem::path(cfg_.data.tokenizer).parent_path().string()};
+  contents_.model_dir = cfg_.model.path;
+  contents_.tokenizer_dir = std::filesystem::path(cfg_.data.tokenizer).parent_path().string();
   contents_.chat_template_path = cfg_.data.chat_template;
   contents_.rope_parameters_json = run.slots().positional->hf_rope_parameters();
   contents_.model_dtype = run.dtype();
