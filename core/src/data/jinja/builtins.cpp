@@ -243,6 +243,12 @@ Value str_method(const Value& self, const std::string& name) {
   return method(name, [name](Args&) -> Value { throw Failure(str("the str method ", name, "() is not implemented")); });
 }
 
+// What the sandbox gives for a method that would change a container: an undefined that prints
+// as nothing and fails when called.
+Value unsafe(const Value& obj, const std::string& name) {
+  return Value::undefined(str("access to attribute '", name, "' of '", type_name(obj), "' object is unsafe."));
+}
+
 Value dict_method(const Value& self, const std::string& name) {
   if (name == "items" || name == "keys" || name == "values") {
     return method(name, [self, name](Args& a) {
@@ -266,9 +272,9 @@ Value dict_method(const Value& self, const std::string& name) {
       return v ? *v : b("default", Value::none());
     });
   }
-  return method(name, [name](Args&) -> Value {
-    throw Failure(str("dict.", name, "() is not supported (the sandbox keeps dicts unchanged)"));
-  });
+  if (name == "copy" || name == "fromkeys")
+    return method(name, [name](Args&) -> Value { throw Failure(str("dict.", name, "() is not implemented")); });
+  return unsafe(self, name);
 }
 
 bool is_dict_method(const std::string& n) {
@@ -859,10 +865,11 @@ Value get_attr(const Value& obj, const std::string& name) {
       if (str_methods().count(name)) return str_method(obj, name);
       break;
     case Kind::list:
-      if (obj.seq == Seq::list && is_list_method(name))
-        return method(name, [name](Args&) -> Value {
-          throw Failure(str("list.", name, "() is not supported (the sandbox keeps lists unchanged)"));
-        });
+      if (obj.seq == Seq::list && is_list_method(name)) {
+        if (name == "copy" || name == "count" || name == "index")
+          return method(name, [name](Args&) -> Value { throw Failure(str("list.", name, "() is not implemented")); });
+        return unsafe(obj, name);
+      }
       break;
     case Kind::ns: {
       if (const Value* v = obj.ns().find(name)) return *v;

@@ -414,9 +414,7 @@ class Interpreter {
       case Expr::K::concat: {
         Text t;
         for (const auto& part : e.a) {
-          const Value v = eval(*part, scope);
-          if (v.markup) throw Failure("~ with a `safe` (Markup) string is not implemented");
-          t.append(to_text(v));
+          t.append(to_text(eval(*part, scope)));
         }
         return Value::string(std::move(t));
       }

@@ -83,7 +83,12 @@ class Parser {
     while (true) {
       const Token& tk = cur();
       if (tk.type == Tok::eof) {
-        if (!ends.empty()) throw fail(str("the template ends inside a block (missing {% ", *ends.begin(), " %})"));
+        if (!ends.empty()) {
+          std::string closer = *ends.begin();
+          for (const auto& e : ends)
+            if (e.rfind("end", 0) == 0) closer = e;
+          throw fail(str("the template ends inside a block (missing {% ", closer, " %})"));
+        }
         return body;
       }
       if (tk.type == Tok::text) {
