@@ -307,8 +307,9 @@ Value loop_attr(const LoopInfo& l, const std::string& name) {
   return Value::undefined(str("'jinja2.runtime.LoopContext object' has no attribute '", name, "'"));
 }
 
-// make_attrgetter: "a.b.0" looks up each part as jinja2's getitem does.
-Value attr_path(const Value& item, const std::string& path) {
+// make_attrgetter: "a.b.0" looks up each part as jinja2's getitem does; with a default, an
+// undefined part becomes the default before the next part is looked up in it.
+Value attr_path(const Value& item, const std::string& path, const Value* fallback = nullptr) {
   Value v = item;
   size_t start = 0;
   while (true) {
@@ -316,6 +317,7 @@ Value attr_path(const Value& item, const std::string& path) {
     const std::string part = path.substr(start, dot == std::string::npos ? std::string::npos : dot - start);
     const bool digits = !part.empty() && std::all_of(part.begin(), part.end(), [](char c) { return c >= '0' && c <= '9'; });
     v = get_item(v, digits ? Value::integer(std::stoll(part)) : Value::string(part, 0));
+    if (fallback && v.is_undefined()) v = *fallback;
     if (dot == std::string::npos) return v;
     start = dot + 1;
   }
@@ -585,14 +587,12 @@ Value filter_impl(const std::string& name, const Value& v, Args& a) {
       Value fallback = Value::undefined();
       bool has_default = false;
       for (const auto& [k, e] : a.kw) {
-        if (k == "default") fallback = e, has_default = true;
+        if (k == "default") fallback = e, has_default = e.kind != Kind::none;
         else if (k != "attribute") throw Failure(str("map got an unexpected keyword argument '", k, "'"));
       }
       if (!a.pos.empty()) throw Failure("map(attribute=...) takes no positional argument");
       for (const Value& item : iterate(v)) {
-        Value x = attr_path(item, to_text(*attribute).str());
-        if (has_default && x.is_undefined()) x = fallback;
-        out.push_back(x);
+        out.push_back(attr_path(item, to_text(*attribute).str(), has_default ? &fallback : nullptr));
       }
     } else {
       if (a.pos.empty()) throw Failure("map needs a filter name or attribute=");
