@@ -313,6 +313,8 @@ lineafter)J"},
      R"J(dflt  dflt None x)J"},
     {"Filters", R"J({{ d|items|list }} {{ u|items|list }} {{ "hello world  foo"|wordcount }} {{ "a"|safe }} {{ ("a"|safe) ~ "b" }} {{ "  lead"|indent(2, first=true) }})J",
      R"J([('a', 1), ('b', [1, 2])] [] 3 a ab     lead)J"},
+    {"Filters", R"J({{ n|select("odd")|list }} {{ false|map("string")|list }} {{ 2.5 is odd }} {{ 3.0 is odd }} {{ 4.0 is even }} {{ u|list }} {{ u|first is defined }} {{ u|reverse|list }})J",
+     R"J([] [] False True True [] False [])J"},
     {"Filters", R"J({{ msgs|map(attribute="x.y", default="q")|list }} {{ msgs|map(attribute="role", default=none)|list }})J",
      R"J(['q', 'q'] ['user', 'assistant'])J"},
     {"Filters", R"J({{ "abcabc"|replace("c","Z") }} {{ "abcabc"|replace("c","Z", 1) }})J",
@@ -419,6 +421,9 @@ TEST(ChatTemplate, RefusesAtRenderWhatIsKnownOnlyThen) {
       {"{{ 'a' + 1 }}", 1, "can only concatenate str"},
       {"{% for x in none %}{% endfor %}", 1, "not iterable"},
       {"{{ 1 // 0 }}", 1, "by zero"},
+      {"{{ u|int }}", 1, "'u' is undefined"},
+      {"{{ [1] in {'a': 1} }}", 1, "unhashable type"},
+      {"{{ xs|indent(2) }}", 1, "indent of a list"},
   };
   for (const Refusal& r : cases) {
     SCOPED_TRACE(r.source);

@@ -336,8 +336,10 @@ Value filter_arg_call(bool test, const std::string& what, const Value& subject, 
   return call_filter(what, subject, a);
 }
 
-// select / reject / selectattr / rejectattr.
+// select / reject / selectattr / rejectattr (like map, they go through nothing when the value
+// is false, whatever its type).
 Value select_like(const Value& seq, Args& a, bool attr, bool keep_true) {
+  if (!truthy(seq)) return Value::list({}, Seq::iterator);
   std::string attribute;
   size_t first = 0;
   if (attr) {
@@ -497,7 +499,6 @@ Value filter_impl(const std::string& name, const Value& v, Args& a) {
   }
   if (name == "first" || name == "last") {
     Bind b(a, name, {});
-    need_defined();
     if (name == "last" && v.kind == Kind::list && v.seq == Seq::iterator)
       throw Failure("'generator' object is not reversible");
     const std::vector<Value> items = iterate(v);
@@ -506,7 +507,6 @@ Value filter_impl(const std::string& name, const Value& v, Args& a) {
   }
   if (name == "list") {
     Bind b(a, name, {});
-    need_defined();
     return Value::list(iterate(v), Seq::list, v.data);
   }
   if (name == "items") {
@@ -533,7 +533,6 @@ Value filter_impl(const std::string& name, const Value& v, Args& a) {
   }
   if (name == "reverse") {
     Bind b(a, name, {});
-    need_defined();
     if (v.is_string()) {
       Text out;
       const std::string& s = v.text().str();
@@ -580,6 +579,7 @@ Value filter_impl(const std::string& name, const Value& v, Args& a) {
   }
   if (name == "map") {
     std::vector<Value> out;
+    if (!truthy(v)) return Value::list({}, Seq::iterator);
     const Value* attribute = nullptr;
     for (const auto& [k, e] : a.kw)
       if (k == "attribute") attribute = &e;
@@ -611,10 +611,12 @@ Value filter_impl(const std::string& name, const Value& v, Args& a) {
   if (name == "rejectattr") return select_like(v, a, true, false);
   if (name == "int") {
     Bind b(a, name, {"default", "base"});
+    need_defined();
     return to_int_value(v, b("default", Value::integer(0)), as_int(b("base", Value::integer(10)), "base"));
   }
   if (name == "float") {
     Bind b(a, name, {"default"});
+    need_defined();
     if (v.kind == Kind::floating) return v;
     if (v.kind == Kind::integer || v.kind == Kind::boolean) return Value::floating(as_double(v), v.data);
     if (v.is_string()) {
@@ -671,7 +673,9 @@ Value filter_impl(const std::string& name, const Value& v, Args& a) {
     const bool first = truthy(b("first", Value::boolean(false)));
     const bool blank = truthy(b("blank", Value::boolean(false)));
     if (v.markup) throw Failure("indent of a `safe` (Markup) string is not implemented");
-    Text s = to_text(v);
+    // jinja2 appends "\n" to the value itself, which only a string takes.
+    if (!v.is_string()) throw Failure(str("indent of a ", type_name(v), " (jinja2 fails on it)"));
+    Text s = v.text();
     s.append("\n", 0);
     const std::vector<Text> lines = py_splitlines(s);
     Text out;
@@ -763,8 +767,14 @@ bool test_impl(const std::string& name, const Value& v, Args& a) {
   if (name == "odd" || name == "even") {
     none_args();
     if (v.is_undefined()) fail_undefined(v);
-    const int64_t x = as_int(v, "the value");
-    const int64_t m = ((x % 2) + 2) % 2;
+    if (!v.is_number()) throw Failure(str("the test '", name, "' of a ", type_name(v), " (jinja2 fails on it)"));
+    // value % 2 == 1 (or == 0), floats included.
+    if (v.kind == Kind::floating) {
+      double m = std::fmod(v.f, 2.0);
+      if (m < 0) m += 2.0;
+      return name == "odd" ? m == 1.0 : m == 0.0;
+    }
+    const int64_t m = ((as_int(v, "the value") % 2) + 2) % 2;
     return name == "odd" ? m == 1 : m == 0;
   }
   if (name == "divisibleby") {

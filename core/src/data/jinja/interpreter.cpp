@@ -150,7 +150,11 @@ bool contains(const Value& seq, const Value& x) {
       throw Failure(str("'in <string>' requires string as left operand, not ", type_name(x)));
     return seq.text().str().find(x.text().str()) != std::string::npos;
   }
-  if (seq.kind == Kind::dict) return seq.dict().find(x) != nullptr;
+  if (seq.kind == Kind::dict) {
+    if (x.kind == Kind::dict || (x.kind == Kind::list && x.seq != Seq::tuple))
+      throw Failure(str("unhashable type: '", type_name(x), "'"));
+    return seq.dict().find(x) != nullptr;
+  }
   if (seq.kind == Kind::list) {
     for (const Value& v : seq.items())
       if (equal(v, x)) return true;
