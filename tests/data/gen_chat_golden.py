@@ -171,14 +171,19 @@ def main():
                 if has_generation:
                     masks = out["assistant_masks"]
                     row["assistant_masks"] = list(masks[0] if masks and isinstance(masks[0], list) else masks)
-                    if render_jinja_template is not None:
-                        _, indices = render_jinja_template(
-                            conversations=[c["messages"]], tools=c.get("tools"), documents=None,
-                            chat_template=template, return_assistant_tokens_mask=True,
-                            add_generation_prompt=c["add_generation_prompt"], **special, **kw)
-                        row["generation"] = byte_spans(text, indices[0])
             except Exception as e:  # the golden records that transformers refuses, and how
+                row.pop("text", None)
                 row["error"] = f"{type(e).__name__}: {e}"
+            if has_generation and "text" in row and render_jinja_template is not None:
+                # The spans transformers computes the mask from (character offsets, made bytes).
+                try:
+                    _, indices = render_jinja_template(
+                        conversations=[c["messages"]], tools=c.get("tools"), documents=None,
+                        chat_template=template, return_assistant_tokens_mask=True,
+                        add_generation_prompt=c["add_generation_prompt"], **special, **kw)
+                    row["generation"] = byte_spans(row["text"], indices[0])
+                except Exception as e:
+                    print(f"{c['name']}: no generation spans from render_jinja_template ({e})", file=sys.stderr)
             try:
                 local_text, _ = render_local(env, template, c, special)
                 same = "text" in row and local_text == row["text"]
