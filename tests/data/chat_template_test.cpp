@@ -422,6 +422,7 @@ TEST(ChatTemplate, RefusesAtRenderWhatIsKnownOnlyThen) {
       {"{% for x in none %}{% endfor %}", 1, "not iterable"},
       {"{{ 1 // 0 }}", 1, "by zero"},
       {"{{ u|int }}", 1, "'u' is undefined"},
+      {"{% macro f(n) %}{{ f(n + 1) }}{% endmacro %}\n{{ f(0) }}", 1, "recurses deeper than 200"},
       {"{{ [1] in {'a': 1} }}", 1, "unhashable type"},
       {"{{ xs|indent(2) }}", 1, "indent of a list"},
   };
@@ -510,6 +511,20 @@ TEST(ChatTemplate, GenerationSpans) {
   const std::vector<std::pair<int64_t, int64_t>> want = {{19, 29}, {47, 51}};
   EXPECT_EQ(r.generation, want);
   EXPECT_EQ(r.text.substr(19, 10), "中文</s>");
+}
+
+// transformers' tracker is inactive until something has been yielded at the top level or a span
+// recorded: a span that opens the text is not recorded, one after an empty print is.
+TEST(ChatTemplate, GenerationSpansAsTransformersTracksThem) {
+  auto spans = [](const char* source) {
+    return ChatTemplate::parse(source, "g").render(ordered_json::object()).generation;
+  };
+  using Spans = std::vector<std::pair<int64_t, int64_t>>;
+  EXPECT_EQ(spans("{% generation %}a{% endgeneration %}b{% generation %}c{% endgeneration %}"), (Spans{{2, 3}}));
+  EXPECT_EQ(spans("{{ '' }}{% generation %}a{% endgeneration %}"), (Spans{{0, 1}}));
+  EXPECT_EQ(spans("{% set x %}q{% endset %}{% generation %}a{% endgeneration %}{% generation %}b{% endgeneration %}"),
+            (Spans{{1, 2}}));
+  EXPECT_EQ(spans("x{% macro m() %}y{% endmacro %}{% generation %}{{ m() }}{% endgeneration %}"), (Spans{{1, 2}}));
 }
 
 TEST(ChatTemplate, HashIsTheSourcesSha256) {

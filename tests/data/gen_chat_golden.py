@@ -51,7 +51,7 @@ def local_environment():
         @jinja2.pass_eval_context
         def _generation(self, context, caller):
             rv = caller()
-            if self.blocks is not None:
+            if self.blocks or self.spans:  # transformers' is_active()
                 start = len("".join(self.blocks))
                 self.spans.append((start, start + len(rv)))
             return rv

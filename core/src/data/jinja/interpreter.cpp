@@ -190,10 +190,14 @@ class Interpreter {
   Flow exec(const Node& n, const ScopePtr& scope) {
     *error_line_ = n.line;
     switch (n.k) {
-      case Node::K::text: out_->append(n.text, 0); return Flow::normal;
+      case Node::K::text:
+        out_->append(n.text, 0);
+        if (buffered_ == 0) ++yielded_;
+        return Flow::normal;
       case Node::K::print: {
         const Value v = eval(*n.expr, *scope);
         out_->append(to_text(v));
+        if (buffered_ == 0) ++yielded_;
         return Flow::normal;
       }
       case Node::K::if_:
@@ -219,9 +223,15 @@ class Interpreter {
       case Node::K::break_: return Flow::break_;
       case Node::K::continue_: return Flow::continue_;
       case Node::K::generation: {
+        // transformers records a span only once its tracker is active: once something has been
+        // yielded at the top level or a span recorded (AssistantTracker.is_active).
+        const bool active = yielded_ > 0 || !generation_->empty();
         const int64_t begin = static_cast<int64_t>(out_->size());
+        ++buffered_;
         const Flow f = exec(n.body, scope);
-        generation_->push_back({begin, static_cast<int64_t>(out_->size())});
+        --buffered_;
+        ++yielded_;
+        if (active) generation_->push_back({begin, static_cast<int64_t>(out_->size())});
         return f;
       }
     }
@@ -293,7 +303,9 @@ class Interpreter {
     Text buf;
     Text* saved = out_;
     out_ = &buf;
+    ++buffered_;
     exec(body, scope);
+    --buffered_;
     out_ = saved;
     return buf;
   }
@@ -304,6 +316,13 @@ class Interpreter {
     v.kind = Kind::callable;
     v.p = std::make_shared<const Callable>(Callable{n.targets[0], [this, node, defining](Args& a) -> Value {
       const int saved_line = *error_line_;
+      // Python stops runaway recursion near this depth (each macro call is several frames).
+      if (macro_depth_ >= 200) throw Failure(str("macro '", node->targets[0], "' recurses deeper than 200 calls"));
+      struct Depth {
+        int& d;
+        explicit Depth(int& x) : d(x) { ++d; }
+        ~Depth() { --d; }
+      } depth(macro_depth_);
       if (a.pos.size() > node->params.size())
         throw Failure(str("macro '", node->targets[0], "' takes not more than ", node->params.size(),
                           " argument(s)"));
@@ -489,6 +508,9 @@ class Interpreter {
   }
 
   int* error_line_;
+  int macro_depth_ = 0;
+  int buffered_ = 0;  // inside a macro, a block set or a generation body: jinja2 buffers, not yields
+  int64_t yielded_ = 0;  // outputs jinja2 would have yielded at the top level so far
   Text* out_ = nullptr;
   std::vector<std::pair<int64_t, int64_t>>* generation_ = nullptr;
 };
