@@ -45,8 +45,15 @@ struct ModelSection {
 struct DataConfig {
   std::string tokenizer;
   std::string source;
-  std::string format = "auto";  // auto | txt | jsonl | tokens
+  std::string format = "auto";  // auto | txt | jsonl | tokens | chat | prompt_completion
   std::string text_field = "text";
+  // Which tokens train: auto (assistant for chat, completion for prompt_completion, else all) |
+  // all | assistant | completion.
+  std::string loss_on = "auto";
+  // The chat template: a Jinja file, or a tokenizer_config.json holding one; "": the
+  // tokenizer_config.json beside the tokenizer.
+  std::string chat_template;
+  std::string chat_template_kwargs = "{}";  // the [data.chat_template_kwargs] table as compact JSON
   int64_t seq_len = 4096;
   int64_t pad_to_multiple_of = 1;
   bool shuffle = true;
