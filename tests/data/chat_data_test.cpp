@@ -203,7 +203,8 @@ TEST(ChatQwen3, ProbesItsHeaderAndCloser) {
   LCX_NEED_QWEN3_TEMPLATE();
   Qwen3 q;
   for (const char* kwargs : {"{}", R"({"enable_thinking": false})"}) {
-    const TurnMarkers& m = q.chat(kwargs).markers();
+    const ChatRenderer chat = q.chat(kwargs);
+    const TurnMarkers& m = chat.markers();
     EXPECT_EQ(m.header, "<|im_start|>assistant\n") << kwargs;
     EXPECT_EQ(m.closer, "<|im_end|>\n") << kwargs;
   }
@@ -264,7 +265,7 @@ struct ChatFixture {
     cfg.source = dir + "/chat.jsonl";
     cfg.cache_dir = dir + "/cache";
     cfg.shuffle = false;
-    cfg.seq_len = 64;
+    cfg.seq_len = 16;
   }
   void put(const std::string& text) { test::write_file(cfg.source, text); }
   Dataset open() { return Dataset::open(cfg, tok, {.threads = 2, .progress = false}); }
@@ -288,6 +289,7 @@ TEST(ChatDataset, DetectsConversationsAndTrainsTheAssistantsTokens) {
   LCX_NEED_QWEN3_TEMPLATE();
   ChatFixture f;
   f.put(conversation("Hi", "Hello there") + "\n" + conversation("Bye", "See you") + "\n");
+  f.cfg.seq_len = f.open().report().tokens;  // one sequence: no target lost at a sequence's end
   Dataset d = f.open();
   EXPECT_EQ(d.report().format, "chat");
   EXPECT_EQ(d.report().loss_on, "assistant");
@@ -360,7 +362,8 @@ TEST(ChatDataset, ACutConversationKeepsItsMaskAcrossSequences) {
   std::string reply;
   for (int i = 0; i < 40; ++i) reply += " word" + std::to_string(i);
   f.put(conversation("Count.", reply) + "\n" + conversation("Again?", "No.") + "\n");
-  f.cfg.seq_len = 16;
+  const int64_t L = 24;
+  f.cfg.seq_len = L;
   Dataset d = f.open();
   EXPECT_GE(d.report().cut_documents, 1);
   EXPECT_EQ(d.report().longer_than_sequence, 1);
@@ -376,7 +379,7 @@ TEST(ChatDataset, ACutConversationKeepsItsMaskAcrossSequences) {
   ids.insert(ids.end(), c1.ids.begin(), c1.ids.end());
   mask.insert(mask.end(), c1.mask.begin(), c1.mask.end());
   for (size_t t = 0; t + 1 < ids.size(); ++t) {
-    const bool seq_end = (t + 1) % 16 == 0;
+    const bool seq_end = static_cast<int64_t>(t + 1) % L == 0;
     expect.push_back(mask[t + 1] && !seq_end ? ids[t + 1] : -100);
   }
   got = all_targets(d);
