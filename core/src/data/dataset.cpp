@@ -609,8 +609,8 @@ std::string DataReport::summary() const {
     s += str("; ", untrained, untrained == 1 ? " conversation has" : " conversations have", " no token that trains (first: ",
              first_untrained, ")");
   if (cut_documents)
-    s += str("; ", cut_documents, doc, cut_documents == 1 ? " continues" : "s continue", " into the next sequence (",
-             longer_than_sequence, " longer than data.seq_len)");
+    s += str("; ", cut_documents, doc, cut_documents == 1 ? " continues" : "s continue", " into the next sequence",
+             longer_than_sequence ? str(" (", longer_than_sequence, " longer than data.seq_len)") : std::string());
   if (invalid_utf8_documents)
     s += str("; ", invalid_utf8_documents, " with invalid UTF-8, ", invalid_utf8_sequences,
              " sequences replaced by U+FFFD (first: ", first_invalid_utf8, ")");
