@@ -275,9 +275,10 @@ TurnMarkers probe_turn_markers(const ChatTemplate& t, const ojson& base, const s
   return m;
 }
 
-void mark_assistant_turns(const RenderedText& r, const TurnMarkers& m, std::vector<uint8_t>& trained) {
+ByteRanges assistant_turns(const RenderedText& r, const TurnMarkers& m) {
   const std::string& s = r.text;
-  LCX_CHECK(r.from_data.size() == s.size() && trained.size() == s.size() && !m.header.empty() && !m.closer.empty());
+  LCX_CHECK(r.from_data.size() == s.size() && s.size() < (uint64_t{1} << 32) && !m.header.empty() && !m.closer.empty());
+  ByteRanges out;
   for (size_t at = 0; (at = s.find(m.header, at)) != std::string::npos;) {
     if (!from_template(r, at, m.header.size())) {
       ++at;
@@ -290,18 +291,19 @@ void mark_assistant_turns(const RenderedText& r, const TurnMarkers& m, std::vect
         end = c + m.closer.size();
         break;
       }
-    std::fill(trained.begin() + static_cast<std::ptrdiff_t>(begin), trained.begin() + static_cast<std::ptrdiff_t>(end), 1);
+    if (end > begin) out.emplace_back(static_cast<uint32_t>(begin), static_cast<uint32_t>(end));
     at = end;
   }
+  return out;
 }
 
-std::vector<uint8_t> token_mask(const std::vector<uint8_t>& trained, const std::vector<TokenSpan>& spans) {
+std::vector<uint8_t> token_mask(const ByteRanges& trained, const std::vector<TokenSpan>& spans) {
+  // Spans ascend, and so do the ranges: one walk over both.
   std::vector<uint8_t> out(spans.size(), 0);
-  for (size_t k = 0; k < spans.size(); ++k) {
-    LCX_CHECK(spans[k].end <= trained.size());
-    const uint8_t* b = trained.data() + spans[k].begin;
-    const uint8_t* e = trained.data() + spans[k].end;
-    out[k] = std::find(b, e, uint8_t{1}) != e;
+  size_t r = 0;
+  for (size_t k = 0; k < spans.size() && r < trained.size(); ++k) {
+    while (r < trained.size() && trained[r].second <= spans[k].begin) ++r;
+    if (r < trained.size() && trained[r].first < spans[k].end && spans[k].end > spans[k].begin) out[k] = 1;
   }
   return out;
 }
@@ -384,8 +386,7 @@ ChatText ChatRenderer::render(Conversation c, LossOn loss_on) const {
   if (c.plain) {
     // A prompt and completion as plain strings are plain text, as TRL reads them.
     out.text = c.prompt + c.completion;
-    out.trained.assign(out.text.size(), loss_on == LossOn::all ? 1 : 0);
-    std::fill(out.trained.begin() + static_cast<std::ptrdiff_t>(c.prompt.size()), out.trained.end(), 1);
+    out.trained = {{loss_on == LossOn::all ? 0u : static_cast<uint32_t>(c.prompt.size()), static_cast<uint32_t>(out.text.size())}};
     out.eos_trains = true;
     return out;
   }
@@ -399,15 +400,17 @@ ChatText ChatRenderer::render(Conversation c, LossOn loss_on) const {
     prompt_ctx = render_context(s.base, std::move(prompt), c.tools, true);
   }
   RenderedText r = s.tmpl.render(render_context(s.base, std::move(c.messages), c.tools, false));
-  out.trained.assign(r.text.size(), 0);
+  if (r.text.size() >= (uint64_t{1} << 32))
+    throw Error(str("a conversation renders to ", r.text.size(), " bytes, more than lcx's 4 GiB a conversation"));
+  const uint32_t size = static_cast<uint32_t>(r.text.size());
   switch (loss_on) {
-    case LossOn::all: std::fill(out.trained.begin(), out.trained.end(), 1); break;
+    case LossOn::all: out.trained = {{0, size}}; break;
     case LossOn::assistant:
       if (s.tmpl.has_generation_blocks()) {
         for (const auto& [b, e] : r.generation)
-          std::fill(out.trained.begin() + b, out.trained.begin() + std::min<int64_t>(e, static_cast<int64_t>(r.text.size())), 1);
+          if (e > b) out.trained.emplace_back(static_cast<uint32_t>(b), static_cast<uint32_t>(std::min<int64_t>(e, size)));
       } else {
-        mark_assistant_turns(r, markers(), out.trained);
+        out.trained = assistant_turns(r, markers());
       }
       break;
     case LossOn::completion: {
@@ -418,7 +421,7 @@ ChatText ChatRenderer::render(Conversation c, LossOn loss_on) const {
         throw Error("the template renders the prompt differently once the completion follows it, so the completion "
                     "cannot be found",
                     "data.loss_on", "train the assistant's turns with data.loss_on = \"assistant\"");
-      std::fill(out.trained.begin() + static_cast<std::ptrdiff_t>(p.text.size()), out.trained.end(), 1);
+      out.trained = {{static_cast<uint32_t>(p.text.size()), size}};
       break;
     }
   }

@@ -49,18 +49,20 @@ struct TurnMarkers {
 // data.loss_on) when the template shows none.
 TurnMarkers probe_turn_markers(const ChatTemplate& t, const nlohmann::ordered_json& base, const std::string& name);
 
-// Sets `trained` (one per byte of r.text) to 1 over each assistant turn: from the end of a header
-// whose bytes are all the template's through the end of the next closer so written (or the end of
-// the text).
-void mark_assistant_turns(const RenderedText& r, const TurnMarkers& m, std::vector<uint8_t>& trained);
+// Byte ranges [begin, end) of a text, in order and apart: the bytes that train.
+using ByteRanges = std::vector<std::pair<uint32_t, uint32_t>>;
+
+// Each assistant turn's bytes: from the end of a header whose bytes are all the template's
+// through the end of the next closer so written (or the end of the text).
+ByteRanges assistant_turns(const RenderedText& r, const TurnMarkers& m);
 
 // 1 for each token with a trained byte in its span (transformers marks a generation span's tokens
 // from the one holding its first character through the one holding its last).
-std::vector<uint8_t> token_mask(const std::vector<uint8_t>& trained, const std::vector<TokenSpan>& spans);
+std::vector<uint8_t> token_mask(const ByteRanges& trained, const std::vector<TokenSpan>& spans);
 
 struct ChatText {
   std::string text;
-  std::vector<uint8_t> trained;  // one per byte of text
+  ByteRanges trained;
   // The eos packed after it trains: plain prompt_completion, as TRL appends eos to a completion.
   bool eos_trains = false;
 };

@@ -195,6 +195,7 @@ struct Tokenizer::Impl {
   std::vector<std::pair<std::string, int32_t>> added_by_content;
   int32_t first_added = 0;
   int64_t vocab_size = 0;
+  std::vector<uint32_t> token_bytes;  // by BPE id: its length in bytes, for offsets without a lookup of its string
   int32_t eos = -1;
 
   mutable std::mutex cache_mu;
@@ -223,7 +224,7 @@ struct Tokenizer::Impl {
         // Byte-level BPE: a word's tokens are its bytes cut in order.
         uint32_t b = static_cast<uint32_t>(at + pos);
         for (size_t k = first; k < out.size(); ++k) {
-          const uint32_t e = b + static_cast<uint32_t>(bpe->bytes_of(out[k]).size());
+          const uint32_t e = b + token_bytes[static_cast<size_t>(out[k])];
           spans->push_back({b, e});
           b = e;
         }
@@ -441,6 +442,9 @@ Tokenizer Tokenizer::load(const std::string& path) {
     merges.emplace_back(ia, ib);
   }
   impl->bpe->set_merges(merges);
+  impl->token_bytes.resize(impl->bpe->size());
+  for (size_t id = 0; id < impl->bpe->size(); ++id)
+    impl->token_bytes[id] = static_cast<uint32_t>(impl->bpe->bytes_of(static_cast<int32_t>(id)).size());
 
   // Added tokens.
   std::vector<AddedToken> raw, normalized;
