@@ -3,6 +3,10 @@
 
 #include <cstdio>
 
+#include <filesystem>
+#include <sstream>
+
+#include "data/chat_data.h"
 #include "data_test_util.h"
 
 namespace lcx {
@@ -51,6 +55,55 @@ TEST(TokenizeCli, QwenIds) {
   auto path = test::qwen3_tokenizer_path();
   LCX_NEED_DATA(path);
   EXPECT_EQ(run("--tokenizer " + path + " --text 'Hello world<|im_end|>'").out, "9707 1879 151645\n");
+}
+
+// Space-separated numbers of one line.
+std::vector<int64_t> numbers(const std::string& line) {
+  std::vector<int64_t> v;
+  std::istringstream in(line);
+  for (int64_t x; in >> x;) v.push_back(x);
+  return v;
+}
+
+std::vector<std::string> lines_of(const std::string& out) {
+  std::vector<std::string> v;
+  std::istringstream in(out);
+  for (std::string l; std::getline(in, l);) v.push_back(l);
+  return v;
+}
+
+TEST(TokenizeCli, ChatPrintsEachConversationsIdsAndMask) {
+  auto path = test::qwen3_tokenizer_path();
+  LCX_NEED_DATA(path);
+  if (!std::filesystem::exists(std::filesystem::path(path).parent_path() / "tokenizer_config.json"))
+    GTEST_SKIP() << "data/qwen3/tokenizer_config.json missing: run scripts/fetch_data.sh";
+  const std::string dir = test::temp_dir();
+  const std::string a = R"({"messages":[{"role":"user","content":"Hi"},{"role":"assistant","content":"Hello"}]})";
+  const std::string b = R"({"messages":[{"role":"user","content":"2+2?"},{"role":"assistant","content":"4"}]})";
+  test::write_file(dir + "/chat.jsonl", a + "\n" + b + "\n");
+  auto r = run("--tokenizer " + path + " --chat " + dir + "/chat.jsonl --mask");
+  ASSERT_EQ(r.status, 0) << r.out;
+  auto lines = lines_of(r.out);
+  ASSERT_EQ(lines.size(), 4u) << r.out;
+  // What training reads: the same ids and mask as the data pipeline gives.
+  Tokenizer tok = Tokenizer::load(path);
+  ChatRenderer chat = ChatRenderer::load(path, "", "{}");
+  auto want = encode_conversations(chat, tok, {a, b}, "chat", LossOn::assistant, 1);
+  for (size_t i = 0; i < 2; ++i) {
+    EXPECT_EQ(numbers(lines[2 * i]), std::vector<int64_t>(want[i].ids.begin(), want[i].ids.end())) << i;
+    EXPECT_EQ(numbers(lines[2 * i + 1]), std::vector<int64_t>(want[i].mask.begin(), want[i].mask.end())) << i;
+  }
+  // enable_thinking = false changes nothing in a finished conversation of Qwen3's; ids alone
+  // without --mask.
+  r = run("--tokenizer " + path + " --chat " + dir + "/chat.jsonl --kwargs '{\"enable_thinking\": false}'");
+  EXPECT_EQ(lines_of(r.out).size(), 2u) << r.out;
+
+  test::write_file(dir + "/bad.jsonl", a + "\n{\"messages\": 3}\n");
+  r = run("--tokenizer " + path + " --chat " + dir + "/bad.jsonl");
+  EXPECT_EQ(r.status, 1);
+  EXPECT_NE(r.out.find("bad.jsonl:2: not a conversation: `messages` is a number, not a list of messages"), std::string::npos)
+      << r.out;
+  EXPECT_EQ(run("--tokenizer " + path + " --chat " + dir + "/chat.jsonl --count").status, 2);
 }
 
 }  // namespace

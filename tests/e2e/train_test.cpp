@@ -422,7 +422,17 @@ TEST_F(TrainRun, ResumeRefusesAnotherModelOrData) {
   EXPECT_EQ(across.exit_code, 2) << across.output;
   EXPECT_NE(across.output.find("data.attend_across_documents is \"true\" but the checkpoint was trained with \"false\""),
             std::string::npos)
-      << across.output;
+      << across.output;  // Which tokens train and the chat template's variables change the targets too.
+  auto loss_on = train("--config " + m + " --resume latest --set data.loss_on=all");
+  EXPECT_EQ(loss_on.exit_code, 2) << loss_on.output;
+  EXPECT_NE(loss_on.output.find("data.loss_on is \"all\" but the checkpoint was trained with \"auto\""), std::string::npos)
+      << loss_on.output;
+  auto kwargs = train("--config " + m + " --resume latest --set data.chat_template_kwargs.enable_thinking=false");
+  EXPECT_EQ(kwargs.exit_code, 2) << kwargs.output;
+  EXPECT_NE(kwargs.output.find("data.chat_template_kwargs is \"{\"enable_thinking\":false}\" but the checkpoint was "
+                               "trained with \"{}\""),
+            std::string::npos)
+      << kwargs.output;
 }
 
 TEST_F(TrainRun, MetricsStayOneHistoryAcrossAResumeThatRollsBack) {

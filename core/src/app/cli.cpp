@@ -26,6 +26,7 @@ CliOptions parse_cli(int argc, char** argv) {
       "Usage: lcx-train --config run.toml [--set section.key=value]... [--disable NAME]...\n"
       "       lcx-train config [--markdown]   (every key: type, default, meaning)\n"
       "       lcx-train tokenize --tokenizer FILE (--text STRING | --file PATH) [--count]\n"
+      "       lcx-train tokenize --tokenizer FILE --chat JSONL [--tokenizer-config FILE] [--kwargs JSON] [--mask]\n"
       "       lcx-train eval --config run.toml (--checkpoint DIR | --model DIR) --seq-len N --out DIR\n"
       "       lcx-train eval-plot --out FILE.svg CSV_OR_DIR...\n"
       "       lcx-train calibrate [--out FILE]   (measure this GPU's rates row, see calibrate --help)\n"

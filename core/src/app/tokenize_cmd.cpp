@@ -1,15 +1,20 @@
 // `lcx-train tokenize`: prints the ids lcx's tokenizer gives a text (or only their number), so a
-// user can check what the model will see. Ids are those of Hugging Face `tokenizers`.
+// user can check what the model will see. Ids are those of Hugging Face `tokenizers`. With --chat,
+// a conversation .jsonl as training reads it: one line of ids per conversation, rendered by the
+// chat template, and with --mask a line of 0/1 after each, 1 where the token trains.
 #include <boost/program_options.hpp>
 #include <algorithm>
 #include <chrono>
 #include <cstdio>
+#include <deque>
 #include <fstream>
 #include <iostream>
 #include <sstream>
 
 #include "app/cli.h"
+#include "data/chat_data.h"
 #include "data/tokenizer.h"
+#include "data/utf8.h"
 #include "lcx/error.h"
 #include "util/file.h"
 
@@ -17,19 +22,89 @@ namespace po = boost::program_options;
 
 namespace lcx {
 
+namespace {
+
+std::string joined(const auto& v) {
+  std::string line;
+  line.reserve(v.size() * 7);
+  for (size_t i = 0; i < v.size(); ++i) {
+    if (i) line.push_back(' ');
+    line += std::to_string(static_cast<int64_t>(v[i]));
+  }
+  line.push_back('\n');
+  return line;
+}
+
+// --chat: every conversation of `file`, in order; a line that is not one is named on stderr and
+// makes the exit status 1.
+int tokenize_chat(const Tokenizer& tok, const std::string& file, const std::string& tokenizer_config,
+                  const std::string& kwargs, bool mask, int threads) {
+  const std::string all = read_file(file, "--chat", "give a .jsonl of conversations");
+  ChatRenderer chat = ChatRenderer::load(tok.path(), tokenizer_config, kwargs.empty() ? "{}" : kwargs);
+  std::vector<std::string_view> lines;
+  std::vector<size_t> numbers;
+  std::deque<std::string> repaired;  // lines whose invalid UTF-8 was replaced; views point into them
+  std::string format = "chat";
+  for (size_t at = 0, no = 1; at < all.size(); ++no) {
+    size_t nl = all.find('\n', at);
+    if (nl == std::string::npos) nl = all.size();
+    std::string_view line(all.data() + at, nl - at);
+    at = nl + 1;
+    if (line.find_first_not_of(" \t\r") == std::string_view::npos) continue;
+    if (utf8::first_invalid(line) != std::string_view::npos) {
+      repaired.push_back(utf8::repair(line, nullptr));
+      line = repaired.back();
+    }
+    if (lines.empty()) {
+      auto j = nlohmann::json::parse(line, nullptr, false);
+      if (j.is_object() && !j.contains("messages") && j.contains("prompt") && j.contains("completion"))
+        format = "prompt_completion";
+    }
+    lines.push_back(line);
+    numbers.push_back(no);
+  }
+  const LossOn loss_on = format == "chat" ? LossOn::assistant : LossOn::completion;
+  auto enc = encode_conversations(chat, tok, lines, format, loss_on, threads);
+  int status = 0;
+  std::string out;
+  for (size_t i = 0; i < enc.size(); ++i) {
+    if (!enc[i].error.empty()) {
+      std::fprintf(stderr, "%s:%zu: not a conversation: %s\n", file.c_str(), numbers[i], enc[i].error.c_str());
+      status = 1;
+      continue;
+    }
+    out += joined(enc[i].ids);
+    if (mask) out += joined(enc[i].mask);
+  }
+  std::fwrite(out.data(), 1, out.size(), stdout);
+  return status;
+}
+
+}  // namespace
+
 int tokenize_main(int argc, char** argv) {
-  std::string tokenizer, text, file;
-  bool count = false, help = false;
+  std::string tokenizer, text, file, chat, tokenizer_config, kwargs;
+  bool count = false, help = false, mask = false;
   int threads = 0;
   po::options_description desc(
       "lcx-train tokenize: the token ids of a text\n\n"
-      "Usage: lcx-train tokenize --tokenizer FILE (--text STRING | --file PATH) [--count]\n\n"
+      "Usage: lcx-train tokenize --tokenizer FILE (--text STRING | --file PATH) [--count]\n"
+      "       lcx-train tokenize --tokenizer FILE --chat JSONL [--tokenizer-config FILE] [--kwargs JSON] [--mask]\n\n"
       "Options");
   desc.add_options()
       ("tokenizer", po::value(&tokenizer)->value_name("FILE"), "a Hugging Face tokenizer.json")
       ("text", po::value(&text)->value_name("STRING"), "the text to tokenize")
       ("file", po::value(&file)->value_name("PATH"), "a file whose whole content is tokenized")
       ("count", po::bool_switch(&count), "print only the number of tokens")
+      ("chat", po::value(&chat)->value_name("JSONL"),
+       "conversations (`messages`, or `prompt` and `completion`), one per line: a line of ids for each")
+      ("tokenizer-config", po::value(&tokenizer_config)->value_name("FILE"),
+       "the chat template: a tokenizer_config.json or a Jinja file (default: the tokenizer_config.json beside "
+       "--tokenizer)")
+      ("kwargs", po::value(&kwargs)->value_name("JSON"),
+       "the template's variables as a JSON object, e.g. '{\"enable_thinking\": false}'")
+      ("mask", po::bool_switch(&mask), "after each line of ids, a line of 0/1: 1 where the token trains "
+       "(the assistant's turns, or the completion)")
       ("threads", po::value(&threads)->value_name("N"), "encoding threads (default: all cores)")
       ("help,h", po::bool_switch(&help), "print this help");
   po::variables_map vm;
@@ -44,6 +119,14 @@ int tokenize_main(int argc, char** argv) {
     return 0;
   }
   if (tokenizer.empty()) throw Error("tokenize needs --tokenizer", "--tokenizer", "give the path of a tokenizer.json");
+  if (vm.count("chat")) {
+    if (vm.count("text") || vm.count("file") || count)
+      throw Error("--chat reads conversations; --text, --file and --count are for plain text", "--chat",
+                  "pass --chat JSONL alone, or --text/--file without it");
+    return tokenize_chat(Tokenizer::load(tokenizer), chat, tokenizer_config, kwargs, mask, threads);
+  }
+  if (mask || vm.count("kwargs") || vm.count("tokenizer-config"))
+    throw Error("--mask, --kwargs and --tokenizer-config go with --chat", "--chat", "add --chat JSONL");
   if (vm.count("text") == vm.count("file"))
     throw Error("tokenize needs exactly one of --text and --file", "--text", "pass --text STRING or --file PATH");
   if (!file.empty()) text = read_file(file, "--file", "give a readable text file");

@@ -3,6 +3,7 @@
 #include <algorithm>
 #include <cmath>
 #include <filesystem>
+#include <nlohmann/json.hpp>
 #include <optional>
 
 #include "lcx/error.h"
@@ -33,6 +34,16 @@ void resolve_paths(toml::table& root, const std::filesystem::path& base) {
     if (!v || v->get().empty() || std::filesystem::path(v->get()).is_absolute()) continue;
     v->get() = (base / v->get()).lexically_normal().string();
   }
+}
+
+// The table at `path` of the manifest as compact JSON ("{}" when absent).
+std::string toml_table_json(const Manifest& m, const std::vector<std::string>& path) {
+  nlohmann::json j = nlohmann::json::parse(m.to_json(), nullptr, false);
+  for (const auto& k : path) {
+    if (!j.is_object() || !j.contains(k)) return "{}";
+    j = j[k];
+  }
+  return j.is_object() ? j.dump() : "{}";
 }
 
 }  // namespace
@@ -154,7 +165,15 @@ CoreConfig read_core_config(const Manifest& m, const std::vector<std::string>& p
     ConfigView v = m.section("data");
     v.describe("tokenizer", "the tokenizer.json that turns text into token ids");
     v.describe("source", "the training data: a folder of .txt, a .txt, a .jsonl or a token file");
-    v.describe("format", "how `source` is read; auto goes by its file extension");
+    v.describe("format", "how `source` is read; auto goes by its file extension, and a .jsonl whose first line has "
+               "`messages` (or `prompt` and `completion`) is read as chat (or prompt_completion)");
+    v.describe("loss_on", "which tokens train: the assistant's turns (content, reasoning the template keeps, tool calls "
+               "and the turn's closing tokens, not its role header), the completion, or every token; auto: assistant "
+               "for chat, completion for prompt_completion, all for text");
+    v.describe("chat_template", "the Jinja chat template conversations are rendered with: a template file or a "
+               "tokenizer_config.json; \"\": the tokenizer_config.json beside data.tokenizer", {}, "\"\" (beside the tokenizer)");
+    v.describe("chat_template_kwargs", "variables the chat template sees, e.g. {enable_thinking = false} for Qwen3; "
+               "--set data.chat_template_kwargs.enable_thinking=false");
     v.describe("text_field", "the field of each .jsonl line that holds its text");
     v.describe("seq_len", "tokens in one training sequence (documents are packed end to end)", ">= 2");
     v.describe("pad_to_multiple_of", "the last, shorter sequence is padded to a multiple of this");
@@ -169,8 +188,14 @@ CoreConfig read_core_config(const Manifest& m, const std::vector<std::string>& p
       c.data.tokenizer = (std::filesystem::path(c.model.path) / "tokenizer.json").string();
     c.data.source = v.get_string("source", c.data.source);
     c.data.format = v.get_string("format", c.data.format);
-    one_of(v, "format", c.data.format, {"auto", "txt", "jsonl", "tokens"});
+    one_of(v, "format", c.data.format, {"auto", "txt", "jsonl", "tokens", "chat", "prompt_completion"});
     c.data.text_field = v.get_string("text_field", c.data.text_field);
+    c.data.loss_on = v.get_string("loss_on", c.data.loss_on);
+    one_of(v, "loss_on", c.data.loss_on, {"auto", "all", "assistant", "completion"});
+    c.data.chat_template = v.get_string("chat_template", c.data.chat_template);
+    // Any table: its keys are the template's variables, not lcx's.
+    v.table("chat_template_kwargs");
+    c.data.chat_template_kwargs = toml_table_json(m, {"data", "chat_template_kwargs"});
     c.data.seq_len = v.get_int("seq_len", c.data.seq_len);
     if (c.data.seq_len < 2) v.fail("seq_len", str(c.data.seq_len, " is too short"), "use at least 2 tokens");
     c.data.pad_to_multiple_of = v.get_int("pad_to_multiple_of", c.data.pad_to_multiple_of);
@@ -179,9 +204,6 @@ CoreConfig read_core_config(const Manifest& m, const std::vector<std::string>& p
     c.data.cache_dir = v.get_string("cache_dir", c.data.cache_dir);
     c.data.drop_last = v.get_bool("drop_last", c.data.drop_last);
     c.data.attend_across_documents = v.get_bool("attend_across_documents", c.data.attend_across_documents);
-    v.describe("chat_template", "a Jinja chat template file used instead of the tokenizer's own; checkpoints carry it",
-               {}, "\"\" (the tokenizer's)");
-    c.data.chat_template = v.get_string("chat_template", c.data.chat_template);
     v.check_unknown();
   }
   {

@@ -45,8 +45,15 @@ struct ModelSection {
 struct DataConfig {
   std::string tokenizer;
   std::string source;
-  std::string format = "auto";  // auto | txt | jsonl | tokens
+  std::string format = "auto";  // auto | txt | jsonl | tokens | chat | prompt_completion
   std::string text_field = "text";
+  // Which tokens train: auto (assistant for chat, completion for prompt_completion, else all) |
+  // all | assistant | completion.
+  std::string loss_on = "auto";
+  // The chat template: a Jinja file, or a tokenizer_config.json holding one; "": the
+  // tokenizer_config.json beside the tokenizer. Checkpoints carry the one the run trained with.
+  std::string chat_template;
+  std::string chat_template_kwargs = "{}";  // the [data.chat_template_kwargs] table as compact JSON
   int64_t seq_len = 4096;
   int64_t pad_to_multiple_of = 1;
   bool shuffle = true;
@@ -55,9 +62,6 @@ struct DataConfig {
   // false: a token attends only to its own document and positions restart at each one (packed
   // documents masked); true: the packed sequence is one text.
   bool attend_across_documents = false;
-  // A Jinja chat template file that replaces the tokenizer's own (tokenizer_config.json's
-  // chat_template); "" keeps the tokenizer's. Checkpoints carry the one the run trained with.
-  std::string chat_template;
 };
 
 // [eval]: the loss on held-out data during training, forward only through the step's slots.

@@ -5,13 +5,16 @@
 
 #include <algorithm>
 #include <chrono>
+#include <deque>
 #include <cstdio>
 #include <filesystem>
 #include <fstream>
 #include <mutex>
+#include <optional>
 #include <nlohmann/json.hpp>
 #include <sstream>
 
+#include "data/chat_data.h"
 #include "data/token_cache.h"
 #include "data/utf8.h"
 #include "lcx/error.h"
@@ -31,6 +34,7 @@ struct Dataset::State {
   int64_t num_tokens = 0;
   const uint64_t* doc_starts = nullptr;
   int64_t num_docs = 0;
+  const uint8_t* mask = nullptr;  // 1 where a token trains; null: all do
   std::vector<uint64_t> own_doc_starts;  // for a pre-tokenized source, found by scanning for EOS
   int64_t num_sequences = 0;
   int64_t last_real = 0;    // tokens in the final sequence before padding
@@ -117,6 +121,25 @@ void walk(const fs::path& dir, const fs::path& root, const std::vector<std::stri
   }
 }
 
+bool is_chat_format(const std::string& format) { return format == "chat" || format == "prompt_completion"; }
+
+// A .jsonl read with format auto: conversations when its first line has `messages` (or `prompt`
+// and `completion`), as TRL tells its dataset types apart; said in the log.
+std::string jsonl_kind(const fs::path& file) {
+  std::ifstream in(file, std::ios::binary);
+  std::string line;
+  while (std::getline(in, line))
+    if (line.find_first_not_of(" \t\r") != std::string::npos) break;
+  json j = json::parse(line, nullptr, false);
+  std::string kind = "jsonl";
+  if (j.is_object() && j.contains("messages")) kind = "chat";
+  else if (j.is_object() && j.contains("prompt") && j.contains("completion")) kind = "prompt_completion";
+  if (kind != "jsonl")
+    log::info(str("data: ", file.string(), "'s first line has ", kind == "chat" ? "a `messages` field" : "`prompt` and `completion`",
+                  ": reading conversations (data.format = \"", kind, "\")"));
+  return kind;
+}
+
 std::string resolve_format(const DataConfig& cfg) {
   fs::path src(cfg.source);
   if (cfg.format != "auto") return cfg.format;
@@ -126,24 +149,65 @@ std::string resolve_format(const DataConfig& cfg) {
     walk(src, src, {".txt"}, txt, scratch);
     if (!txt.empty()) return "txt";
     walk(src, src, {".jsonl"}, jsonl, scratch);
-    if (!jsonl.empty()) return "jsonl";
+    if (!jsonl.empty()) {
+      std::sort(jsonl.begin(), jsonl.end(), [](const SourceFile& a, const SourceFile& b) { return a.rel < b.rel; });
+      return jsonl_kind(jsonl.front().path);
+    }
     throw Error(str("data.source ", cfg.source, " holds no .txt or .jsonl file"), "data.source",
                 "point it at a folder of .txt files, a .jsonl file or a .tokens file, or set data.format");
   }
   std::string e = ext_of(src);
-  if (e == ".jsonl") return "jsonl";
+  if (e == ".jsonl") return jsonl_kind(src);
   if (e == ".tokens" || e == ".bin") return "tokens";
   return "txt";
 }
 
+// data.loss_on for `format`: auto resolved, combinations that train nothing meant refused.
+LossOn resolve_loss_on(const DataConfig& cfg, const std::string& format) {
+  const std::string& l = cfg.loss_on;
+  if (format == "chat") {
+    if (l == "completion")
+      throw Error(str("data.loss_on = \"completion\" needs a prompt and a completion; data.source ", cfg.source,
+                      " is read as chat"),
+                  "data.loss_on", "use loss_on = \"assistant\" (or \"all\"), or give prompt_completion lines");
+    return l == "all" ? LossOn::all : LossOn::assistant;
+  }
+  if (format == "prompt_completion")
+    return l == "all" ? LossOn::all : l == "assistant" ? LossOn::assistant : LossOn::completion;
+  if (l == "assistant" || l == "completion")
+    throw Error(str("data.loss_on = \"", l, "\" needs conversations, and data.source ", cfg.source, " is read as ", format),
+                "data.loss_on",
+                "give .jsonl lines with `messages` (data.format = \"chat\") or `prompt` and `completion`, or set "
+                "loss_on = \"all\"");
+  return LossOn::all;
+}
+
 // Reads documents and hands them to the tokenizer in batches of about 16 MB, all threads at
 // once; a progress line with the rate and ETA goes to stderr.
+// Conversations go in as their lines (views that stay valid until the next flush) and come out as
+// ids with their masks.
+struct ChatInput {
+  const ChatRenderer* chat = nullptr;
+  std::string format;
+  LossOn loss_on = LossOn::all;
+};
+
 class Builder {
  public:
-  Builder(const Tokenizer& tok, TokenCacheWriter& w, DataReport& r, int threads, bool progress, uint64_t total)
-      : tok_(tok), w_(w), r_(r), threads_(threads), total_(total), start_(clock::now()), last_(start_) {
+  Builder(const Tokenizer& tok, TokenCacheWriter& w, DataReport& r, int threads, bool progress, uint64_t total,
+          ChatInput chat = {})
+      : tok_(tok), w_(w), r_(r), threads_(threads), total_(total), start_(clock::now()), last_(start_),
+        chat_(std::move(chat)) {
     tty_ = progress && isatty(STDERR_FILENO);
   }
+  // One line of a conversation file; `line` must stay valid until flush().
+  void add_line(std::string_view line, std::string where) {
+    pending_bytes_ += line.size();
+    lines_.push_back(line);
+    where_.push_back(std::move(where));
+    if (pending_bytes_ >= (16u << 20) || lines_.size() >= 16384) flush();
+  }
+  int64_t conversations() const { return r_.documents; }
   void add(std::string text, std::string where) {
     if (text.empty()) {
       note(r_.empty, r_.first_empty, where);
@@ -160,6 +224,10 @@ class Builder {
     if (texts_.empty()) done_ = read_, show(false);
   }
   void flush() {
+    if (chat_.chat) {
+      flush_conversations();
+      return;
+    }
     if (texts_.empty()) return;
     std::vector<std::string_view> views(texts_.begin(), texts_.end());
     std::vector<EncodeStats> stats;
@@ -184,6 +252,30 @@ class Builder {
   }
 
  private:
+  void flush_conversations() {
+    if (lines_.empty()) return;
+    auto enc = encode_conversations(*chat_.chat, tok_, lines_, chat_.format, chat_.loss_on, threads_);
+    for (size_t i = 0; i < enc.size(); ++i) {
+      EncodedConversation& c = enc[i];
+      if (!c.error.empty() || c.ids.empty()) {
+        if (r_.bad_conversations++ < 5) r_.bad_examples.push_back(str(where_[i], ": ", c.error.empty() ? "renders to nothing" : c.error));
+        continue;
+      }
+      int64_t trained = 0;
+      for (uint8_t m : c.mask) trained += m;
+      if (trained == 0) note(r_.untrained, r_.first_untrained, where_[i]);
+      r_.trained_tokens += trained + (r_.documents > 0 && last_eos_trains_ ? 1 : 0);
+      w_.add_document(c.ids, &c.mask, last_eos_trains_ ? 1 : 0);
+      last_eos_trains_ = c.eos_trains;
+      ++r_.documents;
+    }
+    lines_.clear();
+    where_.clear();
+    pending_bytes_ = 0;
+    done_ = read_;
+    show(false);
+  }
+
   using clock = std::chrono::steady_clock;
   void show(bool final) {
     auto now = clock::now();
@@ -210,6 +302,9 @@ class Builder {
   bool tty_ = false;
   std::vector<std::string> texts_, where_;
   uint64_t pending_bytes_ = 0;
+  ChatInput chat_;
+  std::vector<std::string_view> lines_;
+  bool last_eos_trains_ = false;
 };
 
 bool read_whole(const fs::path& p, std::string& out) {
@@ -261,12 +356,62 @@ void read_jsonl(const SourceFile& f, const std::string& field, Builder& b, DataR
   b.consumed(f.size);
 }
 
+// A conversation file: every line not blank is one conversation or a reported bad line; a file
+// with lines and no conversation is refused, as its format is plainly not what it was read as.
+void read_chat_jsonl(const SourceFile& f, const std::string& format, Builder& b, DataReport& r) {
+  std::string all;
+  if (!read_whole(f.path, all)) {
+    note(r.unreadable, r.first_unreadable, f.path.string());
+    return;
+  }
+  std::deque<std::string> repaired;  // lines whose invalid UTF-8 was replaced, alive until the flush
+  const int64_t docs_before = r.documents, bad_before = r.bad_conversations;
+  const size_t examples_before = r.bad_examples.size();
+  int64_t lines = 0;
+  size_t line_no = 0, at = 0;
+  while (at < all.size()) {
+    size_t nl = all.find('\n', at);
+    if (nl == std::string::npos) nl = all.size();
+    std::string_view line(all.data() + at, nl - at);
+    at = nl + 1;
+    ++line_no;
+    if (line.find_first_not_of(" \t\r") == std::string_view::npos) continue;
+    ++lines;
+    std::string where = str(f.path.string(), ":", line_no);
+    if (utf8::first_invalid(line) != std::string_view::npos) {
+      int64_t n = 0;
+      repaired.push_back(utf8::repair(line, &n));
+      line = repaired.back();
+      note(r.invalid_utf8_documents, r.first_invalid_utf8, where);
+      r.invalid_utf8_sequences += n;
+    }
+    b.add_line(line, std::move(where));
+  }
+  b.flush();
+  b.consumed(f.size);
+  if (lines == 0) {
+    note(r.empty, r.first_empty, f.path.string());
+  } else if (r.documents == docs_before) {
+    const std::string first = r.bad_examples.size() > examples_before ? r.bad_examples[examples_before] : std::string();
+    throw Error(str("data.source: no line of ", f.path.string(), " is a conversation (", r.bad_conversations - bad_before,
+                    " lines; the first: ", first, ")"),
+                "data.source",
+                format == "chat"
+                    ? "give one conversation per line: {\"messages\": [{\"role\": \"user\", \"content\": \"...\"}, "
+                      "{\"role\": \"assistant\", \"content\": \"...\"}]}, or set data.format to how the file is written"
+                    : "give one example per line: {\"prompt\": \"...\", \"completion\": \"...\"} (strings or message "
+                      "lists), or set data.format to how the file is written");
+  }
+}
+
 json report_meta(const DataReport& r) {
   return {{"files", r.files}, {"documents", r.documents}, {"empty", r.empty}, {"unreadable", r.unreadable},
           {"not_json", r.not_json}, {"missing_field", r.missing_field},
           {"invalid_utf8_documents", r.invalid_utf8_documents}, {"invalid_utf8_sequences", r.invalid_utf8_sequences},
           {"first_empty", r.first_empty}, {"first_unreadable", r.first_unreadable}, {"first_not_json", r.first_not_json},
-          {"first_missing_field", r.first_missing_field}, {"first_invalid_utf8", r.first_invalid_utf8}};
+          {"first_missing_field", r.first_missing_field}, {"first_invalid_utf8", r.first_invalid_utf8},
+          {"bad_conversations", r.bad_conversations}, {"bad_examples", r.bad_examples}, {"untrained", r.untrained},
+          {"first_untrained", r.first_untrained}, {"trained_tokens", r.trained_tokens}};
 }
 
 void load_meta(const std::string& meta, DataReport& r) {
@@ -285,6 +430,11 @@ void load_meta(const std::string& meta, DataReport& r) {
   r.first_not_json = j.value("first_not_json", "");
   r.first_missing_field = j.value("first_missing_field", "");
   r.first_invalid_utf8 = j.value("first_invalid_utf8", "");
+  r.bad_conversations = j.value("bad_conversations", 0);
+  r.bad_examples = j.value("bad_examples", std::vector<std::string>{});
+  r.untrained = j.value("untrained", 0);
+  r.first_untrained = j.value("first_untrained", "");
+  r.trained_tokens = j.value("trained_tokens", 0);
 }
 
 // Tokenizes a text source into the cache (or reuses an intact one) and maps it.
@@ -292,9 +442,19 @@ void open_text_source(Dataset::State& s, const DataConfig& cfg, const std::strin
                       const Dataset::Options& opt) {
   fs::path src(cfg.source);
   DataReport& r = s.report;
+  const bool chat = is_chat_format(format);
+  const LossOn loss_on = resolve_loss_on(cfg, format);
+  std::optional<ChatRenderer> renderer;
+  if (chat) {
+    renderer = ChatRenderer::load(tok.path(), cfg.chat_template, cfg.chat_template_kwargs);
+    r.chat_template = renderer->source();
+    r.loss_on = loss_on_name(loss_on);
+    // A template whose turns cannot be found is refused before any line is read.
+    if (loss_on == LossOn::assistant && !renderer->chat_template().has_generation_blocks()) renderer->markers();
+  }
   std::vector<SourceFile> files;
   if (fs::is_directory(src)) {
-    walk(src, src, {format == "jsonl" ? ".jsonl" : ".txt"}, files, r);
+    walk(src, src, {format == "txt" ? ".txt" : ".jsonl"}, files, r);
   } else {
     std::error_code ec;
     SourceFile f;
@@ -314,16 +474,19 @@ void open_text_source(Dataset::State& s, const DataConfig& cfg, const std::strin
   // The key: everything that changes the token stream.
   Sha256 key;
   auto add = [&](const std::string& x) { key.update(x.data(), x.size()), key.update("\n", 1); };
-  add("lcx-token-cache 1");
+  add("lcx-token-cache 2");
   add(tok.hash());
   add(format);
   if (format == "jsonl") add(cfg.text_field);
+  // The template, its variables and special tokens, and which tokens train change the masks.
+  const std::string chat_key = chat ? str(renderer->key(), "\t", loss_on_name(loss_on)) : std::string();
+  if (chat) add(chat_key);
   for (const auto& f : files) add(str(f.rel, "\t", f.size, "\t", f.mtime, "\t", f.ctime_ns, "\t", f.inode));
   const std::string key_hex = key.hex();
 
   fs::path dir = cfg.cache_dir.empty() ? (fs::is_directory(src) ? src : src.parent_path()) / ".lcx-cache" : fs::path(cfg.cache_dir);
   std::string name = sha256_string(str(fs::absolute(src).lexically_normal().string(), "\n", format, "\n",
-                                       format == "jsonl" ? cfg.text_field : "", "\n", tok.hash()))
+                                       format == "jsonl" ? cfg.text_field : "", "\n", tok.hash(), chat_key))
                          .substr(0, 16);
   fs::path path = dir / ("tokens-" + name + ".lcxtok");
   r.cache_path = path.string();
@@ -341,9 +504,14 @@ void open_text_source(Dataset::State& s, const DataConfig& cfg, const std::strin
     uint64_t total = 0;
     for (const auto& f : files) total += f.size;
     {
-      TokenCacheWriter w(path.string(), key_hex, tok.eos_id());
-      Builder b(tok, w, r, opt.threads, opt.progress, total);
+      TokenCacheWriter w(path.string(), key_hex, tok.eos_id(), chat);
+      Builder b(tok, w, r, opt.threads, opt.progress, total,
+                chat ? ChatInput{&*renderer, format, loss_on} : ChatInput{});
       for (const auto& f : files) {
+        if (chat) {
+          read_chat_jsonl(f, format, b, r);
+          continue;
+        }
         if (format == "jsonl") {
           read_jsonl(f, cfg.text_field, b, r);
           continue;
@@ -369,6 +537,8 @@ void open_text_source(Dataset::State& s, const DataConfig& cfg, const std::strin
   s.num_tokens = static_cast<int64_t>(v.num_tokens);
   s.doc_starts = v.doc_starts;
   s.num_docs = static_cast<int64_t>(v.num_docs);
+  s.mask = v.mask;
+  if (chat && !v.mask) throw Error(str("token cache ", path.string(), " has no mask"));
   if (v.eos != tok.eos_id()) throw Error(str("token cache ", path.string(), " was written with eos ", v.eos));
 }
 
@@ -407,8 +577,12 @@ uint64_t splitmix64(uint64_t& x) {
 }  // namespace
 
 std::string DataReport::summary() const {
-  std::string s = str("data: ", files, files == 1 ? " file, " : " files, ", documents, documents == 1 ? " document, " : " documents, ",
+  const bool chat = !loss_on.empty();
+  const char* doc = chat ? " conversation" : " document";
+  std::string s = str("data: ", files, files == 1 ? " file, " : " files, ", documents, doc, documents == 1 ? ", " : "s, ",
                       tokens, " tokens -> ", sequences, sequences == 1 ? " sequence" : " sequences");
+  if (chat)
+    s += str(" (", format, ", template ", chat_template, ", loss on ", loss_on, ": ", trained_tokens, " tokens train)");
   if (padding) s += str(" (", padding, " padding tokens in the last)");
   if (dropped_tokens) s += str(", ", dropped_tokens, " tokens dropped (", dropped_why, ")");
   std::vector<std::string> bad;
@@ -423,6 +597,20 @@ std::string DataReport::summary() const {
     s += "; skipped ";
     for (size_t i = 0; i < bad.size(); ++i) s += (i ? ", " : "") + bad[i];
   }
+  if (bad_conversations) {
+    s += str("; skipped ", bad_conversations, bad_conversations == 1 ? " line that is" : " lines that are",
+             " not a conversation (");
+    for (size_t i = 0; i < bad_examples.size(); ++i) s += (i ? "; " : "") + bad_examples[i];
+    if (bad_conversations > static_cast<int64_t>(bad_examples.size()))
+      s += str("; and ", bad_conversations - static_cast<int64_t>(bad_examples.size()), " more");
+    s += ")";
+  }
+  if (untrained)
+    s += str("; ", untrained, untrained == 1 ? " conversation has" : " conversations have", " no token that trains (first: ",
+             first_untrained, ")");
+  if (cut_documents)
+    s += str("; ", cut_documents, doc, cut_documents == 1 ? " continues" : "s continue", " into the next sequence",
+             longer_than_sequence ? str(" (", longer_than_sequence, " longer than data.seq_len)") : std::string());
   if (invalid_utf8_documents)
     s += str("; ", invalid_utf8_documents, " with invalid UTF-8, ", invalid_utf8_sequences,
              " sequences replaced by U+FFFD (first: ", first_invalid_utf8, ")");
@@ -442,8 +630,13 @@ Dataset Dataset::open(const DataConfig& cfg, const Tokenizer& tok, const Options
   s->seed = opt.seed;
   s->eos = tok.eos_id();
   const std::string format = resolve_format(cfg);
-  if (format == "tokens") open_token_source(*s, cfg, tok);
-  else open_text_source(*s, cfg, format, tok, opt);
+  s->report.format = format;
+  if (format == "tokens") {
+    resolve_loss_on(cfg, format);
+    open_token_source(*s, cfg, tok);
+  } else {
+    open_text_source(*s, cfg, format, tok, opt);
+  }
 
   // Sequences: full ones, then the remainder (kept and padded, unless drop_last).
   DataReport& r = s->report;
@@ -473,12 +666,23 @@ Dataset Dataset::open(const DataConfig& cfg, const Tokenizer& tok, const Options
     }
   }
   r.sequences = s->num_sequences;
+  // Documents cut by a sequence's end: continued in the next one, their masks with their tokens.
+  for (int64_t d = 0; d < s->num_docs; ++d) {
+    const int64_t b = static_cast<int64_t>(s->doc_starts[d]);
+    const int64_t e = d + 1 < s->num_docs ? static_cast<int64_t>(s->doc_starts[d + 1]) - 1 : s->num_tokens;  // eos excluded
+    if (e - b > L) ++r.longer_than_sequence;
+    if (e > b && b / L != (e - 1) / L) ++r.cut_documents;
+  }
   log::info(r.summary());
   Dataset d;
   d.s_ = std::move(s);
   // Every step would have no loss to take (a NaN, skipped): say why at the start.
   int64_t valid = 0;
   for (int64_t i = 0; i < d.s_->num_sequences && valid == 0; ++i) valid += d.valid_labels(i);
+  if (valid == 0 && d.s_->mask)
+    throw Error(str("data.source ", cfg.source, " has no trainable target: no token of its conversations is selected by ",
+                    "data.loss_on = \"", r.loss_on, "\" (", r.summary(), ")"),
+                "data.loss_on", "give conversations with assistant turns, or set data.loss_on = \"all\"");
   if (valid == 0)
     throw Error(str("data.source ", cfg.source, " has no trainable target: every token is the end of a document, which "
                     "predicts nothing"),
@@ -498,10 +702,17 @@ int64_t Dataset::length(int64_t index) const {
 
 // With masked documents each one's EOS predicts nothing: the next document is out of its sight.
 int64_t Dataset::valid_labels(int64_t index) const {
-  const int64_t n = s_->real_length(index) - 1;
-  if (s_->cfg.attend_across_documents) return n;
-  const auto [first, last] = s_->starts_inside(index);
-  return n - (last - first);
+  const State& s = *s_;
+  const int64_t n = s.real_length(index) - 1;
+  const auto [first, last] = s.starts_inside(index);
+  if (!s.mask) return s.cfg.attend_across_documents ? n : n - (last - first);
+  // Target t is token t + 1, kept where its mask is 1, except a document's eos predicting the next.
+  const int64_t a = index * s.cfg.seq_len;
+  int64_t v = 0;
+  for (int64_t t = 1; t <= n; ++t) v += s.mask[a + t];
+  if (!s.cfg.attend_across_documents)
+    for (const uint64_t* d = first; d != last; ++d) v -= s.mask[*d];
+  return v;
 }
 
 Sequence Dataset::get(int64_t index) const {
@@ -519,6 +730,9 @@ Sequence Dataset::get(int64_t index) const {
     tk[t] = t < real ? static_cast<int32_t>(src[t]) : s.eos;
     tg[t] = t + 1 < real ? static_cast<int64_t>(src[t + 1]) : -100;
   }
+  if (s.mask)
+    for (int64_t t = 0; t + 1 < real; ++t)
+      if (!s.mask[a + t + 1]) tg[t] = -100;
   // Documents touching [a, a + real): the one holding a, then each one starting inside.
   const auto [first, last] = s.starts_inside(index);
   q.document_count = static_cast<int>(last - first) + 1;

@@ -22,6 +22,10 @@
 // it can be shorter than seq_len), unless data.drop_last; dropped tokens are logged with the reason.
 // Bad input (invalid UTF-8, empty files, lines that are not JSON or lack the field, unreadable
 // files) is counted and reported in one summary line naming the first offending path of each kind.
+// Conversations (data.format chat or prompt_completion, data/chat_data.h): each line rendered by the
+// model's chat template is one document whose per-token mask (data.loss_on) travels in the token
+// cache; a token that does not train is a -100 target. Lines that are not conversations are
+// reported with their line numbers and why; a file where none is one is refused.
 #pragma once
 #include <cstdint>
 #include <memory>
@@ -40,6 +44,17 @@ struct DataReport {
   int64_t empty = 0, unreadable = 0, not_json = 0, missing_field = 0;
   int64_t invalid_utf8_documents = 0, invalid_utf8_sequences = 0;
   std::string first_empty, first_unreadable, first_not_json, first_missing_field, first_invalid_utf8;
+  std::string format;  // as read: data.format, or what auto found
+  // Conversations: the template, which tokens train, lines that are none (the first few as
+  // "path:line: what is wrong"), those with no trained token.
+  std::string chat_template, loss_on;
+  int64_t bad_conversations = 0;
+  std::vector<std::string> bad_examples;
+  int64_t untrained = 0;
+  std::string first_untrained;
+  int64_t trained_tokens = 0;  // mask entries that are 1
+  // Documents that continue into the next sequence, and those longer than one sequence.
+  int64_t cut_documents = 0, longer_than_sequence = 0;
   int64_t tokens = 0;          // the whole stream, EOS separators included
   int64_t sequences = 0;
   int64_t padding = 0;         // EOS tokens added to the final sequence

@@ -19,7 +19,9 @@ namespace lcx {
 namespace {
 
 constexpr char kMagic[8] = {'L', 'C', 'X', 'T', 'O', 'K', '1', '\0'};
-constexpr uint32_t kVersion = 1;
+// 2: the optional mask after the document starts.
+constexpr uint32_t kVersion = 2;
+constexpr uint32_t kHasMask = 1;
 
 struct Header {
   char magic[8];
@@ -31,7 +33,8 @@ struct Header {
   uint64_t meta_bytes;
   uint64_t checksum;  // over everything after the header
   int32_t eos;
-  uint32_t reserved[3];
+  uint32_t flags;
+  uint32_t reserved[2];
 };
 static_assert(sizeof(Header) == 128);
 
@@ -137,7 +140,8 @@ TokenCacheView open_token_cache(const std::string& path, const std::string& key,
     return v;
   }
   uint64_t off = offsets_at(h.num_tokens);
-  uint64_t want = off + 8 * h.num_docs + h.meta_bytes;
+  const bool has_mask = (h.flags & kHasMask) != 0;
+  uint64_t want = off + 8 * h.num_docs + (has_mask ? h.num_tokens : 0) + h.meta_bytes;
   if (h.num_tokens > (f->size() / 4) || h.num_docs > f->size() / 8 || f->size() != want) {
     *why = "truncated or padded (size does not match its header)";
     return v;
@@ -151,12 +155,17 @@ TokenCacheView open_token_cache(const std::string& path, const std::string& key,
   v.doc_starts = reinterpret_cast<const uint64_t*>(f->data() + off);
   v.num_docs = h.num_docs;
   v.eos = h.eos;
-  v.meta.assign(reinterpret_cast<const char*>(f->data() + off + 8 * h.num_docs), h.meta_bytes);
+  uint64_t at = off + 8 * h.num_docs;
+  if (has_mask) {
+    v.mask = f->data() + at;
+    at += h.num_tokens;
+  }
+  v.meta.assign(reinterpret_cast<const char*>(f->data() + at), h.meta_bytes);
   v.file = std::move(f);
   return v;
 }
 
-TokenCacheWriter::TokenCacheWriter(std::string path, std::string key, int32_t eos)
+TokenCacheWriter::TokenCacheWriter(std::string path, std::string key, int32_t eos, bool with_mask)
     : path_(std::move(path)), key_(std::move(key)), eos_(eos) {
   LCX_CHECK(key_.size() == 64);
   tmp_ = str(path_, ".tmp.", host_name(), ".", getpid());
@@ -164,12 +173,22 @@ TokenCacheWriter::TokenCacheWriter(std::string path, std::string key, int32_t eo
   if (!f_)
     throw Error(str("cannot write the token cache ", tmp_, ": ", std::strerror(errno)), "data.cache_dir",
                 "point data.cache_dir at a writable folder");
+  if (with_mask) {
+    // Named as the writer's own file plus a suffix, so remove_abandoned_cache_files finds it too.
+    mask_tmp_ = tmp_ + ".mask";
+    mask_f_ = std::fopen(mask_tmp_.c_str(), "w+b");
+    if (!mask_f_)
+      throw Error(str("cannot write the token cache ", mask_tmp_, ": ", std::strerror(errno)), "data.cache_dir",
+                  "point data.cache_dir at a writable folder");
+  }
   Header h{};
   write(&h, sizeof h);  // the real header comes last, once the checksum is known
 }
 
 TokenCacheWriter::~TokenCacheWriter() {
   if (f_) std::fclose(f_);
+  if (mask_f_) std::fclose(mask_f_);
+  if (!mask_tmp_.empty()) std::remove(mask_tmp_.c_str());
   if (!finished_) std::remove(tmp_.c_str());
 }
 
@@ -179,16 +198,26 @@ void TokenCacheWriter::write(const void* p, size_t n) {
                 "free disk space or point data.cache_dir elsewhere");
 }
 
-void TokenCacheWriter::add_document(const std::vector<int32_t>& ids) {
+void TokenCacheWriter::write_mask(const void* p, size_t n) {
+  if (n && std::fwrite(p, 1, n, mask_f_) != n)
+    throw Error(str("writing the token cache ", mask_tmp_, " failed: ", std::strerror(errno)), "data.cache_dir",
+                "free disk space or point data.cache_dir elsewhere");
+}
+
+void TokenCacheWriter::add_document(const std::vector<int32_t>& ids, const std::vector<uint8_t>* mask, uint8_t eos_mask) {
   if (ids.empty()) return;
+  LCX_CHECK((mask_f_ != nullptr) == (mask != nullptr));
+  if (mask) LCX_CHECK(mask->size() == ids.size());
   if (!doc_starts_.empty()) {
     uint32_t e = static_cast<uint32_t>(eos_);
     write(&e, 4);
+    if (mask) write_mask(&eos_mask, 1);
     ++num_tokens_;
   }
   doc_starts_.push_back(num_tokens_);
   static_assert(sizeof(int32_t) == sizeof(uint32_t));
   write(ids.data(), ids.size() * 4);
+  if (mask) write_mask(mask->data(), mask->size());
   num_tokens_ += ids.size();
 }
 
@@ -197,6 +226,13 @@ void TokenCacheWriter::finish(const std::string& meta) {
   const uint64_t zero = 0;
   write(&zero, pad);
   write(doc_starts_.data(), doc_starts_.size() * 8);
+  if (mask_f_) {
+    if (std::fflush(mask_f_) != 0 || std::fseek(mask_f_, 0, SEEK_SET) != 0)
+      throw Error(str("writing ", mask_tmp_, " failed"), "data.cache_dir");
+    std::vector<char> buf(1 << 20);
+    for (size_t n; (n = std::fread(buf.data(), 1, buf.size(), mask_f_)) > 0;) write(buf.data(), n);
+    if (std::ferror(mask_f_)) throw Error(str("reading back ", mask_tmp_, " failed"), "data.cache_dir");
+  }
   write(meta.data(), meta.size());
   if (std::fflush(f_) != 0) throw Error(str("writing ", tmp_, " failed"), "data.cache_dir");
   std::fclose(f_);
@@ -215,6 +251,7 @@ void TokenCacheWriter::finish(const std::string& meta) {
     h.meta_bytes = meta.size();
     h.checksum = cache_checksum(m->data() + sizeof(Header), m->size() - sizeof(Header));
     h.eos = eos_;
+    h.flags = mask_f_ ? kHasMask : 0;
     std::FILE* f = std::fopen(tmp_.c_str(), "r+b");
     if (!f || std::fwrite(&h, sizeof h, 1, f) != 1 || std::fclose(f) != 0)
       throw Error(str("cannot write the header of ", tmp_), "data.cache_dir");
@@ -231,7 +268,8 @@ void remove_abandoned_cache_files(const std::string& dir) {
     const std::string name = e.path().filename().string();
     const size_t at = name.find(".lcxtok.tmp.");
     if (!name.starts_with("tokens-") || at == std::string::npos) continue;
-    const std::string owner = name.substr(at + std::string(".lcxtok.tmp.").size());  // host.pid
+    std::string owner = name.substr(at + std::string(".lcxtok.tmp.").size());  // host.pid, or host.pid.mask
+    if (owner.ends_with(".mask")) owner.resize(owner.size() - 5);
     const size_t dot = owner.rfind('.');
     if (dot == std::string::npos || !abandoned(e.path(), owner.substr(0, dot), owner.substr(dot + 1))) continue;
     std::error_code rm;

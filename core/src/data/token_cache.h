@@ -1,10 +1,12 @@
 // The token cache: a whole tokenized corpus in one memory-mapped file, so a run after the first
 // starts at once. Layout (little endian):
 //   header (128 bytes): magic "LCXTOK1", version, the key (sha256 hex of tokenizer hash, options
-//     and every source file's path, size, mtime, ctime and inode), token and document counts, eos id, checksum
+//     and every source file's path, size, mtime, ctime and inode), token and document counts, eos id,
+//     flags (whether a mask follows), checksum
 //   uint32 tokens[num_tokens]   documents end to end, eos between them
 //   (zero padding to 8 bytes)
 //   uint64 doc_starts[num_docs] index of each document's first token
+//   uint8 mask[num_tokens]      only with the mask flag: 1 where the token trains (is a target)
 //   a JSON blob: what was read and skipped, so later runs report the same summary
 // A file whose magic, version, key, sizes or checksum do not match is never used: open() says why
 // and the caller rebuilds it. Writers write a temporary file and rename it into place.
@@ -37,6 +39,7 @@ struct TokenCacheView {
   const uint64_t* doc_starts = nullptr;
   uint64_t num_docs = 0;
   int32_t eos = -1;
+  const uint8_t* mask = nullptr;  // num_tokens entries, or null: every token trains
   std::string meta;  // the JSON blob
 };
 
@@ -44,23 +47,26 @@ struct TokenCacheView {
 // (file == nullptr) with `why` saying what was wrong ("missing", "stale", "truncated", ...).
 TokenCacheView open_token_cache(const std::string& path, const std::string& key, std::string* why);
 
-// Streams tokens to `path`.tmp.<host>.<pid>, then finish() writes the header and renames it into
-// place.
+// Streams tokens to `path`.tmp.<host>.<pid> (and, with a mask, the mask to a second temporary
+// file beside it), then finish() appends the mask, writes the header and renames it into place.
 class TokenCacheWriter {
  public:
-  TokenCacheWriter(std::string path, std::string key, int32_t eos);
+  TokenCacheWriter(std::string path, std::string key, int32_t eos, bool with_mask = false);
   ~TokenCacheWriter();
-  // One document's tokens (non-empty); eos goes between documents.
-  void add_document(const std::vector<int32_t>& ids);
+  // One document's tokens (non-empty); eos goes between documents. With a mask, `mask` holds one
+  // entry per id and `eos_mask` is the entry of the eos written before this document.
+  void add_document(const std::vector<int32_t>& ids, const std::vector<uint8_t>* mask = nullptr, uint8_t eos_mask = 0);
   uint64_t num_tokens() const { return num_tokens_; }
   uint64_t num_docs() const { return doc_starts_.size(); }
   void finish(const std::string& meta);
 
  private:
   void write(const void* p, size_t n);
-  std::string path_, tmp_, key_;
+  void write_mask(const void* p, size_t n);
+  std::string path_, tmp_, mask_tmp_, key_;
   int32_t eos_;
   std::FILE* f_ = nullptr;
+  std::FILE* mask_f_ = nullptr;  // null without a mask
   uint64_t num_tokens_ = 0;
   std::vector<uint64_t> doc_starts_;
   bool finished_ = false;

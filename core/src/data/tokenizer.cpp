@@ -195,6 +195,7 @@ struct Tokenizer::Impl {
   std::vector<std::pair<std::string, int32_t>> added_by_content;
   int32_t first_added = 0;
   int64_t vocab_size = 0;
+  std::vector<uint32_t> token_bytes;  // by BPE id: its length in bytes, for offsets without a lookup of its string
   int32_t eos = -1;
 
   mutable std::mutex cache_mu;
@@ -212,34 +213,85 @@ struct Tokenizer::Impl {
     caches.push_back(std::move(c));
   }
 
-  void pre_tokenize(std::string_view s, WordCache& cache, std::vector<int32_t>& out) const {
+  // `spans`, when given, gets each id's bytes in `s`'s coordinates, from `at` on.
+  void pre_tokenize(std::string_view s, size_t at, WordCache& cache, std::vector<int32_t>& out,
+                    std::vector<TokenSpan>* spans) const {
     for (size_t pos = 0; pos < s.size();) {
       size_t end = pretok::next_piece(s, pos);
+      const size_t first = out.size();
       cache.lookup(*bpe, s.substr(pos, end - pos), out);
+      if (spans) {
+        // Byte-level BPE: a word's tokens are its bytes cut in order.
+        uint32_t b = static_cast<uint32_t>(at + pos);
+        for (size_t k = first; k < out.size(); ++k) {
+          const uint32_t e = b + token_bytes[static_cast<size_t>(out[k])];
+          spans->push_back({b, e});
+          b = e;
+        }
+      }
       pos = end;
     }
   }
 
   // A stretch of input between added tokens: normalize, split on normalized added tokens, then
-  // pre-tokenize and run BPE.
-  void encode_plain(std::string_view raw, WordCache& cache, std::vector<int32_t>& out) const {
+  // pre-tokenize and run BPE. `spans`, when given, gets each id's bytes in `raw`, plus `base`.
+  void encode_plain(std::string_view raw, WordCache& cache, std::vector<int32_t>& out,
+                    std::vector<TokenSpan>* spans = nullptr, size_t base = 0) const {
     std::string normalized;
     std::string_view s = raw;
     if (nfc && utf8::may_change_under_nfc(raw)) {
       normalized = utf8::nfc(raw);
-      s = normalized;
+      if (normalized != raw) s = normalized;
     }
-    if (normalized_added.empty()) {
-      pre_tokenize(s, cache, out);
-      return;
-    }
+    const size_t first = spans ? spans->size() : 0;
     size_t at = 0;
-    for (const Match& m : normalized_added.find(s)) {
-      pre_tokenize(s.substr(at, m.start - at), cache, out);
-      out.push_back(m.id);
-      at = m.stop;
+    if (!normalized_added.empty())
+      for (const Match& m : normalized_added.find(s)) {
+        pre_tokenize(s.substr(at, m.start - at), at, cache, out, spans);
+        out.push_back(m.id);
+        if (spans) spans->push_back({static_cast<uint32_t>(m.start), static_cast<uint32_t>(m.stop)});
+        at = m.stop;
+      }
+    pre_tokenize(s.substr(at), at, cache, out, spans);
+    if (!spans) return;
+    if (s.data() != raw.data()) to_raw_spans(raw, s, spans->begin() + static_cast<std::ptrdiff_t>(first), spans->end());
+    for (auto it = spans->begin() + static_cast<std::ptrdiff_t>(first); it != spans->end(); ++it)
+      it->begin += static_cast<uint32_t>(base), it->end += static_cast<uint32_t>(base);
+  }
+
+  // Spans in the NFC of `raw` back to `raw`. NFC never composes across an ASCII character (each
+  // is a starter that neither decomposes nor takes part in a composition as the second), so the
+  // text normalizes piece by piece, each piece one ASCII character and the non-ASCII bytes after
+  // it; a span inside a piece NFC changed widens to the whole piece.
+  template <typename It>
+  static void to_raw_spans(std::string_view raw, std::string_view norm, It first, It last) {
+    struct Piece {
+      size_t norm_begin, raw_begin, raw_end;
+      bool same;
+    };
+    std::vector<Piece> pieces;
+    size_t n = 0;
+    for (size_t i = 0; i < raw.size();) {
+      size_t j = i + 1;
+      while (j < raw.size() && static_cast<unsigned char>(raw[j]) >= 0x80) ++j;
+      const std::string_view piece = raw.substr(i, j - i);
+      const std::string p = utf8::nfc(piece);
+      pieces.push_back({n, i, j, p == piece});
+      n += p.size();
+      i = j;
     }
-    pre_tokenize(s.substr(at), cache, out);
+    if (n != norm.size()) pieces.assign(1, {0, 0, raw.size(), false});  // not piecewise: the whole text
+    auto piece_of = [&](size_t at) {
+      auto it = std::upper_bound(pieces.begin(), pieces.end(), at, [](size_t v, const Piece& p) { return v < p.norm_begin; });
+      return it == pieces.begin() ? pieces.begin() : it - 1;
+    };
+    for (It it = first; it != last; ++it) {
+      auto b = piece_of(it->begin), e = piece_of(it->end == 0 ? 0 : it->end - 1);
+      const size_t rb = b->same ? b->raw_begin + (it->begin - b->norm_begin) : b->raw_begin;
+      const size_t re = e->same ? e->raw_begin + (it->end - e->norm_begin) : e->raw_end;
+      it->begin = static_cast<uint32_t>(rb);
+      it->end = static_cast<uint32_t>(std::max(rb, re));
+    }
   }
 
   int32_t token_to_id(std::string_view token) const;
@@ -390,6 +442,9 @@ Tokenizer Tokenizer::load(const std::string& path) {
     merges.emplace_back(ia, ib);
   }
   impl->bpe->set_merges(merges);
+  impl->token_bytes.resize(impl->bpe->size());
+  for (size_t id = 0; id < impl->bpe->size(); ++id)
+    impl->token_bytes[id] = static_cast<uint32_t>(impl->bpe->bytes_of(static_cast<int32_t>(id)).size());
 
   // Added tokens.
   std::vector<AddedToken> raw, normalized;
@@ -493,9 +548,11 @@ std::vector<int32_t> Tokenizer::encode(std::string_view text, int threads, Encod
   return std::move(out[0]);
 }
 
-std::vector<std::vector<int32_t>> Tokenizer::encode_batch(const std::vector<std::string_view>& texts, int threads,
-                                                          std::vector<EncodeStats>* stats) const {
-  const Impl& im = *impl_;
+namespace {
+
+// encode_batch and encode_batch_with_offsets: spans are computed only when `with_spans`.
+std::vector<Encoding> encode_all(const Tokenizer::Impl& im, const std::vector<std::string_view>& texts, int threads,
+                                 std::vector<EncodeStats>* stats, bool with_spans) {
   // Valid UTF-8 for every text (repaired copies where needed).
   std::vector<std::string> repaired(texts.size());
   std::vector<std::string_view> views(texts.begin(), texts.end());
@@ -542,14 +599,19 @@ std::vector<std::vector<int32_t>> Tokenizer::encode_batch(const std::vector<std:
     add_plain(t, at, views[t].size());
   }
 
-  std::vector<std::vector<int32_t>> pieces(items.size());
+  std::vector<Encoding> pieces(items.size());
   auto work = [&](size_t i, WordCache& cache) {
     const Item& it = items[i];
     // Filled locally and moved in: neighbouring vectors in `pieces` share cache lines.
-    std::vector<int32_t> ids;
-    if (it.added >= 0) ids.push_back(it.added);
-    else im.encode_plain(views[it.text].substr(it.begin, it.end - it.begin), cache, ids);
-    pieces[i] = std::move(ids);
+    Encoding e;
+    if (it.added >= 0) {
+      e.ids.push_back(it.added);
+      if (with_spans) e.spans.push_back({static_cast<uint32_t>(it.begin), static_cast<uint32_t>(it.end)});
+    } else {
+      im.encode_plain(views[it.text].substr(it.begin, it.end - it.begin), cache, e.ids, with_spans ? &e.spans : nullptr,
+                      it.begin);
+    }
+    pieces[i] = std::move(e);
   };
   threads = static_cast<int>(std::min<size_t>(threads, items.size()));
   if (threads <= 1) {
@@ -576,15 +638,37 @@ std::vector<std::vector<int32_t>> Tokenizer::encode_batch(const std::vector<std:
     if (failure) std::rethrow_exception(failure);
   }
 
-  std::vector<std::vector<int32_t>> out(texts.size());
+  std::vector<Encoding> out(texts.size());
   std::vector<size_t> sizes(texts.size(), 0);
-  for (size_t i = 0; i < items.size(); ++i) sizes[items[i].text] += pieces[i].size();
-  for (size_t t = 0; t < out.size(); ++t) out[t].reserve(sizes[t]);
+  for (size_t i = 0; i < items.size(); ++i) sizes[items[i].text] += pieces[i].ids.size();
+  for (size_t t = 0; t < out.size(); ++t) {
+    out[t].ids.reserve(sizes[t]);
+    if (with_spans) out[t].spans.reserve(sizes[t]);
+  }
   for (size_t i = 0; i < items.size(); ++i) {
     auto& dst = out[items[i].text];
-    dst.insert(dst.end(), pieces[i].begin(), pieces[i].end());
+    dst.ids.insert(dst.ids.end(), pieces[i].ids.begin(), pieces[i].ids.end());
+    dst.spans.insert(dst.spans.end(), pieces[i].spans.begin(), pieces[i].spans.end());
   }
   return out;
+}
+
+}  // namespace
+
+std::vector<std::vector<int32_t>> Tokenizer::encode_batch(const std::vector<std::string_view>& texts, int threads,
+                                                          std::vector<EncodeStats>* stats) const {
+  auto enc = encode_all(*impl_, texts, threads, stats, false);
+  std::vector<std::vector<int32_t>> out(enc.size());
+  for (size_t t = 0; t < enc.size(); ++t) out[t] = std::move(enc[t].ids);
+  return out;
+}
+
+std::vector<Encoding> Tokenizer::encode_batch_with_offsets(const std::vector<std::string_view>& texts, int threads,
+                                                           std::vector<EncodeStats>* stats) const {
+  for (const auto& t : texts)
+    if (t.size() >= (uint64_t{1} << 32))
+      throw Error(str("a text of ", t.size(), " bytes is too long for token offsets (4 GiB at most)"));
+  return encode_all(*impl_, texts, threads, stats, true);
 }
 
 }  // namespace lcx

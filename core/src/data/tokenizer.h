@@ -25,6 +25,17 @@ struct EncodeStats {
   int64_t invalid_utf8 = 0;  // ill-formed sequences replaced by U+FFFD
 };
 
+// The bytes [begin, end) of the text one token stands for. The spans of a text's tokens tile it in
+// order; where NFC changed the text, the tokens of a changed stretch (one ASCII character and the
+// non-ASCII run after it) each get the whole stretch.
+struct TokenSpan {
+  uint32_t begin = 0, end = 0;
+};
+struct Encoding {
+  std::vector<int32_t> ids;
+  std::vector<TokenSpan> spans;  // one per id
+};
+
 class Tokenizer {
  public:
   static Tokenizer load(const std::string& path);
@@ -35,6 +46,10 @@ class Tokenizer {
   // given, gets one entry per text.
   std::vector<std::vector<int32_t>> encode_batch(const std::vector<std::string_view>& texts, int threads = 0,
                                                  std::vector<EncodeStats>* stats = nullptr) const;
+  // encode_batch with each token's byte span in its text (the text as repaired where it was not
+  // valid UTF-8), as `tokenizers`' offsets give them in characters. Texts are below 4 GiB each.
+  std::vector<Encoding> encode_batch_with_offsets(const std::vector<std::string_view>& texts, int threads = 0,
+                                                  std::vector<EncodeStats>* stats = nullptr) const;
   // Ids back to text (ByteLevel decoder; ill-formed bytes become U+FFFD); special tokens kept
   // unless skip_special.
   std::string decode(const std::vector<int32_t>& ids, bool skip_special = false) const;
