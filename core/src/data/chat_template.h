@@ -9,9 +9,10 @@
 //   nlohmann::ordered_json ctx = {{"messages", messages}, {"add_generation_prompt", false}};
 //   lcx::RenderedText r = t.render(ctx);   // r.text, r.from_data[i]: byte i came from the data
 //
-// Provenance: every string read from the context is data, except the values of `role` keys
-// (the reader has checked them against a closed list, so they are structure); strings written in
-// the template are not. Operations keep it per byte
+// Provenance: every string read from the context's `messages` and `tools` is data, except the
+// value of each message's `role` (the reader has checked it against a closed list, so it is
+// structure); the other variables (special tokens, add_generation_prompt, chat_template_kwargs)
+// and strings written in the template are not. Operations keep it per byte
 // (concatenation, slicing, filters and methods mark their result as data when their input was).
 // The trainer finds the assistant's turns by the template's own header and closer in the bytes
 // that are not data, so a message whose text contains `<|im_start|>assistant` cannot open a turn.

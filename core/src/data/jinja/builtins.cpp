@@ -243,6 +243,12 @@ Value str_method(const Value& self, const std::string& name) {
   return method(name, [name](Args&) -> Value { throw Failure(str("the str method ", name, "() is not implemented")); });
 }
 
+// What the sandbox gives for a method that would change a container: an undefined that prints
+// as nothing and fails when called.
+Value unsafe(const Value& obj, const std::string& name) {
+  return Value::undefined(str("access to attribute '", name, "' of '", type_name(obj), "' object is unsafe."));
+}
+
 Value dict_method(const Value& self, const std::string& name) {
   if (name == "items" || name == "keys" || name == "values") {
     return method(name, [self, name](Args& a) {
@@ -266,9 +272,9 @@ Value dict_method(const Value& self, const std::string& name) {
       return v ? *v : b("default", Value::none());
     });
   }
-  return method(name, [name](Args&) -> Value {
-    throw Failure(str("dict.", name, "() is not supported (the sandbox keeps dicts unchanged)"));
-  });
+  if (name == "copy" || name == "fromkeys")
+    return method(name, [name](Args&) -> Value { throw Failure(str("dict.", name, "() is not implemented")); });
+  return unsafe(self, name);
 }
 
 bool is_dict_method(const std::string& n) {
@@ -301,8 +307,9 @@ Value loop_attr(const LoopInfo& l, const std::string& name) {
   return Value::undefined(str("'jinja2.runtime.LoopContext object' has no attribute '", name, "'"));
 }
 
-// make_attrgetter: "a.b.0" looks up each part as jinja2's getitem does.
-Value attr_path(const Value& item, const std::string& path) {
+// make_attrgetter: "a.b.0" looks up each part as jinja2's getitem does; with a default, an
+// undefined part becomes the default before the next part is looked up in it.
+Value attr_path(const Value& item, const std::string& path, const Value* fallback = nullptr) {
   Value v = item;
   size_t start = 0;
   while (true) {
@@ -310,6 +317,7 @@ Value attr_path(const Value& item, const std::string& path) {
     const std::string part = path.substr(start, dot == std::string::npos ? std::string::npos : dot - start);
     const bool digits = !part.empty() && std::all_of(part.begin(), part.end(), [](char c) { return c >= '0' && c <= '9'; });
     v = get_item(v, digits ? Value::integer(std::stoll(part)) : Value::string(part, 0));
+    if (fallback && v.is_undefined()) v = *fallback;
     if (dot == std::string::npos) return v;
     start = dot + 1;
   }
@@ -328,8 +336,10 @@ Value filter_arg_call(bool test, const std::string& what, const Value& subject, 
   return call_filter(what, subject, a);
 }
 
-// select / reject / selectattr / rejectattr.
+// select / reject / selectattr / rejectattr (like map, they go through nothing when the value
+// is false, whatever its type).
 Value select_like(const Value& seq, Args& a, bool attr, bool keep_true) {
+  if (!truthy(seq)) return Value::list({}, Seq::iterator);
   std::string attribute;
   size_t first = 0;
   if (attr) {
@@ -489,7 +499,6 @@ Value filter_impl(const std::string& name, const Value& v, Args& a) {
   }
   if (name == "first" || name == "last") {
     Bind b(a, name, {});
-    need_defined();
     if (name == "last" && v.kind == Kind::list && v.seq == Seq::iterator)
       throw Failure("'generator' object is not reversible");
     const std::vector<Value> items = iterate(v);
@@ -498,7 +507,6 @@ Value filter_impl(const std::string& name, const Value& v, Args& a) {
   }
   if (name == "list") {
     Bind b(a, name, {});
-    need_defined();
     return Value::list(iterate(v), Seq::list, v.data);
   }
   if (name == "items") {
@@ -525,7 +533,6 @@ Value filter_impl(const std::string& name, const Value& v, Args& a) {
   }
   if (name == "reverse") {
     Bind b(a, name, {});
-    need_defined();
     if (v.is_string()) {
       Text out;
       const std::string& s = v.text().str();
@@ -572,6 +579,7 @@ Value filter_impl(const std::string& name, const Value& v, Args& a) {
   }
   if (name == "map") {
     std::vector<Value> out;
+    if (!truthy(v)) return Value::list({}, Seq::iterator);
     const Value* attribute = nullptr;
     for (const auto& [k, e] : a.kw)
       if (k == "attribute") attribute = &e;
@@ -579,14 +587,12 @@ Value filter_impl(const std::string& name, const Value& v, Args& a) {
       Value fallback = Value::undefined();
       bool has_default = false;
       for (const auto& [k, e] : a.kw) {
-        if (k == "default") fallback = e, has_default = true;
+        if (k == "default") fallback = e, has_default = e.kind != Kind::none;
         else if (k != "attribute") throw Failure(str("map got an unexpected keyword argument '", k, "'"));
       }
       if (!a.pos.empty()) throw Failure("map(attribute=...) takes no positional argument");
       for (const Value& item : iterate(v)) {
-        Value x = attr_path(item, to_text(*attribute).str());
-        if (has_default && x.is_undefined()) x = fallback;
-        out.push_back(x);
+        out.push_back(attr_path(item, to_text(*attribute).str(), has_default ? &fallback : nullptr));
       }
     } else {
       if (a.pos.empty()) throw Failure("map needs a filter name or attribute=");
@@ -605,10 +611,12 @@ Value filter_impl(const std::string& name, const Value& v, Args& a) {
   if (name == "rejectattr") return select_like(v, a, true, false);
   if (name == "int") {
     Bind b(a, name, {"default", "base"});
+    need_defined();
     return to_int_value(v, b("default", Value::integer(0)), as_int(b("base", Value::integer(10)), "base"));
   }
   if (name == "float") {
     Bind b(a, name, {"default"});
+    need_defined();
     if (v.kind == Kind::floating) return v;
     if (v.kind == Kind::integer || v.kind == Kind::boolean) return Value::floating(as_double(v), v.data);
     if (v.is_string()) {
@@ -665,7 +673,9 @@ Value filter_impl(const std::string& name, const Value& v, Args& a) {
     const bool first = truthy(b("first", Value::boolean(false)));
     const bool blank = truthy(b("blank", Value::boolean(false)));
     if (v.markup) throw Failure("indent of a `safe` (Markup) string is not implemented");
-    Text s = to_text(v);
+    // jinja2 appends "\n" to the value itself, which only a string takes.
+    if (!v.is_string()) throw Failure(str("indent of a ", type_name(v), " (jinja2 fails on it)"));
+    Text s = v.text();
     s.append("\n", 0);
     const std::vector<Text> lines = py_splitlines(s);
     Text out;
@@ -757,8 +767,14 @@ bool test_impl(const std::string& name, const Value& v, Args& a) {
   if (name == "odd" || name == "even") {
     none_args();
     if (v.is_undefined()) fail_undefined(v);
-    const int64_t x = as_int(v, "the value");
-    const int64_t m = ((x % 2) + 2) % 2;
+    if (!v.is_number()) throw Failure(str("the test '", name, "' of a ", type_name(v), " (jinja2 fails on it)"));
+    // value % 2 == 1 (or == 0), floats included.
+    if (v.kind == Kind::floating) {
+      double m = std::fmod(v.f, 2.0);
+      if (m < 0) m += 2.0;
+      return name == "odd" ? m == 1.0 : m == 0.0;
+    }
+    const int64_t m = ((as_int(v, "the value") % 2) + 2) % 2;
     return name == "odd" ? m == 1 : m == 0;
   }
   if (name == "divisibleby") {
@@ -859,10 +875,11 @@ Value get_attr(const Value& obj, const std::string& name) {
       if (str_methods().count(name)) return str_method(obj, name);
       break;
     case Kind::list:
-      if (obj.seq == Seq::list && is_list_method(name))
-        return method(name, [name](Args&) -> Value {
-          throw Failure(str("list.", name, "() is not supported (the sandbox keeps lists unchanged)"));
-        });
+      if (obj.seq == Seq::list && is_list_method(name)) {
+        if (name == "copy" || name == "count" || name == "index")
+          return method(name, [name](Args&) -> Value { throw Failure(str("list.", name, "() is not implemented")); });
+        return unsafe(obj, name);
+      }
       break;
     case Kind::ns: {
       if (const Value* v = obj.ns().find(name)) return *v;

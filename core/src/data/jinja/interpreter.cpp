@@ -150,7 +150,11 @@ bool contains(const Value& seq, const Value& x) {
       throw Failure(str("'in <string>' requires string as left operand, not ", type_name(x)));
     return seq.text().str().find(x.text().str()) != std::string::npos;
   }
-  if (seq.kind == Kind::dict) return seq.dict().find(x) != nullptr;
+  if (seq.kind == Kind::dict) {
+    if (x.kind == Kind::dict || (x.kind == Kind::list && x.seq != Seq::tuple))
+      throw Failure(str("unhashable type: '", type_name(x), "'"));
+    return seq.dict().find(x) != nullptr;
+  }
   if (seq.kind == Kind::list) {
     for (const Value& v : seq.items())
       if (equal(v, x)) return true;
@@ -186,10 +190,14 @@ class Interpreter {
   Flow exec(const Node& n, const ScopePtr& scope) {
     *error_line_ = n.line;
     switch (n.k) {
-      case Node::K::text: out_->append(n.text, 0); return Flow::normal;
+      case Node::K::text:
+        out_->append(n.text, 0);
+        if (buffered_ == 0) ++yielded_;
+        return Flow::normal;
       case Node::K::print: {
         const Value v = eval(*n.expr, *scope);
         out_->append(to_text(v));
+        if (buffered_ == 0) ++yielded_;
         return Flow::normal;
       }
       case Node::K::if_:
@@ -215,9 +223,15 @@ class Interpreter {
       case Node::K::break_: return Flow::break_;
       case Node::K::continue_: return Flow::continue_;
       case Node::K::generation: {
+        // transformers records a span only once its tracker is active: once something has been
+        // yielded at the top level or a span recorded (AssistantTracker.is_active).
+        const bool active = yielded_ > 0 || !generation_->empty();
         const int64_t begin = static_cast<int64_t>(out_->size());
+        ++buffered_;
         const Flow f = exec(n.body, scope);
-        generation_->push_back({begin, static_cast<int64_t>(out_->size())});
+        --buffered_;
+        ++yielded_;
+        if (active) generation_->push_back({begin, static_cast<int64_t>(out_->size())});
         return f;
       }
     }
@@ -289,7 +303,9 @@ class Interpreter {
     Text buf;
     Text* saved = out_;
     out_ = &buf;
+    ++buffered_;
     exec(body, scope);
+    --buffered_;
     out_ = saved;
     return buf;
   }
@@ -300,6 +316,13 @@ class Interpreter {
     v.kind = Kind::callable;
     v.p = std::make_shared<const Callable>(Callable{n.targets[0], [this, node, defining](Args& a) -> Value {
       const int saved_line = *error_line_;
+      // Python stops runaway recursion near this depth (each macro call is several frames).
+      if (macro_depth_ >= 200) throw Failure(str("macro '", node->targets[0], "' recurses deeper than 200 calls"));
+      struct Depth {
+        int& d;
+        explicit Depth(int& x) : d(x) { ++d; }
+        ~Depth() { --d; }
+      } depth(macro_depth_);
       if (a.pos.size() > node->params.size())
         throw Failure(str("macro '", node->targets[0], "' takes not more than ", node->params.size(),
                           " argument(s)"));
@@ -414,9 +437,7 @@ class Interpreter {
       case Expr::K::concat: {
         Text t;
         for (const auto& part : e.a) {
-          const Value v = eval(*part, scope);
-          if (v.markup) throw Failure("~ with a `safe` (Markup) string is not implemented");
-          t.append(to_text(v));
+          t.append(to_text(eval(*part, scope)));
         }
         return Value::string(std::move(t));
       }
@@ -487,6 +508,9 @@ class Interpreter {
   }
 
   int* error_line_;
+  int macro_depth_ = 0;
+  int buffered_ = 0;  // inside a macro, a block set or a generation body: jinja2 buffers, not yields
+  int64_t yielded_ = 0;  // outputs jinja2 would have yielded at the top level so far
   Text* out_ = nullptr;
   std::vector<std::pair<int64_t, int64_t>>* generation_ = nullptr;
 };

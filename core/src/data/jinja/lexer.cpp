@@ -369,7 +369,13 @@ std::vector<Token> lex(const std::string& raw_source, int* error_line) {
         if (j >= src.size()) throw fail("a string literal without its closing quote");
         const int at = line;
         count_lines(i, j);
-        out.push_back({Tok::string, unescape(src.substr(i + 1, j - i - 1)), at});
+        std::string value;
+        try {
+          value = unescape(src.substr(i + 1, j - i - 1));
+        } catch (const Failure& e) {
+          throw fail(e.what());
+        }
+        out.push_back({Tok::string, std::move(value), at});
         i = j + 1;
         continue;
       }

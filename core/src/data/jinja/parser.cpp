@@ -83,7 +83,12 @@ class Parser {
     while (true) {
       const Token& tk = cur();
       if (tk.type == Tok::eof) {
-        if (!ends.empty()) throw fail(str("the template ends inside a block (missing {% ", *ends.begin(), " %})"));
+        if (!ends.empty()) {
+          std::string closer = *ends.begin();
+          for (const auto& e : ends)
+            if (e.rfind("end", 0) == 0) closer = e;
+          throw fail(str("the template ends inside a block (missing {% ", closer, " %})"));
+        }
         return body;
       }
       if (tk.type == Tok::text) {
@@ -100,7 +105,7 @@ class Parser {
         auto n = std::make_unique<Node>();
         n->k = Node::K::print;
         n->line = tk.line;
-        n->expr = parse_tuple(true, false);
+        n->expr = parse_tuple(true);
         if (cur().type != Tok::var_end) throw fail(str("expected '}}', found ", describe(cur())));
         ++pos_;
         body.push_back(std::move(n));
@@ -125,14 +130,14 @@ class Parser {
     if (tag == "if") {
       ++pos_;
       n->k = Node::K::if_;
-      ExprPtr c = parse_tuple(false, false);
+      ExprPtr c = parse_tuple(false);
       expect_block_end();
       while (true) {
         Body b = subparse({"elif", "else", "endif"});
         n->branches.emplace_back(std::move(c), std::move(b));
         const std::string end = expect_name();
         if (end == "elif") {
-          c = parse_tuple(false, false);
+          c = parse_tuple(false);
           expect_block_end();
           continue;
         }
@@ -156,7 +161,7 @@ class Parser {
         n->targets.push_back(expect_name());
       }
       if (!skip_name("in")) throw fail(str("expected 'in' in the for tag, found ", describe(cur())));
-      n->expr = parse_tuple(false, false);
+      n->expr = parse_tuple(false);
       if (skip_name("if")) n->cond = parse_expression();
       if (is_name("recursive")) throw fail("recursive loops ({% for ... recursive %}) are not supported");
       expect_block_end();
@@ -185,7 +190,7 @@ class Parser {
       }
       if (skip_op("=")) {
         n->k = Node::K::set;
-        n->expr = parse_tuple(true, false);
+        n->expr = parse_tuple(true);
         expect_block_end();
         return n;
       }
@@ -256,8 +261,7 @@ class Parser {
   }
 
   // parse_tuple: comma-separated expressions; a tuple when there is a comma (or `()`).
-  ExprPtr parse_tuple(bool with_condexpr, bool allow_empty_paren_free) {
-    (void)allow_empty_paren_free;
+  ExprPtr parse_tuple(bool with_condexpr) {
     const int line = cur().line;
     std::vector<ExprPtr> items;
     bool comma = false;
@@ -468,7 +472,7 @@ class Parser {
             auto t = make(Expr::K::tuple, line);
             return t;
           }
-          ExprPtr e = parse_tuple(true, false);
+          ExprPtr e = parse_tuple(true);
           expect_op(")");
           return e;
         }

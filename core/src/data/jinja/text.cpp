@@ -316,9 +316,8 @@ std::vector<Text> py_split(const Text& s, const Text* sep, int64_t maxsplit, boo
       while (i < n && py_isspace(cps[i].second)) ++i;
       if (i == n) break;
       if (maxsplit >= 0 && static_cast<int64_t>(words.size()) == maxsplit) {
-        size_t e = n;
-        while (e > i && py_isspace(cps[e - 1].second)) --e;
-        words.push_back({cps[i].first, cps[e].first});
+        // Python keeps the remainder's trailing whitespace.
+        words.push_back({cps[i].first, b.size()});
         break;
       }
       size_t j = i;
@@ -333,9 +332,7 @@ std::vector<Text> py_split(const Text& s, const Text* sep, int64_t maxsplit, boo
       while (e > 0 && py_isspace(cps[e - 1].second)) --e;
       if (e == 0) break;
       if (maxsplit >= 0 && static_cast<int64_t>(rev.size()) == maxsplit) {
-        size_t i = 0;
-        while (i < e && py_isspace(cps[i].second)) ++i;
-        rev.push_back({cps[i].first, cps[e].first});
+        rev.push_back({0, cps[e].first});  // and rsplit the remainder's leading whitespace
         break;
       }
       size_t i = e;

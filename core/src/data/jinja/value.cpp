@@ -271,7 +271,7 @@ static void repr_into(Text& out, const Value& v) {
       out.append("}", d);
       return;
     }
-    case Kind::undefined: throw Failure("printing Undefined inside a container is not implemented");
+    case Kind::undefined: out.append("Undefined", 0); return;  // jinja2's Undefined.__repr__
     default: out.append(to_text(v)); return;
   }
 }
