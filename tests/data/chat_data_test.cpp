@@ -148,6 +148,35 @@ TEST(ChatOffsets, SpansTileTheTextAndSpellEachToken) {
   EXPECT_EQ(enc[1].spans.back().end, std::string("plain words").size());
 }
 
+TEST(ChatTemplates, GenerationBlocksMarkTheTrainedTextThemselves) {
+  const ChatTemplate t = ChatTemplate::parse(
+      "{% for m in messages %}{% if m.role == 'assistant' %}<A>{% generation %}{{ m.content }}</A>{% endgeneration %}"
+      "{% else %}<U>{{ m.content }}</U>{% endif %}{% endfor %}",
+      "generation.jinja");
+  ASSERT_TRUE(t.has_generation_blocks());
+  ChatRenderer chat(t, "generation.jinja", ojson::object());
+  Conversation c;
+  ASSERT_EQ(parse_conversation(R"({"messages":[{"role":"user","content":"q"},{"role":"assistant","content":"a"}]})", "chat", c), "");
+  const ChatText out = chat.render(c, LossOn::assistant);
+  EXPECT_EQ(out.text, "<U>q</U><A>a</A>");
+  EXPECT_EQ(trained_runs(out.text, out.trained), (Runs{"a</A>"}));
+}
+
+TEST(ChatTemplates, ATemplateWithoutTurnMarkersIsRefusedForAssistantLoss) {
+  // No generation prompt and nothing after a reply: the assistant's turns cannot be found.
+  const ChatTemplate t = ChatTemplate::parse("{% for m in messages %}{{ m.role }}: {{ m.content }}\n{% endfor %}", "plain.jinja");
+  ChatRenderer chat(t, "plain.jinja", ojson::object());
+  auto thrown = test::thrown_by([&] { chat.markers(); });
+  ASSERT_TRUE(thrown.thrown);
+  EXPECT_EQ(thrown.key, "data.loss_on");
+  EXPECT_EQ(thrown.fix,
+            "mark the assistant's output with {% generation %} ... {% endgeneration %} in a copy of the template "
+            "(data.chat_template), or train every token with data.loss_on = \"all\"");
+  Conversation c;
+  ASSERT_EQ(parse_conversation(R"({"messages":[{"role":"user","content":"q"}]})", "chat", c), "");
+  EXPECT_EQ(chat.render(c, LossOn::all).text, "user: q\n");  // every token still trains
+}
+
 // --- Qwen3's own template (data/qwen3/tokenizer_config.json) ---
 
 std::string qwen3_config() {

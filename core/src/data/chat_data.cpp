@@ -143,10 +143,10 @@ bool from_template(const RenderedText& r, size_t at, size_t n) {
 }
 
 // transformers renders with tools=None and documents=None when a conversation has none.
-ojson render_context(const ojson& base, ojson messages, const ojson& tools, bool generation_prompt) {
+ojson render_context(const ojson& base, ojson messages, ojson tools, bool generation_prompt) {
   ojson ctx = base;
   ctx["messages"] = std::move(messages);
-  ctx["tools"] = tools;
+  ctx["tools"] = std::move(tools);
   ctx["documents"] = nullptr;
   ctx["add_generation_prompt"] = generation_prompt;
   return ctx;
@@ -399,7 +399,7 @@ ChatText ChatRenderer::render(Conversation c, LossOn loss_on) const {
     for (size_t i = 0; i < c.prompt_messages; ++i) prompt.push_back(c.messages[i]);
     prompt_ctx = render_context(s.base, std::move(prompt), c.tools, true);
   }
-  RenderedText r = s.tmpl.render(render_context(s.base, std::move(c.messages), c.tools, false));
+  RenderedText r = s.tmpl.render(render_context(s.base, std::move(c.messages), std::move(c.tools), false));
   if (r.text.size() >= (uint64_t{1} << 32))
     throw Error(str("a conversation renders to ", r.text.size(), " bytes, more than lcx's 4 GiB a conversation"));
   const uint32_t size = static_cast<uint32_t>(r.text.size());
