@@ -25,7 +25,7 @@ tok=$PWD/data/qwen3/tokenizer.json
 # About 3.6 characters a token in generated transcripts; generate a little more than needed and
 # let the sequence cut it (drop_last: one whole sequence of `tokens`).
 python3 scripts/gen_agent_transcripts.py --out "$out/transcript.jsonl" --conversations 1 \
-  --tokens-per-conversation $((tokens + tokens / 8)) --seed 0 || exit 1
+  --tokens $((tokens + tokens / 8)) --seed 0 || exit 1
 "$build/bin/lcx-train" tokenize --chat "$out/transcript.jsonl" --tokenizer "$tok" --mask >"$out/ids_mask.txt" || exit 1
 python3 - "$out" "$tokens" <<'PY'
 import sys
