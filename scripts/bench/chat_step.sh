@@ -42,6 +42,8 @@ PY
 
 # manifest <folder> <source> <layers or empty for full depth>
 manifest() {
+  local init="{\"preset\": \"$model\"}"
+  [[ -n $3 ]] && init="{\"preset\": \"$model\", \"num_hidden_layers\": $3}"
   cat >"$1/run.toml" <<TOML
 [run]
 output_dir = "$1/out"
@@ -49,7 +51,7 @@ device = "cuda"
 seed = 0
 [model]
 module = "qwen3"
-init = '{"preset": "$model"${3:+, "num_hidden_layers": $3}}'
+init = '$init'
 dtype = "bf16"
 [data]
 tokenizer = "$tok"
