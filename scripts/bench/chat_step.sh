@@ -7,9 +7,9 @@
 #      ids and mask, and the same ids become a pre-tokenized .tokens file (the plain-text twin);
 #  (b) one real step of MODEL cut to LAYERS layers on each, traced (--profile, step 1): the chat run
 #      trains only the assistant's tokens, the plain one every token; their step times side by side;
-#  (c) with REHEARSE=1, the full-depth model at that length on the chat data with --rehearse: the
-#      allocator's peaks against the plan's (the masks do not change what the step holds).
-#   TOKENS=1048576 MODEL=qwen3-4b LAYERS=1 OUT=/tmp/chat scripts/bench/chat_step.sh .bundle
+# The masks do not change what the step holds: a full-depth rehearsal of that length is
+# scripts/bench/rehearse.sh's.
+#   PLUGINS="loss_chunked offload tiled_mlp" TOKENS=1048576 MODEL=qwen3-4b LAYERS=1 OUT=/tmp/chat scripts/bench/chat_step.sh .bundle
 set -uo pipefail
 build=${1:-build}
 out=${OUT:-/tmp/lcx-chat-step}
@@ -79,14 +79,6 @@ for kind in chat plain; do
   timeout "$limit" "$build/bin/lcx-train" --config "$run/run.toml" --profile --set run.profile_step=1 >"$run/lcx.log" 2>&1
   echo "$kind: rc $? in $(($(date +%s) - start)) s"
 done
-if [[ ${REHEARSE:-0} != 0 ]]; then
-  run=$out/rehearsal
-  rm -rf "$run" && mkdir -p "$run"
-  manifest "$run" "$out/transcript.jsonl" ""
-  start=$(date +%s)
-  timeout "$limit" "$build/bin/lcx-train" --config "$run/run.toml" --rehearse >"$run/lcx.log" 2>&1
-  echo "rehearsal: rc $? in $(($(date +%s) - start)) s"
-fi
 
 python3 - "$out" "$model" "$layers" "$tokens" <<'PY'
 import json, os, sys
@@ -111,13 +103,4 @@ for kind in ("chat", "plain"):
         print(f"| {kind} | failed ({type(e).__name__}: {e}); {log[-1][:160] if log else 'no log'} | | | | |")
 if len(steps) == 2:
     print(f"\nchat / plain step time: {steps['chat'] / steps['plain']:.4f}")
-try:
-    r = json.load(open(f"{out}/rehearsal/out/rehearsal.json"))
-    G = 2**30
-    gpu, host = r["judged"][0], r["judged"][1]
-    print(f"\nrehearsal (full depth, chat data): {r['recipe']}; GPU {gpu['measured_bytes'] / G:.2f} / plan "
-          f"{gpu['plan_bytes'] / G:.2f} GiB, pinned {host['measured_bytes'] / G:.2f} / plan {host['plan_bytes'] / G:.2f} GiB: "
-          f"{'agrees' if r['agree'] else 'DIFFERS'}")
-except (OSError, ValueError, KeyError, IndexError):
-    pass
 PY

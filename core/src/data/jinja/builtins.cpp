@@ -77,11 +77,6 @@ std::vector<Value> chars_of(const Text& t) {
   return out;
 }
 
-bool ascii_only(const std::string& s) {
-  for (unsigned char c : s)
-    if (c >= 0x80) return false;
-  return true;
-}
 
 // Python's str predicates on ASCII text; other text is refused rather than guessed.
 Value str_predicate(const Text& t, const std::string& name) {

@@ -4,6 +4,7 @@
 
 #include <algorithm>
 
+#include "data/utf8.h"
 #include "lcx/error.h"
 
 namespace lcx::jinja {
@@ -53,13 +54,7 @@ void Text::flags_into(std::vector<uint8_t>& out) const {
 }
 
 uint32_t decode_at(std::string_view s, size_t i, int& len) {
-  const auto* p = reinterpret_cast<const unsigned char*>(s.data()) + i;
-  uint32_t c = p[0];
-  if (c < 0x80) { len = 1; return c; }
-  if (c < 0xE0) { len = 2; return ((c & 0x1F) << 6) | (p[1] & 0x3F); }
-  if (c < 0xF0) { len = 3; return ((c & 0x0F) << 12) | ((p[1] & 0x3F) << 6) | (p[2] & 0x3F); }
-  len = 4;
-  return ((c & 0x07) << 18) | ((p[1] & 0x3F) << 12) | ((p[2] & 0x3F) << 6) | (p[3] & 0x3F);
+  return utf8::decode(reinterpret_cast<const unsigned char*>(s.data()) + i, len);
 }
 
 void append_utf8(std::string& out, uint32_t cp) {
@@ -161,12 +156,6 @@ Text map_each(const Text& s, F f) {
     i += len;
   }
   return out;
-}
-
-bool ascii_only(const std::string& s) {
-  for (unsigned char c : s)
-    if (c >= 0x80) return false;
-  return true;
 }
 
 }  // namespace
@@ -410,6 +399,12 @@ int64_t py_find(const Text& s, const Text& sub, bool last) {
   const size_t f = last ? s.str().rfind(sub.str()) : s.str().find(sub.str());
   if (f == std::string::npos) return -1;
   return static_cast<int64_t>(count_code_points(std::string_view(s.str()).substr(0, f)));
+}
+
+bool ascii_only(std::string_view s) {
+  for (unsigned char c : s)
+    if (c >= 0x80) return false;
+  return true;
 }
 
 }  // namespace lcx::jinja

@@ -52,6 +52,7 @@ void append_utf8(std::string& out, uint32_t cp);
 size_t count_code_points(std::string_view s);
 // Byte offset of each code point of s, plus s.size() at the end.
 std::vector<size_t> code_point_offsets(std::string_view s);
+bool ascii_only(std::string_view s);
 bool py_isspace(uint32_t cp);  // str.isspace: bidi WS, B, S or category Zs
 bool py_isprintable(uint32_t cp);  // str.isprintable (repr escapes the others)
 
