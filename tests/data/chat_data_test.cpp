@@ -177,6 +177,22 @@ TEST(ChatTemplates, ATemplateWithoutTurnMarkersIsRefusedForAssistantLoss) {
   EXPECT_EQ(chat.render(c, LossOn::all).text, "user: q\n");  // every token still trains
 }
 
+// A model folder's chat_template.jinja is the template transformers serves, before
+// tokenizer_config.json's; without it, tokenizer_config.json's, with its special tokens either way.
+TEST(ChatTemplates, AChatTemplateJinjaBesideTheTokenizerComesFirst) {
+  const fs::path dir = test::temp_dir();
+  test::write_file((dir / "tokenizer_config.json").string(),
+                   R"({"chat_template": "{% for m in messages %}cfg:{{ m.content }}{{ eos_token }}{% endfor %}", "eos_token": "<E>"})");
+  Conversation c;
+  ASSERT_EQ(parse_conversation(R"({"messages":[{"role":"user","content":"q"}]})", "chat", c), "");
+  const std::string tok = (dir / "tokenizer.json").string();
+  EXPECT_EQ(ChatRenderer::load(tok, "", "{}").render(c, LossOn::all).text, "cfg:q<E>");
+  test::write_file((dir / "chat_template.jinja").string(), "{% for m in messages %}file:{{ m.content }}{{ eos_token }}{% endfor %}");
+  const ChatRenderer chat = ChatRenderer::load(tok, "", "{}");
+  EXPECT_EQ(chat.source(), (dir / "chat_template.jinja").string());
+  EXPECT_EQ(chat.render(c, LossOn::all).text, "file:q<E>");
+}
+
 // --- Qwen3's own template (data/qwen3/tokenizer_config.json) ---
 
 std::string qwen3_config() {

@@ -351,15 +351,23 @@ ChatRenderer ChatRenderer::load(const std::string& tokenizer_path, const std::st
       if (fs::exists(beside)) cfg = read_json_file(beside.string(), "data.tokenizer");
     }
   } else {
-    if (!fs::exists(beside))
+    // transformers reads a chat_template.jinja beside the tokenizer before tokenizer_config.json's
+    // template (save_pretrained writes it there), so a folder with both serves that one.
+    const fs::path jinja = beside.parent_path() / "chat_template.jinja";
+    if (!fs::exists(beside) && !fs::exists(jinja))
       throw Error(str("conversations are rendered by the model's chat template, and there is no ", beside.string(),
                       " beside data.tokenizer"),
                   "data.chat_template",
                   "put the model's tokenizer_config.json beside its tokenizer.json (scripts/fetch_data.sh fetches "
                   "Qwen3's into data/qwen3/), or set data.chat_template to a template file");
-    source = beside.string();
-    cfg = read_json_file(source, "data.tokenizer");
-    text = template_text(cfg, source);
+    if (fs::exists(beside)) cfg = read_json_file(beside.string(), "data.tokenizer");
+    if (fs::exists(jinja)) {
+      source = jinja.string();
+      text = read_file(source, "data.tokenizer", "give the model folder's chat_template.jinja read access");
+    } else {
+      source = beside.string();
+      text = template_text(cfg, source);
+    }
   }
   ojson base = ojson::object();
   add_special_tokens(cfg, base);
