@@ -71,7 +71,8 @@ if [[ -f $out ]]; then
 elif command -v python3 >/dev/null; then
   mkdir -p "$data/agent"
   python3 "$root/scripts/gen_agent_transcripts.py" --out "$out.part" --conversations 64 --tokens 500 --seed 0 >/dev/null &&
-    mv "$out.part" "$out" && echo "fetch_data: $out generated"
+    mv "$out.part" "$out" && echo "fetch_data: $out generated" ||
+    echo "fetch_data: $out (the chat quickstart's data) could not be generated" >&2
 else
   echo "fetch_data: python3 not found; $out (the chat quickstart's data) not generated" >&2
 fi
