@@ -25,7 +25,7 @@ int merge_main(int argc, char** argv) {
       ("adapter", po::value(&adapter)->value_name("DIR"), "the adapter folder (adapter_config.json, adapter_model.safetensors)")
       ("out", po::value(&out)->value_name("DIR"), "the merged model's folder: new or empty")
       ("overwrite", po::bool_switch(&options.overwrite), "write into --out even when it is not empty")
-      ("threads", po::value(&options.threads)->value_name("N"), "matrices merged at once (default: the cores)")
+      ("threads", po::value(&options.threads)->value_name("N"), "matrices merged at once (default: the cores, at most 16)")
       ("help,h", po::bool_switch(&help), "print this help");
   parse_subcommand(desc, argc, argv, "merge");
   if (help) {

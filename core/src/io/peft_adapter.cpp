@@ -404,7 +404,9 @@ void merge(const std::string& base_dir, const std::string& adapter_dir, const st
       }
     }
   };
-  const unsigned cores = std::max(1u, std::thread::hardware_concurrency());
+  // Each worker holds one fp32 matrix (200 MB for Qwen3-8B's MLP): a bound on the cores used keeps
+  // that small on a many-core host, where BLAS threads each GEMM anyway.
+  const unsigned cores = std::clamp(std::thread::hardware_concurrency(), 1u, 16u);
   const size_t threads = std::min<size_t>(options.threads > 0 ? static_cast<size_t>(options.threads) : cores,
                                           adapter.pairs.size());
   std::vector<std::thread> pool;

@@ -75,7 +75,7 @@ void add_low_rank(float* w, const float* b, const float* a, int64_t out, int64_t
 struct MergeOptions {
   bool overwrite = false;  // write into a non-empty out folder
   bool progress = true;    // a line per layer on stderr
-  int threads = 0;         // 0: from the machine's cores
+  int threads = 0;         // 0: the machine's cores, at most 16
 };
 
 // Writes `out_dir`: the base's weights with every adapted matrix W + scale * B @ A (computed in
