@@ -216,6 +216,7 @@ int main(int argc, char** argv) {
     if (argc > 1 && std::string(argv[1]) == "config") return lcx::config_main(argc - 1, argv + 1);
     if (argc > 1 && std::string(argv[1]) == "tokenize") return lcx::tokenize_main(argc - 1, argv + 1);
     if (argc > 1 && std::string(argv[1]) == "calibrate") return lcx::calibrate_main(argc - 1, argv + 1);
+    if (argc > 1 && std::string(argv[1]) == "merge") return lcx::merge_main(argc - 1, argv + 1);
     if (argc > 1 && std::string(argv[1]) == "eval") return lcx::eval_main(argc - 1, argv + 1);
     if (argc > 1 && std::string(argv[1]) == "eval-plot") return lcx::eval_plot_main(argc - 1, argv + 1);
     return lcx::run(lcx::parse_cli(argc, argv));

@@ -1,0 +1,437 @@
+#include "io/peft_adapter.h"
+
+#include <cblas.h>
+
+#include <algorithm>
+#include <atomic>
+#include <cmath>
+#include <cstdio>
+#include <filesystem>
+#include <fstream>
+#include <map>
+#include <memory>
+#include <mutex>
+#include <nlohmann/json.hpp>
+#include <set>
+#include <sstream>
+#include <thread>
+
+#include "lcx/error.h"
+#include "lcx/hf_config.h"
+#include "lcx/safetensors.h"
+
+namespace fs = std::filesystem;
+using json = nlohmann::ordered_json;
+
+namespace lcx::peft {
+
+namespace {
+
+constexpr const char* kConfigFile = "adapter_config.json";
+constexpr const char* kWeightsFile = "adapter_model.safetensors";
+constexpr const char* kPrefix = "base_model.model.";
+
+std::string read_text(const fs::path& p, const std::string& key, const std::string& fix) {
+  std::ifstream in(p, std::ios::binary);
+  if (!in) throw Error(str("cannot read ", p.string()), key, fix);
+  std::ostringstream s;
+  s << in.rdbuf();
+  return s.str();
+}
+
+int module_rank(const std::string& m) {
+  const auto& all = lora_modules();
+  const auto it = std::find(all.begin(), all.end(), m);
+  return it == all.end() ? -1 : static_cast<int>(it - all.begin());
+}
+
+std::string joined(const std::vector<std::string>& v) {
+  std::string s;
+  for (const auto& x : v) s += (s.empty() ? "" : " ") + x;
+  return s;
+}
+
+// "model.layers.3.self_attn.q_proj.lora_A.weight" -> layer 3, "q_proj", 'A'; false when `rest` is
+// not of that form.
+bool parse_lora_name(const std::string& rest, int64_t& layer, std::string& module, char& which) {
+  const std::string head = "model.layers.";
+  if (rest.rfind(head, 0) != 0) return false;
+  size_t at = head.size(), end = at;
+  while (end < rest.size() && std::isdigit(static_cast<unsigned char>(rest[end]))) ++end;
+  if (end == at || end - at > 6 || end >= rest.size() || rest[end] != '.') return false;
+  layer = std::stoll(rest.substr(at, end - at));
+  const std::string tail = rest.substr(end + 1);
+  for (const char w : {'A', 'B'}) {
+    const std::string suffix = str(".lora_", w, ".weight");
+    if (tail.size() <= suffix.size() || tail.compare(tail.size() - suffix.size(), suffix.size(), suffix) != 0)
+      continue;
+    const std::string path = tail.substr(0, tail.size() - suffix.size());
+    for (const auto& m : lora_modules())
+      if (path == module_path(m)) {
+        module = m;
+        which = w;
+        return true;
+      }
+    // A projection lcx does not adapt: reported by its short name.
+    const size_t dot = path.rfind('.');
+    module = dot == std::string::npos ? path : path.substr(dot + 1);
+    which = w;
+    return true;
+  }
+  return false;
+}
+
+}  // namespace
+
+const std::vector<std::string>& lora_modules() {
+  static const std::vector<std::string> m = {"q_proj", "k_proj", "v_proj", "o_proj",
+                                             "gate_proj", "up_proj", "down_proj"};
+  return m;
+}
+
+double AdapterConfig::scale() const {
+  return use_rslora ? lora_alpha / std::sqrt(static_cast<double>(r)) : lora_alpha / static_cast<double>(r);
+}
+
+std::string module_path(const std::string& module) {
+  return (module_rank(module) < 4 ? "self_attn." : "mlp.") + module;
+}
+
+std::string base_weight_name(int64_t layer, const std::string& module) {
+  return str("model.layers.", layer, ".", module_path(module), ".weight");
+}
+
+std::string lora_key(int64_t layer, const std::string& module, char which) {
+  return str(kPrefix, "model.layers.", layer, ".", module_path(module), ".lora_", which, ".weight");
+}
+
+AdapterConfig parse_config(const std::string& json_text, const std::string& source) {
+  json j;
+  try {
+    j = json::parse(json_text);
+  } catch (const json::exception& e) {
+    throw Error(str(source, " is not valid JSON: ", e.what()), kConfigFile, "give the adapter_config.json PEFT wrote");
+  }
+  if (!j.is_object()) throw Error(str(source, " is not a JSON object"), kConfigFile, "give the adapter_config.json PEFT wrote");
+  auto bad = [&](const std::string& key, const std::string& what, const std::string& fix) {
+    const std::string found = j.contains(key) ? j[key].dump() : "absent";
+    return Error(str(source, ": ", key, " ", what, " (found ", found, ")"), key, fix);
+  };
+  AdapterConfig c;
+  if (!j.contains("peft_type") || !j["peft_type"].is_string() || j["peft_type"] != "LORA")
+    throw bad("peft_type", "must be \"LORA\": lcx reads LoRA adapters only", "give a LoRA adapter (peft_type \"LORA\")");
+  if (j.contains("task_type") && !j["task_type"].is_null() && j["task_type"] != "CAUSAL_LM")
+    throw bad("task_type", "must be \"CAUSAL_LM\"", "give an adapter trained for causal language modeling");
+  if (!j.contains("r") || !j["r"].is_number_integer() || j["r"].get<int64_t>() < 1)
+    throw bad("r", "must be an integer of at least 1", "set r to the adapter's rank, e.g. 16");
+  c.r = j["r"].get<int64_t>();
+  if (j.contains("lora_alpha") && !j["lora_alpha"].is_null()) {
+    if (!j["lora_alpha"].is_number()) throw bad("lora_alpha", "must be a number", "set lora_alpha, e.g. 32");
+    c.lora_alpha = j["lora_alpha"].get<double>();
+  }
+  if (j.contains("lora_dropout") && !j["lora_dropout"].is_null()) {
+    if (!j["lora_dropout"].is_number() || j["lora_dropout"].get<double>() < 0 || j["lora_dropout"].get<double>() >= 1)
+      throw bad("lora_dropout", "must be a number in [0, 1)", "set lora_dropout to e.g. 0.05");
+    c.lora_dropout = j["lora_dropout"].get<double>();
+  }
+  if (j.contains("use_rslora") && !j["use_rslora"].is_null()) {
+    if (!j["use_rslora"].is_boolean()) throw bad("use_rslora", "must be true or false", "set use_rslora to true or false");
+    c.use_rslora = j["use_rslora"].get<bool>();
+  }
+  const std::string bias = j.contains("bias") && j["bias"].is_string() ? j["bias"].get<std::string>() : "none";
+  if (j.contains("bias") && !j["bias"].is_null() && bias != "none")
+    throw bad("bias", "must be \"none\": Qwen3's projections have no bias to train", "train the adapter with bias=\"none\"");
+  if (j.contains("use_dora") && j["use_dora"].is_boolean() && j["use_dora"].get<bool>())
+    throw bad("use_dora", "is not supported: a DoRA adapter rescales W, which lcx does not implement",
+              "give a plain LoRA adapter (use_dora false)");
+  if (j.contains("fan_in_fan_out") && j["fan_in_fan_out"].is_boolean() && j["fan_in_fan_out"].get<bool>())
+    throw bad("fan_in_fan_out", "must be false: Qwen3's projections are nn.Linear", "set fan_in_fan_out to false");
+  for (const char* key : {"rank_pattern", "alpha_pattern"})
+    if (j.contains(key) && !j[key].is_null() && !(j[key].is_object() && j[key].empty()))
+      throw bad(key, "is not supported: lcx uses one r and one lora_alpha for every module",
+                str("give an adapter with an empty ", key));
+  const std::string all = joined(lora_modules());
+  if (!j.contains("target_modules") || j["target_modules"].is_null())
+    throw bad("target_modules", "must be given", str("set target_modules to a list of ", all, " or \"all-linear\""));
+  const json& t = j["target_modules"];
+  std::set<int> chosen;
+  if (t.is_string()) {
+    if (t != "all-linear")
+      throw bad("target_modules", "as a string must be \"all-linear\" (lcx does not match module regexes)",
+                str("list the modules among ", all, ", or give \"all-linear\""));
+    c.all_linear = true;
+    for (size_t i = 0; i < lora_modules().size(); ++i) chosen.insert(static_cast<int>(i));
+  } else if (t.is_array() && !t.empty()) {
+    for (const auto& m : t) {
+      const int rank = m.is_string() ? module_rank(m.get<std::string>()) : -1;
+      if (rank < 0)
+        throw Error(str(source, ": target_modules names ", m.dump(), ", which is not a projection lcx adapts"),
+                    "target_modules", str("keep only modules among ", all));
+      chosen.insert(rank);
+    }
+  } else {
+    throw bad("target_modules", "must be a non-empty list or \"all-linear\"",
+              str("set target_modules to a list of ", all, " or \"all-linear\""));
+  }
+  for (const int i : chosen) c.target_modules.push_back(lora_modules()[static_cast<size_t>(i)]);
+  if (j.contains("base_model_name_or_path") && j["base_model_name_or_path"].is_string())
+    c.base_model_name_or_path = j["base_model_name_or_path"].get<std::string>();
+  if (j.contains("modules_to_save") && !j["modules_to_save"].is_null()) {
+    if (!j["modules_to_save"].is_array())
+      throw bad("modules_to_save", "must be null or a list of module names", "set modules_to_save to null or a list");
+    std::vector<std::string> m;
+    for (const auto& x : j["modules_to_save"]) {
+      if (!x.is_string()) throw bad("modules_to_save", "must list names", "set modules_to_save to e.g. [\"lm_head\"]");
+      m.push_back(x.get<std::string>());
+    }
+    c.modules_to_save = m;
+  }
+  return c;
+}
+
+std::string config_json(const AdapterConfig& c) {
+  json j;
+  j["alpha_pattern"] = json::object();
+  j["auto_mapping"] = nullptr;
+  j["base_model_name_or_path"] = c.base_model_name_or_path.empty() ? json(nullptr) : json(c.base_model_name_or_path);
+  j["bias"] = "none";
+  j["fan_in_fan_out"] = false;
+  j["inference_mode"] = true;
+  j["init_lora_weights"] = true;
+  j["layers_pattern"] = nullptr;
+  j["layers_to_transform"] = nullptr;
+  if (c.lora_alpha == std::floor(c.lora_alpha) && std::abs(c.lora_alpha) < 1e15)
+    j["lora_alpha"] = static_cast<int64_t>(c.lora_alpha);
+  else
+    j["lora_alpha"] = c.lora_alpha;
+  j["lora_dropout"] = c.lora_dropout;
+  j["modules_to_save"] = c.modules_to_save ? json(*c.modules_to_save) : json(nullptr);
+  j["peft_type"] = "LORA";
+  j["r"] = c.r;
+  j["rank_pattern"] = json::object();
+  j["revision"] = nullptr;
+  j["target_modules"] = c.all_linear ? json("all-linear") : json(c.target_modules);
+  j["task_type"] = "CAUSAL_LM";
+  j["use_dora"] = false;
+  j["use_rslora"] = c.use_rslora;
+  return j.dump(2) + "\n";
+}
+
+void write_adapter(const std::string& dir, const Adapter& adapter, DType dtype) {
+  // Validates what is written the way read_adapter would, so a folder written is one it reads.
+  parse_config(config_json(adapter.config), "the adapter being written");
+  fs::create_directories(dir);
+  std::vector<safetensors::NamedTensor> tensors;
+  for (const auto& p : adapter.pairs) {
+    tensors.push_back({lora_key(p.layer, p.module, 'A'), p.a});
+    tensors.push_back({lora_key(p.layer, p.module, 'B'), p.b});
+  }
+  for (const auto& [name, t] : adapter.saved) tensors.push_back({kPrefix + name, t});
+  safetensors::write_file((fs::path(dir) / kWeightsFile).string(), tensors, dtype);
+  std::ofstream(fs::path(dir) / kConfigFile) << config_json(adapter.config);
+}
+
+Adapter read_adapter(const std::string& dir) {
+  const fs::path config_path = fs::path(dir) / kConfigFile, weights_path = fs::path(dir) / kWeightsFile;
+  const std::string fix = "give the folder PEFT's save_pretrained wrote (adapter_config.json, adapter_model.safetensors)";
+  if (!fs::is_regular_file(config_path)) throw Error(str(config_path.string(), " does not exist"), "--adapter", fix);
+  if (!fs::is_regular_file(weights_path)) throw Error(str(weights_path.string(), " does not exist"), "--adapter", fix);
+  Adapter a;
+  a.config = parse_config(read_text(config_path, "--adapter", fix), config_path.string());
+  const AdapterConfig& c = a.config;
+  const auto ckpt = safetensors::Checkpoint::open(weights_path.string());
+  std::map<std::pair<int64_t, int>, LoraPair> pairs;
+  const std::string where = weights_path.string();
+  for (const auto& name : ckpt.names()) {
+    if (name.rfind(kPrefix, 0) != 0)
+      throw Error(str(where, ": ", name, " is not a PEFT key (they begin with ", kPrefix, ")"), name,
+                  "give an adapter PEFT saved for a causal LM");
+    const std::string rest = name.substr(std::string(kPrefix).size());
+    int64_t layer = 0;
+    std::string module;
+    char which = 0;
+    if (parse_lora_name(rest, layer, module, which)) {
+      const int rank = module_rank(module);
+      if (rank < 0 || std::find(c.target_modules.begin(), c.target_modules.end(), module) == c.target_modules.end())
+        throw Error(str(where, ": ", name, " adapts ", module, ", which is not in target_modules (",
+                        joined(c.target_modules), ")"),
+                    name, "give the adapter_config.json saved with these weights");
+      const Shape& s = ckpt.info(name).shape;
+      const bool ok = s.size() == 2 && (which == 'A' ? s[0] == c.r : s[1] == c.r) && s[0] > 0 && s[1] > 0;
+      if (!ok)
+        throw Error(str(where, ": ", name, " has shape ", shape_str(s), ", but lora_", which, " is ",
+                        which == 'A' ? "[r, in]" : "[out, r]", " with r = ", c.r),
+                    name, "give the adapter_config.json saved with these weights (its r)");
+      LoraPair& p = pairs[{layer, rank}];
+      p.layer = layer;
+      p.module = module;
+      (which == 'A' ? p.a : p.b) = ckpt.load(name, DType::f32);
+      continue;
+    }
+    bool saved = false;
+    if (c.modules_to_save)
+      for (const auto& m : *c.modules_to_save)
+        if (rest.rfind(m + ".", 0) == 0 || rest.find("." + m + ".") != std::string::npos) saved = true;
+    if (!saved)
+      throw Error(str(where, ": ", name, " is neither a LoRA key of a target module nor a tensor of modules_to_save"),
+                  name, "give an adapter PEFT saved for a Qwen3 causal LM");
+    const std::string dtype = ckpt.info(name).dtype;
+    a.saved.emplace_back(rest, ckpt.load(name, dtype_from_name(dtype)));
+  }
+  for (auto& [k, p] : pairs) {
+    if (!p.a.data() || !p.b.data()) {
+      const char missing = p.a.data() ? 'B' : 'A';
+      throw Error(str(where, ": ", lora_key(p.layer, p.module, missing == 'A' ? 'B' : 'A'), " has no lora_", missing),
+                  lora_key(p.layer, p.module, missing), "give the adapter's whole safetensors file");
+    }
+    a.pairs.push_back(std::move(p));
+  }
+  if (a.pairs.empty())
+    throw Error(str(where, " holds no LoRA weights"), "--adapter", fix);
+  return a;
+}
+
+void check_against_base(const Adapter& adapter, int64_t num_layers,
+                        const std::function<std::optional<Shape>(const std::string&)>& base_shape) {
+  const std::string fix = "merge the adapter into the base it was trained on";
+  for (const auto& p : adapter.pairs) {
+    const std::string key = lora_key(p.layer, p.module, 'A');
+    if (p.layer >= num_layers)
+      throw Error(str(key, " names layer ", p.layer, ", but the base has ", num_layers, " layers"), key, fix);
+    const auto s = base_shape(base_weight_name(p.layer, p.module));
+    if (!s)
+      throw Error(str(key, ": the base has no ", base_weight_name(p.layer, p.module)), key, fix);
+    if (s->size() != 2 || p.a.shape()[1] != (*s)[1])
+      throw Error(str(key, " has shape ", shape_str(p.a.shape()), ", but the base's ", base_weight_name(p.layer, p.module),
+                      " is ", shape_str(*s), ": lora_A must be [r, ", s->size() == 2 ? (*s)[1] : 0, "]"),
+                  key, fix);
+    const std::string bkey = lora_key(p.layer, p.module, 'B');
+    if (p.b.shape()[0] != (*s)[0])
+      throw Error(str(bkey, " has shape ", shape_str(p.b.shape()), ", but the base's ", base_weight_name(p.layer, p.module),
+                      " is ", shape_str(*s), ": lora_B must be [", (*s)[0], ", r]"),
+                  bkey, fix);
+  }
+  for (const auto& [name, t] : adapter.saved) {
+    const auto s = base_shape(name);
+    if (!s || *s != t.shape())
+      throw Error(str(kPrefix, name, " (modules_to_save) has shape ", shape_str(t.shape()), ", but the base ",
+                      s ? "has " + shape_str(*s) : std::string("has no such tensor")),
+                  kPrefix + name, fix);
+  }
+}
+
+void add_low_rank(float* w, const float* b, const float* a, int64_t out, int64_t in, int64_t r, float scale) {
+  cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasNoTrans, static_cast<int>(out), static_cast<int>(in),
+              static_cast<int>(r), scale, b, static_cast<int>(r), a, static_cast<int>(in), 1.f, w, static_cast<int>(in));
+}
+
+void merge(const std::string& base_dir, const std::string& adapter_dir, const std::string& out_dir,
+           const MergeOptions& options) {
+  if (!fs::is_directory(base_dir) || !fs::is_regular_file(fs::path(base_dir) / "config.json"))
+    throw Error(str(base_dir, " is not a Hugging Face model folder (no config.json)"), "--base",
+                "give the folder of the model the adapter was trained on");
+  std::error_code ec;
+  if (fs::exists(out_dir)) {
+    if (!fs::is_directory(out_dir))
+      throw Error(str(out_dir, " exists and is not a folder"), "--out", "give a new or empty folder");
+    if (fs::equivalent(out_dir, base_dir, ec) || fs::equivalent(out_dir, adapter_dir, ec))
+      throw Error(str(out_dir, " is the base or the adapter folder"), "--out", "write the merged model to another folder");
+    if (!fs::is_empty(out_dir) && !options.overwrite)
+      throw Error(str(out_dir, " exists and is not empty"), "--out", "give a new or empty folder, or pass --overwrite");
+  }
+  const Adapter adapter = read_adapter(adapter_dir);
+  const HfConfig hf = HfConfig::load(base_dir);
+  const int64_t num_layers = hf.require_int("num_hidden_layers");
+  const auto ckpt = safetensors::Checkpoint::open(base_dir);
+  check_against_base(adapter, num_layers, [&](const std::string& name) -> std::optional<Shape> {
+    if (!ckpt.has(name)) return std::nullopt;
+    return ckpt.info(name).shape;
+  });
+
+  // The merged weights keep the base's dtype: the one most of its floating tensors have.
+  std::map<std::string, size_t> dtype_count;
+  for (const auto& name : ckpt.names()) {
+    const DType d = dtype_from_name(ckpt.info(name).dtype);
+    if (is_floating(d)) ++dtype_count[ckpt.info(name).dtype];
+  }
+  std::string dtype_name = "F32";
+  size_t most = 0;
+  for (const auto& [d, n] : dtype_count)
+    if (n > most) most = n, dtype_name = d;
+  const DType dtype = dtype_from_name(dtype_name);
+
+  // Untouched tensors are written from the base's mapped files, never copied into memory.
+  std::map<std::string, std::shared_ptr<safetensors::File>> files;
+  std::map<std::string, Tensor> by_name;
+  for (const auto& name : ckpt.names()) {
+    const std::string& path = ckpt.file_of(name);
+    auto& f = files[path];
+    if (!f) f = std::make_shared<safetensors::File>(path);
+    const safetensors::TensorInfo* info = f->find(name);
+    LCX_CHECK(info != nullptr);
+    by_name[name] = Tensor::borrow(const_cast<uint8_t*>(f->bytes(*info)), info->shape, dtype_from_name(info->dtype),
+                                   Device::cpu());
+  }
+
+  const float scale = static_cast<float>(adapter.config.scale());
+  std::map<int64_t, std::pair<size_t, std::vector<std::string>>> per_layer;  // done count, modules
+  for (const auto& p : adapter.pairs) per_layer[p.layer].second.push_back(p.module);
+  std::vector<Tensor> merged(adapter.pairs.size());
+  std::atomic<size_t> next{0};
+  std::mutex mu;
+  size_t layers_done = 0;
+  std::string failure;
+  auto work = [&] {
+    for (size_t i; (i = next.fetch_add(1)) < adapter.pairs.size();) {
+      try {
+        const LoraPair& p = adapter.pairs[i];
+        const std::string name = base_weight_name(p.layer, p.module);
+        Tensor w = ckpt.load(name, DType::f32);
+        add_low_rank(w.data_as<float>(), p.b.data_as<float>(), p.a.data_as<float>(), w.shape()[0], w.shape()[1],
+                     adapter.config.r, scale);
+        merged[i] = w.to(dtype);
+        std::lock_guard<std::mutex> lock(mu);
+        auto& [done, modules] = per_layer[p.layer];
+        if (++done == modules.size() && options.progress) {
+          ++layers_done;
+          std::fprintf(stderr, "merge: layer %lld (%s) done, %zu of %zu layers\n", static_cast<long long>(p.layer),
+                       joined(modules).c_str(), layers_done, per_layer.size());
+        }
+      } catch (const std::exception& e) {
+        std::lock_guard<std::mutex> lock(mu);
+        if (failure.empty()) failure = e.what();
+        next = adapter.pairs.size();
+      }
+    }
+  };
+  // Each worker holds one fp32 matrix (200 MB for Qwen3-8B's MLP): a bound on the cores used keeps
+  // that small on a many-core host, where BLAS threads each GEMM anyway.
+  const unsigned cores = std::clamp(std::thread::hardware_concurrency(), 1u, 16u);
+  const size_t threads = std::min<size_t>(options.threads > 0 ? static_cast<size_t>(options.threads) : cores,
+                                          adapter.pairs.size());
+  std::vector<std::thread> pool;
+  for (size_t t = 1; t < threads; ++t) pool.emplace_back(work);
+  work();
+  for (auto& t : pool) t.join();
+  if (!failure.empty()) throw Error(str("merge failed: ", failure));
+  for (size_t i = 0; i < adapter.pairs.size(); ++i)
+    by_name[base_weight_name(adapter.pairs[i].layer, adapter.pairs[i].module)] = merged[i];
+  for (const auto& [name, t] : adapter.saved) by_name[name] = t;
+
+  std::vector<safetensors::NamedTensor> out;
+  for (const auto& [name, t] : by_name) out.push_back({name, t});
+  fs::create_directories(out_dir);
+  if (options.progress) std::fprintf(stderr, "merge: writing %zu tensors (%s) to %s\n", out.size(), dtype_name.c_str(),
+                                     out_dir.c_str());
+  safetensors::write_checkpoint(out_dir, out, dtype);
+  // What transformers and the tokenizer read beside the weights.
+  for (const char* f : {"config.json", "generation_config.json", "tokenizer.json", "tokenizer_config.json",
+                        "special_tokens_map.json", "added_tokens.json", "vocab.json", "merges.txt", "chat_template.jinja"})
+    if (fs::is_regular_file(fs::path(base_dir) / f))
+      fs::copy_file(fs::path(base_dir) / f, fs::path(out_dir) / f, fs::copy_options::overwrite_existing);
+  if (options.progress)
+    std::fprintf(stderr, "merge: %zu matrices of %zu layers merged (scale %g) into %s\n", adapter.pairs.size(),
+                 per_layer.size(), adapter.config.scale(), out_dir.c_str());
+}
+
+}  // namespace lcx::peft

@@ -1,0 +1,87 @@
+// PEFT's LoRA adapter folders (adapter_config.json + adapter_model.safetensors) read and written
+// with PEFT's own key names, so an adapter moves between lcx and transformers + PEFT unchanged, and
+// the merge of an adapter into its base Hugging Face checkpoint (W + scale * B @ A).
+//
+// Only what lcx's Qwen3 can adapt is accepted: the seven linear projections of a decoder layer
+// (q_proj k_proj v_proj o_proj gate_proj up_proj down_proj), bias "none", one rank and one alpha for
+// every module. Everything else is refused naming the adapter_config.json key or the tensor.
+#pragma once
+#include <cstdint>
+#include <functional>
+#include <optional>
+#include <string>
+#include <vector>
+
+#include "lcx/tensor.h"
+
+namespace lcx::peft {
+
+// The projections an adapter may target, in the order a layer runs them.
+const std::vector<std::string>& lora_modules();
+
+struct AdapterConfig {
+  int64_t r = 8;
+  double lora_alpha = 8;
+  double lora_dropout = 0;
+  std::vector<std::string> target_modules;  // short names, in lora_modules() order
+  bool all_linear = false;                  // written back as the string "all-linear"
+  bool use_rslora = false;
+  std::string base_model_name_or_path;
+  std::optional<std::vector<std::string>> modules_to_save;  // null when absent
+  // alpha / r, or alpha / sqrt(r) with use_rslora (PEFT's rank-stabilized scale).
+  double scale() const;
+};
+
+// One adapted matrix: A [r, in] and B [out, r] in fp32 on the host.
+struct LoraPair {
+  int64_t layer = 0;
+  std::string module;  // "q_proj", ...
+  Tensor a, b;
+};
+
+struct Adapter {
+  AdapterConfig config;
+  std::vector<LoraPair> pairs;  // sorted by layer, then lora_modules() order
+  // Whole tensors of modules_to_save, by the base's name ("lm_head.weight"), in their own dtype.
+  std::vector<std::pair<std::string, Tensor>> saved;
+};
+
+// "self_attn.q_proj" or "mlp.gate_proj".
+std::string module_path(const std::string& module);
+// The base checkpoint's name of the matrix: "model.layers.3.self_attn.q_proj.weight".
+std::string base_weight_name(int64_t layer, const std::string& module);
+// PEFT's key: "base_model.model.model.layers.3.self_attn.q_proj.lora_A.weight" (`which` 'A' or 'B').
+std::string lora_key(int64_t layer, const std::string& module, char which);
+
+// adapter_config.json's text to a config, validated; `source` names the file in errors.
+AdapterConfig parse_config(const std::string& json_text, const std::string& source);
+// The config as PEFT writes it (its other keys at PEFT's defaults).
+std::string config_json(const AdapterConfig& config);
+
+// Writes dir/adapter_config.json and dir/adapter_model.safetensors (tensors in `dtype`).
+void write_adapter(const std::string& dir, const Adapter& adapter, DType dtype = DType::f32);
+// Reads and validates a folder: the config, every key a PEFT LoRA key of a target module or a
+// modules_to_save tensor, every A [r, in] with its B [out, r].
+Adapter read_adapter(const std::string& dir);
+
+// Checks the adapter against a base: `base_shape(name)` is the shape of the base's tensor `name`,
+// or nullopt when the base has none; `num_layers` is its config's num_hidden_layers.
+void check_against_base(const Adapter& adapter, int64_t num_layers,
+                        const std::function<std::optional<Shape>(const std::string&)>& base_shape);
+
+// W += scale * B @ A on fp32 host data: w [out, in], b [out, r], a [r, in].
+void add_low_rank(float* w, const float* b, const float* a, int64_t out, int64_t in, int64_t r, float scale);
+
+struct MergeOptions {
+  bool overwrite = false;  // write into a non-empty out folder
+  bool progress = true;    // a line per layer on stderr
+  int threads = 0;         // 0: the machine's cores, at most 16
+};
+
+// Writes `out_dir`: the base's weights with every adapted matrix W + scale * B @ A (computed in
+// fp32, stored in the base's dtype), modules_to_save replaced, and the base's config.json,
+// generation_config.json and tokenizer files copied, so transformers loads it as the base.
+void merge(const std::string& base_dir, const std::string& adapter_dir, const std::string& out_dir,
+           const MergeOptions& options = {});
+
+}  // namespace lcx::peft
