@@ -241,10 +241,7 @@ class Builder {
       ++r_.documents;
     }
     texts_.clear();
-    where_.clear();
-    pending_bytes_ = 0;
-    done_ = read_;
-    show(false);
+    batch_done();
   }
   void finish() {
     flush();
@@ -270,6 +267,10 @@ class Builder {
       ++r_.documents;
     }
     lines_.clear();
+    batch_done();
+  }
+  // A batch's inputs are in the cache: the next one starts empty, the progress line moves.
+  void batch_done() {
     where_.clear();
     pending_bytes_ = 0;
     done_ = read_;

@@ -190,23 +190,28 @@ void Run::check_parallelism() const {
                 "distributed.cp", "make [distributed] cp / sp match the plugin's size");
 }
 
+const Tokenizer& Run::tokenizer() {
+  if (!tokenizer_) {
+    if (cfg_.data.tokenizer.empty()) throw Error("[data] tokenizer is not set", "data.tokenizer", "give the path of a tokenizer.json");
+    tokenizer_ = std::make_unique<Tokenizer>(Tokenizer::load(cfg_.data.tokenizer));
+  }
+  return *tokenizer_;
+}
+
 void Run::open_data(const DataConfig& data, bool progress) {
-  if (cfg_.data.tokenizer.empty()) throw Error("[data] tokenizer is not set", "data.tokenizer", "give the path of a tokenizer.json");
-  const Tokenizer tokenizer = Tokenizer::load(cfg_.data.tokenizer);
   Dataset::Options opt;
   opt.seed = cfg_.run.seed;
   opt.progress = progress;
-  data_ = std::make_unique<Dataset>(Dataset::open(data, tokenizer, opt));
+  data_ = std::make_unique<Dataset>(Dataset::open(data, tokenizer(), opt));
 }
 
 void Run::open_eval_data(bool progress) {
   if (!cfg_.eval.enabled()) return;
-  const Tokenizer tokenizer = Tokenizer::load(cfg_.data.tokenizer);
   Dataset::Options opt;
   opt.seed = cfg_.run.seed;
   opt.progress = progress;
   try {
-    eval_data_ = std::make_unique<Dataset>(Dataset::open(eval_data_config(cfg_), tokenizer, opt));
+    eval_data_ = std::make_unique<Dataset>(Dataset::open(eval_data_config(cfg_), tokenizer(), opt));
   } catch (const Error& e) {
     // The dataset names [data]'s keys; here the source is eval's.
     if (e.key() != "data.source" && e.key() != "data.seq_len") throw;

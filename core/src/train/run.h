@@ -17,6 +17,7 @@
 namespace lcx {
 
 class Dataset;
+class Tokenizer;
 class ShardedParams;
 class ShardingHooks;
 
@@ -122,11 +123,13 @@ class Run {
   Optimizer& optimizer() { return *slots_.optimizer; }
 
  private:
+  const Tokenizer& tokenizer();
   const CoreConfig& cfg_;
   Device device_;
   RankSetup rank_;
   SlotSet slots_;
   DType dtype_;
+  std::unique_ptr<Tokenizer> tokenizer_;  // [data] tokenizer, loaded once for the data and the eval data
   std::unique_ptr<Dataset> data_;
   std::unique_ptr<Dataset> eval_data_;
   StepSlots step_;
