@@ -82,19 +82,16 @@ done
 
 python3 - "$out" "$model" "$layers" "$tokens" <<'PY'
 import json, os, sys
+sys.path.insert(0, "scripts/bench")
+from bench_lib import layer_seconds, step_rows
 out, model, layers, tokens = sys.argv[1], sys.argv[2], sys.argv[3], int(sys.argv[4])
 print(f"| data | {model}, {layers} layer(s), {tokens:,} tokens | step s | layer fwd + bwd s | trained targets | loss |")
 print("|---|---|---|---|---|---|")
 steps = {}
 for kind in ("chat", "plain"):
     try:
-        m = [r for r in (json.loads(l) for l in open(f"{out}/{kind}/out/metrics.jsonl") if l.strip()) if "step_s" in r][0]
-        trace = json.load(open(f"{out}/{kind}/out/trace-step1.json"))
-        events = trace["traceEvents"] if isinstance(trace, dict) else trace
-        span = {"forward": 0.0, "backward": 0.0}
-        for e in events:
-            if e.get("cat") == "layer" and e.get("ph") == "X":
-                span[e["args"]["phase"]] += e["dur"] / 1e6
+        m = step_rows(f"{out}/{kind}/out/metrics.jsonl")[0]
+        span = layer_seconds(f"{out}/{kind}/out/trace-step1.json")
         steps[kind] = m["step_s"]
         print(f"| {kind} | | {m['step_s']:.2f} | {span['forward']:.2f} + {span['backward']:.2f} | "
               f"{m.get('valid_targets', '')} | {m['loss']:.4f} |")

@@ -87,6 +87,8 @@ done
 
 python3 - "$out" $cases <<'PY'
 import json, os, sys
+sys.path.insert(0, "scripts/bench")
+from bench_lib import layer_seconds, step_rows
 out, cases = sys.argv[1], sys.argv[2:]
 G = 2**30
 print("| case | recipe (plan's) | GPU peak measured / plan GiB | diff B | pinned host measured / plan GiB | diff B | rehearsal |"
@@ -108,13 +110,8 @@ for c in cases:
             f"{host['measured_bytes'] / G:.2f} / {host['plan_bytes'] / G:.2f}", f"{host['difference_bytes']:+,}",
             "agrees" if r["agree"] else "DIFFERS"]
     try:
-        m = [r for r in (json.loads(l) for l in open(f"{base}/one-layer/out/metrics.jsonl") if l.strip()) if "step_s" in r][0]
-        trace = json.load(open(f"{base}/one-layer/out/trace-step1.json"))
-        events = trace["traceEvents"] if isinstance(trace, dict) else trace
-        span = {"forward": 0.0, "backward": 0.0}
-        for e in events:
-            if e.get("cat") == "layer" and e.get("ph") == "X":
-                span[e["args"]["phase"]] += e["dur"] / 1e6
+        m = step_rows(f"{base}/one-layer/out/metrics.jsonl")[0]
+        span = layer_seconds(f"{base}/one-layer/out/trace-step1.json")
         layer = span["forward"] + span["backward"]
         rest = m["step_s"] - layer - m["time_optimizer_s"]
         # checkpoint_every = k: the backward runs the forward of each unsaved layer once more.
