@@ -318,12 +318,12 @@ bool read_whole(const fs::path& p, std::string& out) {
   return true;
 }
 
-void read_jsonl(const SourceFile& f, const std::string& field, Builder& b, DataReport& r) {
-  std::string all;
-  if (!read_whole(f.path, all)) {
-    note(r.unreadable, r.first_unreadable, f.path.string());
-    return;
-  }
+// Calls fn(line, where) for each line of `all` that is not blank, its invalid UTF-8 replaced and
+// counted in `r`; a replaced line lives in `repaired` as long as the caller keeps it. Returns the
+// number of lines passed.
+template <typename Fn>
+int64_t for_each_line(const std::string& all, const SourceFile& f, DataReport& r, std::deque<std::string>& repaired, Fn fn) {
+  int64_t lines = 0;
   size_t line_no = 0, at = 0;
   while (at < all.size()) {
     size_t nl = all.find('\n', at);
@@ -332,28 +332,41 @@ void read_jsonl(const SourceFile& f, const std::string& field, Builder& b, DataR
     at = nl + 1;
     ++line_no;
     if (line.find_first_not_of(" \t\r") == std::string_view::npos) continue;  // blank: no document
+    ++lines;
     std::string where = str(f.path.string(), ":", line_no);
-    std::string repaired;
     if (utf8::first_invalid(line) != std::string_view::npos) {
       int64_t n = 0;
-      repaired = utf8::repair(line, &n);
-      line = repaired;
+      repaired.push_back(utf8::repair(line, &n));
+      line = repaired.back();
       note(r.invalid_utf8_documents, r.first_invalid_utf8, where);
       r.invalid_utf8_sequences += n;
     }
+    fn(line, std::move(where));
+  }
+  return lines;
+}
+
+void read_jsonl(const SourceFile& f, const std::string& field, Builder& b, DataReport& r) {
+  std::string all;
+  if (!read_whole(f.path, all)) {
+    note(r.unreadable, r.first_unreadable, f.path.string());
+    return;
+  }
+  std::deque<std::string> repaired;
+  const int64_t lines = for_each_line(all, f, r, repaired, [&](std::string_view line, std::string where) {
     json j = json::parse(line.begin(), line.end(), nullptr, false);
     if (j.is_discarded()) {
       note(r.not_json, r.first_not_json, where);
-      continue;
+      return;
     }
     if (!j.is_object() || !j.contains(field) || !j[field].is_string()) {
       note(r.missing_field, r.first_missing_field, where);
-      continue;
+      return;
     }
     b.add(j[field].get<std::string>(), where);
-  }
+  });
   // A file with no line but blank ones is one empty input.
-  if (all.find_first_not_of(" \t\r\n") == std::string::npos) note(r.empty, r.first_empty, f.path.string());
+  if (lines == 0) note(r.empty, r.first_empty, f.path.string());
   b.consumed(f.size);
 }
 
@@ -368,26 +381,8 @@ void read_chat_jsonl(const SourceFile& f, const std::string& format, Builder& b,
   std::deque<std::string> repaired;  // lines whose invalid UTF-8 was replaced, alive until the flush
   const int64_t docs_before = r.documents, bad_before = r.bad_conversations;
   const size_t examples_before = r.bad_examples.size();
-  int64_t lines = 0;
-  size_t line_no = 0, at = 0;
-  while (at < all.size()) {
-    size_t nl = all.find('\n', at);
-    if (nl == std::string::npos) nl = all.size();
-    std::string_view line(all.data() + at, nl - at);
-    at = nl + 1;
-    ++line_no;
-    if (line.find_first_not_of(" \t\r") == std::string_view::npos) continue;
-    ++lines;
-    std::string where = str(f.path.string(), ":", line_no);
-    if (utf8::first_invalid(line) != std::string_view::npos) {
-      int64_t n = 0;
-      repaired.push_back(utf8::repair(line, &n));
-      line = repaired.back();
-      note(r.invalid_utf8_documents, r.first_invalid_utf8, where);
-      r.invalid_utf8_sequences += n;
-    }
-    b.add_line(line, std::move(where));
-  }
+  const int64_t lines =
+      for_each_line(all, f, r, repaired, [&](std::string_view line, std::string where) { b.add_line(line, std::move(where)); });
   b.flush();
   b.consumed(f.size);
   if (lines == 0) {
