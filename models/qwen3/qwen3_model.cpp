@@ -26,6 +26,7 @@
 #include <cstdio>
 #include <filesystem>
 #include <fstream>
+#include <map>
 #include <set>
 #include <vector>
 
@@ -37,6 +38,7 @@
 #include "lcx/plan.h"
 #include "lcx/plugin.h"
 #include "lcx/safetensors.h"
+#include "lcx/slots/adapter.h"
 #include "lcx/slots/model.h"
 #include "qwen3_config.h"
 #include "qwen3_init.h"
@@ -61,6 +63,7 @@ void fill_ones(Tensor& t) {
 }
 
 struct LayerParams {
+  int index;  // the layer's number
   int input_norm, q, k, v, o, q_norm, k_norm, post_norm, gate, up, down;
 };
 
@@ -75,6 +78,14 @@ struct GroupActs {
   Tensor qr, kr;          // per-head norm then rotary [T,nq,d], [T,nkv,d]
   Tensor rstd_q, rstd_k;  // fp32 [T*nq], [T*nkv]
   Tensor attn, lse;       // [T,nq,d], fp32 [nq,T]
+};
+
+// The Adapter slot's factors for one layer's attention half (null where a projection is not
+// adapted) and the [T, r] products the layer reuses: h1 @ A^T of q, k and v (shared by every head
+// group, whose rows of B each group adds), and attn @ Ao^T summed over the groups in fp32.
+struct AttnLora {
+  const LowRank *q = nullptr, *k = nullptr, *v = nullptr, *o = nullptr;
+  Tensor uq, uk, uv, uo;
 };
 
 class Qwen3Model final : public Model {
@@ -171,13 +182,14 @@ class Qwen3Model final : public Model {
   }
 
   void zero_grad() override {
-    for (auto& p : params_) p.grad.zero();
+    for (auto& p : params_)
+      if (p.grad.defined()) p.grad.zero();
   }
 
   void embed_forward(const Tensor& tokens, Tensor& x) override { ops::embedding_forward(tokens, W(embed_), x); }
 
   void embed_backward(const Tensor& tokens, const Tensor& dx) override {
-    ops::embedding_backward(tokens, dx, G(embed_));
+    if (trains(embed_)) ops::embedding_backward(tokens, dx, G(embed_));
   }
 
   void layer_forward(int layer, const Tensor& x, Tensor& y, StepContext& ctx) override {
@@ -188,7 +200,8 @@ class Qwen3Model final : public Model {
       const Tensor h1 = input_norm(L, x, rstd1);
       std::vector<GroupActs> kept;
       const bool keep = keeps_attention(ctx);
-      x1 = attention_out(L, h1, ctx, groups_for(ctx), keep ? &kept : nullptr, true);
+      AttnLora lo = attn_lora(L, ctx, h1);
+      x1 = attention_out(L, h1, ctx, groups_for(ctx), keep ? &kept : nullptr, true, lo);
       for (GroupActs& a : kept) {
         ctx.memory->keep(layer, a.attn);
         ctx.memory->keep(layer, a.lse);
@@ -197,7 +210,7 @@ class Qwen3Model final : public Model {
     ops::add(x, x1, x1);  // x1 = x + o, in o's buffer
     Tensor rstd2;
     Tensor h2 = post_norm(L, x1, rstd2);
-    mlp(ctx).forward(h2, mlp_weights(L), y);
+    mlp(ctx).forward(h2, mlp_weights(L, ctx), y);
     h2 = Tensor();
     ops::add(x1, y, y);
   }
@@ -211,6 +224,7 @@ class Qwen3Model final : public Model {
     // with attention_keep_outputs every group's output and LSE do.
     std::vector<GroupActs> kept;
     const bool from_forward = keeps_attention(ctx);
+    AttnLora lo = attn_lora(L, ctx, Tensor());
     Tensor x1;
     if (from_forward) {
       const std::vector<Tensor> outputs = ctx.memory->kept(layer);
@@ -219,11 +233,14 @@ class Qwen3Model final : public Model {
       for (int64_t g = 0; g < groups; ++g)
         kept.push_back(GroupActs{.attn = outputs[static_cast<size_t>(2 * g)], .lse = outputs[static_cast<size_t>(2 * g + 1)]});
       x1 = act({T, cfg_.hidden_size}, x);
-      for (int64_t g = 0; g < groups; ++g) project_out(L, head_group(g, groups), kept[static_cast<size_t>(g)].attn, x1, g);
+      for (int64_t g = 0; g < groups; ++g)
+        project_out(L, head_group(g, groups), kept[static_cast<size_t>(g)].attn, x1, g, lo);
+      finish_o_lora(lo, x1);
     } else {
       Tensor rstd1;
       const Tensor h1 = input_norm(L, x, rstd1);
-      x1 = attention_out(L, h1, ctx, groups, groups == 1 || keep_outputs_ ? &kept : nullptr, false);
+      lowrank_inputs(lo, h1);
+      x1 = attention_out(L, h1, ctx, groups, groups == 1 || keep_outputs_ ? &kept : nullptr, false, lo);
     }
     ops::add(x, x1, x1);
     Tensor rstd2;
@@ -231,10 +248,10 @@ class Qwen3Model final : public Model {
 
     // MLP: y = x1 + mlp(h2). dx holds dh2 until the attention's backward needs it for dh1.
     MlpWeights grads{G(L.gate), G(L.up), G(L.down)};
-    mlp(ctx).backward(h2, mlp_weights(L), dy, dx, grads);
+    mlp(ctx).backward(h2, mlp_weights(L, ctx), dy, dx, grads);
     h2 = Tensor();
     Tensor dx1 = act({T, cfg_.hidden_size}, x);
-    ops::rmsnorm_backward(x1, W(L.post_norm), rstd2, dx, dx1, G(L.post_norm));
+    ops::rmsnorm_backward(x1, W(L.post_norm), rstd2, dx, dx1, norm_grad(L.post_norm));
     ops::add(dx1, dy, dx1);  // the residual path
     x1 = Tensor();
     rstd2 = Tensor();
@@ -243,24 +260,44 @@ class Qwen3Model final : public Model {
     // (the same bits) rather than held through the MLP; dh1 accumulates in dx.
     Tensor rstd1;
     Tensor h1 = input_norm(L, x, rstd1);
+    lowrank_inputs(lo, h1);
+    // o_proj's adapter: go = scale * dx1 @ Bo feeds each group's dattn through its columns of Ao.
+    Tensor go;
+    if (lo.o) {
+      go = act({T, lo.o->rank()}, x);
+      ops::matmul(dx1, false, lo.o->b->value, false, go, lo.o->scale);
+      if (!lo.o->b->frozen) {
+        Tensor uo = act(go.shape(), x);
+        ops::cast(lo.uo, uo);
+        ops::matmul(dx1, true, uo, false, lo.o->b->grad, lo.o->scale, 1.f);
+      }
+      lo.uo = Tensor();
+    }
+    // q/k/v's adapters: scale * dq @ Bq (and k, v) summed over the groups in fp32, then one
+    // GEMM each into dx and into dA after the loop.
+    Tensor gq_lr, gk_lr, gv_lr;
     for (int64_t g = 0; g < groups; ++g) {
       const HeadGroup hg = head_group(g, groups);
       GroupActs a;
       if (groups == 1 && !from_forward) {
         a = std::move(kept[0]);
       } else if (keep_outputs_ || from_forward) {
-        a = group_inputs(L, h1, hg, ctx);
+        a = group_inputs(L, h1, hg, ctx, lo);
         a.attn = std::move(kept[static_cast<size_t>(g)].attn);
         a.lse = std::move(kept[static_cast<size_t>(g)].lse);
       } else {
-        a = group_forward(L, h1, hg, ctx);
+        a = group_forward(L, h1, hg, ctx, lo);
       }
       Tensor dattn = act({T, hg.nq, d}, x);
       {
         Tensor dattn2 = dattn.view({T, hg.nq * d});
-        ops::matmul(dx1, false, o_columns(L, hg), false, dattn2);
+        ops::matmul(dx1, false, o_columns(W(L.o), hg), false, dattn2);
+        if (lo.o) {
+          ops::matmul(go, false, o_columns(lo.o->a->value, hg), false, dattn2, 1.f, 1.f);
+          if (!lo.o->a->frozen) accumulate_columns(lo.o->a->grad, hg, go, a.attn.view({T, hg.nq * d}), 1.f);
+        }
       }
-      accumulate_o_grad(L, hg, dx1, a.attn.view({T, hg.nq * d}));
+      if (trains(L.o)) accumulate_columns(G(L.o), hg, dx1, a.attn.view({T, hg.nq * d}), 1.f);
       Tensor dq = act({T, hg.nq, d}, x), dk = act({T, hg.nkv, d}, x), dv = act({T, hg.nkv, d}, x);
       ctx.parallel->attention_backward(a.qr, a.kr, a.v.view({T, hg.nkv, d}), a.attn, a.lse, dattn, dq, dk, dv, args(ctx));
       dattn = Tensor();
@@ -269,25 +306,39 @@ class Qwen3Model final : public Model {
       ops::rotary_backward(dk, ctx.rope->cos, ctx.rope->sin);
       Tensor dq_raw = act({T * hg.nq, d}, x);
       ops::rmsnorm_backward(a.q.view({T * hg.nq, d}), W(L.q_norm), a.rstd_q, dq.view({T * hg.nq, d}), dq_raw,
-                            G(L.q_norm));
+                            norm_grad(L.q_norm));
       dq = a.q = a.rstd_q = Tensor();
       Tensor dk_raw = act({T * hg.nkv, d}, x);
       ops::rmsnorm_backward(a.k.view({T * hg.nkv, d}), W(L.k_norm), a.rstd_k, dk.view({T * hg.nkv, d}), dk_raw,
-                            G(L.k_norm));
+                            norm_grad(L.k_norm));
       dk = a.k = a.rstd_k = Tensor();
       const Tensor dq2 = dq_raw.view({T, hg.nq * d}), dk2 = dk_raw.view({T, hg.nkv * d}),
                    dv2 = dv.view({T, hg.nkv * d});
-      Tensor gq = q_rows(G(L.q), hg), gk = kv_rows(G(L.k), hg), gv = kv_rows(G(L.v), hg);
-      ops::matmul(dq2, true, h1, false, gq, 1.f, 1.f);
-      ops::matmul(dk2, true, h1, false, gk, 1.f, 1.f);
-      ops::matmul(dv2, true, h1, false, gv, 1.f, 1.f);
+      if (trains(L.q)) {
+        Tensor gq = q_rows(G(L.q), hg);
+        ops::matmul(dq2, true, h1, false, gq, 1.f, 1.f);
+      }
+      if (trains(L.k)) {
+        Tensor gk = kv_rows(G(L.k), hg);
+        ops::matmul(dk2, true, h1, false, gk, 1.f, 1.f);
+      }
+      if (trains(L.v)) {
+        Tensor gv = kv_rows(G(L.v), hg);
+        ops::matmul(dv2, true, h1, false, gv, 1.f, 1.f);
+      }
       ops::matmul(dq2, false, q_rows(W(L.q), hg), false, dx, 1.f, g == 0 ? 0.f : 1.f);
       ops::matmul(dk2, false, kv_rows(W(L.k), hg), false, dx, 1.f, 1.f);
       ops::matmul(dv2, false, kv_rows(W(L.v), hg), false, dx, 1.f, 1.f);
+      lowrank_group_backward(lo.q, lo.uq, hg, true, dq2, gq_lr, g);
+      lowrank_group_backward(lo.k, lo.uk, hg, false, dk2, gk_lr, g);
+      lowrank_group_backward(lo.v, lo.uv, hg, false, dv2, gv_lr, g);
     }
+    lowrank_input_backward(lo.q, h1, gq_lr, dx);
+    lowrank_input_backward(lo.k, h1, gk_lr, dx);
+    lowrank_input_backward(lo.v, h1, gv_lr, dx);
     h1 = Tensor();
     Tensor dxn = act({T, cfg_.hidden_size}, x);
-    ops::rmsnorm_backward(x, W(L.input_norm), rstd1, dx, dxn, G(L.input_norm));
+    ops::rmsnorm_backward(x, W(L.input_norm), rstd1, dx, dxn, norm_grad(L.input_norm));
     ops::add(dxn, dx1, dx);
   }
 
@@ -342,7 +393,7 @@ class Qwen3Model final : public Model {
     Tensor rstd = Tensor::empty({x.size(0)}, DType::f32, x.device());
     Tensor y = Tensor::empty(x.shape(), x.dtype(), x.device());
     ops::rmsnorm_forward(x, W(final_norm_), eps(), y, rstd);
-    ops::rmsnorm_backward(x, W(final_norm_), rstd, dy, dx, G(final_norm_));
+    ops::rmsnorm_backward(x, W(final_norm_), rstd, dy, dx, norm_grad(final_norm_));
   }
 
   Tensor head_weight() override { return W(head_); }
@@ -352,7 +403,67 @@ class Qwen3Model final : public Model {
   float eps() const { return static_cast<float>(cfg_.rms_norm_eps); }
   Tensor& W(int i) { return params_[static_cast<size_t>(i)].value; }
   Tensor& G(int i) { return params_[static_cast<size_t>(i)].grad; }
-  MlpWeights mlp_weights(const LayerParams& L) { return {W(L.gate), W(L.up), W(L.down)}; }
+  bool trains(int i) const { return !params_[static_cast<size_t>(i)].frozen; }
+  // A norm's weight gradient, or for a frozen norm a scratch tensor of its shape that the
+  // backward's accumulation writes and nothing reads (the norm kernels always produce it).
+  Tensor& norm_grad(int i) {
+    if (trains(i)) return G(i);
+    Tensor& t = norm_scratch_[W(i).numel()];
+    if (!t.defined() || t.device() != W(i).device()) t = Tensor::zeros(W(i).shape(), DType::f32, W(i).device());
+    return t;
+  }
+  const LowRank* lora(const StepContext& ctx, const LayerParams& L, Linear m) const {
+    return ctx.adapter ? ctx.adapter->find(L.index, m) : nullptr;
+  }
+  MlpWeights mlp_weights(const LayerParams& L, const StepContext& ctx) {
+    return {W(L.gate), W(L.up), W(L.down), lora(ctx, L, Linear::gate_proj), lora(ctx, L, Linear::up_proj),
+            lora(ctx, L, Linear::down_proj)};
+  }
+  // The layer's attention-half factors; with h1, also h1's products with q, k and v's A.
+  AttnLora attn_lora(const LayerParams& L, const StepContext& ctx, const Tensor& h1) {
+    AttnLora lo{lora(ctx, L, Linear::q_proj), lora(ctx, L, Linear::k_proj), lora(ctx, L, Linear::v_proj),
+                lora(ctx, L, Linear::o_proj)};
+    if (h1.defined()) lowrank_inputs(lo, h1);
+    return lo;
+  }
+  void lowrank_inputs(AttnLora& lo, const Tensor& h1) {
+    auto u = [&](const LowRank* lr, Tensor& out) {
+      if (!lr || out.defined()) return;
+      out = act({h1.size(0), lr->rank()}, h1);
+      ops::matmul(h1, false, lr->a->value, true, out);
+    };
+    u(lo.q, lo.uq);
+    u(lo.k, lo.uk);
+    u(lo.v, lo.uv);
+  }
+  // One group's rows of a q/k/v adapter: dB's rows += scale * dy^T @ u, and g (fp32 [T,r], summed
+  // over the groups) += scale * dy @ B's rows.
+  void lowrank_group_backward(const LowRank* lr, const Tensor& u, const HeadGroup& hg, bool q, const Tensor& dy,
+                              Tensor& g, int64_t group) {
+    if (!lr) return;
+    auto rows = [&](const Tensor& t) { return q ? q_rows(t, hg) : kv_rows(t, hg); };
+    if (!lr->b->frozen) {
+      Tensor gb = rows(lr->b->grad);
+      ops::matmul(dy, true, u, false, gb, lr->scale, 1.f);
+    }
+    if (!g.defined()) g = f32({dy.size(0), lr->rank()}, dy);
+    ops::matmul(dy, false, rows(lr->b->value), false, g, lr->scale, group == 0 ? 0.f : 1.f);
+  }
+  // After the groups: dx += g @ A and dA += g^T @ h1.
+  void lowrank_input_backward(const LowRank* lr, const Tensor& h1, const Tensor& g32, Tensor& dx) {
+    if (!lr) return;
+    Tensor g = act(g32.shape(), h1);
+    ops::cast(g32, g);
+    ops::matmul(g, false, lr->a->value, false, dx, 1.f, 1.f);
+    if (!lr->a->frozen) ops::matmul(g, true, h1, false, lr->a->grad, 1.f, 1.f);
+  }
+  // o += scale * uo @ Bo^T, uo (attn @ Ao^T summed over the groups) rounded once.
+  void finish_o_lora(AttnLora& lo, Tensor& o) {
+    if (!lo.o) return;
+    Tensor u = act(lo.uo.shape(), o);
+    ops::cast(lo.uo, u);
+    ops::matmul(u, false, lo.o->b->value, true, o, lo.o->scale, 1.f);
+  }
   MlpStrategy& mlp(const StepContext& ctx) { return ctx.mlp ? *ctx.mlp : *whole_mlp_; }
   AttentionArgs args(const StepContext& ctx) const {
     AttentionArgs a;
@@ -390,6 +501,7 @@ class Qwen3Model final : public Model {
     for (int64_t l = 0; l < cfg.num_layers; ++l) {
       const std::string p = str("model.layers.", l, ".");
       LayerParams L;
+      L.index = static_cast<int>(l);
       L.input_norm = add(p + "input_layernorm.weight", {H});
       L.q = add(p + "self_attn.q_proj.weight", {qd, H}, true);
       L.k = add(p + "self_attn.k_proj.weight", {kvd, H}, true);
@@ -459,25 +571,24 @@ class Qwen3Model final : public Model {
   Tensor kv_rows(const Tensor& w, const HeadGroup& hg) const {
     return w.rows(hg.kv0 * cfg_.head_dim, (hg.kv0 + hg.nkv) * cfg_.head_dim);
   }
-  // A group's columns of o_proj [H, Hq*d]: the weight itself when the group holds every head, else
-  // a copy (strided columns; [H, nq*d] is small beside the activations).
-  Tensor o_columns(const LayerParams& L, const HeadGroup& hg) {
-    Tensor& w = W(L.o);
+  // A group's columns of o_proj [H, Hq*d] (or of its adapter's A [r, Hq*d]): the weight itself
+  // when the group holds every head, else a copy (strided columns; small beside the activations).
+  Tensor o_columns(const Tensor& w, const HeadGroup& hg) const {
     if (hg.nq == cfg_.num_heads) return w;
     const int64_t cols = hg.nq * cfg_.head_dim;
     Tensor c = Tensor::empty({w.size(0), cols}, w.dtype(), w.device());
     ops::copy_columns(w, hg.q0 * cfg_.head_dim, c, 0, cols);
     return c;
   }
-  // o_proj's grad over a group's columns += dx1^T @ attn: in place for one group, else through a
-  // copy of those columns, so the sum is the same beta = 1 accumulation.
-  void accumulate_o_grad(const LayerParams& L, const HeadGroup& hg, const Tensor& dx1, const Tensor& attn2) {
-    Tensor& gw = G(L.o);
-    if (hg.nq == cfg_.num_heads) return ops::matmul(dx1, true, attn2, false, gw, 1.f, 1.f);
+  // A gradient over a group's columns of o_proj (or of its adapter's A) += alpha * dy^T @ attn: in
+  // place for one group, else through a copy of those columns, so the sum is the same beta = 1
+  // accumulation.
+  void accumulate_columns(Tensor& gw, const HeadGroup& hg, const Tensor& dy, const Tensor& attn2, float alpha) {
+    if (hg.nq == cfg_.num_heads) return ops::matmul(dy, true, attn2, false, gw, alpha, 1.f);
     const int64_t cols = hg.nq * cfg_.head_dim, c0 = hg.q0 * cfg_.head_dim;
     Tensor part = Tensor::empty({gw.size(0), cols}, gw.dtype(), gw.device());
     ops::copy_columns(gw, c0, part, 0, cols);
-    ops::matmul(dx1, true, attn2, false, part, 1.f, 1.f);
+    ops::matmul(dy, true, attn2, false, part, alpha, 1.f);
     ops::copy_columns(part, 0, gw, c0, cols);
   }
 
@@ -498,7 +609,8 @@ class Qwen3Model final : public Model {
   }
 
   // q, k, v of one group, per-head norm (Qwen3's q_norm / k_norm, before rotary), rotary.
-  GroupActs group_inputs(const LayerParams& L, const Tensor& h1, const HeadGroup& hg, StepContext& ctx) {
+  GroupActs group_inputs(const LayerParams& L, const Tensor& h1, const HeadGroup& hg, StepContext& ctx,
+                         const AttnLora& lo) {
     const int64_t T = h1.size(0), d = cfg_.head_dim;
     GroupActs a;
     a.q = act({T, hg.nq * d}, h1);
@@ -507,6 +619,9 @@ class Qwen3Model final : public Model {
     ops::matmul(h1, false, q_rows(W(L.q), hg), true, a.q);
     ops::matmul(h1, false, kv_rows(W(L.k), hg), true, a.k);
     ops::matmul(h1, false, kv_rows(W(L.v), hg), true, a.v);
+    if (lo.q) ops::matmul(lo.uq, false, q_rows(lo.q->b->value, hg), true, a.q, lo.q->scale, 1.f);
+    if (lo.k) ops::matmul(lo.uk, false, kv_rows(lo.k->b->value, hg), true, a.k, lo.k->scale, 1.f);
+    if (lo.v) ops::matmul(lo.uv, false, kv_rows(lo.v->b->value, hg), true, a.v, lo.v->scale, 1.f);
     a.qr = act({T * hg.nq, d}, h1);
     a.kr = act({T * hg.nkv, d}, h1);
     a.rstd_q = f32({T * hg.nq}, h1);
@@ -521,38 +636,45 @@ class Qwen3Model final : public Model {
   }
 
   // group_inputs, then the attention through the Parallelism slot.
-  GroupActs group_forward(const LayerParams& L, const Tensor& h1, const HeadGroup& hg, StepContext& ctx) {
+  GroupActs group_forward(const LayerParams& L, const Tensor& h1, const HeadGroup& hg, StepContext& ctx,
+                          const AttnLora& lo) {
     const int64_t T = h1.size(0), d = cfg_.head_dim;
-    GroupActs a = group_inputs(L, h1, hg, ctx);
+    GroupActs a = group_inputs(L, h1, hg, ctx, lo);
     a.attn = act({T, hg.nq, d}, h1);
     a.lse = f32({hg.nq, T}, h1);
     ctx.parallel->attention_forward(a.qr, a.kr, a.v.view({T, hg.nkv, d}), a.attn, a.lse, args(ctx));
     return a;
   }
 
-  // o (+)= attn_g @ Wo[:, group's columns]^T: group g's share of the attention's projection.
-  void project_out(const LayerParams& L, const HeadGroup& hg, const Tensor& attn, Tensor& o, int64_t g) {
+  // o (+)= attn_g @ Wo[:, group's columns]^T: group g's share of the attention's projection; with
+  // an o_proj adapter, its share of attn @ Ao^T too (finish_o_lora adds the update after the last).
+  void project_out(const LayerParams& L, const HeadGroup& hg, const Tensor& attn, Tensor& o, int64_t g, AttnLora& lo) {
     const int64_t T = attn.size(0);
-    ops::matmul(attn.view({T, hg.nq * cfg_.head_dim}), false, o_columns(L, hg), true, o, 1.f, g == 0 ? 0.f : 1.f);
+    const Tensor a2 = attn.view({T, hg.nq * cfg_.head_dim});
+    ops::matmul(a2, false, o_columns(W(L.o), hg), true, o, 1.f, g == 0 ? 0.f : 1.f);
+    if (!lo.o) return;
+    if (g == 0) lo.uo = f32({T, lo.o->rank()}, attn);
+    ops::matmul(a2, false, o_columns(lo.o->a->value, hg), true, lo.uo, 1.f, g == 0 ? 0.f : 1.f);
   }
 
   // o = attention(h1) @ Wo^T [T,H], one group at a time, each group's tensors gone before the
   // next one's. `keep` takes them for the backward: all of them when there is one group (unless
   // outputs_only), else each group's output and LSE.
   Tensor attention_out(const LayerParams& L, const Tensor& h1, StepContext& ctx, int64_t groups,
-                       std::vector<GroupActs>* keep, bool outputs_only) {
+                       std::vector<GroupActs>* keep, bool outputs_only, AttnLora& lo) {
     const int64_t T = h1.size(0);
     Tensor o = act({T, cfg_.hidden_size}, h1);
     for (int64_t g = 0; g < groups; ++g) {
       const HeadGroup hg = head_group(g, groups);
-      GroupActs a = group_forward(L, h1, hg, ctx);
-      project_out(L, hg, a.attn, o, g);
+      GroupActs a = group_forward(L, h1, hg, ctx, lo);
+      project_out(L, hg, a.attn, o, g, lo);
       if (!keep) continue;
       if (groups == 1 && !outputs_only)
         keep->push_back(std::move(a));
       else
         keep->push_back(GroupActs{.attn = std::move(a.attn), .lse = std::move(a.lse)});
     }
+    finish_o_lora(lo, o);
     return o;
   }
 
@@ -567,6 +689,7 @@ class Qwen3Model final : public Model {
   int keep_attention_;   // keep them from the forward: -1 auto (the recipe's), 0 no, 1 yes
   std::string table_;    // the manifest's name for this module's table, for errors
   std::unique_ptr<MlpStrategy> whole_mlp_ = make_whole_mlp();  // for callers whose StepContext names no MLP
+  std::map<int64_t, Tensor> norm_scratch_;  // frozen norms' discarded weight gradients, by size
 };
 
 // "5GB", "200KB", "1MiB", as transformers' max_shard_size: KB/MB/GB are powers of 1000, KiB/MiB/GiB of

@@ -53,7 +53,15 @@ void plan_dense_decoder(const PlanInputs& in, MemoryPlan& plan, const DenseDecod
   plan.gemm_parameters = s.L * layer_gemm_params(s);
   plan.add("parameters", "parameters (" + std::to_string(n) + ")", PlanCategory::weights, per_rank * ab,
            plan_phase::always);
-  if (in.grad_dtype == DType::f32 || shards > 1) {
+  if (in.base_frozen) {
+    // An adapter froze the base: gradients (and the optimizer's state) only for what it trains
+    // whole; the adapter's plan adds its own factors.
+    plan.parameters = in.base_trained_parameters;
+    plan.gemm_parameters = 0;
+    if (in.base_trained_parameters > 0)
+      plan.add("gradients", "fp32 gradients of the modules trained whole", PlanCategory::gradients,
+               in.base_trained_parameters * 4, plan_phase::always);
+  } else if (in.grad_dtype == DType::f32 || shards > 1) {
     plan.add("gradients", "fp32 gradients", PlanCategory::gradients, per_rank * 4, plan_phase::always);
   } else {
     const int64_t gemm = plan.gemm_parameters;
@@ -147,6 +155,8 @@ void plan_dense_decoder(const PlanInputs& in, MemoryPlan& plan, const DenseDecod
     const double qkv = static_cast<double>(s.H * (s.qd + 2 * s.kvd)), o = static_cast<double>(s.qd * s.H),
                  mlp = static_cast<double>(3 * s.H * s.I);
     const double fwd = 2 * t * (qkv + o + mlp);
+    // The backward's GEMMs per forward one: the input's gradient, and the weight's unless frozen.
+    const double backward = in.base_frozen ? 1 : 2;
     double recompute = 2 * t * (from_forward ? o : qkv + o) + 2 * t * (2.0 / 3.0) * mlp;
     if (from_forward || G > 1) recompute += 2 * t * qkv;
     const int attention_forwards = from_forward ? 1 : (G > 1 && !keep ? 3 : 2);
@@ -154,8 +164,8 @@ void plan_dense_decoder(const PlanInputs& in, MemoryPlan& plan, const DenseDecod
     StepWork& w = plan.work;
     // The attention half's projections run per head group: q/k/v in the forward, the recompute
     // and the backward (two per forward GEMM), o_proj likewise when there are groups.
-    const double grouped = G > 1 ? 2 * t * (qkv + o) * 4 : 0;
-    w.gemm_flops += static_cast<double>(s.L) * (fwd + recompute + 2 * fwd) - static_cast<double>(s.L) * grouped;
+    const double grouped = G > 1 ? 2 * t * (qkv + o) * (2 + backward) : 0;
+    w.gemm_flops += static_cast<double>(s.L) * (fwd + recompute + backward * fwd) - static_cast<double>(s.L) * grouped;
     w.grouped_gemm_flops += static_cast<double>(s.L) * grouped;
     w.head_groups = G;
     w.attention_forward_flops += static_cast<double>(s.L) * attention_forwards * pairs * 4 * static_cast<double>(s.d);

@@ -147,6 +147,7 @@ class ChunkedLoss final : public Loss {
       const Tensor h = hidden.rows(begin, end), dl = dlogits.rows(0, n);
       Tensor gh = grad_hidden->rows(begin, end);
       ops::matmul(dl, false, head, false, gh);  // [n,V] @ [V,H] -> [n,H]
+      if (!grad_head->defined()) continue;  // a frozen head
       Tensor hc = h;
       if (hidden_cast.defined()) {
         hc = hidden_cast.rows(0, n);
@@ -200,7 +201,7 @@ class ChunkedLoss final : public Loss {
     if (grad_hidden && grad_hidden->shape() != hidden.shape())
       throw Error(str("loss_chunked: grad_hidden ", shape_str(grad_hidden->shape()), " must match hidden ",
                       shape_str(hidden.shape())));
-    if (grad_head && (grad_head->shape() != head.shape() || grad_head->dtype() != DType::f32))
+    if (grad_head && grad_head->defined() && (grad_head->shape() != head.shape() || grad_head->dtype() != DType::f32))
       throw Error(str("loss_chunked: grad_head must be fp32 ", shape_str(head.shape()), ", got ",
                       dtype_name(grad_head->dtype()), " ", shape_str(grad_head->shape())));
   }

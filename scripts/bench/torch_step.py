@@ -15,6 +15,11 @@ them from those (its packed-sequence detection, without an attention mask), on -
 (flex_attention unless told; SDPA then builds a dense T x T mask). Before timing, a small model
 checks that the packed documents really are masked: a document's logits must equal those of the
 same document run alone.
+
+With --lora R, the peer's LoRA: every linear projection of the decoder layers gets PEFT's branch
+written by hand (PEFT is not installed here), y = base(x) + (alpha / r) * B(A(x)) with A and B in
+the weights' dtype, the base frozen (autograd then skips the frozen weights' gradients), and fused
+AdamW over the adapters alone.
 """
 import argparse
 import contextlib
@@ -72,15 +77,17 @@ class ChunkedLossCheckpoint(torch.autograd.Function):
             if (y != -100).sum() == 0:
                 continue
             # backward() runs with grad mode off; each chunk's small graph is built here.
+            train_head = ctx.needs_input_grad[1]
             with torch.enable_grad():
                 h = hidden[s:s + ctx.rows].detach().requires_grad_(True)
-                w = head.detach().requires_grad_(True)
+                w = head.detach().requires_grad_(train_head)
                 logits = (h @ w.t()).float()
                 loss = torch.nn.functional.cross_entropy(logits, y, ignore_index=-100, reduction="sum") / valid
-                gh, gw = torch.autograd.grad(loss * grad, (h, w))
-            dh[s:s + ctx.rows] = gh
-            dw += gw.float()
-        return dh, dw.to(head.dtype), None, None
+                grads = torch.autograd.grad(loss * grad, (h, w) if train_head else (h,))
+            dh[s:s + ctx.rows] = grads[0]
+            if train_head:
+                dw += grads[1].float()
+        return dh, dw.to(head.dtype) if ctx.needs_input_grad[1] else None, None, None
 
 
 EOS = 151643
@@ -122,7 +129,35 @@ def check_masks_documents(attn):
         raise RuntimeError(f"{attn} does not mask packed documents (a document's logits differ from its own by {diff})")
 
 
-def run(model_name, tokens, steps, layers=None, offload=False, bounds=None, attn="sdpa"):
+class LoraLinear(torch.nn.Module):
+    """nn.Linear plus PEFT's LoRA branch (dropout 0): base(x) + scale * lora_B(lora_A(x))."""
+
+    def __init__(self, base, r, alpha):
+        super().__init__()
+        self.base = base
+        self.scale = alpha / r
+        out_f, in_f = base.weight.shape
+        kw = dict(device=base.weight.device, dtype=base.weight.dtype)
+        self.lora_A = torch.nn.Parameter(torch.empty(r, in_f, **kw).uniform_(-in_f ** -0.5, in_f ** -0.5))
+        self.lora_B = torch.nn.Parameter(torch.zeros(out_f, r, **kw))
+
+    def forward(self, x):
+        return self.base(x) + self.scale * torch.nn.functional.linear(torch.nn.functional.linear(x, self.lora_A),
+                                                                      self.lora_B)
+
+
+def add_lora(model, r, alpha):
+    for p in model.parameters():
+        p.requires_grad_(False)
+    for layer in model.model.layers:
+        for parent, names in ((layer.self_attn, ("q_proj", "k_proj", "v_proj", "o_proj")),
+                              (layer.mlp, ("gate_proj", "up_proj", "down_proj"))):
+            for n in names:
+                setattr(parent, n, LoraLinear(getattr(parent, n), r, alpha))
+    model.enable_input_require_grads()  # checkpointed layers see an input that needs a gradient
+
+
+def run(model_name, tokens, steps, layers=None, offload=False, bounds=None, attn="sdpa", lora=0):
     cfg = Qwen3Config(vocab_size=151936, head_dim=128, rope_theta=1e6, rms_norm_eps=1e-6,
                       max_position_embeddings=max(40960, tokens), **SHAPES[model_name])
     if layers:
@@ -131,10 +166,12 @@ def run(model_name, tokens, steps, layers=None, offload=False, bounds=None, attn
     torch.manual_seed(0)
     with torch.device("cuda"):
         model = Qwen3ForCausalLM(cfg).to(torch.bfloat16)
+    if lora:
+        add_lora(model, lora, 2.0 * lora)
     model.gradient_checkpointing_enable(gradient_checkpointing_kwargs={"use_reentrant": False})
     model.config.use_cache = False
     model.train()
-    opt = torch.optim.AdamW(model.parameters(), lr=1e-5, fused=True)
+    opt = torch.optim.AdamW([p for p in model.parameters() if p.requires_grad], lr=1e-5, fused=True)
     ids = torch.randint(0, EOS, (1, tokens), device="cuda")
     positions = None
     if bounds:
@@ -165,7 +202,7 @@ def run(model_name, tokens, steps, layers=None, offload=False, bounds=None, attn
         if i > 0:  # the first step warms up allocator and kernels
             times.append(time.perf_counter() - t0)
     step = statistics.median(times)
-    out = dict(system="pytorch", model=model_name, layers=cfg.num_hidden_layers, tokens=tokens, offload=offload,
+    out = dict(system="pytorch", model=model_name, layers=cfg.num_hidden_layers, tokens=tokens, offload=offload, lora=lora,
                attention=attn, documents=len(bounds) - 1 if bounds else 1, step_s=step,
                tokens_per_s=tokens / step, peak_gib=torch.cuda.max_memory_allocated() / 2**30,
                loss=float(loss))
@@ -184,6 +221,7 @@ def main():
     ap.add_argument("--offload", action="store_true", help="checkpointed activations in pinned host memory")
     ap.add_argument("--documents", help="doc_attention_bench --bounds lines: pack and mask these documents")
     ap.add_argument("--attn", help="transformers' attention (sdpa; with --documents flex_attention)")
+    ap.add_argument("--lora", type=int, default=0, help="LoRA of this rank (alpha 2r) on every linear projection")
     a = ap.parse_args()
     attn = a.attn or ("flex_attention" if a.documents else "sdpa")
     if a.documents:
@@ -194,7 +232,8 @@ def main():
             return
     for t in a.tokens:
         try:
-            run(a.model, t, a.steps, a.layers, a.offload, document_bounds(a.documents, t) if a.documents else None, attn)
+            run(a.model, t, a.steps, a.layers, a.offload, document_bounds(a.documents, t) if a.documents else None, attn,
+                a.lora)
         except torch.OutOfMemoryError:
             print(json.dumps(dict(system="pytorch", model=a.model, tokens=t, error="out of memory")), flush=True)
             torch.cuda.empty_cache()

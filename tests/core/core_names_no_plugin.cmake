@@ -17,6 +17,11 @@ if(count LESS 6)
 endif()
 
 file(GLOB_RECURSE files ${LCX_SOURCE_DIR}/core/src/* ${LCX_SOURCE_DIR}/core/include/* ${LCX_SOURCE_DIR}/core/CMakeLists.txt)
+# PEFT's adapter format is core's to read and write (lcx-train merge): its vocabulary (peft_type
+# "LORA", lora_A, lora_alpha) is the format's, not the plugin's, in its own files alone.
+set(format_files ${LCX_SOURCE_DIR}/core/include/lcx/peft.h ${LCX_SOURCE_DIR}/core/src/io/peft_adapter.cpp
+                 ${LCX_SOURCE_DIR}/core/src/app/merge_cmd.cpp)
+list(REMOVE_ITEM files ${format_files})
 set(found 0)
 foreach(file ${files})
   file(READ ${file} text)

@@ -31,7 +31,7 @@ TEST(SlotTable, RowsHaveDistinctIdsNamesAndTheirDefaults) {
       EXPECT_NE(dynamic_cast<T*>(made.get()), nullptr) << row.name;
     }
   });
-  EXPECT_EQ(order.size(), 7u);
+  EXPECT_EQ(order.size(), 8u);
   EXPECT_EQ(order.front(), static_cast<uint32_t>(LCX_SLOT_MODEL));  // the model plans first
   EXPECT_STREQ(slot_name(0), "unknown");
 }
@@ -66,7 +66,7 @@ TEST(SlotTable, EveryInterfaceHasItsHeaderInTheSlotsFolder) {
   for (const auto& e : std::filesystem::directory_iterator(folder))
     have.insert(e.path().filename().string());
   EXPECT_EQ(have, want);
-  EXPECT_EQ(want.size(), 7u);
+  EXPECT_EQ(want.size(), 8u);
 }
 
 }  // namespace

@@ -1,6 +1,6 @@
-// PEFT LoRA adapter folders (io/peft_adapter.h): the files as PEFT names them, every refusal by key
+// PEFT LoRA adapter folders (lcx/peft.h): the files as PEFT names them, every refusal by key
 // and fix, and the merge W + scale * B @ A on a tiny random Qwen3, checked element by element.
-#include "io/peft_adapter.h"
+#include "lcx/peft.h"
 
 #include <gtest/gtest.h>
 

@@ -6,7 +6,7 @@
 
 // Major: any change to a slot interface, Tensor layout or factory signature. Minor: additions
 // that older plugins can ignore. A plugin loads when majors match and its minor <= core's.
-#define LCX_ABI_MAJOR 6
+#define LCX_ABI_MAJOR 7
 #define LCX_ABI_MINOR 0
 #define LCX_PLUGIN_MAGIC 0x4C43585055474E31ull  // "LCXPUGN1"
 
@@ -36,6 +36,7 @@ extern "C" {
 // slots in core expands this table, so a new slot is one row here plus its interface header.
 #define LCX_SLOTS(X)                                                                                   \
   X(MODEL, 5, Model, model, "model", LCX_NO_DEFAULT, LCX_NO_DEFAULT)                                 \
+  X(ADAPTER, 8, Adapter, adapter, "adapter", "none", make_no_adapter)                                 \
   X(MLP, 6, MlpStrategy, mlp, "mlp", "whole", make_whole_mlp)                                         \
   X(LOSS, 1, Loss, loss, "loss", "nll", make_full_logits_loss)                                        \
   X(POSITIONAL_ENCODING, 2, PositionalEncoding, positional, "positional_encoding", "rope", make_default_rope) \

@@ -3,6 +3,7 @@
 #pragma once
 #include <memory>
 
+#include "lcx/slots/adapter.h"
 #include "lcx/slots/loss.h"
 #include "lcx/slots/memory_strategy.h"
 #include "lcx/slots/mlp_strategy.h"
@@ -25,5 +26,7 @@ std::unique_ptr<MlpStrategy> make_whole_mlp();
 // Optimizer "adamw": torch's AdamW where the parameters live, master weights and moments beside
 // them (on the GPU for a GPU run), after the backward.
 std::unique_ptr<Optimizer> make_adamw_optimizer();
+// Adapter "none": nothing adapted, nothing frozen (full fine-tuning).
+std::unique_ptr<Adapter> make_no_adapter();
 
 }  // namespace lcx

@@ -8,6 +8,7 @@
 
 #include "lcx/abi.h"
 #include "lcx/defaults.h"
+#include "lcx/slots/adapter.h"
 #include "lcx/slots/loss.h"
 #include "lcx/slots/memory_strategy.h"
 #include "lcx/slots/mlp_strategy.h"

@@ -30,7 +30,7 @@ CliOptions parse_cli(int argc, char** argv) {
       "       lcx-train eval --config run.toml (--checkpoint DIR | --model DIR) --seq-len N --out DIR\n"
       "       lcx-train eval-plot --out FILE.svg CSV_OR_DIR...\n"
       "       lcx-train calibrate [--out FILE]   (measure this GPU's rates row, see calibrate --help)\n"
-      "       lcx-train merge --base DIR --adapter DIR --out DIR   (a PEFT LoRA adapter merged into its base)\n"
+      "       lcx-train merge --base DIR --adapter DIR --out DIR   (a PEFT low-rank adapter merged into its base)\n"
       "(each subcommand's --help lists its options)\n\n"
       "Options");
   desc.add_options()

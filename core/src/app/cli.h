@@ -46,7 +46,7 @@ int config_main(int argc, char** argv);
 int tokenize_main(int argc, char** argv);
 // `lcx-train calibrate ...` (argv[0] is "calibrate"): measures this GPU's rates row; see calibrate_cmd.cpp.
 int calibrate_main(int argc, char** argv);
-// `lcx-train merge ...` (argv[0] is "merge"): a LoRA adapter merged into its base; see merge_cmd.cpp.
+// `lcx-train merge ...` (argv[0] is "merge"): a PEFT low-rank adapter merged into its base; see merge_cmd.cpp.
 int merge_main(int argc, char** argv);
 
 }  // namespace lcx

@@ -157,7 +157,7 @@ int eval_main(int argc, char** argv) {
   DataConfig dc = core.eval.source.empty() ? core.data : eval_data_config(core);
   dc.seq_len = seq_len;
   run.open_data(dc, true);
-  run.load_weights(dir);
+  run.load_or_init_weights(dir);  // a plain folder's weights, or an adapter checkpoint over [model]'s base
   run.configure_step();
   const SlotSet& slots = run.slots();
   if (seq_len > slots.positional->effective_max_positions())

@@ -1,10 +1,10 @@
 // `lcx-train merge`: a PEFT LoRA adapter folded into its base Hugging Face checkpoint
-// (W + scale * B @ A, io/peft_adapter.h), written as a checkpoint transformers loads as the base.
+// (W + scale * B @ A, lcx/peft.h), written as a checkpoint transformers loads as the base.
 #include <boost/program_options.hpp>
 #include <iostream>
 
 #include "app/cli.h"
-#include "io/peft_adapter.h"
+#include "lcx/peft.h"
 #include "lcx/error.h"
 
 namespace po = boost::program_options;

@@ -3,6 +3,7 @@
 #include <algorithm>
 #include <cmath>
 #include <filesystem>
+#include <set>
 #include <nlohmann/json.hpp>
 #include <optional>
 
@@ -25,14 +26,30 @@ constexpr const char* kPathKeys[][2] = {{"run", "output_dir"}, {"model", "path"}
                                         {"data", "source"},     {"data", "cache_dir"},      {"data", "chat_template"},
                                         {"eval", "source"},     {"plugins", "dir"}};
 
+// A plugin's table names a file or folder by a key `init_from` or one ending in `_dir` or `_path`:
+// made absolute as core's own path keys are, so a plugin never reads a path against the working
+// folder.
+bool plugin_path_key(std::string_view key) {
+  return key == "init_from" || key.ends_with("_dir") || key.ends_with("_path");
+}
+
 // Each relative path key of `root` made absolute against `base`, in place (the node keeps its
 // source line, for errors).
 void resolve_paths(toml::table& root, const std::filesystem::path& base) {
+  auto resolve = [&](toml::value<std::string>* v) {
+    if (!v || v->get().empty() || std::filesystem::path(v->get()).is_absolute()) return;
+    v->get() = (base / v->get()).lexically_normal().string();
+  };
   for (const auto& [section, key] : kPathKeys) {
     toml::table* t = root[section].as_table();
-    toml::value<std::string>* v = t ? t->get_as<std::string>(key) : nullptr;
-    if (!v || v->get().empty() || std::filesystem::path(v->get()).is_absolute()) continue;
-    v->get() = (base / v->get()).lexically_normal().string();
+    resolve(t ? t->get_as<std::string>(key) : nullptr);
+  }
+  static const std::set<std::string_view> core_sections = {"run", "model", "data", "train", "eval", "plugins", "distributed"};
+  for (auto&& [name, node] : root) {
+    toml::table* t = node.as_table();
+    if (!t || core_sections.count(name.str())) continue;
+    for (auto&& [key, value] : *t)
+      if (plugin_path_key(key.str())) resolve(value.as_string());
   }
 }
 

@@ -1,4 +1,4 @@
-#include "io/peft_adapter.h"
+#include "lcx/peft.h"
 
 #include <cblas.h>
 
@@ -91,6 +91,14 @@ const std::vector<std::string>& lora_modules() {
 
 double AdapterConfig::scale() const {
   return use_rslora ? lora_alpha / std::sqrt(static_cast<double>(r)) : lora_alpha / static_cast<double>(r);
+}
+
+bool saved_module(const std::vector<std::string>& modules_to_save, const std::string& tensor) {
+  const size_t dot = tensor.rfind('.');
+  const std::string module = dot == std::string::npos ? tensor : tensor.substr(0, dot);
+  for (const auto& m : modules_to_save)
+    if (module.ends_with(m)) return true;
+  return false;
 }
 
 std::string module_path(const std::string& module) {
@@ -268,10 +276,7 @@ Adapter read_adapter(const std::string& dir) {
       (which == 'A' ? p.a : p.b) = ckpt.load(name, DType::f32);
       continue;
     }
-    bool saved = false;
-    if (c.modules_to_save)
-      for (const auto& m : *c.modules_to_save)
-        if (rest.rfind(m + ".", 0) == 0 || rest.find("." + m + ".") != std::string::npos) saved = true;
+    const bool saved = c.modules_to_save && saved_module(*c.modules_to_save, rest);
     if (!saved)
       throw Error(str(where, ": ", name, " is neither a LoRA key of a target module nor a tensor of modules_to_save"),
                   name, "give an adapter PEFT saved for a Qwen3 causal LM");

@@ -134,7 +134,10 @@ PlanInputs plan_inputs(const CoreConfig& cfg, const ModelConfig& model, int64_t 
   return in;
 }
 
-MemoryPlan build_plan(const PlanInputs& in, const PlanSlots& s) {
+MemoryPlan build_plan(const PlanInputs& given, const PlanSlots& s) {
+  // The Adapter slot says first what it freezes, so every provider plans the same trained set.
+  PlanInputs in = given;
+  if (const Adapter* adapter = s.get<Adapter>()) adapter->plan_inputs(in);
   MemoryPlan p;
   for_each_slot([&]<class T>(const SlotRow<T>& row) {
     const T* provider = s.get<T>();

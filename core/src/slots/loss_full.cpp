@@ -45,8 +45,9 @@ class FullLogitsLoss final : public Loss {
       Tensor dl = dlogits.dtype() == head.dtype() ? dlogits : Tensor::empty({T, V}, head.dtype(), head.device());
       if (dl.data() != dlogits.data()) ops::cast(dlogits, dl);
       ops::matmul(dl, false, head, false, *grad_hidden);          // [T,V] @ [V,H]
-      ops::matmul(dlogits, true, hidden.dtype() == DType::f32 ? hidden : hidden.to(DType::f32), false,
-                  *grad_head, 1.f, 1.f);                         // [V,T] @ [T,H], accumulated
+      if (grad_head->defined())
+        ops::matmul(dlogits, true, hidden.dtype() == DType::f32 ? hidden : hidden.to(DType::f32), false,
+                    *grad_head, 1.f, 1.f);                       // [V,T] @ [T,H], accumulated
     }
     return r;
   }

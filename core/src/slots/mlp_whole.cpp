@@ -1,9 +1,11 @@
 // MlpStrategy "whole": the MLP over every row at once. gate, up and act = silu(gate) * up are
 // [T,I] (swiglu_forward writes act in one pass, so three tensors where PyTorch holds four); the
-// backward recomputes them and adds dact, dgate, dup.
+// backward recomputes them and adds dact, dgate, dup. An adapted projection adds its low-rank
+// update (lcx/slots/adapter.h); a frozen weight (its grad undefined) gets no gradient GEMM.
 #include "lcx/defaults.h"
 #include "lcx/ops.h"
 #include "lcx/plan.h"
+#include "lcx/slots/adapter.h"
 
 namespace lcx {
 namespace {
@@ -13,11 +15,11 @@ class WholeMlp final : public MlpStrategy {
   void forward(const Tensor& x, const MlpWeights& w, Tensor& out) override {
     const int64_t T = x.size(0), I = w.gate.size(0);
     Tensor gate = Tensor::empty({T, I}, x.dtype(), x.device()), up = Tensor::empty({T, I}, x.dtype(), x.device());
-    ops::matmul(x, false, w.gate, true, gate);
-    ops::matmul(x, false, w.up, true, up);
+    project_in(x, w, gate, up);
     Tensor act = Tensor::empty({T, I}, x.dtype(), x.device());
     ops::swiglu_forward(gate, up, act);
     ops::matmul(act, false, w.down, true, out);
+    if (w.down_lr) lowrank_forward(act, *w.down_lr, out);
   }
 
   void backward(const Tensor& x, const MlpWeights& w, const Tensor& dout, Tensor& dx, MlpWeights& grad) override {
@@ -25,19 +27,29 @@ class WholeMlp final : public MlpStrategy {
     const DType dt = x.dtype();
     const Device dev = x.device();
     Tensor gate = Tensor::empty({T, I}, dt, dev), up = Tensor::empty({T, I}, dt, dev);
-    ops::matmul(x, false, w.gate, true, gate);
-    ops::matmul(x, false, w.up, true, up);
+    project_in(x, w, gate, up);
     Tensor act = Tensor::empty({T, I}, dt, dev);
     ops::swiglu_forward(gate, up, act);
     Tensor dact = Tensor::empty({T, I}, dt, dev);
-    ops::matmul(dout, true, act, false, grad.down, 1.f, 1.f);
+    if (grad.down.defined()) ops::matmul(dout, true, act, false, grad.down, 1.f, 1.f);
     ops::matmul(dout, false, w.down, false, dact);
+    if (w.down_lr) lowrank_backward(act, dout, *w.down_lr, dact);
     Tensor dgate = Tensor::empty({T, I}, dt, dev), dup = Tensor::empty({T, I}, dt, dev);
     ops::swiglu_backward(gate, up, dact, dgate, dup);
-    ops::matmul(dgate, true, x, false, grad.gate, 1.f, 1.f);
-    ops::matmul(dup, true, x, false, grad.up, 1.f, 1.f);
+    if (grad.gate.defined()) ops::matmul(dgate, true, x, false, grad.gate, 1.f, 1.f);
+    if (grad.up.defined()) ops::matmul(dup, true, x, false, grad.up, 1.f, 1.f);
     ops::matmul(dgate, false, w.gate, false, dx);
     ops::matmul(dup, false, w.up, false, dx, 1.f, 1.f);
+    if (w.gate_lr) lowrank_backward(x, dgate, *w.gate_lr, dx);
+    if (w.up_lr) lowrank_backward(x, dup, *w.up_lr, dx);
+  }
+
+  // gate = x @ Wg^T and up = x @ Wu^T, each with its adapter's update.
+  static void project_in(const Tensor& x, const MlpWeights& w, Tensor& gate, Tensor& up) {
+    ops::matmul(x, false, w.gate, true, gate);
+    ops::matmul(x, false, w.up, true, up);
+    if (w.gate_lr) lowrank_forward(x, *w.gate_lr, gate);
+    if (w.up_lr) lowrank_forward(x, *w.up_lr, up);
   }
 
   void plan(const PlanInputs& in, MemoryPlan& plan) const override {
@@ -50,6 +62,7 @@ class WholeMlp final : public MlpStrategy {
              plan_phase::mlp_backward);
     // Beyond the arithmetic (the model's): each layer's backward reads and writes the three weights'
     // gradients once, as its GEMMs accumulate into them (an MLP run in tiles does it per tile).
+    if (in.base_frozen) return;
     plan.work.memory_bytes += static_cast<double>(in.model.num_layers) * 6.0 *
                               static_cast<double>(in.model.intermediate_size * in.model.hidden_size) *
                               static_cast<double>(dtype_size(in.grad_dtype));

@@ -172,7 +172,7 @@ static std::string optimizer_file(const RankIO& io) {
 
 std::string save_checkpoint(const std::string& output_dir, Model& model, const Optimizer& opt,
                             const TrainerState& state, const CheckpointContents& contents, int64_t keep,
-                            const RankIO& io) {
+                            const RankIO& io, const Adapter* adapter) {
   fs::path final_dir = fs::path(output_dir) / str(kPrefix, state.step);
   fs::path tmp = fs::path(output_dir) / str(".", kPrefix, state.step, ".tmp");
   auto barrier = [&] {
@@ -190,7 +190,7 @@ std::string save_checkpoint(const std::string& output_dir, Model& model, const O
                                         [](const auto& nt) { return nt.first.ends_with(".master"); });
     if (!has_master)  // the model's values are the weights the optimizer updates
       for (Parameter* p : model.parameters())
-        if (bad.empty()) bad = first_nonfinite(p->name, p->value);
+        if (bad.empty() && !p->frozen) bad = first_nonfinite(p->name, p->value);
   }
   double bad_ranks = bad.empty() ? 0 : 1;
   if (io.comm) io.comm->all_reduce(std::span<double>(&bad_ranks, 1));
@@ -202,7 +202,10 @@ std::string save_checkpoint(const std::string& output_dir, Model& model, const O
   if (io.rank == 0) {
     fs::remove_all(tmp);
     fs::create_directories(tmp);
-    model.save_hf(tmp.string(), contents.model_dtype, contents.rope_parameters_json);
+    if (adapter)
+      adapter->save(tmp.string(), contents.model_dir);
+    else
+      model.save_hf(tmp.string(), contents.model_dtype, contents.rope_parameters_json);
     if (!contents.tokenizer_path.empty() && fs::exists(contents.tokenizer_path))
       fs::copy_file(contents.tokenizer_path, tmp / "tokenizer.json", fs::copy_options::overwrite_existing);
     copy_model_files(tmp, contents);

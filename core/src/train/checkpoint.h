@@ -11,6 +11,7 @@
 #include <string>
 #include <vector>
 
+#include "lcx/slots/adapter.h"
 #include "lcx/slots/model.h"
 #include "lcx/slots/optimizer.h"
 
@@ -55,9 +56,11 @@ struct CheckpointContents {
 // Writes checkpoint-<state.step> under `output_dir` and keeps the newest `keep` (0: keep all).
 // Returns the folder written.
 // With sharded parameters the model's full values must be gathered around the call.
+// With an active `adapter` the folder holds the adapter's files (Adapter::save) in place of the
+// model's weights, which stay those of [model].
 std::string save_checkpoint(const std::string& output_dir, Model& model, const Optimizer& opt,
                             const TrainerState& state, const CheckpointContents& contents, int64_t keep,
-                            const RankIO& io = {});
+                            const RankIO& io = {}, const Adapter* adapter = nullptr);
 // "latest" -> the newest complete checkpoint in output_dir; else the path itself. Throws when none.
 std::string resolve_checkpoint(const std::string& output_dir, const std::string& which);
 // A damaged trainer_state.json throws naming the file, with an earlier checkpoint as the fix.

@@ -139,6 +139,7 @@ Run::Run(const CoreConfig& cfg, SlotSet slots, Device device, RankSetup rank, co
   if (!slots_.model)
     throw Error(str("the manifest names no model module", model_needed_for.empty() ? "" : ", and ", model_needed_for),
                 "model.module", "add `module = \"qwen3\"` to [model]");
+  if (!slots_.adapter) slots_.adapter = make_no_adapter();  // a slot set made by hand: full fine-tuning
   // Before any data or device work: a provider that cannot mask documents is never run unmasked.
   if (!cfg_.data.attend_across_documents && slots_.parallel && !slots_.parallel->masks_documents()) {
     auto it = slots_.providers.find(LCX_SLOT_PARALLELISM);
@@ -241,7 +242,21 @@ void Run::check_sequence_split() const {
 void Run::load_weights(const std::string& dir) { model().load_hf(dir, device_, dtype_); }
 
 void Run::load_or_init_weights(const std::string& resume_dir) {
-  if (!resume_dir.empty()) {
+  load_base_weights(resume_dir);
+  // The adapter over the weights: its factors from the checkpoint it wrote, else its own start.
+  Adapter& adapter = *slots_.adapter;
+  const bool resumed = !resume_dir.empty() && adapter.saved_in(resume_dir);
+  adapter.attach(model(), AdapterContext{device_, dtype_, static_cast<uint64_t>(cfg_.run.seed), resumed ? resume_dir : ""});
+  if (!adapter.active()) return;
+  if (cfg_.distributed.shard_parameters && world_size() > 1)
+    throw Error(str("the adapter '", slots_.providers.count(LCX_SLOT_ADAPTER) ? slots_.providers.at(LCX_SLOT_ADAPTER).name : "", "' trains beside a frozen base, which ZeRO-3 ",
+                    "sharding does not hold yet"),
+                "distributed.shard_parameters", "set distributed.shard_parameters = false (the adapter is small; the base is replicated)");
+}
+
+void Run::load_base_weights(const std::string& resume_dir) {
+  // A checkpoint of an adapter run holds the adapter, not the base: the base comes from [model].
+  if (!resume_dir.empty() && !slots_.adapter->saved_in(resume_dir)) {
     load_weights(resume_dir);
   } else if (!cfg_.model.path.empty()) {
     load_weights(cfg_.model.path);
@@ -279,7 +294,7 @@ void Run::choose_grad_dtype() {
   grad_dtype_ = grad_dtype_for(cfg_.train, dtype_, world_size());
   // A shard's gradient stays fp32 (ShardedParams); the full model's GEMM weights take the dtype.
   if (grad_dtype_ != DType::f32 && !sharded())
-    for (Parameter* p : model().parameters())
+    for (Parameter* p : trainable_parameters())
       if (p->gemm_grad) p->grad = Tensor::zeros(p->value.shape(), grad_dtype_, device_, MemoryCategory::gradients);
 }
 
@@ -317,7 +332,7 @@ void Run::make_optimizer(const std::string& resume_dir) {
   o.eps = cfg_.train.eps;
   o.weight_decay = cfg_.train.weight_decay;
   o.master_dtype = cfg_.train.master_dtype;
-  slots_.optimizer->configure(sharded() ? shards_->shards() : model().parameters(), o,
+  slots_.optimizer->configure(sharded() ? shards_->shards() : trainable_parameters(), o,
                               OptimizerScope{world_size(), sharded()});
   if (!resume_dir.empty()) load_optimizer_state(resume_dir, optimizer(), rank_io());
 }
@@ -326,7 +341,15 @@ void Run::zero_grads() {
   if (shards_)
     shards_->zero_grads();
   else
-    model().zero_grad();
+    for (Parameter* p : trainable_parameters()) p->grad.zero();
+}
+
+std::vector<Parameter*> Run::trainable_parameters() const {
+  std::vector<Parameter*> out;
+  for (Parameter* p : model().parameters())
+    if (!p->frozen) out.push_back(p);
+  for (Parameter* p : slots_.adapter->parameters()) out.push_back(p);
+  return out;
 }
 
 double Run::grad_norm() { return shards_ ? shards_->grad_norm() : optimizer().grad_norm(); }
@@ -335,7 +358,8 @@ std::string Run::save(const TrainerState& state, const CheckpointContents& conte
   optimizer().synchronize();  // the weights saved are the updated ones
   if (hooks_) hooks_->gather_all();
   std::string dir =
-      save_checkpoint(cfg_.run.output_dir, model(), optimizer(), state, contents, cfg_.train.keep_checkpoints, rank_io());
+      save_checkpoint(cfg_.run.output_dir, model(), optimizer(), state, contents, cfg_.train.keep_checkpoints, rank_io(),
+                      slots_.adapter->active() ? slots_.adapter.get() : nullptr);
   if (hooks_) hooks_->release_all();
   return dir;
 }

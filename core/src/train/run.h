@@ -69,6 +69,8 @@ class Run {
   void load_weights(const std::string& dir);
   // The weights a training run starts from: the checkpoint it resumes (resume_dir), else
   // [model] path, else [model] init.
+  // Then the Adapter slot attaches (its checkpoint's factors when resume_dir holds them); the base
+  // of a checkpoint that holds an adapter comes from [model]. ZeRO-3 with an adapter is refused.
   void load_or_init_weights(const std::string& resume_dir);
   // The step's slots over the loaded model, in the weights' dtype, told the model's shape and
   // this rank's mesh.
@@ -92,6 +94,8 @@ class Run {
   void make_optimizer(const std::string& resume_dir);
 
   // What a training step uses.
+  // The parameters the run trains: the model's that are not frozen, then the adapter's.
+  std::vector<Parameter*> trainable_parameters() const;
   void zero_grads();
   double grad_norm();  // the whole gradient's, across ranks, before clipping
   // Writes checkpoint-<state.step> (the full model gathered around it when sharded); returns it.
@@ -124,6 +128,7 @@ class Run {
 
  private:
   const Tokenizer& tokenizer();
+  void load_base_weights(const std::string& resume_dir);
   const CoreConfig& cfg_;
   Device device_;
   RankSetup rank_;

@@ -274,7 +274,7 @@ void Trainer::reduce_across_ranks(StepRecord& r) {
     allocator_for(run_.device()).recorder().set_tag("communication");
     world->all_reduce(std::span<double>(sums, 2));
     if (!run_.sharded())
-      for (Parameter* p : run_.model().parameters()) world->all_reduce(p->grad);
+      for (Parameter* p : run_.trainable_parameters()) world->all_reduce(p->grad);
   }
   r.loss_sum = sums[0];
   r.stop = sums[1] > 0;

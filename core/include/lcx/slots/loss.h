@@ -21,7 +21,8 @@ class Loss : public Plugin {
   // hidden [T,H] (after the final norm), head [V,H] (tied or not), targets int64 [T] ALREADY
   // shifted: targets[t] is the token that position t predicts, -100 where ignored.
   // grad_scale is d(step loss)/d(loss_sum): 1 / (valid targets of the whole step, all ranks).
-  // Writes grad_hidden [T,H] and ACCUMULATES into grad_head [V,H] (fp32).
+  // Writes grad_hidden [T,H] and ACCUMULATES into grad_head [V,H] (fp32); an undefined grad_head
+  // is a frozen head's (the Adapter slot's): its gradient GEMM is not run.
   virtual LossResult forward_backward(const Tensor& hidden, const Tensor& head, const Tensor& targets,
                                       double grad_scale, Tensor& grad_hidden, Tensor& grad_head) = 0;
   // The same sums without gradients, for evaluation.

@@ -20,9 +20,17 @@ namespace lcx {
 struct PlanInputs;
 struct MemoryPlan;
 
+struct LowRank;
+
 // gate [I,H], up [I,H], down [H,I]: HF's gate_proj, up_proj, down_proj (values or fp32 grads).
+// A grad left undefined is a frozen weight's: its gradient GEMM is not run. In the values, the
+// Adapter slot's low-rank factors of each projection (lcx/slots/adapter.h), null where none:
+// the strategy adds lowrank_forward to the projection and runs lowrank_backward beside it.
 struct MlpWeights {
   Tensor gate, up, down;
+  const LowRank* gate_lr = nullptr;
+  const LowRank* up_lr = nullptr;
+  const LowRank* down_lr = nullptr;
 };
 
 class MlpStrategy : public Plugin {

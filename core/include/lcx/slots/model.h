@@ -43,6 +43,9 @@ struct Parameter {
   // Its gradient is written by GEMMs alone (projections, MLP), which accumulate in fp32 and round
   // once, so the run may keep it in the weights' dtype ([train] grad_dtype).
   bool gemm_grad = false;
+  // Not trained (the Adapter slot froze it): no gradient tensor, no optimizer state, and the
+  // backward computes no gradient for it.
+  bool frozen = false;
 };
 
 struct StepContext {
@@ -56,6 +59,9 @@ struct StepContext {
   Recipe recipe;  // the plan's choices (lcx/knob.h)
   // The shard's document_bounds, for the attention (AttentionArgs::documents).
   std::span<const int64_t> documents;
+  // The Adapter slot: the low-rank factors a layer adds to its projections; null (or a provider
+  // that adapts nothing) for full fine-tuning.
+  const class Adapter* adapter = nullptr;
 };
 
 class Model : public Plugin {

@@ -46,6 +46,10 @@ struct Adapter {
   std::vector<std::pair<std::string, Tensor>> saved;
 };
 
+// Whether the base's tensor `tensor` ("model.norm.weight") belongs to a module of modules_to_save:
+// as PEFT matches them, its module's name ("model.norm") ends with one of the names ("norm" holds
+// every norm, "embed_tokens" the embedding).
+bool saved_module(const std::vector<std::string>& modules_to_save, const std::string& tensor);
 // "self_attn.q_proj" or "mlp.gate_proj".
 std::string module_path(const std::string& module);
 // The base checkpoint's name of the matrix: "model.layers.3.self_attn.q_proj.weight".

@@ -1,0 +1,80 @@
+// Adapter slot: trainable weights beside a frozen model, as low-rank adapters add them. The provider attaches
+// once the model's weights exist (loaded, initialized or resumed): it creates its own parameters,
+// marks the model's parameters it does not train frozen (Parameter::frozen: no gradient tensor,
+// no optimizer state, no weight-gradient GEMM), and answers, for each linear projection of a
+// layer, the low-rank factors the model adds to it:
+//
+//   y = x W^T + scale * (x A^T) B^T,   A [r, in], B [out, r]
+//
+// The model computes the update itself (it knows its head groups and its MLP slot), with the
+// helpers below, so a provider holds weights and files, not layer code. Core's default, "none",
+// adapts nothing and freezes nothing: full fine-tuning.
+#pragma once
+#include <cstdint>
+#include <string>
+#include <vector>
+
+#include "lcx/plugin.h"
+#include "lcx/slots/model.h"
+#include "lcx/tensor.h"
+
+namespace lcx {
+
+struct PlanInputs;
+struct MemoryPlan;
+
+// The linear projections of a decoder layer, in the order a layer runs them.
+enum class Linear : int { q_proj, k_proj, v_proj, o_proj, gate_proj, up_proj, down_proj };
+constexpr int kLinearCount = 7;
+// "q_proj", ..., "down_proj": the Hugging Face module names.
+const char* linear_name(Linear m);
+
+// One adapted projection: the factors and the scale (alpha / r, or alpha / sqrt(r) rank-stabilized).
+// The parameters' gradients are fp32 (or [train] grad_dtype) and accumulate across calls.
+struct LowRank {
+  Parameter* a = nullptr;  // [r, in]
+  Parameter* b = nullptr;  // [out, r]
+  float scale = 1.f;
+  int64_t rank() const { return a->value.size(0); }
+};
+
+// What an adapter attaches with.
+struct AdapterContext {
+  Device device;
+  DType dtype = DType::bf16;  // the model's compute dtype: the factors' values take it
+  uint64_t seed = 0;          // [run] seed, for the factors' initialization
+  // A folder whose adapter the run resumes ("" for none): the provider's own checkpoint files,
+  // written by save(); they win over the provider's own initialization.
+  std::string resume_dir;
+};
+
+class Adapter : public Plugin {
+ public:
+  // Once, after the model's weights exist. Throws naming the key for a module the model lacks,
+  // a rank the matrix cannot hold, or an adapter file that does not match the model.
+  virtual void attach(Model& model, const AdapterContext& ctx) = 0;
+  // Whether the run trains an adapter (false: full fine-tuning, every model parameter trained).
+  virtual bool active() const { return false; }
+  // The factors of `which` in `layer`, or null where that projection is not adapted.
+  virtual const LowRank* find(int /*layer*/, Linear /*which*/) const { return nullptr; }
+  // The adapter's own trainable parameters (named "model.layers.<l>.<module path>.<factor>.weight",
+  // as PEFT names them, so the optimizer's per-layer hooks and state files treat them as the layer's).
+  virtual std::vector<Parameter*> parameters() { return {}; }
+  // Writes the adapter's files into a checkpoint folder (for low-rank adapters, PEFT's adapter_config.json and
+  // adapter_model.safetensors); `base` names the base model in them.
+  virtual void save(const std::string& /*dir*/, const std::string& /*base*/) const {}
+  // Whether `dir` holds this provider's files (a checkpoint it wrote).
+  virtual bool saved_in(const std::string& /*dir*/) const { return false; }
+  // Before any provider plans: the parameters of the model it freezes (PlanInputs::base_frozen,
+  // base_trained_parameters), so the model's plan counts gradients only for what trains.
+  virtual void plan_inputs(PlanInputs& /*in*/) const {}
+  virtual void plan(const PlanInputs& /*in*/, MemoryPlan& /*plan*/) const {}
+};
+
+// y += scale * (x A^T) B^T over x [T, in], y [T, out] (both in the activations' dtype).
+void lowrank_forward(const Tensor& x, const LowRank& lr, Tensor& y);
+// The backward of lowrank_forward: dx += scale * (dy B) A, and the factors' gradients
+// accumulate: dA += scale * (dy B)^T x, dB += scale * dy^T (x A^T).
+void lowrank_backward(const Tensor& x, const Tensor& dy, const LowRank& lr, Tensor& dx);
+
+}  // namespace lcx

@@ -1,0 +1,420 @@
+// lora: low-rank adapters on a frozen base (Hu et al. 2021), as PEFT defines them, in the
+// Adapter slot (lcx/slots/adapter.h). For each targeted projection W [out, in] of every layer it
+// holds A [r, in] and B [out, r], and the model computes y = x W^T + scale * (x A^T) B^T with
+// scale = alpha / r (alpha / sqrt(r) with use_rslora). A starts Kaiming-uniform (PEFT's
+// kaiming_uniform_(a = sqrt(5)): U(-1/sqrt(in), 1/sqrt(in))), B at zero, so the first step's
+// model is the base. Every model parameter is frozen except those of modules_to_save (matched as
+// PEFT does: a module whose name ends with the entry), which train whole (LongLoRA's embeddings
+// and norms).
+//
+// Files are PEFT's: a checkpoint holds adapter_config.json and adapter_model.safetensors with
+// PEFT's key names (lcx/peft.h); init_from starts from such a folder, and `lcx-train merge`
+// folds one into its base.
+//
+// Written against the SDK headers only.
+#include <lcx/config.h>
+#include <lcx/log.h>
+#include <lcx/ops.h>
+#include <lcx/peft.h>
+#include <lcx/plan.h>
+#include <lcx/plugin.h>
+#include <lcx/slots/adapter.h>
+
+#include <algorithm>
+#include <array>
+#include <cmath>
+#include <deque>
+#include <filesystem>
+#include <map>
+#include <optional>
+
+namespace lcx {
+namespace {
+
+namespace fs = std::filesystem;
+
+struct LoraOptions {
+  int64_t r = 8;
+  double alpha = 8;
+  double dropout = 0;
+  bool use_rslora = false;
+  std::array<bool, kLinearCount> targets{};
+  bool all_linear = false;
+  std::optional<std::vector<std::string>> modules_to_save;
+  std::string init_from;
+  std::string table = "lora";
+  double scale() const { return use_rslora ? alpha / std::sqrt(static_cast<double>(r)) : alpha / static_cast<double>(r); }
+  std::string key(const char* k) const { return table + "." + k; }
+};
+
+// A counter-based generator (splitmix64) keyed by the seed and the tensor's name: the same
+// factors on every rank and every run of a seed, whatever the order they are made in.
+uint64_t mix(uint64_t x) {
+  x += 0x9E3779B97F4A7C15ull;
+  x = (x ^ (x >> 30)) * 0xBF58476D1CE4E5B9ull;
+  x = (x ^ (x >> 27)) * 0x94D049BB133111EBull;
+  return x ^ (x >> 31);
+}
+uint64_t name_key(uint64_t seed, const std::string& name) {
+  uint64_t h = 1469598103934665603ull;  // FNV-1a over the name
+  for (unsigned char c : name) h = (h ^ c) * 1099511628211ull;
+  return mix(seed ^ mix(h));
+}
+
+// The base's parameters that are not GEMM weights, by the dense decoder's names and sizes: what
+// modules_to_save may train whole, counted for the plan before any weight exists.
+std::vector<std::pair<std::string, int64_t>> dense_other_params(const ModelConfig& c) {
+  const int64_t d = c.head_dim > 0 ? c.head_dim : c.hidden_size / std::max<int64_t>(1, c.num_heads);
+  std::vector<std::pair<std::string, int64_t>> out = {{"model.embed_tokens.weight", c.vocab_size * c.hidden_size}};
+  for (int64_t l = 0; l < c.num_layers; ++l) {
+    const std::string p = str("model.layers.", l, ".");
+    out.emplace_back(p + "input_layernorm.weight", c.hidden_size);
+    out.emplace_back(p + "self_attn.q_norm.weight", d);
+    out.emplace_back(p + "self_attn.k_norm.weight", d);
+    out.emplace_back(p + "post_attention_layernorm.weight", c.hidden_size);
+  }
+  out.emplace_back("model.norm.weight", c.hidden_size);
+  if (!c.tie_word_embeddings) out.emplace_back("lm_head.weight", c.vocab_size * c.hidden_size);
+  return out;
+}
+
+// [out, in] of each projection of a dense Qwen3 layer.
+std::array<std::pair<int64_t, int64_t>, kLinearCount> projection_shapes(const ModelConfig& c) {
+  const int64_t d = c.head_dim > 0 ? c.head_dim : c.hidden_size / std::max<int64_t>(1, c.num_heads);
+  const int64_t H = c.hidden_size, I = c.intermediate_size, qd = c.num_heads * d, kvd = c.num_kv_heads * d;
+  return {{{qd, H}, {kvd, H}, {kvd, H}, {H, qd}, {I, H}, {I, H}, {H, I}}};
+}
+
+class Lora final : public Adapter {
+ public:
+  explicit Lora(LoraOptions o) : o_(std::move(o)) {}
+
+  bool active() const override { return true; }
+
+  void attach(Model& model, const AdapterContext& ctx) override {
+    const ModelConfig& cfg = model.config();
+    std::map<std::string, Parameter*> base;
+    for (Parameter* p : model.parameters()) base[p->name] = p;
+    params_.clear();
+    saved_.clear();
+    layers_.assign(static_cast<size_t>(cfg.num_layers), {});
+    has_.assign(layers_.size() * kLinearCount, false);
+    int64_t count = 0;
+    for (int64_t l = 0; l < cfg.num_layers; ++l)
+      for (int m = 0; m < kLinearCount; ++m) {
+        if (!o_.targets[static_cast<size_t>(m)]) continue;
+        const std::string module = linear_name(static_cast<Linear>(m));
+        const std::string wname = peft::base_weight_name(l, module);
+        const auto it = base.find(wname);
+        if (it == base.end())
+          throw Error(str("lora: target module ", module, " has no weight ", wname, " in this model"),
+                      o_.key("target_modules"), str("target the model's projections: ", joined_modules()));
+        const Tensor& w = it->second->value;
+        const int64_t out = w.size(0), in = w.size(1);
+        if (o_.r > std::min(out, in))
+          throw Error(str("lora: r = ", o_.r, " is larger than ", wname, " [", out, ", ", in, "] can hold"), o_.key("r"),
+                      str("use r <= ", std::min(out, in)));
+        const std::string stem = wname.substr(0, wname.size() - 7);  // without ".weight"
+        Parameter& a = add_param(stem + ".lora_A.weight", {o_.r, in}, ctx);
+        Parameter& b = add_param(stem + ".lora_B.weight", {out, o_.r}, ctx);
+        // A ~ U(-1/sqrt(in), 1/sqrt(in)), B = 0 (PEFT's init_lora_weights = True).
+        Tensor ha = Tensor::empty(a.value.shape(), DType::f32, Device::cpu());
+        const float bound = 1.f / std::sqrt(static_cast<float>(in));  // kaiming_uniform_(a = sqrt(5))
+        uint64_t key = name_key(ctx.seed, a.name);
+        float* pa = ha.data_as<float>();
+        for (int64_t i = 0; i < ha.numel(); ++i) {
+          const uint64_t bits = mix(key + static_cast<uint64_t>(i));
+          const float u = static_cast<float>(bits >> 40) * (1.f / 16777216.f);  // [0, 1) in 24 bits
+          pa[i] = (2.f * u - 1.f) * bound;
+        }
+        set_value(a, ha);
+        b.value.zero();
+        layers_[static_cast<size_t>(l)][static_cast<size_t>(m)] =
+            LowRank{&a, &b, static_cast<float>(o_.scale())};
+        has_[static_cast<size_t>(l) * kLinearCount + static_cast<size_t>(m)] = true;
+        count += a.value.numel() + b.value.numel();
+      }
+    // The base frozen, but for modules_to_save.
+    int64_t trained = 0;
+    for (Parameter* p : model.parameters()) {
+      if (o_.modules_to_save && peft::saved_module(*o_.modules_to_save, p->name)) {
+        trained += p->value.numel();
+        saved_.emplace_back(p->name, p);
+        continue;
+      }
+      p->frozen = true;
+      p->grad = Tensor();
+    }
+    const std::string from = !ctx.resume_dir.empty() ? ctx.resume_dir : o_.init_from;
+    if (!from.empty()) load_from(from, model, base, ctx.resume_dir.empty());
+    log::info(str("lora: r ", o_.r, ", alpha ", o_.alpha, o_.use_rslora ? " (rsLoRA)" : "", ", scale ", o_.scale(), " on ",
+                  targets_text(), ": ", count, " adapter parameters", trained ? str(" + ", trained, " trained whole (",
+                  joined(*o_.modules_to_save), ")") : std::string(), "; the base's ", base_count(model) - trained,
+                  " frozen", from.empty() ? std::string() : str("; from ", from)));
+  }
+
+  const LowRank* find(int layer, Linear which) const override {
+    const size_t i = static_cast<size_t>(layer) * kLinearCount + static_cast<size_t>(which);
+    return i < has_.size() && has_[i] ? &layers_[static_cast<size_t>(layer)][static_cast<size_t>(which)] : nullptr;
+  }
+
+  std::vector<Parameter*> parameters() override {
+    std::vector<Parameter*> out;
+    for (Parameter& p : params_) out.push_back(&p);
+    return out;
+  }
+
+  void save(const std::string& dir, const std::string& base) const override {
+    peft::Adapter a;
+    a.config = peft_config(base);
+    for (size_t l = 0; l < layers_.size(); ++l)
+      for (int m = 0; m < kLinearCount; ++m) {
+        const LowRank* lr = find(static_cast<int>(l), static_cast<Linear>(m));
+        if (!lr) continue;
+        a.pairs.push_back({static_cast<int64_t>(l), linear_name(static_cast<Linear>(m)), to_host_f32(lr->a->value),
+                           to_host_f32(lr->b->value)});
+      }
+    for (const auto& [name, p] : saved_)
+      a.saved.emplace_back(name, p->value.device().is_cuda() ? p->value.to(Device::cpu()) : p->value);
+    peft::write_adapter(dir, a, DType::f32);
+  }
+
+  bool saved_in(const std::string& dir) const override {
+    return fs::is_regular_file(fs::path(dir) / "adapter_config.json") &&
+           fs::is_regular_file(fs::path(dir) / "adapter_model.safetensors");
+  }
+
+  void plan_inputs(PlanInputs& in) const override {
+    in.base_frozen = true;
+    in.base_trained_parameters = 0;
+    if (o_.modules_to_save)
+      for (const auto& [name, n] : dense_other_params(in.model))
+        if (peft::saved_module(*o_.modules_to_save, name)) in.base_trained_parameters += n;
+  }
+
+  // The factors (values, gradients; the optimizer plans their master and moments from
+  // MemoryPlan::parameters), each layer's [T, r] products, and their work.
+  void plan(const PlanInputs& in, MemoryPlan& plan) const override {
+    const ModelConfig& c = in.model;
+    const auto shapes = projection_shapes(c);
+    int64_t per_layer = 0;
+    for (int m = 0; m < kLinearCount; ++m)
+      if (o_.targets[static_cast<size_t>(m)]) per_layer += o_.r * (shapes[static_cast<size_t>(m)].first + shapes[static_cast<size_t>(m)].second);
+    const int64_t n = per_layer * c.num_layers;
+    const int64_t ab = static_cast<int64_t>(dtype_size(in.weight_dtype)), gb = static_cast<int64_t>(dtype_size(in.grad_dtype));
+    plan.add("lora_weights", str("LoRA factors A, B (", n, ")"), PlanCategory::weights, n * ab, plan_phase::always);
+    plan.add("lora_gradients", str("LoRA factors' gradients (", dtype_name(in.grad_dtype), ")"), PlanCategory::gradients,
+             n * gb, plan_phase::always);
+    plan.parameters += n;
+    plan.gemm_parameters += n;
+
+    // A layer's [T, r] products (qwen3_model.cpp): h1 @ A^T of q, k, v and the fp32 sum of
+    // attn @ Ao^T live from the attention's recompute through the MLP's backward; the attention
+    // backward adds scale * dx1 @ Bo and the fp32 sums of dq @ Bq (k, v) with their rounding.
+    const int64_t T = in.tokens_per_rank, r = o_.r;
+    const bool q = target(Linear::q_proj), k = target(Linear::k_proj), v = target(Linear::v_proj),
+               o = target(Linear::o_proj);
+    const int64_t qkv = (q + k + v) * T * r * ab, uo = o ? T * r * 4 : 0;
+    const int64_t mlp_tile = std::min<int64_t>(T, in.recipe.get("tiled_mlp", "tile_rows", 0) > 0
+                                                      ? in.recipe.get("tiled_mlp", "tile_rows", 0) : T);
+    const bool mlp = target(Linear::gate_proj) || target(Linear::up_proj) || target(Linear::down_proj);
+    if (qkv + uo > 0)
+      plan.add("lora_forward", "LoRA: h1 @ A^T of q, k, v [T,r], fp32 attn @ Ao^T [T,r] and its rounding",
+               PlanCategory::transient, qkv + uo + (o ? T * r * ab : 0), plan_phase::forward);
+    const int64_t mlp_products = mlp ? 2 * mlp_tile * r * ab : 0;
+    if (qkv + uo + mlp_products > 0)
+      plan.add("lora_mlp_backward", "LoRA: the attention's [T,r] products held through the MLP backward, the MLP's",
+               PlanCategory::transient, qkv + uo + mlp_products, plan_phase::mlp_backward);
+    const int64_t back = qkv + (o ? T * r * ab : 0) + (q + k + v) * T * r * 4 + ((q || k || v) ? T * r * ab : 0);
+    if (back > 0)
+      plan.add("lora_attention_backward", "LoRA: h1 @ A^T, scale dx1 @ Bo, fp32 sums of dq @ Bq (k, v) [T,r]",
+               PlanCategory::transient, back, plan_phase::backward);
+
+    // The work: per adapted projection and layer, the forward's two thin GEMMs (again in the
+    // recompute) and the backward's five; each reads or writes the full [T, in] or [T, out]
+    // side once, which is what they cost (r is far below what keeps a GEMM compute-bound).
+    const double t = static_cast<double>(T);
+    for (int m = 0; m < kLinearCount; ++m) {
+      if (!o_.targets[static_cast<size_t>(m)]) continue;
+      const double out = static_cast<double>(shapes[static_cast<size_t>(m)].first),
+                   inn = static_cast<double>(shapes[static_cast<size_t>(m)].second);
+      const double L = static_cast<double>(c.num_layers);
+      plan.work.gemm_flops += L * 2 * t * static_cast<double>(r) * (inn + out) * 2 * 3.5;
+      plan.work.memory_bytes += L * t * static_cast<double>(ab) * (6 * inn + 6 * out);
+    }
+  }
+
+ private:
+  bool target(Linear m) const { return o_.targets[static_cast<size_t>(m)]; }
+
+  Parameter& add_param(const std::string& name, Shape shape, const AdapterContext& ctx) {
+    Parameter p;
+    p.name = name;
+    p.gemm_grad = true;
+    p.decay = true;
+    p.value = Tensor::empty(shape, ctx.dtype, ctx.device, MemoryCategory::weights);
+    p.grad = Tensor::zeros(shape, DType::f32, ctx.device, MemoryCategory::gradients);
+    params_.push_back(std::move(p));
+    return params_.back();
+  }
+
+  // p's value (of its dtype, on its device) from fp32 host values, rounded as a cast rounds.
+  static void set_value(Parameter& p, const Tensor& host_f32) {
+    p.value.copy_from(host_f32.to(p.value.dtype()));
+  }
+
+  static Tensor to_host_f32(const Tensor& t) {
+    const Tensor h = t.device().is_cuda() ? t.to(Device::cpu()) : t;
+    return h.dtype() == DType::f32 ? h.clone() : h.to(DType::f32);
+  }
+
+  // The factors (and modules_to_save) from a PEFT folder, checked against the model and this
+  // table's r and target_modules.
+  void load_from(const std::string& dir, Model& model, const std::map<std::string, Parameter*>& base, bool init) {
+    const std::string key = init ? o_.key("init_from") : std::string("--resume");
+    if (!fs::is_directory(dir))
+      throw Error(str("lora: ", dir, " is not a folder"), key, "give a folder holding adapter_config.json and adapter_model.safetensors");
+    const peft::Adapter a = peft::read_adapter(dir);
+    peft::check_against_base(a, model.config().num_layers, [&](const std::string& name) -> std::optional<Shape> {
+      const auto it = base.find(name);
+      if (it == base.end()) return std::nullopt;
+      return it->second->value.shape();
+    });
+    if (a.config.r != o_.r)
+      throw Error(str("lora: ", dir, " holds an adapter of r = ", a.config.r, ", this run's ", o_.key("r"), " is ", o_.r),
+                  o_.key("r"), str("set ", o_.key("r"), " = ", a.config.r));
+    for (int m = 0; m < kLinearCount; ++m) {
+      const std::string module = linear_name(static_cast<Linear>(m));
+      const bool there = std::find(a.config.target_modules.begin(), a.config.target_modules.end(), module) !=
+                         a.config.target_modules.end();
+      if (there != target(static_cast<Linear>(m)))
+        throw Error(str("lora: ", dir, " adapts ", peft_targets(a.config.target_modules), ", this run's ",
+                        o_.key("target_modules"), " ", targets_text()),
+                    o_.key("target_modules"), str("set ", o_.key("target_modules"), " to the adapter's"));
+    }
+    if (std::abs(a.config.lora_alpha - o_.alpha) > 1e-12 || a.config.use_rslora != o_.use_rslora)
+      log::warn(str("lora: ", dir, " was trained with lora_alpha ", a.config.lora_alpha, a.config.use_rslora ? " (rsLoRA)" : "",
+                    "; this run scales by ", o_.key("alpha"), " = ", o_.alpha, o_.use_rslora ? " (rsLoRA)" : ""));
+    for (const auto& p : a.pairs) {
+      const int m = static_cast<int>(std::find_if(std::begin(kModules), std::end(kModules),
+                                                  [&](const char* n) { return p.module == n; }) - std::begin(kModules));
+      const LowRank& lr = layers_.at(static_cast<size_t>(p.layer)).at(static_cast<size_t>(m));
+      set_value(*lr.a, p.a);
+      set_value(*lr.b, p.b);
+    }
+    for (const auto& [name, t] : a.saved) {
+      const auto it = base.find(name);
+      if (it == base.end() || it->second->frozen)
+        throw Error(str("lora: ", dir, " trains ", name, " whole (modules_to_save), which this run's ",
+                        o_.key("modules_to_save"), " does not"),
+                    o_.key("modules_to_save"), str("add the module of ", name, " to ", o_.key("modules_to_save")));
+      set_value(*it->second, to_host_f32(t));
+    }
+  }
+
+  peft::AdapterConfig peft_config(const std::string& base) const {
+    peft::AdapterConfig c;
+    c.r = o_.r;
+    c.lora_alpha = o_.alpha;
+    c.lora_dropout = o_.dropout;
+    c.use_rslora = o_.use_rslora;
+    c.all_linear = o_.all_linear;
+    for (int m = 0; m < kLinearCount; ++m)
+      if (target(static_cast<Linear>(m))) c.target_modules.push_back(linear_name(static_cast<Linear>(m)));
+    c.base_model_name_or_path = base;
+    c.modules_to_save = o_.modules_to_save;
+    return c;
+  }
+
+  static constexpr const char* kModules[kLinearCount] = {"q_proj", "k_proj", "v_proj", "o_proj",
+                                                          "gate_proj", "up_proj", "down_proj"};
+  static std::string joined(const std::vector<std::string>& v) {
+    std::string s;
+    for (const auto& x : v) s += (s.empty() ? "" : ", ") + x;
+    return s;
+  }
+  static std::string joined_modules() { return joined({std::begin(kModules), std::end(kModules)}); }
+  static std::string peft_targets(const std::vector<std::string>& v) { return "[" + joined(v) + "]"; }
+  std::string targets_text() const {
+    if (o_.all_linear) return "all-linear";
+    std::vector<std::string> v;
+    for (int m = 0; m < kLinearCount; ++m)
+      if (target(static_cast<Linear>(m))) v.push_back(kModules[m]);
+    return peft_targets(v);
+  }
+  static int64_t base_count(Model& model) {
+    int64_t n = 0;
+    for (Parameter* p : model.parameters()) n += p->value.numel();
+    return n;
+  }
+
+  LoraOptions o_;
+  std::deque<Parameter> params_;  // stable addresses: LowRank points into it
+  std::vector<std::array<LowRank, kLinearCount>> layers_;
+  std::vector<bool> has_;
+  std::vector<std::pair<std::string, Parameter*>> saved_;
+};
+
+std::unique_ptr<Plugin> create(const PluginArgs& args) {
+  const ConfigView& c = args.config;
+  LoraOptions o;
+  o.table = c.name().empty() ? std::string("lora") : c.name();
+  c.describe("r", "the adapters' rank: A [r, in], B [out, r]", ">= 1, at most the adapted matrix's smaller side");
+  c.describe("alpha", "the adapters' scale numerator: scale = alpha / r (alpha / sqrt(r) with use_rslora)", "> 0");
+  c.describe("dropout", "dropout on the adapters' input (PEFT's lora_dropout)", "0 (dropout is not implemented yet)");
+  c.describe("use_rslora", "rank-stabilized LoRA: scale = alpha / sqrt(r)");
+  c.describe("target_modules", "the projections adapted in every layer, or \"all-linear\"",
+             "a list of q_proj k_proj v_proj o_proj gate_proj up_proj down_proj, or \"all-linear\"", "\"all-linear\"");
+  c.describe("modules_to_save", "modules trained whole beside the adapters, matched as PEFT does (a module whose name ends with the entry)",
+             "e.g. [\"embed_tokens\", \"norm\", \"lm_head\"]", "[]");
+  c.describe("init_from", "a PEFT adapter folder (adapter_config.json, adapter_model.safetensors) to start from", "a folder", "\"\"");
+  o.r = c.get_int("r", 8);
+  if (o.r < 1) c.fail("r", str(o.r, " is not a rank"), "a rank >= 1, e.g. 16");
+  o.alpha = c.get_double("alpha", static_cast<double>(o.r));
+  if (!(o.alpha > 0)) c.fail("alpha", str(o.alpha, " is not a positive scale"), "e.g. alpha = 2 * r");
+  o.dropout = c.get_double("dropout", 0.0);
+  if (o.dropout != 0)
+    c.fail("dropout", str(o.dropout, ": dropout on the adapters' input is not implemented yet"), "set dropout = 0");
+  o.use_rslora = c.get_bool("use_rslora", false);
+  std::vector<std::string> targets;
+  bool listed = true;
+  try {
+    targets = c.get_strings("target_modules", {});
+    if (!c.has("target_modules")) listed = false;
+  } catch (const Error&) {
+    const std::string s = c.get_string("target_modules", "all-linear");
+    if (s != "all-linear")
+      c.fail("target_modules", str("'", s, "' is neither a list of modules nor \"all-linear\""),
+             "e.g. [\"q_proj\", \"v_proj\"] or \"all-linear\"");
+    listed = false;
+  }
+  if (!listed) {
+    o.all_linear = true;
+    o.targets.fill(true);
+  } else {
+    if (targets.empty()) c.fail("target_modules", "is empty: nothing would train", "name the projections, or \"all-linear\"");
+    for (const auto& t : targets) {
+      if (t == "all-linear") {
+        o.all_linear = true;
+        o.targets.fill(true);
+        continue;
+      }
+      int found = -1;
+      for (int m = 0; m < kLinearCount; ++m)
+        if (t == linear_name(static_cast<Linear>(m))) found = m;
+      if (found < 0)
+        c.fail("target_modules", str("'", t, "' is not a projection of a Qwen3 layer"),
+               "use q_proj, k_proj, v_proj, o_proj, gate_proj, up_proj, down_proj or \"all-linear\"");
+      o.targets[static_cast<size_t>(found)] = true;
+    }
+  }
+  if (c.has("modules_to_save")) o.modules_to_save = c.get_strings("modules_to_save", {});
+  o.init_from = c.get_string("init_from", "");
+  return std::make_unique<Lora>(std::move(o));
+}
+
+}  // namespace
+}  // namespace lcx
+
+LCX_PLUGIN(LCX_SLOT_ADAPTER, "lora", "0.1.0", "LoRA adapters on a frozen base, PEFT's files in and out", "ready",
+           lcx::create)

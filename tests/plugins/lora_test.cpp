@@ -1,0 +1,284 @@
+// lora (Adapter slot): the adapters' gradients against finite differences of the loss, the
+// forward against the merged weights W + scale * B @ A, the frozen base (no gradient, unchanged by
+// a step), the same gradients through tiled_mlp and head groups, PyTorch's reference on a fixture
+// (when generated: tests/plugins/gen_lora_fixture.py), and the refusals by key. On the CPU in every
+// CI run; the GPU cases (bf16 against the CPU twin) skip, visibly, without a GPU.
+#include <gtest/gtest.h>
+
+#include <cmath>
+#include <filesystem>
+#include <nlohmann/json.hpp>
+#include <numeric>
+#include <random>
+
+#include "lcx/peft.h"
+#include "lcx/safetensors.h"
+#include "lcx/slots/adapter.h"
+#include "models/model_util.h"
+
+namespace lcx {
+namespace {
+
+namespace fs = std::filesystem;
+
+std::string tiny_spec(int layers = 2) {
+  return nlohmann::json{{"vocab_size", 96},           {"hidden_size", 32},         {"intermediate_size", 48},
+                        {"num_hidden_layers", layers}, {"num_attention_heads", 4},  {"num_key_value_heads", 2},
+                        {"head_dim", 8},               {"tie_word_embeddings", false}}
+      .dump();
+}
+
+Shard tokens_shard(int64_t T, int64_t salt) {
+  std::vector<int64_t> ids(static_cast<size_t>(T));
+  for (int64_t t = 0; t < T; ++t) ids[static_cast<size_t>(t)] = (t * 29 + 7 * salt + t * t) % 96;
+  return test::shard_from_labels(ids, ids);
+}
+
+void fill_random(Tensor& t, uint32_t seed, float scale) {
+  std::mt19937 rng(seed);
+  std::normal_distribution<float> n(0.f, scale);
+  std::vector<float> v(static_cast<size_t>(t.numel()));
+  for (auto& x : v) x = n(rng);
+  t.copy_from(Tensor::from_floats(v, t.shape(), t.dtype(), Device::cpu()).to(t.device()));
+}
+
+// A model with its adapter attached, B randomized so that every factor's gradient is non-zero.
+struct Adapted {
+  std::shared_ptr<Model> model;
+  std::shared_ptr<Adapter> lora;
+  std::unique_ptr<test::DefaultSlots> slots;
+  Adapted(const std::string& lora_table, const std::string& model_table = "", Device device = Device::cpu(),
+          DType dtype = DType::f32, int layers = 2) {
+    model = test::make_qwen3(model_table);
+    model->init_random(tiny_spec(layers), 3, device, dtype);
+    lora = test::make_plugin<Adapter>("lora", lora_table, device);
+    lora->attach(*model, AdapterContext{device, dtype, 11, ""});
+    uint32_t seed = 100;
+    for (Parameter* p : lora->parameters())
+      if (p->name.find("lora_B") != std::string::npos) fill_random(p->value, seed++, 0.05f);
+    slots = std::make_unique<test::DefaultSlots>(*model);
+    slots->slots.adapter = lora.get();
+  }
+  StepResult step(const Shard& shard, Device device = Device::cpu()) {
+    for (Parameter* p : lora->parameters()) p->grad.zero();
+    model->zero_grad();
+    return train_step(slots->slots, shard, 1.0 / static_cast<double>(test::count_valid(shard)), device);
+  }
+  double loss(const Shard& shard) {
+    const StepResult r = step(shard);
+    return r.loss_sum / static_cast<double>(r.valid);
+  }
+};
+
+TEST(Lora, FreezesTheBaseAndInitializesAsPeft) {
+  Adapted a("r = 4\nalpha = 8\ntarget_modules = \"all-linear\"\nmodules_to_save = [\"norm\"]");
+  int frozen = 0, trained = 0;
+  for (Parameter* p : a.model->parameters()) {
+    if (p->frozen) {
+      EXPECT_FALSE(p->grad.defined()) << p->name;
+      ++frozen;
+    } else {
+      EXPECT_NE(p->name.find("norm"), std::string::npos) << p->name << " trains but is no norm";
+      ++trained;
+    }
+  }
+  EXPECT_EQ(trained, 2 * 4 + 1);  // input, post, q, k norms of 2 layers + the final norm
+  EXPECT_GT(frozen, 0);
+  // 7 projections of 2 layers, each A and B; A ~ U(-1/sqrt(in), 1/sqrt(in)).
+  ASSERT_EQ(a.lora->parameters().size(), 28u);
+  auto fresh = test::make_qwen3();
+  fresh->init_random(tiny_spec(), 3, Device::cpu(), DType::f32);
+  auto lora = test::make_plugin<Adapter>("lora", "r = 4");
+  lora->attach(*fresh, AdapterContext{Device::cpu(), DType::f32, 11, ""});
+  for (Parameter* p : lora->parameters()) {
+    const std::vector<float> v = p->value.to_floats();
+    if (p->name.find("lora_B") != std::string::npos) {
+      for (float x : v) ASSERT_EQ(x, 0.f) << p->name;
+      continue;
+    }
+    const float bound = 1.f / std::sqrt(static_cast<float>(p->value.size(1)));
+    float lo = 0, hi = 0;
+    for (float x : v) lo = std::min(lo, x), hi = std::max(hi, x);
+    EXPECT_GE(lo, -bound) << p->name;
+    EXPECT_LE(hi, bound) << p->name;
+    EXPECT_LT(lo, -0.5f * bound) << p->name << " does not fill its range";
+    EXPECT_GT(hi, 0.5f * bound) << p->name;
+  }
+  EXPECT_EQ(lora->find(0, Linear::down_proj)->scale, 1.f);  // alpha defaults to r
+}
+
+// y = x W^T + s (x A^T) B^T is the merged model's y = x (W + s B A)^T: the losses agree.
+TEST(Lora, ForwardEqualsTheMergedWeights) {
+  for (const char* groups : {"attention_head_groups = 1", "attention_head_groups = 2"}) {
+    Adapted a("r = 4\nalpha = 12\nuse_rslora = true", groups);
+    const Shard shard = tokens_shard(24, 1);
+    const double lora_loss = a.loss(shard);
+    auto merged = test::make_qwen3(groups);
+    merged->init_random(tiny_spec(), 3, Device::cpu(), DType::f32);
+    std::map<std::string, Parameter*> by_name;
+    for (Parameter* p : merged->parameters()) by_name[p->name] = p;
+    for (int l = 0; l < 2; ++l)
+      for (int m = 0; m < kLinearCount; ++m) {
+        const LowRank* lr = a.lora->find(l, static_cast<Linear>(m));
+        ASSERT_NE(lr, nullptr);
+        EXPECT_FLOAT_EQ(lr->scale, static_cast<float>(12.0 / 2.0));  // alpha / sqrt(r)
+        Parameter* w = by_name.at(peft::base_weight_name(l, linear_name(static_cast<Linear>(m))));
+        std::vector<float> wv = w->value.to_floats();
+        const std::vector<float> av = lr->a->value.to_floats(), bv = lr->b->value.to_floats();
+        peft::add_low_rank(wv.data(), bv.data(), av.data(), w->value.size(0), w->value.size(1), lr->rank(), lr->scale);
+        w->value.copy_from(Tensor::from_floats(wv, w->value.shape(), DType::f32));
+      }
+    test::DefaultSlots s(*merged);
+    merged->zero_grad();
+    const StepResult r = train_step(s.slots, shard, 1.0 / static_cast<double>(test::count_valid(shard)), Device::cpu());
+    EXPECT_NEAR(lora_loss, r.loss_sum / static_cast<double>(r.valid), 1e-5) << groups;
+  }
+}
+
+// Every factor's gradient against central differences of the loss, with one and two head groups
+// (q/k/v rows and o_proj columns cut per group) and kept attention.
+TEST(Lora, GradientsMatchFiniteDifferences) {
+  for (const char* table : {"attention_head_groups = 1", "attention_head_groups = 2\nkeep_attention = false",
+                            "attention_head_groups = 2\nkeep_attention = true"}) {
+    Adapted a("r = 3\nalpha = 6", table, Device::cpu(), DType::f32, 1);
+    const Shard shard = tokens_shard(20, 2);
+    a.step(shard);
+    std::vector<std::pair<Parameter*, std::vector<float>>> grads;
+    for (Parameter* p : a.lora->parameters()) grads.emplace_back(p, p->grad.to_floats());
+    for (auto& [p, g] : grads) {
+      std::vector<float> v = p->value.to_floats();
+      const std::vector<float> saved = v;
+      // A few entries of each factor, the largest gradients among them so the difference is clear.
+      std::vector<size_t> idx(g.size());
+      std::iota(idx.begin(), idx.end(), 0);
+      std::partial_sort(idx.begin(), idx.begin() + 3, idx.end(),
+                        [&](size_t x, size_t y) { return std::abs(g[x]) > std::abs(g[y]); });
+      for (int k = 0; k < 3; ++k) {
+        const size_t i = idx[static_cast<size_t>(k)];
+        const float h = 2e-3f;
+        v = saved;
+        v[i] = saved[i] + h;
+        p->value.copy_from(Tensor::from_floats(v, p->value.shape(), DType::f32));
+        const double up = a.loss(shard);
+        v[i] = saved[i] - h;
+        p->value.copy_from(Tensor::from_floats(v, p->value.shape(), DType::f32));
+        const double down = a.loss(shard);
+        p->value.copy_from(Tensor::from_floats(saved, p->value.shape(), DType::f32));
+        const double fd = (up - down) / (2.0 * h);
+        EXPECT_NEAR(g[i], fd, 2e-3 + 2e-2 * std::abs(fd)) << table << ": " << p->name << "[" << i << "]";
+      }
+    }
+  }
+}
+
+// tiled_mlp runs the MLP's adapters tile by tile: the same gradients as the whole MLP.
+TEST(Lora, TiledMlpGivesTheWholeMlpsGradients) {
+  Adapted whole("r = 4\nalpha = 8");
+  Adapted tiled("r = 4\nalpha = 8");
+  auto tiles = test::make_plugin<MlpStrategy>("tiled_mlp", "tile_rows = 7");
+  tiled.slots->slots.mlp = tiles.get();
+  const Shard shard = tokens_shard(30, 3);
+  const StepResult rw = whole.step(shard), rt = tiled.step(shard);
+  EXPECT_NEAR(rw.loss_sum, rt.loss_sum, 1e-5 * std::abs(rw.loss_sum));
+  const auto pw = whole.lora->parameters(), pt = tiled.lora->parameters();
+  ASSERT_EQ(pw.size(), pt.size());
+  for (size_t i = 0; i < pw.size(); ++i) EXPECT_LT(test::rel_l2(pt[i]->grad, pw[i]->grad), 1e-5) << pw[i]->name;
+}
+
+// The adapter's files are PEFT's: written, read back through init_from, the same model.
+TEST(Lora, SavesPeftFilesAndStartsFromThem) {
+  const fs::path dir = test::temp_dir("lora-files");
+  Adapted a("r = 4\nalpha = 8\ntarget_modules = [\"q_proj\", \"v_proj\", \"down_proj\"]\nmodules_to_save = [\"lm_head\"]");
+  for (Parameter* p : a.model->parameters())
+    if (p->name == "lm_head.weight") fill_random(p->value, 7, 0.02f);
+  a.lora->save(dir.string(), "Qwen/Qwen3-8B");
+  ASSERT_TRUE(a.lora->saved_in(dir.string()));
+  const nlohmann::json cfg = nlohmann::json::parse(std::ifstream(dir / "adapter_config.json"));
+  EXPECT_EQ(cfg.at("peft_type"), "LORA");
+  EXPECT_EQ(cfg.at("r"), 4);
+  EXPECT_EQ(cfg.at("base_model_name_or_path"), "Qwen/Qwen3-8B");
+  EXPECT_EQ(cfg.at("target_modules"), nlohmann::json({"q_proj", "v_proj", "down_proj"}));
+  auto st = safetensors::Checkpoint::open((dir / "adapter_model.safetensors").string());
+  EXPECT_TRUE(st.has("base_model.model.model.layers.1.self_attn.q_proj.lora_A.weight"));
+  EXPECT_TRUE(st.has("base_model.model.model.layers.0.mlp.down_proj.lora_B.weight"));
+  EXPECT_FALSE(st.has("base_model.model.model.layers.0.self_attn.k_proj.lora_A.weight"));
+
+  const Shard shard = tokens_shard(16, 4);
+  const double want = a.loss(shard);
+  auto model = test::make_qwen3();
+  model->init_random(tiny_spec(), 3, Device::cpu(), DType::f32);
+  auto lora = test::make_plugin<Adapter>("lora", "r = 4\nalpha = 8\ntarget_modules = [\"q_proj\", \"v_proj\", \"down_proj\"]\n"
+                                                 "modules_to_save = [\"lm_head\"]\ninit_from = \"" + dir.string() + "\"");
+  lora->attach(*model, AdapterContext{Device::cpu(), DType::f32, 99, ""});
+  test::DefaultSlots s(*model);
+  s.slots.adapter = lora.get();
+  const StepResult r = train_step(s.slots, shard, 1.0 / static_cast<double>(test::count_valid(shard)), Device::cpu());
+  EXPECT_DOUBLE_EQ(r.loss_sum / static_cast<double>(r.valid), want);
+}
+
+// PyTorch's LoRA step (gen_lora_fixture.py: nn.Linear plus PEFT's branch, norms trained whole)
+// on a transformers fixture: the loss and every trained gradient in fp32.
+TEST(Lora, EqualsThePyTorchReference) {
+  const fs::path fixture = fs::path(LCX_SOURCE_DIR) / "tests/plugins/fixtures/lora";
+  const fs::path base = fs::path(LCX_SOURCE_DIR) / "tests/parity/fixtures/untied_gqa2_d64_sharded";
+  ASSERT_TRUE(fs::exists(fixture / "expected.safetensors")) << "generate it: tests/plugins/gen_lora_fixture.py";
+  auto expected = safetensors::Checkpoint::open((fixture / "expected.safetensors").string());
+  auto model = test::make_qwen3();
+  model->load_hf(base.string(), Device::cpu(), DType::f32);
+  auto lora = test::make_plugin<Adapter>("lora", "r = 4\nalpha = 12\nmodules_to_save = [\"norm\"]\ninit_from = \"" +
+                                                     fixture.string() + "\"");
+  lora->attach(*model, AdapterContext{Device::cpu(), DType::f32, 0, ""});
+  auto ints = [](const Tensor& t) {
+    return std::vector<int64_t>(t.data_as<int64_t>(), t.data_as<int64_t>() + t.numel());
+  };
+  const Shard shard = test::shard_from_labels(ints(expected.load("input_ids", DType::i64)),
+                                              ints(expected.load("labels", DType::i64)));
+  test::DefaultSlots s(*model);
+  s.slots.adapter = lora.get();
+  const StepResult r = train_step(s.slots, shard, 1.0 / static_cast<double>(test::count_valid(shard)), Device::cpu());
+  const double want = expected.load("loss", DType::f32).to_floats()[0];
+  EXPECT_NEAR(r.loss_sum / static_cast<double>(r.valid), want, 1e-6 * want);
+  std::vector<Parameter*> trained = lora->parameters();
+  for (Parameter* p : model->parameters())
+    if (!p->frozen) trained.push_back(p);
+  ASSERT_EQ(trained.size(), 2u * 7 * 3 + 4 * 3 + 1);  // 3 layers: A and B of 7 projections, 4 norms; the final norm
+  double worst = 0;
+  for (Parameter* p : trained) {
+    const std::string key = "grad.base_model.model." + p->name;
+    ASSERT_TRUE(expected.has(key)) << key;
+    const double d = test::rel_l2(p->grad, expected.load(key, DType::f32));
+    worst = std::max(worst, d);
+    EXPECT_LT(d, 1e-6) << p->name;
+  }
+  std::printf("lora vs PyTorch: loss %.9f (want %.9f), worst gradient rel L2 %.2e\n",
+              r.loss_sum / static_cast<double>(r.valid), want, worst);
+}
+
+TEST(Lora, RefusalsNameTheKey) {
+  auto thrown = [](const std::string& lora_table, const std::string& init_from = "") {
+    return test::thrown_by([&] {
+      auto model = test::make_qwen3();
+      model->init_random(tiny_spec(), 3, Device::cpu(), DType::f32);
+      auto lora = test::make_plugin<Adapter>("lora", lora_table + (init_from.empty() ? "" : "\ninit_from = \"" + init_from + "\""));
+      lora->attach(*model, AdapterContext{Device::cpu(), DType::f32, 1, ""});
+    });
+  };
+  EXPECT_EQ(thrown("r = 0").key, "lora.r");
+  EXPECT_EQ(thrown("r = 17").key, "lora.r");  // k_proj is [16, 32]: r <= 16
+  EXPECT_EQ(thrown("target_modules = [\"qkv_proj\"]").key, "lora.target_modules");
+  EXPECT_EQ(thrown("target_modules = []").key, "lora.target_modules");
+  EXPECT_EQ(thrown("dropout = 0.1").key, "lora.dropout");
+  EXPECT_EQ(thrown("alpha = -1").key, "lora.alpha");
+  // An adapter of another rank or other modules than the run's.
+  const fs::path dir = test::temp_dir("lora-refuse");
+  {
+    Adapted a("r = 4\ntarget_modules = [\"q_proj\"]");
+    a.lora->save(dir.string(), "base");
+  }
+  EXPECT_EQ(thrown("r = 2\ntarget_modules = [\"q_proj\"]", dir.string()).key, "lora.r");
+  EXPECT_EQ(thrown("r = 4\ntarget_modules = [\"v_proj\"]", dir.string()).key, "lora.target_modules");
+  EXPECT_EQ(thrown("r = 4", (dir / "nothing").string()).key, "lora.init_from");
+}
+
+}  // namespace
+}  // namespace lcx
