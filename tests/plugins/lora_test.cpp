@@ -280,5 +280,37 @@ TEST(Lora, RefusalsNameTheKey) {
   EXPECT_EQ(thrown("r = 4", (dir / "nothing").string()).key, "lora.init_from");
 }
 
+// The GPU step in bf16 against its CPU twin in fp32 on the same (bf16-rounded) weights: the loss,
+// and every factor's gradient within bf16's tolerance; the frozen base gets none.
+TEST(LoraGpu, Bf16MatchesTheCpuTwin) {
+  if (!cuda_available()) GTEST_SKIP() << "no CUDA device visible";
+  for (const char* table : {"attention_head_groups = 1", "attention_head_groups = 2"}) {
+    Adapted gpu("r = 8\nalpha = 16\nmodules_to_save = [\"norm\"]", table, Device::cuda(), DType::bf16);
+    Adapted cpu("r = 8\nalpha = 16\nmodules_to_save = [\"norm\"]", table, Device::cpu(), DType::f32);
+    // The CPU twin holds the GPU's bf16 values, widened.
+    auto copy_values = [](const std::vector<Parameter*>& from, const std::vector<Parameter*>& to) {
+      ASSERT_EQ(from.size(), to.size());
+      for (size_t i = 0; i < from.size(); ++i)
+        to[i]->value.copy_from(Tensor::from_floats(from[i]->value.to_floats(), to[i]->value.shape(), DType::f32));
+    };
+    copy_values(gpu.model->parameters(), cpu.model->parameters());
+    copy_values(gpu.lora->parameters(), cpu.lora->parameters());
+    const Shard shard = tokens_shard(256, 5);
+    const StepResult rg = gpu.step(shard, Device::cuda()), rc = cpu.step(shard);
+    EXPECT_NEAR(rg.loss_sum / static_cast<double>(rg.valid), rc.loss_sum / static_cast<double>(rc.valid),
+                1e-2 * rc.loss_sum / static_cast<double>(rc.valid)) << table;
+    const auto pg = gpu.lora->parameters(), pc = cpu.lora->parameters();
+    double worst = 0;
+    for (size_t i = 0; i < pg.size(); ++i) {
+      const double d = test::rel_l2(pg[i]->grad, pc[i]->grad);
+      worst = std::max(worst, d);
+      EXPECT_LT(d, 3e-2) << table << " " << pg[i]->name;
+    }
+    for (Parameter* p : gpu.model->parameters())
+      if (p->frozen) EXPECT_FALSE(p->grad.defined()) << p->name;
+    std::printf("lora GPU bf16 vs CPU fp32 (%s): worst factor gradient rel L2 %.2e\n", table, worst);
+  }
+}
+
 }  // namespace
 }  // namespace lcx
