@@ -46,7 +46,8 @@ void plan_dense_decoder(const PlanInputs& in, MemoryPlan& plan, const DenseDecod
   const int64_t n = s.V * s.H + s.L * layer_params(s) + s.H + head;  // embedding, layers, final norm, head
   // ZeRO-3 over the whole mesh (core/src/distributed/sharded_params.h): a rank keeps 1/world of each
   // parameter's value and fp32 grad (and its master and moments: the optimizer's plan).
-  const int64_t shards = std::max<int64_t>(1, in.world_size);
+  // A frozen base (an adapter run) is replicated, not sharded.
+  const int64_t shards = in.base_frozen ? 1 : std::max<int64_t>(1, in.world_size);
   const int64_t per_rank = (n + shards - 1) / shards;
   // The optimizer plans its master weights and moments from these (lcx/slots/optimizer.h).
   plan.parameters = n;

@@ -187,6 +187,10 @@ class Lora final : public Adapter {
   void plan_inputs(PlanInputs& in) const override {
     in.base_frozen = true;
     in.base_trained_parameters = 0;
+    const bool saved = o_.modules_to_save.has_value();
+    in.head_frozen = !(saved && peft::saved_module(*o_.modules_to_save, in.model.tie_word_embeddings
+                                                                          ? "model.embed_tokens.weight"
+                                                                          : "lm_head.weight"));
     if (o_.modules_to_save)
       for (const auto& [name, n] : dense_other_params(in.model))
         if (peft::saved_module(*o_.modules_to_save, name)) in.base_trained_parameters += n;

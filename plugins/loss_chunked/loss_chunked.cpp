@@ -86,12 +86,14 @@ class ChunkedLoss final : public Loss {
     const bool in_place = in.weight_dtype == DType::f32;
     const int64_t S = slice_rows(C, in_place);
     const int64_t V = in.model.vocab_size;
-    plan.work.gemm_flops += 6.0 * static_cast<double>(T) * static_cast<double>(V) * static_cast<double>(in.model.hidden_size);
+    plan.work.gemm_flops += (in.head_frozen ? 4.0 : 6.0) * static_cast<double>(T) * static_cast<double>(V) *
+                            static_cast<double>(in.model.hidden_size);
     plan.work.memory_bytes += 3.0 * static_cast<double>(T) * static_cast<double>(V) * 4;  // one fused pass over each slice
     // Each chunk's head-gradient GEMM reads and writes the whole fp32 [V,H] gradient, whatever its
     // rows: the cost that makes small chunks slow (the chunk_rows sweep, docs/PERF.md).
-    plan.work.memory_bytes += static_cast<double>((T + C - 1) / C) * 8.0 * static_cast<double>(V) *
-                              static_cast<double>(in.model.hidden_size);
+    if (!in.head_frozen)
+      plan.work.memory_bytes += static_cast<double>((T + C - 1) / C) * 8.0 * static_cast<double>(V) *
+                                static_cast<double>(in.model.hidden_size);
     plan.add("logits_slice", str("logits of one slice [", S, ",V] fp32 + per-token loss"), PlanCategory::transient,
              S * V * 4 + T * 4, plan_phase::loss);
     if (!in_place)

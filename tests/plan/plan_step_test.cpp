@@ -24,6 +24,8 @@ struct StepCase {
   // enough that the MLP backward is still the peak: below, in bf16, the attention backward's is, where
   // the CPU kernels allocate less than the GPU's that the plan counts.
   int64_t tile_rows = 0, chunk_rows = 0;
+  // > 0: the lora adapter of this rank on every projection, the base frozen.
+  int64_t lora_rank = 0;
 };
 
 class PlanAgainstStep : public ::testing::TestWithParam<StepCase> {};
@@ -40,8 +42,14 @@ TEST_P(PlanAgainstStep, CpuPeakOfOneQwen3StepMatchesThePlan) {
   if (std::string(c.loss) != "nll") chunked = test::make_plugin<Loss>(c.loss);
   std::shared_ptr<MlpStrategy> tiled;
   if (c.tile_rows > 0) tiled = test::make_plugin<MlpStrategy>("tiled_mlp");
+  std::shared_ptr<Adapter> lora;
+  if (c.lora_rank > 0) {
+    lora = test::make_plugin<Adapter>("lora", str("r = ", c.lora_rank));
+    lora->attach(*model, AdapterContext{Device::cpu(), c.dtype, 1, ""});
+  }
   StepSlots slots{*model, chunked ? *chunked : *s.loss, *s.rope, *s.memory, *s.parallel};
   slots.mlp = tiled.get();
+  slots.adapter = lora.get();
   slots.recipe.set_checkpoint_every(c.checkpoint_every);
   slots.recipe.set("tiled_mlp", "tile_rows", c.tile_rows);
   slots.recipe.set("loss_chunked", "chunk_rows", c.chunk_rows);
@@ -69,6 +77,8 @@ TEST_P(PlanAgainstStep, CpuPeakOfOneQwen3StepMatchesThePlan) {
   ps.loss_name = c.loss;
   ps.mlp = tiled.get();
   if (tiled) ps.mlp_name = "tiled_mlp";
+  ps.adapter = lora.get();
+  if (lora) ps.adapter_name = "lora";
   const MemoryPlan plan = build_plan(in, ps);
   int64_t persistent = 0;
   for (const auto& t : plan.terms)
@@ -98,13 +108,17 @@ INSTANTIATE_TEST_SUITE_P(DtypesAndLosses, PlanAgainstStep,
                                            StepCase{DType::f32, "loss_chunked"}, StepCase{DType::bf16, "loss_chunked"},
                                            StepCase{DType::f32, "nll", 3}, StepCase{DType::bf16, "loss_chunked", 3},
                                            StepCase{DType::bf16, "loss_chunked", 1, 384, 64},
-                                           StepCase{DType::f32, "loss_chunked", 1, 200, 128}),
+                                           StepCase{DType::f32, "loss_chunked", 1, 200, 128},
+                                           StepCase{DType::f32, "loss_chunked", 1, 0, 128, 48},
+                                           StepCase{DType::bf16, "loss_chunked", 1, 384, 64, 48},
+                                           StepCase{DType::bf16, "nll", 1, 0, 0, 16}),
                          [](const auto& info) {
                            return std::string(dtype_name(info.param.dtype)) + "_" + info.param.loss +
                                   (info.param.checkpoint_every > 1 ? str("_every", info.param.checkpoint_every) : "") +
                                   (info.param.tile_rows > 0
                                        ? str("_tiles", info.param.tile_rows, "_chunks", info.param.chunk_rows)
-                                       : "");
+                                       : "") +
+                                  (info.param.lora_rank > 0 ? str("_lora", info.param.lora_rank) : "");
                          });
 
 }  // namespace

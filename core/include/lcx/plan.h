@@ -66,6 +66,7 @@ struct PlanInputs {
   // trains whole), so the model plans gradients for those alone and skips its weight-gradient work.
   bool base_frozen = false;
   int64_t base_trained_parameters = 0;
+  bool head_frozen = false;  // of those frozen, the head: the loss computes no gradient for it
 };
 
 struct PlanTerm {

@@ -21,12 +21,14 @@ class FullLogitsLoss final : public Loss {
     const int64_t T = in.tokens_per_rank, V = in.model.vocab_size, H = in.model.hidden_size;
     const bool cast = in.weight_dtype != DType::f32;
     plan.add("logits", "logits + dlogits [T,V] fp32", PlanCategory::transient, 2 * T * V * 4 + T * 4, plan_phase::loss);
-    plan.work.gemm_flops += 6.0 * static_cast<double>(T) * static_cast<double>(V) * static_cast<double>(H);  // logits, dh, dW
+    // logits, dh, and dW unless the head is frozen
+    plan.work.gemm_flops += (in.head_frozen ? 4.0 : 6.0) * static_cast<double>(T) * static_cast<double>(V) * static_cast<double>(H);
     plan.work.memory_bytes += 5.0 * static_cast<double>(T) * static_cast<double>(V) * 4;
     if (cast) {
       plan.add("dlogits_cast", "dlogits cast [T,V]", PlanCategory::transient,
                T * V * static_cast<int64_t>(dtype_size(in.weight_dtype)), plan_phase::loss);
-      plan.add("hidden_fp32", "hidden fp32 copy [T,H]", PlanCategory::transient, T * H * 4, plan_phase::loss);
+      if (!in.head_frozen)
+        plan.add("hidden_fp32", "hidden fp32 copy [T,H]", PlanCategory::transient, T * H * 4, plan_phase::loss);
     }
   }
 
