@@ -46,8 +46,7 @@ void plan_dense_decoder(const PlanInputs& in, MemoryPlan& plan, const DenseDecod
   const int64_t n = s.V * s.H + s.L * layer_params(s) + s.H + head;  // embedding, layers, final norm, head
   // ZeRO-3 over the whole mesh (core/src/distributed/sharded_params.h): a rank keeps 1/world of each
   // parameter's value and fp32 grad (and its master and moments: the optimizer's plan).
-  // A frozen base (an adapter run) is replicated, not sharded.
-  const int64_t shards = in.base_frozen ? 1 : std::max<int64_t>(1, in.world_size);
+  const int64_t shards = std::max<int64_t>(1, in.world_size);
   const int64_t per_rank = (n + shards - 1) / shards;
   // The optimizer plans its master weights and moments from these (lcx/slots/optimizer.h).
   plan.parameters = n;
@@ -61,7 +60,7 @@ void plan_dense_decoder(const PlanInputs& in, MemoryPlan& plan, const DenseDecod
     plan.gemm_parameters = 0;
     if (in.base_trained_parameters > 0)
       plan.add("gradients", "fp32 gradients of the modules trained whole", PlanCategory::gradients,
-               in.base_trained_parameters * 4, plan_phase::always);
+               (in.base_trained_parameters + shards - 1) / shards * 4, plan_phase::always);
   } else if (in.grad_dtype == DType::f32 || shards > 1) {
     plan.add("gradients", "fp32 gradients", PlanCategory::gradients, per_rank * 4, plan_phase::always);
   } else {
@@ -74,14 +73,18 @@ void plan_dense_decoder(const PlanInputs& in, MemoryPlan& plan, const DenseDecod
   if (shards > 1) {
     // Gathered around each layer: the full values for its forward, values and zeroed fp32 grads
     // for its recompute + backward until reduce_grads; the head's for the loss.
+    // A frozen base gathers its values alone (the norms an adapter trains whole are left out: a
+    // few [H] per layer).
     const int64_t lp = layer_params(s);
+    const int64_t grad_bytes = in.base_frozen ? 0 : 4;
     plan.add("gathered_layer", "one layer's gathered weights", PlanCategory::communication, lp * ab,
              plan_phase::forward);
     for (const char* phase : {plan_phase::mlp_backward, plan_phase::backward})
-      plan.add("gathered_layer_grads", "one layer's gathered weights + full fp32 grads", PlanCategory::communication,
-               lp * (ab + 4), phase);
-    plan.add("gathered_head", "gathered head weight + its full fp32 grad", PlanCategory::communication,
-             s.V * s.H * (ab + 4), plan_phase::loss);
+      plan.add("gathered_layer_grads", in.base_frozen ? "one layer's gathered weights (frozen: no grads)"
+                                                      : "one layer's gathered weights + full fp32 grads",
+               PlanCategory::communication, lp * (ab + grad_bytes), phase);
+    plan.add("gathered_head", in.head_frozen ? "gathered head weight (frozen: no grad)" : "gathered head weight + its full fp32 grad",
+             PlanCategory::communication, s.V * s.H * (ab + (in.head_frozen ? 0 : 4)), plan_phase::loss);
   }
 
   // The attention half runs one head group at a time: nq query and nkv kv heads, per token q, qr,

@@ -206,9 +206,18 @@ class Lora final : public Adapter {
       if (o_.targets[static_cast<size_t>(m)]) per_layer += o_.r * (shapes[static_cast<size_t>(m)].first + shapes[static_cast<size_t>(m)].second);
     const int64_t n = per_layer * c.num_layers;
     const int64_t ab = static_cast<int64_t>(dtype_size(in.weight_dtype)), gb = static_cast<int64_t>(dtype_size(in.grad_dtype));
-    plan.add("lora_weights", str("LoRA factors A, B (", n, ")"), PlanCategory::weights, n * ab, plan_phase::always);
-    plan.add("lora_gradients", str("LoRA factors' gradients (", dtype_name(in.grad_dtype), ")"), PlanCategory::gradients,
-             n * gb, plan_phase::always);
+    // Sharded over the ranks with the base (ZeRO-3), a layer's factors gathered around its work.
+    const int64_t shards = std::max<int64_t>(1, in.world_size), per_rank = (n + shards - 1) / shards;
+    plan.add("lora_weights", str("LoRA factors A, B (", n, ")"), PlanCategory::weights, per_rank * ab, plan_phase::always);
+    plan.add("lora_gradients", str("LoRA factors' gradients (", dtype_name(shards > 1 ? DType::f32 : in.grad_dtype), ")"),
+             PlanCategory::gradients, per_rank * (shards > 1 ? 4 : gb), plan_phase::always);
+    if (shards > 1) {
+      plan.add("lora_gathered_layer", "one layer's gathered LoRA factors", PlanCategory::communication, per_layer * ab,
+               plan_phase::forward);
+      for (const char* phase : {plan_phase::mlp_backward, plan_phase::backward})
+        plan.add("lora_gathered_layer_grads", "one layer's gathered LoRA factors + full fp32 grads",
+                 PlanCategory::communication, per_layer * (ab + 4), phase);
+    }
     plan.parameters += n;
     plan.gemm_parameters += n;
 

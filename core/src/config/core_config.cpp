@@ -342,7 +342,6 @@ CoreConfig read_core_config(const Manifest& m, const std::vector<std::string>& p
     need(v, "nproc_per_node", d.nproc_per_node, d.nproc_per_node <= kMaxRanksPerNode, str("at most ", kMaxRanksPerNode),
          "one rank per GPU of the node (8 on an HGX node); more nodes are started by torchrun or srun");
     d.shard_parameters = v.get_bool("shard_parameters", d.shard_parameters);
-    d.shard_parameters_set = v.has("shard_parameters");
     d.virtual_ranks = v.get_bool("virtual_ranks", d.virtual_ranks);
     d.timeout_s = v.get_double("timeout_s", d.timeout_s);
     need(v, "timeout_s", d.timeout_s, d.timeout_s > 0 && !std::isnan(d.timeout_s), "must be > 0 (seconds per collective)");

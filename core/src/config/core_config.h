@@ -108,7 +108,6 @@ struct DistributedConfig {
   // Parameters, gradients and optimizer state split across all ranks (ZeRO-3); else replicated
   // with gradients all-reduced.
   bool shard_parameters = true;
-  bool shard_parameters_set = false;  // the manifest says so (an adapter run turns the default off)
   // Thread-ranks in one process sharing one GPU (tests and debugging) instead of one process per GPU.
   bool virtual_ranks = false;
   double timeout_s = 600;  // per collective

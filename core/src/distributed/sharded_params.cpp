@@ -23,9 +23,10 @@ ShardedParams::ShardedParams(std::vector<Parameter*> params, Communicator& comm)
     const Device d = p->value.device();
     e.shard.name = p->name;
     e.shard.decay = p->decay;
+    e.shard.frozen = p->frozen;
     e.shard.value = Tensor::zeros({shard}, p->value.dtype(), d, MemoryCategory::weights);
     if (end > begin) e.shard.value.rows(0, end - begin).copy_from(p->value.view({e.numel}).rows(begin, end));
-    e.shard.grad = Tensor::zeros({shard}, DType::f32, d, MemoryCategory::gradients);
+    if (!p->frozen) e.shard.grad = Tensor::zeros({shard}, DType::f32, d, MemoryCategory::gradients);
     p->value = Tensor();
     p->grad = Tensor();
     by_name_[p->name] = entries_.size();
@@ -35,7 +36,8 @@ ShardedParams::ShardedParams(std::vector<Parameter*> params, Communicator& comm)
 
 std::vector<Parameter*> ShardedParams::shards() {
   std::vector<Parameter*> out;
-  for (auto& e : entries_) out.push_back(&e.shard);
+  for (auto& e : entries_)
+    if (!e.shard.frozen) out.push_back(&e.shard);
   return out;
 }
 
@@ -80,7 +82,7 @@ void ShardedParams::gather(const std::vector<std::string>& names, bool with_grad
   for (const auto& n : names) {
     Entry& e = entry(n);
     if (e.gathering) finish_gather(e);
-    if (with_grads && !e.full_grad.defined()) {
+    if (with_grads && !e.param->frozen && !e.full_grad.defined()) {
       // The padding stays zero: backward only writes the view.
       e.full_grad = Tensor::zeros({e.shard.value.numel() * comm_.size()}, DType::f32, e.shard.value.device(),
                                   MemoryCategory::gradients);
@@ -102,6 +104,7 @@ void ShardedParams::release(const std::vector<std::string>& names) {
 void ShardedParams::reduce_grads_async(const std::vector<std::string>& names) {
   for (const auto& n : names) {
     Entry& e = entry(n);
+    if (e.param->frozen) continue;  // no gradient: every rank skips it alike
     LCX_CHECK(e.full_grad.defined(), "reduce_grads(", n, ") without gather(..., with_grads=true) first");
     Reduction r{&e, nullptr, std::move(e.full_grad),
                 Tensor::empty(e.shard.grad.shape(), DType::f32, e.shard.grad.device(), MemoryCategory::communication)};
@@ -127,7 +130,8 @@ void ShardedParams::reduce_grads(const std::vector<std::string>& names) {
 
 void ShardedParams::zero_grads() {
   LCX_CHECK(reductions_.empty(), "zero_grads with reductions in flight: finish_grads() first");
-  for (auto& e : entries_) e.shard.grad.zero();
+  for (auto& e : entries_)
+    if (e.shard.grad.defined()) e.shard.grad.zero();
 }
 
 double ShardedParams::grad_norm() {
@@ -135,7 +139,8 @@ double ShardedParams::grad_norm() {
   double sq = 0;
   {
     ProfileScope scope(OpKind::optimizer, "grad_norm");
-    for (const auto& e : entries_) sq += adamw::sum_squares(e.shard.grad);
+    for (const auto& e : entries_)
+      if (e.shard.grad.defined()) sq += adamw::sum_squares(e.shard.grad);
   }
   comm_.all_reduce(std::span<double>(&sq, 1));
   return std::sqrt(sq);

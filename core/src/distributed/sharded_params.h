@@ -39,8 +39,10 @@ class ShardedParams {
   ShardedParams(const ShardedParams&) = delete;
   ShardedParams& operator=(const ShardedParams&) = delete;
 
-  // One Parameter per model parameter, same name and decay flag: value [shard] in the model's
-  // dtype and device, grad fp32 [shard]. Hand these to AdamW and to checkpoints.
+  // One Parameter per trained parameter, same name and decay flag: value [shard] in the model's
+  // dtype and device, grad fp32 [shard]. Hand these to AdamW and to checkpoints. A frozen
+  // parameter (Parameter::frozen) is sharded and gathered as the others, but has no gradient:
+  // gather(with_grads) gives it none, reduce_grads skips it, and shards() leaves it out.
   std::vector<Parameter*> shards();
   int64_t shard_numel(const std::string& name) const;
   // Names that start with `prefix` ("model.layers.3."), in the model's order.

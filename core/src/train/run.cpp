@@ -247,11 +247,6 @@ void Run::load_or_init_weights(const std::string& resume_dir) {
   Adapter& adapter = *slots_.adapter;
   const bool resumed = !resume_dir.empty() && adapter.saved_in(resume_dir);
   adapter.attach(model(), AdapterContext{device_, dtype_, static_cast<uint64_t>(cfg_.run.seed), resumed ? resume_dir : ""});
-  if (!adapter.active()) return;
-  if (cfg_.distributed.shard_parameters && cfg_.distributed.shard_parameters_set && world_size() > 1)
-    throw Error(str("the adapter '", slots_.providers.count(LCX_SLOT_ADAPTER) ? slots_.providers.at(LCX_SLOT_ADAPTER).name : "", "' trains beside a frozen base, which ZeRO-3 ",
-                    "sharding does not hold yet"),
-                "distributed.shard_parameters", "set distributed.shard_parameters = false (the adapter is small; the base is replicated)");
 }
 
 void Run::load_base_weights(const std::string& resume_dir) {
@@ -286,13 +281,11 @@ void Run::configure_step() {
 
 void Run::shard_parameters() {
   if (!rank_.world || !cfg_.distributed.shard_parameters || world_size() <= 1) return;
-  // An adapter run replicates its frozen base and the small factors (ZeRO-3's default is off for it;
-  // asked for by key, it was refused in load_or_init_weights).
-  if (slots_.adapter->active()) {
-    if (lead()) log::info("distributed: the frozen base and the adapter are replicated on every rank (no ZeRO-3 sharding)");
-    return;
-  }
-  shards_ = std::make_unique<ShardedParams>(model().parameters(), *rank_.world);
+  // The adapter's factors shard beside the model's parameters (they are named as the layer's),
+  // and the frozen base shards without gradients.
+  std::vector<Parameter*> params = model().parameters();
+  for (Parameter* p : slots_.adapter->parameters()) params.push_back(p);
+  shards_ = std::make_unique<ShardedParams>(params, *rank_.world);
   hooks_ = std::make_unique<ShardingHooks>(*shards_, static_cast<int>(model().config().num_layers));
   step_.hooks = hooks_.get();
 }
