@@ -616,12 +616,13 @@ class Qwen3Model final : public Model {
     a.q = act({T, hg.nq * d}, h1);
     a.k = act({T, hg.nkv * d}, h1);
     a.v = act({T, hg.nkv * d}, h1);
-    ops::matmul(h1, false, q_rows(W(L.q), hg), true, a.q);
-    ops::matmul(h1, false, kv_rows(W(L.k), hg), true, a.k);
-    ops::matmul(h1, false, kv_rows(W(L.v), hg), true, a.v);
-    if (lo.q) ops::matmul(lo.uq, false, q_rows(lo.q->b->value, hg), true, a.q, lo.q->scale, 1.f);
-    if (lo.k) ops::matmul(lo.uk, false, kv_rows(lo.k->b->value, hg), true, a.k, lo.k->scale, 1.f);
-    if (lo.v) ops::matmul(lo.uv, false, kv_rows(lo.v->b->value, hg), true, a.v, lo.v->scale, 1.f);
+    // An adapter's update first (u @ B's rows of the group), the projection accumulating onto it.
+    if (lo.q) ops::matmul(lo.uq, false, q_rows(lo.q->b->value, hg), true, a.q, lo.q->scale);
+    if (lo.k) ops::matmul(lo.uk, false, kv_rows(lo.k->b->value, hg), true, a.k, lo.k->scale);
+    if (lo.v) ops::matmul(lo.uv, false, kv_rows(lo.v->b->value, hg), true, a.v, lo.v->scale);
+    ops::matmul(h1, false, q_rows(W(L.q), hg), true, a.q, 1.f, lo.q ? 1.f : 0.f);
+    ops::matmul(h1, false, kv_rows(W(L.k), hg), true, a.k, 1.f, lo.k ? 1.f : 0.f);
+    ops::matmul(h1, false, kv_rows(W(L.v), hg), true, a.v, 1.f, lo.v ? 1.f : 0.f);
     a.qr = act({T * hg.nq, d}, h1);
     a.kr = act({T * hg.nkv, d}, h1);
     a.rstd_q = f32({T * hg.nq}, h1);

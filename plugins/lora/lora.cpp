@@ -243,17 +243,19 @@ class Lora final : public Adapter {
       plan.add("lora_attention_backward", "LoRA: h1 @ A^T, scale dx1 @ Bo, fp32 sums of dq @ Bq (k, v) [T,r]",
                PlanCategory::transient, back, plan_phase::backward);
 
-    // The work: per adapted projection and layer, the forward's two thin GEMMs (again in the
-    // recompute) and the backward's five; each reads or writes the full [T, in] or [T, out]
-    // side once, which is what they cost (r is far below what keeps a GEMM compute-bound).
-    const double t = static_cast<double>(T);
+    // The work, per adapted projection and layer: u = x A^T and the update y = scale u B^T in the
+    // forward and again in the recompute (y written first, the projection's GEMM reading it in
+    // its epilogue); in the backward g = scale dy B, dx (+)= g A, dA += g^T x, u again and
+    // dB += scale dy^T u. Each reads or writes the full [T, in] or [T, out] side once, which is
+    // what they cost: r is far below what keeps a GEMM compute-bound. 5 passes over [T, in] and
+    // 4 over [T, out] in all.
+    const double t = static_cast<double>(T), L = static_cast<double>(c.num_layers), rr = static_cast<double>(r);
     for (int m = 0; m < kLinearCount; ++m) {
       if (!o_.targets[static_cast<size_t>(m)]) continue;
       const double out = static_cast<double>(shapes[static_cast<size_t>(m)].first),
                    inn = static_cast<double>(shapes[static_cast<size_t>(m)].second);
-      const double L = static_cast<double>(c.num_layers);
-      plan.work.gemm_flops += L * 2 * t * static_cast<double>(r) * (inn + out) * 2 * 3.5;
-      plan.work.memory_bytes += L * t * static_cast<double>(ab) * (6 * inn + 6 * out);
+      plan.work.gemm_flops += L * 2 * t * rr * (5 * inn + 4 * out);
+      plan.work.memory_bytes += L * t * static_cast<double>(ab) * (5 * inn + 4 * out);
     }
   }
 

@@ -2,6 +2,8 @@
 // [T,I] (swiglu_forward writes act in one pass, so three tensors where PyTorch holds four); the
 // backward recomputes them and adds dact, dgate, dup. An adapted projection adds its low-rank
 // update (lcx/slots/adapter.h); a frozen weight (its grad undefined) gets no gradient GEMM.
+#include <utility>
+
 #include "lcx/defaults.h"
 #include "lcx/ops.h"
 #include "lcx/plan.h"
@@ -18,8 +20,7 @@ class WholeMlp final : public MlpStrategy {
     project_in(x, w, gate, up);
     Tensor act = Tensor::empty({T, I}, x.dtype(), x.device());
     ops::swiglu_forward(gate, up, act);
-    ops::matmul(act, false, w.down, true, out);
-    if (w.down_lr) lowrank_forward(act, *w.down_lr, out);
+    project(act, w.down, w.down_lr, out);
   }
 
   void backward(const Tensor& x, const MlpWeights& w, const Tensor& dout, Tensor& dx, MlpWeights& grad) override {
@@ -32,24 +33,29 @@ class WholeMlp final : public MlpStrategy {
     ops::swiglu_forward(gate, up, act);
     Tensor dact = Tensor::empty({T, I}, dt, dev);
     if (grad.down.defined()) ops::matmul(dout, true, act, false, grad.down, 1.f, 1.f);
-    ops::matmul(dout, false, w.down, false, dact);
-    if (w.down_lr) lowrank_backward(act, dout, *w.down_lr, dact);
+    // An adapter's input gradient first, the projection's GEMM accumulating onto it.
+    if (w.down_lr) lowrank_backward(act, dout, *w.down_lr, dact, 0.f);
+    ops::matmul(dout, false, w.down, false, dact, 1.f, w.down_lr ? 1.f : 0.f);
     Tensor dgate = Tensor::empty({T, I}, dt, dev), dup = Tensor::empty({T, I}, dt, dev);
     ops::swiglu_backward(gate, up, dact, dgate, dup);
     if (grad.gate.defined()) ops::matmul(dgate, true, x, false, grad.gate, 1.f, 1.f);
     if (grad.up.defined()) ops::matmul(dup, true, x, false, grad.up, 1.f, 1.f);
-    ops::matmul(dgate, false, w.gate, false, dx);
+    float beta = 0.f;
+    if (w.gate_lr) lowrank_backward(x, dgate, *w.gate_lr, dx, std::exchange(beta, 1.f));
+    if (w.up_lr) lowrank_backward(x, dup, *w.up_lr, dx, std::exchange(beta, 1.f));
+    ops::matmul(dgate, false, w.gate, false, dx, 1.f, beta);
     ops::matmul(dup, false, w.up, false, dx, 1.f, 1.f);
-    if (w.gate_lr) lowrank_backward(x, dgate, *w.gate_lr, dx);
-    if (w.up_lr) lowrank_backward(x, dup, *w.up_lr, dx);
   }
 
+  // out = x @ w^T, with the adapter's update written first and the GEMM accumulating onto it.
+  static void project(const Tensor& x, const Tensor& w, const LowRank* lr, Tensor& out) {
+    if (lr) lowrank_forward(x, *lr, out, 0.f);
+    ops::matmul(x, false, w, true, out, 1.f, lr ? 1.f : 0.f);
+  }
   // gate = x @ Wg^T and up = x @ Wu^T, each with its adapter's update.
   static void project_in(const Tensor& x, const MlpWeights& w, Tensor& gate, Tensor& up) {
-    ops::matmul(x, false, w.gate, true, gate);
-    ops::matmul(x, false, w.up, true, up);
-    if (w.gate_lr) lowrank_forward(x, *w.gate_lr, gate);
-    if (w.up_lr) lowrank_forward(x, *w.up_lr, up);
+    project(x, w.gate, w.gate_lr, gate);
+    project(x, w.up, w.up_lr, up);
   }
 
   void plan(const PlanInputs& in, MemoryPlan& plan) const override {

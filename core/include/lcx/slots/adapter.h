@@ -71,10 +71,12 @@ class Adapter : public Plugin {
   virtual void plan(const PlanInputs& /*in*/, MemoryPlan& /*plan*/) const {}
 };
 
-// y += scale * (x A^T) B^T over x [T, in], y [T, out] (both in the activations' dtype).
-void lowrank_forward(const Tensor& x, const LowRank& lr, Tensor& y);
-// The backward of lowrank_forward: dx += scale * (dy B) A, and the factors' gradients
-// accumulate: dA += scale * (dy B)^T x, dB += scale * dy^T (x A^T).
-void lowrank_backward(const Tensor& x, const Tensor& dy, const LowRank& lr, Tensor& dx);
+// y = beta * y + scale * (x A^T) B^T over x [T, in], y [T, out] (both in the activations' dtype).
+// Written first (beta 0) and the projection's own GEMM then accumulating onto it (beta 1), the
+// update costs one write of y: the large GEMM reads it in its epilogue, where it is hidden.
+void lowrank_forward(const Tensor& x, const LowRank& lr, Tensor& y, float beta = 1.f);
+// The backward of lowrank_forward: dx = dx_beta * dx + scale * (dy B) A, and the factors'
+// gradients accumulate: dA += scale * (dy B)^T x, dB += scale * dy^T (x A^T).
+void lowrank_backward(const Tensor& x, const Tensor& dy, const LowRank& lr, Tensor& dx, float dx_beta = 1.f);
 
 }  // namespace lcx
