@@ -207,9 +207,14 @@ std::string format_plan(const MemoryPlan& plan, const PlanInputs& in, const Plan
   o << "  dtypes: weights and activations " << dtype_name(in.weight_dtype) << ", master "
     << (in.master_dtype == DType::f32 ? "fp32" : "none (moments in the weights' dtype)") << "; grad_accum "
     << in.grad_accum << "\n";
-  o << "  providers: loss " << slots.loss_name << ", positional_encoding " << slots.positional_name << ", memory_strategy "
-    << slots.memory_name << ", parallelism " << slots.parallel_name << ", optimizer " << slots.optimizer_name << ", model "
-    << slots.model_name << "\n\n";
+  // Every slot's provider, in the table's order.
+  o << "  providers:";
+  const char* sep = " ";
+  for_each_slot([&]<class T>(const SlotRow<T>& row) {
+    o << sep << row.name << " " << slots.name_of<T>();
+    sep = ", ";
+  });
+  o << "\n\n";
 
   const MemoryPlan::Peak peak = plan.peak(), allocated = plan.peak(false);
   const MemoryPlan::Peak transient = plan.largest_transient();
