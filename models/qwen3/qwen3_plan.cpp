@@ -61,6 +61,10 @@ void plan_dense_decoder(const PlanInputs& in, MemoryPlan& plan, const DenseDecod
     if (in.base_trained_parameters > 0)
       plan.add("gradients", "fp32 gradients of the modules trained whole", PlanCategory::gradients,
                (in.base_trained_parameters + shards - 1) / shards * 4, plan_phase::always);
+    // The norm kernels always write a weight gradient: a frozen norm's goes to one discarded
+    // buffer per norm size ([H] and [d]), made at the first backward and kept.
+    plan.add("frozen_norm_scratch", "frozen norms' discarded weight gradients [H], [d] fp32", PlanCategory::gradients,
+             (s.H + (s.d != s.H ? s.d : 0)) * 4, plan_phase::always);
   } else if (in.grad_dtype == DType::f32 || shards > 1) {
     plan.add("gradients", "fp32 gradients", PlanCategory::gradients, per_rank * 4, plan_phase::always);
   } else {
