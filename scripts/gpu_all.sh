@@ -11,17 +11,7 @@ root=$PWD
 # summary, since the GPU machine returns only a few files.
 result=${OUT:-}
 out=$(mktemp -d /tmp/lcx-gpu-all.XXXXXX)
-# Test binaries know the build and source folders by the paths they were built at; point those
-# paths at this copy so fixtures, plugins and lcx-train are found.
-built_src=$(cat .bundle/source_dir 2>/dev/null)
-built_build=$(cat .bundle/build_dir 2>/dev/null)
-if [[ -n $built_src && $built_src != "$root" && ! -e $built_src ]]; then
-  mkdir -p "$(dirname "$built_src")"
-  ln -sfn "$root" "$built_src"
-fi
-ln -sfn "$root/.bundle" "$root/build"
-[[ -n $built_build && ! -e $built_build ]] && ln -sfn "$root/.bundle" "$built_build"
-source scripts/gpu_env.sh "$root/.bundle"
+source scripts/gpu_bundle.sh
 
 [[ ${TESTS:-1} != 0 ]] && LCX_MEMCHECK=${LCX_MEMCHECK:-0} LCX_BENCH=${LCX_BENCH:-0} \
   LCX_GPU_TESTS=${LCX_GPU_TESTS:-"test_parity test_dist_gpu test_cp_ring_gpu test_sp_ulysses_gpu test_offload test_tiled_mlp test_core test_e2e_dist_train test_multi_gpu test_loss_chunked_gpu test_lora"} \

@@ -12,15 +12,7 @@ set -uo pipefail
 root=$PWD
 result=${OUT:-/tmp/lcx-lora}
 out=$(mktemp -d /tmp/lcx-lora.XXXXXX)
-built_src=$(cat .bundle/source_dir 2>/dev/null)
-built_build=$(cat .bundle/build_dir 2>/dev/null)
-if [[ -n $built_src && $built_src != "$root" && ! -e $built_src ]]; then
-  mkdir -p "$(dirname "$built_src")"
-  ln -sfn "$root" "$built_src"
-fi
-ln -sfn "$root/.bundle" "$root/build"
-[[ -n $built_build && ! -e $built_build ]] && ln -sfn "$root/.bundle" "$built_build"
-source scripts/gpu_env.sh "$root/.bundle"
+source scripts/gpu_bundle.sh
 summary=$out/summary.md
 : >"$summary"
 
