@@ -276,6 +276,77 @@ std::vector<OpCase> copy_columns_cases() {
   return cases;
 }
 
+// Mixture-of-experts routing: Qwen3-30B-A3B's 128 experts, top-8. The experts chosen and the
+// permutation are integers and must agree exactly; the weights and the combine at fp32's
+// tolerance (the GPU's expf and FMAs differ from the CPU's in the last bits).
+std::vector<OpCase> moe_route_cases() {
+  std::vector<OpCase> cases;
+  for (DType t : kDtypes)
+    for (bool norm : {true, false})
+      cases.push_back({str("[1000,128] top-8", norm ? " renormalized " : " ", dtype_name(t)), [=](Device d, std::mt19937& rng) {
+                         const Tensor logits = at(d, host_normal({1000, 128}, t, rng));
+                         Tensor w = poisoned({1000, 8}, DType::f32, d), p = poisoned({1000, 128}, DType::f32, d);
+                         Tensor ex = Tensor::zeros({1000, 8}, DType::i32, d);
+                         ops::moe_route(logits, 8, norm, w, ex, &p);
+                         return std::vector<Output>{out("weights", w), out("experts", ex.to(Device::cpu()).to(DType::f32), kExact),
+                                                    out("probs", p)};
+                       }});
+  return cases;
+}
+
+Tensor random_experts(int64_t n, int64_t E, std::mt19937& rng, Device d) {
+  Tensor ex = Tensor::empty({n}, DType::i32);
+  for (int64_t i = 0; i < n; ++i) ex.data_as<int32_t>()[i] = static_cast<int32_t>(rng() % static_cast<uint32_t>(E));
+  return ex.to(d);
+}
+
+std::vector<OpCase> moe_permute_cases() {
+  std::vector<OpCase> cases;
+  for (int64_t n : {int64_t{8000}, int64_t{65536 * 8 + 3}})
+    cases.push_back({str(n, " slots over 128 experts"), [=](Device d, std::mt19937& rng) {
+                       const Tensor ex = random_experts(n, 128, rng, d);
+                       Tensor order = Tensor::zeros({n}, DType::i32, d), pos = Tensor::zeros({n}, DType::i32, d),
+                              off = Tensor::zeros({129}, DType::i64, d);
+                       ops::moe_permute(ex, 128, order, pos, off);
+                       auto f = [](const Tensor& t) { return t.to(Device::cpu()).to(DType::f32); };
+                       return std::vector<Output>{out("order", f(order), kExact), out("position", f(pos), kExact),
+                                                  out("offsets", f(off), kExact)};
+                     }});
+  return cases;
+}
+
+std::vector<OpCase> gather_rows_cases() {
+  std::vector<OpCase> cases;
+  for (DType t : kDtypes)
+    cases.push_back({str("[1000,2048] by 8000 slots of top-8 ", dtype_name(t)), [=](Device d, std::mt19937& rng) {
+                       const Tensor x = at(d, host_normal({1000, 2048}, t, rng));
+                       const Tensor rows = random_experts(8000, 8000, rng, d);
+                       Tensor o = poisoned({8000, 2048}, t, d);
+                       ops::gather_rows(x, rows, 8, o);
+                       return std::vector<Output>{out("out", o, kExact)};
+                     }});
+  return cases;
+}
+
+std::vector<OpCase> moe_combine_cases() {
+  std::vector<OpCase> cases;
+  for (DType t : kDtypes)
+    cases.push_back({str("[8000,2048] -> [1000,2048] top-8 ", dtype_name(t)), [=](Device d, std::mt19937& rng) {
+                       const Tensor y = at(d, host_normal({8000, 2048}, t, rng));
+                       const Tensor logits = host_normal({1000, 128}, DType::f32, rng);
+                       // Routing and permutation on the CPU, the same on both sides: the combine alone is compared.
+                       Tensor wc = Tensor::zeros({1000, 8}, DType::f32), exc = Tensor::zeros({1000, 8}, DType::i32);
+                       ops::moe_route(logits, 8, true, wc, exc, nullptr);
+                       Tensor order = Tensor::zeros({8000}, DType::i32), pos = Tensor::zeros({8000}, DType::i32),
+                              off = Tensor::zeros({129}, DType::i64);
+                       ops::moe_permute(exc, 128, order, pos, off);
+                       Tensor o = poisoned({1000, 2048}, t, d);
+                       ops::moe_combine(y, pos.to(d), wc.to(d), o);
+                       return std::vector<Output>{out("out", o)};
+                     }});
+  return cases;
+}
+
 using test::AttnCase;
 
 // bf16/fp16 with head_dim 64 or 128 reach the fast kernels (cuDNN where it takes the call, else
@@ -425,6 +496,10 @@ const std::map<std::string, std::vector<OpCase>>& op_table() {
       {"scale_inplace", scale_cases()},
       {"cast", cast_cases()},
       {"copy_columns", copy_columns_cases()},
+      {"moe_route", moe_route_cases()},
+      {"moe_permute", moe_permute_cases()},
+      {"gather_rows", gather_rows_cases()},
+      {"moe_combine", moe_combine_cases()},
       {"attention_forward", attention_cases(false)},
       {"attention_backward", attention_cases(true)},
       {"cross_entropy_forward_backward", cross_entropy_cases()},

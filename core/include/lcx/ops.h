@@ -90,4 +90,23 @@ double cross_entropy_forward_backward(const Tensor& logits, const Tensor& target
 void cross_entropy_chunk(const Tensor& logits, const Tensor& targets, float grad_scale, Tensor& row_loss,
                          Tensor* dlogits);
 
+
+// Mixture-of-experts routing as transformers' Qwen3MoeSparseMoeBlock computes it: the softmax of
+// the router logits [T,E] (any float dtype) in fp32, its k largest per row (descending, ties to the
+// lower expert), renormalized to sum 1 when norm_topk. Writes weights fp32 [T,k], experts int32
+// [T,k] and, when given, probs fp32 [T,E] (the whole softmax, which the load-balancing loss reads).
+void moe_route(const Tensor& logits, int64_t k, bool norm_topk, Tensor& weights, Tensor& experts, Tensor* probs);
+// The T*k (token, choice) slots (slot s = t*k + j) sorted by expert, stably (slot order within an
+// expert), the same on every backend: order int32 [T*k] is the slot at each sorted place,
+// position int32 [T*k] the sorted place of each slot (order's inverse), offsets int64 [E+1] where
+// each expert's rows begin (offsets[E] = T*k). No expert is dropped, however many rows it gets.
+void moe_permute(const Tensor& experts, int64_t num_experts, Tensor& order, Tensor& position, Tensor& offsets);
+// out[i] = x[rows[i] / divide] over x [T,H], rows int32 [N], out [N,H] of x's dtype (bytes only);
+// with moe_permute's order and divide = k, each expert's tokens in sorted order.
+void gather_rows(const Tensor& x, const Tensor& rows, int64_t divide, Tensor& out);
+// out[t] = sum over j of weights[t,j] * y[position[t*k + j]], in fp32, rounded once: y [T*k,H] the
+// experts' outputs in sorted order, position int32 [T*k] (moe_permute's), weights fp32 [T,k],
+// out [T,H]. Each row sums its own k terms in order: no atomics, the same bits every run.
+void moe_combine(const Tensor& y, const Tensor& position, const Tensor& weights, Tensor& out);
+
 }  // namespace lcx::ops

@@ -298,6 +298,74 @@ void copy_columns(const Tensor& src, int64_t src_col, Tensor& dst, int64_t dst_c
   LCX_ROUTE(cuda, copy_columns, src, src_col, dst, dst_col, cols);
 }
 
+void moe_route(const Tensor& logits, int64_t k, bool norm_topk, Tensor& weights, Tensor& experts, Tensor* probs) {
+  const char* op = "moe_route";
+  const bool cuda = probs ? on_cuda(op, {{"logits", &logits}, {"weights", &weights}, {"experts", &experts}, {"probs", probs}})
+                          : on_cuda(op, {{"logits", &logits}, {"weights", &weights}, {"experts", &experts}});
+  need_float(op, "logits", logits);
+  need_dim(op, "logits", logits, 2);
+  const int64_t T = logits.size(0), E = logits.size(1);
+  if (k < 1 || k > E) fail(op, str("top-k of ", k, " over ", E, " experts: k must be in [1, ", E, "]"));
+  need_dtype(op, "weights", weights, DType::f32);
+  need_shape(op, "weights", weights, {T, k}, "logits", logits);
+  need_dtype(op, "experts", experts, DType::i32);
+  need_shape(op, "experts", experts, {T, k}, "logits", logits);
+  if (probs) {
+    need_dtype(op, "probs", *probs, DType::f32);
+    need_shape(op, "probs", *probs, {T, E}, "logits", logits);
+  }
+  ProfileScope scope(OpKind::other, op);
+  LCX_ROUTE(cuda, moe_route, logits, k, norm_topk, weights, experts, probs);
+}
+
+void moe_permute(const Tensor& experts, int64_t num_experts, Tensor& order, Tensor& position, Tensor& offsets) {
+  const char* op = "moe_permute";
+  const bool cuda = on_cuda(op, {{"experts", &experts}, {"order", &order}, {"position", &position}, {"offsets", &offsets}});
+  need_dtype(op, "experts", experts, DType::i32);
+  if (num_experts < 1) fail(op, str(num_experts, " experts"));
+  const int64_t n = experts.numel();
+  need_dtype(op, "order", order, DType::i32);
+  need_dtype(op, "position", position, DType::i32);
+  need_dtype(op, "offsets", offsets, DType::i64);
+  if (order.numel() != n || position.numel() != n)
+    fail(op, str(desc("order", order), " and ", desc("position", position), " must hold one entry per slot of ",
+                 desc("experts", experts)));
+  if (offsets.numel() != num_experts + 1) fail(op, str(desc("offsets", offsets), " must hold ", num_experts + 1, " entries"));
+  if (n >= (int64_t{1} << 31)) fail(op, str(n, " slots do not fit int32 indices"));
+  ProfileScope scope(OpKind::other, op);
+  LCX_ROUTE(cuda, moe_permute, experts, num_experts, order, position, offsets);
+}
+
+void gather_rows(const Tensor& x, const Tensor& rows, int64_t divide, Tensor& out) {
+  const char* op = "gather_rows";
+  const bool cuda = on_cuda(op, {{"x", &x}, {"rows", &rows}, {"out", &out}});
+  need_dim(op, "x", x, 2);
+  need_dtype(op, "rows", rows, DType::i32);
+  need_dtype(op, "out", out, x.dtype());
+  need_shape(op, "out", out, {rows.numel(), x.size(1)}, "rows", rows);
+  if (divide < 1) fail(op, str("divide = ", divide, " must be >= 1"));
+  ProfileScope scope(OpKind::copy, op);
+  LCX_ROUTE(cuda, gather_rows, x, rows, divide, out);
+}
+
+void moe_combine(const Tensor& y, const Tensor& position, const Tensor& weights, Tensor& out) {
+  const char* op = "moe_combine";
+  const bool cuda = on_cuda(op, {{"y", &y}, {"position", &position}, {"weights", &weights}, {"out", &out}});
+  need_float(op, "y", y);
+  need_dim(op, "y", y, 2);
+  need_dtype(op, "weights", weights, DType::f32);
+  need_dim(op, "weights", weights, 2);
+  const int64_t T = weights.size(0), k = weights.size(1);
+  need_dtype(op, "position", position, DType::i32);
+  if (position.numel() != T * k || y.size(0) != T * k)
+    fail(op, str(desc("y", y), " and ", desc("position", position), " must hold the T*k = ", T * k, " slots of ",
+                 desc("weights", weights)));
+  need_float(op, "out", out);
+  need_shape(op, "out", out, {T, y.size(1)}, "y", y);
+  ProfileScope scope(OpKind::other, op);
+  LCX_ROUTE(cuda, moe_combine, y, position, weights, out);
+}
+
 namespace {
 // Checks q, k, v, out, lse and returns the params with a zero scale resolved to 1/sqrt(d).
 AttentionParams check_attention(const char* op, const Tensor& q, const Tensor& k, const Tensor& v,

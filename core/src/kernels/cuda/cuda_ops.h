@@ -26,6 +26,10 @@ void add_inplace(Tensor& acc, const Tensor& x);
 void scale_inplace(Tensor& x, float s);
 void cast(const Tensor& src, Tensor& dst);
 void copy_columns(const Tensor& src, int64_t src_col, Tensor& dst, int64_t dst_col, int64_t cols);
+void moe_route(const Tensor& logits, int64_t k, bool norm_topk, Tensor& weights, Tensor& experts, Tensor* probs);
+void moe_permute(const Tensor& experts, int64_t num_experts, Tensor& order, Tensor& position, Tensor& offsets);
+void gather_rows(const Tensor& x, const Tensor& rows, int64_t divide, Tensor& out);
+void moe_combine(const Tensor& y, const Tensor& position, const Tensor& weights, Tensor& out);
 // dst.nbytes() bytes of host memory into dst, in order on the current stream. Unlike Tensor::to,
 // whose synchronous copy waits for the whole device, the host goes on queueing work; `host` may
 // be freed on return (pageable memory is staged before the call returns).
