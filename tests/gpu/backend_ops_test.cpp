@@ -347,6 +347,41 @@ std::vector<OpCase> moe_combine_cases() {
   return cases;
 }
 
+std::vector<OpCase> moe_combine_backward_cases() {
+  std::vector<OpCase> cases;
+  for (DType t : kDtypes)
+    cases.push_back({str("[1000,2048] top-8 of 128 ", dtype_name(t)), [=](Device d, std::mt19937& rng) {
+                       const Tensor dout = at(d, host_normal({1000, 2048}, t, rng)), y = at(d, host_normal({8000, 2048}, t, rng));
+                       const Tensor logits = host_normal({1000, 128}, DType::f32, rng);
+                       Tensor w = Tensor::zeros({1000, 8}, DType::f32), ex = Tensor::zeros({1000, 8}, DType::i32);
+                       ops::moe_route(logits, 8, true, w, ex, nullptr);
+                       Tensor order = Tensor::zeros({8000}, DType::i32), pos = Tensor::zeros({8000}, DType::i32),
+                              off = Tensor::zeros({129}, DType::i64);
+                       ops::moe_permute(ex, 128, order, pos, off);
+                       Tensor dy = poisoned({8000, 2048}, t, d), dw = poisoned({1000, 8}, DType::f32, d);
+                       ops::moe_combine_backward(dout, y, order.to(d), pos.to(d), w.to(d), dy, dw);
+                       return std::vector<Output>{out("dy", dy), out("dweights", dw)};
+                     }});
+  return cases;
+}
+
+std::vector<OpCase> moe_route_backward_cases() {
+  std::vector<OpCase> cases;
+  for (bool norm : {true, false})
+    cases.push_back({str("[1000,128] top-8", norm ? " renormalized" : "", " with the aux gradient"), [=](Device d, std::mt19937& rng) {
+                       const Tensor logits = host_normal({1000, 128}, DType::f32, rng);
+                       const Tensor dw = host_normal({1000, 8}, DType::f32, rng), aux = host_normal({128}, DType::f32, rng);
+                       Tensor w = Tensor::zeros({1000, 8}, DType::f32), ex = Tensor::zeros({1000, 8}, DType::i32),
+                              p = Tensor::zeros({1000, 128}, DType::f32);
+                       ops::moe_route(logits, 8, norm, w, ex, &p);
+                       Tensor dl = poisoned({1000, 128}, DType::f32, d);
+                       const Tensor auxd = aux.to(d);
+                       ops::moe_route_backward(p.to(d), ex.to(d), w.to(d), dw.to(d), norm, &auxd, dl);
+                       return std::vector<Output>{out("dlogits", dl)};
+                     }});
+  return cases;
+}
+
 using test::AttnCase;
 
 // bf16/fp16 with head_dim 64 or 128 reach the fast kernels (cuDNN where it takes the call, else
@@ -500,6 +535,8 @@ const std::map<std::string, std::vector<OpCase>>& op_table() {
       {"moe_permute", moe_permute_cases()},
       {"gather_rows", gather_rows_cases()},
       {"moe_combine", moe_combine_cases()},
+      {"moe_combine_backward", moe_combine_backward_cases()},
+      {"moe_route_backward", moe_route_backward_cases()},
       {"attention_forward", attention_cases(false)},
       {"attention_backward", attention_cases(true)},
       {"cross_entropy_forward_backward", cross_entropy_cases()},

@@ -72,7 +72,9 @@ TEST(MoePermute, GroupsSlotsByExpertStablyWithOffsetsAndInverse) {
     EXPECT_EQ(f[e + 1] - f[e], count) << "expert " << e;
     for (int64_t i = f[e]; i < f[e + 1]; ++i) {
       EXPECT_EQ(ex.data_as<int32_t>()[o[i]], e);
-      if (i > f[e]) EXPECT_LT(o[i - 1], o[i]) << "not stable";
+      if (i > f[e]) {
+        EXPECT_LT(o[i - 1], o[i]) << "not stable";
+      }
     }
   }
   for (int64_t s = 0; s < T * k; ++s) EXPECT_EQ(o[p[s]], s);
@@ -103,6 +105,63 @@ TEST(MoeCombine, GatherThenCombineIsTheWeightedSumOfEachTokensRows) {
   Tensor out = Tensor::empty({T, H}, DType::f32);
   ops::moe_combine(y, pos, w, out);
   for (int64_t i = 0; i < T * H; ++i) EXPECT_NEAR(out.data_as<float>()[i], 2.f * x.data_as<float>()[i], 1e-5);
+}
+
+// L = sum dweights . weights(logits) + sum_t aux . probs_t(logits): moe_route_backward's dlogits
+// against central differences, with and without the renormalization.
+TEST(MoeRoute, BackwardMatchesFiniteDifferences) {
+  const int64_t T = 6, E = 7, k = 3;
+  Tensor logits = random_logits(T, E, 11);
+  const Tensor dw = random_logits(T, k, 12), aux = random_logits(1, E, 13).view({E});
+  for (bool norm : {false, true}) {
+    auto loss = [&](const Tensor& l) {
+      Tensor w = Tensor::empty({T, k}, DType::f32), ex = Tensor::empty({T, k}, DType::i32), p = Tensor::empty({T, E}, DType::f32);
+      ops::moe_route(l, k, norm, w, ex, &p);
+      double sum = 0;
+      for (int64_t i = 0; i < T * k; ++i) sum += static_cast<double>(dw.data_as<float>()[i]) * w.data_as<float>()[i];
+      for (int64_t i = 0; i < T * E; ++i) sum += static_cast<double>(aux.data_as<float>()[i % E]) * p.data_as<float>()[i];
+      return sum;
+    };
+    Tensor w = Tensor::empty({T, k}, DType::f32), ex = Tensor::empty({T, k}, DType::i32), p = Tensor::empty({T, E}, DType::f32);
+    ops::moe_route(logits, k, norm, w, ex, &p);
+    Tensor dl = Tensor::empty({T, E}, DType::f32);
+    ops::moe_route_backward(p, ex, w, dw, norm, &aux, dl);
+    for (int64_t i = 0; i < T * E; ++i) {
+      const float saved = logits.data_as<float>()[i], h = 1e-3f;
+      logits.data_as<float>()[i] = saved + h;
+      const double up = loss(logits);
+      logits.data_as<float>()[i] = saved - h;
+      const double down = loss(logits);
+      logits.data_as<float>()[i] = saved;
+      EXPECT_NEAR(dl.data_as<float>()[i], (up - down) / (2 * h), 2e-3) << (norm ? "norm " : "") << "logit " << i;
+    }
+  }
+}
+
+// L = sum g . moe_combine(y, weights): dy and dweights against the definition.
+TEST(MoeCombine, BackwardIsTheTransposeOfTheCombine) {
+  const int64_t T = 20, k = 2, E = 4, H = 8;
+  const Tensor logits = random_logits(T, E, 21);
+  Tensor w = Tensor::empty({T, k}, DType::f32), ex = Tensor::empty({T, k}, DType::i32);
+  ops::moe_route(logits, k, true, w, ex, nullptr);
+  Tensor order = Tensor::empty({T * k}, DType::i32), pos = Tensor::empty({T * k}, DType::i32),
+         off = Tensor::empty({E + 1}, DType::i64);
+  ops::moe_permute(ex, E, order, pos, off);
+  const Tensor y = random_logits(T * k, H, 22), g = random_logits(T, H, 23);
+  Tensor dy = Tensor::empty({T * k, H}, DType::f32), dw = Tensor::empty({T, k}, DType::f32);
+  ops::moe_combine_backward(g, y, order, pos, w, dy, dw);
+  const float* G = g.data_as<float>();
+  const float* Y = y.data_as<float>();
+  for (int64_t i = 0; i < T * k; ++i) {
+    const int64_t slot = order.data_as<int32_t>()[i];
+    for (int64_t h = 0; h < H; ++h)
+      EXPECT_FLOAT_EQ(dy.data_as<float>()[i * H + h], w.data_as<float>()[slot] * G[(slot / k) * H + h]);
+  }
+  for (int64_t slot = 0; slot < T * k; ++slot) {
+    double want = 0;
+    for (int64_t h = 0; h < H; ++h) want += static_cast<double>(G[(slot / k) * H + h]) * Y[pos.data_as<int32_t>()[slot] * H + h];
+    EXPECT_NEAR(dw.data_as<float>()[slot], want, 1e-5);
+  }
 }
 
 TEST(MoeRoute, RefusesATopKLargerThanTheExperts) {

@@ -108,5 +108,18 @@ void gather_rows(const Tensor& x, const Tensor& rows, int64_t divide, Tensor& ou
 // experts' outputs in sorted order, position int32 [T*k] (moe_permute's), weights fp32 [T,k],
 // out [T,H]. Each row sums its own k terms in order: no atomics, the same bits every run.
 void moe_combine(const Tensor& y, const Tensor& position, const Tensor& weights, Tensor& out);
+// The backward of moe_combine: dy[i] = w[s] * dout[s / k] for the slot s = order[i] at sorted
+// place i (dy [T*k,H] in y's sorted order), dweights[s] = dot(dout[s / k], y[position[s]]) in fp32.
+// The input's gradient through gather_rows is moe_combine of the experts' input gradients with
+// unit weights.
+void moe_combine_backward(const Tensor& dout, const Tensor& y, const Tensor& order, const Tensor& position,
+                          const Tensor& weights, Tensor& dy, Tensor& dweights);
+// The backward of moe_route from the gradient of its weights (dweights fp32 [T,k]) and, when
+// given, aux_grad fp32 [E]: a gradient added to every token's whole-softmax probability of expert e
+// (the load-balancing loss's, already scaled). Through the renormalization (norm_topk), the top-k
+// pick and the softmax; writes dlogits [T,E] (any float dtype). probs, experts and weights are
+// moe_route's outputs.
+void moe_route_backward(const Tensor& probs, const Tensor& experts, const Tensor& weights, const Tensor& dweights,
+                        bool norm_topk, const Tensor* aux_grad, Tensor& dlogits);
 
 }  // namespace lcx::ops

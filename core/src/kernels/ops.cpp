@@ -366,6 +366,58 @@ void moe_combine(const Tensor& y, const Tensor& position, const Tensor& weights,
   LCX_ROUTE(cuda, moe_combine, y, position, weights, out);
 }
 
+void moe_combine_backward(const Tensor& dout, const Tensor& y, const Tensor& order, const Tensor& position,
+                          const Tensor& weights, Tensor& dy, Tensor& dweights) {
+  const char* op = "moe_combine_backward";
+  const bool cuda = on_cuda(op, {{"dout", &dout}, {"y", &y}, {"order", &order}, {"position", &position},
+                                 {"weights", &weights}, {"dy", &dy}, {"dweights", &dweights}});
+  need_float(op, "dout", dout);
+  need_dim(op, "dout", dout, 2);
+  need_dtype(op, "weights", weights, DType::f32);
+  need_dim(op, "weights", weights, 2);
+  const int64_t T = weights.size(0), k = weights.size(1), H = dout.size(1);
+  need_shape(op, "y", y, {T * k, H}, "weights", weights);
+  need_float(op, "dy", dy);
+  need_shape(op, "dy", dy, {T * k, H}, "y", y);
+  need_dtype(op, "order", order, DType::i32);
+  need_dtype(op, "position", position, DType::i32);
+  if (order.numel() != T * k || position.numel() != T * k || dout.size(0) != T)
+    fail(op, str(desc("order", order), ", ", desc("position", position), " and ", desc("dout", dout),
+                 " must match the ", T, " tokens and ", T * k, " slots of ", desc("weights", weights)));
+  need_dtype(op, "dweights", dweights, DType::f32);
+  need_shape(op, "dweights", dweights, {T, k}, "weights", weights);
+  ProfileScope scope(OpKind::other, op);
+  LCX_ROUTE(cuda, moe_combine_backward, dout, y, order, position, weights, dy, dweights);
+}
+
+void moe_route_backward(const Tensor& probs, const Tensor& experts, const Tensor& weights, const Tensor& dweights,
+                        bool norm_topk, const Tensor* aux_grad, Tensor& dlogits) {
+  const char* op = "moe_route_backward";
+  const bool cuda = aux_grad ? on_cuda(op, {{"probs", &probs}, {"experts", &experts}, {"weights", &weights},
+                                            {"dweights", &dweights}, {"aux_grad", aux_grad}, {"dlogits", &dlogits}})
+                             : on_cuda(op, {{"probs", &probs}, {"experts", &experts}, {"weights", &weights},
+                                            {"dweights", &dweights}, {"dlogits", &dlogits}});
+  need_dtype(op, "probs", probs, DType::f32);
+  need_dim(op, "probs", probs, 2);
+  const int64_t T = probs.size(0), E = probs.size(1);
+  need_dtype(op, "experts", experts, DType::i32);
+  need_dim(op, "experts", experts, 2);
+  const int64_t k = experts.size(1);
+  need_shape(op, "experts", experts, {T, k}, "probs", probs);
+  need_dtype(op, "weights", weights, DType::f32);
+  need_shape(op, "weights", weights, {T, k}, "experts", experts);
+  need_dtype(op, "dweights", dweights, DType::f32);
+  need_shape(op, "dweights", dweights, {T, k}, "experts", experts);
+  if (aux_grad) {
+    need_dtype(op, "aux_grad", *aux_grad, DType::f32);
+    need_shape(op, "aux_grad", *aux_grad, {E}, "probs", probs);
+  }
+  need_float(op, "dlogits", dlogits);
+  need_shape(op, "dlogits", dlogits, {T, E}, "probs", probs);
+  ProfileScope scope(OpKind::other, op);
+  LCX_ROUTE(cuda, moe_route_backward, probs, experts, weights, dweights, norm_topk, aux_grad, dlogits);
+}
+
 namespace {
 // Checks q, k, v, out, lse and returns the params with a zero scale resolved to 1/sqrt(d).
 AttentionParams check_attention(const char* op, const Tensor& q, const Tensor& k, const Tensor& v,

@@ -31,6 +31,10 @@ void moe_route(const Tensor& logits, int64_t k, bool norm_topk, Tensor& weights,
 void moe_permute(const Tensor& experts, int64_t num_experts, Tensor& order, Tensor& position, Tensor& offsets);
 void gather_rows(const Tensor& x, const Tensor& rows, int64_t divide, Tensor& out);
 void moe_combine(const Tensor& y, const Tensor& position, const Tensor& weights, Tensor& out);
+void moe_combine_backward(const Tensor& dout, const Tensor& y, const Tensor& order, const Tensor& position,
+                          const Tensor& weights, Tensor& dy, Tensor& dweights);
+void moe_route_backward(const Tensor& probs, const Tensor& experts, const Tensor& weights, const Tensor& dweights,
+                        bool norm_topk, const Tensor* aux_grad, Tensor& dlogits);
 void attention_forward(const Tensor& q, const Tensor& k, const Tensor& v, Tensor& out, Tensor& lse,
                        const AttentionParams& p);
 void attention_backward(const Tensor& q, const Tensor& k, const Tensor& v, const Tensor& out, const Tensor& lse,

@@ -87,4 +87,49 @@ void moe_combine(const Tensor& y, const Tensor& position, const Tensor& weights,
   }
 }
 
+void moe_combine_backward(const Tensor& dout, const Tensor& y, const Tensor& order, const Tensor& position,
+                          const Tensor& weights, Tensor& dy, Tensor& dweights) {
+  const int64_t T = weights.size(0), k = weights.size(1), H = dout.size(1);
+  const int32_t* ord = order.data_as<const int32_t>();
+  const int32_t* pos = position.data_as<const int32_t>();
+  const float* w = weights.data_as<const float>();
+  std::vector<float> d(static_cast<size_t>(H)), row(static_cast<size_t>(H));
+  for (int64_t i = 0; i < T * k; ++i) {
+    const int64_t s = ord[i];
+    load_f32(dout, (s / k) * H, H, d.data());
+    for (float& v : d) v *= w[s];
+    store_f32(d.data(), H, dy, i * H);
+  }
+  float* dw = dweights.data_as<float>();
+  for (int64_t s = 0; s < T * k; ++s) {
+    load_f32(dout, (s / k) * H, H, d.data());
+    load_f32(y, static_cast<int64_t>(pos[s]) * H, H, row.data());
+    float acc = 0;
+    for (int64_t h = 0; h < H; ++h) acc += d[static_cast<size_t>(h)] * row[static_cast<size_t>(h)];
+    dw[s] = acc;
+  }
+}
+
+void moe_route_backward(const Tensor& probs, const Tensor& experts, const Tensor& weights, const Tensor& dweights,
+                        bool norm_topk, const Tensor* aux_grad, Tensor& dlogits) {
+  const int64_t T = probs.size(0), E = probs.size(1), k = experts.size(1);
+  std::vector<float> g(static_cast<size_t>(E));
+  for (int64_t t = 0; t < T; ++t) {
+    const float* p = probs.data_as<const float>() + t * E;
+    const int32_t* ex = experts.data_as<const int32_t>() + t * k;
+    const float* w = weights.data_as<const float>() + t * k;
+    const float* dw = dweights.data_as<const float>() + t * k;
+    for (int64_t e = 0; e < E; ++e) g[static_cast<size_t>(e)] = aux_grad ? aux_grad->data_as<const float>()[e] : 0.f;
+    // Through the renormalization w_j = r_j / sum(r): dr_j = (dw_j - sum_i dw_i w_i) / sum(r).
+    float dot = 0, picked = 0;
+    for (int64_t j = 0; j < k; ++j) dot += dw[j] * w[j], picked += p[ex[j]];
+    for (int64_t j = 0; j < k; ++j) g[static_cast<size_t>(ex[j])] += norm_topk ? (dw[j] - dot) / picked : dw[j];
+    // Through the softmax: dlogit_e = p_e (g_e - sum_f p_f g_f).
+    float pg = 0;
+    for (int64_t e = 0; e < E; ++e) pg += p[e] * g[static_cast<size_t>(e)];
+    for (int64_t e = 0; e < E; ++e) g[static_cast<size_t>(e)] = p[e] * (g[static_cast<size_t>(e)] - pg);
+    store_f32(g.data(), E, dlogits, t * E);
+  }
+}
+
 }  // namespace lcx::ops::cpu

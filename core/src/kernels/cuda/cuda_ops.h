@@ -30,6 +30,10 @@ void moe_route(const Tensor& logits, int64_t k, bool norm_topk, Tensor& weights,
 void moe_permute(const Tensor& experts, int64_t num_experts, Tensor& order, Tensor& position, Tensor& offsets);
 void gather_rows(const Tensor& x, const Tensor& rows, int64_t divide, Tensor& out);
 void moe_combine(const Tensor& y, const Tensor& position, const Tensor& weights, Tensor& out);
+void moe_combine_backward(const Tensor& dout, const Tensor& y, const Tensor& order, const Tensor& position,
+                          const Tensor& weights, Tensor& dy, Tensor& dweights);
+void moe_route_backward(const Tensor& probs, const Tensor& experts, const Tensor& weights, const Tensor& dweights,
+                        bool norm_topk, const Tensor* aux_grad, Tensor& dlogits);
 // dst.nbytes() bytes of host memory into dst, in order on the current stream. Unlike Tensor::to,
 // whose synchronous copy waits for the whole device, the host goes on queueing work; `host` may
 // be freed on return (pageable memory is staged before the call returns).

@@ -125,6 +125,51 @@ __global__ void combine_kernel(const void* y, DType ty, const int32_t* position,
   }
 }
 
+// One thread per element of dy: its slot's weight times its token's dout row.
+__global__ void combine_bwd_dy_kernel(const void* dout, DType td, const int32_t* order, const float* weights,
+                                      int64_t N, int k, int64_t H, void* dy, DType ty) {
+  for (int64_t i = blockIdx.x * int64_t(blockDim.x) + threadIdx.x; i < N * H; i += int64_t(gridDim.x) * blockDim.x) {
+    const int64_t r = i / H, h = i % H, s = order[r];
+    st(dy, ty, i, weights[s] * ld(dout, td, (s / k) * H + h));
+  }
+}
+
+// One warp per slot: the dot of its token's dout row with its expert's output row.
+__global__ void combine_bwd_dw_kernel(const void* dout, DType td, const void* y, DType ty, const int32_t* position,
+                                      int64_t N, int k, int64_t H, float* dweights) {
+  const int64_t warps = int64_t(gridDim.x) * (blockDim.x / 32);
+  for (int64_t s = (blockIdx.x * int64_t(blockDim.x) + threadIdx.x) / 32; s < N; s += warps) {
+    float acc = 0;
+    for (int64_t h = threadIdx.x % 32; h < H; h += 32)
+      acc += ld(dout, td, (s / k) * H + h) * ld(y, ty, int64_t(position[s]) * H + h);
+    acc = lcx::cuda::warp_sum(acc);
+    if (threadIdx.x % 32 == 0) dweights[s] = acc;
+  }
+}
+
+// One thread per token, as the CPU twin's loop.
+__global__ void route_bwd_kernel(const float* probs, const int32_t* experts, const float* weights, const float* dweights,
+                                 int64_t T, int E, int k, bool norm, const float* aux, void* dlogits, DType tl) {
+  for (int64_t t = blockIdx.x * int64_t(blockDim.x) + threadIdx.x; t < T; t += int64_t(gridDim.x) * blockDim.x) {
+    const float* p = probs + t * E;
+    const int32_t* ex = experts + t * k;
+    const float* w = weights + t * k;
+    const float* dw = dweights + t * k;
+    float dot = 0, picked = 0;
+    for (int j = 0; j < k; ++j) dot += dw[j] * w[j], picked += p[ex[j]];
+    // g_e = aux_e + (the top-k term where e was picked); dlogit_e = p_e (g_e - sum_f p_f g_f).
+    auto g_of = [&](int e) {
+      float g = aux ? aux[e] : 0.f;
+      for (int j = 0; j < k; ++j)
+        if (ex[j] == e) g += norm ? (dw[j] - dot) / picked : dw[j];
+      return g;
+    };
+    float pg = 0;
+    for (int e = 0; e < E; ++e) pg += p[e] * g_of(e);
+    for (int e = 0; e < E; ++e) st(dlogits, tl, t * E + e, p[e] * (g_of(e) - pg));
+  }
+}
+
 }  // namespace
 
 void moe_route(const Tensor& logits, int64_t k, bool norm_topk, Tensor& weights, Tensor& experts, Tensor* probs) {
@@ -173,6 +218,31 @@ void moe_combine(const Tensor& y, const Tensor& position, const Tensor& weights,
   combine_kernel<<<lcx::cuda::grid_for(T * H, kThreads), kThreads, 0, lcx::cuda::current_stream()>>>(
       y.data(), y.dtype(), position.data_as<int32_t>(), weights.data_as<float>(), T, static_cast<int>(weights.size(1)),
       H, out.data(), out.dtype());
+  LCX_CUDA_CHECK(cudaGetLastError());
+}
+
+void moe_combine_backward(const Tensor& dout, const Tensor& y, const Tensor& order, const Tensor& position,
+                          const Tensor& weights, Tensor& dy, Tensor& dweights) {
+  const int64_t T = weights.size(0), k = weights.size(1), H = dout.size(1), N = T * k;
+  if (N * H == 0) return;
+  cudaStream_t s = lcx::cuda::current_stream();
+  combine_bwd_dy_kernel<<<lcx::cuda::grid_for(N * H, kThreads), kThreads, 0, s>>>(
+      dout.data(), dout.dtype(), order.data_as<int32_t>(), weights.data_as<float>(), N, static_cast<int>(k), H, dy.data(),
+      dy.dtype());
+  combine_bwd_dw_kernel<<<lcx::cuda::grid_for(N * 32, kThreads), kThreads, 0, s>>>(
+      dout.data(), dout.dtype(), y.data(), y.dtype(), position.data_as<int32_t>(), N, static_cast<int>(k), H,
+      dweights.data_as<float>());
+  LCX_CUDA_CHECK(cudaGetLastError());
+}
+
+void moe_route_backward(const Tensor& probs, const Tensor& experts, const Tensor& weights, const Tensor& dweights,
+                        bool norm_topk, const Tensor* aux_grad, Tensor& dlogits) {
+  const int64_t T = probs.size(0);
+  if (T == 0) return;
+  route_bwd_kernel<<<lcx::cuda::grid_for(T, kThreads), kThreads, 0, lcx::cuda::current_stream()>>>(
+      probs.data_as<float>(), experts.data_as<int32_t>(), weights.data_as<float>(), dweights.data_as<float>(), T,
+      static_cast<int>(probs.size(1)), static_cast<int>(experts.size(1)), norm_topk,
+      aux_grad ? aux_grad->data_as<float>() : nullptr, dlogits.data(), dlogits.dtype());
   LCX_CUDA_CHECK(cudaGetLastError());
 }
 
