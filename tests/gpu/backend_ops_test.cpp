@@ -17,6 +17,7 @@
 #include "gpu/attention_shapes.h"
 #include "gpu/gpu_test_util.h"
 #include "lcx/ops.h"
+#include "support/moe_routing.h"
 
 namespace lcx::test {
 namespace {
@@ -333,15 +334,10 @@ std::vector<OpCase> moe_combine_cases() {
   for (DType t : kDtypes)
     cases.push_back({str("[8000,2048] -> [1000,2048] top-8 ", dtype_name(t)), [=](Device d, std::mt19937& rng) {
                        const Tensor y = at(d, host_normal({8000, 2048}, t, rng));
-                       const Tensor logits = host_normal({1000, 128}, DType::f32, rng);
                        // Routing and permutation on the CPU, the same on both sides: the combine alone is compared.
-                       Tensor wc = Tensor::zeros({1000, 8}, DType::f32), exc = Tensor::zeros({1000, 8}, DType::i32);
-                       ops::moe_route(logits, 8, true, wc, exc, nullptr);
-                       Tensor order = Tensor::zeros({8000}, DType::i32), pos = Tensor::zeros({8000}, DType::i32),
-                              off = Tensor::zeros({129}, DType::i64);
-                       ops::moe_permute(exc, 128, order, pos, off);
+                       const Routed r = route_on_host(host_normal({1000, 128}, DType::f32, rng), 8);
                        Tensor o = poisoned({1000, 2048}, t, d);
-                       ops::moe_combine(y, pos.to(d), wc.to(d), o);
+                       ops::moe_combine(y, r.position.to(d), r.weights.to(d), o);
                        return std::vector<Output>{out("out", o)};
                      }});
   return cases;
@@ -352,14 +348,9 @@ std::vector<OpCase> moe_combine_backward_cases() {
   for (DType t : kDtypes)
     cases.push_back({str("[1000,2048] top-8 of 128 ", dtype_name(t)), [=](Device d, std::mt19937& rng) {
                        const Tensor dout = at(d, host_normal({1000, 2048}, t, rng)), y = at(d, host_normal({8000, 2048}, t, rng));
-                       const Tensor logits = host_normal({1000, 128}, DType::f32, rng);
-                       Tensor w = Tensor::zeros({1000, 8}, DType::f32), ex = Tensor::zeros({1000, 8}, DType::i32);
-                       ops::moe_route(logits, 8, true, w, ex, nullptr);
-                       Tensor order = Tensor::zeros({8000}, DType::i32), pos = Tensor::zeros({8000}, DType::i32),
-                              off = Tensor::zeros({129}, DType::i64);
-                       ops::moe_permute(ex, 128, order, pos, off);
+                       const Routed r = route_on_host(host_normal({1000, 128}, DType::f32, rng), 8);
                        Tensor dy = poisoned({8000, 2048}, t, d), dw = poisoned({1000, 8}, DType::f32, d);
-                       ops::moe_combine_backward(dout, y, order.to(d), pos.to(d), w.to(d), dy, dw);
+                       ops::moe_combine_backward(dout, y, r.order.to(d), r.position.to(d), r.weights.to(d), dy, dw);
                        return std::vector<Output>{out("dy", dy), out("dweights", dw)};
                      }});
   return cases;

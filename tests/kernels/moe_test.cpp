@@ -11,6 +11,7 @@
 
 #include "lcx/error.h"
 #include "lcx/ops.h"
+#include "support/moe_routing.h"
 
 namespace lcx {
 namespace {
@@ -87,12 +88,8 @@ TEST(MoePermute, GroupsSlotsByExpertStablyWithOffsetsAndInverse) {
 
 TEST(MoeCombine, GatherThenCombineIsTheWeightedSumOfEachTokensRows) {
   const int64_t T = 50, k = 2, E = 5, H = 24;
-  const Tensor logits = random_logits(T, E, 7);
-  Tensor w = Tensor::empty({T, k}, DType::f32), ex = Tensor::empty({T, k}, DType::i32);
-  ops::moe_route(logits, k, true, w, ex, nullptr);
-  Tensor order = Tensor::empty({T * k}, DType::i32), pos = Tensor::empty({T * k}, DType::i32),
-         off = Tensor::empty({E + 1}, DType::i64);
-  ops::moe_permute(ex, E, order, pos, off);
+  const test::Routed r = test::route_on_host(random_logits(T, E, 7), k);
+  const Tensor &w = r.weights, &order = r.order, &pos = r.position;
   const Tensor x = random_logits(T, H, 9);
   Tensor sorted = Tensor::empty({T * k, H}, DType::f32);
   ops::gather_rows(x, order, k, sorted);
@@ -141,12 +138,8 @@ TEST(MoeRoute, BackwardMatchesFiniteDifferences) {
 // L = sum g . moe_combine(y, weights): dy and dweights against the definition.
 TEST(MoeCombine, BackwardIsTheTransposeOfTheCombine) {
   const int64_t T = 20, k = 2, E = 4, H = 8;
-  const Tensor logits = random_logits(T, E, 21);
-  Tensor w = Tensor::empty({T, k}, DType::f32), ex = Tensor::empty({T, k}, DType::i32);
-  ops::moe_route(logits, k, true, w, ex, nullptr);
-  Tensor order = Tensor::empty({T * k}, DType::i32), pos = Tensor::empty({T * k}, DType::i32),
-         off = Tensor::empty({E + 1}, DType::i64);
-  ops::moe_permute(ex, E, order, pos, off);
+  const test::Routed r = test::route_on_host(random_logits(T, E, 21), k);
+  const Tensor &w = r.weights, &order = r.order, &pos = r.position;
   const Tensor y = random_logits(T * k, H, 22), g = random_logits(T, H, 23);
   Tensor dy = Tensor::empty({T * k, H}, DType::f32), dw = Tensor::empty({T, k}, DType::f32);
   ops::moe_combine_backward(g, y, order, pos, w, dy, dw);
