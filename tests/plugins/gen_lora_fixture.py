@@ -11,7 +11,10 @@ with A and B random (B non-zero, so every gradient carries signal), the norms tr
 (modules_to_save = ["norm"]: every module whose name ends with "norm", as PEFT matches them), the
 rest frozen. The fixture folder is a PEFT adapter folder (adapter_config.json,
 adapter_model.safetensors with PEFT's key names) plus expected.safetensors: the ids and labels (the
-base fixture's), the loss (fp64) and the gradient of every A, B and norm, fp32.
+base fixture's), the loss and the gradient of every A, B and norm. The step is run twice, in fp32
+and again in fp64 from the same values: the fp64 one is the reference (`loss`, `grad.*`, rounded to
+fp32 once), the fp32 one is kept beside it (`loss32`, `grad32.*`) so the test can say how far
+PyTorch's own fp32 step is from it, the noise floor any fp32 implementation sits on.
 
     python3 tests/plugins/gen_lora_fixture.py --out tests/plugins/fixtures/lora
 """
@@ -73,22 +76,37 @@ def main():
 
     ref = load_file(os.path.join(args.base_dir, "expected.safetensors"))
     ids, labels = ref["input_ids"].unsqueeze(0), ref["labels"].unsqueeze(0)
-    out = model(input_ids=ids, labels=labels)
-    out.loss.backward()
+    # The adapter's values are saved before the fp64 cast: fp32 -> fp64 is exact, so both steps start
+    # from the values lcx reads.
+    values = {}
+    for stem, m in adapters.items():
+        values[f"base_model.model.{stem}.lora_A.weight"] = m.lora_A.detach().clone().contiguous()
+        values[f"base_model.model.{stem}.lora_B.weight"] = m.lora_B.detach().clone().contiguous()
+    for name, p in saved.items():
+        values["base_model.model." + name] = p.detach().clone().contiguous()
+    trained = {f"base_model.model.{stem}.lora_{w}.weight": (m, w) for stem, m in adapters.items() for w in "AB"}
+
+    def step():
+        out = model(input_ids=ids, labels=labels)
+        out.loss.backward()
+        grads = {k: (m.lora_A if w == "A" else m.lora_B).grad.detach().float().contiguous()
+                 for k, (m, w) in trained.items()}
+        grads.update({"base_model.model." + n: p.grad.detach().float().contiguous() for n, p in saved.items()})
+        for p in model.parameters():
+            p.grad = None
+        return out.loss.detach().double().reshape(1), grads
+
+    loss32, grads32 = step()
+    model.double()
+    loss64, grads64 = step()
 
     shutil.rmtree(args.out, ignore_errors=True)
     os.makedirs(args.out)
-    tensors, record = {}, {"input_ids": ids[0].clone(), "labels": labels[0].clone(),
-                           "loss": out.loss.detach().double().reshape(1)}
-    for stem, m in adapters.items():
-        for which, p in (("A", m.lora_A), ("B", m.lora_B)):
-            key = f"base_model.model.{stem}.lora_{which}.weight"
-            tensors[key] = p.detach().contiguous()
-            record["grad." + key] = p.grad.detach().contiguous()
-    for name, p in saved.items():
-        key = "base_model.model." + name
-        tensors[key] = p.detach().contiguous()
-        record["grad." + key] = p.grad.detach().contiguous()
+    tensors = values
+    record = {"input_ids": ids[0].clone(), "labels": labels[0].clone(), "loss": loss64, "loss32": loss32}
+    for key in grads64:
+        record["grad." + key] = grads64[key]
+        record["grad32." + key] = grads32[key]
     save_file(tensors, os.path.join(args.out, "adapter_model.safetensors"), metadata={"format": "pt"})
     save_file(record, os.path.join(args.out, "expected.safetensors"),
               metadata={"transformers": transformers.__version__, "torch": torch.__version__, "base": BASE})
@@ -98,8 +116,11 @@ def main():
               "inference_mode": False}
     with open(os.path.join(args.out, "adapter_config.json"), "w") as f:
         json.dump(config, f, indent=2)
-    print(f"lora fixture over {BASE}: loss {out.loss.item():.6f}, {len(adapters)} adapted projections, "
-          f"{len(saved)} norms trained whole, into {args.out}")
+    rel = lambda a, b: ((a.double() - b.double()).norm() / b.double().norm()).item()
+    worst32 = max(rel(grads32[k], grads64[k]) for k in grads64)
+    print(f"lora fixture over {BASE}: loss {loss64.item():.9f} (fp32 step {loss32.item():.9f}), "
+          f"{len(adapters)} adapted projections, {len(saved)} norms trained whole, PyTorch fp32 vs fp64: worst "
+          f"gradient rel L2 {worst32:.2e}, into {args.out}")
 
 
 if __name__ == "__main__":
