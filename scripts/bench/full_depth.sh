@@ -8,7 +8,8 @@
 #     scripts/bench/full_depth.sh build
 # A variant is name:plugins(+-joined)[:lcx-train flags, commas for spaces]. TORCH_ARGS=--offload runs
 # the peer with its activation offload. Each row shows the measured peaks (GPU allocated, pinned
-# host) beside the plan's, which lcx-train logs at the start ("plan: GPU peak ...").
+# host) beside the plan's, which lcx-train logs at the start ("memory   planned per GPU: ...").
+# PROFILE=0 leaves the first variant's second step untraced (timing every variant alike).
 # The trained full-depth step at the longest length one device call finishes, beside PyTorch with
 # its offload (issue 22):
 #   FULL_CASES="qwen3-4b:262144" STEPS=1 TORCH=0 TESTS=0 scripts/gpu_all.sh   (one lcx step, ~4-5 min)
@@ -27,7 +28,7 @@ for v in $variants; do
   flags=""
   [[ $rest == *:* ]] && flags=${rest#*:}
   flags=${flags//,/ }
-  [[ $first == 1 ]] && flags="$flags --profile"
+  [[ $first == 1 && ${PROFILE:-1} != 0 ]] && flags="$flags --profile"
   OUT=$out/$name PLUGINS="${plugins//+/ }" MASTER=${MASTER:-bf16} TORCH=$((first && ${TORCH:-1})) LCX_ARGS="$flags" CASES="$cases" \
     LCX_STEP_TIMEOUT=${LCX_STEP_TIMEOUT:-400} scripts/bench/step_bench.sh "$build" >"$out/$name.out" 2>&1
   first=0
@@ -46,10 +47,15 @@ print("|---|---|---|---|---|---|---|---|---|---|---|---|")
 import re
 def planned(log):
     try:
-        m = re.search(r"plan: GPU peak (\d+) B allocated .*pinned host (\d+) B", open(log, errors="replace").read())
+        text = open(log, errors="replace").read()
     except OSError:
         return None
-    return (int(m.group(1)), int(m.group(2))) if m else None
+    # The plan's line for scripts when logged, else the run summary's (GiB to two places).
+    m = re.search(r"plan: peak_bytes=\d+ allocated_bytes=(\d+) .*?host_bytes=(\d+)", text)
+    if m:
+        return (int(m.group(1)), int(m.group(2)))
+    m = re.search(r"planned per GPU: peak ([\d.]+) GiB.*?pinned host ([\d.]+) GiB", text)
+    return (float(m.group(1)) * 2**30, float(m.group(2)) * 2**30) if m else None
 for m in sorted(glob.glob(f"{out}/*/*/out/metrics.jsonl")):
     case = m.split("/")[-3]
     variant = m.split("/")[-4]

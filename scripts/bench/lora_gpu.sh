@@ -29,9 +29,19 @@ fi
 
 if [[ -n ${CASES:-} ]]; then
   CASES=$CASES VARIANTS="lora:lora+loss_chunked+offload:--set,lora.r=16,--set,lora.alpha=32 full:loss_chunked+offload" \
-    TORCH_ARGS="--lora 16" OUT=$out/steps LCX_STEP_TIMEOUT=${LCX_STEP_TIMEOUT:-300} \
+    TORCH_ARGS="--lora 16" PROFILE=${PROFILE:-0} OUT=$out/steps LCX_STEP_TIMEOUT=${LCX_STEP_TIMEOUT:-300} \
     scripts/bench/full_depth.sh build >"$out/steps.out" 2>&1
   grep -E "^\|" "$out/steps.out" >>"$summary"
+  # LoRA again within the peer's own peak as its GPU budget (the plan picking the recipe that fits):
+  # "below both at matching budgets".
+  for c in $CASES; do
+    peak=$(python3 -c "import json,sys; print(round(json.load(open(sys.argv[1]))['peak_gib'], 2))" "$out/steps/lora/${c/:/-}/torch.json" 2>/dev/null) || continue
+    CASES=$c VARIANTS="lora_at_peer_peak:lora+loss_chunked+offload+tiled_mlp:--set,lora.r=16,--set,lora.alpha=32,--set,run.gpu_memory=${peak}GiB" \
+      TORCH=0 PROFILE=0 OUT=$out/budget-$c LCX_STEP_TIMEOUT=${LCX_STEP_TIMEOUT:-300} \
+      scripts/bench/full_depth.sh build >"$out/budget-$c.out" 2>&1
+    echo "budget $c = ${peak}GiB (PyTorch's peak):" >>"$summary"
+    grep -E "^\| ${c/:/-}" "$out/budget-$c.out" >>"$summary"
+  done
 fi
 
 if [[ -n ${REHEARSE:-} ]]; then
