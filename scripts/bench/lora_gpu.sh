@@ -11,7 +11,8 @@
 set -uo pipefail
 root=$PWD
 result=${OUT:-/tmp/lcx-lora}
-out=$(mktemp -d /tmp/lcx-lora.XXXXXX)
+out=$result  # written in place: a call cut off at its limit still brings back what finished
+mkdir -p "$out"
 source scripts/gpu_bundle.sh
 summary=$out/summary.md
 : >"$summary"
@@ -63,7 +64,4 @@ if [[ -n ${REHEARSE:-} ]]; then
   done
 fi
 
-mkdir -p "$result"
-tar czf "$result/lora_gpu.tgz" -C "$out" . 2>/dev/null
-cp "$summary" "$result/summary.md"
 cat "$summary"
