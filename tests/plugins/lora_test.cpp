@@ -245,17 +245,22 @@ TEST(Lora, EqualsThePyTorchReference) {
   for (Parameter* p : model->parameters())
     if (!p->frozen) trained.push_back(p);
   ASSERT_EQ(trained.size(), 2u * 7 * 3 + 4 * 3 + 1);  // 3 layers: A and B of 7 projections, 4 norms; the final norm
-  // The reference is PyTorch's step in fp64 (grad.*); its fp32 step (grad32.*) says how far an fp32
-  // implementation lands from it by rounding alone.
-  double worst = 0, worst32 = 0;
+  // The reference is PyTorch's step in fp64 (grad.*). Its fp32 step (grad32.*) lands about 2e-6
+  // from it on this fixture by rounding alone, so the 1e-6 is below what fp32 arithmetic
+  // holds here: each of lcx's gradients must be within 1e-6 or 1.5x PyTorch's own fp32 distance.
+  double worst32 = 0;
   for (Parameter* p : trained) {
     const std::string key = "base_model.model." + p->name;
-    ASSERT_TRUE(expected.has("grad." + key)) << key;
-    const Tensor ref = expected.load("grad." + key, DType::f32);
-    const double d = test::rel_l2(p->grad, ref);
+    ASSERT_TRUE(expected.has("grad." + key) && expected.has("grad32." + key)) << key;
+    worst32 = std::max(worst32, test::rel_l2(expected.load("grad32." + key, DType::f32),
+                                             expected.load("grad." + key, DType::f32)));
+  }
+  const double tolerance = std::max(1e-6, 1.5 * worst32);
+  double worst = 0;
+  for (Parameter* p : trained) {
+    const double d = test::rel_l2(p->grad, expected.load("grad.base_model.model." + p->name, DType::f32));
     worst = std::max(worst, d);
-    EXPECT_LT(d, 1e-6) << p->name;
-    if (expected.has("grad32." + key)) worst32 = std::max(worst32, test::rel_l2(expected.load("grad32." + key, DType::f32), ref));
+    EXPECT_LT(d, tolerance) << p->name;
   }
   std::printf("lora vs PyTorch fp64: loss %.9f (want %.9f), worst gradient rel L2 %.2e (PyTorch's fp32 step: %.2e)\n",
               r.loss_sum / static_cast<double>(r.valid), want, worst, worst32);
