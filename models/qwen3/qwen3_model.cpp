@@ -81,11 +81,18 @@ struct GroupActs {
 };
 
 // The Adapter slot's factors for one layer's attention half (null where a projection is not
-// adapted) and the [T, r] products the layer reuses: h1 @ A^T of q, k and v (shared by every head
-// group, whose rows of B each group adds), and attn @ Ao^T summed over the groups in fp32.
+// adapted) and the products the layer reuses: u^T = A h1^T of q, k and v stacked by rows [sum r, T]
+// (one GEMM where the provider stacks their A's; shared by every head group, whose rows of B each
+// group adds), and attn @ Ao^T [T, r] summed over the groups in fp32.
 struct AttnLora {
   const LowRank *q = nullptr, *k = nullptr, *v = nullptr, *o = nullptr;
-  Tensor uq, uk, uv, uo;
+  std::vector<const LowRank*> in;  // q, k, v's adapted factors, in that order
+  Tensor ut, uo;
+  // lr's rows of a tensor stacked as ut is.
+  Tensor block(const Tensor& stacked, const LowRank* lr) const {
+    const size_t i = static_cast<size_t>(std::find(in.begin(), in.end(), lr) - in.begin());
+    return lowrank_block(stacked, in, i);
+  }
 };
 
 class Qwen3Model final : public Model {
@@ -239,7 +246,7 @@ class Qwen3Model final : public Model {
     } else {
       Tensor rstd1;
       const Tensor h1 = input_norm(L, x, rstd1);
-      lowrank_inputs(lo, h1);
+      adapter_inputs(lo, h1);
       x1 = attention_out(L, h1, ctx, groups, groups == 1 || keep_outputs_ ? &kept : nullptr, false, lo);
     }
     ops::add(x, x1, x1);
@@ -260,7 +267,7 @@ class Qwen3Model final : public Model {
     // (the same bits) rather than held through the MLP; dh1 accumulates in dx.
     Tensor rstd1;
     Tensor h1 = input_norm(L, x, rstd1);
-    lowrank_inputs(lo, h1);
+    adapter_inputs(lo, h1);
     // o_proj's adapter: go = scale * dx1 @ Bo feeds each group's dattn through its columns of Ao.
     Tensor go;
     if (lo.o) {
@@ -273,9 +280,9 @@ class Qwen3Model final : public Model {
       }
       lo.uo = Tensor();
     }
-    // q/k/v's adapters: scale * dq @ Bq (and k, v) summed over the groups in fp32, then one
-    // GEMM each into dx and into dA after the loop.
-    Tensor gq_lr, gk_lr, gv_lr;
+    // q/k/v's adapters: g^T = scale * Bq^T dq^T (and k, v) summed over the groups in fp32, stacked
+    // as u^T is, then dx and the A's gradients after the loop (one GEMM each where stacked).
+    Tensor gt32;
     for (int64_t g = 0; g < groups; ++g) {
       const HeadGroup hg = head_group(g, groups);
       GroupActs a;
@@ -329,13 +336,17 @@ class Qwen3Model final : public Model {
       ops::matmul(dq2, false, q_rows(W(L.q), hg), false, dx, 1.f, g == 0 ? 0.f : 1.f);
       ops::matmul(dk2, false, kv_rows(W(L.k), hg), false, dx, 1.f, 1.f);
       ops::matmul(dv2, false, kv_rows(W(L.v), hg), false, dx, 1.f, 1.f);
-      lowrank_group_backward(lo.q, lo.uq, hg, true, dq2, gq_lr, g);
-      lowrank_group_backward(lo.k, lo.uk, hg, false, dk2, gk_lr, g);
-      lowrank_group_backward(lo.v, lo.uv, hg, false, dv2, gv_lr, g);
+      lowrank_group_backward(lo, lo.q, hg, true, dq2, gt32, g);
+      lowrank_group_backward(lo, lo.k, hg, false, dk2, gt32, g);
+      lowrank_group_backward(lo, lo.v, hg, false, dv2, gt32, g);
     }
-    lowrank_input_backward(lo.q, h1, gq_lr, dx);
-    lowrank_input_backward(lo.k, h1, gk_lr, dx);
-    lowrank_input_backward(lo.v, h1, gv_lr, dx);
+    if (!lo.in.empty()) {
+      lo.ut = Tensor();
+      Tensor gt = act(gt32.shape(), h1);
+      ops::cast(gt32, gt);
+      gt32 = Tensor();
+      lowrank_input_backward(h1, gt, lo.in, dx, 1.f);
+    }
     h1 = Tensor();
     Tensor dxn = act({T, cfg_.hidden_size}, x);
     ops::rmsnorm_backward(x, W(L.input_norm), rstd1, dx, dxn, norm_grad(L.input_norm));
@@ -423,39 +434,27 @@ class Qwen3Model final : public Model {
   AttnLora attn_lora(const LayerParams& L, const StepContext& ctx, const Tensor& h1) {
     AttnLora lo{lora(ctx, L, Linear::q_proj), lora(ctx, L, Linear::k_proj), lora(ctx, L, Linear::v_proj),
                 lora(ctx, L, Linear::o_proj)};
-    if (h1.defined()) lowrank_inputs(lo, h1);
+    for (const LowRank* lr : {lo.q, lo.k, lo.v})
+      if (lr) lo.in.push_back(lr);
+    if (h1.defined()) adapter_inputs(lo, h1);
     return lo;
   }
-  void lowrank_inputs(AttnLora& lo, const Tensor& h1) {
-    auto u = [&](const LowRank* lr, Tensor& out) {
-      if (!lr || out.defined()) return;
-      out = act({h1.size(0), lr->rank()}, h1);
-      ops::matmul(h1, false, lr->a->value, true, out);
-    };
-    u(lo.q, lo.uq);
-    u(lo.k, lo.uk);
-    u(lo.v, lo.uv);
+  void adapter_inputs(AttnLora& lo, const Tensor& h1) {
+    if (!lo.in.empty() && !lo.ut.defined()) lo.ut = lowrank_inputs(h1, lo.in);
   }
-  // One group's rows of a q/k/v adapter: dB's rows += scale * dy^T @ u, and g (fp32 [T,r], summed
-  // over the groups) += scale * dy @ B's rows.
-  void lowrank_group_backward(const LowRank* lr, const Tensor& u, const HeadGroup& hg, bool q, const Tensor& dy,
-                              Tensor& g, int64_t group) {
+  // One group's rows of a q/k/v adapter: dB's rows += scale * dy^T @ u, and its block of g^T (fp32
+  // [r, T], summed over the groups) += scale * B's rows^T @ dy^T.
+  void lowrank_group_backward(const AttnLora& lo, const LowRank* lr, const HeadGroup& hg, bool q, const Tensor& dy,
+                              Tensor& gt32, int64_t group) {
     if (!lr) return;
     auto rows = [&](const Tensor& t) { return q ? q_rows(t, hg) : kv_rows(t, hg); };
     if (!lr->b->frozen) {
       Tensor gb = rows(lr->b->grad);
-      ops::matmul(dy, true, u, false, gb, lr->scale, 1.f);
+      ops::matmul(dy, true, lo.block(lo.ut, lr), true, gb, lr->scale, 1.f);
     }
-    if (!g.defined()) g = f32({dy.size(0), lr->rank()}, dy);
-    ops::matmul(dy, false, rows(lr->b->value), false, g, lr->scale, group == 0 ? 0.f : 1.f);
-  }
-  // After the groups: dx += g @ A and dA += g^T @ h1.
-  void lowrank_input_backward(const LowRank* lr, const Tensor& h1, const Tensor& g32, Tensor& dx) {
-    if (!lr) return;
-    Tensor g = act(g32.shape(), h1);
-    ops::cast(g32, g);
-    ops::matmul(g, false, lr->a->value, false, dx, 1.f, 1.f);
-    if (!lr->a->frozen) ops::matmul(g, true, h1, false, lr->a->grad, 1.f, 1.f);
+    if (!gt32.defined()) gt32 = f32(lo.ut.shape(), dy);
+    Tensor g = lo.block(gt32, lr);
+    ops::matmul(rows(lr->b->value), true, dy, true, g, lr->scale, group == 0 ? 0.f : 1.f);
   }
   // o += scale * uo @ Bo^T, uo (attn @ Ao^T summed over the groups) rounded once.
   void finish_o_lora(AttnLora& lo, Tensor& o) {
@@ -617,9 +616,9 @@ class Qwen3Model final : public Model {
     a.k = act({T, hg.nkv * d}, h1);
     a.v = act({T, hg.nkv * d}, h1);
     // An adapter's update first (u @ B's rows of the group), the projection accumulating onto it.
-    if (lo.q) ops::matmul(lo.uq, false, q_rows(lo.q->b->value, hg), true, a.q, lo.q->scale);
-    if (lo.k) ops::matmul(lo.uk, false, kv_rows(lo.k->b->value, hg), true, a.k, lo.k->scale);
-    if (lo.v) ops::matmul(lo.uv, false, kv_rows(lo.v->b->value, hg), true, a.v, lo.v->scale);
+    if (lo.q) lowrank_update(lo.block(lo.ut, lo.q), *lo.q, q_rows(lo.q->b->value, hg), a.q, 0.f);
+    if (lo.k) lowrank_update(lo.block(lo.ut, lo.k), *lo.k, kv_rows(lo.k->b->value, hg), a.k, 0.f);
+    if (lo.v) lowrank_update(lo.block(lo.ut, lo.v), *lo.v, kv_rows(lo.v->b->value, hg), a.v, 0.f);
     ops::matmul(h1, false, q_rows(W(L.q), hg), true, a.q, 1.f, lo.q ? 1.f : 0.f);
     ops::matmul(h1, false, kv_rows(W(L.k), hg), true, a.k, 1.f, lo.k ? 1.f : 0.f);
     ops::matmul(h1, false, kv_rows(W(L.v), hg), true, a.v, 1.f, lo.v ? 1.f : 0.f);

@@ -85,6 +85,13 @@ std::array<std::pair<int64_t, int64_t>, kLinearCount> projection_shapes(const Mo
   return {{{qd, H}, {kvd, H}, {kvd, H}, {H, qd}, {I, H}, {I, H}, {H, I}}};
 }
 
+// The A factors of one layer's projections that share an input, as rows of one tensor; `row` is
+// the next factor's first.
+struct Stack {
+  Tensor value, grad;
+  int64_t row = 0;
+};
+
 class Lora final : public Adapter {
  public:
   explicit Lora(LoraOptions o) : o_(std::move(o)) {}
@@ -100,7 +107,26 @@ class Lora final : public Adapter {
     layers_.assign(static_cast<size_t>(cfg.num_layers), {});
     has_.assign(layers_.size() * kLinearCount, false);
     int64_t count = 0;
-    for (int64_t l = 0; l < cfg.num_layers; ++l)
+    for (int64_t l = 0; l < cfg.num_layers; ++l) {
+      // q, k and v read one input, as gate and up do: the A's of each set that is adapted twice
+      // or more are rows of one tensor, so the model runs one GEMM over the input for them.
+      std::array<Stack, kLinearCount> stacks{};
+      if (ctx.stack_factors)
+        for (const auto& set : {std::vector<int>{0, 1, 2}, std::vector<int>{4, 5}}) {
+          int64_t rows = 0;
+          for (int m : set) rows += o_.targets[static_cast<size_t>(m)] ? o_.r : 0;
+          if (rows < 2 * o_.r) continue;
+          const auto it = base.find(peft::base_weight_name(l, linear_name(static_cast<Linear>(set[0]))));
+          if (it == base.end()) continue;  // refused below, by name
+          const int64_t in = it->second->value.size(1);
+          Stack st{Tensor::empty({rows, in}, ctx.dtype, ctx.device, MemoryCategory::weights),
+                   Tensor::zeros({rows, in}, DType::f32, ctx.device, MemoryCategory::gradients), 0};
+          for (int m : set)
+            if (o_.targets[static_cast<size_t>(m)]) {
+              stacks[static_cast<size_t>(m)] = st;
+              st.row += o_.r;
+            }
+        }
       for (int m = 0; m < kLinearCount; ++m) {
         if (!o_.targets[static_cast<size_t>(m)]) continue;
         const std::string module = linear_name(static_cast<Linear>(m));
@@ -115,7 +141,11 @@ class Lora final : public Adapter {
           throw Error(str("lora: r = ", o_.r, " is larger than ", wname, " [", out, ", ", in, "] can hold"), o_.key("r"),
                       str("use r <= ", std::min(out, in)));
         const std::string stem = wname.substr(0, wname.size() - 7);  // without ".weight"
-        Parameter& a = add_param(stem + ".lora_A.weight", {o_.r, in}, ctx);
+        const Stack& st = stacks[static_cast<size_t>(m)];
+        if (st.value.defined() && st.value.size(1) != in)
+          throw Error(str("lora: ", wname, " reads ", in, " features where the layer's other projections of its input read ",
+                          st.value.size(1)), o_.key("target_modules"), "this model's layers are not Qwen3's");
+        Parameter& a = add_param(stem + ".lora_A.weight", {o_.r, in}, ctx, &st);
         Parameter& b = add_param(stem + ".lora_B.weight", {out, o_.r}, ctx);
         // A ~ U(-1/sqrt(in), 1/sqrt(in)), B = 0 (PEFT's init_lora_weights = True).
         Tensor ha = Tensor::empty(a.value.shape(), DType::f32, Device::cpu());
@@ -130,10 +160,11 @@ class Lora final : public Adapter {
         set_value(a, ha);
         b.value.zero();
         layers_[static_cast<size_t>(l)][static_cast<size_t>(m)] =
-            LowRank{&a, &b, static_cast<float>(o_.scale())};
+            LowRank{&a, &b, static_cast<float>(o_.scale()), st.value, st.grad, st.row};
         has_[static_cast<size_t>(l) * kLinearCount + static_cast<size_t>(m)] = true;
         count += a.value.numel() + b.value.numel();
       }
+    }
     // The base frozen, but for modules_to_save.
     int64_t trained = 0;
     for (Parameter* p : model.parameters()) {
@@ -262,13 +293,19 @@ class Lora final : public Adapter {
  private:
   bool target(Linear m) const { return o_.targets[static_cast<size_t>(m)]; }
 
-  Parameter& add_param(const std::string& name, Shape shape, const AdapterContext& ctx) {
+  // A factor of its own, or rows of a stack (value and gradient views of it).
+  Parameter& add_param(const std::string& name, Shape shape, const AdapterContext& ctx, const Stack* st = nullptr) {
     Parameter p;
     p.name = name;
     p.gemm_grad = true;
     p.decay = true;
-    p.value = Tensor::empty(shape, ctx.dtype, ctx.device, MemoryCategory::weights);
-    p.grad = Tensor::zeros(shape, DType::f32, ctx.device, MemoryCategory::gradients);
+    if (st && st->value.defined()) {
+      p.value = st->value.rows(st->row, st->row + shape[0]);
+      p.grad = st->grad.rows(st->row, st->row + shape[0]);
+    } else {
+      p.value = Tensor::empty(shape, ctx.dtype, ctx.device, MemoryCategory::weights);
+      p.grad = Tensor::zeros(shape, DType::f32, ctx.device, MemoryCategory::gradients);
+    }
     params_.push_back(std::move(p));
     return params_.back();
   }

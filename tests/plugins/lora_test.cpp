@@ -105,6 +105,23 @@ TEST(Lora, FreezesTheBaseAndInitializesAsPeft) {
     EXPECT_GT(hi, 0.5f * bound) << p->name;
   }
   EXPECT_EQ(lora->find(0, Linear::down_proj)->scale, 1.f);  // alpha defaults to r
+  // Projections that read one input have their A's stacked, so one GEMM serves them (q, k, v;
+  // gate, up); a run that may not stack them (ZeRO-3, gradients in another dtype) keeps each apart.
+  for (int layer = 0; layer < 2; ++layer) {
+    const Adapter& ad = *a.lora;
+    EXPECT_TRUE(lowrank_stacked({ad.find(layer, Linear::q_proj), ad.find(layer, Linear::k_proj),
+                                 ad.find(layer, Linear::v_proj)}));
+    EXPECT_TRUE(lowrank_stacked({ad.find(layer, Linear::gate_proj), ad.find(layer, Linear::up_proj)}));
+    EXPECT_FALSE(lowrank_stacked({ad.find(layer, Linear::q_proj), ad.find(layer, Linear::v_proj)}));
+  }
+  auto apart = test::make_plugin<Adapter>("lora", "r = 4");
+  AdapterContext no_stack{Device::cpu(), DType::f32, 11, ""};
+  no_stack.stack_factors = false;
+  auto other = test::make_qwen3();
+  other->init_random(tiny_spec(), 3, Device::cpu(), DType::f32);
+  apart->attach(*other, no_stack);
+  EXPECT_FALSE(lowrank_stacked({apart->find(0, Linear::q_proj), apart->find(0, Linear::k_proj),
+                                apart->find(0, Linear::v_proj)}));
 }
 
 // y = x W^T + s (x A^T) B^T is the merged model's y = x (W + s B A)^T: the losses agree.

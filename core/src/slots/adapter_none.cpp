@@ -39,4 +39,65 @@ void lowrank_backward(const Tensor& x, const Tensor& dy, const LowRank& lr, Tens
   ops::matmul(dy, true, u, false, lr.b->grad, lr.scale, 1.f);  // dB += scale * dy^T @ u
 }
 
+bool lowrank_stacked(const std::vector<const LowRank*>& lrs) {
+  if (lrs.size() < 2) return false;
+  const Tensor& sa = lrs[0]->stacked_a;
+  const Tensor& sg = lrs[0]->stacked_grad;
+  const bool trained = !lrs[0]->a->frozen;
+  if (!sa.defined() || (trained && !sg.defined())) return false;
+  int64_t row = 0;
+  for (const LowRank* lr : lrs) {
+    const int64_t r = lr->rank();
+    if (lr->stacked_a.data() != sa.data() || lr->stacked_row != row || lr->a->frozen == trained) return false;
+    if (lr->a->value.data() != sa.rows(row, row + r).data() || lr->a->value.dtype() != sa.dtype()) return false;
+    if (trained && (lr->stacked_grad.data() != sg.data() || lr->a->grad.data() != sg.rows(row, row + r).data() ||
+                    lr->a->grad.dtype() != sg.dtype()))
+      return false;
+    row += r;
+  }
+  return row == sa.size(0);
+}
+
+Tensor lowrank_inputs(const Tensor& x, const std::vector<const LowRank*>& lrs) {
+  int64_t rows = 0;
+  for (const LowRank* lr : lrs) rows += lr->rank();
+  Tensor ut = Tensor::empty({rows, x.size(0)}, x.dtype(), x.device());
+  if (lowrank_stacked(lrs)) {
+    ops::matmul(lrs[0]->stacked_a, false, x, true, ut);  // [sum r, in] @ [T, in]^T
+    return ut;
+  }
+  for (size_t i = 0; i < lrs.size(); ++i) {
+    Tensor block = lowrank_block(ut, lrs, i);
+    ops::matmul(lrs[i]->a->value, false, x, true, block);
+  }
+  return ut;
+}
+
+Tensor lowrank_block(const Tensor& stacked, const std::vector<const LowRank*>& lrs, size_t i) {
+  int64_t row = 0;
+  for (size_t j = 0; j < i; ++j) row += lrs[j]->rank();
+  return stacked.rows(row, row + lrs[i]->rank());
+}
+
+void lowrank_update(const Tensor& ut, const LowRank& lr, const Tensor& b, Tensor& y, float beta) {
+  ops::matmul(ut, true, b, true, y, lr.scale, beta);  // [r,T]^T @ [out,r]^T
+}
+
+void lowrank_input_backward(const Tensor& x, const Tensor& gt, const std::vector<const LowRank*>& lrs, Tensor& dx,
+                            float dx_beta) {
+  if (lowrank_stacked(lrs)) {
+    ops::matmul(gt, true, lrs[0]->stacked_a, false, dx, 1.f, dx_beta);  // [sum r,T]^T @ [sum r,in]
+    if (!lrs[0]->a->frozen) {
+      Tensor grad = lrs[0]->stacked_grad;  // a view: the factors' gradients are its rows
+      ops::matmul(gt, false, x, false, grad, 1.f, 1.f);
+    }
+    return;
+  }
+  for (size_t i = 0; i < lrs.size(); ++i) {
+    const Tensor g = lowrank_block(gt, lrs, i);
+    ops::matmul(g, true, lrs[i]->a->value, false, dx, 1.f, i == 0 ? dx_beta : 1.f);
+    if (!lrs[i]->a->frozen) ops::matmul(g, false, x, false, lrs[i]->a->grad, 1.f, 1.f);
+  }
+}
+
 }  // namespace lcx

@@ -3,6 +3,7 @@
 // backward recomputes them and adds dact, dgate, dup. An adapted projection adds its low-rank
 // update (lcx/slots/adapter.h); a frozen weight (its grad undefined) gets no gradient GEMM.
 #include <utility>
+#include <vector>
 
 #include "lcx/defaults.h"
 #include "lcx/ops.h"
@@ -17,7 +18,9 @@ class WholeMlp final : public MlpStrategy {
   void forward(const Tensor& x, const MlpWeights& w, Tensor& out) override {
     const int64_t T = x.size(0), I = w.gate.size(0);
     Tensor gate = Tensor::empty({T, I}, x.dtype(), x.device()), up = Tensor::empty({T, I}, x.dtype(), x.device());
-    project_in(x, w, gate, up);
+    Tensor ut;
+    project_in(x, w, gate, up, ut);
+    ut = Tensor();
     Tensor act = Tensor::empty({T, I}, x.dtype(), x.device());
     ops::swiglu_forward(gate, up, act);
     project(act, w.down, w.down_lr, out);
@@ -28,7 +31,8 @@ class WholeMlp final : public MlpStrategy {
     const DType dt = x.dtype();
     const Device dev = x.device();
     Tensor gate = Tensor::empty({T, I}, dt, dev), up = Tensor::empty({T, I}, dt, dev);
-    project_in(x, w, gate, up);
+    Tensor ut;  // gate's and up's adapter products, kept from the recompute for dB
+    project_in(x, w, gate, up, ut);
     Tensor act = Tensor::empty({T, I}, dt, dev);
     ops::swiglu_forward(gate, up, act);
     Tensor dact = Tensor::empty({T, I}, dt, dev);
@@ -40,9 +44,24 @@ class WholeMlp final : public MlpStrategy {
     ops::swiglu_backward(gate, up, dact, dgate, dup);
     if (grad.gate.defined()) ops::matmul(dgate, true, x, false, grad.gate, 1.f, 1.f);
     if (grad.up.defined()) ops::matmul(dup, true, x, false, grad.up, 1.f, 1.f);
+    // gate's and up's adapters: g^T = scale * B^T dy^T of each in one [2r, T] tensor, then dx and
+    // the A's gradients from it (one GEMM each where the A's are stacked), dx first.
+    const std::vector<const LowRank*> lrs = in_factors(w);
     float beta = 0.f;
-    if (w.gate_lr) lowrank_backward(x, dgate, *w.gate_lr, dx, std::exchange(beta, 1.f));
-    if (w.up_lr) lowrank_backward(x, dup, *w.up_lr, dx, std::exchange(beta, 1.f));
+    if (!lrs.empty()) {
+      Tensor gt = Tensor::empty(ut.shape(), dt, dev);
+      size_t i = 0;
+      for (const auto& [lr, dy] : {std::pair{w.gate_lr, &dgate}, std::pair{w.up_lr, &dup}}) {
+        if (!lr) continue;
+        Tensor g = lowrank_block(gt, lrs, i);
+        ops::matmul(lr->b->value, true, *dy, true, g, lr->scale);  // [out,r]^T @ [T,out]^T
+        if (!lr->b->frozen) ops::matmul(*dy, true, lowrank_block(ut, lrs, i), true, lr->b->grad, lr->scale, 1.f);
+        ++i;
+      }
+      ut = Tensor();
+      lowrank_input_backward(x, gt, lrs, dx, 0.f);
+      beta = 1.f;
+    }
     ops::matmul(dgate, false, w.gate, false, dx, 1.f, beta);
     ops::matmul(dup, false, w.up, false, dx, 1.f, 1.f);
   }
@@ -52,10 +71,23 @@ class WholeMlp final : public MlpStrategy {
     if (lr) lowrank_forward(x, *lr, out, 0.f);
     ops::matmul(x, false, w, true, out, 1.f, lr ? 1.f : 0.f);
   }
-  // gate = x @ Wg^T and up = x @ Wu^T, each with its adapter's update.
-  static void project_in(const Tensor& x, const MlpWeights& w, Tensor& gate, Tensor& up) {
-    project(x, w.gate, w.gate_lr, gate);
-    project(x, w.up, w.up_lr, up);
+  // gate's and up's factors, those adapted, in that order (they share the input).
+  static std::vector<const LowRank*> in_factors(const MlpWeights& w) {
+    std::vector<const LowRank*> lrs;
+    if (w.gate_lr) lrs.push_back(w.gate_lr);
+    if (w.up_lr) lrs.push_back(w.up_lr);
+    return lrs;
+  }
+  // gate = x @ Wg^T and up = x @ Wu^T, each with its adapter's update written first from u^T
+  // (both adapters' products in one GEMM where their A's are stacked), returned in ut.
+  static void project_in(const Tensor& x, const MlpWeights& w, Tensor& gate, Tensor& up, Tensor& ut) {
+    const std::vector<const LowRank*> lrs = in_factors(w);
+    if (!lrs.empty()) ut = lowrank_inputs(x, lrs);
+    size_t i = 0;
+    if (w.gate_lr) lowrank_update(lowrank_block(ut, lrs, i++), *w.gate_lr, w.gate_lr->b->value, gate, 0.f);
+    ops::matmul(x, false, w.gate, true, gate, 1.f, w.gate_lr ? 1.f : 0.f);
+    if (w.up_lr) lowrank_update(lowrank_block(ut, lrs, i++), *w.up_lr, w.up_lr->b->value, up, 0.f);
+    ops::matmul(x, false, w.up, true, up, 1.f, w.up_lr ? 1.f : 0.f);
   }
 
   void plan(const PlanInputs& in, MemoryPlan& plan) const override {

@@ -246,7 +246,9 @@ void Run::load_or_init_weights(const std::string& resume_dir) {
   // The adapter over the weights: its factors from the checkpoint it wrote, else its own start.
   Adapter& adapter = *slots_.adapter;
   const bool resumed = !resume_dir.empty() && adapter.saved_in(resume_dir);
-  adapter.attach(model(), AdapterContext{device_, dtype_, static_cast<uint64_t>(cfg_.run.seed), resumed ? resume_dir : ""});
+  const bool shards = rank_.world && cfg_.distributed.shard_parameters && world_size() > 1;
+  adapter.attach(model(), AdapterContext{device_, dtype_, static_cast<uint64_t>(cfg_.run.seed), resumed ? resume_dir : "",
+                                         !shards && grad_dtype_for(cfg_.train, dtype_, world_size()) == DType::f32});
 }
 
 void Run::load_base_weights(const std::string& resume_dir) {

@@ -35,6 +35,12 @@ struct LowRank {
   Parameter* a = nullptr;  // [r, in]
   Parameter* b = nullptr;  // [out, r]
   float scale = 1.f;
+  // Where the provider stacks the A factors of projections that read one input (q, k, v; gate,
+  // up) as consecutive rows of one tensor, that tensor (value; fp32 gradient) and this factor's
+  // first row in it: then one GEMM over the input serves all of them (lowrank_inputs,
+  // lowrank_input_backward). Undefined where A stands alone.
+  Tensor stacked_a, stacked_grad;
+  int64_t stacked_row = 0;
   int64_t rank() const { return a->value.size(0); }
 };
 
@@ -46,6 +52,10 @@ struct AdapterContext {
   // A folder whose adapter the run resumes ("" for none): the provider's own checkpoint files,
   // written by save(); they win over the provider's own initialization.
   std::string resume_dir;
+  // Whether the provider may stack factors that share an input (LowRank::stacked_a): false where
+  // the run shards the parameters (ZeRO-3) or keeps GEMM weights' gradients in another dtype,
+  // which would replace the parameters' views of the stacks with tensors of their own.
+  bool stack_factors = true;
 };
 
 class Adapter : public Plugin {
@@ -78,5 +88,23 @@ void lowrank_forward(const Tensor& x, const LowRank& lr, Tensor& y, float beta =
 // The backward of lowrank_forward: dx = dx_beta * dx + scale * (dy B) A, and the factors'
 // gradients accumulate: dA += scale * (dy B)^T x, dB += scale * dy^T (x A^T).
 void lowrank_backward(const Tensor& x, const Tensor& dy, const LowRank& lr, Tensor& dx, float dx_beta = 1.f);
+
+// Projections reading one input x [T, in], the adapted ones listed in the layer's order (each
+// non-null). Their products are kept transposed, u^T = A x^T [r, T], stacked by rows in that
+// order, so each factor's block is a contiguous row range (lowrank_block) whether one GEMM wrote
+// them all or one GEMM each did. One GEMM runs where the provider stacked the A's in that order
+// and the parameters still alias its tensors (a gradient in another dtype or a sharded value
+// does not): lowrank_stacked says which.
+bool lowrank_stacked(const std::vector<const LowRank*>& lrs);
+Tensor lowrank_inputs(const Tensor& x, const std::vector<const LowRank*>& lrs);
+// Factor i's rows [r_i, T] of a tensor stacked by lowrank_inputs' layout.
+Tensor lowrank_block(const Tensor& stacked, const std::vector<const LowRank*>& lrs, size_t i);
+// y = beta * y + scale * u B^T from u^T [r, T]; `b` is B or a block of its rows (a head group's).
+void lowrank_update(const Tensor& ut, const LowRank& lr, const Tensor& b, Tensor& y, float beta = 1.f);
+// The input side of the backward over lowrank_inputs' layout: given g^T [sum of r, T] with
+// g_i = scale * dy_i B_i, dx = dx_beta * dx + sum_i g_i A_i and dA_i += g_i^T x (one GEMM each
+// where stacked).
+void lowrank_input_backward(const Tensor& x, const Tensor& gt, const std::vector<const LowRank*>& lrs, Tensor& dx,
+                            float dx_beta = 1.f);
 
 }  // namespace lcx
