@@ -373,6 +373,83 @@ std::vector<OpCase> moe_route_backward_cases() {
   return cases;
 }
 
+// The experts' grouped GEMMs at Qwen3-30B-A3B's shapes (128 experts, hidden 2048, expert width 768:
+// the gate/up projections' [768,2048] and the down projection's [2048,768]) over a few thousand
+// rows routed unevenly, in bf16 as they train; and a small case of 7 experts in both dtypes, odd
+// group sizes with empty groups first, inside and last (odd dimensions in fp32; on the GPU bf16 rows
+// must start 16-byte aligned, so multiples of 8 there). The library multiplies 16-bit operands into
+// their own dtype before an fp32 result adds the product (grouped_matmul.cu), so fp32 results from
+// bf16 operands are held to bf16's tolerance.
+struct GroupedCase {
+  std::string label;
+  int64_t G, K, Nout;
+  DType t;
+  bool small;
+};
+
+const GroupedCase kGroupedCases[] = {{"128 experts, 2048 -> 768 (gate, up)", 128, 2048, 768, DType::bf16, false},
+                                     {"128 experts, 768 -> 2048 (down)", 128, 768, 2048, DType::bf16, false},
+                                     {"7 experts, 13 -> 7", 7, 13, 7, DType::f32, true},
+                                     {"7 experts, 40 -> 24", 7, 40, 24, DType::bf16, true}};
+
+// Every eighth expert gets no row, one gets 700, the rest up to 49 (or the small case's sizes).
+std::vector<int64_t> routed_offsets(const GroupedCase& c, std::mt19937& rng) {
+  std::vector<int64_t> off{0};
+  if (c.small) {
+    for (int64_t rows : {0, 5, 1, 0, 23, 2, 0}) off.push_back(off.back() + rows);
+    return off;
+  }
+  for (int64_t g = 0; g < c.G; ++g)
+    off.push_back(off.back() + (g % 8 == 5 ? 0 : g == 17 ? 700 : static_cast<int64_t>(rng() % 50)));
+  return off;
+}
+
+std::vector<OpCase> grouped_matmul_cases() {
+  std::vector<OpCase> cases;
+  for (const GroupedCase& c : kGroupedCases)
+    cases.push_back({str(c.label, " ", dtype_name(c.t)), [=](Device d, std::mt19937& rng) {
+                       const std::vector<int64_t> off = routed_offsets(c, rng);
+                       const int64_t N = off.back();
+                       const Tensor x = at(d, host_normal({N, c.K}, c.t, rng));
+                       const Tensor dy = at(d, host_normal({N, c.Nout}, c.t, rng));
+                       const Tensor w = at(d, host_normal({c.G, c.Nout, c.K}, c.t, rng));
+                       Tensor y = poisoned({N, c.Nout}, c.t, d), dx = poisoned({N, c.K}, c.t, d);
+                       ops::grouped_matmul(x, w, true, off, y);     // the forward: x w[g]^T
+                       ops::grouped_matmul(dy, w, false, off, dx);  // the input's gradient: dy w[g]
+                       Tensor acc = at(d, host_normal({N, c.Nout}, DType::f32, rng));
+                       ops::grouped_matmul(x, w, true, off, acc, 0.7f, 0.3f);
+                       return std::vector<Output>{out("y = x w^T", y), out("dx = dy w", dx),
+                                                  out("fp32 y (alpha 0.7, beta 0.3)", acc, tolerance(c.t))};
+                     }});
+  return cases;
+}
+
+std::vector<OpCase> grouped_matmul_wgrad_cases() {
+  std::vector<OpCase> cases;
+  for (const GroupedCase& c : kGroupedCases)
+    cases.push_back({str(c.label, " ", dtype_name(c.t)), [=](Device d, std::mt19937& rng) {
+                       const std::vector<int64_t> off = routed_offsets(c, rng);
+                       const int64_t N = off.back();
+                       const Tensor dy = at(d, host_normal({N, c.Nout}, c.t, rng));
+                       const Tensor x = at(d, host_normal({N, c.K}, c.t, rng));
+                       // Onto a step's fp32 gradient so far: empty experts keep theirs.
+                       Tensor dw = at(d, host_normal({c.G, c.Nout, c.K}, DType::f32, rng));
+                       ops::grouped_matmul_wgrad(dy, x, off, dw);
+                       std::vector<Output> outs{out("fp32 dw (beta 1)", dw, tolerance(c.t))};
+                       if (c.small) {
+                         // beta = 0 must not read dw, and writes zeros for empty experts.
+                         Tensor fresh = poisoned({c.G, c.Nout, c.K}, DType::f32, d);
+                         ops::grouped_matmul_wgrad(dy, x, off, fresh, 0.5f, 0.f);
+                         Tensor own = at(d, host_normal({c.G, c.Nout, c.K}, c.t, rng));
+                         ops::grouped_matmul_wgrad(dy, x, off, own, 1.f, 0.5f);
+                         outs.push_back(out("fp32 dw (alpha 0.5, beta 0)", fresh, tolerance(c.t)));
+                         outs.push_back(out(str(dtype_name(c.t), " dw (beta 0.5)"), own));
+                       }
+                       return outs;
+                     }});
+  return cases;
+}
+
 using test::AttnCase;
 
 // bf16/fp16 with head_dim 64 or 128 reach the fast kernels (cuDNN where it takes the call, else
@@ -528,6 +605,8 @@ const std::map<std::string, std::vector<OpCase>>& op_table() {
       {"moe_combine", moe_combine_cases()},
       {"moe_combine_backward", moe_combine_backward_cases()},
       {"moe_route_backward", moe_route_backward_cases()},
+      {"grouped_matmul", grouped_matmul_cases()},
+      {"grouped_matmul_wgrad", grouped_matmul_wgrad_cases()},
       {"attention_forward", attention_cases(false)},
       {"attention_backward", attention_cases(true)},
       {"cross_entropy_forward_backward", cross_entropy_cases()},

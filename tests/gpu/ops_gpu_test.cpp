@@ -1,8 +1,9 @@
 // The attention kernels one by one against the CPU (the own kernels, cuDNN, and each against the
-// other on a larger case) and the memory plan's cuDNN terms against what cuDNN asks. Every op on
-// the automatic kernel choice against its CPU twin is the op table's (backend_ops_test.cpp); the
-// same rules hold here: fresh random inputs, NaN-poisoned outputs, relative L2 within 1e-5 for fp32
-// storage and 1e-2 for bf16/fp16.
+// other on a larger case), the memory plan's cuDNN terms against what cuDNN asks, and the grouped
+// GEMMs' refusal of 16-bit rows that cuBLAS cannot read aligned. Every op on the automatic kernel
+// choice against its CPU twin is the op table's (backend_ops_test.cpp); the same rules hold here:
+// fresh random inputs, NaN-poisoned outputs, relative L2 within 1e-5 for fp32 storage and 1e-2 for
+// bf16/fp16.
 #include <gtest/gtest.h>
 
 #include <algorithm>
@@ -14,6 +15,7 @@
 #include "gpu/gpu_test_util.h"
 #include "lcx/ops.h"
 #include "lcx/plan.h"
+#include "support/test_util.h"
 
 #ifdef LCX_HAVE_CUDA
 #include "kernels/attention_table.h"
@@ -441,6 +443,18 @@ TEST_F(GpuOps, PlanCudnnWorkspacesAreWhatCudnnAsks) {
     }
 }
 #endif
+
+// cuBLAS's grouped GEMM reads 16-bit matrices that start 16-byte aligned: bf16 rows of 13 values put
+// the second group's rows off, and the op says so by name rather than fault on the device.
+TEST_F(GpuOps, GroupedMatmulRefusesBf16RowsOffSixteenBytes) {
+  const Tensor x = on_gpu(host_normal({10, 13}, DType::bf16, rng_));
+  const Tensor w = on_gpu(host_normal({2, 8, 13}, DType::bf16, rng_));
+  Tensor y = Tensor::zeros({10, 8}, DType::bf16, Device::cuda());
+  const std::vector<int64_t> offsets{0, 3, 10};
+  const std::string m = error_of([&] { ops::grouped_matmul(x, w, true, offsets, y); });
+  EXPECT_NE(m.find("grouped_matmul"), std::string::npos) << m;
+  EXPECT_NE(m.find("16-byte aligned"), std::string::npos) << m;
+}
 
 }  // namespace
 }  // namespace lcx::test

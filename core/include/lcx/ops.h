@@ -122,4 +122,20 @@ void moe_combine_backward(const Tensor& dout, const Tensor& y, const Tensor& ord
 void moe_route_backward(const Tensor& probs, const Tensor& experts, const Tensor& weights, const Tensor& dweights,
                         bool norm_topk, const Tensor* aux_grad, Tensor& dlogits);
 
+// The experts' GEMMs over the sorted rows. Rows of x [N,K] in groups (group g: rows [offsets[g],
+// offsets[g+1]), offsets on the host, G+1 entries from 0 to N, as moe_permute's offsets once copied
+// to the host), each multiplied by its own matrix: y[rows of g] = alpha * x[rows of g] @ op(w[g]) +
+// beta * y[rows of g], w [G,Nout,K] when trans_w (the experts' [out,in] weights: the forward), else
+// [G,K,Nout] (the same weights give the input's gradient); w of x's dtype, y [N,Nout] of x's dtype
+// or fp32. A group with no rows writes nothing. One call for all groups on the GPU: no host loop over
+// groups. On the GPU, 16-bit rows must start 16-byte aligned (K and Nout multiples of 8).
+void grouped_matmul(const Tensor& x, const Tensor& w, bool trans_w, std::span<const int64_t> offsets, Tensor& y,
+                    float alpha = 1.f, float beta = 0.f);
+// The weights' gradient of grouped_matmul with trans_w: dw[g] = alpha * dy[rows of g]^T @ x[rows of g]
+// + beta * dw[g], dy [N,Nout], x [N,K] of one dtype, dw [G,Nout,K] fp32 or the operands' dtype
+// (beta = 1 accumulates a step's microbatches in fp32); a group with no rows gets beta * dw[g] (0 when
+// beta is 0).
+void grouped_matmul_wgrad(const Tensor& dy, const Tensor& x, std::span<const int64_t> offsets, Tensor& dw,
+                          float alpha = 1.f, float beta = 1.f);
+
 }  // namespace lcx::ops

@@ -419,6 +419,82 @@ void moe_route_backward(const Tensor& probs, const Tensor& experts, const Tensor
 }
 
 namespace {
+
+// The row groups of the grouped GEMMs: G+1 host offsets rising from 0 to the rows of `rows`.
+void check_offsets(const char* op, std::span<const int64_t> offsets, int64_t groups, const char* groups_name,
+                   const Tensor& grouped, const char* rows_name, const Tensor& rows) {
+  const int64_t n = rows.size(0);
+  if (static_cast<int64_t>(offsets.size()) != groups + 1)
+    fail(op, str("offsets holds ", offsets.size(), " entries but ", desc(groups_name, grouped), " has ", groups,
+                 " groups: it needs G+1 = ", groups + 1));
+  if (offsets.front() != 0 || offsets.back() != n)
+    fail(op, str("offsets run from ", offsets.front(), " to ", offsets.back(), " but must run from 0 to the ", n,
+                 " rows of ", desc(rows_name, rows)));
+  for (size_t g = 1; g < offsets.size(); ++g)
+    if (offsets[g] < offsets[g - 1])
+      fail(op, str("offsets[", g, "] = ", offsets[g], " is below offsets[", g - 1, "] = ", offsets[g - 1],
+                   ": a group's rows end where they begin or later"));
+}
+
+// The result of a grouped GEMM: the operands' dtype or fp32.
+void need_result_dtype(const char* op, const char* name, const Tensor& t, const char* operand_name,
+                       const Tensor& operand) {
+  if (t.dtype() != operand.dtype() && t.dtype() != DType::f32)
+    fail(op, str(desc(name, t), " must be fp32 or the dtype of ", desc(operand_name, operand)));
+}
+
+bool past_blas_range(std::initializer_list<int64_t> dims) {
+  return std::any_of(dims.begin(), dims.end(), [](int64_t d) { return d > 2147483647; });
+}
+
+}  // namespace
+
+void grouped_matmul(const Tensor& x, const Tensor& w, bool trans_w, std::span<const int64_t> offsets, Tensor& y,
+                    float alpha, float beta) {
+  const char* op = "grouped_matmul";
+  const bool cuda = on_cuda(op, {{"x", &x}, {"w", &w}, {"y", &y}});
+  need_float(op, "x", x);
+  need_dim(op, "x", x, 2);
+  need_dtype(op, "w", w, x.dtype());
+  need_dim(op, "w", w, 3);
+  const int64_t G = w.size(0), N = x.size(0), K = x.size(1);
+  const int64_t Kw = w.size(trans_w ? 2 : 1), Nout = w.size(trans_w ? 1 : 2);
+  if (Kw != K)
+    fail(op, str("inner dimensions differ: ", desc("x", x), " has K=", K, ", ", desc("w", w),
+                 trans_w ? " as [G,Nout,K]" : " as [G,K,Nout]", " has K=", Kw));
+  need_result_dtype(op, "y", y, "x", x);
+  need_shape(op, "y", y, {N, Nout}, "w", w);
+  check_offsets(op, offsets, G, "w", w, "x", x);
+  if (past_blas_range({N, K, Nout}))
+    fail(op, str("dimensions of ", desc("x", x), " and ", desc("w", w), " exceed the 32-bit BLAS range"));
+  ProfileScope scope(OpKind::gemm, op);
+  if (scope.recording()) scope.detail(str("G=", G, " rows=", N, " N=", Nout, " K=", K, " ", dtype_name(x.dtype())));
+  LCX_ROUTE(cuda, grouped_matmul, x, w, trans_w, offsets, y, alpha, beta);
+}
+
+void grouped_matmul_wgrad(const Tensor& dy, const Tensor& x, std::span<const int64_t> offsets, Tensor& dw, float alpha,
+                          float beta) {
+  const char* op = "grouped_matmul_wgrad";
+  const bool cuda = on_cuda(op, {{"dy", &dy}, {"x", &x}, {"dw", &dw}});
+  need_float(op, "dy", dy);
+  need_dim(op, "dy", dy, 2);
+  need_dtype(op, "x", x, dy.dtype());
+  need_dim(op, "x", x, 2);
+  if (x.size(0) != dy.size(0))
+    fail(op, str(desc("dy", dy), " and ", desc("x", x), " must have the same number of rows"));
+  need_result_dtype(op, "dw", dw, "dy", dy);
+  need_dim(op, "dw", dw, 3);
+  const int64_t G = dw.size(0), N = x.size(0), K = x.size(1), Nout = dy.size(1);
+  need_shape(op, "dw", dw, {G, Nout, K}, "x", x);
+  check_offsets(op, offsets, G, "dw", dw, "x", x);
+  if (past_blas_range({N, K, Nout}))
+    fail(op, str("dimensions of ", desc("dy", dy), " and ", desc("x", x), " exceed the 32-bit BLAS range"));
+  ProfileScope scope(OpKind::gemm, op);
+  if (scope.recording()) scope.detail(str("G=", G, " rows=", N, " N=", Nout, " K=", K, " ", dtype_name(x.dtype())));
+  LCX_ROUTE(cuda, grouped_matmul_wgrad, dy, x, offsets, dw, alpha, beta);
+}
+
+namespace {
 // Checks q, k, v, out, lse and returns the params with a zero scale resolved to 1/sqrt(d).
 AttentionParams check_attention(const char* op, const Tensor& q, const Tensor& k, const Tensor& v,
                                 const Tensor& out, const Tensor& lse, const AttentionParams& p) {

@@ -35,6 +35,10 @@ void moe_combine_backward(const Tensor& dout, const Tensor& y, const Tensor& ord
                           const Tensor& weights, Tensor& dy, Tensor& dweights);
 void moe_route_backward(const Tensor& probs, const Tensor& experts, const Tensor& weights, const Tensor& dweights,
                         bool norm_topk, const Tensor* aux_grad, Tensor& dlogits);
+void grouped_matmul(const Tensor& x, const Tensor& w, bool trans_w, std::span<const int64_t> offsets, Tensor& y,
+                    float alpha, float beta);
+void grouped_matmul_wgrad(const Tensor& dy, const Tensor& x, std::span<const int64_t> offsets, Tensor& dw, float alpha,
+                          float beta);
 void attention_forward(const Tensor& q, const Tensor& k, const Tensor& v, Tensor& out, Tensor& lse,
                        const AttentionParams& p);
 void attention_backward(const Tensor& q, const Tensor& k, const Tensor& v, const Tensor& out, const Tensor& lse,

@@ -34,6 +34,10 @@ void moe_combine_backward(const Tensor& dout, const Tensor& y, const Tensor& ord
                           const Tensor& weights, Tensor& dy, Tensor& dweights);
 void moe_route_backward(const Tensor& probs, const Tensor& experts, const Tensor& weights, const Tensor& dweights,
                         bool norm_topk, const Tensor* aux_grad, Tensor& dlogits);
+void grouped_matmul(const Tensor& x, const Tensor& w, bool trans_w, std::span<const int64_t> offsets, Tensor& y,
+                    float alpha, float beta);
+void grouped_matmul_wgrad(const Tensor& dy, const Tensor& x, std::span<const int64_t> offsets, Tensor& dw, float alpha,
+                          float beta);
 // dst.nbytes() bytes of host memory into dst, in order on the current stream. Unlike Tensor::to,
 // whose synchronous copy waits for the whole device, the host goes on queueing work; `host` may
 // be freed on return (pageable memory is staged before the call returns).
