@@ -115,7 +115,7 @@ class Lora final : public Adapter {
         for (const auto& set : {std::vector<int>{0, 1, 2}, std::vector<int>{4, 5}}) {
           int64_t rows = 0;
           for (int m : set) rows += o_.targets[static_cast<size_t>(m)] ? o_.r : 0;
-          if (rows < 2 * o_.r) continue;
+          if (rows < 2 * o_.r || (set[0] == static_cast<int>(Linear::gate_proj) && cfg.sparse(l))) continue;
           const auto it = base.find(peft::base_weight_name(l, linear_name(static_cast<Linear>(set[0]))));
           if (it == base.end()) continue;  // refused below, by name
           const int64_t in = it->second->value.size(1);
@@ -132,6 +132,13 @@ class Lora final : public Adapter {
         const std::string module = linear_name(static_cast<Linear>(m));
         const std::string wname = peft::base_weight_name(l, module);
         const auto it = base.find(wname);
+        // A sparse layer's experts (mixture of experts) are no linear modules of their own, as in
+        // transformers 5: "all-linear" passes them by, as PEFT does; named, they are refused.
+        const bool sparse = cfg.sparse(l) && m >= static_cast<int>(Linear::gate_proj);
+        if (sparse && o_.all_linear) continue;
+        if (sparse)
+          throw Error(str("lora: layer ", l, " is sparse (mixture of experts): its experts' ", module, " take no adapter"),
+                      o_.key("target_modules"), "target the attention projections, or \"all-linear\" (the experts left out)");
         if (it == base.end())
           throw Error(str("lora: target module ", module, " has no weight ", wname, " in this model"),
                       o_.key("target_modules"), str("target the model's projections: ", joined_modules()));
@@ -232,10 +239,18 @@ class Lora final : public Adapter {
   void plan(const PlanInputs& in, MemoryPlan& plan) const override {
     const ModelConfig& c = in.model;
     const auto shapes = projection_shapes(c);
-    int64_t per_layer = 0;
-    for (int m = 0; m < kLinearCount; ++m)
-      if (o_.targets[static_cast<size_t>(m)]) per_layer += o_.r * (shapes[static_cast<size_t>(m)].first + shapes[static_cast<size_t>(m)].second);
-    const int64_t n = per_layer * c.num_layers;
+    // A sparse layer's experts take no factors (attach passes them by).
+    auto adapted = [&](int64_t layer, int m) {
+      return o_.targets[static_cast<size_t>(m)] && !(c.sparse(layer) && m >= static_cast<int>(Linear::gate_proj));
+    };
+    int64_t per_layer = 0, n = 0;
+    for (int64_t l = 0; l < c.num_layers; ++l) {
+      int64_t here = 0;
+      for (int m = 0; m < kLinearCount; ++m)
+        if (adapted(l, m)) here += o_.r * (shapes[static_cast<size_t>(m)].first + shapes[static_cast<size_t>(m)].second);
+      per_layer = std::max(per_layer, here);
+      n += here;
+    }
     const int64_t ab = static_cast<int64_t>(dtype_size(in.weight_dtype)), gb = static_cast<int64_t>(dtype_size(in.grad_dtype));
     // Sharded over the ranks with the base (ZeRO-3), a layer's factors gathered around its work.
     const int64_t shards = std::max<int64_t>(1, in.world_size), per_rank = (n + shards - 1) / shards;
@@ -261,11 +276,15 @@ class Lora final : public Adapter {
     const int64_t qkv = (q + k + v) * T * r * ab, uo = o ? T * r * 4 : 0;
     const int64_t mlp_tile = std::min<int64_t>(T, in.recipe.get("tiled_mlp", "tile_rows", 0) > 0
                                                       ? in.recipe.get("tiled_mlp", "tile_rows", 0) : T);
-    const bool mlp = target(Linear::gate_proj) || target(Linear::up_proj) || target(Linear::down_proj);
+    const bool mlp = (target(Linear::gate_proj) || target(Linear::up_proj) || target(Linear::down_proj)) &&
+                     c.sparse_layers() < c.num_layers;
     if (qkv + uo > 0)
       plan.add("lora_forward", "LoRA: h1 @ A^T of q, k, v [T,r], fp32 attn @ Ao^T [T,r] and its rounding",
                PlanCategory::transient, qkv + uo + (o ? T * r * ab : 0), plan_phase::forward);
-    const int64_t mlp_products = mlp ? 2 * mlp_tile * r * ab : 0;
+    // The MLP's backward holds gate's and up's u^T from its recompute to the end (with the
+    // stacked g^T beside them at the end), and down's u and g while down's backward runs.
+    const int64_t n_in = target(Linear::gate_proj) + target(Linear::up_proj);
+    const int64_t mlp_products = mlp ? std::max(n_in + 2 * target(Linear::down_proj), 2 * n_in) * mlp_tile * r * ab : 0;
     if (qkv + uo + mlp_products > 0)
       plan.add("lora_mlp_backward", "LoRA: the attention's [T,r] products held through the MLP backward, the MLP's",
                PlanCategory::transient, qkv + uo + mlp_products, plan_phase::mlp_backward);
@@ -279,15 +298,24 @@ class Lora final : public Adapter {
     // its epilogue); in the backward g = scale dy B, dx (+)= g A, dA += g^T x, u again and
     // dB += scale dy^T u. Each reads or writes the full [T, in] or [T, out] side once, which is
     // what they cost: r is far below what keeps a GEMM compute-bound. 5 passes over [T, in] and
-    // 4 over [T, out] in all.
-    const double t = static_cast<double>(T), L = static_cast<double>(c.num_layers), rr = static_cast<double>(r);
-    for (int m = 0; m < kLinearCount; ++m) {
-      if (!o_.targets[static_cast<size_t>(m)]) continue;
-      const double out = static_cast<double>(shapes[static_cast<size_t>(m)].first),
-                   inn = static_cast<double>(shapes[static_cast<size_t>(m)].second);
-      plan.work.gemm_flops += L * 2 * t * rr * (5 * inn + 4 * out);
-      plan.work.memory_bytes += L * t * static_cast<double>(ab) * (5 * inn + 4 * out);
-    }
+    // 4 over [T, out] in all; where the A's of projections that read one input are stacked (q, k,
+    // v; gate, up: not under ZeRO-3 or 16-bit gradients), one GEMM makes that input's passes for
+    // all of them.
+    const bool stacked = shards == 1 && in.grad_dtype == DType::f32;
+    const double t = static_cast<double>(T), rr = static_cast<double>(r);
+    for (int64_t l = 0; l < c.num_layers; ++l)
+      for (int m = 0; m < kLinearCount; ++m) {
+        if (!adapted(l, m)) continue;
+        const double out = static_cast<double>(shapes[static_cast<size_t>(m)].first),
+                     inn = static_cast<double>(shapes[static_cast<size_t>(m)].second);
+        // Of the projections reading one input, the first adapted one pays that input's passes.
+        auto input_of = [](int j) { return j <= 2 ? 0 : j == 3 ? 1 : j <= 5 ? 2 : 3; };  // h1, attn, h2, act
+        bool shared = false;
+        for (int j = 0; j < m; ++j) shared = shared || (adapted(l, j) && input_of(j) == input_of(m));
+        const bool pays_input = !stacked || !shared;
+        plan.work.gemm_flops += 2 * t * rr * (5 * inn + 4 * out);
+        plan.work.memory_bytes += t * static_cast<double>(ab) * ((pays_input ? 5 * inn : 0) + 4 * out);
+      }
   }
 
  private:
