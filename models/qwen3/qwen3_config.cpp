@@ -9,6 +9,8 @@
 namespace lcx::qwen3 {
 namespace {
 
+void read_moe(const HfConfig& c, ModelConfig& m);
+
 // transformers' Qwen3Config defaults, for keys a config.json leaves out.
 ModelConfig transformers_defaults() {
   ModelConfig c;
@@ -38,6 +40,31 @@ ModelConfig preset(const std::string& name) {
     int64_t hidden, inter, layers, heads, kv;
     bool tied;
   };
+  // The mixture-of-experts releases: 128 experts, top-8 renormalized, 32k positions trained on
+  // 40,960 like the dense ones; intermediate_size is the dense MLP a layer in mlp_only_layers runs.
+  struct MoeShape {
+    const char* name;
+    int64_t hidden, inter, moe_inter, layers, heads, kv;
+  };
+  static const MoeShape moe_shapes[] = {{"qwen3-30b-a3b", 2048, 6144, 768, 48, 32, 4},
+                                        {"qwen3-235b-a22b", 4096, 12288, 1536, 94, 64, 4}};
+  for (const auto& s : moe_shapes)
+    if (name == s.name) {
+      c.model_type = "qwen3_moe";
+      c.hidden_size = s.hidden;
+      c.intermediate_size = s.inter;
+      c.moe_intermediate_size = s.moe_inter;
+      c.num_layers = s.layers;
+      c.num_heads = s.heads;
+      c.num_kv_heads = s.kv;
+      c.num_experts = 128;
+      c.num_experts_per_tok = 8;
+      c.norm_topk_prob = true;
+      c.router_aux_loss_coef = 0.001;
+      c.tie_word_embeddings = false;
+      c.layer_types.assign(static_cast<size_t>(c.num_layers), "full_attention");
+      return c;
+    }
   static const Shape shapes[] = {{"qwen3-0.6b", 1024, 3072, 28, 16, 8, true},
                                  {"qwen3-1.7b", 2048, 6144, 28, 16, 8, true},
                                  {"qwen3-4b", 2560, 9728, 36, 32, 8, true},
@@ -56,7 +83,8 @@ ModelConfig preset(const std::string& name) {
       return c;
     }
   throw Error(str("model init '", name, "' is neither a preset nor a JSON object"), "model.init",
-              "use qwen3-0.6b, qwen3-1.7b, qwen3-4b, qwen3-8b, qwen3-14b, qwen3-32b, or {\"hidden_size\": 256, ...}");
+              "use qwen3-0.6b, qwen3-1.7b, qwen3-4b, qwen3-8b, qwen3-14b, qwen3-32b, qwen3-30b-a3b, qwen3-235b-a22b, "
+              "or {\"hidden_size\": 256, ...}");
 }
 
 // Small enough for a CPU test, shaped like the real thing (GQA 2, tied).
@@ -83,15 +111,22 @@ const std::set<std::string>& known_keys() {
       "rope_theta", "rope_parameters", "rope_scaling", "layer_types", "use_sliding_window", "sliding_window",
       "max_window_layers", "torch_dtype", "dtype", "attention_bias", "attention_dropout", "hidden_act",
       "initializer_range", "use_cache", "model_type", "architectures", "bos_token_id", "eos_token_id",
-      "pad_token_id", "transformers_version", "mlp_bias", "partial_rotary_factor"};
+      "pad_token_id", "transformers_version", "mlp_bias", "partial_rotary_factor", "num_experts",
+      "num_experts_per_tok", "moe_intermediate_size", "norm_topk_prob", "decoder_sparse_step", "mlp_only_layers",
+      "router_aux_loss_coef", "output_router_logits"};
   return keys;
 }
 
 // Reads every Qwen3 key over `base`, refusing the variants this module does not compute.
 ModelConfig apply(const HfConfig& c, ModelConfig base) {
-  if (c.has("model_type")) c.expect_model_type("qwen3");
   ModelConfig m = std::move(base);
-  m.model_type = "qwen3";
+  if (c.has("model_type")) {
+    m.model_type = c.get_string("model_type", "");
+    if (m.model_type != "qwen3" && m.model_type != "qwen3_moe") c.expect_model_type("qwen3");
+  } else if (c.get_int("num_experts", m.num_experts) > 0) {
+    m.model_type = "qwen3_moe";  // an init spec that names experts
+  }
+  if (m.model_type == "qwen3_moe") read_moe(c, m);
   m.vocab_size = c.get_int("vocab_size", m.vocab_size);
   m.hidden_size = c.get_int("hidden_size", m.hidden_size);
   m.intermediate_size = c.get_int("intermediate_size", m.intermediate_size);
@@ -135,6 +170,29 @@ ModelConfig apply(const HfConfig& c, ModelConfig base) {
   return m;
 }
 
+// The mixture-of-experts keys, over transformers' Qwen3MoeConfig defaults.
+void read_moe(const HfConfig& c, ModelConfig& m) {
+  m.num_experts = c.get_int("num_experts", m.num_experts > 0 ? m.num_experts : 128);
+  m.num_experts_per_tok = c.get_int("num_experts_per_tok", m.num_experts_per_tok > 0 ? m.num_experts_per_tok : 8);
+  m.moe_intermediate_size = c.get_int("moe_intermediate_size", m.moe_intermediate_size > 0 ? m.moe_intermediate_size : 768);
+  m.norm_topk_prob = c.get_bool("norm_topk_prob", m.norm_topk_prob);
+  m.decoder_sparse_step = c.get_int("decoder_sparse_step", m.decoder_sparse_step);
+  m.router_aux_loss_coef = c.get_double("router_aux_loss_coef", m.router_aux_loss_coef > 0 ? m.router_aux_loss_coef : 0.001);
+  m.output_router_logits = c.get_bool("output_router_logits", m.output_router_logits);
+  if (c.has("mlp_only_layers")) {
+    const nlohmann::json j = nlohmann::json::parse(c.raw("mlp_only_layers"));
+    m.mlp_only_layers.clear();
+    if (!j.is_null()) {
+      if (!j.is_array()) throw Error(str(c.source(), ": mlp_only_layers must be a list of layer numbers"), "mlp_only_layers");
+      for (const auto& v : j) {
+        if (!v.is_number_integer())
+          throw Error(str(c.source(), ": mlp_only_layers holds ", v.dump(), ", not a layer number"), "mlp_only_layers");
+        m.mlp_only_layers.push_back(v.get<int64_t>());
+      }
+    }
+  }
+}
+
 const char* hf_dtype_name(DType t) {
   switch (t) {
     case DType::bf16: return "bfloat16";
@@ -171,10 +229,25 @@ void validate(const ModelConfig& c, const std::string& source) {
     if (t != "full_attention" && t != "sliding_attention")
       throw Error(str(source, ": layer type '", t, "' is unknown to Qwen3"), "layer_types",
                   "use full_attention or sliding_attention");
+  if (c.model_type != "qwen3_moe") return;
+  positive("num_experts", c.num_experts);
+  positive("num_experts_per_tok", c.num_experts_per_tok);
+  positive("moe_intermediate_size", c.moe_intermediate_size);
+  positive("decoder_sparse_step", c.decoder_sparse_step);
+  if (c.num_experts_per_tok > c.num_experts)
+    throw Error(str(source, ": num_experts_per_tok ", c.num_experts_per_tok, " is larger than num_experts ", c.num_experts,
+                    ": each token picks its top-k of the experts"),
+                "num_experts_per_tok", str("use at most ", c.num_experts));
+  for (int64_t l : c.mlp_only_layers)
+    if (l < 0 || l >= c.num_layers)
+      throw Error(str(source, ": mlp_only_layers names layer ", l, " of a model with ", c.num_layers, " layers"),
+                  "mlp_only_layers");
+  if (!(c.router_aux_loss_coef >= 0))
+    throw Error(str(source, ": router_aux_loss_coef must not be negative"), "router_aux_loss_coef");
 }
 
 ModelConfig config_from_hf(const HfConfig& c) {
-  c.expect_model_type("qwen3");
+  if (c.get_string("model_type", "") != "qwen3_moe") c.expect_model_type("qwen3");
   for (const char* key : {"vocab_size", "hidden_size", "intermediate_size", "num_hidden_layers", "num_attention_heads"})
     c.require_int(key);
   ModelConfig m = apply(c, transformers_defaults());
@@ -209,8 +282,9 @@ std::string config_to_json(const ModelConfig& c, const std::string& rope_paramet
   if (!rope.contains("rope_type")) rope["rope_type"] = "default";
   if (!rope.contains("rope_theta")) rope["rope_theta"] = c.rope_theta;
   nlohmann::ordered_json j;
-  j["architectures"] = {"Qwen3ForCausalLM"};
-  j["model_type"] = "qwen3";
+  const bool moe = c.model_type == "qwen3_moe";
+  j["architectures"] = {moe ? "Qwen3MoeForCausalLM" : "Qwen3ForCausalLM"};
+  j["model_type"] = moe ? "qwen3_moe" : "qwen3";
   j["vocab_size"] = c.vocab_size;
   j["hidden_size"] = c.hidden_size;
   j["intermediate_size"] = c.intermediate_size;
@@ -233,6 +307,16 @@ std::string config_to_json(const ModelConfig& c, const std::string& rope_paramet
   j["initializer_range"] = 0.02;
   j["use_cache"] = true;
   j["dtype"] = hf_dtype_name(dtype);
+  if (moe) {
+    j["num_experts"] = c.num_experts;
+    j["num_experts_per_tok"] = c.num_experts_per_tok;
+    j["moe_intermediate_size"] = c.moe_intermediate_size;
+    j["norm_topk_prob"] = c.norm_topk_prob;
+    j["decoder_sparse_step"] = c.decoder_sparse_step;
+    j["mlp_only_layers"] = c.mlp_only_layers;
+    j["router_aux_loss_coef"] = c.router_aux_loss_coef;
+    j["output_router_logits"] = c.output_router_logits;
+  }
   return j.dump(2) + "\n";
 }
 

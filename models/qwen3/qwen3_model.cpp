@@ -22,6 +22,7 @@
 // gradients are fp32 and accumulate across calls.
 #include <cmath>
 #include <algorithm>
+#include <limits>
 #include <chrono>
 #include <cstdio>
 #include <filesystem>
@@ -42,6 +43,7 @@
 #include "lcx/slots/model.h"
 #include "qwen3_config.h"
 #include "qwen3_init.h"
+#include "qwen3_moe.h"
 #include "qwen3_plan.h"
 
 namespace lcx::qwen3 {
@@ -64,8 +66,20 @@ void fill_ones(Tensor& t) {
 
 struct LayerParams {
   int index;  // the layer's number
-  int input_norm, q, k, v, o, q_norm, k_norm, post_norm, gate, up, down;
+  int input_norm, q, k, v, o, q_norm, k_norm, post_norm;
+  int gate = -1, up = -1, down = -1;  // the dense MLP's
+  // A sparse layer's router [E,H] and every expert's gate, up [E,I,H] and down [E,H,I] stacked.
+  bool sparse = false;
+  int router = -1, experts_gate = -1, experts_up = -1, experts_down = -1;
 };
+
+// A stacked experts' parameter name ("model.layers.3.mlp.experts.gate_proj.weight") and the name
+// of expert e's slice in a Hugging Face checkpoint ("model.layers.3.mlp.experts.5.gate_proj.weight").
+std::string expert_name(const std::string& stacked, int64_t e) {
+  const std::string marker = ".experts.";
+  const size_t at = stacked.find(marker) + marker.size();
+  return str(stacked.substr(0, at), e, ".", stacked.substr(at));
+}
 
 // One head group: query heads [q0, q0 + nq) and the kv heads [kv0, kv0 + nkv) they read.
 struct HeadGroup {
@@ -110,19 +124,21 @@ class Qwen3Model final : public Model {
     safetensors::Checkpoint ck = safetensors::Checkpoint::open(dir);
     build(cfg, device, dtype);
     // Refuse what does not belong before converting anything: a wrong folder fails in a second.
+    const std::vector<safetensors::NamedTensor> entries = checkpoint_entries();
     std::set<std::string> expected;
-    for (const auto& p : params_) expected.insert(p.name);
+    for (const auto& e : entries) expected.insert(e.name);
     for (const auto& name : ck.names()) {
       if (expected.count(name)) continue;
       if (name == "lm_head.weight" && cfg_.tie_word_embeddings) continue;  // redundant copy of a tied head
       if (name.size() > 20 && name.substr(name.size() - 20) == ".rotary_emb.inv_freq") continue;  // old buffers
-      throw Error(str(ck.file_of(name), ": tensor '", name, "' is unexpected in a qwen3 checkpoint with ", cfg_.num_layers,
-                      " layers", cfg_.tie_word_embeddings ? " and a tied head" : ""),
+      throw Error(str(ck.file_of(name), ": tensor '", name, "' is unexpected in a ", cfg_.model_type, " checkpoint with ",
+                      cfg_.num_layers, " layers", cfg_.tie_word_embeddings ? " and a tied head" : "",
+                      cfg_.num_experts > 0 ? str(", ", cfg_.sparse_layers(), " of them sparse with ", cfg_.num_experts, " experts") : ""),
                   {}, "check that config.json belongs to these weights");
     }
     std::vector<safetensors::LoadTarget> targets;
     uint64_t stored = 0;  // bytes read
-    for (auto& p : params_) {
+    for (const auto& p : entries) {
       if (!ck.has(p.name))
         throw Error(str(ck.path(), ": tensor '", p.name, "' is missing"), {},
                     p.name == "lm_head.weight" ? "an untied model needs lm_head.weight, or set tie_word_embeddings"
@@ -171,9 +187,7 @@ class Qwen3Model final : public Model {
 
   void save_hf(const std::string& dir, DType dtype, const std::string& rope_parameters_json) const override {
     fs::create_directories(dir);
-    std::vector<safetensors::NamedTensor> tensors;
-    for (const auto& p : params_) tensors.push_back({p.name, p.value});
-    safetensors::write_checkpoint(dir, tensors, dtype, max_shard_bytes_);
+    safetensors::write_checkpoint(dir, checkpoint_entries(), dtype, max_shard_bytes_);
     const std::string path = (fs::path(dir) / "config.json").string();
     std::ofstream out(path);
     out << config_to_json(cfg_, rope_parameters_json, dtype);
@@ -193,7 +207,10 @@ class Qwen3Model final : public Model {
       if (p.grad.defined()) p.grad.zero();
   }
 
-  void embed_forward(const Tensor& tokens, Tensor& x) override { ops::embedding_forward(tokens, W(embed_), x); }
+  void embed_forward(const Tensor& tokens, Tensor& x) override {
+    ops::embedding_forward(tokens, W(embed_), x);
+    begin_pass(x);
+  }
 
   void embed_backward(const Tensor& tokens, const Tensor& dx) override {
     if (trains(embed_)) ops::embedding_backward(tokens, dx, G(embed_));
@@ -217,7 +234,13 @@ class Qwen3Model final : public Model {
     ops::add(x, x1, x1);  // x1 = x + o, in o's buffer
     Tensor rstd2;
     Tensor h2 = post_norm(L, x1, rstd2);
-    mlp(ctx).forward(h2, mlp_weights(L, ctx), y);
+    if (L.sparse) {
+      const MoeRouting r = route(L, h2, ctx);
+      if (pass_.open) count_pass(L, r);
+      moe_forward(h2, moe_weights(L), r, y);
+    } else {
+      mlp(ctx).forward(h2, mlp_weights(L, ctx), y);
+    }
     h2 = Tensor();
     ops::add(x1, y, y);
   }
@@ -254,8 +277,15 @@ class Qwen3Model final : public Model {
     Tensor h2 = post_norm(L, x1, rstd2);
 
     // MLP: y = x1 + mlp(h2). dx holds dh2 until the attention's backward needs it for dh1.
-    MlpWeights grads{G(L.gate), G(L.up), G(L.down)};
-    mlp(ctx).backward(h2, mlp_weights(L, ctx), dy, dx, grads);
+    if (L.sparse) {
+      const MoeRouting r = route(L, h2, ctx);
+      MoeWeights grads{G(L.router), G(L.experts_gate), G(L.experts_up), G(L.experts_down)};
+      const Tensor aux = aux_grad(ctx, x);
+      moe_backward(h2, moe_weights(L), r, cfg_.norm_topk_prob, dy, aux.defined() ? &aux : nullptr, dx, grads);
+    } else {
+      MlpWeights grads{G(L.gate), G(L.up), G(L.down)};
+      mlp(ctx).backward(h2, mlp_weights(L, ctx), dy, dx, grads);
+    }
     h2 = Tensor();
     Tensor dx1 = act({T, cfg_.hidden_size}, x);
     ops::rmsnorm_backward(x1, W(L.post_norm), rstd2, dx, dx1, norm_grad(L.post_norm));
@@ -398,7 +428,10 @@ class Qwen3Model final : public Model {
   void final_norm_forward(const Tensor& x, Tensor& y) override {
     Tensor rstd = Tensor::empty({x.size(0)}, DType::f32, x.device());
     ops::rmsnorm_forward(x, W(final_norm_), eps(), y, rstd);
+    end_pass();
   }
+
+  AuxLoss aux_loss() const override { return aux_; }
 
   void final_norm_backward(const Tensor& x, const Tensor& dy, Tensor& dx) override {
     Tensor rstd = Tensor::empty({x.size(0)}, DType::f32, x.device());
@@ -471,6 +504,99 @@ class Qwen3Model final : public Model {
     a.documents = ctx.documents;
     return a;
   }
+  // Every tensor of a Hugging Face checkpoint of this model and the value it fills or is written
+  // from: a parameter, or one expert's slice of a stacked experts' parameter.
+  std::vector<safetensors::NamedTensor> checkpoint_entries() const {
+    std::vector<safetensors::NamedTensor> out;
+    for (const auto& p : params_) {
+      if (p.name.find(".mlp.experts.") == std::string::npos) {
+        out.push_back({p.name, p.value});
+        continue;
+      }
+      for (int64_t e = 0; e < p.value.size(0); ++e)
+        out.push_back({expert_name(p.name, e), p.value.rows(e, e + 1).view({p.value.size(1), p.value.size(2)})});
+    }
+    return out;
+  }
+
+  // Mixture of experts. A sparse layer's routing, the same in its forward and its recompute.
+  MoeWeights moe_weights(const LayerParams& L) {
+    return {W(L.router), W(L.experts_gate), W(L.experts_up), W(L.experts_down)};
+  }
+  MoeRouting route(const LayerParams& L, const Tensor& h2, const StepContext& ctx) {
+    if (ctx.parallel->size() > 1)
+      throw Error(str("qwen3: the mixture of experts runs on one rank per sequence here, but ", ctx.parallel->size(),
+                      " ranks share this one (context or sequence parallelism)"),
+                  "distributed", "set distributed.cp = 1 and distributed.sp = 1 for a qwen3_moe model");
+    if (ctx.adapter && (ctx.adapter->find(L.index, Linear::gate_proj) || ctx.adapter->find(L.index, Linear::up_proj) ||
+                        ctx.adapter->find(L.index, Linear::down_proj)))
+      throw Error(str("qwen3: layer ", L.index, " is sparse; adapters on its experts are not supported"),
+                  "lora.target_modules", "target the attention projections: [\"q_proj\", \"k_proj\", \"v_proj\", \"o_proj\"]");
+    return moe_route(h2, W(L.router), cfg_.num_experts_per_tok, cfg_.norm_topk_prob);
+  }
+  // The load-balancing loss over one forward pass, as transformers' load_balancing_loss_func with
+  // no attention mask: the N = T x (sparse layers) rows of router probabilities p, the share f_e of
+  // top-k picks each expert e took and its mean probability P_e,
+  //   aux = E * sum_e f_e P_e,   f_e = count_e / N,   P_e = sum_n p[n,e] / N,
+  // whose gradient with respect to p[n,e] is E * count_e / N^2 (the counts are not differentiated).
+  // The counts come from the routings' offsets (on the host already); the probabilities' sums
+  // stay on the device until the pass ends.
+  struct Pass {
+    bool open = false;
+    int64_t rows = 0;              // N
+    std::vector<double> counts;    // [E], summed over the pass's sparse layers
+    Tensor prob_sum, ones;         // fp32 [1,E] and [T,1]
+    int64_t min_load = 0, max_load = 0;
+  };
+  void begin_pass(const Tensor& x) {
+    pass_ = Pass{};
+    if (cfg_.num_experts <= 0) return;
+    pass_.open = true;
+    pass_.counts.assign(static_cast<size_t>(cfg_.num_experts), 0.0);
+    pass_.prob_sum = Tensor::zeros({1, cfg_.num_experts}, DType::f32, x.device());
+    Tensor ones = Tensor::empty({x.size(0), 1}, DType::f32, Device::cpu());
+    for (int64_t i = 0; i < x.size(0); ++i) ones.data_as<float>()[i] = 1.f;
+    pass_.ones = x.device().is_cuda() ? ones.to(x.device()) : ones;
+    pass_.min_load = std::numeric_limits<int64_t>::max();
+  }
+  void count_pass(const LayerParams&, const MoeRouting& r) {
+    const int64_t T = r.probs.size(0);
+    pass_.rows += T;
+    for (int64_t e = 0; e < cfg_.num_experts; ++e) {
+      const int64_t c = r.offsets[static_cast<size_t>(e + 1)] - r.offsets[static_cast<size_t>(e)];
+      pass_.counts[static_cast<size_t>(e)] += static_cast<double>(c);
+      pass_.min_load = std::min(pass_.min_load, c);
+      pass_.max_load = std::max(pass_.max_load, c);
+    }
+    ops::matmul(pass_.ones, true, r.probs, false, pass_.prob_sum, 1.f, 1.f);  // [1,T] @ [T,E]
+  }
+  void end_pass() {
+    if (!pass_.open) return;
+    pass_.open = false;
+    aux_ = AuxLoss{};
+    aux_.present = true;
+    aux_.coef = cfg_.output_router_logits ? cfg_.router_aux_loss_coef : 0.0;
+    if (pass_.rows == 0) return;
+    const std::vector<float> p = pass_.prob_sum.to_floats();
+    const double N = static_cast<double>(pass_.rows);
+    double sum = 0;
+    for (size_t e = 0; e < p.size(); ++e) sum += pass_.counts[e] / N * (static_cast<double>(p[e]) / N);
+    aux_.value = static_cast<double>(cfg_.num_experts) * sum;
+    aux_.expert_tokens_min = pass_.min_load;
+    aux_.expert_tokens_max = pass_.max_load;
+    pass_.prob_sum = pass_.ones = Tensor();
+  }
+  // d(coef * aux)/dp[n,e] for this step's share (ctx.aux_weight); undefined when the loss does
+  // not train.
+  Tensor aux_grad(const StepContext& ctx, const Tensor& like) const {
+    if (!cfg_.output_router_logits || cfg_.router_aux_loss_coef == 0 || pass_.rows == 0) return Tensor();
+    const double N = static_cast<double>(pass_.rows), E = static_cast<double>(cfg_.num_experts);
+    std::vector<float> g(pass_.counts.size());
+    for (size_t e = 0; e < g.size(); ++e)
+      g[e] = static_cast<float>(ctx.aux_weight * cfg_.router_aux_loss_coef * E * pass_.counts[e] / (N * N));
+    return Tensor::from_floats(g, {cfg_.num_experts}, DType::f32, like.device());
+  }
+
   int64_t parameter_count() const {
     int64_t n = 0;
     for (const auto& p : params_) n += p.value.numel();
@@ -509,9 +635,18 @@ class Qwen3Model final : public Model {
       L.q_norm = add(p + "self_attn.q_norm.weight", {d});
       L.k_norm = add(p + "self_attn.k_norm.weight", {d});
       L.post_norm = add(p + "post_attention_layernorm.weight", {H});
-      L.gate = add(p + "mlp.gate_proj.weight", {I, H}, true);
-      L.up = add(p + "mlp.up_proj.weight", {I, H}, true);
-      L.down = add(p + "mlp.down_proj.weight", {H, I}, true);
+      if (cfg.sparse(l)) {
+        const int64_t E = cfg.num_experts, Im = cfg.moe_intermediate_size;
+        L.sparse = true;
+        L.router = add(p + "mlp.gate.weight", {E, H}, true);
+        L.experts_gate = add(p + "mlp.experts.gate_proj.weight", {E, Im, H}, true);
+        L.experts_up = add(p + "mlp.experts.up_proj.weight", {E, Im, H}, true);
+        L.experts_down = add(p + "mlp.experts.down_proj.weight", {E, H, Im}, true);
+      } else {
+        L.gate = add(p + "mlp.gate_proj.weight", {I, H}, true);
+        L.up = add(p + "mlp.up_proj.weight", {I, H}, true);
+        L.down = add(p + "mlp.down_proj.weight", {H, I}, true);
+      }
       layers_.push_back(L);
     }
     final_norm_ = add("model.norm.weight", {H});
@@ -690,6 +825,8 @@ class Qwen3Model final : public Model {
   std::string table_;    // the manifest's name for this module's table, for errors
   std::unique_ptr<MlpStrategy> whole_mlp_ = make_whole_mlp();  // for callers whose StepContext names no MLP
   std::map<int64_t, Tensor> norm_scratch_;  // frozen norms' discarded weight gradients, by size
+  Pass pass_;     // the forward pass under way (mixture of experts)
+  AuxLoss aux_;   // the last pass's auxiliary loss
 };
 
 // "5GB", "200KB", "1MiB", as transformers' max_shard_size: KB/MB/GB are powers of 1000, KiB/MiB/GiB of

@@ -23,13 +23,28 @@ DecoderDims shape_of(const ModelConfig& c) {
 }
 
 // One decoder layer's parameters: input and post-attention norms, q/k/v/o projections, the
-// per-head q_norm and k_norm, gate/up/down.
-int64_t layer_params(const DecoderDims& s) {
-  return 2 * s.H + s.qd * s.H + 2 * s.kvd * s.H + s.H * s.qd + 2 * s.d + 3 * s.I * s.H;
+// per-head q_norm and k_norm, and its MLP: gate/up/down, or a sparse layer's router and experts.
+int64_t mlp_params(const ModelConfig& c, const DecoderDims& s, int64_t layer) {
+  return c.sparse(layer) ? c.num_experts * s.H + 3 * c.num_experts * c.moe_intermediate_size * s.H : 3 * s.I * s.H;
 }
-// Of those, the GEMM weights (q, k, v, o, gate, up, down): the ones whose gradients may be kept in
+int64_t layer_params(const ModelConfig& c, const DecoderDims& s, int64_t layer) {
+  return 2 * s.H + s.qd * s.H + 2 * s.kvd * s.H + s.H * s.qd + 2 * s.d + mlp_params(c, s, layer);
+}
+// Of those, the GEMM weights (q, k, v, o and the MLP's): the ones whose gradients may be kept in
 // PlanInputs::grad_dtype.
-int64_t layer_gemm_params(const DecoderDims& s) { return 2 * s.qd * s.H + 2 * s.kvd * s.H + 3 * s.I * s.H; }
+int64_t layer_gemm_params(const ModelConfig& c, const DecoderDims& s, int64_t layer) {
+  return 2 * s.qd * s.H + 2 * s.kvd * s.H + mlp_params(c, s, layer);
+}
+int64_t all_layers(const ModelConfig& c, const DecoderDims& s, int64_t (*per_layer)(const ModelConfig&, const DecoderDims&, int64_t)) {
+  int64_t n = 0;
+  for (int64_t l = 0; l < s.L; ++l) n += per_layer(c, s, l);
+  return n;
+}
+int64_t largest_layer(const ModelConfig& c, const DecoderDims& s) {
+  int64_t n = 0;
+  for (int64_t l = 0; l < s.L; ++l) n = std::max(n, layer_params(c, s, l));
+  return n;
+}
 
 }  // namespace
 
@@ -43,14 +58,14 @@ void plan_dense_decoder(const PlanInputs& in, MemoryPlan& plan, const DenseDecod
   const int64_t T = in.tokens_per_rank;
   const int64_t ab = static_cast<int64_t>(dtype_size(in.weight_dtype));  // activations take the weights' dtype
   const int64_t head = in.model.tie_word_embeddings ? 0 : s.V * s.H;
-  const int64_t n = s.V * s.H + s.L * layer_params(s) + s.H + head;  // embedding, layers, final norm, head
+  const int64_t n = s.V * s.H + all_layers(in.model, s, layer_params) + s.H + head;  // embedding, layers, final norm, head
   // ZeRO-3 over the whole mesh (core/src/distributed/sharded_params.h): a rank keeps 1/world of each
   // parameter's value and fp32 grad (and its master and moments: the optimizer's plan).
   const int64_t shards = std::max<int64_t>(1, in.world_size);
   const int64_t per_rank = (n + shards - 1) / shards;
   // The optimizer plans its master weights and moments from these (lcx/slots/optimizer.h).
   plan.parameters = n;
-  plan.gemm_parameters = s.L * layer_gemm_params(s);
+  plan.gemm_parameters = all_layers(in.model, s, layer_gemm_params);
   plan.add("parameters", "parameters (" + std::to_string(n) + ")", PlanCategory::weights, per_rank * ab,
            plan_phase::always);
   if (in.base_frozen) {
@@ -79,7 +94,7 @@ void plan_dense_decoder(const PlanInputs& in, MemoryPlan& plan, const DenseDecod
     // for its recompute + backward until reduce_grads; the head's for the loss.
     // A frozen base gathers its values alone (the norms an adapter trains whole are left out: a
     // few [H] per layer).
-    const int64_t lp = layer_params(s);
+    const int64_t lp = largest_layer(in.model, s);
     const int64_t grad_bytes = in.base_frozen ? 0 : 4;
     plan.add("gathered_layer", "one layer's gathered weights", PlanCategory::communication, lp * ab,
              plan_phase::forward);
@@ -160,8 +175,16 @@ void plan_dense_decoder(const PlanInputs& in, MemoryPlan& plan, const DenseDecod
   // forwards run once, twice with a recompute, three times when groups recompute it again.
   {
     const double t = static_cast<double>(T), seq = static_cast<double>(in.seq_len);
+    // The MLP's weights a token passes through, over the layers: 3 H I for a dense layer; the
+    // router and k experts' 3 H I_moe for a sparse one. Its elementwise width likewise.
+    const ModelConfig& c = in.model;
+    const double sparse = static_cast<double>(c.sparse_layers()), dense = static_cast<double>(s.L) - sparse;
+    const double k_moe = static_cast<double>(c.num_experts_per_tok), i_moe = static_cast<double>(c.moe_intermediate_size);
     const double qkv = static_cast<double>(s.H * (s.qd + 2 * s.kvd)), o = static_cast<double>(s.qd * s.H),
-                 mlp = static_cast<double>(3 * s.H * s.I);
+                 mlp = (dense * 3.0 * static_cast<double>(s.H * s.I) +
+                        sparse * static_cast<double>(s.H) * (static_cast<double>(c.num_experts) + 3.0 * k_moe * i_moe)) /
+                       static_cast<double>(s.L);
+    const double width = (dense * static_cast<double>(s.I) + sparse * k_moe * i_moe) / static_cast<double>(s.L);
     const double fwd = 2 * t * (qkv + o + mlp);
     // The backward's GEMMs per forward one: the input's gradient, and the weight's unless frozen.
     const double backward = in.base_frozen ? 1 : 2;
@@ -180,7 +203,7 @@ void plan_dense_decoder(const PlanInputs& in, MemoryPlan& plan, const DenseDecod
     w.attention_backward_flops += static_cast<double>(s.L) * 2.5 * pairs * 4 * static_cast<double>(s.d);
     // Elementwise passes over [T,I] (SwiGLU forward, recompute, backward) and [T,H] (norms, adds,
     // rotary); the optimizer adds its own.
-    w.memory_bytes += static_cast<double>(s.L) * t * static_cast<double>(ab) * (11.0 * s.I + 24.0 * s.H);
+    w.memory_bytes += static_cast<double>(s.L) * t * static_cast<double>(ab) * (11.0 * width + 24.0 * s.H);
     // train.checkpoint_every = k: the backward runs the forward of every unsaved layer once more to
     // rebuild its input (its elementwise passes taken as a third of the layer's).
     const double rebuilt = static_cast<double>(s.L - in.recipe.saved_layers(s.L));
@@ -188,7 +211,31 @@ void plan_dense_decoder(const PlanInputs& in, MemoryPlan& plan, const DenseDecod
     w.gemm_flops += rebuilt * (fwd - grouped_forward);
     w.grouped_gemm_flops += rebuilt * grouped_forward;
     w.attention_forward_flops += rebuilt * pairs * 4 * static_cast<double>(s.d);
-    w.memory_bytes += rebuilt * t * static_cast<double>(ab) * (11.0 * s.I + 24.0 * s.H) / 3;
+    w.memory_bytes += rebuilt * t * static_cast<double>(ab) * (11.0 * width + 24.0 * s.H) / 3;
+  }
+
+  // A sparse layer's MLP (qwen3_moe.cpp), in place of the MLP slot's: the routing (logits [T,E],
+  // fp32 probabilities, top-k weights and experts, the sorted order and its inverse) and the
+  // experts' rows. Every token's k rows are sorted whatever the experts they go to, so the buffers
+  // are T*k rows however unevenly the tokens route (all to one expert included): the bound is exact.
+  if (in.model.sparse_layers() > 0) {
+    const ModelConfig& c = in.model;
+    const int64_t E = c.num_experts, tk = T * c.num_experts_per_tok, Im = c.moe_intermediate_size;
+    const int64_t routing = T * E * (ab + 4) + T * c.num_experts_per_tok * 8 + tk * 8;
+    plan.add("moe_forward", "sparse MLP forward: routing, experts' inputs, gate, up, silu*up [T*k rows]",
+             PlanCategory::transient, routing + tk * (s.H + 3 * Im) * ab, plan_phase::forward);
+    // The backward's widest moment: the experts' inputs, gate, up and silu*up with their outputs
+    // and those outputs' gradients (the combine's backward), or later dact beside them, or dgate
+    // and dup beside gate, up and dact; then the router's gradient [T,E].
+    const int64_t widest = std::max({3 * s.H + 3 * Im, 2 * s.H + 4 * Im, s.H + 5 * Im});
+    plan.add("moe_backward", "sparse MLP backward: routing, experts' rows and their gradients [T*k rows]",
+             PlanCategory::transient, routing + T * c.num_experts_per_tok * 4 + tk * widest * ab + T * E * ab,
+             plan_phase::mlp_backward);
+    // cuBLAS's grouped GEMM takes one dtype for all its operands: a 16-bit weight gradient is
+    // made whole in the weights' dtype, then added to the fp32 gradient (ops::grouped_matmul_wgrad).
+    if (ab < 4 && !in.base_frozen)
+      plan.add("moe_wgrad_scratch", "sparse MLP backward: one stacked experts' weight gradient in the weights' dtype",
+               PlanCategory::transient, E * Im * s.H * ab, plan_phase::mlp_backward);
   }
 
   // final_norm_backward recomputes the norm: y [T,H] and fp32 rstd [T].

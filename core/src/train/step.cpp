@@ -98,7 +98,7 @@ void configure_slots(StepSlots& s) {
   s.parallel->configure(par, s.mesh);
 }
 
-StepResult train_step(StepSlots& s, const Shard& shard, double grad_scale, Device device) {
+StepResult train_step(StepSlots& s, const Shard& shard, double grad_scale, Device device, double aux_weight) {
   s.fill_defaults();
   StepHooks none;
   StepHooks& hooks = s.hooks ? *s.hooks : none;
@@ -118,7 +118,7 @@ StepResult train_step(StepSlots& s, const Shard& shard, double grad_scale, Devic
   MemoryRecorder& recorder = allocator_for(device).recorder();
   recorder.set_tag("forward");
   const RopeTables rope = s.positional->tables(shard.positions, device);
-  StepContext ctx{&rope, s.parallel, device, s.mlp, &memory, s.recipe, shard.document_bounds, s.adapter};
+  StepContext ctx{&rope, s.parallel, device, s.mlp, &memory, s.recipe, shard.document_bounds, s.adapter, aux_weight};
   // A layer whose input is not saved runs without the memory strategy: it keeps nothing, and its
   // backward recomputes everything from the rebuilt input.
   StepContext unsaved = ctx;
@@ -145,6 +145,7 @@ StepResult train_step(StepSlots& s, const Shard& shard, double grad_scale, Devic
   }
   Tensor hidden = Tensor::empty({T, H}, dt, device);
   model.final_norm_forward(x, hidden);
+  r.aux = model.aux_loss();
   sync(device);
   const double t1 = now_s();
   phase.emplace(StepPhase::loss);

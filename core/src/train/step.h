@@ -63,6 +63,7 @@ struct StepResult {
   int64_t valid = 0;    // targets that are not -100
   double forward_s = 0;   // embed + layers + final norm
   double backward_s = 0;  // loss + final norm backward + layers' recompute and backward + embed
+  AuxLoss aux;            // the model's auxiliary loss of this pass (a mixture of experts' load balance)
 };
 
 // Tells the positional encoding and the parallelism the model's shape, and the parallelism its
@@ -70,8 +71,9 @@ struct StepResult {
 void configure_slots(StepSlots& s);
 
 // grad_scale multiplies d(loss_sum): 1 / (valid targets of the whole step, across ranks and
-// accumulated sequences) gives transformers' mean loss.
-StepResult train_step(StepSlots& s, const Shard& shard, double grad_scale, Device device);
+// accumulated sequences) gives transformers' mean loss. aux_weight weighs the model's auxiliary
+// loss of this pass (1 / the step's sequences: the step trains their mean).
+StepResult train_step(StepSlots& s, const Shard& shard, double grad_scale, Device device, double aux_weight = 1.0);
 
 struct EvalResult {
   double loss_sum = 0;

@@ -248,8 +248,17 @@ void Trainer::forward_backward_step(const Batch& batch, StepRecord& r) {
         const double t0 = now_s();
         Shard shard = run_.slots().parallel->shard(batch.sequences[j], run_.seq_rank());
         r.shard_s += now_s() - t0;
-        StepResult s = lcx::train_step(run_.step(), shard, 1.0 / static_cast<double>(r.valid), device);
+        const double aux_weight = 1.0 / static_cast<double>(batch.sequences.size());
+        StepResult s = lcx::train_step(run_.step(), shard, 1.0 / static_cast<double>(r.valid), device, aux_weight);
         r.loss_sum += s.loss_sum;
+        if (s.aux.present) {
+          const bool first = !r.aux.present;
+          r.aux.present = true;
+          r.aux.coef = s.aux.coef;
+          r.aux.value += s.aux.value * aux_weight;
+          r.aux.expert_tokens_min = first ? s.aux.expert_tokens_min : std::min(r.aux.expert_tokens_min, s.aux.expert_tokens_min);
+          r.aux.expert_tokens_max = std::max(r.aux.expert_tokens_max, s.aux.expert_tokens_max);
+        }
         r.forward_s += s.forward_s;
         r.backward_s += s.backward_s;
         r.memory_wait_s += run_.slots().memory->wait_seconds();  // per train_step, so summed over the step's sequences
@@ -268,17 +277,22 @@ void Trainer::forward_backward_step(const Batch& batch, StepRecord& r) {
 // without sharding (whose hooks reduce-scatter them), the gradients.
 void Trainer::reduce_across_ranks(StepRecord& r) {
   r.t_communication = now_s();
-  double sums[2] = {r.loss_sum, static_cast<double>(StopSignals::requested() != 0)};
+  // The auxiliary loss is each rank's mean over its own sequences' share: summed once per
+  // data-parallel replica (the sequence ranks of one replica computed the same value).
+  const double seq_ranks = static_cast<double>(run_.world_size() / std::max(1, run_.mesh_shape().dp));
+  double sums[3] = {r.loss_sum, static_cast<double>(StopSignals::requested() != 0), r.aux.value / seq_ranks};
   if (Communicator* world = run_.world()) {
     ProfilePhase phase(StepPhase::communication);
     allocator_for(run_.device()).recorder().set_tag("communication");
-    world->all_reduce(std::span<double>(sums, 2));
+    world->all_reduce(std::span<double>(sums, 3));
     if (!run_.sharded())
       for (Parameter* p : run_.trainable_parameters()) world->all_reduce(p->grad);
   }
   r.loss_sum = sums[0];
   r.stop = sums[1] > 0;
-  r.loss = r.valid > 0 ? r.loss_sum / static_cast<double>(r.valid) : std::nan("");
+  r.aux.value = sums[2];
+  // The loss transformers reports: the LM loss, plus the auxiliary loss where it trains.
+  r.loss = r.valid > 0 ? r.loss_sum / static_cast<double>(r.valid) + r.aux.coef * r.aux.value : std::nan("");
 }
 
 // Clip by the global norm, then AdamW; a step whose loss or norm is not finite is skipped.
@@ -364,6 +378,15 @@ void Trainer::log_step(const StepRecord& r, const std::optional<EvalTotals>& eva
                       {"peak_pinned_bytes", pinned_allocator().stats().peak_bytes},
                       {"host_optimizer_bytes", host_optimizer_bytes(device)},
                       {"skipped", !r.finite}};
+  if (r.aux.present) {
+    m["aux_loss"] = r.aux.value;
+    m["expert_tokens_min"] = r.aux.expert_tokens_min;
+    m["expert_tokens_max"] = r.aux.expert_tokens_max;
+    // The busiest expert against the idlest (null when one took nothing).
+    m["expert_load_ratio"] = r.aux.expert_tokens_min > 0 ? nlohmann::json(static_cast<double>(r.aux.expert_tokens_max) /
+                                                                          static_cast<double>(r.aux.expert_tokens_min))
+                                                         : nlohmann::json(nullptr);
+  }
   if (device.is_cuda()) {
     m["peak_gpu_bytes"] = allocator_for(device).stats().peak_bytes;
     // MFU on GPUs only, against [run] peak_tflops or the rates row's peak.

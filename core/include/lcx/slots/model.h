@@ -33,6 +33,37 @@ struct ModelConfig {
   std::vector<std::string> layer_types;  // one per layer
   std::string rope_parameters_json = "{}";
   std::string torch_dtype = "bfloat16";
+  // Mixture of experts (model_type "qwen3_moe"): num_experts 0 for a dense model. A layer is
+  // sparse unless listed in mlp_only_layers, every decoder_sparse_step-th (transformers' rule);
+  // the others run the dense MLP of intermediate_size.
+  int64_t num_experts = 0;
+  int64_t num_experts_per_tok = 0;
+  int64_t moe_intermediate_size = 0;
+  bool norm_topk_prob = false;
+  int64_t decoder_sparse_step = 1;
+  std::vector<int64_t> mlp_only_layers;
+  double router_aux_loss_coef = 0;
+  bool output_router_logits = false;  // the load-balancing loss joins the trained loss
+  bool sparse(int64_t layer) const {
+    if (num_experts <= 0 || decoder_sparse_step <= 0) return false;
+    for (int64_t l : mlp_only_layers)
+      if (l == layer) return false;
+    return (layer + 1) % decoder_sparse_step == 0;
+  }
+  int64_t sparse_layers() const {
+    int64_t n = 0;
+    for (int64_t l = 0; l < num_layers; ++l) n += sparse(l) ? 1 : 0;
+    return n;
+  }
+};
+
+// The auxiliary loss of a model's last forward pass (embed_forward .. final_norm_forward): for a
+// mixture of experts, the load-balancing loss, with what the experts took.
+struct AuxLoss {
+  double value = 0;   // the loss, its coefficient not applied
+  double coef = 0;    // its weight in the trained (and reported) loss; 0: logged only
+  int64_t expert_tokens_min = 0, expert_tokens_max = 0;  // rows an expert took, over layers and experts
+  bool present = false;  // the model has one
 };
 
 struct Parameter {
@@ -62,6 +93,9 @@ struct StepContext {
   // The Adapter slot: the low-rank factors a layer adds to its projections; null (or a provider
   // that adapts nothing) for full fine-tuning.
   const class Adapter* adapter = nullptr;
+  // This pass's share of the step's auxiliary loss (1 / the step's sequences): the weight of its
+  // gradient beside the LM loss's.
+  double aux_weight = 1.0;
 };
 
 class Model : public Plugin {
@@ -87,6 +121,9 @@ class Model : public Plugin {
                               StepContext& ctx) = 0;
   virtual void final_norm_forward(const Tensor& x, Tensor& y) = 0;
   virtual void final_norm_backward(const Tensor& x, const Tensor& dy, Tensor& dx) = 0;
+  // The last forward pass's auxiliary loss (embed_forward begins a pass, final_norm_forward ends
+  // it; the layers' recomputes after it do not count); its gradient is the layers' backward's.
+  virtual AuxLoss aux_loss() const { return {}; }
   virtual Tensor head_weight() = 0;  // [V,H]: lm_head, or the embedding when tied
   virtual Tensor head_grad() = 0;    // fp32 [V,H], shared with the embedding's when tied
   // Adds what this provider holds during a step to `plan` (lcx/plan.h); the default adds nothing.

@@ -1,0 +1,45 @@
+// The sparse MLP of Qwen3-MoE, as transformers 5.17 computes it (Qwen3MoeSparseMoeBlock), with an
+// explicit backward.
+//
+//   logits = h @ Wr^T [T,E] ; p = softmax(logits) in fp32 ; (w, e) = its k largest per token,
+//   renormalized to sum 1 when norm_topk_prob
+//   the T*k (token, choice) slots sorted by expert ; expert e runs SwiGLU on its rows x_e:
+//     y_e = (silu(x_e @ Wg[e]^T) * (x_e @ Wu[e]^T)) @ Wd[e]^T   (grouped GEMMs: one call for all experts)
+//   out[t] = sum_j w[t,j] * y[slot (t,j)]
+//
+// No token is dropped: an expert takes every row routed to it. The experts' weights are stacked per
+// layer ([E,I,H] gate and up, [E,H,I] down), so every expert of a layer runs in one GEMM call; the
+// host learns the per-expert row counts once per routing (the grouped GEMMs' shapes). Nothing is
+// kept between forward and backward: the backward routes again from the recomputed input (the
+// same bits, so the same experts) and rebuilds the experts' activations.
+#pragma once
+#include <cstdint>
+#include <vector>
+
+#include "lcx/tensor.h"
+
+namespace lcx::qwen3 {
+
+// One sparse layer's weights (values), or their gradients (fp32, or undefined where frozen).
+struct MoeWeights {
+  Tensor router;           // [E,H]: HF's mlp.gate.weight
+  Tensor gate, up, down;   // [E,I,H], [E,I,H], [E,H,I]: every expert's gate_proj, up_proj, down_proj
+};
+
+// One routing of T tokens: what the forward and the backward share.
+struct MoeRouting {
+  Tensor probs;               // fp32 [T,E], the whole softmax
+  Tensor weights, experts;    // fp32 [T,k], int32 [T,k]
+  Tensor order, position;     // int32 [T*k]: the slot at each sorted row, and each slot's sorted row
+  std::vector<int64_t> offsets;  // on the host, [E+1]: where each expert's rows begin
+};
+
+MoeRouting moe_route(const Tensor& h, const Tensor& router, int64_t top_k, bool norm_topk);
+// out [T,H] = the block's output for h [T,H] under routing r.
+void moe_forward(const Tensor& h, const MoeWeights& w, const MoeRouting& r, Tensor& out);
+// Writes dh [T,H] and accumulates the weights' gradients (those defined). aux_grad (fp32 [E], or
+// null): the load-balancing loss's gradient with respect to every token's probability of expert e.
+void moe_backward(const Tensor& h, const MoeWeights& w, const MoeRouting& r, bool norm_topk, const Tensor& dout,
+                  const Tensor* aux_grad, Tensor& dh, MoeWeights& grads);
+
+}  // namespace lcx::qwen3
