@@ -31,6 +31,7 @@
 #include <set>
 #include <vector>
 
+#include "lcx/comm.h"
 #include "lcx/config.h"
 #include "lcx/defaults.h"
 #include "lcx/hf_config.h"
@@ -236,7 +237,7 @@ class Qwen3Model final : public Model {
     Tensor h2 = post_norm(L, x1, rstd2);
     if (L.sparse) {
       const MoeRouting r = route(L, h2, ctx);
-      if (pass_.open) count_pass(L, r);
+      if (pass_.open) count_pass(r, ctx);
       moe_forward(h2, moe_weights(L), r, y);
     } else {
       mlp(ctx).forward(h2, mlp_weights(L, ctx), y);
@@ -524,10 +525,6 @@ class Qwen3Model final : public Model {
     return {W(L.router), W(L.experts_gate), W(L.experts_up), W(L.experts_down)};
   }
   MoeRouting route(const LayerParams& L, const Tensor& h2, const StepContext& ctx) {
-    if (ctx.parallel->size() > 1)
-      throw Error(str("qwen3: the mixture of experts runs on one rank per sequence here, but ", ctx.parallel->size(),
-                      " ranks share this one (context or sequence parallelism)"),
-                  "distributed", "set distributed.cp = 1 and distributed.sp = 1 for a qwen3_moe model");
     if (ctx.adapter && (ctx.adapter->find(L.index, Linear::gate_proj) || ctx.adapter->find(L.index, Linear::up_proj) ||
                         ctx.adapter->find(L.index, Linear::down_proj)))
       throw Error(str("qwen3: layer ", L.index, " is sparse; adapters on its experts are not supported"),
@@ -540,13 +537,15 @@ class Qwen3Model final : public Model {
   //   aux = E * sum_e f_e P_e,   f_e = count_e / N,   P_e = sum_n p[n,e] / N,
   // whose gradient with respect to p[n,e] is E * count_e / N^2 (the counts are not differentiated).
   // The counts come from the routings' offsets (on the host already); the probabilities' sums
-  // stay on the device until the pass ends.
+  // stay on the device until the pass ends. Under cp or sp each rank routes its own tokens: the
+  // sums (and N) are added over the sequence's ranks when the pass ends.
   struct Pass {
     bool open = false;
     int64_t rows = 0;              // N
     std::vector<double> counts;    // [E], summed over the pass's sparse layers
     Tensor prob_sum, ones;         // fp32 [1,E] and [T,1]
     int64_t min_load = 0, max_load = 0;
+    Communicator* sequence = nullptr;  // the ranks sharing the sequence
   };
   void begin_pass(const Tensor& x) {
     pass_ = Pass{};
@@ -559,7 +558,8 @@ class Qwen3Model final : public Model {
     pass_.ones = x.device().is_cuda() ? ones.to(x.device()) : ones;
     pass_.min_load = std::numeric_limits<int64_t>::max();
   }
-  void count_pass(const LayerParams&, const MoeRouting& r) {
+  void count_pass(const MoeRouting& r, const StepContext& ctx) {
+    pass_.sequence = ctx.sequence;
     const int64_t T = r.probs.size(0);
     pass_.rows += T;
     for (int64_t e = 0; e < cfg_.num_experts; ++e) {
@@ -577,10 +577,21 @@ class Qwen3Model final : public Model {
     aux_.present = true;
     aux_.coef = cfg_.output_router_logits ? cfg_.router_aux_loss_coef : 0.0;
     if (pass_.rows == 0) return;
-    const std::vector<float> p = pass_.prob_sum.to_floats();
+    const std::vector<float> probs = pass_.prob_sum.to_floats();
+    std::vector<double> p(probs.begin(), probs.end());
+    if (pass_.sequence && pass_.sequence->size() > 1) {
+      std::vector<double> sums(pass_.counts);
+      sums.insert(sums.end(), p.begin(), p.end());
+      sums.push_back(static_cast<double>(pass_.rows));
+      pass_.sequence->all_reduce(std::span<double>(sums));
+      const size_t E = pass_.counts.size();
+      std::copy(sums.begin(), sums.begin() + static_cast<std::ptrdiff_t>(E), pass_.counts.begin());
+      std::copy(sums.begin() + static_cast<std::ptrdiff_t>(E), sums.begin() + static_cast<std::ptrdiff_t>(2 * E), p.begin());
+      pass_.rows = static_cast<int64_t>(sums.back());
+    }
     const double N = static_cast<double>(pass_.rows);
     double sum = 0;
-    for (size_t e = 0; e < p.size(); ++e) sum += pass_.counts[e] / N * (static_cast<double>(p[e]) / N);
+    for (size_t e = 0; e < p.size(); ++e) sum += pass_.counts[e] / N * (p[e] / N);
     aux_.value = static_cast<double>(cfg_.num_experts) * sum;
     aux_.expert_tokens_min = pass_.min_load;
     aux_.expert_tokens_max = pass_.max_load;

@@ -99,7 +99,7 @@ PY
 )
   torch='{"error": "not run"}'
   [[ ${TORCH:-1} != 0 ]] && torch=$(PYTHONUNBUFFERED=1 timeout "$limit" python3 scripts/bench/torch_step.py --model "$model" --tokens "$tokens" \
-          --steps $((steps - 1)) ${layers:+--layers $layers} "${peer_docs[@]}" ${TORCH_ARGS:-} 2>"$run/torch.err" | tail -1)
+          --steps $((steps - 1)) ${layers:+--layers $layers} "${peer_docs[@]}" ${TORCH_ARGS:-} 2>"$run/torch.err" | tee "$run/torch.all" | tail -1)
   echo "$torch" >"$run/torch.json"
   label=$model
   if [[ -n $docs ]]; then

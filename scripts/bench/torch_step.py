@@ -16,6 +16,10 @@ them from those (its packed-sequence detection, without an attention mask), on -
 checks that the packed documents really are masked: a document's logits must equal those of the
 same document run alone.
 
+Qwen3-MoE shapes (qwen3-30b-a3b) run Qwen3MoeForCausalLM, its experts through --experts (one of
+transformers' experts implementations, or several: each is timed); LoRA there adapts the linear
+projections (attention), as PEFT's all-linear does where the experts are fused parameters.
+
 With --lora R, the peer's LoRA: every linear projection of the decoder layers gets PEFT's branch
 written by hand (PEFT is not installed here), y = base(x) + (alpha / r) * B(A(x)) with A and B in
 the weights' dtype, the base frozen (autograd then skips the frozen weights' gradients), and fused
@@ -30,7 +34,7 @@ import time
 
 os.environ.setdefault("PYTORCH_CUDA_ALLOC_CONF", "expandable_segments:True")
 import torch  # noqa: E402
-from transformers import Qwen3Config, Qwen3ForCausalLM  # noqa: E402
+from transformers import Qwen3Config, Qwen3ForCausalLM, Qwen3MoeConfig, Qwen3MoeForCausalLM  # noqa: E402
 
 SHAPES = {
     "qwen3-0.6b": dict(hidden_size=1024, intermediate_size=3072, num_hidden_layers=28, num_attention_heads=16,
@@ -41,6 +45,9 @@ SHAPES = {
                      num_key_value_heads=8, tie_word_embeddings=True),
     "qwen3-8b": dict(hidden_size=4096, intermediate_size=12288, num_hidden_layers=36, num_attention_heads=32,
                      num_key_value_heads=8, tie_word_embeddings=False),
+    "qwen3-30b-a3b": dict(hidden_size=2048, intermediate_size=6144, num_hidden_layers=48, num_attention_heads=32,
+                          num_key_value_heads=4, tie_word_embeddings=False, num_experts=128, num_experts_per_tok=8,
+                          moe_intermediate_size=768, norm_topk_prob=True),
 }
 
 
@@ -153,19 +160,25 @@ def add_lora(model, r, alpha):
         for parent, names in ((layer.self_attn, ("q_proj", "k_proj", "v_proj", "o_proj")),
                               (layer.mlp, ("gate_proj", "up_proj", "down_proj"))):
             for n in names:
+                if not isinstance(getattr(parent, n, None), torch.nn.Linear):
+                    continue  # a sparse layer's experts: no linear modules of their own
                 setattr(parent, n, LoraLinear(getattr(parent, n), r, alpha))
     model.enable_input_require_grads()  # checkpointed layers see an input that needs a gradient
 
 
-def run(model_name, tokens, steps, layers=None, offload=False, bounds=None, attn="sdpa", lora=0):
-    cfg = Qwen3Config(vocab_size=151936, head_dim=128, rope_theta=1e6, rms_norm_eps=1e-6,
-                      max_position_embeddings=max(40960, tokens), **SHAPES[model_name])
+def run(model_name, tokens, steps, layers=None, offload=False, bounds=None, attn="sdpa", lora=0, experts=None):
+    moe = "num_experts" in SHAPES[model_name]
+    Config, Model = (Qwen3MoeConfig, Qwen3MoeForCausalLM) if moe else (Qwen3Config, Qwen3ForCausalLM)
+    cfg = Config(vocab_size=151936, head_dim=128, rope_theta=1e6, rms_norm_eps=1e-6,
+                 max_position_embeddings=max(40960, tokens), **SHAPES[model_name])
     if layers:
         cfg.num_hidden_layers = layers
     cfg._attn_implementation = attn
+    if experts:
+        cfg._experts_implementation = experts
     torch.manual_seed(0)
     with torch.device("cuda"):
-        model = Qwen3ForCausalLM(cfg).to(torch.bfloat16)
+        model = Model(cfg).to(torch.bfloat16)
     if lora:
         add_lora(model, lora, 2.0 * lora)
     model.gradient_checkpointing_enable(gradient_checkpointing_kwargs={"use_reentrant": False})
@@ -203,7 +216,7 @@ def run(model_name, tokens, steps, layers=None, offload=False, bounds=None, attn
             times.append(time.perf_counter() - t0)
     step = statistics.median(times)
     out = dict(system="pytorch", model=model_name, layers=cfg.num_hidden_layers, tokens=tokens, offload=offload, lora=lora,
-               attention=attn, documents=len(bounds) - 1 if bounds else 1, step_s=step,
+               attention=attn, experts=getattr(model.config, "_experts_implementation", None) if moe else None, documents=len(bounds) - 1 if bounds else 1, step_s=step,
                tokens_per_s=tokens / step, peak_gib=torch.cuda.max_memory_allocated() / 2**30,
                loss=float(loss))
     print(json.dumps(out), flush=True)
@@ -222,6 +235,8 @@ def main():
     ap.add_argument("--documents", help="doc_attention_bench --bounds lines: pack and mask these documents")
     ap.add_argument("--attn", help="transformers' attention (sdpa; with --documents flex_attention)")
     ap.add_argument("--lora", type=int, default=0, help="LoRA of this rank (alpha 2r) on every linear projection")
+    ap.add_argument("--experts", nargs="+", default=[None],
+                    help="Qwen3-MoE: transformers' experts implementations to time (e.g. eager grouped_mm batched_mm)")
     a = ap.parse_args()
     attn = a.attn or ("flex_attention" if a.documents else "sdpa")
     if a.documents:
@@ -231,12 +246,18 @@ def main():
             print(json.dumps(dict(system="pytorch", model=a.model, error=f"{attn}: {e}"[:200])), flush=True)
             return
     for t in a.tokens:
-        try:
-            run(a.model, t, a.steps, a.layers, a.offload, document_bounds(a.documents, t) if a.documents else None, attn,
-                a.lora)
-        except torch.OutOfMemoryError:
-            print(json.dumps(dict(system="pytorch", model=a.model, tokens=t, error="out of memory")), flush=True)
-            torch.cuda.empty_cache()
+        for experts in a.experts:
+            try:
+                run(a.model, t, a.steps, a.layers, a.offload, document_bounds(a.documents, t) if a.documents else None,
+                    attn, a.lora, experts)
+            except torch.OutOfMemoryError:
+                print(json.dumps(dict(system="pytorch", model=a.model, tokens=t, experts=experts, error="out of memory")),
+                      flush=True)
+                torch.cuda.empty_cache()
+            except Exception as e:  # an implementation this transformers lacks: say so, time the others
+                print(json.dumps(dict(system="pytorch", model=a.model, tokens=t, experts=experts, error=str(e)[:300])),
+                      flush=True)
+                torch.cuda.empty_cache()
 
 
 if __name__ == "__main__":

@@ -352,6 +352,7 @@ void Trainer::log_step(const StepRecord& r, const std::optional<EvalTotals>& eva
                                                         {"num_tokens", state_.num_tokens},
                                                         {"epoch", python_round(epoch, 4)}};
     if (eval) dict.insert(dict.begin() + 1, {"eval_loss", python_round(eval->loss(), 4)});
+    if (r.aux.present) dict.insert(dict.begin() + 1, {"aux_loss", python_round(r.aux.value, 4)});
     bar_.message(step_dict(dict));
   }
   bar_.update(state_.step, now_s() - run_start_, state_.step - first_step_);

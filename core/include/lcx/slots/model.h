@@ -96,6 +96,9 @@ struct StepContext {
   // This pass's share of the step's auxiliary loss (1 / the step's sequences): the weight of its
   // gradient beside the LM loss's.
   double aux_weight = 1.0;
+  // The ranks that share this sequence (cp x sp), for statistics over the whole sequence (the
+  // load-balancing loss's); null where one rank holds it.
+  class Communicator* sequence = nullptr;
 };
 
 class Model : public Plugin {
