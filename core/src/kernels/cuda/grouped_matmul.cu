@@ -14,8 +14,9 @@
 // times the result. The weight gradient is thus rounded to bf16 once per call before it accumulates
 // in fp32, as under transformers' bf16 autocast. cuBLAS asks that the matrices of a pointer-array
 // GEMM on 16-bit data start 16-byte aligned (looser rules depend on each problem's k), else the
-// device may fault on a misaligned access: every group's matrix is held to 16 bytes, which Qwen3's
-// dimensions meet, and a call that is not is refused by name rather than left to fault.
+// device may fault on a misaligned access. Qwen3's dimensions (multiples of 8) meet that; shapes
+// that do not (small test models of odd sizes) run one cuBLASLt GEMM per group instead, which
+// takes any alignment and 16-bit operands into fp32 directly.
 #include <cublas_v2.h>
 
 #include <algorithm>
@@ -86,19 +87,25 @@ struct Problems {
   }
 };
 
-void run(const Problems& p, DType t, float alpha, float beta, Device device, const char* op) {
+// Whether every group's matrices of a 16-bit call start 16-byte aligned, as the grouped GEMM needs:
+// groups start at any row of x (and of y or dy) and at every matrix of w (or dw), so each tensor's
+// start and its row (or matrix) size in bytes must be multiples of 16.
+bool aligned(std::initializer_list<const Tensor*> tensors) {
+  uintptr_t bits = 0;
+  for (const Tensor* t : tensors) {
+    if (t->dtype() == DType::f32) continue;
+    bits |= reinterpret_cast<uintptr_t>(t->data());
+    const int64_t row = t->numel() / std::max<int64_t>(1, t->size(0)) * static_cast<int64_t>(dtype_size(t->dtype()));
+    bits |= static_cast<uintptr_t>(row);  // rows (or groups) at multiples of this
+  }
+  return bits % 16 == 0;
+}
+
+void run(const Problems& p, DType t, float alpha, float beta, Device device) {
   const size_t count = p.m.size();
   if (count == 0) return;
   std::vector<void*> pointers;  // every A, then every B, then every C
   for (const auto* v : {&p.a, &p.b, &p.c}) pointers.insert(pointers.end(), v->begin(), v->end());
-  if (t != DType::f32) {
-    uintptr_t bits = 0;
-    for (void* q : pointers) bits |= reinterpret_cast<uintptr_t>(q);
-    if (bits % 16)
-      throw Error(str(op, ": cuBLAS's grouped GEMM reads ", dtype_name(t), " matrices that start 16-byte aligned, and "
-                      "some group's rows do not"),
-                  {}, "use K and Nout that are multiples of 8, on tensors (or row views) that start 16-byte aligned");
-  }
   Tensor table = Tensor::empty({static_cast<int64_t>(pointers.size())}, DType::i64, device);
   upload(pointers.data(), table);
   void** on_device = table.data_as<void*>();
@@ -132,6 +139,15 @@ void accumulate(const Tensor& part, float beta, Tensor& dst) {
 void grouped_matmul(const Tensor& x, const Tensor& w, bool trans_w, std::span<const int64_t> offsets, Tensor& y,
                     float alpha, float beta) {
   if (y.numel() == 0) return;
+  if (!aligned({&x, &w, &y})) {
+    for (size_t g = 0; g + 1 < offsets.size(); ++g) {
+      if (offsets[g + 1] == offsets[g]) continue;
+      const Tensor wg = w.rows(static_cast<int64_t>(g), static_cast<int64_t>(g) + 1).view({w.size(1), w.size(2)});
+      Tensor yg = y.rows(offsets[g], offsets[g + 1]);
+      matmul(x.rows(offsets[g], offsets[g + 1]), false, wg, trans_w, yg, alpha, beta);
+    }
+    return;
+  }
   if (y.dtype() != x.dtype()) {
     Tensor part = Tensor::empty(y.shape(), x.dtype(), y.device());
     grouped_matmul(x, w, trans_w, offsets, part, alpha, 0.f);
@@ -147,12 +163,25 @@ void grouped_matmul(const Tensor& x, const Tensor& w, bool trans_w, std::span<co
     p.add(Nout, rows, K, element(w, static_cast<int64_t>(g) * Nout * K), element(x, begin * K),
           element(y, begin * Nout));
   }
-  run(p, x.dtype(), alpha, beta, y.device(), "grouped_matmul");
+  run(p, x.dtype(), alpha, beta, y.device());
 }
 
 void grouped_matmul_wgrad(const Tensor& dy, const Tensor& x, std::span<const int64_t> offsets, Tensor& dw, float alpha,
                           float beta) {
   if (dw.numel() == 0) return;
+  if (!aligned({&dy, &x, &dw})) {
+    for (size_t g = 0; g + 1 < offsets.size(); ++g) {
+      Tensor dwg = dw.rows(static_cast<int64_t>(g), static_cast<int64_t>(g) + 1).view({dw.size(1), dw.size(2)});
+      if (offsets[g + 1] > offsets[g]) {
+        matmul(dy.rows(offsets[g], offsets[g + 1]), true, x.rows(offsets[g], offsets[g + 1]), false, dwg, alpha, beta);
+      } else if (beta == 0.f) {
+        dwg.zero();
+      } else if (beta != 1.f) {
+        scale_inplace(dwg, beta);
+      }
+    }
+    return;
+  }
   if (dw.dtype() != x.dtype()) {
     Tensor part = Tensor::empty(dw.shape(), x.dtype(), dw.device());
     grouped_matmul_wgrad(dy, x, offsets, part, alpha, 0.f);
@@ -168,7 +197,7 @@ void grouped_matmul_wgrad(const Tensor& dy, const Tensor& x, std::span<const int
     p.add(K, Nout, rows, element(x, begin * K), element(dy, begin * Nout),
           element(dw, static_cast<int64_t>(g) * Nout * K));
   }
-  run(p, x.dtype(), alpha, beta, dw.device(), "grouped_matmul_wgrad");
+  run(p, x.dtype(), alpha, beta, dw.device());
 }
 
 }  // namespace lcx::ops::cuda
