@@ -111,7 +111,7 @@ const std::set<std::string>& known_keys() {
       "rope_theta", "rope_parameters", "rope_scaling", "layer_types", "use_sliding_window", "sliding_window",
       "max_window_layers", "torch_dtype", "dtype", "attention_bias", "attention_dropout", "hidden_act",
       "initializer_range", "use_cache", "model_type", "architectures", "bos_token_id", "eos_token_id",
-      "pad_token_id", "transformers_version", "mlp_bias", "partial_rotary_factor", "num_experts",
+      "pad_token_id", "transformers_version", "mlp_bias", "partial_rotary_factor", "num_experts", "num_local_experts",
       "num_experts_per_tok", "moe_intermediate_size", "norm_topk_prob", "decoder_sparse_step", "mlp_only_layers",
       "router_aux_loss_coef", "output_router_logits"};
   return keys;
@@ -123,7 +123,7 @@ ModelConfig apply(const HfConfig& c, ModelConfig base) {
   if (c.has("model_type")) {
     m.model_type = c.get_string("model_type", "");
     if (m.model_type != "qwen3" && m.model_type != "qwen3_moe") c.expect_model_type("qwen3");
-  } else if (c.get_int("num_experts", m.num_experts) > 0) {
+  } else if (c.get_int("num_experts", c.get_int("num_local_experts", m.num_experts)) > 0) {
     m.model_type = "qwen3_moe";  // an init spec that names experts
   }
   if (m.model_type == "qwen3_moe") read_moe(c, m);
@@ -172,7 +172,8 @@ ModelConfig apply(const HfConfig& c, ModelConfig base) {
 
 // The mixture-of-experts keys, over transformers' Qwen3MoeConfig defaults.
 void read_moe(const HfConfig& c, ModelConfig& m) {
-  m.num_experts = c.get_int("num_experts", m.num_experts > 0 ? m.num_experts : 128);
+  // The Hub's checkpoints say num_experts; transformers 5 writes num_local_experts.
+  m.num_experts = c.get_int("num_experts", c.get_int("num_local_experts", m.num_experts > 0 ? m.num_experts : 128));
   m.num_experts_per_tok = c.get_int("num_experts_per_tok", m.num_experts_per_tok > 0 ? m.num_experts_per_tok : 8);
   m.moe_intermediate_size = c.get_int("moe_intermediate_size", m.moe_intermediate_size > 0 ? m.moe_intermediate_size : 768);
   m.norm_topk_prob = c.get_bool("norm_topk_prob", m.norm_topk_prob);

@@ -6,7 +6,8 @@ that line up with nothing), saved as a Hugging Face folder by save_pretrained (t
 transformers writes: the test reads the folder as a user's checkpoint), reloaded in fp32 on the CPU,
 and run on fixed token ids with labels (a few -100) with eager attention. expected.safetensors
 records: input_ids, labels, the loss transformers reports (LM loss plus router_aux_loss_coef times
-the load-balancing loss when output_router_logits is set), the LM loss and the auxiliary loss apart,
+the load-balancing loss where the config sets output_router_logits), the LM loss and the auxiliary
+loss apart,
 each MoE layer's router logits, a slice of the logits, and the gradient of every parameter under the
 name the checkpoint stores it by (transformers keeps the experts fused in memory as
 gate_up_proj [E, 2I, H] and down_proj [E, H, I]; their gradients are cut back into the per-expert
@@ -139,21 +140,23 @@ def generate(spec, index, out_dir):
         ids = torch.randint(0, vocab, (1, TOKENS), generator=g)
         labels = ids.clone()
         labels[0, list(IGNORED)] = -100
+    # The router logits are asked for in every case (the auxiliary loss is recorded, and lcx logs it
+    # whatever the config); asked for, transformers adds the auxiliary loss to its loss, so where
+    # the config leaves it out the reported (and trained) loss is the LM loss alone.
     out = ref(input_ids=ids, labels=labels, output_router_logits=True, **kwargs)
-    # The LM loss alone: transformers adds the auxiliary loss only where the config asks for it.
-    logits = out.logits[0].double()
     shift = labels[0, 1:]
     valid = shift != -100
-    lm = torch.nn.functional.cross_entropy(logits[:-1][valid], shift[valid], reduction="mean")
+    lm = torch.nn.functional.cross_entropy(out.logits[0, :-1][valid].float(), shift[valid], reduction="mean")
     aux = out.aux_loss.detach().double()
-    total = lm + (spec["coef"] * aux if spec["router_logits"] else 0.0)
-    assert abs(total.item() - out.loss.item()) < 1e-5 * abs(total.item()), (total.item(), out.loss.item())
-    out.loss.backward()
+    expected = lm.detach().double() + spec["coef"] * aux
+    assert abs(expected.item() - out.loss.item()) < 1e-5 * abs(expected.item()), (expected.item(), out.loss.item())
+    loss = out.loss if spec["router_logits"] else lm
+    loss.backward()
     record = {
         "input_ids": ids[0].clone(),
         "labels": labels[0].clone(),
-        "loss": out.loss.detach().double().reshape(1),
-        "lm_loss": lm.detach().reshape(1),
+        "loss": loss.detach().double().reshape(1),
+        "lm_loss": lm.detach().double().reshape(1),
         "aux_loss": aux.reshape(1),
         "logits": out.logits[0, :, :LOGIT_COLUMNS].detach().float().contiguous(),
     }
@@ -172,7 +175,7 @@ def generate(spec, index, out_dir):
     files = sorted(os.listdir(folder))
     size = sum(os.path.getsize(os.path.join(folder, f)) for f in files)
     impl = getattr(ref.config, "_experts_implementation", None)
-    print(f"{spec['name']}: loss {out.loss.item():.6f} (lm {lm.item():.6f}, aux {aux.item():.6f}), sparse layers "
+    print(f"{spec['name']}: loss {loss.item():.6f} (lm {lm.item():.6f}, aux {aux.item():.6f}), sparse layers "
           f"{sparse}, {len(stored)} stored tensors, experts implementation {impl}, files {files}, {size} bytes")
     return size
 
