@@ -1,0 +1,357 @@
+// Qwen3-MoE against transformers. Each folder of tests/models/fixtures written by
+// gen_moe_fixtures.py is a qwen3_moe checkpoint as save_pretrained wrote it (one tensor per expert)
+// plus expected.safetensors: what Qwen3MoeForCausalLM computed for fixed tokens in fp32 (the LM
+// loss, the load-balancing loss, the reported loss, a slice of the logits and every gradient, the
+// auxiliary loss's included where the config trains it). lcx loads the folder, runs one step and
+// must agree: losses within 1e-5 relative, every gradient within 1e-4 relative L2 on the CPU (fp32);
+// on the GPU in bf16 to bf16's resolution. The packed fixture runs its documents masked to
+// themselves. Also: the config's refusals by key, the checkpoint written back in the Hub's layout
+// and read again bit for bit, and the experts' load in the step's auxiliary record.
+#include <gtest/gtest.h>
+
+#include <cmath>
+#include <filesystem>
+#include <fstream>
+#include <map>
+#include <numeric>
+#include <nlohmann/json.hpp>
+
+#include "lcx/error.h"
+#include "lcx/ops.h"
+#include "lcx/safetensors.h"
+#include "models/model_util.h"
+#include "plugins/sp_cp_cases.h"
+
+namespace lcx {
+namespace {
+
+namespace fs = std::filesystem;
+
+const fs::path kFixtures = fs::path(LCX_TEST_DATA_DIR) / "models" / "fixtures";
+const char* const kNames[] = {"moe_norm_aux"};
+
+std::vector<int64_t> ints(const Tensor& t) {
+  std::vector<int64_t> v(static_cast<size_t>(t.numel()));
+  for (int64_t i = 0; i < t.numel(); ++i) v[static_cast<size_t>(i)] = t.data_as<int64_t>()[i];
+  return v;
+}
+
+double relative_l2(const std::vector<float>& got, const std::vector<float>& want) {
+  double num = 0, den = 0;
+  for (size_t i = 0; i < want.size(); ++i) {
+    const double d = static_cast<double>(got[i]) - want[i];
+    num += d * d;
+    den += static_cast<double>(want[i]) * want[i];
+  }
+  return std::sqrt(num / std::max(den, 1e-300));
+}
+
+// HF labels (unshifted) -> lcx's sequence: targets[t] = labels[t + 1]; with bounds, the packed
+// documents each attend to themselves.
+Shard shard_of(const safetensors::Checkpoint& expected) {
+  const std::vector<int64_t> ids = ints(expected.load("input_ids", DType::i64));
+  const std::vector<int64_t> labels = ints(expected.load("labels", DType::i64));
+  Sequence s;
+  const int64_t T = static_cast<int64_t>(ids.size());
+  s.tokens = Tensor::empty({T}, DType::i32);
+  s.targets = Tensor::empty({T}, DType::i64);
+  for (int64_t t = 0; t < T; ++t) {
+    s.tokens.data_as<int32_t>()[t] = static_cast<int32_t>(ids[static_cast<size_t>(t)]);
+    s.targets.data_as<int64_t>()[t] = t + 1 < T ? labels[static_cast<size_t>(t + 1)] : -100;
+  }
+  if (expected.has("document_bounds")) {
+    s.document_bounds = ints(expected.load("document_bounds", DType::i64));
+    s.document_count = static_cast<int>(s.document_bounds.size()) - 1;
+  }
+  return make_single_rank()->shard(s, 0);
+}
+
+// The gradient transformers recorded for a parameter: under its own name, or for a stacked
+// experts' parameter each expert's slice ("...mlp.experts.M.gate_proj.weight") in expert order.
+std::vector<float> expected_grad(const safetensors::Checkpoint& expected, const Parameter& p) {
+  const std::string marker = ".mlp.experts.";
+  const size_t at = p.name.find(marker);
+  if (at == std::string::npos) return expected.load("grad." + p.name, DType::f32).to_floats();
+  std::vector<float> out;
+  for (int64_t e = 0; e < p.value.size(0); ++e) {
+    const std::string key = str("grad.", p.name.substr(0, at + marker.size()), e, ".", p.name.substr(at + marker.size()));
+    const std::vector<float> g = expected.load(key, DType::f32).to_floats();
+    out.insert(out.end(), g.begin(), g.end());
+  }
+  return out;
+}
+
+struct Mode {
+  const char* name;
+  Device device;
+  DType dtype;
+  double loss_tol, logits_tol, grad_tol;
+};
+const Mode kModes[] = {
+    {"cpu_fp32", Device::cpu(), DType::f32, 1e-5, 1e-5, 1e-4},
+    {"cuda_bf16", Device::cuda(0), DType::bf16, 2e-2, 3e-2, 6e-2},
+};
+
+class MoeParity : public ::testing::TestWithParam<std::tuple<const char*, Mode>> {};
+
+TEST_P(MoeParity, LossesLogitsAndEveryGradient) {
+  const fs::path dir = kFixtures / std::get<0>(GetParam());
+  const Mode mode = std::get<1>(GetParam());
+  if (mode.device.is_cuda() && !cuda_available()) GTEST_SKIP() << "no GPU on this machine";
+  ASSERT_TRUE(fs::exists(dir / "expected.safetensors")) << dir << ": run tests/models/gen_moe_fixtures.py";
+  auto model = test::make_qwen3();
+  model->load_hf(dir.string(), mode.device, mode.dtype);
+  const ModelConfig& cfg = model->config();
+  ASSERT_EQ(cfg.model_type, "qwen3_moe");
+  const safetensors::Checkpoint expected = safetensors::Checkpoint::open((dir / "expected.safetensors").string());
+  const Shard shard = shard_of(expected);
+  const int64_t valid = test::count_valid(shard);
+  test::DefaultSlots s(*model);
+  const StepResult r = test::mean_loss_step(s, shard, valid, mode.device);
+  ASSERT_EQ(r.valid, valid);
+  ASSERT_TRUE(r.aux.present);
+
+  auto rel = [](double got, double want) { return std::abs(got - want) / std::abs(want); };
+  const double lm = r.loss_sum / static_cast<double>(r.valid);
+  const double want_lm = expected.load("lm_loss", DType::f32).to_floats()[0];
+  const double want_aux = expected.load("aux_loss", DType::f32).to_floats()[0];
+  const double want_loss = expected.load("loss", DType::f32).to_floats()[0];
+  EXPECT_LE(rel(lm, want_lm), mode.loss_tol) << "LM loss: lcx " << lm << ", transformers " << want_lm;
+  EXPECT_LE(rel(r.aux.value, want_aux), mode.loss_tol) << "aux loss: lcx " << r.aux.value << ", transformers " << want_aux;
+  EXPECT_LE(rel(lm + r.aux.coef * r.aux.value, want_loss), mode.loss_tol) << "the loss transformers reports";
+  EXPECT_EQ(r.aux.coef, cfg.output_router_logits ? cfg.router_aux_loss_coef : 0.0);
+  EXPECT_GE(r.aux.expert_tokens_max, r.aux.expert_tokens_min);
+  EXPECT_GT(r.aux.expert_tokens_max, 0);
+
+  // Logits of the first columns, from the final hidden state.
+  const Tensor want_logits = expected.load("logits", DType::f32);
+  const Tensor hidden = forward_hidden(s.slots, shard, mode.device);
+  Tensor logits = Tensor::empty({hidden.size(0), cfg.vocab_size}, DType::f32, mode.device);
+  ops::matmul(hidden, false, model->head_weight(), true, logits);
+  const std::vector<float> all = logits.to_floats();
+  std::vector<float> got;
+  for (int64_t t = 0; t < hidden.size(0); ++t)
+    for (int64_t v = 0; v < want_logits.size(1); ++v) got.push_back(all[static_cast<size_t>(t * cfg.vocab_size + v)]);
+  EXPECT_LE(relative_l2(got, want_logits.to_floats()), mode.logits_tol);
+
+  double worst = 0;
+  size_t checked = 0;
+  for (Parameter* p : model->parameters()) {
+    const double g = relative_l2(p->grad.to_floats(), expected_grad(expected, *p));
+    EXPECT_LE(g, mode.grad_tol) << p->name;
+    worst = std::max(worst, g);
+    ++checked;
+  }
+  std::printf("%s %s: LM loss rel %.2e, aux loss rel %.2e (aux %.6f, coef %g), worst gradient rel L2 %.2e over %zu "
+              "parameters, experts' rows %lld..%lld\n",
+              dir.filename().c_str(), mode.name, rel(lm, want_lm), rel(r.aux.value, want_aux), r.aux.value, r.aux.coef, worst,
+              checked, static_cast<long long>(r.aux.expert_tokens_min), static_cast<long long>(r.aux.expert_tokens_max));
+}
+
+INSTANTIATE_TEST_SUITE_P(Fixtures, MoeParity, ::testing::Combine(::testing::ValuesIn(kNames), ::testing::ValuesIn(kModes)),
+                         [](const auto& info) { return std::string(std::get<0>(info.param)) + "_" + std::get<1>(info.param).name; });
+
+// The same fixtures over thread-ranks sharing the sequence: cp_ring 2, sp_ulysses 2 and cp 2 x sp 2.
+// Each rank routes its own tokens; the load-balancing loss's counts and probabilities are summed
+// over the sequence's ranks, so its value and gradient are the whole sequence's. The loss summed
+// over the ranks and every gradient (summed as the trainer's all-reduce does) equal transformers'.
+TEST(Qwen3Moe, SequenceRanksEqualTransformers) {
+  struct MeshCase {
+    int cp, sp;
+  };
+  for (const char* name : {"moe_norm_aux"})
+    for (const MeshCase m : {MeshCase{2, 1}, MeshCase{1, 2}, MeshCase{2, 2}}) {
+      const fs::path dir = kFixtures / name;
+      const safetensors::Checkpoint expected = safetensors::Checkpoint::open((dir / "expected.safetensors").string());
+      Sequence seq;
+      {
+        const std::vector<int64_t> ids = ints(expected.load("input_ids", DType::i64));
+        const std::vector<int64_t> labels = ints(expected.load("labels", DType::i64));
+        const int64_t T = static_cast<int64_t>(ids.size());
+        seq.tokens = Tensor::empty({T}, DType::i32);
+        seq.targets = Tensor::empty({T}, DType::i64);
+        for (int64_t t = 0; t < T; ++t) {
+          seq.tokens.data_as<int32_t>()[t] = static_cast<int32_t>(ids[static_cast<size_t>(t)]);
+          seq.targets.data_as<int64_t>()[t] = t + 1 < T ? labels[static_cast<size_t>(t + 1)] : -100;
+        }
+        if (expected.has("document_bounds")) {
+          seq.document_bounds = ints(expected.load("document_bounds", DType::i64));
+          seq.document_count = static_cast<int>(seq.document_bounds.size()) - 1;
+        }
+      }
+      int64_t valid = 0;
+      for (int64_t t = 0; t < seq.targets.numel(); ++t) valid += seq.targets.data_as<int64_t>()[t] != -100;
+      const std::string what = str(name, " on cp ", m.cp, " x sp ", m.sp);
+      const int n = m.cp * m.sp;
+      std::vector<test::Slots> ranks(static_cast<size_t>(n));
+      for (auto& r : ranks) {
+        r.model = test::make_qwen3();
+        r.model->load_hf(dir.string(), Device::cpu(), DType::f32);
+        r.loss = std::shared_ptr<Loss>(make_full_logits_loss());
+        r.rope = std::shared_ptr<PositionalEncoding>(make_default_rope());
+        r.memory = std::shared_ptr<MemoryStrategy>(make_on_device_memory());
+        r.parallel = m.sp == 1   ? test::make_plugin<Parallelism>("cp_ring", "", Device::cpu(), nullptr, MeshShape{1, m.cp, 1})
+                     : m.cp == 1 ? test::make_plugin<Parallelism>("sp_ulysses", "", Device::cpu(), nullptr, MeshShape{1, 1, m.sp})
+                                 : test::load_stacked(m.cp, m.sp);
+      }
+      std::vector<double> loss(static_cast<size_t>(n)), aux(static_cast<size_t>(n));
+      run_in_process(n, [&](Communicator& comm) {
+        Mesh mesh(comm, {.dp = 1, .cp = m.cp, .sp = m.sp});
+        const int r = comm.rank();
+        const StepResult got = test::rank_step(ranks[static_cast<size_t>(r)], mesh, mesh.seq(), seq,
+                                               seq_index(mesh.shape(), mesh.coord()), 1.0 / static_cast<double>(valid),
+                                               Device::cpu());
+        double sum = got.loss_sum;
+        mesh.seq().all_reduce(std::span<double>(&sum, 1));
+        loss[static_cast<size_t>(r)] = sum / static_cast<double>(valid);
+        aux[static_cast<size_t>(r)] = got.aux.value;
+      });
+      const double want_lm = expected.load("lm_loss", DType::f32).to_floats()[0];
+      const double want_aux = expected.load("aux_loss", DType::f32).to_floats()[0];
+      for (int r = 0; r < n; ++r) {
+        EXPECT_NEAR(loss[static_cast<size_t>(r)], want_lm, 1e-5 * want_lm) << what;
+        EXPECT_NEAR(aux[static_cast<size_t>(r)], want_aux, 1e-5 * want_aux) << what << ": rank " << r;
+      }
+      double worst = 0;
+      for (Parameter* p : ranks[0].model->parameters()) {
+        const double g = relative_l2(p->grad.to_floats(), expected_grad(expected, *p));
+        EXPECT_LE(g, 1e-4) << p->name << ": " << what;
+        worst = std::max(worst, g);
+      }
+      std::printf("%s: LM loss %.7f (transformers %.7f), aux %.7f (%.7f), worst gradient rel L2 %.2e\n", what.c_str(),
+                  loss[0], want_lm, aux[0], want_aux, worst);
+    }
+}
+
+// Written back in the Hub's layout (a tensor per expert, qwen3_moe's config keys) and read again:
+// the same tensors, bit for bit, and the same config.
+TEST(Qwen3Moe, SavesTheHubsLayoutAndReadsItBack) {
+  const fs::path dir = kFixtures / "moe_norm_aux";
+  auto model = test::make_qwen3();
+  model->load_hf(dir.string(), Device::cpu(), DType::f32);
+  const fs::path out = fs::temp_directory_path() / "lcx_moe_save";
+  fs::remove_all(out);
+  model->save_hf(out.string(), DType::f32, model->config().rope_parameters_json);
+  const nlohmann::json j = nlohmann::json::parse(std::ifstream(out / "config.json"));
+  EXPECT_EQ(j["model_type"], "qwen3_moe");
+  EXPECT_EQ(j["architectures"][0], "Qwen3MoeForCausalLM");
+  EXPECT_EQ(j["num_experts"], 7);
+  EXPECT_EQ(j["mlp_only_layers"], nlohmann::json::array({1}));
+  const safetensors::Checkpoint a = safetensors::Checkpoint::open(dir.string());
+  const safetensors::Checkpoint b = safetensors::Checkpoint::open(out.string());
+  EXPECT_EQ(a.names().size(), b.names().size());
+  for (const auto& name : a.names()) {
+    ASSERT_TRUE(b.has(name)) << name;
+    EXPECT_EQ(a.load(name, DType::f32).to_floats(), b.load(name, DType::f32).to_floats()) << name;
+  }
+  auto again = test::make_qwen3();
+  again->load_hf(out.string(), Device::cpu(), DType::f32);
+  EXPECT_EQ(again->config().num_experts_per_tok, 3);
+  EXPECT_TRUE(again->config().norm_topk_prob);
+  fs::remove_all(out);
+}
+
+std::string refusal(const std::string& spec) {
+  try {
+    test::make_qwen3()->describe(spec);
+  } catch (const Error& e) {
+    return str(e.key(), ": ", e.what());
+  }
+  return "accepted";
+}
+
+TEST(Qwen3Moe, RefusesByKey) {
+  const std::string base = R"("model_type": "qwen3_moe", "hidden_size": 32, "num_hidden_layers": 2, "num_attention_heads": 4,
+    "num_key_value_heads": 2, "head_dim": 8, "vocab_size": 64, "moe_intermediate_size": 16)";
+  EXPECT_NE(refusal("{" + base + R"(, "num_experts": 4, "num_experts_per_tok": 5})").find("num_experts_per_tok: "),
+            std::string::npos);
+  EXPECT_NE(refusal("{" + base + R"(, "num_experts": 4, "num_experts_per_tok": 2, "mlp_only_layers": [2]})").find("mlp_only_layers: "),
+            std::string::npos);
+  EXPECT_NE(refusal("{" + base + R"(, "num_experts": 4, "num_experts_per_tok": 2, "decoder_sparse_step": 0})").find("decoder_sparse_step: "),
+            std::string::npos);
+  EXPECT_EQ(refusal("{" + base + R"(, "num_experts": 4, "num_experts_per_tok": 2})"), "accepted");
+  const ModelConfig c = test::make_qwen3()->describe("qwen3-30b-a3b");
+  EXPECT_EQ(c.num_experts, 128);
+  EXPECT_EQ(c.sparse_layers(), 48);
+}
+
+// Every token routed to one expert (a zero router: uniform probabilities, ties to the lower
+// expert): nothing is dropped, and the step's gradients stay finite.
+TEST(Qwen3Moe, EveryTokenToOneExpert) {
+  auto model = test::make_qwen3();
+  model->init_random(R"({"model_type": "qwen3_moe", "hidden_size": 32, "intermediate_size": 48, "num_hidden_layers": 2,
+    "num_attention_heads": 4, "num_key_value_heads": 2, "head_dim": 8, "vocab_size": 64, "num_experts": 6,
+    "num_experts_per_tok": 1, "moe_intermediate_size": 16, "output_router_logits": true})",
+                     5, Device::cpu(), DType::f32);
+  for (Parameter* p : model->parameters())
+    if (p->name.ends_with("mlp.gate.weight")) {
+      p->value.zero();
+    }
+  std::vector<int64_t> ids(40), labels(40);
+  for (int64_t t = 0; t < 40; ++t) ids[static_cast<size_t>(t)] = labels[static_cast<size_t>(t)] = (t * 7 + 3) % 64;
+  const Shard shard = test::shard_from_labels(ids, labels);
+  test::DefaultSlots s(*model);
+  const StepResult r = test::mean_loss_step(s, shard, test::count_valid(shard));
+  EXPECT_EQ(r.aux.expert_tokens_max, 40);
+  EXPECT_EQ(r.aux.expert_tokens_min, 0);
+  EXPECT_NEAR(r.aux.value, 1.0, 1e-6);  // E * (1 * 1/E): every pick on one expert, probabilities uniform
+  for (Parameter* p : model->parameters())
+    for (float g : p->grad.to_floats()) ASSERT_TRUE(std::isfinite(g)) << p->name;
+}
+
+// The backward against central differences of the loss transformers reports (LM loss plus the
+// coefficient times the load-balancing loss), in fp32 on the CPU: the router's, every expert
+// projection's and an attention projection's largest gradients. The steps are small enough to
+// leave every token's top-k as it was.
+TEST(Qwen3Moe, GradientsMatchFiniteDifferences) {
+  auto model = test::make_qwen3();
+  model->init_random(R"({"model_type": "qwen3_moe", "hidden_size": 24, "intermediate_size": 40, "num_hidden_layers": 2,
+    "num_attention_heads": 4, "num_key_value_heads": 2, "head_dim": 8, "vocab_size": 50, "num_experts": 5,
+    "num_experts_per_tok": 2, "moe_intermediate_size": 12, "norm_topk_prob": true, "output_router_logits": true,
+    "router_aux_loss_coef": 0.3, "mlp_only_layers": [0], "initializer_range": 0.3})",
+                     9, Device::cpu(), DType::f32);
+  std::vector<int64_t> ids(30), labels(30);
+  for (int64_t t = 0; t < 30; ++t) ids[static_cast<size_t>(t)] = labels[static_cast<size_t>(t)] = (t * 11 + t * t + 5) % 50;
+  labels[3] = -100;
+  const Shard shard = test::shard_from_labels(ids, labels);
+  const int64_t valid = test::count_valid(shard);
+  test::DefaultSlots s(*model);
+  auto loss = [&] {
+    const StepResult r = test::mean_loss_step(s, shard, valid);
+    return r.loss_sum / static_cast<double>(r.valid) + r.aux.coef * r.aux.value;
+  };
+  loss();
+  std::map<std::string, std::vector<float>> grads;
+  for (Parameter* p : model->parameters()) grads[p->name] = p->grad.to_floats();
+  int checked = 0;
+  for (Parameter* p : model->parameters()) {
+    const bool wanted = p->name.find("layers.1.mlp.") != std::string::npos || p->name.ends_with("layers.1.self_attn.q_proj.weight");
+    if (!wanted) continue;
+    const std::vector<float>& g = grads[p->name];
+    // The three largest entries of this parameter's gradient.
+    std::vector<size_t> order(g.size());
+    std::iota(order.begin(), order.end(), size_t{0});
+    std::partial_sort(order.begin(), order.begin() + 3, order.end(),
+                      [&](size_t a, size_t b) { return std::abs(g[a]) > std::abs(g[b]); });
+    for (int j = 0; j < 3; ++j) {
+      const size_t i = order[static_cast<size_t>(j)];
+      std::vector<float> v = p->value.to_floats();
+      const float x = v[i], eps = 1e-3f;
+      v[i] = x + eps;
+      p->value.copy_from(Tensor::from_floats(v, p->value.shape(), DType::f32));
+      const double up = loss();
+      v[i] = x - eps;
+      p->value.copy_from(Tensor::from_floats(v, p->value.shape(), DType::f32));
+      const double down = loss();
+      v[i] = x;
+      p->value.copy_from(Tensor::from_floats(v, p->value.shape(), DType::f32));
+      const double numeric = (up - down) / (2.0 * eps);
+      EXPECT_NEAR(numeric, g[i], 2e-2 * std::abs(g[i]) + 1e-4) << p->name << "[" << i << "]";
+      ++checked;
+    }
+  }
+  EXPECT_EQ(checked, 3 * 5);  // the router, the experts' gate, up and down, q_proj
+}
+
+}  // namespace
+}  // namespace lcx
