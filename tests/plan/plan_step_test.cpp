@@ -26,15 +26,24 @@ struct StepCase {
   int64_t tile_rows = 0, chunk_rows = 0;
   // > 0: the lora adapter of this rank on every projection, the base frozen.
   int64_t lora_rank = 0;
+  // A qwen3_moe model: every layer sparse (8 experts, top-2), the load-balancing loss trained.
+  bool moe = false;
 };
 
 class PlanAgainstStep : public ::testing::TestWithParam<StepCase> {};
 
 TEST_P(PlanAgainstStep, CpuPeakOfOneQwen3StepMatchesThePlan) {
   const StepCase c = GetParam();
-  const nlohmann::json spec = {{"vocab_size", 2000},       {"hidden_size", 128},        {"intermediate_size", 352},
-                               {"num_hidden_layers", 3},   {"num_attention_heads", 4},  {"num_key_value_heads", 2},
-                               {"head_dim", 32},           {"tie_word_embeddings", false}};
+  nlohmann::json spec = {{"vocab_size", 2000},       {"hidden_size", 128},        {"intermediate_size", 352},
+                         {"num_hidden_layers", 3},   {"num_attention_heads", 4},  {"num_key_value_heads", 2},
+                         {"head_dim", 32},           {"tie_word_embeddings", false}};
+  if (c.moe) {
+    spec["model_type"] = "qwen3_moe";
+    spec["num_experts"] = 8;
+    spec["num_experts_per_tok"] = 2;
+    spec["moe_intermediate_size"] = 176;
+    spec["output_router_logits"] = true;
+  }
   auto model = test::make_qwen3();
   model->init_random(spec.dump(), 5, Device::cpu(), c.dtype);
   test::DefaultSlots s(*model);
@@ -114,14 +123,18 @@ INSTANTIATE_TEST_SUITE_P(DtypesAndLosses, PlanAgainstStep,
                                            StepCase{DType::f32, "loss_chunked", 1, 200, 128},
                                            StepCase{DType::f32, "loss_chunked", 1, 0, 128, 48},
                                            StepCase{DType::bf16, "loss_chunked", 1, 384, 64, 48},
-                                           StepCase{DType::bf16, "nll", 1, 0, 0, 16}),
+                                           StepCase{DType::bf16, "nll", 1, 0, 0, 16},
+                                           // The sparse MLP's backward is the peak (chunked loss).
+                                           StepCase{DType::f32, "loss_chunked", 1, 0, 128, 0, true},
+                                           StepCase{DType::f32, "loss_chunked", 3, 0, 128, 0, true}),
                          [](const auto& info) {
                            return std::string(dtype_name(info.param.dtype)) + "_" + info.param.loss +
                                   (info.param.checkpoint_every > 1 ? str("_every", info.param.checkpoint_every) : "") +
                                   (info.param.tile_rows > 0
                                        ? str("_tiles", info.param.tile_rows, "_chunks", info.param.chunk_rows)
                                        : "") +
-                                  (info.param.lora_rank > 0 ? str("_lora", info.param.lora_rank) : "");
+                                  (info.param.lora_rank > 0 ? str("_lora", info.param.lora_rank) : "") +
+                                  (info.param.moe ? "_moe" : "");
                          });
 
 }  // namespace
