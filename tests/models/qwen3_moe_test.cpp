@@ -1,12 +1,14 @@
-// Qwen3-MoE against transformers. Each folder of tests/models/fixtures written by
-// gen_moe_fixtures.py is a qwen3_moe checkpoint as save_pretrained wrote it (one tensor per expert)
-// plus expected.safetensors: what Qwen3MoeForCausalLM computed for fixed tokens in fp32 (the LM
-// loss, the load-balancing loss, the reported loss, a slice of the logits and every gradient, the
-// auxiliary loss's included where the config trains it). lcx loads the folder, runs one step and
-// must agree: losses within 1e-5 relative, every gradient within 1e-4 relative L2 on the CPU (fp32);
-// on the GPU in bf16 to bf16's resolution. The packed fixture runs its documents masked to
-// themselves. Also: the config's refusals by key, the checkpoint written back in the Hub's layout
-// and read again bit for bit, and the experts' load in the step's auxiliary record.
+// Qwen3-MoE against transformers. A folder of tests/models/fixtures written by gen_moe_fixtures.py
+// is a qwen3_moe checkpoint as save_pretrained wrote it (one tensor per expert) plus
+// expected.safetensors: what Qwen3MoeForCausalLM computed for fixed tokens in fp32 (the LM loss, the
+// load-balancing loss, the reported loss, a slice of the logits and every gradient, the auxiliary
+// loss's included where the config trains it). lcx loads the folder, runs one step and must agree:
+// losses within 1e-5 relative, every gradient within 1e-4 relative L2 on the CPU (fp32), on one rank
+// and on cp 2, sp 2 and cp 2 x sp 2 thread-ranks; on the GPU in bf16 to bf16's resolution. kNames
+// lists the fixtures committed (moe_norm_aux; the generator's moe_step2_plain and moe_packed, a
+// tied bf16 checkpoint with the auxiliary loss logged only and packed documents, join it once
+// generated). Also: the backward against finite differences, every token to one expert, the
+// checkpoint written back in the Hub's layout and read again bit for bit, refusals by key.
 #include <gtest/gtest.h>
 
 #include <cmath>
@@ -36,19 +38,11 @@ std::vector<int64_t> ints(const Tensor& t) {
   return v;
 }
 
-double relative_l2(const std::vector<float>& got, const std::vector<float>& want) {
-  double num = 0, den = 0;
-  for (size_t i = 0; i < want.size(); ++i) {
-    const double d = static_cast<double>(got[i]) - want[i];
-    num += d * d;
-    den += static_cast<double>(want[i]) * want[i];
-  }
-  return std::sqrt(num / std::max(den, 1e-300));
-}
+using test::rel_l2;
 
 // HF labels (unshifted) -> lcx's sequence: targets[t] = labels[t + 1]; with bounds, the packed
 // documents each attend to themselves.
-Shard shard_of(const safetensors::Checkpoint& expected) {
+Sequence sequence_of(const safetensors::Checkpoint& expected) {
   const std::vector<int64_t> ids = ints(expected.load("input_ids", DType::i64));
   const std::vector<int64_t> labels = ints(expected.load("labels", DType::i64));
   Sequence s;
@@ -63,7 +57,7 @@ Shard shard_of(const safetensors::Checkpoint& expected) {
     s.document_bounds = ints(expected.load("document_bounds", DType::i64));
     s.document_count = static_cast<int>(s.document_bounds.size()) - 1;
   }
-  return make_single_rank()->shard(s, 0);
+  return s;
 }
 
 // The gradient transformers recorded for a parameter: under its own name, or for a stacked
@@ -104,7 +98,7 @@ TEST_P(MoeParity, LossesLogitsAndEveryGradient) {
   const ModelConfig& cfg = model->config();
   ASSERT_EQ(cfg.model_type, "qwen3_moe");
   const safetensors::Checkpoint expected = safetensors::Checkpoint::open((dir / "expected.safetensors").string());
-  const Shard shard = shard_of(expected);
+  const Shard shard = make_single_rank()->shard(sequence_of(expected), 0);
   const int64_t valid = test::count_valid(shard);
   test::DefaultSlots s(*model);
   const StepResult r = test::mean_loss_step(s, shard, valid, mode.device);
@@ -132,12 +126,12 @@ TEST_P(MoeParity, LossesLogitsAndEveryGradient) {
   std::vector<float> got;
   for (int64_t t = 0; t < hidden.size(0); ++t)
     for (int64_t v = 0; v < want_logits.size(1); ++v) got.push_back(all[static_cast<size_t>(t * cfg.vocab_size + v)]);
-  EXPECT_LE(relative_l2(got, want_logits.to_floats()), mode.logits_tol);
+  EXPECT_LE(rel_l2(got, want_logits.to_floats()), mode.logits_tol);
 
   double worst = 0;
   size_t checked = 0;
   for (Parameter* p : model->parameters()) {
-    const double g = relative_l2(p->grad.to_floats(), expected_grad(expected, *p));
+    const double g = rel_l2(p->grad.to_floats(), expected_grad(expected, *p));
     EXPECT_LE(g, mode.grad_tol) << p->name;
     worst = std::max(worst, g);
     ++checked;
@@ -163,22 +157,7 @@ TEST(Qwen3Moe, SequenceRanksEqualTransformers) {
     for (const MeshCase m : {MeshCase{2, 1}, MeshCase{1, 2}, MeshCase{2, 2}}) {
       const fs::path dir = kFixtures / name;
       const safetensors::Checkpoint expected = safetensors::Checkpoint::open((dir / "expected.safetensors").string());
-      Sequence seq;
-      {
-        const std::vector<int64_t> ids = ints(expected.load("input_ids", DType::i64));
-        const std::vector<int64_t> labels = ints(expected.load("labels", DType::i64));
-        const int64_t T = static_cast<int64_t>(ids.size());
-        seq.tokens = Tensor::empty({T}, DType::i32);
-        seq.targets = Tensor::empty({T}, DType::i64);
-        for (int64_t t = 0; t < T; ++t) {
-          seq.tokens.data_as<int32_t>()[t] = static_cast<int32_t>(ids[static_cast<size_t>(t)]);
-          seq.targets.data_as<int64_t>()[t] = t + 1 < T ? labels[static_cast<size_t>(t + 1)] : -100;
-        }
-        if (expected.has("document_bounds")) {
-          seq.document_bounds = ints(expected.load("document_bounds", DType::i64));
-          seq.document_count = static_cast<int>(seq.document_bounds.size()) - 1;
-        }
-      }
+      const Sequence seq = sequence_of(expected);
       int64_t valid = 0;
       for (int64_t t = 0; t < seq.targets.numel(); ++t) valid += seq.targets.data_as<int64_t>()[t] != -100;
       const std::string what = str(name, " on cp ", m.cp, " x sp ", m.sp);
@@ -214,7 +193,7 @@ TEST(Qwen3Moe, SequenceRanksEqualTransformers) {
       }
       double worst = 0;
       for (Parameter* p : ranks[0].model->parameters()) {
-        const double g = relative_l2(p->grad.to_floats(), expected_grad(expected, *p));
+        const double g = rel_l2(p->grad.to_floats(), expected_grad(expected, *p));
         EXPECT_LE(g, 1e-4) << p->name << ": " << what;
         worst = std::max(worst, g);
       }
