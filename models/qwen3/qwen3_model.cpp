@@ -55,6 +55,7 @@ namespace fs = std::filesystem;
 // The keys of the choices this module leaves to the plan under "auto", and its knobs' names.
 constexpr const char* kKeepAttention = "keep_attention";
 constexpr const char* kHeadGroups = "attention_head_groups";
+constexpr const char* kMoeTileRows = "moe_tile_rows";
 
 void fill_ones(Tensor& t) {
   const int64_t n = t.numel();
@@ -114,10 +115,12 @@ class Qwen3Model final : public Model {
  public:
   // head_groups: 0 for "auto" (one kv head per group on a single rank, see groups_for()).
   // keep_attention: -1 for "auto" (the recipe's choice), else 0 or 1.
+  // moe_tile_rows: 0 for "auto" (the recipe's, else every token at once).
   Qwen3Model(bool check_finite, uint64_t max_shard_bytes, int64_t head_groups, bool keep_outputs, int keep_attention,
-             std::string table)
+             int64_t moe_tile_rows, std::string table)
       : check_finite_(check_finite), max_shard_bytes_(max_shard_bytes), head_groups_(head_groups),
-        keep_outputs_(keep_outputs), keep_attention_(keep_attention), table_(std::move(table)) {}
+        keep_outputs_(keep_outputs), keep_attention_(keep_attention), moe_tile_rows_(moe_tile_rows),
+        table_(std::move(table)) {}
 
   void load_hf(const std::string& dir, Device device, DType dtype) override {
     HfConfig hc = HfConfig::load(dir);
@@ -236,9 +239,15 @@ class Qwen3Model final : public Model {
     Tensor rstd2;
     Tensor h2 = post_norm(L, x1, rstd2);
     if (L.sparse) {
-      const MoeRouting r = route(L, h2, ctx);
-      if (pass_.open) count_pass(r, ctx);
-      moe_forward(h2, moe_weights(L), r, y);
+      std::vector<int64_t> load(static_cast<size_t>(cfg_.num_experts), 0);
+      for (const auto& [t0, t1] : moe_tiles(h2.size(0), ctx)) {
+        const Tensor h = h2.rows(t0, t1);
+        Tensor out = y.rows(t0, t1);
+        const MoeRouting r = route(L, h, ctx);
+        if (pass_.open) count_pass(r, ctx, load);
+        moe_forward(h, moe_weights(L), r, out);
+      }
+      if (pass_.open) end_layer_count(load);
     } else {
       mlp(ctx).forward(h2, mlp_weights(L, ctx), y);
     }
@@ -279,10 +288,15 @@ class Qwen3Model final : public Model {
 
     // MLP: y = x1 + mlp(h2). dx holds dh2 until the attention's backward needs it for dh1.
     if (L.sparse) {
-      const MoeRouting r = route(L, h2, ctx);
       MoeWeights grads{G(L.router), G(L.experts_gate), G(L.experts_up), G(L.experts_down)};
       const Tensor aux = aux_grad(ctx, x);
-      moe_backward(h2, moe_weights(L), r, cfg_.norm_topk_prob, dy, aux.defined() ? &aux : nullptr, dx, grads);
+      for (const auto& [t0, t1] : moe_tiles(h2.size(0), ctx)) {
+        const Tensor h = h2.rows(t0, t1);
+        Tensor dh = dx.rows(t0, t1);
+        const MoeRouting r = route(L, h, ctx);
+        moe_backward(h, moe_weights(L), r, cfg_.norm_topk_prob, dy.rows(t0, t1), aux.defined() ? &aux : nullptr, dh,
+                     grads);
+      }
     } else {
       MlpWeights grads{G(L.gate), G(L.up), G(L.down)};
       mlp(ctx).backward(h2, mlp_weights(L, ctx), dy, dx, grads);
@@ -399,6 +413,18 @@ class Qwen3Model final : public Model {
       k.means = "selective recompute: each layer's attention output and LSE kept from the forward, not recomputed";
       out.push_back(std::move(k));
     }
+    // Under "auto", a sparse layer's tokens in tiles: larger tiles hold more of the experts' rows at
+    // once and wait on the router less often; the largest that fits.
+    if (moe_tile_rows_ == 0 && in.model.sparse_layers() > 0) {
+      Knob k;
+      k.name = kMoeTileRows;
+      k.values = values_up_to({4096, 16384, 65536, std::numeric_limits<int64_t>::max()},
+                              std::max<int64_t>(in.tokens_per_rank, 1));
+      k.default_value = 0;  // every token at once
+      k.search = KnobSearch::most_that_fits;
+      k.means = "mixture of experts: tokens routed and run through the experts at once";
+      out.push_back(std::move(k));
+    }
     // A mesh that splits the heads across ranks runs them all at once: nothing to choose.
     if (head_groups_ == 0 && in.cp * in.sp == 1) {
       Knob k;
@@ -421,9 +447,11 @@ class Qwen3Model final : public Model {
                       in.recipe.checkpoint_every()),
                   str(table_, ".keep_attention"),
                   str("set ", table_, ".keep_attention = \"auto\" or false, or train.checkpoint_every = 1"));
+    const int64_t tile = moe_tile_rows_ > 0 ? moe_tile_rows_ : in.recipe.get(table_, kMoeTileRows, 0);
     plan_dense_decoder(in, plan,
                        {resolve_groups(in.model.num_kv_heads, in.cp * in.sp == 1, in.recipe.get(table_, kHeadGroups, 0)),
-                        keep_outputs_, keeps_attention(in.recipe)});
+                        keep_outputs_, keeps_attention(in.recipe)},
+                       tile);
   }
 
   void final_norm_forward(const Tensor& x, Tensor& y) override {
@@ -558,17 +586,34 @@ class Qwen3Model final : public Model {
     pass_.ones = x.device().is_cuda() ? ones.to(x.device()) : ones;
     pass_.min_load = std::numeric_limits<int64_t>::max();
   }
-  void count_pass(const MoeRouting& r, const StepContext& ctx) {
+  // One routing (a tile of a layer's tokens) into the pass's sums and the layer's load.
+  void count_pass(const MoeRouting& r, const StepContext& ctx, std::vector<int64_t>& load) {
     pass_.sequence = ctx.sequence;
     const int64_t T = r.probs.size(0);
     pass_.rows += T;
     for (int64_t e = 0; e < cfg_.num_experts; ++e) {
       const int64_t c = r.offsets[static_cast<size_t>(e + 1)] - r.offsets[static_cast<size_t>(e)];
       pass_.counts[static_cast<size_t>(e)] += static_cast<double>(c);
+      load[static_cast<size_t>(e)] += c;
+    }
+    Tensor ones = pass_.ones.rows(0, T);
+    ops::matmul(ones, true, r.probs, false, pass_.prob_sum, 1.f, 1.f);  // [1,T] @ [T,E]
+  }
+  void end_layer_count(const std::vector<int64_t>& load) {
+    for (int64_t c : load) {
       pass_.min_load = std::min(pass_.min_load, c);
       pass_.max_load = std::max(pass_.max_load, c);
     }
-    ops::matmul(pass_.ones, true, r.probs, false, pass_.prob_sum, 1.f, 1.f);  // [1,T] @ [T,E]
+  }
+  // The row ranges a sparse layer runs at once: every token, or tiles of the key's (or the
+  // recipe's) rows. Routing is per token, so tiles give the same result; they bound the experts'
+  // T*k-row buffers by the tile.
+  std::vector<std::pair<int64_t, int64_t>> moe_tiles(int64_t T, const StepContext& ctx) const {
+    const int64_t want = moe_tile_rows_ > 0 ? moe_tile_rows_ : ctx.recipe.get(table_, kMoeTileRows, 0);
+    const int64_t rows = want > 0 ? std::min(want, T) : T;
+    std::vector<std::pair<int64_t, int64_t>> out;
+    for (int64_t t = 0; t < T; t += std::max<int64_t>(rows, 1)) out.emplace_back(t, std::min(T, t + rows));
+    return out;
   }
   void end_pass() {
     if (!pass_.open) return;
@@ -833,6 +878,7 @@ class Qwen3Model final : public Model {
   int64_t head_groups_;  // 0: auto
   bool keep_outputs_;    // keep each group's attention output and LSE from the backward's recompute
   int keep_attention_;   // keep them from the forward: -1 auto (the recipe's), 0 no, 1 yes
+  int64_t moe_tile_rows_;  // a sparse layer's tokens at once: 0 auto (the recipe's, else all)
   std::string table_;    // the manifest's name for this module's table, for errors
   std::unique_ptr<MlpStrategy> whole_mlp_ = make_whole_mlp();  // for callers whose StepContext names no MLP
   std::map<int64_t, Tensor> norm_scratch_;  // frozen norms' discarded weight gradients, by size
@@ -895,13 +941,17 @@ std::unique_ptr<Plugin> create(const PluginArgs& args) {
              "with several head groups, keep each group's attention output and LSE from the backward's recompute");
   c.describe("keep_attention",
              "selective recompute: keep each layer's attention output from the forward, so the backward never reruns it");
+  c.describe(kMoeTileRows, "mixture of experts: tokens a sparse layer routes and runs through its experts at once",
+             "\"auto\" (the plan's choice) or a positive count", "\"auto\"");
   const bool check_finite = args.config.get_bool("check_finite", true);
   const uint64_t shard = parse_size(args.config, "max_shard_size", args.config.get_string("max_shard_size", "5GB"));
   const int64_t groups = parse_head_groups(args.config);
   const bool keep_outputs = args.config.get_bool("attention_keep_outputs", false);
   const int keep_attention = parse_auto_bool(args.config, kKeepAttention);
+  const std::optional<int64_t> moe_tile = c.get_int_or_auto(kMoeTileRows, "\"auto\" or a positive count of tokens");
+  if (moe_tile && *moe_tile < 1) c.fail(kMoeTileRows, str(*moe_tile, " is not a positive count"), "\"auto\" or a count >= 1");
   const std::string table = args.config.name().empty() ? std::string("qwen3") : args.config.name();
-  return std::make_unique<Qwen3Model>(check_finite, shard, groups, keep_outputs, keep_attention, table);
+  return std::make_unique<Qwen3Model>(check_finite, shard, groups, keep_outputs, keep_attention, moe_tile.value_or(0), table);
 }
 
 }  // namespace

@@ -48,7 +48,8 @@ int64_t largest_layer(const ModelConfig& c, const DecoderDims& s) {
 
 }  // namespace
 
-void plan_dense_decoder(const PlanInputs& in, MemoryPlan& plan, const DenseDecoderAttention& attention) {
+void plan_dense_decoder(const PlanInputs& in, MemoryPlan& plan, const DenseDecoderAttention& attention,
+                        int64_t moe_tile_rows) {
   const DecoderDims s = shape_of(in.model);
   const int64_t G = attention.head_groups;
   if (G < 1 || s.Hkv % G != 0)
@@ -218,10 +219,12 @@ void plan_dense_decoder(const PlanInputs& in, MemoryPlan& plan, const DenseDecod
   // fp32 probabilities, top-k weights and experts, the sorted order and its inverse) and the
   // experts' rows. Every token's k rows are sorted whatever the experts they go to, so the buffers
   // are T*k rows however unevenly the tokens route (all to one expert included): the bound is exact.
+  // With tiles, T is a tile's tokens.
   if (in.model.sparse_layers() > 0) {
     const ModelConfig& c = in.model;
-    const int64_t E = c.num_experts, tk = T * c.num_experts_per_tok, Im = c.moe_intermediate_size;
-    const int64_t routing = T * E * (ab + 4) + T * c.num_experts_per_tok * 8 + tk * 8;
+    const int64_t Tm = moe_tile_rows > 0 ? std::min(moe_tile_rows, in.tokens_per_rank) : in.tokens_per_rank;
+    const int64_t E = c.num_experts, tk = Tm * c.num_experts_per_tok, Im = c.moe_intermediate_size;
+    const int64_t routing = Tm * E * (ab + 4) + Tm * c.num_experts_per_tok * 8 + tk * 8;
     plan.add("moe_forward", "sparse MLP forward: routing, experts' inputs, gate, up, silu*up [T*k rows]",
              PlanCategory::transient, routing + tk * (s.H + 3 * Im) * ab, plan_phase::forward);
     // The backward's widest moment: the experts' inputs, gate, up and silu*up with their outputs
@@ -229,7 +232,7 @@ void plan_dense_decoder(const PlanInputs& in, MemoryPlan& plan, const DenseDecod
     // and dup beside gate, up and dact; then the router's gradient [T,E].
     const int64_t widest = std::max({3 * s.H + 3 * Im, 2 * s.H + 4 * Im, s.H + 5 * Im});
     plan.add("moe_backward", "sparse MLP backward: routing, experts' rows and their gradients [T*k rows]",
-             PlanCategory::transient, routing + T * c.num_experts_per_tok * 4 + tk * widest * ab + T * E * ab,
+             PlanCategory::transient, routing + Tm * c.num_experts_per_tok * 4 + tk * widest * ab + Tm * E * ab,
              plan_phase::mlp_backward);
     // cuBLAS's grouped GEMM takes one dtype for all its operands: a 16-bit weight gradient is
     // made whole in the weights' dtype, then added to the fp32 gradient (ops::grouped_matmul_wgrad).

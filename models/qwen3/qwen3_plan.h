@@ -19,6 +19,8 @@ struct DenseDecoderAttention {
   // recompute): the backward rebuilds x1 from them with o_proj and never runs an attention forward.
   bool keep_from_forward = false;
 };
-void plan_dense_decoder(const PlanInputs& in, MemoryPlan& plan, const DenseDecoderAttention& attention = {});
+// moe_tile_rows: the tokens a sparse layer runs at once (0: all of them).
+void plan_dense_decoder(const PlanInputs& in, MemoryPlan& plan, const DenseDecoderAttention& attention = {},
+                        int64_t moe_tile_rows = 0);
 
 }  // namespace lcx::qwen3

@@ -75,6 +75,9 @@ std::vector<float> expected_grad(const safetensors::Checkpoint& expected, const 
   return out;
 }
 
+// What creating the module with this [qwen3] table throws: "key: message", or "accepted".
+std::string refusal_of_table(const std::string& table);
+
 struct Mode {
   const char* name;
   Device device;
@@ -144,6 +147,23 @@ TEST_P(MoeParity, LossesLogitsAndEveryGradient) {
 
 INSTANTIATE_TEST_SUITE_P(Fixtures, MoeParity, ::testing::Combine(::testing::ValuesIn(kNames), ::testing::ValuesIn(kModes)),
                          [](const auto& info) { return std::string(std::get<0>(info.param)) + "_" + std::get<1>(info.param).name; });
+
+// A sparse layer's tokens in tiles ([qwen3] moe_tile_rows; 17 leaves a short last tile): routing
+// is per token and the load-balancing loss sums over the tiles, so the step equals transformers'
+// as the whole layer does.
+TEST(Qwen3Moe, TokenTilesEqualTransformers) {
+  const fs::path dir = kFixtures / "moe_norm_aux";
+  auto model = test::make_qwen3("moe_tile_rows = 17");
+  model->load_hf(dir.string(), Device::cpu(), DType::f32);
+  const safetensors::Checkpoint expected = safetensors::Checkpoint::open((dir / "expected.safetensors").string());
+  const Shard shard = make_single_rank()->shard(sequence_of(expected), 0);
+  test::DefaultSlots s(*model);
+  const StepResult r = test::mean_loss_step(s, shard, test::count_valid(shard));
+  EXPECT_NEAR(r.loss_sum / static_cast<double>(r.valid), expected.load("lm_loss", DType::f32).to_floats()[0], 1e-5);
+  EXPECT_NEAR(r.aux.value, expected.load("aux_loss", DType::f32).to_floats()[0], 1e-5);
+  for (Parameter* p : model->parameters()) EXPECT_LE(rel_l2(p->grad.to_floats(), expected_grad(expected, *p)), 1e-4) << p->name;
+  EXPECT_NE(refusal_of_table("moe_tile_rows = 0").find("moe_tile_rows"), std::string::npos);
+}
 
 // The same fixtures over thread-ranks sharing the sequence: cp_ring 2, sp_ulysses 2 and cp 2 x sp 2.
 // Each rank routes its own tokens; the load-balancing loss's counts and probabilities are summed
@@ -228,6 +248,15 @@ TEST(Qwen3Moe, SavesTheHubsLayoutAndReadsItBack) {
   EXPECT_EQ(again->config().num_experts_per_tok, 3);
   EXPECT_TRUE(again->config().norm_topk_prob);
   fs::remove_all(out);
+}
+
+std::string refusal_of_table(const std::string& table) {
+  try {
+    test::make_qwen3(table);
+  } catch (const Error& e) {
+    return str(e.key(), ": ", e.what());
+  }
+  return "accepted";
 }
 
 std::string refusal(const std::string& spec) {

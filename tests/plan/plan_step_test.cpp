@@ -26,8 +26,10 @@ struct StepCase {
   int64_t tile_rows = 0, chunk_rows = 0;
   // > 0: the lora adapter of this rank on every projection, the base frozen.
   int64_t lora_rank = 0;
-  // A qwen3_moe model: every layer sparse (8 experts, top-2), the load-balancing loss trained.
+  // A qwen3_moe model: every layer sparse (8 experts, top-2), the load-balancing loss trained;
+  // > 0: its tokens in tiles of this many ([qwen3] moe_tile_rows, as the plan hands it over).
   bool moe = false;
+  int64_t moe_tile_rows = 0;
 };
 
 class PlanAgainstStep : public ::testing::TestWithParam<StepCase> {};
@@ -62,6 +64,7 @@ TEST_P(PlanAgainstStep, CpuPeakOfOneQwen3StepMatchesThePlan) {
   slots.recipe.set_checkpoint_every(c.checkpoint_every);
   slots.recipe.set("tiled_mlp", "tile_rows", c.tile_rows);
   slots.recipe.set("loss_chunked", "chunk_rows", c.chunk_rows);
+  slots.recipe.set("qwen3", "moe_tile_rows", c.moe_tile_rows);
   const int64_t T = 512;
   std::vector<int64_t> ids(T), labels(T);
   for (int64_t t = 0; t < T; ++t) ids[static_cast<size_t>(t)] = labels[static_cast<size_t>(t)] = (t * 37) % 2000;
@@ -126,7 +129,8 @@ INSTANTIATE_TEST_SUITE_P(DtypesAndLosses, PlanAgainstStep,
                                            StepCase{DType::bf16, "nll", 1, 0, 0, 16},
                                            // The sparse MLP's backward is the peak (chunked loss).
                                            StepCase{DType::f32, "loss_chunked", 1, 0, 128, 0, true},
-                                           StepCase{DType::f32, "loss_chunked", 3, 0, 128, 0, true}),
+                                           StepCase{DType::f32, "loss_chunked", 3, 0, 128, 0, true},
+                                           StepCase{DType::f32, "loss_chunked", 1, 0, 128, 0, true, 200}),
                          [](const auto& info) {
                            return std::string(dtype_name(info.param.dtype)) + "_" + info.param.loss +
                                   (info.param.checkpoint_every > 1 ? str("_every", info.param.checkpoint_every) : "") +
@@ -134,7 +138,8 @@ INSTANTIATE_TEST_SUITE_P(DtypesAndLosses, PlanAgainstStep,
                                        ? str("_tiles", info.param.tile_rows, "_chunks", info.param.chunk_rows)
                                        : "") +
                                   (info.param.lora_rank > 0 ? str("_lora", info.param.lora_rank) : "") +
-                                  (info.param.moe ? "_moe" : "");
+                                  (info.param.moe ? "_moe" : "") +
+                                  (info.param.moe_tile_rows > 0 ? str("_tiles", info.param.moe_tile_rows) : "");
                          });
 
 }  // namespace
