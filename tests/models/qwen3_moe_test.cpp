@@ -84,9 +84,15 @@ struct Mode {
   DType dtype;
   double loss_tol, logits_tol, grad_tol;
 };
+// bf16 against transformers' fp32: a token whose k-th and (k+1)-th router probabilities are within
+// bf16's rounding may pick another expert (the fixture's 72 tokens: one or two do), which moves the
+// gradients of the layers below it by far more than rounding does elsewhere. So in bf16 the losses
+// are held tight and the gradients loosely (measured on the CPU: loss 5.5e-4, aux 2.7e-4, logits
+// 4.3e-2, worst gradient 0.24); fp32 is the exact check.
 const Mode kModes[] = {
     {"cpu_fp32", Device::cpu(), DType::f32, 1e-5, 1e-5, 1e-4},
-    {"cuda_bf16", Device::cuda(0), DType::bf16, 2e-2, 3e-2, 6e-2},
+    {"cpu_bf16", Device::cpu(), DType::bf16, 2e-3, 6e-2, 0.35},
+    {"cuda_bf16", Device::cuda(0), DType::bf16, 2e-3, 6e-2, 0.35},
 };
 
 class MoeParity : public ::testing::TestWithParam<std::tuple<const char*, Mode>> {};
