@@ -957,5 +957,5 @@ std::unique_ptr<Plugin> create(const PluginArgs& args) {
 }  // namespace
 }  // namespace lcx::qwen3
 
-LCX_PLUGIN(LCX_SLOT_MODEL, "qwen3", "0.1.0", "Qwen3 dense: exact forward/backward, HF checkpoints in and out",
+LCX_PLUGIN(LCX_SLOT_MODEL, "qwen3", "0.1.0", "Qwen3 dense and MoE: exact forward/backward, HF checkpoints in and out",
            "ready", lcx::qwen3::create)
