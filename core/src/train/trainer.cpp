@@ -244,11 +244,12 @@ void Trainer::forward_backward_step(const Batch& batch, StepRecord& r) {
     timeline_ = std::make_unique<StepTimeline>(device);
   try {
     if (r.valid > 0) {
+      // The step trains the mean of its sequences' auxiliary losses (a mixture of experts').
+      const double aux_weight = 1.0 / static_cast<double>(batch.sequences.size());
       for (size_t j = mine_begin; j < mine_end; ++j) {
         const double t0 = now_s();
         Shard shard = run_.slots().parallel->shard(batch.sequences[j], run_.seq_rank());
         r.shard_s += now_s() - t0;
-        const double aux_weight = 1.0 / static_cast<double>(batch.sequences.size());
         StepResult s = lcx::train_step(run_.step(), shard, 1.0 / static_cast<double>(r.valid), device, aux_weight);
         r.loss_sum += s.loss_sum;
         if (s.aux.present) {
