@@ -208,7 +208,10 @@ class Qwen3Model final : public Model {
 
   void zero_grad() override {
     for (auto& p : params_)
-      if (p.grad.defined()) p.grad.zero();
+      if (p.grad.defined())
+        p.grad.zero();
+      else if (!p.frozen)
+        p.grad = Tensor::zeros(p.value.shape(), DType::f32, p.value.device(), MemoryCategory::gradients);
   }
 
   void embed_forward(const Tensor& tokens, Tensor& x) override {
@@ -673,7 +676,9 @@ class Qwen3Model final : public Model {
       p.name = name;
       p.gemm_grad = gemm;
       p.value = Tensor::empty(shape, dtype, device, MemoryCategory::weights);
-      p.grad = Tensor::zeros(shape, DType::f32, device, MemoryCategory::gradients);
+      // No gradient yet: the run gives one to what it trains unsharded (Run::choose_grad_dtype),
+      // after the adapter froze the base and ZeRO-3 took its shards, so a 30B model's fp32
+      // gradients never sit beside its weights on a GPU that could not hold them.
       p.decay = shape.size() > 1;  // norms are not decayed, as transformers' Trainer does
       params_.push_back(std::move(p));
       return static_cast<int>(params_.size() - 1);

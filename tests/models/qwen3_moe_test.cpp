@@ -5,9 +5,10 @@
 // loss's included where the config trains it). lcx loads the folder, runs one step and must agree:
 // losses within 1e-5 relative, every gradient within 1e-4 relative L2 on the CPU (fp32), on one rank
 // and on cp 2, sp 2 and cp 2 x sp 2 thread-ranks; on the GPU in bf16 to bf16's resolution. kNames
-// lists the fixtures committed (moe_norm_aux; the generator's moe_step2_plain and moe_packed, a
-// tied bf16 checkpoint with the auxiliary loss logged only and packed documents, join it once
-// generated). Also: the backward against finite differences, every token to one expert, the
+// lists the fixtures: moe_norm_aux (top-k renormalized, the auxiliary loss trained, one dense
+// layer), moe_step2_plain (a tied bf16 checkpoint, every second layer sparse, the auxiliary loss
+// logged only) and moe_packed (three documents packed, each attending to itself, most labels -100).
+// Also: the backward against finite differences, every token to one expert, the
 // checkpoint written back in the Hub's layout and read again bit for bit, refusals by key.
 #include <gtest/gtest.h>
 
@@ -30,7 +31,7 @@ namespace {
 namespace fs = std::filesystem;
 
 const fs::path kFixtures = fs::path(LCX_TEST_DATA_DIR) / "models" / "fixtures";
-const char* const kNames[] = {"moe_norm_aux"};
+const char* const kNames[] = {"moe_norm_aux", "moe_step2_plain", "moe_packed"};
 
 std::vector<int64_t> ints(const Tensor& t) {
   std::vector<int64_t> v(static_cast<size_t>(t.numel()));
@@ -179,7 +180,7 @@ TEST(Qwen3Moe, SequenceRanksEqualTransformers) {
   struct MeshCase {
     int cp, sp;
   };
-  for (const char* name : {"moe_norm_aux"})
+  for (const char* name : kNames)
     for (const MeshCase m : {MeshCase{2, 1}, MeshCase{1, 2}, MeshCase{2, 2}}) {
       const fs::path dir = kFixtures / name;
       const safetensors::Checkpoint expected = safetensors::Checkpoint::open((dir / "expected.safetensors").string());

@@ -67,6 +67,8 @@ Compared compare_with_core(Device device, DType dtype, int steps, double max_nor
   auto a = test::make_qwen3(), b = test::make_qwen3();
   a->init_random(tiny_spec(3, 32), 5, device, dtype);
   b->init_random(tiny_spec(3, 32), 5, device, dtype);
+  a->zero_grad();  // the gradients the run would give them, which the optimizers read
+  b->zero_grad();
   std::shared_ptr<Optimizer> host = make_host_adamw();
   host->configure(a->parameters(), decayed(), {});
   AdamW core(b->parameters(), decayed());
@@ -126,6 +128,7 @@ TEST(HostAdamW, StateRoundTripsThroughCoreAdamW) {
   // back gives the same next update.
   auto a = test::make_qwen3();
   a->init_random(tiny_spec(2, 16), 7, Device::cpu(), DType::f32);
+  a->zero_grad();
   std::shared_ptr<Optimizer> host = make_host_adamw();
   host->configure(a->parameters(), decayed(), {});
   for (Parameter* p : a->parameters()) fill(p->grad, 0.25f);
@@ -133,6 +136,7 @@ TEST(HostAdamW, StateRoundTripsThroughCoreAdamW) {
   const OptimizerState st = host->state();
   auto b = test::make_qwen3();
   b->init_random(tiny_spec(2, 16), 8, Device::cpu(), DType::f32);  // other weights: load_state sets them
+  b->zero_grad();
   AdamW core(b->parameters(), decayed());
   core.load_state(st);
   EXPECT_EQ(core.steps(), 1);

@@ -294,10 +294,14 @@ void Run::shard_parameters() {
 
 void Run::choose_grad_dtype() {
   grad_dtype_ = grad_dtype_for(cfg_.train, dtype_, world_size());
-  // A shard's gradient stays fp32 (ShardedParams); the full model's GEMM weights take the dtype.
-  if (grad_dtype_ != DType::f32 && !sharded())
-    for (Parameter* p : trainable_parameters())
-      if (p->gemm_grad) p->grad = Tensor::zeros(p->value.shape(), grad_dtype_, device_, MemoryCategory::gradients);
+  // A shard's gradient is ShardedParams'. Unsharded, every trained parameter gets its gradient
+  // here, once the base is frozen or sharded: the GEMM weights' in the chosen dtype, the rest fp32.
+  if (sharded()) return;
+  for (Parameter* p : trainable_parameters()) {
+    const DType dt = p->gemm_grad ? grad_dtype_ : DType::f32;
+    if (!p->grad.defined() || p->grad.dtype() != dt)
+      p->grad = Tensor::zeros(p->value.shape(), dt, device_, MemoryCategory::gradients);
+  }
 }
 
 void Run::plan_step(const ModelConfig& shape, int64_t seq_len, int64_t gpu_bytes, int64_t host_bytes) {

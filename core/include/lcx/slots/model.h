@@ -69,7 +69,9 @@ struct AuxLoss {
 struct Parameter {
   std::string name;  // the HF name, e.g. "model.layers.0.self_attn.q_proj.weight"
   Tensor value;      // compute copy (bf16 on GPU by default)
-  Tensor grad;       // fp32, accumulated across the step
+  // Accumulated across the step: none when loaded; the run gives one to each parameter it trains
+  // unsharded (fp32, or [train] grad_dtype for a GEMM weight), Model::zero_grad fp32 to the rest.
+  Tensor grad;
   bool decay = true;  // weight decay applies (false for norms)
   // Its gradient is written by GEMMs alone (projections, MLP), which accumulate in fp32 and round
   // once, so the run may keep it in the weights' dtype ([train] grad_dtype).
@@ -114,6 +116,7 @@ class Model : public Plugin {
   // before anything is loaded; throws naming the spec when the module does not know it.
   virtual ModelConfig describe(const std::string& spec) const = 0;
   virtual std::vector<Parameter*> parameters() = 0;
+  // Zeroes every gradient, first giving each unfrozen parameter without one an fp32 gradient.
   virtual void zero_grad() = 0;
 
   virtual void embed_forward(const Tensor& tokens, Tensor& x) = 0;  // x [T,H]
