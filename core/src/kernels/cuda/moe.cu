@@ -2,6 +2,8 @@
 // deterministic: the sort by expert counts each chunk of slots, scans the counts in (expert,
 // chunk) order and places each chunk's slots in slot order, so no atomic decides a place; the
 // combine sums each token's k terms in order.
+#include <algorithm>
+
 #include "kernels/cuda/common.cuh"
 #include "kernels/cuda/cuda_ops.h"
 
@@ -14,6 +16,93 @@ using lcx::cuda::st;
 constexpr int kThreads = 256;
 constexpr int kChunk = 1024;    // slots per chunk of the sort
 constexpr int kMaxTopK = 64;     // per-thread top-k bookkeeping
+
+// The fast paths below move rows 16 bytes at a time, one block (or warp) per row, where every
+// row starts 16-byte aligned: the generic kernels' per-element 64-bit division and 2-byte loads ran
+// the gather at a fifth of the memory's rate (Qwen3-30B-A3B at 32k tokens: 2.2 ms per call).
+bool rows_of_16(std::initializer_list<const Tensor*> ts) {
+  for (const Tensor* t : ts) {
+    const int64_t row = t->numel() / std::max<int64_t>(1, t->size(0)) * static_cast<int64_t>(dtype_size(t->dtype()));
+    if (reinterpret_cast<uintptr_t>(t->data()) % 16 != 0 || row % 16 != 0) return false;
+  }
+  return true;
+}
+
+__global__ void gather_rows16_kernel(const uint4* x, const int32_t* rows, int64_t divide, int64_t N, int64_t vecs,
+                                     uint4* out) {
+  for (int64_t r = blockIdx.x; r < N; r += gridDim.x) {
+    const uint4* src = x + (rows[r] / divide) * vecs;
+    uint4* dst = out + r * vecs;
+    for (int64_t v = threadIdx.x; v < vecs; v += blockDim.x) dst[v] = src[v];
+  }
+}
+
+__device__ __forceinline__ void widen8(const uint4& u, float* f) {
+  const __nv_bfloat162* h = reinterpret_cast<const __nv_bfloat162*>(&u);
+  for (int i = 0; i < 4; ++i) {
+    const float2 v = __bfloat1622float2(h[i]);
+    f[2 * i] = v.x;
+    f[2 * i + 1] = v.y;
+  }
+}
+
+__device__ __forceinline__ uint4 narrow8(const float* f) {
+  uint4 u;
+  __nv_bfloat162* h = reinterpret_cast<__nv_bfloat162*>(&u);
+  for (int i = 0; i < 4; ++i) h[i] = __floats2bfloat162_rn(f[2 * i], f[2 * i + 1]);
+  return u;
+}
+
+// bf16 rows, 8 values per thread: one block per token sums its k weighted expert rows in order.
+__global__ void combine_bf16_kernel(const uint4* y, const int32_t* position, const float* weights, int64_t T, int k,
+                                    int64_t vecs, uint4* out) {
+  for (int64_t t = blockIdx.x; t < T; t += gridDim.x)
+    for (int64_t v = threadIdx.x; v < vecs; v += blockDim.x) {
+      float acc[8] = {0, 0, 0, 0, 0, 0, 0, 0}, f[8];
+      for (int j = 0; j < k; ++j) {
+        const float w = weights[t * k + j];
+        widen8(y[int64_t(position[t * k + j]) * vecs + v], f);
+        for (int i = 0; i < 8; ++i) acc[i] += w * f[i];
+      }
+      out[t * vecs + v] = narrow8(acc);
+    }
+}
+
+// One block per sorted row r: its slot's weight times its token's dout row.
+__global__ void combine_bwd_dy_bf16_kernel(const uint4* dout, const int32_t* order, const float* weights, int64_t N,
+                                           int k, int64_t vecs, uint4* dy) {
+  for (int64_t r = blockIdx.x; r < N; r += gridDim.x) {
+    const int64_t s = order[r];
+    const float w = weights[s];
+    for (int64_t v = threadIdx.x; v < vecs; v += blockDim.x) {
+      float f[8];
+      widen8(dout[(s / k) * vecs + v], f);
+      for (int i = 0; i < 8; ++i) f[i] *= w;
+      dy[r * vecs + v] = narrow8(f);
+    }
+  }
+}
+
+// One warp per slot: the dot of its token's dout row with its expert's output row.
+__global__ void combine_bwd_dw_bf16_kernel(const uint4* dout, const uint4* y, const int32_t* position, int64_t N, int k,
+                                           int64_t vecs, float* dweights) {
+  const int64_t warps = int64_t(gridDim.x) * (blockDim.x / 32);
+  for (int64_t s = (blockIdx.x * int64_t(blockDim.x) + threadIdx.x) / 32; s < N; s += warps) {
+    float acc = 0, a[8], b[8];
+    for (int64_t v = threadIdx.x % 32; v < vecs; v += 32) {
+      widen8(dout[(s / k) * vecs + v], a);
+      widen8(y[int64_t(position[s]) * vecs + v], b);
+      for (int i = 0; i < 8; ++i) acc += a[i] * b[i];
+    }
+    acc = lcx::cuda::warp_sum(acc);
+    if (threadIdx.x % 32 == 0) dweights[s] = acc;
+  }
+}
+
+// Blocks for one-row-per-block kernels: every row, up to a grid the GPU holds many times over.
+unsigned row_blocks(int64_t rows) { return static_cast<unsigned>(std::min<int64_t>(rows, 1 << 20)); }
+// Threads for rows of `vecs` 16-byte vectors: a warp multiple up to 256.
+unsigned row_threads(int64_t vecs) { return static_cast<unsigned>(std::clamp<int64_t>((vecs + 31) / 32 * 32, 32, 256)); }
 
 // One thread per token: softmax over E in fp32, then k passes picking the largest left.
 __global__ void route_kernel(const void* logits, DType tl, int64_t T, int E, int k, bool norm, float* weights,
@@ -204,6 +293,13 @@ void gather_rows(const Tensor& x, const Tensor& rows, int64_t divide, Tensor& ou
   const int64_t N = rows.numel();
   const size_t row_bytes = static_cast<size_t>(x.size(1)) * dtype_size(x.dtype());
   if (N == 0 || row_bytes == 0) return;
+  if (rows_of_16({&x, &out})) {
+    const int64_t vecs = static_cast<int64_t>(row_bytes) / 16;
+    gather_rows16_kernel<<<row_blocks(N), row_threads(vecs), 0, lcx::cuda::current_stream()>>>(
+        static_cast<const uint4*>(x.data()), rows.data_as<int32_t>(), divide, N, vecs, static_cast<uint4*>(out.data()));
+    LCX_CUDA_CHECK(cudaGetLastError());
+    return;
+  }
   const int word = row_bytes % 4 == 0 ? 4 : 2;
   const int64_t words = static_cast<int64_t>(row_bytes) / word;
   gather_rows_kernel<<<lcx::cuda::grid_for(N * words, kThreads), kThreads, 0, lcx::cuda::current_stream()>>>(
@@ -215,6 +311,14 @@ void gather_rows(const Tensor& x, const Tensor& rows, int64_t divide, Tensor& ou
 void moe_combine(const Tensor& y, const Tensor& position, const Tensor& weights, Tensor& out) {
   const int64_t T = weights.size(0), H = y.size(1);
   if (T * H == 0) return;
+  if (y.dtype() == DType::bf16 && out.dtype() == DType::bf16 && rows_of_16({&y, &out})) {
+    const int64_t vecs = H / 8;
+    combine_bf16_kernel<<<row_blocks(T), row_threads(vecs), 0, lcx::cuda::current_stream()>>>(
+        static_cast<const uint4*>(y.data()), position.data_as<int32_t>(), weights.data_as<float>(), T,
+        static_cast<int>(weights.size(1)), vecs, static_cast<uint4*>(out.data()));
+    LCX_CUDA_CHECK(cudaGetLastError());
+    return;
+  }
   combine_kernel<<<lcx::cuda::grid_for(T * H, kThreads), kThreads, 0, lcx::cuda::current_stream()>>>(
       y.data(), y.dtype(), position.data_as<int32_t>(), weights.data_as<float>(), T, static_cast<int>(weights.size(1)),
       H, out.data(), out.dtype());
@@ -226,6 +330,17 @@ void moe_combine_backward(const Tensor& dout, const Tensor& y, const Tensor& ord
   const int64_t T = weights.size(0), k = weights.size(1), H = dout.size(1), N = T * k;
   if (N * H == 0) return;
   cudaStream_t s = lcx::cuda::current_stream();
+  if (dout.dtype() == DType::bf16 && y.dtype() == DType::bf16 && dy.dtype() == DType::bf16 && rows_of_16({&dout, &y, &dy})) {
+    const int64_t vecs = H / 8;
+    combine_bwd_dy_bf16_kernel<<<row_blocks(N), row_threads(vecs), 0, s>>>(
+        static_cast<const uint4*>(dout.data()), order.data_as<int32_t>(), weights.data_as<float>(), N, static_cast<int>(k),
+        vecs, static_cast<uint4*>(dy.data()));
+    combine_bwd_dw_bf16_kernel<<<lcx::cuda::grid_for(N * 32, kThreads), kThreads, 0, s>>>(
+        static_cast<const uint4*>(dout.data()), static_cast<const uint4*>(y.data()), position.data_as<int32_t>(), N,
+        static_cast<int>(k), vecs, dweights.data_as<float>());
+    LCX_CUDA_CHECK(cudaGetLastError());
+    return;
+  }
   combine_bwd_dy_kernel<<<lcx::cuda::grid_for(N * H, kThreads), kThreads, 0, s>>>(
       dout.data(), dout.dtype(), order.data_as<int32_t>(), weights.data_as<float>(), N, static_cast<int>(k), H, dy.data(),
       dy.dtype());
