@@ -181,10 +181,12 @@ void plan_dense_decoder(const PlanInputs& in, MemoryPlan& plan, const DenseDecod
     const ModelConfig& c = in.model;
     const double sparse = static_cast<double>(c.sparse_layers()), dense = static_cast<double>(s.L) - sparse;
     const double k_moe = static_cast<double>(c.num_experts_per_tok), i_moe = static_cast<double>(c.moe_intermediate_size);
+    // The experts' weights apart (expert): they run as grouped GEMMs, at their own rate.
     const double qkv = static_cast<double>(s.H * (s.qd + 2 * s.kvd)), o = static_cast<double>(s.qd * s.H),
                  mlp = (dense * 3.0 * static_cast<double>(s.H * s.I) +
-                        sparse * static_cast<double>(s.H) * (static_cast<double>(c.num_experts) + 3.0 * k_moe * i_moe)) /
-                       static_cast<double>(s.L);
+                        sparse * static_cast<double>(s.H) * static_cast<double>(c.num_experts)) /
+                       static_cast<double>(s.L),
+                 expert = sparse * static_cast<double>(s.H) * 3.0 * k_moe * i_moe / static_cast<double>(s.L);
     const double width = (dense * static_cast<double>(s.I) + sparse * k_moe * i_moe) / static_cast<double>(s.L);
     const double fwd = 2 * t * (qkv + o + mlp);
     // The backward's GEMMs per forward one: the input's gradient, and the weight's unless frozen.
@@ -213,6 +215,10 @@ void plan_dense_decoder(const PlanInputs& in, MemoryPlan& plan, const DenseDecod
     w.grouped_gemm_flops += rebuilt * grouped_forward;
     w.attention_forward_flops += rebuilt * pairs * 4 * static_cast<double>(s.d);
     w.memory_bytes += rebuilt * t * static_cast<double>(ab) * (11.0 * width + 24.0 * s.H) / 3;
+    // The experts: gate, up and down in the forward and all three again in the backward's recompute
+    // (the combine's backward reads the experts' outputs), the backward's per forward GEMM, and a
+    // rebuilt layer's forward once more.
+    w.expert_gemm_flops += 2 * t * expert * (static_cast<double>(s.L) * (2 + backward) + rebuilt);
   }
 
   // A sparse layer's MLP (qwen3_moe.cpp), in place of the MLP slot's: the routing (logits [T,E],

@@ -77,6 +77,26 @@ TEST(Rates, ShippedTableHoldsTheH200Row) {
   EXPECT_EQ(device_rate(rate_name::gemm, 1), 650.5e12);
   // A provider's own rate, which the row does not have, is its default.
   EXPECT_EQ(device_rate("cp_ring.call_cost_pairs", 570000), 570000);
+  // The experts' grouped GEMMs at their own measured rate: a second of them adds a second.
+  EXPECT_EQ(h200->get(rate_name::expert_gemm), 281.2e12);
+  StepWork experts;
+  experts.expert_gemm_flops = 281.2e12;
+  EXPECT_NEAR(predicted_step_seconds(experts, *h200), 1.0, 1e-12);
+}
+
+// A row without the experts' rate (a user's calibrated row of another GPU) charges their FLOPs at
+// kExpertGemmShare of its dense GEMM rate, not at the dense rate itself.
+TEST(Rates, ExpertGemmsWithoutTheirRateTakeAShareOfTheDenseRate) {
+  const fs::path p = scratch("experts.toml");
+  write(p, kTwoRows);
+  const RatesTable t = RatesTable::load(p.string());
+  const RatesRow* a100 = t.find("NVIDIA A100-SXM4-80GB");
+  ASSERT_NE(a100, nullptr);
+  StepWork w;
+  w.expert_gemm_flops = 250e12 * kExpertGemmShare;
+  EXPECT_NEAR(predicted_step_seconds(w, *a100), 1.0, 1e-12);
+  w.gemm_flops = 250e12;
+  EXPECT_NEAR(predicted_step_seconds(w, *a100), 2.0, 1e-12);
 }
 
 TEST(Rates, MissingOrMalformedFileIsRefusedNamingIt) {

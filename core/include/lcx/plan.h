@@ -87,6 +87,9 @@ struct PlanTerm {
 struct StepWork {
   double gemm_flops = 0;
   double grouped_gemm_flops = 0;  // GEMMs cut by head group (head_groups of them per full-width one)
+  // The sparse layers' expert GEMMs, one grouped call over the experts per projection: slower
+  // than the dense GEMMs (rate_name::expert_gemm).
+  double expert_gemm_flops = 0;
   int64_t head_groups = 1;
   double attention_forward_flops = 0;   // causal: 2 d flops per (query, key) pair and head, twice (QK^T, PV)
   double attention_backward_flops = 0;  // 2.5x the forward's pairs: dV, dP, dS, dQ, dK

@@ -295,7 +295,9 @@ double predicted_step_seconds(const StepWork& w, const RatesRow& r) {
   // beside the attention).
   const double grouped_rate =
       gemm / (1.0 + static_cast<double>(std::max<int64_t>(w.head_groups, 1) - 1) / (half_rate - 1.0));
-  return w.gemm_flops / gemm + w.grouped_gemm_flops / grouped_rate + w.attention_forward_flops / attention_forward +
+  const double expert = r.get(rate_name::expert_gemm, gemm * kExpertGemmShare);
+  return w.gemm_flops / gemm + w.grouped_gemm_flops / grouped_rate + w.expert_gemm_flops / expert +
+         w.attention_forward_flops / attention_forward +
          w.attention_backward_flops / attention_backward + w.memory_bytes / memory + w.exposed_copy_bytes / host_copy;
 }
 

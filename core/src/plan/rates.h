@@ -30,11 +30,19 @@ inline constexpr const char* host_copy = "host_copy_bytes";            // pinned
 // The head groups at which a head group's projections (1/groups as wide) run at half the full
 // width's rate: g groups run at 1 / (1 + (g - 1) / (this - 1)) of it.
 inline constexpr const char* half_rate_groups = "head_groups_at_half_rate";
+// Optional: the experts' grouped GEMMs (cuBLAS's grouped batched GEMM over the experts sorted
+// rows), FLOP/s; a row without it takes kExpertGemmShare of its gemm_flops.
+inline constexpr const char* expert_gemm = "expert_gemm_flops";
 // Optional: the dense bf16 peak the MFU is reported against (the datasheet's), FLOP/s; and the
 // device's memory in GiB, for choosing the nearest row of a GPU without its own.
 inline constexpr const char* peak = "peak_flops";
 inline constexpr const char* memory_gib = "memory_gib";
 }  // namespace rate_name
+
+// The experts' grouped GEMM rate as a share of the dense one where a row does not give it: measured
+// at Qwen3-30B-A3B's shapes (128 experts, 2048 -> 768 and back, about 2,048 rows each), 281 of 650
+// TFLOP/s on the H200 and 282 on the H100 (docs/PERF.md).
+inline constexpr double kExpertGemmShare = 0.43;
 
 // The device planned for where no GPU is at hand and none is named (--gpu-name, [run] gpu_name).
 inline constexpr const char* kDefaultRatesDevice = "NVIDIA H200";
