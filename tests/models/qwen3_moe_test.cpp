@@ -25,6 +25,8 @@
 #include "models/model_util.h"
 #include "plugins/sp_cp_cases.h"
 
+#include <functional>
+
 namespace lcx {
 namespace {
 
@@ -62,13 +64,14 @@ Sequence sequence_of(const safetensors::Checkpoint& expected) {
 }
 
 // The gradient transformers recorded for a parameter: under its own name, or for a stacked
-// experts' parameter each expert's slice ("...mlp.experts.M.gate_proj.weight") in expert order.
-std::vector<float> expected_grad(const safetensors::Checkpoint& expected, const Parameter& p) {
+// experts' parameter each expert's slice ("...mlp.experts.M.gate_proj.weight") in expert order:
+// `experts` of them (0: as many as p holds).
+std::vector<float> expected_grad(const safetensors::Checkpoint& expected, const Parameter& p, int64_t experts = 0) {
   const std::string marker = ".mlp.experts.";
   const size_t at = p.name.find(marker);
   if (at == std::string::npos) return expected.load("grad." + p.name, DType::f32).to_floats();
   std::vector<float> out;
-  for (int64_t e = 0; e < p.value.size(0); ++e) {
+  for (int64_t e = 0; e < (experts > 0 ? experts : p.value.size(0)); ++e) {
     const std::string key = str("grad.", p.name.substr(0, at + marker.size()), e, ".", p.name.substr(at + marker.size()));
     const std::vector<float> g = expected.load(key, DType::f32).to_floats();
     out.insert(out.end(), g.begin(), g.end());
@@ -227,6 +230,154 @@ TEST(Qwen3Moe, SequenceRanksEqualTransformers) {
       std::printf("%s: LM loss %.7f (transformers %.7f), aux %.7f (%.7f), worst gradient rel L2 %.2e\n", what.c_str(),
                   loss[0], want_lm, aux[0], want_aux, worst);
     }
+}
+
+// The qwen3 module created for world rank `rank` of a mesh with expert parallelism, as core's
+// resolve_slots creates it (PluginArgs::mesh and rank).
+std::shared_ptr<Model> make_qwen3_for(const MeshShape& mesh, int rank) {
+  Manifest m = Manifest::parse("[qwen3]\n", "test manifest");
+  PluginLoader loader({test::build_plugin_dir()});
+  return std::dynamic_pointer_cast<Model>(loader.create("qwen3", PluginArgs{"qwen3", m.section("qwen3"), Device::cpu(), mesh, rank}));
+}
+
+// Expert parallelism ([distributed] ep) against transformers: every ep consecutive ranks split each
+// sparse layer's experts (moe_packed's 6: 3 a rank at ep 2, 2 at ep 3), route their own tokens with
+// the whole router and exchange the rows with the experts' ranks. Over ep 2 x cp 2 (the two ranks
+// of the ring hold half the experts each), ep 2 x sp 2, ep 2 across dp 2 (each dp rank a copy of
+// the sequence at half the weight, as a step of two sequences weighs them), ep 2 inside dp 2 x cp 2
+// (two groups, the experts' gradients summed over the ranks holding the same experts) and ep 3
+// across dp 3: the loss summed over the ranks equals transformers', every gradient other than
+// the experts' summed over the world equals transformers', and the experts' gradients, each
+// group's ranks' slices concatenated in expert order after the sum over the ranks holding the same
+// experts, equal transformers' every expert's.
+TEST(Qwen3Moe, ExpertRanksEqualTransformers) {
+  struct EpCase {
+    int dp, cp, sp, ep;
+  };
+  const fs::path dir = kFixtures / "moe_packed";
+  const safetensors::Checkpoint expected = safetensors::Checkpoint::open((dir / "expected.safetensors").string());
+  const Sequence seq = sequence_of(expected);
+  int64_t valid = 0;
+  for (int64_t t = 0; t < seq.targets.numel(); ++t) valid += seq.targets.data_as<int64_t>()[t] != -100;
+  const double want_lm = expected.load("lm_loss", DType::f32).to_floats()[0];
+  const double want_aux = expected.load("aux_loss", DType::f32).to_floats()[0];
+  for (const EpCase m : {EpCase{1, 2, 1, 2}, EpCase{1, 1, 2, 2}, EpCase{2, 1, 1, 2}, EpCase{2, 2, 1, 2}, EpCase{3, 1, 1, 3}}) {
+    const MeshShape shape{.dp = m.dp, .cp = m.cp, .sp = m.sp, .ep = m.ep};
+    const int n = m.dp * m.cp * m.sp;
+    const std::string what = str("moe_packed on ep ", m.ep, " with dp ", m.dp, " x cp ", m.cp, " x sp ", m.sp);
+    std::vector<test::Slots> ranks(static_cast<size_t>(n));
+    for (int r = 0; r < n; ++r) {
+      test::Slots& s = ranks[static_cast<size_t>(r)];
+      s.model = make_qwen3_for(shape, r);
+      s.model->load_hf(dir.string(), Device::cpu(), DType::f32);
+      s.loss = std::shared_ptr<Loss>(make_full_logits_loss());
+      s.rope = std::shared_ptr<PositionalEncoding>(make_default_rope());
+      s.memory = std::shared_ptr<MemoryStrategy>(make_on_device_memory());
+      s.parallel = m.cp > 1   ? test::make_plugin<Parallelism>("cp_ring", "", Device::cpu(), nullptr, MeshShape{1, m.cp, 1})
+                   : m.sp > 1 ? test::make_plugin<Parallelism>("sp_ulysses", "", Device::cpu(), nullptr, MeshShape{1, 1, m.sp})
+                              : std::shared_ptr<Parallelism>(make_single_rank());
+    }
+    const int64_t E = ranks[0].model->config().num_experts;
+    std::vector<double> loss(static_cast<size_t>(n)), aux(static_cast<size_t>(n));
+    run_in_process(n, [&](Communicator& world) {
+      Mesh mesh(world, shape);
+      const int r = world.rank();
+      test::Slots& s = ranks[static_cast<size_t>(r)];
+      StepSlots slots = s.slots();
+      slots.mesh = &mesh;
+      configure_slots(slots);
+      s.model->zero_grad();
+      const StepResult got = train_step(slots, s.parallel->shard(seq, seq_index(mesh.shape(), mesh.coord())),
+                                        1.0 / static_cast<double>(m.dp * valid), Device::cpu(), 1.0 / m.dp);
+      for (Parameter* p : s.model->parameters())
+        if (p->name.find(".mlp.experts.") != std::string::npos)
+          mesh.expert_replicas()->all_reduce(p->grad);
+        else
+          world.all_reduce(p->grad);
+      double sum = got.loss_sum;
+      world.all_reduce(std::span<double>(&sum, 1));
+      loss[static_cast<size_t>(r)] = sum / static_cast<double>(m.dp * valid);
+      aux[static_cast<size_t>(r)] = got.aux.value;
+    });
+    for (int r = 0; r < n; ++r) {
+      EXPECT_NEAR(loss[static_cast<size_t>(r)], want_lm, 1e-5 * want_lm) << what;
+      EXPECT_NEAR(aux[static_cast<size_t>(r)], want_aux, 1e-5 * want_aux) << what << ": rank " << r;
+    }
+    double worst = 0, worst_expert = 0;
+    const std::vector<Parameter*> first = ranks[0].model->parameters();
+    for (size_t i = 0; i < first.size(); ++i) {
+      const Parameter& p = *first[i];
+      std::vector<float> got = p.grad.to_floats();
+      const bool experts = p.name.find(".mlp.experts.") != std::string::npos;
+      if (experts) {
+        ASSERT_EQ(p.value.size(0), E / m.ep) << p.name << ": " << what;
+        for (int r = 1; r < m.ep; ++r) {  // the rest of the first group's experts, in expert order
+          const std::vector<float> g = ranks[static_cast<size_t>(r)].model->parameters()[i]->grad.to_floats();
+          got.insert(got.end(), g.begin(), g.end());
+        }
+      }
+      const double e = rel_l2(got, expected_grad(expected, p, E));
+      EXPECT_LE(e, 1e-4) << p.name << ": " << what;
+      (experts ? worst_expert : worst) = std::max(experts ? worst_expert : worst, e);
+    }
+    std::printf("%s: LM loss %.7f (transformers %.7f), aux %.7f (%.7f), worst gradient rel L2 %.2e, experts' %.2e\n",
+                what.c_str(), loss[0], want_lm, aux[0], want_aux, worst, worst_expert);
+  }
+}
+
+std::string thrown_key(const std::function<void()>& fn) {
+  try {
+    fn();
+  } catch (const Error& e) {
+    return str(e.key(), ": ", e.what());
+  }
+  return "accepted";
+}
+
+// Refusals by name: ep not dividing the model's experts (moe_norm_aux's 7), nor the world size, a
+// dense model under ep, and a model built for ep 2 stepped with no expert-parallel group. And an
+// expert-parallel rank's random init is its rows of the one-rank draw.
+TEST(Qwen3Moe, ExpertParallelRefusalsAndInit) {
+  const std::string odd = thrown_key([] {
+    make_qwen3_for(MeshShape{.dp = 2, .ep = 2}, 1)->load_hf((kFixtures / "moe_norm_aux").string(), Device::cpu(), DType::f32);
+  });
+  EXPECT_EQ(odd.rfind("distributed.ep: ", 0), 0u) << odd;
+  EXPECT_NE(odd.find("7 experts"), std::string::npos) << odd;
+  const std::string world = thrown_key([] { Mesh::validate(MeshShape{.dp = 2, .ep = 3}, 2); });
+  EXPECT_EQ(world.rfind("distributed.ep: ", 0), 0u) << world;
+  const std::string dense = thrown_key([] {
+    make_qwen3_for(MeshShape{.dp = 2, .ep = 2}, 0)->init_random(
+        R"({"hidden_size": 32, "intermediate_size": 48, "num_hidden_layers": 2, "num_attention_heads": 4,
+        "num_key_value_heads": 2, "head_dim": 8, "vocab_size": 64})",
+        1, Device::cpu(), DType::f32);
+  });
+  EXPECT_EQ(dense.rfind("distributed.ep: ", 0), 0u) << dense;
+
+  const std::string spec = R"({"model_type": "qwen3_moe", "hidden_size": 32, "intermediate_size": 48, "num_hidden_layers": 2,
+    "num_attention_heads": 4, "num_key_value_heads": 2, "head_dim": 8, "vocab_size": 64, "num_experts": 6,
+    "num_experts_per_tok": 2, "moe_intermediate_size": 16})";
+  auto whole = test::make_qwen3();
+  whole->init_random(spec, 3, Device::cpu(), DType::f32);
+  auto second = make_qwen3_for(MeshShape{.dp = 2, .ep = 2}, 1);
+  second->init_random(spec, 3, Device::cpu(), DType::f32);
+  const std::vector<Parameter*> a = whole->parameters(), b = second->parameters();
+  ASSERT_EQ(a.size(), b.size());
+  int sliced = 0;
+  for (size_t i = 0; i < a.size(); ++i) {
+    ASSERT_EQ(a[i]->name, b[i]->name);
+    if (a[i]->name.find(".mlp.experts.") == std::string::npos) {
+      EXPECT_EQ(a[i]->value.to_floats(), b[i]->value.to_floats()) << a[i]->name;
+      continue;
+    }
+    EXPECT_EQ(b[i]->value.size(0), 3);
+    EXPECT_EQ(a[i]->value.rows(3, 6).to_floats(), b[i]->value.to_floats()) << a[i]->name;
+    ++sliced;
+  }
+  EXPECT_EQ(sliced, 2 * 3);
+  const Shard shard = test::shard_from_labels(std::vector<int64_t>(8, 5), std::vector<int64_t>(8, 5));
+  test::DefaultSlots s(*second);
+  const std::string alone = thrown_key([&] { test::mean_loss_step(s, shard, 7); });
+  EXPECT_EQ(alone.rfind("distributed.ep: ", 0), 0u) << alone;
 }
 
 // Written back in the Hub's layout (a tensor per expert, qwen3_moe's config keys) and read again:

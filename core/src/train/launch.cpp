@@ -51,7 +51,7 @@ void log_recipe(const Run& run) {
 // One rank's run: the Run built part by part, in the order its refusals should come, then trained.
 int train_rank(const CoreConfig& cfg, const Manifest& manifest, const SlotFactory& make_slots, const TrainOptions& opts,
                Device device, RankSetup rank) {
-  Run run(cfg, make_slots(device), device, rank);
+  Run run(cfg, make_slots(device, rank.world ? rank.world->rank() : 0), device, rank);
   run.check_parallelism();
   if (run.lead()) log_device(run);
   run.open_data(cfg.data, run.lead());

@@ -167,6 +167,15 @@ RankIO Run::rank_io() const { return RankIO{rank(), world_size(), rank_.world, s
 void Run::check_parallelism() const {
   // A plan builds no ranks: it checks the mesh the manifest asks for.
   const MeshShape shape = rank_.mesh ? mesh_shape() : configured_mesh(cfg_.distributed);
+  // ZeRO-3 shards every parameter over the world, an expert's too, while expert parallelism gives
+  // each group's ranks different experts: the two would need the experts' shards gathered over
+  // the ranks holding the same experts only, which ShardedParams does not do.
+  if (shape.ep > 1 && cfg_.distributed.shard_parameters)
+    throw Error(str("[distributed] ep = ", shape.ep, " with shard_parameters = true: ZeRO-3 does not shard experts held by "
+                    "expert parallelism"),
+                "distributed.shard_parameters",
+                "set [distributed] shard_parameters = false (each rank then holds its E/ep experts and every other "
+                "parameter whole), or ep = 1");
   const Parallelism& par = *slots_.parallel;
   auto it = slots_.providers.find(LCX_SLOT_PARALLELISM);
   const std::string name = it != slots_.providers.end() ? it->second.name : std::string("the parallelism");

@@ -101,6 +101,10 @@ struct StepContext {
   // The ranks that share this sequence (cp x sp), for statistics over the whole sequence (the
   // load-balancing loss's); null where one rank holds it.
   class Communicator* sequence = nullptr;
+  // The expert-parallel group ([distributed] ep consecutive ranks, each holding E/ep of every
+  // sparse layer's experts), through which a sparse layer sends its tokens' rows to the ranks
+  // holding their experts; null where every rank holds every expert.
+  class Communicator* experts = nullptr;
 };
 
 class Model : public Plugin {
