@@ -561,9 +561,11 @@ class Qwen3Model final : public Model {
         out.push_back({p.name, p.value});
         continue;
       }
-      // This rank's experts under their Hub numbers (all of them without expert parallelism).
+      // This rank's experts under their Hub numbers: all of them without expert parallelism, or
+      // where the run gathered the whole layer's around a save (Run::save).
+      const int64_t first = p.value.size(0) == cfg_.num_experts ? 0 : first_expert_;
       for (int64_t e = 0; e < p.value.size(0); ++e)
-        out.push_back({expert_name(p.name, first_expert_ + e), p.value.rows(e, e + 1).view({p.value.size(1), p.value.size(2)})});
+        out.push_back({expert_name(p.name, first + e), p.value.rows(e, e + 1).view({p.value.size(1), p.value.size(2)})});
     }
     return out;
   }
@@ -750,6 +752,7 @@ class Qwen3Model final : public Model {
         L.experts_gate = add(p + "mlp.experts.gate_proj.weight", {El, Im, H}, true);
         L.experts_up = add(p + "mlp.experts.up_proj.weight", {El, Im, H}, true);
         L.experts_down = add(p + "mlp.experts.down_proj.weight", {El, H, Im}, true);
+        for (int i : {L.experts_gate, L.experts_up, L.experts_down}) params_[static_cast<size_t>(i)].expert_shard = ep_ > 1;
       } else {
         L.gate = add(p + "mlp.gate_proj.weight", {I, H}, true);
         L.up = add(p + "mlp.up_proj.weight", {I, H}, true);

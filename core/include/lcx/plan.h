@@ -61,6 +61,7 @@ struct PlanInputs {
   Recipe recipe;                     // the choices planned (model.h); explicit keys win over them
   bool documents_masked = false;     // [data] attend_across_documents = false: attention masks per document
   MeshOrder order = MeshOrder::sp_inner;  // [distributed] order: which of cp and sp takes neighbouring ranks
+  int64_t ep = 1;  // [distributed] ep: ranks splitting each sparse layer's experts (MeshShape::ep)
   // Set by the Adapter slot's plan_inputs() before anything plans (lcx/slots/adapter.h): the
   // model's parameters are frozen but for base_trained_parameters of them (modules the adapter
   // trains whole), so the model plans gradients for those alone and skips its weight-gradient work.

@@ -112,6 +112,7 @@ PlanInputs plan_inputs(const CoreConfig& cfg, const ModelConfig& model, int64_t 
   in.cp = cfg.distributed.cp;
   in.sp = cfg.distributed.sp;
   in.order = cfg.distributed.order;
+  in.ep = cfg.distributed.ep;
   in.world_size = in.dp * in.cp * in.sp;
   in.local_ranks = cfg.distributed.nproc_per_node;
   in.weight_dtype = dtype_from_name(cfg.model.dtype);

@@ -286,8 +286,10 @@ void Trainer::reduce_across_ranks(StepRecord& r) {
     ProfilePhase phase(StepPhase::communication);
     allocator_for(run_.device()).recorder().set_tag("communication");
     world->all_reduce(std::span<double>(sums, 3));
+    // An expert shard's gradient is summed over the ranks holding the same experts only.
+    Communicator* replicas = run_.mesh() ? run_.mesh()->expert_replicas() : nullptr;
     if (!run_.sharded())
-      for (Parameter* p : run_.trainable_parameters()) world->all_reduce(p->grad);
+      for (Parameter* p : run_.trainable_parameters()) (p->expert_shard && replicas ? *replicas : *world).all_reduce(p->grad);
   }
   r.loss_sum = sums[0];
   r.stop = sums[1] > 0;

@@ -79,6 +79,10 @@ struct Parameter {
   // Not trained (the Adapter slot froze it): no gradient tensor, no optimizer state, and the
   // backward computes no gradient for it.
   bool frozen = false;
+  // This rank's share of a layer's experts under expert parallelism (MeshShape::ep > 1): its
+  // gradient is summed over the ranks holding the same experts (Mesh::expert_replicas), not the
+  // world, and counts once per expert-parallel group in the gradient's norm.
+  bool expert_shard = false;
 };
 
 struct StepContext {
