@@ -325,6 +325,97 @@ TEST(Qwen3Moe, ExpertRanksEqualTransformers) {
   }
 }
 
+// Expert parallelism where the ranks differ: dp 2 x ep 2 with sequences of 40 and 23 tokens in
+// token tiles of 10 (4 tiles against 3: the second rank runs an empty tile and still serves the
+// first rank's rows to its experts), with a trained router and with a zero router (every token's
+// two choices tie to experts 0 and 1, both on the first rank: it runs every row of the group, the
+// worst case the plan sizes for). Against one rank stepping both sequences: the loss, the auxiliary
+// loss and every gradient (the experts' concatenated in expert order).
+TEST(Qwen3Moe, ExpertRanksWithUnevenTokensEqualOneRank) {
+  const std::string spec = R"({"model_type": "qwen3_moe", "hidden_size": 32, "intermediate_size": 48, "num_hidden_layers": 2,
+    "num_attention_heads": 4, "num_key_value_heads": 2, "head_dim": 8, "vocab_size": 64, "num_experts": 6,
+    "num_experts_per_tok": 2, "moe_intermediate_size": 16, "norm_topk_prob": true, "output_router_logits": true,
+    "router_aux_loss_coef": 0.1, "initializer_range": 0.2})";
+  auto tokens = [](int64_t n, int64_t salt) {
+    std::vector<int64_t> v(static_cast<size_t>(n));
+    for (int64_t t = 0; t < n; ++t) v[static_cast<size_t>(t)] = (t * 13 + t * t * salt + 7) % 64;
+    return v;
+  };
+  const std::vector<Shard> shards = {test::shard_from_labels(tokens(40, 3), tokens(40, 3)),
+                                     test::shard_from_labels(tokens(23, 5), tokens(23, 5))};
+  const int64_t valid = test::count_valid(shards[0]) + test::count_valid(shards[1]);
+  for (const bool zero_router : {false, true}) {
+    const std::string what = zero_router ? "zero router: every row to the first rank's experts" : "trained router";
+    auto prepare = [&](Model& m) {
+      m.init_random(spec, 7, Device::cpu(), DType::f32);
+      if (zero_router)
+        for (Parameter* p : m.parameters())
+          if (p->name.ends_with("mlp.gate.weight")) p->value.zero();
+    };
+    auto one = test::make_qwen3("moe_tile_rows = 10");
+    prepare(*one);
+    test::DefaultSlots s(*one);
+    one->zero_grad();
+    double want_loss = 0, want_aux = 0;
+    int64_t want_max = 0;
+    for (const Shard& sh : shards) {
+      const StepResult r = train_step(s.slots, sh, 1.0 / static_cast<double>(valid), Device::cpu(), 0.5);
+      want_loss += r.loss_sum;
+      want_aux += 0.5 * r.aux.value;
+      want_max = std::max(want_max, r.aux.expert_tokens_max);
+    }
+    const MeshShape shape{.dp = 2, .ep = 2};
+    std::vector<std::shared_ptr<Model>> models;
+    std::vector<std::unique_ptr<test::DefaultSlots>> slots;
+    for (int r = 0; r < 2; ++r) {
+      Manifest m = Manifest::parse("[qwen3]\nmoe_tile_rows = 10\n", "test manifest");
+      PluginLoader loader({test::build_plugin_dir()});
+      models.push_back(
+          std::dynamic_pointer_cast<Model>(loader.create("qwen3", PluginArgs{"qwen3", m.section("qwen3"), Device::cpu(), shape, r})));
+      prepare(*models.back());
+      slots.push_back(std::make_unique<test::DefaultSlots>(*models.back()));
+    }
+    std::vector<double> loss(2), aux(2);
+    std::vector<int64_t> most(2);
+    run_in_process(2, [&](Communicator& world) {
+      Mesh mesh(world, shape);
+      const int r = world.rank();
+      StepSlots st = slots[static_cast<size_t>(r)]->slots;
+      st.mesh = &mesh;
+      models[static_cast<size_t>(r)]->zero_grad();
+      const StepResult got = train_step(st, shards[static_cast<size_t>(r)], 1.0 / static_cast<double>(valid), Device::cpu(), 0.5);
+      for (Parameter* p : models[static_cast<size_t>(r)]->parameters())
+        (p->expert_shard ? *mesh.expert_replicas() : world).all_reduce(p->grad);
+      double sums[2] = {got.loss_sum, 0.5 * got.aux.value};
+      world.all_reduce(std::span<double>(sums, 2));
+      loss[static_cast<size_t>(r)] = sums[0];
+      aux[static_cast<size_t>(r)] = sums[1];
+      most[static_cast<size_t>(r)] = got.aux.expert_tokens_max;
+    });
+    EXPECT_NEAR(loss[0], want_loss, 1e-6 * want_loss) << what;
+    EXPECT_NEAR(aux[0], want_aux, 1e-6 * want_aux) << what;
+    if (zero_router) {
+      EXPECT_EQ(want_max, 40) << "one rank: every token of the longer sequence on expert 0";
+      EXPECT_EQ(most[0], 40);
+      EXPECT_EQ(most[1], 23);
+    }
+    double worst = 0;
+    const std::vector<Parameter*> want = one->parameters(), a = models[0]->parameters(), b = models[1]->parameters();
+    for (size_t i = 0; i < want.size(); ++i) {
+      std::vector<float> got = a[i]->grad.to_floats();
+      if (a[i]->expert_shard) {
+        const std::vector<float> g = b[i]->grad.to_floats();
+        got.insert(got.end(), g.begin(), g.end());
+      }
+      const double e = rel_l2(got, want[i]->grad.to_floats());
+      EXPECT_LE(e, 1e-5) << want[i]->name << ": " << what;
+      worst = std::max(worst, e);
+    }
+    std::printf("ep 2 x dp 2, 40 and 23 tokens in tiles of 10, %s: loss sum %.6f (one rank %.6f), worst gradient rel L2 %.2e\n",
+                what.c_str(), loss[0], want_loss, worst);
+  }
+}
+
 std::string thrown_key(const std::function<void()>& fn) {
   try {
     fn();
