@@ -123,7 +123,8 @@ TEST_F(MoeTrain, ResumesBitForBit) {
 // experts, its optimizer state only theirs. Across dp 2, inside cp 2 (with the experts in token
 // tiles of 10) and inside dp 2 x cp 2 (the experts' gradients summed over the two ranks holding
 // the same experts) it trains as one rank does with 2 sequences a step: loss, aux_loss, and the
-// checkpoint's weights, every expert written in the Hub's layout. It resumes bit for bit, and is
+// checkpoint's weights, every expert written in the Hub's layout; so it does when the epoch's last
+// step leaves one dp rank without a sequence. It resumes bit for bit, and is
 // refused with ZeRO-3, naming the key.
 TEST_F(MoeTrain, ExpertParallelTrainsAsOneRankAndResumes) {
   const Result one = train("one", {}, "grad_accum = 2\n");
@@ -136,6 +137,12 @@ TEST_F(MoeTrain, ExpertParallelTrainsAsOneRankAndResumes) {
   expect_same_training(train("ep2dp2cp2", {"cp_ring"}, "", "[distributed]\nnproc_per_node = 4\ncp = 2\n" + ep), one,
                        "ep 2 inside dp 2 x cp 2");
   EXPECT_TRUE(one.weights.count("model.layers.1.mlp.experts.5.down_proj.weight"));
+  // Steps of 10 sequences over the 24: the third has 4, all on the first dp rank; the second runs
+  // as many passes that weigh nothing, so its experts serve the first rank's rows.
+  const Result ten = train("one10", {}, "grad_accum = 10\n");
+  ASSERT_EQ(ten.exit_code, 0) << ten.output;
+  expect_same_training(train("ep2short", {}, "grad_accum = 5\n", "[distributed]\nnproc_per_node = 2\n" + ep), ten,
+                       "ep 2 across dp 2, a short last step");
 
   const std::string tables = "[distributed]\nnproc_per_node = 2\n" + ep;
   const Result straight = train("ep_resume", {}, "save_steps = 1\n", tables);
