@@ -64,14 +64,13 @@ Sequence sequence_of(const safetensors::Checkpoint& expected) {
 }
 
 // The gradient transformers recorded for a parameter: under its own name, or for a stacked
-// experts' parameter each expert's slice ("...mlp.experts.M.gate_proj.weight") in expert order:
-// `experts` of them (0: as many as p holds).
-std::vector<float> expected_grad(const safetensors::Checkpoint& expected, const Parameter& p, int64_t experts = 0) {
+// experts' parameter each expert's slice ("...mlp.experts.M.gate_proj.weight") in expert order.
+std::vector<float> expected_grad(const safetensors::Checkpoint& expected, const Parameter& p) {
   const std::string marker = ".mlp.experts.";
   const size_t at = p.name.find(marker);
   if (at == std::string::npos) return expected.load("grad." + p.name, DType::f32).to_floats();
   std::vector<float> out;
-  for (int64_t e = 0; e < (experts > 0 ? experts : p.value.size(0)); ++e) {
+  for (int64_t e = 0; e < p.value.size(0); ++e) {
     const std::string key = str("grad.", p.name.substr(0, at + marker.size()), e, ".", p.name.substr(at + marker.size()));
     const std::vector<float> g = expected.load(key, DType::f32).to_floats();
     out.insert(out.end(), g.begin(), g.end());
@@ -240,6 +239,68 @@ std::shared_ptr<Model> make_qwen3_for(const MeshShape& mesh, int rank) {
   return std::dynamic_pointer_cast<Model>(loader.create("qwen3", PluginArgs{"qwen3", m.section("qwen3"), Device::cpu(), mesh, rank}));
 }
 
+struct EpCase {
+  int dp, cp, sp, ep;
+};
+
+// One step of `seq` on thread-ranks of the mesh `m` (each dp rank a copy of the sequence at 1/dp of
+// the weight, as a step of dp sequences weighs them), the gradients summed as the trainer sums
+// them: an expert shard's over the ranks holding the same experts, every other over the world.
+struct EpOutcome {
+  std::vector<double> loss, aux;  // per rank: the loss summed over the world, its own auxiliary loss
+  // Every parameter's gradient; a stacked experts' one is the first group's slices in expert order.
+  std::vector<std::pair<std::string, std::vector<float>>> grads;
+};
+EpOutcome expert_step(const fs::path& dir, const Sequence& seq, int64_t valid, const EpCase m, Device device, DType dtype) {
+  const MeshShape shape{.dp = m.dp, .cp = m.cp, .sp = m.sp, .ep = m.ep};
+  const int n = m.dp * m.cp * m.sp;
+  std::vector<test::Slots> ranks(static_cast<size_t>(n));
+  for (int r = 0; r < n; ++r) {
+    test::Slots& s = ranks[static_cast<size_t>(r)];
+    s.model = make_qwen3_for(shape, r);
+    s.model->load_hf(dir.string(), device, dtype);
+    s.loss = std::shared_ptr<Loss>(make_full_logits_loss());
+    s.rope = std::shared_ptr<PositionalEncoding>(make_default_rope());
+    s.memory = std::shared_ptr<MemoryStrategy>(make_on_device_memory());
+    s.parallel = m.cp > 1   ? test::make_plugin<Parallelism>("cp_ring", "", device, nullptr, MeshShape{1, m.cp, 1})
+                 : m.sp > 1 ? test::make_plugin<Parallelism>("sp_ulysses", "", device, nullptr, MeshShape{1, 1, m.sp})
+                            : std::shared_ptr<Parallelism>(make_single_rank());
+  }
+  EpOutcome out;
+  out.loss.resize(static_cast<size_t>(n));
+  out.aux.resize(static_cast<size_t>(n));
+  run_in_process(n, [&](Communicator& world) {
+    Mesh mesh(world, shape);
+    const int r = world.rank();
+    test::Slots& s = ranks[static_cast<size_t>(r)];
+    StepSlots slots = s.slots();
+    slots.mesh = &mesh;
+    configure_slots(slots);
+    s.model->zero_grad();
+    const StepResult got = train_step(slots, s.parallel->shard(seq, seq_index(mesh.shape(), mesh.coord())),
+                                      1.0 / static_cast<double>(m.dp * valid), device, 1.0 / m.dp);
+    for (Parameter* p : s.model->parameters())
+      (p->expert_shard ? *mesh.expert_replicas() : world).all_reduce(p->grad);
+    double sum = got.loss_sum;
+    world.all_reduce(std::span<double>(&sum, 1));
+    out.loss[static_cast<size_t>(r)] = sum / static_cast<double>(m.dp * valid);
+    out.aux[static_cast<size_t>(r)] = got.aux.value;
+  });
+  const std::vector<Parameter*> first = ranks[0].model->parameters();
+  for (size_t i = 0; i < first.size(); ++i) {
+    std::vector<float> g = first[i]->grad.to_floats();
+    if (first[i]->expert_shard) {
+      EXPECT_EQ(first[i]->value.size(0) * m.ep, ranks[0].model->config().num_experts) << first[i]->name;
+      for (int r = 1; r < m.ep; ++r) {
+        const std::vector<float> more = ranks[static_cast<size_t>(r)].model->parameters()[i]->grad.to_floats();
+        g.insert(g.end(), more.begin(), more.end());
+      }
+    }
+    out.grads.emplace_back(first[i]->name, std::move(g));
+  }
+  return out;
+}
+
 // Expert parallelism ([distributed] ep) against transformers: every ep consecutive ranks split each
 // sparse layer's experts (moe_packed's 6: 3 a rank at ep 2, 2 at ep 3), route their own tokens with
 // the whole router and exchange the rows with the experts' ranks. Over ep 2 x cp 2 (the two ranks
@@ -251,77 +312,66 @@ std::shared_ptr<Model> make_qwen3_for(const MeshShape& mesh, int rank) {
 // group's ranks' slices concatenated in expert order after the sum over the ranks holding the same
 // experts, equal transformers' every expert's.
 TEST(Qwen3Moe, ExpertRanksEqualTransformers) {
-  struct EpCase {
-    int dp, cp, sp, ep;
-  };
   const fs::path dir = kFixtures / "moe_packed";
   const safetensors::Checkpoint expected = safetensors::Checkpoint::open((dir / "expected.safetensors").string());
   const Sequence seq = sequence_of(expected);
-  int64_t valid = 0;
-  for (int64_t t = 0; t < seq.targets.numel(); ++t) valid += seq.targets.data_as<int64_t>()[t] != -100;
+  const int64_t valid = test::count_valid(make_single_rank()->shard(seq, 0));
   const double want_lm = expected.load("lm_loss", DType::f32).to_floats()[0];
   const double want_aux = expected.load("aux_loss", DType::f32).to_floats()[0];
   for (const EpCase m : {EpCase{1, 2, 1, 2}, EpCase{1, 1, 2, 2}, EpCase{2, 1, 1, 2}, EpCase{2, 2, 1, 2}, EpCase{3, 1, 1, 3}}) {
-    const MeshShape shape{.dp = m.dp, .cp = m.cp, .sp = m.sp, .ep = m.ep};
-    const int n = m.dp * m.cp * m.sp;
     const std::string what = str("moe_packed on ep ", m.ep, " with dp ", m.dp, " x cp ", m.cp, " x sp ", m.sp);
-    std::vector<test::Slots> ranks(static_cast<size_t>(n));
-    for (int r = 0; r < n; ++r) {
-      test::Slots& s = ranks[static_cast<size_t>(r)];
-      s.model = make_qwen3_for(shape, r);
-      s.model->load_hf(dir.string(), Device::cpu(), DType::f32);
-      s.loss = std::shared_ptr<Loss>(make_full_logits_loss());
-      s.rope = std::shared_ptr<PositionalEncoding>(make_default_rope());
-      s.memory = std::shared_ptr<MemoryStrategy>(make_on_device_memory());
-      s.parallel = m.cp > 1   ? test::make_plugin<Parallelism>("cp_ring", "", Device::cpu(), nullptr, MeshShape{1, m.cp, 1})
-                   : m.sp > 1 ? test::make_plugin<Parallelism>("sp_ulysses", "", Device::cpu(), nullptr, MeshShape{1, 1, m.sp})
-                              : std::shared_ptr<Parallelism>(make_single_rank());
-    }
-    const int64_t E = ranks[0].model->config().num_experts;
-    std::vector<double> loss(static_cast<size_t>(n)), aux(static_cast<size_t>(n));
-    run_in_process(n, [&](Communicator& world) {
-      Mesh mesh(world, shape);
-      const int r = world.rank();
-      test::Slots& s = ranks[static_cast<size_t>(r)];
-      StepSlots slots = s.slots();
-      slots.mesh = &mesh;
-      configure_slots(slots);
-      s.model->zero_grad();
-      const StepResult got = train_step(slots, s.parallel->shard(seq, seq_index(mesh.shape(), mesh.coord())),
-                                        1.0 / static_cast<double>(m.dp * valid), Device::cpu(), 1.0 / m.dp);
-      for (Parameter* p : s.model->parameters())
-        if (p->name.find(".mlp.experts.") != std::string::npos)
-          mesh.expert_replicas()->all_reduce(p->grad);
-        else
-          world.all_reduce(p->grad);
-      double sum = got.loss_sum;
-      world.all_reduce(std::span<double>(&sum, 1));
-      loss[static_cast<size_t>(r)] = sum / static_cast<double>(m.dp * valid);
-      aux[static_cast<size_t>(r)] = got.aux.value;
-    });
-    for (int r = 0; r < n; ++r) {
-      EXPECT_NEAR(loss[static_cast<size_t>(r)], want_lm, 1e-5 * want_lm) << what;
-      EXPECT_NEAR(aux[static_cast<size_t>(r)], want_aux, 1e-5 * want_aux) << what << ": rank " << r;
+    const EpOutcome got = expert_step(dir, seq, valid, m, Device::cpu(), DType::f32);
+    for (size_t r = 0; r < got.loss.size(); ++r) {
+      EXPECT_NEAR(got.loss[r], want_lm, 1e-5 * want_lm) << what;
+      EXPECT_NEAR(got.aux[r], want_aux, 1e-5 * want_aux) << what << ": rank " << r;
     }
     double worst = 0, worst_expert = 0;
-    const std::vector<Parameter*> first = ranks[0].model->parameters();
-    for (size_t i = 0; i < first.size(); ++i) {
-      const Parameter& p = *first[i];
-      std::vector<float> got = p.grad.to_floats();
-      const bool experts = p.name.find(".mlp.experts.") != std::string::npos;
-      if (experts) {
-        ASSERT_EQ(p.value.size(0), E / m.ep) << p.name << ": " << what;
-        for (int r = 1; r < m.ep; ++r) {  // the rest of the first group's experts, in expert order
-          const std::vector<float> g = ranks[static_cast<size_t>(r)].model->parameters()[i]->grad.to_floats();
-          got.insert(got.end(), g.begin(), g.end());
+    for (const auto& [name, g] : got.grads) {
+      std::vector<float> want;
+      const std::string marker = ".mlp.experts.";
+      const size_t at = name.find(marker);
+      if (at == std::string::npos) {
+        want = expected.load("grad." + name, DType::f32).to_floats();
+      } else {
+        for (int64_t e = 0; e < 6; ++e) {
+          const std::vector<float> w =
+              expected.load(str("grad.", name.substr(0, at + marker.size()), e, ".", name.substr(at + marker.size())), DType::f32)
+                  .to_floats();
+          want.insert(want.end(), w.begin(), w.end());
         }
       }
-      const double e = rel_l2(got, expected_grad(expected, p, E));
-      EXPECT_LE(e, 1e-4) << p.name << ": " << what;
-      (experts ? worst_expert : worst) = std::max(experts ? worst_expert : worst, e);
+      const double e = rel_l2(g, want);
+      EXPECT_LE(e, 1e-4) << name << ": " << what;
+      (at != std::string::npos ? worst_expert : worst) = std::max(at != std::string::npos ? worst_expert : worst, e);
     }
     std::printf("%s: LM loss %.7f (transformers %.7f), aux %.7f (%.7f), worst gradient rel L2 %.2e, experts' %.2e\n",
-                what.c_str(), loss[0], want_lm, aux[0], want_aux, worst, worst_expert);
+                what.c_str(), got.loss[0], want_lm, got.aux[0], want_aux, worst, worst_expert);
+  }
+}
+
+// The same on one GPU in bf16 (thread-ranks sharing it: the rows move between device buffers):
+// ep 2 across dp 2 and inside cp 2 against the same meshes with every expert on every rank (ep 1),
+// which differ only in where each expert's rows are computed and summed.
+TEST(Qwen3Moe, ExpertRanksOnTheGpuEqualEp1) {
+  if (!cuda_available()) GTEST_SKIP() << "no GPU on this machine";
+  const fs::path dir = kFixtures / "moe_packed";
+  const safetensors::Checkpoint expected = safetensors::Checkpoint::open((dir / "expected.safetensors").string());
+  const Sequence seq = sequence_of(expected);
+  const int64_t valid = test::count_valid(make_single_rank()->shard(seq, 0));
+  for (const EpCase m : {EpCase{2, 1, 1, 2}, EpCase{1, 2, 1, 2}}) {
+    const std::string what = str("moe_packed bf16 on the GPU, ep 2 with dp ", m.dp, " x cp ", m.cp);
+    const EpOutcome got = expert_step(dir, seq, valid, m, Device::cuda(0), DType::bf16);
+    const EpOutcome want = expert_step(dir, seq, valid, EpCase{m.dp, m.cp, m.sp, 1}, Device::cuda(0), DType::bf16);
+    EXPECT_NEAR(got.loss[0], want.loss[0], 1e-3 * want.loss[0]) << what;
+    EXPECT_NEAR(got.aux[0], want.aux[0], 1e-3 * want.aux[0]) << what;
+    double worst = 0;
+    for (size_t i = 0; i < got.grads.size(); ++i) {
+      const double e = rel_l2(got.grads[i].second, want.grads[i].second);
+      EXPECT_LE(e, 2e-2) << got.grads[i].first << ": " << what;
+      worst = std::max(worst, e);
+    }
+    std::printf("%s: LM loss %.6f (ep 1: %.6f), aux %.6f (%.6f), worst gradient rel L2 against ep 1 %.2e\n", what.c_str(),
+                got.loss[0], want.loss[0], got.aux[0], want.aux[0], worst);
   }
 }
 
