@@ -75,9 +75,11 @@ struct LayerParams {
   int router = -1, experts_gate = -1, experts_up = -1, experts_down = -1;
 };
 
+// Whether a parameter is a sparse layer's stacked experts ("model.layers.3.mlp.experts.gate_proj.weight").
+bool is_experts(const std::string& name) { return name.find(".mlp.experts.") != std::string::npos; }
+
 // A stacked experts' parameter name ("model.layers.3.mlp.experts.gate_proj.weight") and the name
 // of expert e's slice in a Hugging Face checkpoint ("model.layers.3.mlp.experts.5.gate_proj.weight").
-bool is_experts(const std::string& name) { return name.find(".mlp.experts.") != std::string::npos; }
 std::string expert_name(const std::string& stacked, int64_t e) {
   const std::string marker = ".experts.";
   const size_t at = stacked.find(marker) + marker.size();
