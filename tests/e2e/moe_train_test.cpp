@@ -124,8 +124,8 @@ TEST_F(MoeTrain, ResumesBitForBit) {
 // tiles of 10) and inside dp 2 x cp 2 (the experts' gradients summed over the two ranks holding
 // the same experts) it trains as one rank does with 2 sequences a step: loss, aux_loss, and the
 // checkpoint's weights, every expert written in the Hub's layout; so it does when the epoch's last
-// step leaves one dp rank without a sequence. It resumes bit for bit, and is
-// refused with ZeRO-3, naming the key.
+// step leaves one dp rank without a sequence. It resumes bit for bit, and is refused by key with
+// ZeRO-3, on one rank, and where ep does not divide the 6 experts (ep 4).
 TEST_F(MoeTrain, ExpertParallelTrainsAsOneRankAndResumes) {
   const Result one = train("one", {}, "grad_accum = 2\n");
   ASSERT_EQ(one.exit_code, 0) << one.output;
@@ -171,6 +171,12 @@ TEST_F(MoeTrain, ExpertParallelTrainsAsOneRankAndResumes) {
   const Result zero3 = train("ep_zero3", {}, "", "[distributed]\nnproc_per_node = 2\nep = 2\n");
   EXPECT_NE(zero3.exit_code, 0);
   EXPECT_NE(zero3.output.find("shard_parameters"), std::string::npos) << zero3.output;
+  const Result alone = train("ep_alone", {}, "", "[distributed]\nep = 2\nshard_parameters = false\n");
+  EXPECT_NE(alone.exit_code, 0);
+  EXPECT_NE(alone.output.find("[distributed] ep = 2 splits the experts"), std::string::npos) << alone.output;
+  const Result four = train("ep_four", {}, "", "[distributed]\nnproc_per_node = 4\nep = 4\nshard_parameters = false\n");
+  EXPECT_NE(four.exit_code, 0);
+  EXPECT_NE(four.output.find("does not divide the model's 6 experts"), std::string::npos) << four.output;
 }
 
 }  // namespace
