@@ -243,19 +243,20 @@ void plan_dense_decoder(const PlanInputs& in, MemoryPlan& plan, const DenseDecod
     } else {
       // Expert parallelism: a rank's experts run the rows every rank of its group sends them. At
       // worst every token of the group's ep ranks routes to this rank's experts: R = T*k*ep rows
-      // (no token is dropped, so nothing caps it below that). The experts' buffers are R rows; the
-      // rank's own T*k sorted rows (sent out, then the outputs and their gradients coming back)
-      // sit beside them: the forward's exchange holds the sorted inputs beside the received rows,
-      // and its experts' moment the received rows with gate, up and silu*up; the backward's
-      // widest moment as above over R rows, beside the returned outputs and their gradients.
+      // (no token is dropped, so nothing caps it below that). The experts' buffers are R rows, and
+      // the rank's own T*k sorted rows are sent out and come back beside them: in the forward the
+      // sorted inputs beside the received rows, or the received rows with gate, up and silu*up; in
+      // the backward the experts' inputs, gate, up, silu*up and outputs while the outputs come
+      // back (T*k rows), or later dact beside them, or dgate and dup beside gate, up and dact.
       const int64_t R = tk * ep;
+      const int64_t widest_ep = std::max({R * (2 * s.H + 3 * Im) + tk * s.H, R * (2 * s.H + 4 * Im), R * (s.H + 5 * Im)});
       plan.add("moe_forward", str("sparse MLP forward, expert-parallel: routing, experts' rows of ep ", ep,
                                   " ranks (worst case T*k*ep rows), gate, up, silu*up"),
                PlanCategory::transient, routing + std::max(R * (s.H + 3 * Im), (tk + R) * s.H) * ab, plan_phase::forward);
       plan.add("moe_backward", str("sparse MLP backward, expert-parallel: routing, experts' rows of ep ", ep,
                                    " ranks (worst case T*k*ep rows) and their gradients, this rank's T*k returned"),
                PlanCategory::transient,
-               routing + Tm * c.num_experts_per_tok * 4 + (R * widest + 2 * tk * s.H) * ab + Tm * E * ab,
+               routing + Tm * c.num_experts_per_tok * 4 + widest_ep * ab + Tm * E * ab,
                plan_phase::mlp_backward);
     }
     // cuBLAS's grouped GEMM takes one dtype for all its operands: a 16-bit weight gradient is
