@@ -75,6 +75,9 @@ struct LayerParams {
   int router = -1, experts_gate = -1, experts_up = -1, experts_down = -1;
 };
 
+// Whether a parameter is a sparse layer's stacked experts ("model.layers.3.mlp.experts.gate_proj.weight").
+bool is_experts(const std::string& name) { return name.find(".mlp.experts.") != std::string::npos; }
+
 // A stacked experts' parameter name ("model.layers.3.mlp.experts.gate_proj.weight") and the name
 // of expert e's slice in a Hugging Face checkpoint ("model.layers.3.mlp.experts.5.gate_proj.weight").
 std::string expert_name(const std::string& stacked, int64_t e) {
@@ -116,11 +119,12 @@ class Qwen3Model final : public Model {
   // head_groups: 0 for "auto" (one kv head per group on a single rank, see groups_for()).
   // keep_attention: -1 for "auto" (the recipe's choice), else 0 or 1.
   // moe_tile_rows: 0 for "auto" (the recipe's, else every token at once).
+  // ep, ep_index: the expert-parallel group's size and this rank's place in it (the experts it holds).
   Qwen3Model(bool check_finite, uint64_t max_shard_bytes, int64_t head_groups, bool keep_outputs, int keep_attention,
-             int64_t moe_tile_rows, std::string table)
+             int64_t moe_tile_rows, std::string table, int ep, int ep_index)
       : check_finite_(check_finite), max_shard_bytes_(max_shard_bytes), head_groups_(head_groups),
         keep_outputs_(keep_outputs), keep_attention_(keep_attention), moe_tile_rows_(moe_tile_rows),
-        table_(std::move(table)) {}
+        table_(std::move(table)), ep_(ep), ep_index_(ep_index) {}
 
   void load_hf(const std::string& dir, Device device, DType dtype) override {
     HfConfig hc = HfConfig::load(dir);
@@ -131,6 +135,10 @@ class Qwen3Model final : public Model {
     const std::vector<safetensors::NamedTensor> entries = checkpoint_entries();
     std::set<std::string> expected;
     for (const auto& e : entries) expected.insert(e.name);
+    // Under expert parallelism the other ranks' experts belong to the checkpoint too; this rank reads only its own.
+    for (const auto& p : params_)
+      if (is_experts(p.name))
+        for (int64_t e = 0; e < cfg_.num_experts; ++e) expected.insert(expert_name(p.name, e));
     for (const auto& name : ck.names()) {
       if (expected.count(name)) continue;
       if (name == "lm_head.weight" && cfg_.tie_word_embeddings) continue;  // redundant copy of a tied head
@@ -180,11 +188,21 @@ class Qwen3Model final : public Model {
     build(cfg, device, dtype);
     // transformers' _init_weights: Linear and Embedding ~ N(0, initializer_range), RMSNorm = 1.
     for (auto& p : params_) {
-      Tensor host = Tensor::empty(p.value.shape(), dtype, Device::cpu(), MemoryCategory::weights);
+      // An expert-parallel rank's experts are its rows of the whole layer's draw, so every ep
+      // starts from the weights one rank would (the draw is per parameter, not per expert).
+      Shape shape = p.value.shape();
+      const bool slice = is_experts(p.name) && ep_ > 1;
+      if (slice) shape[0] = cfg.num_experts;
+      Tensor host = Tensor::empty(shape, dtype, Device::cpu(), MemoryCategory::weights);
       if (p.value.dim() == 1)
         fill_ones(host);
       else
         fill_normal(host, init_key(seed, p.name), std);
+      if (slice) {
+        Tensor mine = Tensor::empty(p.value.shape(), dtype, Device::cpu(), MemoryCategory::weights);
+        mine.copy_from(host.rows(first_expert_, first_expert_ + p.value.size(0)));
+        host = mine;
+      }
       p.value = device.is_cuda() ? host.to(device) : host;
     }
   }
@@ -248,7 +266,7 @@ class Qwen3Model final : public Model {
         Tensor out = y.rows(t0, t1);
         const MoeRouting r = route(L, h, ctx);
         if (pass_.open) count_pass(r, ctx, load);
-        moe_forward(h, moe_weights(L), r, out);
+        moe_forward(h, moe_weights(L), r, out, experts(ctx));
       }
       if (pass_.open) end_layer_count(load);
     } else {
@@ -298,7 +316,7 @@ class Qwen3Model final : public Model {
         Tensor dh = dx.rows(t0, t1);
         const MoeRouting r = route(L, h, ctx);
         moe_backward(h, moe_weights(L), r, cfg_.norm_topk_prob, dy.rows(t0, t1), aux.defined() ? &aux : nullptr, dh,
-                     grads);
+                     grads, experts(ctx));
       }
     } else {
       MlpWeights grads{G(L.gate), G(L.up), G(L.down)};
@@ -545,8 +563,11 @@ class Qwen3Model final : public Model {
         out.push_back({p.name, p.value});
         continue;
       }
+      // This rank's experts under their Hub numbers: all of them without expert parallelism, or
+      // where the run gathered the whole layer's around a save (Run::save).
+      const int64_t first = p.value.size(0) == cfg_.num_experts ? 0 : first_expert_;
       for (int64_t e = 0; e < p.value.size(0); ++e)
-        out.push_back({expert_name(p.name, e), p.value.rows(e, e + 1).view({p.value.size(1), p.value.size(2)})});
+        out.push_back({expert_name(p.name, first + e), p.value.rows(e, e + 1).view({p.value.size(1), p.value.size(2)})});
     }
     return out;
   }
@@ -599,6 +620,7 @@ class Qwen3Model final : public Model {
       pass_.counts[static_cast<size_t>(e)] += static_cast<double>(c);
       load[static_cast<size_t>(e)] += c;
     }
+    if (T == 0) return;
     Tensor ones = pass_.ones.rows(0, T);
     ops::matmul(ones, true, r.probs, false, pass_.prob_sum, 1.f, 1.f);  // [1,T] @ [T,E]
   }
@@ -616,7 +638,27 @@ class Qwen3Model final : public Model {
     const int64_t rows = want > 0 ? std::min(want, T) : T;
     std::vector<std::pair<int64_t, int64_t>> out;
     for (int64_t t = 0; t < T; t += std::max<int64_t>(rows, 1)) out.emplace_back(t, std::min(T, t + rows));
+    // Every rank of an expert-parallel group takes part in every tile's exchanges, so all run as
+    // many tiles as the one with the most (shards of other lengths, a dp rank's shorter sequence);
+    // a rank past its tokens runs empty tiles, serving the others' rows to its experts.
+    if (Communicator* group = experts(ctx)) {
+      std::vector<double> tiles(static_cast<size_t>(group->size()), 0.0);
+      tiles[static_cast<size_t>(group->rank())] = static_cast<double>(out.size());
+      group->all_reduce(std::span<double>(tiles));
+      const size_t most = static_cast<size_t>(*std::max_element(tiles.begin(), tiles.end()));
+      while (out.size() < most) out.emplace_back(T, T);
+    }
     return out;
+  }
+  // The expert-parallel group a sparse layer exchanges its rows through, or null where this rank
+  // holds every expert; refused where the step's group is not the one the model was built for.
+  Communicator* experts(const StepContext& ctx) const {
+    if (ep_ <= 1) return nullptr;
+    if (!ctx.experts || ctx.experts->size() != ep_ || ctx.experts->rank() != ep_index_)
+      throw Error(str("qwen3: built as rank ", ep_index_, " of ", ep_, " expert-parallel ranks, but the step's group is ",
+                      ctx.experts ? str("rank ", ctx.experts->rank(), " of ", ctx.experts->size()) : std::string("absent")),
+                  "distributed.ep", "run the model on the mesh it was created for ([distributed] ep over that many ranks)");
+    return ctx.experts;
   }
   void end_pass() {
     if (!pass_.open) return;
@@ -666,7 +708,14 @@ class Qwen3Model final : public Model {
   void build(const ModelConfig& cfg, Device device, DType dtype) {
     if (!is_floating(dtype)) throw Error(str("qwen3: weights must be a float dtype, not ", dtype_name(dtype)));
     resolve_groups(cfg.num_kv_heads, true, 0);  // an explicit count must divide the kv heads: refused before any weight
+    if (ep_ > 1 && cfg.sparse_layers() == 0)
+      throw Error(str("[distributed] ep = ", ep_, " but this ", cfg.model_type, " model has no experts to split"),
+                  "distributed.ep", "set ep = 1 for a dense model");
+    if (ep_ > 1 && cfg.num_experts % ep_ != 0)
+      throw Error(str("[distributed] ep = ", ep_, " does not divide the model's ", cfg.num_experts, " experts"),
+                  "distributed.ep", str("set ep to a divisor of ", cfg.num_experts, " that divides the world size"));
     cfg_ = cfg;
+    first_expert_ = ep_ > 1 ? ep_index_ * (cfg.num_experts / ep_) : 0;
     params_.clear();
     layers_.clear();
     const int64_t H = cfg.hidden_size, I = cfg.intermediate_size, V = cfg.vocab_size, d = cfg.head_dim;
@@ -697,12 +746,15 @@ class Qwen3Model final : public Model {
       L.k_norm = add(p + "self_attn.k_norm.weight", {d});
       L.post_norm = add(p + "post_attention_layernorm.weight", {H});
       if (cfg.sparse(l)) {
-        const int64_t E = cfg.num_experts, Im = cfg.moe_intermediate_size;
+        // The router stays whole (every rank routes its own tokens over every expert); the
+        // experts are this rank's E/ep.
+        const int64_t E = cfg.num_experts, El = E / ep_, Im = cfg.moe_intermediate_size;
         L.sparse = true;
         L.router = add(p + "mlp.gate.weight", {E, H}, true);
-        L.experts_gate = add(p + "mlp.experts.gate_proj.weight", {E, Im, H}, true);
-        L.experts_up = add(p + "mlp.experts.up_proj.weight", {E, Im, H}, true);
-        L.experts_down = add(p + "mlp.experts.down_proj.weight", {E, H, Im}, true);
+        L.experts_gate = add(p + "mlp.experts.gate_proj.weight", {El, Im, H}, true);
+        L.experts_up = add(p + "mlp.experts.up_proj.weight", {El, Im, H}, true);
+        L.experts_down = add(p + "mlp.experts.down_proj.weight", {El, H, Im}, true);
+        for (int i : {L.experts_gate, L.experts_up, L.experts_down}) params_[static_cast<size_t>(i)].expert_shard = ep_ > 1;
       } else {
         L.gate = add(p + "mlp.gate_proj.weight", {I, H}, true);
         L.up = add(p + "mlp.up_proj.weight", {I, H}, true);
@@ -885,6 +937,9 @@ class Qwen3Model final : public Model {
   int keep_attention_;   // keep them from the forward: -1 auto (the recipe's), 0 no, 1 yes
   int64_t moe_tile_rows_;  // a sparse layer's tokens at once: 0 auto (the recipe's, else all)
   std::string table_;    // the manifest's name for this module's table, for errors
+  int ep_;               // expert parallelism: ranks splitting each sparse layer's experts
+  int ep_index_;         // this rank's place among them
+  int64_t first_expert_ = 0;  // the first expert (Hub number) this rank holds
   std::unique_ptr<MlpStrategy> whole_mlp_ = make_whole_mlp();  // for callers whose StepContext names no MLP
   std::map<int64_t, Tensor> norm_scratch_;  // frozen norms' discarded weight gradients, by size
   Pass pass_;     // the forward pass under way (mixture of experts)
@@ -956,7 +1011,8 @@ std::unique_ptr<Plugin> create(const PluginArgs& args) {
   const std::optional<int64_t> moe_tile = c.get_int_or_auto(kMoeTileRows, "\"auto\" or a positive count of tokens");
   if (moe_tile && *moe_tile < 1) c.fail(kMoeTileRows, str(*moe_tile, " is not a positive count"), "\"auto\" or a count >= 1");
   const std::string table = args.config.name().empty() ? std::string("qwen3") : args.config.name();
-  return std::make_unique<Qwen3Model>(check_finite, shard, groups, keep_outputs, keep_attention, moe_tile.value_or(0), table);
+  return std::make_unique<Qwen3Model>(check_finite, shard, groups, keep_outputs, keep_attention, moe_tile.value_or(0), table,
+                                      std::max(1, args.mesh.ep), expert_index(args.mesh, args.rank));
 }
 
 }  // namespace

@@ -1,7 +1,10 @@
 #include "qwen3_moe.h"
 
+#include <optional>
 #include <span>
 
+#include "lcx/comm.h"
+#include "lcx/error.h"
 #include "lcx/ops.h"
 
 namespace lcx::qwen3 {
@@ -9,25 +12,132 @@ namespace {
 
 Tensor like(Shape s, const Tensor& t) { return Tensor::empty(std::move(s), t.dtype(), t.device()); }
 
-// The experts' inputs in sorted order and their SwiGLU: x_e, gate, up and silu(gate) * up.
+// One routing's rows between the ranks of an expert-parallel group. This rank's sorted rows are
+// grouped by expert, so the rows for rank j's experts are one contiguous run, expert by expert.
+// The rows this rank's experts take are laid out by local expert, then source rank (block (e, s)),
+// so each expert's rows are contiguous for the grouped GEMMs and the order is fixed (the same bits
+// every run, whatever arrives first).
+class Dispatch {
+ public:
+  Dispatch(const MoeRouting& r, int64_t num_experts, int64_t local_experts, Communicator& comm)
+      : comm_(comm), E_(num_experts), El_(local_experts), ep_(comm.size()), me_(comm.rank()), send_(r.offsets) {
+    // Every rank's per-expert counts, summed into place: host integers, exact in fp64.
+    std::vector<double> c(static_cast<size_t>(ep_ * E_), 0.0);
+    for (int64_t g = 0; g < E_; ++g) c[static_cast<size_t>(me_ * E_ + g)] = static_cast<double>(send_[g + 1] - send_[g]);
+    comm_.all_reduce(std::span<double>(c));
+    counts_.assign(c.begin(), c.end());
+    recv_.assign(static_cast<size_t>(El_ * ep_ + 1), 0);
+    offsets_.assign(static_cast<size_t>(El_ + 1), 0);
+    int64_t at = 0;
+    for (int64_t e = 0; e < El_; ++e) {
+      offsets_[static_cast<size_t>(e)] = at;
+      for (int s = 0; s < ep_; ++s) {
+        recv_[static_cast<size_t>(e * ep_ + s)] = at;
+        at += count(s, me_ * El_ + e);
+      }
+    }
+    offsets_.back() = recv_.back() = at;
+  }
+
+  // Where this rank's experts' rows begin, by local expert ([E/ep + 1], on the host).
+  std::span<const int64_t> offsets() const { return offsets_; }
+  // This rank's sorted rows [T*k, X] to their experts' ranks: the rows its own experts take [R, X].
+  Tensor to_experts(const Tensor& sorted) const {
+    Tensor out = Tensor::empty({offsets_.back(), sorted.size(1)}, sorted.dtype(), sorted.device());
+    exchange(sorted, out, true);
+    return out;
+  }
+  // Rows its experts computed [R, X] back to the ranks whose tokens they are: [T*k, X] in sorted order.
+  Tensor from_experts(const Tensor& rows) const {
+    Tensor out = Tensor::empty({send_.back(), rows.size(1)}, rows.dtype(), rows.device());
+    exchange(rows, out, false);
+    return out;
+  }
+
+ private:
+  int64_t count(int rank, int64_t expert) const { return counts_[static_cast<size_t>(rank * E_ + expert)]; }
+
+  // Block by block: this rank's sorted rows for expert e of each peer (a), and that peer's rows
+  // for this rank's expert e (b). Sends and receives of a pair of ranks go in expert order on
+  // both sides, which is how point-to-point ops match; empty blocks are skipped by both.
+  void exchange(const Tensor& src, Tensor& dst, bool to_experts) const {
+    std::vector<P2POp> ops;
+    for (int peer = 0; peer < ep_; ++peer)
+      for (int64_t e = 0; e < El_; ++e) {
+        const int64_t g = peer * El_ + e, a0 = send_[static_cast<size_t>(g)], a1 = send_[static_cast<size_t>(g + 1)];
+        const int64_t b0 = recv_[static_cast<size_t>(e * ep_ + peer)], b1 = b0 + count(peer, me_ * El_ + e);
+        if (peer == me_) {  // rows that stay: a copy, never a message to itself
+          if (to_experts)
+            dst.rows(b0, b1).copy_from(src.rows(a0, a1));
+          else
+            dst.rows(a0, a1).copy_from(src.rows(b0, b1));
+          continue;
+        }
+        if (to_experts) {
+          if (a1 > a0) ops.push_back(P2POp::send(src.rows(a0, a1), peer));
+          if (b1 > b0) ops.push_back(P2POp::recv(dst.rows(b0, b1), peer));
+        } else {
+          if (b1 > b0) ops.push_back(P2POp::send(src.rows(b0, b1), peer));
+          if (a1 > a0) ops.push_back(P2POp::recv(dst.rows(a0, a1), peer));
+        }
+      }
+    if (!ops.empty()) comm_.send_recv(std::move(ops));
+  }
+
+  Communicator& comm_;
+  int64_t E_, El_;
+  int ep_, me_;
+  std::vector<int64_t> send_;     // [E+1]: this rank's sorted rows of each expert (the routing's offsets)
+  std::vector<int64_t> counts_;   // [ep*E]: rows rank s sends expert g
+  std::vector<int64_t> recv_;     // [El*ep+1]: where block (e, s) of the received rows begins
+  std::vector<int64_t> offsets_;  // [El+1]: where each local expert's received rows begin
+};
+
+// Where a routing's rows are computed: here, by every expert (no dispatch), or by the experts'
+// ranks of the group.
+struct Experts {
+  const MoeRouting& r;
+  std::optional<Dispatch> d;
+  Experts(const MoeRouting& routing, const MoeWeights& w, Communicator* comm) : r(routing) {
+    if (!comm) return;
+    const int64_t E = w.router.size(0), El = w.gate.size(0);
+    if (El * comm->size() != E)
+      throw Error(str("qwen3: this rank holds ", El, " of ", E, " experts, but its expert-parallel group has ", comm->size(),
+                      " ranks"),
+                  "distributed.ep", "create the model for the run's mesh (PluginArgs::mesh and rank)");
+    d.emplace(routing, E, El, *comm);
+  }
+  std::span<const int64_t> offsets() const { return d ? d->offsets() : std::span<const int64_t>(r.offsets); }
+  Tensor to(const Tensor& sorted) const { return d ? d->to_experts(sorted) : sorted; }
+  Tensor back(const Tensor& rows) const { return d ? d->from_experts(rows) : rows; }
+};
+
+// The experts' inputs (their rows, grouped by expert) and their SwiGLU: x_e, gate, up and
+// silu(gate) * up. Rows may be none (an expert-parallel rank whose experts took no token).
 struct ExpertActs {
   Tensor xs, gate, up, act;
 };
 
-ExpertActs expert_inputs(const Tensor& h, const MoeWeights& w, const MoeRouting& r) {
-  const int64_t n = r.order.numel(), I = w.gate.size(1);
-  const std::span<const int64_t> off(r.offsets);
-  const int64_t k = n / h.size(0);
+ExpertActs expert_acts(const Tensor& xs, const MoeWeights& w, std::span<const int64_t> off) {
+  const int64_t n = xs.size(0), I = w.gate.size(1);
   ExpertActs a;
-  a.xs = like({n, h.size(1)}, h);
-  ops::gather_rows(h, r.order, k, a.xs);
-  a.gate = like({n, I}, h);
-  a.up = like({n, I}, h);
+  a.xs = xs;
+  a.gate = like({n, I}, xs);
+  a.up = like({n, I}, xs);
+  a.act = like({n, I}, xs);
+  if (n == 0) return a;
   ops::grouped_matmul(a.xs, w.gate, true, off, a.gate);
   ops::grouped_matmul(a.xs, w.up, true, off, a.up);
-  a.act = like({n, I}, h);
   ops::swiglu_forward(a.gate, a.up, a.act);
   return a;
+}
+
+// This rank's (token, choice) slots' inputs in sorted order.
+Tensor sorted_inputs(const Tensor& h, const MoeRouting& r) {
+  const int64_t n = r.order.numel();
+  Tensor xs = like({n, h.size(1)}, h);
+  if (n > 0) ops::gather_rows(h, r.order, n / h.size(0), xs);
+  return xs;
 }
 
 }  // namespace
@@ -35,6 +145,14 @@ ExpertActs expert_inputs(const Tensor& h, const MoeWeights& w, const MoeRouting&
 MoeRouting moe_route(const Tensor& h, const Tensor& router, int64_t top_k, bool norm_topk) {
   const int64_t T = h.size(0), E = router.size(0);
   MoeRouting r;
+  if (T == 0) {
+    r.probs = Tensor::empty({0, E}, DType::f32, h.device());
+    r.weights = Tensor::empty({0, top_k}, DType::f32, h.device());
+    r.experts = Tensor::empty({0, top_k}, DType::i32, h.device());
+    r.order = r.position = Tensor::empty({0}, DType::i32, h.device());
+    r.offsets.assign(static_cast<size_t>(E + 1), 0);
+    return r;
+  }
   Tensor logits = like({T, E}, h);
   ops::matmul(h, false, router, true, logits);
   r.probs = Tensor::empty({T, E}, DType::f32, h.device());
@@ -51,42 +169,52 @@ MoeRouting moe_route(const Tensor& h, const Tensor& router, int64_t top_k, bool 
   return r;
 }
 
-void moe_forward(const Tensor& h, const MoeWeights& w, const MoeRouting& r, Tensor& out) {
-  ExpertActs a = expert_inputs(h, w, r);
+void moe_forward(const Tensor& h, const MoeWeights& w, const MoeRouting& r, Tensor& out, Communicator* experts) {
+  const Experts ex(r, w, experts);
+  ExpertActs a = expert_acts(ex.to(sorted_inputs(h, r)), w, ex.offsets());
   a.xs = a.gate = a.up = Tensor();
-  Tensor ys = like({r.order.numel(), h.size(1)}, h);
-  ops::grouped_matmul(a.act, w.down, true, std::span<const int64_t>(r.offsets), ys);
+  Tensor ys = like({a.act.size(0), h.size(1)}, h);
+  if (ys.size(0) > 0) ops::grouped_matmul(a.act, w.down, true, ex.offsets(), ys);
   a.act = Tensor();
-  ops::moe_combine(ys, r.position, r.weights, out);
+  ys = ex.back(ys);
+  if (h.size(0) > 0) ops::moe_combine(ys, r.position, r.weights, out);
 }
 
 void moe_backward(const Tensor& h, const MoeWeights& w, const MoeRouting& r, bool norm_topk, const Tensor& dout,
-                  const Tensor* aux_grad, Tensor& dh, MoeWeights& grads) {
-  const int64_t T = h.size(0), H = h.size(1), n = r.order.numel(), k = n / T, I = w.gate.size(1);
-  const std::span<const int64_t> off(r.offsets);
-  ExpertActs a = expert_inputs(h, w, r);
-  Tensor ys = like({n, H}, h);
-  ops::grouped_matmul(a.act, w.down, true, off, ys);
+                  const Tensor* aux_grad, Tensor& dh, MoeWeights& grads, Communicator* experts) {
+  const int64_t T = h.size(0), H = h.size(1), n = r.order.numel(), k = r.weights.size(1), I = w.gate.size(1);
+  const Experts ex(r, w, experts);
+  const std::span<const int64_t> off = ex.offsets();
+  ExpertActs a = expert_acts(ex.to(sorted_inputs(h, r)), w, off);
+  const int64_t R = a.xs.size(0);  // the rows this rank's experts run
+  Tensor ys = like({R, H}, h);
+  if (R > 0) ops::grouped_matmul(a.act, w.down, true, off, ys);
+  ys = ex.back(ys);
   // The combine: each slot's output gradient (its weight times its token's) and each weight's.
   Tensor dys = like({n, H}, h);
   Tensor dweights = Tensor::empty({T, k}, DType::f32, h.device());
-  ops::moe_combine_backward(dout, ys, r.order, r.position, r.weights, dys, dweights);
+  if (T > 0) ops::moe_combine_backward(dout, ys, r.order, r.position, r.weights, dys, dweights);
   ys = Tensor();
+  dys = ex.to(dys);
   // down: dact = dys @ Wd[e], dWd[e] += dys_e^T @ act_e.
-  Tensor dact = like({n, I}, h);
-  ops::grouped_matmul(dys, w.down, false, off, dact);
-  if (grads.down.defined()) ops::grouped_matmul_wgrad(dys, a.act, off, grads.down);
+  Tensor dact = like({R, I}, h);
+  if (R > 0) ops::grouped_matmul(dys, w.down, false, off, dact);
+  if (grads.down.defined() && R > 0) ops::grouped_matmul_wgrad(dys, a.act, off, grads.down);
   dys = a.act = Tensor();
-  Tensor dgate = like({n, I}, h), dup = like({n, I}, h);
-  ops::swiglu_backward(a.gate, a.up, dact, dgate, dup);
+  Tensor dgate = like({R, I}, h), dup = like({R, I}, h);
+  if (R > 0) ops::swiglu_backward(a.gate, a.up, dact, dgate, dup);
   dact = a.gate = a.up = Tensor();
-  if (grads.gate.defined()) ops::grouped_matmul_wgrad(dgate, a.xs, off, grads.gate);
-  if (grads.up.defined()) ops::grouped_matmul_wgrad(dup, a.xs, off, grads.up);
+  if (grads.gate.defined() && R > 0) ops::grouped_matmul_wgrad(dgate, a.xs, off, grads.gate);
+  if (grads.up.defined() && R > 0) ops::grouped_matmul_wgrad(dup, a.xs, off, grads.up);
   a.xs = Tensor();
-  Tensor dxs = like({n, H}, h);
-  ops::grouped_matmul(dgate, w.gate, false, off, dxs);
-  ops::grouped_matmul(dup, w.up, false, off, dxs, 1.f, 1.f);
+  Tensor dxs = like({R, H}, h);
+  if (R > 0) {
+    ops::grouped_matmul(dgate, w.gate, false, off, dxs);
+    ops::grouped_matmul(dup, w.up, false, off, dxs, 1.f, 1.f);
+  }
   dgate = dup = Tensor();
+  dxs = ex.back(dxs);
+  if (T == 0) return;
   // Back to the tokens: each token's k slots summed (the gather's backward), in slot order.
   Tensor ones = Tensor::zeros({T, k}, DType::f32, Device::cpu());
   for (int64_t i = 0; i < T * k; ++i) ones.data_as<float>()[i] = 1.f;

@@ -7,6 +7,18 @@
 //     y_e = (silu(x_e @ Wg[e]^T) * (x_e @ Wu[e]^T)) @ Wd[e]^T   (grouped GEMMs: one call for all experts)
 //   out[t] = sum_j w[t,j] * y[slot (t,j)]
 //
+// Expert parallelism (a communicator of ep ranks, each holding E/ep of the experts, stacked
+// [E/ep, ...]): every rank routes its own tokens over all E experts with the whole router, so the
+// sorted rows are already grouped by the rank that holds their expert. The ranks first learn each
+// other's per-expert row counts (one all-reduce of host counts), then each rank's rows go to
+// their experts' ranks by point-to-point sends of exactly their size (send_recv_async: an
+// all_to_all would pad every block to the largest, up to ep times the rows when one expert takes
+// every token). A rank receives its experts' rows grouped by expert (then by source rank, then in
+// the source's sorted order), so its experts run as the same grouped GEMMs over them; the outputs
+// travel back along the same blocks. The backward sends the outputs' gradients to the experts'
+// ranks, computes the experts' weight gradients and their inputs' gradients there, and sends those
+// back. Every rank of the group runs every exchange, even with no tokens of its own.
+//
 // No token is dropped: an expert takes every row routed to it. The experts' weights are stacked per
 // layer ([E,I,H] gate and up, [E,H,I] down), so every expert of a layer runs in one GEMM call; the
 // host learns the per-expert row counts once per routing (the grouped GEMMs' shapes). Nothing is
@@ -18,12 +30,17 @@
 
 #include "lcx/tensor.h"
 
+namespace lcx {
+class Communicator;
+}
+
 namespace lcx::qwen3 {
 
 // One sparse layer's weights (values), or their gradients (fp32, or undefined where frozen).
 struct MoeWeights {
   Tensor router;           // [E,H]: HF's mlp.gate.weight
   Tensor gate, up, down;   // [E,I,H], [E,I,H], [E,H,I]: every expert's gate_proj, up_proj, down_proj
+                           // (under expert parallelism this rank's E/ep experts: [E/ep, ...])
 };
 
 // One routing of T tokens: what the forward and the backward share.
@@ -34,12 +51,15 @@ struct MoeRouting {
   std::vector<int64_t> offsets;  // on the host, [E+1]: where each expert's rows begin
 };
 
+// h may have no rows (a rank of an expert-parallel group whose tokens ran out before the
+// group's last tile): the routing is then empty, its offsets all 0.
 MoeRouting moe_route(const Tensor& h, const Tensor& router, int64_t top_k, bool norm_topk);
-// out [T,H] = the block's output for h [T,H] under routing r.
-void moe_forward(const Tensor& h, const MoeWeights& w, const MoeRouting& r, Tensor& out);
+// out [T,H] = the block's output for h [T,H] under routing r. experts: the expert-parallel group
+// (w holds this rank's experts), or null where w holds every expert.
+void moe_forward(const Tensor& h, const MoeWeights& w, const MoeRouting& r, Tensor& out, Communicator* experts = nullptr);
 // Writes dh [T,H] and accumulates the weights' gradients (those defined). aux_grad (fp32 [E], or
 // null): the load-balancing loss's gradient with respect to every token's probability of expert e.
 void moe_backward(const Tensor& h, const MoeWeights& w, const MoeRouting& r, bool norm_topk, const Tensor& dout,
-                  const Tensor* aux_grad, Tensor& dh, MoeWeights& grads);
+                  const Tensor* aux_grad, Tensor& dh, MoeWeights& grads, Communicator* experts = nullptr);
 
 }  // namespace lcx::qwen3

@@ -22,27 +22,29 @@ DecoderDims shape_of(const ModelConfig& c) {
           c.num_heads * d, c.num_kv_heads * d};
 }
 
-// One decoder layer's parameters: input and post-attention norms, q/k/v/o projections, the
-// per-head q_norm and k_norm, and its MLP: gate/up/down, or a sparse layer's router and experts.
-int64_t mlp_params(const ModelConfig& c, const DecoderDims& s, int64_t layer) {
-  return c.sparse(layer) ? c.num_experts * s.H + 3 * c.num_experts * c.moe_intermediate_size * s.H : 3 * s.I * s.H;
+// One decoder layer's parameters on a rank: input and post-attention norms, q/k/v/o projections,
+// the per-head q_norm and k_norm, and its MLP: gate/up/down, or a sparse layer's router (whole on
+// every rank) and its experts (E/ep of them under expert parallelism).
+int64_t mlp_params(const ModelConfig& c, const DecoderDims& s, int64_t ep, int64_t layer) {
+  return c.sparse(layer) ? c.num_experts * s.H + 3 * (c.num_experts / ep) * c.moe_intermediate_size * s.H : 3 * s.I * s.H;
 }
-int64_t layer_params(const ModelConfig& c, const DecoderDims& s, int64_t layer) {
-  return 2 * s.H + s.qd * s.H + 2 * s.kvd * s.H + s.H * s.qd + 2 * s.d + mlp_params(c, s, layer);
+int64_t layer_params(const ModelConfig& c, const DecoderDims& s, int64_t ep, int64_t layer) {
+  return 2 * s.H + s.qd * s.H + 2 * s.kvd * s.H + s.H * s.qd + 2 * s.d + mlp_params(c, s, ep, layer);
 }
 // Of those, the GEMM weights (q, k, v, o and the MLP's): the ones whose gradients may be kept in
 // PlanInputs::grad_dtype.
-int64_t layer_gemm_params(const ModelConfig& c, const DecoderDims& s, int64_t layer) {
-  return 2 * s.qd * s.H + 2 * s.kvd * s.H + mlp_params(c, s, layer);
+int64_t layer_gemm_params(const ModelConfig& c, const DecoderDims& s, int64_t ep, int64_t layer) {
+  return 2 * s.qd * s.H + 2 * s.kvd * s.H + mlp_params(c, s, ep, layer);
 }
-int64_t all_layers(const ModelConfig& c, const DecoderDims& s, int64_t (*per_layer)(const ModelConfig&, const DecoderDims&, int64_t)) {
+int64_t all_layers(const ModelConfig& c, const DecoderDims& s, int64_t ep,
+                   int64_t (*per_layer)(const ModelConfig&, const DecoderDims&, int64_t, int64_t)) {
   int64_t n = 0;
-  for (int64_t l = 0; l < s.L; ++l) n += per_layer(c, s, l);
+  for (int64_t l = 0; l < s.L; ++l) n += per_layer(c, s, ep, l);
   return n;
 }
-int64_t largest_layer(const ModelConfig& c, const DecoderDims& s) {
+int64_t largest_layer(const ModelConfig& c, const DecoderDims& s, int64_t ep) {
   int64_t n = 0;
-  for (int64_t l = 0; l < s.L; ++l) n = std::max(n, layer_params(c, s, l));
+  for (int64_t l = 0; l < s.L; ++l) n = std::max(n, layer_params(c, s, ep, l));
   return n;
 }
 
@@ -59,14 +61,17 @@ void plan_dense_decoder(const PlanInputs& in, MemoryPlan& plan, const DenseDecod
   const int64_t T = in.tokens_per_rank;
   const int64_t ab = static_cast<int64_t>(dtype_size(in.weight_dtype));  // activations take the weights' dtype
   const int64_t head = in.model.tie_word_embeddings ? 0 : s.V * s.H;
-  const int64_t n = s.V * s.H + all_layers(in.model, s, layer_params) + s.H + head;  // embedding, layers, final norm, head
+  // Under expert parallelism a rank holds E/ep of each sparse layer's experts (and their
+  // gradients; the optimizer plans their state from plan.parameters): its parameters are these.
+  const int64_t ep = in.model.sparse_layers() > 0 ? std::max<int64_t>(1, in.ep) : 1;
+  const int64_t n = s.V * s.H + all_layers(in.model, s, ep, layer_params) + s.H + head;  // embedding, layers, final norm, head
   // ZeRO-3 over the whole mesh (core/src/distributed/sharded_params.h): a rank keeps 1/world of each
   // parameter's value and fp32 grad (and its master and moments: the optimizer's plan).
-  const int64_t shards = std::max<int64_t>(1, in.world_size);
+  const int64_t shards = parameter_shards(in);
   const int64_t per_rank = (n + shards - 1) / shards;
   // The optimizer plans its master weights and moments from these (lcx/slots/optimizer.h).
   plan.parameters = n;
-  plan.gemm_parameters = all_layers(in.model, s, layer_gemm_params);
+  plan.gemm_parameters = all_layers(in.model, s, ep, layer_gemm_params);
   plan.add("parameters", "parameters (" + std::to_string(n) + ")", PlanCategory::weights, per_rank * ab,
            plan_phase::always);
   if (in.base_frozen) {
@@ -95,7 +100,7 @@ void plan_dense_decoder(const PlanInputs& in, MemoryPlan& plan, const DenseDecod
     // for its recompute + backward until reduce_grads; the head's for the loss.
     // A frozen base gathers its values alone (the norms an adapter trains whole are left out: a
     // few [H] per layer).
-    const int64_t lp = largest_layer(in.model, s);
+    const int64_t lp = largest_layer(in.model, s, ep);
     const int64_t grad_bytes = in.base_frozen ? 0 : 4;
     plan.add("gathered_layer", "one layer's gathered weights", PlanCategory::communication, lp * ab,
              plan_phase::forward);
@@ -231,20 +236,40 @@ void plan_dense_decoder(const PlanInputs& in, MemoryPlan& plan, const DenseDecod
     const int64_t Tm = moe_tile_rows > 0 ? std::min(moe_tile_rows, in.tokens_per_rank) : in.tokens_per_rank;
     const int64_t E = c.num_experts, tk = Tm * c.num_experts_per_tok, Im = c.moe_intermediate_size;
     const int64_t routing = Tm * E * (ab + 4) + Tm * c.num_experts_per_tok * 8 + tk * 8;
-    plan.add("moe_forward", "sparse MLP forward: routing, experts' inputs, gate, up, silu*up [T*k rows]",
-             PlanCategory::transient, routing + tk * (s.H + 3 * Im) * ab, plan_phase::forward);
     // The backward's widest moment: the experts' inputs, gate, up and silu*up with their outputs
     // and those outputs' gradients (the combine's backward), or later dact beside them, or dgate
     // and dup beside gate, up and dact; then the router's gradient [T,E].
     const int64_t widest = std::max({3 * s.H + 3 * Im, 2 * s.H + 4 * Im, s.H + 5 * Im});
-    plan.add("moe_backward", "sparse MLP backward: routing, experts' rows and their gradients [T*k rows]",
-             PlanCategory::transient, routing + Tm * c.num_experts_per_tok * 4 + tk * widest * ab + Tm * E * ab,
-             plan_phase::mlp_backward);
+    if (ep == 1) {
+      plan.add("moe_forward", "sparse MLP forward: routing, experts' inputs, gate, up, silu*up [T*k rows]",
+               PlanCategory::transient, routing + tk * (s.H + 3 * Im) * ab, plan_phase::forward);
+      plan.add("moe_backward", "sparse MLP backward: routing, experts' rows and their gradients [T*k rows]",
+               PlanCategory::transient, routing + Tm * c.num_experts_per_tok * 4 + tk * widest * ab + Tm * E * ab,
+               plan_phase::mlp_backward);
+    } else {
+      // Expert parallelism: a rank's experts run the rows every rank of its group sends them. At
+      // worst every token of the group's ep ranks routes to this rank's experts: R = T*k*ep rows
+      // (no token is dropped, so nothing caps it below that). The experts' buffers are R rows, and
+      // the rank's own T*k sorted rows are sent out and come back beside them: in the forward the
+      // sorted inputs beside the received rows, or the received rows with gate, up and silu*up; in
+      // the backward the experts' inputs, gate, up, silu*up and outputs while the outputs come
+      // back (T*k rows), or later dact beside them, or dgate and dup beside gate, up and dact.
+      const int64_t R = tk * ep;
+      const int64_t widest_ep = std::max({R * (2 * s.H + 3 * Im) + tk * s.H, R * (2 * s.H + 4 * Im), R * (s.H + 5 * Im)});
+      plan.add("moe_forward", str("sparse MLP forward, expert-parallel: routing, experts' rows of ep ", ep,
+                                  " ranks (worst case T*k*ep rows), gate, up, silu*up"),
+               PlanCategory::transient, routing + std::max(R * (s.H + 3 * Im), (tk + R) * s.H) * ab, plan_phase::forward);
+      plan.add("moe_backward", str("sparse MLP backward, expert-parallel: routing, experts' rows of ep ", ep,
+                                   " ranks (worst case T*k*ep rows) and their gradients, this rank's T*k returned"),
+               PlanCategory::transient,
+               routing + Tm * c.num_experts_per_tok * 4 + widest_ep * ab + Tm * E * ab,
+               plan_phase::mlp_backward);
+    }
     // cuBLAS's grouped GEMM takes one dtype for all its operands: a 16-bit weight gradient is
     // made whole in the weights' dtype, then added to the fp32 gradient (ops::grouped_matmul_wgrad).
     if (ab < 4 && !in.base_frozen)
       plan.add("moe_wgrad_scratch", "sparse MLP backward: one stacked experts' weight gradient in the weights' dtype",
-               PlanCategory::transient, E * Im * s.H * ab, plan_phase::mlp_backward);
+               PlanCategory::transient, (E / ep) * Im * s.H * ab, plan_phase::mlp_backward);
   }
 
   // final_norm_backward recomputes the norm: y [T,H] and fp32 rstd [T].

@@ -253,7 +253,7 @@ class Lora final : public Adapter {
     }
     const int64_t ab = static_cast<int64_t>(dtype_size(in.weight_dtype)), gb = static_cast<int64_t>(dtype_size(in.grad_dtype));
     // Sharded over the ranks with the base (ZeRO-3), a layer's factors gathered around its work.
-    const int64_t shards = std::max<int64_t>(1, in.world_size), per_rank = (n + shards - 1) / shards;
+    const int64_t shards = parameter_shards(in), per_rank = (n + shards - 1) / shards;
     plan.add("lora_weights", str("LoRA factors A, B (", n, ")"), PlanCategory::weights, per_rank * ab, plan_phase::always);
     plan.add("lora_gradients", str("LoRA factors' gradients (", dtype_name(shards > 1 ? DType::f32 : in.grad_dtype), ")"),
              PlanCategory::gradients, per_rank * (shards > 1 ? 4 : gb), plan_phase::always);

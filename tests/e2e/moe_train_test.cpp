@@ -3,7 +3,7 @@
 // cp 2 x sp 2 thread-ranks, with the experts in token tiles, chunked loss and offload, as on one
 // rank with 2 sequences a step (the auxiliary loss is the mean over a step's sequences, its
 // statistics summed over the ranks sharing one); the log carries aux_loss and the experts' load;
-// a run resumes bit for bit.
+// a run resumes bit for bit; expert parallelism (ep 2) trains as one rank and resumes bit for bit.
 #include <gtest/gtest.h>
 
 #include <fstream>
@@ -117,6 +117,66 @@ TEST_F(MoeTrain, ResumesBitForBit) {
   EXPECT_EQ(resumed.rows[0].at("loss"), straight.rows[2].at("loss"));
   EXPECT_EQ(resumed.rows[0].at("aux_loss"), straight.rows[2].at("aux_loss"));
   for (const auto& [name, v] : saved) EXPECT_EQ(resumed.weights.at(name), v) << name;
+}
+
+// Expert parallelism ([distributed] ep 2, parameters replicated): each rank holds 3 of the 6
+// experts, its optimizer state only theirs. Across dp 2, inside cp 2 (with the experts in token
+// tiles of 10) and inside dp 2 x cp 2 (the experts' gradients summed over the two ranks holding
+// the same experts) it trains as one rank does with 2 sequences a step: loss, aux_loss, and the
+// checkpoint's weights, every expert written in the Hub's layout; so it does when the epoch's last
+// step leaves one dp rank without a sequence. It resumes bit for bit, and is refused by key with
+// ZeRO-3, on one rank, and where ep does not divide the 6 experts (ep 4).
+TEST_F(MoeTrain, ExpertParallelTrainsAsOneRankAndResumes) {
+  const Result one = train("one", {}, "grad_accum = 2\n");
+  ASSERT_EQ(one.exit_code, 0) << one.output;
+  const std::string ep = "ep = 2\nshard_parameters = false\n";
+  expect_same_training(train("ep2dp2", {}, "", "[distributed]\nnproc_per_node = 2\n" + ep), one, "ep 2 across dp 2");
+  expect_same_training(train("ep2cp2", {"cp_ring"}, "grad_accum = 2\n",
+                             "[distributed]\nnproc_per_node = 2\ncp = 2\n" + ep + "[qwen3]\nmoe_tile_rows = 10\n"),
+                       one, "ep 2 inside cp 2, token tiles of 10");
+  expect_same_training(train("ep2dp2cp2", {"cp_ring"}, "", "[distributed]\nnproc_per_node = 4\ncp = 2\n" + ep), one,
+                       "ep 2 inside dp 2 x cp 2");
+  EXPECT_TRUE(one.weights.count("model.layers.1.mlp.experts.5.down_proj.weight"));
+  // Steps of 10 sequences over the 24: the third has 4, all on the first dp rank; the second runs
+  // as many passes that weigh nothing, so its experts serve the first rank's rows.
+  const Result ten = train("one10", {}, "grad_accum = 10\n");
+  ASSERT_EQ(ten.exit_code, 0) << ten.output;
+  expect_same_training(train("ep2short", {}, "grad_accum = 5\n", "[distributed]\nnproc_per_node = 2\n" + ep), ten,
+                       "ep 2 across dp 2, a short last step");
+
+  const std::string tables = "[distributed]\nnproc_per_node = 2\n" + ep;
+  const Result straight = train("ep_resume", {}, "save_steps = 1\n", tables);
+  ASSERT_EQ(straight.exit_code, 0) << straight.output;
+  EXPECT_TRUE(fs::exists(dir / "ep_resume" / "checkpoint-3" / "optimizer-experts1-of-2.safetensors"));
+  const auto saved = straight.weights;
+  fs::remove_all(dir / "ep_resume" / "checkpoint-3");
+  fs::remove(dir / "ep_resume" / "metrics.jsonl");
+  const Result resumed = train("ep_resume", {}, "save_steps = 1\n", tables, "--resume latest");
+  ASSERT_EQ(resumed.exit_code, 0) << resumed.output;
+  ASSERT_EQ(resumed.rows.size(), 1u);
+  EXPECT_EQ(resumed.rows[0].at("loss"), straight.rows[2].at("loss"));
+  EXPECT_EQ(resumed.rows[0].at("aux_loss"), straight.rows[2].at("aux_loss"));
+  EXPECT_EQ(resumed.rows[0].at("grad_norm"), straight.rows[2].at("grad_norm"));
+  ASSERT_EQ(resumed.weights.size(), saved.size());
+  for (const auto& [name, v] : saved) EXPECT_EQ(resumed.weights.at(name), v) << name;
+  std::printf("ep 2 across dp 2: step 3 loss %.7f (one rank %.7f), aux %.7f (%.7f), grad norm %.6f (%.6f); resumed step 3 "
+              "loss %.7f\n",
+              straight.rows[2].at("loss").get<double>(), one.rows[2].at("loss").get<double>(),
+              straight.rows[2].at("aux_loss").get<double>(), one.rows[2].at("aux_loss").get<double>(),
+              straight.rows[2].at("grad_norm").get<double>(), one.rows[2].at("grad_norm").get<double>(),
+              resumed.rows[0].at("loss").get<double>());
+  EXPECT_NEAR(straight.rows[2].at("grad_norm").get<double>(), one.rows[2].at("grad_norm").get<double>(),
+              1e-4 * one.rows[2].at("grad_norm").get<double>());
+
+  const Result zero3 = train("ep_zero3", {}, "", "[distributed]\nnproc_per_node = 2\nep = 2\n");
+  EXPECT_NE(zero3.exit_code, 0);
+  EXPECT_NE(zero3.output.find("shard_parameters"), std::string::npos) << zero3.output;
+  const Result alone = train("ep_alone", {}, "", "[distributed]\nep = 2\nshard_parameters = false\n");
+  EXPECT_NE(alone.exit_code, 0);
+  EXPECT_NE(alone.output.find("[distributed] ep = 2 splits the experts"), std::string::npos) << alone.output;
+  const Result four = train("ep_four", {}, "", "[distributed]\nnproc_per_node = 4\nep = 4\nshard_parameters = false\n");
+  EXPECT_NE(four.exit_code, 0);
+  EXPECT_NE(four.output.find("does not divide the model's 6 experts"), std::string::npos) << four.output;
 }
 
 }  // namespace

@@ -403,6 +403,45 @@ TEST(PlanArithmetic, RecipeSearchTakesTheLargestTilesAndChunksThatFit) {
   EXPECT_EQ(rank_recipes(in, s, 141LL << 30, -1, 0).size(), rank_recipes(in, keyed, 141LL << 30, -1, 0).size());
 }
 
+// Expert parallelism (ep 8 across dp 8, parameters replicated): a rank holds an eighth of each
+// sparse layer's experts, with their gradients and AdamW state, the router and every other
+// parameter whole; its experts' buffers are sized for the worst case, every token of the group's
+// 8 ranks routed to its experts (T*k*8 rows).
+TEST(PlanArithmetic, ExpertParallelDividesTheExperts) {
+  CoreConfig cfg;
+  cfg.model.dtype = "bf16";
+  const ModelConfig m = preset("qwen3-30b-a3b");
+  const PlanInputs one = plan_inputs(cfg, m, 8192);
+  cfg.distributed.dp = 8;
+  cfg.distributed.ep = 8;
+  const PlanInputs eight = plan_inputs(cfg, m, 8192);
+  ASSERT_EQ(eight.ep, 8);
+  ASSERT_EQ(parameter_shards(eight), 1);
+  const MemoryPlan a = build_plan(one, qwen3_slots()), b = build_plan(eight, qwen3_slots());
+  const int64_t E = m.num_experts, H = m.hidden_size, Im = m.moe_intermediate_size, k = m.num_experts_per_tok;
+  const int64_t experts = m.sparse_layers() * 3 * E * Im * H;
+  EXPECT_EQ(b.parameters, a.parameters - experts / 8 * 7);
+  EXPECT_EQ(term(b, "parameters", "qwen3").bytes, b.parameters * 2);
+  EXPECT_EQ(term(b, "gradients", "qwen3").bytes, b.parameters * 4);
+  EXPECT_EQ(term(b, "adamw_moments", "adamw").bytes, 2 * b.parameters * 4);
+  EXPECT_EQ(term(b, "master_weights", "adamw").bytes, b.parameters * 4);
+  EXPECT_EQ(term(b, "moe_wgrad_scratch", "qwen3").bytes, E / 8 * Im * H * 2);
+  EXPECT_EQ(b.find("gathered_layer", "qwen3"), nullptr);  // nothing sharded, nothing gathered
+  const int64_t T = 8192, tk = T * k, R = tk * 8;
+  const int64_t routing = T * E * (2 + 4) + T * k * 8 + tk * 8;
+  EXPECT_EQ(term(b, "moe_forward", "qwen3").bytes, routing + std::max(R * (H + 3 * Im), (tk + R) * H) * 2);
+  const int64_t widest = std::max({3 * H + 3 * Im, 2 * H + 4 * Im, H + 5 * Im});
+  const int64_t widest_ep = std::max({R * (2 * H + 3 * Im) + tk * H, R * (2 * H + 4 * Im), R * (H + 5 * Im)});
+  EXPECT_EQ(term(b, "moe_backward", "qwen3").bytes, routing + T * k * 4 + widest_ep * 2 + T * E * 2);
+  EXPECT_EQ(term(a, "moe_backward", "qwen3").bytes, routing + T * k * 4 + tk * widest * 2 + T * E * 2);
+  std::printf("qwen3-30b-a3b at 8,192 tokens: parameters a rank %.2f GiB (ep 1) -> %.2f GiB (ep 8); MoE backward buffers "
+              "%.2f GiB -> %.2f GiB (worst case T*k*8 rows)\n",
+              static_cast<double>(term(a, "parameters", "qwen3").bytes) / kGiB,
+              static_cast<double>(term(b, "parameters", "qwen3").bytes) / kGiB,
+              static_cast<double>(term(a, "moe_backward", "qwen3").bytes) / kGiB,
+              static_cast<double>(term(b, "moe_backward", "qwen3").bytes) / kGiB);
+}
+
 TEST(PlanArithmetic, ContextParallelDividesTokensPerRank) {
   const PlanInputs one = inputs("qwen3-8b", 1048576, 1), eight = inputs("qwen3-8b", 1048576, 8);
   EXPECT_EQ(eight.tokens_per_rank, 131072);

@@ -119,8 +119,8 @@ void run_in_process(int size, const std::function<void(Communicator&)>& fn, Comm
 
 class Mesh {
  public:
-  // Throws lcx::Error naming the [distributed] keys when an axis is < 1 or dp * cp * sp differs
-  // from world_size. Call before any GPU work.
+  // Throws lcx::Error naming the [distributed] keys when an axis is < 1, dp * cp * sp differs
+  // from world_size, or ep does not divide it. Call before any GPU work.
   static void validate(const MeshShape& shape, int world_size);
   // Where a world rank sits, as shape.order places the axes (lcx/mesh_shape.h).
   static MeshCoord coord_of(const MeshShape& shape, int world_rank);
@@ -141,12 +141,17 @@ class Mesh {
   // cp x sp: the ranks that share one sequence (loss and valid-token counts of one sequence),
   // ranked by seq_index (the order of their shards) whatever the placement order.
   Communicator& seq() const { return *seq_; }
+  // Expert parallelism (MeshShape::ep > 1; null otherwise): the ep consecutive world ranks that
+  // split the experts, ranked by expert_index, and the ranks holding the same experts (one per
+  // group), over which those experts' gradients are summed.
+  Communicator* experts() const { return experts_.get(); }
+  Communicator* expert_replicas() const { return expert_replicas_.get(); }
 
  private:
   Communicator& world_;
   MeshShape shape_;
   MeshCoord coord_;
-  std::unique_ptr<Communicator> dp_, cp_, sp_, seq_;
+  std::unique_ptr<Communicator> dp_, cp_, sp_, seq_, experts_, expert_replicas_;
 };
 
 }  // namespace lcx

@@ -20,7 +20,16 @@ inline const char* mesh_order_name(MeshOrder o) { return o == MeshOrder::cp_inne
 struct MeshShape {
   int dp = 1, cp = 1, sp = 1;
   MeshOrder order = MeshOrder::sp_inner;
+  // Expert parallelism ([distributed] ep): every ep consecutive world ranks split each sparse
+  // layer's experts, rank i of the group holding experts [i*E/ep, (i+1)*E/ep). Not a factor of
+  // dp x cp x sp: the groups lie over the mesh, so under the default order a sequence's cp and sp
+  // ranks sit inside one group (as Megatron-Core places expert parallelism inside DP x CP) and
+  // the tokens it exchanges stay on the ranks that hold them.
+  int ep = 1;
 };
+
+// A world rank's place in its expert-parallel group: which E/ep experts it holds.
+inline int expert_index(const MeshShape& s, int world_rank) { return s.ep > 1 ? world_rank % s.ep : 0; }
 
 struct MeshCoord {
   int dp = 0, cp = 0, sp = 0;

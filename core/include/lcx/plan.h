@@ -8,6 +8,7 @@
 // ("step": saved layer inputs, rope tables), or in one phase. A provider lists what it holds at the
 // worst moment of that phase; the terms of one phase coexist, so a phase's bytes are their sum.
 #pragma once
+#include <algorithm>
 #include <cstdint>
 #include <string>
 #include <string_view>
@@ -61,6 +62,7 @@ struct PlanInputs {
   Recipe recipe;                     // the choices planned (model.h); explicit keys win over them
   bool documents_masked = false;     // [data] attend_across_documents = false: attention masks per document
   MeshOrder order = MeshOrder::sp_inner;  // [distributed] order: which of cp and sp takes neighbouring ranks
+  int64_t ep = 1;  // [distributed] ep: ranks splitting each sparse layer's experts (MeshShape::ep)
   // Set by the Adapter slot's plan_inputs() before anything plans (lcx/slots/adapter.h): the
   // model's parameters are frozen but for base_trained_parameters of them (modules the adapter
   // trains whole), so the model plans gradients for those alone and skips its weight-gradient work.
@@ -68,6 +70,11 @@ struct PlanInputs {
   int64_t base_trained_parameters = 0;
   bool head_frozen = false;  // of those frozen, the head: the loss computes no gradient for it
 };
+
+// The ranks each parameter, its gradient and its optimizer state are split over: the world under
+// ZeRO-3; 1 under expert parallelism, which runs with parameters replicated (ZeRO-3 refused) and
+// divides only the experts, by ep, in the model's own count (MemoryPlan::parameters).
+inline int64_t parameter_shards(const PlanInputs& in) { return in.ep > 1 ? 1 : std::max<int64_t>(1, in.world_size); }
 
 struct PlanTerm {
   // Short snake_case, fixed while the term means the same bytes ("logits", "rope_tables"): what code

@@ -43,6 +43,10 @@ struct PluginArgs {
   ConfigView config;  // the plugin's own table ([name]); empty when absent
   Device device;      // where the run computes
   MeshShape mesh;     // [distributed] dp x cp x sp as configured (dp may still widen to the world)
+  // This rank in the world; 0 where the provider is made for no rank (plans, checks). A model
+  // under expert parallelism learns from it (expert_index) which experts it builds, before any
+  // weight exists: a rank holds only its experts' weights, never the whole layer's.
+  int rank = 0;
 };
 
 using PluginFactory = std::unique_ptr<Plugin>(const PluginArgs&);

@@ -202,8 +202,8 @@ int run(const CliOptions& o) {
       log::detail(str("slot ", slot_name(slot), ": ", p->name, " ", p->info.version, " ", p->origin,
                       p->info.sha256.empty() ? "" : " sha256:" + p->info.sha256));
   log::detail("config " + nlohmann::json::parse(manifest->to_json()).dump());
-  SlotFactory make_slots = [&](Device device) {
-    return resolve_slots(*manifest, loader, o.disabled, device, configured_mesh(core.distributed));
+  SlotFactory make_slots = [&](Device device, int rank) {
+    return resolve_slots(*manifest, loader, o.disabled, device, configured_mesh(core.distributed), rank);
   };
   return run_training(core, *manifest, make_slots, TrainOptions{o.resume, o.overwrite, o.force, o.argv});
 }

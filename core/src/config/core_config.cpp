@@ -326,6 +326,9 @@ CoreConfig read_core_config(const Manifest& m, const std::vector<std::string>& p
     v.describe("cp", "context-parallel ranks: one sequence split along its tokens", ">= 1");
     v.describe("sp", "sequence-parallel ranks: the sequence split, attention by heads", ">= 1");
     v.describe("order", "which mesh axis takes neighbouring ranks");
+    v.describe("ep",
+               "expert parallelism: every ep consecutive ranks split each sparse layer's experts (a mixture of experts)",
+               "a divisor of the world size and of the model's experts");
     v.describe("shard_parameters", "parameters, gradients and optimizer state split across the ranks (ZeRO-3/FSDP)");
     v.describe("virtual_ranks", "ranks as threads of one process sharing one GPU (tests, debugging)");
     v.describe("timeout_s", "seconds a collective may wait before the run fails");
@@ -333,10 +336,11 @@ CoreConfig read_core_config(const Manifest& m, const std::vector<std::string>& p
     d.dp = v.get_int("dp", d.dp);
     d.cp = v.get_int("cp", d.cp);
     d.sp = v.get_int("sp", d.sp);
+    d.ep = v.get_int("ep", d.ep);
     const std::string order = v.get_string("order", mesh_order_name(d.order));
     one_of(v, "order", order, {"sp_inner", "cp_inner"});
     d.order = order == "cp_inner" ? MeshOrder::cp_inner : MeshOrder::sp_inner;
-    for (const char* k : {"nproc_per_node", "dp", "cp", "sp"})
+    for (const char* k : {"nproc_per_node", "dp", "cp", "sp", "ep"})
       if (v.get_int(k, 1) < 1) v.fail(k, "must be >= 1");
     // Ranks of one node: a GPU each, or a thread each (virtual_ranks, the CPU).
     need(v, "nproc_per_node", d.nproc_per_node, d.nproc_per_node <= kMaxRanksPerNode, str("at most ", kMaxRanksPerNode),

@@ -105,6 +105,7 @@ struct DistributedConfig {
   int64_t nproc_per_node = 1;
   int64_t dp = 1, cp = 1, sp = 1;
   MeshOrder order = MeshOrder::sp_inner;  // "sp_inner" | "cp_inner": which axis takes neighbouring ranks
+  int64_t ep = 1;  // expert parallelism: consecutive ranks that split each sparse layer's experts (MeshShape::ep)
   // Parameters, gradients and optimizer state split across all ranks (ZeRO-3); else replicated
   // with gradients all-reduced.
   bool shard_parameters = true;
@@ -116,7 +117,7 @@ struct DistributedConfig {
 // The mesh as [distributed] gives it, which plugins are created for (PluginArgs::mesh); dp as
 // given (the trainer widens dp = 1 to the ranks cp x sp leave).
 inline MeshShape configured_mesh(const DistributedConfig& d) {
-  return {static_cast<int>(d.dp), static_cast<int>(d.cp), static_cast<int>(d.sp), d.order};
+  return {static_cast<int>(d.dp), static_cast<int>(d.cp), static_cast<int>(d.sp), d.order, static_cast<int>(d.ep)};
 }
 
 struct CoreConfig {

@@ -16,6 +16,9 @@ void Mesh::validate(const MeshShape& s, int world_size) {
                     " ranks, but the world size is ", world_size),
                 "distributed.dp", str("choose dp, cp and sp whose product is ", world_size,
                                       " (nproc_per_node x nodes, or WORLD_SIZE)"));
+  if (s.ep < 1 || world_size % s.ep != 0)
+    throw Error(str("[distributed] ep = ", s.ep, " does not divide the world's ", world_size, " ranks"),
+                "distributed.ep", str("set ep to a divisor of ", world_size, " (1: every rank holds every expert)"));
 }
 
 MeshCoord Mesh::coord_of(const MeshShape& s, int r) {
@@ -32,6 +35,11 @@ Mesh::Mesh(Communicator& world, const MeshShape& shape)
   cp_ = world.split(d * shape.sp + s, c, "cp");
   sp_ = world.split(d * shape.cp + c, s, "sp");
   seq_ = world.split(d, seq_index(shape, coord_), "seq");
+  if (shape.ep > 1) {
+    const int r = world.rank();
+    experts_ = world.split(r / shape.ep, expert_index(shape, r), "ep");
+    expert_replicas_ = world.split(expert_index(shape, r), r / shape.ep, "edp");
+  }
 }
 
 Mesh::~Mesh() = default;

@@ -95,7 +95,7 @@ void AdamW::load_state(const OptimizerState& st) {
 
 void AdamW::plan(const PlanInputs& in, MemoryPlan& plan) const {
   if (plan.parameters == 0) return;  // no model planned
-  const int64_t shards = std::max<int64_t>(1, in.world_size);
+  const int64_t shards = parameter_shards(in);
   const int64_t per_rank = (plan.parameters + shards - 1) / shards;
   const bool master = in.master_dtype == DType::f32;
   const int64_t moment = master ? 4 : static_cast<int64_t>(dtype_size(in.weight_dtype));

@@ -108,13 +108,13 @@ static std::shared_ptr<Parallelism> stack_parallelism(const Manifest& m, const P
 }
 
 SlotSet resolve_slots(const Manifest& m, const PluginLoader& loader, const std::vector<std::string>& disabled,
-                      Device device, const MeshShape& mesh) {
+                      Device device, const MeshShape& mesh, int rank) {
   SlotSet s;
   s.providers = plan_slots(m, loader, disabled);
   std::map<uint32_t, std::shared_ptr<Plugin>> created;
   for (auto& [slot, prov] : s.providers) {
     if (prov.origin == "core default") continue;
-    PluginArgs args{prov.info.name, m.section(prov.info.name), device, mesh};
+    PluginArgs args{prov.info.name, m.section(prov.info.name), device, mesh, rank};
     created[slot] = loader.create(prov.origin, args, &prov.info);
   }
   SlotProvider& par = s.providers.at(LCX_SLOT_PARALLELISM);

@@ -46,8 +46,9 @@ std::vector<std::string> requested_plugins(const Manifest& m, const std::vector<
 // Parallelism provider, kept beneath the first until resolve_slots asks which stacks over which.
 std::map<uint32_t, SlotProvider> plan_slots(const Manifest& m, const PluginLoader& loader,
                                             const std::vector<std::string>& disabled);
-// Creates the providers; `mesh` is the [distributed] shape the plugins are created for (PluginArgs).
+// Creates the providers; `mesh` is the [distributed] shape the plugins are created for and `rank`
+// the world rank they serve (PluginArgs).
 SlotSet resolve_slots(const Manifest& m, const PluginLoader& loader, const std::vector<std::string>& disabled,
-                      Device device, const MeshShape& mesh = {});
+                      Device device, const MeshShape& mesh = {}, int rank = 0);
 
 }  // namespace lcx

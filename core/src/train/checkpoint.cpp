@@ -167,8 +167,14 @@ std::vector<std::string> list_checkpoints(const std::string& output_dir) {
 }
 
 static std::string optimizer_file(const RankIO& io) {
-  return io.sharded ? str("optimizer-rank", io.rank, "-of-", io.size, ".safetensors") : "optimizer.safetensors";
+  if (io.sharded) return str("optimizer-rank", io.rank, "-of-", io.size, ".safetensors");
+  if (io.ep > 1) return str("optimizer-experts", expert_index(MeshShape{.ep = io.ep}, io.rank), "-of-", io.ep, ".safetensors");
+  return "optimizer.safetensors";
 }
+
+// Whether this rank writes an optimizer file: rank 0, each shard's rank, or each of the first
+// expert-parallel group's ranks (the other groups hold the same experts' state).
+static bool writes_optimizer(const RankIO& io) { return io.rank == 0 || io.sharded || io.rank < io.ep; }
 
 std::string save_checkpoint(const std::string& output_dir, Model& model, const Optimizer& opt,
                             const TrainerState& state, const CheckpointContents& contents, int64_t keep,
@@ -182,7 +188,7 @@ std::string save_checkpoint(const std::string& output_dir, Model& model, const O
   // good ones before it: every rank looks at what it saves first, and all stop together.
   OptimizerState os;
   std::string bad;
-  if (io.rank == 0 || io.sharded) {
+  if (writes_optimizer(io)) {
     os = opt.state();
     for (const auto& [name, t] : os.tensors)
       if (bad.empty()) bad = first_nonfinite(name, t);
@@ -212,7 +218,7 @@ std::string save_checkpoint(const std::string& output_dir, Model& model, const O
     write_text(tmp / "manifest.toml", contents.manifest_toml);
   }
   barrier();
-  if (io.rank == 0 || io.sharded) {
+  if (writes_optimizer(io)) {
     std::vector<safetensors::NamedTensor> tensors;
     for (auto& [name, t] : os.tensors) tensors.push_back({name, t});
     safetensors::write_file((tmp / optimizer_file(io)).string(), tensors, DType::f32,
@@ -227,6 +233,7 @@ std::string save_checkpoint(const std::string& output_dir, Model& model, const O
                        {"optimizer_step", opt.steps()},
                        {"world_size", io.size},
                        {"sharded", io.sharded},
+                       {"ep", io.ep},
                        {"sequences_done", state.sequences_done},
                        {"num_tokens", state.num_tokens},
                        {"seed", state.seed},
@@ -289,6 +296,10 @@ void load_optimizer_state(const std::string& dir, Optimizer& opt, const RankIO& 
     throw Error(str(dir, " holds ", was_sharded ? str("optimizer state sharded over ", was_world, " ranks") : "whole optimizer state",
                     "; this run has ", io.sharded ? str("state sharded over ", io.size, " ranks") : "whole state"),
                 "distributed.nproc_per_node", "resume with the same number of ranks and distributed.shard_parameters");
+  const int was_ep = js.value("ep", 1);
+  if (was_ep != io.ep)
+    throw Error(str(dir, " holds optimizer state of experts split over ep = ", was_ep, " ranks; this run has ep = ", io.ep),
+                "distributed.ep", str("resume with [distributed] ep = ", was_ep));
   auto ckpt = safetensors::Checkpoint::open((fs::path(dir) / optimizer_file(io)).string());
   OptimizerState st;
   st.step = js.value("optimizer_step", js.at("step").get<int64_t>());

@@ -31,11 +31,15 @@ class Communicator;
 // Which rank writes what: rank 0 writes the model and the trainer state; with sharded parameters
 // each rank writes its own optimizer shard (optimizer-rank<r>-of-<n>.safetensors). Saving is a
 // collective when `comm` is set.
+// Under expert parallelism (ep > 1) each rank of the first expert-parallel group writes its
+// optimizer state (optimizer-experts<i>-of-<ep>.safetensors: its experts' and a copy of the rest),
+// and every rank reads the file of its place in its group.
 struct RankIO {
   int rank = 0;
   int size = 1;
   Communicator* comm = nullptr;
   bool sharded = false;
+  int ep = 1;
 };
 
 struct CheckpointContents {

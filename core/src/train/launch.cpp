@@ -51,7 +51,7 @@ void log_recipe(const Run& run) {
 // One rank's run: the Run built part by part, in the order its refusals should come, then trained.
 int train_rank(const CoreConfig& cfg, const Manifest& manifest, const SlotFactory& make_slots, const TrainOptions& opts,
                Device device, RankSetup rank) {
-  Run run(cfg, make_slots(device), device, rank);
+  Run run(cfg, make_slots(device, rank.world ? rank.world->rank() : 0), device, rank);
   run.check_parallelism();
   if (run.lead()) log_device(run);
   run.open_data(cfg.data, run.lead());
@@ -121,7 +121,13 @@ int run_training(const CoreConfig& cfg, const Manifest& manifest, const SlotFact
     return codes[0];
   }
 
-  if (role == LaunchRole::single) return train_rank(cfg, manifest, make_slots, opts, device, RankSetup{});
+  if (role == LaunchRole::single) {
+    // One rank has no expert-parallel group to hand the other experts' rows to.
+    if (cfg.distributed.ep > 1)
+      throw Error(str("[distributed] ep = ", cfg.distributed.ep, " splits the experts over that many ranks, but this run has one"),
+                  "distributed.ep", "set ep = 1, or nproc_per_node (or WORLD_SIZE) to a multiple of ep");
+    return train_rank(cfg, manifest, make_slots, opts, device, RankSetup{});
+  }
   if (role == LaunchRole::launcher) {
     std::vector<std::string> argv = opts.argv;
     if (argv.empty()) throw Error("the launcher needs the command line to start its workers");

@@ -7,6 +7,7 @@
 #include "data/dataset.h"
 #include "data/tokenizer.h"
 #include "distributed/sharded_params.h"
+#include "kernels/adamw_kernel.h"
 #include "lcx/pinned.h"
 #include "lcx/error.h"
 #include "lcx/log.h"
@@ -162,11 +163,20 @@ MeshCoord Run::mesh_coord() const { return rank_.mesh ? rank_.mesh->coord() : Me
 
 int Run::seq_rank() const { return seq_index(mesh_shape(), mesh_coord()); }
 
-RankIO Run::rank_io() const { return RankIO{rank(), world_size(), rank_.world, sharded()}; }
+RankIO Run::rank_io() const { return RankIO{rank(), world_size(), rank_.world, sharded(), mesh_shape().ep}; }
 
 void Run::check_parallelism() const {
   // A plan builds no ranks: it checks the mesh the manifest asks for.
   const MeshShape shape = rank_.mesh ? mesh_shape() : configured_mesh(cfg_.distributed);
+  // ZeRO-3 shards every parameter over the world, an expert's too, while expert parallelism gives
+  // each group's ranks different experts: the two would need the experts' shards gathered over
+  // the ranks holding the same experts only, which ShardedParams does not do.
+  if (shape.ep > 1 && cfg_.distributed.shard_parameters)
+    throw Error(str("[distributed] ep = ", shape.ep, " with shard_parameters = true: ZeRO-3 does not shard experts held by "
+                    "expert parallelism"),
+                "distributed.shard_parameters",
+                "set [distributed] shard_parameters = false (each rank then holds its E/ep experts and every other "
+                "parameter whole), or ep = 1");
   const Parallelism& par = *slots_.parallel;
   auto it = slots_.providers.find(LCX_SLOT_PARALLELISM);
   const std::string name = it != slots_.providers.end() ? it->second.name : std::string("the parallelism");
@@ -358,14 +368,49 @@ std::vector<Parameter*> Run::trainable_parameters() const {
   return out;
 }
 
-double Run::grad_norm() { return shards_ ? shards_->grad_norm() : optimizer().grad_norm(); }
+double Run::grad_norm() {
+  if (shards_) return shards_->grad_norm();
+  const double norm = optimizer().grad_norm();
+  Communicator* group = rank_.mesh ? rank_.mesh->experts() : nullptr;
+  if (!group) return norm;
+  // The provider's norm counts this rank's gradients: every one but the experts' is the same on
+  // every rank after the all-reduce, while each rank of an expert-parallel group holds other
+  // experts'. Their squares are summed over the group, so each expert counts once, as on one rank.
+  double mine = 0;
+  for (Parameter* p : trainable_parameters())
+    if (p->expert_shard) mine += adamw::sum_squares(p->grad);
+  double all = mine;
+  group->all_reduce(std::span<double>(&all, 1));
+  return std::sqrt(std::max(0.0, norm * norm - mine + all));
+}
 
 std::string Run::save(const TrainerState& state, const CheckpointContents& contents) {
   optimizer().synchronize();  // the weights saved are the updated ones
   if (hooks_) hooks_->gather_all();
-  std::string dir =
-      save_checkpoint(cfg_.run.output_dir, model(), optimizer(), state, contents, cfg_.train.keep_checkpoints, rank_io(),
-                      slots_.adapter->active() ? slots_.adapter.get() : nullptr);
+  // Under expert parallelism rank 0 writes every expert, as it writes ZeRO-3's gathered
+  // parameters: each layer's experts gathered over its group (rank order is expert order) for the
+  // save, then its own again. Only the first group's ranks take part; the others hold copies.
+  std::vector<std::pair<Parameter*, Tensor>> own;
+  Communicator* group = rank_.mesh ? rank_.mesh->experts() : nullptr;
+  if (group && rank() < group->size())
+    for (Parameter* p : model().parameters()) {
+      if (!p->expert_shard) continue;
+      Shape shape = p->value.shape();
+      shape[0] *= group->size();
+      Tensor whole = Tensor::empty(shape, p->value.dtype(), p->value.device(), MemoryCategory::weights);
+      group->all_gather(p->value, whole);
+      own.emplace_back(p, p->value);
+      p->value = whole;
+    }
+  std::string dir;
+  try {
+    dir = save_checkpoint(cfg_.run.output_dir, model(), optimizer(), state, contents, cfg_.train.keep_checkpoints,
+                          rank_io(), slots_.adapter->active() ? slots_.adapter.get() : nullptr);
+  } catch (...) {
+    for (auto& [p, v] : own) p->value = v;
+    throw;
+  }
+  for (auto& [p, v] : own) p->value = v;
   if (hooks_) hooks_->release_all();
   return dir;
 }

@@ -6,6 +6,7 @@
 #include <sys/resource.h>
 #include <unistd.h>
 
+#include <algorithm>
 #include <chrono>
 #include <cmath>
 #include <cstdio>
@@ -15,6 +16,7 @@
 #include <future>
 #include <memory>
 #include <nlohmann/json.hpp>
+#include <span>
 
 #include "data/dataset.h"
 #include "lcx/clock.h"
@@ -246,6 +248,19 @@ void Trainer::forward_backward_step(const Batch& batch, StepRecord& r) {
     if (r.valid > 0) {
       // The step trains the mean of its sequences' auxiliary losses (a mixture of experts').
       const double aux_weight = 1.0 / static_cast<double>(batch.sequences.size());
+      // Expert parallelism: every rank of a group takes part in each pass's exchanges, so a rank
+      // with fewer of the step's sequences than another of its group (an epoch's short last step)
+      // runs the difference as passes over the step's first sequence that weigh nothing (loss
+      // and auxiliary weights 0: their gradients are zeros, their losses not counted).
+      size_t passes = mine_end - mine_begin;
+      if (Communicator* group = run_.mesh() ? run_.mesh()->experts() : nullptr) {
+        std::vector<double> counts(static_cast<size_t>(group->size()), 0.0);
+        counts[static_cast<size_t>(group->rank())] = static_cast<double>(passes);
+        group->all_reduce(std::span<double>(counts));
+        passes = static_cast<size_t>(*std::max_element(counts.begin(), counts.end()));
+      }
+      for (size_t j = mine_end; j < mine_begin + passes; ++j)
+        lcx::train_step(run_.step(), run_.slots().parallel->shard(batch.sequences[0], run_.seq_rank()), 0.0, device, 0.0);
       for (size_t j = mine_begin; j < mine_end; ++j) {
         const double t0 = now_s();
         Shard shard = run_.slots().parallel->shard(batch.sequences[j], run_.seq_rank());
@@ -286,8 +301,10 @@ void Trainer::reduce_across_ranks(StepRecord& r) {
     ProfilePhase phase(StepPhase::communication);
     allocator_for(run_.device()).recorder().set_tag("communication");
     world->all_reduce(std::span<double>(sums, 3));
+    // An expert shard's gradient is summed over the ranks holding the same experts only.
+    Communicator* replicas = run_.mesh() ? run_.mesh()->expert_replicas() : nullptr;
     if (!run_.sharded())
-      for (Parameter* p : run_.trainable_parameters()) world->all_reduce(p->grad);
+      for (Parameter* p : run_.trainable_parameters()) (p->expert_shard && replicas ? *replicas : *world).all_reduce(p->grad);
   }
   r.loss_sum = sums[0];
   r.stop = sums[1] > 0;

@@ -20,8 +20,9 @@ struct TrainOptions {
 };
 
 // Each rank creates its own slot objects (a plugin may hold per-rank state), after its mesh is
-// bound, so a Parallelism plugin finds its communicators.
-using SlotFactory = std::function<SlotSet(Device)>;
+// bound, so a Parallelism plugin finds its communicators; `rank` is its world rank (a model under
+// expert parallelism builds only its experts).
+using SlotFactory = std::function<SlotSet(Device, int rank)>;
 
 // Returns the process exit code: 0 when the run finished, 130 when it stopped on a signal after
 // saving (a second signal ends the process at once: see stop_signal.h). Prepares the run folder

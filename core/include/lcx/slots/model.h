@@ -79,6 +79,10 @@ struct Parameter {
   // Not trained (the Adapter slot froze it): no gradient tensor, no optimizer state, and the
   // backward computes no gradient for it.
   bool frozen = false;
+  // This rank's share of a layer's experts under expert parallelism (MeshShape::ep > 1): its
+  // gradient is summed over the ranks holding the same experts (Mesh::expert_replicas), not the
+  // world, and counts once per expert-parallel group in the gradient's norm.
+  bool expert_shard = false;
 };
 
 struct StepContext {
@@ -101,6 +105,10 @@ struct StepContext {
   // The ranks that share this sequence (cp x sp), for statistics over the whole sequence (the
   // load-balancing loss's); null where one rank holds it.
   class Communicator* sequence = nullptr;
+  // The expert-parallel group ([distributed] ep consecutive ranks, each holding E/ep of every
+  // sparse layer's experts), through which a sparse layer sends its tokens' rows to the ranks
+  // holding their experts; null where every rank holds every expert.
+  class Communicator* experts = nullptr;
 };
 
 class Model : public Plugin {
