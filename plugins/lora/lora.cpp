@@ -327,14 +327,24 @@ class Lora final : public Adapter {
                per * (shards > 1 ? 4 : gb), plan_phase::always);
       plan.parameters += all;
       plan.gemm_parameters += all;
-      const int64_t tile = in.recipe.get("qwen3", "moe_tile_rows", 0) > 0
-                               ? std::min<int64_t>(in.tokens_per_rank, in.recipe.get("qwen3", "moe_tile_rows", 0))
-                               : in.tokens_per_rank;
-      const int64_t rows = tile * std::max<int64_t>(1, c.num_experts_per_tok);
-      plan.add("lora_expert_forward", "LoRA on the experts: u = x A_e^T [rows, r]", PlanCategory::transient,
-               rows * o_.r * ab, plan_phase::forward);
-      plan.add("lora_expert_backward", "LoRA on the experts: u and g = scale dy B_e [rows, r]", PlanCategory::transient,
-               2 * rows * o_.r * ab, plan_phase::mlp_backward);
+      // The [rows, r] products (u = x A_e^T, g = scale dy B_e) live one at a time, each beside
+      // buffers the sparse layer's plan (qwen3_plan.cpp, "moe_backward") already holds at its widest
+      // moment but one: down's backward, beside the experts' inputs, gate, up, silu*up, dact and
+      // the outputs' gradients (2H + 4I columns). There the product adds r columns, which raise
+      // the layer's peak only where that moment is (or becomes) its widest; every other product
+      // comes where [rows, I] buffers (I >= r) were just released, in the forward as in the backward.
+      if (target(Linear::down_proj)) {
+        const int64_t tile = in.recipe.get("qwen3", "moe_tile_rows", 0) > 0
+                                 ? std::min<int64_t>(in.tokens_per_rank, in.recipe.get("qwen3", "moe_tile_rows", 0))
+                                 : in.tokens_per_rank;
+        const int64_t tk = tile * std::max<int64_t>(1, c.num_experts_per_tok), ep = std::max<int64_t>(1, in.ep), R = tk * ep;
+        const int64_t widest = ep == 1 ? tk * std::max({3 * H + 3 * Im, 2 * H + 4 * Im, H + 5 * Im})
+                                       : std::max({R * (2 * H + 3 * Im) + tk * H, R * (2 * H + 4 * Im), R * (H + 5 * Im)});
+        const int64_t extra = std::max<int64_t>(0, R * (2 * H + 4 * Im + o_.r) - widest) * ab;
+        if (extra > 0)
+          plan.add("lora_expert_backward", "LoRA on the experts: down's [rows, r] product beside its backward's widest moment",
+                   PlanCategory::transient, extra, plan_phase::mlp_backward);
+      }
       const double t = static_cast<double>(in.tokens_per_rank * std::max<int64_t>(1, c.num_experts_per_tok)),
                    rr = static_cast<double>(o_.r);
       for (int m = static_cast<int>(Linear::gate_proj); m < kLinearCount; ++m) {
