@@ -208,7 +208,7 @@ class Lora final : public Adapter {
     const std::string from = !ctx.resume_dir.empty() ? ctx.resume_dir : o_.init_from;
     if (!from.empty()) load_from(from, model, base, ctx.resume_dir.empty());
     log::info(str("lora: r ", o_.r, ", alpha ", o_.alpha, o_.use_rslora ? " (rsLoRA)" : "", ", scale ", o_.scale(), " on ",
-                  targets_text(), ": ", count, " adapter parameters", trained ? str(" + ", trained, " trained whole (",
+                  targets_text(), o_.experts ? str(" and every expert (", local_experts_, " on this rank)") : std::string(), ": ", count, " adapter parameters", trained ? str(" + ", trained, " trained whole (",
                   joined(*o_.modules_to_save), ")") : std::string(), "; the base's ", base_count(model) - trained,
                   " frozen", from.empty() ? std::string() : str("; from ", from)));
   }
@@ -327,6 +327,13 @@ class Lora final : public Adapter {
                per * (shards > 1 ? 4 : gb), plan_phase::always);
       plan.parameters += all;
       plan.gemm_parameters += all;
+      if (shards > 1) {  // ZeRO-3: a sparse layer's expert factors gathered around its work, as the others are
+        plan.add("lora_expert_gathered_layer", "one sparse layer's gathered LoRA factors of the experts",
+                 PlanCategory::communication, ne * ab, plan_phase::forward);
+        for (const char* phase : {plan_phase::mlp_backward, plan_phase::backward})
+          plan.add("lora_expert_gathered_layer_grads", "one sparse layer's gathered LoRA factors of the experts + full fp32 grads",
+                   PlanCategory::communication, ne * (ab + 4), phase);
+      }
       // The [rows, r] products (u = x A_e^T, g = scale dy B_e) live one at a time, each beside
       // buffers the sparse layer's plan (qwen3_plan.cpp, "moe_backward") already holds at its widest
       // moment but one: down's backward, beside the experts' inputs, gate, up, silu*up, dact and

@@ -181,8 +181,8 @@ TEST_F(MoeTrain, ExpertParallelTrainsAsOneRankAndResumes) {
   EXPECT_NE(four.output.find("does not divide the model's 6 experts"), std::string::npos) << four.output;
 }
 
-// LoRA with the experts adapted: one rank with 2 sequences a step, and ep 2 across dp 2 (each rank
-// holding 3 experts' factors), train alike; the ep run's checkpoints gather every expert's factors
+// LoRA with the experts adapted: one rank with 2 sequences a step, ZeRO-3 over dp 2, and ep 2
+// across dp 2 (each rank holding 3 experts' factors), train alike; the ep run's checkpoints gather every expert's factors
 // to rank 0 (PEFT's per-expert keys), equal to one rank's, and a resume from step 2 repeats step 3
 // bit for bit.
 TEST_F(MoeTrain, ExpertLoraTrainsOnExpertRanksAsOneRankAndResumes) {
@@ -205,7 +205,18 @@ TEST_F(MoeTrain, ExpertLoraTrainsOnExpertRanksAsOneRankAndResumes) {
     const double loss = one.rows[i].at("loss").get<double>();
     EXPECT_NEAR(ep.rows[i].at("loss").get<double>(), loss, 1e-5 * loss) << "step " << i + 1;
   }
+  // ZeRO-3 over dp 2 (ep 1): the experts' factors sharded with the rest, gathered per layer.
+  const Result zero3 = train("lora_zero3", {"lora"}, "save_steps = 3\n", lora + "[distributed]\nnproc_per_node = 2\n");
+  ASSERT_EQ(zero3.exit_code, 0) << zero3.output;
+  ASSERT_EQ(zero3.rows.size(), 3u);
+  for (size_t i = 0; i < 3; ++i) {
+    const double loss = one.rows[i].at("loss").get<double>();
+    EXPECT_NEAR(zero3.rows[i].at("loss").get<double>(), loss, 1e-5 * loss) << "ZeRO-3, step " << i + 1;
+  }
   const auto want = adapter("lora_one"), got = adapter("lora_ep");
+  const auto sharded = adapter("lora_zero3");
+  ASSERT_EQ(sharded.size(), want.size());
+  for (const auto& [name, v] : want) EXPECT_LE(test::rel_l2(sharded.at(name), v), 1e-4) << "ZeRO-3 " << name;
   ASSERT_EQ(got.size(), want.size());
   EXPECT_TRUE(want.count("base_model.model.model.layers.1.mlp.experts.5.down_proj.lora_B.weight"));
   double worst = 0;

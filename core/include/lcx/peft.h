@@ -3,7 +3,8 @@
 // the merge of an adapter into its base Hugging Face checkpoint (W + scale * B @ A).
 //
 // Only what lcx's Qwen3 can adapt is accepted: the seven linear projections of a decoder layer
-// (q_proj k_proj v_proj o_proj gate_proj up_proj down_proj), bias "none", one rank and one alpha for
+// (q_proj k_proj v_proj o_proj gate_proj up_proj down_proj; a sparse layer's gate/up/down per
+// expert, "mlp.experts.5.gate_proj"), bias "none", one rank and one alpha for
 // every module. Everything else is refused naming the adapter_config.json key or the tensor.
 #pragma once
 #include <cstdint>

@@ -52,6 +52,14 @@ std::string joined(const std::vector<std::string>& v) {
   return s;
 }
 
+// The names in first-seen order, each once.
+std::string joined_once(const std::vector<std::string>& v) {
+  std::vector<std::string> once;
+  for (const auto& x : v)
+    if (std::find(once.begin(), once.end(), x) == once.end()) once.push_back(x);
+  return joined(once);
+}
+
 // "model.layers.3.self_attn.q_proj.lora_A.weight" -> layer 3, "q_proj", 'A'; false when `rest` is
 // not of that form.
 bool parse_lora_name(const std::string& rest, int64_t& layer, std::string& module, char& which, int64_t& expert) {
@@ -400,7 +408,8 @@ void merge(const std::string& base_dir, const std::string& adapter_dir, const st
 
   const float scale = static_cast<float>(adapter.config.scale());
   std::map<int64_t, std::pair<size_t, std::vector<std::string>>> per_layer;  // done count, modules
-  for (const auto& p : adapter.pairs) per_layer[p.layer].second.push_back(p.module);
+  // An expert's matrix shows once per layer as "experts.gate_proj", however many experts.
+  for (const auto& p : adapter.pairs) per_layer[p.layer].second.push_back(p.expert >= 0 ? "experts." + p.module : p.module);
   std::vector<Tensor> merged(adapter.pairs.size());
   std::atomic<size_t> next{0};
   std::mutex mu;
@@ -420,7 +429,7 @@ void merge(const std::string& base_dir, const std::string& adapter_dir, const st
         if (++done == modules.size() && options.progress) {
           ++layers_done;
           std::fprintf(stderr, "merge: layer %lld (%s) done, %zu of %zu layers\n", static_cast<long long>(p.layer),
-                       joined(modules).c_str(), layers_done, per_layer.size());
+                       joined_once(modules).c_str(), layers_done, per_layer.size());
         }
       } catch (const std::exception& e) {
         std::lock_guard<std::mutex> lock(mu);
