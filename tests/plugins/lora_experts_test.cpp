@@ -186,6 +186,29 @@ TEST(LoraExperts, SavedFilesMergeAndLoadBack) {
   EXPECT_NEAR(got, want, 1e-5 * std::abs(want));
   std::printf("adapted experts %.7f, merged base %.7f (rel %.2e)\n", want, got, std::abs(got - want) / std::abs(want));
 
+  // `lcx-train merge` itself: the same tensors, each layer's experts named once in its progress line.
+  const fs::path cli_dir = test::temp_dir("lora-experts-cli") / "merged";
+  const auto c = test::run_command(test::lcx_train() + " merge --base " + base_dir.string() + " --adapter " +
+                                   adapter_dir.string() + " --out " + cli_dir.string());
+  ASSERT_EQ(c.exit_code, 0) << c.output;
+  EXPECT_NE(c.output.find("merge: layer 1 (q_proj k_proj v_proj o_proj experts.gate_proj experts.up_proj "
+                          "experts.down_proj) done"),
+            std::string::npos)
+      << c.output;
+  const auto lib = safetensors::Checkpoint::open((merged_dir / "model.safetensors").string()),
+             cli = safetensors::Checkpoint::open((cli_dir / "model.safetensors").string());
+  for (const auto& n : lib.names()) EXPECT_EQ(cli.load(n, DType::f32).to_floats(), lib.load(n, DType::f32).to_floats()) << n;
+  // Expert 2's merged gate_proj is W_2 + scale * B_2 A_2.
+  {
+    const LowRank* g = a.lora->find_experts(1, Linear::gate_proj);
+    std::vector<float> w = safetensors::Checkpoint::open((base_dir / "model.safetensors").string())
+                               .load("model.layers.1.mlp.experts.2.gate_proj.weight", DType::f32)
+                               .to_floats();
+    const std::vector<float> av = g->a->value.rows(2, 3).to_floats(), bv = g->b->value.rows(2, 3).to_floats();
+    peft::add_low_rank(w.data(), bv.data(), av.data(), 12, 24, 2, g->scale);
+    EXPECT_EQ(lib.load("model.layers.1.mlp.experts.2.gate_proj.weight", DType::f32).to_floats(), w);
+  }
+
   Adapted back(std::string(kLora) + "\ninit_from = \"" + adapter_dir.string() + "\"", nullptr, 0, false);
   const std::vector<Parameter*> x = a.lora->parameters(), y = back.lora->parameters();
   ASSERT_EQ(x.size(), y.size());

@@ -97,9 +97,11 @@ bool parse_lora_name(const std::string& rest, int64_t& layer, std::string& modul
         which = w;
         return true;
       }
-    // A projection lcx does not adapt: reported by its short name.
+    // A projection lcx does not adapt: reported by its short name, or by its whole path where the
+    // short name is one lcx adapts elsewhere ("mlp.experts.5.q_proj" is no q_proj).
     const size_t dot = path.rfind('.');
     module = dot == std::string::npos ? path : path.substr(dot + 1);
+    if (module_rank(module) >= 0) module = path;
     which = w;
     return true;
   }
