@@ -204,6 +204,9 @@ TEST_F(MoeTrain, ExpertLoraTrainsOnExpertRanksAsOneRankAndResumes) {
   for (size_t i = 0; i < 3; ++i) {
     const double loss = one.rows[i].at("loss").get<double>();
     EXPECT_NEAR(ep.rows[i].at("loss").get<double>(), loss, 1e-5 * loss) << "step " << i + 1;
+    // The gradient norm counts each expert's factors once, as one rank does.
+    const double norm = one.rows[i].at("grad_norm").get<double>();
+    EXPECT_NEAR(ep.rows[i].at("grad_norm").get<double>(), norm, 1e-4 * norm) << "step " << i + 1;
   }
   // ZeRO-3 over dp 2 (ep 1): the experts' factors sharded with the rest, gathered per layer.
   const Result zero3 = train("lora_zero3", {"lora"}, "save_steps = 3\n", lora + "[distributed]\nnproc_per_node = 2\n");
@@ -212,6 +215,8 @@ TEST_F(MoeTrain, ExpertLoraTrainsOnExpertRanksAsOneRankAndResumes) {
   for (size_t i = 0; i < 3; ++i) {
     const double loss = one.rows[i].at("loss").get<double>();
     EXPECT_NEAR(zero3.rows[i].at("loss").get<double>(), loss, 1e-5 * loss) << "ZeRO-3, step " << i + 1;
+    const double norm = one.rows[i].at("grad_norm").get<double>();
+    EXPECT_NEAR(zero3.rows[i].at("grad_norm").get<double>(), norm, 1e-4 * norm) << "ZeRO-3, step " << i + 1;
   }
   const auto want = adapter("lora_one"), got = adapter("lora_ep");
   const auto sharded = adapter("lora_zero3");
@@ -234,10 +239,11 @@ TEST_F(MoeTrain, ExpertLoraTrainsOnExpertRanksAsOneRankAndResumes) {
   EXPECT_EQ(resumed.rows[0].at("grad_norm"), ep.rows[2].at("grad_norm"));
   const auto again = adapter("lora_ep");
   for (const auto& [name, v] : got) EXPECT_EQ(again.at(name), v) << name;
-  std::printf("expert LoRA, ep 2 across dp 2: step 3 loss %.7f (one rank %.7f), %zu adapter tensors, worst lora_B rel L2 "
-              "%.2e; resumed step 3 loss %.7f\n",
-              ep.rows[2].at("loss").get<double>(), one.rows[2].at("loss").get<double>(), got.size(), worst,
-              resumed.rows[0].at("loss").get<double>());
+  std::printf("expert LoRA, ep 2 across dp 2: step 3 loss %.7f (one rank %.7f, ZeRO-3 %.7f), grad norm %.6f (%.6f, %.6f), "
+              "%zu adapter tensors, worst lora_B rel L2 %.2e; resumed step 3 loss %.7f\n",
+              ep.rows[2].at("loss").get<double>(), one.rows[2].at("loss").get<double>(), zero3.rows[2].at("loss").get<double>(),
+              ep.rows[2].at("grad_norm").get<double>(), one.rows[2].at("grad_norm").get<double>(),
+              zero3.rows[2].at("grad_norm").get<double>(), got.size(), worst, resumed.rows[0].at("loss").get<double>());
 }
 
 }  // namespace
