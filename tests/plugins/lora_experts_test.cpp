@@ -4,7 +4,8 @@
 // loss plus the load-balancing loss), the frozen experts (no gradient); the adapted model's loss
 // against the base merged by `lcx-train merge`'s code (W_e + scale * B_e A_e written per expert
 // into a Hub checkpoint) as an independent reference; the PEFT files (per-expert keys) saved and
-// read back by init_from bit for bit; ep 2 thread-ranks against one rank; the refusals by key.
+// read back by init_from bit for bit; ep 2 thread-ranks against one rank; the refusals by key;
+// and the bf16 step against its fp32 twin.
 #include <gtest/gtest.h>
 
 #include <cmath>
@@ -55,11 +56,11 @@ struct Adapted {
   std::shared_ptr<Adapter> lora;
   std::unique_ptr<test::DefaultSlots> slots;
   explicit Adapted(const std::string& table = kLora, std::shared_ptr<Model> m = nullptr, int64_t first_expert = 0,
-                   bool randomize_b = true) {
+                   bool randomize_b = true, DType dtype = DType::f32) {
     model = m ? m : test::make_qwen3();
-    model->init_random(kSpec, 9, Device::cpu(), DType::f32);
+    model->init_random(kSpec, 9, Device::cpu(), dtype);
     lora = test::make_plugin<Adapter>("lora", table);
-    AdapterContext ctx{Device::cpu(), DType::f32, 11, ""};
+    AdapterContext ctx{Device::cpu(), dtype, 11, ""};
     ctx.first_expert = first_expert;
     lora->attach(*model, ctx);
     uint32_t seed = 100;
@@ -287,6 +288,30 @@ TEST(LoraExperts, ExpertRanksEqualOneRank) {
   EXPECT_EQ(test::thrown_by([&] { ranks[0]->lora->save(test::temp_dir("lora-experts-ep").string(), "base"); }).key,
             "lora.experts");
   std::printf("ep 2 x dp 2: loss sum %.6f (one rank %.6f), worst factor gradient rel L2 %.2e\n", loss[0], want, worst);
+}
+
+// The step in bf16 (the factors, the experts' rows and their [rows, r] products in bf16, the
+// factors' gradients fp32) against its fp32 twin on the same bf16-rounded values: the loss to
+// bf16's resolution, every expert factor's gradient loosely (a near tie of the router may send a
+// token elsewhere in bf16, as qwen3_moe_test says).
+TEST(LoraExperts, Bf16MatchesTheFp32Twin) {
+  Adapted lo(kLora, nullptr, 0, true, DType::bf16), hi;
+  const std::vector<Parameter*> lb = lo.model->parameters(), hb = hi.model->parameters();
+  for (size_t i = 0; i < lb.size(); ++i) hb[i]->value.copy_from(lb[i]->value.to(DType::f32));
+  const std::vector<Parameter*> la = lo.lora->parameters(), ha = hi.lora->parameters();
+  for (size_t i = 0; i < la.size(); ++i) ha[i]->value.copy_from(la[i]->value.to(DType::f32));
+  const Shard shard = tokens_shard(30, 2);
+  const double want = hi.loss(shard), got = lo.loss(shard);
+  EXPECT_NEAR(got, want, 1e-2 * want);
+  double worst = 0;
+  for (size_t i = 0; i < la.size(); ++i) {
+    if (!expert_factor(*la[i])) continue;
+    EXPECT_EQ(la[i]->grad.dtype(), DType::f32) << la[i]->name;
+    const double e = test::rel_l2(la[i]->grad.to_floats(), ha[i]->grad.to_floats());
+    EXPECT_LE(e, 0.1) << la[i]->name;
+    worst = std::max(worst, e);
+  }
+  std::printf("bf16 %.5f against fp32 %.5f; worst expert factor gradient rel L2 %.2e\n", got, want, worst);
 }
 
 TEST(LoraExperts, RefusalsNameTheKey) {
