@@ -266,7 +266,7 @@ class Qwen3Model final : public Model {
         Tensor out = y.rows(t0, t1);
         const MoeRouting r = route(L, h, ctx);
         if (pass_.open) count_pass(r, ctx, load);
-        moe_forward(h, moe_weights(L), r, out, experts(ctx));
+        moe_forward(h, moe_weights(L), r, out, experts(ctx), moe_lora(L, ctx));
       }
       if (pass_.open) end_layer_count(load);
     } else {
@@ -316,7 +316,7 @@ class Qwen3Model final : public Model {
         Tensor dh = dx.rows(t0, t1);
         const MoeRouting r = route(L, h, ctx);
         moe_backward(h, moe_weights(L), r, cfg_.norm_topk_prob, dy.rows(t0, t1), aux.defined() ? &aux : nullptr, dh,
-                     grads, experts(ctx));
+                     grads, experts(ctx), moe_lora(L, ctx));
       }
     } else {
       MlpWeights grads{G(L.gate), G(L.up), G(L.down)};
@@ -576,11 +576,18 @@ class Qwen3Model final : public Model {
   MoeWeights moe_weights(const LayerParams& L) {
     return {W(L.router), W(L.experts_gate), W(L.experts_up), W(L.experts_down)};
   }
+  // The experts' adapters (Adapter::find_experts); a sparse layer has no projections of its own
+  // to adapt, so an adapter answering find() for them is refused.
+  MoeLora moe_lora(const LayerParams& L, const StepContext& ctx) const {
+    if (!ctx.adapter) return {};
+    return {ctx.adapter->find_experts(L.index, Linear::gate_proj), ctx.adapter->find_experts(L.index, Linear::up_proj),
+            ctx.adapter->find_experts(L.index, Linear::down_proj)};
+  }
   MoeRouting route(const LayerParams& L, const Tensor& h2, const StepContext& ctx) {
     if (ctx.adapter && (ctx.adapter->find(L.index, Linear::gate_proj) || ctx.adapter->find(L.index, Linear::up_proj) ||
                         ctx.adapter->find(L.index, Linear::down_proj)))
-      throw Error(str("qwen3: layer ", L.index, " is sparse; adapters on its experts are not supported"),
-                  "lora.target_modules", "target the attention projections: [\"q_proj\", \"k_proj\", \"v_proj\", \"o_proj\"]");
+      throw Error(str("qwen3: layer ", L.index, " is sparse; its MLP is experts, adapted per expert (find_experts)"),
+                  "lora.experts", "set [lora] experts = true to adapt the experts");
     return moe_route(h2, W(L.router), cfg_.num_experts_per_tok, cfg_.norm_topk_prob);
   }
   // The load-balancing loss over one forward pass, as transformers' load_balancing_loss_func with

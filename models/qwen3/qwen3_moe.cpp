@@ -118,7 +118,29 @@ struct ExpertActs {
   Tensor xs, gate, up, act;
 };
 
-ExpertActs expert_acts(const Tensor& xs, const MoeWeights& w, std::span<const int64_t> off) {
+// y_rows (+)= scale * (x_rows A_e^T) B_e^T: u [n, r] then the update onto y (beta 1: y holds the
+// base GEMM's product).
+void lora_rows(const Tensor& x, const LowRank& lr, std::span<const int64_t> off, Tensor& y) {
+  Tensor u = like({x.size(0), lr.rank()}, x);
+  ops::grouped_matmul(x, lr.a->value, true, off, u);
+  ops::grouped_matmul(u, lr.b->value, true, off, y, lr.scale, 1.f);
+}
+
+// The backward of lora_rows over rows x [n, in] with dy [n, out]: u again, dB_e += scale dy_e^T u_e,
+// g = scale dy B_e, dA_e += g_e^T x_e, dx += g A_e (dx holding the base GEMM's part).
+void lora_rows_backward(const Tensor& x, const Tensor& dy, const LowRank& lr, std::span<const int64_t> off, Tensor& dx) {
+  const int64_t n = x.size(0), r = lr.rank();
+  Tensor u = like({n, r}, x);
+  ops::grouped_matmul(x, lr.a->value, true, off, u);
+  if (lr.b->grad.defined()) ops::grouped_matmul_wgrad(dy, u, off, lr.b->grad, lr.scale, 1.f);
+  u = Tensor();
+  Tensor g = like({n, r}, x);
+  ops::grouped_matmul(dy, lr.b->value, false, off, g, lr.scale, 0.f);
+  if (lr.a->grad.defined()) ops::grouped_matmul_wgrad(g, x, off, lr.a->grad, 1.f, 1.f);
+  ops::grouped_matmul(g, lr.a->value, false, off, dx, 1.f, 1.f);
+}
+
+ExpertActs expert_acts(const Tensor& xs, const MoeWeights& w, std::span<const int64_t> off, const MoeLora& lora) {
   const int64_t n = xs.size(0), I = w.gate.size(1);
   ExpertActs a;
   a.xs = xs;
@@ -128,6 +150,8 @@ ExpertActs expert_acts(const Tensor& xs, const MoeWeights& w, std::span<const in
   if (n == 0) return a;
   ops::grouped_matmul(a.xs, w.gate, true, off, a.gate);
   ops::grouped_matmul(a.xs, w.up, true, off, a.up);
+  if (lora.gate) lora_rows(a.xs, *lora.gate, off, a.gate);
+  if (lora.up) lora_rows(a.xs, *lora.up, off, a.up);
   ops::swiglu_forward(a.gate, a.up, a.act);
   return a;
 }
@@ -169,26 +193,33 @@ MoeRouting moe_route(const Tensor& h, const Tensor& router, int64_t top_k, bool 
   return r;
 }
 
-void moe_forward(const Tensor& h, const MoeWeights& w, const MoeRouting& r, Tensor& out, Communicator* experts) {
+void moe_forward(const Tensor& h, const MoeWeights& w, const MoeRouting& r, Tensor& out, Communicator* experts,
+                 const MoeLora& lora) {
   const Experts ex(r, w, experts);
-  ExpertActs a = expert_acts(ex.to(sorted_inputs(h, r)), w, ex.offsets());
+  ExpertActs a = expert_acts(ex.to(sorted_inputs(h, r)), w, ex.offsets(), lora);
   a.xs = a.gate = a.up = Tensor();
   Tensor ys = like({a.act.size(0), h.size(1)}, h);
-  if (ys.size(0) > 0) ops::grouped_matmul(a.act, w.down, true, ex.offsets(), ys);
+  if (ys.size(0) > 0) {
+    ops::grouped_matmul(a.act, w.down, true, ex.offsets(), ys);
+    if (lora.down) lora_rows(a.act, *lora.down, ex.offsets(), ys);
+  }
   a.act = Tensor();
   ys = ex.back(ys);
   if (h.size(0) > 0) ops::moe_combine(ys, r.position, r.weights, out);
 }
 
 void moe_backward(const Tensor& h, const MoeWeights& w, const MoeRouting& r, bool norm_topk, const Tensor& dout,
-                  const Tensor* aux_grad, Tensor& dh, MoeWeights& grads, Communicator* experts) {
+                  const Tensor* aux_grad, Tensor& dh, MoeWeights& grads, Communicator* experts, const MoeLora& lora) {
   const int64_t T = h.size(0), H = h.size(1), n = r.order.numel(), k = r.weights.size(1), I = w.gate.size(1);
   const Experts ex(r, w, experts);
   const std::span<const int64_t> off = ex.offsets();
-  ExpertActs a = expert_acts(ex.to(sorted_inputs(h, r)), w, off);
+  ExpertActs a = expert_acts(ex.to(sorted_inputs(h, r)), w, off, lora);
   const int64_t R = a.xs.size(0);  // the rows this rank's experts run
   Tensor ys = like({R, H}, h);
-  if (R > 0) ops::grouped_matmul(a.act, w.down, true, off, ys);
+  if (R > 0) {  // the forward's very GEMMs, in its order: the same bits
+    ops::grouped_matmul(a.act, w.down, true, off, ys);
+    if (lora.down) lora_rows(a.act, *lora.down, off, ys);
+  }
   ys = ex.back(ys);
   // The combine: each slot's output gradient (its weight times its token's) and each weight's.
   Tensor dys = like({n, H}, h);
@@ -200,19 +231,21 @@ void moe_backward(const Tensor& h, const MoeWeights& w, const MoeRouting& r, boo
   Tensor dact = like({R, I}, h);
   if (R > 0) ops::grouped_matmul(dys, w.down, false, off, dact);
   if (grads.down.defined() && R > 0) ops::grouped_matmul_wgrad(dys, a.act, off, grads.down);
+  if (lora.down && R > 0) lora_rows_backward(a.act, dys, *lora.down, off, dact);
   dys = a.act = Tensor();
   Tensor dgate = like({R, I}, h), dup = like({R, I}, h);
   if (R > 0) ops::swiglu_backward(a.gate, a.up, dact, dgate, dup);
   dact = a.gate = a.up = Tensor();
   if (grads.gate.defined() && R > 0) ops::grouped_matmul_wgrad(dgate, a.xs, off, grads.gate);
   if (grads.up.defined() && R > 0) ops::grouped_matmul_wgrad(dup, a.xs, off, grads.up);
-  a.xs = Tensor();
   Tensor dxs = like({R, H}, h);
   if (R > 0) {
     ops::grouped_matmul(dgate, w.gate, false, off, dxs);
     ops::grouped_matmul(dup, w.up, false, off, dxs, 1.f, 1.f);
+    if (lora.gate) lora_rows_backward(a.xs, dgate, *lora.gate, off, dxs);
+    if (lora.up) lora_rows_backward(a.xs, dup, *lora.up, off, dxs);
   }
-  dgate = dup = Tensor();
+  dgate = dup = a.xs = Tensor();
   dxs = ex.back(dxs);
   if (T == 0) return;
   // Back to the tokens: each token's k slots summed (the gather's backward), in slot order.

@@ -28,6 +28,7 @@
 #include <cstdint>
 #include <vector>
 
+#include "lcx/slots/adapter.h"
 #include "lcx/tensor.h"
 
 namespace lcx {
@@ -43,6 +44,18 @@ struct MoeWeights {
                            // (under expert parallelism this rank's E/ep experts: [E/ep, ...])
 };
 
+// Low-rank adapters on the experts (Adapter::find_experts), each null where not adapted: the
+// factors of this rank's experts, A [E_local, r, in], B [E_local, out, r]. Expert e's rows x_e get
+//   gate_e = x_e Wg[e]^T + scale * (x_e Ag[e]^T) Bg[e]^T   (up and down alike)
+// as two more grouped GEMMs over the same sorted rows (the rank r inner), and the backward
+// accumulates the factors' gradients (grouped wgrad), never the frozen experts'.
+struct MoeLora {
+  const LowRank* gate = nullptr;
+  const LowRank* up = nullptr;
+  const LowRank* down = nullptr;
+  bool any() const { return gate || up || down; }
+};
+
 // One routing of T tokens: what the forward and the backward share.
 struct MoeRouting {
   Tensor probs;               // fp32 [T,E], the whole softmax
@@ -56,10 +69,12 @@ struct MoeRouting {
 MoeRouting moe_route(const Tensor& h, const Tensor& router, int64_t top_k, bool norm_topk);
 // out [T,H] = the block's output for h [T,H] under routing r. experts: the expert-parallel group
 // (w holds this rank's experts), or null where w holds every expert.
-void moe_forward(const Tensor& h, const MoeWeights& w, const MoeRouting& r, Tensor& out, Communicator* experts = nullptr);
+void moe_forward(const Tensor& h, const MoeWeights& w, const MoeRouting& r, Tensor& out, Communicator* experts = nullptr,
+                 const MoeLora& lora = {});
 // Writes dh [T,H] and accumulates the weights' gradients (those defined). aux_grad (fp32 [E], or
 // null): the load-balancing loss's gradient with respect to every token's probability of expert e.
 void moe_backward(const Tensor& h, const MoeWeights& w, const MoeRouting& r, bool norm_topk, const Tensor& dout,
-                  const Tensor* aux_grad, Tensor& dh, MoeWeights& grads, Communicator* experts = nullptr);
+                  const Tensor* aux_grad, Tensor& dh, MoeWeights& grads, Communicator* experts = nullptr,
+                  const MoeLora& lora = {});
 
 }  // namespace lcx::qwen3

@@ -7,6 +7,13 @@
 // PEFT does: a module whose name ends with the entry), which train whole (LongLoRA's embeddings
 // and norms).
 //
+// With experts = true, a sparse layer's (mixture of experts) gate_proj, up_proj and down_proj
+// are adapted per expert: A [E_local, r, in] and B [E_local, out, r] stacked by the experts this
+// rank holds, as the experts' weights are, and the layer runs them as grouped GEMMs over each
+// expert's rows (qwen3_moe.cpp). Their files are PEFT's per-expert keys
+// ("model.layers.3.mlp.experts.5.gate_proj.lora_A.weight"), which merge folds into the Hub's
+// per-expert weights.
+//
 // Files are PEFT's: a checkpoint holds adapter_config.json and adapter_model.safetensors with
 // PEFT's key names (lcx/peft.h); init_from starts from such a folder, and `lcx-train merge`
 // folds one into its base.
@@ -40,6 +47,8 @@ struct LoraOptions {
   bool use_rslora = false;
   std::array<bool, kLinearCount> targets{};
   bool all_linear = false;
+  // A sparse layer's experts adapted too (per expert) where target_modules names their projections.
+  bool experts = false;
   std::optional<std::vector<std::string>> modules_to_save;
   std::string init_from;
   std::string table = "lora";
@@ -106,6 +115,14 @@ class Lora final : public Adapter {
     saved_.clear();
     layers_.assign(static_cast<size_t>(cfg.num_layers), {});
     has_.assign(layers_.size() * kLinearCount, false);
+    experts_.assign(layers_.size(), {});
+    has_experts_.assign(layers_.size() * kLinearCount, false);
+    first_expert_ = ctx.first_expert;
+    local_experts_ = 0;
+    num_experts_ = cfg.num_experts;
+    if (o_.experts && cfg.sparse_layers() == 0)
+      throw Error(str("lora: ", o_.key("experts"), " = true, but this model has no experts (no sparse layer)"),
+                  o_.key("experts"), "set experts = false (a dense model's MLP is adapted by target_modules alone)");
     int64_t count = 0;
     for (int64_t l = 0; l < cfg.num_layers; ++l) {
       // q, k and v read one input, as gate and up do: the A's of each set that is adapted twice
@@ -135,10 +152,15 @@ class Lora final : public Adapter {
         // A sparse layer's experts (mixture of experts) are no linear modules of their own, as in
         // transformers 5: "all-linear" passes them by, as PEFT does; named, they are refused.
         const bool sparse = cfg.sparse(l) && m >= static_cast<int>(Linear::gate_proj);
+        if (sparse && o_.experts) {
+          count += attach_experts(static_cast<int>(l), static_cast<Linear>(m), base, cfg, ctx);
+          continue;
+        }
         if (sparse && o_.all_linear) continue;
         if (sparse)
-          throw Error(str("lora: layer ", l, " is sparse (mixture of experts): its experts' ", module, " take no adapter"),
-                      o_.key("target_modules"), "target the attention projections, or \"all-linear\" (the experts left out)");
+          throw Error(str("lora: layer ", l, " is sparse (mixture of experts): its experts' ", module,
+                          " take an adapter only with ", o_.key("experts"), " = true"),
+                      o_.key("experts"), "set experts = true to adapt every expert, or target the attention projections");
         if (it == base.end())
           throw Error(str("lora: target module ", module, " has no weight ", wname, " in this model"),
                       o_.key("target_modules"), str("target the model's projections: ", joined_modules()));
@@ -186,7 +208,7 @@ class Lora final : public Adapter {
     const std::string from = !ctx.resume_dir.empty() ? ctx.resume_dir : o_.init_from;
     if (!from.empty()) load_from(from, model, base, ctx.resume_dir.empty());
     log::info(str("lora: r ", o_.r, ", alpha ", o_.alpha, o_.use_rslora ? " (rsLoRA)" : "", ", scale ", o_.scale(), " on ",
-                  targets_text(), ": ", count, " adapter parameters", trained ? str(" + ", trained, " trained whole (",
+                  targets_text(), o_.experts ? str(" and every expert (", local_experts_, " on this rank)") : std::string(), ": ", count, " adapter parameters", trained ? str(" + ", trained, " trained whole (",
                   joined(*o_.modules_to_save), ")") : std::string(), "; the base's ", base_count(model) - trained,
                   " frozen", from.empty() ? std::string() : str("; from ", from)));
   }
@@ -194,6 +216,12 @@ class Lora final : public Adapter {
   const LowRank* find(int layer, Linear which) const override {
     const size_t i = static_cast<size_t>(layer) * kLinearCount + static_cast<size_t>(which);
     return i < has_.size() && has_[i] ? &layers_[static_cast<size_t>(layer)][static_cast<size_t>(which)] : nullptr;
+  }
+
+  const LowRank* find_experts(int layer, Linear which) const override {
+    const size_t i = static_cast<size_t>(layer) * kLinearCount + static_cast<size_t>(which);
+    return i < has_experts_.size() && has_experts_[i] ? &experts_[static_cast<size_t>(layer)][static_cast<size_t>(which)]
+                                                      : nullptr;
   }
 
   std::vector<Parameter*> parameters() override {
@@ -211,6 +239,22 @@ class Lora final : public Adapter {
         if (!lr) continue;
         a.pairs.push_back({static_cast<int64_t>(l), linear_name(static_cast<Linear>(m)), to_host_f32(lr->a->value),
                            to_host_f32(lr->b->value)});
+      }
+    for (size_t l = 0; l < layers_.size(); ++l)
+      for (int m = 0; m < kLinearCount; ++m) {
+        const LowRank* lr = find_experts(static_cast<int>(l), static_cast<Linear>(m));
+        if (!lr) continue;
+        // Written by rank 0 with every expert: under expert parallelism the run gathers the
+        // factors over the group around the save (Run::save), as it gathers the experts.
+        if (lr->a->value.size(0) != num_experts_)
+          throw Error(str("lora: saving the experts' adapters needs every expert's factors; this rank holds ",
+                          lr->a->value.size(0), " of ", num_experts_, " (gather them over the expert-parallel group first)"),
+                      o_.key("experts"), "save through the run (Run::save gathers them), or train with [distributed] ep = 1");
+        const Tensor ha = to_host_f32(lr->a->value), hb = to_host_f32(lr->b->value);
+        for (int64_t e = 0; e < ha.size(0); ++e)
+          a.pairs.push_back({static_cast<int64_t>(l), linear_name(static_cast<Linear>(m)),
+                             ha.rows(e, e + 1).view({ha.size(1), ha.size(2)}).clone(),
+                             hb.rows(e, e + 1).view({hb.size(1), hb.size(2)}).clone(), e});
       }
     for (const auto& [name, p] : saved_)
       a.saved.emplace_back(name, p->value.device().is_cuda() ? p->value.to(Device::cpu()) : p->value);
@@ -267,6 +311,58 @@ class Lora final : public Adapter {
     plan.parameters += n;
     plan.gemm_parameters += n;
 
+    // The experts' factors (experts = true): per sparse layer and adapted projection, this rank's
+    // E/ep experts' A [r, in] and B [out, r]; in the layer's work, each of the layer's routed rows
+    // (T * k of them) runs u = x A_e^T [rows, r] and its update, and in the backward u again,
+    // g = scale dy B_e [rows, r] and the factors' grouped wgrads.
+    if (o_.experts && c.sparse_layers() > 0) {
+      const int64_t El = c.num_experts / std::max<int64_t>(1, in.ep), H = c.hidden_size, Im = c.moe_intermediate_size;
+      int64_t ne = 0;
+      for (int m = static_cast<int>(Linear::gate_proj); m < kLinearCount; ++m)
+        if (target(static_cast<Linear>(m))) ne += El * o_.r * (H + Im);
+      const int64_t all = ne * c.sparse_layers(), per = (all + shards - 1) / shards;
+      plan.add("lora_expert_weights", str("LoRA factors of the experts (", all, ")"), PlanCategory::weights, per * ab,
+               plan_phase::always);
+      plan.add("lora_expert_gradients", "LoRA factors of the experts' gradients", PlanCategory::gradients,
+               per * (shards > 1 ? 4 : gb), plan_phase::always);
+      plan.parameters += all;
+      plan.gemm_parameters += all;
+      if (shards > 1) {  // ZeRO-3: a sparse layer's expert factors gathered around its work, as the others are
+        plan.add("lora_expert_gathered_layer", "one sparse layer's gathered LoRA factors of the experts",
+                 PlanCategory::communication, ne * ab, plan_phase::forward);
+        for (const char* phase : {plan_phase::mlp_backward, plan_phase::backward})
+          plan.add("lora_expert_gathered_layer_grads", "one sparse layer's gathered LoRA factors of the experts + full fp32 grads",
+                   PlanCategory::communication, ne * (ab + 4), phase);
+      }
+      // The [rows, r] products (u = x A_e^T, g = scale dy B_e) live one at a time, each beside
+      // buffers the sparse layer's plan (qwen3_plan.cpp, "moe_backward") already holds at its widest
+      // moment but one: down's backward, beside the experts' inputs, gate, up, silu*up, dact and
+      // the outputs' gradients (2H + 4I columns). There the product adds r columns, which raise
+      // the layer's peak only where that moment is (or becomes) its widest; every other product
+      // comes where [rows, I] buffers (I >= r) were just released, in the forward as in the backward.
+      if (target(Linear::down_proj)) {
+        const int64_t tile = in.recipe.get("qwen3", "moe_tile_rows", 0) > 0
+                                 ? std::min<int64_t>(in.tokens_per_rank, in.recipe.get("qwen3", "moe_tile_rows", 0))
+                                 : in.tokens_per_rank;
+        const int64_t tk = tile * std::max<int64_t>(1, c.num_experts_per_tok), ep = std::max<int64_t>(1, in.ep), R = tk * ep;
+        const int64_t widest = ep == 1 ? tk * std::max({3 * H + 3 * Im, 2 * H + 4 * Im, H + 5 * Im})
+                                       : std::max({R * (2 * H + 3 * Im) + tk * H, R * (2 * H + 4 * Im), R * (H + 5 * Im)});
+        const int64_t extra = std::max<int64_t>(0, R * (2 * H + 4 * Im + o_.r) - widest) * ab;
+        if (extra > 0)
+          plan.add("lora_expert_backward", "LoRA on the experts: down's [rows, r] product beside its backward's widest moment",
+                   PlanCategory::transient, extra, plan_phase::mlp_backward);
+      }
+      const double t = static_cast<double>(in.tokens_per_rank * std::max<int64_t>(1, c.num_experts_per_tok)),
+                   rr = static_cast<double>(o_.r);
+      for (int m = static_cast<int>(Linear::gate_proj); m < kLinearCount; ++m) {
+        if (!target(static_cast<Linear>(m))) continue;
+        const double inn = static_cast<double>(m == static_cast<int>(Linear::down_proj) ? Im : H),
+                     out = static_cast<double>(m == static_cast<int>(Linear::down_proj) ? H : Im);
+        plan.work.gemm_flops += static_cast<double>(c.sparse_layers()) * 2 * t * rr * (5 * inn + 4 * out);
+        plan.work.memory_bytes += static_cast<double>(c.sparse_layers()) * t * static_cast<double>(ab) * (5 * inn + 4 * out);
+      }
+    }
+
     // A layer's [T, r] products (qwen3_model.cpp): h1 @ A^T of q, k, v and the fp32 sum of
     // attn @ Ao^T live from the attention's recompute through the MLP's backward; the attention
     // backward adds scale * dx1 @ Bo and the fp32 sums of dq @ Bq (k, v) with their rounding.
@@ -321,6 +417,47 @@ class Lora final : public Adapter {
  private:
   bool target(Linear m) const { return o_.targets[static_cast<size_t>(m)]; }
 
+  // Layer l's experts' `which`: factors stacked by this rank's experts, A drawn per expert keyed by
+  // its PEFT name (Hub number), so every ep starts from the factors one rank would. Returns the
+  // factors' element count.
+  int64_t attach_experts(int l, Linear which, const std::map<std::string, Parameter*>& base, const ModelConfig& cfg,
+                         const AdapterContext& ctx) {
+    const std::string module = linear_name(which);
+    const std::string wname = str("model.layers.", l, ".mlp.experts.", module, ".weight");
+    const auto it = base.find(wname);
+    if (it == base.end() || it->second->value.dim() != 3)
+      throw Error(str("lora: layer ", l, " is sparse, but the model has no stacked experts' weight ", wname),
+                  o_.key("experts"), "set experts = false");
+    const Tensor& w = it->second->value;
+    const int64_t El = w.size(0), out = w.size(1), in = w.size(2);
+    if (o_.r > std::min(out, in))
+      throw Error(str("lora: r = ", o_.r, " is larger than an expert's ", module, " [", out, ", ", in, "] can hold"),
+                  o_.key("r"), str("use r <= ", std::min(out, in)));
+    const std::string stem = wname.substr(0, wname.size() - 7);
+    Parameter& a = add_param(stem + ".lora_A.weight", {El, o_.r, in}, ctx);
+    Parameter& b = add_param(stem + ".lora_B.weight", {El, out, o_.r}, ctx);
+    // The experts' shards: gradients summed over the ranks holding the same experts, as the experts' are.
+    a.expert_shard = b.expert_shard = it->second->expert_shard || El < cfg.num_experts;
+    Tensor ha = Tensor::empty(a.value.shape(), DType::f32, Device::cpu());
+    const float bound = 1.f / std::sqrt(static_cast<float>(in));
+    float* pa = ha.data_as<float>();
+    const int64_t per = o_.r * in;
+    for (int64_t e = 0; e < El; ++e) {
+      const uint64_t key = name_key(ctx.seed, peft::base_weight_name(l, module, ctx.first_expert + e) + ".lora_A");
+      for (int64_t i = 0; i < per; ++i) {
+        const uint64_t bits = mix(key + static_cast<uint64_t>(i));
+        const float u = static_cast<float>(bits >> 40) * (1.f / 16777216.f);
+        pa[e * per + i] = (2.f * u - 1.f) * bound;
+      }
+    }
+    set_value(a, ha);
+    b.value.zero();
+    experts_[static_cast<size_t>(l)][static_cast<size_t>(which)] = LowRank{&a, &b, static_cast<float>(o_.scale()), {}, {}, 0};
+    has_experts_[static_cast<size_t>(l) * kLinearCount + static_cast<size_t>(which)] = true;
+    local_experts_ = El;
+    return a.value.numel() + b.value.numel();
+  }
+
   // A factor of its own, or rows of a stack (value and gradient views of it).
   Parameter& add_param(const std::string& name, Shape shape, const AdapterContext& ctx, const Stack* st = nullptr) {
     Parameter p;
@@ -355,10 +492,19 @@ class Lora final : public Adapter {
     if (!fs::is_directory(dir))
       throw Error(str("lora: ", dir, " is not a folder"), key, "give a folder holding adapter_config.json and adapter_model.safetensors");
     const peft::Adapter a = peft::read_adapter(dir);
+    const int64_t E = model.config().num_experts;
     peft::check_against_base(a, model.config().num_layers, [&](const std::string& name) -> std::optional<Shape> {
       const auto it = base.find(name);
-      if (it == base.end()) return std::nullopt;
-      return it->second->value.shape();
+      if (it != base.end()) return it->second->value.shape();
+      // An expert's matrix ("...mlp.experts.5.gate_proj.weight"): a slice of the stacked experts.
+      const size_t at = name.find(".mlp.experts.");
+      if (at == std::string::npos) return std::nullopt;
+      const size_t e0 = at + 13, e1 = name.find('.', e0);
+      if (e1 == std::string::npos) return std::nullopt;
+      const int64_t e = std::stoll(name.substr(e0, e1 - e0));
+      const auto st = base.find(name.substr(0, e0) + name.substr(e1 + 1));
+      if (st == base.end() || st->second->value.dim() != 3 || e < 0 || e >= E) return std::nullopt;
+      return Shape{st->second->value.size(1), st->second->value.size(2)};
     });
     if (a.config.r != o_.r)
       throw Error(str("lora: ", dir, " holds an adapter of r = ", a.config.r, ", this run's ", o_.key("r"), " is ", o_.r),
@@ -375,13 +521,37 @@ class Lora final : public Adapter {
     if (std::abs(a.config.lora_alpha - o_.alpha) > 1e-12 || a.config.use_rslora != o_.use_rslora)
       log::warn(str("lora: ", dir, " was trained with lora_alpha ", a.config.lora_alpha, a.config.use_rslora ? " (rsLoRA)" : "",
                     "; this run scales by ", o_.key("alpha"), " = ", o_.alpha, o_.use_rslora ? " (rsLoRA)" : ""));
+    int64_t expert_pairs = 0, expected = 0;
+    for (size_t l = 0; l < layers_.size(); ++l)
+      for (int m = 0; m < kLinearCount; ++m)
+        if (find_experts(static_cast<int>(l), static_cast<Linear>(m))) expected += E;
     for (const auto& p : a.pairs) {
       const int m = static_cast<int>(std::find_if(std::begin(kModules), std::end(kModules),
                                                   [&](const char* n) { return p.module == n; }) - std::begin(kModules));
+      if (p.expert >= 0) {
+        const LowRank* lr = find_experts(static_cast<int>(p.layer), static_cast<Linear>(m));
+        if (!lr)
+          throw Error(str("lora: ", dir, " adapts layer ", p.layer, "'s experts, which this run does not (", o_.key("experts"),
+                          " = ", o_.experts ? "true" : "false", ")"),
+                      o_.key("experts"), "set experts = true");
+        ++expert_pairs;
+        const int64_t e = p.expert - first_expert_;
+        if (e < 0 || e >= local_experts_) continue;  // another expert-parallel rank's expert
+        lr->a->value.rows(e, e + 1).view(p.a.shape()).copy_from(p.a.to(lr->a->value.dtype()));
+        lr->b->value.rows(e, e + 1).view(p.b.shape()).copy_from(p.b.to(lr->b->value.dtype()));
+        continue;
+      }
       const LowRank& lr = layers_.at(static_cast<size_t>(p.layer)).at(static_cast<size_t>(m));
+      if (!lr.a)
+        throw Error(str("lora: ", dir, " adapts layer ", p.layer, "'s ", p.module, ", which this run does not"),
+                    o_.key("target_modules"), str("set ", o_.key("target_modules"), " to the adapter's"));
       set_value(*lr.a, p.a);
       set_value(*lr.b, p.b);
     }
+    if (expert_pairs != expected)
+      throw Error(str("lora: ", dir, " holds ", expert_pairs, " experts' adapters, this run adapts ", expected, " (",
+                      o_.key("experts"), " = ", o_.experts ? "true" : "false", ")"),
+                  o_.key("experts"), "set experts to match the adapter (true where it holds mlp.experts.N keys)");
     for (const auto& [name, t] : a.saved) {
       const auto it = base.find(name);
       if (it == base.end() || it->second->frozen)
@@ -432,6 +602,10 @@ class Lora final : public Adapter {
   std::deque<Parameter> params_;  // stable addresses: LowRank points into it
   std::vector<std::array<LowRank, kLinearCount>> layers_;
   std::vector<bool> has_;
+  // The experts' factors (find_experts), stacked by this rank's experts [first_expert_, + local_experts_).
+  std::vector<std::array<LowRank, kLinearCount>> experts_;
+  std::vector<bool> has_experts_;
+  int64_t first_expert_ = 0, local_experts_ = 0, num_experts_ = 0;
   std::vector<std::pair<std::string, Parameter*>> saved_;
 };
 
@@ -445,6 +619,8 @@ std::unique_ptr<Plugin> create(const PluginArgs& args) {
   c.describe("use_rslora", "rank-stabilized LoRA: scale = alpha / sqrt(r)");
   c.describe("target_modules", "the projections adapted in every layer, or \"all-linear\"",
              "a list of q_proj k_proj v_proj o_proj gate_proj up_proj down_proj, or \"all-linear\"", "\"all-linear\"");
+  c.describe("experts", "adapt a mixture-of-experts model's experts too: gate_proj, up_proj and down_proj of target_modules, per expert",
+             "true or false (true needs a model with sparse layers)", "false");
   c.describe("modules_to_save", "modules trained whole beside the adapters, matched as PEFT does (a module whose name ends with the entry)",
              "e.g. [\"embed_tokens\", \"norm\", \"lm_head\"]", "[]");
   c.describe("init_from", "a PEFT adapter folder (adapter_config.json, adapter_model.safetensors) to start from", "a folder", "\"\"");
@@ -488,6 +664,11 @@ std::unique_ptr<Plugin> create(const PluginArgs& args) {
       o.targets[static_cast<size_t>(found)] = true;
     }
   }
+  o.experts = c.get_bool("experts", false);
+  if (o.experts && !o.targets[static_cast<size_t>(Linear::gate_proj)] && !o.targets[static_cast<size_t>(Linear::up_proj)] &&
+      !o.targets[static_cast<size_t>(Linear::down_proj)])
+    c.fail("experts", "is true, but target_modules names none of the experts' projections",
+           "add gate_proj, up_proj or down_proj to target_modules (or \"all-linear\"), or set experts = false");
   if (c.has("modules_to_save")) o.modules_to_save = c.get_strings("modules_to_save", {});
   o.init_from = c.get_string("init_from", "");
   return std::make_unique<Lora>(std::move(o));

@@ -3,7 +3,9 @@
 // cp 2 x sp 2 thread-ranks, with the experts in token tiles, chunked loss and offload, as on one
 // rank with 2 sequences a step (the auxiliary loss is the mean over a step's sequences, its
 // statistics summed over the ranks sharing one); the log carries aux_loss and the experts' load;
-// a run resumes bit for bit; expert parallelism (ep 2) trains as one rank and resumes bit for bit.
+// a run resumes bit for bit; expert parallelism (ep 2) trains as one rank and resumes bit for bit;
+// LoRA on the experts ([lora] experts = true) trains on ep 2 as on one rank, its checkpoints hold
+// every expert's factors under PEFT's keys, and it resumes bit for bit.
 #include <gtest/gtest.h>
 
 #include <fstream>
@@ -177,6 +179,71 @@ TEST_F(MoeTrain, ExpertParallelTrainsAsOneRankAndResumes) {
   const Result four = train("ep_four", {}, "", "[distributed]\nnproc_per_node = 4\nep = 4\nshard_parameters = false\n");
   EXPECT_NE(four.exit_code, 0);
   EXPECT_NE(four.output.find("does not divide the model's 6 experts"), std::string::npos) << four.output;
+}
+
+// LoRA with the experts adapted: one rank with 2 sequences a step, ZeRO-3 over dp 2, and ep 2
+// across dp 2 (each rank holding 3 experts' factors), train alike; the ep run's checkpoints gather every expert's factors
+// to rank 0 (PEFT's per-expert keys), equal to one rank's, and a resume from step 2 repeats step 3
+// bit for bit.
+TEST_F(MoeTrain, ExpertLoraTrainsOnExpertRanksAsOneRankAndResumes) {
+  const std::string lora = "[lora]\nr = 4\nalpha = 8\nexperts = true\n";
+  auto adapter = [&](const std::string& name) {
+    std::map<std::string, std::vector<float>> out;
+    const fs::path f = dir / name / "checkpoint-3" / "adapter_model.safetensors";
+    if (!fs::exists(f)) return out;
+    auto st = safetensors::Checkpoint::open(f.string());
+    for (const auto& n : st.names()) out[n] = st.load(n, DType::f32).to_floats();
+    return out;
+  };
+  const Result one = train("lora_one", {"lora"}, "grad_accum = 2\nsave_steps = 3\n", lora);
+  ASSERT_EQ(one.exit_code, 0) << one.output;
+  const std::string tables = lora + "[distributed]\nnproc_per_node = 2\nep = 2\nshard_parameters = false\n";
+  const Result ep = train("lora_ep", {"lora"}, "save_steps = 1\n", tables);
+  ASSERT_EQ(ep.exit_code, 0) << ep.output;
+  ASSERT_EQ(ep.rows.size(), 3u);
+  for (size_t i = 0; i < 3; ++i) {
+    const double loss = one.rows[i].at("loss").get<double>();
+    EXPECT_NEAR(ep.rows[i].at("loss").get<double>(), loss, 1e-5 * loss) << "step " << i + 1;
+    // The gradient norm counts each expert's factors once, as one rank does.
+    const double norm = one.rows[i].at("grad_norm").get<double>();
+    EXPECT_NEAR(ep.rows[i].at("grad_norm").get<double>(), norm, 1e-4 * norm) << "step " << i + 1;
+  }
+  // ZeRO-3 over dp 2 (ep 1): the experts' factors sharded with the rest, gathered per layer.
+  const Result zero3 = train("lora_zero3", {"lora"}, "save_steps = 3\n", lora + "[distributed]\nnproc_per_node = 2\n");
+  ASSERT_EQ(zero3.exit_code, 0) << zero3.output;
+  ASSERT_EQ(zero3.rows.size(), 3u);
+  for (size_t i = 0; i < 3; ++i) {
+    const double loss = one.rows[i].at("loss").get<double>();
+    EXPECT_NEAR(zero3.rows[i].at("loss").get<double>(), loss, 1e-5 * loss) << "ZeRO-3, step " << i + 1;
+    const double norm = one.rows[i].at("grad_norm").get<double>();
+    EXPECT_NEAR(zero3.rows[i].at("grad_norm").get<double>(), norm, 1e-4 * norm) << "ZeRO-3, step " << i + 1;
+  }
+  const auto want = adapter("lora_one"), got = adapter("lora_ep");
+  const auto sharded = adapter("lora_zero3");
+  ASSERT_EQ(sharded.size(), want.size());
+  for (const auto& [name, v] : want) EXPECT_LE(test::rel_l2(sharded.at(name), v), 1e-4) << "ZeRO-3 " << name;
+  ASSERT_EQ(got.size(), want.size());
+  EXPECT_TRUE(want.count("base_model.model.model.layers.1.mlp.experts.5.down_proj.lora_B.weight"));
+  double worst = 0;
+  for (const auto& [name, v] : want) {
+    const double e = test::rel_l2(got.at(name), v);
+    EXPECT_LE(e, 1e-4) << name;
+    if (name.find("lora_B") != std::string::npos) worst = std::max(worst, e);
+  }
+  fs::remove_all(dir / "lora_ep" / "checkpoint-3");
+  fs::remove(dir / "lora_ep" / "metrics.jsonl");
+  const Result resumed = train("lora_ep", {"lora"}, "save_steps = 1\n", tables, "--resume latest");
+  ASSERT_EQ(resumed.exit_code, 0) << resumed.output;
+  ASSERT_EQ(resumed.rows.size(), 1u);
+  EXPECT_EQ(resumed.rows[0].at("loss"), ep.rows[2].at("loss"));
+  EXPECT_EQ(resumed.rows[0].at("grad_norm"), ep.rows[2].at("grad_norm"));
+  const auto again = adapter("lora_ep");
+  for (const auto& [name, v] : got) EXPECT_EQ(again.at(name), v) << name;
+  std::printf("expert LoRA, ep 2 across dp 2: step 3 loss %.7f (one rank %.7f, ZeRO-3 %.7f), grad norm %.6f (%.6f, %.6f), "
+              "%zu adapter tensors, worst lora_B rel L2 %.2e; resumed step 3 loss %.7f\n",
+              ep.rows[2].at("loss").get<double>(), one.rows[2].at("loss").get<double>(), zero3.rows[2].at("loss").get<double>(),
+              ep.rows[2].at("grad_norm").get<double>(), one.rows[2].at("grad_norm").get<double>(),
+              zero3.rows[2].at("grad_norm").get<double>(), got.size(), worst, resumed.rows[0].at("loss").get<double>());
 }
 
 }  // namespace

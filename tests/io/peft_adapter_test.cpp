@@ -243,6 +243,22 @@ TEST(PeftAdapter, RefusesTensorsThatDisagreeWithTheConfig) {
   t = test::thrown_by([&] { peft::read_adapter(dir.string()); });
   EXPECT_EQ(t.key, up);
   EXPECT_EQ(t.fix, "give the adapter_config.json saved with these weights");
+  // A target module's name under another path: no expert has a q_proj.
+  const std::string eq = "base_model.model.model.layers.0.mlp.experts.1.q_proj.lora_A.weight";
+  dir = handwritten_adapter("peft-eq", base_config(), {{eq, random_tensor({8, kHidden}, rng)}});
+  EXPECT_EQ(test::thrown_by([&] { peft::read_adapter(dir.string()); }).key, eq);
+  // An expert's projection (a sparse layer's, "mlp.experts.M.v_proj" is none) read with its expert.
+  nlohmann::json experts = base_config();
+  experts["target_modules"] = {"q_proj", "gate_proj"};
+  const std::string ea = "base_model.model.model.layers.0.mlp.experts.12.gate_proj.lora_A.weight";
+  const std::string eb = "base_model.model.model.layers.0.mlp.experts.12.gate_proj.lora_B.weight";
+  dir = handwritten_adapter("peft-expert", experts, {{ea, random_tensor({8, kHidden}, rng)}, {eb, random_tensor({kHidden, 8}, rng)}});
+  const peft::Adapter read = peft::read_adapter(dir.string());
+  ASSERT_EQ(read.pairs.size(), 1u);
+  EXPECT_EQ(read.pairs[0].module, "gate_proj");
+  EXPECT_EQ(read.pairs[0].expert, 12);
+  EXPECT_EQ(peft::lora_key(0, "gate_proj", 'A', 12), ea);
+  EXPECT_EQ(peft::base_weight_name(0, "gate_proj", 12), "model.layers.0.mlp.experts.12.gate_proj.weight");
   // A key that is no LoRA key.
   dir = handwritten_adapter("peft-key", base_config(), {{"model.layers.0.self_attn.q_proj.weight",
                                                          random_tensor({kHidden, kHidden}, rng)}});

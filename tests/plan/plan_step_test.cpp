@@ -35,6 +35,8 @@ struct StepCase {
   // > 0: its tokens in tiles of this many ([qwen3] moe_tile_rows, as the plan hands it over).
   bool moe = false;
   int64_t moe_tile_rows = 0;
+  // With lora_rank: the experts adapted too ([lora] experts = true).
+  bool lora_experts = false;
 };
 
 class PlanAgainstStep : public ::testing::TestWithParam<StepCase> {};
@@ -60,7 +62,7 @@ TEST_P(PlanAgainstStep, CpuPeakOfOneQwen3StepMatchesThePlan) {
   if (c.tile_rows > 0) tiled = test::make_plugin<MlpStrategy>("tiled_mlp");
   std::shared_ptr<Adapter> lora;
   if (c.lora_rank > 0) {
-    lora = test::make_plugin<Adapter>("lora", str("r = ", c.lora_rank));
+    lora = test::make_plugin<Adapter>("lora", str("r = ", c.lora_rank, c.lora_experts ? "\nexperts = true" : ""));
     lora->attach(*model, AdapterContext{Device::cpu(), c.dtype, 1, ""});
   }
   model->zero_grad();  // the trained parameters' gradients, as the run gives them
@@ -136,7 +138,11 @@ INSTANTIATE_TEST_SUITE_P(DtypesAndLosses, PlanAgainstStep,
                                            // The sparse MLP's backward is the peak (chunked loss).
                                            StepCase{DType::f32, "loss_chunked", 1, 0, 128, 0, true},
                                            StepCase{DType::f32, "loss_chunked", 3, 0, 128, 0, true},
-                                           StepCase{DType::f32, "loss_chunked", 1, 0, 128, 0, true, 200}),
+                                           StepCase{DType::f32, "loss_chunked", 1, 0, 128, 0, true, 200},
+                                           // LoRA on every projection and every expert.
+                                           StepCase{DType::f32, "loss_chunked", 1, 0, 128, 16, true, 0, true},
+                                           StepCase{DType::f32, "loss_chunked", 1, 0, 128, 16, true, 200, true},
+                                           StepCase{DType::f32, "loss_chunked", 1, 0, 128, 16, true, 0, false}),
                          [](const auto& info) {
                            return std::string(dtype_name(info.param.dtype)) + "_" + info.param.loss +
                                   (info.param.checkpoint_every > 1 ? str("_every", info.param.checkpoint_every) : "") +
@@ -145,7 +151,8 @@ INSTANTIATE_TEST_SUITE_P(DtypesAndLosses, PlanAgainstStep,
                                        : "") +
                                   (info.param.lora_rank > 0 ? str("_lora", info.param.lora_rank) : "") +
                                   (info.param.moe ? "_moe" : "") +
-                                  (info.param.moe_tile_rows > 0 ? str("_tiles", info.param.moe_tile_rows) : "");
+                                  (info.param.moe_tile_rows > 0 ? str("_tiles", info.param.moe_tile_rows) : "") +
+                                  (info.param.lora_experts ? "_experts" : "");
                          });
 
 // The C heap as core's CPU allocator takes it (64-byte aligned), counting besides, for each thread,

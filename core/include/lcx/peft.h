@@ -3,7 +3,8 @@
 // the merge of an adapter into its base Hugging Face checkpoint (W + scale * B @ A).
 //
 // Only what lcx's Qwen3 can adapt is accepted: the seven linear projections of a decoder layer
-// (q_proj k_proj v_proj o_proj gate_proj up_proj down_proj), bias "none", one rank and one alpha for
+// (q_proj k_proj v_proj o_proj gate_proj up_proj down_proj; a sparse layer's gate/up/down per
+// expert, "mlp.experts.5.gate_proj"), bias "none", one rank and one alpha for
 // every module. Everything else is refused naming the adapter_config.json key or the tensor.
 #pragma once
 #include <cstdint>
@@ -37,11 +38,14 @@ struct LoraPair {
   int64_t layer = 0;
   std::string module;  // "q_proj", ...
   Tensor a, b;
+  // A sparse layer's expert (its gate_proj, up_proj or down_proj: "mlp.experts.5.gate_proj"), or
+  // -1 for the layer's own projection.
+  int64_t expert = -1;
 };
 
 struct Adapter {
   AdapterConfig config;
-  std::vector<LoraPair> pairs;  // sorted by layer, then lora_modules() order
+  std::vector<LoraPair> pairs;  // sorted by layer, then expert (the layer's own first), then lora_modules() order
   // Whole tensors of modules_to_save, by the base's name ("lm_head.weight"), in their own dtype.
   std::vector<std::pair<std::string, Tensor>> saved;
 };
@@ -50,12 +54,14 @@ struct Adapter {
 // as PEFT matches them, its module's name ("model.norm") ends with one of the names ("norm" holds
 // every norm, "embed_tokens" the embedding).
 bool saved_module(const std::vector<std::string>& modules_to_save, const std::string& tensor);
-// "self_attn.q_proj" or "mlp.gate_proj".
-std::string module_path(const std::string& module);
-// The base checkpoint's name of the matrix: "model.layers.3.self_attn.q_proj.weight".
-std::string base_weight_name(int64_t layer, const std::string& module);
-// PEFT's key: "base_model.model.model.layers.3.self_attn.q_proj.lora_A.weight" (`which` 'A' or 'B').
-std::string lora_key(int64_t layer, const std::string& module, char which);
+// "self_attn.q_proj" or "mlp.gate_proj"; with an expert (>= 0), "mlp.experts.5.gate_proj".
+std::string module_path(const std::string& module, int64_t expert = -1);
+// The base checkpoint's name of the matrix: "model.layers.3.self_attn.q_proj.weight" (an expert's:
+// "model.layers.3.mlp.experts.5.gate_proj.weight", as the Hub's Qwen3-MoE checkpoints store them).
+std::string base_weight_name(int64_t layer, const std::string& module, int64_t expert = -1);
+// PEFT's key: "base_model.model.model.layers.3.self_attn.q_proj.lora_A.weight" (`which` 'A' or 'B');
+// an expert's: "base_model.model.model.layers.3.mlp.experts.5.gate_proj.lora_A.weight".
+std::string lora_key(int64_t layer, const std::string& module, char which, int64_t expert = -1);
 
 // adapter_config.json's text to a config, validated; `source` names the file in errors.
 AdapterConfig parse_config(const std::string& json_text, const std::string& source);

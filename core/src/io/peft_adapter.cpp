@@ -15,6 +15,7 @@
 #include <set>
 #include <sstream>
 #include <thread>
+#include <tuple>
 
 #include "lcx/error.h"
 #include "lcx/hf_config.h"
@@ -51,9 +52,18 @@ std::string joined(const std::vector<std::string>& v) {
   return s;
 }
 
+// The names in first-seen order, each once.
+std::string joined_once(const std::vector<std::string>& v) {
+  std::vector<std::string> once;
+  for (const auto& x : v)
+    if (std::find(once.begin(), once.end(), x) == once.end()) once.push_back(x);
+  return joined(once);
+}
+
 // "model.layers.3.self_attn.q_proj.lora_A.weight" -> layer 3, "q_proj", 'A'; false when `rest` is
 // not of that form.
-bool parse_lora_name(const std::string& rest, int64_t& layer, std::string& module, char& which) {
+bool parse_lora_name(const std::string& rest, int64_t& layer, std::string& module, char& which, int64_t& expert) {
+  expert = -1;
   const std::string head = "model.layers.";
   if (rest.rfind(head, 0) != 0) return false;
   size_t at = head.size(), end = at;
@@ -65,16 +75,33 @@ bool parse_lora_name(const std::string& rest, int64_t& layer, std::string& modul
     const std::string suffix = str(".lora_", w, ".weight");
     if (tail.size() <= suffix.size() || tail.compare(tail.size() - suffix.size(), suffix.size(), suffix) != 0)
       continue;
-    const std::string path = tail.substr(0, tail.size() - suffix.size());
+    std::string path = tail.substr(0, tail.size() - suffix.size());
+    // One expert of a sparse layer: "mlp.experts.5.gate_proj" (transformers' Hub names).
+    const std::string experts = "mlp.experts.";
+    if (path.rfind(experts, 0) == 0) {
+      size_t e0 = experts.size(), e1 = e0;
+      while (e1 < path.size() && std::isdigit(static_cast<unsigned char>(path[e1]))) ++e1;
+      if (e1 > e0 && e1 - e0 <= 6 && e1 < path.size() && path[e1] == '.') {
+        const std::string m = path.substr(e1 + 1);
+        if (module_rank(m) >= 4) {
+          expert = std::stoll(path.substr(e0, e1 - e0));
+          module = m;
+          which = w;
+          return true;
+        }
+      }
+    }
     for (const auto& m : lora_modules())
       if (path == module_path(m)) {
         module = m;
         which = w;
         return true;
       }
-    // A projection lcx does not adapt: reported by its short name.
+    // A projection lcx does not adapt: reported by its short name, or by its whole path where the
+    // short name is one lcx adapts elsewhere ("mlp.experts.5.q_proj" is no q_proj).
     const size_t dot = path.rfind('.');
     module = dot == std::string::npos ? path : path.substr(dot + 1);
+    if (module_rank(module) >= 0) module = path;
     which = w;
     return true;
   }
@@ -101,16 +128,17 @@ bool saved_module(const std::vector<std::string>& modules_to_save, const std::st
   return false;
 }
 
-std::string module_path(const std::string& module) {
+std::string module_path(const std::string& module, int64_t expert) {
+  if (expert >= 0) return str("mlp.experts.", expert, ".", module);
   return (module_rank(module) < 4 ? "self_attn." : "mlp.") + module;
 }
 
-std::string base_weight_name(int64_t layer, const std::string& module) {
-  return str("model.layers.", layer, ".", module_path(module), ".weight");
+std::string base_weight_name(int64_t layer, const std::string& module, int64_t expert) {
+  return str("model.layers.", layer, ".", module_path(module, expert), ".weight");
 }
 
-std::string lora_key(int64_t layer, const std::string& module, char which) {
-  return str(kPrefix, "model.layers.", layer, ".", module_path(module), ".lora_", which, ".weight");
+std::string lora_key(int64_t layer, const std::string& module, char which, int64_t expert) {
+  return str(kPrefix, "model.layers.", layer, ".", module_path(module, expert), ".lora_", which, ".weight");
 }
 
 AdapterConfig parse_config(const std::string& json_text, const std::string& source) {
@@ -231,8 +259,8 @@ void write_adapter(const std::string& dir, const Adapter& adapter, DType dtype) 
   fs::create_directories(dir);
   std::vector<safetensors::NamedTensor> tensors;
   for (const auto& p : adapter.pairs) {
-    tensors.push_back({lora_key(p.layer, p.module, 'A'), p.a});
-    tensors.push_back({lora_key(p.layer, p.module, 'B'), p.b});
+    tensors.push_back({lora_key(p.layer, p.module, 'A', p.expert), p.a});
+    tensors.push_back({lora_key(p.layer, p.module, 'B', p.expert), p.b});
   }
   for (const auto& [name, t] : adapter.saved) tensors.push_back({kPrefix + name, t});
   safetensors::write_file((fs::path(dir) / kWeightsFile).string(), tensors, dtype);
@@ -248,7 +276,7 @@ Adapter read_adapter(const std::string& dir) {
   a.config = parse_config(read_text(config_path, "--adapter", fix), config_path.string());
   const AdapterConfig& c = a.config;
   const auto ckpt = safetensors::Checkpoint::open(weights_path.string());
-  std::map<std::pair<int64_t, int>, LoraPair> pairs;
+  std::map<std::tuple<int64_t, int64_t, int>, LoraPair> pairs;  // layer, expert (-1: none), module
   const std::string where = weights_path.string();
   for (const auto& name : ckpt.names()) {
     if (name.rfind(kPrefix, 0) != 0)
@@ -258,7 +286,8 @@ Adapter read_adapter(const std::string& dir) {
     int64_t layer = 0;
     std::string module;
     char which = 0;
-    if (parse_lora_name(rest, layer, module, which)) {
+    int64_t expert = -1;
+    if (parse_lora_name(rest, layer, module, which, expert)) {
       const int rank = module_rank(module);
       if (rank < 0 || std::find(c.target_modules.begin(), c.target_modules.end(), module) == c.target_modules.end())
         throw Error(str(where, ": ", name, " adapts ", module, ", which is not in target_modules (",
@@ -270,8 +299,9 @@ Adapter read_adapter(const std::string& dir) {
         throw Error(str(where, ": ", name, " has shape ", shape_str(s), ", but lora_", which, " is ",
                         which == 'A' ? "[r, in]" : "[out, r]", " with r = ", c.r),
                     name, "give the adapter_config.json saved with these weights (its r)");
-      LoraPair& p = pairs[{layer, rank}];
+      LoraPair& p = pairs[{layer, expert, rank}];
       p.layer = layer;
+      p.expert = expert;
       p.module = module;
       (which == 'A' ? p.a : p.b) = ckpt.load(name, DType::f32);
       continue;
@@ -286,8 +316,8 @@ Adapter read_adapter(const std::string& dir) {
   for (auto& [k, p] : pairs) {
     if (!p.a.data() || !p.b.data()) {
       const char missing = p.a.data() ? 'B' : 'A';
-      throw Error(str(where, ": ", lora_key(p.layer, p.module, missing == 'A' ? 'B' : 'A'), " has no lora_", missing),
-                  lora_key(p.layer, p.module, missing), "give the adapter's whole safetensors file");
+      throw Error(str(where, ": ", lora_key(p.layer, p.module, missing == 'A' ? 'B' : 'A', p.expert), " has no lora_", missing),
+                  lora_key(p.layer, p.module, missing, p.expert), "give the adapter's whole safetensors file");
     }
     a.pairs.push_back(std::move(p));
   }
@@ -300,19 +330,19 @@ void check_against_base(const Adapter& adapter, int64_t num_layers,
                         const std::function<std::optional<Shape>(const std::string&)>& base_shape) {
   const std::string fix = "merge the adapter into the base it was trained on";
   for (const auto& p : adapter.pairs) {
-    const std::string key = lora_key(p.layer, p.module, 'A');
+    const std::string key = lora_key(p.layer, p.module, 'A', p.expert);
     if (p.layer >= num_layers)
       throw Error(str(key, " names layer ", p.layer, ", but the base has ", num_layers, " layers"), key, fix);
-    const auto s = base_shape(base_weight_name(p.layer, p.module));
+    const auto s = base_shape(base_weight_name(p.layer, p.module, p.expert));
     if (!s)
-      throw Error(str(key, ": the base has no ", base_weight_name(p.layer, p.module)), key, fix);
+      throw Error(str(key, ": the base has no ", base_weight_name(p.layer, p.module, p.expert)), key, fix);
     if (s->size() != 2 || p.a.shape()[1] != (*s)[1])
-      throw Error(str(key, " has shape ", shape_str(p.a.shape()), ", but the base's ", base_weight_name(p.layer, p.module),
+      throw Error(str(key, " has shape ", shape_str(p.a.shape()), ", but the base's ", base_weight_name(p.layer, p.module, p.expert),
                       " is ", shape_str(*s), ": lora_A must be [r, ", s->size() == 2 ? (*s)[1] : 0, "]"),
                   key, fix);
-    const std::string bkey = lora_key(p.layer, p.module, 'B');
+    const std::string bkey = lora_key(p.layer, p.module, 'B', p.expert);
     if (p.b.shape()[0] != (*s)[0])
-      throw Error(str(bkey, " has shape ", shape_str(p.b.shape()), ", but the base's ", base_weight_name(p.layer, p.module),
+      throw Error(str(bkey, " has shape ", shape_str(p.b.shape()), ", but the base's ", base_weight_name(p.layer, p.module, p.expert),
                       " is ", shape_str(*s), ": lora_B must be [", (*s)[0], ", r]"),
                   bkey, fix);
   }
@@ -380,7 +410,8 @@ void merge(const std::string& base_dir, const std::string& adapter_dir, const st
 
   const float scale = static_cast<float>(adapter.config.scale());
   std::map<int64_t, std::pair<size_t, std::vector<std::string>>> per_layer;  // done count, modules
-  for (const auto& p : adapter.pairs) per_layer[p.layer].second.push_back(p.module);
+  // An expert's matrix shows once per layer as "experts.gate_proj", however many experts.
+  for (const auto& p : adapter.pairs) per_layer[p.layer].second.push_back(p.expert >= 0 ? "experts." + p.module : p.module);
   std::vector<Tensor> merged(adapter.pairs.size());
   std::atomic<size_t> next{0};
   std::mutex mu;
@@ -390,7 +421,7 @@ void merge(const std::string& base_dir, const std::string& adapter_dir, const st
     for (size_t i; (i = next.fetch_add(1)) < adapter.pairs.size();) {
       try {
         const LoraPair& p = adapter.pairs[i];
-        const std::string name = base_weight_name(p.layer, p.module);
+        const std::string name = base_weight_name(p.layer, p.module, p.expert);
         Tensor w = ckpt.load(name, DType::f32);
         add_low_rank(w.data_as<float>(), p.b.data_as<float>(), p.a.data_as<float>(), w.shape()[0], w.shape()[1],
                      adapter.config.r, scale);
@@ -400,7 +431,7 @@ void merge(const std::string& base_dir, const std::string& adapter_dir, const st
         if (++done == modules.size() && options.progress) {
           ++layers_done;
           std::fprintf(stderr, "merge: layer %lld (%s) done, %zu of %zu layers\n", static_cast<long long>(p.layer),
-                       joined(modules).c_str(), layers_done, per_layer.size());
+                       joined_once(modules).c_str(), layers_done, per_layer.size());
         }
       } catch (const std::exception& e) {
         std::lock_guard<std::mutex> lock(mu);
@@ -420,7 +451,7 @@ void merge(const std::string& base_dir, const std::string& adapter_dir, const st
   for (auto& t : pool) t.join();
   if (!failure.empty()) throw Error(str("merge failed: ", failure));
   for (size_t i = 0; i < adapter.pairs.size(); ++i)
-    by_name[base_weight_name(adapter.pairs[i].layer, adapter.pairs[i].module)] = merged[i];
+    by_name[base_weight_name(adapter.pairs[i].layer, adapter.pairs[i].module, adapter.pairs[i].expert)] = merged[i];
   for (const auto& [name, t] : adapter.saved) by_name[name] = t;
 
   std::vector<safetensors::NamedTensor> out;

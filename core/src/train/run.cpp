@@ -257,8 +257,11 @@ void Run::load_or_init_weights(const std::string& resume_dir) {
   Adapter& adapter = *slots_.adapter;
   const bool resumed = !resume_dir.empty() && adapter.saved_in(resume_dir);
   const bool shards = rank_.world && cfg_.distributed.shard_parameters && world_size() > 1;
+  Communicator* experts = rank_.mesh ? rank_.mesh->experts() : nullptr;
+  const int64_t first_expert = experts && experts->size() > 1 ? experts->rank() * (model().config().num_experts / experts->size()) : 0;
   adapter.attach(model(), AdapterContext{device_, dtype_, static_cast<uint64_t>(cfg_.run.seed), resumed ? resume_dir : "",
-                                         !shards && grad_dtype_for(cfg_.train, dtype_, world_size()) == DType::f32});
+                                         !shards && grad_dtype_for(cfg_.train, dtype_, world_size()) == DType::f32,
+                                         first_expert});
 }
 
 void Run::load_base_weights(const std::string& resume_dir) {
@@ -390,10 +393,14 @@ std::string Run::save(const TrainerState& state, const CheckpointContents& conte
   // Under expert parallelism rank 0 writes every expert, as it writes ZeRO-3's gathered
   // parameters: each layer's experts gathered over its group (rank order is expert order) for the
   // save, then its own again. Only the first group's ranks take part; the others hold copies.
+  // An adapter's factors of the experts (lora's experts = true) are gathered the same way.
   std::vector<std::pair<Parameter*, Tensor>> own;
   Communicator* group = rank_.mesh ? rank_.mesh->experts() : nullptr;
+  std::vector<Parameter*> params = model().parameters();
+  if (slots_.adapter->active())
+    for (Parameter* p : slots_.adapter->parameters()) params.push_back(p);
   if (group && rank() < group->size())
-    for (Parameter* p : model().parameters()) {
+    for (Parameter* p : params) {
       if (!p->expert_shard) continue;
       Shape shape = p->value.shape();
       shape[0] *= group->size();

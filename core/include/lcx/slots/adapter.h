@@ -41,8 +41,11 @@ struct LowRank {
   // lowrank_input_backward). Undefined where A stands alone.
   Tensor stacked_a, stacked_grad;
   int64_t stacked_row = 0;
-  int64_t rank() const { return a->value.size(0); }
+  int64_t rank() const { return a->value.size(a->value.dim() - 2); }
 };
+// A sparse layer's experts' projection (Adapter::find_experts) is adapted per expert with the same
+// struct, its factors stacked by the experts this rank holds: a [E_local, r, in], b [E_local, out, r]
+// (never stacked_a), so one grouped GEMM runs every expert's rows through its own factors.
 
 // What an adapter attaches with.
 struct AdapterContext {
@@ -56,6 +59,10 @@ struct AdapterContext {
   // the run shards the parameters (ZeRO-3) or keeps GEMM weights' gradients in another dtype,
   // which would replace the parameters' views of the stacks with tensors of their own.
   bool stack_factors = true;
+  // The first expert (Hub number) of a sparse layer that this rank holds, under expert parallelism
+  // ([distributed] ep): the experts' factors are drawn per expert, by its Hub number, so every ep
+  // starts from the factors one rank would.
+  int64_t first_expert = 0;
 };
 
 class Adapter : public Plugin {
@@ -67,6 +74,9 @@ class Adapter : public Plugin {
   virtual bool active() const { return false; }
   // The factors of `which` in `layer`, or null where that projection is not adapted.
   virtual const LowRank* find(int /*layer*/, Linear /*which*/) const { return nullptr; }
+  // The per-expert factors of a sparse layer's experts' `which` (gate_proj, up_proj, down_proj),
+  // stacked [E_local, ...] as the experts are, or null where the experts are not adapted.
+  virtual const LowRank* find_experts(int /*layer*/, Linear /*which*/) const { return nullptr; }
   // The adapter's own trainable parameters (named "model.layers.<l>.<module path>.<factor>.weight",
   // as PEFT names them, so the optimizer's per-layer hooks and state files treat them as the layer's).
   virtual std::vector<Parameter*> parameters() { return {}; }
