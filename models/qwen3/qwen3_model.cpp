@@ -365,9 +365,15 @@ class Qwen3Model final : public Model {
       {
         Tensor dattn2 = dattn.view({T, hg.nq * d});
         ops::matmul(dx1, false, o_columns(W(L.o), hg), false, dattn2);
-        if (lo.o) {
+        if (lo.o && !lo.o->dropping()) {
           ops::matmul(go, false, o_columns(lo.o->a->value, hg), false, dattn2, 1.f, 1.f);
           if (!lo.o->a->frozen) accumulate_columns(lo.o->a->grad, hg, go, a.attn.view({T, hg.nq * d}), 1.f);
+        } else if (lo.o) {  // through the mask: go @ Ao's columns dropped onto dattn, A's gradient from the dropped input
+          Tensor buffer = act({T, hg.nq * d}, x);
+          ops::matmul(go, false, o_columns(lo.o->a->value, hg), false, buffer);
+          ops::dropout(buffer, lo.o->dropout, lo.o->dropout_key(), 0, hg.q0 * d, dattn2, 1.f);
+          if (!lo.o->a->frozen)
+            accumulate_columns(lo.o->a->grad, hg, go, o_lora_input(*lo.o, hg, a.attn.view({T, hg.nq * d}), buffer), 1.f);
         }
       }
       if (trains(L.o)) accumulate_columns(G(L.o), hg, dx1, a.attn.view({T, hg.nq * d}), 1.f);
@@ -909,7 +915,15 @@ class Qwen3Model final : public Model {
     ops::matmul(a2, false, o_columns(W(L.o), hg), true, o, 1.f, g == 0 ? 0.f : 1.f);
     if (!lo.o) return;
     if (g == 0) lo.uo = f32({T, lo.o->rank()}, attn);
-    ops::matmul(a2, false, o_columns(lo.o->a->value, hg), true, lo.uo, 1.f, g == 0 ? 0.f : 1.f);
+    ops::matmul(o_lora_input(*lo.o, hg, a2), false, o_columns(lo.o->a->value, hg), true, lo.uo, 1.f, g == 0 ? 0.f : 1.f);
+  }
+  // A group's attention output as o_proj's adapter reads it: itself, or where the adapter drops,
+  // dropped by the mask of its columns of the whole [T, Hq*d] input (in `buffer` when given).
+  Tensor o_lora_input(const LowRank& lr, const HeadGroup& hg, const Tensor& a2, Tensor buffer = {}) const {
+    if (!lr.dropping()) return a2;
+    Tensor ad = buffer.defined() ? buffer : act(a2.shape(), a2);
+    ops::dropout(a2, lr.dropout, lr.dropout_key(), 0, hg.q0 * cfg_.head_dim, ad);
+    return ad;
   }
 
   // o = attention(h1) @ Wo^T [T,H], one group at a time, each group's tensors gone before the

@@ -107,6 +107,14 @@ class Lora final : public Adapter {
 
   bool active() const override { return true; }
 
+  // The pass's key for the dropout masks: the seed, the step, the pass and the rank; 0 (nothing
+  // drops) outside training.
+  void begin_pass(int64_t step, int64_t pass, int64_t rank, bool training) override {
+    pass_key_ = 0;
+    if (!training || o_.dropout <= 0) return;
+    pass_key_ = mix(seed_ ^ mix(static_cast<uint64_t>(step) ^ mix(static_cast<uint64_t>(pass) ^ mix(static_cast<uint64_t>(rank))))) | 1;
+  }
+
   void attach(Model& model, const AdapterContext& ctx) override {
     const ModelConfig& cfg = model.config();
     std::map<std::string, Parameter*> base;
@@ -118,6 +126,8 @@ class Lora final : public Adapter {
     experts_.assign(layers_.size(), {});
     has_experts_.assign(layers_.size() * kLinearCount, false);
     first_expert_ = ctx.first_expert;
+    seed_ = ctx.seed;
+    pass_key_ = 0;
     local_experts_ = 0;
     num_experts_ = cfg.num_experts;
     if (o_.experts && cfg.sparse_layers() == 0)
@@ -188,8 +198,12 @@ class Lora final : public Adapter {
         }
         set_value(a, ha);
         b.value.zero();
-        layers_[static_cast<size_t>(l)][static_cast<size_t>(m)] =
-            LowRank{&a, &b, static_cast<float>(o_.scale()), st.value, st.grad, st.row};
+        LowRank lr{&a, &b, static_cast<float>(o_.scale()), st.value, st.grad, st.row};
+        // Each projection draws its own mask (PEFT's Dropout per module), from the pass's key.
+        lr.dropout = static_cast<float>(o_.dropout);
+        lr.dropout_stream = static_cast<uint64_t>(l * kLinearCount + m);
+        lr.dropout_pass = &pass_key_;
+        layers_[static_cast<size_t>(l)][static_cast<size_t>(m)] = lr;
         has_[static_cast<size_t>(l) * kLinearCount + static_cast<size_t>(m)] = true;
         count += a.value.numel() + b.value.numel();
       }
@@ -207,7 +221,7 @@ class Lora final : public Adapter {
     }
     const std::string from = !ctx.resume_dir.empty() ? ctx.resume_dir : o_.init_from;
     if (!from.empty()) load_from(from, model, base, ctx.resume_dir.empty());
-    log::info(str("lora: r ", o_.r, ", alpha ", o_.alpha, o_.use_rslora ? " (rsLoRA)" : "", ", scale ", o_.scale(), " on ",
+    log::info(str("lora: r ", o_.r, ", alpha ", o_.alpha, o_.use_rslora ? " (rsLoRA)" : "", ", scale ", o_.scale(), o_.dropout > 0 ? str(", dropout ", o_.dropout) : std::string(), " on ",
                   targets_text(), o_.experts ? str(" and every expert (", local_experts_, " on this rank)") : std::string(), ": ", count, " adapter parameters", trained ? str(" + ", trained, " trained whole (",
                   joined(*o_.modules_to_save), ")") : std::string(), "; the base's ", base_count(model) - trained,
                   " frozen", from.empty() ? std::string() : str("; from ", from)));
@@ -388,6 +402,36 @@ class Lora final : public Adapter {
     if (back > 0)
       plan.add("lora_attention_backward", "LoRA: h1 @ A^T, scale dx1 @ Bo, fp32 sums of dq @ Bq (k, v) [T,r]",
                PlanCategory::transient, back, plan_phase::backward);
+
+    // Dropout: the dropped input of one projection at a time ([rows, in] beside the call that
+    // reads it, adapter_none.cpp): h1's [T,H] or the attention's [T,Hq*d] (a head group's columns
+    // of it, counted whole) in the forward and the attention backward, and the MLP's input [tile,H]
+    // beside the MLP backward's widest moment, or act's [tile,I] beside the forward's MLP.
+    if (o_.dropout > 0) {
+      const int64_t H = c.hidden_size;
+      const int64_t d = c.head_dim > 0 ? c.head_dim : H / std::max<int64_t>(1, c.num_heads);
+      const int64_t attn_in = std::max((q || k || v) ? H : 0, o ? c.num_heads * d : 0);
+      const bool mlp_in = mlp && (target(Linear::gate_proj) || target(Linear::up_proj)), down = mlp && target(Linear::down_proj);
+      const int64_t fwd = std::max(T * attn_in, mlp_tile * std::max(mlp_in ? H : 0, down ? c.intermediate_size : 0)) * ab;
+      if (fwd > 0)
+        plan.add("lora_dropout_forward", "LoRA dropout: one projection's dropped input", PlanCategory::transient, fwd,
+                 plan_phase::forward);
+      if (attn_in > 0)
+        plan.add("lora_dropout_backward", "LoRA dropout: one attention projection's dropped input or its masked gradient",
+                 PlanCategory::transient, T * attn_in * ab, plan_phase::backward);
+      // gate's and up's u^T are released just before (mlp_whole.cpp), so the input adds the rest.
+      if (mlp_in)
+        plan.add("lora_dropout_mlp_backward", "LoRA dropout: gate's or up's dropped input or its masked gradient",
+                 PlanCategory::transient, mlp_tile * std::max<int64_t>(0, H - n_in * r) * ab, plan_phase::mlp_backward);
+      // Its work: each adapted projection's input dropped in the forward and the recompute (a
+      // read and a write each), and in the backward the masked gradient (a read, dx read and
+      // written) and the dropped input again: 9 passes over [T, in].
+      for (int64_t l = 0; l < c.num_layers; ++l)
+        for (int m = 0; m < kLinearCount; ++m)
+          if (adapted(l, m))
+            plan.work.memory_bytes += 9.0 * static_cast<double>(T) * static_cast<double>(shapes[static_cast<size_t>(m)].second) *
+                                      static_cast<double>(ab);
+    }
 
     // The work, per adapted projection and layer: u = x A^T and the update y = scale u B^T in the
     // forward and again in the recompute (y written first, the projection's GEMM reading it in
@@ -606,6 +650,7 @@ class Lora final : public Adapter {
   std::vector<std::array<LowRank, kLinearCount>> experts_;
   std::vector<bool> has_experts_;
   int64_t first_expert_ = 0, local_experts_ = 0, num_experts_ = 0;
+  uint64_t seed_ = 0, pass_key_ = 0;  // LowRank::dropout_pass points at pass_key_
   std::vector<std::pair<std::string, Parameter*>> saved_;
 };
 
@@ -615,7 +660,8 @@ std::unique_ptr<Plugin> create(const PluginArgs& args) {
   o.table = c.name().empty() ? std::string("lora") : c.name();
   c.describe("r", "the adapters' rank: A [r, in], B [out, r]", ">= 1, at most the adapted matrix's smaller side");
   c.describe("alpha", "the adapters' scale numerator: scale = alpha / r (alpha / sqrt(r) with use_rslora)", "> 0");
-  c.describe("dropout", "dropout on the adapters' input (PEFT's lora_dropout)", "0 (dropout is not implemented yet)");
+  c.describe("dropout", "dropout on each adapter's input in training (PEFT's lora_dropout); evaluation drops nothing",
+             "in [0, 1); > 0 not with experts = true", "0");
   c.describe("use_rslora", "rank-stabilized LoRA: scale = alpha / sqrt(r)");
   c.describe("target_modules", "the projections adapted in every layer, or \"all-linear\"",
              "a list of q_proj k_proj v_proj o_proj gate_proj up_proj down_proj, or \"all-linear\"", "\"all-linear\"");
@@ -629,8 +675,7 @@ std::unique_ptr<Plugin> create(const PluginArgs& args) {
   o.alpha = c.get_double("alpha", static_cast<double>(o.r));
   if (!(o.alpha > 0)) c.fail("alpha", str(o.alpha, " is not a positive scale"), "e.g. alpha = 2 * r");
   o.dropout = c.get_double("dropout", 0.0);
-  if (o.dropout != 0)
-    c.fail("dropout", str(o.dropout, ": dropout on the adapters' input is not implemented yet"), "set dropout = 0");
+  if (!(o.dropout >= 0 && o.dropout < 1)) c.fail("dropout", str(o.dropout, " is not a probability below 1"), "e.g. dropout = 0.05");
   o.use_rslora = c.get_bool("use_rslora", false);
   std::vector<std::string> targets;
   bool listed = true;
@@ -669,6 +714,10 @@ std::unique_ptr<Plugin> create(const PluginArgs& args) {
       !o.targets[static_cast<size_t>(Linear::down_proj)])
     c.fail("experts", "is true, but target_modules names none of the experts' projections",
            "add gate_proj, up_proj or down_proj to target_modules (or \"all-linear\"), or set experts = false");
+  // The experts' factors run as grouped GEMMs over rows sorted by expert, which have no mask path.
+  if (o.experts && o.dropout > 0)
+    c.fail("dropout", str(o.dropout, " with experts = true: the experts' adapters take no dropout"),
+           "set dropout = 0, or experts = false (dropout then applies to the attention's adapters)");
   if (c.has("modules_to_save")) o.modules_to_save = c.get_strings("modules_to_save", {});
   o.init_from = c.get_string("init_from", "");
   return std::make_unique<Lora>(std::move(o));

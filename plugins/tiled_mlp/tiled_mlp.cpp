@@ -62,7 +62,9 @@ class TiledMlp final : public MlpStrategy {
     for (int64_t r0 = 0; r0 < T; r0 += R) {
       const int64_t r1 = std::min(T, r0 + R);
       Tensor out_tile = out.rows(r0, r1);
-      whole_->forward(x.rows(r0, r1), w, out_tile);
+      MlpWeights tile = w;
+      tile.row0 = w.row0 + r0;
+      whole_->forward(x.rows(r0, r1), tile, out_tile);
     }
   }
 
@@ -71,7 +73,9 @@ class TiledMlp final : public MlpStrategy {
     for (int64_t r0 = 0; r0 < T; r0 += R) {
       const int64_t r1 = std::min(T, r0 + R);
       Tensor dx_tile = dx.rows(r0, r1);
-      whole_->backward(x.rows(r0, r1), w, dout.rows(r0, r1), dx_tile, grad);
+      MlpWeights tile = w;
+      tile.row0 = w.row0 + r0;
+      whole_->backward(x.rows(r0, r1), tile, dout.rows(r0, r1), dx_tile, grad);
     }
   }
 

@@ -42,7 +42,9 @@ TEST(SlotTable, ResolvingAnEmptyManifestGivesEveryDefault) {
   const SlotSet s = resolve_slots(m, loader, {}, Device::cpu());
   for_each_slot([&]<class T>(const SlotRow<T>& row) {
     EXPECT_EQ(s.get<T>() != nullptr, row.make_default != nullptr) << row.name;
-    if (row.default_name) EXPECT_EQ(s.providers.at(row.id).name, row.default_name);
+    if (row.default_name) {
+      EXPECT_EQ(s.providers.at(row.id).name, row.default_name);
+    }
   });
   EXPECT_EQ(s.providers.count(LCX_SLOT_MODEL), 0u);
 }

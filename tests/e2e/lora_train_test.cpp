@@ -21,6 +21,7 @@ const char* kLora = "[lora]\nr = 4\nalpha = 8\nmodules_to_save = [\"norm\"]\n";
 
 struct LoraTrain : ::testing::Test {
   fs::path dir = test::temp_dir("lora-e2e");
+  std::string lora_extra;  // more [lora] keys for the runs that follow
   void SetUp() override {
     if (!fs::exists(test::qwen3_tokenizer())) GTEST_SKIP() << "data/qwen3/tokenizer.json absent: run scripts/fetch_data.sh";
     std::ofstream out(dir / "data.tokens", std::ios::binary);
@@ -47,7 +48,7 @@ struct LoraTrain : ::testing::Test {
     std::string load = "\"lora\"";
     for (const auto& p : plugins) load += ", \"" + p + "\"";
     std::string text = test::tiny_run_manifest(o, dir / "data.tokens", 5, false, "max_steps = 3\nweight_decay = 0.1\n" + train,
-                                               "[plugins]\nload = [" + load + "]\n" + kLora + tables);
+                                               "[plugins]\nload = [" + load + "]\n" + kLora + lora_extra + tables);
     const std::string small = "\"vocab_size\": 256", large = "\"vocab_size\": 151936";
     text.replace(text.find(small), small.size(), large);
     test::write_file(o / "run.toml", text);
@@ -136,6 +137,32 @@ TEST_F(LoraTrain, ResumesBitForBit) {
   ASSERT_EQ(resumed.exit_code, 0) << resumed.output;
   ASSERT_EQ(resumed.losses.size(), 1u);
   EXPECT_EQ(resumed.losses[0], straight.losses[2]);
+  ASSERT_EQ(resumed.adapter.size(), saved.size());
+  for (const auto& [name, v] : saved) EXPECT_EQ(resumed.adapter.at(name), v) << name;
+}
+
+// Dropout draws its masks by the step, the sequence's place in the step's batch and the rank
+// within the sequence: dp 2 trains as gradient accumulation 2 on one rank, and a resumed run
+// draws the masks the straight run drew, bit for bit.
+TEST_F(LoraTrain, DropoutKeepsTheDataParallelLayoutAndResumesBitForBit) {
+  const Result plain = train("nodrop", {}, "grad_accum = 2\n");
+  lora_extra = "dropout = 0.3\n";
+  const Result one = train("drop", {}, "grad_accum = 2\nsave_steps = 1\n");
+  ASSERT_EQ(one.exit_code, 0) << one.output;
+  ASSERT_EQ(one.losses.size(), 3u);
+  EXPECT_NE(one.output.find("dropout 0.3"), std::string::npos) << one.output;
+  // B starts at zero, so the first step's loss is the base's either way; the masks show after.
+  EXPECT_EQ(one.losses[0], plain.losses[0]);
+  EXPECT_NE(one.losses[2], plain.losses[2]);
+  expect_same_training(train("dropdp2", {}, "", "[distributed]\nnproc_per_node = 2\nshard_parameters = false\n"), one,
+                       "dropout on dp 2");
+  const auto saved = one.adapter;
+  fs::remove_all(dir / "drop" / "checkpoint-3");
+  fs::remove(dir / "drop" / "metrics.jsonl");
+  const Result resumed = train("drop", {}, "grad_accum = 2\nsave_steps = 1\n", "", "--resume latest");
+  ASSERT_EQ(resumed.exit_code, 0) << resumed.output;
+  ASSERT_EQ(resumed.losses.size(), 1u);
+  EXPECT_EQ(resumed.losses[0], one.losses[2]);
   ASSERT_EQ(resumed.adapter.size(), saved.size());
   for (const auto& [name, v] : saved) EXPECT_EQ(resumed.adapter.at(name), v) << name;
 }

@@ -261,6 +261,25 @@ std::vector<OpCase> cast_cases() {
   return cases;
 }
 
+// Dropout draws its mask from (key, row, column) by integer arithmetic and scales in fp32 with the
+// CPU twin's operations in its order: the same bits, written fresh (beta 0) and added onto an
+// output (beta 1, as onto an input's gradient), with the rows and columns of a block inside a
+// wider matrix.
+std::vector<OpCase> dropout_cases() {
+  std::vector<OpCase> cases;
+  for (DType t : kDtypes)
+    for (float beta : {0.f, 1.f}) {
+      cases.push_back({str("[1031,4096] p 0.1 rows from 70000, columns from 4096, beta ", beta, " ", dtype_name(t)),
+                       [=](Device d, std::mt19937& rng) {
+                         const Tensor x = at(d, host_normal({1031, 4096}, t, rng));
+                         Tensor o = beta == 0.f ? poisoned({1031, 4096}, t, d) : at(d, host_normal({1031, 4096}, t, rng));
+                         ops::dropout(x, 0.1f, 0x1234abcdull, 70000, 4096, o, beta);
+                         return std::vector<Output>{out("out", o, kExact)};
+                       }});
+    }
+  return cases;
+}
+
 // A head group's columns of a projection weight, gathered and scattered back: bytes only, so the
 // GPU's pitched copy equals the CPU's row copies exactly.
 std::vector<OpCase> copy_columns_cases() {
@@ -599,6 +618,7 @@ const std::map<std::string, std::vector<OpCase>>& op_table() {
       {"scale_inplace", scale_cases()},
       {"cast", cast_cases()},
       {"copy_columns", copy_columns_cases()},
+      {"dropout", dropout_cases()},
       {"moe_route", moe_route_cases()},
       {"moe_permute", moe_permute_cases()},
       {"gather_rows", gather_rows_cases()},

@@ -37,6 +37,8 @@ struct StepCase {
   int64_t moe_tile_rows = 0;
   // With lora_rank: the experts adapted too ([lora] experts = true).
   bool lora_experts = false;
+  // With lora_rank: the adapters' dropout ([lora] dropout), drawing its masks in the step.
+  float lora_dropout = 0;
 };
 
 class PlanAgainstStep : public ::testing::TestWithParam<StepCase> {};
@@ -62,8 +64,10 @@ TEST_P(PlanAgainstStep, CpuPeakOfOneQwen3StepMatchesThePlan) {
   if (c.tile_rows > 0) tiled = test::make_plugin<MlpStrategy>("tiled_mlp");
   std::shared_ptr<Adapter> lora;
   if (c.lora_rank > 0) {
-    lora = test::make_plugin<Adapter>("lora", str("r = ", c.lora_rank, c.lora_experts ? "\nexperts = true" : ""));
+    lora = test::make_plugin<Adapter>("lora", str("r = ", c.lora_rank, c.lora_experts ? "\nexperts = true" : "",
+                                                  c.lora_dropout > 0 ? str("\ndropout = ", c.lora_dropout) : ""));
     lora->attach(*model, AdapterContext{Device::cpu(), c.dtype, 1, ""});
+    lora->begin_pass(1, 0, 0, true);
   }
   model->zero_grad();  // the trained parameters' gradients, as the run gives them
   StepSlots slots{*model, chunked ? *chunked : *s.loss, *s.rope, *s.memory, *s.parallel};
@@ -142,7 +146,10 @@ INSTANTIATE_TEST_SUITE_P(DtypesAndLosses, PlanAgainstStep,
                                            // LoRA on every projection and every expert.
                                            StepCase{DType::f32, "loss_chunked", 1, 0, 128, 16, true, 0, true},
                                            StepCase{DType::f32, "loss_chunked", 1, 0, 128, 16, true, 200, true},
-                                           StepCase{DType::f32, "loss_chunked", 1, 0, 128, 16, true, 0, false}),
+                                           StepCase{DType::f32, "loss_chunked", 1, 0, 128, 16, true, 0, false},
+                                           // LoRA with dropout: one dropped input beside each adapted call.
+                                           StepCase{DType::bf16, "nll", 1, 0, 0, 16, false, 0, false, 0.1f},
+                                           StepCase{DType::f32, "loss_chunked", 1, 384, 64, 16, false, 0, false, 0.1f}),
                          [](const auto& info) {
                            return std::string(dtype_name(info.param.dtype)) + "_" + info.param.loss +
                                   (info.param.checkpoint_every > 1 ? str("_every", info.param.checkpoint_every) : "") +
@@ -152,7 +159,8 @@ INSTANTIATE_TEST_SUITE_P(DtypesAndLosses, PlanAgainstStep,
                                   (info.param.lora_rank > 0 ? str("_lora", info.param.lora_rank) : "") +
                                   (info.param.moe ? "_moe" : "") +
                                   (info.param.moe_tile_rows > 0 ? str("_tiles", info.param.moe_tile_rows) : "") +
-                                  (info.param.lora_experts ? "_experts" : "");
+                                  (info.param.lora_experts ? "_experts" : "") +
+                                  (info.param.lora_dropout > 0 ? "_dropout" : "");
                          });
 
 // The C heap as core's CPU allocator takes it (64-byte aligned), counting besides, for each thread,

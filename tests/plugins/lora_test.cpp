@@ -11,6 +11,7 @@
 #include <numeric>
 #include <random>
 
+#include "lcx/ops.h"
 #include "lcx/peft.h"
 #include "lcx/safetensors.h"
 #include "lcx/slots/adapter.h"
@@ -298,7 +299,8 @@ TEST(Lora, RefusalsNameTheKey) {
   EXPECT_EQ(thrown("r = 17").key, "lora.r");  // k_proj is [16, 32]: r <= 16
   EXPECT_EQ(thrown("target_modules = [\"qkv_proj\"]").key, "lora.target_modules");
   EXPECT_EQ(thrown("target_modules = []").key, "lora.target_modules");
-  EXPECT_EQ(thrown("dropout = 0.1").key, "lora.dropout");
+  EXPECT_EQ(thrown("dropout = 1.0").key, "lora.dropout");
+  EXPECT_EQ(thrown("dropout = -0.1").key, "lora.dropout");
   EXPECT_EQ(thrown("alpha = -1").key, "lora.alpha");
   // An adapter of another rank or other modules than the run's.
   const fs::path dir = test::temp_dir("lora-refuse");
@@ -309,6 +311,180 @@ TEST(Lora, RefusalsNameTheKey) {
   EXPECT_EQ(thrown("r = 2\ntarget_modules = [\"q_proj\"]", dir.string()).key, "lora.r");
   EXPECT_EQ(thrown("r = 4\ntarget_modules = [\"v_proj\"]", dir.string()).key, "lora.target_modules");
   EXPECT_EQ(thrown("r = 4", (dir / "nothing").string()).key, "lora.init_from");
+}
+
+// ---- dropout ([lora] dropout: PEFT's lora_dropout) ----------------------------------------------
+
+Tensor host_random(Shape shape, uint32_t seed) {
+  Tensor t = Tensor::empty(std::move(shape), DType::f32, Device::cpu());
+  fill_random(t, seed, 1.f);
+  return t;
+}
+
+// The mask: about 1 - p of the elements kept, each scaled by 1 / (1 - p); a block drawn at its
+// row and column offsets is the whole matrix's block; another key another mask; beta adds.
+TEST(LoraDropout, TheMaskIsAFunctionOfKeyRowAndColumn) {
+  const int64_t R = 256, C = 512;
+  const Tensor ones = Tensor::from_floats(std::vector<float>(static_cast<size_t>(R * C), 1.f), {R, C}, DType::f32);
+  Tensor whole = Tensor::empty({R, C}, DType::f32, Device::cpu());
+  ops::dropout(ones, 0.25f, 42, 0, 0, whole);
+  const std::vector<float> w = whole.to_floats();
+  int64_t kept = 0;
+  for (float v : w) {
+    ASSERT_TRUE(v == 0.f || v == 1.f / 0.75f) << v;
+    kept += v != 0.f;
+  }
+  EXPECT_NEAR(static_cast<double>(kept) / static_cast<double>(R * C), 0.75, 0.01);
+
+  const Tensor block_in = Tensor::from_floats(std::vector<float>(64 * 128, 1.f), {64, 128}, DType::f32);
+  Tensor block = Tensor::empty({64, 128}, DType::f32, Device::cpu());
+  ops::dropout(block_in, 0.25f, 42, 100, 256, block);
+  const std::vector<float> b = block.to_floats();
+  for (int64_t i = 0; i < 64; ++i)
+    for (int64_t j = 0; j < 128; ++j)
+      ASSERT_EQ(b[static_cast<size_t>(i * 128 + j)], w[static_cast<size_t>((100 + i) * C + 256 + j)]) << i << "," << j;
+
+  Tensor other = Tensor::empty({R, C}, DType::f32, Device::cpu());
+  ops::dropout(ones, 0.25f, 43, 0, 0, other);
+  const std::vector<float> o = other.to_floats();
+  int64_t differ = 0;
+  for (size_t i = 0; i < o.size(); ++i) differ += o[i] != w[i];
+  EXPECT_GT(differ, R * C / 4);  // independent masks differ on 2 p (1 - p) = 37.5% of the elements
+
+  Tensor acc = Tensor::from_floats(std::vector<float>(static_cast<size_t>(R * C), 2.f), {R, C}, DType::f32);
+  ops::dropout(ones, 0.25f, 42, 0, 0, acc, 1.f);
+  const std::vector<float> sum = acc.to_floats();
+  for (size_t i = 0; i < sum.size(); ++i) ASSERT_EQ(sum[i], 2.f + w[i]);
+}
+
+// lowrank_forward and lowrank_backward through the mask, against PEFT's y = scale * B(A(dropout(x)))
+// and its gradients written out in double: dx = scale * ((dy B) A) * m, dA = scale * (dy B)^T (x * m),
+// dB = scale * dy^T ((x * m) A^T), m the kept mask over 1 - p.
+TEST(LoraDropout, HelpersFollowPeftsFormula) {
+  const int64_t T = 37, in = 24, out = 20, r = 3, row0 = 9;
+  const float p = 0.3f, scale = 0.7f;
+  Parameter pa{.name = "a", .value = host_random({r, in}, 1), .grad = Tensor::zeros({r, in}, DType::f32, Device::cpu())};
+  Parameter pb{.name = "b", .value = host_random({out, r}, 2), .grad = Tensor::zeros({out, r}, DType::f32, Device::cpu())};
+  uint64_t pass = 77;
+  LowRank lr{&pa, &pb, scale};
+  lr.dropout = p;
+  lr.dropout_stream = 5;
+  lr.dropout_pass = &pass;
+  ASSERT_TRUE(lr.dropping());
+  const Tensor x = host_random({T, in}, 3), dy = host_random({T, out}, 4);
+  Tensor y = Tensor::empty({T, out}, DType::f32, Device::cpu()), dx = Tensor::empty({T, in}, DType::f32, Device::cpu());
+  lowrank_forward(x, lr, y, 0.f, row0);
+  lowrank_backward(x, dy, lr, dx, 0.f, row0);
+
+  Tensor mask = Tensor::empty({T, in}, DType::f32, Device::cpu());
+  ops::dropout(Tensor::from_floats(std::vector<float>(static_cast<size_t>(T * in), 1.f), {T, in}, DType::f32), p,
+               lr.dropout_key(), row0, 0, mask);
+  const std::vector<float> m = mask.to_floats(), xv = x.to_floats(), dyv = dy.to_floats(), A = pa.value.to_floats(),
+                           B = pb.value.to_floats();
+  std::vector<double> xd(static_cast<size_t>(T * in)), u(static_cast<size_t>(T * r), 0), g(static_cast<size_t>(T * r), 0);
+  for (size_t i = 0; i < xd.size(); ++i) xd[i] = static_cast<double>(xv[i]) * m[i];
+  for (int64_t t = 0; t < T; ++t)
+    for (int64_t k = 0; k < r; ++k) {
+      for (int64_t i = 0; i < in; ++i) u[t * r + k] += xd[t * in + i] * A[k * in + i];
+      for (int64_t o = 0; o < out; ++o) g[t * r + k] += scale * static_cast<double>(dyv[t * out + o]) * B[o * r + k];
+    }
+  std::vector<double> y_ref(static_cast<size_t>(T * out), 0), dx_ref(static_cast<size_t>(T * in), 0),
+      da_ref(static_cast<size_t>(r * in), 0), db_ref(static_cast<size_t>(out * r), 0);
+  for (int64_t t = 0; t < T; ++t) {
+    for (int64_t o = 0; o < out; ++o)
+      for (int64_t k = 0; k < r; ++k) {
+        y_ref[t * out + o] += scale * u[t * r + k] * B[o * r + k];
+        db_ref[o * r + k] += scale * static_cast<double>(dyv[t * out + o]) * u[t * r + k];
+      }
+    for (int64_t i = 0; i < in; ++i)
+      for (int64_t k = 0; k < r; ++k) {
+        dx_ref[t * in + i] += g[t * r + k] * A[k * in + i] * m[t * in + i];
+        da_ref[k * in + i] += g[t * r + k] * xd[t * in + i];
+      }
+  }
+  auto as_float = [](const std::vector<double>& v) { return std::vector<float>(v.begin(), v.end()); };
+  EXPECT_LT(test::rel_l2(y.to_floats(), as_float(y_ref)), 1e-6);
+  EXPECT_LT(test::rel_l2(dx.to_floats(), as_float(dx_ref)), 1e-6);
+  EXPECT_LT(test::rel_l2(pa.grad.to_floats(), as_float(da_ref)), 1e-6);
+  EXPECT_LT(test::rel_l2(pb.grad.to_floats(), as_float(db_ref)), 1e-6);
+  int64_t dropped = 0;
+  for (float v : m) dropped += v == 0.f;
+  EXPECT_GT(dropped, 0);
+
+  // No pass trains (evaluation): the update without a mask.
+  pass = 0;
+  ASSERT_FALSE(lr.dropping());
+  Tensor y0 = Tensor::empty({T, out}, DType::f32, Device::cpu());
+  lowrank_forward(x, lr, y0, 0.f, row0);
+  LowRank plain{&pa, &pb, scale};
+  Tensor y1 = Tensor::empty({T, out}, DType::f32, Device::cpu());
+  lowrank_forward(x, plain, y1, 0.f);
+  EXPECT_EQ(y0.to_floats(), y1.to_floats());
+}
+
+// Through the whole step (every projection, the attention's head groups, the recompute), the
+// factors' gradients are those of the loss the masks define.
+TEST(LoraDropout, GradientsMatchFiniteDifferences) {
+  for (const char* table : {"attention_head_groups = 1", "attention_head_groups = 2\nkeep_attention = false",
+                            "attention_head_groups = 2\nkeep_attention = true"}) {
+    Adapted a("r = 3\nalpha = 6\ndropout = 0.3", table, Device::cpu(), DType::f32, 1);
+    a.lora->begin_pass(4, 1, 0, true);
+    const Shard shard = tokens_shard(20, 2);
+    a.step(shard);
+    for (Parameter* p : a.lora->parameters()) {
+      const std::vector<float> g = p->grad.to_floats(), saved = p->value.to_floats();
+      size_t i = 0;
+      for (size_t j = 0; j < g.size(); ++j)
+        if (std::abs(g[j]) > std::abs(g[i])) i = j;
+      const float h = 2e-3f;
+      std::vector<float> v = saved;
+      v[i] = saved[i] + h;
+      p->value.copy_from(Tensor::from_floats(v, p->value.shape(), DType::f32));
+      const double up = a.loss(shard);
+      v[i] = saved[i] - h;
+      p->value.copy_from(Tensor::from_floats(v, p->value.shape(), DType::f32));
+      const double down = a.loss(shard);
+      p->value.copy_from(Tensor::from_floats(saved, p->value.shape(), DType::f32));
+      const double fd = (up - down) / (2.0 * h);
+      EXPECT_NEAR(g[i], fd, 2e-3 + 2e-2 * std::abs(fd)) << table << ": " << p->name << "[" << i << "]";
+    }
+  }
+}
+
+// A new mask for every step, pass and rank, the same one for the same; none outside training, where
+// the loss is the adapter's without dropout.
+TEST(LoraDropout, DrawsPerPassAndNothingInEvaluation) {
+  Adapted d("r = 4\nalpha = 8\ndropout = 0.2"), plain("r = 4\nalpha = 8");
+  const Shard shard = tokens_shard(24, 6);
+  const double base = plain.loss(shard);
+  EXPECT_DOUBLE_EQ(d.loss(shard), base);  // no pass begun: nothing drops
+  d.lora->begin_pass(1, 0, 0, true);
+  const double first = d.loss(shard);
+  EXPECT_NE(first, base);
+  EXPECT_DOUBLE_EQ(d.loss(shard), first);
+  for (auto [step, pass, rank] : {std::tuple{2, 0, 0}, std::tuple{1, 1, 0}, std::tuple{1, 0, 1}}) {
+    d.lora->begin_pass(step, pass, rank, true);
+    EXPECT_NE(d.loss(shard), first) << step << " " << pass << " " << rank;
+  }
+  d.lora->begin_pass(1, 0, 0, false);
+  EXPECT_DOUBLE_EQ(d.loss(shard), base);
+}
+
+// The masks count the layer's rows and the attention's columns: tiles of the MLP and head groups
+// of the attention draw what the whole layer does, so the recipe leaves the training as it is.
+TEST(LoraDropout, TilesAndHeadGroupsDrawTheWholeLayersMasks) {
+  Adapted whole("r = 4\nalpha = 8\ndropout = 0.25", "attention_head_groups = 1");
+  Adapted split("r = 4\nalpha = 8\ndropout = 0.25", "attention_head_groups = 2\nkeep_attention = false");
+  auto tiles = test::make_plugin<MlpStrategy>("tiled_mlp", "tile_rows = 7");
+  split.slots->slots.mlp = tiles.get();
+  whole.lora->begin_pass(3, 0, 0, true);
+  split.lora->begin_pass(3, 0, 0, true);
+  const Shard shard = tokens_shard(30, 3);
+  const StepResult rw = whole.step(shard), rs = split.step(shard);
+  EXPECT_NEAR(rw.loss_sum, rs.loss_sum, 1e-5 * std::abs(rw.loss_sum));
+  const auto pw = whole.lora->parameters(), ps = split.lora->parameters();
+  ASSERT_EQ(pw.size(), ps.size());
+  for (size_t i = 0; i < pw.size(); ++i) EXPECT_LT(test::rel_l2(ps[i]->grad, pw[i]->grad), 1e-5) << pw[i]->name;
 }
 
 // The GPU step in bf16 against its CPU twin in fp32 on the same (bf16-rounded) weights: the loss,
@@ -337,8 +513,11 @@ TEST(LoraGpu, Bf16MatchesTheCpuTwin) {
       worst = std::max(worst, d);
       EXPECT_LT(d, 3e-2) << table << " " << pg[i]->name;
     }
-    for (Parameter* p : gpu.model->parameters())
-      if (p->frozen) EXPECT_FALSE(p->grad.defined()) << p->name;
+    for (Parameter* p : gpu.model->parameters()) {
+      if (p->frozen) {
+        EXPECT_FALSE(p->grad.defined()) << p->name;
+      }
+    }
     std::printf("lora GPU bf16 vs CPU fp32 (%s): worst factor gradient rel L2 %.2e\n", table, worst);
   }
 }

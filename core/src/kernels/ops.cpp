@@ -20,6 +20,7 @@
 #include "kernels/attention_blocks.h"
 #include "kernels/attention_table.h"
 #include "kernels/cpu/cpu_ops.h"
+#include "kernels/dropout_mask.h"
 #include "lcx/profile.h"
 #ifdef LCX_HAVE_CUDA
 #include "kernels/cuda/cuda_ops.h"
@@ -282,6 +283,21 @@ void cast(const Tensor& src, Tensor& dst) {
   need_same_shape(op, "dst", dst, "src", src);
   ProfileScope scope(OpKind::other, op);
   LCX_ROUTE(cuda, cast, src, dst);
+}
+
+void dropout(const Tensor& x, float p, uint64_t key, int64_t row0, int64_t col0, Tensor& out, float beta) {
+  const char* op = "dropout";
+  const bool cuda = on_cuda(op, {{"x", &x}, {"out", &out}});
+  need_float(op, "x", x);
+  need_float(op, "out", out);
+  need_dim(op, "x", x, 2);
+  need_same_shape(op, "out", out, "x", x);
+  if (!(p >= 0.f && p < 1.f)) fail(op, str("p = ", p, " must be in [0, 1)"));
+  if (row0 < 0 || col0 < 0 || col0 + x.size(1) > (int64_t{1} << kDropoutColumnBits))
+    fail(op, str("rows from ", row0, " and columns [", col0, ", ", col0 + x.size(1), ") of ", desc("x", x),
+                 ": the mask counts rows from 0 and columns in [0, ", int64_t{1} << kDropoutColumnBits, ")"));
+  ProfileScope scope(OpKind::other, op);
+  LCX_ROUTE(cuda, dropout, x, p, key, row0, col0, out, beta);
 }
 
 void copy_columns(const Tensor& src, int64_t src_col, Tensor& dst, int64_t dst_col, int64_t cols) {

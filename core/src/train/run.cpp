@@ -393,7 +393,10 @@ std::string Run::save(const TrainerState& state, const CheckpointContents& conte
   // Under expert parallelism rank 0 writes every expert, as it writes ZeRO-3's gathered
   // parameters: each layer's experts gathered over its group (rank order is expert order) for the
   // save, then its own again. Only the first group's ranks take part; the others hold copies.
-  // An adapter's factors of the experts (lora's experts = true) are gathered the same way.
+  // An adapter's factors of the experts (Adapter::find_experts) are gathered the same way.
+  // One parameter's experts are gathered on the GPU at a time and rank 0 keeps them in host
+  // memory for the writer (which copies every tensor to the host anyway): all of Qwen3-30B-A3B's
+  // experts at once would be 57 GB more on each GPU of the group, past an 80 GB card's budget.
   std::vector<std::pair<Parameter*, Tensor>> own;
   Communicator* group = rank_.mesh ? rank_.mesh->experts() : nullptr;
   std::vector<Parameter*> params = model().parameters();
@@ -406,8 +409,9 @@ std::string Run::save(const TrainerState& state, const CheckpointContents& conte
       shape[0] *= group->size();
       Tensor whole = Tensor::empty(shape, p->value.dtype(), p->value.device(), MemoryCategory::weights);
       group->all_gather(p->value, whole);
+      if (rank() != 0) continue;
       own.emplace_back(p, p->value);
-      p->value = whole;
+      p->value = whole.device().is_cuda() ? whole.to(Device::cpu()) : whole;
     }
   std::string dir;
   try {

@@ -31,6 +31,9 @@ struct MlpWeights {
   const LowRank* gate_lr = nullptr;
   const LowRank* up_lr = nullptr;
   const LowRank* down_lr = nullptr;
+  // x's first row in the layer's input (a tile's offset): the adapters' dropout masks count rows
+  // from the layer's first, so a tile draws what the whole MLP would.
+  int64_t row0 = 0;
 };
 
 class MlpStrategy : public Plugin {
