@@ -40,14 +40,6 @@ Shard tokens_shard(int64_t T, int64_t salt) {
   return test::shard_from_labels(ids, labels);
 }
 
-void fill_random(Tensor& t, uint32_t seed, float scale) {
-  std::mt19937 rng(seed);
-  std::normal_distribution<float> n(0.f, scale);
-  std::vector<float> v(static_cast<size_t>(t.numel()));
-  for (auto& x : v) x = n(rng);
-  t.copy_from(Tensor::from_floats(v, t.shape(), t.dtype(), Device::cpu()).to(t.device()));
-}
-
 bool expert_factor(const Parameter& p) { return p.name.find(".mlp.experts.") != std::string::npos; }
 
 // The model of kSpec with the adapter attached; B randomized (non-zero) so every factor has a gradient.
@@ -66,7 +58,7 @@ struct Adapted {
     uint32_t seed = 100;
     if (randomize_b)
       for (Parameter* p : lora->parameters())
-        if (p->name.find("lora_B") != std::string::npos) fill_random(p->value, seed++, 0.2f);
+        if (p->name.find("lora_B") != std::string::npos) test::fill_normal(p->value, seed++, 0.2f);
     slots = std::make_unique<test::DefaultSlots>(*model);
     slots->slots.adapter = lora.get();
   }

@@ -35,14 +35,6 @@ Shard tokens_shard(int64_t T, int64_t salt) {
   return test::shard_from_labels(ids, ids);
 }
 
-void fill_random(Tensor& t, uint32_t seed, float scale) {
-  std::mt19937 rng(seed);
-  std::normal_distribution<float> n(0.f, scale);
-  std::vector<float> v(static_cast<size_t>(t.numel()));
-  for (auto& x : v) x = n(rng);
-  t.copy_from(Tensor::from_floats(v, t.shape(), t.dtype(), Device::cpu()).to(t.device()));
-}
-
 // A model with its adapter attached, B randomized so that every factor's gradient is non-zero.
 struct Adapted {
   std::shared_ptr<Model> model;
@@ -56,7 +48,7 @@ struct Adapted {
     lora->attach(*model, AdapterContext{device, dtype, 11, ""});
     uint32_t seed = 100;
     for (Parameter* p : lora->parameters())
-      if (p->name.find("lora_B") != std::string::npos) fill_random(p->value, seed++, 0.05f);
+      if (p->name.find("lora_B") != std::string::npos) test::fill_normal(p->value, seed++, 0.05f);
     slots = std::make_unique<test::DefaultSlots>(*model);
     slots->slots.adapter = lora.get();
   }
@@ -155,37 +147,41 @@ TEST(Lora, ForwardEqualsTheMergedWeights) {
 
 // Every factor's gradient against central differences of the loss, with one and two head groups
 // (q/k/v rows and o_proj columns cut per group) and kept attention.
+// The `entries` largest entries of each factor's gradient from one step against central
+// differences of the loss (the adapter's dropout, if any, keyed as the caller left it).
+void expect_finite_differences(Adapted& a, const Shard& shard, size_t entries, const std::string& what) {
+  a.step(shard);
+  std::vector<std::pair<Parameter*, std::vector<float>>> grads;
+  for (Parameter* p : a.lora->parameters()) grads.emplace_back(p, p->grad.to_floats());
+  for (auto& [p, g] : grads) {
+    const std::vector<float> saved = p->value.to_floats();
+    std::vector<size_t> idx(g.size());
+    std::iota(idx.begin(), idx.end(), 0);
+    std::partial_sort(idx.begin(), idx.begin() + static_cast<std::ptrdiff_t>(entries), idx.end(),
+                      [&](size_t x, size_t y) { return std::abs(g[x]) > std::abs(g[y]); });
+    for (size_t k = 0; k < entries; ++k) {
+      const size_t i = idx[k];
+      const float h = 2e-3f;
+      std::vector<float> v = saved;
+      v[i] = saved[i] + h;
+      p->value.copy_from(Tensor::from_floats(v, p->value.shape(), DType::f32));
+      const double up = a.loss(shard);
+      v[i] = saved[i] - h;
+      p->value.copy_from(Tensor::from_floats(v, p->value.shape(), DType::f32));
+      const double down = a.loss(shard);
+      p->value.copy_from(Tensor::from_floats(saved, p->value.shape(), DType::f32));
+      const double fd = (up - down) / (2.0 * h);
+      EXPECT_NEAR(g[i], fd, 2e-3 + 2e-2 * std::abs(fd)) << what << ": " << p->name << "[" << i << "]";
+    }
+  }
+}
+
 TEST(Lora, GradientsMatchFiniteDifferences) {
   for (const char* table : {"attention_head_groups = 1", "attention_head_groups = 2\nkeep_attention = false",
                             "attention_head_groups = 2\nkeep_attention = true"}) {
     Adapted a("r = 3\nalpha = 6", table, Device::cpu(), DType::f32, 1);
-    const Shard shard = tokens_shard(20, 2);
-    a.step(shard);
-    std::vector<std::pair<Parameter*, std::vector<float>>> grads;
-    for (Parameter* p : a.lora->parameters()) grads.emplace_back(p, p->grad.to_floats());
-    for (auto& [p, g] : grads) {
-      std::vector<float> v = p->value.to_floats();
-      const std::vector<float> saved = v;
-      // A few entries of each factor, the largest gradients among them so the difference is clear.
-      std::vector<size_t> idx(g.size());
-      std::iota(idx.begin(), idx.end(), 0);
-      std::partial_sort(idx.begin(), idx.begin() + 3, idx.end(),
-                        [&](size_t x, size_t y) { return std::abs(g[x]) > std::abs(g[y]); });
-      for (int k = 0; k < 3; ++k) {
-        const size_t i = idx[static_cast<size_t>(k)];
-        const float h = 2e-3f;
-        v = saved;
-        v[i] = saved[i] + h;
-        p->value.copy_from(Tensor::from_floats(v, p->value.shape(), DType::f32));
-        const double up = a.loss(shard);
-        v[i] = saved[i] - h;
-        p->value.copy_from(Tensor::from_floats(v, p->value.shape(), DType::f32));
-        const double down = a.loss(shard);
-        p->value.copy_from(Tensor::from_floats(saved, p->value.shape(), DType::f32));
-        const double fd = (up - down) / (2.0 * h);
-        EXPECT_NEAR(g[i], fd, 2e-3 + 2e-2 * std::abs(fd)) << table << ": " << p->name << "[" << i << "]";
-      }
-    }
+    // A few entries of each factor, the largest gradients among them so the difference is clear.
+    expect_finite_differences(a, tokens_shard(20, 2), 3, table);
   }
 }
 
@@ -208,7 +204,7 @@ TEST(Lora, SavesPeftFilesAndStartsFromThem) {
   const fs::path dir = test::temp_dir("lora-files");
   Adapted a("r = 4\nalpha = 8\ntarget_modules = [\"q_proj\", \"v_proj\", \"down_proj\"]\nmodules_to_save = [\"lm_head\"]");
   for (Parameter* p : a.model->parameters())
-    if (p->name == "lm_head.weight") fill_random(p->value, 7, 0.02f);
+    if (p->name == "lm_head.weight") test::fill_normal(p->value, 7, 0.02f);
   a.lora->save(dir.string(), "Qwen/Qwen3-8B");
   ASSERT_TRUE(a.lora->saved_in(dir.string()));
   const nlohmann::json cfg = nlohmann::json::parse(std::ifstream(dir / "adapter_config.json"));
@@ -317,7 +313,7 @@ TEST(Lora, RefusalsNameTheKey) {
 
 Tensor host_random(Shape shape, uint32_t seed) {
   Tensor t = Tensor::empty(std::move(shape), DType::f32, Device::cpu());
-  fill_random(t, seed, 1.f);
+  test::fill_normal(t, seed, 1.f);
   return t;
 }
 
@@ -429,25 +425,7 @@ TEST(LoraDropout, GradientsMatchFiniteDifferences) {
                             "attention_head_groups = 2\nkeep_attention = true"}) {
     Adapted a("r = 3\nalpha = 6\ndropout = 0.3", table, Device::cpu(), DType::f32, 1);
     a.lora->begin_pass(4, 1, 0, true);
-    const Shard shard = tokens_shard(20, 2);
-    a.step(shard);
-    for (Parameter* p : a.lora->parameters()) {
-      const std::vector<float> g = p->grad.to_floats(), saved = p->value.to_floats();
-      size_t i = 0;
-      for (size_t j = 0; j < g.size(); ++j)
-        if (std::abs(g[j]) > std::abs(g[i])) i = j;
-      const float h = 2e-3f;
-      std::vector<float> v = saved;
-      v[i] = saved[i] + h;
-      p->value.copy_from(Tensor::from_floats(v, p->value.shape(), DType::f32));
-      const double up = a.loss(shard);
-      v[i] = saved[i] - h;
-      p->value.copy_from(Tensor::from_floats(v, p->value.shape(), DType::f32));
-      const double down = a.loss(shard);
-      p->value.copy_from(Tensor::from_floats(saved, p->value.shape(), DType::f32));
-      const double fd = (up - down) / (2.0 * h);
-      EXPECT_NEAR(g[i], fd, 2e-3 + 2e-2 * std::abs(fd)) << table << ": " << p->name << "[" << i << "]";
-    }
+    expect_finite_differences(a, tokens_shard(20, 2), 1, table);
   }
 }
 

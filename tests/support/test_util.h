@@ -37,6 +37,15 @@ inline std::filesystem::path temp_dir(const std::string& tag) {
   return dir;
 }
 
+// t's values drawn from N(0, scale^2) by a generator seeded with `seed`, on t's device and dtype.
+inline void fill_normal(Tensor& t, uint32_t seed, float scale) {
+  std::mt19937 rng(seed);
+  std::normal_distribution<float> n(0.f, scale);
+  std::vector<float> v(static_cast<size_t>(t.numel()));
+  for (auto& x : v) x = n(rng);
+  t.copy_from(Tensor::from_floats(v, t.shape(), t.dtype(), Device::cpu()).to(t.device()));
+}
+
 inline void write_file(const std::filesystem::path& p, const std::string& text) {
   std::filesystem::create_directories(p.parent_path());
   std::ofstream(p) << text;
