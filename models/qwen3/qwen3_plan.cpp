@@ -213,8 +213,9 @@ void plan_dense_decoder(const PlanInputs& in, MemoryPlan& plan, const DenseDecod
     // rotary); the optimizer adds its own.
     w.memory_bytes += static_cast<double>(s.L) * t * static_cast<double>(ab) * (11.0 * width + 24.0 * s.H);
     // train.checkpoint_every = k: the backward runs the forward of every unsaved layer once more to
-    // rebuild its input (its elementwise passes taken as a third of the layer's).
-    const double rebuilt = static_cast<double>(s.L - in.recipe.saved_layers(s.L));
+    // rebuild its input, or with train.rebuild_each each one's chain from the saved input (its
+    // elementwise passes taken as a third of the layer's).
+    const double rebuilt = static_cast<double>(in.recipe.rebuilt_forwards(s.L));
     const double grouped_forward = G > 1 ? 2 * t * (qkv + o) : 0;
     w.gemm_flops += rebuilt * (fwd - grouped_forward);
     w.grouped_gemm_flops += rebuilt * grouped_forward;

@@ -141,7 +141,9 @@ TEST(ChatOffsets, SpansTileTheTextAndSpellEachToken) {
     EXPECT_LE(sp.begin, at + 0) << k;
     EXPECT_GE(sp.end, sp.begin);
     const std::string piece = text.substr(sp.begin, sp.end - sp.begin);
-    if (piece.find('\xCC') == std::string::npos) EXPECT_EQ(tok.decode({enc[0].ids[k]}), piece) << k;
+    if (piece.find('\xCC') == std::string::npos) {
+      EXPECT_EQ(tok.decode({enc[0].ids[k]}), piece) << k;
+    }
     at = sp.end;
   }
   EXPECT_EQ(at, text.size());

@@ -173,6 +173,11 @@ TEST_F(LoraTrain, Zero3ShardsTheFrozenBaseAndTrainsAsOneRank) {
   const Result one = train("one", {}, "grad_accum = 2\n");
   const Result z = train("zero3", {}, "", "[distributed]\nnproc_per_node = 2\nshard_parameters = true\n");
   expect_same_training(z, one, "ZeRO-3 dp 2");
+  // Rebuilding each input from the saved one runs a layer's forward again after a backward: the
+  // gathers around it follow.
+  expect_same_training(train("zero3_each", {}, "checkpoint_every = 3\nrebuild_each = true\n",
+                             "[distributed]\nnproc_per_node = 2\nshard_parameters = true\n"),
+                       one, "ZeRO-3 dp 2, rebuild_each");
   // Each rank's optimizer state holds its shard of the trained parameters only.
   auto opt = safetensors::Checkpoint::open((dir / "zero3" / "checkpoint-3" / "optimizer-rank0-of-2.safetensors").string());
   for (const auto& n : opt.names()) EXPECT_TRUE(n.find("lora_") != std::string::npos || n.find("norm") != std::string::npos) << n;

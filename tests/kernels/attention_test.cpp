@@ -331,7 +331,9 @@ TEST(AttentionCpu, BlocksEqualEachBlockAlone) {
     EXPECT_TRUE(untouched(dv, k_in));
     for (int64_t h = 0; h < Hq; ++h)
       for (int64_t t = 0; t < T; ++t)
-        if (!q_in[static_cast<size_t>(t)]) EXPECT_EQ(lse_all[static_cast<size_t>(h * T + t)], 7.f);
+        if (!q_in[static_cast<size_t>(t)]) {
+          EXPECT_EQ(lse_all[static_cast<size_t>(h * T + t)], 7.f);
+        }
   }
 }
 

@@ -509,6 +509,8 @@ TEST(Qwen3Step, AttentionKeptFromTheForwardEqualsRecompute) {
 // the inputs in between from the nearest saved one; the rebuild is the forward's own arithmetic, so
 // every gradient equals the step that saves each layer, bit for bit (fp32 and bf16), for k dividing
 // the 7 layers or not, and past them. A recipe that keeps the attention keeps nothing with k > 1.
+// train.rebuild_each rebuilds each input from the saved one again (its own chain of forwards): the
+// same arithmetic, so the same bits, and the same calls to the memory strategy.
 TEST(Qwen3Step, CheckpointEveryKLayersGivesTheSameGradients) {
   nlohmann::json spec = nlohmann::json::parse(kTiny);
   spec["num_hidden_layers"] = 7;
@@ -520,11 +522,12 @@ TEST(Qwen3Step, CheckpointEveryKLayersGivesTheSameGradients) {
     const StepResult base = test::mean_loss_step(s, shard, 9);
     std::vector<std::vector<float>> want;
     for (Parameter* p : m->parameters()) want.push_back(p->grad.to_floats());
-    for (int64_t k : {2, 3, 4, 7, 9}) {
-      SCOPED_TRACE(str(dtype_name(dt), " every ", k));
+    for (int64_t k : {2, 3, 4, 7, 9})
+    for (int64_t each : {0, 1}) {
+      SCOPED_TRACE(str(dtype_name(dt), " every ", k, each ? ", rebuild_each" : ""));
       RecordingMemory rec;
       StepSlots slots{*m, *s.loss, *s.rope, rec, *s.parallel};
-      slots.recipe = test::recipe_of({{"qwen3.keep_attention", 1}, {"train.checkpoint_every", k}});
+      slots.recipe = test::recipe_of({{"qwen3.keep_attention", 1}, {"train.checkpoint_every", k}, {"train.rebuild_each", each}});
       m->zero_grad();
       const StepResult got = train_step(slots, shard, 1.0 / 9, Device::cpu());
       EXPECT_EQ(got.loss_sum, base.loss_sum);

@@ -39,6 +39,8 @@ struct StepCase {
   bool lora_experts = false;
   // With lora_rank: the adapters' dropout ([lora] dropout), drawing its masks in the step.
   float lora_dropout = 0;
+  // With checkpoint_every >= 3: train.rebuild_each, one rebuilt input held at a time.
+  bool rebuild_each = false;
 };
 
 class PlanAgainstStep : public ::testing::TestWithParam<StepCase> {};
@@ -74,6 +76,7 @@ TEST_P(PlanAgainstStep, CpuPeakOfOneQwen3StepMatchesThePlan) {
   slots.mlp = tiled.get();
   slots.adapter = lora.get();
   slots.recipe.set_checkpoint_every(c.checkpoint_every);
+  if (c.rebuild_each) slots.recipe.set(Recipe::kCoreProvider, Recipe::kRebuildEach, 1, true);
   slots.recipe.set("tiled_mlp", "tile_rows", c.tile_rows);
   slots.recipe.set("loss_chunked", "chunk_rows", c.chunk_rows);
   slots.recipe.set("qwen3", "moe_tile_rows", c.moe_tile_rows);
@@ -149,7 +152,10 @@ INSTANTIATE_TEST_SUITE_P(DtypesAndLosses, PlanAgainstStep,
                                            StepCase{DType::f32, "loss_chunked", 1, 0, 128, 16, true, 0, false},
                                            // LoRA with dropout: one dropped input beside each adapted call.
                                            StepCase{DType::bf16, "nll", 1, 0, 0, 16, false, 0, false, 0.1f},
-                                           StepCase{DType::f32, "loss_chunked", 1, 384, 64, 16, false, 0, false, 0.1f}),
+                                           StepCase{DType::f32, "loss_chunked", 1, 384, 64, 16, false, 0, false, 0.1f},
+                                           // Each rebuilt input from the saved one, held alone.
+                                           StepCase{DType::f32, "nll", 3, 0, 0, 0, false, 0, false, 0, true},
+                                           StepCase{DType::bf16, "loss_chunked", 3, 384, 64, 0, false, 0, false, 0, true}),
                          [](const auto& info) {
                            return std::string(dtype_name(info.param.dtype)) + "_" + info.param.loss +
                                   (info.param.checkpoint_every > 1 ? str("_every", info.param.checkpoint_every) : "") +
@@ -160,7 +166,8 @@ INSTANTIATE_TEST_SUITE_P(DtypesAndLosses, PlanAgainstStep,
                                   (info.param.moe ? "_moe" : "") +
                                   (info.param.moe_tile_rows > 0 ? str("_tiles", info.param.moe_tile_rows) : "") +
                                   (info.param.lora_experts ? "_experts" : "") +
-                                  (info.param.lora_dropout > 0 ? "_dropout" : "");
+                                  (info.param.lora_dropout > 0 ? "_dropout" : "") +
+                                  (info.param.rebuild_each ? "_rebuild_each" : "");
                          });
 
 // The C heap as core's CPU allocator takes it (64-byte aligned), counting besides, for each thread,

@@ -279,6 +279,51 @@ TEST(PlanArithmetic, CheckpointEveryKLayersSavesInputsAndCostsAForward) {
   for (const RecipeOption& o : rank_recipes(in, s, 141LL << 30, -1, 0)) EXPECT_EQ(o.recipe.checkpoint_every(), 1);
 }
 
+// train.rebuild_each (k >= 3): one rebuilt input beside the backward instead of k - 1, two beside a
+// rebuild's forward; n(n-1)/2 forwards a segment of n instead of n - 1. The search takes it only
+// where holding the segment does not fit; [train] rebuild_each set is the one value declared.
+TEST(PlanArithmetic, RebuildEachHoldsOneInputAndCostsForwards) {
+  PlanInputs in = inputs("qwen3-4b", 65536);
+  const int64_t TH = 65536LL * 2560 * 2;
+  in.recipe.set_checkpoint_every(6);
+  const MemoryPlan hold = build_plan(in, qwen3_slots());
+  in.recipe.set(Recipe::kCoreProvider, Recipe::kRebuildEach, 1, true);
+  ASSERT_TRUE(in.recipe.rebuild_each());
+  const MemoryPlan each = build_plan(in, qwen3_slots());
+  for (const char* phase : {plan_phase::mlp_backward, plan_phase::backward})
+    EXPECT_EQ(sum_by(hold, "step", phase) - sum_by(each, "step", phase), 4 * TH) << phase;
+  EXPECT_EQ(sum_by(hold, "step", plan_phase::forward) - sum_by(each, "step", plan_phase::forward), 3 * TH);
+  // 36 layers in 6 segments of 6: 15 forwards each instead of 5.
+  EXPECT_EQ(in.recipe.rebuilt_forwards(36), 90);
+  const double per_layer = hold.work.attention_forward_flops / (36 + 36 + 30);
+  EXPECT_NEAR(each.work.attention_forward_flops - hold.work.attention_forward_flops, 60 * per_layer, 1e-6 * per_layer * 60);
+  EXPECT_GT(predicted_step_seconds(each.work), predicted_step_seconds(hold.work));
+  EXPECT_LE(each.peak().bytes, hold.peak().bytes);
+  // Below k = 3 there is nothing to choose: k = 2 holds one rebuilt input either way.
+  in.recipe.set_checkpoint_every(2);
+  EXPECT_FALSE(in.recipe.rebuild_each());
+  EXPECT_EQ(in.recipe.rebuilt_forwards(36), 18);
+  in.recipe.set_checkpoint_every(7);
+  EXPECT_EQ(in.recipe.rebuilt_forwards(36), 5 * 21 + 0);  // five segments of 7 and the last layer alone
+  // The knob: both values under "auto", in order; the key's value alone when set; none for k < 3.
+  auto knob = [&](int64_t k, int64_t key) -> std::optional<std::vector<int64_t>> {
+    PlanInputs at = inputs("qwen3-4b", 65536);
+    at.recipe.set_checkpoint_every(k);
+    at.rebuild_each = key;
+    for (const DeclaredKnob& d : declared_knobs(at, qwen3_slots(), k))
+      if (d.knob.name == Recipe::kRebuildEach) return d.knob.values;
+    return std::nullopt;
+  };
+  EXPECT_EQ(knob(3, -1), (std::vector<int64_t>{0, 1}));
+  EXPECT_EQ(knob(4, 1), (std::vector<int64_t>{1}));
+  EXPECT_EQ(knob(2, -1), std::nullopt);
+  PlanInputs at = inputs("qwen3-4b", 65536);
+  at.rebuild_each = 1;
+  EXPECT_TRUE(unplanned_recipe(at, qwen3_slots(), 3).rebuild_each());
+  at.rebuild_each = -1;
+  EXPECT_FALSE(unplanned_recipe(at, qwen3_slots(), 3).rebuild_each());
+}
+
 // The search: spacings 1, 2, 3, 4, 6, 8, 12 for 36 layers (kept attention with k = 1 alone), and
 // for a memory strategy that places by the recipe, the most saved inputs on the GPU that fit.
 TEST(PlanArithmetic, RecipeSearchPlacesTheMostInputsThatFit) {

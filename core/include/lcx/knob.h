@@ -58,9 +58,10 @@ struct KnobValue {
 };
 
 // The plan's choices for one run. A provider reads its own by its name; a knob with no value
-// leaves the provider to its plain rule. Core's own knob is the step's: it saves the input of
+// leaves the provider to its plain rule. Core's own knobs are the step's: it saves the input of
 // every train.checkpoint_every-th layer only (0, k, 2k, ...) and rebuilds those between in the
-// backward, by one more forward of those layers.
+// backward, by one more forward of those layers (or, with train.rebuild_each, by forwards from the
+// segment's saved input for each of them).
 class Recipe {
  public:
   static constexpr const char* kCoreProvider = "train";
@@ -91,6 +92,22 @@ class Recipe {
 
   int64_t checkpoint_every() const { return std::max<int64_t>(1, get(kCoreProvider, kCheckpointEvery, 1)); }
   void set_checkpoint_every(int64_t k) { set(kCoreProvider, kCheckpointEvery, k); }
+  // Core's second knob, for k >= 3: the backward rebuilds each unsaved layer's input from its
+  // segment's saved one and holds that one alone, rather than rebuilding the segment's inputs
+  // once and holding them all (k - 1 of them): n (n - 1) / 2 layer forwards for a segment of n
+  // layers instead of n - 1, for k - 2 fewer [T,H] on the device.
+  static constexpr const char* kRebuildEach = "rebuild_each";
+  bool rebuild_each() const { return checkpoint_every() >= 3 && get(kCoreProvider, kRebuildEach, 0) != 0; }
+  // The layer forwards the backward runs again to rebuild unsaved inputs, over num_layers.
+  int64_t rebuilt_forwards(int64_t num_layers) const {
+    const int64_t k = checkpoint_every();
+    int64_t n = 0;
+    for (int64_t first = 0; first < num_layers; first += k) {
+      const int64_t len = std::min(k, num_layers - first);
+      n += rebuild_each() ? len * (len - 1) / 2 : len - 1;
+    }
+    return n;
+  }
   bool saves(int64_t layer) const { return layer % checkpoint_every() == 0; }
   int64_t saved_layers(int64_t num_layers) const {
     const int64_t k = checkpoint_every();

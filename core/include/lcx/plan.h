@@ -63,6 +63,8 @@ struct PlanInputs {
   bool documents_masked = false;     // [data] attend_across_documents = false: attention masks per document
   MeshOrder order = MeshOrder::sp_inner;  // [distributed] order: which of cp and sp takes neighbouring ranks
   int64_t ep = 1;  // [distributed] ep: ranks splitting each sparse layer's experts (MeshShape::ep)
+  // [train] rebuild_each (Recipe::rebuild_each): -1 "auto" (the plan's choice where k >= 3), 0 or 1.
+  int64_t rebuild_each = -1;
   // Set by the Adapter slot's plan_inputs() before anything plans (lcx/slots/adapter.h): the
   // model's parameters are frozen but for base_trained_parameters of them (modules the adapter
   // trains whole), so the model plans gradients for those alone and skips its weight-gradient work.

@@ -260,6 +260,10 @@ CoreConfig read_core_config(const Manifest& m, const std::vector<std::string>& p
     v.describe("grad_dtype", "the GEMM weights' gradients: auto keeps the weights' dtype where nothing needs fp32");
     v.describe("checkpoint_every",
                "gradient checkpointing: save every k-th layer's input and recompute the rest in the backward; auto: the plan's choice");
+    v.describe("rebuild_each",
+               "with checkpoint_every >= 3: rebuild each recomputed layer input from the saved one, holding one at a time "
+               "(less memory, more forward); auto: the plan's choice",
+               "true, false, \"auto\"", "\"auto\"");
     v.describe("save_steps", "save a checkpoint every this many steps; 0 saves only at the end");
     v.describe("keep_checkpoints", "how many checkpoints are kept; older ones are deleted; 0 keeps all");
     v.describe("save_final", "save a checkpoint after the last step");
@@ -298,6 +302,14 @@ CoreConfig read_core_config(const Manifest& m, const std::vector<std::string>& p
       const std::optional<int64_t> every = v.get_int_or_auto("checkpoint_every", fix);
       t.checkpoint_every = every.value_or(0);
       need(v, "checkpoint_every", t.checkpoint_every, !every || *every >= 1, "must be >= 1", fix);
+    }
+    try {
+      const bool on = v.get_bool("rebuild_each", false);
+      t.rebuild_each = v.has("rebuild_each") ? (on ? 1 : 0) : -1;
+    } catch (const Error&) {  // not a bool: the one string it may be is "auto"
+      const std::string text = v.get_string("rebuild_each", "auto");
+      if (text != "auto")
+        v.fail("rebuild_each", str("'", text, "' is neither true, false nor \"auto\""), "true, false or \"auto\" (the plan's choice)");
     }
     t.save_steps = v.get_int("save_steps", t.save_steps);
     need(v, "save_steps", t.save_steps, t.save_steps >= 0, "must be >= 0 (0 saves only at the end)");

@@ -90,6 +90,9 @@ struct TrainConfig {
   // Save the input of every k-th layer only and rebuild the others in the backward (Recipe::
   // checkpoint_every); 0: "auto", the plan's choice.
   int64_t checkpoint_every = 0;
+  // With checkpoint_every >= 3, rebuild each unsaved input from the segment's saved one rather
+  // than holding the segment's (Recipe::rebuild_each): -1 "auto" (the plan's choice), 0 or 1.
+  int rebuild_each = -1;
   int64_t save_steps = 0;
   int64_t keep_checkpoints = 2;
   bool save_final = true;  // a checkpoint after the last step (benchmarks turn it off)

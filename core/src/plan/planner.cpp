@@ -41,17 +41,18 @@ void plan_step(const PlanInputs& in, MemoryPlan& p) {
   // layer output above), which also covers the forward's own unsaved input. Exact beside a memory
   // strategy whose device bytes stay level (a window of inputs moved in and out); beside one that
   // releases each saved input (on_device) and a k not dividing L, the full segments come after a
-  // release and the peak is one [T,H] below this.
+  // release and the peak is one [T,H] below this. With train.rebuild_each, a layer's backward
+  // holds its own rebuilt input alone, and a rebuild the input it runs from and dy.
   const int64_t rebuilt = std::min(in.recipe.checkpoint_every(), in.model.num_layers) - 1;
+  const bool each = in.recipe.rebuild_each();
+  const int64_t held = each ? std::min<int64_t>(rebuilt, 1) : rebuilt, rebuilding = each ? std::min<int64_t>(rebuilt, 2) : rebuilt;
   if (rebuilt > 0) {
-    p.add("rebuilt_inputs",
-          str("rebuilt layer inputs ", rebuilt, " x [T,H] (train.checkpoint_every ", in.recipe.checkpoint_every(), ")"),
-          PlanCategory::transient, rebuilt * TH, plan_phase::mlp_backward);
-    p.add("rebuilt_inputs",
-          str("rebuilt layer inputs ", rebuilt, " x [T,H] (train.checkpoint_every ", in.recipe.checkpoint_every(), ")"),
-          PlanCategory::transient, rebuilt * TH, plan_phase::backward);
-    p.add("rebuild_buffers", str("rebuild in the backward: ", rebuilt - 1, " rebuilt inputs and dy [T,H]"),
-          PlanCategory::transient, rebuilt * TH, plan_phase::forward);
+    const std::string what = str("rebuilt layer inputs ", held, " x [T,H] (train.checkpoint_every ", in.recipe.checkpoint_every(),
+                                 each ? ", rebuild_each" : "", ")");
+    p.add("rebuilt_inputs", what, PlanCategory::transient, held * TH, plan_phase::mlp_backward);
+    p.add("rebuilt_inputs", what, PlanCategory::transient, held * TH, plan_phase::backward);
+    p.add("rebuild_buffers", str("rebuild in the backward: ", rebuilding - 1, " rebuilt inputs and dy [T,H]"),
+          PlanCategory::transient, rebuilding * TH, plan_phase::forward);
   }
 }
 
@@ -113,6 +114,7 @@ PlanInputs plan_inputs(const CoreConfig& cfg, const ModelConfig& model, int64_t 
   in.sp = cfg.distributed.sp;
   in.order = cfg.distributed.order;
   in.ep = cfg.distributed.ep;
+  in.rebuild_each = cfg.train.rebuild_each;
   in.world_size = in.dp * in.cp * in.sp;
   in.local_ranks = cfg.distributed.nproc_per_node;
   in.weight_dtype = dtype_from_name(cfg.model.dtype);

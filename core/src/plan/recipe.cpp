@@ -239,6 +239,18 @@ std::vector<DeclaredKnob> declared_knobs(const PlanInputs& in, const PlanSlots& 
   spacing.default_value = std::max<int64_t>(1, checkpoint_every);
   spacing.means = "gradient checkpointing: every k-th layer's input saved, the others recomputed in the backward";
   out.push_back({Recipe::kCoreProvider, std::move(spacing)});
+  // With k >= 3, how the backward rebuilds a segment's inputs: held all at once (faster) unless
+  // that does not fit, then each from the saved one. [train] rebuild_each set is the one value.
+  if (in.recipe.checkpoint_every() >= 3) {
+    Knob each;
+    each.name = Recipe::kRebuildEach;
+    each.values = in.rebuild_each >= 0 ? std::vector<int64_t>{in.rebuild_each} : std::vector<int64_t>{0, 1};
+    each.default_value = std::max<int64_t>(0, in.rebuild_each);
+    each.search = KnobSearch::until_fits;
+    each.boolean = true;
+    each.means = "rebuild each recomputed input from the saved one: one held at a time, more forward";
+    out.push_back({Recipe::kCoreProvider, std::move(each)});
+  }
   for_each_slot([&]<class T>(const SlotRow<T>& row) {
     const T* provider = slots.get<T>();
     std::unique_ptr<T> standin;  // core's default for a slot the caller left empty

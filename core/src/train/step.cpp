@@ -173,9 +173,39 @@ StepResult train_step(StepSlots& s, const Shard& shard, double grad_scale, Devic
   // one more forward of every unsaved layer) and held for the segment's backward, k-1 x [T,H] at
   // most, each dropped after its layer's backward. Re-running the forward from s for each layer
   // instead would hold one rebuilt input but cost (k-1)k/2 forwards per segment, not k-1.
+  // With train.rebuild_each the backward of each layer instead rebuilds its input from s again and
+  // holds it alone: (n-1)n/2 forwards for a segment of n, one rebuilt input held rather than n-1.
   std::vector<Tensor> inputs;  // the segment's inputs, s first
   for (int first = (L - 1) / k * k; first >= 0; first -= k) {
     const int end = std::min(L, first + k);
+    if (s.recipe.rebuild_each()) {
+      Tensor saved = memory.fetch(first);
+      if (first > 0) memory.prefetch(first - k);
+      for (int l = end - 1; l >= first; --l) {
+        Tensor in = saved;
+        for (int j = first; j < l; ++j) {
+          ProfilePhase layer(StepPhase::forward, j);
+          Tensor y = Tensor::empty({T, H}, dt, device, MemoryCategory::activations);
+          hooks.before_layer_forward(j);
+          model.layer_forward(j, in, y, unsaved);
+          hooks.after_layer_forward(j);
+          in = y;  // the input it ran from is dropped (unless it is the saved one)
+        }
+        ProfilePhase layer(StepPhase::backward, l);
+        Tensor dinput = Tensor::empty({T, H}, dt, device);
+        hooks.before_layer_backward(l);
+        model.layer_backward(l, in, dx, dinput, l == first ? ctx : unsaved);
+        hooks.after_layer_backward(l);
+        optimizer.grads_final(l);
+        in = Tensor();
+        if (l == first) {
+          saved = Tensor();
+          memory.release(l);
+        }
+        dx = dinput;
+      }
+      continue;
+    }
     inputs.assign(1, memory.fetch(first));
     if (first > 0) memory.prefetch(first - k);
     for (int l = first; l + 1 < end; ++l) {
