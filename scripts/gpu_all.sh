@@ -14,7 +14,7 @@ out=$(mktemp -d /tmp/lcx-gpu-all.XXXXXX)
 source scripts/gpu_bundle.sh
 
 [[ ${TESTS:-1} != 0 ]] && LCX_MEMCHECK=${LCX_MEMCHECK:-0} LCX_BENCH=${LCX_BENCH:-0} \
-  LCX_GPU_TESTS=${LCX_GPU_TESTS:-"test_parity test_dist_gpu test_cp_ring_gpu test_sp_ulysses_gpu test_offload test_tiled_mlp test_core test_e2e_dist_train test_multi_gpu test_loss_chunked_gpu test_lora"} \
+  LCX_GPU_TESTS=${LCX_GPU_TESTS:-"test_parity test_dist_gpu test_cp_ring_gpu test_sp_ulysses_gpu test_offload test_tiled_mlp test_core test_e2e_dist_train test_multi_gpu test_loss_chunked_gpu test_lora test_qwen3"} \
   OUT=$out/tests scripts/gpu_check.sh >"$out/gpu_check.out" 2>&1
 
 # The quickstart on the GPU: same manifest, the device picked automatically.

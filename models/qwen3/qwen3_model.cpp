@@ -107,6 +107,7 @@ struct AttnLora {
   const LowRank *q = nullptr, *k = nullptr, *v = nullptr, *o = nullptr;
   std::vector<const LowRank*> in;  // q, k, v's adapted factors, in that order
   Tensor ut, uo;
+  Tensor rows;  // StepContext::rows: the dropout masks' row indices
   // lr's rows of a tensor stacked as ut is.
   Tensor block(const Tensor& stacked, const LowRank* lr) const {
     const size_t i = static_cast<size_t>(std::find(in.begin(), in.end(), lr) - in.begin());
@@ -371,9 +372,9 @@ class Qwen3Model final : public Model {
         } else if (lo.o) {  // through the mask: go @ Ao's columns dropped onto dattn, A's gradient from the dropped input
           Tensor buffer = act({T, hg.nq * d}, x);
           ops::matmul(go, false, o_columns(lo.o->a->value, hg), false, buffer);
-          ops::dropout(buffer, lo.o->dropout, lo.o->dropout_key(), 0, hg.q0 * d, dattn2, 1.f);
+          ops::dropout(buffer, lo.o->dropout, lo.o->dropout_key(), lo.rows, hg.q0 * d, dattn2, 1.f);
           if (!lo.o->a->frozen)
-            accumulate_columns(lo.o->a->grad, hg, go, o_lora_input(*lo.o, hg, a.attn.view({T, hg.nq * d}), buffer), 1.f);
+            accumulate_columns(lo.o->a->grad, hg, go, o_lora_input(lo, hg, a.attn.view({T, hg.nq * d}), buffer), 1.f);
         }
       }
       if (trains(L.o)) accumulate_columns(G(L.o), hg, dx1, a.attn.view({T, hg.nq * d}), 1.f);
@@ -417,7 +418,7 @@ class Qwen3Model final : public Model {
       Tensor gt = act(gt32.shape(), h1);
       ops::cast(gt32, gt);
       gt32 = Tensor();
-      lowrank_input_backward(h1, gt, lo.in, dx, 1.f);
+      lowrank_input_backward(h1, gt, lo.in, dx, 1.f, lo.rows);
     }
     h1 = Tensor();
     Tensor dxn = act({T, cfg_.hidden_size}, x);
@@ -517,19 +518,20 @@ class Qwen3Model final : public Model {
   }
   MlpWeights mlp_weights(const LayerParams& L, const StepContext& ctx) {
     return {W(L.gate), W(L.up), W(L.down), lora(ctx, L, Linear::gate_proj), lora(ctx, L, Linear::up_proj),
-            lora(ctx, L, Linear::down_proj)};
+            lora(ctx, L, Linear::down_proj), ctx.rows};
   }
   // The layer's attention-half factors; with h1, also h1's products with q, k and v's A.
   AttnLora attn_lora(const LayerParams& L, const StepContext& ctx, const Tensor& h1) {
     AttnLora lo{lora(ctx, L, Linear::q_proj), lora(ctx, L, Linear::k_proj), lora(ctx, L, Linear::v_proj),
                 lora(ctx, L, Linear::o_proj)};
+    lo.rows = ctx.rows;
     for (const LowRank* lr : {lo.q, lo.k, lo.v})
       if (lr) lo.in.push_back(lr);
     if (h1.defined()) adapter_inputs(lo, h1);
     return lo;
   }
   void adapter_inputs(AttnLora& lo, const Tensor& h1) {
-    if (!lo.in.empty() && !lo.ut.defined()) lo.ut = lowrank_inputs(h1, lo.in);
+    if (!lo.in.empty() && !lo.ut.defined()) lo.ut = lowrank_inputs(h1, lo.in, lo.rows);
   }
   // One group's rows of a q/k/v adapter: dB's rows += scale * dy^T @ u, and its block of g^T (fp32
   // [r, T], summed over the groups) += scale * B's rows^T @ dy^T.
@@ -915,14 +917,15 @@ class Qwen3Model final : public Model {
     ops::matmul(a2, false, o_columns(W(L.o), hg), true, o, 1.f, g == 0 ? 0.f : 1.f);
     if (!lo.o) return;
     if (g == 0) lo.uo = f32({T, lo.o->rank()}, attn);
-    ops::matmul(o_lora_input(*lo.o, hg, a2), false, o_columns(lo.o->a->value, hg), true, lo.uo, 1.f, g == 0 ? 0.f : 1.f);
+    ops::matmul(o_lora_input(lo, hg, a2), false, o_columns(lo.o->a->value, hg), true, lo.uo, 1.f, g == 0 ? 0.f : 1.f);
   }
   // A group's attention output as o_proj's adapter reads it: itself, or where the adapter drops,
   // dropped by the mask of its columns of the whole [T, Hq*d] input (in `buffer` when given).
-  Tensor o_lora_input(const LowRank& lr, const HeadGroup& hg, const Tensor& a2, Tensor buffer = {}) const {
+  Tensor o_lora_input(const AttnLora& lo, const HeadGroup& hg, const Tensor& a2, Tensor buffer = {}) const {
+    const LowRank& lr = *lo.o;
     if (!lr.dropping()) return a2;
     Tensor ad = buffer.defined() ? buffer : act(a2.shape(), a2);
-    ops::dropout(a2, lr.dropout, lr.dropout_key(), 0, hg.q0 * cfg_.head_dim, ad);
+    ops::dropout(a2, lr.dropout, lr.dropout_key(), lo.rows, hg.q0 * cfg_.head_dim, ad);
     return ad;
   }
 

@@ -181,6 +181,8 @@ class CpRing final : public Parallelism {
       s.document_bounds = seq.document_bounds;
       s.positions = Tensor::empty({L}, DType::i64);
       fill_positions(s.positions, 0, s.document_bounds, 0, L);
+      s.indices = Tensor::empty({L}, DType::i64);
+      fill_indices(s.indices, 0, 0, L);
       return s;
     }
     const int64_t chunks = 2 * static_cast<int64_t>(cp_);
@@ -193,6 +195,7 @@ class CpRing final : public Parallelism {
     s.tokens = Tensor::empty({T}, DType::i32);
     s.targets = Tensor::empty({T}, DType::i64);
     s.positions = Tensor::empty({T}, DType::i64);
+    s.indices = Tensor::empty({T}, DType::i64);
     const Tensor tokens = seq.tokens.device().is_cuda() ? seq.tokens.to(Device::cpu()) : seq.tokens;
     const Tensor targets = seq.targets.device().is_cuda() ? seq.targets.to(Device::cpu()) : seq.targets;
     int64_t at = 0;  // the rank's rows so far: its chunks in position order, of the layout's rows each
@@ -201,6 +204,7 @@ class CpRing final : public Parallelism {
       s.tokens.rows(at, at + rows).copy_from(tokens.rows(start, start + rows));
       s.targets.rows(at, at + rows).copy_from(targets.rows(start, start + rows));
       fill_positions(s.positions, at, seq.document_bounds, start, rows);
+      fill_indices(s.indices, at, start, rows);
       at += rows;
     }
     LCX_CHECK(at == T, "cp_ring: a layout's chunks must hold L / cp rows on every rank");

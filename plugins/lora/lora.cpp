@@ -107,12 +107,13 @@ class Lora final : public Adapter {
 
   bool active() const override { return true; }
 
-  // The pass's key for the dropout masks: the seed, the step, the pass and the rank; 0 (nothing
-  // drops) outside training.
-  void begin_pass(int64_t step, int64_t pass, int64_t rank, bool training) override {
+  // The pass's key for the dropout masks: the seed, the step and the pass (not the rank: the
+  // masks count rows by their index in the sequence, so a mesh draws what one rank does); 0
+  // (nothing drops) outside training.
+  void begin_pass(int64_t step, int64_t pass, bool training) override {
     pass_key_ = 0;
     if (!training || o_.dropout <= 0) return;
-    pass_key_ = mix(seed_ ^ mix(static_cast<uint64_t>(step) ^ mix(static_cast<uint64_t>(pass) ^ mix(static_cast<uint64_t>(rank))))) | 1;
+    pass_key_ = mix(seed_ ^ mix(static_cast<uint64_t>(step) ^ mix(static_cast<uint64_t>(pass)))) | 1;
   }
 
   void attach(Model& model, const AdapterContext& ctx) override {

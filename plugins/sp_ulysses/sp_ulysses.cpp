@@ -107,6 +107,8 @@ class Ulysses final : public Parallelism {
     s.targets = seq.targets.rows(begin, begin + T);
     s.positions = Tensor::empty({T}, DType::i64);
     fill_positions(s.positions, 0, seq.document_bounds, begin, T);
+    s.indices = Tensor::empty({T}, DType::i64);
+    fill_indices(s.indices, 0, begin, T);
     s.global_length = L;
     s.document_bounds = seq.document_bounds;
     return s;
@@ -269,6 +271,7 @@ class Ulysses final : public Parallelism {
     s.tokens = whole.tokens.rows(begin, begin + T);
     s.targets = whole.targets.rows(begin, begin + T);
     s.positions = whole.positions.rows(begin, begin + T);
+    if (whole.indices.defined()) s.indices = whole.indices.rows(begin, begin + T);
     s.global_length = whole.global_length;
     s.document_bounds = whole.document_bounds;
     return s;

@@ -63,7 +63,7 @@ class TiledMlp final : public MlpStrategy {
       const int64_t r1 = std::min(T, r0 + R);
       Tensor out_tile = out.rows(r0, r1);
       MlpWeights tile = w;
-      tile.row0 = w.row0 + r0;
+      if (w.rows.defined()) tile.rows = w.rows.rows(r0, r1);
       whole_->forward(x.rows(r0, r1), tile, out_tile);
     }
   }
@@ -74,7 +74,7 @@ class TiledMlp final : public MlpStrategy {
       const int64_t r1 = std::min(T, r0 + R);
       Tensor dx_tile = dx.rows(r0, r1);
       MlpWeights tile = w;
-      tile.row0 = w.row0 + r0;
+      if (w.rows.defined()) tile.rows = w.rows.rows(r0, r1);
       whole_->backward(x.rows(r0, r1), tile, dout.rows(r0, r1), dx_tile, grad);
     }
   }

@@ -17,6 +17,7 @@
 #include "gpu/attention_shapes.h"
 #include "gpu/gpu_test_util.h"
 #include "lcx/ops.h"
+#include "lcx/sequence.h"
 #include "support/moe_routing.h"
 
 namespace lcx::test {
@@ -263,19 +264,28 @@ std::vector<OpCase> cast_cases() {
 
 // Dropout draws its mask from (key, row, column) by integer arithmetic and scales in fp32 with the
 // CPU twin's operations in its order: the same bits, written fresh (beta 0) and added onto an
-// output (beta 1, as onto an input's gradient), with the rows and columns of a block inside a
-// wider matrix.
+// output (beta 1, as onto an input's gradient), with rows of a sequence in a rank's zigzag order
+// and the columns of a block inside a wider matrix, and with no row indices (0 .. n-1).
 std::vector<OpCase> dropout_cases() {
   std::vector<OpCase> cases;
   for (DType t : kDtypes)
     for (float beta : {0.f, 1.f}) {
-      cases.push_back({str("[1031,4096] p 0.1 rows from 70000, columns from 4096, beta ", beta, " ", dtype_name(t)),
-                       [=](Device d, std::mt19937& rng) {
-                         const Tensor x = at(d, host_normal({1031, 4096}, t, rng));
-                         Tensor o = beta == 0.f ? poisoned({1031, 4096}, t, d) : at(d, host_normal({1031, 4096}, t, rng));
-                         ops::dropout(x, 0.1f, 0x1234abcdull, 70000, 4096, o, beta);
-                         return std::vector<Output>{out("out", o, kExact)};
-                       }});
+      for (bool indexed : {true, false})
+        cases.push_back({str("[1031,4096] p 0.1 ", indexed ? "rows 70000.. in two chunks" : "rows 0..", ", columns from 4096, beta ",
+                             beta, " ", dtype_name(t)),
+                         [=](Device d, std::mt19937& rng) {
+                           const Tensor x = at(d, host_normal({1031, 4096}, t, rng));
+                           Tensor o = beta == 0.f ? poisoned({1031, 4096}, t, d) : at(d, host_normal({1031, 4096}, t, rng));
+                           Tensor rows;
+                           if (indexed) {
+                             Tensor host = Tensor::empty({1031}, DType::i64);
+                             fill_indices(host, 0, 900000, 500);
+                             fill_indices(host, 500, 70000, 531);
+                             rows = at(d, host);
+                           }
+                           ops::dropout(x, 0.1f, 0x1234abcdull, rows, 4096, o, beta);
+                           return std::vector<Output>{out("out", o, kExact)};
+                         }});
     }
   return cases;
 }

@@ -69,7 +69,7 @@ TEST_P(PlanAgainstStep, CpuPeakOfOneQwen3StepMatchesThePlan) {
     lora = test::make_plugin<Adapter>("lora", str("r = ", c.lora_rank, c.lora_experts ? "\nexperts = true" : "",
                                                   c.lora_dropout > 0 ? str("\ndropout = ", c.lora_dropout) : ""));
     lora->attach(*model, AdapterContext{Device::cpu(), c.dtype, 1, ""});
-    lora->begin_pass(1, 0, 0, true);
+    lora->begin_pass(1, 0, true);
   }
   model->zero_grad();  // the trained parameters' gradients, as the run gives them
   StepSlots slots{*model, chunked ? *chunked : *s.loss, *s.rope, *s.memory, *s.parallel};

@@ -12,6 +12,7 @@
 #include <random>
 
 #include "lcx/ops.h"
+#include "lcx/sequence.h"
 #include "lcx/peft.h"
 #include "lcx/safetensors.h"
 #include "lcx/slots/adapter.h"
@@ -317,13 +318,21 @@ Tensor host_random(Shape shape, uint32_t seed) {
   return t;
 }
 
+// Row indices i .. i + n - 1 on the host: a block's rows of the whole, as Shard::indices holds them.
+Tensor indices(int64_t first, int64_t n) {
+  Tensor t = Tensor::empty({n}, DType::i64);
+  fill_indices(t, 0, first, n);
+  return t;
+}
+
 // The mask: about 1 - p of the elements kept, each scaled by 1 / (1 - p); a block drawn at its
-// row and column offsets is the whole matrix's block; another key another mask; beta adds.
+// rows' indices and its column offset is the whole matrix's block, in any order of its rows; another
+// key another mask; beta adds.
 TEST(LoraDropout, TheMaskIsAFunctionOfKeyRowAndColumn) {
   const int64_t R = 256, C = 512;
   const Tensor ones = Tensor::from_floats(std::vector<float>(static_cast<size_t>(R * C), 1.f), {R, C}, DType::f32);
   Tensor whole = Tensor::empty({R, C}, DType::f32, Device::cpu());
-  ops::dropout(ones, 0.25f, 42, 0, 0, whole);
+  ops::dropout(ones, 0.25f, 42, Tensor(), 0, whole);
   const std::vector<float> w = whole.to_floats();
   int64_t kept = 0;
   for (float v : w) {
@@ -334,21 +343,26 @@ TEST(LoraDropout, TheMaskIsAFunctionOfKeyRowAndColumn) {
 
   const Tensor block_in = Tensor::from_floats(std::vector<float>(64 * 128, 1.f), {64, 128}, DType::f32);
   Tensor block = Tensor::empty({64, 128}, DType::f32, Device::cpu());
-  ops::dropout(block_in, 0.25f, 42, 100, 256, block);
+  Tensor rows = indices(100, 64);
+  std::swap(rows.data_as<int64_t>()[0], rows.data_as<int64_t>()[63]);  // rows out of order, as a zigzag holds them
+  ops::dropout(block_in, 0.25f, 42, rows, 256, block);
   const std::vector<float> b = block.to_floats();
   for (int64_t i = 0; i < 64; ++i)
     for (int64_t j = 0; j < 128; ++j)
-      ASSERT_EQ(b[static_cast<size_t>(i * 128 + j)], w[static_cast<size_t>((100 + i) * C + 256 + j)]) << i << "," << j;
+      ASSERT_EQ(b[static_cast<size_t>(i * 128 + j)], w[static_cast<size_t>(rows.data_as<int64_t>()[i] * C + 256 + j)])
+          << i << "," << j;
+  ops::dropout(ones, 0.25f, 42, indices(0, R), 0, block = Tensor::empty({R, C}, DType::f32, Device::cpu()));
+  EXPECT_EQ(block.to_floats(), w);  // undefined rows read as 0 .. n-1
 
   Tensor other = Tensor::empty({R, C}, DType::f32, Device::cpu());
-  ops::dropout(ones, 0.25f, 43, 0, 0, other);
+  ops::dropout(ones, 0.25f, 43, Tensor(), 0, other);
   const std::vector<float> o = other.to_floats();
   int64_t differ = 0;
   for (size_t i = 0; i < o.size(); ++i) differ += o[i] != w[i];
   EXPECT_GT(differ, R * C / 4);  // independent masks differ on 2 p (1 - p) = 37.5% of the elements
 
   Tensor acc = Tensor::from_floats(std::vector<float>(static_cast<size_t>(R * C), 2.f), {R, C}, DType::f32);
-  ops::dropout(ones, 0.25f, 42, 0, 0, acc, 1.f);
+  ops::dropout(ones, 0.25f, 42, Tensor(), 0, acc, 1.f);
   const std::vector<float> sum = acc.to_floats();
   for (size_t i = 0; i < sum.size(); ++i) ASSERT_EQ(sum[i], 2.f + w[i]);
 }
@@ -357,7 +371,8 @@ TEST(LoraDropout, TheMaskIsAFunctionOfKeyRowAndColumn) {
 // and its gradients written out in double: dx = scale * ((dy B) A) * m, dA = scale * (dy B)^T (x * m),
 // dB = scale * dy^T ((x * m) A^T), m the kept mask over 1 - p.
 TEST(LoraDropout, HelpersFollowPeftsFormula) {
-  const int64_t T = 37, in = 24, out = 20, r = 3, row0 = 9;
+  const int64_t T = 37, in = 24, out = 20, r = 3;
+  const Tensor rows = indices(9, T);
   const float p = 0.3f, scale = 0.7f;
   Parameter pa{.name = "a", .value = host_random({r, in}, 1), .grad = Tensor::zeros({r, in}, DType::f32, Device::cpu())};
   Parameter pb{.name = "b", .value = host_random({out, r}, 2), .grad = Tensor::zeros({out, r}, DType::f32, Device::cpu())};
@@ -369,12 +384,12 @@ TEST(LoraDropout, HelpersFollowPeftsFormula) {
   ASSERT_TRUE(lr.dropping());
   const Tensor x = host_random({T, in}, 3), dy = host_random({T, out}, 4);
   Tensor y = Tensor::empty({T, out}, DType::f32, Device::cpu()), dx = Tensor::empty({T, in}, DType::f32, Device::cpu());
-  lowrank_forward(x, lr, y, 0.f, row0);
-  lowrank_backward(x, dy, lr, dx, 0.f, row0);
+  lowrank_forward(x, lr, y, 0.f, rows);
+  lowrank_backward(x, dy, lr, dx, 0.f, rows);
 
   Tensor mask = Tensor::empty({T, in}, DType::f32, Device::cpu());
   ops::dropout(Tensor::from_floats(std::vector<float>(static_cast<size_t>(T * in), 1.f), {T, in}, DType::f32), p,
-               lr.dropout_key(), row0, 0, mask);
+               lr.dropout_key(), rows, 0, mask);
   const std::vector<float> m = mask.to_floats(), xv = x.to_floats(), dyv = dy.to_floats(), A = pa.value.to_floats(),
                            B = pb.value.to_floats();
   std::vector<double> xd(static_cast<size_t>(T * in)), u(static_cast<size_t>(T * r), 0), g(static_cast<size_t>(T * r), 0);
@@ -411,7 +426,7 @@ TEST(LoraDropout, HelpersFollowPeftsFormula) {
   pass = 0;
   ASSERT_FALSE(lr.dropping());
   Tensor y0 = Tensor::empty({T, out}, DType::f32, Device::cpu());
-  lowrank_forward(x, lr, y0, 0.f, row0);
+  lowrank_forward(x, lr, y0, 0.f, rows);
   LowRank plain{&pa, &pb, scale};
   Tensor y1 = Tensor::empty({T, out}, DType::f32, Device::cpu());
   lowrank_forward(x, plain, y1, 0.f);
@@ -424,27 +439,27 @@ TEST(LoraDropout, GradientsMatchFiniteDifferences) {
   for (const char* table : {"attention_head_groups = 1", "attention_head_groups = 2\nkeep_attention = false",
                             "attention_head_groups = 2\nkeep_attention = true"}) {
     Adapted a("r = 3\nalpha = 6\ndropout = 0.3", table, Device::cpu(), DType::f32, 1);
-    a.lora->begin_pass(4, 1, 0, true);
+    a.lora->begin_pass(4, 1, true);
     expect_finite_differences(a, tokens_shard(20, 2), 1, table);
   }
 }
 
-// A new mask for every step, pass and rank, the same one for the same; none outside training, where
+// A new mask for every step and pass, the same one for the same; none outside training, where
 // the loss is the adapter's without dropout.
 TEST(LoraDropout, DrawsPerPassAndNothingInEvaluation) {
   Adapted d("r = 4\nalpha = 8\ndropout = 0.2"), plain("r = 4\nalpha = 8");
   const Shard shard = tokens_shard(24, 6);
   const double base = plain.loss(shard);
   EXPECT_DOUBLE_EQ(d.loss(shard), base);  // no pass begun: nothing drops
-  d.lora->begin_pass(1, 0, 0, true);
+  d.lora->begin_pass(1, 0, true);
   const double first = d.loss(shard);
   EXPECT_NE(first, base);
   EXPECT_DOUBLE_EQ(d.loss(shard), first);
-  for (auto [step, pass, rank] : {std::tuple{2, 0, 0}, std::tuple{1, 1, 0}, std::tuple{1, 0, 1}}) {
-    d.lora->begin_pass(step, pass, rank, true);
-    EXPECT_NE(d.loss(shard), first) << step << " " << pass << " " << rank;
+  for (auto [step, pass] : {std::pair{2, 0}, std::pair{1, 1}}) {
+    d.lora->begin_pass(step, pass, true);
+    EXPECT_NE(d.loss(shard), first) << step << " " << pass;
   }
-  d.lora->begin_pass(1, 0, 0, false);
+  d.lora->begin_pass(1, 0, false);
   EXPECT_DOUBLE_EQ(d.loss(shard), base);
 }
 
@@ -455,8 +470,8 @@ TEST(LoraDropout, TilesAndHeadGroupsDrawTheWholeLayersMasks) {
   Adapted split("r = 4\nalpha = 8\ndropout = 0.25", "attention_head_groups = 2\nkeep_attention = false");
   auto tiles = test::make_plugin<MlpStrategy>("tiled_mlp", "tile_rows = 7");
   split.slots->slots.mlp = tiles.get();
-  whole.lora->begin_pass(3, 0, 0, true);
-  split.lora->begin_pass(3, 0, 0, true);
+  whole.lora->begin_pass(3, 0, true);
+  split.lora->begin_pass(3, 0, true);
   const Shard shard = tokens_shard(30, 3);
   const StepResult rw = whole.step(shard), rs = split.step(shard);
   EXPECT_NEAR(rw.loss_sum, rs.loss_sum, 1e-5 * std::abs(rw.loss_sum));
@@ -469,9 +484,14 @@ TEST(LoraDropout, TilesAndHeadGroupsDrawTheWholeLayersMasks) {
 // and every factor's gradient within bf16's tolerance; the frozen base gets none.
 TEST(LoraGpu, Bf16MatchesTheCpuTwin) {
   if (!cuda_available()) GTEST_SKIP() << "no CUDA device visible";
-  for (const char* table : {"attention_head_groups = 1", "attention_head_groups = 2"}) {
-    Adapted gpu("r = 8\nalpha = 16\nmodules_to_save = [\"norm\"]", table, Device::cuda(), DType::bf16);
-    Adapted cpu("r = 8\nalpha = 16\nmodules_to_save = [\"norm\"]", table, Device::cpu(), DType::f32);
+  // The last case with dropout: the GPU draws the CPU's masks (ops::dropout), so the twins compare.
+  for (const char* table : {"attention_head_groups = 1", "attention_head_groups = 2", "attention_head_groups = 2\n#dropout"}) {
+    const std::string lora = std::string("r = 8\nalpha = 16\nmodules_to_save = [\"norm\"]") +
+                             (std::string(table).ends_with("#dropout") ? "\ndropout = 0.2" : "");
+    Adapted gpu(lora, table, Device::cuda(), DType::bf16);
+    Adapted cpu(lora, table, Device::cpu(), DType::f32);
+    gpu.lora->begin_pass(2, 1, true);
+    cpu.lora->begin_pass(2, 1, true);
     // The CPU twin holds the GPU's bf16 values, widened.
     auto copy_values = [](const std::vector<Parameter*>& from, const std::vector<Parameter*>& to) {
       ASSERT_EQ(from.size(), to.size());

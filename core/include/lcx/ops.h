@@ -39,11 +39,13 @@ void cast(const Tensor& src, Tensor& dst);  // between float dtypes, same shape
 // dimensions folded into rows) of one dtype and one row count: a block of columns, such as one head
 // group's columns of a projection weight, gathered into or scattered from a contiguous tensor.
 void copy_columns(const Tensor& src, int64_t src_col, Tensor& dst, int64_t dst_col, int64_t cols);
-// Inverted dropout over x [rows, cols]: out = beta * out + x * keep / (1 - p), keep(row0 + i, col0 + j)
-// (col0 + cols <= 2^20: x may be a block of a wider matrix's columns, as a head group's are) drawn from `key` by a counter-based hash (kernels/dropout_mask.h), the same
+// Inverted dropout over x [n, cols]: out = beta * out + x * keep / (1 - p), keep(rows[i], col0 + j)
+// with rows int64 [n] on x's device (each row's index in its sequence: a tile's or a rank's rows
+// draw what the whole sequence's would), or i where rows is undefined, and col0 + cols <= 2^20 (x
+// may be a block of a wider matrix's columns, as a head group's are); drawn from `key` by a counter-based hash (kernels/dropout_mask.h), the same
 // bits on every backend and every call: a recompute or a backward draws the forward's mask again
 // with nothing stored. In fp32, rounded once; beta 0 writes out without reading it. out may be x.
-void dropout(const Tensor& x, float p, uint64_t key, int64_t row0, int64_t col0, Tensor& out, float beta = 0.f);
+void dropout(const Tensor& x, float p, uint64_t key, const Tensor& rows, int64_t col0, Tensor& out, float beta = 0.f);
 
 // Attention on q [T,Hq,d], k,v [S,Hkv,d] (GQA: Hq % Hkv == 0). Query row i sits at position
 // q_offset + i and key j at k_offset + j; with causal, a query sees keys at positions <= its own.

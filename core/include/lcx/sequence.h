@@ -23,6 +23,10 @@ struct Shard {
   Tensor tokens;     // int32 [T] this rank's tokens
   Tensor targets;    // int64 [T]
   Tensor positions;  // int64 [T] positions in the sequence (sequence_position)
+  // int64 [T]: each row's index in the sequence (a rank's chunks of it, in the order it holds them),
+  // by which per-element randomness (the adapters' dropout) is drawn, so that a mesh draws what
+  // one rank does; undefined reads as 0 .. T-1.
+  Tensor indices;
   int64_t global_length = 0;
   // The whole sequence's document_bounds (not this rank's share): attention compares them with
   // the tokens' indices in the sequence, wherever its rows came from.
@@ -42,6 +46,12 @@ inline int64_t sequence_position(const std::vector<int64_t>& document_bounds, in
     (document_bounds[static_cast<size_t>(mid)] <= index ? lo : hi) = mid;
   }
   return index - document_bounds[static_cast<size_t>(lo)];
+}
+
+// Shard::indices of `count` rows from `begin` of a sequence, written from `at` (int64 on the host).
+inline void fill_indices(Tensor& indices, int64_t at, int64_t begin, int64_t count) {
+  int64_t* p = indices.data_as<int64_t>() + at;
+  for (int64_t i = 0; i < count; ++i) p[i] = begin + i;
 }
 
 // The positions of `count` tokens from `begin` of a sequence, written from `at` of `positions`

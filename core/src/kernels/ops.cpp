@@ -285,19 +285,23 @@ void cast(const Tensor& src, Tensor& dst) {
   LCX_ROUTE(cuda, cast, src, dst);
 }
 
-void dropout(const Tensor& x, float p, uint64_t key, int64_t row0, int64_t col0, Tensor& out, float beta) {
+void dropout(const Tensor& x, float p, uint64_t key, const Tensor& rows, int64_t col0, Tensor& out, float beta) {
   const char* op = "dropout";
-  const bool cuda = on_cuda(op, {{"x", &x}, {"out", &out}});
+  const bool cuda = rows.defined() ? on_cuda(op, {{"x", &x}, {"rows", &rows}, {"out", &out}}) : on_cuda(op, {{"x", &x}, {"out", &out}});
   need_float(op, "x", x);
   need_float(op, "out", out);
   need_dim(op, "x", x, 2);
   need_same_shape(op, "out", out, "x", x);
   if (!(p >= 0.f && p < 1.f)) fail(op, str("p = ", p, " must be in [0, 1)"));
-  if (row0 < 0 || col0 < 0 || col0 + x.size(1) > (int64_t{1} << kDropoutColumnBits))
-    fail(op, str("rows from ", row0, " and columns [", col0, ", ", col0 + x.size(1), ") of ", desc("x", x),
-                 ": the mask counts rows from 0 and columns in [0, ", int64_t{1} << kDropoutColumnBits, ")"));
+  if (rows.defined()) {
+    need_dtype(op, "rows", rows, DType::i64);
+    if (rows.dim() != 1 || rows.size(0) != x.size(0)) fail(op, str(desc("rows", rows), " must hold one index per row of ", desc("x", x)));
+  }
+  if (col0 < 0 || col0 + x.size(1) > (int64_t{1} << kDropoutColumnBits))
+    fail(op, str("columns [", col0, ", ", col0 + x.size(1), ") of ", desc("x", x), ": the mask counts columns in [0, ",
+                 int64_t{1} << kDropoutColumnBits, ")"));
   ProfileScope scope(OpKind::other, op);
-  LCX_ROUTE(cuda, dropout, x, p, key, row0, col0, out, beta);
+  LCX_ROUTE(cuda, dropout, x, p, key, rows, col0, out, beta);
 }
 
 void copy_columns(const Tensor& src, int64_t src_col, Tensor& dst, int64_t dst_col, int64_t cols) {

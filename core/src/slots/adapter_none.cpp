@@ -29,41 +29,41 @@ uint64_t LowRank::dropout_key() const {
 namespace {
 
 // x itself, or where the factor drops, its dropped copy (in `buffer`'s storage when given).
-Tensor adapter_input(const Tensor& x, const LowRank& lr, int64_t row0, Tensor buffer = {}) {
+Tensor adapter_input(const Tensor& x, const LowRank& lr, const Tensor& rows, Tensor buffer = {}) {
   if (!lr.dropping()) return x;
   Tensor xd = buffer.defined() ? buffer : Tensor::empty(x.shape(), x.dtype(), x.device());
-  ops::dropout(x, lr.dropout, lr.dropout_key(), row0, 0, xd);
+  ops::dropout(x, lr.dropout, lr.dropout_key(), rows, 0, xd);
   return xd;
 }
 
 // dx = dx_beta * dx + g A through the factor's mask: g A in `buffer` (returned for reuse), then
 // dropped onto dx.
-Tensor input_gradient(const Tensor& g, bool g_transposed, const LowRank& lr, Tensor& dx, float dx_beta, int64_t row0) {
+Tensor input_gradient(const Tensor& g, bool g_transposed, const LowRank& lr, Tensor& dx, float dx_beta, const Tensor& rows) {
   if (!lr.dropping()) {
     ops::matmul(g, g_transposed, lr.a->value, false, dx, 1.f, dx_beta);
     return {};
   }
   Tensor buffer = Tensor::empty(dx.shape(), dx.dtype(), dx.device());
   ops::matmul(g, g_transposed, lr.a->value, false, buffer);
-  ops::dropout(buffer, lr.dropout, lr.dropout_key(), row0, 0, dx, dx_beta);
+  ops::dropout(buffer, lr.dropout, lr.dropout_key(), rows, 0, dx, dx_beta);
   return buffer;
 }
 
 }  // namespace
 
-void lowrank_forward(const Tensor& x, const LowRank& lr, Tensor& y, float beta, int64_t row0) {
-  const Tensor xa = adapter_input(x, lr, row0);
+void lowrank_forward(const Tensor& x, const LowRank& lr, Tensor& y, float beta, const Tensor& rows) {
+  const Tensor xa = adapter_input(x, lr, rows);
   Tensor u = Tensor::empty({x.size(0), lr.rank()}, x.dtype(), x.device());
   ops::matmul(xa, false, lr.a->value, true, u);                  // [T,in] @ [r,in]^T
   ops::matmul(u, false, lr.b->value, true, y, lr.scale, beta);  // [T,r] @ [out,r]^T
 }
 
-void lowrank_backward(const Tensor& x, const Tensor& dy, const LowRank& lr, Tensor& dx, float dx_beta, int64_t row0) {
+void lowrank_backward(const Tensor& x, const Tensor& dy, const LowRank& lr, Tensor& dx, float dx_beta, const Tensor& rows) {
   const int64_t T = x.size(0), r = lr.rank();
   Tensor g = Tensor::empty({T, r}, x.dtype(), x.device());
   ops::matmul(dy, false, lr.b->value, false, g, lr.scale);  // scale * dy @ B: [T,out] @ [out,r]
-  Tensor buffer = input_gradient(g, false, lr, dx, dx_beta, row0);  // dx (+)= g @ A
-  const Tensor xa = adapter_input(x, lr, row0, buffer);
+  Tensor buffer = input_gradient(g, false, lr, dx, dx_beta, rows);  // dx (+)= g @ A
+  const Tensor xa = adapter_input(x, lr, rows, buffer);
   if (!lr.a->frozen) ops::matmul(g, true, xa, false, lr.a->grad, 1.f, 1.f);  // dA += g^T @ x
   if (lr.b->frozen) return;
   Tensor u = Tensor::empty({T, r}, x.dtype(), x.device());
@@ -92,10 +92,10 @@ bool lowrank_stacked(const std::vector<const LowRank*>& lrs) {
   return row == sa.size(0);
 }
 
-Tensor lowrank_inputs(const Tensor& x, const std::vector<const LowRank*>& lrs, int64_t row0) {
-  int64_t rows = 0;
-  for (const LowRank* lr : lrs) rows += lr->rank();
-  Tensor ut = Tensor::empty({rows, x.size(0)}, x.dtype(), x.device());
+Tensor lowrank_inputs(const Tensor& x, const std::vector<const LowRank*>& lrs, const Tensor& rows) {
+  int64_t ranks = 0;
+  for (const LowRank* lr : lrs) ranks += lr->rank();
+  Tensor ut = Tensor::empty({ranks, x.size(0)}, x.dtype(), x.device());
   if (lowrank_stacked(lrs)) {
     ops::matmul(lrs[0]->stacked_a, false, x, true, ut);  // [sum r, in] @ [T, in]^T
     return ut;
@@ -104,7 +104,7 @@ Tensor lowrank_inputs(const Tensor& x, const std::vector<const LowRank*>& lrs, i
   for (size_t i = 0; i < lrs.size(); ++i) {
     Tensor block = lowrank_block(ut, lrs, i);
     if (lrs[i]->dropping() && !buffer.defined()) buffer = Tensor::empty(x.shape(), x.dtype(), x.device());
-    ops::matmul(lrs[i]->a->value, false, adapter_input(x, *lrs[i], row0, buffer), true, block);
+    ops::matmul(lrs[i]->a->value, false, adapter_input(x, *lrs[i], rows, buffer), true, block);
   }
   return ut;
 }
@@ -120,7 +120,7 @@ void lowrank_update(const Tensor& ut, const LowRank& lr, const Tensor& b, Tensor
 }
 
 void lowrank_input_backward(const Tensor& x, const Tensor& gt, const std::vector<const LowRank*>& lrs, Tensor& dx,
-                            float dx_beta, int64_t row0) {
+                            float dx_beta, const Tensor& rows) {
   if (lowrank_stacked(lrs)) {
     ops::matmul(gt, true, lrs[0]->stacked_a, false, dx, 1.f, dx_beta);  // [sum r,T]^T @ [sum r,in]
     if (!lrs[0]->a->frozen) {
@@ -131,8 +131,8 @@ void lowrank_input_backward(const Tensor& x, const Tensor& gt, const std::vector
   }
   for (size_t i = 0; i < lrs.size(); ++i) {
     const Tensor g = lowrank_block(gt, lrs, i);
-    Tensor buffer = input_gradient(g, true, *lrs[i], dx, i == 0 ? dx_beta : 1.f, row0);
-    if (!lrs[i]->a->frozen) ops::matmul(g, false, adapter_input(x, *lrs[i], row0, buffer), false, lrs[i]->a->grad, 1.f, 1.f);
+    Tensor buffer = input_gradient(g, true, *lrs[i], dx, i == 0 ? dx_beta : 1.f, rows);
+    if (!lrs[i]->a->frozen) ops::matmul(g, false, adapter_input(x, *lrs[i], rows, buffer), false, lrs[i]->a->grad, 1.f, 1.f);
   }
 }
 

@@ -23,7 +23,7 @@ class WholeMlp final : public MlpStrategy {
     ut = Tensor();
     Tensor act = Tensor::empty({T, I}, x.dtype(), x.device());
     ops::swiglu_forward(gate, up, act);
-    project(act, w.down, w.down_lr, out, w.row0);
+    project(act, w.down, w.down_lr, out, w.rows);
   }
 
   void backward(const Tensor& x, const MlpWeights& w, const Tensor& dout, Tensor& dx, MlpWeights& grad) override {
@@ -38,7 +38,7 @@ class WholeMlp final : public MlpStrategy {
     Tensor dact = Tensor::empty({T, I}, dt, dev);
     if (grad.down.defined()) ops::matmul(dout, true, act, false, grad.down, 1.f, 1.f);
     // An adapter's input gradient first, the projection's GEMM accumulating onto it.
-    if (w.down_lr) lowrank_backward(act, dout, *w.down_lr, dact, 0.f, w.row0);
+    if (w.down_lr) lowrank_backward(act, dout, *w.down_lr, dact, 0.f, w.rows);
     ops::matmul(dout, false, w.down, false, dact, 1.f, w.down_lr ? 1.f : 0.f);
     Tensor dgate = Tensor::empty({T, I}, dt, dev), dup = Tensor::empty({T, I}, dt, dev);
     ops::swiglu_backward(gate, up, dact, dgate, dup);
@@ -59,7 +59,7 @@ class WholeMlp final : public MlpStrategy {
         ++i;
       }
       ut = Tensor();
-      lowrank_input_backward(x, gt, lrs, dx, 0.f, w.row0);
+      lowrank_input_backward(x, gt, lrs, dx, 0.f, w.rows);
       beta = 1.f;
     }
     ops::matmul(dgate, false, w.gate, false, dx, 1.f, beta);
@@ -67,8 +67,8 @@ class WholeMlp final : public MlpStrategy {
   }
 
   // out = x @ w^T, with the adapter's update written first and the GEMM accumulating onto it.
-  static void project(const Tensor& x, const Tensor& w, const LowRank* lr, Tensor& out, int64_t row0) {
-    if (lr) lowrank_forward(x, *lr, out, 0.f, row0);
+  static void project(const Tensor& x, const Tensor& w, const LowRank* lr, Tensor& out, const Tensor& rows) {
+    if (lr) lowrank_forward(x, *lr, out, 0.f, rows);
     ops::matmul(x, false, w, true, out, 1.f, lr ? 1.f : 0.f);
   }
   // gate's and up's factors, those adapted, in that order (they share the input).
@@ -82,7 +82,7 @@ class WholeMlp final : public MlpStrategy {
   // (both adapters' products in one GEMM where their A's are stacked), returned in ut.
   static void project_in(const Tensor& x, const MlpWeights& w, Tensor& gate, Tensor& up, Tensor& ut) {
     const std::vector<const LowRank*> lrs = in_factors(w);
-    if (!lrs.empty()) ut = lowrank_inputs(x, lrs, w.row0);
+    if (!lrs.empty()) ut = lowrank_inputs(x, lrs, w.rows);
     size_t i = 0;
     if (w.gate_lr) lowrank_update(lowrank_block(ut, lrs, i++), *w.gate_lr, w.gate_lr->b->value, gate, 0.f);
     ops::matmul(x, false, w.gate, true, gate, 1.f, w.gate_lr ? 1.f : 0.f);

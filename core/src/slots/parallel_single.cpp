@@ -23,6 +23,8 @@ class SingleRank final : public Parallelism {
     s.document_bounds = seq.document_bounds;
     s.positions = Tensor::empty({s.global_length}, DType::i64);
     fill_positions(s.positions, 0, s.document_bounds, 0, s.global_length);
+    s.indices = Tensor::empty({s.global_length}, DType::i64);
+    fill_indices(s.indices, 0, 0, s.global_length);
     return s;
   }
   void attention_forward(const Tensor& q, const Tensor& k, const Tensor& v, Tensor& out, Tensor& lse,

@@ -28,6 +28,17 @@ DType act_dtype(const StepSlots& s) {
   return head.dtype();
 }
 
+// StepContext::rows: the shard's row indices in its sequence on the device, 0 .. T-1 where the
+// shard has none.
+Tensor row_indices(const Shard& shard, Device device) {
+  Tensor host = shard.indices;
+  if (!host.defined()) {
+    host = Tensor::empty({shard.tokens.size(0)}, DType::i64);
+    fill_indices(host, 0, 0, shard.tokens.size(0));
+  }
+  return on(host, device);
+}
+
 // The plan's recipe to every slot's provider (Plugin::use_recipe), before it runs.
 void hand_recipe(StepSlots& s) {
   for_each_slot([&]<class T>(const SlotRow<T>&) {
@@ -42,7 +53,7 @@ Tensor forward_only(StepSlots& s, StepHooks& hooks, const Shard& shard, Device d
   hand_recipe(s);
   const int64_t T = shard.tokens.size(0), H = cfg.hidden_size;
   StepContext ctx{&rope, s.parallel, device, s.mlp, nullptr, s.recipe, shard.document_bounds, s.adapter, 1.0,
-                  s.mesh ? &s.mesh->seq() : nullptr, s.mesh ? s.mesh->experts() : nullptr};
+                  s.mesh ? &s.mesh->seq() : nullptr, s.mesh ? s.mesh->experts() : nullptr, row_indices(shard, device)};
   const Tensor tokens = on(shard.tokens, device);
   Tensor x = Tensor::empty({T, H}, act_dtype(s), device, MemoryCategory::activations);
   s.optimizer->weights_needed(Optimizer::kNonLayer);
@@ -120,7 +131,7 @@ StepResult train_step(StepSlots& s, const Shard& shard, double grad_scale, Devic
   recorder.set_tag("forward");
   const RopeTables rope = s.positional->tables(shard.positions, device);
   StepContext ctx{&rope, s.parallel, device, s.mlp, &memory, s.recipe, shard.document_bounds, s.adapter, aux_weight,
-                  s.mesh ? &s.mesh->seq() : nullptr, s.mesh ? s.mesh->experts() : nullptr};
+                  s.mesh ? &s.mesh->seq() : nullptr, s.mesh ? s.mesh->experts() : nullptr, row_indices(shard, device)};
   // A layer whose input is not saved runs without the memory strategy: it keeps nothing, and its
   // backward recomputes everything from the rebuilt input.
   StepContext unsaved = ctx;

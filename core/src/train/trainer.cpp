@@ -260,16 +260,16 @@ void Trainer::forward_backward_step(const Batch& batch, StepRecord& r) {
         group->all_reduce(std::span<double>(counts));
         passes = static_cast<size_t>(*std::max_element(counts.begin(), counts.end()));
       }
-      // The adapter's dropout masks are drawn per pass: keyed by the step, the sequence's place in
-      // the step's batch and the rank within the sequence, so the data-parallel layout (dp ranks
-      // or gradient accumulation) leaves every sequence's masks as they are.
+      // The adapter's dropout masks are drawn per pass: keyed by the step and the sequence's place
+      // in the step's batch (and by each element's row in the sequence), so neither the
+      // data-parallel layout (dp ranks or gradient accumulation) nor cp and sp change a mask.
       Adapter& adapter = *run_.slots().adapter;
       for (size_t j = mine_end; j < mine_begin + passes; ++j) {
-        adapter.begin_pass(state_.step + 1, static_cast<int64_t>(batch.sequences.size() + j), run_.seq_rank(), true);
+        adapter.begin_pass(state_.step + 1, static_cast<int64_t>(batch.sequences.size() + j), true);
         lcx::train_step(run_.step(), run_.slots().parallel->shard(batch.sequences[0], run_.seq_rank()), 0.0, device, 0.0);
       }
       for (size_t j = mine_begin; j < mine_end; ++j) {
-        adapter.begin_pass(state_.step + 1, static_cast<int64_t>(j), run_.seq_rank(), true);
+        adapter.begin_pass(state_.step + 1, static_cast<int64_t>(j), true);
         const double t0 = now_s();
         Shard shard = run_.slots().parallel->shard(batch.sequences[j], run_.seq_rank());
         r.shard_s += now_s() - t0;
@@ -288,7 +288,7 @@ void Trainer::forward_backward_step(const Batch& batch, StepRecord& r) {
         r.memory_wait_s += run_.slots().memory->wait_seconds();  // per train_step, so summed over the step's sequences
       }
       r.weights_wait_s = run_.optimizer().wait_seconds();  // over the train_steps since the last update
-      adapter.begin_pass(state_.step + 1, 0, run_.seq_rank(), false);  // evaluation drops nothing
+      adapter.begin_pass(state_.step + 1, 0, false);  // evaluation drops nothing
     }
   } catch (const Error& e) {
     // Out of memory: say where the memory goes for this run and which setting makes it fit.

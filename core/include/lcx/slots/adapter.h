@@ -44,8 +44,9 @@ struct LowRank {
   // Dropout on the factor's input, as PEFT's adapters have it: y = x W^T + scale * (dropout(x) A^T) B^T. The mask
   // is drawn (ops::dropout) from the pass's key, which the provider sets in Adapter::begin_pass
   // (*dropout_pass; 0 while nothing trains, as in evaluation), and this projection's own stream
-  // (its layer and module), by the input's row and column: a recompute and the backward draw the
-  // forward's mask again, whatever rows a tile or columns a head group holds.
+  // (its layer and module), by the input's row (its index in the sequence) and column: a recompute
+  // and the backward draw the forward's mask again, whatever rows a tile or a rank of a mesh or
+  // columns a head group holds.
   float dropout = 0.f;
   uint64_t dropout_stream = 0;
   const uint64_t* dropout_pass = nullptr;
@@ -91,10 +92,11 @@ class Adapter : public Plugin {
   // The adapter's own trainable parameters (named "model.layers.<l>.<module path>.<factor>.weight",
   // as PEFT names them, so the optimizer's per-layer hooks and state files treat them as the layer's).
   virtual std::vector<Parameter*> parameters() { return {}; }
-  // Before each forward pass: the step (from 1), the pass within it (a sequence of the step's
-  // gradient accumulation), this rank, and whether the pass trains (false for evaluation, where
-  // nothing drops). A provider with dropout keys its masks by these.
-  virtual void begin_pass(int64_t /*step*/, int64_t /*pass*/, int64_t /*rank*/, bool /*training*/) {}
+  // Before each forward pass: the step (from 1), the pass (the sequence's place in the step's
+  // batch, the same on every rank that shares the sequence), and whether it trains (false for
+  // evaluation, where nothing drops). A provider with dropout keys its masks by these, and by
+  // each element's row in the sequence (StepContext::rows) and column, so every mesh draws alike.
+  virtual void begin_pass(int64_t /*step*/, int64_t /*pass*/, bool /*training*/) {}
   // Writes the adapter's files into a checkpoint folder (for low-rank adapters, PEFT's adapter_config.json and
   // adapter_model.safetensors); `base` names the base model in them.
   virtual void save(const std::string& /*dir*/, const std::string& /*base*/) const {}
@@ -107,19 +109,19 @@ class Adapter : public Plugin {
 };
 
 // Where a factor drops (LowRank::dropping), each helper below reads dropout(x) for x, and dx gets
-// the mask's gradient; row0 is x's first row in the layer's input (a tile's offset), which the
-// mask counts by. The dropped input is made when needed, [T, in] beside the call, never kept.
+// the mask's gradient; rows (int64 [T] on x's device, StepContext::rows: each row's index in its
+// sequence, a tile's share of them) are what the mask counts rows by, 0 .. T-1 where undefined. The dropped input is made when needed, [T, in] beside the call, never kept.
 // Factors that drop are never run stacked: each projection draws its own mask, as PEFT's
 // per-module Dropout does.
 //
 // y = beta * y + scale * (x A^T) B^T over x [T, in], y [T, out] (both in the activations' dtype).
 // Written first (beta 0) and the projection's own GEMM then accumulating onto it (beta 1), the
 // update costs one write of y: the large GEMM reads it in its epilogue, where it is hidden.
-void lowrank_forward(const Tensor& x, const LowRank& lr, Tensor& y, float beta = 1.f, int64_t row0 = 0);
+void lowrank_forward(const Tensor& x, const LowRank& lr, Tensor& y, float beta = 1.f, const Tensor& rows = Tensor());
 // The backward of lowrank_forward: dx = dx_beta * dx + scale * (dy B) A, and the factors'
 // gradients accumulate: dA += scale * (dy B)^T x, dB += scale * dy^T (x A^T).
 void lowrank_backward(const Tensor& x, const Tensor& dy, const LowRank& lr, Tensor& dx, float dx_beta = 1.f,
-                      int64_t row0 = 0);
+                      const Tensor& rows = Tensor());
 
 // Projections reading one input x [T, in], the adapted ones listed in the layer's order (each
 // non-null). Their products are kept transposed, u^T = A x^T [r, T], stacked by rows in that
@@ -128,7 +130,7 @@ void lowrank_backward(const Tensor& x, const Tensor& dy, const LowRank& lr, Tens
 // and the parameters still alias its tensors (a gradient in another dtype or a sharded value
 // does not): lowrank_stacked says which.
 bool lowrank_stacked(const std::vector<const LowRank*>& lrs);
-Tensor lowrank_inputs(const Tensor& x, const std::vector<const LowRank*>& lrs, int64_t row0 = 0);
+Tensor lowrank_inputs(const Tensor& x, const std::vector<const LowRank*>& lrs, const Tensor& rows = Tensor());
 // Factor i's rows [r_i, T] of a tensor stacked by lowrank_inputs' layout.
 Tensor lowrank_block(const Tensor& stacked, const std::vector<const LowRank*>& lrs, size_t i);
 // y = beta * y + scale * u B^T from u^T [r, T]; `b` is B or a block of its rows (a head group's).
@@ -137,6 +139,6 @@ void lowrank_update(const Tensor& ut, const LowRank& lr, const Tensor& b, Tensor
 // g_i = scale * dy_i B_i, dx = dx_beta * dx + sum_i g_i A_i and dA_i += g_i^T x (one GEMM each
 // where stacked).
 void lowrank_input_backward(const Tensor& x, const Tensor& gt, const std::vector<const LowRank*>& lrs, Tensor& dx,
-                            float dx_beta = 1.f, int64_t row0 = 0);
+                            float dx_beta = 1.f, const Tensor& rows = Tensor());
 
 }  // namespace lcx

@@ -31,9 +31,10 @@ struct MlpWeights {
   const LowRank* gate_lr = nullptr;
   const LowRank* up_lr = nullptr;
   const LowRank* down_lr = nullptr;
-  // x's first row in the layer's input (a tile's offset): the adapters' dropout masks count rows
-  // from the layer's first, so a tile draws what the whole MLP would.
-  int64_t row0 = 0;
+  // int64 [T] on x's device: each row of x's index in its sequence (StepContext::rows, a tile's
+  // share of them), by which the adapters' dropout draws, so a tile draws what the whole MLP would;
+  // undefined reads as 0 .. T-1.
+  Tensor rows;
 };
 
 class MlpStrategy : public Plugin {

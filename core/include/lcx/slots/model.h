@@ -109,6 +109,9 @@ struct StepContext {
   // sparse layer's experts), through which a sparse layer sends its tokens' rows to the ranks
   // holding their experts; null where every rank holds every expert.
   class Communicator* experts = nullptr;
+  // int64 [T] on the device: each row's index in its sequence (Shard::indices, 0 .. T-1 where the
+  // shard has none), by which the adapters' dropout draws (LowRank).
+  Tensor rows;
 };
 
 class Model : public Plugin {

@@ -26,7 +26,7 @@ void add(const Tensor& a, const Tensor& b, Tensor& out);
 void add_inplace(Tensor& acc, const Tensor& x);
 void scale_inplace(Tensor& x, float s);
 void cast(const Tensor& src, Tensor& dst);
-void dropout(const Tensor& x, float p, uint64_t key, int64_t row0, int64_t col0, Tensor& out, float beta);
+void dropout(const Tensor& x, float p, uint64_t key, const Tensor& rows, int64_t col0, Tensor& out, float beta);
 void copy_columns(const Tensor& src, int64_t src_col, Tensor& dst, int64_t dst_col, int64_t cols);
 void moe_route(const Tensor& logits, int64_t k, bool norm_topk, Tensor& weights, Tensor& experts, Tensor* probs);
 void moe_permute(const Tensor& experts, int64_t num_experts, Tensor& order, Tensor& position, Tensor& offsets);

@@ -17,11 +17,12 @@ using lcx::cuda::st;
 constexpr int kThreads = 256;
 
 __global__ void dropout_kernel(const void* x, DType tx, void* out, DType to, int64_t rows, int64_t cols,
-                               uint64_t key, int64_t row0, int64_t col0, uint32_t threshold, float scale, float beta) {
+                               uint64_t key, const int64_t* index, int64_t col0, uint32_t threshold, float scale, float beta) {
   for (int64_t i = blockIdx.x; i < rows; i += gridDim.x) {
+    const int64_t row = index ? index[i] : i;
     for (int64_t j = threadIdx.x; j < cols; j += blockDim.x) {
       const int64_t e = i * cols + j;
-      const float kept = dropout_keep(key, row0 + i, col0 + j, threshold) ? __fmul_rn(ld(x, tx, e), scale) : 0.f;
+      const float kept = dropout_keep(key, row, col0 + j, threshold) ? __fmul_rn(ld(x, tx, e), scale) : 0.f;
       st(out, to, e, beta != 0.f ? fmaf(beta, ld(out, to, e), kept) : kept);
     }
   }
@@ -29,12 +30,12 @@ __global__ void dropout_kernel(const void* x, DType tx, void* out, DType to, int
 
 }  // namespace
 
-void dropout(const Tensor& x, float p, uint64_t key, int64_t row0, int64_t col0, Tensor& out, float beta) {
+void dropout(const Tensor& x, float p, uint64_t key, const Tensor& index, int64_t col0, Tensor& out, float beta) {
   const int64_t rows = x.size(0), cols = x.size(1);
   if (rows == 0 || cols == 0) return;
   const int blocks = static_cast<int>(std::min<int64_t>(rows, 65535));
   dropout_kernel<<<blocks, kThreads, 0, lcx::cuda::current_stream()>>>(
-      x.data(), x.dtype(), out.data(), out.dtype(), rows, cols, key, row0, col0, dropout_threshold(p), dropout_scale(p), beta);
+      x.data(), x.dtype(), out.data(), out.dtype(), rows, cols, key, index.defined() ? index.data_as<const int64_t>() : nullptr, col0, dropout_threshold(p), dropout_scale(p), beta);
   LCX_CUDA_LAUNCH_CHECK();
 }
 
