@@ -43,6 +43,15 @@ struct StepCase {
   bool rebuild_each = false;
 };
 
+// The plan's peak less what lives through the whole step but the reserve (weights, gradients,
+// optimizer state): what one step adds, as the tests measure it.
+int64_t step_bytes(const MemoryPlan& plan, const MemoryPlan::Peak& peak) {
+  int64_t persistent = 0;
+  for (const auto& t : plan.terms)
+    if (t.phase == plan_phase::always) persistent += t.bytes;
+  return peak.bytes - (persistent - plan.category_bytes(PlanCategory::reserve));
+}
+
 class PlanAgainstStep : public ::testing::TestWithParam<StepCase> {};
 
 TEST_P(PlanAgainstStep, CpuPeakOfOneQwen3StepMatchesThePlan) {
@@ -110,11 +119,8 @@ TEST_P(PlanAgainstStep, CpuPeakOfOneQwen3StepMatchesThePlan) {
   ps.adapter = lora.get();
   if (lora) ps.adapter_name = "lora";
   const MemoryPlan plan = build_plan(in, ps);
-  int64_t persistent = 0;
-  for (const auto& t : plan.terms)
-    if (t.phase == plan_phase::always) persistent += t.bytes;
   const MemoryPlan::Peak peak = plan.peak(false);
-  const int64_t planned = peak.bytes - (persistent - plan.category_bytes(PlanCategory::reserve));
+  const int64_t planned = step_bytes(plan, peak);
   // The plan counts a little CUDA-only scratch the CPU kernels do not allocate (the attention
   // backward's delta, the cross entropy's per-row loss): within 1% of the measured step peak.
   EXPECT_NEAR(static_cast<double>(planned), static_cast<double>(measured), 0.01 * static_cast<double>(measured))
@@ -281,11 +287,8 @@ TEST(PlanAgainstExpertRanks, WorstCaseRankPeakMatchesThePlan) {
   ps.loss = ranks[0].loss.get();
   ps.loss_name = "loss_chunked";
   const MemoryPlan plan = build_plan(in, ps);
-  int64_t persistent = 0;
-  for (const auto& t : plan.terms)
-    if (t.phase == plan_phase::always) persistent += t.bytes;
   const MemoryPlan::Peak peak = plan.peak(false);
-  const int64_t planned = peak.bytes - (persistent - plan.category_bytes(PlanCategory::reserve));
+  const int64_t planned = step_bytes(plan, peak);
   std::printf("ep 2, every row on the first rank's experts: its measured peak %lld B, the plan's %lld B (%s), the "
               "second rank's %lld B\n",
               static_cast<long long>(measured[0]), static_cast<long long>(planned), peak.phase.c_str(),
