@@ -37,6 +37,7 @@ def main():
     ap.add_argument("--kv-heads", type=int, default=8)
     ap.add_argument("--head-dim", type=int, default=128)
     ap.add_argument("--reps", type=int, default=5)
+    ap.add_argument("--fwd-only", action="store_true", help="time the forward alone")
     a = ap.parse_args()
     for T in a.tokens:
         q = torch.randn(1, a.heads, T, a.head_dim, device="cuda", dtype=torch.bfloat16, requires_grad=True)
@@ -52,6 +53,10 @@ def main():
                 with sdpa_kernel(backend):
                     fwd = lambda: F.scaled_dot_product_attention(q, k, v, is_causal=True)
                     f = time_ms(fwd, a.reps)
+                    if a.fwd_only:
+                        print(f"torch {name:5} attention fwd      | {shape:34} | {f:9.3f} ms | {flop / f / 1e9:8.1f} TFLOP/s",
+                              flush=True)
+                        continue
                     fb = time_ms(lambda: fwd().backward(dout), a.reps)
             except RuntimeError as e:
                 print(f"torch {name:5} attention          | {shape:34} | unavailable: {str(e).splitlines()[0][:60]}")

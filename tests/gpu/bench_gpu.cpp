@@ -7,6 +7,7 @@
 #include <algorithm>
 #include <chrono>
 #include <cstdio>
+#include <cstdlib>
 #include <cstring>
 #include <functional>
 #include <random>
@@ -81,6 +82,21 @@ void bench_attention(const char* kernel, int64_t T, int64_t Hq, int64_t Hkv, int
   report(lcx::str("attention ", kernel, " fwd+bwd"), shape, f + b, 3.5 * fwd_flop / (f + b) / 1e9, "TFLOP/s");
 }
 
+// The forward alone, causal or full, median of `reps`: the Hopper kernel's gate against cuDNN's.
+void bench_attention_forward(const char* kernel, int64_t T, bool causal, int reps) {
+  const int64_t Hq = 32, Hkv = 8, d = 128;
+  Tensor q = gpu_random({T, Hq, d}, DType::bf16), k = gpu_random({T, Hkv, d}, DType::bf16),
+         v = gpu_random({T, Hkv, d}, DType::bf16);
+  Tensor out = Tensor::empty({T, Hq, d}, DType::bf16, lcx::Device::cuda());
+  Tensor lse = Tensor::empty({Hq, T}, DType::f32, lcx::Device::cuda());
+  lcx::ops::AttentionParams p;
+  p.causal = causal;
+  const double flop = 4.0 * T * T * d * Hq / (causal ? 2 : 1);
+  const double f = median_ms([&] { lcx::ops::attention_forward(q, k, v, out, lse, p); }, reps);
+  report(lcx::str("attention ", kernel, " fwd"), lcx::str("T=", T, " Hq=32 Hkv=8 d=128", causal ? " causal" : " full"), f,
+         flop / f / 1e9, "TFLOP/s");
+}
+
 void bench_memory_bound(int64_t T, int64_t H, int64_t I, int64_t V) {
   const lcx::Device g = lcx::Device::cuda();
   {
@@ -125,6 +141,26 @@ int main(int argc, char** argv) {
     return 0;
   }
   const bool quick = argc > 1 && std::strcmp(argv[1], "--quick") == 0;
+  // --attention-forward [T causal|full]: cuDNN's forward beside the own one at 16k-128k tokens (or
+  // the one shape given), nothing else.
+  if (argc > 1 && std::strcmp(argv[1], "--attention-forward") == 0) {
+    try {
+#ifdef LCX_HAVE_CUDA
+      std::vector<std::pair<int64_t, bool>> shapes = {{16384, true}, {32768, true}, {65536, true}, {131072, true}, {32768, false}};
+      if (argc > 3) shapes = {{std::atoll(argv[2]), std::strcmp(argv[3], "full") != 0}};
+      for (const auto& [T, causal] : shapes)
+        for (auto kind : {lcx::cuda::AttentionKernel::cudnn, lcx::cuda::AttentionKernel::own}) {
+          if (kind == lcx::cuda::AttentionKernel::cudnn && lcx::cuda::cudnn_version().empty()) continue;
+          lcx::cuda::set_attention_kernel(kind);
+          bench_attention_forward(kind == lcx::cuda::AttentionKernel::cudnn ? "cudnn" : "own", T, causal, 10);
+        }
+#endif
+    } catch (const std::exception& e) {
+      std::printf("bench failed: %s\n", e.what());
+      return 1;
+    }
+    return 0;
+  }
   try {
     bench_matmul(8192, 8192, 8192, "matmul (ceiling)");
     bench_matmul(8192, 9728, 2560, "matmul 4B gate/up proj");

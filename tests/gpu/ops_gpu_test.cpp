@@ -111,6 +111,41 @@ TEST_F(GpuOps, AttentionOwnKernelsAgainstCpu) {
 }
 
 #ifdef LCX_HAVE_CUDA
+#ifdef LCX_HAVE_CUDA
+// The Hopper forward (TMA + wgmma, attention_fwd_sm90a.cu) against the CPU on shapes that walk its
+// pipeline: several 128-row key tiles through both stages, ragged last tiles in both directions,
+// groups of 1 to 4 query heads per key head, the ring's offsets (a block in the past, the last
+// queries of a longer sequence, queries that see no key), full attention. The kernel must be the
+// one that ran: the test stops where it does not apply (not a compute capability 9.0 GPU).
+TEST_F(GpuOps, AttentionHopperForwardAgainstCpu) {
+  SCOPED_TRACE(trace());
+  KernelChoice own(cuda::AttentionKernel::own);
+  const AttnCase cases[] = {
+      {300, 300, 8, 2, 128, true, 0, 0},   {1000, 1000, 4, 1, 128, true, 0, 0}, {200, 700, 4, 2, 128, true, 500, 0},
+      {256, 384, 2, 2, 128, false, 0, 0},  {130, 130, 2, 1, 128, true, 0, 60},  {128, 256, 2, 1, 128, false, 512, 0},
+      {640, 640, 4, 4, 128, true, 0, 0},   {77, 1500, 2, 1, 128, false, 0, 0},
+  };
+  for (const AttnCase& c : cases) {
+    SCOPED_TRACE(attn_name(c));
+    ops::AttentionParams p;
+    p.causal = c.causal;
+    p.q_offset = c.q_offset;
+    p.k_offset = c.k_offset;
+    const DType t = DType::bf16;
+    const Tensor q = host_normal({c.T, c.Hq, c.d}, t, rng_), k = host_normal({c.S, c.Hkv, c.d}, t, rng_),
+                 v = host_normal({c.S, c.Hkv, c.d}, t, rng_);
+    const Tensor gq = on_gpu(q), gk = on_gpu(k), gv = on_gpu(v);
+    Tensor gout = poisoned_gpu({c.T, c.Hq, c.d}, t), glse = poisoned_gpu({c.Hq, c.T}, DType::f32);
+    if (!ops::cuda::attention_forward_hopper_applies(gq, gk, gv, gout)) GTEST_SKIP() << "not a compute capability 9.0 GPU";
+    Tensor out = Tensor::empty({c.T, c.Hq, c.d}, t), lse = Tensor::empty({c.Hq, c.T}, DType::f32);
+    ops::attention_forward(q, k, v, out, lse, p);
+    ops::attention_forward(gq, gk, gv, gout, glse, p);
+    EXPECT_CLOSE(gout, out, t);
+    expect_lse(glse, lse);
+  }
+}
+#endif
+
 // Forward and backward of one call on cuDNN, then on the own kernels, into poisoned outputs, each
 // result within bf16 tolerance of the other (the LSE's -inf rows, queries with no key, equal).
 // LCX_ATTENTION=cudnn makes a call cuDNN refuses an error, so passing means cuDNN ran it.

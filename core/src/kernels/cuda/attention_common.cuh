@@ -73,6 +73,10 @@ Params make_params(const Tensor& q, const Tensor& k, const AttentionParams& ap);
 // nothing, where they do not apply (fp32 inputs, mixed dtypes, head_dim other than 64 or 128,
 // rows not 16-byte aligned).
 bool attention_forward_sm90(const Params& p);
+// The Hopper forward (attention_fwd_sm90a.cu: TMA and wgmma): bf16 q, k, v and out, head_dim 128,
+// 16-byte aligned, on a compute capability 9.0 device. `applies` says whether it would run.
+bool attention_forward_hopper_applies(const Params& p);
+bool attention_forward_hopper(const Params& p);
 bool attention_backward_sm90(const Params& p);
 
 }  // namespace lcx::ops::cuda::attn

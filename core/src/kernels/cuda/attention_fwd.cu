@@ -142,6 +142,17 @@ void attention_forward(const Tensor& q, const Tensor& k, const Tensor& v, Tensor
   attention_forward_own(q, k, v, out, lse, ap, launch);
 }
 
+bool attention_forward_hopper_applies(const Tensor& q, const Tensor& k, const Tensor& v, const Tensor& out) {
+  attn::Params p = attn::make_params(q, k, AttentionParams{});
+  p.v = v.data();
+  p.tv = v.dtype();
+  p.q = q.data();
+  p.k = k.data();
+  p.o = out.data();
+  p.to = out.dtype();
+  return attn::attention_forward_hopper_applies(p);
+}
+
 // The own forward kernels allocate nothing: all of it is work.
 void attention_forward_own(const Tensor& q, const Tensor& k, const Tensor& v, Tensor& out, Tensor& lse,
                            const AttentionParams& ap, Launch launch) {
@@ -155,7 +166,7 @@ void attention_forward_own(const Tensor& q, const Tensor& k, const Tensor& v, Te
     p.o = out.data();
     p.to = out.dtype();
     p.lse_out = lse.data_as<float>();
-    if (attn::attention_forward_sm90(p)) return;
+    if (attn::attention_forward_hopper(p) || attn::attention_forward_sm90(p)) return;
     if (p.d <= 32)
       attn::launch_fwd<32>(p);
     else if (p.d <= 64)

@@ -57,6 +57,9 @@ void attention_forward_own(const Tensor& q, const Tensor& k, const Tensor& v, Te
 void attention_backward_own(const Tensor& q, const Tensor& k, const Tensor& v, const Tensor& out, const Tensor& lse,
                             const Tensor& dout, Tensor& dq, Tensor& dk, Tensor& dv, const AttentionParams& p,
                             Launch launch);
+// Whether the own forward takes the Hopper kernel (attention_fwd_sm90a.cu) for these tensors on
+// the current device: bf16, head_dim 128, a compute capability 9.0 GPU.
+bool attention_forward_hopper_applies(const Tensor& q, const Tensor& k, const Tensor& v, const Tensor& out);
 // Document-masked attention on cuDNN (attention_documents.cpp): document i's query rows
 // q_spans[i] of q meet its key rows k_spans[i] of k. Either each document's query and key spans
 // are of one length at equal positions (causal as p says; the same rows of one tensor, or blocks of

@@ -1,0 +1,441 @@
+// Attention forward for Hopper (sm_90a): bf16 q, k, v, head_dim 128, fp32 accumulation, GQA
+// without copying K/V, causal or full with the ring's position offsets, the log-sum-exp out. The
+// same contract as the other forward kernels (attention_common.cuh Params), built for the H100 and
+// H200's tensor-core path that WMMA cannot reach:
+// - TMA (cp.async.bulk.tensor) brings Q once and K/V tiles of 128 rows into shared memory in the
+//   128-byte swizzled layout wgmma reads without bank conflicts, issued by one thread of a
+//   producer warpgroup that gives its registers to the others (setmaxnreg).
+// - Two consumer warpgroups own 64 query rows each (a block: 128 rows of one query head) and run
+//   S = Q K^T and O += P V as asynchronous warpgroup GEMMs (wgmma), P straight from registers.
+// - Inside a warpgroup, the next tile's S = Q K^T is issued before this tile's softmax, so the
+//   exponentials run under a GEMM (a two-stage pipeline within the warpgroup).
+// - K and V have their own full/empty barriers, two stages each: the producer refills a stage as
+//   soon as both consumers have read it.
+// Blocks are ordered longest first (causal), and the query heads sharing a key/value head run side
+// by side so their K/V tiles are read once from HBM and then from L2.
+// This file alone is compiled for sm_90a (wgmma and setmaxnreg exist only there); the launcher
+// refuses other devices, and the WMMA kernel (attention_fwd_sm90.cu) remains for them.
+#include <cuda.h>  // CUtensorMap and its enums; the encoder comes from the driver at run time
+#include <cudaTypedefs.h>
+
+#include <initializer_list>
+
+#include "kernels/cuda/attention_common.cuh"
+
+namespace lcx::ops::cuda::attn {
+namespace {
+
+constexpr int kWgM = 64;          // query rows per consumer warpgroup
+constexpr int kBlockM = 2 * kWgM;  // query rows per block
+constexpr int kBlockN = 128;       // key rows per tile
+constexpr int kHd = 128;           // head_dim
+constexpr int kStages = 2;
+constexpr int kThreads = 384;          // producer warpgroup + two consumer warpgroups
+constexpr int kHalf = kBlockN * 64;    // elements of one 64-column half of a 128-row tile (16 KB)
+constexpr uint32_t kTileBytes = 2 * kHalf * 2;  // a 128 x 128 bf16 tile: 32 KB
+
+// Shared memory, 1024-byte aligned (the swizzle repeats every 8 rows of 128 bytes). Each tile is
+// two 64-column halves, each [128 rows][64 columns] swizzled, as TMA writes a box of 128 bytes.
+struct alignas(1024) Smem {
+  __nv_bfloat16 q[2][kHalf];
+  __nv_bfloat16 k[kStages][2][kHalf];
+  __nv_bfloat16 v[kStages][2][kHalf];
+  uint64_t q_full;
+  uint64_t k_full[kStages], k_empty[kStages];
+  uint64_t v_full[kStages], v_empty[kStages];
+};
+constexpr size_t kSmemBytes = sizeof(Smem) + 1024;  // room to align the dynamic base
+
+#if defined(__CUDA_ARCH_FEAT_SM90_ALL)
+__device__ __forceinline__ uint32_t smem_addr(const void* p) {
+  return static_cast<uint32_t>(__cvta_generic_to_shared(p));
+}
+
+__device__ __forceinline__ void bar_init(uint64_t* bar, uint32_t count) {
+  asm volatile("mbarrier.init.shared::cta.b64 [%0], %1;" ::"r"(smem_addr(bar)), "r"(count));
+}
+// One arrival that also announces `bytes` of TMA writes the phase waits for.
+__device__ __forceinline__ void bar_expect(uint64_t* bar, uint32_t bytes) {
+  asm volatile("mbarrier.arrive.expect_tx.shared::cta.b64 _, [%0], %1;" ::"r"(smem_addr(bar)), "r"(bytes)
+               : "memory");
+}
+__device__ __forceinline__ void bar_arrive(uint64_t* bar) {
+  asm volatile("mbarrier.arrive.shared::cta.b64 _, [%0];" ::"r"(smem_addr(bar)) : "memory");
+}
+// Waits until the phase of the given parity has completed.
+__device__ __forceinline__ void bar_wait(uint64_t* bar, uint32_t parity) {
+  uint32_t done = 0;
+  do {
+    asm volatile(
+        "{\n.reg .pred p;\nmbarrier.try_wait.parity.shared::cta.b64 p, [%1], %2;\nselp.u32 %0, 1, 0, p;\n}\n"
+        : "=r"(done)
+        : "r"(smem_addr(bar)), "r"(parity)
+        : "memory");
+  } while (!done);
+}
+
+// A box of {64 columns, 1 head, 128 rows} of a [rows, heads, 128] tensor into dst.
+__device__ __forceinline__ void tma_load(void* dst, const CUtensorMap* map, uint64_t* bar, int col, int head,
+                                         int row) {
+  asm volatile(
+      "cp.async.bulk.tensor.3d.shared::cluster.global.mbarrier::complete_tx::bytes [%0], [%1, {%3, %4, %5}], [%2];" ::"r"(
+          smem_addr(dst)),
+      "l"(reinterpret_cast<uint64_t>(map)), "r"(smem_addr(bar)), "r"(col), "r"(head), "r"(row)
+      : "memory");
+}
+
+// wgmma's shared-memory matrix descriptor for a 128-byte swizzled operand: start address, the
+// leading and stride byte offsets (units of 16 bytes), swizzle mode 1 (128 B) in bits 62-63.
+__device__ __forceinline__ uint64_t sw128_desc(uint32_t addr, uint32_t lead_bytes, uint32_t stride_bytes) {
+  return uint64_t((addr & 0x3FFFF) >> 4) | uint64_t((lead_bytes >> 4) & 0x3FFF) << 16 |
+         uint64_t((stride_bytes >> 4) & 0x3FFF) << 32 | uint64_t(1) << 62;
+}
+
+__device__ __forceinline__ void wgmma_fence() { asm volatile("wgmma.fence.sync.aligned;" ::: "memory"); }
+__device__ __forceinline__ void wgmma_commit() { asm volatile("wgmma.commit_group.sync.aligned;" ::: "memory"); }
+template <int N>
+__device__ __forceinline__ void wgmma_wait() {
+  asm volatile("wgmma.wait_group.sync.aligned %0;" ::"n"(N) : "memory");
+}
+// Pins registers an asynchronous wgmma reads or writes: the compiler may neither move their uses
+// across this point nor reuse them before it.
+template <int N>
+__device__ __forceinline__ void pin(float (&r)[N]) {
+#pragma unroll
+  for (int i = 0; i < N; ++i) asm volatile("" : "+f"(r[i])::"memory");
+}
+template <int N>
+__device__ __forceinline__ void pin(uint32_t (&r)[N]) {
+#pragma unroll
+  for (int i = 0; i < N; ++i) asm volatile("" : "+r"(r[i])::"memory");
+}
+
+// d[64 x 128] (+)= a[64 x 16] b[16 x 128]^T, both from shared memory, K-major (accumulate 0: d
+// is overwritten).
+__device__ __forceinline__ void wgmma_ss(float (&d)[64], uint64_t a, uint64_t b, uint32_t accumulate) {
+  asm volatile(
+      "{\n.reg .pred p;\nsetp.ne.b32 p, %66, 0;\n"
+      "wgmma.mma_async.sync.aligned.m64n128k16.f32.bf16.bf16 {"
+      "%0, %1, %2, %3, %4, %5, %6, %7, "
+      "%8, %9, %10, %11, %12, %13, %14, %15, "
+      "%16, %17, %18, %19, %20, %21, %22, %23, "
+      "%24, %25, %26, %27, %28, %29, %30, %31, "
+      "%32, %33, %34, %35, %36, %37, %38, %39, "
+      "%40, %41, %42, %43, %44, %45, %46, %47, "
+      "%48, %49, %50, %51, %52, %53, %54, %55, "
+      "%56, %57, %58, %59, %60, %61, %62, %63"
+      "}, %64, %65, p, 1, 1, 0, 0;\n}\n"
+      :
+        "+f"(d[0]), "+f"(d[1]), "+f"(d[2]), "+f"(d[3]), "+f"(d[4]), "+f"(d[5]), "+f"(d[6]), "+f"(d[7]),
+        "+f"(d[8]), "+f"(d[9]), "+f"(d[10]), "+f"(d[11]), "+f"(d[12]), "+f"(d[13]), "+f"(d[14]), "+f"(d[15]),
+        "+f"(d[16]), "+f"(d[17]), "+f"(d[18]), "+f"(d[19]), "+f"(d[20]), "+f"(d[21]), "+f"(d[22]), "+f"(d[23]),
+        "+f"(d[24]), "+f"(d[25]), "+f"(d[26]), "+f"(d[27]), "+f"(d[28]), "+f"(d[29]), "+f"(d[30]), "+f"(d[31]),
+        "+f"(d[32]), "+f"(d[33]), "+f"(d[34]), "+f"(d[35]), "+f"(d[36]), "+f"(d[37]), "+f"(d[38]), "+f"(d[39]),
+        "+f"(d[40]), "+f"(d[41]), "+f"(d[42]), "+f"(d[43]), "+f"(d[44]), "+f"(d[45]), "+f"(d[46]), "+f"(d[47]),
+        "+f"(d[48]), "+f"(d[49]), "+f"(d[50]), "+f"(d[51]), "+f"(d[52]), "+f"(d[53]), "+f"(d[54]), "+f"(d[55]),
+        "+f"(d[56]), "+f"(d[57]), "+f"(d[58]), "+f"(d[59]), "+f"(d[60]), "+f"(d[61]), "+f"(d[62]), "+f"(d[63])
+      : "l"(a), "l"(b), "r"(accumulate));
+}
+
+// d[64 x 128] += a[64 x 16] (registers, A fragment layout) b[16 x 128] (shared memory, MN-major).
+__device__ __forceinline__ void wgmma_rs(float (&d)[64], const uint32_t (&a)[4], uint64_t b) {
+  asm volatile(
+      "{\n.reg .pred p;\nsetp.ne.b32 p, %69, 0;\n"
+      "wgmma.mma_async.sync.aligned.m64n128k16.f32.bf16.bf16 {"
+      "%0, %1, %2, %3, %4, %5, %6, %7, "
+      "%8, %9, %10, %11, %12, %13, %14, %15, "
+      "%16, %17, %18, %19, %20, %21, %22, %23, "
+      "%24, %25, %26, %27, %28, %29, %30, %31, "
+      "%32, %33, %34, %35, %36, %37, %38, %39, "
+      "%40, %41, %42, %43, %44, %45, %46, %47, "
+      "%48, %49, %50, %51, %52, %53, %54, %55, "
+      "%56, %57, %58, %59, %60, %61, %62, %63"
+      "}, {%64, %65, %66, %67}, %68, p, 1, 1, 1;\n}\n"
+      :
+        "+f"(d[0]), "+f"(d[1]), "+f"(d[2]), "+f"(d[3]), "+f"(d[4]), "+f"(d[5]), "+f"(d[6]), "+f"(d[7]),
+        "+f"(d[8]), "+f"(d[9]), "+f"(d[10]), "+f"(d[11]), "+f"(d[12]), "+f"(d[13]), "+f"(d[14]), "+f"(d[15]),
+        "+f"(d[16]), "+f"(d[17]), "+f"(d[18]), "+f"(d[19]), "+f"(d[20]), "+f"(d[21]), "+f"(d[22]), "+f"(d[23]),
+        "+f"(d[24]), "+f"(d[25]), "+f"(d[26]), "+f"(d[27]), "+f"(d[28]), "+f"(d[29]), "+f"(d[30]), "+f"(d[31]),
+        "+f"(d[32]), "+f"(d[33]), "+f"(d[34]), "+f"(d[35]), "+f"(d[36]), "+f"(d[37]), "+f"(d[38]), "+f"(d[39]),
+        "+f"(d[40]), "+f"(d[41]), "+f"(d[42]), "+f"(d[43]), "+f"(d[44]), "+f"(d[45]), "+f"(d[46]), "+f"(d[47]),
+        "+f"(d[48]), "+f"(d[49]), "+f"(d[50]), "+f"(d[51]), "+f"(d[52]), "+f"(d[53]), "+f"(d[54]), "+f"(d[55]),
+        "+f"(d[56]), "+f"(d[57]), "+f"(d[58]), "+f"(d[59]), "+f"(d[60]), "+f"(d[61]), "+f"(d[62]), "+f"(d[63])
+      : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "l"(b), "n"(1));
+}
+
+__device__ __forceinline__ uint32_t pack_bf16(float lo, float hi) {
+  const __nv_bfloat162 h = __floats2bfloat162_rn(lo, hi);
+  return *reinterpret_cast<const uint32_t*>(&h);
+}
+
+// S = Q K^T for one warpgroup's 64 rows: 8 steps of 16 columns over head_dim 128. Both operands are
+// K-major (head_dim contiguous); a step inside a 128-byte swizzled row advances the start address
+// by 32 bytes, the second 64 columns are the next half (16 KB on). Stride: 8 rows of 128 bytes.
+__device__ __forceinline__ void issue_qk(float (&s)[64], uint32_t q_base, uint32_t k_base) {
+#pragma unroll
+  for (int kk = 0; kk < kHd / 16; ++kk) {
+    const uint32_t off = (kk / 4) * (kHalf * 2) + (kk % 4) * 32;
+    wgmma_ss(s, sw128_desc(q_base + off, 16, 1024), sw128_desc(k_base + off, 16, 1024), kk > 0);
+  }
+}
+
+// O += P V: 8 steps of 16 key rows, P from registers (the S accumulator's layout is wgmma's A
+// fragment layout), V MN-major (head_dim, wgmma's N, is contiguous; transposed on read): the
+// leading offset steps N by 64 columns (the next half), the stride steps K by 8 rows.
+__device__ __forceinline__ void issue_pv(float (&o)[64], const uint32_t (&pr)[32], uint32_t v_base) {
+#pragma unroll
+  for (int kk = 0; kk < kBlockN / 16; ++kk) {
+    const uint32_t a[4] = {pr[4 * kk], pr[4 * kk + 1], pr[4 * kk + 2], pr[4 * kk + 3]};
+    wgmma_rs(o, a, sw128_desc(v_base + kk * 16 * 128, kHalf * 2, 1024));
+  }
+}
+#endif  // __CUDA_ARCH_FEAT_SM90_ALL
+
+// One block: 128 query rows of one query head. Thread t of a consumer warpgroup holds rows
+// 16 (t / 32) + (t % 32) / 4 and 8 below it; accumulator element i of a row pair sits in column
+// 8 (i / 4) + 2 (t % 4) + i % 2 of row (i / 2) % 2.
+__global__ void __launch_bounds__(kThreads, 1)
+    attn_fwd_hopper_kernel(const __grid_constant__ CUtensorMap q_map, const __grid_constant__ CUtensorMap k_map,
+                           const __grid_constant__ CUtensorMap v_map, const Params p) {
+#if defined(__CUDA_ARCH_FEAT_SM90_ALL)
+  extern __shared__ unsigned char smem_raw[];
+  Smem& sm = *reinterpret_cast<Smem*>((reinterpret_cast<uintptr_t>(smem_raw) + 1023) & ~uintptr_t(1023));
+  const int wg = threadIdx.x / 128;
+  const int64_t blocks_m = (p.T + kBlockM - 1) / kBlockM;
+  const int64_t hq = blockIdx.x % p.Hq;
+  int64_t mb = blockIdx.x / p.Hq;
+  if (p.causal) mb = blocks_m - 1 - mb;  // the blocks with the most tiles first
+  const int64_t q0 = mb * kBlockM;
+  const int64_t hk = hq / (p.Hq / p.Hkv);
+  int64_t n_end = p.S;
+  if (p.causal) {
+    const int64_t last_q = q0 + lcx::cuda::lmin(kBlockM, p.T - q0) - 1;
+    n_end = lcx::cuda::lmax(0, lcx::cuda::lmin(p.S, p.q_offset + last_q - p.k_offset + 1));
+  }
+  const int n_tiles = static_cast<int>((n_end + kBlockN - 1) / kBlockN);
+
+  if (threadIdx.x == 0) {
+    bar_init(&sm.q_full, 1);
+    for (int s = 0; s < kStages; ++s) {
+      bar_init(&sm.k_full[s], 1);
+      bar_init(&sm.v_full[s], 1);
+      bar_init(&sm.k_empty[s], 8);  // one arrival per consumer warp
+      bar_init(&sm.v_empty[s], 8);
+    }
+    asm volatile("fence.mbarrier_init.release.cluster;" ::: "memory");
+    asm volatile("fence.proxy.async.shared::cta;" ::: "memory");
+  }
+  __syncthreads();
+
+  if (wg == 0) {  // producer
+    asm volatile("setmaxnreg.dec.sync.aligned.u32 24;\n" ::: "memory");
+    if (threadIdx.x == 0) {
+      asm volatile("prefetch.tensormap [%0];" ::"l"(reinterpret_cast<uint64_t>(&k_map)) : "memory");
+      asm volatile("prefetch.tensormap [%0];" ::"l"(reinterpret_cast<uint64_t>(&v_map)) : "memory");
+      bar_expect(&sm.q_full, kTileBytes);
+      tma_load(sm.q[0], &q_map, &sm.q_full, 0, static_cast<int>(hq), static_cast<int>(q0));
+      tma_load(sm.q[1], &q_map, &sm.q_full, 64, static_cast<int>(hq), static_cast<int>(q0));
+      for (int j = 0; j < n_tiles; ++j) {
+        const int s = j % kStages;
+        const uint32_t phase = (j / kStages) & 1;
+        const int row = j * kBlockN;
+        bar_wait(&sm.k_empty[s], phase ^ 1);
+        bar_expect(&sm.k_full[s], kTileBytes);
+        tma_load(sm.k[s][0], &k_map, &sm.k_full[s], 0, static_cast<int>(hk), row);
+        tma_load(sm.k[s][1], &k_map, &sm.k_full[s], 64, static_cast<int>(hk), row);
+        bar_wait(&sm.v_empty[s], phase ^ 1);
+        bar_expect(&sm.v_full[s], kTileBytes);
+        tma_load(sm.v[s][0], &v_map, &sm.v_full[s], 0, static_cast<int>(hk), row);
+        tma_load(sm.v[s][1], &v_map, &sm.v_full[s], 64, static_cast<int>(hk), row);
+      }
+    }
+    return;
+  }
+
+  // consumers
+  asm volatile("setmaxnreg.inc.sync.aligned.u32 240;\n" ::: "memory");
+  const int tid = threadIdx.x - 128 * wg, warp = tid / 32, lane = tid % 32;
+  const int64_t wg_row0 = q0 + (wg - 1) * kWgM;
+  const int64_t row0 = wg_row0 + warp * 16 + lane / 4;  // and row0 + 8
+  const int col0 = 2 * (lane % 4);
+  const uint32_t q_base = smem_addr(sm.q[0]) + (wg - 1) * kWgM * 128;
+  const float sl2 = p.scale_log2;
+
+  float o[64], s[64];
+  uint32_t pr[32];
+#pragma unroll
+  for (int i = 0; i < 64; ++i) o[i] = 0.f;
+  float m[2] = {-INFINITY, -INFINITY}, l[2] = {0.f, 0.f}, alpha[2];
+
+  // One tile's scores in s become probabilities in place (masked, max-shifted, exp2), each row's
+  // running max, sum and the factor alpha that rescales what was accumulated before.
+  auto softmax = [&](int j) {
+    const int64_t k0 = int64_t(j) * kBlockN;
+    const bool unmasked = k0 + kBlockN <= p.S && (!p.causal || p.k_offset + k0 + kBlockN - 1 <= p.q_offset + wg_row0);
+    if (!unmasked) {
+#pragma unroll
+      for (int i = 0; i < 64; ++i) {
+        const int64_t qi = row0 + ((i >> 1) & 1) * 8;
+        const int64_t kj = k0 + 8 * (i / 4) + col0 + (i & 1);
+        if (!(kj < p.S && (!p.causal || p.k_offset + kj <= p.q_offset + qi))) s[i] = -INFINITY;
+      }
+    }
+    float mx[2] = {-INFINITY, -INFINITY};
+#pragma unroll
+    for (int i = 0; i < 64; ++i) mx[(i >> 1) & 1] = fmaxf(mx[(i >> 1) & 1], s[i]);
+    float base[2];
+#pragma unroll
+    for (int r = 0; r < 2; ++r) {
+      mx[r] = fmaxf(mx[r], __shfl_xor_sync(0xffffffffu, mx[r], 1));
+      mx[r] = fmaxf(mx[r], __shfl_xor_sync(0xffffffffu, mx[r], 2));
+      const float m_new = fmaxf(m[r], mx[r] * sl2);
+      base[r] = m_new == -INFINITY ? 0.f : m_new;  // a row that has seen nothing stays at 0
+      alpha[r] = exp2f(m[r] - base[r]);
+      m[r] = m_new;
+    }
+    float sum[2] = {0.f, 0.f};
+#pragma unroll
+    for (int i = 0; i < 64; ++i) {
+      s[i] = exp2f(fmaf(s[i], sl2, -base[(i >> 1) & 1]));
+      sum[(i >> 1) & 1] += s[i];
+    }
+#pragma unroll
+    for (int r = 0; r < 2; ++r) l[r] = l[r] * alpha[r] + sum[r];
+  };
+  auto pack = [&] {
+#pragma unroll
+    for (int i = 0; i < 32; ++i) pr[i] = pack_bf16(s[2 * i], s[2 * i + 1]);
+  };
+  auto release = [&](uint64_t* bar) {
+    if (lane == 0) bar_arrive(bar);
+  };
+
+  if (n_tiles > 0) {
+    bar_wait(&sm.q_full, 0);
+    bar_wait(&sm.k_full[0], 0);
+    wgmma_fence();
+    issue_qk(s, q_base, smem_addr(sm.k[0][0]));
+    wgmma_commit();
+    wgmma_wait<0>();
+    pin(s);
+    release(&sm.k_empty[0]);
+    softmax(0);
+    pack();
+    for (int j = 1; j < n_tiles; ++j) {
+      const int s_now = j % kStages, s_prev = (j - 1) % kStages;
+      bar_wait(&sm.k_full[s_now], (j / kStages) & 1);
+      wgmma_fence();
+      issue_qk(s, q_base, smem_addr(sm.k[s_now][0]));
+      wgmma_commit();
+      bar_wait(&sm.v_full[s_prev], ((j - 1) / kStages) & 1);
+      issue_pv(o, pr, smem_addr(sm.v[s_prev][0]));
+      wgmma_commit();
+      wgmma_wait<1>();  // this tile's scores; the previous tile's P V may still run
+      pin(s);
+      release(&sm.k_empty[s_now]);
+      softmax(j);
+      wgmma_wait<0>();
+      pin(o);
+      pin(pr);
+      release(&sm.v_empty[s_prev]);
+#pragma unroll
+      for (int i = 0; i < 64; ++i) o[i] *= alpha[(i >> 1) & 1];
+      pack();
+    }
+    const int s_last = (n_tiles - 1) % kStages;
+    bar_wait(&sm.v_full[s_last], ((n_tiles - 1) / kStages) & 1);
+    wgmma_fence();
+    issue_pv(o, pr, smem_addr(sm.v[s_last][0]));
+    wgmma_commit();
+    wgmma_wait<0>();
+    pin(o);
+    release(&sm.v_empty[s_last]);
+  }
+
+  // Epilogue: the row sums over the four lanes of a row, O / l in bf16, the log-sum-exp.
+  auto* out = static_cast<__nv_bfloat16*>(p.o);
+#pragma unroll
+  for (int r = 0; r < 2; ++r) {
+    l[r] += __shfl_xor_sync(0xffffffffu, l[r], 1);
+    l[r] += __shfl_xor_sync(0xffffffffu, l[r], 2);
+    const int64_t qi = row0 + 8 * r;
+    if (qi >= p.T) continue;
+    const float inv = l[r] > 0.f ? 1.f / l[r] : 0.f;
+    uint32_t* dst = reinterpret_cast<uint32_t*>(out + (qi * p.Hq + hq) * kHd + col0);
+#pragma unroll
+    for (int g = 0; g < 16; ++g) dst[4 * g] = pack_bf16(o[4 * g + 2 * r] * inv, o[4 * g + 2 * r + 1] * inv);
+    if (lane % 4 == 0) p.lse_out[hq * p.T + qi] = l[r] > 0.f ? (m[r] + log2f(l[r])) * kLn2 : -INFINITY;
+  }
+#endif  // __CUDA_ARCH_FEAT_SM90_ALL
+}
+
+// A [rows, heads, 128] bf16 tensor as TMA sees it: boxes of 64 columns (128 bytes, the swizzle's
+// span) of one head over 128 rows, 128-byte swizzled, rows past the end read as zeros.
+// The driver's tensor-map encoder, looked up through the runtime: liblcx_core does not link libcuda,
+// which machines without a GPU (and CI) lack.
+PFN_cuTensorMapEncodeTiled_v12000 encoder() {
+  static const PFN_cuTensorMapEncodeTiled_v12000 fn = [] {
+    void* f = nullptr;
+    cudaDriverEntryPointQueryResult status{};
+    LCX_CUDA_CHECK(cudaGetDriverEntryPointByVersion("cuTensorMapEncodeTiled", &f, 12000, cudaEnableDefault, &status));
+    if (!f || status != cudaDriverEntryPointSuccess) throw Error("the CUDA driver has no cuTensorMapEncodeTiled");
+    return reinterpret_cast<PFN_cuTensorMapEncodeTiled_v12000>(f);
+  }();
+  return fn;
+}
+
+CUtensorMap tensor_map(const void* base, int64_t rows, int64_t heads) {
+  CUtensorMap map;
+  const cuuint64_t dims[3] = {kHd, static_cast<cuuint64_t>(heads), static_cast<cuuint64_t>(rows)};
+  const cuuint64_t strides[2] = {kHd * 2, static_cast<cuuint64_t>(heads) * kHd * 2};  // bytes, dims 1 and 2
+  const cuuint32_t box[3] = {64, 1, kBlockN};
+  const cuuint32_t unit[3] = {1, 1, 1};
+  const CUresult r = encoder()(&map, CU_TENSOR_MAP_DATA_TYPE_BFLOAT16, 3, const_cast<void*>(base), dims,
+                                            strides, box, unit, CU_TENSOR_MAP_INTERLEAVE_NONE,
+                                            CU_TENSOR_MAP_SWIZZLE_128B, CU_TENSOR_MAP_L2_PROMOTION_L2_256B,
+                                            CU_TENSOR_MAP_FLOAT_OOB_FILL_NONE);
+  if (r != CUDA_SUCCESS) throw Error(str("cuTensorMapEncodeTiled failed (CUresult ", int(r), ")"));
+  return map;
+}
+
+// Compute capability 9.0 on the current device: the only one sm_90a code runs on.
+bool hopper_device() {
+  static int cached[64] = {};  // 0 unknown, 1 yes, 2 no
+  int dev = 0;
+  LCX_CUDA_CHECK(cudaGetDevice(&dev));
+  if (dev >= 64) return false;
+  if (!cached[dev]) {
+    int major = 0, minor = 0;
+    LCX_CUDA_CHECK(cudaDeviceGetAttribute(&major, cudaDevAttrComputeCapabilityMajor, dev));
+    LCX_CUDA_CHECK(cudaDeviceGetAttribute(&minor, cudaDevAttrComputeCapabilityMinor, dev));
+    cached[dev] = major == 9 && minor == 0 ? 1 : 2;
+  }
+  return cached[dev] == 1;
+}
+
+}  // namespace
+
+bool attention_forward_hopper_applies(const Params& p) {
+  for (DType t : {p.tq, p.tk, p.tv, p.to})
+    if (t != DType::bf16) return false;
+  for (const void* ptr : std::initializer_list<const void*>{p.q, p.k, p.v, p.o})
+    if (reinterpret_cast<uintptr_t>(ptr) % 16 != 0) return false;
+  return p.d == kHd && p.T < (int64_t(1) << 31) && p.S < (int64_t(1) << 31) && p.Hq % p.Hkv == 0 &&
+         hopper_device();
+}
+
+bool attention_forward_hopper(const Params& p) {
+  if (!attention_forward_hopper_applies(p)) return false;
+  const CUtensorMap q_map = tensor_map(p.q, p.T, p.Hq);
+  const CUtensorMap k_map = tensor_map(p.k, p.S, p.Hkv);
+  const CUtensorMap v_map = tensor_map(p.v, p.S, p.Hkv);
+  static const bool once = (allow_smem(attn_fwd_hopper_kernel, kSmemBytes), true);
+  (void)once;
+  const int64_t blocks = (p.T + kBlockM - 1) / kBlockM * p.Hq;
+  attn_fwd_hopper_kernel<<<static_cast<unsigned>(blocks), kThreads, kSmemBytes, lcx::cuda::current_stream()>>>(
+      q_map, k_map, v_map, p);
+  LCX_CUDA_LAUNCH_CHECK();
+  return true;
+}
+
+}  // namespace lcx::ops::cuda::attn

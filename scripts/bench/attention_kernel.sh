@@ -1,0 +1,47 @@
+#!/usr/bin/env bash
+# The own Hopper attention kernels in one device call, from the repository root with the bundle
+# carried as .bundle: the GPU tests that hold them to the CPU twin and to cuDNN, the forward in
+# isolation beside cuDNN's (bench_gpu --attention-forward) and beside PyTorch's SDPA (cuDNN and
+# flash backends) at 16k-128k tokens, 32/8 heads of 128, then ncu's sections on one launch at 32k.
+# Logs go to $OUT; the table is printed last.
+#   OUT=/tmp/attn scripts/bench/attention_kernel.sh
+# EXTRA_TESTS="test_lora:LoraGpu*" runs more GPU test binaries (name:gtest filter) first.
+set -uo pipefail
+out=${OUT:-/tmp/lcx-attention-kernel}
+mkdir -p "$out"
+source scripts/gpu_bundle.sh
+summary=$out/summary.md
+: >"$summary"
+nvidia-smi --query-gpu=name,clocks.max.sm --format=csv,noheader >>"$summary"
+
+for spec in "test_gpu:GpuOps.Attention*" ${EXTRA_TESTS:-}; do
+  bin=${spec%%:*}
+  filter=${spec#*:}
+  timeout "${TEST_TIMEOUT:-240}" build/tests/"$bin" --gtest_filter="$filter" --gtest_color=no >"$out/$bin.log" 2>&1
+  echo "$bin ($filter): rc $? $(grep -cE '^\[       OK \]' "$out/$bin.log") ok, $(grep -cE '^\[  FAILED  \] [A-Za-z].*\(' "$out/$bin.log") failed, $(grep -cE '^\[  SKIPPED \] [A-Za-z].*\(' "$out/$bin.log") skipped" >>"$summary"
+  grep -E -A8 'Failure$' "$out/$bin.log" | head -40 >>"$summary"
+done
+
+timeout 240 build/tests/bench_gpu --attention-forward >"$out/bench_forward.log" 2>&1
+echo "bench_gpu --attention-forward: rc $?" >>"$summary"
+timeout 240 python3 scripts/bench/attention_torch.py --tokens 16384 32768 65536 131072 --fwd-only --reps 10 \
+  >"$out/torch_forward.log" 2>&1
+echo "attention_torch.py: rc $?" >>"$summary"
+
+if [[ ${NCU:-1} != 0 ]] && command -v ncu >/dev/null; then
+  timeout 300 ncu --kernel-name regex:attn_fwd_hopper --launch-skip 1 --launch-count 1 \
+    --section SpeedOfLight --section ComputeWorkloadAnalysis --section MemoryWorkloadAnalysis \
+    --section WarpStateStats --section SchedulerStats --section Occupancy --section LaunchStats \
+    --section InstructionStats --metrics smsp__pcsamp_warps_issue_stalled_barrier,smsp__pcsamp_warps_issue_stalled_long_scoreboard \
+    build/tests/bench_gpu --attention-forward 32768 causal >"$out/ncu.log" 2>&1
+  echo "ncu: rc $?" >>"$summary"
+fi
+
+{
+  echo "| kernel | shape | ms | TFLOP/s |"
+  grep -hE "^attention|^torch" "$out/bench_forward.log" "$out/torch_forward.log" | awk -F'|' '{gsub(/ +$/,"",$1); print "| " $1 " | " $2 " | " $3 " | " $4 " |"}'
+} >>"$summary"
+if [[ -f $out/ncu.log ]]; then
+  grep -E "Duration|Compute \(SM\) Throughput|Memory Throughput|Registers Per|Achieved Occupancy|Issue Slots Busy|Issued Warp Per|No Eligible|Warp Cycles Per Issued|Shared Memory Configuration|Dynamic Shared|Block Limit|L1/TEX Hit|L2 Hit|DRAM Throughput|Executed Ipc|Bank" "$out/ncu.log" | head -40 >>"$summary"
+fi
+cat "$summary"
