@@ -5,7 +5,7 @@
 # flash backends) at 16k-128k tokens, 32/8 heads of 128, then ncu's sections on one launch at 32k.
 # Logs go to $OUT; the table is printed last.
 #   OUT=/tmp/attn scripts/bench/attention_kernel.sh
-# EXTRA_TESTS="test_lora:LoraGpu*" runs more GPU test binaries (name:gtest filter) first.
+# TORCH=0 leaves PyTorch out. EXTRA_TESTS="test_lora:LoraGpu*" runs more GPU test binaries (name:gtest filter) first.
 set -uo pipefail
 out=${OUT:-/tmp/lcx-attention-kernel}
 mkdir -p "$out"
@@ -24,9 +24,11 @@ done
 
 timeout 240 build/tests/bench_gpu --attention-forward >"$out/bench_forward.log" 2>&1
 echo "bench_gpu --attention-forward: rc $?" >>"$summary"
-timeout 240 python3 scripts/bench/attention_torch.py --tokens 16384 32768 65536 131072 --fwd-only --reps 10 \
-  >"$out/torch_forward.log" 2>&1
-echo "attention_torch.py: rc $?" >>"$summary"
+if [[ ${TORCH:-1} != 0 ]]; then
+  timeout 240 python3 scripts/bench/attention_torch.py --tokens 16384 32768 65536 131072 --fwd-only --reps 10 \
+    >"$out/torch_forward.log" 2>&1
+  echo "attention_torch.py: rc $?" >>"$summary"
+fi
 
 if [[ ${NCU:-1} != 0 ]] && command -v ncu >/dev/null; then
   timeout 300 ncu --kernel-name regex:attn_fwd_hopper --launch-skip 1 --launch-count 1 \
@@ -39,7 +41,7 @@ fi
 
 {
   echo "| kernel | shape | ms | TFLOP/s |"
-  grep -hE "^attention|^torch" "$out/bench_forward.log" "$out/torch_forward.log" | awk -F'|' '{gsub(/ +$/,"",$1); print "| " $1 " | " $2 " | " $3 " | " $4 " |"}'
+  grep -hE "^attention|^torch" "$out/bench_forward.log" "$out/torch_forward.log" 2>/dev/null | awk -F'|' '{gsub(/ +$/,"",$1); print "| " $1 " | " $2 " | " $3 " | " $4 " |"}'
 } >>"$summary"
 if [[ -f $out/ncu.log ]]; then
   grep -E "Duration|Compute \(SM\) Throughput|Memory Throughput|Registers Per|Achieved Occupancy|Issue Slots Busy|Issued Warp Per|No Eligible|Warp Cycles Per Issued|Shared Memory Configuration|Dynamic Shared|Block Limit|L1/TEX Hit|L2 Hit|DRAM Throughput|Executed Ipc|Bank" "$out/ncu.log" | head -40 >>"$summary"

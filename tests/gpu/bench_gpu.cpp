@@ -149,10 +149,13 @@ int main(int argc, char** argv) {
       std::vector<std::pair<int64_t, bool>> shapes = {{16384, true}, {32768, true}, {65536, true}, {131072, true}, {32768, false}};
       if (argc > 3) shapes = {{std::atoll(argv[2]), std::strcmp(argv[3], "full") != 0}};
       for (const auto& [T, causal] : shapes)
-        for (auto kind : {lcx::cuda::AttentionKernel::cudnn, lcx::cuda::AttentionKernel::own}) {
-          if (kind == lcx::cuda::AttentionKernel::cudnn && lcx::cuda::cudnn_version().empty()) continue;
-          lcx::cuda::set_attention_kernel(kind);
-          bench_attention_forward(kind == lcx::cuda::AttentionKernel::cudnn ? "cudnn" : "own", T, causal, 10);
+        for (int variant = 0; variant < 3; ++variant) {
+          if (variant == 0 && lcx::cuda::cudnn_version().empty()) continue;
+          lcx::cuda::set_attention_kernel(variant == 0 ? lcx::cuda::AttentionKernel::cudnn : lcx::cuda::AttentionKernel::own);
+          // The own kernel with its warpgroups' GEMMs in turns (ping-pong) and without.
+          if (variant == 2) setenv("LCX_ATTENTION_PINGPONG", "0", 1);
+          bench_attention_forward(variant == 0 ? "cudnn" : variant == 1 ? "own" : "own (no ping-pong)", T, causal, 10);
+          unsetenv("LCX_ATTENTION_PINGPONG");
         }
 #endif
     } catch (const std::exception& e) {

@@ -18,6 +18,7 @@
 #include <cuda.h>  // CUtensorMap and its enums; the encoder comes from the driver at run time
 #include <cudaTypedefs.h>
 
+#include <cstdlib>
 #include <initializer_list>
 
 #include "kernels/cuda/attention_common.cuh"
@@ -163,6 +164,14 @@ __device__ __forceinline__ void wgmma_rs(float (&d)[64], const uint32_t (&a)[4],
       : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "l"(b), "n"(1));
 }
 
+// 2^x on the special-function unit alone: results below 2^-126 flush to zero (a probability that
+// small adds nothing a bf16 P can hold), which spares exp2f's denormal fix-up around every call.
+__device__ __forceinline__ float fast_exp2(float x) {
+  float y;
+  asm("ex2.approx.ftz.f32 %0, %1;" : "=f"(y) : "f"(x));
+  return y;
+}
+
 __device__ __forceinline__ uint32_t pack_bf16(float lo, float hi) {
   const __nv_bfloat162 h = __floats2bfloat162_rn(lo, hi);
   return *reinterpret_cast<const uint32_t*>(&h);
@@ -194,6 +203,7 @@ __device__ __forceinline__ void issue_pv(float (&o)[64], const uint32_t (&pr)[32
 // One block: 128 query rows of one query head. Thread t of a consumer warpgroup holds rows
 // 16 (t / 32) + (t % 32) / 4 and 8 below it; accumulator element i of a row pair sits in column
 // 8 (i / 4) + 2 (t % 4) + i % 2 of row (i / 2) % 2.
+template <bool kPingPong>
 __global__ void __launch_bounds__(kThreads, 1)
     attn_fwd_hopper_kernel(const __grid_constant__ CUtensorMap q_map, const __grid_constant__ CUtensorMap k_map,
                            const __grid_constant__ CUtensorMap v_map, const Params p) {
@@ -290,13 +300,13 @@ __global__ void __launch_bounds__(kThreads, 1)
       mx[r] = fmaxf(mx[r], __shfl_xor_sync(0xffffffffu, mx[r], 2));
       const float m_new = fmaxf(m[r], mx[r] * sl2);
       base[r] = m_new == -INFINITY ? 0.f : m_new;  // a row that has seen nothing stays at 0
-      alpha[r] = exp2f(m[r] - base[r]);
+      alpha[r] = fast_exp2(m[r] - base[r]);
       m[r] = m_new;
     }
     float sum[2] = {0.f, 0.f};
 #pragma unroll
     for (int i = 0; i < 64; ++i) {
-      s[i] = exp2f(fmaf(s[i], sl2, -base[(i >> 1) & 1]));
+      s[i] = fast_exp2(fmaf(s[i], sl2, -base[(i >> 1) & 1]));
       sum[(i >> 1) & 1] += s[i];
     }
 #pragma unroll
@@ -310,12 +320,26 @@ __global__ void __launch_bounds__(kThreads, 1)
     if (lane == 0) bar_arrive(bar);
   };
 
+  // Ping-pong (kPingPong): the two warpgroups take turns to issue their GEMMs, named barrier 1
+  // for the first one's turn and 2 for the second's, so one's softmax runs while the other's GEMMs
+  // hold the tensor cores. The second warpgroup lets the first go first, and skips its last pass
+  // so every turn taken has been given exactly once.
+  const uint32_t my_turn = wg, their_turn = 3 - wg;
+  auto take_turn = [&] {
+    if (kPingPong) asm volatile("bar.sync %0, 256;" ::"r"(my_turn) : "memory");
+  };
+  auto pass_turn = [&] {
+    if (kPingPong) asm volatile("bar.arrive %0, 256;" ::"r"(their_turn) : "memory");
+  };
   if (n_tiles > 0) {
+    if (wg == 2) pass_turn();
     bar_wait(&sm.q_full, 0);
     bar_wait(&sm.k_full[0], 0);
+    take_turn();
     wgmma_fence();
     issue_qk(s, q_base, smem_addr(sm.k[0][0]));
     wgmma_commit();
+    pass_turn();
     wgmma_wait<0>();
     pin(s);
     release(&sm.k_empty[0]);
@@ -324,12 +348,14 @@ __global__ void __launch_bounds__(kThreads, 1)
     for (int j = 1; j < n_tiles; ++j) {
       const int s_now = j % kStages, s_prev = (j - 1) % kStages;
       bar_wait(&sm.k_full[s_now], (j / kStages) & 1);
+      bar_wait(&sm.v_full[s_prev], ((j - 1) / kStages) & 1);
+      take_turn();
       wgmma_fence();
       issue_qk(s, q_base, smem_addr(sm.k[s_now][0]));
       wgmma_commit();
-      bar_wait(&sm.v_full[s_prev], ((j - 1) / kStages) & 1);
       issue_pv(o, pr, smem_addr(sm.v[s_prev][0]));
       wgmma_commit();
+      pass_turn();
       wgmma_wait<1>();  // this tile's scores; the previous tile's P V may still run
       pin(s);
       release(&sm.k_empty[s_now]);
@@ -344,9 +370,11 @@ __global__ void __launch_bounds__(kThreads, 1)
     }
     const int s_last = (n_tiles - 1) % kStages;
     bar_wait(&sm.v_full[s_last], ((n_tiles - 1) / kStages) & 1);
+    take_turn();
     wgmma_fence();
     issue_pv(o, pr, smem_addr(sm.v[s_last][0]));
     wgmma_commit();
+    if (wg == 1) pass_turn();
     wgmma_wait<0>();
     pin(o);
     release(&sm.v_empty[s_last]);
@@ -429,11 +457,13 @@ bool attention_forward_hopper(const Params& p) {
   const CUtensorMap q_map = tensor_map(p.q, p.T, p.Hq);
   const CUtensorMap k_map = tensor_map(p.k, p.S, p.Hkv);
   const CUtensorMap v_map = tensor_map(p.v, p.S, p.Hkv);
-  static const bool once = (allow_smem(attn_fwd_hopper_kernel, kSmemBytes), true);
+  static const bool once =
+      (allow_smem(attn_fwd_hopper_kernel<true>, kSmemBytes), allow_smem(attn_fwd_hopper_kernel<false>, kSmemBytes), true);
   (void)once;
   const int64_t blocks = (p.T + kBlockM - 1) / kBlockM * p.Hq;
-  attn_fwd_hopper_kernel<<<static_cast<unsigned>(blocks), kThreads, kSmemBytes, lcx::cuda::current_stream()>>>(
-      q_map, k_map, v_map, p);
+  const char* env = std::getenv("LCX_ATTENTION_PINGPONG");
+  auto kernel = env && env[0] == '0' ? attn_fwd_hopper_kernel<false> : attn_fwd_hopper_kernel<true>;
+  kernel<<<static_cast<unsigned>(blocks), kThreads, kSmemBytes, lcx::cuda::current_stream()>>>(q_map, k_map, v_map, p);
   LCX_CUDA_LAUNCH_CHECK();
   return true;
 }
