@@ -5,7 +5,7 @@
 # flash backends) at 16k-128k tokens, 32/8 heads of 128, then ncu's sections on one launch at 32k.
 # Logs go to $OUT; the table is printed last.
 #   OUT=/tmp/attn scripts/bench/attention_kernel.sh
-# TORCH=0 leaves PyTorch out. EXTRA_TESTS="test_lora:LoraGpu*" runs more GPU test binaries (name:gtest filter) first.
+# BENCH=0, TORCH=0, NCU=0 leave those parts out; STEP_CASES adds full-depth steps (below). EXTRA_TESTS="test_lora:LoraGpu*" runs more GPU test binaries (name:gtest filter) first.
 set -uo pipefail
 out=${OUT:-/tmp/lcx-attention-kernel}
 mkdir -p "$out"
@@ -22,8 +22,10 @@ for spec in "test_gpu:GpuOps.Attention*" ${EXTRA_TESTS:-}; do
   grep -E -A8 'Failure$' "$out/$bin.log" | head -40 >>"$summary"
 done
 
-timeout 240 build/tests/bench_gpu --attention-forward >"$out/bench_forward.log" 2>&1
-echo "bench_gpu --attention-forward: rc $?" >>"$summary"
+if [[ ${BENCH:-1} != 0 ]]; then
+  timeout 240 build/tests/bench_gpu --attention-forward >"$out/bench_forward.log" 2>&1
+  echo "bench_gpu --attention-forward: rc $?" >>"$summary"
+fi
 if [[ ${TORCH:-1} != 0 ]]; then
   timeout 240 python3 scripts/bench/attention_torch.py --tokens 16384 32768 65536 131072 --fwd-only --reps 10 \
     >"$out/torch_forward.log" 2>&1
@@ -39,10 +41,25 @@ if [[ ${NCU:-1} != 0 ]] && command -v ncu >/dev/null; then
   echo "ncu: rc $?" >>"$summary"
 fi
 
-{
+# The full-depth step with the automatic choice (the Hopper forward on long causal calls) and with
+# cuDNN forced (STEP_CASES="qwen3-4b:65536"), each with its second step traced; STEP_TORCH=1 adds
+# transformers + PyTorch's step beside the automatic one.
+for c in ${STEP_CASES:-}; do
+  for choice in cudnn auto; do
+    torch=0
+    [[ $choice == auto ]] && torch=${STEP_TORCH:-0}
+    LCX_ATTENTION=$choice CASES=$c VARIANTS="offload:loss_chunked+offload" TORCH=$torch STEPS=${STEPS:-2} PROFILE=1 \
+      OUT=$out/step-$choice scripts/bench/full_depth.sh build >"$out/step-$choice.out" 2>&1
+    echo "step $c, LCX_ATTENTION=$choice:" >>"$summary"
+    grep -E "^\| [a-z0-9]" "$out/step-$choice.out" | head -3 >>"$summary"
+    grep -iE "attention|total" "$out/step-$choice.out" | head -12 >>"$summary"
+  done
+done
+
+if [[ -f $out/bench_forward.log ]]; then
   echo "| kernel | shape | ms | TFLOP/s |"
   grep -hE "^attention|^torch" "$out/bench_forward.log" "$out/torch_forward.log" 2>/dev/null | awk -F'|' '{gsub(/ +$/,"",$1); print "| " $1 " | " $2 " | " $3 " | " $4 " |"}'
-} >>"$summary"
+fi >>"$summary"
 if [[ -f $out/ncu.log ]]; then
   grep -E "Duration|Compute \(SM\) Throughput|Memory Throughput|Registers Per|Achieved Occupancy|Issue Slots Busy|Issued Warp Per|No Eligible|Warp Cycles Per Issued|Shared Memory Configuration|Dynamic Shared|Block Limit|L1/TEX Hit|L2 Hit|DRAM Throughput|Executed Ipc|Bank" "$out/ncu.log" | head -40 >>"$summary"
 fi

@@ -146,6 +146,35 @@ TEST_F(GpuOps, AttentionHopperForwardAgainstCpu) {
 }
 #endif
 
+// The automatic choice at a long causal call (kernels/cudnn_sizes.h own_forward_first): the Hopper
+// forward runs, bit for bit what LCX_ATTENTION=own writes, within bf16's bar of cuDNN's; a tile
+// short of the threshold, cuDNN's bits.
+TEST_F(GpuOps, AttentionAutomaticForwardTakesTheHopperKernelWhereItIsFaster) {
+  SCOPED_TRACE(trace());
+  for (const int64_t T : {kOwnForwardMinRows, kOwnForwardMinRows - 128}) {
+    SCOPED_TRACE(str("T=", T));
+    const Tensor q = on_gpu(host_normal({T, 2, 128}, DType::bf16, rng_)), k = on_gpu(host_normal({T, 1, 128}, DType::bf16, rng_)),
+                 v = on_gpu(host_normal({T, 1, 128}, DType::bf16, rng_));
+    Tensor outs[3], lses[3];
+    const cuda::AttentionKernel kinds[3] = {cuda::AttentionKernel::automatic, cuda::AttentionKernel::own,
+                                            cuda::AttentionKernel::cudnn};
+    for (int i = 0; i < 3; ++i) {
+      if (cuda::cudnn_version().empty() && i == 2) GTEST_SKIP() << "no cuDNN to compare with";
+      KernelChoice choice(kinds[i]);
+      outs[i] = poisoned_gpu({T, 2, 128}, DType::bf16);
+      lses[i] = poisoned_gpu({2, T}, DType::f32);
+      ops::AttentionParams p;
+      ops::attention_forward(q, k, v, outs[i], lses[i], p);
+    }
+    if (!ops::cuda::attention_forward_hopper_applies(q, k, v, outs[0])) GTEST_SKIP() << "not a compute capability 9.0 GPU";
+    const int same_as = T >= kOwnForwardMinRows ? 1 : 2;
+    EXPECT_EQ(outs[0].to_floats(), outs[same_as].to_floats());
+    EXPECT_EQ(lses[0].to_floats(), lses[same_as].to_floats());
+    EXPECT_CLOSE(outs[1], outs[2], DType::bf16);
+    expect_lse(lses[1], lses[2]);
+  }
+}
+
 // Forward and backward of one call on cuDNN, then on the own kernels, into poisoned outputs, each
 // result within bf16 tolerance of the other (the LSE's -inf rows, queries with no key, equal).
 // LCX_ATTENTION=cudnn makes a call cuDNN refuses an error, so passing means cuDNN ran it.
