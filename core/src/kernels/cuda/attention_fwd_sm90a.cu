@@ -8,7 +8,9 @@
 // - Two consumer warpgroups own 64 query rows each (a block: 128 rows of one query head) and run
 //   S = Q K^T and O += P V as asynchronous warpgroup GEMMs (wgmma), P straight from registers.
 // - Inside a warpgroup, the next tile's S = Q K^T is issued before this tile's softmax, so the
-//   exponentials run under a GEMM (a two-stage pipeline within the warpgroup).
+//   exponentials run under a GEMM (a two-stage pipeline within the warpgroup); across the two,
+//   the warpgroups take turns at issuing their GEMMs (ping-pong), so one's softmax runs while the
+//   other's GEMMs hold the tensor cores.
 // - K and V have their own full/empty barriers, two stages each: the producer refills a stage as
 //   soon as both consumers have read it.
 // Blocks are ordered longest first (causal), and the query heads sharing a key/value head run side
@@ -18,7 +20,6 @@
 #include <cuda.h>  // CUtensorMap and its enums; the encoder comes from the driver at run time
 #include <cudaTypedefs.h>
 
-#include <cstdlib>
 #include <initializer_list>
 
 #include "kernels/cuda/attention_common.cuh"
@@ -203,7 +204,6 @@ __device__ __forceinline__ void issue_pv(float (&o)[64], const uint32_t (&pr)[32
 // One block: 128 query rows of one query head. Thread t of a consumer warpgroup holds rows
 // 16 (t / 32) + (t % 32) / 4 and 8 below it; accumulator element i of a row pair sits in column
 // 8 (i / 4) + 2 (t % 4) + i % 2 of row (i / 2) % 2.
-template <bool kPingPong>
 __global__ void __launch_bounds__(kThreads, 1)
     attn_fwd_hopper_kernel(const __grid_constant__ CUtensorMap q_map, const __grid_constant__ CUtensorMap k_map,
                            const __grid_constant__ CUtensorMap v_map, const Params p) {
@@ -320,16 +320,16 @@ __global__ void __launch_bounds__(kThreads, 1)
     if (lane == 0) bar_arrive(bar);
   };
 
-  // Ping-pong (kPingPong): the two warpgroups take turns to issue their GEMMs, named barrier 1
-  // for the first one's turn and 2 for the second's, so one's softmax runs while the other's GEMMs
-  // hold the tensor cores. The second warpgroup lets the first go first, and skips its last pass
-  // so every turn taken has been given exactly once.
+  // Ping-pong: the two warpgroups take turns to issue their GEMMs, named barrier 1 for the first
+  // one's turn and 2 for the second's, so one's softmax runs while the other's GEMMs hold the
+  // tensor cores (+1-4% over free issue, docs/PERF.md). The second warpgroup lets the first go
+  // first, and skips its last pass so every turn taken has been given exactly once.
   const uint32_t my_turn = wg, their_turn = 3 - wg;
   auto take_turn = [&] {
-    if (kPingPong) asm volatile("bar.sync %0, 256;" ::"r"(my_turn) : "memory");
+    asm volatile("bar.sync %0, 256;" ::"r"(my_turn) : "memory");
   };
   auto pass_turn = [&] {
-    if (kPingPong) asm volatile("bar.arrive %0, 256;" ::"r"(their_turn) : "memory");
+    asm volatile("bar.arrive %0, 256;" ::"r"(their_turn) : "memory");
   };
   if (n_tiles > 0) {
     if (wg == 2) pass_turn();
@@ -457,13 +457,10 @@ bool attention_forward_hopper(const Params& p) {
   const CUtensorMap q_map = tensor_map(p.q, p.T, p.Hq);
   const CUtensorMap k_map = tensor_map(p.k, p.S, p.Hkv);
   const CUtensorMap v_map = tensor_map(p.v, p.S, p.Hkv);
-  static const bool once =
-      (allow_smem(attn_fwd_hopper_kernel<true>, kSmemBytes), allow_smem(attn_fwd_hopper_kernel<false>, kSmemBytes), true);
+  static const bool once = (allow_smem(attn_fwd_hopper_kernel, kSmemBytes), true);
   (void)once;
   const int64_t blocks = (p.T + kBlockM - 1) / kBlockM * p.Hq;
-  const char* env = std::getenv("LCX_ATTENTION_PINGPONG");
-  auto kernel = env && env[0] == '0' ? attn_fwd_hopper_kernel<false> : attn_fwd_hopper_kernel<true>;
-  kernel<<<static_cast<unsigned>(blocks), kThreads, kSmemBytes, lcx::cuda::current_stream()>>>(q_map, k_map, v_map, p);
+  attn_fwd_hopper_kernel<<<static_cast<unsigned>(blocks), kThreads, kSmemBytes, lcx::cuda::current_stream()>>>(q_map, k_map, v_map, p);
   LCX_CUDA_LAUNCH_CHECK();
   return true;
 }
