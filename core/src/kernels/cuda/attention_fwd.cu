@@ -148,29 +148,31 @@ void attention_forward(const Tensor& q, const Tensor& k, const Tensor& v, Tensor
   attention_forward_own(q, k, v, out, lse, ap, launch);
 }
 
-bool attention_forward_hopper_applies(const Tensor& q, const Tensor& k, const Tensor& v, const Tensor& out) {
-  attn::Params p = attn::make_params(q, k, AttentionParams{});
+namespace {
+// A forward's parameters with its tensors' pointers.
+attn::Params forward_params(const Tensor& q, const Tensor& k, const Tensor& v, const Tensor& out,
+                            const AttentionParams& ap) {
+  attn::Params p = attn::make_params(q, k, ap);
   p.v = v.data();
   p.tv = v.dtype();
   p.q = q.data();
   p.k = k.data();
   p.o = out.data();
   p.to = out.dtype();
-  return attn::attention_forward_hopper_applies(p);
+  return p;
+}
+}  // namespace
+
+bool attention_forward_hopper_applies(const Tensor& q, const Tensor& k, const Tensor& v, const Tensor& out) {
+  return attn::attention_forward_hopper_applies(forward_params(q, k, v, out, AttentionParams{}));
 }
 
 // The own forward kernels allocate nothing: all of it is work.
 void attention_forward_own(const Tensor& q, const Tensor& k, const Tensor& v, Tensor& out, Tensor& lse,
                            const AttentionParams& ap, Launch launch) {
-  attn::Params p = attn::make_params(q, k, ap);
-  if (p.T == 0 || p.Hq == 0) return;
+  if (q.size(0) == 0 || q.size(1) == 0) return;
   launch([&] {
-    p.v = v.data();
-    p.tv = v.dtype();
-    p.q = q.data();
-    p.k = k.data();
-    p.o = out.data();
-    p.to = out.dtype();
+    attn::Params p = forward_params(q, k, v, out, ap);
     p.lse_out = lse.data_as<float>();
     if (attn::attention_forward_hopper(p) || attn::attention_forward_sm90(p)) return;
     if (p.d <= 32)
