@@ -384,8 +384,6 @@ __global__ void __launch_bounds__(kThreads, 1)
 #endif  // __CUDA_ARCH_FEAT_SM90_ALL
 }
 
-// A [rows, heads, 128] bf16 tensor as TMA sees it: boxes of 64 columns (128 bytes, the swizzle's
-// span) of one head over 128 rows, 128-byte swizzled, rows past the end read as zeros.
 // The driver's tensor-map encoder, looked up through the runtime: liblcx_core does not link libcuda,
 // which machines without a GPU (and CI) lack.
 PFN_cuTensorMapEncodeTiled_v12000 encoder() {
@@ -399,6 +397,8 @@ PFN_cuTensorMapEncodeTiled_v12000 encoder() {
   return fn;
 }
 
+// A [rows, heads, 128] bf16 tensor as TMA sees it: boxes of 64 columns (128 bytes, the swizzle's
+// span) of one head over 128 rows, 128-byte swizzled, rows past the end read as zeros.
 CUtensorMap tensor_map(const void* base, int64_t rows, int64_t heads) {
   CUtensorMap map;
   const cuuint64_t dims[3] = {kHd, static_cast<cuuint64_t>(heads), static_cast<cuuint64_t>(rows)};
