@@ -84,12 +84,16 @@ void bench_attention(const char* kernel, int64_t T, int64_t Hq, int64_t Hkv, int
 
 // The forward alone, causal or full, median of `reps`, on cuDNN and on the own kernel, from the
 // same inputs (made once: at 256k tokens and more their host-side generation outlasts the timing).
-void bench_attention_forward(int64_t T, bool causal, int reps) {
+void bench_attention_forward(int64_t T, bool causal, int reps, bool backward) {
   const int64_t Hq = 32, Hkv = 8, d = 128;
   Tensor q = gpu_random({T, Hq, d}, DType::bf16), k = gpu_random({T, Hkv, d}, DType::bf16),
          v = gpu_random({T, Hkv, d}, DType::bf16);
   Tensor out = Tensor::empty({T, Hq, d}, DType::bf16, lcx::Device::cuda());
   Tensor lse = Tensor::empty({Hq, T}, DType::f32, lcx::Device::cuda());
+  Tensor dout = backward ? gpu_random({T, Hq, d}, DType::bf16) : Tensor();
+  Tensor dq = backward ? Tensor::empty(q.shape(), DType::bf16, lcx::Device::cuda()) : Tensor();
+  Tensor dk = backward ? Tensor::empty(k.shape(), DType::bf16, lcx::Device::cuda()) : Tensor();
+  Tensor dv = backward ? Tensor::empty(v.shape(), DType::bf16, lcx::Device::cuda()) : Tensor();
   lcx::ops::AttentionParams p;
   p.causal = causal;
   const double flop = 4.0 * T * T * d * Hq / (causal ? 2 : 1);
@@ -97,9 +101,14 @@ void bench_attention_forward(int64_t T, bool causal, int reps) {
   for (const auto kind : {lcx::cuda::AttentionKernel::cudnn, lcx::cuda::AttentionKernel::own}) {
     if (kind == lcx::cuda::AttentionKernel::cudnn && lcx::cuda::cudnn_version().empty()) continue;
     lcx::cuda::set_attention_kernel(kind);
+    const char* name = kind == lcx::cuda::AttentionKernel::cudnn ? "cudnn" : "own";
+    const std::string shape = lcx::str("T=", T, " Hq=32 Hkv=8 d=128", causal ? " causal" : " full");
     const double f = median_ms([&] { lcx::ops::attention_forward(q, k, v, out, lse, p); }, reps);
-    report(lcx::str("attention ", kind == lcx::cuda::AttentionKernel::cudnn ? "cudnn" : "own", " fwd"),
-           lcx::str("T=", T, " Hq=32 Hkv=8 d=128", causal ? " causal" : " full"), f, flop / f / 1e9, "TFLOP/s");
+    report(lcx::str("attention ", name, " fwd"), shape, f, flop / f / 1e9, "TFLOP/s");
+    if (!backward) continue;
+    const double b =
+        median_ms([&] { lcx::ops::attention_backward(q, k, v, out, lse, dout, dq, dk, dv, p); }, reps);
+    report(lcx::str("attention ", name, " bwd"), shape, b, 2.5 * flop / b / 1e9, "TFLOP/s");
   }
   lcx::cuda::set_attention_kernel(lcx::cuda::AttentionKernel::automatic);
 #endif
@@ -150,14 +159,16 @@ int main(int argc, char** argv) {
   }
   const bool quick = argc > 1 && std::strcmp(argv[1], "--quick") == 0;
   // --attention-forward [T causal|full [reps]]: cuDNN's forward beside the own one at 16k-128k
-  // tokens (or the one shape given), nothing else.
-  if (argc > 1 && std::strcmp(argv[1], "--attention-forward") == 0) {
+  // tokens (or the one shape given), nothing else; --attention the backward too.
+  const bool attention_only = argc > 1 && (std::strcmp(argv[1], "--attention-forward") == 0 || std::strcmp(argv[1], "--attention") == 0);
+  if (attention_only) {
+    const bool backward = std::strcmp(argv[1], "--attention") == 0;
     try {
 #ifdef LCX_HAVE_CUDA
       std::vector<std::pair<int64_t, bool>> shapes = {{16384, true}, {32768, true}, {65536, true}, {131072, true}, {32768, false}};
       if (argc > 3) shapes = {{std::atoll(argv[2]), std::strcmp(argv[3], "full") != 0}};
       const int reps = argc > 4 ? std::atoi(argv[4]) : 10;
-      for (const auto& [T, causal] : shapes) bench_attention_forward(T, causal, reps);
+      for (const auto& [T, causal] : shapes) bench_attention_forward(T, causal, reps, backward);
 #endif
     } catch (const std::exception& e) {
       std::printf("bench failed: %s\n", e.what());

@@ -146,6 +146,49 @@ TEST_F(GpuOps, AttentionHopperForwardAgainstCpu) {
 }
 #endif
 
+// The Hopper backward (attention_bwd_sm90a.cu) against the CPU on the forward test's shapes and
+// two of several key blocks in a group of 4: dq, dk, dv within bf16's bar, from the CPU's forward
+// results (out, lse); and the same bits on a second run (dQ's additions come in key-block order).
+TEST_F(GpuOps, AttentionHopperBackwardAgainstCpu) {
+  SCOPED_TRACE(trace());
+  KernelChoice own(cuda::AttentionKernel::own);
+  const AttnCase cases[] = {
+      {300, 300, 8, 2, 128, true, 0, 0},   {1000, 1000, 4, 1, 128, true, 0, 0}, {200, 700, 4, 2, 128, true, 500, 0},
+      {256, 384, 2, 2, 128, false, 0, 0},  {130, 130, 2, 1, 128, true, 0, 60},  {128, 256, 2, 1, 128, false, 512, 0},
+      {640, 640, 4, 4, 128, true, 0, 0},   {77, 1500, 2, 1, 128, false, 0, 0},  {1100, 1100, 8, 2, 128, true, 0, 0},
+  };
+  for (const AttnCase& c : cases) {
+    SCOPED_TRACE(attn_name(c));
+    ops::AttentionParams p;
+    p.causal = c.causal;
+    p.q_offset = c.q_offset;
+    p.k_offset = c.k_offset;
+    const DType t = DType::bf16;
+    const Tensor q = host_normal({c.T, c.Hq, c.d}, t, rng_), k = host_normal({c.S, c.Hkv, c.d}, t, rng_),
+                 v = host_normal({c.S, c.Hkv, c.d}, t, rng_), dout = host_normal({c.T, c.Hq, c.d}, t, rng_);
+    Tensor out = Tensor::empty({c.T, c.Hq, c.d}, t), lse = Tensor::empty({c.Hq, c.T}, DType::f32);
+    ops::attention_forward(q, k, v, out, lse, p);
+    const Tensor gq = on_gpu(q), gk = on_gpu(k), gv = on_gpu(v), gout = on_gpu(out), glse = on_gpu(lse),
+                 gdout = on_gpu(dout);
+    if (!ops::cuda::attention_forward_hopper_applies(gq, gk, gv, gout)) GTEST_SKIP() << "not a compute capability 9.0 GPU";
+    Tensor dq = Tensor::empty(q.shape(), t), dk = Tensor::empty(k.shape(), t), dv = Tensor::empty(v.shape(), t);
+    ops::attention_backward(q, k, v, out, lse, dout, dq, dk, dv, p);
+    std::vector<float> first;
+    for (int run = 0; run < 2; ++run) {
+      Tensor gdq = poisoned_gpu(q.shape(), t), gdk = poisoned_gpu(k.shape(), t), gdv = poisoned_gpu(v.shape(), t);
+      ops::attention_backward(gq, gk, gv, gout, glse, gdout, gdq, gdk, gdv, p);
+      if (run == 0) {
+        EXPECT_CLOSE(gdq, dq, t);
+        EXPECT_CLOSE(gdk, dk, t);
+        EXPECT_CLOSE(gdv, dv, t);
+        first = gdq.to_floats();
+      } else {
+        EXPECT_EQ(gdq.to_floats(), first) << "dq differs between two runs";
+      }
+    }
+  }
+}
+
 // The automatic choice at a long causal call (kernels/cudnn_sizes.h own_forward_first): the Hopper
 // forward runs, bit for bit what LCX_ATTENTION=own writes, within bf16's bar of cuDNN's; a tile
 // short of the threshold, cuDNN's bits.

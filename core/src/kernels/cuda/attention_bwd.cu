@@ -231,10 +231,15 @@ void attention_backward_own(const Tensor& q, const Tensor& k, const Tensor& v, c
   p.tdv = dv.dtype();
   Tensor delta = Tensor::empty({p.Hq, p.T}, DType::f32, q.device());
   p.delta = delta.data_as<float>();
+  // The Hopper kernel's dQ accumulator and counters, where it runs.
+  const bool hopper = attn::attention_backward_hopper_applies(p);
+  Tensor scratch = hopper ? Tensor::empty({(attn::attention_backward_hopper_scratch(p.T, p.Hq) + 3) / 4}, DType::i32, q.device())
+                          : Tensor();
   launch([&] {
     attn::attn_bwd_delta_kernel<<<lcx::cuda::grid_for(p.T * p.Hq, 8, 65535LL * 8), 256, 0,
                                   lcx::cuda::current_stream()>>>(p);
     LCX_CUDA_LAUNCH_CHECK();
+    if (hopper) return attn::attention_backward_hopper(p, scratch.data());
     if (attn::attention_backward_sm90(p)) return;
     if (p.d <= 32)
       attn::launch_bwd<32>(p);

@@ -77,6 +77,12 @@ bool attention_forward_sm90(const Params& p);
 // 16-byte aligned, on a compute capability 9.0 device. `applies` says whether it would run.
 bool attention_forward_hopper_applies(const Params& p);
 bool attention_forward_hopper(const Params& p);
+// The Hopper backward (attention_bwd_sm90a.cu), for bf16 everywhere, head_dim 128, on a compute
+// capability 9.0 device: its fp32 dQ accumulator and per-step counters take
+// attention_backward_hopper_scratch bytes, allocated by the caller; p.delta must be filled.
+bool attention_backward_hopper_applies(const Params& p);
+int64_t attention_backward_hopper_scratch(int64_t T, int64_t Hq);
+void attention_backward_hopper(const Params& p, void* scratch);
 bool attention_backward_sm90(const Params& p);
 
 }  // namespace lcx::ops::cuda::attn

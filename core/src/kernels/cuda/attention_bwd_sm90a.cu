@@ -1,0 +1,342 @@
+// Attention backward for Hopper (sm_90a), the forward's twin (attention_fwd_sm90a.cu): bf16 q, k,
+// v, out, dout, head_dim 128, fp32 accumulation, causal or full with the ring's offsets, GQA.
+// Three kernels, as the forward's own backward has them:
+// - delta = rowsum(dout * out) per query row (attention_bwd.cu's kernel, shared with the others);
+// - the main loop, one block per 128 key rows of one key/value head: its K and V stay in shared
+//   memory while the block walks every query head of the group and every 64-row query step that
+//   sees those keys, Q and dout brought by TMA in two stages. Each of two consumer warpgroups owns
+//   64 key rows: S^T = K Q^T and dP^T = V dout^T (wgmma), P^T and dS^T = P^T (dP^T - delta) in
+//   registers, dV += P^T dout and dK += dS^T Q with P^T and dS^T straight from registers (so dK
+//   and dV are summed over the group's query heads in registers: no atomics, no reduction pass),
+//   and dQ = dS K from dS^T written to shared memory, added in fp32 to a [T, Hq, 128] accumulator.
+//   The additions to one query step's dQ come in key-block order (a counter per query head and
+//   step that each block waits for and advances), so the result is the same bits every run;
+// - dq = scale * the accumulator, rounded once.
+// This file alone of the backward is compiled for sm_90a; the launcher refuses other devices, and
+// the WMMA kernels (attention_bwd_sm90.cu) remain for them.
+#include "kernels/cuda/attention_sm90a.cuh"
+
+namespace lcx::ops::cuda::attn {
+namespace {
+
+using namespace hopper;
+
+constexpr int kWgKeys = 64;             // key rows per consumer warpgroup
+constexpr int kKeys = 2 * kWgKeys;      // key rows per block
+constexpr int kStep = 64;               // query rows per step
+constexpr int kHd = 128;                // head_dim
+constexpr int kStages = 2;
+constexpr int kThreads = 384;           // producer warpgroup + two consumer warpgroups
+constexpr int kKHalf = kKeys * 64;      // elements of a 64-column half of K or V (16 KB)
+constexpr int kQHalf = kStep * 64;      // of a Q or dout step (8 KB)
+constexpr uint32_t kKvBytes = 2 * (2 * kKHalf * 2);   // K and V: 64 KB
+constexpr uint32_t kStepBytes = 2 * (2 * kQHalf * 2);  // a step's Q and dout: 32 KB
+
+// Named barriers (0 is __syncthreads): both consumer warpgroups' dS^T written; each warpgroup's
+// threads behind its first thread's wait for the dQ counter.
+constexpr uint32_t kDsBarrier = 3, kWgBarrier0 = 4;
+
+struct alignas(1024) Smem {
+  __nv_bfloat16 k[2][kKHalf];
+  __nv_bfloat16 v[2][kKHalf];
+  __nv_bfloat16 q[kStages][2][kQHalf];
+  __nv_bfloat16 dout[kStages][2][kQHalf];
+  // dS^T [128 keys][64 query columns], rows of 128 bytes swizzled as TMA would, two buffers so a
+  // step's writes never meet the other warpgroup's reads of the step before.
+  __nv_bfloat16 ds[2][kKeys * kStep];
+  float lse2[kStages][kStep];   // the step's log-sum-exp in the exp2 domain, and its delta
+  float delta[kStages][kStep];
+  uint64_t kv_full;
+  uint64_t full[kStages], empty[kStages];
+};
+constexpr size_t kSmemBytes = sizeof(Smem) + 1024;
+
+#if defined(__CUDA_ARCH_FEAT_SM90_ALL)
+__device__ __forceinline__ int load_acquire(const int* p) {
+  int v;
+  asm volatile("ld.acquire.gpu.global.b32 %0, [%1];" : "=r"(v) : "l"(p) : "memory");
+  return v;
+}
+__device__ __forceinline__ void named_sync(uint32_t id, uint32_t threads) {
+  asm volatile("bar.sync %0, %1;" ::"r"(id), "r"(threads) : "memory");
+}
+
+// acc[64 keys x 64 queries] = a (this warpgroup's 64 rows of K or V) b^T (Q or dout of the step),
+// both K-major over head_dim: 8 steps of 16 columns, each half of 64 columns its own tile.
+__device__ __forceinline__ void issue_rows_by_step(float (&acc)[32], uint32_t a_base, uint32_t b_base) {
+#pragma unroll
+  for (int kk = 0; kk < kHd / 16; ++kk) {
+    const uint32_t a = a_base + (kk / 4) * (kKHalf * 2) + (kk % 4) * 32;
+    const uint32_t b = b_base + (kk / 4) * (kQHalf * 2) + (kk % 4) * 32;
+    if (kk == 0)
+      wgmma_ss64_init<0, 0>(acc, sw128_desc(a, 16, 1024), sw128_desc(b, 16, 1024));
+    else
+      wgmma_ss64<0, 0>(acc, sw128_desc(a, 16, 1024), sw128_desc(b, 16, 1024));
+  }
+}
+
+// acc[64 keys x 128] += frag (P^T or dS^T, registers) x (dout or Q of the step): 4 steps of 16
+// query rows; the step's tile is MN-major for wgmma (head_dim contiguous), its two halves 8 KB
+// apart (the leading offset).
+__device__ __forceinline__ void issue_grad(float (&acc)[64], const uint32_t (&frag)[16], uint32_t tile) {
+#pragma unroll
+  for (int kk = 0; kk < kStep / 16; ++kk) {
+    const uint32_t a[4] = {frag[4 * kk], frag[4 * kk + 1], frag[4 * kk + 2], frag[4 * kk + 3]};
+    wgmma_rs(acc, a, sw128_desc(tile + kk * 16 * 128, kQHalf * 2, 1024));
+  }
+}
+#endif  // __CUDA_ARCH_FEAT_SM90_ALL
+
+// Thread t of a consumer warpgroup holds key rows 16 (t / 32) + (t % 32) / 4 and 8 below it of
+// its warpgroup's 64; element i of a 64-column accumulator sits in column 8 (i / 4) + 2 (t % 4) +
+// i % 2 of row (i / 2) % 2 (the forward's layout with keys for rows).
+__global__ void __launch_bounds__(kThreads, 1)
+    attn_bwd_hopper_kernel(const __grid_constant__ CUtensorMap q_map, const __grid_constant__ CUtensorMap k_map,
+                           const __grid_constant__ CUtensorMap v_map, const __grid_constant__ CUtensorMap do_map,
+                           const Params p, float* dq_acc, int* counters) {
+#if defined(__CUDA_ARCH_FEAT_SM90_ALL)
+  extern __shared__ unsigned char smem_raw[];
+  Smem& sm = *reinterpret_cast<Smem*>((reinterpret_cast<uintptr_t>(smem_raw) + 1023) & ~uintptr_t(1023));
+  const int wg = threadIdx.x / 128;
+  // Key blocks in order within each key/value head: a block waits only on blocks launched before it.
+  const int64_t hk = blockIdx.x % p.Hkv, nb = blockIdx.x / p.Hkv;
+  const int64_t k0 = nb * kKeys;
+  const int64_t group = p.Hq / p.Hkv;
+  const int64_t m_steps = (p.T + kStep - 1) / kStep;
+  int64_t m_begin = 0;  // the first query step that sees a key of this block
+  if (p.causal) m_begin = lcx::cuda::lmin(m_steps, lcx::cuda::lmax(0, p.k_offset + k0 - p.q_offset) / kStep);
+  const int64_t per_head = m_steps - m_begin;
+  const int64_t steps = per_head * group;
+
+  if (threadIdx.x == 0) {
+    bar_init(&sm.kv_full, 1);
+    for (int s = 0; s < kStages; ++s) {
+      bar_init(&sm.full[s], 2);  // the TMA bytes and the LSE/delta rows
+      bar_init(&sm.empty[s], 8);
+    }
+    asm volatile("fence.mbarrier_init.release.cluster;" ::: "memory");
+    asm volatile("fence.proxy.async.shared::cta;" ::: "memory");
+  }
+  __syncthreads();
+
+  if (wg == 0) {  // producer: one thread issues TMA, the next warp copies the LSE and delta rows
+    asm volatile("setmaxnreg.dec.sync.aligned.u32 32;\n" ::: "memory");
+    if (threadIdx.x >= 32 && threadIdx.x < 64) {
+      const int lane = threadIdx.x - 32;
+      for (int64_t it = 0; it < steps; ++it) {
+        const int s = it % kStages;
+        const int64_t h = hk * group + it / per_head;
+        const int64_t row = (m_begin + it % per_head) * kStep;
+        bar_wait(&sm.empty[s], ((it / kStages) & 1) ^ 1);
+        for (int r = lane; r < kStep; r += 32) {
+          const bool in = row + r < p.T;
+          sm.lse2[s][r] = in ? p.lse_in[h * p.T + row + r] * kLog2e : 0.f;
+          sm.delta[s][r] = in ? p.delta[h * p.T + row + r] : 0.f;
+        }
+        __syncwarp();
+        if (lane == 0) bar_arrive(&sm.full[s]);
+      }
+    }
+    if (threadIdx.x == 0) {
+      bar_expect(&sm.kv_full, kKvBytes);
+      for (int c = 0; c < 2; ++c) {
+        tma_load(sm.k[c], &k_map, &sm.kv_full, 64 * c, static_cast<int>(hk), static_cast<int>(k0));
+        tma_load(sm.v[c], &v_map, &sm.kv_full, 64 * c, static_cast<int>(hk), static_cast<int>(k0));
+      }
+      for (int64_t it = 0; it < steps; ++it) {
+        const int s = it % kStages;
+        const uint32_t phase = (it / kStages) & 1;
+        const int h = static_cast<int>(hk * group + it / per_head);
+        const int row = static_cast<int>((m_begin + it % per_head) * kStep);
+        bar_wait(&sm.empty[s], phase ^ 1);
+        bar_expect(&sm.full[s], kStepBytes);
+        for (int c = 0; c < 2; ++c) {
+          tma_load(sm.q[s][c], &q_map, &sm.full[s], 64 * c, h, row);
+          tma_load(sm.dout[s][c], &do_map, &sm.full[s], 64 * c, h, row);
+        }
+      }
+    }
+    return;
+  }
+
+  asm volatile("setmaxnreg.inc.sync.aligned.u32 240;\n" ::: "memory");
+  const int tid = threadIdx.x - 128 * wg, warp = tid / 32, lane = tid % 32;
+  const int wk = wg - 1;                                    // this warpgroup's half of the keys
+  const int local_row = wk * kWgKeys + warp * 16 + lane / 4;  // and 8 below, of the block's 128
+  const int64_t key0 = k0 + local_row;
+  const int col0 = 2 * (lane % 4);
+  const uint32_t k_rows = smem_addr(sm.k[0]) + wk * kWgKeys * 128;
+  const uint32_t v_rows = smem_addr(sm.v[0]) + wk * kWgKeys * 128;
+  const float sl2 = p.scale_log2;
+
+  // Declared once: the GEMMs read their accumulators ("+f"), so a fresh array each step would
+  // leave the compiler copying undefined values between them.
+  float dk[64], dv[64];
+#pragma unroll
+  for (int i = 0; i < 64; ++i) dk[i] = dv[i] = 0.f;
+  bar_wait(&sm.kv_full, 0);
+
+  for (int64_t it = 0; it < steps; ++it) {
+    const int s = it % kStages;
+    const int64_t h = hk * group + it / per_head;
+    const int64_t m = m_begin + it % per_head;
+    const int64_t q0 = m * kStep;
+    const uint32_t q_tile = smem_addr(sm.q[s][0]), do_tile = smem_addr(sm.dout[s][0]);
+    // st holds S^T, then P^T, then (once P^T is in bf16) the step's dQ.
+    float st[32], dpt[32];
+    bar_wait(&sm.full[s], (it / kStages) & 1);
+    wgmma_fence();
+    issue_rows_by_step(st, k_rows, q_tile);
+    wgmma_commit();
+    issue_rows_by_step(dpt, v_rows, do_tile);
+    wgmma_commit();
+
+    const float* lse2 = sm.lse2[s];  // by query column of the step
+    const float* delta = sm.delta[s];
+    const bool unmasked = k0 + wk * kWgKeys + kWgKeys <= p.S && q0 + kStep <= p.T &&
+                          (!p.causal || p.k_offset + k0 + wk * kWgKeys + kWgKeys - 1 <= p.q_offset + q0);
+    // The masks in 32-bit terms relative to this thread's first key and the step's first query:
+    // key row 0 or 8 below it is real below key_lim, query column c below query_lim, and (causal)
+    // seen where c - row + ahead >= 0.
+    const int key_lim = static_cast<int>(lcx::cuda::lmin(16, p.S - key0));
+    const int query_lim = static_cast<int>(lcx::cuda::lmin(kStep, p.T - q0));
+    const int ahead = static_cast<int>(
+        lcx::cuda::lmax(-(1 << 20), lcx::cuda::lmin(1 << 20, p.q_offset + q0 - p.k_offset - key0)));
+    wgmma_wait<1>();
+    pin(st);
+#pragma unroll
+    for (int i = 0; i < 32; ++i) {
+      const int col = 8 * (i / 4) + col0 + (i % 2);
+      bool seen = true;
+      if (!unmasked) {
+        const int row = 8 * ((i >> 1) & 1);
+        seen = row < key_lim && col < query_lim && (!p.causal || col - row + ahead >= 0);
+      }
+      st[i] = seen ? fast_exp2(fmaf(st[i], sl2, -lse2[col])) : 0.f;  // P^T
+    }
+    wgmma_wait<0>();
+    pin(dpt);
+#pragma unroll
+    for (int i = 0; i < 32; ++i) dpt[i] = st[i] * (dpt[i] - delta[8 * (i / 4) + col0 + (i % 2)]);  // dS^T
+    uint32_t pt[16];
+#pragma unroll
+    for (int j = 0; j < 16; ++j) pt[j] = pack_bf16(st[2 * j], st[2 * j + 1]);
+    // dS^T into shared memory, swizzled: row r's 16-byte chunk c sits at chunk c ^ (r % 8). dK and
+    // dQ read it there (dK's A operand from shared memory keeps registers for the accumulators).
+    unsigned char* ds = reinterpret_cast<unsigned char*>(sm.ds[it % 2]);
+#pragma unroll
+    for (int j = 0; j < 16; ++j) {
+      const int r = local_row + 8 * (j % 2), chunk = j / 2;
+      *reinterpret_cast<uint32_t*>(ds + r * 128 + ((chunk ^ (r % 8)) * 16) + col0 * 2) =
+          pack_bf16(dpt[2 * j], dpt[2 * j + 1]);
+    }
+    asm volatile("fence.proxy.async.shared::cta;" ::: "memory");  // the GEMMs below read it
+    wgmma_fence();
+    issue_grad(dv, pt, do_tile);
+    named_sync(kDsBarrier, 256);
+    const uint32_t ds_tile = smem_addr(sm.ds[it % 2]), k_half = smem_addr(sm.k[wk]);
+    // dK += dS^T Q: this warpgroup's 64 rows of dS^T, K-major over the step's 64 queries (32 bytes a
+    // step of 16); Q MN-major as in dV.
+#pragma unroll
+    for (int kk = 0; kk < kStep / 16; ++kk)
+      wgmma_ss<0, 1>(dk, sw128_desc(ds_tile + wk * kWgKeys * 128 + kk * 32, 16, 1024),
+                     sw128_desc(q_tile + kk * 16 * 128, kQHalf * 2, 1024), 1);
+    // dQ[64 queries x this warpgroup's 64 columns] = dS K: 8 steps of 16 keys. dS^T is [keys]
+    // [queries] and K [keys][head_dim]: both MN-major for this product. Its accumulator is st's.
+#pragma unroll
+    for (int kk = 0; kk < kKeys / 16; ++kk)
+      if (kk == 0)
+        wgmma_ss64_init<1, 1>(st, sw128_desc(ds_tile, 0, 1024), sw128_desc(k_half, 0, 1024));
+      else
+        wgmma_ss64<1, 1>(st, sw128_desc(ds_tile + kk * 16 * 128, 0, 1024), sw128_desc(k_half + kk * 16 * 128, 0, 1024));
+    wgmma_commit();
+    wgmma_wait<0>();
+    pin(st);
+    pin(dk);
+    pin(dv);
+    pin(pt);
+    if (lane == 0) bar_arrive(&sm.empty[s]);
+
+    // Add to the accumulator after every key block before this one has (2 arrivals per block).
+    int* counter = counters + h * m_steps + m;
+    if (tid == 0)
+      while (load_acquire(counter) < 2 * nb) {
+      }
+    named_sync(kWgBarrier0 + wk, 128);
+#pragma unroll
+    for (int i = 0; i < 32; i += 2) {
+      const int64_t qi = q0 + warp * 16 + lane / 4 + 8 * ((i >> 1) & 1);
+      if (qi < p.T)
+        atomicAdd(reinterpret_cast<float2*>(dq_acc + (qi * p.Hq + h) * kHd + wk * 64 + 8 * (i / 4) + col0),
+                  make_float2(st[i], st[i + 1]));
+    }
+    __threadfence();
+    named_sync(kWgBarrier0 + wk, 128);
+    if (tid == 0) atomicAdd(counter, 1);
+  }
+
+  // dK (scaled) and dV of this thread's two key rows, summed over the group, rounded once.
+  auto* dk_out = static_cast<__nv_bfloat16*>(p.dk);
+  auto* dv_out = static_cast<__nv_bfloat16*>(p.dv);
+#pragma unroll
+  for (int r = 0; r < 2; ++r) {
+    const int64_t kr = key0 + 8 * r;
+    if (kr >= p.S) continue;
+    uint32_t* dkr = reinterpret_cast<uint32_t*>(dk_out + (kr * p.Hkv + hk) * kHd + col0);
+    uint32_t* dvr = reinterpret_cast<uint32_t*>(dv_out + (kr * p.Hkv + hk) * kHd + col0);
+#pragma unroll
+    for (int g = 0; g < 16; ++g) {
+      dkr[4 * g] = pack_bf16(dk[4 * g + 2 * r] * p.scale, dk[4 * g + 2 * r + 1] * p.scale);
+      dvr[4 * g] = pack_bf16(dv[4 * g + 2 * r], dv[4 * g + 2 * r + 1]);
+    }
+  }
+#endif  // __CUDA_ARCH_FEAT_SM90_ALL
+}
+
+// dq = scale * the fp32 accumulator, in bf16, four elements a thread.
+__global__ void attn_bwd_hopper_dq_kernel(const float4* acc, uint2* dq, int64_t n4, float scale) {
+  for (int64_t i = blockIdx.x * int64_t(blockDim.x) + threadIdx.x; i < n4; i += int64_t(gridDim.x) * blockDim.x) {
+    const float4 a = acc[i];
+    const __nv_bfloat162 lo = __floats2bfloat162_rn(a.x * scale, a.y * scale);
+    const __nv_bfloat162 hi = __floats2bfloat162_rn(a.z * scale, a.w * scale);
+    dq[i] = make_uint2(*reinterpret_cast<const uint32_t*>(&lo), *reinterpret_cast<const uint32_t*>(&hi));
+  }
+}
+
+}  // namespace
+
+bool attention_backward_hopper_applies(const Params& p) {
+  for (DType t : {p.tq, p.tk, p.tv, p.to, p.tdo, p.tdq, p.tdk, p.tdv})
+    if (t != DType::bf16) return false;
+  for (const void* ptr : std::initializer_list<const void*>{p.q, p.k, p.v, p.dout, p.o, p.dk, p.dv})
+    if (reinterpret_cast<uintptr_t>(ptr) % 16 != 0) return false;
+  return p.d == kHd && p.T < (int64_t(1) << 31) && p.S < (int64_t(1) << 31) && p.Hq % p.Hkv == 0 &&
+         hopper::hopper_device();
+}
+
+int64_t attention_backward_hopper_scratch(int64_t T, int64_t Hq) {
+  return T * Hq * kHd * 4 + Hq * ((T + kStep - 1) / kStep) * 4;
+}
+
+void attention_backward_hopper(const Params& p, void* scratch) {
+  auto* dq_acc = static_cast<float*>(scratch);
+  int* counters = reinterpret_cast<int*>(dq_acc + p.T * p.Hq * kHd);
+  cudaStream_t stream = lcx::cuda::current_stream();
+  LCX_CUDA_CHECK(cudaMemsetAsync(scratch, 0, attention_backward_hopper_scratch(p.T, p.Hq), stream));
+  if (p.S > 0) {
+    const CUtensorMap q_map = tensor_map(p.q, p.T, p.Hq, kStep), do_map = tensor_map(p.dout, p.T, p.Hq, kStep);
+    const CUtensorMap k_map = tensor_map(p.k, p.S, p.Hkv, kKeys), v_map = tensor_map(p.v, p.S, p.Hkv, kKeys);
+    static const bool once = (allow_smem(attn_bwd_hopper_kernel, kSmemBytes), true);
+    (void)once;
+    const int64_t blocks = (p.S + kKeys - 1) / kKeys * p.Hkv;
+    attn_bwd_hopper_kernel<<<static_cast<unsigned>(blocks), kThreads, kSmemBytes, stream>>>(q_map, k_map, v_map, do_map,
+                                                                                            p, dq_acc, counters);
+    LCX_CUDA_LAUNCH_CHECK();
+  }
+  const int64_t n4 = p.T * p.Hq * kHd / 4;
+  attn_bwd_hopper_dq_kernel<<<lcx::cuda::grid_for(n4, 256, 65535LL * 8), 256, 0, stream>>>(
+      reinterpret_cast<const float4*>(dq_acc), static_cast<uint2*>(p.o), n4, p.scale);
+  LCX_CUDA_LAUNCH_CHECK();
+}
+
+}  // namespace lcx::ops::cuda::attn
