@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # The own Hopper attention kernels in one device call, from the repository root with the bundle
 # carried as .bundle: the GPU tests that hold them to the CPU twin and to cuDNN, the forward in
-# isolation beside cuDNN's (bench_gpu --attention-forward) and beside PyTorch's SDPA (cuDNN and
+# isolation beside cuDNN's, and the backward (bench_gpu --attention) and beside PyTorch's SDPA (cuDNN and
 # flash backends) at 16k-128k tokens, 32/8 heads of 128, then ncu's sections on one launch at 32k.
 # Logs go to $OUT; the table is printed last.
 #   OUT=/tmp/attn scripts/bench/attention_kernel.sh
@@ -23,8 +23,8 @@ for spec in "test_gpu:GpuOps.Attention*" ${EXTRA_TESTS:-}; do
 done
 
 if [[ ${BENCH:-1} != 0 ]]; then
-  timeout 240 build/tests/bench_gpu --attention-forward >"$out/bench_forward.log" 2>&1
-  echo "bench_gpu --attention-forward: rc $?" >>"$summary"
+  timeout 400 build/tests/bench_gpu --attention >"$out/bench_forward.log" 2>&1
+  echo "bench_gpu --attention: rc $?" >>"$summary"
 fi
 if [[ ${TORCH:-1} != 0 ]]; then
   timeout 240 python3 scripts/bench/attention_torch.py --tokens 16384 32768 65536 131072 --fwd-only --reps 10 \
