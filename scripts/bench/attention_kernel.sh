@@ -39,6 +39,10 @@ if [[ ${NCU:-1} != 0 ]] && command -v ncu >/dev/null; then
     --section InstructionStats --metrics smsp__pcsamp_warps_issue_stalled_barrier,smsp__pcsamp_warps_issue_stalled_long_scoreboard \
     build/tests/bench_gpu --attention-forward 32768 causal >"$out/ncu.log" 2>&1
   echo "ncu: rc $?" >>"$summary"
+  timeout 300 ncu --kernel-name regex:attn_bwd_hopper --launch-skip 1 --launch-count 1 \
+    --section SpeedOfLight --section ComputeWorkloadAnalysis --section WarpStateStats --section LaunchStats \
+    --section Occupancy build/tests/bench_gpu --attention 32768 causal 2 >"$out/ncu_bwd.log" 2>&1
+  echo "ncu (backward): rc $?" >>"$summary"
 fi
 
 # The full-depth step with the automatic choice (the Hopper forward on long causal calls) and with
