@@ -169,9 +169,7 @@ __global__ void __launch_bounds__(kThreads, 1)
   const uint32_t v_rows = smem_addr(sm.v[0]) + wk * kWgKeys * 128;
   const float sl2 = p.scale_log2;
 
-  // Declared once: the GEMMs read their accumulators ("+f"), so a fresh array each step would
-  // leave the compiler copying undefined values between them.
-  float dk[64], dv[64];
+  float dk[64], dv[64];  // this thread's rows, summed over every step of every head of the group
 #pragma unroll
   for (int i = 0; i < 64; ++i) dk[i] = dv[i] = 0.f;
   bar_wait(&sm.kv_full, 0);
@@ -182,7 +180,8 @@ __global__ void __launch_bounds__(kThreads, 1)
     const int64_t m = m_begin + it % per_head;
     const int64_t q0 = m * kStep;
     const uint32_t q_tile = smem_addr(sm.q[s][0]), do_tile = smem_addr(sm.dout[s][0]);
-    // st holds S^T, then P^T, then (once P^T is in bf16) the step's dQ.
+    // st holds S^T, then P^T, then (once P^T is in bf16) the step's dQ. Each product's first
+    // step overwrites its accumulator (wgmma_ss64_init), so neither lives across steps.
     float st[32], dpt[32];
     bar_wait(&sm.full[s], (it / kStages) & 1);
     wgmma_fence();
