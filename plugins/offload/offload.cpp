@@ -368,9 +368,9 @@ class Offload final : public MemoryStrategy {
       release_cached_pinned();
     }
     const std::string what = str(moved_, " layer inputs of ", format_bytes(static_cast<int64_t>(x.nbytes())));
+    const int64_t available = host_memory_available();  // before the pool takes its share
     pool_ = pin(need, what);
     for (LayerInput& s : inputs_) s.host = Tensor();
-    const int64_t available = host_memory_available();
     log::info(str("offload: ", what, " in ", pinned_is_page_locked() ? "pinned" : "(unpinned) host",
                   " memory: ", format_bytes(need), " of ",
                   available < 0 ? std::string("unknown") : format_bytes(available),
