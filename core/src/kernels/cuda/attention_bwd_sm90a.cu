@@ -3,14 +3,15 @@
 // Three kernels, as the forward's own backward has them:
 // - delta = rowsum(dout * out) per query row (attention_bwd.cu's kernel, shared with the others);
 // - the main loop, one block per 128 key rows of one key/value head: its K and V stay in shared
-//   memory while the block walks every query head of the group and every 64-row query step that
-//   sees those keys, Q and dout brought by TMA in two stages. Each of two consumer warpgroups owns
-//   64 key rows: S^T = K Q^T and dP^T = V dout^T (wgmma), P^T and dS^T = P^T (dP^T - delta) in
-//   registers, dV += P^T dout and dK += dS^T Q with P^T and dS^T straight from registers (so dK
-//   and dV are summed over the group's query heads in registers: no atomics, no reduction pass),
-//   and dQ = dS K from dS^T written to shared memory, added in fp32 to a [T, Hq, 128] accumulator.
-//   The additions to one query step's dQ come in key-block order (a counter per query head and
-//   step that each block waits for and advances), so the result is the same bits every run;
+//   memory while the block walks every 64-row query step that sees those keys, each for every
+//   query head of the group, Q and dout brought by TMA in two stages (the LSE and delta rows by the
+//   producer's second warp). Each of two consumer warpgroups owns 64 key rows: S^T = K Q^T and
+//   dP^T = V dout^T (wgmma), P^T and dS^T = P^T (dP^T - delta) in registers, dV += P^T dout with
+//   P^T from registers, dS^T to shared memory, dK += dS^T Q from there (dK and dV are summed over
+//   the group's query heads in registers: no atomics, no reduction pass), and dQ = dS K added in
+//   fp32 to a [T, Hq, 128] accumulator. The additions to one query step's dQ come in key-block
+//   order (a counter per query head and step that each block waits for and advances), so the
+//   result is the same bits every run;
 // - dq = scale * the accumulator, rounded once.
 // This file alone of the backward is compiled for sm_90a; the launcher refuses other devices, and
 // the WMMA kernels (attention_bwd_sm90.cu) remain for them.
@@ -105,8 +106,11 @@ __global__ void __launch_bounds__(kThreads, 1)
   const int64_t m_steps = (p.T + kStep - 1) / kStep;
   int64_t m_begin = 0;  // the first query step that sees a key of this block
   if (p.causal) m_begin = lcx::cuda::lmin(m_steps, lcx::cuda::lmax(0, p.k_offset + k0 - p.q_offset) / kStep);
-  const int64_t per_head = m_steps - m_begin;
-  const int64_t steps = per_head * group;
+  // Steps go query step by query step, the group's heads within each: a block then trails the
+  // block before it (which starts two query steps earlier) by whole query steps, so its waits for
+  // that block's dQ additions are short. Heads outermost would hold every block of a causal call
+  // to the pace of the first, which has the most steps per head.
+  const int64_t steps = (m_steps - m_begin) * group;
 
   if (threadIdx.x == 0) {
     bar_init(&sm.kv_full, 1);
@@ -125,8 +129,8 @@ __global__ void __launch_bounds__(kThreads, 1)
       const int lane = threadIdx.x - 32;
       for (int64_t it = 0; it < steps; ++it) {
         const int s = it % kStages;
-        const int64_t h = hk * group + it / per_head;
-        const int64_t row = (m_begin + it % per_head) * kStep;
+        const int64_t h = hk * group + it % group;
+        const int64_t row = (m_begin + it / group) * kStep;
         bar_wait(&sm.empty[s], ((it / kStages) & 1) ^ 1);
         for (int r = lane; r < kStep; r += 32) {
           const bool in = row + r < p.T;
@@ -146,8 +150,8 @@ __global__ void __launch_bounds__(kThreads, 1)
       for (int64_t it = 0; it < steps; ++it) {
         const int s = it % kStages;
         const uint32_t phase = (it / kStages) & 1;
-        const int h = static_cast<int>(hk * group + it / per_head);
-        const int row = static_cast<int>((m_begin + it % per_head) * kStep);
+        const int h = static_cast<int>(hk * group + it % group);
+        const int row = static_cast<int>((m_begin + it / group) * kStep);
         bar_wait(&sm.empty[s], phase ^ 1);
         bar_expect(&sm.full[s], kStepBytes);
         for (int c = 0; c < 2; ++c) {
@@ -176,8 +180,8 @@ __global__ void __launch_bounds__(kThreads, 1)
 
   for (int64_t it = 0; it < steps; ++it) {
     const int s = it % kStages;
-    const int64_t h = hk * group + it / per_head;
-    const int64_t m = m_begin + it % per_head;
+    const int64_t h = hk * group + it % group;
+    const int64_t m = m_begin + it / group;
     const int64_t q0 = m * kStep;
     const uint32_t q_tile = smem_addr(sm.q[s][0]), do_tile = smem_addr(sm.dout[s][0]);
     // st holds S^T, then P^T, then (once P^T is in bf16) the step's dQ. Each product's first
