@@ -189,12 +189,12 @@ TEST_F(GpuOps, AttentionHopperBackwardAgainstCpu) {
   }
 }
 
-// The automatic choice at a long causal call (kernels/cudnn_sizes.h own_forward_first): the Hopper
+// The automatic choice at a long causal call (kernels/cuda/cuda_ops.h kOwnForwardMinRows): the Hopper
 // forward runs, bit for bit what LCX_ATTENTION=own writes, within bf16's bar of cuDNN's; a tile
 // short of the threshold, cuDNN's bits.
 TEST_F(GpuOps, AttentionAutomaticForwardTakesTheHopperKernelWhereItIsFaster) {
   SCOPED_TRACE(trace());
-  for (const int64_t T : {kOwnForwardMinRows, kOwnForwardMinRows - 128}) {
+  for (const int64_t T : {ops::cuda::kOwnForwardMinRows, ops::cuda::kOwnForwardMinRows - 128}) {
     SCOPED_TRACE(str("T=", T));
     const Tensor q = on_gpu(host_normal({T, 2, 128}, DType::bf16, rng_)), k = on_gpu(host_normal({T, 1, 128}, DType::bf16, rng_)),
                  v = on_gpu(host_normal({T, 1, 128}, DType::bf16, rng_));
@@ -210,7 +210,7 @@ TEST_F(GpuOps, AttentionAutomaticForwardTakesTheHopperKernelWhereItIsFaster) {
       ops::attention_forward(q, k, v, outs[i], lses[i], p);
     }
     if (!ops::cuda::attention_forward_hopper_applies(q, k, v, outs[0])) GTEST_SKIP() << "not a compute capability 9.0 GPU";
-    const int same_as = T >= kOwnForwardMinRows ? 1 : 2;
+    const int same_as = T >= ops::cuda::kOwnForwardMinRows ? 1 : 2;
     EXPECT_EQ(outs[0].to_floats(), outs[same_as].to_floats());
     EXPECT_EQ(lses[0].to_floats(), lses[same_as].to_floats());
     EXPECT_CLOSE(outs[1], outs[2], DType::bf16);

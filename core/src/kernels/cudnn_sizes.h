@@ -5,7 +5,6 @@
 #include <cstdint>
 
 #include "kernels/document_batches.h"
-#include "lcx/dtype.h"
 
 namespace lcx {
 
@@ -14,15 +13,9 @@ namespace lcx {
 // 32k to 1M tokens, checked on the GPU by test_gpu). Hq and T are the call's: one head group's
 // heads, one piece's query rows.
 inline constexpr int64_t kCudnnForwardWorkspace = 256;
-// Where the automatic choice runs a forward on the own Hopper kernel (kernels/cuda/
-// attention_fwd_sm90a.cu) instead: causal, bf16, head_dim 128, at least 16,384 query rows, on a
-// compute capability 9.0 GPU (checked at the call). Measured there at 1.00-1.09x cuDNN's rate from
-// 16k to 128k tokens (docs/PERF.md). The memory plan keeps cuDNN's 256-byte forward workspace in
-// every case: a transient at most 256 bytes above what such a forward allocates.
-inline constexpr int64_t kOwnForwardMinRows = 16384;
-inline bool own_forward_first(bool causal, int64_t rows, DType t, int64_t head_dim) {
-  return causal && rows >= kOwnForwardMinRows && t == DType::bf16 && head_dim == 128;
-}
+// The memory plan counts it for every forward, also where the automatic choice runs the own
+// Hopper kernel instead (kernels/cuda/cuda_ops.h kOwnForwardMinRows), which allocates nothing: a
+// transient at most 256 bytes above what such a forward allocates.
 inline int64_t cudnn_dq_accumulator_bytes(int64_t hq, int64_t T, int64_t d) { return hq * T * d * 4; }
 inline int64_t cudnn_backward_workspace_bytes(int64_t hq, int64_t T, int64_t d) { return hq * T * d * 4 + 256; }
 

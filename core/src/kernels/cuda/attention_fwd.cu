@@ -11,7 +11,6 @@
 #include "kernels/cuda/attention_cudnn.h"
 #include "kernels/cuda/attention_common.cuh"
 #include "kernels/cuda/cuda_ops.h"
-#include "kernels/cudnn_sizes.h"
 
 namespace lcx::ops::cuda {
 namespace attn {
@@ -142,7 +141,7 @@ void attention_forward(const Tensor& q, const Tensor& k, const Tensor& v, Tensor
   // The automatic choice takes the Hopper kernel over cuDNN for long causal calls, where it
   // measured at least as fast (docs/PERF.md, the kernel table); cuDNN keeps the rest.
   const bool own_first = lcx::cuda::attention_kernel() == lcx::cuda::AttentionKernel::automatic &&
-                         ap.documents.empty() && own_forward_first(ap.causal, q.size(0), q.dtype(), q.size(2)) &&
+                         ap.documents.empty() && ap.causal && q.size(0) >= kOwnForwardMinRows &&
                          attention_forward_hopper_applies(q, k, v, out);
   if (!own_first && lcx::cuda::cudnn_attention_forward(q, k, v, out, lse, ap, launch)) return;
   attention_forward_own(q, k, v, out, lse, ap, launch);
