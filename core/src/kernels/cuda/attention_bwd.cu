@@ -200,7 +200,7 @@ void attention_backward(const Tensor& q, const Tensor& k, const Tensor& v, const
   attention_backward_own(q, k, v, out, lse, dout, dq, dk, dv, ap, launch);
 }
 
-// delta [Hq, T] is all the own backward kernels allocate.
+// delta [Hq, T], or on Hopper the dQ accumulator and its companions, is all the own backward kernels allocate.
 void attention_backward_own(const Tensor& q, const Tensor& k, const Tensor& v, const Tensor& out, const Tensor& lse,
                             const Tensor& dout, Tensor& dq, Tensor& dk, Tensor& dv, const AttentionParams& ap,
                             Launch launch) {
@@ -229,17 +229,21 @@ void attention_backward_own(const Tensor& q, const Tensor& k, const Tensor& v, c
   p.tdk = dk.dtype();
   p.dv = dv.data();
   p.tdv = dv.dtype();
-  Tensor delta = Tensor::empty({p.Hq, p.T}, DType::f32, q.device());
-  p.delta = delta.data_as<float>();
-  // The Hopper kernel's dQ accumulator and counters, where it runs.
+  // The Hopper kernel brings its own per-row pass (the LSE and delta side by side) and its dQ
+  // accumulator; the others take delta [Hq, T].
   const bool hopper = attn::attention_backward_hopper_applies(p);
-  Tensor scratch = hopper ? Tensor::empty({(attn::attention_backward_hopper_scratch(p.T, p.Hq) + 3) / 4}, DType::i32, q.device())
-                          : Tensor();
+  Tensor delta, scratch;
+  if (hopper) {
+    scratch = Tensor::empty({(attn::attention_backward_hopper_scratch(p.T, p.Hq) + 3) / 4}, DType::i32, q.device());
+  } else {
+    delta = Tensor::empty({p.Hq, p.T}, DType::f32, q.device());
+    p.delta = delta.data_as<float>();
+  }
   launch([&] {
+    if (hopper) return attn::attention_backward_hopper(p, scratch.data());
     attn::attn_bwd_delta_kernel<<<lcx::cuda::grid_for(p.T * p.Hq, 8, 65535LL * 8), 256, 0,
                                   lcx::cuda::current_stream()>>>(p);
     LCX_CUDA_LAUNCH_CHECK();
-    if (hopper) return attn::attention_backward_hopper(p, scratch.data());
     if (attn::attention_backward_sm90(p)) return;
     if (p.d <= 32)
       attn::launch_bwd<32>(p);

@@ -1,11 +1,12 @@
 // Attention backward for Hopper (sm_90a), the forward's twin (attention_fwd_sm90a.cu): bf16 q, k,
 // v, out, dout, head_dim 128, fp32 accumulation, causal or full with the ring's offsets, GQA.
 // Three kernels, as the forward's own backward has them:
-// - delta = rowsum(dout * out) per query row (attention_bwd.cu's kernel, shared with the others);
+// - per query row and head, the log-sum-exp in the exp2 domain beside delta = rowsum(dout * out),
+//   in rows padded to whole query steps, so one bulk copy brings a step's pairs beside its Q;
 // - the main loop, one block per 128 key rows of one key/value head: its K and V stay in shared
 //   memory while the block walks every 64-row query step that sees those keys, each for every
-//   query head of the group, Q and dout brought by TMA in two stages (the LSE and delta rows by the
-//   producer's second warp). Each of two consumer warpgroups owns 64 key rows: S^T = K Q^T and
+//   query head of the group, Q, dout and the step's LSE/delta pairs brought by TMA in two stages
+//   (one producer thread: its warpgroup gives up registers the consumers take). Each of two consumer warpgroups owns 64 key rows: S^T = K Q^T and
 //   dP^T = V dout^T (wgmma), P^T and dS^T = P^T (dP^T - delta) in registers, dV += P^T dout with
 //   P^T from registers, dS^T to shared memory, dK += dS^T Q from there (dK and dV are summed over
 //   the group's query heads in registers: no atomics, no reduction pass), and dQ = dS K added in
@@ -31,7 +32,13 @@ constexpr int kThreads = 384;           // producer warpgroup + two consumer war
 constexpr int kKHalf = kKeys * 64;      // elements of a 64-column half of K or V (16 KB)
 constexpr int kQHalf = kStep * 64;      // of a Q or dout step (8 KB)
 constexpr uint32_t kKvBytes = 2 * (2 * kKHalf * 2);   // K and V: 64 KB
-constexpr uint32_t kStepBytes = 2 * (2 * kQHalf * 2);  // a step's Q and dout: 32 KB
+constexpr uint32_t kStepBytes = 2 * (2 * kQHalf * 2) + kStep * 8;  // a step's Q, dout, LSE/delta pairs
+// The register split after setmaxnreg: the launch gives each of the 384 threads 168 (the most
+// __launch_bounds__(384, 1) allows) and the consumers' increase is served only from what the producer
+// releases, so 128 x (168 - 24) = 256 x (240 - 168) exactly. A producer left with more starves
+// the consumers' increase, which then waits forever.
+constexpr uint32_t kProducerRegs = 24, kConsumerRegs = 240;
+static_assert(128 * kProducerRegs + 256 * kConsumerRegs <= 384 * 168, "setmaxnreg would wait forever");
 
 // Named barriers (0 is __syncthreads): both consumer warpgroups' dS^T written; each warpgroup's
 // threads behind its first thread's wait for the dQ counter.
@@ -45,8 +52,7 @@ struct alignas(1024) Smem {
   // dS^T [128 keys][64 query columns], rows of 128 bytes swizzled as TMA would, two buffers so a
   // step's writes never meet the other warpgroup's reads of the step before.
   __nv_bfloat16 ds[2][kKeys * kStep];
-  float lse2[kStages][kStep];   // the step's log-sum-exp in the exp2 domain, and its delta
-  float delta[kStages][kStep];
+  float2 stats[kStages][kStep];  // by query row of the step: the log-sum-exp in the exp2 domain, delta
   uint64_t kv_full;
   uint64_t full[kStages], empty[kStages];
 };
@@ -94,7 +100,7 @@ __device__ __forceinline__ void issue_grad(float (&acc)[64], const uint32_t (&fr
 __global__ void __launch_bounds__(kThreads, 1)
     attn_bwd_hopper_kernel(const __grid_constant__ CUtensorMap q_map, const __grid_constant__ CUtensorMap k_map,
                            const __grid_constant__ CUtensorMap v_map, const __grid_constant__ CUtensorMap do_map,
-                           const Params p, float* dq_acc, int* counters) {
+                           const Params p, const float2* stats, float* dq_acc, int* counters) {
 #if defined(__CUDA_ARCH_FEAT_SM90_ALL)
   extern __shared__ unsigned char smem_raw[];
   Smem& sm = *reinterpret_cast<Smem*>((reinterpret_cast<uintptr_t>(smem_raw) + 1023) & ~uintptr_t(1023));
@@ -115,7 +121,7 @@ __global__ void __launch_bounds__(kThreads, 1)
   if (threadIdx.x == 0) {
     bar_init(&sm.kv_full, 1);
     for (int s = 0; s < kStages; ++s) {
-      bar_init(&sm.full[s], 2);  // the TMA bytes and the LSE/delta rows
+      bar_init(&sm.full[s], 1);
       bar_init(&sm.empty[s], 8);
     }
     asm volatile("fence.mbarrier_init.release.cluster;" ::: "memory");
@@ -123,30 +129,15 @@ __global__ void __launch_bounds__(kThreads, 1)
   }
   __syncthreads();
 
-  if (wg == 0) {  // producer: one thread issues TMA, the next warp copies the LSE and delta rows
-    asm volatile("setmaxnreg.dec.sync.aligned.u32 32;\n" ::: "memory");
-    if (threadIdx.x >= 32 && threadIdx.x < 64) {
-      const int lane = threadIdx.x - 32;
-      for (int64_t it = 0; it < steps; ++it) {
-        const int s = it % kStages;
-        const int64_t h = hk * group + it % group;
-        const int64_t row = (m_begin + it / group) * kStep;
-        bar_wait(&sm.empty[s], ((it / kStages) & 1) ^ 1);
-        for (int r = lane; r < kStep; r += 32) {
-          const bool in = row + r < p.T;
-          sm.lse2[s][r] = in ? p.lse_in[h * p.T + row + r] * kLog2e : 0.f;
-          sm.delta[s][r] = in ? p.delta[h * p.T + row + r] : 0.f;
-        }
-        __syncwarp();
-        if (lane == 0) bar_arrive(&sm.full[s]);
-      }
-    }
+  if (wg == 0) {  // producer: one thread issues every copy
+    asm volatile("setmaxnreg.dec.sync.aligned.u32 %0;\n" ::"n"(kProducerRegs) : "memory");
     if (threadIdx.x == 0) {
       bar_expect(&sm.kv_full, kKvBytes);
       for (int c = 0; c < 2; ++c) {
         tma_load(sm.k[c], &k_map, &sm.kv_full, 64 * c, static_cast<int>(hk), static_cast<int>(k0));
         tma_load(sm.v[c], &v_map, &sm.kv_full, 64 * c, static_cast<int>(hk), static_cast<int>(k0));
       }
+      const int64_t t_pad = m_steps * kStep;
       for (int64_t it = 0; it < steps; ++it) {
         const int s = it % kStages;
         const uint32_t phase = (it / kStages) & 1;
@@ -158,12 +149,13 @@ __global__ void __launch_bounds__(kThreads, 1)
           tma_load(sm.q[s][c], &q_map, &sm.full[s], 64 * c, h, row);
           tma_load(sm.dout[s][c], &do_map, &sm.full[s], 64 * c, h, row);
         }
+        bulk_load(sm.stats[s], stats + h * t_pad + row, kStep * 8, &sm.full[s]);
       }
     }
     return;
   }
 
-  asm volatile("setmaxnreg.inc.sync.aligned.u32 240;\n" ::: "memory");
+  asm volatile("setmaxnreg.inc.sync.aligned.u32 %0;\n" ::"n"(kConsumerRegs) : "memory");
   const int tid = threadIdx.x - 128 * wg, warp = tid / 32, lane = tid % 32;
   const int wk = wg - 1;                                    // this warpgroup's half of the keys
   const int local_row = wk * kWgKeys + warp * 16 + lane / 4;  // and 8 below, of the block's 128
@@ -194,8 +186,7 @@ __global__ void __launch_bounds__(kThreads, 1)
     issue_rows_by_step(dpt, v_rows, do_tile);
     wgmma_commit();
 
-    const float* lse2 = sm.lse2[s];  // by query column of the step
-    const float* delta = sm.delta[s];
+    const float2* stat = sm.stats[s];  // by query column of the step
     const bool unmasked = k0 + wk * kWgKeys + kWgKeys <= p.S && q0 + kStep <= p.T &&
                           (!p.causal || p.k_offset + k0 + wk * kWgKeys + kWgKeys - 1 <= p.q_offset + q0);
     // The masks in 32-bit terms relative to this thread's first key and the step's first query:
@@ -215,12 +206,12 @@ __global__ void __launch_bounds__(kThreads, 1)
         const int row = 8 * ((i >> 1) & 1);
         seen = row < key_lim && col < query_lim && (!p.causal || col - row + ahead >= 0);
       }
-      st[i] = seen ? fast_exp2(fmaf(st[i], sl2, -lse2[col])) : 0.f;  // P^T
+      st[i] = seen ? fast_exp2(fmaf(st[i], sl2, -stat[col].x)) : 0.f;  // P^T
     }
     wgmma_wait<0>();
     pin(dpt);
 #pragma unroll
-    for (int i = 0; i < 32; ++i) dpt[i] = st[i] * (dpt[i] - delta[8 * (i / 4) + col0 + (i % 2)]);  // dS^T
+    for (int i = 0; i < 32; ++i) dpt[i] = st[i] * (dpt[i] - stat[8 * (i / 4) + col0 + (i % 2)].y);  // dS^T
     uint32_t pt[16];
 #pragma unroll
     for (int j = 0; j < 16; ++j) pt[j] = pack_bf16(st[2 * j], st[2 * j + 1]);
@@ -296,6 +287,25 @@ __global__ void __launch_bounds__(kThreads, 1)
 #endif  // __CUDA_ARCH_FEAT_SM90_ALL
 }
 
+// stats[h][i] = (lse * log2(e), rowsum(dout * out)) of query row i and head h, a warp a row: each
+// lane reads four of the 128 columns of both. Rows past T keep the zeros they were cleared to.
+__global__ void attn_bwd_hopper_stats_kernel(const Params p, float2* stats, int64_t t_pad) {
+  const int lane = threadIdx.x % 32;
+  const int64_t rows = p.T * p.Hq;
+  for (int64_t row = blockIdx.x * int64_t(blockDim.x / 32) + threadIdx.x / 32; row < rows;
+       row += int64_t(gridDim.x) * (blockDim.x / 32)) {
+    const int64_t i = row / p.Hq, h = row % p.Hq;
+    const uint2 o = reinterpret_cast<const uint2*>(p.out)[row * (kHd / 4) + lane];
+    const uint2 g = reinterpret_cast<const uint2*>(p.dout)[row * (kHd / 4) + lane];
+    const float2 o0 = __bfloat1622float2(*reinterpret_cast<const __nv_bfloat162*>(&o.x));
+    const float2 o1 = __bfloat1622float2(*reinterpret_cast<const __nv_bfloat162*>(&o.y));
+    const float2 g0 = __bfloat1622float2(*reinterpret_cast<const __nv_bfloat162*>(&g.x));
+    const float2 g1 = __bfloat1622float2(*reinterpret_cast<const __nv_bfloat162*>(&g.y));
+    const float acc = lcx::cuda::warp_sum(o0.x * g0.x + o0.y * g0.y + o1.x * g1.x + o1.y * g1.y);
+    if (lane == 0) stats[h * t_pad + i] = make_float2(p.lse_in[h * p.T + i] * kLog2e, acc);
+  }
+}
+
 // dq = scale * the fp32 accumulator, in bf16, four elements a thread.
 __global__ void attn_bwd_hopper_dq_kernel(const float4* acc, uint2* dq, int64_t n4, float scale) {
   for (int64_t i = blockIdx.x * int64_t(blockDim.x) + threadIdx.x; i < n4; i += int64_t(gridDim.x) * blockDim.x) {
@@ -317,15 +327,21 @@ bool attention_backward_hopper_applies(const Params& p) {
          hopper::hopper_device();
 }
 
+// The dQ accumulator [T, Hq, 128] fp32, the LSE/delta pairs [Hq, steps x 64], the counters [Hq, steps].
 int64_t attention_backward_hopper_scratch(int64_t T, int64_t Hq) {
-  return T * Hq * kHd * 4 + Hq * ((T + kStep - 1) / kStep) * 4;
+  const int64_t steps = (T + kStep - 1) / kStep;
+  return T * Hq * kHd * 4 + Hq * steps * kStep * 8 + Hq * steps * 4;
 }
 
 void attention_backward_hopper(const Params& p, void* scratch) {
+  const int64_t t_pad = (p.T + kStep - 1) / kStep * kStep;
   auto* dq_acc = static_cast<float*>(scratch);
-  int* counters = reinterpret_cast<int*>(dq_acc + p.T * p.Hq * kHd);
+  auto* stats = reinterpret_cast<float2*>(dq_acc + p.T * p.Hq * kHd);
+  int* counters = reinterpret_cast<int*>(stats + p.Hq * t_pad);
   cudaStream_t stream = lcx::cuda::current_stream();
   LCX_CUDA_CHECK(cudaMemsetAsync(scratch, 0, attention_backward_hopper_scratch(p.T, p.Hq), stream));
+  attn_bwd_hopper_stats_kernel<<<lcx::cuda::grid_for(p.T * p.Hq, 8, 65535LL * 8), 256, 0, stream>>>(p, stats, t_pad);
+  LCX_CUDA_LAUNCH_CHECK();
   if (p.S > 0) {
     const CUtensorMap q_map = tensor_map(p.q, p.T, p.Hq, kStep), do_map = tensor_map(p.dout, p.T, p.Hq, kStep);
     const CUtensorMap k_map = tensor_map(p.k, p.S, p.Hkv, kKeys), v_map = tensor_map(p.v, p.S, p.Hkv, kKeys);
@@ -333,7 +349,7 @@ void attention_backward_hopper(const Params& p, void* scratch) {
     (void)once;
     const int64_t blocks = (p.S + kKeys - 1) / kKeys * p.Hkv;
     attn_bwd_hopper_kernel<<<static_cast<unsigned>(blocks), kThreads, kSmemBytes, stream>>>(q_map, k_map, v_map, do_map,
-                                                                                            p, dq_acc, counters);
+                                                                                            p, stats, dq_acc, counters);
     LCX_CUDA_LAUNCH_CHECK();
   }
   const int64_t n4 = p.T * p.Hq * kHd / 4;

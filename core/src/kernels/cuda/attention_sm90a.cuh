@@ -48,6 +48,14 @@ __device__ __forceinline__ void tma_load(void* dst, const CUtensorMap* map, uint
       : "memory");
 }
 
+// `bytes` (a multiple of 16, both addresses 16-byte aligned) of global memory into dst, counted on bar.
+__device__ __forceinline__ void bulk_load(void* dst, const void* src, uint32_t bytes, uint64_t* bar) {
+  asm volatile("cp.async.bulk.shared::cluster.global.mbarrier::complete_tx::bytes [%0], [%1], %2, [%3];" ::"r"(
+                   smem_addr(dst)),
+               "l"(reinterpret_cast<uint64_t>(src)), "r"(bytes), "r"(smem_addr(bar))
+               : "memory");
+}
+
 // wgmma's shared-memory matrix descriptor for a 128-byte swizzled operand: start address, the
 // leading and stride byte offsets (units of 16 bytes), swizzle mode 1 (128 B) in bits 62-63.
 __device__ __forceinline__ uint64_t sw128_desc(uint32_t addr, uint32_t lead_bytes, uint32_t stride_bytes) {
