@@ -9,11 +9,13 @@
 //   (one producer thread: its warpgroup gives up registers the consumers take). Each of two consumer warpgroups owns 64 key rows: S^T = K Q^T and
 //   dP^T = V dout^T (wgmma), P^T and dS^T = P^T (dP^T - delta) in registers, dV += P^T dout with
 //   P^T from registers, dS^T to shared memory, dK += dS^T Q from there (dK and dV are summed over
-//   the group's query heads in registers: no atomics, no reduction pass), and dQ = dS K added in
-//   fp32 to a [T, Hq, 128] accumulator. The additions to one query step's dQ come in key-block
-//   order (a counter per query head and step that each block waits for and advances), so the
-//   result is the same bits every run;
-// - dq = scale * the accumulator, rounded once.
+//   the group's query heads in registers: no atomics, no reduction pass), and dQ = dS K, which
+//   the consumers leave in shared memory (two buffers) for the producer's second warp to add to
+//   an fp32 accumulator with one bulk reduction a step, off the GEMMs' path. The additions to one
+//   query step's dQ come in key-block order (a counter per query head and step that the adding
+//   warp waits for and advances once its addition is complete), so the result is the same bits
+//   every run;
+// - dq = scale * the accumulator, rounded once, back in [T, Hq, 128].
 // This file alone of the backward is compiled for sm_90a; the launcher refuses other devices, and
 // the WMMA kernels (attention_bwd_sm90.cu) remain for them.
 #include "kernels/cuda/attention_sm90a.cuh"
@@ -40,9 +42,8 @@ constexpr uint32_t kStepBytes = 2 * (2 * kQHalf * 2) + kStep * 8;  // a step's Q
 constexpr uint32_t kProducerRegs = 24, kConsumerRegs = 240;
 static_assert(128 * kProducerRegs + 256 * kConsumerRegs <= 384 * 168, "setmaxnreg would wait forever");
 
-// Named barriers (0 is __syncthreads): both consumer warpgroups' dS^T written; each warpgroup's
-// threads behind its first thread's wait for the dQ counter.
-constexpr uint32_t kDsBarrier = 3, kWgBarrier0 = 4;
+// Named barrier (0 is __syncthreads): both consumer warpgroups' dS^T written.
+constexpr uint32_t kDsBarrier = 3;
 
 struct alignas(1024) Smem {
   __nv_bfloat16 k[2][kKHalf];
@@ -52,10 +53,17 @@ struct alignas(1024) Smem {
   // dS^T [128 keys][64 query columns], rows of 128 bytes swizzled as TMA would, two buffers so a
   // step's writes never meet the other warpgroup's reads of the step before.
   __nv_bfloat16 ds[2][kKeys * kStep];
+  // A step's dQ [64 queries x 128] as the two consumer warpgroups hold it, fp32 in the order of
+  // their registers: [warpgroup][i / 4][thread][i % 4], 16-byte stores without bank conflicts
+  // (the accumulator in global memory keeps that order; the last pass puts rows back).
+  float dq[2][2][8][128][4];
   float2 stats[kStages][kStep];  // by query row of the step: the log-sum-exp in the exp2 domain, delta
   uint64_t kv_full;
   uint64_t full[kStages], empty[kStages];
+  uint64_t dq_full[2], dq_empty[2];
 };
+static_assert(sizeof(Smem) + 1024 <= 232448, "more shared memory than a Hopper block may have");
+constexpr uint32_t kDqBytes = 2 * 8 * 128 * 4 * 4;  // a step's dQ, both warpgroups: 32 KB
 constexpr size_t kSmemBytes = sizeof(Smem) + 1024;
 
 #if defined(__CUDA_ARCH_FEAT_SM90_ALL)
@@ -63,6 +71,18 @@ __device__ __forceinline__ int load_acquire(const int* p) {
   int v;
   asm volatile("ld.acquire.gpu.global.b32 %0, [%1];" : "=r"(v) : "l"(p) : "memory");
   return v;
+}
+__device__ __forceinline__ void bulk_reduce_add(float* dst, const void* src, uint32_t bytes) {
+  asm volatile("cp.reduce.async.bulk.global.shared::cta.bulk_group.add.f32 [%0], [%1], %2;" ::"l"(dst),
+               "r"(smem_addr(src)), "r"(bytes)
+               : "memory");
+  asm volatile("cp.async.bulk.commit_group;" ::: "memory");
+}
+// Once a step's reduction is complete, the next key block may add to the same rows.
+__device__ __forceinline__ void release_counter(int* counter) {
+  asm volatile("fence.proxy.async.global;" ::: "memory");
+  __threadfence();
+  atomicAdd(counter, 1);
 }
 __device__ __forceinline__ void named_sync(uint32_t id, uint32_t threads) {
   asm volatile("bar.sync %0, %1;" ::"r"(id), "r"(threads) : "memory");
@@ -123,14 +143,41 @@ __global__ void __launch_bounds__(kThreads, 1)
     for (int s = 0; s < kStages; ++s) {
       bar_init(&sm.full[s], 1);
       bar_init(&sm.empty[s], 8);
+      bar_init(&sm.dq_full[s], 256);  // every consumer thread, after its fence
+      bar_init(&sm.dq_empty[s], 1);
     }
     asm volatile("fence.mbarrier_init.release.cluster;" ::: "memory");
     asm volatile("fence.proxy.async.shared::cta;" ::: "memory");
   }
   __syncthreads();
 
-  if (wg == 0) {  // producer: one thread issues every copy
+  if (wg == 0) {  // producer: one thread issues every load, one of the next warp the dQ additions
     asm volatile("setmaxnreg.dec.sync.aligned.u32 %0;\n" ::"n"(kProducerRegs) : "memory");
+    if (threadIdx.x == 32) {
+      // The counter of step `it` advances once that step's addition is complete, which is
+      // awaited a step late so two additions are in flight.
+      int* pending = nullptr;
+      for (int64_t it = 0; it < steps; ++it) {
+        const int b = it % 2;
+        const int64_t h = hk * group + it % group, m = m_begin + it / group;
+        int* counter = counters + h * m_steps + m;
+        bar_wait(&sm.dq_full[b], (it / 2) & 1);
+        while (load_acquire(counter) < nb) {
+        }
+        bulk_reduce_add(dq_acc + (h * m_steps + m) * (kStep * kHd), sm.dq[b], kDqBytes);
+        asm volatile("cp.async.bulk.wait_group.read 0;" ::: "memory");
+        bar_arrive(&sm.dq_empty[b]);
+        if (pending) {
+          asm volatile("cp.async.bulk.wait_group 1;" ::: "memory");
+          release_counter(pending);
+        }
+        pending = counter;
+      }
+      if (pending) {
+        asm volatile("cp.async.bulk.wait_group 0;" ::: "memory");
+        release_counter(pending);
+      }
+    }
     if (threadIdx.x == 0) {
       bar_expect(&sm.kv_full, kKvBytes);
       for (int c = 0; c < 2; ++c) {
@@ -172,7 +219,6 @@ __global__ void __launch_bounds__(kThreads, 1)
 
   for (int64_t it = 0; it < steps; ++it) {
     const int s = it % kStages;
-    const int64_t h = hk * group + it % group;
     const int64_t m = m_begin + it / group;
     const int64_t q0 = m * kStep;
     const uint32_t q_tile = smem_addr(sm.q[s][0]), do_tile = smem_addr(sm.dout[s][0]);
@@ -251,22 +297,15 @@ __global__ void __launch_bounds__(kThreads, 1)
     pin(pt);
     if (lane == 0) bar_arrive(&sm.empty[s]);
 
-    // Add to the accumulator after every key block before this one has (2 arrivals per block).
-    int* counter = counters + h * m_steps + m;
-    if (tid == 0)
-      while (load_acquire(counter) < 2 * nb) {
-      }
-    named_sync(kWgBarrier0 + wk, 128);
+    // The step's dQ to its buffer for the adding warp, once that warp has read the buffer's
+    // previous contents.
+    const int b = it % 2;
+    bar_wait(&sm.dq_empty[b], ((it / 2) & 1) ^ 1);
 #pragma unroll
-    for (int i = 0; i < 32; i += 2) {
-      const int64_t qi = q0 + warp * 16 + lane / 4 + 8 * ((i >> 1) & 1);
-      if (qi < p.T)
-        atomicAdd(reinterpret_cast<float2*>(dq_acc + (qi * p.Hq + h) * kHd + wk * 64 + 8 * (i / 4) + col0),
-                  make_float2(st[i], st[i + 1]));
-    }
-    __threadfence();
-    named_sync(kWgBarrier0 + wk, 128);
-    if (tid == 0) atomicAdd(counter, 1);
+    for (int c = 0; c < 8; ++c)
+      *reinterpret_cast<float4*>(sm.dq[b][wk][c][tid]) = make_float4(st[4 * c], st[4 * c + 1], st[4 * c + 2], st[4 * c + 3]);
+    asm volatile("fence.proxy.async.shared::cta;" ::: "memory");
+    bar_arrive(&sm.dq_full[b]);
   }
 
   // dK (scaled) and dV of this thread's two key rows, summed over the group, rounded once.
@@ -306,13 +345,24 @@ __global__ void attn_bwd_hopper_stats_kernel(const Params p, float2* stats, int6
   }
 }
 
-// dq = scale * the fp32 accumulator, in bf16, four elements a thread.
-__global__ void attn_bwd_hopper_dq_kernel(const float4* acc, uint2* dq, int64_t n4, float scale) {
-  for (int64_t i = blockIdx.x * int64_t(blockDim.x) + threadIdx.x; i < n4; i += int64_t(gridDim.x) * blockDim.x) {
-    const float4 a = acc[i];
-    const __nv_bfloat162 lo = __floats2bfloat162_rn(a.x * scale, a.y * scale);
-    const __nv_bfloat162 hi = __floats2bfloat162_rn(a.z * scale, a.w * scale);
-    dq[i] = make_uint2(*reinterpret_cast<const uint32_t*>(&lo), *reinterpret_cast<const uint32_t*>(&hi));
+// dq = scale * the fp32 accumulator, in bf16: the accumulator's four-float group g of a step
+// ([h][m][warpgroup][c][thread], the consumers' register order) holds the thread's elements 4c..4c+3:
+// columns 8c + 2 (lane % 4) + {0, 1} of its query row and of the row 8 below.
+__global__ void attn_bwd_hopper_dq_kernel(const float4* acc, __nv_bfloat16* dq, int64_t T, int64_t Hq,
+                                          int64_t m_steps, float scale) {
+  const int64_t n4 = Hq * m_steps * kStep * kHd / 4;
+  for (int64_t g = blockIdx.x * int64_t(blockDim.x) + threadIdx.x; g < n4; g += int64_t(gridDim.x) * blockDim.x) {
+    const int tid = g % 128, c = (g / 128) % 8, wk = (g / 1024) % 2;
+    const int64_t hm = g / 2048, h = hm / m_steps, m = hm % m_steps;
+    const int warp = tid / 32, lane = tid % 32;
+    const int64_t row = m * kStep + warp * 16 + lane / 4;
+    const int col = wk * 64 + 8 * c + 2 * (lane % 4);
+    const float4 a = acc[g];
+    if (row < T)
+      *reinterpret_cast<__nv_bfloat162*>(dq + (row * Hq + h) * kHd + col) = __floats2bfloat162_rn(a.x * scale, a.y * scale);
+    if (row + 8 < T)
+      *reinterpret_cast<__nv_bfloat162*>(dq + ((row + 8) * Hq + h) * kHd + col) =
+          __floats2bfloat162_rn(a.z * scale, a.w * scale);
   }
 }
 
@@ -327,16 +377,17 @@ bool attention_backward_hopper_applies(const Params& p) {
          hopper::hopper_device();
 }
 
-// The dQ accumulator [T, Hq, 128] fp32, the LSE/delta pairs [Hq, steps x 64], the counters [Hq, steps].
+// The dQ accumulator [Hq, steps, 64 x 128] fp32, the LSE/delta pairs [Hq, steps x 64], the
+// counters [Hq, steps].
 int64_t attention_backward_hopper_scratch(int64_t T, int64_t Hq) {
   const int64_t steps = (T + kStep - 1) / kStep;
-  return T * Hq * kHd * 4 + Hq * steps * kStep * 8 + Hq * steps * 4;
+  return Hq * steps * kStep * (kHd * 4 + 8) + Hq * steps * 4;
 }
 
 void attention_backward_hopper(const Params& p, void* scratch) {
   const int64_t t_pad = (p.T + kStep - 1) / kStep * kStep;
   auto* dq_acc = static_cast<float*>(scratch);
-  auto* stats = reinterpret_cast<float2*>(dq_acc + p.T * p.Hq * kHd);
+  auto* stats = reinterpret_cast<float2*>(dq_acc + p.Hq * t_pad * kHd);
   int* counters = reinterpret_cast<int*>(stats + p.Hq * t_pad);
   cudaStream_t stream = lcx::cuda::current_stream();
   LCX_CUDA_CHECK(cudaMemsetAsync(scratch, 0, attention_backward_hopper_scratch(p.T, p.Hq), stream));
@@ -352,9 +403,8 @@ void attention_backward_hopper(const Params& p, void* scratch) {
                                                                                             p, stats, dq_acc, counters);
     LCX_CUDA_LAUNCH_CHECK();
   }
-  const int64_t n4 = p.T * p.Hq * kHd / 4;
-  attn_bwd_hopper_dq_kernel<<<lcx::cuda::grid_for(n4, 256, 65535LL * 8), 256, 0, stream>>>(
-      reinterpret_cast<const float4*>(dq_acc), static_cast<uint2*>(p.o), n4, p.scale);
+  attn_bwd_hopper_dq_kernel<<<lcx::cuda::grid_for(p.Hq * t_pad * kHd / 4, 256, 65535LL * 8), 256, 0, stream>>>(
+      reinterpret_cast<const float4*>(dq_acc), static_cast<__nv_bfloat16*>(p.o), p.T, p.Hq, t_pad / kStep, p.scale);
   LCX_CUDA_LAUNCH_CHECK();
 }
 
