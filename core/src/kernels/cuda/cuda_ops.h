@@ -61,9 +61,10 @@ void attention_backward_own(const Tensor& q, const Tensor& k, const Tensor& v, c
 // the current device: bf16, head_dim 128, a compute capability 9.0 GPU.
 bool attention_forward_hopper_applies(const Tensor& q, const Tensor& k, const Tensor& v, const Tensor& out);
 // The automatic choice runs a causal forward of at least this many query rows on the Hopper kernel
-// where it applies, ahead of cuDNN: measured there at 1.00-1.09x cuDNN's rate from 16k to 128k
-// tokens (docs/PERF.md, the kernel table).
-inline constexpr int64_t kOwnForwardMinRows = 16384;
+// where it applies, ahead of cuDNN: there it measured 1.07-1.09x cuDNN's rate on three H100s,
+// where at 16k-64k tokens it ranged from 0.93x to 1.02x from one card to the next (docs/PERF.md,
+// the kernel table). The backward stays cuDNN's wherever cuDNN loads.
+inline constexpr int64_t kOwnForwardMinRows = 131072;
 // Document-masked attention on cuDNN (attention_documents.cpp): document i's query rows
 // q_spans[i] of q meet its key rows k_spans[i] of k. Either each document's query and key spans
 // are of one length at equal positions (causal as p says; the same rows of one tensor, or blocks of
