@@ -45,13 +45,15 @@ if [[ ${NCU:-1} != 0 ]] && command -v ncu >/dev/null; then
   echo "ncu (backward): rc $?" >>"$summary"
 fi
 
-# The full-depth step with the automatic choice (the Hopper forward on long causal calls) and with
-# cuDNN forced (STEP_CASES="qwen3-4b:65536"), each with its second step traced; STEP_TORCH=1 adds
-# transformers + PyTorch's step beside the automatic one.
+# The full-depth step under each attention choice of STEP_CHOICES (default "cudnn auto"; "own" is
+# what a machine without cuDNN runs) for each case of STEP_CASES="qwen3-4b:65536", each with its
+# second step traced; STEP_TORCH=1 adds transformers + PyTorch's step beside the first choice.
 for c in ${STEP_CASES:-}; do
-  for choice in cudnn auto; do
+  first=1
+  for choice in ${STEP_CHOICES:-cudnn auto}; do
     torch=0
-    [[ $choice == auto ]] && torch=${STEP_TORCH:-0}
+    [[ $first == 1 ]] && torch=${STEP_TORCH:-0}
+    first=0
     LCX_ATTENTION=$choice CASES=$c VARIANTS="offload:loss_chunked+offload" TORCH=$torch STEPS=${STEPS:-2} PROFILE=1 \
       OUT=$out/step-$choice scripts/bench/full_depth.sh build >"$out/step-$choice.out" 2>&1
     echo "step $c, LCX_ATTENTION=$choice:" >>"$summary"
