@@ -102,16 +102,6 @@ __device__ __forceinline__ void issue_rows_by_step(float (&acc)[32], uint32_t a_
   }
 }
 
-// acc[64 keys x 128] += frag (P^T or dS^T, registers) x (dout or Q of the step): 4 steps of 16
-// query rows; the step's tile is MN-major for wgmma (head_dim contiguous), its two halves 8 KB
-// apart (the leading offset).
-__device__ __forceinline__ void issue_grad(float (&acc)[64], const uint32_t (&frag)[16], uint32_t tile) {
-#pragma unroll
-  for (int kk = 0; kk < kStep / 16; ++kk) {
-    const uint32_t a[4] = {frag[4 * kk], frag[4 * kk + 1], frag[4 * kk + 2], frag[4 * kk + 3]};
-    wgmma_rs(acc, a, sw128_desc(tile + kk * 16 * 128, kQHalf * 2, 1024));
-  }
-}
 #endif  // __CUDA_ARCH_FEAT_SM90_ALL
 
 // Thread t of a consumer warpgroup holds key rows 16 (t / 32) + (t % 32) / 4 and 8 below it of
@@ -272,7 +262,7 @@ __global__ void __launch_bounds__(kThreads, 1)
     }
     asm volatile("fence.proxy.async.shared::cta;" ::: "memory");  // the GEMMs below read it
     wgmma_fence();
-    issue_grad(dv, pt, do_tile);
+    wgmma_rs_steps<kStep / 16>(dv, pt, do_tile, kQHalf * 2);  // dV += P^T dout
     named_sync(kDsBarrier, 256);
     const uint32_t ds_tile = smem_addr(sm.ds[it % 2]), k_half = smem_addr(sm.k[wk]);
     // dK += dS^T Q: this warpgroup's 64 rows of dS^T, K-major over the step's 64 queries (32 bytes a

@@ -59,16 +59,6 @@ __device__ __forceinline__ void issue_qk(float (&s)[64], uint32_t q_base, uint32
   }
 }
 
-// O += P V: 8 steps of 16 key rows, P from registers (the S accumulator's layout is wgmma's A
-// fragment layout), V MN-major (head_dim, wgmma's N, is contiguous; transposed on read): the
-// leading offset steps N by 64 columns (the next half), the stride steps K by 8 rows.
-__device__ __forceinline__ void issue_pv(float (&o)[64], const uint32_t (&pr)[32], uint32_t v_base) {
-#pragma unroll
-  for (int kk = 0; kk < kBlockN / 16; ++kk) {
-    const uint32_t a[4] = {pr[4 * kk], pr[4 * kk + 1], pr[4 * kk + 2], pr[4 * kk + 3]};
-    wgmma_rs(o, a, sw128_desc(v_base + kk * 16 * 128, kHalf * 2, 1024));
-  }
-}
 #endif  // __CUDA_ARCH_FEAT_SM90_ALL
 
 // One block: 128 query rows of one query head. Thread t of a consumer warpgroup holds rows
@@ -223,7 +213,7 @@ __global__ void __launch_bounds__(kThreads, 1)
       wgmma_fence();
       issue_qk(s, q_base, smem_addr(sm.k[s_now][0]));
       wgmma_commit();
-      issue_pv(o, pr, smem_addr(sm.v[s_prev][0]));
+      wgmma_rs_steps<kBlockN / 16>(o, pr, smem_addr(sm.v[s_prev][0]), kHalf * 2);  // O += P V
       wgmma_commit();
       pass_turn();
       wgmma_wait<1>();  // this tile's scores; the previous tile's P V may still run
@@ -242,7 +232,7 @@ __global__ void __launch_bounds__(kThreads, 1)
     bar_wait(&sm.v_full[s_last], ((n_tiles - 1) / kStages) & 1);
     take_turn();
     wgmma_fence();
-    issue_pv(o, pr, smem_addr(sm.v[s_last][0]));
+    wgmma_rs_steps<kBlockN / 16>(o, pr, smem_addr(sm.v[s_last][0]), kHalf * 2);
     wgmma_commit();
     if (wg == 1) pass_turn();
     wgmma_wait<0>();

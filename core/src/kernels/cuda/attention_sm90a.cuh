@@ -160,6 +160,19 @@ __device__ __forceinline__ void wgmma_rs(float (&d)[64], const uint32_t (&a)[4],
       : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "l"(b), "n"(1));
 }
 
+// d[64 x 128] += a[64 x 16 kSteps] (registers: the accumulator layout of a 64-row product, which
+// is wgmma's A fragment layout, four registers a step) b[16 kSteps x 128] (shared memory, MN-major:
+// rows of 128 bytes, 16 of them a step; its two 64-column halves `half_bytes` apart).
+template <int kSteps>
+__device__ __forceinline__ void wgmma_rs_steps(float (&d)[64], const uint32_t (&frag)[4 * kSteps], uint32_t b,
+                                               uint32_t half_bytes) {
+#pragma unroll
+  for (int kk = 0; kk < kSteps; ++kk) {
+    const uint32_t a[4] = {frag[4 * kk], frag[4 * kk + 1], frag[4 * kk + 2], frag[4 * kk + 3]};
+    wgmma_rs(d, a, sw128_desc(b + kk * 16 * 128, half_bytes, 1024));
+  }
+}
+
 // 2^x on the special-function unit alone: results below 2^-126 flush to zero (a probability that
 // small adds nothing a bf16 P can hold), which spares exp2f's denormal fix-up around every call.
 __device__ __forceinline__ float fast_exp2(float x) {
