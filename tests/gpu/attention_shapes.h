@@ -5,6 +5,8 @@
 #include <cstdint>
 #include <vector>
 
+#include "lcx/ops.h"
+
 namespace lcx::test {
 
 struct AttnCase {
@@ -22,6 +24,24 @@ inline constexpr AttnCase kAttentionShapes[] = {
     {40, 60, 2, 2, 64, true, 0, 20},    // the first 20 queries see no key: lse -inf, out 0
     {64, 64, 4, 2, 128, false, 128, 0}, // a ring block wholly in the past
 };
+
+// What the Hopper kernels take (bf16, head_dim 128) at sizes that cross their tiles (128 query or
+// key rows a block, 64 a step) and their two pipeline stages: groups of 1-4 query heads, ragged
+// blocks, a ring block's offsets either way, queries that see no key, full attention.
+inline constexpr AttnCase kHopperShapes[] = {
+    {300, 300, 8, 2, 128, true, 0, 0},   {1000, 1000, 4, 1, 128, true, 0, 0}, {200, 700, 4, 2, 128, true, 500, 0},
+    {256, 384, 2, 2, 128, false, 0, 0},  {130, 130, 2, 1, 128, true, 0, 60},  {128, 256, 2, 1, 128, false, 512, 0},
+    {640, 640, 4, 4, 128, true, 0, 0},   {77, 1500, 2, 1, 128, false, 0, 0},  {1100, 1100, 8, 2, 128, true, 0, 0},
+};
+
+// A case's mask and offsets as the ops take them.
+inline ops::AttentionParams attention_params(const AttnCase& c) {
+  ops::AttentionParams p;
+  p.causal = c.causal;
+  p.q_offset = c.q_offset;
+  p.k_offset = c.k_offset;
+  return p;
+}
 
 // Packed documents ([data] attend_across_documents = false): one sequence, each query seeing only
 // its own document's keys (AttentionParams::documents, cumulative bounds).

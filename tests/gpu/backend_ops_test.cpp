@@ -491,10 +491,7 @@ std::vector<OpCase> attention_cases(bool backward) {
                            c.causal ? " causal" : " full", " q_offset=", c.q_offset, " k_offset=", c.k_offset, " ",
                            dtype_name(t)),
                        [=](Device d, std::mt19937& rng) {
-                         ops::AttentionParams p;
-                         p.causal = c.causal;
-                         p.q_offset = c.q_offset;
-                         p.k_offset = c.k_offset;
+                         const ops::AttentionParams p = test::attention_params(c);
                          const Tensor qh = host_normal({c.T, c.Hq, c.d}, t, rng);
                          const Tensor kh = host_normal({c.S, c.Hkv, c.d}, t, rng);
                          const Tensor vh = host_normal({c.S, c.Hkv, c.d}, t, rng);

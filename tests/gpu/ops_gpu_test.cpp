@@ -64,10 +64,7 @@ void expect_lse(const Tensor& got, const Tensor& want, double tol = tolerance(DT
 // Forward and backward of one case on the CPU and the GPU from the same inputs; backward starts
 // from the CPU's forward results, so only backward is compared there.
 void compare_attention(const AttnCase& c, DType t, std::mt19937& rng) {
-  ops::AttentionParams p;
-  p.causal = c.causal;
-  p.q_offset = c.q_offset;
-  p.k_offset = c.k_offset;
+  const ops::AttentionParams p = test::attention_params(c);
   const Tensor q = host_normal({c.T, c.Hq, c.d}, t, rng);
   const Tensor k = host_normal({c.S, c.Hkv, c.d}, t, rng);
   const Tensor v = host_normal({c.S, c.Hkv, c.d}, t, rng);
@@ -111,26 +108,15 @@ TEST_F(GpuOps, AttentionOwnKernelsAgainstCpu) {
 }
 
 #ifdef LCX_HAVE_CUDA
-#ifdef LCX_HAVE_CUDA
 // The Hopper forward (TMA + wgmma, attention_fwd_sm90a.cu) against the CPU on shapes that walk its
-// pipeline: several 128-row key tiles through both stages, ragged last tiles in both directions,
-// groups of 1 to 4 query heads per key head, the ring's offsets (a block in the past, the last
-// queries of a longer sequence, queries that see no key), full attention. The kernel must be the
-// one that ran: the test stops where it does not apply (not a compute capability 9.0 GPU).
+// pipeline (kHopperShapes, attention_shapes.h). The kernel must be the one that ran: the test
+// stops where it does not apply (not a compute capability 9.0 GPU).
 TEST_F(GpuOps, AttentionHopperForwardAgainstCpu) {
   SCOPED_TRACE(trace());
   KernelChoice own(cuda::AttentionKernel::own);
-  const AttnCase cases[] = {
-      {300, 300, 8, 2, 128, true, 0, 0},   {1000, 1000, 4, 1, 128, true, 0, 0}, {200, 700, 4, 2, 128, true, 500, 0},
-      {256, 384, 2, 2, 128, false, 0, 0},  {130, 130, 2, 1, 128, true, 0, 60},  {128, 256, 2, 1, 128, false, 512, 0},
-      {640, 640, 4, 4, 128, true, 0, 0},   {77, 1500, 2, 1, 128, false, 0, 0},
-  };
-  for (const AttnCase& c : cases) {
+  for (const AttnCase& c : test::kHopperShapes) {
     SCOPED_TRACE(attn_name(c));
-    ops::AttentionParams p;
-    p.causal = c.causal;
-    p.q_offset = c.q_offset;
-    p.k_offset = c.k_offset;
+    const ops::AttentionParams p = test::attention_params(c);
     const DType t = DType::bf16;
     const Tensor q = host_normal({c.T, c.Hq, c.d}, t, rng_), k = host_normal({c.S, c.Hkv, c.d}, t, rng_),
                  v = host_normal({c.S, c.Hkv, c.d}, t, rng_);
@@ -144,25 +130,15 @@ TEST_F(GpuOps, AttentionHopperForwardAgainstCpu) {
     expect_lse(glse, lse);
   }
 }
-#endif
 
-// The Hopper backward (attention_bwd_sm90a.cu) against the CPU on the forward test's shapes and
-// two of several key blocks in a group of 4: dq, dk, dv within bf16's bar, from the CPU's forward
+// The Hopper backward (attention_bwd_sm90a.cu) against the CPU on the same shapes: dq, dk, dv within bf16's bar, from the CPU's forward
 // results (out, lse); and the same bits on a second run (dQ's additions come in key-block order).
 TEST_F(GpuOps, AttentionHopperBackwardAgainstCpu) {
   SCOPED_TRACE(trace());
   KernelChoice own(cuda::AttentionKernel::own);
-  const AttnCase cases[] = {
-      {300, 300, 8, 2, 128, true, 0, 0},   {1000, 1000, 4, 1, 128, true, 0, 0}, {200, 700, 4, 2, 128, true, 500, 0},
-      {256, 384, 2, 2, 128, false, 0, 0},  {130, 130, 2, 1, 128, true, 0, 60},  {128, 256, 2, 1, 128, false, 512, 0},
-      {640, 640, 4, 4, 128, true, 0, 0},   {77, 1500, 2, 1, 128, false, 0, 0},  {1100, 1100, 8, 2, 128, true, 0, 0},
-  };
-  for (const AttnCase& c : cases) {
+  for (const AttnCase& c : test::kHopperShapes) {
     SCOPED_TRACE(attn_name(c));
-    ops::AttentionParams p;
-    p.causal = c.causal;
-    p.q_offset = c.q_offset;
-    p.k_offset = c.k_offset;
+    const ops::AttentionParams p = test::attention_params(c);
     const DType t = DType::bf16;
     const Tensor q = host_normal({c.T, c.Hq, c.d}, t, rng_), k = host_normal({c.S, c.Hkv, c.d}, t, rng_),
                  v = host_normal({c.S, c.Hkv, c.d}, t, rng_), dout = host_normal({c.T, c.Hq, c.d}, t, rng_);
