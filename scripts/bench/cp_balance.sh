@@ -1,5 +1,5 @@
 #!/usr/bin/env bash
-# Work per rank under cp_ring (issue 12, part 5): each virtual rank's ring schedule timed alone on
+# Work per rank under cp_ring, the ring's balance: each virtual rank's ring schedule timed alone on
 # the GPU (tests/bench/cp_balance_bench.cpp says why alone), zigzag beside contiguous sharding,
 # Qwen3-8B's attention shape. Writes $OUT/cp_balance.jsonl and $OUT/cp_balance.md; about 30 s without
 # MIXES, about 4 minutes at 131,072 tokens with MIXES="pg19 short" SEEDS="1 2 3" (9 repetitions).
@@ -18,7 +18,7 @@ for t in ${TOKENS:-131072 262144}; do
     "$build/tests/cp_balance_bench" --device "${DEVICE:-cuda}" --tokens "$t" --cp "${CPS:-2,4,8}" ${CP_BALANCE_ARGS:-} \
       >>"$out/cp_balance.jsonl"
   fi
-  # Packed documents (issue 23): cp_ring's layout balanced for each length mix's bounds, masked by
+  # Packed documents: cp_ring's layout balanced for each length mix's bounds, masked by
   # them, beside the rest.
   for mix in ${MIXES:-}; do
     for seed in ${SEEDS:-1}; do

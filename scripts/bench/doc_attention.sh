@@ -1,5 +1,5 @@
 #!/usr/bin/env bash
-# Document-masked attention (issue 23) against full causal attention over the same tokens, on the
+# Document-masked attention (packed documents, each attending to itself) against full causal attention over the same tokens, on the
 # GPU with Qwen3-8B's attention shape: forward and backward per length mix (one document, PG-19-
 # like book lengths, many short documents, 4k documents), the rate per useful FLOP (only the score
 # entries a query may see) and the wall time. The masked attention runs on cuDNN's padded batches

@@ -1,5 +1,5 @@
 #!/usr/bin/env python3
-"""PyTorch's document-masked attention beside lcx's (issue 23), on the same GPU and the same
+"""PyTorch's document-masked attention beside lcx's (time and rate per useful FLOP), on the same GPU and the same
 documents: the bounds come from `doc_attention_bench --bounds` (one JSON line per mix). For each
 mix, one forward and one backward of Qwen3-8B's attention shape (32/8 heads of 128, bf16) are timed
 masked and full causal over the same tokens, on the two ways PyTorch offers to mask documents:

@@ -11,7 +11,7 @@
 # host) beside the plan's, which lcx-train logs at the start ("memory   planned per GPU: ...").
 # PROFILE=0 leaves the first variant's second step untraced (timing every variant alike).
 # The trained full-depth step at the longest length one device call finishes, beside PyTorch with
-# its offload (issue 22):
+# its offload:
 #   FULL_CASES="qwen3-4b:262144" STEPS=1 TORCH=0 TESTS=0 scripts/gpu_all.sh   (one lcx step, ~4-5 min)
 #   python3 scripts/bench/torch_step.py --model qwen3-4b --tokens 262144 --steps 1 --offload   (the peer, alone)
 set -uo pipefail

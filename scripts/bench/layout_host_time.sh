@@ -1,6 +1,6 @@
 #!/usr/bin/env bash
 # The host time of cp_ring's layout of packed documents (balance.h balanced_layout, run in
-# shard() once per sequence): issue 23's two length mixes, seeds 1-3, on 2, 4 and 8 ranks, at
+# shard() once per sequence): the book and short-document length mixes, seeds 1-3, on 2, 4 and 8 ranks, at
 # 131,072 and 1,048,576 tokens, on one core of this machine (no GPU: cp_balance_bench
 # --layouts-only costs the layouts and runs nothing). Prints one row per case and the slowest.
 #   TOKENS="131072 1048576" scripts/bench/layout_host_time.sh build

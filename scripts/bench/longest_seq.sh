@@ -1,5 +1,5 @@
 #!/usr/bin/env bash
-# Issue 7 part 4: the longest sequence one GPU trains, Qwen3-4B's shape, with the loss as the only
+# The longest sequence one GPU trains, Qwen3-4B's shape, with the loss as the only
 # lever: core's plain loss against loss_chunked, checkpointing on (the default memory strategy),
 # no offload, bf16 weights and moments (master_dtype bf16), one step on random token ids.
 #

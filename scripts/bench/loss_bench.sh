@@ -1,5 +1,5 @@
 #!/usr/bin/env bash
-# Issue 7 part 3: the loss alone on one GPU, Qwen3-4B's head (H 2560, V 151,936, bf16) at 32k and
+# The loss alone on one GPU (time and memory added), Qwen3-4B's head (H 2560, V 151,936, bf16) at 32k and
 # 128k tokens. lcx's chunked loss (tests/loss_bench, through the plugin loader) and core's plain
 # full-logits loss, then PyTorch's chunked loss as TRL computes it (scripts/bench/loss_torch.py:
 # checkpointed 256-row chunks, fp32 upcast) in the same run; and a sweep of chunk_rows. Time is

@@ -1,5 +1,5 @@
 #!/usr/bin/env bash
-# Several GPUs of one host sharing one sequence (issue 14): lcx-train with one NCCL worker per GPU,
+# Several GPUs of one host sharing one sequence, step time and peak: lcx-train with one NCCL worker per GPU,
 # the Qwen3-8B shape (random init), ZeRO-3 sharded parameters, bf16 weights and moments, chunked
 # loss, with cp_ring and then sp_ulysses over every visible GPU. Step time is the median of the
 # steps after the first; peak is rank 0's GPU peak. Writes $OUT/multi_gpu_bench.md.

@@ -1,5 +1,5 @@
 #!/usr/bin/env bash
-# Issue 9, parts 4-5: step time and peak GPU memory of the Qwen3-4B shape with the checkpointed
+# Step time and peak GPU memory of the Qwen3-4B shape with the checkpointed
 # layer inputs on the GPU, offloaded to pinned host memory, and offloaded with the tiled MLP, at
 # 64k and 128k tokens, beside transformers + PyTorch (scripts/bench/torch_step.py) on the same GPU.
 # Runs ON the GPU machine from the repository root, with a bundle of a build (scripts/bundle.sh)

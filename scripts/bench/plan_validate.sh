@@ -1,5 +1,5 @@
 #!/usr/bin/env bash
-# Issue 10, part 3: lcx's memory plan (lcx-train --plan) against the peak its allocator measured.
+# lcx's memory plan (lcx-train --plan) against the peak its allocator measured.
 #
 #   scripts/bench/plan_validate.sh measure BUILD_DIR RESULTS.csv   on the GPU: one short run per case
 #   scripts/bench/plan_validate.sh table   BUILD_DIR RESULTS.csv   anywhere: plans each row, prints the table
