@@ -41,15 +41,23 @@ for c in $cases; do
     "$build/tests/doc_attention_bench" --device cpu --tokens "$tokens" --mixes "$DOCS" --bounds >"$docs" || exit 1
     [[ ${ACROSS:-0} == 0 ]] && { across=false; peer_docs=(--documents "$docs"); }
   fi
-  # Random ids below <|endoftext|> (151643); with DOCS, each document's last token is it.
-  python3 - "$run/ids.tokens" "$tokens" "$((steps + 1))" "$docs" <<'PY'
+  # The model module, its tokenizer and its end-of-text id, by the preset's family.
+  case $model in
+    llama-*) module=llama tokenizer=data/llama3_1/tokenizer.json top=128000 eos=128001 ;;
+    mistral-*) module=mistral tokenizer=data/llama2/tokenizer.json top=32000 eos=2 ;;
+    qwen2*) module=qwen2 tokenizer=data/qwen3/tokenizer.json top=151643 eos=151643 ;;
+    *) module=qwen3 tokenizer=data/qwen3/tokenizer.json top=151643 eos=151643 ;;
+  esac
+  # Random ids of ordinary tokens (below `top`); with DOCS, each document's last token is `eos`.
+  python3 - "$run/ids.tokens" "$tokens" "$((steps + 1))" "$docs" "$top" "$eos" <<'PY'
 import json, sys
 import numpy as np
 path, tokens, seqs, docs = sys.argv[1], int(sys.argv[2]), int(sys.argv[3]), sys.argv[4]
-ids = np.random.default_rng(0).integers(0, 151643, size=(seqs, tokens), dtype=np.uint32)
+top, eos = int(sys.argv[5]), int(sys.argv[6])
+ids = np.random.default_rng(0).integers(0, top, size=(seqs, tokens), dtype=np.uint32)
 if docs:
     ends = np.array(json.loads(open(docs).readline())["bounds"][1:]) - 1
-    ids[:, ends] = 151643
+    ids[:, ends] = eos
 ids.tofile(path)
 PY
   init="{\"preset\": \"$model\"${layers:+, \"num_hidden_layers\": $layers}}"
@@ -59,11 +67,11 @@ output_dir = "$run/out"
 device = "cuda"
 seed = 0
 [model]
-module = "qwen3"
+module = "$module"
 init = '$init'
 dtype = "bf16"
 [data]
-tokenizer = "$PWD/data/qwen3/tokenizer.json"
+tokenizer = "$PWD/$tokenizer"
 source = "$run/ids.tokens"
 seq_len = $tokens
 drop_last = true

@@ -34,7 +34,8 @@ import time
 
 os.environ.setdefault("PYTORCH_CUDA_ALLOC_CONF", "expandable_segments:True")
 import torch  # noqa: E402
-from transformers import Qwen3Config, Qwen3ForCausalLM, Qwen3MoeConfig, Qwen3MoeForCausalLM  # noqa: E402
+from transformers import (LlamaConfig, LlamaForCausalLM, Qwen3Config, Qwen3ForCausalLM,  # noqa: E402
+                          Qwen3MoeConfig, Qwen3MoeForCausalLM)
 
 SHAPES = {
     "qwen3-0.6b": dict(hidden_size=1024, intermediate_size=3072, num_hidden_layers=28, num_attention_heads=16,
@@ -48,6 +49,15 @@ SHAPES = {
     "qwen3-30b-a3b": dict(hidden_size=2048, intermediate_size=6144, num_hidden_layers=48, num_attention_heads=32,
                           num_key_value_heads=4, tie_word_embeddings=False, num_experts=128, num_experts_per_tok=8,
                           moe_intermediate_size=768, norm_topk_prob=True),
+}
+# Other families' public shapes, with what differs from Qwen3's defaults below.
+LLAMA3_ROPE = dict(rope_type="llama3", rope_theta=500000.0, factor=8.0, low_freq_factor=1.0, high_freq_factor=4.0,
+                   original_max_position_embeddings=8192)
+FAMILIES = {
+    "llama-3.1-8b": (LlamaConfig, LlamaForCausalLM,
+                     dict(vocab_size=128256, hidden_size=4096, intermediate_size=14336, num_hidden_layers=32,
+                          num_attention_heads=32, num_key_value_heads=8, head_dim=128, rms_norm_eps=1e-5,
+                          tie_word_embeddings=False, rope_parameters=LLAMA3_ROPE), 128000),
 }
 
 
@@ -167,10 +177,15 @@ def add_lora(model, r, alpha):
 
 
 def run(model_name, tokens, steps, layers=None, offload=False, bounds=None, attn="sdpa", lora=0, experts=None):
-    moe = "num_experts" in SHAPES[model_name]
-    Config, Model = (Qwen3MoeConfig, Qwen3MoeForCausalLM) if moe else (Qwen3Config, Qwen3ForCausalLM)
-    cfg = Config(vocab_size=151936, head_dim=128, rope_theta=1e6, rms_norm_eps=1e-6,
-                 max_position_embeddings=max(40960, tokens), **SHAPES[model_name])
+    moe = "num_experts" in SHAPES.get(model_name, {})
+    top = EOS
+    if model_name in FAMILIES:
+        Config, Model, shape, top = FAMILIES[model_name]
+        cfg = Config(max_position_embeddings=max(131072, tokens), **shape)
+    else:
+        Config, Model = (Qwen3MoeConfig, Qwen3MoeForCausalLM) if moe else (Qwen3Config, Qwen3ForCausalLM)
+        cfg = Config(vocab_size=151936, head_dim=128, rope_theta=1e6, rms_norm_eps=1e-6,
+                     max_position_embeddings=max(40960, tokens), **SHAPES[model_name])
     if layers:
         cfg.num_hidden_layers = layers
     cfg._attn_implementation = attn
@@ -185,7 +200,7 @@ def run(model_name, tokens, steps, layers=None, offload=False, bounds=None, attn
     model.config.use_cache = False
     model.train()
     opt = torch.optim.AdamW([p for p in model.parameters() if p.requires_grad], lr=1e-5, fused=True)
-    ids = torch.randint(0, EOS, (1, tokens), device="cuda")
+    ids = torch.randint(0, top, (1, tokens), device="cuda")
     positions = None
     if bounds:
         ends = torch.tensor(bounds[1:], device="cuda") - 1
@@ -227,7 +242,7 @@ def run(model_name, tokens, steps, layers=None, offload=False, bounds=None, attn
 
 def main():
     ap = argparse.ArgumentParser()
-    ap.add_argument("--model", default="qwen3-0.6b", choices=sorted(SHAPES))
+    ap.add_argument("--model", default="qwen3-0.6b", choices=sorted(SHAPES) + sorted(FAMILIES))
     ap.add_argument("--tokens", type=int, nargs="+", default=[8192])
     ap.add_argument("--steps", type=int, default=2)
     ap.add_argument("--layers", type=int, default=None)
