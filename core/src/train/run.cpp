@@ -8,6 +8,7 @@
 #include "data/tokenizer.h"
 #include "distributed/sharded_params.h"
 #include "kernels/adamw_kernel.h"
+#include "kernels/attention/dispatch.h"
 #include "lcx/pinned.h"
 #include "lcx/error.h"
 #include "lcx/log.h"
@@ -29,6 +30,12 @@ Device pick_device(const std::string& want) {
   cuda::check_gpu_supported(0);
 #endif
   return Device::cuda(0);
+}
+
+void choose_attention(const RunConfig& run) {
+  const std::optional<ops::attention::Choice> c = ops::attention::parse_choice(run.attention);
+  LCX_CHECK(c, "run.attention was checked when the manifest was read");
+  ops::attention::set_choice(*c);
 }
 
 void check_run_inputs(const CoreConfig& cfg, const SlotSet& slots) {
