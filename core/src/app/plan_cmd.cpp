@@ -106,13 +106,14 @@ int run_plan_command(const Manifest& m, const CoreConfig& cfg, const PluginLoade
               static_cast<long long>(unit));
 
   // The rates that time the recipes below.
-  std::printf("# rates: the '%s' row (%s)%s%s\n", rates.row.device.c_str(), rates.row.source.c_str(),
+  std::printf("# rates: the '%s' row (%s%s)%s%s\n", rates.row.device.c_str(),
+              rates.row.basis.empty() ? "" : (rates.row.basis + ", ").c_str(), rates.row.source.c_str(),
               rates.note.empty() ? "" : "; ", rates.note.c_str());
-  // Which attention kernels the run's calls take on that GPU (its compute capability from the row's
-  // compute_capability; sm_90 where the row does not give one), with cuDNN loaded.
+  // Which attention kernels the run's calls take on that GPU (its compute capability from the row;
+  // sm_90 where the row does not give one), with cuDNN loaded.
   {
     const std::optional<ops::attention::Choice> choice = ops::attention::parse_choice(cfg.run.attention);
-    const double cc = rates.row.get("compute_capability", 9.0);
+    const double cc = rates.row.get(rate_name::compute_capability, 9.0);
     const int major = static_cast<int>(cc), minor = static_cast<int>(std::lround((cc - major) * 10));
     std::printf("# attention ([run] attention = %s, on sm_%d%d with cuDNN):\n", cfg.run.attention.c_str(), major, minor);
     for (const std::string& line : ops::attention::plan_lines(choice.value_or(ops::attention::Choice::automatic),

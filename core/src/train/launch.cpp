@@ -79,8 +79,8 @@ int train_rank(const CoreConfig& cfg, const Manifest& manifest, const SlotFactor
   run.choose_grad_dtype();
   const RatesTable::Choice rates = use_rates_for(cfg.run.gpu_name, local_gpu_memory().value_or(0));
   if (run.lead()) {
-    log::info(str("rates: the '", rates.row.device, "' row (", rates.row.source, ")", rates.note.empty() ? "" : "; ",
-                  rates.note));
+    log::info(str("rates: the '", rates.row.device, "' row (", rates.row.basis.empty() ? "" : rates.row.basis + ", ",
+                  rates.row.source, ")", rates.note.empty() ? "" : "; ", rates.note));
     if (device.is_cuda() && mfu_peak_flops(cfg.run.peak_tflops) <= 0)
       log::warn(str("no MFU: the rates row '", rates.row.device,
                     "' has no peak_flops; set [run] peak_tflops to the GPU's dense bf16 peak"));
