@@ -20,8 +20,21 @@ TEST(GpuSupport, TakesAmpereAndLater) {
 
 TEST(GpuSupport, BuildRefusalNamesTheGpuAndTheTargets) {
   const std::string why = gpu_build_refusal("NVIDIA A100-SXM4-80GB", 8, 0, "90");
-  EXPECT_NE(why.find("NVIDIA A100-SXM4-80GB is sm_80"), std::string::npos) << why;
-  EXPECT_NE(why.find("targets 90"), std::string::npos) << why;
+  EXPECT_EQ(why, "NVIDIA A100-SXM4-80GB is sm_80, and this lcx was built for CUDA targets 90 only, none of which it runs");
+}
+
+// What each build runs on: CI's sm_90 with its PTX, a release's every target, a native one.
+TEST(GpuSupport, BuildTargetsCoverTheGpusTheirCodeRuns) {
+  const char* release = "80-real,86-real,89-real,90a-real,100-real,100-virtual";
+  for (const auto& [major, minor] : {std::pair{8, 0}, {8, 6}, {8, 7}, {8, 9}, {9, 0}, {10, 0}, {10, 3}, {12, 0}})
+    EXPECT_EQ(gpu_build_refusal("gpu", major, minor, release), "") << major << minor;
+  EXPECT_EQ(gpu_build_refusal("B200", 10, 0, "90"), "");      // compute_90 PTX, compiled by the driver
+  EXPECT_EQ(gpu_build_refusal("H100", 9, 0, "90a-real"), "");
+  EXPECT_NE(gpu_build_refusal("B200", 10, 0, "90a-real"), "");  // arch-specific code: sm_90 alone
+  EXPECT_NE(gpu_build_refusal("A100", 8, 0, "90"), "");
+  EXPECT_EQ(gpu_build_refusal("RTX 4090", 8, 9, "80-real"), "");  // sm_80 machine code runs on sm_89
+  EXPECT_NE(gpu_build_refusal("A100", 8, 0, "86-real"), "");
+  EXPECT_NE(gpu_build_refusal("H100", 9, 0, "89-real,100-virtual"), "");
 }
 
 }  // namespace
