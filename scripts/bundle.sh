@@ -19,7 +19,7 @@ cp -L "$build"/lib/*.so* "$out/lib/"
 [[ -d $build/lib/lcx/plugins ]] && cp -a "$build"/lib/lcx/plugins/. "$out/lib/lcx/plugins/"
 if [[ -d $build/tests ]]; then
   find "$build/tests" -maxdepth 1 -type f -perm -u+x -exec cp {} "$out/tests/" \;
-  if [[ -d $build/tests/plugins ]]; then
+  if compgen -G "$build/tests/plugins/*.so" >/dev/null; then
     mkdir -p "$out/tests/plugins"
     cp -a "$build"/tests/plugins/*.so "$out/tests/plugins/"
   fi

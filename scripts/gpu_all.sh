@@ -3,7 +3,7 @@
 # bundle (scripts/bundle.sh) carried as .bundle and data/qwen3 carried: the GPU test binaries
 # (scripts/gpu_check.sh), the quickstart trained on the GPU, then the benchmarks beside PyTorch.
 # Logs go to $OUT; the tables are printed last.
-#   STEP_CASES="qwen3-4b:65536" OFFLOAD=1 DOC_ATTENTION=1 SHARD_AHEAD=1 CP_BALANCE=1 scripts/gpu_all.sh
+#   STEP_CASES="qwen3-4b:65536" OFFLOAD=1 DOC_ATTENTION=1 CP_BALANCE=1 scripts/gpu_all.sh
 #   REHEARSE_CASES="qwen3-4b:1048576" TESTS=0 scripts/gpu_all.sh
 set -uo pipefail
 root=$PWD
@@ -35,11 +35,6 @@ fi
 if [[ ${DOC_ATTENTION:-0} != 0 ]]; then
   OUT=$out/doc_attention timeout "${DOC_ATTENTION_TIMEOUT:-480}" scripts/bench/doc_attention.sh build \
     >"$out/doc_attention.out" 2>&1
-fi
-# The step's thread cutting packed sequences under cp_ring, with and without the trainer's
-# look-ahead (SHARD_AHEAD=1).
-if [[ ${SHARD_AHEAD:-0} != 0 ]]; then
-  OUT=$out/shard_ahead timeout "${SHARD_AHEAD_TIMEOUT:-300}" scripts/bench/shard_ahead.sh build >"$out/shard_ahead.out" 2>&1
 fi
 # cp_ring's work per rank, zigzag and with packed documents of both length mixes (CP_BALANCE=1).
 if [[ ${CP_BALANCE:-0} != 0 ]]; then
@@ -117,7 +112,6 @@ echo "== quickstart on the GPU: rc $qs_rc, ${qs_s} s, loss $qs_first -> $qs_last
 [[ -f $out/loss_bench.out ]] && { echo "== loss"; cat "$out/loss/loss_bench.md" 2>/dev/null || tail -20 "$out/loss_bench.out"; }
 [[ -f $out/longest_seq.out ]] && { echo "== longest sequence"; cat "$out/longest/longest_seq.md" 2>/dev/null || tail -20 "$out/longest_seq.out"; }
 [[ -f $out/doc_attention.out ]] && { echo "== document-masked attention"; cat "$out/doc_attention/doc_attention.md" 2>/dev/null || tail -20 "$out/doc_attention.out"; }
-[[ -f $out/shard_ahead.out ]] && { echo "== cutting sequences ahead (cp_ring, packed documents)"; tail -8 "$out/shard_ahead.out"; }
 [[ -f $out/cp_balance.out ]] && { echo "== cp_ring work per rank"; cat "$out/cp_balance/cp_balance.md" 2>/dev/null || tail -20 "$out/cp_balance.out"; }
 [[ -f $out/multi_gpu_bench.out ]] && { echo "== several GPUs"; tail -30 "$out/multi_gpu_bench.out"; }
 [[ -f $out/offload/offload_bench.md ]] && { echo "== offload benchmark"; cat "$out/offload/offload_bench.md"; }

@@ -54,9 +54,9 @@ for c in ${STEP_CASES:-}; do
     torch=0
     [[ $first == 1 ]] && torch=${STEP_TORCH:-0}
     first=0
-    LCX_ATTENTION=$choice CASES=$c VARIANTS="offload:loss_chunked+offload" TORCH=$torch STEPS=${STEPS:-2} PROFILE=1 \
-      OUT=$out/step-$choice scripts/bench/full_depth.sh build >"$out/step-$choice.out" 2>&1
-    echo "step $c, LCX_ATTENTION=$choice:" >>"$summary"
+    CASES=$c VARIANTS="offload:loss_chunked+offload:--set,run.attention=$choice" TORCH=$torch STEPS=${STEPS:-2} \
+      PROFILE=1 OUT=$out/step-$choice scripts/bench/full_depth.sh build >"$out/step-$choice.out" 2>&1
+    echo "step $c, run.attention=$choice:" >>"$summary"
     grep -E "^\| [a-z0-9]" "$out/step-$choice.out" | head -3 >>"$summary"
     grep -iE "attention|total" "$out/step-$choice.out" | head -12 >>"$summary"
   done

@@ -9,7 +9,7 @@
 #include <utility>
 #include <vector>
 
-#include "kernels/cuda/attention_cudnn.h"
+#include "kernels/attention/cudnn/attention_cudnn.h"
 #include "lcx/error.h"
 #include "lcx/tensor.h"
 

@@ -32,7 +32,8 @@
 #include "lcx/ops.h"
 #include "lcx/tensor.h"
 #ifdef LCX_HAVE_CUDA
-#include "kernels/cuda/attention_cudnn.h"
+#include "kernels/attention/cudnn/attention_cudnn.h"
+#include "kernels/attention/dispatch.h"
 #endif
 
 namespace lcx {
@@ -92,8 +93,8 @@ class MaskedKernels {
  public:
   explicit MaskedKernels(const std::string& name) {
 #ifdef LCX_HAVE_CUDA
-    before_ = cuda::attention_kernel();
-    if (name == "own") cuda::set_attention_kernel(cuda::AttentionKernel::own);
+    before_ = ops::attention::choice();
+    if (name == "own") ops::attention::set_choice(ops::attention::Choice::own);
     if (name == "padded") cuda::set_cudnn_ragged_documents(false);
 #else
     (void)name;
@@ -101,7 +102,7 @@ class MaskedKernels {
   }
   ~MaskedKernels() {
 #ifdef LCX_HAVE_CUDA
-    cuda::set_attention_kernel(before_);
+    ops::attention::set_choice(before_);
     cuda::set_cudnn_ragged_documents(true);
 #endif
   }
@@ -110,7 +111,7 @@ class MaskedKernels {
 
  private:
 #ifdef LCX_HAVE_CUDA
-  cuda::AttentionKernel before_ = cuda::AttentionKernel::automatic;
+  ops::attention::Choice before_ = ops::attention::Choice::automatic;
 #endif
 };
 

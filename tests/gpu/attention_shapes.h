@@ -56,7 +56,7 @@ inline const DocCase kDocumentShapes[] = {
     {8, 2, 128, true, {0, 5, 200, 203, 333, 400}},    // Qwen3's head_dim, long and short ones
     {2, 2, 64, false, {0, 64, 100}},                  // full attention within each document
     {4, 1, 128, true, {0, 300}},                      // one document: the mask changes nothing
-    // bf16 runs these on cuDNN's padded batches (kernels/cuda/attention_documents.cpp):
+    // bf16 runs these on cuDNN's padded batches (kernels/attention/cudnn/documents.cpp):
     {32, 8, 128, true, {0, 1, 100, 227, 355, 483, 700, 1100}},  // Qwen3-8B's heads; 5 docs of <= 128 rows: 4 + 1
     {8, 2, 128, true, {0, 4500, 4513, 4700}},                   // a long one (padded to 8,192) beside short ones
 };

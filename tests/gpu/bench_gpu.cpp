@@ -18,7 +18,8 @@
 #include "lcx/tensor.h"
 
 #ifdef LCX_HAVE_CUDA
-#include "kernels/cuda/attention_cudnn.h"
+#include "kernels/attention/cudnn/attention_cudnn.h"
+#include "kernels/attention/dispatch.h"
 #endif
 
 namespace {
@@ -103,10 +104,10 @@ void bench_attention_forward(int64_t T, bool causal, int reps, bool backward) {
   p.causal = causal;
   const double flop = 4.0 * T * T * d * Hq / (causal ? 2 : 1);
 #ifdef LCX_HAVE_CUDA
-  for (const auto kind : {lcx::cuda::AttentionKernel::cudnn, lcx::cuda::AttentionKernel::own}) {
-    if (kind == lcx::cuda::AttentionKernel::cudnn && lcx::cuda::cudnn_version().empty()) continue;
-    lcx::cuda::set_attention_kernel(kind);
-    const char* name = kind == lcx::cuda::AttentionKernel::cudnn ? "cudnn" : "own";
+  for (const auto kind : {lcx::ops::attention::Choice::cudnn, lcx::ops::attention::Choice::own}) {
+    if (kind == lcx::ops::attention::Choice::cudnn && lcx::cuda::cudnn_version().empty()) continue;
+    lcx::ops::attention::set_choice(kind);
+    const char* name = kind == lcx::ops::attention::Choice::cudnn ? "cudnn" : "own";
     const std::string shape = lcx::str("T=", T, " Hq=32 Hkv=8 d=128", causal ? " causal" : " full");
     const double f = median_ms([&] { lcx::ops::attention_forward(q, k, v, out, lse, p); }, reps);
     report(lcx::str("attention ", name, " fwd"), shape, f, flop / f / 1e9, "TFLOP/s");
@@ -115,7 +116,7 @@ void bench_attention_forward(int64_t T, bool causal, int reps, bool backward) {
         median_ms([&] { lcx::ops::attention_backward(q, k, v, out, lse, dout, dq, dk, dv, p); }, reps);
     report(lcx::str("attention ", name, " bwd"), shape, b, 2.5 * flop / b / 1e9, "TFLOP/s");
   }
-  lcx::cuda::set_attention_kernel(lcx::cuda::AttentionKernel::automatic);
+  lcx::ops::attention::set_choice(lcx::ops::attention::Choice::automatic);
 #endif
 }
 
@@ -189,11 +190,11 @@ int main(int argc, char** argv) {
 #ifdef LCX_HAVE_CUDA
     // cuDNN's fused kernel (where it loads), then the own tensor-core kernels.
     if (!lcx::cuda::cudnn_version().empty()) {
-      lcx::cuda::set_attention_kernel(lcx::cuda::AttentionKernel::cudnn);
+      lcx::ops::attention::set_choice(lcx::ops::attention::Choice::cudnn);
       std::printf("cuDNN %s\n", lcx::cuda::cudnn_version().c_str());
       for (int64_t T : {4096, 16384, 32768, 65536}) bench_attention("cudnn", T, 32, 8, 128, 5);
     }
-    lcx::cuda::set_attention_kernel(lcx::cuda::AttentionKernel::own);
+    lcx::ops::attention::set_choice(lcx::ops::attention::Choice::own);
 #endif
     bench_attention("own", 4096, 32, 8, 128, 5);
     if (!quick) {

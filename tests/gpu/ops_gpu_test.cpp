@@ -19,7 +19,8 @@
 
 #ifdef LCX_HAVE_CUDA
 #include "kernels/attention_table.h"
-#include "kernels/cuda/attention_cudnn.h"
+#include "kernels/attention/cudnn/attention_cudnn.h"
+#include "kernels/attention/dispatch.h"
 #include "kernels/cuda/cuda_ops.h"
 #include "kernels/cudnn_sizes.h"
 #endif
@@ -89,15 +90,15 @@ void compare_attention(const AttnCase& c, DType t, std::mt19937& rng) {
 #ifdef LCX_HAVE_CUDA
 // Selects the attention kernels for one test and restores the automatic choice after it.
 struct KernelChoice {
-  explicit KernelChoice(cuda::AttentionKernel k) { cuda::set_attention_kernel(k); }
-  ~KernelChoice() { cuda::set_attention_kernel(cuda::AttentionKernel::automatic); }
+  explicit KernelChoice(ops::attention::Choice k) { ops::attention::set_choice(k); }
+  ~KernelChoice() { ops::attention::set_choice(ops::attention::Choice::automatic); }
 };
 #endif
 
 TEST_F(GpuOps, AttentionOwnKernelsAgainstCpu) {
   SCOPED_TRACE(trace());
 #ifdef LCX_HAVE_CUDA
-  KernelChoice own(cuda::AttentionKernel::own);
+  KernelChoice own(ops::attention::Choice::own);
 #endif
   // bf16/fp16 with head_dim 64 or 128 take the tensor-core kernels, everything else the fp32 ones.
   for (const AttnCase& c : test::kAttentionShapes)
@@ -108,12 +109,27 @@ TEST_F(GpuOps, AttentionOwnKernelsAgainstCpu) {
 }
 
 #ifdef LCX_HAVE_CUDA
-// The Hopper forward (TMA + wgmma, attention_fwd_sm90a.cu) against the CPU on shapes that walk its
-// pipeline (kHopperShapes, attention_shapes.h). The kernel must be the one that ran: the test
-// stops where it does not apply (not a compute capability 9.0 GPU).
+// The tensor-core kernels (kernels/attention/mma/) forced: what an A100 or an RTX 4090 runs without
+// cuDNN, which the own kernels' order leaves to the Hopper ones on an H100 (bf16, head_dim 128).
+TEST_F(GpuOps, AttentionMmaKernelsAgainstCpu) {
+  SCOPED_TRACE(trace());
+  KernelChoice mma(ops::attention::Choice::mma);
+  for (const AttnCase& c : test::kAttentionShapes) {
+    if (c.d != 64 && c.d != 128) continue;
+    for (DType t : {DType::bf16, DType::f16}) {
+      SCOPED_TRACE(str(attn_name(c), " ", dtype_name(t)));
+      compare_attention(c, t, rng_);
+    }
+  }
+}
+
+// The Hopper forward (TMA + wgmma, kernels/attention/hopper/forward_sm90a.cu) against the CPU on
+// shapes that walk its pipeline (kHopperShapes, attention_shapes.h). The kernel must be the one that
+// ran ([run] attention = "hopper" makes anything else an error): the test stops where it does not
+// apply (not a compute capability 9.0 GPU).
 TEST_F(GpuOps, AttentionHopperForwardAgainstCpu) {
   SCOPED_TRACE(trace());
-  KernelChoice own(cuda::AttentionKernel::own);
+  KernelChoice hopper(ops::attention::Choice::hopper);
   for (const AttnCase& c : test::kHopperShapes) {
     SCOPED_TRACE(attn_name(c));
     const ops::AttentionParams p = test::attention_params(c);
@@ -131,11 +147,12 @@ TEST_F(GpuOps, AttentionHopperForwardAgainstCpu) {
   }
 }
 
-// The Hopper backward (attention_bwd_sm90a.cu) against the CPU on the same shapes: dq, dk, dv within bf16's bar, from the CPU's forward
-// results (out, lse); and the same bits on a second run (dQ's additions come in key-block order).
+// The Hopper backward (kernels/attention/hopper/backward_sm90a.cu) against the CPU on the same
+// shapes: dq, dk, dv within bf16's bar, from the CPU's forward results (out, lse); and the same bits
+// on a second run (dQ's additions come in key-block order).
 TEST_F(GpuOps, AttentionHopperBackwardAgainstCpu) {
   SCOPED_TRACE(trace());
-  KernelChoice own(cuda::AttentionKernel::own);
+  KernelChoice hopper(ops::attention::Choice::hopper);
   for (const AttnCase& c : test::kHopperShapes) {
     SCOPED_TRACE(attn_name(c));
     const ops::AttentionParams p = test::attention_params(c);
@@ -165,18 +182,18 @@ TEST_F(GpuOps, AttentionHopperBackwardAgainstCpu) {
   }
 }
 
-// The automatic choice at a long causal call (kernels/cuda/cuda_ops.h kOwnForwardMinRows): the Hopper
-// forward runs, bit for bit what LCX_ATTENTION=own writes, within bf16's bar of cuDNN's; a tile
+// The automatic choice at a long causal call (kernels/attention/dispatch.h kOwnForwardMinRows): the
+// Hopper forward runs, bit for bit what [run] attention = "own" writes, within bf16's bar of cuDNN's; a tile
 // short of the threshold, cuDNN's bits.
 TEST_F(GpuOps, AttentionAutomaticForwardTakesTheHopperKernelWhereItIsFaster) {
   SCOPED_TRACE(trace());
-  for (const int64_t T : {ops::cuda::kOwnForwardMinRows, ops::cuda::kOwnForwardMinRows - 128}) {
+  for (const int64_t T : {ops::attention::kOwnForwardMinRows, ops::attention::kOwnForwardMinRows - 128}) {
     SCOPED_TRACE(str("T=", T));
     const Tensor q = on_gpu(host_normal({T, 2, 128}, DType::bf16, rng_)), k = on_gpu(host_normal({T, 1, 128}, DType::bf16, rng_)),
                  v = on_gpu(host_normal({T, 1, 128}, DType::bf16, rng_));
     Tensor outs[3], lses[3];
-    const cuda::AttentionKernel kinds[3] = {cuda::AttentionKernel::automatic, cuda::AttentionKernel::own,
-                                            cuda::AttentionKernel::cudnn};
+    const ops::attention::Choice kinds[3] = {ops::attention::Choice::automatic, ops::attention::Choice::own,
+                                            ops::attention::Choice::cudnn};
     for (int i = 0; i < 3; ++i) {
       if (cuda::cudnn_version().empty() && i == 2) GTEST_SKIP() << "no cuDNN to compare with";
       KernelChoice choice(kinds[i]);
@@ -186,7 +203,7 @@ TEST_F(GpuOps, AttentionAutomaticForwardTakesTheHopperKernelWhereItIsFaster) {
       ops::attention_forward(q, k, v, outs[i], lses[i], p);
     }
     if (!ops::cuda::attention_forward_hopper_applies(q, k, v, outs[0])) GTEST_SKIP() << "not a compute capability 9.0 GPU";
-    const int same_as = T >= ops::cuda::kOwnForwardMinRows ? 1 : 2;
+    const int same_as = T >= ops::attention::kOwnForwardMinRows ? 1 : 2;
     EXPECT_EQ(outs[0].to_floats(), outs[same_as].to_floats());
     EXPECT_EQ(lses[0].to_floats(), lses[same_as].to_floats());
     EXPECT_CLOSE(outs[1], outs[2], DType::bf16);
@@ -196,11 +213,11 @@ TEST_F(GpuOps, AttentionAutomaticForwardTakesTheHopperKernelWhereItIsFaster) {
 
 // Forward and backward of one call on cuDNN, then on the own kernels, into poisoned outputs, each
 // result within bf16 tolerance of the other (the LSE's -inf rows, queries with no key, equal).
-// LCX_ATTENTION=cudnn makes a call cuDNN refuses an error, so passing means cuDNN ran it.
+// [run] attention = "cudnn" makes a call cuDNN refuses an error, so passing means cuDNN ran it.
 void expect_cudnn_equals_own(const Tensor& q, const Tensor& k, const Tensor& v, const Tensor& dout,
                              const ops::AttentionParams& p) {
   Tensor out[2], lse[2], dq[2], dk[2], dv[2];
-  const cuda::AttentionKernel kinds[2] = {cuda::AttentionKernel::cudnn, cuda::AttentionKernel::own};
+  const ops::attention::Choice kinds[2] = {ops::attention::Choice::cudnn, ops::attention::Choice::own};
   for (int i = 0; i < 2; ++i) {
     KernelChoice choice(kinds[i]);
     out[i] = poisoned_gpu(q.shape(), q.dtype());
@@ -222,7 +239,7 @@ TEST_F(GpuOps, AttentionCudnnAgainstCpu) {
   SCOPED_TRACE(trace());
   if (cuda::cudnn_version().empty()) GTEST_SKIP() << "libcudnn.so.9 is not loadable here";
   RecordProperty("cudnn", cuda::cudnn_version());
-  KernelChoice cudnn(cuda::AttentionKernel::cudnn);
+  KernelChoice cudnn(ops::attention::Choice::cudnn);
   const AttnCase cases[] = {
       {130, 130, 4, 2, 64, true, 0, 0},
       {96, 96, 8, 2, 128, true, 0, 0},
@@ -251,11 +268,11 @@ TEST_F(GpuOps, AttentionCudnnAgreesWithOwnKernels) {
   expect_cudnn_equals_own(q, k, v, dout, p);
 }
 
-// Document-masked attention on cuDNN's batches (kernels/cuda/attention_documents.cpp: ragged, in
+// Document-masked attention on cuDNN's batches (kernels/attention/cudnn/documents.cpp: ragged, in
 // place, where the loaded cuDNN builds those plans) against the own kernels run once per document,
 // on a Qwen3-8B-shaped mix too large for the CPU: a document of 5,000 rows (padded to 5,120), one
 // of a single row, several per padded size (the batches of 2 and 4), lengths that are no multiple
-// of 8. LCX_ATTENTION=cudnn makes a refused
+// of 8. [run] attention = "cudnn" makes a refused
 // batch an error, so passing means cuDNN ran every document.
 TEST_F(GpuOps, AttentionDocumentsOnCudnnAgreeWithOwnKernels) {
   SCOPED_TRACE(trace());
@@ -280,7 +297,7 @@ TEST_F(GpuOps, AttentionDocumentsOnCudnnAgreeWithOwnKernels) {
 // chunks overlapping: several documents per padded pair (batches of 2 and 1), query and key lengths
 // differing. A causal piece with the chunks overlapping: a document whose
 // keys reach its queries' positions is causal within, which the own kernels keep; cuDNN's full
-// attention there would differ. LCX_ATTENTION=cudnn makes a refused batch an error.
+// attention there would differ. [run] attention = "cudnn" makes a refused batch an error.
 TEST_F(GpuOps, AttentionDocumentPiecesApartOnCudnnAgreeWithOwnKernels) {
   SCOPED_TRACE(trace());
   if (cuda::cudnn_version().empty()) GTEST_SKIP() << "libcudnn.so.9 is not loadable here";
@@ -363,7 +380,7 @@ TEST_F(GpuOps, AttentionDocumentBatchesOnCudnnTouchOnlyTheirRows) {
   Tensor out = poisoned_gpu({T, Hq, d}, t), lse = poisoned_gpu({Hq, T}, DType::f32);
   Tensor dq = poisoned_gpu({T, Hq, d}, t), dk = poisoned_gpu({T, Hkv, d}, t), dv = poisoned_gpu({T, Hkv, d}, t);
   {
-    KernelChoice own(cuda::AttentionKernel::own);
+    KernelChoice own(ops::attention::Choice::own);
     ops::attention_forward(q, k, v, out, lse, p);
     ops::attention_backward(q, k, v, out, lse, dout, dq, dk, dv, p);
   }
@@ -371,7 +388,7 @@ TEST_F(GpuOps, AttentionDocumentBatchesOnCudnnTouchOnlyTheirRows) {
     SCOPED_TRACE(name);
     expect_rows_written(got, want, in_span, columns, columns ? 1e-4 : tolerance(t));
   };
-  KernelChoice cudnn(cuda::AttentionKernel::cudnn);
+  KernelChoice cudnn(ops::attention::Choice::cudnn);
   ops::AttentionParams r;
   r.causal = true;
   r.scale = 1.f / std::sqrt(static_cast<float>(d));
@@ -439,7 +456,7 @@ TEST_F(GpuOps, AttentionBlocksMatchTheCpu) {
       SCOPED_TRACE(str(is_causal ? "causal" : "full", way == 0 ? ", ragged" : way == 1 ? ", padded copies" : ", own"));
       if (way < 2 && cuda::cudnn_version().empty()) continue;
       cuda::set_cudnn_ragged_documents(way == 0);
-      KernelChoice choice(way == 2 ? cuda::AttentionKernel::own : cuda::AttentionKernel::cudnn);
+      KernelChoice choice(way == 2 ? ops::attention::Choice::own : ops::attention::Choice::cudnn);
       Tensor o = poisoned_gpu({T, Hq, d}, t), l = poisoned_gpu({Hq, T}, DType::f32);
       Tensor gq = poisoned_gpu({T, Hq, d}, t), gk = poisoned_gpu({S, Hkv, d}, t), gv = poisoned_gpu({S, Hkv, d}, t);
       ops::attention_forward_blocks(q, k, v, o, l, 0.f, is_causal, blocks);
@@ -485,9 +502,9 @@ TEST_F(GpuOps, AttentionCutAllocatesWhatTheRealCallDoes) {
   const char* variants[] = {"cudnn", "own kernels", "per document", "ragged batches of documents (cuDNN)",
                             "queries after keys, ragged batches (cuDNN)", "padded copies of documents (cuDNN)"};
   for (int variant = 0; variant < 6; ++variant) {
-    const cuda::AttentionKernel kernel =
-        variant == 0 || variant >= 3 ? cuda::AttentionKernel::cudnn : cuda::AttentionKernel::own;
-    if (kernel == cuda::AttentionKernel::cudnn && cuda::cudnn_version().empty()) continue;
+    const ops::attention::Choice kernel =
+        variant == 0 || variant >= 3 ? ops::attention::Choice::cudnn : ops::attention::Choice::own;
+    if (kernel == ops::attention::Choice::cudnn && cuda::cudnn_version().empty()) continue;
     SCOPED_TRACE(variants[variant]);
     KernelChoice choice(kernel);
     p.documents = variant == 4   ? std::span<const int64_t>(apart)
@@ -515,7 +532,7 @@ TEST_F(GpuOps, AttentionCutAllocatesWhatTheRealCallDoes) {
 TEST_F(GpuOps, PlanCudnnWorkspacesAreWhatCudnnAsks) {
   if (cuda::cudnn_version().empty()) GTEST_SKIP() << "libcudnn.so.9 is not loadable here";
   RecordProperty("cudnn", cuda::cudnn_version());
-  KernelChoice cudnn(cuda::AttentionKernel::cudnn);
+  KernelChoice cudnn(ops::attention::Choice::cudnn);
   const int64_t heads[][2] = {{2, 1}, {4, 1}, {32, 8}};
   for (const auto& h : heads)
     for (int64_t T : {32768, 131072, 1048576}) {

@@ -84,6 +84,47 @@ TEST(Rates, ShippedTableHoldsTheH200Row) {
   EXPECT_NEAR(predicted_step_seconds(experts, *h200), 1.0, 1e-12);
 }
 
+// Every GPU lcx ships a row for is found by the name its device properties give, each row saying
+// what it rests on: the H200's measured, the others from datasheets (H100 PCIe and SXM apart).
+TEST(Rates, ShippedTableHasARowPerGpuByItsDeviceName) {
+  const RatesTable t = RatesTable::load(shipped_rates_path());
+  const struct {
+    const char* device;
+    double peak_tflops;
+    double compute_capability;
+  } gpus[] = {{"NVIDIA A100-SXM4-40GB", 312, 8.0},        {"NVIDIA A100-SXM4-80GB", 312, 8.0},
+              {"NVIDIA H100 PCIe", 756, 9.0},             {"NVIDIA H100 80GB HBM3", 989.4, 9.0},
+              {"NVIDIA H200", 989.4, 9.0},                {"NVIDIA L40S", 362.05, 8.9},
+              {"NVIDIA GeForce RTX 4090", 165.2, 8.9},    {"NVIDIA RTX 6000 Ada Generation", 364.2, 8.9},
+              {"NVIDIA B200", 2250, 10.0}};
+  for (const auto& g : gpus) {
+    SCOPED_TRACE(g.device);
+    const RatesTable::Choice c = t.choose(g.device, 0);
+    EXPECT_TRUE(c.exact) << c.note;
+    EXPECT_EQ(c.row.device, g.device);
+    EXPECT_DOUBLE_EQ(c.row.get(rate_name::peak), g.peak_tflops * 1e12);
+    EXPECT_DOUBLE_EQ(c.row.get(rate_name::compute_capability), g.compute_capability);
+    EXPECT_TRUE(c.row.basis == kBasisCalibrate || c.row.basis == kBasisDatasheet) << c.row.basis;
+    // Datasheet rows reach their peak as the measured rows do: GEMMs below it, attention below GEMMs.
+    EXPECT_LT(c.row.get(rate_name::gemm), c.row.get(rate_name::peak));
+    EXPECT_LT(c.row.get(rate_name::attention_backward), c.row.get(rate_name::gemm));
+  }
+  EXPECT_EQ(t.find("NVIDIA H200")->basis, kBasisCalibrate);
+  EXPECT_EQ(t.find("NVIDIA A100-SXM4-80GB")->basis, kBasisDatasheet);
+  EXPECT_GT(t.find("NVIDIA A100-SXM4-80GB")->get(rate_name::memory), t.find("NVIDIA A100-SXM4-40GB")->get(rate_name::memory));
+  EXPECT_GT(t.find("NVIDIA H100 PCIe")->get(rate_name::host_copy), t.find("NVIDIA L40S")->get(rate_name::host_copy));
+}
+
+TEST(Rates, RowSourceIsCalibrateOrDatasheet) {
+  const RatesTable t = RatesTable::parse("[\"NVIDIA L4\"]\nsource = \"datasheet\"\nmemory_gib = 22\n", "l4.toml", false);
+  EXPECT_EQ(t.rows.at(0).basis, kBasisDatasheet);
+  EXPECT_FALSE(t.rows.at(0).find("source"));
+  const test::Thrown e =
+      test::thrown_by([] { RatesTable::parse("[\"NVIDIA L4\"]\nsource = \"guess\"\n", "l4.toml", false); });
+  EXPECT_EQ(e.key, "NVIDIA L4.source");
+  EXPECT_NE(e.message.find("must be \"calibrate\" or \"datasheet\""), std::string::npos) << e.message;
+}
+
 // A row without the experts' rate (a user's calibrated row of another GPU) charges their FLOPs at
 // kExpertGemmShare of its dense GEMM rate, not at the dense rate itself.
 TEST(Rates, ExpertGemmsWithoutTheirRateTakeAShareOfTheDenseRate) {
@@ -205,6 +246,7 @@ TEST(Rates, CalibrateWriterRoundTripsARow) {
                {rate_name::host_copy, 54.87e9},
                {rate_name::half_rate_groups, 8.25},
                {rate_name::memory_gib, 140}};
+  row.basis = kBasisCalibrate;
   RatesRow other = row;
   other.device = "NVIDIA \"Quoted\" GPU";
   write_rates_row(out.string(), other);
@@ -216,6 +258,7 @@ TEST(Rates, CalibrateWriterRoundTripsARow) {
   const RatesRow* got = back.find("NVIDIA H200");
   ASSERT_NE(got, nullptr);
   EXPECT_EQ(got->rates, row.rates);
+  EXPECT_EQ(got->basis, kBasisCalibrate);
   ASSERT_NE(back.find(other.device), nullptr);
   EXPECT_EQ(back.find(other.device)->rates, other.rates);
   fs::remove_all(out.parent_path());
@@ -246,14 +289,24 @@ TEST(Rates, PlanNamesTheRowItTimesWith) {
   if (local_gpu_name()) GTEST_SKIP() << "this machine has a GPU, whose row --plan takes";
   auto r = test::run_command(plan);
   ASSERT_EQ(r.exit_code, 0) << r.output;
-  EXPECT_NE(r.output.find("# rates: the 'NVIDIA H200' row (" + shipped_rates_path()), std::string::npos) << r.output;
+  EXPECT_NE(r.output.find("# rates: the 'NVIDIA H200' row (calibrate, " + shipped_rates_path()), std::string::npos)
+      << r.output;
   EXPECT_NE(r.output.find("no GPU here and none named"), std::string::npos) << r.output;
+  // Which attention kernels its calls take there: cuDNN, and the Hopper forward for 1M causal rows.
+  EXPECT_NE(r.output.find("# attention ([run] attention = auto, on sm_90 with cuDNN):"), std::string::npos) << r.output;
+  EXPECT_NE(r.output.find("causal forward below 131072 rows: cudnn"), std::string::npos) << r.output;
   r = test::run_command(plan + " --gpu-name 'NVIDIA A100-SXM4-80GB'");
   ASSERT_EQ(r.exit_code, 0) << r.output;
-  EXPECT_NE(r.output.find("no rates row for 'NVIDIA A100-SXM4-80GB': its times are estimates from the nearest row, "
-                          "'NVIDIA H200' (by memory size"),
+  EXPECT_NE(r.output.find("# rates: the 'NVIDIA A100-SXM4-80GB' row (datasheet, "), std::string::npos) << r.output;
+  EXPECT_EQ(r.output.find("no rates row"), std::string::npos) << r.output;
+  EXPECT_NE(r.output.find("on sm_80 with cuDNN"), std::string::npos) << r.output;
+  EXPECT_EQ(r.output.find(": hopper"), std::string::npos) << r.output;
+  r = test::run_command(plan + " --gpu-name 'NVIDIA L4'");
+  ASSERT_EQ(r.exit_code, 0) << r.output;
+  EXPECT_NE(r.output.find("no rates row for 'NVIDIA L4': its times are estimates from the nearest row, '"),
             std::string::npos)
       << r.output;
+  EXPECT_NE(r.output.find("(by memory size"), std::string::npos) << r.output;
   // Named in the manifest: the same.
   r = test::run_command(plan + " --set \"run.gpu_name='NVIDIA H200'\"");
   ASSERT_EQ(r.exit_code, 0) << r.output;

@@ -436,6 +436,7 @@ int calibrate_main(int argc, char** argv) {
   const auto start = std::chrono::steady_clock::now();
   RatesRow row = measure(quick, known);
   row.source = out;
+  row.basis = kBasisCalibrate;
   write_rates_row(out, row);
   std::printf("wrote the '%s' row into %s (%.0f s)\n%s", row.device.c_str(), out.c_str(),
               std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count(),

@@ -146,6 +146,7 @@ int eval_main(int argc, char** argv) {
   PluginLoader loader(PluginLoader::default_search_dirs(manifest.section("plugins").get_string("dir", "")));
   const CoreConfig core = read_core_config(manifest, requested_plugins(manifest, {}));
   const Device device = pick_device(core.run.device);
+  choose_attention(core.run);
   Run run(core, resolve_slots(manifest, loader, disabled, device, configured_mesh(core.distributed)), device);
   if (run.slots().parallel->size() != 1)
     throw Error("eval runs on one rank", "distributed", "evaluate with --disable of the parallelism plugin");

@@ -5,11 +5,14 @@
 #include "app/plan_cmd.h"
 
 #include <algorithm>
+#include <cmath>
 #include <cstdio>
 #include <optional>
 
+#include "kernels/attention/dispatch.h"
 #include "lcx/error.h"
 #include "plan/plan.h"
+#include "plan/rates.h"
 #include "train/run.h"
 #include "util/text.h"
 
@@ -103,8 +106,21 @@ int run_plan_command(const Manifest& m, const CoreConfig& cfg, const PluginLoade
               static_cast<long long>(unit));
 
   // The rates that time the recipes below.
-  std::printf("# rates: the '%s' row (%s)%s%s\n", rates.row.device.c_str(), rates.row.source.c_str(),
+  std::printf("# rates: the '%s' row (%s%s)%s%s\n", rates.row.device.c_str(),
+              rates.row.basis.empty() ? "" : (rates.row.basis + ", ").c_str(), rates.row.source.c_str(),
               rates.note.empty() ? "" : "; ", rates.note.c_str());
+  // Which attention kernels the run's calls take on that GPU (its compute capability from the row;
+  // sm_90 where the row does not give one), with cuDNN loaded.
+  {
+    const std::optional<ops::attention::Choice> choice = ops::attention::parse_choice(cfg.run.attention);
+    const double cc = rates.row.get(rate_name::compute_capability, 9.0);
+    const int major = static_cast<int>(cc), minor = static_cast<int>(std::lround((cc - major) * 10));
+    std::printf("# attention ([run] attention = %s, on sm_%d%d with cuDNN):\n", cfg.run.attention.c_str(), major, minor);
+    for (const std::string& line : ops::attention::plan_lines(choice.value_or(ops::attention::Choice::automatic),
+                                                              in.weight_dtype, in.model.head_dim, in.tokens_per_rank,
+                                                              ops::attention::caps_of(major, minor)))
+      std::printf("  %s\n", line.c_str());
+  }
   std::printf("\nrecipe: %s, predicted step %.1f s (keys set in the manifest win)\n",
               gpu_fits && host_fits ? "the fastest that fits" : "the leanest (nothing fits)",
               predicted_step_seconds(plan.work));

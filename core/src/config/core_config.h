@@ -33,6 +33,9 @@ struct RunConfig {
   // One step's allocations at full length and depth with the attention math cut, the measured
   // peaks compared with the plan's (train/trainer.cpp); nothing saved, its loss meaningless.
   bool rehearse = false;
+  // Which kernels run the GPU's attention (kernels/attention/dispatch.h): auto | cudnn | own |
+  // hopper | mma | reference.
+  std::string attention = "auto";
 };
 
 struct ModelSection {

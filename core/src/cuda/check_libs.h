@@ -9,7 +9,7 @@
 #include "cuda/check.h"
 
 namespace lcx::cuda {
-// cuDNN is loaded at run time (kernels/cuda/attention_cudnn.cpp), so its messages come through
+// cuDNN is loaded at run time (kernels/attention/cudnn/attention_cudnn.cpp), so its messages come through
 // the loaded library: the status name plus cuDNN's last error message.
 std::string cudnn_error_string(cudnnStatus_t status);
 }  // namespace lcx::cuda

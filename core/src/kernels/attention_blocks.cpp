@@ -19,11 +19,12 @@ namespace {
 #ifdef LCX_HAVE_CUDA
 // Document-masked attention on the GPU: the work is the sum of the documents' squared lengths.
 // Where the queries and keys are the same rows (one GPU, whole sequences after an all-to-all), the
-// documents run on cuDNN as padded batches of few shapes (kernels/document_batches.h, kernels/cuda/
-// attention_documents.cpp), whose plans a new mix of lengths reuses; in a ring's piece with queries
-// and keys apart, so do the documents whose keys all precede their queries (full attention). What
-// cuDNN does not take (a document's keys and queries interleaved, LCX_ATTENTION=own, no cuDNN, a
-// refused shape) runs on lcx's own kernels once per document, on row slices. Each document's query
+// documents run on cuDNN as padded batches of few shapes (kernels/document_batches.h,
+// kernels/attention/cudnn/documents.cpp), whose plans a new mix of lengths reuses; in a ring's piece
+// with queries and keys apart, so do the documents whose keys all precede their queries (full
+// attention). What cuDNN does not take (a document's keys and queries interleaved, [run] attention
+// naming one of lcx's own backends, no cuDNN, a refused shape) runs on lcx's own kernels once per
+// document, on row slices, the dispatch (kernels/attention/dispatch.h) choosing which. Each document's query
 // rows meet its key rows at their own positions; queries of a document with no key here see nothing
 // (out 0, lse -inf), keys of one with no query get no gradient. The LSE [Hq,T] is strided per
 // document: a contiguous copy serves. Each document allocates what its kernels allocate; its work,

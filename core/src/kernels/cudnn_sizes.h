@@ -14,12 +14,12 @@ namespace lcx {
 // heads, one piece's query rows.
 inline constexpr int64_t kCudnnForwardWorkspace = 256;
 // The memory plan counts it for every forward, also where the automatic choice runs the own
-// Hopper kernel instead (kernels/cuda/cuda_ops.h kOwnForwardMinRows), which allocates nothing: a
+// Hopper kernel instead (kernels/attention/dispatch.h kOwnForwardMinRows), which allocates nothing: a
 // transient at most 256 bytes above what such a forward allocates.
 inline int64_t cudnn_dq_accumulator_bytes(int64_t hq, int64_t T, int64_t d) { return hq * T * d * 4; }
 inline int64_t cudnn_backward_workspace_bytes(int64_t hq, int64_t T, int64_t d) { return hq * T * d * 4 + 256; }
 
-// Document-masked attention on the GPU (kernels/cuda/attention_documents.cpp) runs cuDNN on
+// Document-masked attention on the GPU (kernels/attention/cudnn/documents.cpp) runs cuDNN on
 // batches of documents padded to a few sizes, read and written in place in the call's tensors
 // through cuDNN's ragged offsets; the padded rows of one batch are at most the call's T rows
 // rounded up to a power of two (or one least padded document, 128 rows). Per padded row a forward

@@ -1,5 +1,5 @@
-// How document-masked attention on cuDNN groups a call's documents (kernels/cuda/
-// attention_documents.cpp). Kept apart from the CUDA code so that CI checks it on the CPU, and so
+// How document-masked attention on cuDNN groups a call's documents
+// (kernels/attention/cudnn/documents.cpp). Kept apart from the CUDA code so that CI checks it on the CPU, and so
 // that lcx/attention_cost.h attention_work reports the work the kernels do (padded_work below).
 // cuDNN builds and caches one execution plan per shape, and a packed sequence's document lengths
 // change every step, so the documents run as batches whose shapes come from a small set: each

@@ -107,6 +107,16 @@ RatesTable RatesTable::parse(const std::string& text, const std::string& source,
     r.device = std::string(device.str());
     r.source = source;
     for (const auto& [key, value] : *row) {
+      if (key.str() == kRowBasisKey) {
+        const std::optional<std::string> b = value.value<std::string>();
+        if (!b || (*b != kBasisCalibrate && *b != kBasisDatasheet))
+          throw Error(str("rates table ", source, ":", value.source().begin.line, ": ", r.device, ".", key.str(),
+                          " must be \"", kBasisCalibrate, "\" or \"", kBasisDatasheet, "\""),
+                      str(r.device, ".", key.str()),
+                      "calibrate: measured by lcx-train calibrate; datasheet: from the vendor's published rates");
+        r.basis = *b;
+        continue;
+      }
       const std::optional<double> v = value.value<double>();
       if (!v || !(*v > 0) || !std::isfinite(*v))
         throw Error(str("rates table ", source, ":", value.source().begin.line, ": ", r.device, ".", key.str(),
@@ -141,6 +151,7 @@ void RatesTable::merge(const RatesTable& over) {
     }
     for (const auto& [k, v] : o.rates) it->rates[k] = v;
     it->source = str(it->source, " + ", o.source);
+    if (!o.basis.empty()) it->basis = o.basis;
   }
 }
 
@@ -208,6 +219,7 @@ RatesTable load_rates() {
 
 std::string format_rates_row(const RatesRow& row) {
   std::string out = "[" + toml_string(row.device) + "]\n";
+  if (!row.basis.empty()) out += str(kRowBasisKey, " = ", toml_string(row.basis), "\n");
   for (const auto& [k, v] : row.rates) out += str(k, " = ", number(v), "\n");
   return out;
 }

@@ -37,6 +37,9 @@ inline constexpr const char* expert_gemm = "expert_gemm_flops";
 // device's memory in GiB, for choosing the nearest row of a GPU without its own.
 inline constexpr const char* peak = "peak_flops";
 inline constexpr const char* memory_gib = "memory_gib";
+// Optional: the GPU's compute capability (9.0 for an H100), for planning which attention kernels
+// its calls take where that GPU is not here (--plan).
+inline constexpr const char* compute_capability = "compute_capability";
 }  // namespace rate_name
 
 // The experts' grouped GEMM rate as a share of the dense one where a row does not give it: measured
@@ -47,10 +50,18 @@ inline constexpr double kExpertGemmShare = 0.43;
 // The device planned for where no GPU is at hand and none is named (--gpu-name, [run] gpu_name).
 inline constexpr const char* kDefaultRatesDevice = "NVIDIA H200";
 
+// What a row's figures rest on, its TOML key `source`: "calibrate" (measured by `lcx-train
+// calibrate` on that GPU) or "datasheet" (the vendor's published peaks, scaled as the measured rows
+// reach theirs: share/lcx/rates.toml says how).
+inline constexpr const char* kRowBasisKey = "source";
+inline constexpr const char* kBasisCalibrate = "calibrate";
+inline constexpr const char* kBasisDatasheet = "datasheet";
+
 struct RatesRow {
   std::string device;
   std::map<std::string, double, std::less<>> rates;
   std::string source;  // the file(s) the row came from
+  std::string basis;   // kRowBasisKey's value: calibrate or datasheet; "" where the row does not say
 
   std::optional<double> find(std::string_view name) const;
   double get(std::string_view name, double fallback) const;

@@ -14,6 +14,8 @@
 #include "train/trainer_loop.h"
 #ifdef LCX_HAVE_CUDA
 #include "distributed/nccl_comm.h"
+#include "kernels/attention/dispatch.h"
+#include "kernels/cuda/cuda_ops.h"
 #endif
 
 namespace lcx {
@@ -26,6 +28,19 @@ void log_device(const Run& run) {
                 run.mesh() ? str(" (dp ", shape.dp, " x cp ", shape.cp, " x sp ", shape.sp,
                                  shape.cp > 1 && shape.sp > 1 ? str(", ", mesh_order_name(shape.order)) : "", ")")
                            : ""));
+}
+
+// Which attention backend each kind of the run's calls takes on this GPU.
+void log_attention(const Run& run) {
+#ifdef LCX_HAVE_CUDA
+  const PlanInputs& in = run.planned();
+  const ops::attention::Choice choice = ops::attention::choice();
+  for (const std::string& line : ops::attention::plan_lines(choice, in.weight_dtype, in.model.head_dim,
+                                                            in.tokens_per_rank, ops::cuda::attention_device_caps()))
+    log::info(str("attention ([run] attention = ", ops::attention::name(choice), "): ", line));
+#else
+  (void)run;
+#endif
 }
 
 // The recipe the plan chose, and a warning for sequences longer than the positions placed correctly.
@@ -64,14 +79,15 @@ int train_rank(const CoreConfig& cfg, const Manifest& manifest, const SlotFactor
   run.choose_grad_dtype();
   const RatesTable::Choice rates = use_rates_for(cfg.run.gpu_name, local_gpu_memory().value_or(0));
   if (run.lead()) {
-    log::info(str("rates: the '", rates.row.device, "' row (", rates.row.source, ")", rates.note.empty() ? "" : "; ",
-                  rates.note));
+    log::info(str("rates: the '", rates.row.device, "' row (", rates.row.basis.empty() ? "" : rates.row.basis + ", ",
+                  rates.row.source, ")", rates.note.empty() ? "" : "; ", rates.note));
     if (device.is_cuda() && mfu_peak_flops(cfg.run.peak_tflops) <= 0)
       log::warn(str("no MFU: the rates row '", rates.row.device,
                     "' has no peak_flops; set [run] peak_tflops to the GPU's dense bf16 peak"));
   }
   run.plan_local_step(opts.force);
   if (run.lead()) log_recipe(run);
+  if (run.lead() && device.is_cuda()) log_attention(run);
   const RunLength length = run_length(run);
   if (run.lead())
     for (const std::string& line : run_summary(run, length.total_steps, length.per_step, length.steps_per_epoch))
@@ -94,6 +110,7 @@ MeshShape mesh_shape(const DistributedConfig& d, int world) {
 int run_training(const CoreConfig& cfg, const Manifest& manifest, const SlotFactory& make_slots,
                  const TrainOptions& opts) {
   const Device device = pick_device(cfg.run.device);
+  choose_attention(cfg.run);
   StopSignals signals;
   const int nproc = static_cast<int>(cfg.distributed.nproc_per_node);
   const EnvMap env = process_env();

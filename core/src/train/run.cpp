@@ -8,23 +8,34 @@
 #include "data/tokenizer.h"
 #include "distributed/sharded_params.h"
 #include "kernels/adamw_kernel.h"
+#include "kernels/attention/dispatch.h"
 #include "lcx/pinned.h"
 #include "lcx/error.h"
 #include "lcx/log.h"
 #include "loader/plugin_loader.h"
 #include "util/text.h"
+#ifdef LCX_HAVE_CUDA
+#include "cuda/gpu_check.h"
+#endif
 
 namespace lcx {
 
 Device pick_device(const std::string& want) {
   if (want == "cpu") return Device::cpu();
-  if (want == "cuda") {
-    if (!cuda_available())
-      throw Error("run.device = \"cuda\" but no GPU is visible to this build", "run.device",
-                  "use device = \"auto\" or \"cpu\"");
-    return Device::cuda(0);
-  }
-  return cuda_available() ? Device::cuda(0) : Device::cpu();
+  if (want == "cuda" && !cuda_available())
+    throw Error("run.device = \"cuda\" but no GPU is visible to this build", "run.device",
+                "use device = \"auto\" or \"cpu\"");
+  if (!cuda_available()) return Device::cpu();
+#ifdef LCX_HAVE_CUDA
+  cuda::check_gpu_supported(0);
+#endif
+  return Device::cuda(0);
+}
+
+void choose_attention(const RunConfig& run) {
+  const std::optional<ops::attention::Choice> c = ops::attention::parse_choice(run.attention);
+  LCX_CHECK(c, "run.attention was checked when the manifest was read");
+  ops::attention::set_choice(*c);
 }
 
 void check_run_inputs(const CoreConfig& cfg, const SlotSet& slots) {

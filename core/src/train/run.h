@@ -23,6 +23,8 @@ class ShardingHooks;
 
 // [run] device: "cpu", "cuda" (refused without a GPU) or "auto" (the first GPU when there is one).
 Device pick_device(const std::string& want);
+// The GPU attention's backends for this process ([run] attention, kernels/attention/dispatch.h).
+void choose_attention(const RunConfig& run);
 
 // What a run reads, looked at before any of it is read at length (the corpus tokenized, the
 // weights loaded): [model] path and its config.json, described by the model module (which refuses

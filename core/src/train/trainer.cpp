@@ -10,7 +10,6 @@
 #include <chrono>
 #include <cmath>
 #include <cstdio>
-#include <cstdlib>
 #include <filesystem>
 #include <fstream>
 #include <future>
@@ -209,15 +208,10 @@ std::pair<size_t, size_t> Trainer::my_sequences(const Batch& batch) const {
 // run on another thread, so a worker cuts this rank's later sequences of this step and its
 // sequences of the next step while the GPU runs this one; shard() then finds their layouts ready.
 // The worker's shards are dropped, and so are its errors: the step's own shard() of the same
-// sequence raises them where they belong. One rank alone cuts nothing worth it. LCX_CUT_AHEAD=0
-// switches the worker off, for measuring what it saves (scripts/bench/shard_ahead.sh).
+// sequence raises them where they belong. One rank alone cuts nothing worth it.
 void Trainer::cut_ahead(const Batch& batch) {
   if (ahead_.valid()) ahead_.wait();  // it was cutting this step's sequences: done before they are needed
-  static const bool off = [] {
-    const char* v = std::getenv("LCX_CUT_AHEAD");
-    return v && std::string(v) == "0";
-  }();
-  if (off || run_.slots().parallel->size() <= 1 || batch.valid_labels <= 0 || cfg_.run.rehearse) return;
+  if (run_.slots().parallel->size() <= 1 || batch.valid_labels <= 0 || cfg_.run.rehearse) return;
   const auto [first, last] = my_sequences(batch);
   std::vector<Sequence> later(batch.sequences.begin() + static_cast<std::ptrdiff_t>(std::min(first + 1, last)),
                               batch.sequences.begin() + static_cast<std::ptrdiff_t>(last));

@@ -6,6 +6,7 @@
 #pragma once
 #include <vector>
 
+#include "kernels/attention/dispatch.h"
 #include "kernels/launch.h"
 #include "lcx/ops.h"
 
@@ -43,8 +44,9 @@ void grouped_matmul_wgrad(const Tensor& dy, const Tensor& x, std::span<const int
 // whose synchronous copy waits for the whole device, the host goes on queueing work; `host` may
 // be freed on return (pageable memory is staged before the call returns).
 void upload(const void* host, Tensor& dst);
-// The attention calls allocate their scratch, then hand their kernels, copies and fills to
-// `launch` (kernels/launch.h).
+// The attention calls (kernels/attention/launch_cuda.cpp) allocate their scratch, then hand their
+// kernels, copies and fills to `launch` (kernels/launch.h). The backend is the dispatch's
+// (kernels/attention/dispatch.h) under the run's [run] attention.
 void attention_forward(const Tensor& q, const Tensor& k, const Tensor& v, Tensor& out, Tensor& lse,
                        const AttentionParams& p, Launch launch);
 void attention_backward(const Tensor& q, const Tensor& k, const Tensor& v, const Tensor& out, const Tensor& lse,
@@ -57,15 +59,12 @@ void attention_forward_own(const Tensor& q, const Tensor& k, const Tensor& v, Te
 void attention_backward_own(const Tensor& q, const Tensor& k, const Tensor& v, const Tensor& out, const Tensor& lse,
                             const Tensor& dout, Tensor& dq, Tensor& dk, Tensor& dv, const AttentionParams& p,
                             Launch launch);
-// Whether the own forward takes the Hopper kernel (attention_fwd_sm90a.cu) for these tensors on
-// the current device: bf16, head_dim 128, a compute capability 9.0 GPU.
+// The current GPU as the attention backends judge it (capability, shared memory, cuDNN loaded).
+attention::DeviceCaps attention_device_caps();
+// Whether the Hopper backend (kernels/attention/hopper/) serves a forward of these tensors on the
+// current device: bf16, head_dim 128, a compute capability 9.0 GPU.
 bool attention_forward_hopper_applies(const Tensor& q, const Tensor& k, const Tensor& v, const Tensor& out);
-// The automatic choice runs a causal forward of at least this many query rows on the Hopper kernel
-// where it applies, ahead of cuDNN: there it measured 1.07-1.09x cuDNN's rate on three H100s,
-// where at 16k-64k tokens it ranged from 0.93x to 1.02x from one card to the next (docs/PERF.md,
-// the kernel table). The backward stays cuDNN's wherever cuDNN loads.
-inline constexpr int64_t kOwnForwardMinRows = 131072;
-// Document-masked attention on cuDNN (attention_documents.cpp): document i's query rows
+// Document-masked attention on cuDNN (kernels/attention/cudnn/documents.cpp): document i's query rows
 // q_spans[i] of q meet its key rows k_spans[i] of k. Either each document's query and key spans
 // are of one length at equal positions (causal as p says; the same rows of one tensor, or blocks of
 // ops::attention_forward_blocks), or p is not causal and each document's attention is full (a

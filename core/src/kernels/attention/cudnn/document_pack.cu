@@ -1,7 +1,7 @@
 // Gathers and scatters of documents' rows for the padded cuDNN batches (document_pack.h): one block
 // per padded row (grid-stride over the rows), its threads over the row's 16-byte words.
+#include "kernels/attention/cudnn/document_pack.h"
 #include "kernels/cuda/common.cuh"
-#include "kernels/cuda/document_pack.h"
 
 namespace lcx::ops::cuda {
 namespace {

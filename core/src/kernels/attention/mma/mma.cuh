@@ -1,13 +1,12 @@
 // The tile layout and the WMMA building blocks the tensor-core attention kernels share
-// (attention_fwd_sm90.cu, attention_bwd_sm90.cu): bf16/fp16 operands, fp32 accumulation, 64-row
+// (forward.cu, backward.cu): bf16/fp16 operands, fp32 accumulation, 64-row
 // tiles as 16-byte vector copies into padded shared rows (row stride D + 8 elements keeps WMMA's
 // 32-byte alignment and spreads banks).
 #pragma once
 #include <mma.h>
 
-#include <initializer_list>
-
-#include "kernels/cuda/attention_common.cuh"
+#include "kernels/attention/common.cuh"
+#include "kernels/attention/smem.h"
 
 namespace lcx::ops::cuda::attn {
 
@@ -43,7 +42,7 @@ struct Tc {
 };
 
 // Rows [row0, row0 + 64) of one head of x [rows, heads, D] into dst (row stride ld), zero past
-// the last row. x rows are 16-byte aligned (checked by the launcher).
+// the last row. x rows are 16-byte aligned (the dispatch checks).
 template <int D, typename T>
 __device__ __forceinline__ void load_tile_tc(T* dst, const void* x, int64_t row0, int64_t rows, int64_t heads,
                                              int64_t head, int ld) {
@@ -87,17 +86,6 @@ __device__ __forceinline__ void strip_abt(float* out, const T* a, const T* b) {
   }
 #pragma unroll
   for (int n = 0; n < kBc / 16; ++n) wmma::store_matrix_sync(out + n * 16, acc[n], Tc<D>::LDS, wmma::mem_row_major);
-}
-
-inline bool aligned16(const void* ptr) { return reinterpret_cast<uintptr_t>(ptr) % 16 == 0; }
-
-// 16-bit inputs of one dtype, 16-byte aligned rows, head_dim 64 or 128: what the kernels take.
-inline bool tc_eligible(const Params& p, std::initializer_list<const void*> ptrs) {
-  if (p.tq != DType::bf16 && p.tq != DType::f16) return false;
-  if (p.tk != p.tq || p.tv != p.tq) return false;
-  for (const void* ptr : ptrs)
-    if (!aligned16(ptr)) return false;
-  return p.d == 64 || p.d == 128;
 }
 
 }  // namespace lcx::ops::cuda::attn

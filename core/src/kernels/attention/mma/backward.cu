@@ -1,13 +1,15 @@
-// Attention backward on tensor cores (WMMA, bf16/fp16 operands, fp32 accumulation), built for
-// sm_90: the fast path of the own kernels for 16-bit inputs with head_dim 64 or 128; the fp32
-// CUDA-core kernels (attention_bwd.cu) serve everything else and stay the exact second opinion.
+// Attention backward on tensor cores (WMMA, bf16/fp16 operands, fp32 accumulation), built for every
+// target from sm_80: lcx's own backward for 16-bit inputs with head_dim 64 or 128 wherever the
+// Hopper kernel (hopper/) does not run; the fp32 CUDA-core kernels (reference/) serve everything
+// else and stay the exact second opinion. At head_dim 128 a block needs 120 KB of shared memory
+// (smem.h), which sm_86, sm_89 and sm_120 do not give: the dispatch refuses it there.
 // Same loop orders and masks as those kernels, after the same preprocess (delta = rowsum(dO * O)):
 //  - dq: per query block, S and dP = dO V^T per strip, dS = P (dP - delta) rounded to the input
 //    dtype, dq += dS K in register fragments.
 //  - dk/dv: per 64-key block, over the query heads of its GQA group and the query tiles that can
 //    see it: P and dS for the tile, then dv += P^T dO and dk += dS^T q, each warp owning 16 key
 //    rows of both accumulators in registers. No atomics anywhere: deterministic.
-#include "kernels/cuda/attention_sm90.cuh"
+#include "kernels/attention/mma/mma.cuh"
 
 namespace lcx::ops::cuda::attn {
 namespace {
@@ -194,22 +196,23 @@ void launch_bwd_tc(const Params& p) {
   LCX_CUDA_LAUNCH_CHECK();
 }
 
-template <typename T>
-bool dispatch_d(const Params& p) {
-  if (p.d == 64)
-    launch_bwd_tc<64, T>(p);
-  else if (p.d == 128)
-    launch_bwd_tc<128, T>(p);
-  else
-    return false;
-  return true;
-}
+static_assert(int64_t(Tc<64>::dq_smem) == attention::smem::mma_backward_dq(64) &&
+                  int64_t(Tc<128>::dq_smem) == attention::smem::mma_backward_dq(128) &&
+                  int64_t(Tc<64>::dkv_smem) == attention::smem::mma_backward_dkv(64) &&
+                  int64_t(Tc<128>::dkv_smem) == attention::smem::mma_backward_dkv(128),
+              "smem.h states the kernels' shared memory");
 
 }  // namespace
 
-bool attention_backward_sm90(const Params& p) {
-  if (p.tdo != p.tq || !tc_eligible(p, {p.q, p.k, p.v, p.dout})) return false;
-  return p.tq == DType::bf16 ? dispatch_d<__nv_bfloat16>(p) : dispatch_d<__half>(p);
+void mma_backward(const Params& p) {
+  LCX_CHECK((p.tq == DType::bf16 || p.tq == DType::f16) && (p.d == 64 || p.d == 128),
+            "the tensor-core backward takes bf16 or fp16 at head_dim 64 or 128");
+  if (p.tq == DType::bf16) {
+    if (p.d == 64) return launch_bwd_tc<64, __nv_bfloat16>(p);
+    return launch_bwd_tc<128, __nv_bfloat16>(p);
+  }
+  if (p.d == 64) return launch_bwd_tc<64, __half>(p);
+  launch_bwd_tc<128, __half>(p);
 }
 
 }  // namespace lcx::ops::cuda::attn

@@ -11,11 +11,12 @@
 // (heuristics mode A, first engine config that finalizes) and cached; a shape cuDNN refuses is
 // remembered too, and the own kernels take it. cuDNN is loaded with dlopen, so liblcx_core runs
 // (and the own kernels serve) where libcudnn.so.9 is absent.
-// Taken: bf16/fp16 q, k, v, out (and dout, dq, dk, dv) of one dtype, head_dim a multiple of 8 up
-// to 128, 16-byte aligned rows, and either a full (non-causal) block or a causal one with equal
-// query and key positions (T == S, q_offset == k_offset). Ring attention's other causal blocks
-// run on the own kernels.
-// Padded batches (document masks, attention_documents.cpp) give the graphs a batch dimension b
+// Taken (the rules are the dispatch's, kernels/attention/dispatch.cpp, which calls in here only
+// where they hold): bf16/fp16 q, k, v, out (and dout, dq, dk, dv) of one dtype, head_dim a
+// multiple of 8 up to 128, 16-byte aligned rows, and either a full (non-causal) block or a causal
+// one with equal query and key positions (T == S, q_offset == k_offset). Ring attention's other
+// causal blocks run on the own kernels.
+// Padded batches (document masks, documents.cpp) give the graphs a batch dimension b
 // and each element's real rows as int32 [b,1,1,1] tensors: a padding mask (row < seq_len_q and
 // column < seq_len_kv) before the causal one, and the GEMMs' M/N/K overrides, as NVIDIA's
 // cudnn-frontend builds its padded SDPA graphs; that is what its flash engines recognise to skip
@@ -33,18 +34,14 @@
 // neighbour. The offsets ascend and the last is the end of the last element's real rows, the
 // layout of cuDNN's THD callers. The stats, softmax sums and dQ accumulator stay padded [b, Hq, S]
 // buffers: lcx's LSE is [Hq, T], not the [T, Hq] that cuDNN's ragged stats (9.6+) take.
-#include "kernels/cuda/attention_cudnn.h"
+#include "kernels/attention/cudnn/attention_cudnn.h"
 
 #include <dlfcn.h>
 
 #include <cfloat>
-#include <cstdlib>
-#include <cstring>
 #include <map>
 #include <memory>
 #include <mutex>
-#include <optional>
-#include <set>
 #include <string>
 #include <tuple>
 #include <type_traits>
@@ -53,6 +50,7 @@
 
 #include "cuda/check_libs.h"
 #include "cuda/stream.h"
+#include "kernels/attention/dispatch.h"
 #include "lcx/log.h"
 
 namespace lcx::cuda {
@@ -100,25 +98,11 @@ const Api* api() {
   return loaded;
 }
 
-std::mutex g_mu;  // guards the choice, the handle and the plan cache
-std::optional<AttentionKernel> g_choice;
+std::mutex g_mu;  // guards the handle and the plan cache
 
-// The choice, read from LCX_ATTENTION on first use (not at load, where an error could not be
-// reported). Called under g_mu.
-AttentionKernel choice() {
-  if (!g_choice) {
-    const char* env = std::getenv("LCX_ATTENTION");
-    if (!env || !std::strcmp(env, "auto"))
-      g_choice = AttentionKernel::automatic;
-    else if (!std::strcmp(env, "cudnn"))
-      g_choice = AttentionKernel::cudnn;
-    else if (!std::strcmp(env, "own"))
-      g_choice = AttentionKernel::own;
-    else
-      throw Error(str("LCX_ATTENTION=", env), "LCX_ATTENTION", "use auto, cudnn or own");
-  }
-  return *g_choice;
-}
+// The run's choice ([run] attention, kernels/attention/dispatch.h): cuDNN forced, or not to run at all.
+bool forced() { return ops::attention::choice() == ops::attention::Choice::cudnn; }
+bool barred() { return !ops::attention::cudnn_allowed(ops::attention::choice()); }
 
 // One backend descriptor, destroyed with its owner.
 class Desc {
@@ -496,26 +480,6 @@ std::unique_ptr<Plan> backward_plan(const Shape4& s, DType dt, bool causal) {
 using PlanKey = std::tuple<bool, int64_t, int64_t, int64_t, int64_t, int64_t, int64_t, int, bool, bool, bool>;
 std::map<PlanKey, std::unique_ptr<Plan>> g_plans;  // nullptr: cuDNN refused the shape
 
-bool aligned16(const void* p) { return reinterpret_cast<uintptr_t>(p) % 16 == 0; }
-
-// Why cuDNN does not take the call, or nullptr when it does.
-const char* refusal(const std::vector<const Tensor*>& io, const Tensor& q, const Tensor& k,
-                    const ops::AttentionParams& p) {
-  if (!api()) return "libcudnn.so.9 is not loadable";
-  const DType t = q.dtype();
-  if (t != DType::bf16 && t != DType::f16) return "cuDNN attention takes bf16 or fp16";
-  for (const Tensor* x : io) {
-    if (x->dtype() != t) return "cuDNN attention takes one dtype for every tensor";
-    if (!aligned16(x->data())) return "cuDNN attention takes 16-byte aligned tensors";
-  }
-  const int64_t d = q.size(2);
-  if (d % 8 != 0 || d > 128) return "cuDNN attention takes head_dim a multiple of 8 up to 128";
-  if (p.causal && (q.size(0) != k.size(0) || p.q_offset != p.k_offset))
-    return "cuDNN attention takes causal blocks only with equal query and key positions";
-  if (q.size(0) == 0 || k.size(0) == 0) return "empty sequence";
-  return nullptr;
-}
-
 // The cached plan for the call, built on first use; nullptr when cuDNN refuses it (logged once,
 // or thrown when the choice is `cudnn`, but for a ragged shape: its padded twin still runs on cuDNN).
 // Called under g_mu.
@@ -528,7 +492,7 @@ Plan* plan_for(bool backward, const Shape4& s, DType t, bool causal) {
       plan = backward ? backward_plan(s, t, causal) : forward_plan(s, t, causal);
       finalize_plan(*plan);
     } catch (const Error& e) {
-      if (choice() == AttentionKernel::cudnn && !s.ragged) throw;
+      if (forced() && !s.ragged) throw;
       // A cuDNN without ragged offsets refuses every batch shape of a run alike: one line says so.
       static bool ragged_told = false;
       if (!s.ragged || !std::exchange(ragged_told, true))
@@ -540,8 +504,9 @@ Plan* plan_for(bool backward, const Shape4& s, DType t, bool causal) {
     }
     it = g_plans.emplace(key, std::move(plan)).first;
   }
-  if (!it->second && choice() == AttentionKernel::cudnn && !s.ragged)
-    throw Error("cuDNN refused this attention shape earlier (see the log); LCX_ATTENTION=auto runs the own kernels");
+  if (!it->second && forced() && !s.ragged)
+    throw Error("cuDNN refused this attention shape earlier (see the log)", "run.attention",
+                "attention = \"auto\" runs it on lcx's own kernels");
   return it->second.get();
 }
 
@@ -575,16 +540,6 @@ std::string cudnn_error_string(cudnnStatus_t status) {
   return str(a->error_string(status), msg[0] ? str(" (", msg, ")") : std::string());
 }
 
-void set_attention_kernel(AttentionKernel k) {
-  std::lock_guard lock(g_mu);
-  g_choice = k;
-}
-
-AttentionKernel attention_kernel() {
-  std::lock_guard lock(g_mu);
-  return choice();
-}
-
 std::string cudnn_version() {
   const Api* a = api();
   if (!a) return {};
@@ -592,30 +547,9 @@ std::string cudnn_version() {
   return str(v / 10000, ".", (v % 10000) / 100, ".", v % 100);
 }
 
-namespace {
-
-// A refusal of a large attention is worth a line: the own kernels are several times slower than
-// cuDNN's, and the reason (most often fp32 activations) is usually an accident of the setup. Once
-// per reason. Called under g_mu.
-void note_refusal(const char* why, const Tensor& q, const Tensor& k) {
-  static std::set<std::string> told;
-  if (q.size(0) * k.size(0) < (int64_t{1} << 24) || !told.insert(why).second) return;
-  log::warn(str("attention of ", q.size(0), " x ", k.size(0), " rows (", dtype_name(q.dtype()),
-                ") runs on lcx's own kernels, several times slower than cuDNN's: ", why,
-                ". Later refusals for this reason are not logged"));
-}
-
-}  // namespace
-
 bool cudnn_attention_forward(const Tensor& q, const Tensor& k, const Tensor& v, Tensor& out, Tensor& lse,
                              const ops::AttentionParams& p, ops::Launch launch) {
   std::lock_guard lock(g_mu);
-  if (choice() == AttentionKernel::own) return false;
-  if (const char* why = refusal({&q, &k, &v, &out}, q, k, p)) {
-    if (choice() == AttentionKernel::cudnn) throw Error(str("LCX_ATTENTION=cudnn: ", why));
-    note_refusal(why, q, k);
-    return false;
-  }
   const Shape4 s{1, q.size(0), k.size(0), q.size(1), k.size(1), q.size(2)};
   Plan* plan = plan_for(false, s, q.dtype(), p.causal);
   if (!plan) return false;
@@ -633,7 +567,7 @@ bool cudnn_attention_forward(const Tensor& q, const Tensor& k, const Tensor& v, 
 int64_t cudnn_attention_workspace(bool backward, int64_t T, int64_t S, int64_t Hq, int64_t Hkv, int64_t d, DType t,
                                   bool causal) {
   std::lock_guard lock(g_mu);
-  if (!api() || choice() == AttentionKernel::own) return -1;
+  if (!api() || barred()) return -1;
   const Plan* plan = plan_for(backward, Shape4{1, T, S, Hq, Hkv, d}, t, causal);
   return plan ? plan->workspace : -1;
 }
@@ -642,12 +576,6 @@ bool cudnn_attention_backward(const Tensor& q, const Tensor& k, const Tensor& v,
                               const Tensor& lse, const Tensor& dout, Tensor& dq, Tensor& dk, Tensor& dv,
                               const ops::AttentionParams& p, ops::Launch launch) {
   std::lock_guard lock(g_mu);
-  if (choice() == AttentionKernel::own) return false;
-  if (const char* why = refusal({&q, &k, &v, &out, &dout, &dq, &dk, &dv}, q, k, p)) {
-    if (choice() == AttentionKernel::cudnn) throw Error(str("LCX_ATTENTION=cudnn: ", why));
-    note_refusal(why, q, k);
-    return false;
-  }
   const Shape4 s{1, q.size(0), k.size(0), q.size(1), k.size(1), q.size(2)};
   Plan* plan = plan_for(true, s, q.dtype(), p.causal);
   if (!plan) return false;
@@ -681,9 +609,11 @@ bool g_ragged = true;  // set_cudnn_ragged_documents; guarded by g_mu
 // Called under g_mu.
 Plan* batch_plan(bool backward, bool ragged, int64_t B, int64_t Sq, int64_t Sk, int64_t Hq, int64_t Hkv, int64_t d,
                  DType t, bool causal) {
-  if (choice() == AttentionKernel::own || (ragged && !g_ragged)) return nullptr;
+  if (barred() || (ragged && !g_ragged)) return nullptr;
   if (const char* why = padded_refusal(t, d)) {
-    if (choice() == AttentionKernel::cudnn) throw Error(str("LCX_ATTENTION=cudnn: ", why));
+    if (forced())
+      throw Error(str("[run] attention = \"cudnn\": ", why), "run.attention",
+                  "attention = \"auto\" runs these documents on lcx's own kernels");
     return nullptr;
   }
   return plan_for(backward, Shape4{B, Sq, Sk, Hq, Hkv, d, true, ragged}, t, causal);

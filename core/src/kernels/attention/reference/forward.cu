@@ -5,32 +5,15 @@
 // at the last tile a row of the block can see, with positions offset by q_offset / k_offset so a
 // ring-attention block can be full, causal or half. Two threads share a query row: each scores
 // half of the tile's keys and accumulates half of the output columns. Math is fp32 CUDA-core FMA
-// from fp32 tiles in shared memory: exact against the CPU to fp32 rounding, the fallback and the
-// second opinion beside the tensor-core kernel (attention_fwd_sm90.cu) and cuDNN's fused kernel
-// (attention_cudnn.cpp), which attention_forward tries first.
-#include "kernels/cuda/attention_cudnn.h"
-#include "kernels/cuda/attention_common.cuh"
-#include "kernels/cuda/cuda_ops.h"
+// from fp32 tiles in shared memory: exact against the CPU to fp32 rounding, any float dtype, every
+// target from sm_80; the fallback and the second opinion beside the tensor-core kernels (mma/),
+// the Hopper kernels (hopper/) and cuDNN's (cudnn/). At head_dim 128 a block needs 113 KB of
+// shared memory (smem.h), more than sm_86, sm_89 and sm_120 give.
+#include "kernels/attention/common.cuh"
+#include "kernels/attention/smem.h"
 
 namespace lcx::ops::cuda {
 namespace attn {
-
-Params make_params(const Tensor& q, const Tensor& k, const AttentionParams& ap) {
-  Params p{};
-  p.T = q.size(0);
-  p.Hq = q.size(1);
-  p.d = q.size(2);
-  p.S = k.size(0);
-  p.Hkv = k.size(1);
-  p.q_offset = ap.q_offset;
-  p.k_offset = ap.k_offset;
-  p.causal = ap.causal;
-  p.scale = ap.scale;
-  p.scale_log2 = ap.scale * kLog2e;
-  p.tq = q.dtype();
-  p.tk = k.dtype();
-  return p;
-}
 
 namespace {
 
@@ -40,6 +23,10 @@ template <int D>
 constexpr size_t fwd_smem_bytes() {
   return sizeof(float) * (static_cast<size_t>(kBr + 2 * kBc) * (D + 1) + kBr * (kBc + 1));
 }
+static_assert(int64_t(fwd_smem_bytes<32>()) == attention::smem::reference_forward(32) &&
+                  int64_t(fwd_smem_bytes<64>()) == attention::smem::reference_forward(64) &&
+                  int64_t(fwd_smem_bytes<128>()) == attention::smem::reference_forward(128),
+              "smem.h states the kernel's shared memory");
 
 template <int D, int TPR>
 __global__ void __launch_bounds__(kBr* TPR) attn_fwd_kernel(const Params p) {
@@ -133,56 +120,16 @@ void launch_fwd(const Params& p) {
 }
 
 }  // namespace
+
+void reference_forward(const Params& p) {
+  LCX_CHECK(p.d <= 128, "the fp32 forward takes head_dim up to 128");
+  if (p.d <= 32)
+    launch_fwd<32>(p);
+  else if (p.d <= 64)
+    launch_fwd<64>(p);
+  else
+    launch_fwd<128>(p);
+}
+
 }  // namespace attn
-
-void attention_forward(const Tensor& q, const Tensor& k, const Tensor& v, Tensor& out, Tensor& lse,
-                       const AttentionParams& ap, Launch launch) {
-  if (q.size(0) == 0 || q.size(1) == 0) return;
-  // The automatic choice takes the Hopper kernel over cuDNN for long causal calls, where it
-  // measured at least as fast (docs/PERF.md, the kernel table); cuDNN keeps the rest.
-  const bool own_first = lcx::cuda::attention_kernel() == lcx::cuda::AttentionKernel::automatic &&
-                         ap.documents.empty() && ap.causal && q.size(0) >= kOwnForwardMinRows &&
-                         attention_forward_hopper_applies(q, k, v, out);
-  if (!own_first && lcx::cuda::cudnn_attention_forward(q, k, v, out, lse, ap, launch)) return;
-  attention_forward_own(q, k, v, out, lse, ap, launch);
-}
-
-namespace {
-// A forward's parameters with its tensors' pointers.
-attn::Params forward_params(const Tensor& q, const Tensor& k, const Tensor& v, const Tensor& out,
-                            const AttentionParams& ap) {
-  attn::Params p = attn::make_params(q, k, ap);
-  p.v = v.data();
-  p.tv = v.dtype();
-  p.q = q.data();
-  p.k = k.data();
-  p.o = out.data();
-  p.to = out.dtype();
-  return p;
-}
-}  // namespace
-
-bool attention_forward_hopper_applies(const Tensor& q, const Tensor& k, const Tensor& v, const Tensor& out) {
-  return attn::attention_forward_hopper_applies(forward_params(q, k, v, out, AttentionParams{}));
-}
-
-// The own forward kernels allocate nothing: all of it is work.
-void attention_forward_own(const Tensor& q, const Tensor& k, const Tensor& v, Tensor& out, Tensor& lse,
-                           const AttentionParams& ap, Launch launch) {
-  if (q.size(0) == 0 || q.size(1) == 0) return;
-  launch([&] {
-    attn::Params p = forward_params(q, k, v, out, ap);
-    p.lse_out = lse.data_as<float>();
-    if (attn::attention_forward_hopper(p) || attn::attention_forward_sm90(p)) return;
-    if (p.d <= 32)
-      attn::launch_fwd<32>(p);
-    else if (p.d <= 64)
-      attn::launch_fwd<64>(p);
-    else if (p.d <= 128)
-      attn::launch_fwd<128>(p);
-    else
-      throw Error(str("attention with head_dim ", p.d, " on the GPU"), {}, "the CUDA kernels take head_dim <= 128");
-  });
-}
-
 }  // namespace lcx::ops::cuda

@@ -1,4 +1,4 @@
-// What the Hopper attention kernels (attention_fwd_sm90a.cu, attention_bwd_sm90a.cu) share: the
+// What the Hopper attention kernels (forward_sm90a.cu, backward_sm90a.cu) share: the
 // mbarrier and TMA instructions, wgmma's shared-memory descriptors for 128-byte swizzled tiles, the
 // warpgroup GEMMs themselves, and on the host the tensor maps of [rows, heads, 128] bf16 tensors.
 // Only files compiled for sm_90a include it; the device half exists only there.
@@ -6,7 +6,7 @@
 #include <cuda.h>  // CUtensorMap and its enums; the encoder comes from the driver at run time
 #include <cudaTypedefs.h>
 
-#include "kernels/cuda/attention_common.cuh"
+#include "kernels/attention/common.cuh"
 
 namespace lcx::ops::cuda::attn::hopper {
 

@@ -1,7 +1,7 @@
 // Attention forward for Hopper (sm_90a): bf16 q, k, v, head_dim 128, fp32 accumulation, GQA
 // without copying K/V, causal or full with the ring's position offsets, the log-sum-exp out. The
-// same contract as the other forward kernels (attention_common.cuh Params), built for the H100 and
-// H200's tensor-core path that WMMA cannot reach:
+// same contract as the other forward kernels (params.h), built for the H100 and H200's
+// tensor-core path that WMMA cannot reach:
 // - TMA (cp.async.bulk.tensor) brings Q once and K/V tiles of 128 rows into shared memory in the
 //   128-byte swizzled layout wgmma reads without bank conflicts, issued by one thread of a
 //   producer warpgroup that gives its registers to the others (setmaxnreg).
@@ -15,11 +15,11 @@
 //   soon as both consumers have read it.
 // Blocks are ordered longest first (causal), and the query heads sharing a key/value head run side
 // by side so their K/V tiles are read once from HBM and then from L2.
-// This file alone is compiled for sm_90a (wgmma and setmaxnreg exist only there); the launcher
-// refuses other devices, and the WMMA kernel (attention_fwd_sm90.cu) remains for them.
-#include <initializer_list>
+// The hopper/ files alone are compiled for sm_90a (wgmma and setmaxnreg exist only there), whatever
+// LCX_CUDA_ARCHS builds the rest for; the dispatch (dispatch.h) reaches them only on a compute
+// capability 9.0 device, and the tensor-core kernels (mma/) serve the others.
 
-#include "kernels/cuda/attention_sm90a.cuh"
+#include "kernels/attention/hopper/hopper.cuh"
 
 namespace lcx::ops::cuda::attn {
 namespace {
@@ -259,17 +259,8 @@ __global__ void __launch_bounds__(kThreads, 1)
 
 }  // namespace
 
-bool attention_forward_hopper_applies(const Params& p) {
-  for (DType t : {p.tq, p.tk, p.tv, p.to})
-    if (t != DType::bf16) return false;
-  for (const void* ptr : std::initializer_list<const void*>{p.q, p.k, p.v, p.o})
-    if (reinterpret_cast<uintptr_t>(ptr) % 16 != 0) return false;
-  return p.d == kHd && p.T < (int64_t(1) << 31) && p.S < (int64_t(1) << 31) && p.Hq % p.Hkv == 0 &&
-         hopper_device();
-}
-
-bool attention_forward_hopper(const Params& p) {
-  if (!attention_forward_hopper_applies(p)) return false;
+void hopper_forward(const Params& p) {
+  LCX_CHECK(p.d == kHd && p.tq == DType::bf16 && hopper_device(), "the Hopper forward takes bf16, head_dim 128, on sm_90");
   const CUtensorMap q_map = tensor_map(p.q, p.T, p.Hq, kBlockN);
   const CUtensorMap k_map = tensor_map(p.k, p.S, p.Hkv, kBlockN);
   const CUtensorMap v_map = tensor_map(p.v, p.S, p.Hkv, kBlockN);
@@ -278,7 +269,6 @@ bool attention_forward_hopper(const Params& p) {
   const int64_t blocks = (p.T + kBlockM - 1) / kBlockM * p.Hq;
   attn_fwd_hopper_kernel<<<static_cast<unsigned>(blocks), kThreads, kSmemBytes, lcx::cuda::current_stream()>>>(q_map, k_map, v_map, p);
   LCX_CUDA_LAUNCH_CHECK();
-  return true;
 }
 
 }  // namespace lcx::ops::cuda::attn

@@ -20,9 +20,9 @@
 // tables of all of a call's batches (lengths, first rows, ragged offsets) are uploaded once. A
 // padded row never changes a real one: its keys are masked, and its queries' rows are dropped (in
 // the backward its dout is zero or unread and its scores masked, so it adds nothing to dK, dV). A
-// batch cuDNN refuses (or every batch, under LCX_ATTENTION=own, without libcudnn, for dtypes or
-// head sizes it does not take) is reported back unhandled: ops.cpp runs its documents on the own
-// kernels, so the rows of those documents must stay untouched here. The batches allocate their
+// batch cuDNN refuses (or every batch, under [run] attention = "hopper", "mma" or "reference",
+// without libcudnn, for dtypes or head sizes it does not take) is reported back unhandled:
+// attention_blocks.cpp runs its documents on the own kernels, so the rows of those documents must stay untouched here. The batches allocate their
 // buffers, tables and cuDNN workspaces, and hand their copies and cuDNN calls to `launch`
 // (kernels/launch.h).
 #include <algorithm>
@@ -33,9 +33,9 @@
 #include <vector>
 
 #include "cuda/check.h"
-#include "kernels/cuda/attention_cudnn.h"
+#include "kernels/attention/cudnn/attention_cudnn.h"
 #include "kernels/cuda/cuda_ops.h"
-#include "kernels/cuda/document_pack.h"
+#include "kernels/attention/cudnn/document_pack.h"
 #include "kernels/document_batches.h"
 
 namespace lcx::ops::cuda {

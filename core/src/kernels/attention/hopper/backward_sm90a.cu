@@ -1,4 +1,4 @@
-// Attention backward for Hopper (sm_90a), the forward's twin (attention_fwd_sm90a.cu): bf16 q, k,
+// Attention backward for Hopper (sm_90a), the forward's twin (forward_sm90a.cu): bf16 q, k,
 // v, out, dout, head_dim 128, fp32 accumulation, causal or full with the ring's offsets, GQA.
 // Three kernels, as the forward's own backward has them:
 // - per query row and head, the log-sum-exp in the exp2 domain beside delta = rowsum(dout * out),
@@ -7,8 +7,8 @@
 //   memory while the block walks every 64-row query step that sees those keys, each for every
 //   query head of the group, Q, dout and the step's LSE/delta pairs brought by TMA in two stages
 //   (one producer thread: its warpgroup gives up registers the consumers take). Each of two
-//   consumer warpgroups owns 64 key rows: S^T = K Q^T and dP^T = V dout^T (wgmma), P^T and dS^T = P^T (dP^T - delta) in registers, dV += P^T dout with
-//   P^T from registers, dS^T to shared memory, dK += dS^T Q from there (dK and dV are summed over
+//   consumer warpgroups owns 64 key rows: S^T = K Q^T and dP^T = V dout^T (wgmma), P^T and
+//   dS^T = P^T (dP^T - delta) in registers, dV += P^T dout with P^T from registers, dS^T to shared memory, dK += dS^T Q from there (dK and dV are summed over
 //   the group's query heads in registers: no atomics, no reduction pass), and dQ = dS K, which
 //   the consumers leave in shared memory (two buffers) for the producer's second warp to add to
 //   an fp32 accumulator with one bulk reduction a step, off the GEMMs' path. The additions to one
@@ -16,9 +16,9 @@
 //   warp waits for and advances once its addition is complete), so the result is the same bits
 //   every run;
 // - dq = scale * the accumulator, rounded once, back in [T, Hq, 128].
-// This file alone of the backward is compiled for sm_90a; the launcher refuses other devices, and
-// the WMMA kernels (attention_bwd_sm90.cu) remain for them.
-#include "kernels/cuda/attention_sm90a.cuh"
+// Built for sm_90a alone, like the forward; the dispatch (dispatch.h) runs it on sm_90 for calls of
+// at most 131,072 rows, and the tensor-core kernels (mma/) serve the rest.
+#include "kernels/attention/hopper/hopper.cuh"
 
 namespace lcx::ops::cuda::attn {
 namespace {
@@ -358,34 +358,21 @@ __global__ void attn_bwd_hopper_dq_kernel(const float4* acc, __nv_bfloat16* dq, 
 
 }  // namespace
 
-// The longest call the kernel takes. It ran, matched the CPU and was timed up to 131,072 query
-// rows; at 262,144 (32/8 heads, causal) the one GPU call that tried it did not finish within its
-// limit, where it should have taken about 4 s, and it is not understood why. Longer calls keep
-// the WMMA kernel until it is.
-constexpr int64_t kMaxRows = 131072;
-
-bool attention_backward_hopper_applies(const Params& p) {
-  for (DType t : {p.tq, p.tk, p.tv, p.to, p.tdo, p.tdq, p.tdk, p.tdv})
-    if (t != DType::bf16) return false;
-  for (const void* ptr : std::initializer_list<const void*>{p.q, p.k, p.v, p.dout, p.o, p.dk, p.dv})
-    if (reinterpret_cast<uintptr_t>(ptr) % 16 != 0) return false;
-  return p.d == kHd && p.T <= kMaxRows && p.S <= kMaxRows && p.Hq % p.Hkv == 0 && hopper::hopper_device();
-}
-
 // The dQ accumulator [Hq, steps, 64 x 128] fp32, the LSE/delta pairs [Hq, steps x 64], the
 // counters [Hq, steps].
-int64_t attention_backward_hopper_scratch(int64_t T, int64_t Hq) {
+int64_t hopper_backward_scratch(int64_t T, int64_t Hq) {
   const int64_t steps = (T + kStep - 1) / kStep;
   return Hq * steps * kStep * (kHd * 4 + 8) + Hq * steps * 4;
 }
 
-void attention_backward_hopper(const Params& p, void* scratch) {
+void hopper_backward(const Params& p, void* scratch) {
+  LCX_CHECK(p.d == kHd && p.tq == DType::bf16 && hopper_device(), "the Hopper backward takes bf16, head_dim 128, on sm_90");
   const int64_t t_pad = (p.T + kStep - 1) / kStep * kStep;
   auto* dq_acc = static_cast<float*>(scratch);
   auto* stats = reinterpret_cast<float2*>(dq_acc + p.Hq * t_pad * kHd);
   int* counters = reinterpret_cast<int*>(stats + p.Hq * t_pad);
   cudaStream_t stream = lcx::cuda::current_stream();
-  LCX_CUDA_CHECK(cudaMemsetAsync(scratch, 0, attention_backward_hopper_scratch(p.T, p.Hq), stream));
+  LCX_CUDA_CHECK(cudaMemsetAsync(scratch, 0, hopper_backward_scratch(p.T, p.Hq), stream));
   attn_bwd_hopper_stats_kernel<<<lcx::cuda::grid_for(p.T * p.Hq, 8, 65535LL * 8), 256, 0, stream>>>(p, stats, t_pad);
   LCX_CUDA_LAUNCH_CHECK();
   if (p.S > 0) {

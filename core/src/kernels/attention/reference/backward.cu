@@ -7,10 +7,10 @@
 // Splitting dq from dk/dv recomputes S twice but needs no atomics: every output element has one
 // owner, so the result is deterministic and GQA's sum over the group is a plain loop. Rows that
 // saw no key (lse = -inf) get p = 0. Math is fp32 CUDA-core FMA from fp32 shared-memory tiles,
-// like the forward kernel.
-#include "kernels/cuda/attention_cudnn.h"
-#include "kernels/cuda/attention_common.cuh"
-#include "kernels/cuda/cuda_ops.h"
+// like the forward kernel; every target from sm_80. Step 1 serves the tensor-core backward (mma/)
+// too.
+#include "kernels/attention/common.cuh"
+#include "kernels/attention/smem.h"
 
 namespace lcx::ops::cuda {
 namespace attn {
@@ -188,70 +188,28 @@ void launch_bwd(const Params& p) {
   LCX_CUDA_LAUNCH_CHECK();
 }
 
+static_assert(int64_t(dq_smem_bytes<128>()) == attention::smem::reference_backward_dq(128) &&
+                  int64_t(dkv_smem_bytes<128>()) == attention::smem::reference_backward_dkv(128) &&
+                  int64_t(dq_smem_bytes<32>()) == attention::smem::reference_backward_dq(32) &&
+                  int64_t(dkv_smem_bytes<32>()) == attention::smem::reference_backward_dkv(32),
+              "smem.h states the kernels' shared memory");
+
 }  // namespace
+
+void backward_delta(const Params& p) {
+  attn_bwd_delta_kernel<<<lcx::cuda::grid_for(p.T * p.Hq, 8, 65535LL * 8), 256, 0, lcx::cuda::current_stream()>>>(p);
+  LCX_CUDA_LAUNCH_CHECK();
+}
+
+void reference_backward(const Params& p) {
+  LCX_CHECK(p.d <= 128, "the fp32 backward takes head_dim up to 128");
+  if (p.d <= 32)
+    launch_bwd<32>(p);
+  else if (p.d <= 64)
+    launch_bwd<64>(p);
+  else
+    launch_bwd<128>(p);
+}
+
 }  // namespace attn
-
-void attention_backward(const Tensor& q, const Tensor& k, const Tensor& v, const Tensor& out, const Tensor& lse,
-                        const Tensor& dout, Tensor& dq, Tensor& dk, Tensor& dv, const AttentionParams& ap,
-                        Launch launch) {
-  if (q.size(0) > 0 && q.size(1) > 0 &&
-      lcx::cuda::cudnn_attention_backward(q, k, v, out, lse, dout, dq, dk, dv, ap, launch))
-    return;
-  attention_backward_own(q, k, v, out, lse, dout, dq, dk, dv, ap, launch);
-}
-
-// delta [Hq, T], or on Hopper the dQ accumulator and its companions, is all the own backward kernels allocate.
-void attention_backward_own(const Tensor& q, const Tensor& k, const Tensor& v, const Tensor& out, const Tensor& lse,
-                            const Tensor& dout, Tensor& dq, Tensor& dk, Tensor& dv, const AttentionParams& ap,
-                            Launch launch) {
-  attn::Params p = attn::make_params(q, k, ap);
-  if (p.T == 0 || p.Hq == 0) {  // no query sees anything: the keys get no gradient
-    launch([&] {
-      if (dk.nbytes()) LCX_CUDA_CHECK(cudaMemsetAsync(dk.data(), 0, dk.nbytes(), lcx::cuda::current_stream()));
-      if (dv.nbytes()) LCX_CUDA_CHECK(cudaMemsetAsync(dv.data(), 0, dv.nbytes(), lcx::cuda::current_stream()));
-    });
-    return;
-  }
-  if (p.d > 128)
-    throw Error(str("attention with head_dim ", p.d, " on the GPU"), {}, "the CUDA kernels take head_dim <= 128");
-  p.q = q.data();
-  p.k = k.data();
-  p.v = v.data();
-  p.tv = v.dtype();
-  p.out = out.data();
-  p.to = out.dtype();
-  p.dout = dout.data();
-  p.tdo = dout.dtype();
-  p.lse_in = lse.data_as<const float>();
-  p.o = dq.data();
-  p.tdq = dq.dtype();
-  p.dk = dk.data();
-  p.tdk = dk.dtype();
-  p.dv = dv.data();
-  p.tdv = dv.dtype();
-  // The Hopper kernel brings its own per-row pass (the LSE and delta side by side) and its dQ
-  // accumulator; the others take delta [Hq, T].
-  const bool hopper = attn::attention_backward_hopper_applies(p);
-  Tensor delta, scratch;
-  if (hopper) {
-    scratch = Tensor::empty({(attn::attention_backward_hopper_scratch(p.T, p.Hq) + 3) / 4}, DType::i32, q.device());
-  } else {
-    delta = Tensor::empty({p.Hq, p.T}, DType::f32, q.device());
-    p.delta = delta.data_as<float>();
-  }
-  launch([&] {
-    if (hopper) return attn::attention_backward_hopper(p, scratch.data());
-    attn::attn_bwd_delta_kernel<<<lcx::cuda::grid_for(p.T * p.Hq, 8, 65535LL * 8), 256, 0,
-                                  lcx::cuda::current_stream()>>>(p);
-    LCX_CUDA_LAUNCH_CHECK();
-    if (attn::attention_backward_sm90(p)) return;
-    if (p.d <= 32)
-      attn::launch_bwd<32>(p);
-    else if (p.d <= 64)
-      attn::launch_bwd<64>(p);
-    else
-      attn::launch_bwd<128>(p);
-  });
-}
-
 }  // namespace lcx::ops::cuda

@@ -1,4 +1,4 @@
-// The copies around document-masked attention on cuDNN (attention_documents.cpp): the LSE
+// The copies around document-masked attention on cuDNN (documents.cpp): the LSE
 // [heads, T] to and from cuDNN's stats [B, heads, S] for every batch, and, where cuDNN refuses a
 // batch's ragged plan, documents' rows of a packed [T, heads, d] tensor into a padded batch
 // [B, S, heads, d] (padding zero) and back. Batch element b is the

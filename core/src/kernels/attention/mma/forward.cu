@@ -1,11 +1,13 @@
-// Attention forward on tensor cores (WMMA, bf16/fp16 operands, fp32 accumulation), built for
-// sm_90: the fast path of the own kernels for 16-bit inputs with head_dim 64 or 128; the fp32
-// CUDA-core kernel (attention_fwd.cu) serves everything else and stays the exact second opinion.
+// Attention forward on tensor cores (WMMA, bf16/fp16 operands, fp32 accumulation), built for every
+// target from sm_80: lcx's own forward for 16-bit inputs with head_dim 64 or 128 wherever the
+// Hopper kernel (hopper/) does not run; the fp32 CUDA-core kernel (reference/) serves everything
+// else and stays the exact second opinion. At head_dim 128 a block needs 110 KB of shared memory
+// (smem.h), which sm_86, sm_89 and sm_120 do not give: the dispatch refuses it there.
 // Same loop order and masks as that kernel: a block of 4 warps owns 64 query rows; per 64-key tile
 // each warp computes its 16-row strip of S = Q K^T into shared memory, runs the online softmax on
 // those rows itself (two lanes per row, m and l in registers), rescales its rows of the fp32 output
 // accumulator in shared memory and adds P V to them. Only K/V tile loads need block barriers.
-#include "kernels/cuda/attention_sm90.cuh"
+#include "kernels/attention/mma/mma.cuh"
 
 namespace lcx::ops::cuda::attn {
 namespace {
@@ -101,22 +103,21 @@ void launch_fwd_tc(const Params& p) {
   LCX_CUDA_LAUNCH_CHECK();
 }
 
-template <typename T>
-bool dispatch_d(const Params& p) {
-  if (p.d == 64)
-    launch_fwd_tc<64, T>(p);
-  else if (p.d == 128)
-    launch_fwd_tc<128, T>(p);
-  else
-    return false;
-  return true;
-}
+static_assert(int64_t(Tc<64>::fwd_smem) == attention::smem::mma_forward(64) &&
+                  int64_t(Tc<128>::fwd_smem) == attention::smem::mma_forward(128),
+              "smem.h states the kernels' shared memory");
 
 }  // namespace
 
-bool attention_forward_sm90(const Params& p) {
-  if (!tc_eligible(p, {p.q, p.k, p.v})) return false;
-  return p.tq == DType::bf16 ? dispatch_d<__nv_bfloat16>(p) : dispatch_d<__half>(p);
+void mma_forward(const Params& p) {
+  LCX_CHECK((p.tq == DType::bf16 || p.tq == DType::f16) && (p.d == 64 || p.d == 128),
+            "the tensor-core forward takes bf16 or fp16 at head_dim 64 or 128");
+  if (p.tq == DType::bf16) {
+    if (p.d == 64) return launch_fwd_tc<64, __nv_bfloat16>(p);
+    return launch_fwd_tc<128, __nv_bfloat16>(p);
+  }
+  if (p.d == 64) return launch_fwd_tc<64, __half>(p);
+  launch_fwd_tc<128, __half>(p);
 }
 
 }  // namespace lcx::ops::cuda::attn

@@ -1,6 +1,6 @@
 // Attention through cuDNN's fused flash kernels (cuDNN 9 backend graph API), forward with the
-// log-sum-exp ("stats") output and backward. The CUDA ops try it first and fall back to lcx's own
-// kernels where cuDNN is absent or refuses the call: see attention_cudnn.cpp for what it takes.
+// log-sum-exp ("stats") output and backward: the `cudnn` backend of kernels/attention/dispatch.h,
+// which calls in here where cuDNN serves the call by its rules; see attention_cudnn.cpp.
 #pragma once
 #include <string>
 
@@ -9,18 +9,12 @@
 
 namespace lcx::cuda {
 
-// Which attention kernels the CUDA ops use. automatic: cuDNN where it takes the call, else the
-// own kernels. cudnn: cuDNN or an error naming why not (tests, benchmarks). own: never cuDNN.
-// The environment variable LCX_ATTENTION (auto, cudnn, own) sets the starting choice.
-enum class AttentionKernel { automatic, cudnn, own };
-void set_attention_kernel(AttentionKernel k);
-AttentionKernel attention_kernel();
-
 // The loaded cuDNN's version (e.g. "9.10.2"), or "" when libcudnn.so.9 could not be loaded.
 std::string cudnn_version();
 
 // true when the call ran on cuDNN (its workspace allocated, its work handed to `launch`); false,
-// launching nothing, when it should run elsewhere.
+// launching nothing, where cuDNN refused the call's plan (logged once a shape; an error under
+// [run] attention = "cudnn"). The dispatch asks only where cuDNN's rules take the call.
 bool cudnn_attention_forward(const Tensor& q, const Tensor& k, const Tensor& v, Tensor& out, Tensor& lse,
                              const ops::AttentionParams& p, ops::Launch launch);
 bool cudnn_attention_backward(const Tensor& q, const Tensor& k, const Tensor& v, const Tensor& out,
@@ -33,7 +27,7 @@ bool cudnn_attention_backward(const Tensor& q, const Tensor& k, const Tensor& v,
 int64_t cudnn_attention_workspace(bool backward, int64_t T, int64_t S, int64_t Hq, int64_t Hkv, int64_t d, DType t,
                                   bool causal);
 
-// Batches of B documents (attention_documents.cpp), each element padded to Sq query and Sk key
+// Batches of B documents (documents.cpp), each element padded to Sq query and Sk key
 // rows, its first seq_q[b] queries and seq_kv[b] keys real; seq_q, seq_kv int32 [B] on the device,
 // 16-byte aligned (the same table when queries and keys are the same rows); stats [B, Hq, Sq] fp32.
 // Causal (p.causal, which needs Sq = Sk and equal lengths) within each element.
@@ -47,7 +41,8 @@ int64_t cudnn_attention_workspace(bool backward, int64_t T, int64_t S, int64_t H
 //   and written: rows outside every element are left alone.
 // ready() builds and caches the plan of (B, Sq, Sk) and says whether cuDNN takes it: false for a
 // padded batch lets the own kernels run its documents; false for a ragged one lets padded copies
-// run them (never an error, LCX_ATTENTION=cudnn too, since they still run on cuDNN). The calls need
+// run them (never an error, [run] attention = "cudnn" too, since they still run on cuDNN). False
+// where the run's choice keeps cuDNN out. The calls need
 // it to have said true.
 bool cudnn_batch_attention_ready(bool backward, bool ragged, int64_t B, int64_t Sq, int64_t Sk, int64_t Hq,
                                  int64_t Hkv, int64_t d, DType t, bool causal);

@@ -1,0 +1,146 @@
+// The GPU attention's dispatch (kernels/attention/dispatch.h) on the CPU: which backend serves a
+// described call on a described GPU, in which order, and what a forced backend that cannot serve
+// says. The GPU tests (tests/gpu/ops_gpu_test.cpp) check the kernels each choice runs.
+#include "kernels/attention/dispatch.h"
+
+#include <gtest/gtest.h>
+
+#include <string>
+#include <vector>
+
+#include "kernels/attention/smem.h"
+#include "lcx/error.h"
+
+namespace lcx::ops::attention {
+namespace {
+
+using B = Backend;
+
+const DeviceCaps kH100 = caps_of(9, 0);
+const DeviceCaps kA100 = caps_of(8, 0);
+const DeviceCaps kRtx4090 = caps_of(8, 9);
+const DeviceCaps kB200 = caps_of(10, 0);
+
+Call causal(int64_t rows, int64_t head_dim = 128, DType t = DType::bf16, bool backward = false) {
+  Call c;
+  c.backward = backward;
+  c.dtype = t;
+  c.head_dim = head_dim;
+  c.rows = c.keys = rows;
+  return c;
+}
+
+std::string error_of(Choice choice, const Call& c, const DeviceCaps& d, bool own = false) {
+  try {
+    candidates(choice, c, d, own);
+  } catch (const Error& e) {
+    EXPECT_EQ(e.key(), "run.attention");
+    return e.what();
+  }
+  return "";
+}
+
+TEST(AttentionDispatch, AutoOnHopperTakesCudnnFirstThenTheOwnKernels) {
+  EXPECT_EQ(candidates(Choice::automatic, causal(65536), kH100),
+            (std::vector<B>{B::cudnn, B::hopper, B::mma, B::reference}));
+  EXPECT_EQ(candidates(Choice::automatic, causal(65536, 128, DType::bf16, true), kH100),
+            (std::vector<B>{B::cudnn, B::hopper, B::mma, B::reference}));
+}
+
+TEST(AttentionDispatch, AutoRunsTheHopperForwardAheadOfCudnnFromItsThreshold) {
+  EXPECT_EQ(candidates(Choice::automatic, causal(kOwnForwardMinRows), kH100).front(), B::hopper);
+  EXPECT_EQ(candidates(Choice::automatic, causal(kOwnForwardMinRows - 128), kH100).front(), B::cudnn);
+  Call full = causal(kOwnForwardMinRows);
+  full.causal = false;
+  EXPECT_EQ(candidates(Choice::automatic, full, kH100).front(), B::cudnn);
+  // The backward stays cuDNN's; past 131,072 rows the Hopper backward is not offered at all.
+  EXPECT_EQ(candidates(Choice::automatic, causal(2 * kOwnForwardMinRows, 128, DType::bf16, true), kH100),
+            (std::vector<B>{B::cudnn, B::mma, B::reference}));
+  // A forced cuDNN keeps cuDNN at every length.
+  EXPECT_EQ(candidates(Choice::cudnn, causal(kOwnForwardMinRows), kH100), (std::vector<B>{B::cudnn}));
+}
+
+TEST(AttentionDispatch, OwnNeverTakesCudnn) {
+  EXPECT_EQ(candidates(Choice::own, causal(4096), kH100), (std::vector<B>{B::hopper, B::mma, B::reference}));
+  EXPECT_EQ(candidates(Choice::automatic, causal(4096), kH100, true),
+            (std::vector<B>{B::hopper, B::mma, B::reference}));
+  // A document's rows under a forced cuDNN: the own kernels, as under auto.
+  EXPECT_EQ(candidates(Choice::cudnn, causal(4096), kH100, true), (std::vector<B>{B::hopper, B::mma, B::reference}));
+  DeviceCaps no_cudnn = kH100;
+  no_cudnn.cudnn = false;
+  EXPECT_EQ(candidates(Choice::automatic, causal(4096), no_cudnn), (std::vector<B>{B::hopper, B::mma, B::reference}));
+}
+
+TEST(AttentionDispatch, Fp32AndOddHeadSizesFallToTheReferenceKernels) {
+  EXPECT_EQ(candidates(Choice::automatic, causal(4096, 128, DType::f32), kH100), (std::vector<B>{B::reference}));
+  EXPECT_EQ(candidates(Choice::automatic, causal(4096, 80), kH100), (std::vector<B>{B::cudnn, B::reference}));
+  EXPECT_EQ(candidates(Choice::automatic, causal(4096, 64, DType::f16), kH100),
+            (std::vector<B>{B::cudnn, B::mma, B::reference}));
+  const std::string why = error_of(Choice::automatic, causal(4096, 256), kH100);
+  EXPECT_NE(why.find("no attention backend runs a causal forward bf16 head_dim 256"), std::string::npos) << why;
+  EXPECT_NE(why.find("mma: the tensor-core kernels take head_dim 64 or 128, not 256"), std::string::npos) << why;
+}
+
+TEST(AttentionDispatch, AmpereAndBlackwellNeverReachTheHopperKernels) {
+  EXPECT_EQ(candidates(Choice::automatic, causal(kOwnForwardMinRows), kA100),
+            (std::vector<B>{B::cudnn, B::mma, B::reference}));
+  EXPECT_EQ(candidates(Choice::own, causal(4096, 128, DType::bf16, true), kA100), (std::vector<B>{B::mma, B::reference}));
+  EXPECT_EQ(candidates(Choice::automatic, causal(kOwnForwardMinRows), kB200),
+            (std::vector<B>{B::cudnn, B::mma, B::reference}));
+  const std::string why = error_of(Choice::hopper, causal(4096), kA100);
+  EXPECT_NE(why.find("[run] attention = \"hopper\" cannot run a causal forward"), std::string::npos) << why;
+  EXPECT_NE(why.find("this GPU is sm_80"), std::string::npos) << why;
+}
+
+// sm_89 gives a block 99 KB of shared memory: the own kernels at head_dim 128 need more (110 to
+// 120 KB), so cuDNN alone serves there, and the own choice is refused naming the shortfall.
+TEST(AttentionDispatch, AdaServesHeadDim128OnCudnnAlone) {
+  EXPECT_EQ(candidates(Choice::automatic, causal(4096), kRtx4090), (std::vector<B>{B::cudnn}));
+  EXPECT_EQ(candidates(Choice::own, causal(4096, 64), kRtx4090), (std::vector<B>{B::mma, B::reference}));
+  const std::string why = error_of(Choice::own, causal(4096), kRtx4090);
+  EXPECT_NE(why.find("110 KB of shared memory a block at head_dim 128; this GPU gives 99 KB"), std::string::npos) << why;
+  EXPECT_EQ(smem::mma(false, 128), 112640);
+  EXPECT_EQ(smem::mma(true, 128), 122880);
+  EXPECT_EQ(smem::reference(false, 128), 115712);
+  EXPECT_LE(smem::mma(true, 64), kRtx4090.smem_per_block);
+}
+
+TEST(AttentionDispatch, ForcedCudnnNamesWhatItRefuses) {
+  Call ring = causal(4096);
+  ring.keys = 8192;
+  ring.same_positions = false;
+  const std::string why = error_of(Choice::cudnn, ring, kH100);
+  EXPECT_NE(why.find("[run] attention = \"cudnn\" cannot run a causal forward bf16 head_dim 128, 4096 x 8192 rows: "
+                     "cuDNN attention takes causal blocks only with equal query and key positions"),
+            std::string::npos)
+      << why;
+  EXPECT_EQ(candidates(Choice::automatic, ring, kH100), (std::vector<B>{B::hopper, B::mma, B::reference}));
+  Call misaligned = causal(4096);
+  misaligned.out_aligned = false;
+  EXPECT_EQ(refusal(B::cudnn, misaligned, kH100), "cuDNN attention takes 16-byte aligned tensors");
+  EXPECT_EQ(candidates(Choice::automatic, misaligned, kH100), (std::vector<B>{B::mma, B::reference}));
+}
+
+TEST(AttentionDispatch, ChoiceNames) {
+  for (const char* n : {"auto", "cudnn", "own", "hopper", "mma", "reference"}) {
+    const auto c = parse_choice(n);
+    ASSERT_TRUE(c) << n;
+    EXPECT_STREQ(name(*c), n);
+  }
+  EXPECT_FALSE(parse_choice("flash"));
+  EXPECT_FALSE(parse_choice(""));
+}
+
+TEST(AttentionDispatch, PlanLinesNameTheBackendOfEachKindOfCall) {
+  const std::vector<std::string> lines = plan_lines(Choice::automatic, DType::bf16, 128, 262144, kH100);
+  ASSERT_EQ(lines.size(), 5u);
+  EXPECT_EQ(lines[0], "causal forward below 131072 rows: cudnn (hopper where cuDNN refuses the plan)");
+  EXPECT_EQ(lines[1], "causal forward of 262144 rows: hopper");
+  EXPECT_EQ(lines[2], "backward of 262144 rows: cudnn (mma where cuDNN refuses the plan)");
+  EXPECT_EQ(lines[3], "a document cuDNN's batches do not take, forward: hopper");
+  const std::vector<std::string> ada = plan_lines(Choice::mma, DType::bf16, 128, 4096, kRtx4090);
+  EXPECT_NE(ada[0].find("refused: [run] attention = \"mma\" cannot run"), std::string::npos) << ada[0];
+}
+
+}  // namespace
+}  // namespace lcx::ops::attention
