@@ -70,8 +70,10 @@ BpeModel::BpeModel(std::vector<std::string> vocab, BpeOptions options)
 void BpeModel::set_merges(const std::vector<std::pair<int32_t, int32_t>>& merges) {
   merges_.assign(table_size(merges.size()), MergeEntry{kEmpty, 0, 0});
   merge_mask_ = merges_.size() - 1;
+  in_merge_.assign(vocab_.size(), 0);
   for (size_t rank = 0; rank < merges.size(); ++rank) {
     auto [a, b] = merges[rank];
+    in_merge_[static_cast<size_t>(a)] = in_merge_[static_cast<size_t>(b)] = 1;
     int32_t id = id_of(vocab_[a] + vocab_[b]);
     LCX_CHECK(id >= 0, "merge result missing from vocab");
     uint64_t key = static_cast<uint64_t>(a) << 32 | static_cast<uint32_t>(b);
@@ -216,9 +218,30 @@ void BpeModel::encode_word(std::string_view word, std::vector<int32_t>& out) con
   }
   std::vector<int32_t> syms;
   initial_symbols(word, syms);
-  if (syms.size() <= 64) merge_short(syms);
-  else merge_long(syms);
-  out.insert(out.end(), syms.begin(), syms.end());
+  if (syms.size() <= 64) {
+    merge_short(syms);
+    out.insert(out.end(), syms.begin(), syms.end());
+    return;
+  }
+  // A symbol that is part of no merge stays alone whatever surrounds it, and the runs on either
+  // side of it merge independently (each in the global rank order): long words, such as a whole
+  // Llama 2 text cut only by its newlines' <0x0A>, become many short ones.
+  std::vector<int32_t> run;
+  auto flush = [&] {
+    if (run.size() <= 64) merge_short(run);
+    else merge_long(run);
+    out.insert(out.end(), run.begin(), run.end());
+    run.clear();
+  };
+  for (int32_t sym : syms) {
+    if (sym >= 0 && static_cast<size_t>(sym) < in_merge_.size() && !in_merge_[static_cast<size_t>(sym)]) {
+      flush();
+      out.push_back(sym);
+    } else {
+      run.push_back(sym);
+    }
+  }
+  flush();
 }
 
 void WordCache::lookup(const BpeModel& bpe, std::string_view word, std::vector<int32_t>& out) {

@@ -58,6 +58,7 @@ class BpeModel {
   uint64_t word_mask_ = 0;
   BpeOptions options_;
   std::vector<int32_t> fallback_id_;  // by byte: its <0xNN> id, when byte_fallback
+  std::vector<uint8_t> in_merge_;     // by id: 1 when the id is a part of some merge
 };
 
 // Word -> ids memo for one thread; cleared when it grows past a bound.

@@ -374,6 +374,35 @@ bool Steps::split(std::string_view text, size_t n, std::vector<Piece>& out) cons
     if (n > 0) out.push_back({0, static_cast<uint32_t>(n), false});
     return true;
   }
+  const Step& first = steps[0];
+  if (steps.size() == 1 && first.behavior == Behavior::kIsolated && !first.invert &&
+      (first.kind == Step::kQwenSplit || first.kind == Step::kRegexSplit)) {
+    // The usual file (one regex, Isolated): pieces straight from the matches, gaps included.
+    size_t prev = 0;
+    if (first.kind == Step::kQwenSplit) {
+      while (prev < n) {
+        const size_t e = next_piece(text, prev);
+        out.push_back({static_cast<uint32_t>(prev), static_cast<uint32_t>(e), false});
+        prev = e;
+      }
+      return prev == n || n == text.size();
+    }
+    for (size_t pos = 0; pos <= text.size();) {
+      size_t st, en;
+      if (!first.regex->find(text, pos, st, en) || st >= n) break;
+      if (st > prev) out.push_back({static_cast<uint32_t>(prev), static_cast<uint32_t>(st), false});
+      if (en > st) out.push_back({static_cast<uint32_t>(st), static_cast<uint32_t>(en), false});
+      prev = en;
+      if (en > st) pos = en;
+      else if (st < text.size()) pos = st + char_len(text, st);
+      else break;
+    }
+    if (prev < n) {
+      out.push_back({static_cast<uint32_t>(prev), static_cast<uint32_t>(n), false});
+      return n == text.size();
+    }
+    return prev == n || n == text.size();
+  }
   bool ok = true;
   std::vector<Seg> segs;
   std::vector<std::pair<size_t, size_t>> ranges;

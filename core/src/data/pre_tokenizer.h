@@ -90,6 +90,26 @@ class Steps {
   // or after n. Returns true when the first step's last match ended exactly at n (or n is the
   // text's end), i.e. when the whole input has a piece boundary at n too.
   bool split(std::string_view text, size_t n, std::vector<Piece>& out) const;
+  // split(), calling f(piece) for each piece instead: the Qwen pattern's pieces stream without a
+  // list between the regex and BPE.
+  template <typename F>
+  bool for_each_piece(std::string_view text, size_t n, F&& f) const {
+    if (steps.size() == 1 && steps[0].kind == Step::kQwenSplit && steps[0].behavior == Behavior::kIsolated &&
+        !steps[0].invert) {
+      size_t prev = 0;
+      while (prev < n) {
+        const size_t e = next_piece(text, prev);
+        f(Piece{static_cast<uint32_t>(prev), static_cast<uint32_t>(e), false});
+        prev = e;
+      }
+      return prev == n || n == text.size();
+    }
+    thread_local std::vector<Piece> pieces;
+    pieces.clear();
+    const bool ok = split(text, n, pieces);
+    for (const Piece& p : pieces) f(p);
+    return ok;
+  }
 };
 
 }  // namespace lcx::pretok

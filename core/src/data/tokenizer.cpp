@@ -278,11 +278,8 @@ struct Tokenizer::Impl {
   // Steps::split's answer.
   bool pre_tokenize(std::string_view s, size_t n, size_t at, WordCache& cache, std::vector<int32_t>& out,
                     std::vector<TokenSpan>* spans) const {
-    thread_local std::vector<pretok::Piece> pieces;
-    thread_local std::string word;
-    pieces.clear();
-    const bool ok = steps.split(s, n, pieces);
-    for (const pretok::Piece& p : pieces) {
+    std::string word;
+    return steps.for_each_piece(s, n, [&](const pretok::Piece& p) {
       std::string_view w = s.substr(p.begin, p.end - p.begin);
       if (p.prefixed) {
         word.assign(1, ' ');
@@ -302,8 +299,7 @@ struct Tokenizer::Impl {
           x = e;
         }
       }
-    }
-    return ok;
+    });
   }
 
   // A stretch of input between added tokens, raw[0, raw_n), with raw[raw_n, ...) after it as
