@@ -2,7 +2,8 @@
 // (tokenize=True) gives them (fixtures/families/chat_golden.jsonl, written by
 // gen_families_golden.py): Llama 3.1's official template (fixtures/chat/templates/llama31.jinja,
 // with tools in the user message and in the system prompt, a tool call, built-in tools through
-// <|python_tag|>, a refused second tool call) and Gemma 3's (from its tokenizer_config.json). And
+// <|python_tag|>, a refused second tool call), Gemma 3's (from its tokenizer_config.json) and
+// Qwen2.5's (parallel tool calls, tool responses; fixtures/families/README.md gives the sources). And
 // loss_on = "assistant" finding Llama 3.1's and Gemma 3's assistant turns, tool calls included.
 #include <gtest/gtest.h>
 
