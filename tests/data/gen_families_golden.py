@@ -15,6 +15,13 @@ tokenizer.json.gz) and tokenizer_config.json, as scripts/fetch_data.sh puts them
                         AutoTokenizer(folder).apply_chat_template(..., tokenize=True) with the
                         template of fixtures/chat/templates/<template>.jinja, or the error it raised.
 Nothing here knows what lcx produces.
+
+Without Python's `tokenizers` and `transformers` (a machine with npm and jinja2 only):
+    python3 tests/data/gen_families_golden.py --node NODE_MODULES --tokenizers data --out ...
+encodes through the Node binding of the same library (npm install tokenizers@<version>; see
+gen_families_golden_node.js) and renders the chat templates with jinja2 configured as transformers
+configures it (gen_chat_golden.local_environment), then encodes the text without special tokens,
+as apply_chat_template(tokenize=True) does; the fixtures say which engine wrote them.
 """
 import argparse
 import gzip
@@ -25,12 +32,23 @@ import shutil
 import sys
 import tempfile
 
-import tokenizers
-from tokenizers import Tokenizer
-
 HERE = os.path.dirname(os.path.abspath(__file__))
 sys.path.insert(0, HERE)
-from gen_golden import CASES  # noqa: E402  the Qwen3 fixture's strings: every class boundary of the regexes
+
+# The Qwen3 fixture's strings (every class boundary of the regexes), read without importing
+# gen_golden.py, which needs Python's `tokenizers`.
+def qwen3_cases():
+    import ast
+    with open(os.path.join(HERE, "gen_golden.py"), encoding="utf-8") as f:
+        tree = ast.parse(f.read())
+    for node in tree.body:
+        if isinstance(node, ast.Assign) and any(getattr(t, "id", None) == "CASES" for t in node.targets):
+            # String literals and repetitions ("x" * 100): evaluated with no names in scope.
+            return eval(compile(ast.Expression(node.value), "gen_golden.py", "eval"), {"__builtins__": {}})
+    raise RuntimeError("gen_golden.py has no CASES")
+
+
+CASES = qwen3_cases()
 
 FAMILIES = ["llama3_1", "gemma3", "gptoss", "llama2", "qwen3"]
 EXTRA = [
@@ -56,7 +74,10 @@ def main():
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--tokenizers", required=True)
     ap.add_argument("--out", required=True)
+    ap.add_argument("--node", help="a node_modules folder holding npm's tokenizers: use it, and jinja2 for the chat")
     args = ap.parse_args()
+    if args.node:
+        return main_node(args)
     os.makedirs(args.out, exist_ok=True)
     fixtures = os.path.join(HERE, "fixtures")
     with open(os.path.join(fixtures, "families", "multilingual.txt"), encoding="utf-8") as f:
@@ -64,6 +85,8 @@ def main():
     texts = [multilingual] + EXTRA + CASES
     tmp = tempfile.mkdtemp()
     folders = {}
+    import tokenizers
+    from tokenizers import Tokenizer
     import transformers
     from transformers import AutoTokenizer
     for fam in FAMILIES:
@@ -111,6 +134,67 @@ def main():
             ids = out["input_ids"]
             row["ids"] = list(ids[0] if ids and isinstance(ids[0], list) else ids)
         except Exception as e:
+            row.pop("text", None)
+            row["error"] = f"{type(e).__name__}: {e}"
+        rows.append(row)
+    with open(os.path.join(args.out, "chat_golden.jsonl"), "w", encoding="utf-8") as f:
+        for r in rows:
+            f.write(json.dumps(r, ensure_ascii=False) + "\n")
+    print(len(rows), "conversations", file=sys.stderr)
+
+
+def main_node(args):
+    import subprocess
+    import jinja2
+    from gen_chat_golden import local_environment, render_local
+    fixtures = os.path.join(HERE, "fixtures")
+    with open(os.path.join(fixtures, "families", "multilingual.txt"), encoding="utf-8") as f:
+        multilingual = f.read()
+    texts = [multilingual] + EXTRA + CASES
+    tmp = tempfile.mkdtemp()
+    env = dict(os.environ, NODE_PATH=os.path.abspath(args.node))
+    script = os.path.join(HERE, "gen_families_golden_node.js")
+
+    def encode(path, texts, special):
+        req = os.path.join(tmp, "request.json")
+        with open(req, "w", encoding="utf-8") as f:
+            json.dump({"tokenizer": path, "texts": texts, "special": special}, f)
+        return json.loads(subprocess.run(["node", script, req], env=env, check=True, capture_output=True).stdout)
+
+    folders = {}
+    for fam in FAMILIES:
+        folder = materialize(os.path.join(args.tokenizers, fam), os.path.join(tmp, fam))
+        folders[fam] = folder
+        path = os.path.join(folder, "tokenizer.json")
+        res = encode(path, texts, [False, True])
+        with open(path, "rb") as f:
+            sha = hashlib.sha256(f.read()).hexdigest()
+        out = {"tokenizers_version": res["version"] + " (node binding)", "tokenizer_sha256": sha, "cases": res["cases"]}
+        with open(os.path.join(args.out, f"{fam}_golden.json"), "w", encoding="utf-8") as f:
+            json.dump(out, f, ensure_ascii=False, separators=(",", ":"))
+        print(fam, len(res["cases"]), "cases", file=sys.stderr)
+
+    jenv = local_environment()
+    rows = []
+    for line in open(os.path.join(fixtures, "families", "chat_conversations.jsonl"), encoding="utf-8"):
+        c = json.loads(line)
+        with open(os.path.join(fixtures, "chat", "templates", c["template"] + ".jinja"), encoding="utf-8") as f:
+            template = f.read()
+        with open(os.path.join(folders[c["tokenizer"]], "tokenizer_config.json"), encoding="utf-8") as f:
+            config = json.load(f)
+        special = {}
+        for k in ("bos_token", "eos_token", "unk_token", "pad_token"):
+            v = config.get(k)
+            v = v.get("content") if isinstance(v, dict) else v
+            if isinstance(v, str):
+                special[k] = v
+        row = {"name": c["name"], "engine": f"jinja2 {jinja2.__version__} (configured as transformers) + tokenizers "
+                                            f"node binding", "special_tokens": special}
+        conv = dict(c, kwargs=c.get("kwargs", {}))
+        try:
+            row["text"], _ = render_local(jenv, template, conv, special)
+            row["ids"] = encode(os.path.join(folders[c["tokenizer"]], "tokenizer.json"), [row["text"]], [False])["cases"][0]["ids"]
+        except jinja2.TemplateError as e:
             row.pop("text", None)
             row["error"] = f"{type(e).__name__}: {e}"
         rows.append(row)
