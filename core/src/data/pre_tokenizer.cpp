@@ -159,10 +159,6 @@ bool is_safe_cut(std::string_view s, size_t pos) {
   return p[pos] == ' ' && pos + 1 < s.size() && ascii_letter(p[pos - 1]) && ascii_letter(p[pos + 1]);
 }
 
-}  // namespace lcx::pretok
-
-namespace lcx::pretok {
-
 const char* const kGpt2Pattern = R"('s|'t|'re|'ve|'m|'ll|'d| ?\p{L}+| ?\p{N}+| ?[^\s\p{L}\p{N}]+|\s+(?!\S)|\s+)";
 
 namespace {
