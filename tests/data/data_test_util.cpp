@@ -13,6 +13,9 @@ namespace lcx::test {
 static std::string if_exists(const fs::path& p) { return fs::exists(p) ? p.string() : std::string(); }
 
 std::string qwen3_tokenizer_path() { return if_exists(fs::path(LCX_SOURCE_DIR) / "data/qwen3/tokenizer.json"); }
+std::string family_tokenizer_path(const std::string& family) {
+  return (fs::path(LCX_SOURCE_DIR) / "data" / family / "tokenizer.json").string();
+}
 std::string kjv_path() { return if_exists(fs::path(LCX_SOURCE_DIR) / "data/kjv/kjv.txt"); }
 
 std::string read_file(const std::string& path) {

@@ -8,6 +8,8 @@ namespace lcx::test {
 
 std::string qwen3_tokenizer_path();  // "" when data/ has not been fetched
 std::string kjv_path();              // "" when data/ has not been fetched
+// data/<family>/tokenizer.json (llama3_1, gemma3, gptoss, llama2, qwen3), whether or not it is there.
+std::string family_tokenizer_path(const std::string& family);
 nlohmann::json load_json(const std::string& path);
 std::string read_file(const std::string& path);
 void write_file(const std::string& path, const std::string& bytes);

@@ -1,5 +1,6 @@
 #include "data/bpe.h"
 
+#include <cstdio>
 #include <cstring>
 #include <queue>
 
@@ -38,8 +39,8 @@ uint64_t table_size(size_t n) {
 }
 }  // namespace
 
-BpeModel::BpeModel(std::vector<std::string> vocab, bool ignore_merges)
-    : vocab_(std::move(vocab)), ignore_merges_(ignore_merges) {
+BpeModel::BpeModel(std::vector<std::string> vocab, BpeOptions options)
+    : vocab_(std::move(vocab)), options_(options) {
   word_table_.assign(table_size(vocab_.size()), 0);
   word_mask_ = word_table_.size() - 1;
   for (size_t id = 0; id < vocab_.size(); ++id) {
@@ -54,6 +55,14 @@ BpeModel::BpeModel(std::vector<std::string> vocab, bool ignore_merges)
   }
   byte_id_.assign(256, -1);
   for (int b = 0; b < 256; ++b) byte_id_[b] = id_of(std::string(1, static_cast<char>(b)));
+  if (options_.byte_fallback) {
+    fallback_id_.assign(256, -1);
+    char name[8];
+    for (int b = 0; b < 256; ++b) {
+      std::snprintf(name, sizeof name, "<0x%02X>", b);
+      fallback_id_[b] = id_of(name);
+    }
+  }
   merges_.assign(16, MergeEntry{kEmpty, 0, 0});
   merge_mask_ = merges_.size() - 1;
 }
@@ -61,8 +70,10 @@ BpeModel::BpeModel(std::vector<std::string> vocab, bool ignore_merges)
 void BpeModel::set_merges(const std::vector<std::pair<int32_t, int32_t>>& merges) {
   merges_.assign(table_size(merges.size()), MergeEntry{kEmpty, 0, 0});
   merge_mask_ = merges_.size() - 1;
+  in_merge_.assign(vocab_.size(), 0);
   for (size_t rank = 0; rank < merges.size(); ++rank) {
     auto [a, b] = merges[rank];
+    in_merge_[static_cast<size_t>(a)] = in_merge_[static_cast<size_t>(b)] = 1;
     int32_t id = id_of(vocab_[a] + vocab_[b]);
     LCX_CHECK(id >= 0, "merge result missing from vocab");
     uint64_t key = static_cast<uint64_t>(a) << 32 | static_cast<uint32_t>(b);
@@ -162,19 +173,75 @@ void BpeModel::merge_long(std::vector<int32_t>& syms) const {
   syms.resize(k);
 }
 
+void BpeModel::initial_symbols(std::string_view word, std::vector<int32_t>& syms) const {
+  if (options_.byte_level) {
+    syms.resize(word.size());
+    for (size_t i = 0; i < word.size(); ++i) syms[i] = byte_id_[static_cast<unsigned char>(word[i])];
+    return;
+  }
+  syms.clear();
+  bool previous_unk = false;
+  for (size_t i = 0; i < word.size();) {
+    size_t j = i + 1;
+    while (j < word.size() && (static_cast<unsigned char>(word[j]) & 0xC0) == 0x80) ++j;
+    const std::string_view ch = word.substr(i, j - i);
+    i = j;
+    if (int32_t id = id_of(ch); id >= 0) {
+      syms.push_back(id);
+      previous_unk = false;
+      continue;
+    }
+    if (options_.byte_fallback) {
+      bool all = true;
+      for (char b : ch) all = all && fallback_id_[static_cast<unsigned char>(b)] >= 0;
+      if (all) {
+        for (char b : ch) syms.push_back(fallback_id_[static_cast<unsigned char>(b)]);
+        previous_unk = false;
+        continue;
+      }
+    }
+    if (options_.unk < 0)
+      throw Error(str("the character ", std::string(ch), " is not in the vocabulary and the tokenizer has no unk_token"),
+                  "data.tokenizer", "use the model's own tokenizer.json (its vocabulary covers its training text)");
+    if (!(options_.fuse_unk && previous_unk)) syms.push_back(options_.unk);
+    previous_unk = true;
+  }
+}
+
 void BpeModel::encode_word(std::string_view word, std::vector<int32_t>& out) const {
-  if (ignore_merges_) {
+  if (options_.ignore_merges) {
     int32_t id = id_of(word);
     if (id >= 0) {
       out.push_back(id);
       return;
     }
   }
-  std::vector<int32_t> syms(word.size());
-  for (size_t i = 0; i < word.size(); ++i) syms[i] = byte_id_[static_cast<unsigned char>(word[i])];
-  if (syms.size() <= 64) merge_short(syms);
-  else merge_long(syms);
-  out.insert(out.end(), syms.begin(), syms.end());
+  std::vector<int32_t> syms;
+  initial_symbols(word, syms);
+  if (syms.size() <= 64) {
+    merge_short(syms);
+    out.insert(out.end(), syms.begin(), syms.end());
+    return;
+  }
+  // A symbol that is part of no merge stays alone whatever surrounds it, and the runs on either
+  // side of it merge independently (each in the global rank order): long words, such as a whole
+  // Llama 2 text cut only by its newlines' <0x0A>, become many short ones.
+  std::vector<int32_t> run;
+  auto flush = [&] {
+    if (run.size() <= 64) merge_short(run);
+    else merge_long(run);
+    out.insert(out.end(), run.begin(), run.end());
+    run.clear();
+  };
+  for (int32_t sym : syms) {
+    if (sym >= 0 && static_cast<size_t>(sym) < in_merge_.size() && !in_merge_[static_cast<size_t>(sym)]) {
+      flush();
+      out.push_back(sym);
+    } else {
+      run.push_back(sym);
+    }
+  }
+  flush();
 }
 
 void WordCache::lookup(const BpeModel& bpe, std::string_view word, std::vector<int32_t>& out) {

@@ -1,9 +1,13 @@
 #include "data/pre_tokenizer.h"
 
+#define PCRE2_CODE_UNIT_WIDTH 8
+#include <pcre2.h>
 #include <utf8proc.h>
 
+#include <algorithm>
 #include <array>
 #include <memory>
+#include <stdexcept>
 
 #include "data/utf8.h"
 
@@ -153,6 +157,290 @@ bool is_safe_cut(std::string_view s, size_t pos) {
   }
   auto ascii_letter = [](unsigned char b) { return (b | 0x20) >= 'a' && (b | 0x20) <= 'z'; };
   return p[pos] == ' ' && pos + 1 < s.size() && ascii_letter(p[pos - 1]) && ascii_letter(p[pos + 1]);
+}
+
+const char* const kGpt2Pattern = R"('s|'t|'re|'ve|'m|'ll|'d| ?\p{L}+| ?\p{N}+| ?[^\s\p{L}\p{N}]+|\s+(?!\S)|\s+)";
+
+namespace {
+
+// Unicode's White_Space property as the body of a character class.
+constexpr const char* kWhiteSpace = R"(\t-\r\x{20}\x{85}\x{a0}\x{1680}\x{2000}-\x{200a}\x{2028}\x{2029}\x{202f}\x{205f}\x{3000})";
+
+struct MatchState {
+  pcre2_match_data* data = pcre2_match_data_create(4, nullptr);
+  pcre2_match_context* context = pcre2_match_context_create(nullptr);
+  pcre2_jit_stack* stack = pcre2_jit_stack_create(32 << 10, 8 << 20, nullptr);
+  MatchState() { pcre2_jit_stack_assign(context, nullptr, stack); }
+  ~MatchState() {
+    pcre2_jit_stack_free(stack);
+    pcre2_match_context_free(context);
+    pcre2_match_data_free(data);
+  }
+};
+
+size_t char_len(std::string_view s, size_t i) {
+  size_t j = i + 1;
+  while (j < s.size() && (static_cast<unsigned char>(s[j]) & 0xC0) == 0x80) ++j;
+  return j - i;
+}
+
+}  // namespace
+
+std::string oniguruma_to_pcre2(const std::string& p) {
+  std::string out;
+  bool in_class = false;
+  for (size_t i = 0; i < p.size(); ++i) {
+    const char c = p[i];
+    if (c == '\\' && i + 1 < p.size()) {
+      const char n = p[i + 1];
+      ++i;
+      if (n == 's') {
+        out += in_class ? std::string(kWhiteSpace) : "[" + std::string(kWhiteSpace) + "]";
+      } else if (n == 'S') {
+        if (in_class) throw std::invalid_argument("\\S inside a character class");
+        out += "[^" + std::string(kWhiteSpace) + "]";
+      } else {
+        out += c;
+        out += n;
+      }
+      continue;
+    }
+    if (c == '[' && !in_class) {
+      in_class = true;
+      out += c;
+      // A ']' right after '[' or '[^' is a literal member.
+      if (i + 1 < p.size() && p[i + 1] == '^') out += p[++i];
+      if (i + 1 < p.size() && p[i + 1] == ']') out += p[++i];
+      continue;
+    }
+    if (c == '[' && in_class && i + 1 < p.size() && p[i + 1] == ':') {  // [:alpha:]
+      size_t close = p.find(":]", i + 2);
+      if (close != std::string::npos) {
+        out.append(p, i, close + 2 - i);
+        i = close + 1;
+        continue;
+      }
+    }
+    if (c == '[' && in_class) throw std::invalid_argument("a nested character class");
+    if (c == ']' && in_class) in_class = false;
+    out += c;
+  }
+  return out;
+}
+
+Regex::Regex(const std::string& pattern) : pattern_(pattern) {
+  const std::string p = oniguruma_to_pcre2(pattern);
+  int err = 0;
+  PCRE2_SIZE offset = 0;
+  pcre2_code* code = pcre2_compile(reinterpret_cast<PCRE2_SPTR>(p.data()), p.size(), PCRE2_UTF | PCRE2_UCP, &err,
+                                   &offset, nullptr);
+  if (!code) {
+    PCRE2_UCHAR msg[256];
+    pcre2_get_error_message(err, msg, sizeof msg);
+    throw std::invalid_argument(std::string(reinterpret_cast<const char*>(msg)) + " at offset " +
+                                std::to_string(offset) + " of " + p);
+  }
+  // Without the JIT (a build without it) pcre2_match interprets: slower, the same matches.
+  pcre2_jit_compile(code, PCRE2_JIT_COMPLETE);
+  code_ = code;
+  lookbehind_ = pattern.find("(?<=") != std::string::npos || pattern.find("(?<!") != std::string::npos;
+}
+
+Regex::~Regex() { pcre2_code_free(static_cast<pcre2_code*>(code_)); }
+
+bool Regex::find(std::string_view s, size_t from, size_t& start, size_t& end) const {
+  thread_local MatchState state;
+  const int rc = pcre2_match(static_cast<const pcre2_code*>(code_), reinterpret_cast<PCRE2_SPTR>(s.data()), s.size(),
+                             from, PCRE2_NO_UTF_CHECK, state.data, state.context);
+  if (rc == PCRE2_ERROR_NOMATCH) return false;
+  if (rc < 0) {
+    PCRE2_UCHAR msg[256];
+    pcre2_get_error_message(rc, msg, sizeof msg);
+    throw std::runtime_error("regex " + pattern_ + ": " + reinterpret_cast<const char*>(msg));
+  }
+  const PCRE2_SIZE* ov = pcre2_get_ovector_pointer(state.data);
+  start = ov[0];
+  end = ov[1];
+  return true;
+}
+
+namespace {
+
+struct Seg {
+  size_t b, e;
+  bool match;
+};
+
+// The pieces tokenizers' NormalizedString::split makes of `segs` (gaps and matches tiling the
+// subject, in order), empty ones dropped.
+void apply_behavior(const std::vector<Seg>& segs, Behavior behavior, bool invert,
+                    std::vector<std::pair<size_t, size_t>>& out) {
+  auto is_match = [&](const Seg& s) { return s.match != invert; };
+  if (behavior == Behavior::kIsolated || behavior == Behavior::kRemoved) {
+    for (const Seg& s : segs)
+      if (s.e > s.b && (behavior == Behavior::kIsolated || !is_match(s))) out.emplace_back(s.b, s.e);
+    return;
+  }
+  std::vector<Seg> acc;
+  bool previous = false;
+  switch (behavior) {
+    case Behavior::kIsolated:
+    case Behavior::kRemoved:
+      break;
+    case Behavior::kMergedWithPrevious:
+      for (const Seg& s : segs) {
+        if (is_match(s) && !previous && !acc.empty()) acc.back().e = s.e;
+        else acc.push_back(s);
+        previous = is_match(s);
+      }
+      break;
+    case Behavior::kMergedWithNext:
+      for (size_t k = segs.size(); k-- > 0;) {
+        const Seg& s = segs[k];
+        if (is_match(s) && !previous && !acc.empty()) acc.back().b = s.b;
+        else acc.push_back(s);
+        previous = is_match(s);
+      }
+      std::reverse(acc.begin(), acc.end());
+      break;
+    case Behavior::kContiguous:
+      for (const Seg& s : segs) {
+        if (is_match(s) == previous && !acc.empty()) acc.back().e = s.e;
+        else acc.push_back(s);
+        previous = is_match(s);
+      }
+      break;
+  }
+  for (const Seg& s : acc)
+    if (s.e > s.b) out.emplace_back(s.b, s.e);
+}
+
+// Gaps and matches of one split step over subject[0, n); `ok` as Steps::split returns it.
+void segments(const Step& step, std::string_view subject, size_t n, std::vector<Seg>& segs, bool& ok) {
+  size_t prev = 0;
+  if (step.kind == Step::kQwenSplit) {
+    while (prev < n) {
+      const size_t e = next_piece(subject, prev);
+      segs.push_back({prev, e, true});
+      prev = e;
+    }
+  } else {
+    size_t pos = 0;
+    while (pos <= subject.size()) {
+      size_t st, en;
+      if (step.kind == Step::kRegexSplit) {
+        if (!step.regex->find(subject, pos, st, en)) break;
+      } else {
+        st = subject.find(step.literal, pos);
+        if (st == std::string_view::npos) break;
+        en = st + step.literal.size();
+      }
+      if (st >= n) break;
+      if (st > prev) segs.push_back({prev, st, false});
+      segs.push_back({st, en, true});
+      prev = en;
+      if (en > st) pos = en;
+      else if (st < subject.size()) pos = st + char_len(subject, st);
+      else break;
+    }
+    if (prev < n) {
+      segs.push_back({prev, n, false});
+      ok = n == subject.size();
+      return;
+    }
+  }
+  ok = prev == n || n == subject.size();
+}
+
+}  // namespace
+
+bool Steps::cuts_allowed() const {
+  if (steps.empty()) return false;
+  const Step& first = steps[0];
+  const bool regex = first.kind == Step::kQwenSplit || (first.kind == Step::kRegexSplit && !first.regex->has_lookbehind());
+  if (!regex || first.invert || (first.behavior != Behavior::kIsolated && first.behavior != Behavior::kRemoved)) return false;
+  for (const Step& s : steps)
+    if (s.kind == Step::kPrefixSpace) return false;
+  return true;
+}
+
+bool Steps::split(std::string_view text, size_t n, std::vector<Piece>& out) const {
+  const size_t first_out = out.size();
+  if (steps.empty()) {
+    if (n > 0) out.push_back({0, static_cast<uint32_t>(n), false});
+    return true;
+  }
+  const Step& first = steps[0];
+  if (steps.size() == 1 && first.behavior == Behavior::kIsolated && !first.invert &&
+      (first.kind == Step::kQwenSplit || first.kind == Step::kRegexSplit)) {
+    // The usual file (one regex, Isolated): pieces straight from the matches, gaps included.
+    size_t prev = 0;
+    if (first.kind == Step::kQwenSplit) {
+      while (prev < n) {
+        const size_t e = next_piece(text, prev);
+        out.push_back({static_cast<uint32_t>(prev), static_cast<uint32_t>(e), false});
+        prev = e;
+      }
+      return prev == n || n == text.size();
+    }
+    for (size_t pos = 0; pos <= text.size();) {
+      size_t st, en;
+      if (!first.regex->find(text, pos, st, en) || st >= n) break;
+      if (st > prev) out.push_back({static_cast<uint32_t>(prev), static_cast<uint32_t>(st), false});
+      if (en > st) out.push_back({static_cast<uint32_t>(st), static_cast<uint32_t>(en), false});
+      prev = en;
+      if (en > st) pos = en;
+      else if (st < text.size()) pos = st + char_len(text, st);
+      else break;
+    }
+    if (prev < n) {
+      out.push_back({static_cast<uint32_t>(prev), static_cast<uint32_t>(n), false});
+      return n == text.size();
+    }
+    return prev == n || n == text.size();
+  }
+  bool ok = true;
+  std::vector<Seg> segs;
+  std::vector<std::pair<size_t, size_t>> ranges;
+  {
+    segments(steps[0], text, n, segs, ok);
+    apply_behavior(segs, steps[0].behavior, steps[0].invert, ranges);
+    for (auto [b, e] : ranges) out.push_back({static_cast<uint32_t>(b), static_cast<uint32_t>(e), false});
+  }
+  std::vector<Piece> next;
+  std::string subject;
+  for (size_t k = 1; k < steps.size(); ++k) {
+    const Step& step = steps[k];
+    next.clear();
+    for (size_t i = first_out; i < out.size(); ++i) {
+      const Piece p = out[i];
+      if (step.kind == Step::kPrefixSpace) {
+        Piece q = p;
+        if (!p.prefixed && (p.end == p.begin || text[p.begin] != ' ')) q.prefixed = true;
+        next.push_back(q);
+        continue;
+      }
+      std::string_view sub = text.substr(p.begin, p.end - p.begin);
+      if (p.prefixed) {
+        subject.assign(1, ' ');
+        subject.append(sub);
+        sub = subject;
+      }
+      segs.clear();
+      ranges.clear();
+      bool sub_ok;
+      segments(step, sub, sub.size(), segs, sub_ok);
+      apply_behavior(segs, step.behavior, step.invert, ranges);
+      const size_t shift = p.prefixed ? 1 : 0;
+      for (auto [b, e] : ranges) {
+        if (p.prefixed && b == 0) next.push_back({p.begin, static_cast<uint32_t>(p.begin + e - 1), true});
+        else next.push_back({static_cast<uint32_t>(p.begin + b - shift), static_cast<uint32_t>(p.begin + e - shift), false});
+      }
+    }
+    out.resize(first_out);
+    out.insert(out.end(), next.begin(), next.end());
+  }
+  return ok;
 }
 
 }  // namespace lcx::pretok

@@ -2,6 +2,8 @@
 
 #include <algorithm>
 #include <atomic>
+#include <cctype>
+#include <filesystem>
 #include <fstream>
 #include <mutex>
 #include <nlohmann/json.hpp>
@@ -185,17 +187,34 @@ class AddedMatcher {
 }  // namespace
 
 struct Tokenizer::Impl {
+  // A normalizer of tokenizer.json, in the order the file lists them.
+  struct NormOp {
+    enum Kind : uint8_t { kNfc, kReplace, kPrepend } kind = kNfc;
+    std::string from, to;  // kReplace: every `from` becomes `to`; kPrepend: `to` before a non-empty text
+  };
+  // A decoder of tokenizer.json, applied to the list of token strings in order.
+  struct DecodeOp {
+    enum Kind : uint8_t { kReplace, kByteFallback, kFuse, kStrip } kind = kReplace;
+    std::string from, to;      // kReplace; kStrip: `from` is the character stripped
+    size_t start = 0, stop = 0;  // kStrip: at most this many at each end of every token
+  };
+
   std::string path, hash;
-  bool nfc = false;
+  std::vector<NormOp> norm_ops;
+  bool nfc_only = false;  // norm_ops is exactly NFC: offsets through the piecewise map below
+  pretok::Steps steps;
+  bool byte_level = true;  // ByteLevel pre-tokenizer and decoder; else characters and decode_ops
+  std::vector<DecodeOp> decode_ops;
+  std::vector<int32_t> prefix_ids, suffix_ids;  // the post-processor's template around one text
   std::unique_ptr<BpeModel> bpe;
   AddedMatcher raw_added;         // normalized: false, matched on the input
-  AddedMatcher normalized_added;  // normalized: true, matched after NFC
+  AddedMatcher normalized_added;  // normalized: true, matched after normalizing
   std::vector<std::string> added_bytes;  // by id - first_added: what the decoder writes
   std::vector<char> added_special;
   std::vector<std::pair<std::string, int32_t>> added_by_content;
   int32_t first_added = 0;
   int64_t vocab_size = 0;
-  std::vector<uint32_t> token_bytes;  // by BPE id: its length in bytes, for offsets without a lookup of its string
+  std::vector<uint32_t> token_bytes;  // by BPE id: the bytes of normalized text it stands for
   int32_t eos = -1;
 
   mutable std::mutex cache_mu;
@@ -213,50 +232,120 @@ struct Tokenizer::Impl {
     caches.push_back(std::move(c));
   }
 
-  // `spans`, when given, gets each id's bytes in `s`'s coordinates, from `at` on.
-  void pre_tokenize(std::string_view s, size_t at, WordCache& cache, std::vector<int32_t>& out,
-                    std::vector<TokenSpan>* spans) const {
-    for (size_t pos = 0; pos < s.size();) {
-      size_t end = pretok::next_piece(s, pos);
-      const size_t first = out.size();
-      cache.lookup(*bpe, s.substr(pos, end - pos), out);
-      if (spans) {
-        // Byte-level BPE: a word's tokens are its bytes cut in order.
-        uint32_t b = static_cast<uint32_t>(at + pos);
-        for (size_t k = first; k < out.size(); ++k) {
-          const uint32_t e = b + token_bytes[static_cast<size_t>(out[k])];
-          spans->push_back({b, e});
-          b = e;
-        }
-      }
-      pos = end;
+  bool only_nfc_or_nothing() const { return norm_ops.empty() || nfc_only; }
+
+  // `raw` normalized. `src`, when given, gets for each byte of the result the byte of `raw` it
+  // comes from (a prepended text: 0), plus raw.size() at the end.
+  std::string normalize(std::string_view raw, std::vector<uint32_t>* src = nullptr) const {
+    std::string s(raw);
+    if (src) {
+      src->resize(raw.size() + 1);
+      for (size_t i = 0; i <= raw.size(); ++i) (*src)[i] = static_cast<uint32_t>(i);
     }
+    for (const NormOp& op : norm_ops) {
+      if (op.kind == NormOp::kNfc) {
+        if (utf8::may_change_under_nfc(s)) s = utf8::nfc(s);
+      } else if (op.kind == NormOp::kPrepend) {
+        if (s.empty()) continue;
+        s.insert(0, op.to);
+        if (src) src->insert(src->begin(), op.to.size(), 0);
+      } else {
+        std::string out;
+        std::vector<uint32_t> map;
+        for (size_t i = 0; i < s.size();) {
+          if (s.compare(i, op.from.size(), op.from) == 0) {
+            out += op.to;
+            if (src) map.insert(map.end(), op.to.size(), (*src)[i]);
+            i += op.from.size();
+          } else {
+            out += s[i];
+            if (src) map.push_back((*src)[i]);
+            ++i;
+          }
+        }
+        if (src) {
+          map.push_back(static_cast<uint32_t>(raw.size()));
+          *src = std::move(map);
+        }
+        s = std::move(out);
+      }
+    }
+    return s;
   }
 
-  // A stretch of input between added tokens: normalize, split on normalized added tokens, then
-  // pre-tokenize and run BPE. `spans`, when given, gets each id's bytes in `raw`, plus `base`.
-  void encode_plain(std::string_view raw, WordCache& cache, std::vector<int32_t>& out,
+  // The pieces of s[0, n) (s may go on past n: lookahead for the regex), each through BPE.
+  // `spans`, when given, gets each id's bytes in `s`'s coordinates, from `at` on. Returns
+  // Steps::split's answer.
+  bool pre_tokenize(std::string_view s, size_t n, size_t at, WordCache& cache, std::vector<int32_t>& out,
+                    std::vector<TokenSpan>* spans) const {
+    std::string word;
+    return steps.for_each_piece(s, n, [&](const pretok::Piece& p) {
+      std::string_view w = s.substr(p.begin, p.end - p.begin);
+      if (p.prefixed) {
+        word.assign(1, ' ');
+        word.append(w);
+        w = word;
+      }
+      const size_t first = out.size();
+      cache.lookup(*bpe, w, out);
+      if (spans) {
+        // A word's tokens are its bytes cut in order; a prefix space belongs to no byte of s.
+        const size_t prefix = p.prefixed ? 1 : 0;
+        size_t x = 0;
+        auto to_s = [&](size_t wx) { return static_cast<uint32_t>(at + p.begin + (wx > prefix ? wx - prefix : 0)); };
+        for (size_t k = first; k < out.size(); ++k) {
+          const size_t e = k + 1 == out.size() ? w.size() : std::min(w.size(), x + token_bytes[static_cast<size_t>(out[k])]);
+          spans->push_back({to_s(x), to_s(e)});
+          x = e;
+        }
+      }
+    });
+  }
+
+  // A stretch of input between added tokens, raw[0, raw_n), with raw[raw_n, ...) after it as
+  // lookahead: normalize, split on normalized added tokens, pre-tokenize and run BPE. `spans`,
+  // when given, gets each id's bytes in `raw`, plus `base`. Returns false when the stretch's end
+  // is not a piece boundary of the whole input (the caller encodes a longer stretch instead).
+  bool encode_plain(std::string_view raw, size_t raw_n, WordCache& cache, std::vector<int32_t>& out,
                     std::vector<TokenSpan>* spans = nullptr, size_t base = 0) const {
     std::string normalized;
+    std::vector<uint32_t> src;
     std::string_view s = raw;
-    if (nfc && utf8::may_change_under_nfc(raw)) {
-      normalized = utf8::nfc(raw);
-      if (normalized != raw) s = normalized;
+    size_t n = raw_n;
+    if (nfc_only) {
+      if (utf8::may_change_under_nfc(raw)) {
+        normalized = utf8::nfc(raw.substr(0, raw_n));
+        n = normalized.size();
+        if (raw_n < raw.size()) normalized += utf8::nfc(raw.substr(raw_n));
+        if (normalized != raw) s = normalized;
+        else n = raw_n;
+      }
+    } else if (!norm_ops.empty()) {
+      // Only NFC lets a text be cut, so here the stretch has no lookahead.
+      normalized = normalize(raw.substr(0, raw_n), spans ? &src : nullptr);
+      s = normalized;
+      n = normalized.size();
     }
     const size_t first = spans ? spans->size() : 0;
     size_t at = 0;
     if (!normalized_added.empty())
-      for (const Match& m : normalized_added.find(s)) {
-        pre_tokenize(s.substr(at, m.start - at), at, cache, out, spans);
+      for (const Match& m : normalized_added.find(s.substr(0, n))) {
+        pre_tokenize(s.substr(at, m.start - at), m.start - at, at, cache, out, spans);
         out.push_back(m.id);
         if (spans) spans->push_back({static_cast<uint32_t>(m.start), static_cast<uint32_t>(m.stop)});
         at = m.stop;
       }
-    pre_tokenize(s.substr(at), at, cache, out, spans);
-    if (!spans) return;
-    if (s.data() != raw.data()) to_raw_spans(raw, s, spans->begin() + static_cast<std::ptrdiff_t>(first), spans->end());
-    for (auto it = spans->begin() + static_cast<std::ptrdiff_t>(first); it != spans->end(); ++it)
+    const bool ok = pre_tokenize(s.substr(at), n - at, at, cache, out, spans);
+    if (!spans) return ok;
+    const auto span_begin = spans->begin() + static_cast<std::ptrdiff_t>(first);
+    if (!src.empty()) {
+      for (auto it = span_begin; it != spans->end(); ++it) it->begin = src[it->begin], it->end = src[it->end];
+    } else if (s.data() != raw.data()) {
+      to_raw_spans(raw.substr(0, raw_n), s.substr(0, n), span_begin, spans->end());
+    }
+    for (auto it = span_begin; it != spans->end(); ++it)
       it->begin += static_cast<uint32_t>(base), it->end += static_cast<uint32_t>(base);
+    return ok;
   }
 
   // Spans in the NFC of `raw` back to `raw`. NFC never composes across an ASCII character (each
@@ -295,6 +384,11 @@ struct Tokenizer::Impl {
   }
 
   int32_t token_to_id(std::string_view token) const;
+  int32_t token_to_id_in_model(std::string_view token) const;
+  bool is_special(int32_t id) const {
+    const int64_t a = static_cast<int64_t>(id) - first_added;
+    return a >= 0 && a < static_cast<int64_t>(added_special.size()) && added_special[static_cast<size_t>(a)];
+  }
 };
 
 namespace {
@@ -314,38 +408,207 @@ AddedToken parse_added(const std::string& path, const json& t, size_t index) {
   return a;
 }
 
-void check_normalizer(const std::string& path, const json& n, bool& nfc) {
-  nfc = false;
+using NormOp = Tokenizer::Impl::NormOp;
+using DecodeOp = Tokenizer::Impl::DecodeOp;
+
+std::string type_of(const json& j) { return j.is_object() ? j.value("type", "") : ""; }
+json type_json(const json& j) { return j.is_object() ? j.value("type", json()) : j; }
+
+// A Replace's or Split's pattern {"String": s} (the only kind lcx takes where `regex_ok` is false).
+std::string literal_pattern(const std::string& path, const std::string& key, const json& pattern, const std::string& what) {
+  if (!pattern.is_object() || !pattern.contains("String") || !pattern["String"].is_string())
+    refuse(path, key, pattern, what);
+  return pattern["String"].get<std::string>();
+}
+
+const char* const kNormalizers = "the normalizers NFC, Replace (a String pattern), Prepend and a Sequence of them";
+
+void parse_normalizer(const std::string& path, const std::string& key, const json& n, std::vector<NormOp>& ops) {
   if (n.is_null()) return;
-  std::string type = n.value("type", "");
-  if (type == "NFC") {
-    nfc = true;
-  } else if (type == "Sequence" && n.contains("normalizers")) {
-    for (const auto& sub : n["normalizers"]) {
-      if (sub.value("type", "") != "NFC") refuse(path, "normalizer.normalizers[].type", sub.value("type", json()), "the NFC normalizer");
-      nfc = true;
-    }
+  const std::string type = type_of(n);
+  if (type == "Sequence" && n.contains("normalizers") && n["normalizers"].is_array()) {
+    for (size_t i = 0; i < n["normalizers"].size(); ++i)
+      parse_normalizer(path, str(key, ".normalizers[", i, "]"), n["normalizers"][i], ops);
+  } else if (type == "NFC") {
+    ops.push_back({NormOp::kNfc, "", ""});
+  } else if (type == "Replace") {
+    NormOp op{NormOp::kReplace, literal_pattern(path, key + ".pattern", member(n, "pattern"), kNormalizers), ""};
+    if (op.from.empty()) refuse(path, key + ".pattern", n["pattern"], kNormalizers);
+    if (!n.contains("content") || !n["content"].is_string()) refuse(path, key + ".content", member(n, "content"), kNormalizers);
+    op.to = n["content"].get<std::string>();
+    ops.push_back(op);
+  } else if (type == "Prepend") {
+    if (!n.contains("prepend") || !n["prepend"].is_string()) refuse(path, key + ".prepend", member(n, "prepend"), kNormalizers);
+    ops.push_back({NormOp::kPrepend, "", n["prepend"].get<std::string>()});
   } else {
-    refuse(path, "normalizer.type", n.value("type", json()), "the NFC normalizer (or none)");
+    refuse(path, key + ".type", type_json(n), kNormalizers);
   }
 }
 
-void check_pre_tokenizer(const std::string& path, const json& p) {
-  const std::string what = "pre_tokenizer Sequence[Split(Qwen2/Qwen3 regex, Isolated), ByteLevel(add_prefix_space false, use_regex false)]";
-  if (p.is_null() || p.value("type", "") != "Sequence") refuse(path, "pre_tokenizer.type", p.is_null() ? p : p.value("type", json()), what);
-  const json& list = p["pretokenizers"];
-  if (!list.is_array() || list.size() != 2) refuse(path, "pre_tokenizer.pretokenizers", list, what);
-  const json& split = list[0];
-  if (split.value("type", "") != "Split") refuse(path, "pre_tokenizer.pretokenizers[0].type", split.value("type", json()), what);
-  if (!split.contains("pattern") || !split["pattern"].contains("Regex") ||
-      split["pattern"]["Regex"] != pretok::kQwenPattern)
-    refuse(path, "pre_tokenizer.pretokenizers[0].pattern", split.value("pattern", json()), what);
-  if (split.value("behavior", "") != "Isolated") refuse(path, "pre_tokenizer.pretokenizers[0].behavior", split.value("behavior", json()), what);
-  if (split.value("invert", false)) refuse(path, "pre_tokenizer.pretokenizers[0].invert", split["invert"], what);
-  const json& bl = list[1];
-  if (bl.value("type", "") != "ByteLevel") refuse(path, "pre_tokenizer.pretokenizers[1].type", bl.value("type", json()), what);
-  if (bl.value("add_prefix_space", false)) refuse(path, "pre_tokenizer.pretokenizers[1].add_prefix_space", bl["add_prefix_space"], what);
-  if (bl.value("use_regex", true)) refuse(path, "pre_tokenizer.pretokenizers[1].use_regex", bl.value("use_regex", json(true)), what);
+const char* const kPreTokenizers =
+    "the pre-tokenizers Split (a Regex or String pattern; behavior Isolated, Removed, MergedWithPrevious, "
+    "MergedWithNext or Contiguous), ByteLevel and a Sequence of them";
+
+pretok::Behavior parse_behavior(const std::string& path, const std::string& key, const json& b) {
+  static const std::pair<const char*, pretok::Behavior> kNames[] = {
+      {"Isolated", pretok::Behavior::kIsolated},
+      {"Removed", pretok::Behavior::kRemoved},
+      {"MergedWithPrevious", pretok::Behavior::kMergedWithPrevious},
+      {"MergedWithNext", pretok::Behavior::kMergedWithNext},
+      {"Contiguous", pretok::Behavior::kContiguous}};
+  if (b.is_string())
+    for (const auto& [name, value] : kNames)
+      if (b == name) return value;
+  refuse(path, key, b, kPreTokenizers);
+}
+
+std::shared_ptr<const pretok::Regex> compile(const std::string& path, const std::string& key, const std::string& pattern) {
+  try {
+    return std::make_shared<const pretok::Regex>(pattern);
+  } catch (const std::invalid_argument& e) {
+    throw Error(str(path, ": tokenizer.json ", key, " = ", json(pattern).dump(), " does not compile as a regex: ", e.what()),
+                key, "fix the pattern, or use the model's own tokenizer.json");
+  }
+}
+
+void parse_pre_tokenizer(const std::string& path, const std::string& key, const json& p, pretok::Steps& steps,
+                         bool& byte_level) {
+  if (p.is_null()) return;
+  const std::string type = type_of(p);
+  if (type == "Sequence" && p.contains("pretokenizers") && p["pretokenizers"].is_array()) {
+    for (size_t i = 0; i < p["pretokenizers"].size(); ++i)
+      parse_pre_tokenizer(path, str(key, ".pretokenizers[", i, "]"), p["pretokenizers"][i], steps, byte_level);
+  } else if (type == "Split") {
+    pretok::Step step;
+    const json& pattern = member(p, "pattern");
+    if (pattern.is_object() && pattern.contains("Regex") && pattern["Regex"].is_string()) {
+      const std::string re = pattern["Regex"].get<std::string>();
+      if (re == pretok::kQwenPattern) {
+        step.kind = pretok::Step::kQwenSplit;
+      } else {
+        step.kind = pretok::Step::kRegexSplit;
+        step.regex = compile(path, key + ".pattern.Regex", re);
+      }
+    } else {
+      step.kind = pretok::Step::kStringSplit;
+      step.literal = literal_pattern(path, key + ".pattern", pattern, kPreTokenizers);
+      if (step.literal.empty()) refuse(path, key + ".pattern", pattern, kPreTokenizers);
+    }
+    step.behavior = parse_behavior(path, key + ".behavior", member(p, "behavior"));
+    step.invert = p.value("invert", false);
+    steps.steps.push_back(step);
+  } else if (type == "ByteLevel") {
+    byte_level = true;
+    if (p.value("add_prefix_space", false)) steps.steps.push_back({pretok::Step::kPrefixSpace, nullptr, "", {}, false});
+    if (p.value("use_regex", true)) {
+      static const auto gpt2 = std::make_shared<const pretok::Regex>(pretok::kGpt2Pattern);
+      steps.steps.push_back({pretok::Step::kRegexSplit, gpt2, "", pretok::Behavior::kIsolated, false});
+    }
+  } else {
+    refuse(path, key + ".type", type_json(p), kPreTokenizers);
+  }
+}
+
+const char* const kDecoders = "the decoders ByteLevel (alone), Replace (a String pattern), ByteFallback, Fuse, Strip "
+                              "and a Sequence of them";
+
+void parse_decoder(const std::string& path, const std::string& key, const json& d, std::vector<DecodeOp>& ops,
+                   bool& byte_level) {
+  const std::string type = type_of(d);
+  if (type == "Sequence" && d.contains("decoders") && d["decoders"].is_array()) {
+    for (size_t i = 0; i < d["decoders"].size(); ++i)
+      parse_decoder(path, str(key, ".decoders[", i, "]"), d["decoders"][i], ops, byte_level);
+  } else if (type == "ByteLevel" && key == "decoder") {
+    byte_level = true;
+  } else if (type == "Replace") {
+    DecodeOp op{DecodeOp::kReplace, literal_pattern(path, key + ".pattern", member(d, "pattern"), kDecoders), "", 0, 0};
+    if (op.from.empty() || !d.contains("content") || !d["content"].is_string()) refuse(path, key, d, kDecoders);
+    op.to = d["content"].get<std::string>();
+    ops.push_back(op);
+  } else if (type == "ByteFallback") {
+    ops.push_back({DecodeOp::kByteFallback, "", "", 0, 0});
+  } else if (type == "Fuse") {
+    ops.push_back({DecodeOp::kFuse, "", "", 0, 0});
+  } else if (type == "Strip") {
+    if (!d.contains("content") || !d["content"].is_string()) refuse(path, key + ".content", member(d, "content"), kDecoders);
+    ops.push_back({DecodeOp::kStrip, d["content"].get<std::string>(), "", d.value("start", size_t{0}), d.value("stop", size_t{0})});
+  } else {
+    refuse(path, key + ".type", type_json(d), kDecoders);
+  }
+}
+
+const char* const kPostProcessors = "the post-processors ByteLevel, TemplateProcessing and a Sequence of them";
+
+// TemplateProcessing's `single`: the special tokens before and after the text ($A).
+void parse_post_processor(const std::string& path, const std::string& key, const json& pp, std::vector<int32_t>& prefix,
+                          std::vector<int32_t>& suffix) {
+  if (pp.is_null()) return;
+  const std::string type = type_of(pp);
+  if (type == "Sequence" && pp.contains("processors") && pp["processors"].is_array()) {
+    for (size_t i = 0; i < pp["processors"].size(); ++i)
+      parse_post_processor(path, str(key, ".processors[", i, "]"), pp["processors"][i], prefix, suffix);
+  } else if (type == "ByteLevel") {
+    // Adds no token (its trim_offsets changes offsets only).
+  } else if (type == "TemplateProcessing") {
+    const json& single = member(pp, "single");
+    const json& specials = member(pp, "special_tokens");
+    if (!single.is_array()) refuse(path, key + ".single", single, kPostProcessors);
+    bool after = false;
+    for (size_t i = 0; i < single.size(); ++i) {
+      const json& item = single[i];
+      const std::string item_key = str(key, ".single[", i, "]");
+      if (item.contains("Sequence")) {
+        if (after) refuse(path, item_key, item, "a template with the text once");
+        after = true;
+      } else if (item.contains("SpecialToken") && item["SpecialToken"].contains("id")) {
+        const json& name = item["SpecialToken"]["id"];
+        const json& entry = name.is_string() ? member(specials, name.get<std::string>().c_str()) : json();
+        if (!entry.is_object() || !entry.contains("ids") || !entry["ids"].is_array())
+          refuse(path, item_key, item, "special tokens listed in special_tokens with their ids");
+        for (const auto& id : entry["ids"]) (after ? suffix : prefix).push_back(id.get<int32_t>());
+      } else {
+        refuse(path, item_key, item, kPostProcessors);
+      }
+    }
+  } else {
+    refuse(path, key + ".type", type_json(pp), kPostProcessors);
+  }
+}
+
+// A token as tokenizer_config.json writes it: a string or {"content": ...}.
+std::string config_token(const json& v) {
+  if (v.is_string()) return v.get<std::string>();
+  if (v.is_object() && v.contains("content") && v["content"].is_string()) return v["content"].get<std::string>();
+  return "";
+}
+
+// tokenizer_config.json beside the file: add_bos_token / add_eos_token, where set, decide the
+// template around a text as transformers' Llama and Gemma tokenizers rebuild their post-processor.
+void apply_config_special_tokens(const std::string& path, Tokenizer::Impl& impl) {
+  const std::filesystem::path config = std::filesystem::path(path).parent_path() / "tokenizer_config.json";
+  std::error_code ec;
+  if (!std::filesystem::is_regular_file(config, ec)) return;
+  json c;
+  try {
+    c = json::parse(read_file(config.string(), "data.tokenizer", "give the tokenizer_config.json of the model"));
+  } catch (const json::exception& e) {
+    throw Error(str(config.string(), ": not valid JSON: ", e.what()), "data.tokenizer", "give the model's own tokenizer_config.json");
+  }
+  auto set = [&](const char* flag, const char* token_key, std::vector<int32_t>& ids) {
+    const json& on = member(c, flag);
+    if (!on.is_boolean()) return;
+    ids.clear();
+    if (!on.get<bool>()) return;
+    const std::string token = config_token(member(c, token_key));
+    const int32_t id = token.empty() ? -1 : impl.token_to_id(token);
+    if (id < 0)
+      throw Error(str(config.string(), ": ", flag, " is true but ", token_key, " = ", member(c, token_key).dump(),
+                      " is not a token of ", path),
+                  "data.tokenizer", str("set ", token_key, " to one of the tokenizer's added tokens, or ", flag, " to false"));
+    ids.push_back(id);
+  };
+  set("add_bos_token", "bos_token", impl.prefix_ids);
+  set("add_eos_token", "eos_token", impl.suffix_ids);
 }
 
 }  // namespace
@@ -353,6 +616,11 @@ void check_pre_tokenizer(const std::string& path, const json& p) {
 int32_t Tokenizer::Impl::token_to_id(std::string_view token) const {
   for (const auto& [content, id] : added_by_content)
     if (content == token) return id;
+  return token_to_id_in_model(token);
+}
+
+int32_t Tokenizer::Impl::token_to_id_in_model(std::string_view token) const {
+  if (!byte_level) return bpe->id_of(token);
   bool mapped = false;
   std::string bytes = byte_level_bytes(std::string(token), &mapped);
   return mapped ? bpe->id_of(bytes) : -1;
@@ -373,23 +641,36 @@ Tokenizer Tokenizer::load(const std::string& path) {
 
   for (const char* key : {"truncation", "padding"})
     if (j.contains(key) && !j[key].is_null()) refuse(path, key, j[key], "no truncation and no padding in the file (lcx packs sequences itself)");
-  check_normalizer(path, member(j, "normalizer"), impl->nfc);
-  check_pre_tokenizer(path, member(j, "pre_tokenizer"));
-  const json& pp = member(j, "post_processor");
-  if (!pp.is_null() && pp.value("type", "") != "ByteLevel")
-    refuse(path, "post_processor.type", pp.value("type", json()), "no post-processor or ByteLevel (which adds no tokens)");
+  parse_normalizer(path, "normalizer", member(j, "normalizer"), impl->norm_ops);
+  impl->nfc_only = impl->norm_ops.size() == 1 && impl->norm_ops[0].kind == NormOp::kNfc;
+  bool pre_byte_level = false, dec_byte_level = false;
+  parse_pre_tokenizer(path, "pre_tokenizer", member(j, "pre_tokenizer"), impl->steps, pre_byte_level);
+  parse_post_processor(path, "post_processor", member(j, "post_processor"), impl->prefix_ids, impl->suffix_ids);
   const json& dec = member(j, "decoder");
-  if (dec.is_null() || dec.value("type", "") != "ByteLevel")
-    refuse(path, "decoder.type", dec.is_null() ? dec : dec.value("type", json()), "the ByteLevel decoder");
+  if (dec.is_null()) refuse(path, "decoder", dec, kDecoders);
+  parse_decoder(path, "decoder", dec, impl->decode_ops, dec_byte_level);
+  // The vocabulary is in ByteLevel's alphabet exactly when the pre-tokenizer maps the text into it;
+  // the decoder must then map it back, and only then.
+  if (pre_byte_level != dec_byte_level)
+    refuse(path, "decoder.type", type_json(dec),
+           pre_byte_level ? "the ByteLevel decoder with the ByteLevel pre-tokenizer"
+                          : "a decoder without ByteLevel when the pre-tokenizer has no ByteLevel");
+  impl->byte_level = pre_byte_level;
 
   const json& m = member(j, "model");
-  const std::string bpe_what = "byte-level BPE without dropout, byte fallback, subword prefix or word suffix";
-  if (m.value("type", "") != "BPE") refuse(path, "model.type", m.value("type", json()), bpe_what);
+  const std::string bpe_what = "BPE (byte-level, or characters with byte_fallback/unk_token) without dropout, "
+                               "subword prefix or word suffix; WordPiece, Unigram and WordLevel models are not implemented";
+  if (type_of(m) != "BPE") refuse(path, "model.type", type_json(m), bpe_what);
   if (m.contains("dropout") && !m["dropout"].is_null() && m["dropout"].get<double>() != 0.0) refuse(path, "model.dropout", m["dropout"], bpe_what);
-  if (m.value("byte_fallback", false)) refuse(path, "model.byte_fallback", m["byte_fallback"], bpe_what);
   if (!is_null_or(m, "continuing_subword_prefix", "")) refuse(path, "model.continuing_subword_prefix", m["continuing_subword_prefix"], bpe_what);
   if (!is_null_or(m, "end_of_word_suffix", "")) refuse(path, "model.end_of_word_suffix", m["end_of_word_suffix"], bpe_what);
-  bool ignore_merges = m.value("ignore_merges", false);
+  BpeOptions options;
+  options.byte_level = impl->byte_level;
+  options.ignore_merges = m.value("ignore_merges", false);
+  options.byte_fallback = m.value("byte_fallback", false);
+  options.fuse_unk = m.value("fuse_unk", false);
+  if (impl->byte_level && options.byte_fallback)
+    refuse(path, "model.byte_fallback", m["byte_fallback"], "byte_fallback only without ByteLevel (every byte is a token there)");
 
   // A file cut or hand-edited: named, not a JSON library's exception.
   if (!m.contains("vocab") || !m["vocab"].is_object() || !m.contains("merges") || !m["merges"].is_array())
@@ -407,15 +688,22 @@ Tokenizer Tokenizer::load(const std::string& path) {
     int32_t id = id_json.get<int32_t>();
     if (id < 0) refuse(path, "model.vocab[\"" + token + "\"]", id_json, "non-negative ids");
     if (static_cast<size_t>(id) >= vocab.size()) vocab.resize(id + 1);
-    vocab[id] = byte_level_bytes(token);
+    vocab[id] = impl->byte_level ? byte_level_bytes(token) : token;
     ++entries;
+  }
+  const json& unk = member(m, "unk_token");
+  if (unk.is_string()) {
+    const json& unk_id = member(m.at("vocab"), unk.get<std::string>().c_str());
+    if (!unk_id.is_number_integer()) refuse(path, "model.unk_token", unk, "an unk_token that is in model.vocab");
+    options.unk = unk_id.get<int32_t>();
   }
 
   impl->vocab_size = static_cast<int64_t>(vocab.size());
-  impl->bpe = std::make_unique<BpeModel>(std::move(vocab), ignore_merges);
-  for (int b = 0; b < 256; ++b)
-    if (impl->bpe->id_of(std::string(1, static_cast<char>(b))) < 0)
-      refuse(path, "model.vocab", json(str("no token for byte ", b)), "a vocabulary holding all 256 ByteLevel bytes");
+  impl->bpe = std::make_unique<BpeModel>(std::move(vocab), options);
+  if (impl->byte_level)
+    for (int b = 0; b < 256; ++b)
+      if (impl->bpe->id_of(std::string(1, static_cast<char>(b))) < 0)
+        refuse(path, "model.vocab", json(str("no token for byte ", b)), "a vocabulary holding all 256 ByteLevel bytes");
 
   // Merges: ["a", "b"] pairs (or "a b" strings, the older form), as ids.
   std::vector<std::pair<int32_t, int32_t>> merges;
@@ -435,7 +723,7 @@ Tokenizer Tokenizer::load(const std::string& path) {
     } else {
       refuse(path, str("model.merges[", r, "]"), mj[r], "merges as pairs");
     }
-    std::string ba = byte_level_bytes(a), bb = byte_level_bytes(b);
+    std::string ba = impl->byte_level ? byte_level_bytes(a) : a, bb = impl->byte_level ? byte_level_bytes(b) : b;
     int32_t ia = impl->bpe->id_of(ba), ib = impl->bpe->id_of(bb);
     if (ia < 0 || ib < 0 || impl->bpe->id_of(ba + bb) < 0)
       refuse(path, str("model.merges[", r, "]"), mj[r], "merges whose parts and result are in the vocabulary");
@@ -445,6 +733,11 @@ Tokenizer Tokenizer::load(const std::string& path) {
   impl->token_bytes.resize(impl->bpe->size());
   for (size_t id = 0; id < impl->bpe->size(); ++id)
     impl->token_bytes[id] = static_cast<uint32_t>(impl->bpe->bytes_of(static_cast<int32_t>(id)).size());
+  // A <0xNN> token stands for one byte; the unknown token for what its word has left (pre_tokenize
+  // gives a word's last token the rest).
+  for (int b = 0; b < 256; ++b)
+    if (int32_t id = impl->bpe->fallback_id(static_cast<uint8_t>(b)); id >= 0) impl->token_bytes[static_cast<size_t>(id)] = 1;
+  if (options.unk >= 0) impl->token_bytes[static_cast<size_t>(options.unk)] = 0;
 
   // Added tokens.
   std::vector<AddedToken> raw, normalized;
@@ -462,9 +755,7 @@ Tokenizer Tokenizer::load(const std::string& path) {
       for (const auto& k : kept) seen = seen || (k.content == a.content && k.special == a.special && k.lstrip == a.lstrip &&
                                                  k.rstrip == a.rstrip && k.single_word == a.single_word && k.normalized == a.normalized);
       if (seen) continue;
-      bool mapped = false;
-      std::string bytes = byte_level_bytes(a.content, &mapped);
-      int32_t in_vocab = mapped ? impl->bpe->id_of(bytes) : -1;
+      int32_t in_vocab = impl->token_to_id_in_model(a.content);
       int32_t id = in_vocab >= 0 ? in_vocab
                    : static_cast<int32_t>(max_added < 0 ? model_size : (max_added >= model_size ? max_added + 1 : model_size));
       if (id != a.id)
@@ -483,7 +774,7 @@ Tokenizer Tokenizer::load(const std::string& path) {
     impl->added_by_content.emplace_back(a.content, a.id);
     if (a.normalized) {
       AddedToken n = a;
-      n.content = impl->nfc ? utf8::nfc(a.content) : a.content;
+      n.content = impl->normalize(a.content);
       normalized.push_back(n);
     } else {
       raw.push_back(a);
@@ -494,18 +785,21 @@ Tokenizer Tokenizer::load(const std::string& path) {
     impl->added_bytes.assign(max_id - min_id + 1, std::string());
     impl->added_special.assign(max_id - min_id + 1, 0);
     for (auto& a : all) {
-      impl->added_bytes[a.id - min_id] = byte_level_bytes(a.content);
+      impl->added_bytes[a.id - min_id] = impl->byte_level ? byte_level_bytes(a.content) : a.content;
       impl->added_special[a.id - min_id] = a.special;
     }
     impl->vocab_size = std::max<int64_t>(impl->vocab_size, max_id + 1);
   }
   impl->raw_added.build(std::move(raw));
   impl->normalized_added.build(std::move(normalized));
-  for (const char* name : {"<|endoftext|>", "</s>", "<|end_of_text|>", "<eos>"})
-    if (int32_t id = impl->token_to_id(name); id >= 0) {
-      impl->eos = id;
-      break;
-    }
+  apply_config_special_tokens(path, *impl);
+  // The end of a document: the first of these names that is a special added token (Gemma's
+  // vocabulary also has a plain "</s>"), else the first that is a token at all.
+  const char* const kEosNames[] = {"<|endoftext|>", "</s>", "<|end_of_text|>", "<eos>"};
+  for (const char* name : kEosNames)
+    if (int32_t id = impl->token_to_id(name); id >= 0 && impl->eos < 0 && impl->is_special(id)) impl->eos = id;
+  for (const char* name : kEosNames)
+    if (int32_t id = impl->token_to_id(name); id >= 0 && impl->eos < 0) impl->eos = id;
   Tokenizer t;
   t.impl_ = std::move(impl);
   return t;
@@ -520,23 +814,103 @@ int32_t Tokenizer::eos_id() const {
   return impl_->eos;
 }
 int64_t Tokenizer::vocab_size() const { return impl_->vocab_size; }
+const std::vector<int32_t>& Tokenizer::prefix_ids() const { return impl_->prefix_ids; }
+const std::vector<int32_t>& Tokenizer::suffix_ids() const { return impl_->suffix_ids; }
 const std::string& Tokenizer::hash() const { return impl_->hash; }
 const std::string& Tokenizer::path() const { return impl_->path; }
 
+namespace {
+
+// The decoders of a SentencePiece conversion, over the list of token strings as tokenizers runs them.
+std::string decode_chain(std::vector<std::string> tokens, const std::vector<DecodeOp>& ops) {
+  for (const DecodeOp& op : ops) {
+    switch (op.kind) {
+      case DecodeOp::kReplace:
+        for (std::string& t : tokens) {
+          std::string out;
+          for (size_t i = 0; i < t.size();) {
+            if (t.compare(i, op.from.size(), op.from) == 0) {
+              out += op.to;
+              i += op.from.size();
+            } else {
+              out += t[i++];
+            }
+          }
+          t = std::move(out);
+        }
+        break;
+      case DecodeOp::kByteFallback: {
+        // Runs of <0xNN> tokens become their bytes when those are valid UTF-8, else one U+FFFD each.
+        std::vector<std::string> out;
+        std::string run;
+        size_t run_tokens = 0;
+        auto flush = [&] {
+          if (run_tokens == 0) return;
+          if (utf8::first_invalid(run) == std::string::npos) out.push_back(run);
+          else
+            for (size_t k = 0; k < run_tokens; ++k) out.push_back("\xEF\xBF\xBD");
+          run.clear();
+          run_tokens = 0;
+        };
+        for (std::string& t : tokens) {
+          unsigned value = 0;
+          if (t.size() == 6 && t.compare(0, 3, "<0x") == 0 && t[5] == '>' && std::isxdigit(static_cast<unsigned char>(t[3])) &&
+              std::isxdigit(static_cast<unsigned char>(t[4]))) {
+            value = static_cast<unsigned>(std::stoul(t.substr(3, 2), nullptr, 16));
+            run.push_back(static_cast<char>(value));
+            ++run_tokens;
+          } else {
+            flush();
+            out.push_back(std::move(t));
+          }
+        }
+        flush();
+        tokens = std::move(out);
+        break;
+      }
+      case DecodeOp::kFuse: {
+        std::string all;
+        for (const std::string& t : tokens) all += t;
+        tokens.assign(1, std::move(all));
+        break;
+      }
+      case DecodeOp::kStrip:
+        for (std::string& t : tokens) {
+          size_t b = 0, e = t.size();
+          for (size_t k = 0; k < op.start && t.compare(b, op.from.size(), op.from) == 0; ++k) b += op.from.size();
+          for (size_t k = 0; k < op.stop && e >= b + op.from.size() && t.compare(e - op.from.size(), op.from.size(), op.from) == 0; ++k)
+            e -= op.from.size();
+          t = t.substr(b, e - b);
+        }
+        break;
+    }
+  }
+  std::string out;
+  for (const std::string& t : tokens) out += t;
+  return out;
+}
+
+}  // namespace
+
 std::string Tokenizer::decode(const std::vector<int32_t>& ids, bool skip_special) const {
   const Impl& im = *impl_;
+  std::vector<std::string> tokens;
   std::string bytes;
   for (int32_t id : ids) {
     int32_t a = id - im.first_added;
-    if (!im.added_bytes.empty() && a >= 0 && a < static_cast<int32_t>(im.added_bytes.size()) &&
-        !im.added_bytes[a].empty()) {
-      if (!(skip_special && im.added_special[a])) bytes += im.added_bytes[a];
-      continue;
+    const std::string* t = nullptr;
+    if (!im.added_bytes.empty() && a >= 0 && a < static_cast<int32_t>(im.added_bytes.size()) && !im.added_bytes[a].empty()) {
+      if (skip_special && im.added_special[a]) continue;
+      t = &im.added_bytes[a];
+    } else {
+      if (id < 0 || static_cast<size_t>(id) >= im.bpe->size())
+        throw Error(str("token id ", id, " is outside the vocabulary of ", im.path, " (", im.vocab_size, " ids)"));
+      t = &im.bpe->bytes_of(id);
     }
-    if (id < 0 || static_cast<size_t>(id) >= im.bpe->size())
-      throw Error(str("token id ", id, " is outside the vocabulary of ", im.path, " (", im.vocab_size, " ids)"));
-    bytes += im.bpe->bytes_of(id);
+    if (im.byte_level) bytes += *t;
+    else tokens.push_back(*t);
   }
+  if (!im.byte_level) bytes = decode_chain(std::move(tokens), im.decode_ops);
   if (utf8::first_invalid(bytes) == std::string::npos) return bytes;
   return utf8::repair(bytes, nullptr);
 }
@@ -569,48 +943,55 @@ std::vector<Encoding> encode_all(const Tokenizer::Impl& im, const std::vector<st
   if (threads <= 0) threads = static_cast<int>(std::max(1u, std::thread::hardware_concurrency()));
   if (total < (256u << 10)) threads = 1;
 
-  // Work items: an added token, or a stretch of plain text cut where the cut changes nothing.
+  // Work items: an added token, or a stretch of plain text cut where the cut may change nothing.
+  // A cut item sees `kLookahead` bytes past its end, as the regex would in the whole text, and
+  // reports whether its last piece ended exactly at the cut; where one did not, it and the item
+  // after it are encoded again as one (rare: cuts are made after a newline, before a letter).
   struct Item {
     uint32_t text;
     int32_t added;  // -1 for plain text
-    size_t begin, end;
+    size_t begin, end, lookahead_end;
   };
+  constexpr size_t kLookahead = 256;
   std::vector<Item> items;
   const size_t target = std::clamp<size_t>(total / (static_cast<size_t>(threads) * 8), 64u << 10, 1u << 20);
-  const bool may_cut = threads > 1 && im.normalized_added.empty();
+  const bool may_cut = threads > 1 && im.normalized_added.empty() && im.only_nfc_or_nothing() && im.steps.cuts_allowed();
   auto add_plain = [&](uint32_t t, size_t b, size_t e) {
     std::string_view s = views[t];
     while (may_cut && e - b > target + target / 2) {
       size_t cut = b + target;
       while (cut < e && !pretok::is_safe_cut(s, cut)) ++cut;
       if (cut >= e) break;
-      items.push_back({t, -1, b, cut});
+      items.push_back({t, -1, b, cut, std::min(e, cut + kLookahead)});
       b = cut;
     }
-    if (e > b) items.push_back({t, -1, b, e});
+    if (e > b) items.push_back({t, -1, b, e, e});
   };
   for (uint32_t t = 0; t < views.size(); ++t) {
     size_t at = 0;
     for (const Match& m : im.raw_added.find(views[t])) {
       add_plain(t, at, m.start);
-      items.push_back({t, m.id, m.start, m.stop});
+      items.push_back({t, m.id, m.start, m.stop, m.stop});
       at = m.stop;
     }
     add_plain(t, at, views[t].size());
   }
 
   std::vector<Encoding> pieces(items.size());
-  auto work = [&](size_t i, WordCache& cache) {
-    const Item& it = items[i];
-    // Filled locally and moved in: neighbouring vectors in `pieces` share cache lines.
-    Encoding e;
+  std::vector<char> ends_at_cut(items.size(), 1);
+  auto encode_item = [&](const Item& it, WordCache& cache, Encoding& e) {
     if (it.added >= 0) {
       e.ids.push_back(it.added);
       if (with_spans) e.spans.push_back({static_cast<uint32_t>(it.begin), static_cast<uint32_t>(it.end)});
-    } else {
-      im.encode_plain(views[it.text].substr(it.begin, it.end - it.begin), cache, e.ids, with_spans ? &e.spans : nullptr,
-                      it.begin);
+      return true;
     }
+    return im.encode_plain(views[it.text].substr(it.begin, it.lookahead_end - it.begin), it.end - it.begin, cache, e.ids,
+                           with_spans ? &e.spans : nullptr, it.begin);
+  };
+  auto work = [&](size_t i, WordCache& cache) {
+    // Filled locally and moved in: neighbouring vectors in `pieces` share cache lines.
+    Encoding e;
+    ends_at_cut[i] = encode_item(items[i], cache, e);
     pieces[i] = std::move(e);
   };
   threads = static_cast<int>(std::min<size_t>(threads, items.size()));
@@ -636,6 +1017,26 @@ std::vector<Encoding> encode_all(const Tokenizer::Impl& im, const std::vector<st
       });
     for (auto& th : pool) th.join();
     if (failure) std::rethrow_exception(failure);
+  }
+  // A cut that split a piece: the items on both sides again as one, until the end is a boundary
+  // (the last item of a stretch always is).
+  for (size_t i = 0; i < items.size(); ++i) {
+    if (ends_at_cut[i]) continue;
+    auto cache = im.take_cache();
+    Item merged = items[i];
+    size_t j = i;
+    bool ok = false;
+    while (!ok) {
+      ++j;
+      merged.end = items[j].end;
+      merged.lookahead_end = items[j].lookahead_end;
+      pieces[j] = Encoding{};
+      Encoding e;
+      ok = encode_item(merged, *cache, e);
+      pieces[i] = std::move(e);
+    }
+    im.give_cache(std::move(cache));
+    i = j;
   }
 
   std::vector<Encoding> out(texts.size());

@@ -1,13 +1,21 @@
-// A Hugging Face tokenizer.json, as Qwen2/Qwen3 use it, giving the same ids as the `tokenizers`
-// library: added tokens matched first (leftmost longest), NFC, the Qwen Split regex, ByteLevel,
-// byte-level BPE; ByteLevel decoding. Features of tokenizer.json not implemented are refused when
-// loading, naming the key and its value.
+// A Hugging Face tokenizer.json giving the same ids as the `tokenizers` library for the BPE files
+// of Qwen2/3, Llama 3, GPT-OSS (byte-level) and Llama 2, Gemma, Mistral v0.1 (SentencePiece
+// conversions with byte fallback): added tokens matched first (leftmost longest), the normalizers
+// (NFC, Replace, Prepend), the pre-tokenizers (Split by any regex through PCRE2, ByteLevel), BPE,
+// the decoders (ByteLevel; Replace, ByteFallback, Fuse, Strip). What it does not implement
+// (WordPiece, Unigram, WordLevel models; Metaspace, Whitespace, Digits, ... pre-tokenizers; other
+// normalizers) is refused when loading, naming the key (its JSON path) and its value.
 //
 //   lcx::Tokenizer tok = lcx::Tokenizer::load("data/qwen3/tokenizer.json");
 //   std::vector<int32_t> ids = tok.encode("Hello world");   // all cores for a long text
-//   std::string text = tok.decode(ids);                     // NFC of the input
+//   std::string text = tok.decode(ids);                     // the normalized input
 //   int32_t eos = tok.eos_id();                             // <|endoftext|>
+//   tok.prefix_ids();                                       // Llama 3: {<|begin_of_text|>}
 //   std::string key = tok.hash();                           // sha256 of the file, for caches
+//
+// encode() adds no special token of its own: it is tokenizers' encode(add_special_tokens=False),
+// what transformers uses on a rendered chat template. prefix_ids() and suffix_ids() are what
+// add_special_tokens=True puts around one text.
 //
 // Input that is not valid UTF-8 is repaired first as Python's bytes.decode(errors='replace')
 // would (the only way such bytes reach `tokenizers`); EncodeStats counts the replacements.
@@ -55,6 +63,11 @@ class Tokenizer {
   std::string decode(const std::vector<int32_t>& ids, bool skip_special = false) const;
 
   int32_t eos_id() const;  // <|endoftext|>, or the model's eos as the file names it
+  // The post-processor's TemplateProcessing around one text (tokenizers' add_special_tokens=True),
+  // as tokenizer_config.json beside the file overrides it where it sets add_bos_token or
+  // add_eos_token (as transformers' Llama and Gemma tokenizers do).
+  const std::vector<int32_t>& prefix_ids() const;
+  const std::vector<int32_t>& suffix_ids() const;
   int64_t vocab_size() const;  // one past the largest id
   int32_t token_to_id(std::string_view token) const;  // -1 when unknown; added tokens by content
   const std::string& hash() const;  // sha256 of tokenizer.json

@@ -1,0 +1,126 @@
+// Chat templates of other families, token for token as transformers' apply_chat_template
+// (tokenize=True) gives them (fixtures/families/chat_golden.jsonl, written by
+// gen_families_golden.py): Llama 3.1's official template (fixtures/chat/templates/llama31.jinja,
+// with tools in the user message and in the system prompt, a tool call, built-in tools through
+// <|python_tag|>, a refused second tool call), Gemma 3's (from its tokenizer_config.json) and
+// Qwen2.5's (parallel tool calls, tool responses; fixtures/families/README.md gives the sources). And
+// loss_on = "assistant" finding Llama 3.1's and Gemma 3's assistant turns, tool calls included.
+#include <gtest/gtest.h>
+
+#include <filesystem>
+#include <fstream>
+#include <map>
+
+#include "data/chat_data.h"
+#include "data/chat_template.h"
+#include "data/tokenizer.h"
+#include "data_test_util.h"
+#include "lcx/error.h"
+#include "support/test_util.h"
+
+namespace lcx {
+namespace {
+
+using ordered_json = nlohmann::ordered_json;
+
+std::string fixtures() { return std::string(LCX_TEST_DATA_DIR) + "/data/fixtures/"; }
+
+std::vector<ordered_json> read_jsonl(const std::string& path) {
+  std::ifstream in(path);
+  std::vector<ordered_json> rows;
+  for (std::string line; std::getline(in, line);)
+    if (!line.empty()) rows.push_back(ordered_json::parse(line));
+  return rows;
+}
+
+Tokenizer load(const std::string& family) {
+  const std::string path = test::family_tokenizer_path(family);
+  if (!std::filesystem::exists(path)) throw std::runtime_error(path + " is missing: run scripts/fetch_data.sh");
+  return Tokenizer::load(path);
+}
+
+TEST(ChatFamilies, TokenIdenticalToApplyChatTemplate) {
+  const auto convs = read_jsonl(fixtures() + "families/chat_conversations.jsonl");
+  const auto rows = read_jsonl(fixtures() + "families/chat_golden.jsonl");
+  ASSERT_EQ(convs.size(), rows.size());
+  std::map<std::string, Tokenizer> toks;
+  int compared = 0, refused = 0;
+  for (size_t i = 0; i < convs.size(); ++i) {
+    const ordered_json& c = convs[i];
+    const ordered_json& g = rows[i];
+    SCOPED_TRACE(c["name"].get<std::string>());
+    ASSERT_EQ(c["name"], g["name"]);
+    const std::string tname = c["template"];
+    const ChatTemplate t =
+        ChatTemplate::parse(test::read_file(fixtures() + "chat/templates/" + tname + ".jinja"), tname + ".jinja");
+    ordered_json ctx;
+    ctx["messages"] = c["messages"];
+    ctx["tools"] = c.contains("tools") ? c["tools"] : ordered_json();
+    ctx["documents"] = nullptr;
+    ctx["add_generation_prompt"] = c["add_generation_prompt"];
+    for (const auto& [k, v] : g["special_tokens"].items()) ctx[k] = v;
+    for (const auto& [k, v] : c["kwargs"].items()) ctx[k] = v;
+    if (g.contains("error")) {
+      const auto thrown = test::thrown_by([&] { t.render(ctx); });
+      EXPECT_TRUE(thrown.thrown) << "transformers refused it: " << g["error"];
+      EXPECT_EQ(thrown.key, "chat_template");
+      ++refused;
+      continue;
+    }
+    RenderedText r;
+    ASSERT_NO_THROW(r = t.render(ctx));
+    EXPECT_EQ(r.text, g["text"].get<std::string>());
+    const std::string family = c["tokenizer"];
+    if (!toks.count(family)) toks.emplace(family, load(family));
+    EXPECT_EQ(toks.at(family).encode(r.text), g["ids"].get<std::vector<int32_t>>());
+    ++compared;
+  }
+  EXPECT_GE(compared, 6);
+  EXPECT_GE(refused, 2);
+}
+
+// loss_on = "assistant" with templates that have no {% generation %}: the probed header and closer
+// find every assistant turn, a tool call's included, and nothing else.
+TEST(ChatFamilies, AssistantTurnsOfLlama31AndGemma3) {
+  struct Case {
+    std::string family, template_path;
+    std::string header, closer;
+  };
+  const std::vector<Case> cases = {
+      {"llama3_1", fixtures() + "chat/templates/llama31.jinja", "<|start_header_id|>assistant<|end_header_id|>\n\n",
+       "<|eot_id|>"},
+      {"gemma3", "", "<start_of_turn>model\n", "<end_of_turn>\n"},
+  };
+  for (const Case& k : cases) {
+    SCOPED_TRACE(k.family);
+    const Tokenizer tok = load(k.family);
+    const ChatRenderer chat = ChatRenderer::load(tok.path(), k.template_path, "{}");
+    EXPECT_EQ(chat.markers().header, k.header);
+    EXPECT_EQ(chat.markers().closer, k.closer);
+    Conversation c;
+    const std::string line =
+        k.family == "gemma3"
+            ? R"({"messages": [{"role": "user", "content": "Hi <start_of_turn>model\nfake"}, {"role": "assistant", "content": "Hello!"}, {"role": "user", "content": "More"}, {"role": "assistant", "content": "Sure."}]})"
+            : R"({"messages": [{"role": "user", "content": "Weather?"}, {"role": "assistant", "tool_calls": [{"type": "function", "function": {"name": "get_weather", "arguments": {"city": "Oslo"}}}]}, {"role": "tool", "content": "cold"}, {"role": "assistant", "content": "It is cold."}], "tools": [{"type": "function", "function": {"name": "get_weather", "parameters": {"type": "object"}}}]})";
+    ASSERT_EQ(parse_conversation(line, "chat", c), "");
+    const ChatText out = chat.render(c, LossOn::assistant);
+    std::vector<std::string> trained;
+    for (const auto& [b, e] : out.trained) trained.push_back(out.text.substr(b, e - b));
+    const std::vector<std::string> want =
+        k.family == "gemma3" ? std::vector<std::string>{"Hello!<end_of_turn>\n", "Sure.<end_of_turn>\n"}
+                             : std::vector<std::string>{R"({"name": "get_weather", "parameters": {"city": "Oslo"}}<|eot_id|>)",
+                                                        "It is cold.<|eot_id|>"};
+    EXPECT_EQ(trained, want) << out.text;
+    const auto enc = encode_conversations(chat, tok, {std::string_view(line)}, "chat", LossOn::assistant, 1);
+    ASSERT_EQ(enc.size(), 1u);
+    ASSERT_TRUE(enc[0].error.empty()) << enc[0].error;
+    EXPECT_EQ(enc[0].ids, tok.encode(out.text));
+    int trained_tokens = 0;
+    for (uint8_t m : enc[0].mask) trained_tokens += m;
+    EXPECT_GT(trained_tokens, 4);
+    EXPECT_LT(trained_tokens, static_cast<int>(enc[0].ids.size()) / 2);
+  }
+}
+
+}  // namespace
+}  // namespace lcx
