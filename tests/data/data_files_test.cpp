@@ -212,7 +212,7 @@ TEST(DataFiles, BestFitDecreasingPacksWholeDocumentsAndPadsTheRest) {
   EXPECT_EQ(r.cut_documents, 0);
   EXPECT_EQ(r.padding, 2);
   EXPECT_EQ(r.positions, 20);
-  EXPECT_TRUE(has(r.summary(), "packed best-fit (2 padding tokens, 10% of positions)")) << r.summary();
+  EXPECT_TRUE(has(r.summary(), "packed best-fit (2 padding tokens, 10% of positions; tokens fill 75% of sequences x seq_len)")) << r.summary();
   // The same data streamed: c is cut by the first sequence's end.
   f.cfg.packing = "stream";
   EXPECT_EQ(f.open(f.src).report().cut_documents, 1);

@@ -69,7 +69,11 @@ std::string toml_table_json(const Manifest& m, const std::vector<std::string>& p
 
 // [[data.sources]]: each table's path and its weight or fraction, every source alike.
 std::vector<DataSource> read_data_sources(const Manifest& m, const ConfigView& v) {
-  if (!v.has("sources")) return {};
+  if (!v.has("sources")) {
+    // Absent, the key still gets its line in the reference (a getter records type and default).
+    v.table("sources");
+    return {};
+  }
   nlohmann::json j = nlohmann::json::parse(m.to_json(), nullptr, false);
   const nlohmann::json& list = j["data"]["sources"];
   const std::string fix = "give each source as a table: [[data.sources]] path = \"a.jsonl\" weight = 3 (or fraction = 0.5)";
@@ -248,7 +252,8 @@ CoreConfig read_core_config(const Manifest& m, const std::vector<std::string>& p
                "false: each packed document attends only to itself and its positions restart; true: one text");
     v.describe("sources", "instead of source, several sources mixed: [[data.sources]] tables of path and weight (its "
                "share of the mixture's sequences, relative to the others') or fraction (this share of its own "
-               "sequences; 2 repeats each twice); drawn and interleaved by run.seed, the same on resume", {}, "none");
+               "sequences; 2 repeats each twice); drawn and interleaved by run.seed, the same on resume",
+               "an array of tables: [[data.sources]] path = \"a.jsonl\" weight = 3", "none");
     v.describe("packing", "stream: documents end to end, each sequence cut at seq_len (a document may continue into "
                "the next sequence, without its start); bfd: best-fit decreasing, as TRL's, each sequence holds whole "
                "documents and the rest is padding");

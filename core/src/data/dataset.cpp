@@ -869,9 +869,12 @@ std::string DataReport::summary() const {
                       tokens, " tokens -> ", sequences, sequences == 1 ? " sequence" : " sequences");
   if (chat)
     s += str(" (", format, ", template ", chat_template, ", loss on ", loss_on, ": ", trained_tokens, " tokens train)");
+  auto percent = [](int64_t part, int64_t whole) {
+    return whole ? static_cast<double>(std::llround(1000.0 * static_cast<double>(part) / static_cast<double>(whole))) / 10 : 0.0;
+  };
   if (packing == "bfd")
-    s += str(" packed best-fit (", padding, " padding tokens, ",
-             positions ? static_cast<double>(static_cast<int64_t>(1000.0 * padding / positions)) / 10 : 0.0, "% of positions)");
+    s += str(" packed best-fit (", padding, " padding tokens, ", percent(padding, positions), "% of positions; tokens fill ",
+             percent(positions - padding, sequences * seq_len), "% of sequences x seq_len)");
   else if (padding) s += str(" (", padding, " padding tokens in the last)");
   if (dropped_tokens) s += str(", ", dropped_tokens, " tokens dropped (", dropped_why, ")");
   std::vector<std::string> bad;
@@ -900,7 +903,9 @@ std::string DataReport::summary() const {
              first_untrained, ")");
   if (cut_documents)
     s += str("; ", cut_documents, doc, cut_documents == 1 ? " continues" : "s continue", " into the next sequence",
-             longer_than_sequence ? str(" (", longer_than_sequence, " longer than data.seq_len)") : std::string());
+             longer_than_sequence && overlong != "truncate" && overlong != "drop"
+                 ? str(" (", longer_than_sequence, " longer than data.seq_len)")
+                 : std::string());
   if (truncated_documents)
     s += str("; ", truncated_documents, doc, truncated_documents == 1 ? "" : "s", " longer than data.seq_len truncated (",
              truncated_tokens, " tokens cut, data.overlong = \"truncate\")");
@@ -1005,6 +1010,7 @@ Dataset Dataset::open(const DataConfig& cfg, const Tokenizer& tok, const Options
   }
   r.sequences = s->num_sequences;
   r.packing = cfg.packing;
+  r.seq_len = cfg.seq_len;
   r.overlong = cfg.overlong;
   return finish(std::move(s), opt);
 }

@@ -69,6 +69,7 @@ struct DataReport {
   int64_t tokens = 0;          // the whole stream, EOS separators included
   int64_t sequences = 0;
   int64_t positions = 0;       // the sequences' lengths, padding included
+  int64_t seq_len = 0;         // data.seq_len
   int64_t padding = 0;         // EOS tokens added to fill sequences (stream: the final one)
   int64_t untrained_sequences = 0;  // sequences with no target that trains
   std::string mixture;         // [[data.sources]]: how the sources were mixed ("" for one source)
