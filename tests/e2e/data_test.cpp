@@ -61,8 +61,9 @@ struct DataRun : ::testing::Test {
   }
 
   // The tiny model of test_util with Qwen3's vocabulary (conversations use all of it), on `source`.
-  std::string manifest(const fs::path& source, const std::string& data_keys, const std::string& train = "max_steps = 2\n") {
-    std::string text = test::tiny_run_manifest(dir / "out", source, 1, true, train);
+  std::string manifest(const fs::path& source, const std::string& data_keys, const std::string& train = "max_steps = 2\n",
+                       const std::string& tables = {}) {
+    std::string text = test::tiny_run_manifest(dir / "out", source, 1, true, train, tables);
     const std::string vocab = "\"vocab_size\": 256";
     text.replace(text.find(vocab), vocab.size(), "\"vocab_size\": 151936");
     const std::string at = "seq_len = 32\ndrop_last = true\n";
@@ -145,6 +146,37 @@ TEST_F(DataRun, BestFitKeepsConversationsWhole) {
   auto other = lcx("--config " + manifest(dir / "chat.jsonl", "seq_len = 128\n", "max_steps = 2\n") + " --resume latest");
   EXPECT_EQ(other.exit_code, 2) << other.output;
   EXPECT_TRUE(has(other.output, "data.packing is \"stream\" but the checkpoint was trained with \"bfd\"")) << other.output;
+}
+
+// Best-fit sequences are shorter than seq_len and end in padding that is a document of its own:
+// cut over cp_ring's two ranks they train as on one rank, and a length cp_ring cannot cut evenly is
+// refused before the first step, with pad_to_multiple_of as the fix.
+TEST_F(DataRun, BestFitUnderCpRingTrainsAsOneRank) {
+  std::ofstream out(dir / "docs.tokens", std::ios::binary);
+  uint32_t x = 17;
+  for (int i = 0; i < 32 * 24; ++i) {
+    x = x * 1103515245u + 12345u;
+    const uint32_t t = (x >> 16) % 9 == 0 ? 151643u : (x >> 8) % 256;  // <|endoftext|> closes a document
+    out.write(reinterpret_cast<const char*>(&t), 4);
+  }
+  out.close();
+  const std::string keys = "seq_len = 32\npacking = \"bfd\"\npad_to_multiple_of = 4\n";
+  const std::string cp2 = "[plugins]\nload = [\"cp_ring\"]\n[distributed]\nnproc_per_node = 2\ncp = 2\n";
+  auto one = lcx("--config " + manifest(dir / "docs.tokens", keys, "max_steps = 3\n"));
+  ASSERT_EQ(one.exit_code, 0) << one.output;
+  EXPECT_TRUE(has(one.output, "packed best-fit (")) << one.output;
+  const auto single = metrics();
+  auto two = lcx("--config " + manifest(dir / "docs.tokens", keys, "max_steps = 3\n", cp2) + " --overwrite");
+  ASSERT_EQ(two.exit_code, 0) << two.output;
+  const auto ring = metrics();
+  ASSERT_EQ(single.size(), 3u);
+  ASSERT_EQ(ring.size(), 3u);
+  for (size_t i = 0; i < 3; ++i)
+    EXPECT_NEAR(ring[i]["loss"].get<double>(), single[i]["loss"].get<double>(), 1e-5 * single[i]["loss"].get<double>()) << i;
+  auto odd = lcx("--config " + manifest(dir / "docs.tokens", "seq_len = 32\npacking = \"bfd\"\n", "max_steps = 3\n", cp2) +
+                 " --overwrite");
+  EXPECT_EQ(odd.exit_code, 2) << odd.output;
+  EXPECT_TRUE(has(odd.output, "data.pad_to_multiple_of")) << odd.output;
 }
 
 // Two sources by weight, a held-out share evaluated, and the mixture kept on resume.
