@@ -58,23 +58,6 @@ struct Dataset::State {
   std::vector<int64_t> seq_segments;  // sequence i: segments [seq_segments[i], seq_segments[i + 1])
   std::vector<int64_t> seq_valid;     // sequence i's targets that are not -100
   bool laid_out() const { return !seq_segments.empty(); }
-
-  int64_t real_length(int64_t i) const {
-    if (mixed()) return part(i).real_length(entries[i].second);
-    if (laid_out()) {
-      int64_t n = 0;
-      for (int64_t k = seq_segments[i]; k < seq_segments[i + 1]; ++k) n += segments[k].length;
-      return n;
-    }
-    return i + 1 == num_sequences ? last_real : cfg.seq_len;
-  }
-  const State& part(int64_t i) const { return *parts[static_cast<size_t>(entries[i].first)]; }
-  int64_t padded_length(int64_t i) const {
-    if (mixed()) return part(i).padded_length(entries[i].second);
-    if (!laid_out()) return i + 1 == num_sequences ? last_length : cfg.seq_len;
-    const int64_t m = cfg.pad_to_multiple_of;
-    return (real_length(i) + m - 1) / m * m;
-  }
   // A mixture of sources ([[data.sources]]): each one's dataset, and the mixture's sequences in
   // order as (source, its sequence).
   std::vector<std::shared_ptr<const State>> parts;
@@ -85,6 +68,23 @@ struct Dataset::State {
   std::vector<int64_t> view;
   int64_t count() const { return view.empty() ? num_sequences : static_cast<int64_t>(view.size()); }
   int64_t at(int64_t i) const { return view.empty() ? i : view[static_cast<size_t>(i)]; }
+  const State& part(int64_t i) const { return *parts[static_cast<size_t>(entries[i].first)]; }
+
+  int64_t real_length(int64_t i) const {
+    if (mixed()) return part(i).real_length(entries[i].second);
+    if (laid_out()) {
+      int64_t n = 0;
+      for (int64_t k = seq_segments[i]; k < seq_segments[i + 1]; ++k) n += segments[k].length;
+      return n;
+    }
+    return i + 1 == num_sequences ? last_real : cfg.seq_len;
+  }
+  int64_t padded_length(int64_t i) const {
+    if (mixed()) return part(i).padded_length(entries[i].second);
+    if (!laid_out()) return i + 1 == num_sequences ? last_length : cfg.seq_len;
+    const int64_t m = cfg.pad_to_multiple_of;
+    return (real_length(i) + m - 1) / m * m;
+  }
   // Sequence i among all of them.
   Sequence get(int64_t i) const;
   int64_t valid_labels(int64_t i) const;

@@ -32,6 +32,10 @@
 // model's chat template is one document whose per-token mask (data.loss_on) travels in the token
 // cache; a token that does not train is a -100 target. Lines that are not conversations are
 // reported with their line numbers and why; a file where none is one is refused.
+// Several sources (data.sources): each read as one is, then mixed into a fixed list of sequences by
+// weight or fraction, drawn by the seed (Dataset::open_mixture). Options::held_out keeps a share
+// of the sequences, drawn by the seed, for evaluation ([eval] split): the training dataset serves
+// the others, the evaluation's only those.
 #pragma once
 #include <cstdint>
 #include <memory>
