@@ -8,7 +8,8 @@ cd "$(dirname "$0")/.."
 
 packages=(cmake ninja-build g++ pkg-config ccache git
           libboost-dev libboost-program-options-dev libtomlplusplus-dev libspdlog-dev libfmt-dev
-          nlohmann-json3-dev libgtest-dev libopenblas-dev libutf8proc-dev libpcre2-dev bible-kjv npm)
+          nlohmann-json3-dev libgtest-dev libopenblas-dev libutf8proc-dev libpcre2-dev zlib1g-dev libzstd-dev
+          bible-kjv npm)
 missing=()
 for p in "${packages[@]}"; do
   if [ "$p" = npm ] && command -v npm >/dev/null 2>&1; then continue; fi

@@ -97,19 +97,42 @@ TEST(ChatLines, SayWhatIsWrongWithALine) {
     return parse_conversation(line, format, c);
   };
   EXPECT_EQ(why("{oops"), "not JSON");
-  EXPECT_EQ(why(R"({"text":"hi"})"), "no `messages` field");
+  EXPECT_EQ(why(R"({"text":"hi"})"), "no `messages` (or ShareGPT `conversations`) field");
   EXPECT_EQ(why(R"({"messages":[]})"), "`messages` holds no message");
   EXPECT_EQ(why(R"({"messages":[{"role":"bot","content":"x"}]})"),
             "messages[0]: role \"bot\" is not one of system, user, assistant, tool");
   EXPECT_EQ(why(R"({"messages":[{"role":"user"}]})"), "messages[0] (user) has no content");
-  EXPECT_EQ(why(R"({"messages":[{"role":"user","content":[{"type":"text","text":"x"}]}]})"),
-            "messages[0]: content is a list of parts; give the text as a string");
+  EXPECT_EQ(why(R"({"messages":[{"role":"user","content":[{"type":"image","url":"x.png"}]}]})"),
+            "messages[0].content[0] is a part of type \"image\"; lcx trains on text parts only");
+  EXPECT_EQ(why(R"({"messages":[{"role":"user","content":[{"type":"text"}]}]})"),
+            "messages[0].content[0] (text) has no text string");
+  EXPECT_EQ(why(R"({"conversations":[{"from":"bot","value":"x"}]})"),
+            "conversations[0].from is \"bot\", not one of human, gpt, system, tool");
+  EXPECT_EQ(why(R"({"conversations":[{"from":"human"}]})"), "conversations[0] (user) has no content");
   EXPECT_EQ(why(R"({"messages":[{"role":"assistant","content":"","tool_calls":[{"function":{"name":"f","arguments":"[1]"}}]}]})"),
             "messages[0].tool_calls[0].function.arguments is a string that is not a JSON object");
   EXPECT_EQ(why(R"({"messages":[{"role":"user","content":"x"}],"tools":{}})"), "`tools` is an object, not a list");
   EXPECT_EQ(why(R"({"prompt":"a"})", "prompt_completion"), "no `completion` field");
   EXPECT_EQ(why(R"({"prompt":"a","completion":[{"role":"assistant","content":"b"}]})", "prompt_completion"),
             "`prompt` is a string and `completion` a list: give both as strings or both as message lists");
+}
+
+// ShareGPT's turns become messages; content given as parts is its text parts joined by newlines.
+TEST(ChatLines, ReadShareGptAndContentParts) {
+  Conversation c;
+  ASSERT_EQ(parse_conversation(R"({"conversations":[{"from":"system","value":"Be brief."},{"from":"human","value":"Hi"},)"
+                               R"({"from":"gpt","value":"Hello"},{"from":"tool","value":"42"}]})",
+                               "chat", c),
+            "");
+  EXPECT_EQ(c.messages.dump(), R"([{"role":"system","content":"Be brief."},{"role":"user","content":"Hi"},)"
+                               R"({"role":"assistant","content":"Hello"},{"role":"tool","content":"42"}])");
+  Conversation parts;
+  ASSERT_EQ(parse_conversation(R"({"messages":[{"role":"user","content":[{"type":"text","text":"Look:"},)"
+                               R"({"type":"text","text":"two parts"}]},{"role":"assistant","content":[{"type":"text","text":"Seen."}]}]})",
+                               "chat", parts),
+            "");
+  EXPECT_EQ(parts.messages[0]["content"], "Look:\ntwo parts");
+  EXPECT_EQ(parts.messages[1]["content"], "Seen.");
 }
 
 TEST(ChatLines, ReadPromptCompletionInBothForms) {
@@ -377,7 +400,7 @@ TEST(ChatDataset, RefusesAFileWhereNoLineIsAConversation) {
   EXPECT_EQ(t.fix,
             "give one conversation per line: {\"messages\": [{\"role\": \"user\", \"content\": \"...\"}, {\"role\": "
             "\"assistant\", \"content\": \"...\"}]}, or set data.format to how the file is written");
-  EXPECT_NE(t.message.find(":1: no `messages` field"), std::string::npos) << t.message;
+  EXPECT_NE(t.message.find(":1: no `messages` (or ShareGPT `conversations`) field"), std::string::npos) << t.message;
 }
 
 TEST(ChatDataset, RefusesLossOnThatTheFormatCannotSelect) {

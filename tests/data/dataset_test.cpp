@@ -241,7 +241,8 @@ TEST(Dataset, BadInputIsCountedAndReported) {
   Fixture f;
   f.put("0_good.txt", "good");
   f.put("1_empty.txt", "");
-  f.put("2_bad_utf8.txt", "ab\xff\xfe" "c");
+  // Two bad sequences in 205 bytes: text with a few faults, repaired and counted.
+  f.put("2_bad_utf8.txt", "ab\xff\xfe" "c" + std::string(200, 'z'));
   fs::create_symlink(f.cfg.source + "/nowhere", f.cfg.source + "/3_dangling.txt");
   f.cfg.seq_len = 4;
   Dataset d = f.open();
@@ -262,8 +263,8 @@ TEST(Dataset, BadInputIsCountedAndReported) {
   EXPECT_EQ(again.report().empty, 1);
   EXPECT_EQ(again.report().invalid_utf8_sequences, 2);
   EXPECT_EQ(again.report().first_empty, r.first_empty);
-  // "good" EOS "ab\uFFFD\uFFFDc": the replacement character is 3 bytes, 3 ids.
-  EXPECT_EQ(r.tokens, 4 + 1 + 2 + 6 + 1);
+  // "good" EOS "ab\uFFFD\uFFFDc" z...: the replacement character is 3 bytes, 3 ids.
+  EXPECT_EQ(r.tokens, 4 + 1 + 2 + 6 + 1 + 200);
 }
 
 TEST(Dataset, JsonlLinesAndTheirFaults) {

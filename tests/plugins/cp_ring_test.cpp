@@ -305,6 +305,28 @@ TEST(CpRingShard, MovedBoundsShardHoldsItsChunksInPositionOrder) {
   }
 }
 
+// Best-fit packing (data.packing = "bfd") ends a sequence with padding that is a document of its
+// own: its masked work is that of a short document, not the tail of the last one; the balancer sees
+// that, and the slowest rank has less than with the padding as the last document's tail.
+TEST(CpRingLayout, BestFitPaddingIsADocumentOfItsOwn) {
+  const std::vector<int64_t> own{0, 1500, 2900, 3600, 4096}, tail{0, 1500, 2900, 4096};
+  auto work = [](const std::vector<int64_t>& docs, int n) {
+    const cp_ring::ChunkLayout l = cp_ring::balanced_layout(docs, 4096, n, cp_ring::kMaskedWorkOnly);
+    std::vector<double> w(static_cast<size_t>(n), 0);
+    for (int r = 0; r < n; ++r)
+      for (int64_t row = 0; row < 4096 / n; ++row)
+        w[static_cast<size_t>(r)] += static_cast<double>(sequence_position(docs, l.position(r, row)) + 1);
+    return w;
+  };
+  for (int n : {2, 4}) {
+    const std::vector<double> a = work(own, n), b = work(tail, n);
+    double sa = 0, sb = 0;
+    for (int r = 0; r < n; ++r) sa += a[static_cast<size_t>(r)], sb += b[static_cast<size_t>(r)];
+    EXPECT_LT(sa, sb) << "cp " << n;
+    EXPECT_LT(*std::max_element(a.begin(), a.end()), *std::max_element(b.begin(), b.end())) << "cp " << n;
+  }
+}
+
 TEST(CpRingShard, BalancedShardHoldsItsChunksInPositionOrder) {
   auto p = test::make_cp_ring(2, kBalanceWork);
   Sequence seq = test::iota_sequence(4096, 3);

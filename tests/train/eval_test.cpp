@@ -166,7 +166,8 @@ TEST(EvalConfig, RefusesNegativeEveryAndMaxSequencesByKeyAndFix) {
 }
 
 TEST(EvalConfig, RefusesAnEvaluationWithoutASource) {
-  const char* fix = "set [eval] source to held-out data (any source [data] reads), or leave every = 0 and at_start = false";
+  const char* fix = "set [eval] source to held-out data (any source [data] reads) or split to a share of [data] (0.01), "
+                    "or leave every = 0 and at_start = false";
   test::Thrown e = test::thrown_by([] { config_of("[eval]\nevery = 10\n"); });
   EXPECT_EQ(e.key, "eval.every");
   EXPECT_EQ(e.fix, fix);
@@ -175,6 +176,37 @@ TEST(EvalConfig, RefusesAnEvaluationWithoutASource) {
   EXPECT_EQ(e.fix, fix);
   EXPECT_FALSE(config_of("[eval]\nsource = \"x.jsonl\"\n").eval.enabled());  // a source alone evaluates nothing
   EXPECT_FALSE(config_of("").eval.enabled());
+}
+
+// eval.split holds out a share of [data] instead of naming held-out data; its combinations that
+// cannot mean what they say are refused by name.
+TEST(EvalConfig, SplitHoldsOutAShareOfTheTrainingData) {
+  const CoreConfig c = config_of("[data]\nsource = \"train.jsonl\"\n[eval]\nsplit = 0.01\nevery = 50\n");
+  EXPECT_TRUE(c.eval.enabled());
+  EXPECT_EQ(eval_data_config(c).source, "train.jsonl");
+  const std::pair<const char*, const char*> refused[] = {
+      {"[eval]\nsplit = 0.01\nsource = \"x.jsonl\"\nevery = 5\n", "eval.split"},
+      {"[eval]\nsplit = 0.01\n", "eval.split"},
+      {"[eval]\nsplit = 1.0\nevery = 5\n", "eval.split"},
+      {"[eval]\nsplit = -0.5\nevery = 5\n", "eval.split"}};
+  for (const auto& [toml, key] : refused) EXPECT_EQ(test::thrown_by([&] { config_of(toml); }).key, key) << toml;
+}
+
+// [[data.sources]]: each table's path and weight (or fraction); what cannot be mixed is refused.
+TEST(EvalConfig, DataSourcesAreReadAsTablesOfPathAndWeight) {
+  const CoreConfig c = config_of("[[data.sources]]\npath = \"a.jsonl\"\nweight = 3\n[[data.sources]]\npath = \"b\"\nweight = 1\n");
+  ASSERT_EQ(c.data.sources.size(), 2u);
+  EXPECT_EQ(c.data.sources[0].path, "a.jsonl");
+  EXPECT_EQ(c.data.sources[0].weight, 3);
+  EXPECT_EQ(data_sources_text(c.data), "a.jsonl weight=3; b weight=1");
+  const char* refused[] = {
+      "[[data.sources]]\npath = \"a\"\n",                                      // neither weight nor fraction
+      "[[data.sources]]\npath = \"a\"\nweight = 1\nfraction = 1\n",            // both
+      "[[data.sources]]\npath = \"a\"\nweight = 0\n",                          // not > 0
+      "[[data.sources]]\npath = \"a\"\nweight = 1\nwieght = 2\n",              // an unknown key
+      "[[data.sources]]\npath = \"a\"\nweight = 1\n[[data.sources]]\npath = \"b\"\nfraction = 1\n",
+      "[data]\nsource = \"c\"\n[[data.sources]]\npath = \"a\"\nweight = 1\n"};
+  for (const char* toml : refused) EXPECT_EQ(test::thrown_by([&] { config_of(toml); }).key, "data.sources") << toml;
 }
 
 TEST(EvalConfig, ReadsEvalsSourceAsTheTrainingDataIsRead) {

@@ -44,6 +44,10 @@ void resolve_paths(toml::table& root, const std::filesystem::path& base) {
     toml::table* t = root[section].as_table();
     resolve(t ? t->get_as<std::string>(key) : nullptr);
   }
+  if (toml::table* data = root["data"].as_table())
+    if (toml::array* sources = data->get_as<toml::array>("sources"))
+      for (auto&& entry : *sources)
+        if (toml::table* t = entry.as_table()) resolve(t->get_as<std::string>("path"));
   static const std::set<std::string_view> core_sections = {"run", "model", "data", "train", "eval", "plugins", "distributed"};
   for (auto&& [name, node] : root) {
     toml::table* t = node.as_table();
@@ -63,11 +67,56 @@ std::string toml_table_json(const Manifest& m, const std::vector<std::string>& p
   return j.is_object() ? j.dump() : "{}";
 }
 
+// [[data.sources]]: each table's path and its weight or fraction, every source alike.
+std::vector<DataSource> read_data_sources(const Manifest& m, const ConfigView& v) {
+  if (!v.has("sources")) {
+    // Absent, the key still gets its line in the reference (a getter records type and default).
+    v.table("sources");
+    return {};
+  }
+  nlohmann::json j = nlohmann::json::parse(m.to_json(), nullptr, false);
+  const nlohmann::json& list = j["data"]["sources"];
+  const std::string fix = "give each source as a table: [[data.sources]] path = \"a.jsonl\" weight = 3 (or fraction = 0.5)";
+  if (!list.is_array() || list.empty()) v.fail("sources", "is not a list of tables", fix);
+  std::vector<DataSource> out;
+  int by_weight = 0;
+  for (size_t i = 0; i < list.size(); ++i) {
+    const nlohmann::json& t = list[i];
+    const std::string at = str("sources[", i, "]");
+    if (!t.is_object()) v.fail("sources", str(at, " is not a table"), fix);
+    for (const auto& [k, _] : t.items())
+      if (k != "path" && k != "weight" && k != "fraction")
+        v.fail("sources", str(at, " has an unknown key `", k, "`"), "a source has path and weight (or fraction)");
+    DataSource d;
+    if (!t.contains("path") || !t["path"].is_string() || t["path"].get<std::string>().empty())
+      v.fail("sources", str(at, " has no path"), fix);
+    d.path = t["path"].get<std::string>();
+    const bool w = t.contains("weight"), f = t.contains("fraction");
+    if (w == f) v.fail("sources", str(at, w ? " has both weight and fraction" : " has neither weight nor fraction"), fix);
+    const nlohmann::json& n = w ? t["weight"] : t["fraction"];
+    if (!n.is_number() || n.get<double>() <= 0)
+      v.fail("sources", str(at, ".", w ? "weight" : "fraction", " is ", n.dump(), ", not a number > 0"), fix);
+    (w ? d.weight : d.fraction) = n.get<double>();
+    by_weight += w;
+    out.push_back(std::move(d));
+  }
+  if (by_weight != 0 && by_weight != static_cast<int>(out.size()))
+    v.fail("sources", "mixes weight and fraction", "give every source a weight (shares of the mixture) or every one a fraction (shares of itself)");
+  return out;
+}
+
 }  // namespace
+
+std::string data_sources_text(const DataConfig& d) {
+  std::string s;
+  for (const DataSource& x : d.sources)
+    s += str(s.empty() ? "" : "; ", x.path, x.weight > 0 ? str(" weight=", x.weight) : str(" fraction=", x.fraction));
+  return s;
+}
 
 DataConfig eval_data_config(const CoreConfig& c) {
   DataConfig d = c.data;
-  d.source = c.eval.source;
+  if (!c.eval.source.empty()) d.source = c.eval.source;
   d.shuffle = false;
   return d;
 }
@@ -186,9 +235,11 @@ CoreConfig read_core_config(const Manifest& m, const std::vector<std::string>& p
   {
     ConfigView v = m.section("data");
     v.describe("tokenizer", "the tokenizer.json that turns text into token ids");
-    v.describe("source", "the training data: a folder of .txt, a .txt, a .jsonl or a token file");
-    v.describe("format", "how `source` is read; auto goes by its file extension, and a .jsonl whose first line has "
-               "`messages` (or `prompt` and `completion`) is read as chat (or prompt_completion)");
+    v.describe("source", "the training data: a file or a folder of .txt, .jsonl or .json files (each may be .gz or "
+               ".zst), or a .tokens file; a file that is not what its name says is refused");
+    v.describe("format", "how `source` is read; auto goes by the file names, and records whose first one has "
+               "`messages` or ShareGPT's `conversations` (or `prompt` and `completion`) are read as chat (or "
+               "prompt_completion), others as text from text_field");
     v.describe("loss_on", "which tokens train: the assistant's turns (content, reasoning the template keeps, tool calls "
                "and the turn's closing tokens, not its role header), the completion, or every token; auto: assistant "
                "for chat, completion for prompt_completion, all for text");
@@ -204,11 +255,23 @@ CoreConfig read_core_config(const Manifest& m, const std::vector<std::string>& p
     v.describe("drop_last", "drop the final partial sequence instead of padding it");
     v.describe("attend_across_documents",
                "false: each packed document attends only to itself and its positions restart; true: one text");
+    v.describe("sources", "instead of source, several sources mixed: [[data.sources]] tables of path and weight (its "
+               "share of the mixture's sequences, relative to the others') or fraction (this share of its own "
+               "sequences; 2 repeats each twice); drawn and interleaved by run.seed, the same on resume",
+               "an array of tables: [[data.sources]] path = \"a.jsonl\" weight = 3", "none");
+    v.describe("packing", "stream: documents end to end, each sequence cut at seq_len (a document may continue into "
+               "the next sequence, without its start); bfd: best-fit decreasing, as TRL's, each sequence holds whole "
+               "documents and the rest is padding");
+    v.describe("overlong", "a document longer than seq_len: continue (its rest goes on in the next sequences), "
+               "truncate (its first seq_len tokens are kept) or drop (it is left out); the log counts them");
     c.data.tokenizer = v.get_string("tokenizer", c.data.tokenizer);
     // A model folder carries its tokenizer: unset, the tokenizer is model.path's.
     if (c.data.tokenizer.empty() && !c.model.path.empty())
       c.data.tokenizer = (std::filesystem::path(c.model.path) / "tokenizer.json").string();
     c.data.source = v.get_string("source", c.data.source);
+    c.data.sources = read_data_sources(m, v);
+    if (!c.data.sources.empty() && !c.data.source.empty())
+      v.fail("sources", "lists sources and data.source names one too", "keep one: data.source, or [[data.sources]] tables");
     c.data.format = v.get_string("format", c.data.format);
     one_of(v, "format", c.data.format, {"auto", "txt", "jsonl", "tokens", "chat", "prompt_completion"});
     c.data.text_field = v.get_string("text_field", c.data.text_field);
@@ -226,6 +289,10 @@ CoreConfig read_core_config(const Manifest& m, const std::vector<std::string>& p
     c.data.cache_dir = v.get_string("cache_dir", c.data.cache_dir);
     c.data.drop_last = v.get_bool("drop_last", c.data.drop_last);
     c.data.attend_across_documents = v.get_bool("attend_across_documents", c.data.attend_across_documents);
+    c.data.packing = v.get_string("packing", c.data.packing);
+    one_of(v, "packing", c.data.packing, {"stream", "bfd"});
+    c.data.overlong = v.get_string("overlong", c.data.overlong);
+    one_of(v, "overlong", c.data.overlong, {"continue", "truncate", "drop"});
     v.check_unknown();
   }
   {
@@ -236,15 +303,26 @@ CoreConfig read_core_config(const Manifest& m, const std::vector<std::string>& p
     v.describe("every", "evaluate after every this many optimizer steps; 0: not during training", ">= 0");
     v.describe("max_sequences", "evaluate the first this many sequences of source; 0: all of them", ">= 0");
     v.describe("at_start", "evaluate once before the first step (the starting weights' loss)");
+    v.describe("split", "instead of source: this share of [data]'s sequences is held out and evaluated, drawn from "
+               "run.seed and never trained on (with data.packing = \"bfd\" each held-out sequence holds whole "
+               "documents); 0: none", "0 <= split < 1");
     e.source = v.get_string("source", e.source);
     e.every = v.get_int("every", e.every);
     need(v, "every", e.every, e.every >= 0, "must be >= 0", "0 turns evaluation during training off; 100 evaluates every 100 steps");
     e.max_sequences = v.get_int("max_sequences", e.max_sequences);
     need(v, "max_sequences", e.max_sequences, e.max_sequences >= 0, "must be >= 0", "0 evaluates every sequence of eval.source");
     e.at_start = v.get_bool("at_start", e.at_start);
-    if (e.source.empty() && (e.every > 0 || e.at_start))
-      v.fail(e.every > 0 ? "every" : "at_start", "asks for an evaluation but eval.source is not set",
-             "set [eval] source to held-out data (any source [data] reads), or leave every = 0 and at_start = false");
+    e.split = v.get_double("split", e.split);
+    need(v, "split", e.split, e.split >= 0 && e.split < 1, "must be >= 0 and < 1", "0.01 holds out 1% of the sequences");
+    if (e.split > 0 && !e.source.empty())
+      v.fail("split", "holds out part of [data] but eval.source names held-out data already",
+             "keep one: eval.source = \"\" to evaluate on a share of [data], or split = 0");
+    if (e.split > 0 && e.every == 0 && !e.at_start)
+      v.fail("split", "holds out data that no evaluation reads", "set [eval] every (e.g. 100) or at_start = true, or split = 0");
+    if (e.source.empty() && e.split == 0 && (e.every > 0 || e.at_start))
+      v.fail(e.every > 0 ? "every" : "at_start", "asks for an evaluation but neither eval.source nor eval.split is set",
+             "set [eval] source to held-out data (any source [data] reads) or split to a share of [data] (0.01), or leave "
+             "every = 0 and at_start = false");
     v.check_unknown();
   }
   {

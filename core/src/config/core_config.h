@@ -45,9 +45,17 @@ struct ModelSection {
   std::string dtype = "bf16";
 };
 
+// One of several sources mixed into the training data ([[data.sources]]).
+struct DataSource {
+  std::string path;
+  double weight = 0;    // its share of the mixture's sequences, relative to the others' weights
+  double fraction = 0;  // or: this share of its own sequences (2 = each twice)
+};
+
 struct DataConfig {
   std::string tokenizer;
   std::string source;
+  std::vector<DataSource> sources;  // instead of `source`: several, mixed by seed
   std::string format = "auto";  // auto | txt | jsonl | tokens | chat | prompt_completion
   std::string text_field = "text";
   // Which tokens train: auto (assistant for chat, completion for prompt_completion, else all) |
@@ -65,6 +73,11 @@ struct DataConfig {
   // false: a token attends only to its own document and positions restart at each one (packed
   // documents masked); true: the packed sequence is one text.
   bool attend_across_documents = false;
+  // stream: documents end to end, cut every seq_len; bfd: best-fit decreasing, whole documents in
+  // each sequence and the rest padded.
+  std::string packing = "stream";
+  // A document longer than seq_len: continue (into the next sequences) | truncate | drop.
+  std::string overlong = "continue";
 };
 
 // [eval]: the loss on held-out data during training, forward only through the step's slots.
@@ -73,7 +86,10 @@ struct EvalConfig {
   int64_t every = 0;          // optimizer steps between evaluations; 0 = none during training
   int64_t max_sequences = 0;  // the first sequences of source evaluated; 0 = all of them
   bool at_start = false;      // one evaluation before the first step
-  bool enabled() const { return !source.empty() && (every > 0 || at_start); }
+  // A share of [data]'s sequences held out for evaluation instead of a source: drawn from
+  // run.seed, never trained on; 0 = none.
+  double split = 0;
+  bool enabled() const { return (!source.empty() || split > 0) && (every > 0 || at_start); }
 };
 
 struct TrainConfig {
@@ -136,8 +152,12 @@ struct CoreConfig {
   DistributedConfig distributed;
 };
 
-// The data [eval] reads: [data] with eval's source, so the tokenizer, seq_len, format, masks and
-// packing are the training data's; in corpus order, so max_sequences takes the same ones each time.
+// [[data.sources]] as one line ("path weight=3; path fraction=0.5"), for logs and resume checks.
+std::string data_sources_text(const DataConfig& d);
+
+// The data [eval] reads: [data] with eval's source (or [data]'s own with eval.split), so the
+// tokenizer, seq_len, format, masks and packing are the training data's; in corpus order, so
+// max_sequences takes the same ones each time.
 DataConfig eval_data_config(const CoreConfig& c);
 
 // The manifest at `path` with `sets` (--set section.key=value) applied. A relative path in the

@@ -92,7 +92,27 @@ std::string check_messages(ojson& msgs, const char* field) {
       if (r != "assistant") return str(at, " (", r, ") has no content");
       m["content"] = "";
     } else if (content->is_array()) {
-      return str(at, ": content is a list of parts; give the text as a string");
+      // Parts as the OpenAI and transformers message formats write them: text parts joined by a
+      // newline (as OpenAI-compatible servers join them for text-only templates); an image or
+      // audio part has no text to train on and is refused by its type.
+      std::string text;
+      for (size_t k = 0; k < content->size(); ++k) {
+        const ojson& part = (*content)[k];
+        const std::string pat = str(at, ".content[", k, "]");
+        if (part.is_string()) {
+          text += (k ? "\n" : "") + part.get<std::string>();
+          continue;
+        }
+        if (!part.is_object()) return str(pat, " is ", json_kind(part), ", not a part object");
+        auto type = part.find("type");
+        if (type == part.end() || !type->is_string()) return str(pat, " has no type");
+        if (*type != "text")
+          return str(pat, " is a part of type \"", type->get<std::string>(), "\"; lcx trains on text parts only");
+        auto t = part.find("text");
+        if (t == part.end() || !t->is_string()) return str(pat, " (text) has no text string");
+        text += (k ? "\n" : "") + t->get<std::string>();
+      }
+      *content = std::move(text);
     } else if (!content->is_string()) {
       return str(at, ": content is ", json_kind(*content), ", not a string");
     }
@@ -125,6 +145,31 @@ std::string check_messages(ojson& msgs, const char* field) {
         return str(cat, ".function.arguments is ", json_kind(*args), ", not an object");
       }
     }
+  }
+  return {};
+}
+
+// ShareGPT's turns ({"from": "human", "value": ...}) as messages; a list already in messages' form
+// is left as it is.
+std::string sharegpt_to_messages(ojson& turns) {
+  if (!turns.is_array()) return {};
+  for (size_t i = 0; i < turns.size(); ++i) {
+    ojson& t = turns[i];
+    if (!t.is_object() || t.contains("role") || !t.contains("from")) continue;
+    const ojson& from = t["from"];
+    if (!from.is_string()) return str("conversations[", i, "].from is ", json_kind(from), ", not a string");
+    const std::string f = from.get<std::string>();
+    const char* role = f == "human" || f == "user"       ? "user"
+                       : f == "gpt" || f == "assistant"  ? "assistant"
+                       : f == "system"                   ? "system"
+                       : f == "tool"                     ? "tool"
+                                                         : nullptr;
+    if (!role) return str("conversations[", i, "].from is \"", f, "\", not one of human, gpt, system, tool");
+    ojson m = ojson::object();
+    m["role"] = role;
+    auto v = t.find("value");
+    m["content"] = v == t.end() ? ojson(nullptr) : std::move(*v);
+    t = std::move(m);
   }
   return {};
 }
@@ -204,8 +249,11 @@ std::string parse_conversation(std::string_view line, const std::string& format,
   if (!j.is_object()) return str("a JSON ", j.is_array() ? "list" : "value", ", not an object");
   if (format == "chat") {
     auto it = j.find("messages");
-    if (it == j.end()) return "no `messages` field";
-    if (std::string e = check_messages(*it, "messages"); !e.empty()) return e;
+    if (it == j.end()) it = j.find("conversations");
+    if (it == j.end()) return "no `messages` (or ShareGPT `conversations`) field";
+    const char* field = it.key() == "messages" ? "messages" : "conversations";
+    if (std::string e = sharegpt_to_messages(*it); !e.empty()) return e;
+    if (std::string e = check_messages(*it, field); !e.empty()) return e;
     c.messages = std::move(*it);
   } else {
     auto p = j.find("prompt"), q = j.find("completion");

@@ -8,12 +8,18 @@
 //     ... b.tokens, b.valid_labels for the log line and the loss mean
 //   }
 //
-// Sources (data.source, data.format): a folder of .txt files (recursive, sorted by path, one
-// document per file; names starting with '.' skipped), a .txt file (one document), .jsonl files
-// (one document per line, its data.text_field), or a pre-tokenized .tokens/.bin file of uint32
-// ids used as is (documents are the stretches between EOS ids).
-// Packing: a document that does not fit in the current sequence continues in the next one; a
-// sequence may hold the tail of one document, whole ones, and the head of another. Targets are
+// Sources (data.source, data.format): a file, or a folder's data files (recursive, sorted by path;
+// names starting with '.' skipped, files that are no data counted): .txt (one document), .jsonl
+// (one record a line), .json (a list of records, or an object holding one), each plain, .gz or
+// .zst and read streaming (data/data_file.h); a record is text (its data.text_field) or a
+// conversation (`messages`, ShareGPT's `conversations`, `prompt`/`completion`). A pre-tokenized
+// .tokens file of uint32 ids is used as is (documents are the stretches between EOS ids). A file
+// that is not what its name says, or whose name is no data lcx reads, is refused by name.
+// Packing (data.packing): "stream", a document that does not fit in the current sequence continues
+// in the next one (a sequence may hold the tail of one document, whole ones, and the head of
+// another); "bfd", best-fit decreasing, each sequence holds whole documents, padded with EOS to a
+// multiple of pad_to_multiple_of, the padding a document of its own. data.overlong says what
+// becomes of a document longer than seq_len: continue (cut into sequences), truncate, or drop. Targets are
 // shifted (targets[t] = tokens[t+1]); the last position of a sequence and padding get -100.
 // Unless data.attend_across_documents, each sequence carries its document bounds
 // (Sequence::document_bounds: each document attends only to itself, positions restart) and each
@@ -26,6 +32,10 @@
 // model's chat template is one document whose per-token mask (data.loss_on) travels in the token
 // cache; a token that does not train is a -100 target. Lines that are not conversations are
 // reported with their line numbers and why; a file where none is one is refused.
+// Several sources (data.sources): each read as one is, then mixed into a fixed list of sequences by
+// weight or fraction, drawn by the seed (Dataset::open_mixture). Options::held_out keeps a share
+// of the sequences, drawn by the seed, for evaluation ([eval] split): the training dataset serves
+// the others, the evaluation's only those.
 #pragma once
 #include <cstdint>
 #include <memory>
@@ -42,6 +52,8 @@ namespace lcx {
 struct DataReport {
   int64_t files = 0, documents = 0;
   int64_t empty = 0, unreadable = 0, not_json = 0, missing_field = 0;
+  int64_t other_files = 0;  // in a folder, files whose names are no data (a README), not read
+  std::string first_other_file;
   int64_t invalid_utf8_documents = 0, invalid_utf8_sequences = 0;
   std::string first_empty, first_unreadable, first_not_json, first_missing_field, first_invalid_utf8;
   std::string format;  // as read: data.format, or what auto found
@@ -55,9 +67,18 @@ struct DataReport {
   int64_t trained_tokens = 0;  // mask entries that are 1
   // Documents that continue into the next sequence, and those longer than one sequence.
   int64_t cut_documents = 0, longer_than_sequence = 0;
+  // data.overlong: documents longer than a sequence truncated (and the tokens cut) or dropped.
+  int64_t truncated_documents = 0, truncated_tokens = 0, dropped_documents = 0, dropped_document_tokens = 0;
+  std::string packing, overlong;  // data.packing, data.overlong
   int64_t tokens = 0;          // the whole stream, EOS separators included
   int64_t sequences = 0;
-  int64_t padding = 0;         // EOS tokens added to the final sequence
+  int64_t positions = 0;       // the sequences' lengths, padding included
+  int64_t seq_len = 0;         // data.seq_len
+  int64_t padding = 0;         // EOS tokens added to fill sequences (stream: the final one)
+  int64_t untrained_sequences = 0;  // sequences with no target that trains
+  std::string mixture;         // [[data.sources]]: how the sources were mixed ("" for one source)
+  int64_t held_out = 0;        // sequences held out for evaluation (Options::held_out)
+  bool held_out_side = false;  // this dataset serves them (else it serves the rest)
   int64_t dropped_tokens = 0;  // at the end of the stream
   std::string dropped_why;
   bool from_cache = false;
@@ -78,6 +99,10 @@ class Dataset {
     int64_t seed = 0;      // [run] seed: the shuffle of each epoch derives from it
     int threads = 0;       // tokenizing threads; 0 = all
     bool progress = true;  // progress bar with ETA on stderr while tokenizing
+    // A share of the sequences held out for evaluation ([eval] split), drawn from the seed: the
+    // dataset serves the others, or with held_out_side only them.
+    double held_out = 0;
+    bool held_out_side = false;
   };
   static Dataset open(const DataConfig& cfg, const Tokenizer& tok, const Options& opt);
   static Dataset open(const DataConfig& cfg, const Tokenizer& tok) { return open(cfg, tok, Options{}); }
@@ -99,6 +124,8 @@ class Dataset {
   struct State;
 
  private:
+  static Dataset open_mixture(const DataConfig& cfg, const Tokenizer& tok, const Options& opt);
+  static Dataset finish(std::shared_ptr<State> s, const Options& opt);
   std::shared_ptr<const State> s_;
 };
 

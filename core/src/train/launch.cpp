@@ -69,7 +69,7 @@ int train_rank(const CoreConfig& cfg, const Manifest& manifest, const SlotFactor
   Run run(cfg, make_slots(device, rank.world ? rank.world->rank() : 0), device, rank);
   run.check_parallelism();
   if (run.lead()) log_device(run);
-  run.open_data(cfg.data, run.lead());
+  run.open_data(cfg.data, run.lead(), cfg.eval.split);
   run.open_eval_data(run.lead());
   run.check_sequence_split();
   const std::string resume_dir = opts.resume.empty() ? std::string() : resolve_checkpoint(cfg.run.output_dir, opts.resume);

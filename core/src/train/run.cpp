@@ -54,10 +54,13 @@ void check_run_inputs(const CoreConfig& cfg, const SlotSet& slots) {
   if (cfg.data.tokenizer.empty())
     throw Error("[data] tokenizer is not set", "data.tokenizer", "give the path of a tokenizer.json");
   Tokenizer::load(cfg.data.tokenizer);
-  if (cfg.data.source.empty())
+  if (cfg.data.source.empty() && cfg.data.sources.empty())
     throw Error("data.source is not set", "data.source", "name a folder of .txt files, a .jsonl file or a .tokens file");
-  if (!fs::exists(cfg.data.source, ec))
+  if (!cfg.data.source.empty() && !fs::exists(cfg.data.source, ec))
     throw Error(str("data.source ", cfg.data.source, " does not exist"), "data.source", "check the path");
+  for (const DataSource& s : cfg.data.sources)
+    if (!fs::exists(s.path, ec))
+      throw Error(str("data.sources: ", s.path, " does not exist"), "data.sources", "check the path");
   if (!cfg.data.chat_template.empty() && !fs::is_regular_file(cfg.data.chat_template, ec))
     throw Error(str("data.chat_template ", cfg.data.chat_template, " is not a file"), "data.chat_template",
                 "give the path of a Jinja chat template, or leave it out for the tokenizer's own");
@@ -220,10 +223,11 @@ const Tokenizer& Run::tokenizer() {
   return *tokenizer_;
 }
 
-void Run::open_data(const DataConfig& data, bool progress) {
+void Run::open_data(const DataConfig& data, bool progress, double held_out) {
   Dataset::Options opt;
   opt.seed = cfg_.run.seed;
   opt.progress = progress;
+  opt.held_out = held_out;
   data_ = std::make_unique<Dataset>(Dataset::open(data, tokenizer(), opt));
 }
 
@@ -232,9 +236,15 @@ void Run::open_eval_data(bool progress) {
   Dataset::Options opt;
   opt.seed = cfg_.run.seed;
   opt.progress = progress;
+  if (cfg_.eval.source.empty()) {
+    // The share of [data] the training leaves out.
+    opt.held_out = cfg_.eval.split;
+    opt.held_out_side = true;
+  }
   try {
     eval_data_ = std::make_unique<Dataset>(Dataset::open(eval_data_config(cfg_), tokenizer(), opt));
   } catch (const Error& e) {
+    if (cfg_.eval.source.empty()) throw;
     // The dataset names [data]'s keys; here the source is eval's.
     if (e.key() != "data.source" && e.key() != "data.seq_len") throw;
     std::string what = e.what();
@@ -245,7 +255,10 @@ void Run::open_eval_data(bool progress) {
   if (!progress) return;
   const EvalConfig& e = cfg_.eval;
   const int64_t n = eval_data_->num_sequences(), used = e.max_sequences > 0 ? std::min(e.max_sequences, n) : n;
-  log::info(str("eval: ", used, " of the ", n, " sequences of ", cfg_.eval.source, ", forward only",
+  const std::string data = cfg_.data.sources.empty() ? cfg_.data.source : str("[[data.sources]]");
+  const std::string of = cfg_.eval.source.empty() ? str("held out of ", data, " (eval.split = ", e.split, ")")
+                                                   : str("of ", cfg_.eval.source);
+  log::info(str("eval: ", used, " of the ", n, " sequences ", of, ", forward only",
                 e.at_start ? ", before the first step" : "", e.every > 0 ? str(e.at_start ? " and" : "", " every ", e.every, " steps") : ""));
 }
 
@@ -257,6 +270,18 @@ void Run::check_sequence_split() const {
     const int64_t n = d->num_sequences();
     if (n > 0) slots_.parallel->shard(d->get(0), seq_rank());
     if (n > 1 && d->length(n - 1) != d->length(0)) slots_.parallel->shard(d->get(n - 1), seq_rank());
+  }
+  // Packed best-fit, a sequence may be any multiple of pad_to_multiple_of long; what the providers
+  // need of a length is that it divide evenly, so one of the multiple itself stands for them all.
+  const DataConfig& dc = cfg_.data;
+  if (dc.packing == "bfd" && dc.pad_to_multiple_of < dc.seq_len) {
+    const int64_t m = dc.pad_to_multiple_of;
+    Sequence probe;
+    probe.tokens = Tensor::zeros({m}, DType::i32);
+    probe.targets = Tensor::empty({m}, DType::i64);
+    for (int64_t t = 0; t < m; ++t) probe.targets.data_as<int64_t>()[t] = -100;
+    if (!dc.attend_across_documents) probe.document_bounds = {0, m};
+    slots_.parallel->shard(probe, seq_rank());
   }
 }
 

@@ -59,7 +59,8 @@ class Run {
   // Refuses a Parallelism that splits a sequence over other than the mesh's cp x sp ranks.
   void check_parallelism() const;
   // `data` (its seq_len as given) tokenized with [data] tokenizer; progress: a bar while tokenizing.
-  void open_data(const DataConfig& data, bool progress);
+  // `held_out`: the share of its sequences left to evaluation ([eval] split), not trained on.
+  void open_data(const DataConfig& data, bool progress, double held_out = 0);
   // [eval] source, read as the training data is (eval_data_config), when [eval] asks for an
   // evaluation; the dataset `eval` evaluates. progress: a bar while tokenizing, and the log's
   // line of what is evaluated when.

@@ -107,6 +107,7 @@ void check_same_run(const CoreConfig& now, const std::string& checkpoint) {
       {"model.dtype", {was.model.dtype, now.model.dtype}},
       {"data.seq_len", {str(was.data.seq_len), str(now.data.seq_len)}},
       {"data.source", {was.data.source, now.data.source}},
+      {"data.sources", {data_sources_text(was.data), data_sources_text(now.data)}},
       {"data.tokenizer", {was.data.tokenizer, now.data.tokenizer}},
       {"data.format", {was.data.format, now.data.format}},
       {"data.text_field", {was.data.text_field, now.data.text_field}},
@@ -117,6 +118,9 @@ void check_same_run(const CoreConfig& now, const std::string& checkpoint) {
       {"data.shuffle", {b(was.data.shuffle), b(now.data.shuffle)}},
       {"data.drop_last", {b(was.data.drop_last), b(now.data.drop_last)}},
       {"data.attend_across_documents", {b(was.data.attend_across_documents), b(now.data.attend_across_documents)}},
+      {"data.packing", {was.data.packing, now.data.packing}},
+      {"data.overlong", {was.data.overlong, now.data.overlong}},
+      {"eval.split", {str(was.eval.split), str(now.eval.split)}},
   };
   for (const auto& [key, v] : keys)
     if (v.first != v.second)

@@ -313,7 +313,9 @@ void Trainer::reduce_across_ranks(StepRecord& r) {
   r.stop = sums[1] > 0;
   r.aux.value = sums[2];
   // The loss transformers reports: the LM loss, plus the auxiliary loss where it trains.
-  r.loss = r.valid > 0 ? r.loss_sum / static_cast<double>(r.valid) + r.aux.coef * r.aux.value : std::nan("");
+  // A step with no target that trains (every label -100) sums nothing over nothing: its loss is 0,
+  // not 0/0, and optimizer_step makes no update of it.
+  r.loss = r.valid > 0 ? r.loss_sum / static_cast<double>(r.valid) + r.aux.coef * r.aux.value : 0.0;
 }
 
 // Clip by the global norm, then AdamW; a step whose loss or norm is not finite is skipped.
@@ -324,6 +326,16 @@ void Trainer::optimizer_step(StepRecord& r) {
   r.grad_norm = run_.grad_norm();
   r.lr = cfg_.train.lr * schedule_factor(cfg_.train.schedule, state_.step, cfg_.train.warmup_steps, length_.total_steps);
   r.finite = std::isfinite(r.loss) && std::isfinite(r.grad_norm);
+  if (r.valid == 0) {
+    // No gradient to follow, and AdamW's momentum and decay would still move the weights: the
+    // step passes without an update, and is no sign of divergence.
+    if (run_.lead() && !told_untrained_)
+      log::info(str("step ", state_.step + 1, ": no target of its sequences trains (every label is -100: a conversation "
+                    "with no assistant token within data.seq_len); such steps make no update (valid_targets 0 in "
+                    "metrics.jsonl)"));
+    told_untrained_ = true;
+    return;
+  }
   if (r.finite) {
     if (cfg_.train.max_grad_norm > 0 && r.grad_norm > cfg_.train.max_grad_norm)
       run_.optimizer().scale_grads(cfg_.train.max_grad_norm / (r.grad_norm + 1e-6));  // torch's clip_grad_norm_
@@ -399,7 +411,7 @@ void Trainer::log_step(const StepRecord& r, const std::optional<EvalTotals>& eva
                       {"peak_host_bytes", host_peak_bytes()},
                       {"peak_pinned_bytes", pinned_allocator().stats().peak_bytes},
                       {"host_optimizer_bytes", host_optimizer_bytes(device)},
-                      {"skipped", !r.finite}};
+                      {"skipped", !r.finite || r.valid == 0}};
   if (r.aux.present) {
     m["aux_loss"] = r.aux.value;
     m["expert_tokens_min"] = r.aux.expert_tokens_min;

@@ -91,6 +91,7 @@ class Trainer {
   // The step memory_timeline_step asks for, recorded from its forward through its update.
   std::unique_ptr<StepTimeline> timeline_;
   double run_start_ = 0;
+  bool told_untrained_ = false;  // a step with no trained target was reported
   // The worker cutting the sequences ahead of the one in hand (cut_ahead); declared last, so it is
   // waited for before the members it reads go.
   std::future<void> ahead_;
