@@ -1084,14 +1084,16 @@ std::unique_ptr<Plugin> create_model(const PluginArgs& args, const Family& famil
              "with several head groups, keep each group's attention output and LSE from the backward's recompute");
   c.describe("keep_attention",
              "selective recompute: keep each layer's attention output from the forward, so the backward never reruns it");
-  c.describe(kMoeTileRows, "mixture of experts: tokens a sparse layer routes and runs through its experts at once",
-             "\"auto\" (the plan's choice) or a positive count", "\"auto\"");
+  if (family.experts)
+    c.describe(kMoeTileRows, "mixture of experts: tokens a sparse layer routes and runs through its experts at once",
+               "\"auto\" (the plan's choice) or a positive count", "\"auto\"");
   const bool check_finite = args.config.get_bool("check_finite", true);
   const uint64_t shard = parse_size(args.config, "max_shard_size", args.config.get_string("max_shard_size", "5GB"));
   const int64_t groups = parse_head_groups(args.config);
   const bool keep_outputs = args.config.get_bool("attention_keep_outputs", false);
   const int keep_attention = parse_auto_bool(args.config, kKeepAttention);
-  const std::optional<int64_t> moe_tile = c.get_int_or_auto(kMoeTileRows, "\"auto\" or a positive count of tokens");
+  const std::optional<int64_t> moe_tile =
+      family.experts ? c.get_int_or_auto(kMoeTileRows, "\"auto\" or a positive count of tokens") : std::nullopt;
   if (moe_tile && *moe_tile < 1) c.fail(kMoeTileRows, str(*moe_tile, " is not a positive count"), "\"auto\" or a count >= 1");
   const std::string table = args.config.name().empty() ? family.name : args.config.name();
   return std::make_unique<DecoderModel>(family, check_finite, shard, groups, keep_outputs, keep_attention, moe_tile.value_or(0), table,

@@ -18,6 +18,7 @@ struct Family {
   std::string name;       // the module's name: messages and the manifest's default table ("qwen3")
   bool qk_norm = false;   // per-head RMSNorm of q and k before rotary (Qwen3)
   bool qkv_bias = false;  // biases on the q, k and v projections (Qwen2)
+  bool experts = false;   // sparse layers may run a mixture of experts (Qwen3-MoE): moe_tile_rows is a key
   // A checkpoint's config.json; refuses what the family does not compute, naming the key.
   ModelConfig (*from_hf)(const HfConfig& c) = nullptr;
   // A preset name or a JSON object of config.json keys (init_random, describe); init_std, when not
@@ -28,8 +29,8 @@ struct Family {
 };
 
 // The Model a module's factory returns: the family's recipe, and the module's manifest table
-// (check_finite, max_shard_size, attention_head_groups, attention_keep_outputs, keep_attention,
-// moe_tile_rows).
+// (check_finite, max_shard_size, attention_head_groups, attention_keep_outputs, keep_attention, and
+// moe_tile_rows where the family has experts).
 std::unique_ptr<Plugin> create_model(const PluginArgs& args, const Family& family);
 
 }  // namespace lcx::decoder

@@ -129,7 +129,8 @@ std::string config_to_json(const ModelConfig& c, const std::string& rope_paramet
 }
 
 std::unique_ptr<Plugin> create(const PluginArgs& args) {
-  static const decoder::Family family{"qwen2", false, true, config_from_hf, config_from_spec, config_to_json};
+  static const decoder::Family family{.name = "qwen2", .qkv_bias = true, .from_hf = config_from_hf,
+                                       .from_spec = config_from_spec, .to_json = config_to_json};
   return decoder::create_model(args, family);
 }
 

@@ -7,7 +7,8 @@ namespace lcx::qwen3 {
 namespace {
 
 std::unique_ptr<Plugin> create(const PluginArgs& args) {
-  static const decoder::Family family{"qwen3", true, false, config_from_hf, config_from_spec, config_to_json};
+  static const decoder::Family family{.name = "qwen3", .qk_norm = true, .experts = true, .from_hf = config_from_hf,
+                                       .from_spec = config_from_spec, .to_json = config_to_json};
   return decoder::create_model(args, family);
 }
 
