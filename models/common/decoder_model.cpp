@@ -313,20 +313,7 @@ class DecoderModel final : public Model {
     Tensor h2 = post_norm(L, x1, rstd2);
 
     // MLP: y = x1 + mlp(h2). dx holds dh2 until the attention's backward needs it for dh1.
-    if (L.sparse) {
-      MoeWeights grads{G(L.router), G(L.experts_gate), G(L.experts_up), G(L.experts_down)};
-      const Tensor aux = aux_grad(ctx, x);
-      for (const auto& [t0, t1] : moe_tiles(h2.size(0), ctx)) {
-        const Tensor h = h2.rows(t0, t1);
-        Tensor dh = dx.rows(t0, t1);
-        const MoeRouting r = route(L, h, ctx);
-        moe_backward(h, moe_weights(L), r, cfg_.norm_topk_prob, dy.rows(t0, t1), aux.defined() ? &aux : nullptr, dh,
-                     grads, experts(ctx), moe_lora(L, ctx));
-      }
-    } else {
-      MlpWeights grads{G(L.gate), G(L.up), G(L.down)};
-      mlp(ctx).backward(h2, mlp_weights(L, ctx), dy, dx, grads);
-    }
+    mlp_backward(L, h2, dy, dx, ctx);
     h2 = Tensor();
     Tensor dx1 = act({T, cfg_.hidden_size}, x);
     ops::rmsnorm_backward(x1, W(L.post_norm), rstd2, dx, dx1, norm_grad(L.post_norm));
@@ -405,36 +392,7 @@ class DecoderModel final : public Model {
       }
       const Tensor dq2 = dq_raw.view({T, hg.nq * d}), dk2 = dk_raw.view({T, hg.nkv * d}),
                    dv2 = dv.view({T, hg.nkv * d});
-      if (trains(L.q)) {
-        Tensor gq = q_rows(G(L.q), hg);
-        ops::matmul(dq2, true, h1, false, gq, 1.f, 1.f);
-      }
-      if (trains(L.k)) {
-        Tensor gk = kv_rows(G(L.k), hg);
-        ops::matmul(dk2, true, h1, false, gk, 1.f, 1.f);
-      }
-      if (trains(L.v)) {
-        Tensor gv = kv_rows(G(L.v), hg);
-        ops::matmul(dv2, true, h1, false, gv, 1.f, 1.f);
-      }
-      if (L.q_bias >= 0) {  // db += dy^T 1
-        const Tensor one = ones(T, x);
-        auto bias_grad = [&](int i, const Tensor& dy2, bool q) {
-          if (!trains(i)) return;
-          Tensor gb = G(i).view({G(i).numel(), 1});
-          gb = q ? q_rows(gb, hg) : kv_rows(gb, hg);
-          ops::matmul(dy2, true, one, false, gb, 1.f, 1.f);
-        };
-        bias_grad(L.q_bias, dq2, true);
-        bias_grad(L.k_bias, dk2, false);
-        bias_grad(L.v_bias, dv2, false);
-      }
-      ops::matmul(dq2, false, q_rows(W(L.q), hg), false, dx, 1.f, g == 0 ? 0.f : 1.f);
-      ops::matmul(dk2, false, kv_rows(W(L.k), hg), false, dx, 1.f, 1.f);
-      ops::matmul(dv2, false, kv_rows(W(L.v), hg), false, dx, 1.f, 1.f);
-      lowrank_group_backward(lo, lo.q, hg, true, dq2, gt32, g);
-      lowrank_group_backward(lo, lo.k, hg, false, dk2, gt32, g);
-      lowrank_group_backward(lo, lo.v, hg, false, dv2, gt32, g);
+      projections_backward(L, hg, g, h1, dq2, dk2, dv2, dx, lo, gt32);
     }
     if (!lo.in.empty()) {
       lo.ut = Tensor();
@@ -447,6 +405,61 @@ class DecoderModel final : public Model {
     Tensor dxn = act({T, cfg_.hidden_size}, x);
     ops::rmsnorm_backward(x, W(L.input_norm), rstd1, dx, dxn, norm_grad(L.input_norm));
     ops::add(dxn, dx1, dx);
+  }
+
+  // A sparse layer's or the MLP slot's backward from h2: dh2 into dx, the weights' gradients.
+  void mlp_backward(const LayerParams& L, const Tensor& h2, const Tensor& dy, Tensor& dx, StepContext& ctx) {
+    if (L.sparse) {
+      MoeWeights grads{G(L.router), G(L.experts_gate), G(L.experts_up), G(L.experts_down)};
+      const Tensor aux = aux_grad(ctx, dy);
+      for (const auto& [t0, t1] : moe_tiles(h2.size(0), ctx)) {
+        const Tensor h = h2.rows(t0, t1);
+        Tensor dh = dx.rows(t0, t1);
+        const MoeRouting r = route(L, h, ctx);
+        moe_backward(h, moe_weights(L), r, cfg_.norm_topk_prob, dy.rows(t0, t1), aux.defined() ? &aux : nullptr, dh,
+                     grads, experts(ctx), moe_lora(L, ctx));
+      }
+      return;
+    }
+    MlpWeights grads{G(L.gate), G(L.up), G(L.down)};
+    mlp(ctx).backward(h2, mlp_weights(L, ctx), dy, dx, grads);
+  }
+
+  // Group g's q/k/v projections backward from the gradients of their outputs [T, rows]: the
+  // weights' (and biases') gradients over the group's rows, dh1 into dx (written by group 0,
+  // accumulated by the others), and the group's share of the adapters' backward.
+  void projections_backward(const LayerParams& L, const HeadGroup& hg, int64_t g, const Tensor& h1, const Tensor& dq2,
+                            const Tensor& dk2, const Tensor& dv2, Tensor& dx, const AttnLora& lo, Tensor& gt32) {
+    if (trains(L.q)) {
+      Tensor gq = q_rows(G(L.q), hg);
+      ops::matmul(dq2, true, h1, false, gq, 1.f, 1.f);
+    }
+    if (trains(L.k)) {
+      Tensor gk = kv_rows(G(L.k), hg);
+      ops::matmul(dk2, true, h1, false, gk, 1.f, 1.f);
+    }
+    if (trains(L.v)) {
+      Tensor gv = kv_rows(G(L.v), hg);
+      ops::matmul(dv2, true, h1, false, gv, 1.f, 1.f);
+    }
+    if (L.q_bias >= 0) {  // db += dy^T 1
+      const Tensor one = ones(h1.size(0), h1);
+      auto bias_grad = [&](int i, const Tensor& dy2, bool q) {
+        if (!trains(i)) return;
+        Tensor gb = G(i).view({G(i).numel(), 1});
+        gb = q ? q_rows(gb, hg) : kv_rows(gb, hg);
+        ops::matmul(dy2, true, one, false, gb, 1.f, 1.f);
+      };
+      bias_grad(L.q_bias, dq2, true);
+      bias_grad(L.k_bias, dk2, false);
+      bias_grad(L.v_bias, dv2, false);
+    }
+    ops::matmul(dq2, false, q_rows(W(L.q), hg), false, dx, 1.f, g == 0 ? 0.f : 1.f);
+    ops::matmul(dk2, false, kv_rows(W(L.k), hg), false, dx, 1.f, 1.f);
+    ops::matmul(dv2, false, kv_rows(W(L.v), hg), false, dx, 1.f, 1.f);
+    lowrank_group_backward(lo, lo.q, hg, true, dq2, gt32, g);
+    lowrank_group_backward(lo, lo.k, hg, false, dk2, gt32, g);
+    lowrank_group_backward(lo, lo.v, hg, false, dv2, gt32, g);
   }
 
   // The choices this module leaves to the plan where its keys are "auto": whether to keep each
