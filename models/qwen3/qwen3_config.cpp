@@ -1,9 +1,9 @@
 #include "qwen3_config.h"
 
-#include <algorithm>
 #include <nlohmann/json.hpp>
 #include <set>
 
+#include "decoder_config.h"
 #include "lcx/error.h"
 
 namespace lcx::qwen3 {
@@ -105,15 +105,13 @@ ModelConfig small_default() {
 
 // Every key of a Qwen3 config.json; an init spec may use only these (plus "preset").
 const std::set<std::string>& known_keys() {
-  static const std::set<std::string> keys = {
-      "vocab_size", "hidden_size", "intermediate_size", "num_hidden_layers", "num_attention_heads",
-      "num_key_value_heads", "head_dim", "max_position_embeddings", "rms_norm_eps", "tie_word_embeddings",
-      "rope_theta", "rope_parameters", "rope_scaling", "layer_types", "use_sliding_window", "sliding_window",
-      "max_window_layers", "torch_dtype", "dtype", "attention_bias", "attention_dropout", "hidden_act",
-      "initializer_range", "use_cache", "model_type", "architectures", "bos_token_id", "eos_token_id",
-      "pad_token_id", "transformers_version", "mlp_bias", "partial_rotary_factor", "num_experts", "num_local_experts",
-      "num_experts_per_tok", "moe_intermediate_size", "norm_topk_prob", "decoder_sparse_step", "mlp_only_layers",
-      "router_aux_loss_coef", "output_router_logits"};
+  static const std::set<std::string> keys = [] {
+    std::set<std::string> k = decoder::common_keys();
+    k.insert({"use_sliding_window", "sliding_window", "max_window_layers", "attention_bias", "mlp_bias", "num_experts",
+              "num_local_experts", "num_experts_per_tok", "moe_intermediate_size", "norm_topk_prob",
+              "decoder_sparse_step", "mlp_only_layers", "router_aux_loss_coef", "output_router_logits"});
+    return k;
+  }();
   return keys;
 }
 
@@ -127,46 +125,13 @@ ModelConfig apply(const HfConfig& c, ModelConfig base) {
     m.model_type = "qwen3_moe";  // an init spec that names experts
   }
   if (m.model_type == "qwen3_moe") read_moe(c, m);
-  m.vocab_size = c.get_int("vocab_size", m.vocab_size);
-  m.hidden_size = c.get_int("hidden_size", m.hidden_size);
-  m.intermediate_size = c.get_int("intermediate_size", m.intermediate_size);
-  const bool layers_given = c.has("num_hidden_layers");
-  m.num_layers = c.get_int("num_hidden_layers", m.num_layers);
-  m.num_heads = c.get_int("num_attention_heads", m.num_heads);
-  // transformers: num_key_value_heads None means one kv head per query head.
-  m.num_kv_heads = c.has("num_key_value_heads") ? c.get_int("num_key_value_heads", 0)
-                   : c.has("num_attention_heads") ? m.num_heads
-                                                  : m.num_kv_heads;
-  m.head_dim = c.get_int("head_dim", m.head_dim);
-  m.max_position_embeddings = c.get_int("max_position_embeddings", m.max_position_embeddings);
-  m.rms_norm_eps = c.get_double("rms_norm_eps", m.rms_norm_eps);
-  m.tie_word_embeddings = c.get_bool("tie_word_embeddings", m.tie_word_embeddings);
-  m.rope_theta = c.rope_theta(m.rope_theta);
-  const std::string rope = c.rope_parameters_json();
-  if (rope != "{}") m.rope_parameters_json = rope;
-  if (c.has("layer_types") || c.has("use_sliding_window") || layers_given || m.layer_types.empty())
-    m.layer_types = c.layer_types(m.num_layers);
-  m.torch_dtype = c.torch_dtype(m.torch_dtype);
+  decoder::read_common(c, m, "Qwen3", false);
   if (c.get_bool("attention_bias", false))
     throw Error(str(c.source(), ": attention_bias is true, but Qwen3 has no projection biases"), "attention_bias",
                 "this checkpoint is not a plain Qwen3; set attention_bias to false only if it has no bias tensors");
-  const std::string act = c.get_string("hidden_act", "silu");
-  if (act != "silu")
-    throw Error(str(c.source(), ": hidden_act is '", act, "'; the Qwen3 MLP here is SwiGLU (silu)"), "hidden_act");
   if (c.get_bool("mlp_bias", false))
     throw Error(str(c.source(), ": mlp_bias is true, but the Qwen3 MLP has no biases"), "mlp_bias",
                 "this checkpoint is not a plain Qwen3; set mlp_bias to false only if it has no bias tensors");
-  if (c.get_double("partial_rotary_factor", 1.0) != 1.0)
-    throw Error(str(c.source(), ": partial_rotary_factor is ", c.get_double("partial_rotary_factor", 1.0),
-                    "; Qwen3 rotates every dimension of a head"),
-                "partial_rotary_factor", "use a checkpoint with partial_rotary_factor 1");
-  if (c.has("quantization_config"))
-    throw Error(str(c.source(), ": quantization_config is set; this module reads unquantized bf16/fp16/fp32 weights"),
-                "quantization_config", "use the checkpoint's unquantized release");
-  if (c.get_double("attention_dropout", 0.0) != 0.0)
-    throw Error(str(c.source(), ": attention_dropout is ", c.get_double("attention_dropout", 0.0),
-                    "; lcx trains without dropout"),
-                "attention_dropout", "set it to 0.0");
   return m;
 }
 
@@ -194,43 +159,14 @@ void read_moe(const HfConfig& c, ModelConfig& m) {
   }
 }
 
-const char* hf_dtype_name(DType t) {
-  switch (t) {
-    case DType::bf16: return "bfloat16";
-    case DType::f16: return "float16";
-    default: return "float32";
-  }
-}
-
 }  // namespace
 
 void validate(const ModelConfig& c, const std::string& source) {
+  decoder::validate_common(c, source, "Qwen3");
+  if (c.model_type != "qwen3_moe") return;
   auto positive = [&](const char* key, int64_t v) {
     if (v <= 0) throw Error(str(source, ": ", key, " is ", v, "; it must be positive"), key);
   };
-  positive("vocab_size", c.vocab_size);
-  positive("hidden_size", c.hidden_size);
-  positive("intermediate_size", c.intermediate_size);
-  positive("num_hidden_layers", c.num_layers);
-  positive("num_attention_heads", c.num_heads);
-  positive("num_key_value_heads", c.num_kv_heads);
-  positive("head_dim", c.head_dim);
-  positive("max_position_embeddings", c.max_position_embeddings);
-  if (c.num_heads % c.num_kv_heads != 0)
-    throw Error(str(source, ": num_attention_heads ", c.num_heads, " is not a multiple of num_key_value_heads ",
-                    c.num_kv_heads),
-                "num_key_value_heads");
-  if (c.head_dim % 2 != 0)
-    throw Error(str(source, ": head_dim ", c.head_dim, " is odd; rotary embeddings need pairs"), "head_dim");
-  if (!(c.rms_norm_eps > 0)) throw Error(str(source, ": rms_norm_eps must be positive"), "rms_norm_eps");
-  if (static_cast<int64_t>(c.layer_types.size()) != c.num_layers)
-    throw Error(str(source, ": layer_types has ", c.layer_types.size(), " entries for ", c.num_layers, " layers"),
-                "layer_types");
-  for (const auto& t : c.layer_types)
-    if (t != "full_attention" && t != "sliding_attention")
-      throw Error(str(source, ": layer type '", t, "' is unknown to Qwen3"), "layer_types",
-                  "use full_attention or sliding_attention");
-  if (c.model_type != "qwen3_moe") return;
   positive("num_experts", c.num_experts);
   positive("num_experts_per_tok", c.num_experts_per_tok);
   positive("moe_intermediate_size", c.moe_intermediate_size);
@@ -257,48 +193,14 @@ ModelConfig config_from_hf(const HfConfig& c) {
 }
 
 ModelConfig config_from_spec(const std::string& spec, double* init_std) {
-  if (init_std) *init_std = 0.02;
-  const auto first = spec.find_first_not_of(" \t\n");
-  if (first == std::string::npos || spec[first] != '{') {
-    ModelConfig m = preset(spec);
-    validate(m, spec);
-    return m;
-  }
-  HfConfig c = HfConfig::parse(spec, "model init spec");
-  for (const auto& k : c.keys())
-    if (k != "preset" && !known_keys().count(k))
-      throw Error(str("model init spec: unknown key '", k, "'"), "model.init",
-                  "use config.json keys of Qwen3 (hidden_size, num_hidden_layers, ...) or \"preset\"");
-  ModelConfig base = c.has("preset") ? preset(c.get_string("preset", "")) : small_default();
-  if (base.layer_types.empty()) base.layer_types.assign(static_cast<size_t>(base.num_layers), "full_attention");
-  ModelConfig m = apply(c, base);
-  validate(m, "model init spec");
-  if (init_std) *init_std = c.get_double("initializer_range", 0.02);
-  return m;
+  static const decoder::SpecReader reader{"Qwen3", &known_keys(), preset, small_default, apply, validate};
+  return decoder::config_from_spec(spec, init_std, reader);
 }
 
 std::string config_to_json(const ModelConfig& c, const std::string& rope_parameters_json, DType dtype) {
-  nlohmann::ordered_json rope = nlohmann::ordered_json::parse(rope_parameters_json.empty() ? "{}" : rope_parameters_json);
-  if (!rope.is_object()) throw Error("rope parameters for config.json must be a JSON object");
-  if (!rope.contains("rope_type")) rope["rope_type"] = "default";
-  if (!rope.contains("rope_theta")) rope["rope_theta"] = c.rope_theta;
-  nlohmann::ordered_json j;
   const bool moe = c.model_type == "qwen3_moe";
-  j["architectures"] = {moe ? "Qwen3MoeForCausalLM" : "Qwen3ForCausalLM"};
-  j["model_type"] = moe ? "qwen3_moe" : "qwen3";
-  j["vocab_size"] = c.vocab_size;
-  j["hidden_size"] = c.hidden_size;
-  j["intermediate_size"] = c.intermediate_size;
-  j["num_hidden_layers"] = c.num_layers;
-  j["num_attention_heads"] = c.num_heads;
-  j["num_key_value_heads"] = c.num_kv_heads;
-  j["head_dim"] = c.head_dim;
-  j["hidden_act"] = "silu";
-  j["max_position_embeddings"] = c.max_position_embeddings;
-  j["rms_norm_eps"] = c.rms_norm_eps;
-  j["tie_word_embeddings"] = c.tie_word_embeddings;
-  j["rope_parameters"] = rope;
-  j["rope_theta"] = rope["rope_theta"];  // transformers 4 reads only this
+  nlohmann::ordered_json j = decoder::common_json(c, rope_parameters_json, moe ? "Qwen3MoeForCausalLM" : "Qwen3ForCausalLM",
+                                                  moe ? "qwen3_moe" : "qwen3");
   j["attention_bias"] = false;
   j["attention_dropout"] = 0.0;
   j["use_sliding_window"] = false;
@@ -307,7 +209,7 @@ std::string config_to_json(const ModelConfig& c, const std::string& rope_paramet
   j["layer_types"] = c.layer_types;
   j["initializer_range"] = 0.02;
   j["use_cache"] = true;
-  j["dtype"] = hf_dtype_name(dtype);
+  j["dtype"] = decoder::hf_dtype_name(dtype);
   if (moe) {
     j["num_experts"] = c.num_experts;
     j["num_experts_per_tok"] = c.num_experts_per_tok;

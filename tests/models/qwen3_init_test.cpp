@@ -1,13 +1,13 @@
-// The qwen3 module's random init: counter-based, so the same seed gives the same weights whatever
-// the thread count, and the numbers are N(0, std^2).
+// The decoder's random init (models/common, every family's): counter-based, so the same seed gives
+// the same weights whatever the thread count, and the numbers are N(0, std^2).
 #include <gtest/gtest.h>
 
 #include <cmath>
 #include <cstring>
 
-#include "qwen3_init.h"
+#include "decoder_init.h"
 
-namespace lcx::qwen3 {
+namespace lcx::decoder {
 namespace {
 
 // Odd, so the last pair's second half is cut; large enough that fill_normal uses several threads.
@@ -61,4 +61,4 @@ TEST(Qwen3Init, NormalWithTheModelsStd) {
 }
 
 }  // namespace
-}  // namespace lcx::qwen3
+}  // namespace lcx::decoder

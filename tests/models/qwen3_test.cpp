@@ -150,14 +150,19 @@ TEST(Qwen3Config, ScaledRopeOfAnHfFolderIsNeverIgnored) {
   EXPECT_NE(e.message.find("rope_type 'yarn'"), std::string::npos) << e.message;
   EXPECT_FALSE(test::thrown_by([&] { test::DefaultSlots ablation(*m, make_default_rope_in_place_of("rope_yarn")); }).thrown);
   // Other scaling types have no provider at all: refused by name either way.
-  c["rope_scaling"] = {{"type", "linear"}, {"factor", 2.0}};
+  c["rope_scaling"] = {{"type", "longrope"}, {"factor", 2.0}};
   test::write_file(dir / "config.json", c.dump());
   m->load_hf(dir.string(), Device::cpu(), DType::f32);
   e = test::thrown_by([&] { test::DefaultSlots plain(*m); });
   EXPECT_EQ(e.key, "rope_parameters.rope_type");
-  EXPECT_NE(e.message.find("rope_type 'linear'"), std::string::npos) << e.message;
+  EXPECT_NE(e.message.find("rope_type 'longrope'"), std::string::npos) << e.message;
   e = test::thrown_by([&] { test::DefaultSlots yarn(*m, test::make_plugin<PositionalEncoding>("rope_yarn")); });
-  EXPECT_NE(e.message.find("rope_type 'linear'"), std::string::npos) << e.message;
+  EXPECT_NE(e.message.find("rope_type 'longrope'"), std::string::npos) << e.message;
+  // linear, dynamic and llama3 are core's own (families_test.cpp holds them against transformers).
+  c["rope_scaling"] = {{"type", "linear"}, {"factor", 2.0}};
+  test::write_file(dir / "config.json", c.dump());
+  m->load_hf(dir.string(), Device::cpu(), DType::f32);
+  EXPECT_FALSE(test::thrown_by([&] { test::DefaultSlots plain(*m); }).thrown);
 }
 
 TEST(Qwen3Config, PresetsHaveThePublishedShapes) {

@@ -1,7 +1,9 @@
 #include <atomic>
 #include <cctype>
+#include <algorithm>
 #include <cmath>
 #include <nlohmann/json.hpp>
+#include <numbers>
 
 #include "lcx/defaults.h"
 #include "lcx/error.h"
@@ -10,12 +12,13 @@
 #include "slots/resolve.h"
 
 namespace lcx {
+namespace {
 
-RopeTables PositionalEncoding::tables(const Tensor& positions, Device device) const {
+// cos and sin [T, inv.size()] of positions * inv, times `attention_scaling`.
+RopeTables tables_of(const std::vector<double>& inv, double attention_scaling, const Tensor& positions, Device device) {
   LCX_CHECK(positions.dtype() == DType::i64 && positions.dim() == 1, "positions must be int64 [T]");
-  std::vector<double> inv = inv_freq();
   const int64_t T = positions.size(0), half = static_cast<int64_t>(inv.size());
-  const float scale = static_cast<float>(attention_scaling());
+  const float scale = static_cast<float>(attention_scaling);
   Tensor cos = Tensor::empty({T, half}, DType::f32), sin = Tensor::empty({T, half}, DType::f32);
   const int64_t* pos = positions.data_as<int64_t>();
   float* c = cos.data_as<float>();
@@ -28,10 +31,16 @@ RopeTables PositionalEncoding::tables(const Tensor& positions, Device device) co
       s[t * half + i] = std::sin(f) * scale;
     }
   RopeTables out;
-  out.attention_scaling = attention_scaling();
+  out.attention_scaling = attention_scaling;
   out.cos = device.is_cuda() ? cos.to(device) : cos;
   out.sin = device.is_cuda() ? sin.to(device) : sin;
   return out;
+}
+
+}  // namespace
+
+RopeTables PositionalEncoding::tables(const Tensor& positions, Device device) const {
+  return tables_of(inv_freq(), attention_scaling(), positions, device);
 }
 
 namespace {
@@ -60,6 +69,12 @@ class DefaultRope final : public PositionalEncoding {
   // than the checkpoint's without a word; only an explicit --disable of the plugin accepts that.
   void configure(const RopeModelInfo& info) override {
     const std::string type = rope_type_of(info.rope_parameters_json);
+    type_ = type == "linear" || type == "dynamic" || type == "llama3" ? type : std::string("default");
+    if (type_ != "default") {
+      read_scaling(info);
+      info_ = info;
+      return;
+    }
     if (!type.empty() && type != "default") {
       if (stands_in_for_.empty())
         throw Error(str("the model's config.json has rope parameters of rope_type '", type,
@@ -74,18 +89,33 @@ class DefaultRope final : public PositionalEncoding {
     }
     info_ = info;
   }
+  // transformers' default, linear and llama3 frequencies (dynamic's at max_position_embeddings,
+  // where it equals the default; tables() rescales it for longer sequences).
   std::vector<double> inv_freq() const override {
-    const int64_t d = info_.head_dim;
-    std::vector<double> inv(static_cast<size_t>(d / 2));
-    // transformers: 1 / theta ** (arange(0, d, 2, int64).float() / d), in fp32.
-    for (int64_t i = 0; i < d / 2; ++i)
-      inv[static_cast<size_t>(i)] = static_cast<float>(
-          1.0 / std::pow(info_.rope_theta, static_cast<double>(static_cast<float>(2 * i) / static_cast<float>(d))));
+    std::vector<double> inv = default_inv_freq(info_.rope_theta);
+    if (type_ == "linear")
+      for (double& f : inv) f = static_cast<float>(static_cast<float>(f) / static_cast<float>(factor_));
+    if (type_ == "llama3") llama3(inv);
     return inv;
+  }
+  // Dynamic NTK as transformers' dynamic_rope_update: a sequence whose positions reach past
+  // max_position_embeddings (positions restart per document: its longest document) runs with the
+  // base rescaled for that length, base * (factor * len / max - (factor - 1)) ^ (d / (d - 2)).
+  // The positions are the shard's: under cp or sp a shard may see a shorter length than the
+  // whole sequence, so such a run equals transformers only within max_position_embeddings.
+  RopeTables tables(const Tensor& positions, Device device) const override {
+    if (type_ != "dynamic") return tables_of(inv_freq(), attention_scaling(), positions, device);
+    int64_t longest = 0;
+    for (int64_t t = 0; t < positions.numel(); ++t) longest = std::max(longest, positions.data_as<int64_t>()[t] + 1);
+    const double max = static_cast<double>(info_.max_position_embeddings), d = static_cast<double>(info_.head_dim);
+    const double len = std::max(static_cast<double>(longest), max);
+    const double base = info_.rope_theta * std::pow(factor_ * len / max - (factor_ - 1), d / (d - 2));
+    return tables_of(default_inv_freq(base), 1.0, positions, device);
   }
   double attention_scaling() const override { return 1.0; }
   int64_t effective_max_positions() const override { return info_.max_position_embeddings; }
   std::string hf_rope_parameters() const override {
+    if (type_ != "default") return scaling_.dump();
     return nlohmann::json{{"rope_type", "default"}, {"rope_theta", info_.rope_theta}}.dump();
   }
   // tables(): cos and sin [T, head_dim/2] fp32 on the GPU for the whole step.
@@ -110,9 +140,65 @@ class DefaultRope final : public PositionalEncoding {
                "' (lcx-train --list-plugins lists them); use a checkpoint without it");
   }
 
+  // transformers: 1 / base ** (arange(0, d, 2, int64).float() / d), in fp32.
+  std::vector<double> default_inv_freq(double base) const {
+    const int64_t d = info_.head_dim;
+    std::vector<double> inv(static_cast<size_t>(d / 2));
+    for (int64_t i = 0; i < d / 2; ++i)
+      inv[static_cast<size_t>(i)] = static_cast<float>(
+          1.0 / std::pow(base, static_cast<double>(static_cast<float>(2 * i) / static_cast<float>(d))));
+    return inv;
+  }
+  // Llama 3.1's scaling, in fp32 as transformers computes it: wavelengths above
+  // original / low_freq_factor divided by factor, below original / high_freq_factor kept, and
+  // between them a blend of the two by where 1 / wavelength lies.
+  void llama3(std::vector<double>& inv) const {
+    const float factor = static_cast<float>(factor_), low = static_cast<float>(low_freq_factor_),
+                high = static_cast<float>(high_freq_factor_), old = static_cast<float>(original_);
+    const double low_wavelen = original_ / low_freq_factor_, high_wavelen = original_ / high_freq_factor_;
+    for (double& f : inv) {
+      const float fi = static_cast<float>(f);
+      const float wavelen = static_cast<float>(2 * std::numbers::pi) / fi;
+      const float scaled = wavelen > low_wavelen ? fi / factor : fi;
+      const float smooth = (old / wavelen - low) / (high - low);
+      const float smoothed = (1 - smooth) * scaled / factor + smooth * scaled;
+      const bool medium = !(wavelen < high_wavelen) && !(wavelen > low_wavelen);
+      f = medium ? smoothed : scaled;
+    }
+  }
+  // The scaling's numbers from the rope parameters, each required key named when missing.
+  void read_scaling(const RopeModelInfo& info) {
+    scaling_ = nlohmann::json::parse(info.rope_parameters_json);
+    scaling_.erase("type");
+    scaling_["rope_type"] = type_;
+    if (!scaling_.contains("rope_theta")) scaling_["rope_theta"] = info.rope_theta;
+    auto number = [&](const char* key) {
+      auto it = scaling_.find(key);
+      if (it == scaling_.end() || !it->is_number())
+        throw Error(str("the model's rope parameters of rope_type '", type_, "' have no number '", key, "'"),
+                    str("rope_parameters.", key), "use the checkpoint's config.json as transformers wrote it");
+      return it->get<double>();
+    };
+    factor_ = number("factor");
+    if (!(factor_ > 0))
+      throw Error(str("rope_parameters.factor is ", factor_, "; it must be positive"), "rope_parameters.factor");
+    if (type_ != "llama3") return;
+    low_freq_factor_ = number("low_freq_factor");
+    high_freq_factor_ = number("high_freq_factor");
+    original_ = number("original_max_position_embeddings");
+    if (!(high_freq_factor_ > low_freq_factor_) || !(low_freq_factor_ > 0) || !(original_ > 0))
+      throw Error(str("llama3 rope parameters low_freq_factor ", low_freq_factor_, ", high_freq_factor ",
+                      high_freq_factor_, ", original_max_position_embeddings ", original_,
+                      ": they need 0 < low_freq_factor < high_freq_factor and a positive length"),
+                  "rope_parameters.high_freq_factor");
+  }
+
   std::string stands_in_for_;
   RopeOffers offers_;
   RopeModelInfo info_;
+  std::string type_ = "default";  // default, linear, dynamic or llama3
+  nlohmann::json scaling_;        // the parameters of a scaled type, as hf_rope_parameters() writes them
+  double factor_ = 1, low_freq_factor_ = 1, high_freq_factor_ = 4, original_ = 8192;
 };
 
 }  // namespace

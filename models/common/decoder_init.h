@@ -1,4 +1,4 @@
-// Random initialization of the qwen3 module's weights: counter-based normal numbers, so element i
+// Random initialization of a decoder model's weights: counter-based normal numbers, so element i
 // of a parameter depends only on (seed, the parameter's name, i), never on the order of the work
 // or how it is split across threads.
 #pragma once
@@ -7,7 +7,7 @@
 
 #include "lcx/tensor.h"
 
-namespace lcx::qwen3 {
+namespace lcx::decoder {
 
 // The key of one parameter's numbers.
 uint64_t init_key(uint64_t seed, const std::string& name);
@@ -18,4 +18,4 @@ uint64_t init_key(uint64_t seed, const std::string& name);
 // every thread count, run and machine.
 void fill_normal(Tensor& t, uint64_t key, double std, int threads = 0);
 
-}  // namespace lcx::qwen3
+}  // namespace lcx::decoder

@@ -1,4 +1,4 @@
-#include "qwen3_init.h"
+#include "decoder_init.h"
 
 #include <algorithm>
 #include <bit>
@@ -9,7 +9,7 @@
 
 #include "lcx/error.h"
 
-namespace lcx::qwen3 {
+namespace lcx::decoder {
 namespace {
 
 constexpr uint64_t kGamma = 0x9e3779b97f4a7c15ull;
@@ -89,7 +89,7 @@ void fill_normal(Tensor& t, uint64_t key, double std, int threads) {
       case DType::f32: fill_pairs(t.data_as<float>(), n, key, s, begin, end); break;
       case DType::bf16: fill_pairs(t.data_as<bf16>(), n, key, s, begin, end); break;
       case DType::f16: fill_pairs(t.data_as<f16>(), n, key, s, begin, end); break;
-      default: throw Error(str("qwen3 init: weights of ", dtype_name(t.dtype()), " are not floating point"));
+      default: throw Error(str("model init: weights of ", dtype_name(t.dtype()), " are not floating point"));
     }
   };
   if (workers == 1) return fill(0, pairs);
@@ -98,4 +98,4 @@ void fill_normal(Tensor& t, uint64_t key, double std, int threads) {
   for (auto& th : pool) th.join();
 }
 
-}  // namespace lcx::qwen3
+}  // namespace lcx::decoder

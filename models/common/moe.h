@@ -35,7 +35,7 @@ namespace lcx {
 class Communicator;
 }
 
-namespace lcx::qwen3 {
+namespace lcx::decoder {
 
 // One sparse layer's weights (values), or their gradients (fp32, or undefined where frozen).
 struct MoeWeights {
@@ -77,4 +77,4 @@ void moe_backward(const Tensor& h, const MoeWeights& w, const MoeRouting& r, boo
                   const Tensor* aux_grad, Tensor& dh, MoeWeights& grads, Communicator* experts = nullptr,
                   const MoeLora& lora = {});
 
-}  // namespace lcx::qwen3
+}  // namespace lcx::decoder

@@ -1,8 +1,10 @@
-// Qwen3 dense as transformers 5.17 computes it (Qwen3DecoderLayer), with an explicit backward.
+// The decoder every family module builds (decoder_model.h), as transformers 5.17 computes its
+// decoder layers (Qwen3DecoderLayer, LlamaDecoderLayer, MistralDecoderLayer, Qwen2DecoderLayer),
+// with an explicit backward.
 //
 // One layer, x [T,H] -> y [T,H]:
-//   h1 = rmsnorm(x) ; q,k,v = h1 @ Wq^T, Wk^T, Wv^T ; q,k = rmsnorm per head (q_norm, k_norm)
-//   q,k = rotary(q,k) ; a = attention(q,k,v) through the Parallelism slot ; x1 = x + a @ Wo^T
+//   h1 = rmsnorm(x) ; q,k,v = h1 @ Wq^T, Wk^T, Wv^T (+ bq, bk, bv where the family has biases)
+//   q,k = rmsnorm per head (q_norm, k_norm, where the family has them) ; q,k = rotary(q,k) ; a = attention(q,k,v) through the Parallelism slot ; x1 = x + a @ Wo^T
 //   h2 = rmsnorm(x1) ; y = x1 + (silu(h2 @ Wg^T) * (h2 @ Wu^T)) @ Wd^T
 // The MLP (gate/up, silu * up, down) runs through the MLP slot (StepContext::mlp), which decides how
 // many rows it works on at once. The attention half runs one head group at a time
@@ -42,12 +44,12 @@
 #include "lcx/safetensors.h"
 #include "lcx/slots/adapter.h"
 #include "lcx/slots/model.h"
-#include "qwen3_config.h"
-#include "qwen3_init.h"
-#include "qwen3_moe.h"
-#include "qwen3_plan.h"
+#include "decoder_init.h"
+#include "decoder_model.h"
+#include "moe.h"
+#include "decoder_plan.h"
 
-namespace lcx::qwen3 {
+namespace lcx::decoder {
 namespace {
 
 namespace fs = std::filesystem;
@@ -68,7 +70,9 @@ void fill_ones(Tensor& t) {
 
 struct LayerParams {
   int index;  // the layer's number
-  int input_norm, q, k, v, o, q_norm, k_norm, post_norm;
+  int input_norm, q, k, v, o, post_norm;
+  int q_norm = -1, k_norm = -1;            // Qwen3's per-head norms
+  int q_bias = -1, k_bias = -1, v_bias = -1;  // Qwen2's projection biases
   int gate = -1, up = -1, down = -1;  // the dense MLP's
   // A sparse layer's router [E,H] and every expert's gate, up [E,I,H] and down [E,H,I] stacked.
   bool sparse = false;
@@ -115,21 +119,21 @@ struct AttnLora {
   }
 };
 
-class Qwen3Model final : public Model {
+class DecoderModel final : public Model {
  public:
   // head_groups: 0 for "auto" (one kv head per group on a single rank, see groups_for()).
   // keep_attention: -1 for "auto" (the recipe's choice), else 0 or 1.
   // moe_tile_rows: 0 for "auto" (the recipe's, else every token at once).
   // ep, ep_index: the expert-parallel group's size and this rank's place in it (the experts it holds).
-  Qwen3Model(bool check_finite, uint64_t max_shard_bytes, int64_t head_groups, bool keep_outputs, int keep_attention,
-             int64_t moe_tile_rows, std::string table, int ep, int ep_index)
-      : check_finite_(check_finite), max_shard_bytes_(max_shard_bytes), head_groups_(head_groups),
+  DecoderModel(Family family, bool check_finite, uint64_t max_shard_bytes, int64_t head_groups, bool keep_outputs,
+               int keep_attention, int64_t moe_tile_rows, std::string table, int ep, int ep_index)
+      : family_(std::move(family)), check_finite_(check_finite), max_shard_bytes_(max_shard_bytes), head_groups_(head_groups),
         keep_outputs_(keep_outputs), keep_attention_(keep_attention), moe_tile_rows_(moe_tile_rows),
         table_(std::move(table)), ep_(ep), ep_index_(ep_index) {}
 
   void load_hf(const std::string& dir, Device device, DType dtype) override {
     HfConfig hc = HfConfig::load(dir);
-    ModelConfig cfg = config_from_hf(hc);
+    ModelConfig cfg = family_.from_hf(hc);
     safetensors::Checkpoint ck = safetensors::Checkpoint::open(dir);
     build(cfg, device, dtype);
     // Refuse what does not belong before converting anything: a wrong folder fails in a second.
@@ -171,7 +175,7 @@ class Qwen3Model final : public Model {
     const double s = std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
     char took[64];
     std::snprintf(took, sizeof took, "%.1f s (%.2f GB/s)", s, s > 0 ? static_cast<double>(stored) / 1e9 / s : 0.0);
-    log::info(str("qwen3: loaded ", dir, " (", cfg_.num_layers, " layers, hidden ", cfg_.hidden_size, ", ",
+    log::info(str(family_.name, ": loaded ", dir, " (", cfg_.num_layers, " layers, hidden ", cfg_.hidden_size, ", ",
                   parameter_count(), " parameters, ", dtype_name(dtype), ") in ", took,
                   check_finite_ ? ", every weight checked finite" : ", finite check off"));
   }
@@ -179,13 +183,13 @@ class Qwen3Model final : public Model {
   ModelConfig describe(const std::string& spec) const override {
     std::error_code ec;  // an init spec is JSON text, often longer than a path may be
     if (std::filesystem::is_directory(spec, ec) || std::filesystem::path(spec).filename() == "config.json")
-      return config_from_hf(HfConfig::load(spec));
-    return config_from_spec(spec);
+      return family_.from_hf(HfConfig::load(spec));
+    return family_.from_spec(spec, nullptr);
   }
 
   void init_random(const std::string& spec, uint64_t seed, Device device, DType dtype) override {
     double std = 0.02;
-    ModelConfig cfg = config_from_spec(spec, &std);
+    ModelConfig cfg = family_.from_spec(spec, &std);
     build(cfg, device, dtype);
     // transformers' _init_weights: Linear and Embedding ~ N(0, initializer_range), RMSNorm = 1.
     for (auto& p : params_) {
@@ -213,7 +217,7 @@ class Qwen3Model final : public Model {
     safetensors::write_checkpoint(dir, checkpoint_entries(), dtype, max_shard_bytes_);
     const std::string path = (fs::path(dir) / "config.json").string();
     std::ofstream out(path);
-    out << config_to_json(cfg_, rope_parameters_json, dtype);
+    out << family_.to_json(cfg_, rope_parameters_json, dtype);
     if (!out) throw Error(str(path, ": write failed"));
   }
 
@@ -290,7 +294,7 @@ class Qwen3Model final : public Model {
     Tensor x1;
     if (from_forward) {
       const std::vector<Tensor> outputs = ctx.memory->kept(layer);
-      LCX_CHECK(static_cast<int64_t>(outputs.size()) == 2 * groups, "qwen3: layer ", layer, " kept ", outputs.size(),
+      LCX_CHECK(static_cast<int64_t>(outputs.size()) == 2 * groups, family_.name, ": layer ", layer, " kept ", outputs.size(),
                 " tensors, its ", groups, " head groups need ", 2 * groups);
       for (int64_t g = 0; g < groups; ++g)
         kept.push_back(GroupActs{.attn = outputs[static_cast<size_t>(2 * g)], .lse = outputs[static_cast<size_t>(2 * g + 1)]});
@@ -309,20 +313,7 @@ class Qwen3Model final : public Model {
     Tensor h2 = post_norm(L, x1, rstd2);
 
     // MLP: y = x1 + mlp(h2). dx holds dh2 until the attention's backward needs it for dh1.
-    if (L.sparse) {
-      MoeWeights grads{G(L.router), G(L.experts_gate), G(L.experts_up), G(L.experts_down)};
-      const Tensor aux = aux_grad(ctx, x);
-      for (const auto& [t0, t1] : moe_tiles(h2.size(0), ctx)) {
-        const Tensor h = h2.rows(t0, t1);
-        Tensor dh = dx.rows(t0, t1);
-        const MoeRouting r = route(L, h, ctx);
-        moe_backward(h, moe_weights(L), r, cfg_.norm_topk_prob, dy.rows(t0, t1), aux.defined() ? &aux : nullptr, dh,
-                     grads, experts(ctx), moe_lora(L, ctx));
-      }
-    } else {
-      MlpWeights grads{G(L.gate), G(L.up), G(L.down)};
-      mlp(ctx).backward(h2, mlp_weights(L, ctx), dy, dx, grads);
-    }
+    mlp_backward(L, h2, dy, dx, ctx);
     h2 = Tensor();
     Tensor dx1 = act({T, cfg_.hidden_size}, x);
     ops::rmsnorm_backward(x1, W(L.post_norm), rstd2, dx, dx1, norm_grad(L.post_norm));
@@ -384,34 +375,24 @@ class Qwen3Model final : public Model {
       a.attn = a.lse = a.qr = a.kr = Tensor();
       ops::rotary_backward(dq, ctx.rope->cos, ctx.rope->sin);
       ops::rotary_backward(dk, ctx.rope->cos, ctx.rope->sin);
-      Tensor dq_raw = act({T * hg.nq, d}, x);
-      ops::rmsnorm_backward(a.q.view({T * hg.nq, d}), W(L.q_norm), a.rstd_q, dq.view({T * hg.nq, d}), dq_raw,
-                            norm_grad(L.q_norm));
-      dq = a.q = a.rstd_q = Tensor();
-      Tensor dk_raw = act({T * hg.nkv, d}, x);
-      ops::rmsnorm_backward(a.k.view({T * hg.nkv, d}), W(L.k_norm), a.rstd_k, dk.view({T * hg.nkv, d}), dk_raw,
-                            norm_grad(L.k_norm));
-      dk = a.k = a.rstd_k = Tensor();
+      Tensor dq_raw, dk_raw;
+      if (L.q_norm < 0) {
+        dq_raw = dq.view({T * hg.nq, d});
+        dk_raw = dk.view({T * hg.nkv, d});
+        dq = a.q = dk = a.k = Tensor();
+      } else {
+        dq_raw = act({T * hg.nq, d}, x);
+        ops::rmsnorm_backward(a.q.view({T * hg.nq, d}), W(L.q_norm), a.rstd_q, dq.view({T * hg.nq, d}), dq_raw,
+                              norm_grad(L.q_norm));
+        dq = a.q = a.rstd_q = Tensor();
+        dk_raw = act({T * hg.nkv, d}, x);
+        ops::rmsnorm_backward(a.k.view({T * hg.nkv, d}), W(L.k_norm), a.rstd_k, dk.view({T * hg.nkv, d}), dk_raw,
+                              norm_grad(L.k_norm));
+        dk = a.k = a.rstd_k = Tensor();
+      }
       const Tensor dq2 = dq_raw.view({T, hg.nq * d}), dk2 = dk_raw.view({T, hg.nkv * d}),
                    dv2 = dv.view({T, hg.nkv * d});
-      if (trains(L.q)) {
-        Tensor gq = q_rows(G(L.q), hg);
-        ops::matmul(dq2, true, h1, false, gq, 1.f, 1.f);
-      }
-      if (trains(L.k)) {
-        Tensor gk = kv_rows(G(L.k), hg);
-        ops::matmul(dk2, true, h1, false, gk, 1.f, 1.f);
-      }
-      if (trains(L.v)) {
-        Tensor gv = kv_rows(G(L.v), hg);
-        ops::matmul(dv2, true, h1, false, gv, 1.f, 1.f);
-      }
-      ops::matmul(dq2, false, q_rows(W(L.q), hg), false, dx, 1.f, g == 0 ? 0.f : 1.f);
-      ops::matmul(dk2, false, kv_rows(W(L.k), hg), false, dx, 1.f, 1.f);
-      ops::matmul(dv2, false, kv_rows(W(L.v), hg), false, dx, 1.f, 1.f);
-      lowrank_group_backward(lo, lo.q, hg, true, dq2, gt32, g);
-      lowrank_group_backward(lo, lo.k, hg, false, dk2, gt32, g);
-      lowrank_group_backward(lo, lo.v, hg, false, dv2, gt32, g);
+      projections_backward(L, hg, g, h1, dq2, dk2, dv2, dx, lo, gt32);
     }
     if (!lo.in.empty()) {
       lo.ut = Tensor();
@@ -424,6 +405,61 @@ class Qwen3Model final : public Model {
     Tensor dxn = act({T, cfg_.hidden_size}, x);
     ops::rmsnorm_backward(x, W(L.input_norm), rstd1, dx, dxn, norm_grad(L.input_norm));
     ops::add(dxn, dx1, dx);
+  }
+
+  // A sparse layer's or the MLP slot's backward from h2: dh2 into dx, the weights' gradients.
+  void mlp_backward(const LayerParams& L, const Tensor& h2, const Tensor& dy, Tensor& dx, StepContext& ctx) {
+    if (L.sparse) {
+      MoeWeights grads{G(L.router), G(L.experts_gate), G(L.experts_up), G(L.experts_down)};
+      const Tensor aux = aux_grad(ctx, dy);
+      for (const auto& [t0, t1] : moe_tiles(h2.size(0), ctx)) {
+        const Tensor h = h2.rows(t0, t1);
+        Tensor dh = dx.rows(t0, t1);
+        const MoeRouting r = route(L, h, ctx);
+        moe_backward(h, moe_weights(L), r, cfg_.norm_topk_prob, dy.rows(t0, t1), aux.defined() ? &aux : nullptr, dh,
+                     grads, experts(ctx), moe_lora(L, ctx));
+      }
+      return;
+    }
+    MlpWeights grads{G(L.gate), G(L.up), G(L.down)};
+    mlp(ctx).backward(h2, mlp_weights(L, ctx), dy, dx, grads);
+  }
+
+  // Group g's q/k/v projections backward from the gradients of their outputs [T, rows]: the
+  // weights' (and biases') gradients over the group's rows, dh1 into dx (written by group 0,
+  // accumulated by the others), and the group's share of the adapters' backward.
+  void projections_backward(const LayerParams& L, const HeadGroup& hg, int64_t g, const Tensor& h1, const Tensor& dq2,
+                            const Tensor& dk2, const Tensor& dv2, Tensor& dx, const AttnLora& lo, Tensor& gt32) {
+    if (trains(L.q)) {
+      Tensor gq = q_rows(G(L.q), hg);
+      ops::matmul(dq2, true, h1, false, gq, 1.f, 1.f);
+    }
+    if (trains(L.k)) {
+      Tensor gk = kv_rows(G(L.k), hg);
+      ops::matmul(dk2, true, h1, false, gk, 1.f, 1.f);
+    }
+    if (trains(L.v)) {
+      Tensor gv = kv_rows(G(L.v), hg);
+      ops::matmul(dv2, true, h1, false, gv, 1.f, 1.f);
+    }
+    if (L.q_bias >= 0) {  // db += dy^T 1
+      const Tensor one = ones(h1.size(0), h1);
+      auto bias_grad = [&](int i, const Tensor& dy2, bool q) {
+        if (!trains(i)) return;
+        Tensor gb = G(i).view({G(i).numel(), 1});
+        gb = q ? q_rows(gb, hg) : kv_rows(gb, hg);
+        ops::matmul(dy2, true, one, false, gb, 1.f, 1.f);
+      };
+      bias_grad(L.q_bias, dq2, true);
+      bias_grad(L.k_bias, dk2, false);
+      bias_grad(L.v_bias, dv2, false);
+    }
+    ops::matmul(dq2, false, q_rows(W(L.q), hg), false, dx, 1.f, g == 0 ? 0.f : 1.f);
+    ops::matmul(dk2, false, kv_rows(W(L.k), hg), false, dx, 1.f, 1.f);
+    ops::matmul(dv2, false, kv_rows(W(L.v), hg), false, dx, 1.f, 1.f);
+    lowrank_group_backward(lo, lo.q, hg, true, dq2, gt32, g);
+    lowrank_group_backward(lo, lo.k, hg, false, dk2, gt32, g);
+    lowrank_group_backward(lo, lo.v, hg, false, dv2, gt32, g);
   }
 
   // The choices this module leaves to the plan where its keys are "auto": whether to keep each
@@ -479,7 +515,7 @@ class Qwen3Model final : public Model {
     plan_dense_decoder(in, plan,
                        {resolve_groups(in.model.num_kv_heads, in.cp * in.sp == 1, in.recipe.get(table_, kHeadGroups, 0)),
                         keep_outputs_, keeps_attention(in.recipe)},
-                       tile);
+                       tile, {family_.qk_norm, family_.qkv_bias});
   }
 
   void final_norm_forward(const Tensor& x, Tensor& y) override {
@@ -594,7 +630,7 @@ class Qwen3Model final : public Model {
   MoeRouting route(const LayerParams& L, const Tensor& h2, const StepContext& ctx) {
     if (ctx.adapter && (ctx.adapter->find(L.index, Linear::gate_proj) || ctx.adapter->find(L.index, Linear::up_proj) ||
                         ctx.adapter->find(L.index, Linear::down_proj)))
-      throw Error(str("qwen3: layer ", L.index, " is sparse; its MLP is experts, adapted per expert (find_experts)"),
+      throw Error(str(family_.name, ": layer ", L.index, " is sparse; its MLP is experts, adapted per expert (find_experts)"),
                   "lora.experts", "set [lora] experts = true to adapt the experts");
     return moe_route(h2, W(L.router), cfg_.num_experts_per_tok, cfg_.norm_topk_prob);
   }
@@ -670,7 +706,7 @@ class Qwen3Model final : public Model {
   Communicator* experts(const StepContext& ctx) const {
     if (ep_ <= 1) return nullptr;
     if (!ctx.experts || ctx.experts->size() != ep_ || ctx.experts->rank() != ep_index_)
-      throw Error(str("qwen3: built as rank ", ep_index_, " of ", ep_, " expert-parallel ranks, but the step's group is ",
+      throw Error(str(family_.name, ": built as rank ", ep_index_, " of ", ep_, " expert-parallel ranks, but the step's group is ",
                       ctx.experts ? str("rank ", ctx.experts->rank(), " of ", ctx.experts->size()) : std::string("absent")),
                   "distributed.ep", "run the model on the mesh it was created for ([distributed] ep over that many ranks)");
     return ctx.experts;
@@ -721,7 +757,7 @@ class Qwen3Model final : public Model {
 
   // The parameter list in HF order, with zeroed fp32 grads and values to be filled.
   void build(const ModelConfig& cfg, Device device, DType dtype) {
-    if (!is_floating(dtype)) throw Error(str("qwen3: weights must be a float dtype, not ", dtype_name(dtype)));
+    if (!is_floating(dtype)) throw Error(str(family_.name, ": weights must be a float dtype, not ", dtype_name(dtype)));
     resolve_groups(cfg.num_kv_heads, true, 0);  // an explicit count must divide the kv heads: refused before any weight
     if (ep_ > 1 && cfg.sparse_layers() == 0)
       throw Error(str("[distributed] ep = ", ep_, " but this ", cfg.model_type, " model has no experts to split"),
@@ -757,8 +793,15 @@ class Qwen3Model final : public Model {
       L.k = add(p + "self_attn.k_proj.weight", {kvd, H}, true);
       L.v = add(p + "self_attn.v_proj.weight", {kvd, H}, true);
       L.o = add(p + "self_attn.o_proj.weight", {H, qd}, true);
-      L.q_norm = add(p + "self_attn.q_norm.weight", {d});
-      L.k_norm = add(p + "self_attn.k_norm.weight", {d});
+      if (family_.qkv_bias) {
+        L.q_bias = add(p + "self_attn.q_proj.bias", {qd});
+        L.k_bias = add(p + "self_attn.k_proj.bias", {kvd});
+        L.v_bias = add(p + "self_attn.v_proj.bias", {kvd});
+      }
+      if (family_.qk_norm) {
+        L.q_norm = add(p + "self_attn.q_norm.weight", {d});
+        L.k_norm = add(p + "self_attn.k_norm.weight", {d});
+      }
       L.post_norm = add(p + "post_attention_layernorm.weight", {H});
       if (cfg.sparse(l)) {
         // The router stays whole (every rank routes its own tokens over every expert); the
@@ -781,13 +824,13 @@ class Qwen3Model final : public Model {
     head_ = cfg.tie_word_embeddings ? embed_ : add("lm_head.weight", {V, H});
     for (size_t l = 0; l < cfg.layer_types.size(); ++l)
       if (cfg.layer_types[l] != "full_attention")
-        log::warn(str("qwen3: layer ", l, " is ", cfg.layer_types[l],
+        log::warn(str(family_.name, ": layer ", l, " is ", cfg.layer_types[l],
                       "; this module computes full causal attention only and will refuse to run it"));
   }
 
   const LayerParams& checked_layer(int layer, const StepContext& ctx) const {
     if (cfg_.layer_types[static_cast<size_t>(layer)] != "full_attention")
-      throw Error(str("qwen3: layer ", layer, " is ", cfg_.layer_types[static_cast<size_t>(layer)],
+      throw Error(str(family_.name, ": layer ", layer, " is ", cfg_.layer_types[static_cast<size_t>(layer)],
                       ", which this module does not compute"),
                   "layer_types", "use a checkpoint with full attention in every layer (use_sliding_window false)");
     LCX_CHECK(ctx.rope && ctx.parallel, "layer_forward needs rope tables and a parallelism in its StepContext");
@@ -856,6 +899,17 @@ class Qwen3Model final : public Model {
 
   static Tensor act(Shape s, const Tensor& like) { return Tensor::empty(std::move(s), like.dtype(), like.device()); }
   static Tensor f32(Shape s, const Tensor& like) { return Tensor::empty(std::move(s), DType::f32, like.device()); }
+  // A bias [n] as the column [n, 1] whose rows a head group takes.
+  Tensor bias_column(int i) { return W(i).view({W(i).numel(), 1}); }
+  // [T, 1] of ones in like's dtype and device, for the biases' K = 1 GEMMs; kept for the next layer.
+  Tensor ones(int64_t T, const Tensor& like) {
+    if (!ones_.defined() || ones_.size(0) < T || ones_.dtype() != like.dtype() || ones_.device() != like.device()) {
+      Tensor host = Tensor::empty({T, 1}, like.dtype(), Device::cpu());
+      fill_ones(host);
+      ones_ = like.device().is_cuda() ? host.to(like.device()) : host;
+    }
+    return ones_.rows(0, T);
+  }
 
   Tensor input_norm(const LayerParams& L, const Tensor& x, Tensor& rstd) {
     Tensor h = act(x.shape(), x);
@@ -870,7 +924,8 @@ class Qwen3Model final : public Model {
     return h;
   }
 
-  // q, k, v of one group, per-head norm (Qwen3's q_norm / k_norm, before rotary), rotary.
+  // q, k, v of one group (with the biases' rows of the group where the family has them), the
+  // per-head norm where it has one (Qwen3's q_norm / k_norm, before rotary), rotary.
   GroupActs group_inputs(const LayerParams& L, const Tensor& h1, const HeadGroup& hg, StepContext& ctx,
                          const AttnLora& lo) {
     const int64_t T = h1.size(0), d = cfg_.head_dim;
@@ -885,6 +940,19 @@ class Qwen3Model final : public Model {
     ops::matmul(h1, false, q_rows(W(L.q), hg), true, a.q, 1.f, lo.q ? 1.f : 0.f);
     ops::matmul(h1, false, kv_rows(W(L.k), hg), true, a.k, 1.f, lo.k ? 1.f : 0.f);
     ops::matmul(h1, false, kv_rows(W(L.v), hg), true, a.v, 1.f, lo.v ? 1.f : 0.f);
+    if (L.q_bias >= 0) {  // y += 1 b^T: one K = 1 GEMM each, so every backend adds it
+      const Tensor one = ones(T, h1);
+      ops::matmul(one, false, q_rows(bias_column(L.q_bias), hg), true, a.q, 1.f, 1.f);
+      ops::matmul(one, false, kv_rows(bias_column(L.k_bias), hg), true, a.k, 1.f, 1.f);
+      ops::matmul(one, false, kv_rows(bias_column(L.v_bias), hg), true, a.v, 1.f, 1.f);
+    }
+    if (L.q_norm < 0) {  // no per-head norm: rotary in place on the projections
+      a.qr = a.q.view({T, hg.nq, d});
+      a.kr = a.k.view({T, hg.nkv, d});
+      ops::rotary_forward(a.qr, ctx.rope->cos, ctx.rope->sin);
+      ops::rotary_forward(a.kr, ctx.rope->cos, ctx.rope->sin);
+      return a;
+    }
     a.qr = act({T * hg.nq, d}, h1);
     a.kr = act({T * hg.nkv, d}, h1);
     a.rstd_q = f32({T * hg.nq}, h1);
@@ -950,6 +1018,7 @@ class Qwen3Model final : public Model {
     return o;
   }
 
+  Family family_;
   ModelConfig cfg_;
   std::vector<Parameter> params_;
   std::vector<LayerParams> layers_;
@@ -966,6 +1035,7 @@ class Qwen3Model final : public Model {
   int64_t first_expert_ = 0;  // the first expert (Hub number) this rank holds
   std::unique_ptr<MlpStrategy> whole_mlp_ = make_whole_mlp();  // for callers whose StepContext names no MLP
   std::map<int64_t, Tensor> norm_scratch_;  // frozen norms' discarded weight gradients, by size
+  Tensor ones_;  // ones()'s, as long as the longest shard yet
   Pass pass_;     // the forward pass under way (mixture of experts)
   AuxLoss aux_;   // the last pass's auxiliary loss
 };
@@ -1014,7 +1084,9 @@ int parse_auto_bool(const ConfigView& cfg, const char* key) {
   }
 }
 
-std::unique_ptr<Plugin> create(const PluginArgs& args) {
+}  // namespace
+
+std::unique_ptr<Plugin> create_model(const PluginArgs& args, const Family& family) {
   const ConfigView& c = args.config;
   c.describe("check_finite", "refuse a checkpoint holding NaN or Inf (one pass over the weights)");
   c.describe("max_shard_size", "the size above which a saved checkpoint is split into shards, as transformers writes it",
@@ -1025,22 +1097,20 @@ std::unique_ptr<Plugin> create(const PluginArgs& args) {
              "with several head groups, keep each group's attention output and LSE from the backward's recompute");
   c.describe("keep_attention",
              "selective recompute: keep each layer's attention output from the forward, so the backward never reruns it");
-  c.describe(kMoeTileRows, "mixture of experts: tokens a sparse layer routes and runs through its experts at once",
-             "\"auto\" (the plan's choice) or a positive count", "\"auto\"");
+  if (family.experts)
+    c.describe(kMoeTileRows, "mixture of experts: tokens a sparse layer routes and runs through its experts at once",
+               "\"auto\" (the plan's choice) or a positive count", "\"auto\"");
   const bool check_finite = args.config.get_bool("check_finite", true);
   const uint64_t shard = parse_size(args.config, "max_shard_size", args.config.get_string("max_shard_size", "5GB"));
   const int64_t groups = parse_head_groups(args.config);
   const bool keep_outputs = args.config.get_bool("attention_keep_outputs", false);
   const int keep_attention = parse_auto_bool(args.config, kKeepAttention);
-  const std::optional<int64_t> moe_tile = c.get_int_or_auto(kMoeTileRows, "\"auto\" or a positive count of tokens");
+  const std::optional<int64_t> moe_tile =
+      family.experts ? c.get_int_or_auto(kMoeTileRows, "\"auto\" or a positive count of tokens") : std::nullopt;
   if (moe_tile && *moe_tile < 1) c.fail(kMoeTileRows, str(*moe_tile, " is not a positive count"), "\"auto\" or a count >= 1");
-  const std::string table = args.config.name().empty() ? std::string("qwen3") : args.config.name();
-  return std::make_unique<Qwen3Model>(check_finite, shard, groups, keep_outputs, keep_attention, moe_tile.value_or(0), table,
+  const std::string table = args.config.name().empty() ? family.name : args.config.name();
+  return std::make_unique<DecoderModel>(family, check_finite, shard, groups, keep_outputs, keep_attention, moe_tile.value_or(0), table,
                                       std::max(1, args.mesh.ep), expert_index(args.mesh, args.rank));
 }
 
-}  // namespace
-}  // namespace lcx::qwen3
-
-LCX_PLUGIN(LCX_SLOT_MODEL, "qwen3", "0.1.0", "Qwen3 dense and MoE: exact forward/backward, HF checkpoints in and out",
-           "ready", lcx::qwen3::create)
+}  // namespace lcx::decoder

@@ -1,4 +1,4 @@
-#include "qwen3_moe.h"
+#include "moe.h"
 
 #include <optional>
 #include <span>
@@ -7,7 +7,7 @@
 #include "lcx/error.h"
 #include "lcx/ops.h"
 
-namespace lcx::qwen3 {
+namespace lcx::decoder {
 namespace {
 
 Tensor like(Shape s, const Tensor& t) { return Tensor::empty(std::move(s), t.dtype(), t.device()); }
@@ -260,4 +260,4 @@ void moe_backward(const Tensor& h, const MoeWeights& w, const MoeRouting& r, boo
   if (grads.router.defined()) ops::matmul(dlogits, true, h, false, grads.router, 1.f, 1.f);
 }
 
-}  // namespace lcx::qwen3
+}  // namespace lcx::decoder

@@ -1,35 +1,37 @@
-// The module's memory arithmetic (qwen3_plan.h), counted from what qwen3_model.cpp allocates: each
+// The decoder's memory arithmetic (decoder_plan.h), counted from what decoder_model.cpp allocates: each
 // term names the tensors it stands for. Bytes per token are exact for those tensors; what the
 // kernels allocate beyond them is the attention provider's (attention workspace) or core's
 // (cuBLASLt workspace, reserve).
-#include "qwen3_plan.h"
+#include "decoder_plan.h"
 
 #include <algorithm>
 #include <string>
 
 #include "lcx/error.h"
 
-namespace lcx::qwen3 {
+namespace lcx::decoder {
 namespace {
 
 struct DecoderDims {
   int64_t V, H, I, L, Hq, Hkv, d, qd, kvd;
+  int64_t extra;  // a layer's q/k norms and q/k/v biases
 };
 
-DecoderDims shape_of(const ModelConfig& c) {
+DecoderDims shape_of(const ModelConfig& c, const DecoderLayerShape& layer) {
   const int64_t d = c.head_dim > 0 ? c.head_dim : c.hidden_size / c.num_heads;
-  return {c.vocab_size, c.hidden_size, c.intermediate_size, c.num_layers, c.num_heads, c.num_kv_heads, d,
-          c.num_heads * d, c.num_kv_heads * d};
+  const int64_t qd = c.num_heads * d, kvd = c.num_kv_heads * d;
+  return {c.vocab_size, c.hidden_size, c.intermediate_size, c.num_layers, c.num_heads, c.num_kv_heads, d, qd, kvd,
+          (layer.qk_norm ? 2 * d : 0) + (layer.qkv_bias ? qd + 2 * kvd : 0)};
 }
 
 // One decoder layer's parameters on a rank: input and post-attention norms, q/k/v/o projections,
-// the per-head q_norm and k_norm, and its MLP: gate/up/down, or a sparse layer's router (whole on
+// the per-head q_norm and k_norm and the q/k/v biases where the family has them, and its MLP: gate/up/down, or a sparse layer's router (whole on
 // every rank) and its experts (E/ep of them under expert parallelism).
 int64_t mlp_params(const ModelConfig& c, const DecoderDims& s, int64_t ep, int64_t layer) {
   return c.sparse(layer) ? c.num_experts * s.H + 3 * (c.num_experts / ep) * c.moe_intermediate_size * s.H : 3 * s.I * s.H;
 }
 int64_t layer_params(const ModelConfig& c, const DecoderDims& s, int64_t ep, int64_t layer) {
-  return 2 * s.H + s.qd * s.H + 2 * s.kvd * s.H + s.H * s.qd + 2 * s.d + mlp_params(c, s, ep, layer);
+  return 2 * s.H + s.qd * s.H + 2 * s.kvd * s.H + s.H * s.qd + s.extra + mlp_params(c, s, ep, layer);
 }
 // Of those, the GEMM weights (q, k, v, o and the MLP's): the ones whose gradients may be kept in
 // PlanInputs::grad_dtype.
@@ -51,8 +53,8 @@ int64_t largest_layer(const ModelConfig& c, const DecoderDims& s, int64_t ep) {
 }  // namespace
 
 void plan_dense_decoder(const PlanInputs& in, MemoryPlan& plan, const DenseDecoderAttention& attention,
-                        int64_t moe_tile_rows) {
-  const DecoderDims s = shape_of(in.model);
+                        int64_t moe_tile_rows, const DecoderLayerShape& layer) {
+  const DecoderDims s = shape_of(in.model, layer);
   const int64_t G = attention.head_groups;
   if (G < 1 || s.Hkv % G != 0)
     throw Error(str("plan: ", G, " attention head groups do not divide ", s.Hkv, " key/value heads"),
@@ -85,7 +87,7 @@ void plan_dense_decoder(const PlanInputs& in, MemoryPlan& plan, const DenseDecod
     // The norm kernels always write a weight gradient: a frozen norm's goes to one discarded
     // buffer per norm size ([H] and [d]), made at the first backward and kept.
     plan.add("frozen_norm_scratch", "frozen norms' discarded weight gradients [H], [d] fp32", PlanCategory::gradients,
-             (s.H + (s.d != s.H ? s.d : 0)) * 4, plan_phase::always);
+             (s.H + (layer.qk_norm && s.d != s.H ? s.d : 0)) * 4, plan_phase::always);
   } else if (in.grad_dtype == DType::f32 || shards > 1) {
     plan.add("gradients", "fp32 gradients", PlanCategory::gradients, per_rank * 4, plan_phase::always);
   } else {
@@ -227,7 +229,7 @@ void plan_dense_decoder(const PlanInputs& in, MemoryPlan& plan, const DenseDecod
     w.expert_gemm_flops += 2 * t * expert * (static_cast<double>(s.L) * (2 + backward) + rebuilt);
   }
 
-  // A sparse layer's MLP (qwen3_moe.cpp), in place of the MLP slot's: the routing (logits [T,E],
+  // A sparse layer's MLP (moe.cpp), in place of the MLP slot's: the routing (logits [T,E],
   // fp32 probabilities, top-k weights and experts, the sorted order and its inverse) and the
   // experts' rows. Every token's k rows are sorted whatever the experts they go to, so the buffers
   // are T*k rows however unevenly the tokens route (all to one expert included): the bound is exact.
@@ -278,4 +280,4 @@ void plan_dense_decoder(const PlanInputs& in, MemoryPlan& plan, const DenseDecod
            plan_phase::final_norm);
 }
 
-}  // namespace lcx::qwen3
+}  // namespace lcx::decoder

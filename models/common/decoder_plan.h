@@ -1,4 +1,4 @@
-// The Qwen3 dense decoder's memory (RMSNorm, GQA attention with q/k norms, SwiGLU MLP) as core's
+// A decoder's memory (RMSNorm, GQA attention with optional q/k norms and q/k/v biases, SwiGLU MLP or experts) as core's
 // step runs this module: parameters and their optimizer state, one layer's forward and its
 // recompute + backward. The module's plan() (lcx/plan.h) calls it with its head groups.
 #pragma once
@@ -6,7 +6,7 @@
 
 #include "lcx/plan.h"
 
-namespace lcx::qwen3 {
+namespace lcx::decoder {
 
 struct DenseDecoderAttention {
   // The attention half runs on num_kv_heads / head_groups kv heads (and their query heads) at a
@@ -19,8 +19,13 @@ struct DenseDecoderAttention {
   // recompute): the backward rebuilds x1 from them with o_proj and never runs an attention forward.
   bool keep_from_forward = false;
 };
+// The weights a family's layer carries beside the projections and norms every decoder has.
+struct DecoderLayerShape {
+  bool qk_norm = true;    // per-head q_norm and k_norm [head_dim] each (Qwen3)
+  bool qkv_bias = false;  // biases of q, k and v [Hq*d], [Hkv*d], [Hkv*d] (Qwen2)
+};
 // moe_tile_rows: the tokens a sparse layer runs at once (0: all of them).
 void plan_dense_decoder(const PlanInputs& in, MemoryPlan& plan, const DenseDecoderAttention& attention = {},
-                        int64_t moe_tile_rows = 0);
+                        int64_t moe_tile_rows = 0, const DecoderLayerShape& layer = {});
 
-}  // namespace lcx::qwen3
+}  // namespace lcx::decoder

@@ -1,0 +1,36 @@
+// The decoder model every family module is: embedding, layers of GQA attention (rotary positions
+// through the PositionalEncoding slot, attention through the Parallelism slot) and a SwiGLU MLP
+// (through the MLP slot) or a sparse mixture of experts, a final RMSNorm and a head, tied or not;
+// parameters by Hugging Face name, explicit forward and backward, HF load and save, plan terms.
+// A family is a recipe: what its layers carry beyond that (q/k norms, q/k/v biases) and how its
+// config.json reads and writes. Linked into each model module; not part of the plugin ABI.
+#pragma once
+#include <memory>
+#include <string>
+
+#include "lcx/hf_config.h"
+#include "lcx/plugin.h"
+#include "lcx/slots/model.h"
+
+namespace lcx::decoder {
+
+struct Family {
+  std::string name;       // the module's name: messages and the manifest's default table ("qwen3")
+  bool qk_norm = false;   // per-head RMSNorm of q and k before rotary (Qwen3)
+  bool qkv_bias = false;  // biases on the q, k and v projections (Qwen2)
+  bool experts = false;   // sparse layers may run a mixture of experts (Qwen3-MoE): moe_tile_rows is a key
+  // A checkpoint's config.json; refuses what the family does not compute, naming the key.
+  ModelConfig (*from_hf)(const HfConfig& c) = nullptr;
+  // A preset name or a JSON object of config.json keys (init_random, describe); init_std, when not
+  // null, receives initializer_range.
+  ModelConfig (*from_spec)(const std::string& spec, double* init_std) = nullptr;
+  // The config.json transformers reads back, with these rope parameters.
+  std::string (*to_json)(const ModelConfig& c, const std::string& rope_parameters_json, DType dtype) = nullptr;
+};
+
+// The Model a module's factory returns: the family's recipe, and the module's manifest table
+// (check_finite, max_shard_size, attention_head_groups, attention_keep_outputs, keep_attention, and
+// moe_tile_rows where the family has experts).
+std::unique_ptr<Plugin> create_model(const PluginArgs& args, const Family& family);
+
+}  // namespace lcx::decoder
