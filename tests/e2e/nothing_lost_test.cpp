@@ -202,5 +202,47 @@ TEST_F(NothingLost, RefusedRunWritesNothingAndDryRunSaysSo) {
   EXPECT_FALSE(fs::exists(dir / "fresh"));
 }
 
+// Item 12: the probe's confusing cases, each refused (or said) by its key with a fix.
+TEST_F(NothingLost, ConfusingCasesAreRefusedByTheirKey) {
+  const std::string m = manifest("max_steps = 2\nsave_steps = 1\n");
+  auto etc = lcx("--config " + m + " --overwrite --set run.output_dir=/etc");
+  EXPECT_EQ(etc.exit_code, 2) << etc.output;
+  EXPECT_TRUE(has(etc.output, "error: run.output_dir /etc is the system folder /etc")) << etc.output;
+  fs::create_symlink(dir / "gone", dir / "link");
+  auto dangling = lcx("--config " + m + " --set run.output_dir=" + (dir / "link").string());
+  EXPECT_EQ(dangling.exit_code, 2) << dangling.output;
+  EXPECT_TRUE(has(dangling.output, "link is a symbolic link to " + (dir / "gone").string() + ", which does not exist"))
+      << dangling.output;
+  auto blank = lcx("--config " + m + " --set 'run.output_dir=\"  \"'");
+  EXPECT_EQ(blank.exit_code, 2) << blank.output;
+  EXPECT_TRUE(has(blank.output, "run.output_dir: is blank")) << blank.output;
+  auto epochs = lcx("--config " + m + " --set train.max_steps=-1 --set train.epochs=1e300");
+  EXPECT_EQ(epochs.exit_code, 2) << epochs.output;
+  EXPECT_TRUE(has(epochs.output, "error: train.epochs = 1e+300 is ")) << epochs.output;
+  EXPECT_FALSE(fs::exists(dir / "out" / "checkpoint-1"));
+
+  // A hand-edited trainer state is refused, with the checkpoint before it as the fix.
+  ASSERT_EQ(lcx("--config " + m).exit_code, 0);
+  test::write_file(dir / "out" / "checkpoint-2" / "trainer_state.json",
+                   R"({"step": 600, "sequences_done": -5, "num_tokens": 0, "seed": 1})");
+  auto edited = lcx("--config " + m + " --resume latest --set train.max_steps=4");
+  EXPECT_EQ(edited.exit_code, 2) << edited.output;
+  EXPECT_TRUE(has(edited.output, "trainer_state.json has `sequences_done` = -5, below 0")) << edited.output;
+  EXPECT_TRUE(has(edited.output, "--resume " + (dir / "out" / "checkpoint-1").string())) << edited.output;
+  test::write_file(dir / "out" / "checkpoint-2" / "trainer_state.json",
+                   R"({"step": 600, "sequences_done": 2, "num_tokens": 64, "seed": 1})");
+  auto step = lcx("--config " + m + " --resume latest --set train.max_steps=4");
+  EXPECT_EQ(step.exit_code, 2) << step.output;
+  EXPECT_TRUE(has(step.output, "has `step` = 600, but the folder is checkpoint-2")) << step.output;
+
+  // A resume toward another length says what becomes of the decaying schedule.
+  auto longer = lcx("--config " + m + " --resume " + (dir / "out" / "checkpoint-1").string() +
+                    " --set train.max_steps=4 --set train.schedule=\"linear\"");
+  EXPECT_EQ(longer.exit_code, 0) << longer.output;
+  EXPECT_TRUE(has(longer.output, "the checkpoint was trained toward 2 steps, this run goes to 4: the linear schedule is "
+                                 "recomputed for 4 steps"))
+      << longer.output;
+}
+
 }  // namespace
 }  // namespace lcx

@@ -618,7 +618,8 @@ TEST(PlanSizes, ParsesGpuMemory) {
   EXPECT_EQ(parse_memory_size("4096"), 4096);
   EXPECT_EQ(parse_memory_size(" 16 GB"), 16LL << 30);
   // Issue 53: only decimal numbers (stod alone reads "0x10GB" as 16 GiB).
-  for (const char* bad : {"eighty", "80XB", "-1GB", "0GB", "", "0x10GB", "1e3GB", "inf", "nanGB", "GB", "1.2.3GB"})
+  EXPECT_EQ(parse_memory_size("1e3"), 1000);
+  for (const char* bad : {"eighty", "80XB", "-1GB", "0GB", "", "0x10GB", "0X10", "inf", "nanGB", "GB", "1.2.3GB", "1e+GB"})
     EXPECT_THROW(parse_memory_size(bad), Error) << bad;
   try {
     parse_memory_size("80XB");

@@ -265,6 +265,15 @@ void Run::load_or_init_weights(const std::string& resume_dir) {
 }
 
 void Run::load_base_weights(const std::string& resume_dir) {
+  // An adapter run's checkpoint holds no model weights to train whole.
+  if (!resume_dir.empty() && !slots_.adapter->active() &&
+      std::filesystem::exists(std::filesystem::path(resume_dir) / "adapter_config.json"))
+    throw Error(str("--resume ", resume_dir, " is an adapter's checkpoint (adapter_config.json), but this run trains the "
+                    "whole model (no Adapter plugin is loaded)"),
+                "plugins.load",
+                str("resume with the checkpoint's own [plugins] (its manifest.toml); to train the whole model from it, "
+                    "merge it first (lcx-train merge --base <base> --adapter ", resume_dir, " --out DIR) and start a new "
+                    "run with model.path = DIR"));
   // A checkpoint of an adapter run holds the adapter, not the base: the base comes from [model].
   if (!resume_dir.empty() && !slots_.adapter->saved_in(resume_dir)) {
     load_weights(resume_dir);

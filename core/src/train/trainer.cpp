@@ -82,6 +82,16 @@ RunLength run_length(const Run& run) {
   const TrainConfig& t = run.cfg().train;
   RunLength n;
   n.per_step = t.grad_accum * run.mesh_shape().dp;
+  // A step draws from one epoch: one that asks for more sequences than an epoch holds would
+  // train fewer than it says, every step.
+  const int64_t in_epoch = run.data().num_sequences();
+  if (n.per_step > in_epoch)
+    throw Error(str("a step takes ", n.per_step, " sequences (train.grad_accum = ", t.grad_accum,
+                    run.mesh_shape().dp > 1 ? str(" x dp ", run.mesh_shape().dp) : std::string(), "), but an epoch of ",
+                    run.data().seq_len(), "-token sequences holds ", in_epoch),
+                "train.grad_accum",
+                str("set train.grad_accum <= ", std::max<int64_t>(1, in_epoch / std::max(1, run.mesh_shape().dp)),
+                    ", a shorter data.seq_len, or add data"));
   n.steps_per_epoch = run.data().steps_per_epoch(n.per_step);
   const double epoch_steps = std::ceil(t.epochs * static_cast<double>(n.steps_per_epoch));
   // More steps than any run takes, and past what the step counters hold exactly.
