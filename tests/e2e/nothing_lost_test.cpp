@@ -220,6 +220,13 @@ TEST_F(NothingLost, ConfusingCasesAreRefusedByTheirKey) {
   EXPECT_EQ(epochs.exit_code, 2) << epochs.output;
   EXPECT_TRUE(has(epochs.output, "error: train.epochs = 1e+300 is ")) << epochs.output;
   EXPECT_FALSE(fs::exists(dir / "out" / "checkpoint-1"));
+  auto accum = lcx("--config " + m + " --set train.grad_accum=20");
+  EXPECT_EQ(accum.exit_code, 2) << accum.output;
+  EXPECT_TRUE(has(accum.output, "error: a step takes 20 sequences (train.grad_accum = 20), but an epoch of 32-token "
+                                "sequences holds 16"))
+      << accum.output;
+  EXPECT_TRUE(has(accum.output, "fix: set train.grad_accum <= 16")) << accum.output;
+  EXPECT_FALSE(fs::exists(dir / "out" / "checkpoint-1"));
 
   // A hand-edited trainer state is refused, with the checkpoint before it as the fix.
   ASSERT_EQ(lcx("--config " + m).exit_code, 0);
