@@ -67,7 +67,14 @@ TEST_F(NothingLost, FlippedBytesInACheckpointAreFoundBeforeTheResume) {
   EXPECT_TRUE(fs::exists(dir / "out" / "checkpoint-2"));
   EXPECT_TRUE(fs::exists(ckpt));
   EXPECT_FALSE(fs::exists(dir / "out" / "checkpoint-4"));
-  // A file cut short says so.
+  // A missing file says so, with the same fix; a file cut short too.
+  fs::remove(ckpt / "optimizer.safetensors");
+  auto missing = lcx("--config " + m + " --resume latest --set train.max_steps=6");
+  EXPECT_EQ(missing.exit_code, 2) << missing.output;
+  EXPECT_TRUE(has(missing.output, (ckpt / "optimizer.safetensors").string() + " is missing")) << missing.output;
+  EXPECT_TRUE(has(missing.output, "fix: resume from the checkpoint before it: --resume " +
+                                      (dir / "out" / "checkpoint-2").string()))
+      << missing.output;
   fs::resize_file(ckpt / "model.safetensors", 100);
   auto cut = lcx("--config " + m + " --resume latest --set train.max_steps=6");
   EXPECT_EQ(cut.exit_code, 2) << cut.output;
