@@ -437,6 +437,31 @@ TEST(ChatTemplate, RefusesAtRenderWhatIsKnownOnlyThen) {
   }
 }
 
+// Issue 53 item 9: a template from an untrusted file that grows a string or a list without
+// bound is refused by its line once past the bound, never run until memory is gone.
+TEST(ChatTemplate, RefusesGrowthWithoutBound) {
+  const ordered_json ctx = ordered_json::parse(R"({"messages": []})");
+  const Refusal cases[] = {
+      {"{% set ns = namespace(s='x') %}\n{% for i in range(100) %}{% set ns.s = ns.s + ns.s %}{% endfor %}{{ ns.s }}", 2,
+       "a string longer than the 256 MiB a template may build"},
+      {"\n\n{{ 'x' * 10**12 }}", 3, "a string longer than the 256 MiB a template may build"},
+      {"{% for i in range(100000) %}{{ 'abcdefgh' * 1000 }}{% endfor %}", 1,
+       "a string longer than the 256 MiB a template may build"},
+      {"{{ ([1, 2] * 10**12)|length }}", 1, "a list longer than the 4194304 items a template may build"},
+      {"{% set ns = namespace(l=[1]) %}\n{% for i in range(100) %}{% set ns.l = ns.l + ns.l %}{% endfor %}", 2,
+       "a list longer than"},
+  };
+  for (const Refusal& r : cases) {
+    SCOPED_TRACE(r.source);
+    const ChatTemplate t = ChatTemplate::parse(r.source, "grow.jinja");
+    const auto thrown = test::thrown_by([&] { t.render(ctx); });
+    ASSERT_TRUE(thrown.thrown);
+    EXPECT_EQ(thrown.key, "chat_template");
+    EXPECT_EQ(thrown.message.rfind("grow.jinja:" + std::to_string(r.line) + ": ", 0), 0u) << thrown.message;
+    EXPECT_NE(thrown.message.find(r.construct), std::string::npos) << thrown.message;
+  }
+}
+
 std::string flags(const RenderedText& r, size_t begin = 0, size_t end = std::string::npos) {
   std::string f;
   for (size_t k = begin; k < std::min(end, r.from_data.size()); ++k) f += static_cast<char>('0' + r.from_data[k]);

@@ -226,5 +226,21 @@ TEST_F(LoraTrain, MergedCheckpointIsTheAdaptedModel) {
   EXPECT_NEAR(plain, adapted, 1e-5 * adapted);
 }
 
+// Issue 53: an adapter's checkpoint resumed by a run without the adapter is refused: it holds no
+// model weights to train whole.
+TEST_F(LoraTrain, AdapterCheckpointIsNotResumedAsFullFineTuning) {
+  const Result one = train("one", {});
+  ASSERT_EQ(one.exit_code, 0) << one.output;
+  const fs::path run = dir / "one" / "run.toml";
+  auto r = test::run_command(test::lcx_train() + " --config " + run.string() +
+                             " --disable lora --resume latest --set train.max_steps=4");
+  EXPECT_EQ(r.exit_code, 2) << r.output;
+  EXPECT_NE(r.output.find("checkpoint-3 is an adapter's checkpoint (adapter_config.json), but this run trains the whole "
+                          "model"),
+            std::string::npos)
+      << r.output;
+  EXPECT_FALSE(fs::exists(dir / "one" / "checkpoint-4"));
+}
+
 }  // namespace
 }  // namespace lcx

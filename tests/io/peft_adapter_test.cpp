@@ -408,6 +408,56 @@ TEST(PeftMerge, RefusesANonEmptyOutUnlessOverwrite) {
   EXPECT_FALSE(fs::exists(out / "x"));
 }
 
+// Issue 53 item 10: an adapter trained on a shallower model of the same widths covers only some
+// of the base's layers; a merge of those alone would be neither model. PEFT's
+// layers_to_transform is the one way an adapter adapts fewer layers, and it is held to them.
+TEST(PeftMerge, RefusesAnAdapterThatMissesLayersOfTheBase) {
+  std::mt19937 rng(9);
+  const fs::path base = tiny_base("peft-base", DType::f32, rng);
+  peft::Adapter shallow = random_adapter(2, 4, false, {"q_proj", "v_proj"}, rng);
+  std::erase_if(shallow.pairs, [](const peft::LoraPair& p) { return p.layer == kLayers - 1; });
+  const fs::path adapter = test::temp_dir("peft-ad");
+  peft::write_adapter(adapter.string(), shallow);
+  const fs::path out = test::temp_dir("peft-out") / "merged";
+  auto t = test::thrown_by([&] { peft::merge(base.string(), adapter.string(), out.string(), {.progress = false}); });
+  ASSERT_TRUE(t.thrown);
+  EXPECT_EQ(t.key, "--base");
+  EXPECT_NE(t.message.find("q_proj has LoRA weights for layers 0, but the base's 2 layers"), std::string::npos) << t.message;
+  EXPECT_NE(t.message.find("are 0-1: nothing is merged"), std::string::npos) << t.message;
+  EXPECT_FALSE(fs::exists(out));
+
+  // layers_to_transform = [0]: layer 0's pairs are the adapter, and they merge.
+  nlohmann::json config = nlohmann::json::parse(read(adapter / "adapter_config.json"));
+  config["layers_to_transform"] = {0};
+  test::write_file(adapter / "adapter_config.json", config.dump());
+  peft::merge(base.string(), adapter.string(), out.string(), {.progress = false});
+  check_merged(base, out, shallow, DType::f32);
+  // ... and weights of a layer it does not name are refused, not merged.
+  config["layers_to_transform"] = {1};
+  test::write_file(adapter / "adapter_config.json", config.dump());
+  t = test::thrown_by([&] { peft::merge(base.string(), adapter.string(), (out / "x").string(), {.progress = false}); });
+  EXPECT_NE(t.message.find("has LoRA weights for layers 0, but layers_to_transform of"), std::string::npos) << t.message;
+}
+
+// Issue 53 item 10: NaN in an adapter is refused when it is read (merge, init_from), by tensor and
+// element, never written into a merged model.
+TEST(PeftAdapter, RefusesWeightsThatAreNotFinite) {
+  std::mt19937 rng(10);
+  const fs::path base = tiny_base("peft-base", DType::f32, rng);
+  peft::Adapter a = random_adapter(2, 4, false, {"v_proj"}, rng);
+  a.pairs[1].b.data_as<float>()[3] = std::nanf("");
+  const fs::path adapter = test::temp_dir("peft-ad");
+  peft::write_adapter(adapter.string(), a);
+  auto t = test::thrown_by([&] { peft::read_adapter(adapter.string()); });
+  ASSERT_TRUE(t.thrown);
+  EXPECT_EQ(t.key, "base_model.model.model.layers.1.self_attn.v_proj.lora_B.weight");
+  EXPECT_NE(t.message.find("element 3 is nan: the adapter's weights are not finite"), std::string::npos) << t.message;
+  const fs::path out = test::temp_dir("peft-out") / "merged";
+  t = test::thrown_by([&] { peft::merge(base.string(), adapter.string(), out.string(), {.progress = false}); });
+  EXPECT_TRUE(t.thrown);
+  EXPECT_FALSE(fs::exists(out));
+}
+
 // `lcx-train merge` as a process: the progress lines, the result, and a refusal's exit and fix.
 TEST(PeftMergeCli, MergesAndReportsEachLayer) {
   std::mt19937 rng(8);

@@ -112,6 +112,22 @@ TEST(Safetensors, WeightRelabelledAsIntegerIsRefused) {
   EXPECT_EQ(refused, 1);
 }
 
+// Issue 53: a damaged header is named as a damaged file, with a fix, not the JSON parser's text.
+TEST(Safetensors, DamagedHeaderSaysTheFileIsDamaged) {
+  auto dir = test::temp_dir("st-damaged");
+  const auto path = dir / "optimizer.safetensors";
+  st::write_file(path.string(), sample(), DType::f32);
+  std::string bytes = read_bytes(path);
+  bytes[8 + 5] = '\x01';
+  write_bytes(path, bytes);
+  const test::Thrown t = test::thrown_by([&] { st::Checkpoint::open(path.string()); });
+  ASSERT_TRUE(t.thrown);
+  EXPECT_NE(t.message.find(path.string() + ": the header is not valid JSON (from byte "), std::string::npos) << t.message;
+  EXPECT_NE(t.message.find("): the file is damaged"), std::string::npos) << t.message;
+  EXPECT_EQ(t.message.find("json.exception"), std::string::npos) << t.message;
+  EXPECT_FALSE(t.fix.empty());
+}
+
 TEST(Safetensors, ShardedFolderWithIndex) {
   auto dir = test::temp_dir("st-shard");
   std::vector<st::NamedTensor> ts;

@@ -147,6 +147,15 @@ TEST_F(Cli, SetIsTypeChecked) {
   EXPECT_EQ(r.exit_code, 2) << r.output;
   EXPECT_NE(r.output.find("train.max_steps wants an integer (as "), std::string::npos) << r.output;
   EXPECT_NE(r.output.find("run.toml:3 gives it), got a string"), std::string::npos) << r.output;
+  // Issue 53: a number over a number of the other kind; the key's reader judges a fraction.
+  auto whole = manifest("[train]\nlr = 1\nmax_steps = 10\n");
+  auto fraction = lcx("--config " + whole + " --dry-run --set train.lr=2.5");
+  EXPECT_FALSE(fraction.output.find("wants an integer") != std::string::npos) << fraction.output;
+  EXPECT_NE(fraction.output.find("lr = 2.5"), std::string::npos) << fraction.output;
+  auto steps = lcx("--config " + whole + " --dry-run --set train.max_steps=2.5");
+  EXPECT_EQ(steps.exit_code, 2) << steps.output;
+  EXPECT_NE(steps.output.find("train.max_steps: expected integer"), std::string::npos) << steps.output;
+  m = manifest("[train]\nlr = 1e-4\nmax_steps = 10\n");
   auto r2 = lcx("--config " + m + " --dry-run --set train.max_step=3");
   EXPECT_EQ(r2.exit_code, 2);
   EXPECT_NE(r2.output.find("train.max_step: unknown key"), std::string::npos) << r2.output;

@@ -616,7 +616,11 @@ TEST(PlanSizes, ParsesGpuMemory) {
   EXPECT_EQ(parse_memory_size("81920MiB"), 80LL << 30);
   EXPECT_EQ(parse_memory_size("1.5tb"), 3LL << 39);
   EXPECT_EQ(parse_memory_size("4096"), 4096);
-  for (const char* bad : {"eighty", "80XB", "-1GB", "0GB", ""}) EXPECT_THROW(parse_memory_size(bad), Error) << bad;
+  EXPECT_EQ(parse_memory_size(" 16 GB"), 16LL << 30);
+  // Issue 53: only decimal numbers (stod alone reads "0x10GB" as 16 GiB).
+  EXPECT_EQ(parse_memory_size("1e3"), 1000);
+  for (const char* bad : {"eighty", "80XB", "-1GB", "0GB", "", "0x10GB", "0X10", "inf", "nanGB", "GB", "1.2.3GB", "1e+GB"})
+    EXPECT_THROW(parse_memory_size(bad), Error) << bad;
   try {
     parse_memory_size("80XB");
     ADD_FAILURE() << "80XB was read as a size";

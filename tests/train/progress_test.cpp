@@ -3,9 +3,14 @@
 #include <cmath>
 #include <numbers>
 
+#include <signal.h>
+#include <unistd.h>
+
 #include "lcx/error.h"
 #include "train/progress.h"
 #include "train/schedule.h"
+#include "train/stop_signal.h"
+#include "train/trainer.h"
 
 namespace lcx {
 namespace {
@@ -48,6 +53,41 @@ TEST(Schedule, TransformersFormulas) {
   EXPECT_DOUBLE_EQ(schedule_factor("constant", 7, 2, 10), 1.0);
   EXPECT_DOUBLE_EQ(schedule_factor("linear", 0, 0, 12), 1.0);
   EXPECT_THROW(schedule_factor("exp", 0, 0, 1), Error);
+}
+
+// Issue 53: a signal that comes after a step's ranks have read the stop request (its reduce) is
+// seen by the next step's, which is the one that finishes: the handler names that one.
+TEST(StopSignal, NamesTheStepThatWillFinish) {
+  int fds[2];
+  ASSERT_EQ(::pipe(fds), 0);
+  const int saved_err = ::dup(STDERR_FILENO);
+  ::dup2(fds[1], STDERR_FILENO);
+  {
+    StopSignals signals;
+    StopSignals::speak(true);
+    StopSignals::step_running(8);
+    StopSignals::request_read(8);
+    ::raise(SIGINT);
+    EXPECT_EQ(StopSignals::requested(), SIGINT);
+  }
+  ::dup2(saved_err, STDERR_FILENO);
+  ::close(saved_err);
+  ::close(fds[1]);
+  char buf[512] = {};
+  const ssize_t n = ::read(fds[0], buf, sizeof buf - 1);
+  ::close(fds[0]);
+  const std::string said(buf, n > 0 ? static_cast<size_t>(n) : 0);
+  EXPECT_NE(said.find("SIGINT received: step 9 will finish, then a checkpoint is saved"), std::string::npos) << said;
+}
+
+// Issue 53: the command printed to go on after a stop keeps the run's own arguments.
+TEST(ResumeCommand, KeepsTheOverridesAndResumesTheLatest) {
+  EXPECT_EQ(resume_command({"lcx-train", "--config", "run.toml", "--set", "train.lr=1e-5", "--overwrite"}),
+            "lcx-train --config run.toml --set train.lr=1e-5 --resume latest");
+  EXPECT_EQ(resume_command({"lcx-train", "--config", "a b.toml", "--resume", "runs/x/checkpoint-4", "--set",
+                            "run.output_dir=it's"}),
+            "lcx-train --config 'a b.toml' --set 'run.output_dir=it'\\''s' --resume latest");
+  EXPECT_EQ(resume_command({}), "");
 }
 
 }  // namespace

@@ -140,7 +140,12 @@ int eval_main(int argc, char** argv) {
   if (max_sequences < 1) throw Error("--max-sequences must be at least 1", "--max-sequences", "pass --max-sequences 4");
   if (chunk < 1) throw Error("--chunk-rows must be at least 1", "--chunk-rows", "pass --chunk-rows 256");
 
-  // The results' folder, checked before the weights are loaded and the sequences evaluated.
+  // The results' folder and their names, checked before the weights are loaded and the sequences evaluated.
+  refuse_shared_folder(out, "--out");
+  if (!label.empty() && (label == "." || label == ".." || label.find('/') != std::string::npos ||
+                         label.find('\0') != std::string::npos))
+    throw Error(str("--label '", label, "' is not a plain file name: the results are written to --out/<label>.csv"),
+                "--label", "give a name without '/', e.g. --label base@4096");
   create_output_dir(out, "--out");
   Manifest manifest = load_run_manifest(config, sets);
   PluginLoader loader(PluginLoader::default_search_dirs(manifest.section("plugins").get_string("dir", "")));

@@ -9,6 +9,7 @@
 #include <cstdio>
 #include <cstdlib>
 #include <filesystem>
+#include <fstream>
 #include <iostream>
 #include <nlohmann/json.hpp>
 
@@ -18,6 +19,7 @@
 #include "config/core_config.h"
 #include "config/manifest.h"
 #include "config/reference.h"
+#include "data/tokenizer.h"
 #include "lcx/abi.h"
 #include "lcx/error.h"
 #include "log/detail.h"
@@ -136,6 +138,35 @@ void check_plan_fits(const CoreConfig& core, SlotSet slots, bool force) {
   check_host_memory(build_plan(run.planned(), run.plan_slots()), run.planned(), host_memory_budget("", core.run));
 }
 
+// This process's resident memory (/proc/self/statm); 0 where it cannot be read.
+int64_t resident_bytes() {
+  std::ifstream in("/proc/self/statm");
+  int64_t pages_total = 0, pages_resident = 0;
+  if (!(in >> pages_total >> pages_resident)) return 0;
+  return pages_resident * static_cast<int64_t>(::sysconf(_SC_PAGESIZE));
+}
+
+// On the CPU, before any rank loads a weight: the plan's bytes against the host's (a model or a
+// count of thread-ranks past it would otherwise grow until std::bad_alloc or the OOM killer).
+void check_cpu_plan_fits(const CoreConfig& core, const SlotSet& slots) {
+  const bool on_cpu = core.run.device == "cpu" || (core.run.device != "cuda" && !pick_device(core.run.device).is_cuda());
+  if (!slots.model || !on_cpu) return;
+  Run run(core, slots, Device::cpu());
+  run.check_parallelism();
+  PlanInputs in = plan_inputs(core, plan_model_config(core.model, run.model()), core.data.seq_len);
+  in.recipe = unplanned_recipe(in, run.plan_slots(), core.train.checkpoint_every);
+  const int64_t host_bytes = host_memory_budget("", core.run);
+  // Each thread-rank loads its own tokenizer (a Qwen3 one holds about 67 MB), which no plan term
+  // counts: measured as the memory one takes here, where several ranks share the host.
+  int64_t tokenizer_bytes = 0;
+  if (in.local_ranks > 1 && host_bytes >= 0 && !core.data.tokenizer.empty()) {
+    const int64_t before = resident_bytes();
+    const Tokenizer tokenizer = Tokenizer::load(core.data.tokenizer);
+    tokenizer_bytes = std::max<int64_t>(0, resident_bytes() - before);
+  }
+  check_cpu_memory(build_plan(in, run.plan_slots()), in, host_bytes, tokenizer_bytes);
+}
+
 int run(const CliOptions& o) {
   if (o.help) {
     std::cout << o.help_text;
@@ -171,7 +202,11 @@ int run(const CliOptions& o) {
                 o.set_only ? ": the keys set" : ": every key read, defaults marked",
                 format_resolved(*manifest, o.set_only).c_str());
     print_providers(providers);
+    // The refusals come after the config they are about, on a terminal and in a pipe alike.
+    std::fflush(stdout);
     check_run_inputs(core, slots);
+    if (!core.run.rehearse) check_run_folder(core, o.resume, o.overwrite);
+    check_cpu_plan_fits(core, slots);
     check_plan_fits(core, std::move(slots), o.force);
     std::printf("config OK\n");
     return 0;
@@ -181,13 +216,20 @@ int run(const CliOptions& o) {
 
   // Every table, the plugins' too, and every path are checked before the run folder gets its
   // first byte and before the corpus is tokenized.
-  check_run_inputs(core, resolve_slots(*manifest, loader, o.disabled, Device::cpu(), configured_mesh(core.distributed)));
+  {
+    SlotSet slots = resolve_slots(*manifest, loader, o.disabled, Device::cpu(), configured_mesh(core.distributed));
+    check_run_inputs(core, slots);
+    check_cpu_plan_fits(core, slots);
+  }
   // Workers a launcher started (LCX_WORKER) other than rank 0 keep to the terminal: one log per job.
   const char* worker_rank = std::getenv("LCX_WORKER") ? std::getenv("RANK") : nullptr;
   // The job's first process claims the folder (torchrun's rank 0, or the process a user started).
   const char* job_rank = std::getenv("RANK");
   if (!std::getenv("LCX_WORKER") && (!job_rank || std::string(job_rank) == "0")) {
     refuse_output_dir_in_plugin_folder(core.run.output_dir, loader);
+    // A run refused for the folder's state leaves it as it was: no lock file, no line in the earlier
+    // run's log (open_run_folder checks again under the lock).
+    if (!core.run.rehearse) check_run_folder(core, o.resume, o.overwrite);
     claim_output_dir(core, o.config, o.resume, o.overwrite);
   } else {
     create_output_dir(core.run.output_dir);

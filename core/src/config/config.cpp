@@ -371,8 +371,12 @@ void Manifest::set(const std::string& assignment) {
   (*overrides)[path] = assignment;
   overrides_ = std::move(overrides);
   if (toml::node* old = t->get(key)) {
-    bool same = old->type() == newv.type() ||
-                (old->type() == toml::node_type::floating_point && newv.type() == toml::node_type::integer);
+    // Numbers are numbers here: the file's `alpha = 16` takes --set alpha=2.5, and a key its
+    // reader wants whole refuses a fraction by its own name when read.
+    const auto number = [](const toml::node& n) {
+      return n.type() == toml::node_type::integer || n.type() == toml::node_type::floating_point;
+    };
+    bool same = old->type() == newv.type() || (number(*old) && number(newv));
     if (!same)
       throw Error(str("--set ", path, "=", value, ": ", path, " wants ", a_type(*old), " (as ", location(source_, old),
                       " gives it), got ", a_type(newv)),

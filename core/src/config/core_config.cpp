@@ -37,7 +37,9 @@ bool plugin_path_key(std::string_view key) {
 // source line, for errors).
 void resolve_paths(toml::table& root, const std::filesystem::path& base) {
   auto resolve = [&](toml::value<std::string>* v) {
-    if (!v || v->get().empty() || std::filesystem::path(v->get()).is_absolute()) return;
+    // A blank value stays blank, for the key's own check to refuse it by name.
+    if (!v || v->get().find_first_not_of(" \t\r\n") == std::string::npos || std::filesystem::path(v->get()).is_absolute())
+      return;
     v->get() = (base / v->get()).lexically_normal().string();
   };
   for (const auto& [section, key] : kPathKeys) {
@@ -161,8 +163,8 @@ CoreConfig read_core_config(const Manifest& m, const std::vector<std::string>& p
     v.describe("profile", "time every op of one step: a table in the log and a JSON trace in output_dir");
     v.describe("profile_step", "which step is profiled, 1 = the first (2 leaves out the warm-up)", ">= 1");
     c.run.output_dir = v.get_string("output_dir", c.run.output_dir);
-    if (c.run.output_dir.empty())
-      v.fail("output_dir", "is empty", "give the run's folder, e.g. output_dir = \"runs/my-run\" (created when missing)");
+    if (c.run.output_dir.find_first_not_of(" \t\r\n") == std::string::npos)
+      v.fail("output_dir", c.run.output_dir.empty() ? "is empty" : "is blank", "give the run's folder, e.g. output_dir = \"runs/my-run\" (created when missing)");
     c.run.seed = v.get_int("seed", c.run.seed);
     c.run.device = v.get_string("device", c.run.device);
     one_of(v, "device", c.run.device, {"auto", "cpu", "cuda"});
@@ -375,7 +377,10 @@ CoreConfig read_core_config(const Manifest& m, const std::vector<std::string>& p
     need(v, "max_grad_norm", t.max_grad_norm, t.max_grad_norm >= 0 && !std::isnan(t.max_grad_norm),
          "must be >= 0 (0 turns clipping off)");
     t.grad_accum = v.get_int("grad_accum", t.grad_accum);
-    need(v, "grad_accum", t.grad_accum, t.grad_accum >= 1, "must be >= 1");
+    // Far past any step's sequences, and a bound that keeps the step's count and the data's
+    // position inside 64 bits.
+    need(v, "grad_accum", t.grad_accum, t.grad_accum >= 1 && t.grad_accum <= (int64_t{1} << 20),
+         "must be in [1, 1048576]");
     t.master_dtype = v.get_string("master_dtype", t.master_dtype);
     one_of(v, "master_dtype", t.master_dtype, {"fp32", "bf16"});
     t.grad_dtype = v.get_string("grad_dtype", t.grad_dtype);

@@ -13,10 +13,28 @@ int64_t parse_memory_size(const std::string& text, const std::string& option) {
   auto bad = [&]() -> Error {
     return Error(str(option, " '", text, "' is not a size"), option, "e.g. 80GB, 141GiB, 81920MiB or a byte count");
   };
+  // A decimal number ("1.5", "1e30"): stod alone would also read "0x10" (16), "inf" and "nan".
   size_t used = 0;
+  while (used < text.size() && std::isspace(static_cast<unsigned char>(text[used]))) ++used;
+  const size_t number = used;
+  auto digits = [&] {
+    while (used < text.size() && (std::isdigit(static_cast<unsigned char>(text[used])) || text[used] == '.')) ++used;
+  };
+  digits();
+  if (used > number && used + 1 < text.size() && (text[used] == 'e' || text[used] == 'E')) {
+    size_t exp = used + 1;
+    if (text[exp] == '+' || text[exp] == '-') ++exp;
+    if (exp < text.size() && std::isdigit(static_cast<unsigned char>(text[exp]))) {
+      used = exp;
+      while (used < text.size() && std::isdigit(static_cast<unsigned char>(text[used]))) ++used;
+    }
+  }
   double value = 0;
   try {
-    value = std::stod(text, &used);
+    size_t read = 0;
+    if (used == number) throw bad();
+    value = std::stod(text.substr(number, used - number), &read);
+    if (read != used - number) throw bad();
   } catch (const std::exception&) {
     throw bad();
   }

@@ -32,6 +32,31 @@ constexpr const char* kConfigFile = "adapter_config.json";
 constexpr const char* kWeightsFile = "adapter_model.safetensors";
 constexpr const char* kPrefix = "base_model.model.";
 
+// An adapter whose weights are not finite would write a model of NaN (merge) or train from it
+// (init_from): refused by the tensor's name and element.
+void refuse_nonfinite(const std::string& where, const std::string& name, const Tensor& t) {
+  if (!is_floating(t.dtype())) return;
+  const std::vector<float> v = t.to_floats();
+  for (size_t i = 0; i < v.size(); ++i)
+    if (!std::isfinite(v[i]))
+      throw Error(str(where, ": ", name, " element ", i, " is ", v[i], ": the adapter's weights are not finite"), name,
+                  "use an adapter saved before its training diverged (an earlier checkpoint)");
+}
+
+// "0-2, 5" for {0, 1, 2, 5}.
+std::string layer_ranges(const std::set<int64_t>& layers) {
+  std::vector<std::string> parts;
+  for (auto it = layers.begin(); it != layers.end();) {
+    const int64_t first = *it;
+    int64_t last = first;
+    for (++it; it != layers.end() && *it == last + 1; ++it) last = *it;
+    parts.push_back(first == last ? str(first) : str(first, "-", last));
+  }
+  std::string out;
+  for (const auto& p : parts) out += (out.empty() ? "" : ", ") + p;
+  return out.empty() ? "none" : out;
+}
+
 std::string read_text(const fs::path& p, const std::string& key, const std::string& fix) {
   std::ifstream in(p, std::ios::binary);
   if (!in) throw Error(str("cannot read ", p.string()), key, fix);
@@ -304,6 +329,7 @@ Adapter read_adapter(const std::string& dir) {
       p.expert = expert;
       p.module = module;
       (which == 'A' ? p.a : p.b) = ckpt.load(name, DType::f32);
+      refuse_nonfinite(where, name, which == 'A' ? p.a : p.b);
       continue;
     }
     const bool saved = c.modules_to_save && saved_module(*c.modules_to_save, rest);
@@ -312,6 +338,7 @@ Adapter read_adapter(const std::string& dir) {
                   name, "give an adapter PEFT saved for a Qwen3 causal LM");
     const std::string dtype = ckpt.info(name).dtype;
     a.saved.emplace_back(rest, ckpt.load(name, dtype_from_name(dtype)));
+    refuse_nonfinite(where, name, a.saved.back().second);
   }
   for (auto& [k, p] : pairs) {
     if (!p.a.data() || !p.b.data()) {
@@ -355,6 +382,50 @@ void check_against_base(const Adapter& adapter, int64_t num_layers,
   }
 }
 
+// Each adapted module has a pair in every layer PEFT adapts: those of adapter_config.json's
+// layers_to_transform, else all of the base's. Fewer means the base is not the one it was trained
+// on (a deeper model of the same widths) or the file lost layers: a merge of part of the layers
+// would be a model neither of them is.
+static void check_layers_adapted(const Adapter& adapter, const std::string& adapter_dir, const std::string& base_dir,
+                          int64_t num_layers) {
+  const fs::path config_path = fs::path(adapter_dir) / kConfigFile;
+  const json j = json::parse(read_text(config_path, "--adapter", "give the adapter's folder"), nullptr, false);
+  std::set<int64_t> want;
+  std::string whose = str("the base's ", num_layers, " layers (", base_dir, ")");
+  const json none;
+  const json& listed = j.is_object() && j.contains("layers_to_transform") ? j["layers_to_transform"] : none;
+  if (listed.is_number_integer()) {
+    want.insert(listed.get<int64_t>());
+  } else if (listed.is_array()) {
+    for (const auto& x : listed) {
+      if (!x.is_number_integer())
+        throw Error(str(config_path.string(), ": layers_to_transform holds ", x.dump(), ", not a layer index"),
+                    "layers_to_transform", "give a list of layer indices, or null for every layer");
+      want.insert(x.get<int64_t>());
+    }
+  } else if (!listed.is_null()) {
+    throw Error(str(config_path.string(), ": layers_to_transform is ", listed.dump()), "layers_to_transform",
+                "give a layer index, a list of them, or null for every layer");
+  }
+  if (!listed.is_null()) {
+    whose = str("layers_to_transform of ", config_path.string());
+    for (const int64_t l : want)
+      if (l < 0 || l >= num_layers)
+        throw Error(str(config_path.string(), ": layers_to_transform names layer ", l, ", but the base has ", num_layers,
+                        " layers (", base_dir, ")"),
+                    "--base", "merge the adapter into the base it was trained on");
+  } else {
+    for (int64_t l = 0; l < num_layers; ++l) want.insert(l);
+  }
+  std::map<std::string, std::set<int64_t>> layers;
+  for (const auto& p : adapter.pairs) layers[p.expert >= 0 ? "experts." + p.module : p.module].insert(p.layer);
+  for (const auto& [module, got] : layers)
+    if (got != want)
+      throw Error(str(adapter_dir, ": the adapter's ", module, " has LoRA weights for layers ", layer_ranges(got), ", but ",
+                      whose, " are ", layer_ranges(want), ": nothing is merged"),
+                  "--base", "merge the adapter into the base it was trained on (the same num_hidden_layers)");
+}
+
 void add_low_rank(float* w, const float* b, const float* a, int64_t out, int64_t in, int64_t r, float scale) {
   cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasNoTrans, static_cast<int>(out), static_cast<int>(in),
               static_cast<int>(r), scale, b, static_cast<int>(r), a, static_cast<int>(in), 1.f, w, static_cast<int>(in));
@@ -382,6 +453,7 @@ void merge(const std::string& base_dir, const std::string& adapter_dir, const st
     if (!ckpt.has(name)) return std::nullopt;
     return ckpt.info(name).shape;
   });
+  check_layers_adapted(adapter, adapter_dir, base_dir, num_layers);
 
   // The merged weights keep the base's dtype: the one most of its floating tensors have.
   std::map<std::string, size_t> dtype_count;

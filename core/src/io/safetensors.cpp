@@ -115,8 +115,12 @@ Header parse_header(const uint8_t* data, size_t size, const std::string& file) {
   json j;
   try {
     j = json::parse(text, text + n, callback);
+  } catch (const json::parse_error& e) {
+    fail(file, "", str("the header is not valid JSON (from byte ", e.byte, " of its ", n, "): the file is damaged"),
+         "copy the file again from where it came from (a checkpoint's: resume from the one before it)");
   } catch (const json::exception& e) {
-    fail(file, "", str("header is not valid JSON: ", e.what()));
+    fail(file, "", str("the header is not valid JSON (", e.what(), "): the file is damaged"),
+         "copy the file again from where it came from (a checkpoint's: resume from the one before it)");
   }
   if (!duplicate.empty()) fail(file, duplicate, "listed twice in the header");
   if (!j.is_object()) fail(file, "", "header is not a JSON object");

@@ -5,10 +5,13 @@
 #include <boost/dll/runtime_symbol_info.hpp>
 #include <boost/dll/shared_library.hpp>
 #include <cstdlib>
+#include <cstring>
 #include <filesystem>
+#include <fstream>
 #include <map>
 #include <sstream>
 
+#include <elf.h>
 #include <sys/stat.h>
 #include <unistd.h>
 
@@ -57,6 +60,45 @@ void check_trusted(const fs::path& p, const std::string& plugin) {
                 {}, str("chmod go-w ", p.string()));
 }
 
+#if defined(__x86_64__)
+constexpr uint16_t kMachine = EM_X86_64;
+#elif defined(__aarch64__)
+constexpr uint16_t kMachine = EM_AARCH64;
+#endif
+
+// dlopen maps a library's segments where its headers say they lie in the file: in a file cut
+// short (an interrupted copy or link) they lie past its end, and the first touch of those pages
+// is a bus error rather than an error dlopen returns. The headers are checked against the file's
+// size before it is opened.
+void check_elf(const std::string& path) {
+  const std::string fix = "rebuild or reinstall the plugin, or remove the file from the plugin folder";
+  std::error_code ec;
+  const uintmax_t size = fs::file_size(path, ec);
+  std::ifstream in(path, std::ios::binary);
+  Elf64_Ehdr eh{};
+  if (ec || !in.read(reinterpret_cast<char*>(&eh), sizeof eh) || std::memcmp(eh.e_ident, ELFMAG, SELFMAG) != 0)
+    throw Error(str("plugin library '", path, "' is not a shared library (no ELF header",
+                    ec ? ": " + ec.message() : str(" in its ", size, " bytes"), ")"),
+                {}, fix);
+  if (eh.e_ident[EI_CLASS] != ELFCLASS64 || eh.e_type != ET_DYN || eh.e_machine != kMachine)
+    throw Error(str("plugin library '", path, "' is an ELF file, but not a 64-bit shared library for this machine"), {}, fix);
+  auto cut_short = [&](const char* what, uint64_t end) {
+    return Error(str("plugin library '", path, "' is cut short: it has ", size, " bytes, but its ", what, " reach byte ", end),
+                 {}, fix);
+  };
+  const uint64_t ph_end = eh.e_phoff + uint64_t{eh.e_phnum} * sizeof(Elf64_Phdr);
+  if (eh.e_phentsize != sizeof(Elf64_Phdr) || ph_end > size) throw cut_short("program headers", ph_end);
+  const uint64_t sh_end = eh.e_shoff + uint64_t{eh.e_shnum} * eh.e_shentsize;
+  if (eh.e_shoff != 0 && sh_end > size) throw cut_short("section headers", sh_end);
+  std::vector<Elf64_Phdr> ph(eh.e_phnum);
+  in.seekg(static_cast<std::streamoff>(eh.e_phoff));
+  if (!in.read(reinterpret_cast<char*>(ph.data()), static_cast<std::streamsize>(ph.size() * sizeof(Elf64_Phdr))))
+    throw cut_short("program headers", ph_end);
+  for (const Elf64_Phdr& p : ph)
+    if ((p.p_type == PT_LOAD || p.p_type == PT_DYNAMIC) && p.p_offset + p.p_filesz > size)
+      throw cut_short("segments", p.p_offset + p.p_filesz);
+}
+
 std::shared_ptr<boost::dll::shared_library> open_library(const std::string& path) {
   std::error_code real_ec;
   const fs::path real = fs::canonical(path, real_ec);
@@ -64,6 +106,7 @@ std::shared_ptr<boost::dll::shared_library> open_library(const std::string& path
     check_trusted(real.parent_path(), real.filename().string());
     check_trusted(real, real.filename().string());
   }
+  check_elf(path);
   boost::dll::fs::error_code ec;
   // RTLD_LOCAL keeps two plugins' internal symbols apart; lazy binding keeps start-up short.
   auto lib = std::make_shared<boost::dll::shared_library>();

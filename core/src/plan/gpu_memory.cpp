@@ -46,6 +46,24 @@ void check_host_memory(const MemoryPlan& plan, const PlanInputs& in, int64_t hos
               "run.host_memory", kHostMemoryFix);
 }
 
+void check_cpu_memory(const MemoryPlan& plan, const PlanInputs& in, int64_t host_bytes, int64_t rank_extra_bytes) {
+  const int64_t ranks = std::max<int64_t>(in.local_ranks, 1);
+  const int64_t one = checked_add(checked_add(plan.peak(false).bytes, plan.host_peak(), "the step's host bytes"),
+                                  rank_extra_bytes, "the step's host bytes");
+  const int64_t need = checked_mul(one, ranks, "the step's host bytes, all thread-ranks counted");
+  if (host_bytes < 0 || need <= host_bytes) return;
+  throw Error(str("on the CPU the step needs ", format_bytes(need), " of host memory",
+                  ranks > 1 ? str(" (", format_bytes(one), " x ", ranks, " thread-ranks",
+                                  rank_extra_bytes > 0 ? str(", each with its tokenizer's ", format_bytes(rank_extra_bytes)) : "",
+                                  ")")
+                            : std::string(),
+                  " but the host has ", format_bytes(host_bytes), ": short by ", format_bytes(need - host_bytes)),
+              ranks > 1 ? "distributed.nproc_per_node" : "run.host_memory",
+              str(ranks > 1 ? "run fewer thread-ranks (distributed.nproc_per_node), " : "",
+                  "a smaller model or a shorter data.seq_len; on a GPU the plan fits the run to its memory "
+                  "(lcx-train --plan shows the bytes)"));
+}
+
 std::optional<int64_t> local_gpu_memory() {
 #ifdef LCX_HAVE_CUDA
   if (!cuda_available()) return std::nullopt;

@@ -149,6 +149,10 @@ extern const char* const kHostMemoryFix;
 // Refuses (key run.host_memory, kHostMemoryFix) a plan whose node's pinned bytes pass host_bytes
 // (< 0: unknown, not checked), before anything is pinned.
 void check_host_memory(const MemoryPlan& plan, const PlanInputs& in, int64_t host_bytes);
+// On the CPU every byte of the plan is host memory, each thread-rank's own: refuses a plan whose
+// bytes and `rank_extra_bytes` (what each rank holds beside its tensors), all local ranks counted,
+// pass host_bytes (< 0: unknown, not checked), before any rank allocates.
+void check_cpu_memory(const MemoryPlan& plan, const PlanInputs& in, int64_t host_bytes, int64_t rank_extra_bytes = 0);
 // Total memory of GPU 0, or nullopt without a usable GPU.
 std::optional<int64_t> local_gpu_memory();
 std::string with_commas(int64_t v);       // "1,048,576"

@@ -4,6 +4,7 @@
 
 #include <algorithm>
 #include <cmath>
+#include <cstdio>
 #include <span>
 #include <filesystem>
 #include <fstream>
@@ -13,6 +14,7 @@
 #include "lcx/comm.h"
 #include "lcx/log.h"
 #include "lcx/safetensors.h"
+#include "util/crc32c.h"
 
 namespace fs = std::filesystem;
 
@@ -22,6 +24,7 @@ namespace {
 constexpr const char* kPrefix = "checkpoint-";
 constexpr const char* kState = "trainer_state.json";
 constexpr const char* kDeletingPrefix = ".deleting-";
+constexpr const char* kChecksums = "lcx-checksums.json";
 
 int64_t step_of(const fs::path& p) {
   std::string name = p.filename().string();
@@ -29,6 +32,18 @@ int64_t step_of(const fs::path& p) {
   std::string digits = name.substr(std::string(kPrefix).size());
   if (digits.empty() || !std::all_of(digits.begin(), digits.end(), ::isdigit)) return -1;
   return std::stoll(digits);
+}
+
+// The fix for a checkpoint that cannot be resumed: the complete one before it, where there is one.
+std::string earlier_checkpoint_fix(const std::string& dir) {
+  fs::path self(dir);
+  if (self.filename().empty()) self = self.parent_path();  // "checkpoint-4/"
+  const auto all = list_checkpoints(self.parent_path().string());
+  for (auto it = all.rbegin(); it != all.rend(); ++it)
+    if (step_of(*it) < step_of(self))
+      return str("resume from the checkpoint before it: --resume ", *it, " (or delete ", dir, ")");
+  return "this checkpoint cannot be resumed: give --resume an earlier checkpoint-<step> folder, or start a new run "
+         "from its weights alone (model.path = \"" + dir + "\") if they are intact";
 }
 
 // The trainer state as JSON, with the keys a resume needs; a damaged file is named with a fix.
@@ -46,20 +61,22 @@ nlohmann::json read_state_json(const std::string& dir) {
           problem = str("has no number `", k, "`");
           break;
         }
+    // Counts a save never writes (a hand edit): resumed, they would train the wrong data and schedule.
+    if (problem.empty())
+      for (const char* k : {"step", "sequences_done", "num_tokens"})
+        if (js[k].get<double>() < 0) {
+          problem = str("has `", k, "` = ", js[k].dump(), ", below 0");
+          break;
+        }
+    fs::path self(dir);
+    if (self.filename().empty()) self = self.parent_path();
+    if (problem.empty() && step_of(self) >= 0 && js["step"].get<double>() != static_cast<double>(step_of(self)))
+      problem = str("has `step` = ", js["step"].dump(), ", but the folder is ", self.filename().string());
   } catch (const nlohmann::json::exception& e) {
     problem = str("is not valid JSON (", e.what(), ")");
   }
   if (problem.empty()) return js;
-  std::string fix = "this checkpoint cannot be resumed: give --resume an earlier checkpoint-<step> folder";
-  fs::path self(dir);
-  if (self.filename().empty()) self = self.parent_path();  // "checkpoint-4/"
-  const auto all = list_checkpoints(self.parent_path().string());
-  for (auto it = all.rbegin(); it != all.rend(); ++it)
-    if (step_of(*it) < step_of(self)) {
-      fix = str("resume from the checkpoint before it: --resume ", *it, " (or delete ", dir, ")");
-      break;
-    }
-  throw Error(str(p.string(), " ", problem), {}, fix);
+  throw Error(str(p.string(), " ", problem), {}, earlier_checkpoint_fix(dir));
 }
 
 // "<name> element <i> is nan" for the first element of `t` that is not finite; "" when all are.
@@ -150,6 +167,29 @@ void copy_model_files(const fs::path& to, const CheckpointContents& c) {
   if (fs::exists(to / "chat_template.jinja", ec)) write_text(to / "chat_template.jinja", chat_template);
 }
 
+std::string hex32(uint32_t v) {
+  char buf[9];
+  std::snprintf(buf, sizeof buf, "%08x", v);
+  return buf;
+}
+
+// Every file of the folder but the state file (written after it): its size and CRC-32C, which a
+// resume checks. The files are read back from the page cache just written: a few percent of the
+// save's time (docs/PERF.md).
+void write_checksums(const fs::path& dir) {
+  nlohmann::ordered_json files = nlohmann::ordered_json::object();
+  std::vector<fs::path> paths;
+  for (const auto& e : fs::recursive_directory_iterator(dir))
+    if (e.is_regular_file()) paths.push_back(e.path());
+  std::sort(paths.begin(), paths.end());
+  for (const fs::path& p : paths) {
+    const FileChecksum sum = checksum_file(p.string());
+    files[fs::relative(p, dir).generic_string()] = {{"bytes", sum.bytes}, {"crc32c", hex32(sum.crc32c)}};
+  }
+  const nlohmann::ordered_json js = {{"format", "lcx-checksums"}, {"algorithm", "crc32c"}, {"files", files}};
+  write_text(dir / kChecksums, js.dump(2) + "\n");
+}
+
 }  // namespace
 
 std::vector<std::string> list_checkpoints(const std::string& output_dir) {
@@ -158,12 +198,54 @@ std::vector<std::string> list_checkpoints(const std::string& output_dir) {
   if (!fs::is_directory(output_dir, ec)) return {};
   for (const auto& e : fs::directory_iterator(output_dir, ec)) {
     int64_t s = step_of(e.path());
-    if (s >= 0 && fs::exists(e.path() / kState)) found.emplace_back(s, e.path().string());
+    if (s >= 0 && is_lcx_checkpoint(e.path().string())) found.emplace_back(s, e.path().string());
   }
   std::sort(found.begin(), found.end());
   std::vector<std::string> out;
   for (auto& [s, p] : found) out.push_back(p);
   return out;
+}
+
+bool is_lcx_checkpoint(const std::string& dir) {
+  std::error_code ec;
+  if (fs::is_regular_file(fs::path(dir) / kChecksums, ec)) return true;
+  // lcx's own trainer state counts sequences; the Hugging Face Trainer's file of that name does not.
+  std::ifstream in(fs::path(dir) / kState);
+  if (!in) return false;
+  const nlohmann::json js = nlohmann::json::parse(in, nullptr, false);
+  return js.is_object() && js.contains("sequences_done") && js.contains("seed");
+}
+
+void verify_checkpoint(const std::string& dir) {
+  const fs::path list = fs::path(dir) / kChecksums;
+  std::error_code ec;
+  if (!fs::exists(list, ec)) {
+    log::warn(str(dir, " has no ", kChecksums, " (an older lcx wrote it): its files are resumed unchecked"));
+    return;
+  }
+  const nlohmann::json js = nlohmann::json::parse(read_text(list, "--resume"), nullptr, false);
+  if (!js.is_object() || !js.contains("files") || !js["files"].is_object())
+    throw Error(str(list.string(), " is damaged (not the JSON lcx writes)"), {}, earlier_checkpoint_fix(dir));
+  for (const auto& [name, want] : js["files"].items()) {
+    const fs::path p = fs::path(dir) / name;
+    std::string problem;
+    if (!want.is_object() || !want.contains("bytes") || !want.contains("crc32c")) {
+      problem = str("has no size and checksum in ", list.string());
+    } else if (!fs::is_regular_file(p, ec)) {
+      problem = "is missing";
+    } else {
+      const FileChecksum got = checksum_file(p.string());
+      const uint64_t bytes = want["bytes"].is_number_unsigned() ? want["bytes"].get<uint64_t>() : 0;
+      const std::string crc = want["crc32c"].is_string() ? want["crc32c"].get<std::string>() : std::string();
+      if (got.bytes != bytes)
+        problem = str("has ", got.bytes, " bytes, but the save wrote ", bytes);
+      else if (hex32(got.crc32c) != crc)
+        problem = str("does not hold the bytes the save wrote (CRC-32C ", hex32(got.crc32c), ", recorded ", crc, ")");
+    }
+    if (!problem.empty())
+      throw Error(str(p.string(), " ", problem, ": the checkpoint was changed or damaged after it was saved"), {},
+                  earlier_checkpoint_fix(dir));
+  }
 }
 
 static std::string optimizer_file(const RankIO& io) {
@@ -229,6 +311,7 @@ std::string save_checkpoint(const std::string& output_dir, Model& model, const O
     barrier();  // rank 0 renames
     return final_dir.string();
   }
+  write_checksums(tmp);
   nlohmann::json js = {{"step", state.step},
                        {"optimizer_step", opt.steps()},
                        {"world_size", io.size},
@@ -238,17 +321,27 @@ std::string save_checkpoint(const std::string& output_dir, Model& model, const O
                        {"num_tokens", state.num_tokens},
                        {"seed", state.seed},
                        {"nonfinite_in_row", state.nonfinite_in_row},
-                       {"nonfinite_total", state.nonfinite_total}};
+                       {"nonfinite_total", state.nonfinite_total},
+                       {"total_steps", state.total_steps},
+                       {"recent_loss_max", std::isfinite(state.recent_loss_max) ? nlohmann::json(state.recent_loss_max)
+                                                                                : nlohmann::json(nullptr)}};
   // The state file is written last: its presence marks the folder complete.
   write_text(tmp / kState, js.dump(2));
   ::sync();
 
-  if (fs::exists(final_dir)) remove_checkpoint(final_dir.string());
+  if (fs::exists(final_dir)) {
+    if (!is_lcx_checkpoint(final_dir.string()))
+      throw Error(str(final_dir.string(), " exists and lcx did not write it: checkpoint-", state.step, " is not saved"),
+                  "run.output_dir", str("move ", final_dir.string(), " out of run.output_dir, then --resume latest"));
+    remove_checkpoint(final_dir.string());
+  }
   fs::rename(tmp, final_dir);
 
   if (keep > 0) {
     auto all = list_checkpoints(output_dir);
-    for (size_t i = 0; i + static_cast<size_t>(keep) < all.size(); ++i) remove_checkpoint(all[i]);
+    std::error_code ec;
+    for (size_t i = 0; i + static_cast<size_t>(keep) < all.size(); ++i)
+      if (contents.rotation_keeps.empty() || !fs::equivalent(all[i], contents.rotation_keeps, ec)) remove_checkpoint(all[i]);
   }
   barrier();
   return final_dir.string();
@@ -285,6 +378,8 @@ TrainerState load_trainer_state(const std::string& dir) {
   s.seed = js.at("seed").get<uint64_t>();
   s.nonfinite_in_row = js.value("nonfinite_in_row", int64_t{0});
   s.nonfinite_total = js.value("nonfinite_total", int64_t{0});
+  s.total_steps = js.value("total_steps", int64_t{0});
+  if (js.contains("recent_loss_max") && js["recent_loss_max"].is_number()) s.recent_loss_max = js["recent_loss_max"].get<double>();
   return s;
 }
 

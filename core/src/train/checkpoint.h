@@ -8,6 +8,7 @@
 // a crash mid-write leaves the previous one intact; only complete folders are ever resumed.
 #pragma once
 #include <cstdint>
+#include <limits>
 #include <string>
 #include <vector>
 
@@ -24,6 +25,10 @@ struct TrainerState {
   uint64_t seed = 0;
   int64_t nonfinite_in_row = 0;
   int64_t nonfinite_total = 0;
+  int64_t total_steps = 0;  // the run's length its schedule was computed for (0: not recorded)
+  // The highest finite loss of the steps since the checkpoint before (NaN: none), the range a
+  // resumed run's losses are held to before rotation may delete the checkpoint it resumed from.
+  double recent_loss_max = std::numeric_limits<double>::quiet_NaN();
 };
 
 class Communicator;
@@ -55,9 +60,14 @@ struct CheckpointContents {
   std::string chat_template_path;
   std::string rope_parameters_json = "{}";
   DType model_dtype = DType::bf16;
+  // A checkpoint rotation must not delete ("" none): the one a resumed run started from, until
+  // the run has trained past it with losses like those before it.
+  std::string rotation_keeps;
 };
 
-// Writes checkpoint-<state.step> under `output_dir` and keeps the newest `keep` (0: keep all).
+// Writes checkpoint-<state.step> under `output_dir` and keeps the newest `keep` (0: keep all) and
+// contents.rotation_keeps. Every file but trainer_state.json gets its size and CRC-32C in
+// lcx-checksums.json, which verify_checkpoint checks.
 // Returns the folder written.
 // With sharded parameters the model's full values must be gathered around the call.
 // With an active `adapter` the folder holds the adapter's files (Adapter::save) in place of the
@@ -65,6 +75,13 @@ struct CheckpointContents {
 std::string save_checkpoint(const std::string& output_dir, Model& model, const Optimizer& opt,
                             const TrainerState& state, const CheckpointContents& contents, int64_t keep,
                             const RankIO& io = {}, const Adapter* adapter = nullptr);
+// Whether lcx wrote the checkpoint-<step> folder `dir` (its lcx-checksums.json, or a trainer state
+// of lcx's keys): the Hugging Face Trainer names its folders alike.
+bool is_lcx_checkpoint(const std::string& dir);
+// Every file of lcx-checksums.json has the size and CRC-32C it was saved with; throws naming the
+// first that differs, with the checkpoint before it as the fix. A folder without the list (an
+// older lcx's) is warned about and taken.
+void verify_checkpoint(const std::string& dir);
 // "latest" -> the newest complete checkpoint in output_dir; else the path itself. Throws when none.
 std::string resolve_checkpoint(const std::string& output_dir, const std::string& which);
 // A damaged trainer_state.json throws naming the file, with an earlier checkpoint as the fix.
@@ -74,7 +91,7 @@ void load_optimizer_state(const std::string& checkpoint_dir, Optimizer& opt, con
 // Renames the folder to .deleting-<name>, which is never listed, then deletes it: a kill during
 // the deletion leaves no half-deleted checkpoint that looks complete.
 void remove_checkpoint(const std::string& dir);
-// Checkpoint folders in output_dir, oldest first.
+// lcx's checkpoint folders in output_dir (complete ones), oldest first.
 std::vector<std::string> list_checkpoints(const std::string& output_dir);
 
 }  // namespace lcx

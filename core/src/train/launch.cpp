@@ -93,7 +93,7 @@ int train_rank(const CoreConfig& cfg, const Manifest& manifest, const SlotFactor
     for (const std::string& line : run_summary(run, length.total_steps, length.per_step, length.steps_per_epoch))
       log::info(line);
   run.make_optimizer(resume_dir);
-  Trainer trainer(run, manifest, length, resume_dir);
+  Trainer trainer(run, manifest, length, resume_dir, resume_command(opts.argv));
   return cfg.run.rehearse ? trainer.rehearse() : trainer.train();
 }
 

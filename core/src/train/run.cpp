@@ -301,6 +301,15 @@ void Run::load_or_init_weights(const std::string& resume_dir) {
 }
 
 void Run::load_base_weights(const std::string& resume_dir) {
+  // An adapter run's checkpoint holds no model weights to train whole.
+  if (!resume_dir.empty() && !slots_.adapter->active() &&
+      std::filesystem::exists(std::filesystem::path(resume_dir) / "adapter_config.json"))
+    throw Error(str("--resume ", resume_dir, " is an adapter's checkpoint (adapter_config.json), but this run trains the "
+                    "whole model (no Adapter plugin is loaded)"),
+                "plugins.load",
+                str("resume with the checkpoint's own [plugins] (its manifest.toml); to train the whole model from it, "
+                    "merge it first (lcx-train merge --base <base> --adapter ", resume_dir, " --out DIR) and start a new "
+                    "run with model.path = DIR"));
   // A checkpoint of an adapter run holds the adapter, not the base: the base comes from [model].
   if (!resume_dir.empty() && !slots_.adapter->saved_in(resume_dir)) {
     load_weights(resume_dir);
@@ -450,9 +459,23 @@ std::string Run::save(const TrainerState& state, const CheckpointContents& conte
       p->value = whole.device().is_cuda() ? whole.to(Device::cpu()) : whole;
     }
   std::string dir;
+  // A full disk or a lost mount mid-save: the folder, the step and what to do, where the
+  // filesystem's own message says none of them.
+  const auto not_saved = [&](const std::string& why) {
+    return Error(str("checkpoint-", state.step, " is not saved in ", cfg_.run.output_dir, ": ", why), "run.output_dir",
+                 "free space on its disk, or give run.output_dir on another one; the checkpoints saved before are kept "
+                 "(--resume latest goes on from the newest), and the unfinished folder is removed at the next start");
+  };
   try {
     dir = save_checkpoint(cfg_.run.output_dir, model(), optimizer(), state, contents, cfg_.train.keep_checkpoints,
                           rank_io(), slots_.adapter->active() ? slots_.adapter.get() : nullptr);
+  } catch (const std::filesystem::filesystem_error& e) {
+    for (auto& [p, v] : own) p->value = v;
+    throw not_saved(e.what());
+  } catch (const Error& e) {
+    for (auto& [p, v] : own) p->value = v;
+    if (!e.fix().empty()) throw;
+    throw not_saved(e.what());
   } catch (...) {
     for (auto& [p, v] : own) p->value = v;
     throw;

@@ -133,8 +133,34 @@ void check_same_run(const CoreConfig& now, const std::string& checkpoint) {
 
 }  // namespace
 
+void refuse_shared_folder(const std::string& dir, const std::string& key) {
+  const fs::path path(dir);
+  std::error_code ec;
+  const fs::path real = fs::weakly_canonical(fs::absolute(path), ec);
+  const char* home = std::getenv("HOME");
+  const bool is_root = real == real.root_path();
+  // The system's own folders: --overwrite would train, write and delete among their files.
+  static const char* const kSystem[] = {"/bin", "/boot", "/dev", "/etc", "/lib", "/lib64", "/proc", "/run",
+                                        "/sbin", "/sys", "/usr", "/var"};
+  for (const char* system : kSystem)
+    if (real == fs::path(system))
+      throw Error(str(key, " ", dir, " is the system folder ", system, ": lcx writes ",
+                      key == "run.output_dir" ? "and deletes checkpoints" : "its files", " there"),
+                  key, str("give ", key, " a folder of its own, e.g. runs/my-run"));
+  if (is_root || (home && *home && real == fs::weakly_canonical(home, ec)))
+    throw Error(str(key, " ", dir, " is ", is_root ? "the root folder" : "the home folder",
+                    real != path ? str(" (", real.string(), ")") : std::string(), ": lcx writes ",
+                    key == "run.output_dir" ? "and deletes checkpoints" : "its files", " there"),
+                key,
+                key == "run.output_dir" ? std::string("give the run a folder of its own, e.g. output_dir = \"runs/my-run\"")
+                                        : str("give ", key, " a folder of its own, e.g. ", key, " runs/eval"));
+}
+
 void create_output_dir(const std::string& dir, const std::string& key) {
   std::error_code ec;
+  if (fs::is_symlink(dir, ec) && !fs::exists(dir, ec))
+    throw Error(str(key, " ", dir, " is a symbolic link to ", fs::read_symlink(dir, ec).string(), ", which does not exist"),
+                key, "create the folder it points to, or remove the link and give the path of a folder");
   if (fs::exists(dir, ec) && !fs::is_directory(dir, ec))
     throw Error(str(key, " ", dir, " is a file, not a folder"), key, "give the path of a folder (it is created when missing)");
   fs::create_directories(dir, ec);
@@ -161,7 +187,7 @@ bool written_by_lcx(const fs::directory_entry& e) {
     return bad == 0 || (bad == 1 && !rows.empty());
   }
   if (name.starts_with("checkpoint-") && e.is_directory(ec))
-    return std::all_of(name.begin() + 11, name.end(), ::isdigit) && name.size() > 11;
+    return std::all_of(name.begin() + 11, name.end(), ::isdigit) && name.size() > 11 && is_lcx_checkpoint(e.path().string());
   return name == kLock || name == "log.jsonl" || name == "rehearsal.json" || name == "memory_timeline.json" ||
          name == "memory_timeline.svg" || name == str(kMetrics, ".tmp") || tfevents::is_events_file(name) ||
          (name.starts_with("trace-step") && name.ends_with(".json")) || name.starts_with(".deleting-") ||
@@ -196,13 +222,19 @@ void lock_run_folder(const fs::path& dir) {
 void claim_output_dir(const CoreConfig& cfg, const std::string& manifest, const std::string& resume, bool overwrite) {
   const fs::path dir(cfg.run.output_dir);
   std::error_code ec;
-  const fs::path real = fs::weakly_canonical(fs::absolute(dir), ec);
-  const char* home = std::getenv("HOME");
-  const bool is_root = real == real.root_path();
-  if (is_root || (home && *home && real == fs::weakly_canonical(home, ec)))
-    throw Error(str("run.output_dir ", dir.string(), " is ", is_root ? "the root folder" : "the home folder",
-                    real != dir ? str(" (", real.string(), ")") : std::string(), ": lcx writes and deletes checkpoints there"),
-                "run.output_dir", "give the run a folder of its own, e.g. output_dir = \"runs/my-run\"");
+  refuse_shared_folder(dir.string(), "run.output_dir");
+  // A checkpoint-<step> folder lcx did not write (the Hugging Face Trainer's) is never deleted,
+  // and this run's save of that step would have to: refused whatever the run, before anything.
+  if (fs::is_directory(dir, ec))
+    for (const auto& e : fs::directory_iterator(dir, ec)) {
+      const std::string name = e.path().filename().string();
+      const bool numbered = name.size() > 11 && name.starts_with("checkpoint-") &&
+                            std::all_of(name.begin() + 11, name.end(), ::isdigit);
+      if (numbered && e.is_directory(ec) && !is_lcx_checkpoint(e.path().string()))
+        throw Error(str("run.output_dir ", dir.string(), " holds ", name, ", which lcx did not write (another trainer's "
+                        "checkpoint?): lcx neither deletes it nor can save its own ", name, " there"),
+                    "run.output_dir", "give the run another folder, or move that checkpoint out of it");
+    }
   if (resume.empty() && !overwrite && fs::is_directory(dir, ec)) {
     std::vector<std::string> foreign;
     for (const auto& e : fs::directory_iterator(dir, ec))
@@ -220,15 +252,13 @@ void claim_output_dir(const CoreConfig& cfg, const std::string& manifest, const 
   lock_run_folder(dir);
 }
 
-void open_run_folder(const CoreConfig& cfg, const std::string& resume, bool overwrite) {
+std::string check_run_folder(const CoreConfig& cfg, const std::string& resume, bool overwrite) {
   const fs::path dir(cfg.run.output_dir);
   if (overwrite && !resume.empty())
     throw Error("--overwrite starts a new run; --resume continues one", {}, "give one of them");
-  create_output_dir(dir.string());
-  remove_leftovers(dir);
   const auto checkpoints = list_checkpoints(dir.string());
   const fs::path metrics = dir / kMetrics;
-
+  std::error_code ec;
   if (resume.empty()) {
     if (!checkpoints.empty() && !overwrite)
       throw Error(str("run.output_dir ", dir.string(), " holds checkpoints of an earlier run (newest: ",
@@ -236,6 +266,29 @@ void open_run_folder(const CoreConfig& cfg, const std::string& resume, bool over
                   "run.output_dir",
                   "continue that run with --resume latest, give another run.output_dir, or start over with "
                   "--overwrite (deletes its checkpoints, metrics.jsonl and TensorBoard events)");
+    if (fs::exists(metrics, ec) && !written_by_lcx(fs::directory_entry(metrics, ec)))
+      throw Error(str(metrics.string(), " is not lcx's (its lines are not lcx's metrics rows)"), "run.output_dir",
+                  "move it out of run.output_dir, or give the run another folder: lcx does not delete files it did not write");
+    return {};
+  }
+  const std::string checkpoint = resolve_checkpoint(dir.string(), resume);
+  if (!checkpoints.empty() && !fs::equivalent(fs::canonical(checkpoint, ec).parent_path(), dir, ec))
+    throw Error(str("--resume ", checkpoint, " is outside run.output_dir ", dir.string(), ", which holds checkpoints of another run"),
+                "run.output_dir", "resume into the checkpoint's own folder, or give an empty run.output_dir");
+  check_same_run(cfg, checkpoint);
+  return checkpoint;
+}
+
+void open_run_folder(const CoreConfig& cfg, const std::string& resume, bool overwrite) {
+  const fs::path dir(cfg.run.output_dir);
+  create_output_dir(dir.string());
+  remove_leftovers(dir);
+  // Everything is checked before the first deletion.
+  const std::string checkpoint = check_run_folder(cfg, resume, overwrite);
+  const auto checkpoints = list_checkpoints(dir.string());
+  const fs::path metrics = dir / kMetrics;
+
+  if (resume.empty()) {
     if (overwrite) {
       for (const auto& c : checkpoints) remove_checkpoint(c);
       if (!checkpoints.empty())
@@ -243,21 +296,12 @@ void open_run_folder(const CoreConfig& cfg, const std::string& resume, bool over
     } else if (!read_metrics(metrics).empty()) {
       log::warn(str(metrics.string(), " of an earlier run that saved no checkpoint is replaced by this run's"));
     }
-    std::error_code ec;
-    if (fs::exists(metrics, ec) && !written_by_lcx(fs::directory_entry(metrics, ec)))
-      throw Error(str(metrics.string(), " is not lcx's (its lines are not lcx's metrics rows)"), "run.output_dir",
-                  "move it out of run.output_dir, or give the run another folder: lcx does not delete files it did not write");
     fs::remove(metrics);
     for (const auto& e : events_files(dir)) fs::remove(e);
     return;
   }
 
-  const std::string checkpoint = resolve_checkpoint(dir.string(), resume);
-  std::error_code ec;
-  if (!checkpoints.empty() && !fs::equivalent(fs::canonical(checkpoint, ec).parent_path(), dir, ec))
-    throw Error(str("--resume ", checkpoint, " is outside run.output_dir ", dir.string(), ", which holds checkpoints of another run"),
-                "run.output_dir", "resume into the checkpoint's own folder, or give an empty run.output_dir");
-  check_same_run(cfg, checkpoint);
+  verify_checkpoint(checkpoint);
   const int64_t step = load_trainer_state(checkpoint).step;
   size_t bad_lines = 0;
   auto rows = read_metrics(metrics, &bad_lines);

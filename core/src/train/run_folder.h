@@ -20,6 +20,9 @@ namespace tfevents {
 class Writer;
 }
 
+// Refuses the root folder and the home folder (a symlink to them too) as the folder `key` names.
+void refuse_shared_folder(const std::string& dir, const std::string& key);
+
 // Creates `dir`; refuses one that is a file, that cannot be created or is not writable (a
 // read-only mount), naming it and `key` (the option or config key that gave it).
 void create_output_dir(const std::string& dir, const std::string& key = "run.output_dir");
@@ -31,6 +34,10 @@ void create_output_dir(const std::string& dir, const std::string& key = "run.out
 // creates it and holds its lock, an flock on <output_dir>/.lcx.lock, until the process ends,
 // refusing a folder another lcx-train holds, naming its pid and host.
 void claim_output_dir(const CoreConfig& cfg, const std::string& manifest, const std::string& resume, bool overwrite);
+
+// The refusals above that need no write, for --dry-run and for a run before it claims the folder
+// or writes a line into its log; returns the checkpoint a resume starts from ("" for a new run).
+std::string check_run_folder(const CoreConfig& cfg, const std::string& resume, bool overwrite);
 
 // Once per job, before any rank loads anything. Throws lcx::Error for the refusals above.
 void open_run_folder(const CoreConfig& cfg, const std::string& resume, bool overwrite);

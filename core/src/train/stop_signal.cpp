@@ -11,7 +11,7 @@ namespace {
 
 std::atomic<int> g_signal{0};
 std::atomic<bool> g_speak{true};
-std::atomic<int64_t> g_running{0}, g_saved{0};
+std::atomic<int64_t> g_running{0}, g_saved{0}, g_last{0};  // g_last: the step that finishes before the stop
 struct sigaction g_old_int {}, g_old_term {};
 
 // Only async-signal-safe calls below: write(2), _exit(2) and plain memory.
@@ -39,12 +39,12 @@ const char* signal_name(int sig) { return sig == SIGINT ? "SIGINT" : sig == SIGT
 
 extern "C" void on_stop_signal(int sig) {
   const bool speak = g_speak.load();
-  const int64_t running = g_running.load(), saved = g_saved.load();
+  const int64_t running = g_running.load(), saved = g_saved.load(), last = g_last.load();
   if (g_signal.exchange(sig) == 0) {
     if (speak) {
       Line l;
       l << "lcx-train: " << signal_name(sig) << " received: ";
-      if (running > 0) l << "step " << running << " will finish, then a checkpoint is saved and the run stops";
+      if (last > 0) l << "step " << last << " will finish, then a checkpoint is saved and the run stops";
       else l << "the run stops after its first step, saving a checkpoint";
       l << ". Send it again to stop at once without saving.\n";
       l.emit();
@@ -77,6 +77,7 @@ StopSignals::StopSignals() {
   g_signal.store(0);
   g_running.store(0);
   g_saved.store(0);
+  g_last.store(0);
   struct sigaction sa {};
   sa.sa_handler = on_stop_signal;
   sigemptyset(&sa.sa_mask);
@@ -91,7 +92,11 @@ StopSignals::~StopSignals() {
 
 int StopSignals::requested() { return g_signal.load(); }
 void StopSignals::speak(bool yes) { g_speak.store(yes); }
-void StopSignals::step_running(int64_t step) { g_running.store(step); }
+void StopSignals::step_running(int64_t step) {
+  g_running.store(step);
+  g_last.store(step);
+}
+void StopSignals::request_read(int64_t step) { g_last.store(step + 1); }
 void StopSignals::saved(int64_t step) { g_saved.store(step); }
 
 }  // namespace lcx

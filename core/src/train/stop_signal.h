@@ -19,6 +19,9 @@ class StopSignals {
   static void speak(bool yes);
   // What a second signal would lose: the step now running (1-based) and the last one saved.
   static void step_running(int64_t step);
+  // The ranks have read the stop request of `step` (they agree on it once, at its reduce): a
+  // signal from now on stops the run after the next step, and the handler says that one.
+  static void request_read(int64_t step);
   static void saved(int64_t step);
 };
 

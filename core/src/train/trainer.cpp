@@ -10,6 +10,8 @@
 #include <chrono>
 #include <cmath>
 #include <cstdio>
+#include <cstdlib>
+#include <cstring>
 #include <filesystem>
 #include <fstream>
 #include <future>
@@ -80,16 +82,54 @@ RunLength run_length(const Run& run) {
   const TrainConfig& t = run.cfg().train;
   RunLength n;
   n.per_step = t.grad_accum * run.mesh_shape().dp;
+  // A step draws from one epoch: one that asks for more sequences than an epoch holds would
+  // train fewer than it says, every step.
+  const int64_t in_epoch = run.data().num_sequences();
+  if (n.per_step > in_epoch)
+    throw Error(str("a step takes ", n.per_step, " sequences (train.grad_accum = ", t.grad_accum,
+                    run.mesh_shape().dp > 1 ? str(" x dp ", run.mesh_shape().dp) : std::string(), "), but an epoch of ",
+                    run.data().seq_len(), "-token sequences holds ", in_epoch),
+                "train.grad_accum",
+                str("set train.grad_accum <= ", std::max<int64_t>(1, in_epoch / std::max(1, run.mesh_shape().dp)),
+                    ", a shorter data.seq_len, or add data"));
   n.steps_per_epoch = run.data().steps_per_epoch(n.per_step);
-  n.total_steps = t.max_steps > 0 ? t.max_steps
-                                  : static_cast<int64_t>(std::ceil(t.epochs * static_cast<double>(n.steps_per_epoch)));
+  const double epoch_steps = std::ceil(t.epochs * static_cast<double>(n.steps_per_epoch));
+  // More steps than any run takes, and past what the step counters hold exactly.
+  if (t.max_steps <= 0 && epoch_steps > std::ldexp(1.0, 40))
+    throw Error(str("train.epochs = ", t.epochs, " is ", epoch_steps, " steps of ", n.per_step, " sequence(s)"),
+                "train.epochs", "give a number of passes over the data a run can take (e.g. epochs = 3), or set max_steps");
+  n.total_steps = t.max_steps > 0 ? t.max_steps : static_cast<int64_t>(epoch_steps);
   if (n.total_steps < 1) throw Error("the run has no step to take", "train.epochs", "raise epochs or set max_steps");
   return n;
 }
 
 constexpr int64_t kMaxNonfiniteInRow = 3;
 
-Trainer::Trainer(Run& run, const Manifest& manifest, RunLength length, const std::string& resume_dir)
+std::string resume_command(const std::vector<std::string>& argv) {
+  auto quoted = [](const std::string& a) {
+    const bool plain = !a.empty() && std::all_of(a.begin(), a.end(), [](char c) {
+      return std::isalnum(static_cast<unsigned char>(c)) || std::strchr("-_./=:,+@%", c) != nullptr;
+    });
+    if (plain) return a;
+    std::string q = "'";
+    for (char c : a) q += c == '\'' ? std::string("'\\''") : std::string(1, c);
+    return q + "'";
+  };
+  std::string out;
+  for (size_t i = 0; i < argv.size(); ++i) {
+    const std::string& a = argv[i];
+    if (a == "--overwrite" || a.starts_with("--resume=")) continue;
+    if (a == "--resume") {
+      ++i;
+      continue;
+    }
+    out += (out.empty() ? "" : " ") + quoted(a);
+  }
+  return out.empty() ? out : out + " --resume latest";
+}
+
+Trainer::Trainer(Run& run, const Manifest& manifest, RunLength length, const std::string& resume_dir,
+                 std::string resume_command)
     : run_(run),
       cfg_(run.cfg()),
       manifest_(manifest),
@@ -97,7 +137,8 @@ Trainer::Trainer(Run& run, const Manifest& manifest, RunLength length, const std
       state_(start_state(run, resume_dir)),
       first_step_(state_.step),
       metrics_(run.lead() && !cfg_.run.rehearse ? MetricsLog(cfg_.run.output_dir, first_step_) : MetricsLog()),
-      bar_(length.total_steps, run.lead() && isatty(STDERR_FILENO) != 0) {
+      bar_(length.total_steps, run.lead() && isatty(STDERR_FILENO) != 0),
+      resume_command_(std::move(resume_command)) {
   contents_.manifest_toml = manifest.to_toml();
   contents_.tokenizer_path = cfg_.data.tokenizer;
   contents_.model_dir = cfg_.model.path;
@@ -105,6 +146,22 @@ Trainer::Trainer(Run& run, const Manifest& manifest, RunLength length, const std
   contents_.chat_template_path = cfg_.data.chat_template;
   contents_.rope_parameters_json = run.slots().positional->hf_rope_parameters();
   contents_.model_dtype = run.dtype();
+  if (!resume_dir.empty()) {
+    contents_.rotation_keeps = resume_dir;
+    resumed_loss_max_ = state_.recent_loss_max;
+  }
+  state_.recent_loss_max = std::nan("");
+  // A resume toward another length stretches or squeezes a decaying schedule: said, with the rate
+  // of the next step before and now.
+  const TrainConfig& t = cfg_.train;
+  if (run.lead() && state_.total_steps > 0 && state_.total_steps != length.total_steps && t.schedule != "constant")
+    log::warn(str("the checkpoint was trained toward ", state_.total_steps, " steps, this run goes to ", length.total_steps,
+                  ": the ", t.schedule, " schedule is recomputed for ", length.total_steps, " steps (the learning rate of step ",
+                  first_step_ + 1, " is ",
+                  t.lr * schedule_factor(t.schedule, first_step_, t.warmup_steps, length.total_steps), ", it was to be ",
+                  t.lr * schedule_factor(t.schedule, first_step_, t.warmup_steps, state_.total_steps),
+                  "); to keep the old schedule, resume with train.max_steps = ", state_.total_steps));
+  state_.total_steps = length.total_steps;
   StopSignals::saved(first_step_);
   run_start_ = now_s();
   if (run.lead() && !cfg_.run.rehearse)
@@ -136,14 +193,16 @@ int Trainer::train() {
   }
   while (state_.step < length_.total_steps) {
     const StepRecord r = train_step();
+    watch_losses(r);
     log_step(r, maybe_evaluate(false));
     stop_if_diverged();
     maybe_save(r.stop);
     if (r.stop) {
       bar_.finish();
       if (run_.lead())
-        log::warn(str("stopped by a signal after step ", state_.step, "; resume with: lcx-train --config ", manifest_.source(),
-                      " --resume latest"));
+        log::warn(str("stopped by a signal after step ", state_.step, "; resume with: ",
+                      resume_command_.empty() ? str("lcx-train --config ", manifest_.source(), " --resume latest")
+                                              : resume_command_));
       return 130;
     }
   }
@@ -309,6 +368,7 @@ void Trainer::reduce_across_ranks(StepRecord& r) {
     if (!run_.sharded())
       for (Parameter* p : run_.trainable_parameters()) (p->expert_shard && replicas ? *replicas : *world).all_reduce(p->grad);
   }
+  StopSignals::request_read(state_.step + 1);
   r.loss_sum = sums[0];
   r.stop = sums[1] > 0;
   r.aux.value = sums[2];
@@ -446,8 +506,30 @@ void Trainer::maybe_save(bool stop) {
   if (due || (state_.step == length_.total_steps && cfg_.train.save_final) || stop) save();
 }
 
+// A state damaged in a way no check sees (a checkpoint of an older lcx, without checksums) shows
+// as losses far above those before the checkpoint. Until the run has trained past the checkpoint
+// it resumed from with losses in their range (at most 1.5 x their highest + 1), rotation keeps it:
+// deleting it would leave no good checkpoint.
+void Trainer::watch_losses(const StepRecord& r) {
+  if (r.valid <= 0) return;
+  if (std::isfinite(r.loss))
+    state_.recent_loss_max = std::isnan(state_.recent_loss_max) ? r.loss : std::max(state_.recent_loss_max, r.loss);
+  if (contents_.rotation_keeps.empty() || !resumed_healthy_) return;
+  const bool in_range = std::isfinite(r.loss) && (std::isnan(resumed_loss_max_) || r.loss <= 1.5 * resumed_loss_max_ + 1);
+  if (in_range) return;
+  resumed_healthy_ = false;
+  if (run_.lead())
+    log::warn(str("step ", state_.step, ": loss ", r.loss, " is far above the losses before ", contents_.rotation_keeps,
+                  std::isnan(resumed_loss_max_) ? std::string() : str(" (at most ", resumed_loss_max_, ")"),
+                  ": checkpoint rotation keeps that checkpoint; if this run's state is damaged, resume from it"));
+}
+
 void Trainer::save() {
+  // A resumed run's first save with every loss in range is a good checkpoint past the one it
+  // resumed from, which rotation may delete from then on.
+  if (resumed_healthy_) contents_.rotation_keeps.clear();
   const std::string dir = run_.save(state_, contents_);
+  state_.recent_loss_max = std::nan("");
   StopSignals::saved(state_.step);
   if (run_.lead()) log::info(str("saved ", dir));
 }

@@ -19,6 +19,11 @@ struct TrainOptions {
   std::vector<std::string> argv;
 };
 
+// The command that continues a run started by `argv`: its own arguments (the --set overrides
+// too), --resume latest in place of a --resume or --overwrite it had, each quoted for a shell
+// where it needs to be.
+std::string resume_command(const std::vector<std::string>& argv);
+
 // Each rank creates its own slot objects (a plugin may hold per-rank state), after its mesh is
 // bound, so a Parallelism plugin finds its communicators; `rank` is its world rank (a model under
 // expert parallelism builds only its experts).

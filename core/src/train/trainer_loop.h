@@ -38,7 +38,9 @@ int64_t host_optimizer_bytes(Device device);
 // optimizer_step), then log_step, the divergence check and maybe_save.
 class Trainer {
  public:
-  Trainer(Run& run, const Manifest& manifest, RunLength length, const std::string& resume_dir);
+  // `resume_command`: what the stop by a signal prints to go on ("" prints the manifest's plain one).
+  Trainer(Run& run, const Manifest& manifest, RunLength length, const std::string& resume_dir,
+          std::string resume_command = {});
   // The process exit code: 0 when every step is done, 130 when stopped by a signal after saving.
   int train();
   // [run] rehearse: one step with the attention math cut, its measured peaks against the plan's;
@@ -75,6 +77,9 @@ class Trainer {
   // The step's log line (with eval_loss when it evaluated) and metrics row, then the eval's row.
   void log_step(const StepRecord& r, const std::optional<EvalTotals>& eval);
   void log_eval(const EvalTotals& e);
+  // The losses since the last save (state_.recent_loss_max), and a resumed run's against those
+  // before its checkpoint (contents_.rotation_keeps).
+  void watch_losses(const StepRecord& r);
   void stop_if_diverged();
   void maybe_save(bool stop);
   void save();
@@ -90,8 +95,11 @@ class Trainer {
   ProgressBar bar_;
   // The step memory_timeline_step asks for, recorded from its forward through its update.
   std::unique_ptr<StepTimeline> timeline_;
+  std::string resume_command_;
   double run_start_ = 0;
   bool told_untrained_ = false;  // a step with no trained target was reported
+  double resumed_loss_max_ = 0;  // the resumed checkpoint's recent_loss_max
+  bool resumed_healthy_ = true;  // every loss since the resume finite and in its range
   // The worker cutting the sequences ahead of the one in hand (cut_ahead); declared last, so it is
   // waited for before the members it reads go.
   std::future<void> ahead_;

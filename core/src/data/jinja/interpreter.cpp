@@ -33,6 +33,14 @@ using ScopePtr = std::shared_ptr<Scope>;
 
 enum class Flow { normal, break_, continue_ };
 
+// A list a template builds by + or * holds at most this many items, the bound kMaxTextBytes puts
+// on its strings (and jinja2's sandbox on range()) applied to lists.
+constexpr size_t kMaxListItems = size_t{1} << 22;
+void check_list_size(size_t items) {
+  if (items > kMaxListItems)
+    throw Failure(str("a list longer than the ", kMaxListItems, " items a template may build (it grows a list without bound)"));
+}
+
 int64_t num_int(const Value& v) { return v.kind == Kind::boolean ? v.b : v.i; }
 double num_double(const Value& v) {
   return v.kind == Kind::floating ? v.f : v.kind == Kind::boolean ? (v.b ? 1.0 : 0.0) : static_cast<double>(v.i);
@@ -116,6 +124,7 @@ Value arith(const std::string& op, const Value& a, const Value& b) {
       return Value::string(std::move(t));
     }
     if (a.kind == Kind::list && b.kind == Kind::list && a.seq == b.seq && (a.seq == Seq::list || a.seq == Seq::tuple)) {
+      check_list_size(a.items().size() + b.items().size());
       std::vector<Value> items = a.items();
       items.insert(items.end(), b.items().begin(), b.items().end());
       return Value::list(std::move(items), a.seq, d);
@@ -129,6 +138,14 @@ Value arith(const std::string& op, const Value& a, const Value& b) {
     if (n->is_number() && n->kind != Kind::floating &&
         (seq->is_string() || (seq->kind == Kind::list && (seq->seq == Seq::list || seq->seq == Seq::tuple)))) {
       const int64_t times = num_int(*n);
+      // The result's size checked before it is built: 'x' * 10**12 fails at once.
+      const size_t each = seq->is_string() ? seq->text().size() : seq->items().size();
+      if (times > 0 && each > 0) {
+        const size_t most = seq->is_string() ? kMaxTextBytes : kMaxListItems;
+        const size_t total = static_cast<uint64_t>(times) > most / each ? most + 1 : each * static_cast<size_t>(times);
+        if (seq->is_string()) check_text_size(total);
+        else check_list_size(total);
+      }
       if (seq->is_string()) {
         Text t;
         for (int64_t k = 0; k < times; ++k) t.append(seq->text());

@@ -18,8 +18,15 @@ void Text::materialize() {
   if (mask_.empty()) mask_.assign(s_.size(), uniform_);
 }
 
+void check_text_size(size_t bytes) {
+  if (bytes > kMaxTextBytes)
+    throw Failure(str("a string longer than the ", kMaxTextBytes >> 20,
+                      " MiB a template may build (it grows its output or a string without bound)"));
+}
+
 void Text::append(const Text& o, size_t begin, size_t end) {
   if (begin >= end) return;
+  check_text_size(s_.size() + (end - begin));
   const bool o_uniform = o.mask_.empty();
   if (s_.empty() && mask_.empty() && o_uniform) uniform_ = o.uniform_;
   if (mask_.empty() && o_uniform && o.uniform_ == uniform_) {
@@ -36,6 +43,7 @@ void Text::append(const Text& o, size_t begin, size_t end) {
 
 void Text::append(std::string_view s, uint8_t flag) {
   if (s.empty()) return;
+  check_text_size(s_.size() + s.size());
   if (s_.empty() && mask_.empty()) uniform_ = flag;
   if (mask_.empty() && flag == uniform_) {
     s_.append(s);

@@ -17,6 +17,13 @@ class Failure : public std::runtime_error {
   using std::runtime_error::runtime_error;
 };
 
+// The longest string a template may build, its output included: templates come from files anyone
+// hands out, and one that doubles a string in a loop would take all memory before failing. A
+// rendered conversation of a million tokens is a few MB.
+constexpr size_t kMaxTextBytes = size_t{256} << 20;
+// Throws Failure for a string of `bytes` past kMaxTextBytes.
+void check_text_size(size_t bytes);
+
 class Text {
  public:
   Text() = default;
