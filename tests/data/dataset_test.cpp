@@ -81,6 +81,28 @@ TEST(Dataset, PacksDocumentsWithEosBetweenAndShiftsTargets) {
   EXPECT_EQ(across.valid_labels(1), 3);
 }
 
+// A tokenizer whose template opens a text with BOS (Llama 3's <|begin_of_text|>) opens each
+// document with it, as transformers' tokenizer(text) does; the token cache keys on it.
+TEST(Dataset, EachTextOpensWithTheTokenizersBos) {
+  const std::string path = test::family_tokenizer_path("llama3_1");
+  if (!fs::exists(path)) GTEST_SKIP() << path << " is missing: run scripts/fetch_data.sh";
+  Fixture f;
+  f.tok = Tokenizer::load(path);
+  ASSERT_EQ(f.tok.prefix_ids().size(), 1u);
+  const int64_t bos = f.tok.prefix_ids()[0], eos = f.tok.eos_id();
+  f.put("a.txt", "Hello world");
+  f.put("b.txt", "Second");
+  std::vector<int64_t> want{bos};
+  for (int32_t id : f.tok.encode("Hello world")) want.push_back(id);
+  want.push_back(eos);
+  want.push_back(bos);
+  for (int32_t id : f.tok.encode("Second")) want.push_back(id);
+  f.cfg.seq_len = static_cast<int64_t>(want.size());
+  f.cfg.attend_across_documents = true;
+  Dataset d = f.open();
+  EXPECT_EQ(ints(d.get(0).tokens), want);
+}
+
 TEST(Dataset, MaskedDocumentsPositionsRestartAtEachBound) {
   const std::vector<int64_t> bounds{0, 3, 4, 9};
   const std::vector<int64_t> want{0, 1, 2, 0, 0, 1, 2, 3, 4};

@@ -86,9 +86,9 @@ TEST_F(Refusals, CheckpointYarnIsTakenOrRefusedNeverIgnored) {
   auto v4 = lcx("--overwrite --config " + manifest("max_steps = 1\n", {}, R"(, "rope_scaling": {"type": "yarn", "factor": 2.0, "original_max_position_embeddings": 64})"));
   EXPECT_EQ(v4.exit_code, 2) << v4.output;
   EXPECT_NE(v4.output.find("rope_type 'yarn'"), std::string::npos) << v4.output;
-  auto dynamic = lcx("--overwrite --config " + manifest("max_steps = 1\n", {}, R"(, "rope_scaling": {"type": "dynamic", "factor": 2.0})"));
-  EXPECT_EQ(dynamic.exit_code, 2) << dynamic.output;
-  EXPECT_NE(dynamic.output.find("rope_type 'dynamic'"), std::string::npos) << dynamic.output;
+  auto longrope = lcx("--overwrite --config " + manifest("max_steps = 1\n", {}, R"(, "rope_scaling": {"type": "longrope", "factor": 2.0})"));
+  EXPECT_EQ(longrope.exit_code, 2) << longrope.output;
+  EXPECT_NE(longrope.output.find("rope_type 'longrope'"), std::string::npos) << longrope.output;
 }
 
 // Item 4 (and 12: a --set value is named as the override, not as line 1 of the manifest).

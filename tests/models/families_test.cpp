@@ -105,6 +105,26 @@ TEST_P(FamilyParity, LossLogitsAndEveryGradientInFp32) {
   expect_grads(*model, recorded_grads(expected), 1e-5, dir.filename().string());
 }
 
+// On the GPU in bf16, as training runs: to bf16's resolution, the tolerances Qwen3's parity fixtures
+// have there (tests/parity/parity_test.cpp).
+TEST_P(FamilyParity, LossAndEveryGradientOnTheGpuInBf16) {
+  if (!cuda_available()) GTEST_SKIP() << "no GPU on this machine";
+  const fs::path dir = GetParam();
+  auto model = test::make_plugin<Model>(module_of(dir));
+  model->load_hf(dir.string(), Device::cuda(0), DType::bf16);
+  safetensors::Checkpoint expected = safetensors::Checkpoint::open((dir / "expected.safetensors").string());
+  Shard shard = test::shard_from_labels(ints(expected.load("input_ids", DType::i64)), ints(expected.load("labels", DType::i64)));
+  const int64_t valid = test::count_valid(shard);
+  test::DefaultSlots s(*model);
+  const StepResult r = test::mean_loss_step(s, shard, valid, Device::cuda(0));
+  ASSERT_EQ(r.valid, valid);
+  const double want_loss = expected.load("loss", DType::f32).to_floats()[0];
+  const double loss = r.loss_sum / static_cast<double>(r.valid);
+  EXPECT_LE(std::abs(loss - want_loss) / want_loss, 2e-2) << "lcx " << loss << " transformers " << want_loss;
+  std::printf("%s cuda_bf16: loss rel %.2e\n", dir.filename().c_str(), std::abs(loss - want_loss) / want_loss);
+  expect_grads(*model, recorded_grads(expected), 5e-2, dir.filename().string() + " cuda_bf16");
+}
+
 INSTANTIATE_TEST_SUITE_P(Fixtures, FamilyParity, ::testing::ValuesIn(fixtures("expected.safetensors")),
                          [](const auto& info) { return info.param.filename().string(); });
 GTEST_ALLOW_UNINSTANTIATED_PARAMETERIZED_TEST(FamilyParity);

@@ -409,6 +409,9 @@ class Builder {
         note(r_.invalid_utf8_documents, r_.first_invalid_utf8, where_[i]);
         r_.invalid_utf8_sequences += stats[i].invalid_utf8;
       }
+      // The tokenizer's template opens each text as transformers' tokenizer(text) does (Llama's BOS).
+      const auto& prefix = tok_.prefix_ids();
+      if (!prefix.empty()) ids[i].insert(ids[i].begin(), prefix.begin(), prefix.end());
       w_.add_document(ids[i]);
       ++r_.documents;
     }
@@ -645,6 +648,11 @@ void open_text_source(Dataset::State& s, const DataConfig& cfg, const std::strin
   // The template, its variables and special tokens, and which tokens train change the masks.
   const std::string chat_key = chat ? str(renderer->key(), "\t", loss_on_name(loss_on)) : std::string();
   if (chat) add(chat_key);
+  if (!chat && !tok.prefix_ids().empty()) {
+    std::string prefix = "prefix";
+    for (int32_t id : tok.prefix_ids()) prefix += str(" ", id);
+    add(prefix);
+  }
   for (const auto& f : files) add(str(f.rel, "\t", f.size, "\t", f.mtime, "\t", f.ctime_ns, "\t", f.inode));
   const std::string key_hex = key.hex();
 

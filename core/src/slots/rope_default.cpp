@@ -78,7 +78,7 @@ class DefaultRope final : public PositionalEncoding {
     if (!type.empty() && type != "default") {
       if (stands_in_for_.empty())
         throw Error(str("the model's config.json has rope parameters of rope_type '", type,
-                        "', and core's positional encoding ('rope') computes plain rotary positions only"),
+                        "', and core's positional encoding ('rope') computes the default, linear, dynamic and llama3 kinds only"),
                     "rope_parameters.rope_type",
                     fix_for(type));
       static std::atomic<bool> warned{false};
