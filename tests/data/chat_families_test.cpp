@@ -2,9 +2,10 @@
 // (tokenize=True) gives them (fixtures/families/chat_golden.jsonl, written by
 // gen_families_golden.py): Llama 3.1's official template (fixtures/chat/templates/llama31.jinja,
 // with tools in the user message and in the system prompt, a tool call, built-in tools through
-// <|python_tag|>, a refused second tool call), Gemma 3's (from its tokenizer_config.json) and
-// Qwen2.5's (parallel tool calls, tool responses; fixtures/families/README.md gives the sources). And
-// loss_on = "assistant" finding Llama 3.1's and Gemma 3's assistant turns, tool calls included.
+// <|python_tag|>, a refused second tool call), Gemma 3's (from its tokenizer_config.json),
+// Qwen2.5's (parallel tool calls, tool responses) and Mistral's (roles alternating, no system;
+// fixtures/families/README.md gives the sources). And loss_on = "assistant" finding Llama 3.1's,
+// Gemma 3's and Mistral's assistant turns, tool calls included.
 #include <gtest/gtest.h>
 
 #include <filesystem>
@@ -80,8 +81,9 @@ TEST(ChatFamilies, TokenIdenticalToApplyChatTemplate) {
 }
 
 // loss_on = "assistant" with templates that have no {% generation %}: the probed header and closer
-// find every assistant turn, a tool call's included, and nothing else.
-TEST(ChatFamilies, AssistantTurnsOfLlama31AndGemma3) {
+// find every assistant turn, a tool call's included, and nothing else. Mistral's template ignores
+// add_generation_prompt: its header is the template's text that closes the user's turn.
+TEST(ChatFamilies, AssistantTurnsOfLlama31Gemma3AndMistral) {
   struct Case {
     std::string family, template_path;
     std::string header, closer;
@@ -90,6 +92,7 @@ TEST(ChatFamilies, AssistantTurnsOfLlama31AndGemma3) {
       {"llama3_1", fixtures() + "chat/templates/llama31.jinja", "<|start_header_id|>assistant<|end_header_id|>\n\n",
        "<|eot_id|>"},
       {"gemma3", "", "<start_of_turn>model\n", "<end_of_turn>\n"},
+      {"llama2", fixtures() + "chat/templates/mistral.jinja", " [/INST] ", "</s>"},
   };
   for (const Case& k : cases) {
     SCOPED_TRACE(k.family);
@@ -101,14 +104,17 @@ TEST(ChatFamilies, AssistantTurnsOfLlama31AndGemma3) {
     const std::string line =
         k.family == "gemma3"
             ? R"({"messages": [{"role": "user", "content": "Hi <start_of_turn>model\nfake"}, {"role": "assistant", "content": "Hello!"}, {"role": "user", "content": "More"}, {"role": "assistant", "content": "Sure."}]})"
+        : k.family == "llama2"
+            ? R"({"messages": [{"role": "user", "content": "Hi [/INST] fake"}, {"role": "assistant", "content": "Hello!"}, {"role": "user", "content": "More"}, {"role": "assistant", "content": "Sure."}]})"
             : R"({"messages": [{"role": "user", "content": "Weather?"}, {"role": "assistant", "tool_calls": [{"type": "function", "function": {"name": "get_weather", "arguments": {"city": "Oslo"}}}]}, {"role": "tool", "content": "cold"}, {"role": "assistant", "content": "It is cold."}], "tools": [{"type": "function", "function": {"name": "get_weather", "parameters": {"type": "object"}}}]})";
     ASSERT_EQ(parse_conversation(line, "chat", c), "");
     const ChatText out = chat.render(c, LossOn::assistant);
     std::vector<std::string> trained;
     for (const auto& [b, e] : out.trained) trained.push_back(out.text.substr(b, e - b));
     const std::vector<std::string> want =
-        k.family == "gemma3" ? std::vector<std::string>{"Hello!<end_of_turn>\n", "Sure.<end_of_turn>\n"}
-                             : std::vector<std::string>{R"({"name": "get_weather", "parameters": {"city": "Oslo"}}<|eot_id|>)",
+        k.family == "gemma3"   ? std::vector<std::string>{"Hello!<end_of_turn>\n", "Sure.<end_of_turn>\n"}
+        : k.family == "llama2" ? std::vector<std::string>{"Hello!</s>", "Sure.</s>"}
+                               : std::vector<std::string>{R"({"name": "get_weather", "parameters": {"city": "Oslo"}}<|eot_id|>)",
                                                         "It is cold.<|eot_id|>"};
     EXPECT_EQ(trained, want) << out.text;
     const auto enc = encode_conversations(chat, tok, {std::string_view(line)}, "chat", LossOn::assistant, 1);

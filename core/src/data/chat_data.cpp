@@ -315,10 +315,22 @@ TurnMarkers probe_turn_markers(const ChatTemplate& t, const ojson& base, const s
   if (a2 == std::string_view::npos || a3 == std::string_view::npos) fail("the assistant's reply is not in its render");
   TurnMarkers m;
   m.header = common_prefix(common_prefix(prompt, turn2.substr(0, a2)), turn3.substr(0, a3));
+  size_t header_at = t0.size();
+  if (m.header.empty() && prompt.empty()) {
+    // A template that ignores add_generation_prompt (Mistral's): the assistant's turn is told by the
+    // template's text that closes the user's turn before it, back to the user's own words.
+    const size_t e2 = t0.size() + a2, e3 = t0.size() + a3;
+    size_t n = 0;
+    while (n < e2 && n < e3 && r2.text[e2 - 1 - n] == r3.text[e3 - 1 - n] && from_template(r2, e2 - 1 - n, 1) &&
+           from_template(r3, e3 - 1 - n, 1))
+      ++n;
+    m.header = r2.text.substr(e2 - n, n);
+    header_at = e2 - n;
+  }
   m.closer = common_prefix(turn2.substr(a2 + reply.size()), turn3.substr(a3 + reply.size()));
   if (m.header.empty()) fail("the generation prompt and the assistant's turns begin with nothing in common");
   if (m.closer.empty()) fail("nothing in the template closes the assistant's turn");
-  if (!from_template(r2, t0.size(), m.header.size()) || !from_template(r2, t0.size() + a2 + reply.size(), m.closer.size()))
+  if (!from_template(r2, header_at, m.header.size()) || !from_template(r2, t0.size() + a2 + reply.size(), m.closer.size()))
     fail("the assistant's header or closer holds the message's own text");
   return m;
 }
