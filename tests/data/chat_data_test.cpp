@@ -188,8 +188,8 @@ TEST(ChatTemplates, GenerationBlocksMarkTheTrainedTextThemselves) {
 }
 
 TEST(ChatTemplates, ATemplateWithoutTurnMarkersIsRefusedForAssistantLoss) {
-  // No generation prompt and nothing after a reply: the assistant's turns cannot be found.
-  const ChatTemplate t = ChatTemplate::parse("{% for m in messages %}{{ m.role }}: {{ m.content }}\n{% endfor %}", "plain.jinja");
+  // No generation prompt, no text of the template around a reply: the assistant's turns cannot be found.
+  const ChatTemplate t = ChatTemplate::parse("{% for m in messages %}{{ m.content }}{% endfor %}", "plain.jinja");
   ChatRenderer chat(t, "plain.jinja", ojson::object());
   auto thrown = test::thrown_by([&] { chat.markers(); });
   ASSERT_TRUE(thrown.thrown);
@@ -199,7 +199,7 @@ TEST(ChatTemplates, ATemplateWithoutTurnMarkersIsRefusedForAssistantLoss) {
             "(data.chat_template), or train every token with data.loss_on = \"all\"");
   Conversation c;
   ASSERT_EQ(parse_conversation(R"({"messages":[{"role":"user","content":"q"}]})", "chat", c), "");
-  EXPECT_EQ(chat.render(c, LossOn::all).text, "user: q\n");  // every token still trains
+  EXPECT_EQ(chat.render(c, LossOn::all).text, "q");  // every token still trains
 }
 
 // A model folder's chat_template.jinja is the template transformers serves, before
