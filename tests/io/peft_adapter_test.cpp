@@ -408,7 +408,7 @@ TEST(PeftMerge, RefusesANonEmptyOutUnlessOverwrite) {
   EXPECT_FALSE(fs::exists(out / "x"));
 }
 
-// Issue 53 item 10: an adapter trained on a shallower model of the same widths covers only some
+// An adapter trained on a shallower model of the same widths covers only some
 // of the base's layers; a merge of those alone would be neither model. PEFT's
 // layers_to_transform is the one way an adapter adapts fewer layers, and it is held to them.
 TEST(PeftMerge, RefusesAnAdapterThatMissesLayersOfTheBase) {
@@ -423,7 +423,7 @@ TEST(PeftMerge, RefusesAnAdapterThatMissesLayersOfTheBase) {
   ASSERT_TRUE(t.thrown);
   EXPECT_EQ(t.key, "--base");
   EXPECT_NE(t.message.find("q_proj has LoRA weights for layers 0, but the base's 2 layers"), std::string::npos) << t.message;
-  EXPECT_NE(t.message.find("are 0-1: nothing is merged"), std::string::npos) << t.message;
+  EXPECT_NE(t.message.find("holding it are 0-1: nothing is merged"), std::string::npos) << t.message;
   EXPECT_FALSE(fs::exists(out));
 
   // layers_to_transform = [0]: layer 0's pairs are the adapter, and they merge.

@@ -4,6 +4,7 @@
 
 #include <algorithm>
 #include <atomic>
+#include <cctype>
 #include <cmath>
 #include <cstdio>
 #include <filesystem>
@@ -382,12 +383,29 @@ void check_against_base(const Adapter& adapter, int64_t num_layers,
   }
 }
 
-// Each adapted module has a pair in every layer PEFT adapts: those of adapter_config.json's
-// layers_to_transform, else all of the base's. Fewer means the base is not the one it was trained
-// on (a deeper model of the same widths) or the file lost layers: a merge of part of the layers
-// would be a model neither of them is.
+// The layers of the base whose tensors hold `module` (experts' or not): a mixture of experts has a
+// dense MLP in some layers and experts in the others.
+static std::set<int64_t> layers_holding(const std::vector<std::string>& base_names, const std::string& module, bool experts) {
+  std::set<int64_t> out;
+  for (const std::string& name : base_names) {
+    const size_t at = name.find("layers.");
+    if (at == std::string::npos || (name.find(".experts.") != std::string::npos) != experts) continue;
+    if (name.find("." + module + ".") == std::string::npos) continue;
+    int64_t l = 0;
+    size_t i = at + 7;
+    if (i >= name.size() || !std::isdigit(static_cast<unsigned char>(name[i]))) continue;
+    for (; i < name.size() && std::isdigit(static_cast<unsigned char>(name[i])); ++i) l = l * 10 + (name[i] - '0');
+    out.insert(l);
+  }
+  return out;
+}
+
+// Each adapted module has a pair in every layer PEFT adapts that holds it: those of
+// adapter_config.json's layers_to_transform, else all of the base's. Fewer means the base is not the
+// one it was trained on (a deeper model of the same widths) or the file lost layers: a merge of part
+// of the layers would be a model neither of them is.
 static void check_layers_adapted(const Adapter& adapter, const std::string& adapter_dir, const std::string& base_dir,
-                          int64_t num_layers) {
+                          int64_t num_layers, const std::vector<std::string>& base_names) {
   const fs::path config_path = fs::path(adapter_dir) / kConfigFile;
   const json j = json::parse(read_text(config_path, "--adapter", "give the adapter's folder"), nullptr, false);
   std::set<int64_t> want;
@@ -419,11 +437,17 @@ static void check_layers_adapted(const Adapter& adapter, const std::string& adap
   }
   std::map<std::string, std::set<int64_t>> layers;
   for (const auto& p : adapter.pairs) layers[p.expert >= 0 ? "experts." + p.module : p.module].insert(p.layer);
-  for (const auto& [module, got] : layers)
-    if (got != want)
+  for (const auto& [module, got] : layers) {
+    const bool experts = module.starts_with("experts.");
+    const std::set<int64_t> held = layers_holding(base_names, experts ? module.substr(8) : module, experts);
+    std::set<int64_t> want_here;
+    for (const int64_t l : want)
+      if (held.count(l)) want_here.insert(l);
+    if (got != want_here)
       throw Error(str(adapter_dir, ": the adapter's ", module, " has LoRA weights for layers ", layer_ranges(got), ", but ",
-                      whose, " are ", layer_ranges(want), ": nothing is merged"),
+                      whose, " holding it are ", layer_ranges(want_here), ": nothing is merged"),
                   "--base", "merge the adapter into the base it was trained on (the same num_hidden_layers)");
+  }
 }
 
 void add_low_rank(float* w, const float* b, const float* a, int64_t out, int64_t in, int64_t r, float scale) {
@@ -453,7 +477,7 @@ void merge(const std::string& base_dir, const std::string& adapter_dir, const st
     if (!ckpt.has(name)) return std::nullopt;
     return ckpt.info(name).shape;
   });
-  check_layers_adapted(adapter, adapter_dir, base_dir, num_layers);
+  check_layers_adapted(adapter, adapter_dir, base_dir, num_layers, ckpt.names());
 
   // The merged weights keep the base's dtype: the one most of its floating tensors have.
   std::map<std::string, size_t> dtype_count;
