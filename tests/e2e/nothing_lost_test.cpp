@@ -209,6 +209,32 @@ TEST_F(NothingLost, RefusedRunWritesNothingAndDryRunSaysSo) {
   EXPECT_FALSE(fs::exists(dir / "fresh"));
 }
 
+// Item 13: --dry-run reads the data as the run does where that is quick, and refuses what the run
+// would refuse at its start (a seq_len longer than the data, a step larger than an epoch), after
+// the config it prints.
+TEST_F(NothingLost, DryRunChecksTheDataAsTheRunDoes) {
+  const std::string m = manifest("max_steps = 1\n");
+  auto longer = lcx("--config " + m + " --dry-run --set data.seq_len=100000");
+  EXPECT_EQ(longer.exit_code, 2) << longer.output;
+  EXPECT_TRUE(has(longer.output, "error: data.seq_len = 100000 is longer than the 512 tokens")) << longer.output;
+  EXPECT_FALSE(has(longer.output, "config OK")) << longer.output;
+  EXPECT_GT(longer.output.find("error: data.seq_len"), longer.output.find("# slot providers")) << longer.output;
+  auto accum = lcx("--config " + m + " --dry-run --set train.grad_accum=20");
+  EXPECT_EQ(accum.exit_code, 2) << accum.output;
+  EXPECT_TRUE(has(accum.output, "fix: set train.grad_accum <= 16")) << accum.output;
+  // Text past what a dry run tokenizes quickly is left to the run, saying so.
+  {
+    std::ofstream big(dir / "big.txt");
+    const std::string line(1023, 'a');
+    for (int i = 0; i < 65 * 1024; ++i) big << line << '\n';
+  }
+  auto big = lcx("--config " + m + " --dry-run --set data.source=" + (dir / "big.txt").string());
+  EXPECT_EQ(big.exit_code, 0) << big.output;
+  EXPECT_TRUE(has(big.output, "is not read by --dry-run")) << big.output;
+  EXPECT_FALSE(fs::exists(dir / ".lcx-cache")) << big.output;
+  EXPECT_FALSE(fs::exists(dir / "out"));
+}
+
 // Item 12: the probe's confusing cases, each refused (or said) by its key with a fix.
 TEST_F(NothingLost, ConfusingCasesAreRefusedByTheirKey) {
   const std::string m = manifest("max_steps = 2\nsave_steps = 1\n");
