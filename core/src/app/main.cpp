@@ -187,6 +187,7 @@ uint64_t text_bytes(const std::string& path) {
 // quick: token files, and text of at most 64 MiB, tokenized into the token cache the run then
 // reads. Larger text is left to the run, saying so.
 void check_data(const CoreConfig& core, const SlotSet& slots) {
+  if (!slots.model) return;
   constexpr uint64_t kQuick = uint64_t{64} << 20;
   uint64_t text = core.data.source.empty() ? 0 : text_bytes(core.data.source);
   for (const auto& s : core.data.sources) text += text_bytes(s.path);
