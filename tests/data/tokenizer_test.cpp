@@ -10,6 +10,7 @@
 #include "data/tokenizer.h"
 #include "data/utf8.h"
 #include "data_test_util.h"
+#include "support/test_util.h"
 #include "lcx/error.h"
 
 namespace lcx {
@@ -218,6 +219,22 @@ TEST(Tokenizer, RefusesWhatItDoesNotImplement) {
     }
   }
   EXPECT_THROW(Tokenizer::load(dir + "/missing.json"), Error);
+}
+
+// Issue 53: an id near 1e9 in the vocabulary (a damaged file) is refused by name, not allocated
+// for (a string per id: 32 GB, then std::bad_alloc).
+TEST(Tokenizer, RefusesVocabularyIdsPastAnyVocabulary) {
+  std::string dir = test::temp_dir();
+  json j = test::load_json(test::write_tiny_tokenizer(dir));
+  for (const int64_t id : {int64_t{999999998}, int64_t{5000000000}}) {
+    j["model"]["vocab"]["zzq"] = id;
+    test::write_file(dir + "/big.json", j.dump());
+    auto thrown = test::thrown_by([&] { Tokenizer::load(dir + "/big.json"); });
+    ASSERT_TRUE(thrown.thrown) << id;
+    EXPECT_NE(thrown.message.find("model.vocab[\"zzq\"] = " + std::to_string(id) + " is past 16777216"), std::string::npos)
+        << thrown.message;
+    EXPECT_EQ(thrown.key, "data.tokenizer");
+  }
 }
 
 TEST(Tokenizer, TinyVocabularyMerges) {

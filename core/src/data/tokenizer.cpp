@@ -64,6 +64,8 @@ std::string byte_level_bytes(const std::string& token, bool* all_mapped = nullpt
   return out;
 }
 
+constexpr int64_t kMaxVocabId = int64_t{1} << 24;
+
 [[noreturn]] void refuse(const std::string& path, const std::string& key, const json& value,
                          const std::string& supported) {
   throw Error(str(path, ": tokenizer.json ", key, " = ", value.dump(), " is not supported by lcx"), key,
@@ -685,8 +687,14 @@ Tokenizer Tokenizer::load(const std::string& path) {
   int64_t entries = 0;
   for (const auto& [token, id_json] : m.at("vocab").items()) {
     if (!id_json.is_number_integer()) refuse(path, "model.vocab[\"" + token + "\"]", id_json, "integer ids");
-    int32_t id = id_json.get<int32_t>();
-    if (id < 0) refuse(path, "model.vocab[\"" + token + "\"]", id_json, "non-negative ids");
+    if (id_json.get<int64_t>() < 0) refuse(path, "model.vocab[\"" + token + "\"]", id_json, "non-negative ids");
+    // Ids index tables (a string per id): one past any vocabulary in use (Gemma's 262144) by far
+    // would allocate gigabytes for a file that is damaged, not a tokenizer.
+    if (id_json.get<int64_t>() >= kMaxVocabId)
+      throw Error(str(path, ": tokenizer.json model.vocab[\"", token, "\"] = ", id_json.dump(), " is past ", kMaxVocabId,
+                      " (2^24), the most ids lcx reads (the largest vocabularies in use hold 262144)"),
+                  "data.tokenizer", "the file is damaged: fetch the model's own tokenizer.json again");
+    const int32_t id = static_cast<int32_t>(id_json.get<int64_t>());
     if (static_cast<size_t>(id) >= vocab.size()) vocab.resize(id + 1);
     vocab[id] = impl->byte_level ? byte_level_bytes(token) : token;
     ++entries;
