@@ -235,6 +235,22 @@ TEST_F(NothingLost, DryRunChecksTheDataAsTheRunDoes) {
   EXPECT_FALSE(fs::exists(dir / "out"));
 }
 
+// Item 12: a disk that fills during the first save (a file-size limit stands in for it: writes past
+// it fail as on a full disk) names the checkpoint, the folder and the fix, and leaves no
+// half-written checkpoint that a resume would take.
+TEST_F(NothingLost, FullDiskDuringTheFirstSaveSaysWhatToDo) {
+  const std::string m = manifest("max_steps = 2\nsave_steps = 1\n");
+  auto r = test::run_command("trap '' XFSZ; ulimit -f 60; " + test::lcx_train() + " --config " + m);
+  EXPECT_EQ(r.exit_code, 2) << r.output;
+  EXPECT_TRUE(has(r.output, "error: checkpoint-1 is not saved in " + (dir / "out").string() + ": ")) << r.output;
+  EXPECT_TRUE(has(r.output, "fix: free space on its disk, or give run.output_dir on another one")) << r.output;
+  EXPECT_FALSE(has(r.output, "filesystem error")) << r.output;
+  EXPECT_FALSE(fs::exists(dir / "out" / "checkpoint-1"));
+  auto resume = lcx("--config " + m + " --resume latest");
+  EXPECT_EQ(resume.exit_code, 2) << resume.output;
+  EXPECT_TRUE(has(resume.output, "no complete checkpoint")) << resume.output;
+}
+
 // Item 12: the probe's confusing cases, each refused (or said) by its key with a fix.
 TEST_F(NothingLost, ConfusingCasesAreRefusedByTheirKey) {
   const std::string m = manifest("max_steps = 2\nsave_steps = 1\n");
