@@ -3,6 +3,7 @@
 // another trainer's checkpoint never deleted, eval's files kept in --out, and a CPU run past the
 // host's memory refused before any work. Each case runs the real binary, as a user would.
 #include <gtest/gtest.h>
+#include <unistd.h>
 
 #include <cstring>
 #include <fstream>
@@ -249,6 +250,48 @@ TEST_F(NothingLost, FullDiskDuringTheFirstSaveSaysWhatToDo) {
   auto resume = lcx("--config " + m + " --resume latest");
   EXPECT_EQ(resume.exit_code, 2) << resume.output;
   EXPECT_TRUE(has(resume.output, "no complete checkpoint")) << resume.output;
+}
+
+// Item 13: text in a folder that cannot be written (a read-only mount) trains, its token cache in
+// the user's cache folder; a folder that can be written keeps it beside the text.
+TEST_F(NothingLost, TokenCacheOfAReadOnlyDataFolderGoesToTheUsersCache) {
+  const fs::path data = dir / "data", ro = dir / "ro", cache = dir / "xdg";
+  std::string text;
+  for (int i = 0; i < 200; ++i) text += "In the beginning God created the heaven and the earth. ";
+  test::write_file(data / "book.txt", text);
+  // Root writes through permission bits: a read-only bind mount stands in for the mount, where
+  // this may make one; any other user reads a folder without write permission.
+  fs::create_directories(ro);
+  bool read_only = false;
+  if (::geteuid() == 0) {
+    read_only = test::run_command("mount --bind " + data.string() + " " + ro.string() + " && mount -o remount,ro,bind " +
+                                  ro.string()).exit_code == 0;
+  } else {
+    fs::copy_file(data / "book.txt", ro / "book.txt");
+    fs::permissions(ro, fs::perms::owner_read | fs::perms::owner_exec, fs::perm_options::replace);
+    read_only = true;
+  }
+  if (!read_only) GTEST_SKIP() << "no read-only folder could be made here (root without a bind mount)";
+  // Text takes the tokenizer's whole vocabulary.
+  std::string run = test::tiny_run_manifest(dir / "out", dir / "data.tokens", 1, true, "max_steps = 1\n");
+  const std::string vocab = "\"vocab_size\": 256";
+  run.replace(run.find(vocab), vocab.size(), "\"vocab_size\": 151936");
+  test::write_file(dir / "run.toml", run);
+  const std::string m = (dir / "run.toml").string();
+  const std::string env = "XDG_CACHE_HOME=" + cache.string() + " ";
+  auto r = test::run_command(env + test::lcx_train() + " --config " + m + " --set data.source=" + (ro / "book.txt").string());
+  if (::geteuid() == 0) test::run_command("umount " + ro.string());
+  else fs::permissions(ro, fs::perms::owner_all, fs::perm_options::replace);
+  EXPECT_EQ(r.exit_code, 0) << r.output;
+  EXPECT_TRUE(has(r.output, "cannot be written (a read-only mount?): the token cache goes to " + (cache / "lcx" / "tokens").string()))
+      << r.output;
+  EXPECT_TRUE(fs::exists(cache / "lcx" / "tokens")) << r.output;
+  EXPECT_FALSE(fs::exists(ro / ".lcx-cache")) << r.output;
+  // A folder that can be written keeps its cache beside the text, as before.
+  auto w = test::run_command(env + test::lcx_train() + " --config " + m + " --overwrite --set data.source=" +
+                             (data / "book.txt").string());
+  EXPECT_EQ(w.exit_code, 0) << w.output;
+  EXPECT_TRUE(fs::exists(data / ".lcx-cache")) << w.output;
 }
 
 // Item 12: the probe's confusing cases, each refused (or said) by its key with a fix.
