@@ -4,6 +4,8 @@
 // and every refusal.
 #include <gtest/gtest.h>
 
+#include <cstring>
+
 #include <random>
 
 #include "data/pre_tokenizer.h"
@@ -104,6 +106,53 @@ TEST(Tokenizer, MultiThreadedEqualsSingleThreaded) {
   EXPECT_EQ(batch[0], one);
   EXPECT_EQ(batch[1], tok.encode("Hello world"));
   EXPECT_TRUE(batch[2].empty());
+}
+
+// Issue 53: a text read a block at a time (tokenize --file on a file larger than memory) gives the
+// ids of the whole text, whatever the block size; a tokenizer whose text cannot be cut (Llama 2's
+// prepended prefix) holds the text whole and gives them too.
+TEST(Tokenizer, StreamedBlocksEqualTheWholeText) {
+  auto path = test::qwen3_tokenizer_path();
+  LCX_NEED_DATA(path);
+  std::string text;
+  json g = golden();
+  while (text.size() < (1u << 20))
+    for (const auto& c : g["cases"]) text += c["text"].get<std::string>() + (text.size() % 3 ? "\n" : "\n\n");
+  text += "\xff\xfe broken bytes\nand <|endoftext|>\n<|im_start|>user";
+  auto streamed = [&](const Tokenizer& tok, const std::string& t, size_t block) {
+    size_t at = 0;
+    size_t parts = 0;
+    std::vector<int32_t> ids;
+    EncodeStats stats;
+    tok.encode_stream(
+        [&](char* buf, size_t n) {
+          n = std::min({n, t.size() - at, size_t{5000}});  // short reads, as a pipe gives them
+          std::memcpy(buf, t.data() + at, n);
+          at += n;
+          return n;
+        },
+        [&](std::vector<int32_t>&& part) {
+          ids.insert(ids.end(), part.begin(), part.end());
+          ++parts;
+        },
+        1, &stats, block);
+    EXPECT_EQ(stats.invalid_utf8, 2);
+    return std::make_pair(ids, parts);
+  };
+  const Tokenizer tok = Tokenizer::load(path);
+  const auto whole = tok.encode(text, 1);
+  for (const size_t block : {size_t{8192}, size_t{100000}, size_t{64} << 20}) {
+    const auto [ids, parts] = streamed(tok, text, block);
+    EXPECT_EQ(ids, whole) << block;
+    if (block < text.size()) EXPECT_GE(parts, text.size() / block / 2) << "not read in blocks of " << block;
+  }
+  const std::string llama2 = test::family_tokenizer_path("llama2");
+  if (!std::filesystem::exists(llama2)) return;
+  const Tokenizer spm = Tokenizer::load(llama2);
+  const std::string some = text.substr(0, 200000) + "\xff\xfe";
+  const auto [ids, parts] = streamed(spm, some, 8192);
+  EXPECT_EQ(ids, spm.encode(some, 1));
+  EXPECT_EQ(parts, 1u);
 }
 
 TEST(Tokenizer, SpecialIdsAndLookups) {

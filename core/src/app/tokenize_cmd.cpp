@@ -8,6 +8,7 @@
 #include <chrono>
 #include <cstdio>
 #include <deque>
+#include <filesystem>
 #include <fstream>
 #include <iostream>
 #include <sstream>
@@ -106,6 +107,46 @@ int tokenize_chat(const Tokenizer& tok, const std::string& file, const std::stri
   return status;
 }
 
+// --file: read and encoded a block at a time, each block's ids printed as they come, so a file
+// larger than memory is tokenized in memory near one block's.
+int tokenize_file(const Tokenizer& tok, const std::string& file, bool count, int threads) {
+  std::ifstream in = open_file(file, "--file", "give a readable text file");
+  const uint64_t size = std::filesystem::file_size(file);
+  constexpr uint64_t kLarge = uint64_t{64} << 20;
+  const auto start = std::chrono::steady_clock::now();
+  if (size >= kLarge) std::fprintf(stderr, "tokenizing %s: %llu MiB...\n", file.c_str(), static_cast<unsigned long long>(size >> 20));
+  uint64_t tokens = 0;
+  bool first = true;
+  EncodeStats stats;
+  tok.encode_stream(
+      [&](char* buf, size_t n) {
+        in.read(buf, static_cast<std::streamsize>(n));
+        if (in.bad()) throw Error(str("--file: reading '", file, "' failed"), "--file", "give a readable text file");
+        return static_cast<size_t>(in.gcount());
+      },
+      [&](std::vector<int32_t>&& ids) {
+        tokens += ids.size();
+        if (count || ids.empty()) return;
+        std::string line = joined(ids);
+        line.pop_back();  // one line for the whole file: the blocks joined by spaces
+        if (!first) std::fputc(' ', stdout);
+        std::fwrite(line.data(), 1, line.size(), stdout);
+        first = false;
+      },
+      threads, &stats);
+  if (size >= kLarge) {
+    const double s = std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
+    std::fprintf(stderr, "tokenized %s: %llu tokens in %.1f s (%.1f MiB/s)\n", file.c_str(),
+                 static_cast<unsigned long long>(tokens), s, static_cast<double>(size >> 20) / std::max(s, 1e-9));
+  }
+  if (stats.invalid_utf8 > 0)
+    std::fprintf(stderr, "warning: %lld invalid UTF-8 sequences replaced by U+FFFD (as Python's errors='replace')\n",
+                 static_cast<long long>(stats.invalid_utf8));
+  if (count) std::printf("%llu\n", static_cast<unsigned long long>(tokens));
+  else std::fputc('\n', stdout);
+  return 0;
+}
+
 }  // namespace
 
 int tokenize_main(int argc, char** argv) {
@@ -157,12 +198,12 @@ int tokenize_main(int argc, char** argv) {
     throw Error("--mask, --spans, --kwargs and --tokenizer-config go with --chat", "--chat", "add --chat JSONL");
   if (vm.count("text") == vm.count("file"))
     throw Error("tokenize needs exactly one of --text and --file", "--text", "pass --text STRING or --file PATH");
-  if (!file.empty()) text = read_file(file, "--file", "give a readable text file");
   Tokenizer tok = Tokenizer::load(tokenizer);
+  if (!file.empty()) return tokenize_file(tok, file, count, threads);
   // A large file takes a while: say what is being done, and at what rate it went.
   constexpr size_t kLarge = size_t{64} << 20;
   const auto start = std::chrono::steady_clock::now();
-  const std::string what = file.empty() ? std::string("--text") : file;
+  const std::string what = "--text";
   if (text.size() >= kLarge) std::fprintf(stderr, "tokenizing %s: %zu MiB...\n", what.c_str(), text.size() >> 20);
   EncodeStats stats;
   auto ids = tok.encode(text, threads, &stats);
