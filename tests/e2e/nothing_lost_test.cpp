@@ -236,6 +236,24 @@ TEST_F(NothingLost, DryRunChecksTheDataAsTheRunDoes) {
   EXPECT_FALSE(fs::exists(dir / "out"));
 }
 
+// Item 13: a run the data refuses (a seq_len longer than it) is refused before the run folder is
+// touched: --overwrite deletes no checkpoint of the earlier run, its log gets no line, and a new
+// folder is not made.
+TEST_F(NothingLost, RunRefusedByItsDataTouchesNoRunFolder) {
+  const std::string m = manifest("max_steps = 1\n");
+  ASSERT_EQ(lcx("--config " + m).exit_code, 0);
+  const auto log_bytes = fs::file_size(dir / "out" / "log.jsonl");
+  auto over = lcx("--config " + m + " --overwrite --set data.seq_len=100000");
+  EXPECT_EQ(over.exit_code, 2) << over.output;
+  EXPECT_TRUE(has(over.output, "error: data.seq_len = 100000 is longer than the 512 tokens")) << over.output;
+  EXPECT_FALSE(has(over.output, "--overwrite: removed")) << over.output;
+  EXPECT_TRUE(fs::exists(dir / "out" / "checkpoint-1")) << "--overwrite deleted the checkpoint of a run it then refused";
+  EXPECT_EQ(fs::file_size(dir / "out" / "log.jsonl"), log_bytes);
+  auto fresh = lcx("--config " + m + " --set data.seq_len=100000 --set run.output_dir=" + (dir / "fresh").string());
+  EXPECT_EQ(fresh.exit_code, 2) << fresh.output;
+  EXPECT_FALSE(fs::exists(dir / "fresh")) << "a refused run made its folder (lock and log)";
+}
+
 // Item 12: a disk that fills during the first save (a file-size limit stands in for it: writes past
 // it fail as on a full disk) names the checkpoint, the folder and the fix, and leaves no
 // half-written checkpoint that a resume would take.
