@@ -131,6 +131,13 @@ nlohmann::ordered_json common_json(const ModelConfig& c, const std::string& rope
   j["tie_word_embeddings"] = c.tie_word_embeddings;
   j["rope_parameters"] = rope;
   j["rope_theta"] = rope["rope_theta"];  // transformers 4 reads only this
+  // transformers 4 and vLLM read a scaled rotary from rope_scaling (`type` is its older name).
+  if (rope["rope_type"] != "default") {
+    nlohmann::ordered_json scaling = rope;
+    scaling.erase("rope_theta");
+    scaling["type"] = rope["rope_type"];
+    j["rope_scaling"] = scaling;
+  }
   return j;
 }
 

@@ -230,6 +230,7 @@ class Lora final : public Adapter {
       p->frozen = true;
       p->grad = Tensor();
     }
+    if (o_.modules_to_save) refuse_unmatched_saved(*o_.modules_to_save, model.config().tie_word_embeddings);
     const std::string from = !ctx.resume_dir.empty() ? ctx.resume_dir : o_.init_from;
     if (!from.empty()) load_from(from, model, base, ctx.resume_dir.empty());
     log::info(str("lora: r ", o_.r, ", alpha ", o_.alpha, o_.use_rslora ? " (rsLoRA)" : "", ", scale ", o_.scale(), o_.dropout > 0 ? str(", dropout ", o_.dropout) : std::string(), " on ",
@@ -540,6 +541,24 @@ class Lora final : public Adapter {
     return h.dtype() == DType::f32 ? h.clone() : h.to(DType::f32);
   }
 
+  // An entry of modules_to_save that matches no parameter would train nothing, silently; a tied
+  // head has no weight of its own (the embedding is the head).
+  void refuse_unmatched_saved(const std::vector<std::string>& entries, bool tied) const {
+    const std::string key = o_.key("modules_to_save");
+    for (const std::string& entry : entries) {
+      const bool matched = std::any_of(saved_.begin(), saved_.end(),
+                                       [&](const auto& s) { return peft::saved_module({entry}, s.first); });
+      if (matched) continue;
+      if (tied && entry.ends_with("lm_head"))
+        throw Error(str("lora: ", key, " names \"", entry, "\", but this model's head is its embedding (tie_word_embeddings): "
+                        "lm_head has no weight of its own"),
+                    key, str("name \"embed_tokens\" in ", key, " instead: it trains the embedding, which is the head too"));
+      throw Error(str("lora: ", key, " names \"", entry, "\", which matches no module of the model"), key,
+                  str("name modules as the model's parameters end, e.g. \"norm\", \"embed_tokens\", \"lm_head\" "
+                      "(a parameter's module is its name without \".weight\")"));
+    }
+  }
+
   // The factors (and modules_to_save) from a PEFT folder, checked against the model and this
   // table's r and target_modules.
   void load_from(const std::string& dir, Model& model, const std::map<std::string, Parameter*>& base, bool init) {
@@ -615,6 +634,24 @@ class Lora final : public Adapter {
                     o_.key("modules_to_save"), str("add the module of ", name, " to ", o_.key("modules_to_save")));
       set_value(*it->second, to_host_f32(t));
     }
+    // A resume trains what the checkpoint trained: a module added to modules_to_save has neither
+    // the checkpoint's values nor its optimizer state.
+    if (!init)
+      for (const auto& [name, p] : saved_) {
+        const bool held = std::any_of(a.saved.begin(), a.saved.end(), [&](const auto& t) { return t.first == name; });
+        if (held) continue;
+        std::string was = "none";
+        if (a.config.modules_to_save) {
+          was = "[";
+          for (const std::string& m : *a.config.modules_to_save) was += str(was.size() > 1 ? ", " : "", "\"", m, "\"");
+          was += "]";
+        }
+        throw Error(str("lora: this run's ", o_.key("modules_to_save"), " trains ", name, " whole, which the checkpoint ", dir,
+                        " did not (its modules_to_save: ", was, ")"),
+                    o_.key("modules_to_save"),
+                    str("resume with the checkpoint's modules_to_save, or start a new run from it with ", o_.key("init_from"),
+                        " = \"", dir, "\""));
+      }
   }
 
   peft::AdapterConfig peft_config(const std::string& base) const {

@@ -202,6 +202,23 @@ TEST(ChatTemplates, ATemplateWithoutTurnMarkersIsRefusedForAssistantLoss) {
   EXPECT_EQ(chat.render(c, LossOn::all).text, "q");  // every token still trains
 }
 
+// Issue 53: a template that reads a variable nobody gives fails on any conversation: its fix
+// names the variable and where to give it, not the turn markers.
+TEST(ChatTemplates, AnUndefinedVariableIsNamedWithWhereToGiveIt) {
+  const ChatTemplate t = ChatTemplate::parse(
+      "{% for m in messages %}<{{ m.role }}>{{ m.content }}{{ persona.name }}</{{ m.role }}>{% endfor %}", "persona.jinja");
+  ChatRenderer chat(t, "persona.jinja", ojson::object());
+  auto thrown = test::thrown_by([&] { chat.markers(); });
+  ASSERT_TRUE(thrown.thrown);
+  EXPECT_NE(thrown.message.find("cannot render a plain user/assistant conversation: persona.jinja:1: 'persona' is undefined"),
+            std::string::npos)
+      << thrown.message;
+  EXPECT_EQ(thrown.key, "data.chat_template_kwargs");
+  EXPECT_EQ(thrown.fix, "give `persona` in data.chat_template_kwargs (--set data.chat_template_kwargs.persona=VALUE), or "
+                        "use a template that sets it (data.chat_template)");
+  EXPECT_EQ(thrown.fix.find("{% generation %}"), std::string::npos);
+}
+
 // A model folder's chat_template.jinja is the template transformers serves, before
 // tokenizer_config.json's; without it, tokenizer_config.json's, with its special tokens either way.
 TEST(ChatTemplates, AChatTemplateJinjaBesideTheTokenizerComesFirst) {

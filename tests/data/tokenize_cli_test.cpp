@@ -106,5 +106,36 @@ TEST(TokenizeCli, ChatPrintsEachConversationsIdsAndMask) {
   EXPECT_EQ(run("--tokenizer " + path + " --chat " + dir + "/chat.jsonl --count").status, 2);
 }
 
+// Issue 53: --spans prints the text of what trains, special tokens shown; a plain prompt and
+// completion train the end-of-text written after them, and tokenize shows it.
+TEST(TokenizeCli, SpansShowTheTrainedTextAndTheEndOfTextThatTrains) {
+  auto path = test::qwen3_tokenizer_path();
+  LCX_NEED_DATA(path);
+  if (!std::filesystem::exists(std::filesystem::path(path).parent_path() / "tokenizer_config.json"))
+    GTEST_SKIP() << "data/qwen3/tokenizer_config.json missing: run scripts/fetch_data.sh";
+  const std::string dir = test::temp_dir();
+  test::write_file(dir + "/pc.jsonl", R"({"prompt": "What is 2+2?", "completion": " 4"})" "\n");
+  auto r = run("--tokenizer " + path + " --chat " + dir + "/pc.jsonl --mask --spans");
+  ASSERT_EQ(r.status, 0) << r.out;
+  auto lines = lines_of(r.out);
+  ASSERT_EQ(lines.size(), 3u) << r.out;
+  Tokenizer tok = Tokenizer::load(path);
+  const std::vector<int64_t> ids = numbers(lines[0]), mask = numbers(lines[1]);
+  ASSERT_FALSE(ids.empty());
+  EXPECT_EQ(ids.back(), tok.eos_id()) << r.out;
+  EXPECT_EQ(mask.back(), 1) << r.out;
+  EXPECT_EQ(lines[2], R"([" 4<|endoftext|>"])") << r.out;
+
+  const std::string chat = R"({"messages":[{"role":"user","content":"Hi"},{"role":"assistant","content":"Hello"}]})";
+  test::write_file(dir + "/chat.jsonl", chat + "\n");
+  r = run("--tokenizer " + path + " --chat " + dir + "/chat.jsonl --spans");
+  ASSERT_EQ(r.status, 0) << r.out;
+  lines = lines_of(r.out);
+  ASSERT_EQ(lines.size(), 2u) << r.out;
+  EXPECT_NE(lines[1].find("Hello<|im_end|>"), std::string::npos) << r.out;
+  EXPECT_EQ(lines[1].find("Hi"), std::string::npos) << r.out;
+  EXPECT_EQ(run("--tokenizer " + path + " --text hi --spans").status, 2);
+}
+
 }  // namespace
 }  // namespace lcx

@@ -4,12 +4,15 @@
 // and every refusal.
 #include <gtest/gtest.h>
 
+#include <cstring>
+
 #include <random>
 
 #include "data/pre_tokenizer.h"
 #include "data/tokenizer.h"
 #include "data/utf8.h"
 #include "data_test_util.h"
+#include "support/test_util.h"
 #include "lcx/error.h"
 
 namespace lcx {
@@ -103,6 +106,53 @@ TEST(Tokenizer, MultiThreadedEqualsSingleThreaded) {
   EXPECT_EQ(batch[0], one);
   EXPECT_EQ(batch[1], tok.encode("Hello world"));
   EXPECT_TRUE(batch[2].empty());
+}
+
+// Issue 53: a text read a block at a time (tokenize --file on a file larger than memory) gives the
+// ids of the whole text, whatever the block size; a tokenizer whose text cannot be cut (Llama 2's
+// prepended prefix) holds the text whole and gives them too.
+TEST(Tokenizer, StreamedBlocksEqualTheWholeText) {
+  auto path = test::qwen3_tokenizer_path();
+  LCX_NEED_DATA(path);
+  std::string text;
+  json g = golden();
+  while (text.size() < (1u << 20))
+    for (const auto& c : g["cases"]) text += c["text"].get<std::string>() + (text.size() % 3 ? "\n" : "\n\n");
+  text += "\xff\xfe broken bytes\nand <|endoftext|>\n<|im_start|>user";
+  auto streamed = [&](const Tokenizer& tok, const std::string& t, size_t block) {
+    size_t at = 0;
+    size_t parts = 0;
+    std::vector<int32_t> ids;
+    EncodeStats stats;
+    tok.encode_stream(
+        [&](char* buf, size_t n) {
+          n = std::min({n, t.size() - at, size_t{5000}});  // short reads, as a pipe gives them
+          std::memcpy(buf, t.data() + at, n);
+          at += n;
+          return n;
+        },
+        [&](std::vector<int32_t>&& part) {
+          ids.insert(ids.end(), part.begin(), part.end());
+          ++parts;
+        },
+        1, &stats, block);
+    EXPECT_EQ(stats.invalid_utf8, 2);
+    return std::make_pair(ids, parts);
+  };
+  const Tokenizer tok = Tokenizer::load(path);
+  const auto whole = tok.encode(text, 1);
+  for (const size_t block : {size_t{8192}, size_t{100000}, size_t{64} << 20}) {
+    const auto [ids, parts] = streamed(tok, text, block);
+    EXPECT_EQ(ids, whole) << block;
+    if (block < text.size()) EXPECT_GE(parts, text.size() / block / 2) << "not read in blocks of " << block;
+  }
+  const std::string llama2 = test::family_tokenizer_path("llama2");
+  if (!std::filesystem::exists(llama2)) return;
+  const Tokenizer spm = Tokenizer::load(llama2);
+  const std::string some = text.substr(0, 200000) + "\xff\xfe";
+  const auto [ids, parts] = streamed(spm, some, 8192);
+  EXPECT_EQ(ids, spm.encode(some, 1));
+  EXPECT_EQ(parts, 1u);
 }
 
 TEST(Tokenizer, SpecialIdsAndLookups) {
@@ -218,6 +268,22 @@ TEST(Tokenizer, RefusesWhatItDoesNotImplement) {
     }
   }
   EXPECT_THROW(Tokenizer::load(dir + "/missing.json"), Error);
+}
+
+// Issue 53: an id near 1e9 in the vocabulary (a damaged file) is refused by name, not allocated
+// for (a string per id: 32 GB, then std::bad_alloc).
+TEST(Tokenizer, RefusesVocabularyIdsPastAnyVocabulary) {
+  std::string dir = test::temp_dir();
+  json j = test::load_json(test::write_tiny_tokenizer(dir));
+  for (const int64_t id : {int64_t{999999998}, int64_t{5000000000}}) {
+    j["model"]["vocab"]["zzq"] = id;
+    test::write_file(dir + "/big.json", j.dump());
+    auto thrown = test::thrown_by([&] { Tokenizer::load(dir + "/big.json"); });
+    ASSERT_TRUE(thrown.thrown) << id;
+    EXPECT_NE(thrown.message.find("model.vocab[\"zzq\"] = " + std::to_string(id) + " is past 16777216"), std::string::npos)
+        << thrown.message;
+    EXPECT_EQ(thrown.key, "data.tokenizer");
+  }
 }
 
 TEST(Tokenizer, TinyVocabularyMerges) {

@@ -242,5 +242,38 @@ TEST_F(LoraTrain, AdapterCheckpointIsNotResumedAsFullFineTuning) {
   EXPECT_FALSE(fs::exists(dir / "one" / "checkpoint-4"));
 }
 
+// Issue 53: a modules_to_save entry that trains nothing (a name no module ends with, or lm_head of
+// a model whose head is its embedding) is refused by its key, and so is a resume that would train
+// a module the checkpoint did not.
+TEST_F(LoraTrain, ModulesToSaveThatTrainNothingOrChangeOnResumeAreRefused) {
+  auto none = train("none", {}, "", "", "--set 'lora.modules_to_save=[\"nothing_here\"]'");
+  EXPECT_EQ(none.exit_code, 2) << none.output;
+  EXPECT_NE(none.output.find("lora.modules_to_save names \"nothing_here\", which matches no module of the model"),
+            std::string::npos)
+      << none.output;
+
+  std::string tied = test::tiny_run_manifest(dir / "tied", dir / "data.tokens", 5, true, "max_steps = 1\n",
+                                             "[plugins]\nload = [\"lora\"]\n[lora]\nr = 4\nmodules_to_save = [\"lm_head\"]\n");
+  const std::string small = "\"vocab_size\": 256", large = "\"vocab_size\": 151936";
+  tied.replace(tied.find(small), small.size(), large);
+  test::write_file(dir / "tied.toml", tied);
+  auto head = test::run_command(test::lcx_train() + " --config " + (dir / "tied.toml").string());
+  EXPECT_EQ(head.exit_code, 2) << head.output;
+  EXPECT_NE(head.output.find("but this model's head is its embedding (tie_word_embeddings)"), std::string::npos) << head.output;
+  EXPECT_NE(head.output.find("fix: name \"embed_tokens\" in lora.modules_to_save instead"), std::string::npos) << head.output;
+  EXPECT_FALSE(fs::exists(dir / "tied" / "checkpoint-1"));
+
+  ASSERT_EQ(train("more", {}, "save_steps = 1\n").exit_code, 0);
+  auto more = test::run_command(test::lcx_train() + " --config " + (dir / "more" / "run.toml").string() +
+                                " --resume latest --set train.max_steps=4 --set 'lora.modules_to_save=[\"norm\", \"embed_tokens\"]'");
+  EXPECT_EQ(more.exit_code, 2) << more.output;
+  EXPECT_NE(more.output.find("trains model.embed_tokens.weight whole, which the checkpoint " +
+                             (dir / "more" / "checkpoint-3").string() + " did not (its modules_to_save: [\"norm\"])"),
+            std::string::npos)
+      << more.output;
+  EXPECT_NE(more.output.find("fix: resume with the checkpoint's modules_to_save"), std::string::npos) << more.output;
+  EXPECT_FALSE(fs::exists(dir / "more" / "checkpoint-4"));
+}
+
 }  // namespace
 }  // namespace lcx

@@ -3,6 +3,7 @@
 // another trainer's checkpoint never deleted, eval's files kept in --out, and a CPU run past the
 // host's memory refused before any work. Each case runs the real binary, as a user would.
 #include <gtest/gtest.h>
+#include <unistd.h>
 
 #include <cstring>
 #include <fstream>
@@ -207,6 +208,108 @@ TEST_F(NothingLost, RefusedRunWritesNothingAndDryRunSaysSo) {
   EXPECT_EQ(nothing.exit_code, 2) << nothing.output;
   EXPECT_TRUE(has(nothing.output, "no complete checkpoint")) << nothing.output;
   EXPECT_FALSE(fs::exists(dir / "fresh"));
+}
+
+// Item 13: --dry-run reads the data as the run does where that is quick, and refuses what the run
+// would refuse at its start (a seq_len longer than the data, a step larger than an epoch), after
+// the config it prints.
+TEST_F(NothingLost, DryRunChecksTheDataAsTheRunDoes) {
+  const std::string m = manifest("max_steps = 1\n");
+  auto longer = lcx("--config " + m + " --dry-run --set data.seq_len=100000");
+  EXPECT_EQ(longer.exit_code, 2) << longer.output;
+  EXPECT_TRUE(has(longer.output, "error: data.seq_len = 100000 is longer than the 512 tokens")) << longer.output;
+  EXPECT_FALSE(has(longer.output, "config OK")) << longer.output;
+  EXPECT_GT(longer.output.find("error: data.seq_len"), longer.output.find("# slot providers")) << longer.output;
+  auto accum = lcx("--config " + m + " --dry-run --set train.grad_accum=20");
+  EXPECT_EQ(accum.exit_code, 2) << accum.output;
+  EXPECT_TRUE(has(accum.output, "fix: set train.grad_accum <= 16")) << accum.output;
+  // Text past what a dry run tokenizes quickly is left to the run, saying so.
+  {
+    std::ofstream big(dir / "big.txt");
+    const std::string line(1023, 'a');
+    for (int i = 0; i < 65 * 1024; ++i) big << line << '\n';
+  }
+  auto big = lcx("--config " + m + " --dry-run --set data.source=" + (dir / "big.txt").string());
+  EXPECT_EQ(big.exit_code, 0) << big.output;
+  EXPECT_TRUE(has(big.output, "is not read by --dry-run")) << big.output;
+  EXPECT_FALSE(fs::exists(dir / ".lcx-cache")) << big.output;
+  EXPECT_FALSE(fs::exists(dir / "out"));
+}
+
+// Item 13: a run the data refuses (a seq_len longer than it) is refused before the run folder is
+// touched: --overwrite deletes no checkpoint of the earlier run, its log gets no line, and a new
+// folder is not made.
+TEST_F(NothingLost, RunRefusedByItsDataTouchesNoRunFolder) {
+  const std::string m = manifest("max_steps = 1\n");
+  ASSERT_EQ(lcx("--config " + m).exit_code, 0);
+  const auto log_bytes = fs::file_size(dir / "out" / "log.jsonl");
+  auto over = lcx("--config " + m + " --overwrite --set data.seq_len=100000");
+  EXPECT_EQ(over.exit_code, 2) << over.output;
+  EXPECT_TRUE(has(over.output, "error: data.seq_len = 100000 is longer than the 512 tokens")) << over.output;
+  EXPECT_FALSE(has(over.output, "--overwrite: removed")) << over.output;
+  EXPECT_TRUE(fs::exists(dir / "out" / "checkpoint-1")) << "--overwrite deleted the checkpoint of a run it then refused";
+  EXPECT_EQ(fs::file_size(dir / "out" / "log.jsonl"), log_bytes);
+  auto fresh = lcx("--config " + m + " --set data.seq_len=100000 --set run.output_dir=" + (dir / "fresh").string());
+  EXPECT_EQ(fresh.exit_code, 2) << fresh.output;
+  EXPECT_FALSE(fs::exists(dir / "fresh")) << "a refused run made its folder (lock and log)";
+}
+
+// Item 12: a disk that fills during the first save (a file-size limit stands in for it: writes past
+// it fail as on a full disk) names the checkpoint, the folder and the fix, and leaves no
+// half-written checkpoint that a resume would take.
+TEST_F(NothingLost, FullDiskDuringTheFirstSaveSaysWhatToDo) {
+  const std::string m = manifest("max_steps = 2\nsave_steps = 1\n");
+  auto r = test::run_command("trap '' XFSZ; ulimit -f 60; " + test::lcx_train() + " --config " + m);
+  EXPECT_EQ(r.exit_code, 2) << r.output;
+  EXPECT_TRUE(has(r.output, "error: checkpoint-1 is not saved in " + (dir / "out").string() + ": ")) << r.output;
+  EXPECT_TRUE(has(r.output, "fix: free space on its disk, or give run.output_dir on another one")) << r.output;
+  EXPECT_FALSE(has(r.output, "filesystem error")) << r.output;
+  EXPECT_FALSE(fs::exists(dir / "out" / "checkpoint-1"));
+  auto resume = lcx("--config " + m + " --resume latest");
+  EXPECT_EQ(resume.exit_code, 2) << resume.output;
+  EXPECT_TRUE(has(resume.output, "no complete checkpoint")) << resume.output;
+}
+
+// Item 13: text in a folder that cannot be written (a read-only mount) trains, its token cache in
+// the user's cache folder; a folder that can be written keeps it beside the text.
+TEST_F(NothingLost, TokenCacheOfAReadOnlyDataFolderGoesToTheUsersCache) {
+  const fs::path data = dir / "data", ro = dir / "ro", cache = dir / "xdg";
+  std::string text;
+  for (int i = 0; i < 200; ++i) text += "In the beginning God created the heaven and the earth. ";
+  test::write_file(data / "book.txt", text);
+  // Root writes through permission bits: a read-only bind mount stands in for the mount, where
+  // this may make one; any other user reads a folder without write permission.
+  fs::create_directories(ro);
+  bool read_only = false;
+  if (::geteuid() == 0) {
+    read_only = test::run_command("mount --bind " + data.string() + " " + ro.string() + " && mount -o remount,ro,bind " +
+                                  ro.string()).exit_code == 0;
+  } else {
+    fs::copy_file(data / "book.txt", ro / "book.txt");
+    fs::permissions(ro, fs::perms::owner_read | fs::perms::owner_exec, fs::perm_options::replace);
+    read_only = true;
+  }
+  if (!read_only) GTEST_SKIP() << "no read-only folder could be made here (root without a bind mount)";
+  // Text takes the tokenizer's whole vocabulary.
+  std::string run = test::tiny_run_manifest(dir / "out", dir / "data.tokens", 1, true, "max_steps = 1\n");
+  const std::string vocab = "\"vocab_size\": 256";
+  run.replace(run.find(vocab), vocab.size(), "\"vocab_size\": 151936");
+  test::write_file(dir / "run.toml", run);
+  const std::string m = (dir / "run.toml").string();
+  const std::string env = "XDG_CACHE_HOME=" + cache.string() + " ";
+  auto r = test::run_command(env + test::lcx_train() + " --config " + m + " --set data.source=" + (ro / "book.txt").string());
+  if (::geteuid() == 0) test::run_command("umount " + ro.string());
+  else fs::permissions(ro, fs::perms::owner_all, fs::perm_options::replace);
+  EXPECT_EQ(r.exit_code, 0) << r.output;
+  EXPECT_TRUE(has(r.output, "cannot be written (a read-only mount?): the token cache goes to " + (cache / "lcx" / "tokens").string()))
+      << r.output;
+  EXPECT_TRUE(fs::exists(cache / "lcx" / "tokens")) << r.output;
+  EXPECT_FALSE(fs::exists(ro / ".lcx-cache")) << r.output;
+  // A folder that can be written keeps its cache beside the text, as before.
+  auto w = test::run_command(env + test::lcx_train() + " --config " + m + " --overwrite --set data.source=" +
+                             (data / "book.txt").string());
+  EXPECT_EQ(w.exit_code, 0) << w.output;
+  EXPECT_TRUE(fs::exists(data / ".lcx-cache")) << w.output;
 }
 
 // Item 12: the probe's confusing cases, each refused (or said) by its key with a fix.

@@ -4,6 +4,8 @@
 // and message, as a user would.
 #include <gtest/gtest.h>
 
+#include <nlohmann/json.hpp>
+
 #include <fstream>
 #include <sstream>
 
@@ -75,6 +77,16 @@ TEST_F(Refusals, CheckpointYarnIsTakenOrRefusedNeverIgnored) {
   auto taken = lcx("--config " + with_yarn);
   EXPECT_EQ(taken.exit_code, 0) << taken.output;
   EXPECT_EQ(taken.output.find("is ignored"), std::string::npos) << taken.output;
+  // The saved config.json says YaRN both ways: rope_parameters (transformers 5) and rope_scaling
+  // (transformers 4, vLLM).
+  const auto saved = nlohmann::json::parse(std::ifstream(dir / "out" / "checkpoint-1" / "config.json"));
+  EXPECT_EQ(saved["rope_parameters"]["rope_type"], "yarn") << saved.dump();
+  ASSERT_TRUE(saved.contains("rope_scaling")) << saved.dump();
+  EXPECT_EQ(saved["rope_scaling"]["type"], "yarn") << saved.dump();
+  EXPECT_EQ(saved["rope_scaling"]["rope_type"], "yarn") << saved.dump();
+  EXPECT_EQ(saved["rope_scaling"]["factor"], 4.0) << saved.dump();
+  EXPECT_EQ(saved["rope_scaling"]["original_max_position_embeddings"], 64) << saved.dump();
+  EXPECT_FALSE(saved["rope_scaling"].contains("rope_theta")) << saved.dump();
 
   // An ablation says, once, what it leaves out.
   auto ablation = lcx("--config " + with_yarn + " --disable rope_yarn --overwrite");

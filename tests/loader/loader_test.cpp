@@ -128,6 +128,24 @@ TEST(PluginLoader, RefusesAPluginSomeoneElseCouldReplace) {
   EXPECT_NE(e.message.find("is owned by user 4242, not by this user"), std::string::npos) << e.message;
 }
 
+// Issue 53: a plugin given by path in a shared folder such as /tmp (sticky, writable by all) is
+// refused with a fix that moves it, never one that would chmod the shared folder.
+TEST(PluginLoader, APluginInASharedFolderIsToldToMove) {
+  namespace fs = std::filesystem;
+  const auto dir = test::temp_dir("shared");
+  const fs::path lib = dir / "lcx_loss_chunked.so";
+  fs::copy_file(fs::path(test::build_plugin_dir()) / "lcx_loss_chunked.so", lib);
+  fs::permissions(lib, fs::perms::group_write | fs::perms::others_write, fs::perm_options::remove);
+  fs::permissions(dir, fs::perms::all | fs::perms::sticky_bit, fs::perm_options::replace);
+  PluginLoader loader({test::build_plugin_dir()});
+  const test::Thrown e = test::thrown_by([&] { loader.describe(lib.string()); });
+  fs::permissions(dir, fs::perms::owner_all, fs::perm_options::replace);
+  ASSERT_TRUE(e.thrown);
+  EXPECT_NE(e.message.find(dir.string() + " is a shared folder anyone may write"), std::string::npos) << e.message;
+  EXPECT_EQ(e.fix.find("chmod"), std::string::npos) << e.fix;
+  EXPECT_NE(e.fix.find("mv " + lib.string() + " ~/.local/lib/lcx/plugins/"), std::string::npos) << e.fix;
+}
+
 TEST(PluginLoader, RefusesAnotherAbiMajorNamingBothVersions) {
   auto msg = error_of([] { loader_with_fixtures().describe("other_abi"); });
   EXPECT_NE(msg.find(str("ABI ", LCX_ABI_MAJOR + 1, ".0")), std::string::npos) << msg;

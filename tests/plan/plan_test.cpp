@@ -597,6 +597,32 @@ TEST(PlanArithmetic, KnobsNameWhatWouldFit) {
   EXPECT_LT(offload->peak, build_plan(in, qwen3_slots()).peak().bytes);
 }
 
+// Issue 53: where no length fits as loaded (Qwen3-8B fine-tuned whole in 24 GiB), the fixes name
+// an installed adapter, and the providers together with the longest sequence that fits with them.
+TEST(PlanArithmetic, NothingFitsOffersAnAdapterAndAShorterSequence) {
+  const PlanInputs in = inputs("qwen3-8b", 1 << 20);
+  const int64_t gpu = 24LL << 30;
+  ASSERT_EQ(longest_fitting_seq(in, qwen3_slots(), gpu, 1), 0);
+  PluginLoader loader({test::build_plugin_dir()});
+  const auto knobs = plan_knobs(in, qwen3_slots(), &loader, gpu, 1);
+  const PlanKnob* adapter = nullptr;
+  const PlanKnob* shorter = nullptr;
+  for (const auto& k : knobs) {
+    if (k.loads == std::vector<std::string>{"lora"} && k.sets.empty()) adapter = &k;
+    if (k.loads.size() > 1 && k.sets.size() == 1 && k.sets[0].first == "data.seq_len") shorter = &k;
+  }
+  ASSERT_NE(adapter, nullptr);
+  EXPECT_EQ(adapter->action, "load lora (its adapters trained, the base frozen)");
+  EXPECT_LT(adapter->peak, build_plan(in, qwen3_slots()).peak().bytes);
+  ASSERT_NE(shorter, nullptr);
+  EXPECT_TRUE(shorter->fits);
+  EXPECT_LE(shorter->peak, gpu);
+  EXPECT_NE(std::find(shorter->loads.begin(), shorter->loads.end(), "lora"), shorter->loads.end());
+  EXPECT_LT(std::stoll(shorter->sets[0].second), in.seq_len);
+  EXPECT_NE(shorter->action.find(", and lower data.seq_len to " + shorter->sets[0].second), std::string::npos)
+      << shorter->action;
+}
+
 TEST(PlanArithmetic, OutOfMemoryReportNamesTheKnob) {
   CoreConfig cfg;
   cfg.model.dtype = "bf16";

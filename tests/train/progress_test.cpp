@@ -38,6 +38,11 @@ TEST(StepLog, LooksLikeTheReference) {
   EXPECT_EQ(progress_line(12, 12, 24), "100%|██████████| 12/12 [00:24<00:00, 2.00s/it]");
   EXPECT_EQ(progress_line(0, 5, 0), "  0%|          | 0/5 [00:00<?, ?it/s]");
   EXPECT_EQ(progress_line(30, 60, 3), " 50%|█████     | 30/60 [00:03<00:03, 10.00it/s]");
+  // The step's throughput, MFU and peak memory after the rate, as tqdm places a postfix.
+  EXPECT_EQ(progress_line(1, 12, 380.10, -1, step_postfix(2150, 0.4128, "GPU", int64_t{31} << 30)),
+            "  8%|▊         | 1/12 [06:20<1:09:41, 380.10s/it, 2.15k tok/s, MFU 41.3%, GPU 31.00 GiB]");
+  EXPECT_EQ(step_postfix(523, -1, "host", 200 << 20), "523 tok/s, host 200.0 MiB");
+  EXPECT_EQ(step_postfix(3.5e6, 0.05, "GPU", 0), "3.50M tok/s, MFU 5.0%");
 }
 
 TEST(Schedule, TransformersFormulas) {

@@ -29,6 +29,7 @@
 #include "train/run.h"
 #include "train/run_folder.h"
 #include "train/trainer.h"
+#include "train/trainer_loop.h"
 
 namespace lcx {
 namespace {
@@ -167,6 +168,53 @@ void check_cpu_plan_fits(const CoreConfig& core, const SlotSet& slots) {
   check_cpu_memory(build_plan(in, run.plan_slots()), in, host_bytes, tokenizer_bytes);
 }
 
+// The bytes of text a run tokenizes before its first step: token files are used in place and
+// count nothing.
+uint64_t text_bytes(const std::string& path) {
+  namespace fs = std::filesystem;
+  std::error_code ec;
+  auto counted = [](const fs::path& p, uint64_t size) { return p.extension() == ".tokens" ? 0 : size; };
+  if (!fs::is_directory(path, ec)) return counted(path, fs::is_regular_file(path, ec) ? fs::file_size(path, ec) : 0);
+  uint64_t total = 0;
+  for (auto it = fs::recursive_directory_iterator(path, fs::directory_options::skip_permission_denied, ec);
+       !ec && it != fs::recursive_directory_iterator(); it.increment(ec))
+    if (it->is_regular_file(ec)) total += counted(it->path(), it->file_size(ec));
+  return total;
+}
+
+// What the run checks once it has read its data (a seq_len longer than the data, a step of more
+// sequences than an epoch holds, the last sequence's split over cp), before the run folder is
+// touched: a run refused there after --overwrite would have deleted the earlier run's checkpoints.
+// The text is tokenized into the token cache the run then reads. A dry run reads it where that is
+// quick (token files, text of at most 64 MiB) and leaves larger text to the run, saying so.
+void check_data(const CoreConfig& core, const SlotSet& slots, bool dry_run) {
+  if (!slots.model) return;
+  constexpr uint64_t kQuick = uint64_t{64} << 20;
+  uint64_t text = core.data.source.empty() ? 0 : text_bytes(core.data.source);
+  for (const auto& s : core.data.sources) text += text_bytes(s.path);
+  if (core.eval.enabled() && !core.eval.source.empty()) text += text_bytes(core.eval.source);
+  if (dry_run && text > kQuick) {
+    std::printf("note: the data (%.1f MiB of text to tokenize) is not read by --dry-run; the run checks data.seq_len and "
+                "train.grad_accum against it before its first step\n",
+                static_cast<double>(text) / (1 << 20));
+    return;
+  }
+  // In a run, the run's own opening of the data (from the token cache written here) reports it.
+  struct QuietInfo {
+    spdlog::level::level_enum was = spdlog::get_level();
+    explicit QuietInfo(bool quiet) {
+      if (quiet) spdlog::set_level(std::max(was, spdlog::level::warn));
+    }
+    ~QuietInfo() { spdlog::set_level(was); }
+  } quiet(!dry_run);
+  Run run(core, slots, Device::cpu());
+  run.check_parallelism();
+  run.open_data(core.data, !dry_run, core.eval.split);
+  run.open_eval_data(false);
+  run.check_sequence_split();
+  run_length(run);
+}
+
 int run(const CliOptions& o) {
   if (o.help) {
     std::cout << o.help_text;
@@ -207,6 +255,7 @@ int run(const CliOptions& o) {
     check_run_inputs(core, slots);
     if (!core.run.rehearse) check_run_folder(core, o.resume, o.overwrite);
     check_cpu_plan_fits(core, slots);
+    check_data(core, slots, true);
     check_plan_fits(core, std::move(slots), o.force);
     std::printf("config OK\n");
     return 0;
@@ -216,16 +265,18 @@ int run(const CliOptions& o) {
 
   // Every table, the plugins' too, and every path are checked before the run folder gets its
   // first byte and before the corpus is tokenized.
-  {
-    SlotSet slots = resolve_slots(*manifest, loader, o.disabled, Device::cpu(), configured_mesh(core.distributed));
-    check_run_inputs(core, slots);
-    check_cpu_plan_fits(core, slots);
-  }
   // Workers a launcher started (LCX_WORKER) other than rank 0 keep to the terminal: one log per job.
   const char* worker_rank = std::getenv("LCX_WORKER") ? std::getenv("RANK") : nullptr;
   // The job's first process claims the folder (torchrun's rank 0, or the process a user started).
   const char* job_rank = std::getenv("RANK");
-  if (!std::getenv("LCX_WORKER") && (!job_rank || std::string(job_rank) == "0")) {
+  const bool claims = !std::getenv("LCX_WORKER") && (!job_rank || std::string(job_rank) == "0");
+  {
+    SlotSet slots = resolve_slots(*manifest, loader, o.disabled, Device::cpu(), configured_mesh(core.distributed));
+    check_run_inputs(core, slots);
+    check_cpu_plan_fits(core, slots);
+    if (claims && !core.run.rehearse) check_data(core, slots, false);
+  }
+  if (claims) {
     refuse_output_dir_in_plugin_folder(core.run.output_dir, loader);
     // A run refused for the folder's state leaves it as it was: no lock file, no line in the earlier
     // run's log (open_run_folder checks again under the lock).

@@ -139,8 +139,10 @@ int run_plan_command(const Manifest& m, const CoreConfig& cfg, const PluginLoade
     size_t fixes = 0;
     if (!gpu_fits)
       for (const PlanKnob& k : plan_knobs(in, ps, &loader, gpu_bytes, unit)) {
-        // A shorter sequence is the longest above, where the run chooses its recipe again.
-        if (std::any_of(k.sets.begin(), k.sets.end(), [](const auto& kv) { return kv.first == "data.seq_len"; })) continue;
+        // A shorter sequence alone is the longest above, where the run chooses its recipe again.
+        if (k.loads.empty() &&
+            std::any_of(k.sets.begin(), k.sets.end(), [](const auto& kv) { return kv.first == "data.seq_len"; }))
+          continue;
         std::printf("  %s  %s: GPU peak %s (%s)\n", set_line(k, loaded).c_str(), k.fits ? "fits" : "short",
                     format_bytes(k.peak).c_str(), k.action.c_str());
         ++fixes;

@@ -298,7 +298,19 @@ TurnMarkers probe_turn_markers(const ChatTemplate& t, const ojson& base, const s
     try {
       return t.render(render_context(base, std::move(messages), nullptr, gen));
     } catch (const Error& e) {
-      fail(str("rendering a probe conversation failed: ", e.what()));
+      // The template fails on a plain conversation: its own error and fix, not the turn markers'.
+      const std::string what = e.what();
+      const size_t undefined = what.find("' is undefined");
+      const size_t open = undefined == std::string::npos || undefined == 0 ? std::string::npos : what.rfind('\'', undefined - 1);
+      if (open != std::string::npos) {
+        const std::string variable = what.substr(open + 1, undefined - open - 1);
+        throw Error(str(name, ": the chat template cannot render a plain user/assistant conversation: ", what),
+                    "data.chat_template_kwargs",
+                    str("give `", variable, "` in data.chat_template_kwargs (--set data.chat_template_kwargs.", variable,
+                        "=VALUE), or use a template that sets it (data.chat_template)"));
+      }
+      throw Error(str(name, ": the chat template cannot render a plain user/assistant conversation: ", what),
+                  "data.chat_template", "fix the template, or name the model's own with data.chat_template");
     }
     return RenderedText{};
   };

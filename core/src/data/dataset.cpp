@@ -656,11 +656,14 @@ void open_text_source(Dataset::State& s, const DataConfig& cfg, const std::strin
   for (const auto& f : files) add(str(f.rel, "\t", f.size, "\t", f.mtime, "\t", f.ctime_ns, "\t", f.inode));
   const std::string key_hex = key.hex();
 
-  fs::path dir = cfg.cache_dir.empty() ? (fs::is_directory(src) ? src : src.parent_path()) / ".lcx-cache" : fs::path(cfg.cache_dir);
   std::string name = sha256_string(str(fs::absolute(src).lexically_normal().string(), "\n", format, "\n",
                                        format == "jsonl" ? cfg.text_field : "", "\n", tok.hash(), chat_key))
                          .substr(0, 16);
-  fs::path path = dir / ("tokens-" + name + ".lcxtok");
+  const std::string file_name = "tokens-" + name + ".lcxtok";
+  fs::path dir = cfg.cache_dir.empty()
+                     ? fs::path(default_token_cache_dir((fs::is_directory(src) ? src : src.parent_path()).string(), file_name))
+                     : fs::path(cfg.cache_dir);
+  fs::path path = dir / file_name;
   r.cache_path = path.string();
 
   if (fs::is_directory(dir)) remove_abandoned_cache_files(dir.string());

@@ -9,6 +9,7 @@
 
 #include <cerrno>
 #include <chrono>
+#include <cstdlib>
 #include <cstring>
 #include <filesystem>
 
@@ -260,6 +261,26 @@ void TokenCacheWriter::finish(const std::string& meta) {
   std::filesystem::rename(tmp_, path_, ec);
   if (ec) throw Error(str("cannot move ", tmp_, " to ", path_, ": ", ec.message()), "data.cache_dir");
   finished_ = true;
+}
+
+std::string default_token_cache_dir(const std::string& source, const std::string& file_name) {
+  namespace fs = std::filesystem;
+  const std::string source_folder = source.empty() ? std::string(".") : source;
+  const fs::path beside = fs::path(source_folder) / ".lcx-cache";
+  std::error_code ec;
+  const bool exists = fs::is_directory(beside, ec);
+  if ((exists && ::access(beside.c_str(), W_OK) == 0) || (!exists && ::access(source_folder.c_str(), W_OK) == 0) ||
+      fs::is_regular_file(beside / file_name, ec))
+    return beside.string();
+  const char* xdg = std::getenv("XDG_CACHE_HOME");
+  const char* home = std::getenv("HOME");
+  fs::path user;
+  if (xdg && *xdg) user = fs::path(xdg) / "lcx" / "tokens";
+  else if (home && *home) user = fs::path(home) / ".cache" / "lcx" / "tokens";
+  else return beside.string();  // nowhere else to go: the write names data.cache_dir as the fix
+  log::info(str("data: ", source_folder, " cannot be written (a read-only mount?): the token cache goes to ", user.string(),
+                " (data.cache_dir sets another folder)"));
+  return user.string();
 }
 
 void remove_abandoned_cache_files(const std::string& dir) {

@@ -72,6 +72,12 @@ class TokenCacheWriter {
   bool finished_ = false;
 };
 
+// The folder of the token cache `file_name` when data.cache_dir is not set: .lcx-cache in
+// `source_folder` where it can be written there or already holds the cache; otherwise, as for a
+// read-only mount, the user's cache folder ($XDG_CACHE_HOME/lcx/tokens, or ~/.cache/lcx/tokens),
+// saying so once.
+std::string default_token_cache_dir(const std::string& source_folder, const std::string& file_name);
+
 // Deletes, saying so, the temporary files in `dir` that writers killed mid-way left behind.
 void remove_abandoned_cache_files(const std::string& dir);
 

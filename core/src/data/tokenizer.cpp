@@ -64,6 +64,8 @@ std::string byte_level_bytes(const std::string& token, bool* all_mapped = nullpt
   return out;
 }
 
+constexpr int64_t kMaxVocabId = int64_t{1} << 24;
+
 [[noreturn]] void refuse(const std::string& path, const std::string& key, const json& value,
                          const std::string& supported) {
   throw Error(str(path, ": tokenizer.json ", key, " = ", value.dump(), " is not supported by lcx"), key,
@@ -233,6 +235,26 @@ struct Tokenizer::Impl {
   }
 
   bool only_nfc_or_nothing() const { return norm_ops.empty() || nfc_only; }
+
+  // Whether text[0, cut) encodes apart from what follows (text holds a little past the cut as
+  // the regex's lookahead, and begins where the whole input has a piece boundary): no added token
+  // spans the cut, and the pre-tokenizer's last piece before it ends there.
+  bool cuts_whole_at(std::string_view text, size_t cut) const {
+    size_t from = 0;
+    for (const Match& m : raw_added.find(text)) {
+      if (m.start < cut && m.stop > cut) return false;
+      if (m.stop <= cut) from = m.stop;
+    }
+    // As encode() sees it: repaired, then NFC, each side of the cut alone (a cut follows a
+    // newline, which neither repair nor NFC joins to what comes after it).
+    auto prepared = [&](std::string_view part) {
+      std::string p = utf8::first_invalid(part) == std::string_view::npos ? std::string(part) : utf8::repair(part, nullptr);
+      return nfc_only && utf8::may_change_under_nfc(p) ? utf8::nfc(p) : p;
+    };
+    const std::string before = prepared(text.substr(from, cut - from)), after = prepared(text.substr(cut));
+    const std::string joined = before + after;
+    return steps.for_each_piece(std::string_view(joined), before.size(), [](const pretok::Piece&) {});
+  }
 
   // `raw` normalized. `src`, when given, gets for each byte of the result the byte of `raw` it
   // comes from (a prepended text: 0), plus raw.size() at the end.
@@ -685,8 +707,14 @@ Tokenizer Tokenizer::load(const std::string& path) {
   int64_t entries = 0;
   for (const auto& [token, id_json] : m.at("vocab").items()) {
     if (!id_json.is_number_integer()) refuse(path, "model.vocab[\"" + token + "\"]", id_json, "integer ids");
-    int32_t id = id_json.get<int32_t>();
-    if (id < 0) refuse(path, "model.vocab[\"" + token + "\"]", id_json, "non-negative ids");
+    if (id_json.get<int64_t>() < 0) refuse(path, "model.vocab[\"" + token + "\"]", id_json, "non-negative ids");
+    // Ids index tables (a string per id): one past any vocabulary in use (Gemma's 262144) by far
+    // would allocate gigabytes for a file that is damaged, not a tokenizer.
+    if (id_json.get<int64_t>() >= kMaxVocabId)
+      throw Error(str(path, ": tokenizer.json model.vocab[\"", token, "\"] = ", id_json.dump(), " is past ", kMaxVocabId,
+                      " (2^24), the most ids lcx reads (the largest vocabularies in use hold 262144)"),
+                  "data.tokenizer", "the file is damaged: fetch the model's own tokenizer.json again");
+    const int32_t id = static_cast<int32_t>(id_json.get<int64_t>());
     if (static_cast<size_t>(id) >= vocab.size()) vocab.resize(id + 1);
     vocab[id] = impl->byte_level ? byte_level_bytes(token) : token;
     ++entries;
@@ -913,6 +941,63 @@ std::string Tokenizer::decode(const std::vector<int32_t>& ids, bool skip_special
   if (!im.byte_level) bytes = decode_chain(std::move(tokens), im.decode_ops);
   if (utf8::first_invalid(bytes) == std::string::npos) return bytes;
   return utf8::repair(bytes, nullptr);
+}
+
+void Tokenizer::encode_stream(const std::function<size_t(char*, size_t)>& read,
+                              const std::function<void(std::vector<int32_t>&&)>& emit, int threads, EncodeStats* stats,
+                              size_t block) const {
+  const Impl& im = *impl_;
+  const bool may_cut = im.normalized_added.empty() && im.only_nfc_or_nothing() && im.steps.cuts_allowed();
+  constexpr size_t kLookahead = 4096;
+  block = std::max<size_t>(block, 2 * kLookahead);
+  std::string buf;
+  bool at_end = false;
+  auto fill = [&](size_t want) {
+    while (!at_end && buf.size() < want) {
+      const size_t had = buf.size();
+      buf.resize(want);
+      const size_t n = read(buf.data() + had, want - had);
+      buf.resize(had + n);
+      at_end = n == 0;
+    }
+  };
+  EncodeStats total;
+  auto encode_part = [&](std::string_view part) {
+    EncodeStats st;
+    std::vector<int32_t> ids = encode(part, threads, &st);
+    total.invalid_utf8 += st.invalid_utf8;
+    emit(std::move(ids));
+  };
+  size_t want = block;
+  while (true) {
+    fill(want + kLookahead);
+    if (at_end) break;
+    // The last place in the block's second half where the text may be cut; none: a longer block.
+    size_t cut = 0;
+    if (may_cut) {
+      int tried = 0;
+      for (size_t c = want; c > want / 2 && tried < 8; --c) {
+        if (!pretok::is_safe_cut(buf, c)) continue;
+        ++tried;
+        // Lookahead ends on a character's first byte.
+        size_t end = std::min(buf.size(), c + kLookahead);
+        while (end > c && end < buf.size() && (static_cast<unsigned char>(buf[end]) & 0xC0) == 0x80) --end;
+        if (im.cuts_whole_at(std::string_view(buf).substr(0, end), c)) {
+          cut = c;
+          break;
+        }
+      }
+    }
+    if (cut == 0) {
+      want *= 2;
+      continue;
+    }
+    encode_part(std::string_view(buf).substr(0, cut));
+    buf.erase(0, cut);
+    want = block;
+  }
+  if (!buf.empty()) encode_part(buf);
+  if (stats) *stats = total;
 }
 
 std::vector<int32_t> Tokenizer::encode(std::string_view text, int threads, EncodeStats* stats) const {

@@ -22,6 +22,7 @@
 // A Tokenizer is cheap to copy (shared state) and safe to use from several threads at once.
 #pragma once
 #include <cstdint>
+#include <functional>
 #include <memory>
 #include <string>
 #include <string_view>
@@ -58,6 +59,15 @@ class Tokenizer {
   // valid UTF-8), as `tokenizers`' offsets give them in characters. Texts are below 4 GiB each.
   std::vector<Encoding> encode_batch_with_offsets(const std::vector<std::string_view>& texts, int threads = 0,
                                                   std::vector<EncodeStats>* stats = nullptr) const;
+  // A text too large to hold whole, read in blocks: read(buf, n) gives up to n bytes (0 at its
+  // end), and emit(ids) gets the ids in order, together those encode() gives the whole text. Each
+  // block ends where the text may be cut (a piece boundary of the whole text, no added token
+  // across it), so memory stays near `block` bytes and their ids; a tokenizer whose text cannot
+  // be cut (a prefix-adding normalizer or pre-tokenizer), or a text with no such place, is held
+  // longer.
+  void encode_stream(const std::function<size_t(char*, size_t)>& read,
+                     const std::function<void(std::vector<int32_t>&&)>& emit, int threads = 0,
+                     EncodeStats* stats = nullptr, size_t block = size_t{64} << 20) const;
   // Ids back to text (ByteLevel decoder; ill-formed bytes become U+FFFD); special tokens kept
   // unless skip_special.
   std::string decode(const std::vector<int32_t>& ids, bool skip_special = false) const;

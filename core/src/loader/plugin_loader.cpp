@@ -54,6 +54,13 @@ void check_trusted(const fs::path& p, const std::string& plugin) {
     throw Error(str(what, " is owned by user ", st.st_uid, ", not by this user (", ::geteuid(),
                     ") or root; a plugin runs with the trainer's rights"),
                 {}, str("chown ", ::geteuid(), " ", p.string(), ", or use a plugin folder of your own"));
+  // A shared folder such as /tmp (sticky, writable by all) is not made private by a chmod: the
+  // plugin moves to a folder of its user's own.
+  if (folder && (st.st_mode & S_IWOTH) && (st.st_mode & S_ISVTX))
+    throw Error(str(what, " is a shared folder anyone may write; a plugin runs with the trainer's rights"), {},
+                str("move the plugin into a folder only you can write (mkdir -p ~/.local/lib/lcx/plugins; mv ",
+                    (p / plugin).string(), " ~/.local/lib/lcx/plugins/) and name it there, or load it by name from a "
+                    "plugin folder (lcx-train --list-plugins names them)"));
   if (st.st_mode & (S_IWGRP | S_IWOTH))
     throw Error(str(what, " is writable by ", (st.st_mode & S_IWOTH) ? "others" : "its group",
                     "; a plugin runs with the trainer's rights"),

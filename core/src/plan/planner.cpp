@@ -294,6 +294,9 @@ std::vector<Offer> installed_offers(const PluginLoader* loader) {
       continue;  // needs a table to be created: it is not offered
     }
     std::string why = object->plan_offer();
+    // An adapter always lowers the peak (the base frozen: no gradients, master or moments of its
+    // own), so every installed one is offered.
+    if (why.empty() && info.slot == LCX_SLOT_ADAPTER) why = "its adapters trained, the base frozen";
     if (!why.empty()) offers.push_back({info.name, info.slot, std::move(why), std::move(object)});
   }
   return offers;
@@ -383,6 +386,15 @@ std::vector<PlanKnob> plan_knobs(const PlanInputs& in, const PlanSlots& slots, c
   if (longest > 0 && longest < in.seq_len)
     add(str("lower data.seq_len to ", longest), {}, {{"data.seq_len", std::to_string(longest)}}, with_seq(in, longest),
         slots);
+  // No length fits as loaded, and the providers above together do not fit this one: the longest
+  // that fits with them.
+  const bool combined_fits = !loads.empty() && peak_of(in, combined) <= gpu_bytes;
+  if (longest == 0 && !loads.empty() && !combined_fits) {
+    const int64_t with_all = longest_fitting_seq(in, combined, gpu_bytes, unit);
+    if (with_all > 0)
+      add(str("load ", join(loads, " and "), ", and lower data.seq_len to ", with_all), loads,
+          {{"data.seq_len", std::to_string(with_all)}}, with_seq(in, with_all), combined);
+  }
   return knobs;
 }
 

@@ -5,6 +5,8 @@
 #include <cstdio>
 #include <cstdlib>
 
+#include "lcx/size_math.h"
+
 namespace lcx {
 
 std::string python_float(double x) {
@@ -66,7 +68,7 @@ std::string tqdm_time(double seconds) {
   return buf;
 }
 
-std::string progress_line(int64_t done, int64_t total, double elapsed_s, int64_t done_here) {
+std::string progress_line(int64_t done, int64_t total, double elapsed_s, int64_t done_here, const std::string& postfix) {
   if (done_here < 0) done_here = done;
   static const char* partial[] = {" ", "▏", "▎", "▍", "▌", "▋", "▊", "▉"};
   const int width = 10;
@@ -92,13 +94,33 @@ std::string progress_line(int64_t done, int64_t total, double elapsed_s, int64_t
     remaining = tqdm_time(per * static_cast<double>(total - done));
   }
   return std::string(pct) + "|" + bar + "| " + std::to_string(done) + "/" + std::to_string(total) + " [" +
-         tqdm_time(elapsed_s) + "<" + remaining + ", " + rate + "]";
+         tqdm_time(elapsed_s) + "<" + remaining + ", " + rate + (postfix.empty() ? "" : ", " + postfix) + "]";
+}
+
+std::string step_postfix(double tokens_per_s, double mfu, const std::string& where, int64_t peak_bytes) {
+  char rate[32];
+  if (!(tokens_per_s >= 0) || std::isinf(tokens_per_s))
+    std::snprintf(rate, sizeof rate, "? tok/s");
+  else if (tokens_per_s >= 1e6)
+    std::snprintf(rate, sizeof rate, "%.2fM tok/s", tokens_per_s / 1e6);
+  else if (tokens_per_s >= 1e3)
+    std::snprintf(rate, sizeof rate, "%.2fk tok/s", tokens_per_s / 1e3);
+  else
+    std::snprintf(rate, sizeof rate, "%.0f tok/s", tokens_per_s);
+  std::string out = rate;
+  if (mfu >= 0) {
+    char m[32];
+    std::snprintf(m, sizeof m, ", MFU %.1f%%", 100.0 * mfu);
+    out += m;
+  }
+  if (peak_bytes > 0) out += ", " + where + " " + format_bytes(peak_bytes);
+  return out;
 }
 
 ProgressBar::ProgressBar(int64_t total, bool terminal) : total_(total), terminal_(terminal) {}
 
-void ProgressBar::update(int64_t done, double elapsed_s, int64_t done_here) {
-  last_ = progress_line(done, total_, elapsed_s, done_here);
+void ProgressBar::update(int64_t done, double elapsed_s, int64_t done_here, const std::string& postfix) {
+  last_ = progress_line(done, total_, elapsed_s, done_here, postfix);
   if (terminal_)
     std::fprintf(stderr, "\r%s\033[K", last_.c_str());
   else

@@ -16,9 +16,14 @@ double python_round(double x, int digits);
 // {'loss': 4.311, 'grad_norm': 29.25, ...} from ordered key/value pairs.
 std::string step_dict(const std::vector<std::pair<std::string, double>>& items);
 
-// "  8%|▊         | 1/12 [06:20<1:09:41, 380.10s/it]"
+// "  8%|▊         | 1/12 [06:20<1:09:41, 380.10s/it]", and `postfix` after the rate as tqdm puts
+// it: "[06:20<1:09:41, 380.10s/it, 2.15k tok/s, MFU 41.3%, GPU 31.20 GiB]".
 // `done_here` counts the steps timed by elapsed_s (fewer than `done` after a resume).
-std::string progress_line(int64_t done, int64_t total, double elapsed_s, int64_t done_here = -1);
+std::string progress_line(int64_t done, int64_t total, double elapsed_s, int64_t done_here = -1,
+                          const std::string& postfix = {});
+// The bar's postfix for a step: tokens per second over all ranks, the MFU where known (a negative
+// `mfu` is unknown: on the CPU, or a GPU without a peak) and the step's peak memory on `where`.
+std::string step_postfix(double tokens_per_s, double mfu, const std::string& where, int64_t peak_bytes);
 // tqdm's time format: mm:ss, or h:mm:ss from an hour on.
 std::string tqdm_time(double seconds);
 
@@ -26,7 +31,7 @@ std::string tqdm_time(double seconds);
 class ProgressBar {
  public:
   ProgressBar(int64_t total, bool terminal);
-  void update(int64_t done, double elapsed_s, int64_t done_here = -1);
+  void update(int64_t done, double elapsed_s, int64_t done_here = -1, const std::string& postfix = {});
   // Prints a line above the bar (the step dict) without breaking it.
   void message(const std::string& line);
   void finish();

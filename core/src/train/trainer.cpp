@@ -448,7 +448,6 @@ void Trainer::log_step(const StepRecord& r, const std::optional<EvalTotals>& eva
     if (r.aux.present) dict.insert(dict.begin() + 1, {"aux_loss", python_round(r.aux.value, 4)});
     bar_.message(step_dict(dict));
   }
-  bar_.update(state_.step, now_s() - run_start_, state_.step - first_step_);
   nlohmann::json m = {{"step", state_.step},
                       {"loss", r.loss},
                       {"grad_norm", r.grad_norm},
@@ -486,6 +485,9 @@ void Trainer::log_step(const StepRecord& r, const std::optional<EvalTotals>& eva
     // MFU on GPUs only, against [run] peak_tflops or the rates row's peak.
     if (const double peak = mfu_peak_flops(cfg_.run.peak_tflops); peak > 0) m["mfu"] = r.flops / step_s / peak / run_.world_size();
   }
+  bar_.update(state_.step, now_s() - run_start_, state_.step - first_step_,
+              step_postfix(static_cast<double>(r.tokens) / step_s, m.value("mfu", -1.0), device.is_cuda() ? "GPU" : "host",
+                           m.value(device.is_cuda() ? "peak_gpu_bytes" : "peak_host_bytes", int64_t{0})));
   metrics_.append(std::move(m));
   if (eval) log_eval(*eval);
 }
