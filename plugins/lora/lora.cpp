@@ -136,7 +136,7 @@ class Lora final : public Adapter {
     has_.assign(layers_.size() * kLinearCount, false);
     experts_.assign(layers_.size(), {});
     has_experts_.assign(layers_.size() * kLinearCount, false);
-    first_expert_ = ctx.first_expert;
+    first_expert_ = 0;
     seed_ = ctx.seed;
     pass_key_ = 0;
     local_experts_ = 0;
@@ -174,7 +174,7 @@ class Lora final : public Adapter {
         // transformers 5: "all-linear" passes them by, as PEFT does; named, they are refused.
         const bool sparse = cfg.sparse(l) && m >= static_cast<int>(Linear::gate_proj);
         if (sparse && o_.experts) {
-          count += attach_experts(static_cast<int>(l), static_cast<Linear>(m), base, cfg, ctx);
+          count += attach_experts(static_cast<int>(l), static_cast<Linear>(m), base, ctx);
           continue;
         }
         if (sparse && o_.all_linear) continue;
@@ -475,8 +475,7 @@ class Lora final : public Adapter {
   // Layer l's experts' `which`: factors stacked by this rank's experts, A drawn per expert keyed by
   // its PEFT name (Hub number), so every ep starts from the factors one rank would. Returns the
   // factors' element count.
-  int64_t attach_experts(int l, Linear which, const std::map<std::string, Parameter*>& base, const ModelConfig& cfg,
-                         const AdapterContext& ctx) {
+  int64_t attach_experts(int l, Linear which, const std::map<std::string, Parameter*>& base, const AdapterContext& ctx) {
     const std::string module = linear_name(which);
     const std::string wname = str("model.layers.", l, ".mlp.experts.", module, ".weight");
     const auto it = base.find(wname);
@@ -491,14 +490,15 @@ class Lora final : public Adapter {
     const std::string stem = wname.substr(0, wname.size() - 7);
     Parameter& a = add_param(stem + ".lora_A.weight", {El, o_.r, in}, ctx);
     Parameter& b = add_param(stem + ".lora_B.weight", {El, out, o_.r}, ctx);
-    // The experts' shards: gradients summed over the ranks holding the same experts, as the experts' are.
-    a.expert_shard = b.expert_shard = it->second->expert_shard || El < cfg.num_experts;
+    // This rank's experts' factors: their gradients summed where the experts' are.
+    a.grad_group = b.grad_group = it->second->grad_group;
+    first_expert_ = ctx.partition_index * El;
     Tensor ha = Tensor::empty(a.value.shape(), DType::f32, Device::cpu());
     const float bound = 1.f / std::sqrt(static_cast<float>(in));
     float* pa = ha.data_as<float>();
     const int64_t per = o_.r * in;
     for (int64_t e = 0; e < El; ++e) {
-      const uint64_t key = name_key(ctx.seed, peft::base_weight_name(l, module, ctx.first_expert + e) + ".lora_A");
+      const uint64_t key = name_key(ctx.seed, peft::base_weight_name(l, module, first_expert_ + e) + ".lora_A");
       for (int64_t i = 0; i < per; ++i) {
         const uint64_t bits = mix(key + static_cast<uint64_t>(i));
         const float u = static_cast<float>(bits >> 40) * (1.f / 16777216.f);
