@@ -533,6 +533,10 @@ class DecoderModel final : public Model {
     ops::rmsnorm_backward(x, W(final_norm_), rstd, dy, dx, norm_grad(final_norm_));
   }
 
+  double step_flops(int64_t tokens, std::span<const int64_t> document_bounds) const override {
+    return decoder_step_flops(cfg_, {family_.qk_norm, family_.qkv_bias}, tokens, document_bounds);
+  }
+
   Tensor head_weight() override { return W(head_); }
   Tensor head_grad() override { return G(head_); }
 
@@ -705,11 +709,11 @@ class DecoderModel final : public Model {
   // holds every expert; refused where the step's group is not the one the model was built for.
   Communicator* experts(const StepContext& ctx) const {
     if (ep_ <= 1) return nullptr;
-    if (!ctx.experts || ctx.experts->size() != ep_ || ctx.experts->rank() != ep_index_)
+    if (!ctx.partition || ctx.partition->size() != ep_ || ctx.partition->rank() != ep_index_)
       throw Error(str(family_.name, ": built as rank ", ep_index_, " of ", ep_, " expert-parallel ranks, but the step's group is ",
-                      ctx.experts ? str("rank ", ctx.experts->rank(), " of ", ctx.experts->size()) : std::string("absent")),
+                      ctx.partition ? str("rank ", ctx.partition->rank(), " of ", ctx.partition->size()) : std::string("absent")),
                   "distributed.ep", "run the model on the mesh it was created for ([distributed] ep over that many ranks)");
-    return ctx.experts;
+    return ctx.partition;
   }
   void end_pass() {
     if (!pass_.open) return;
@@ -812,7 +816,8 @@ class DecoderModel final : public Model {
         L.experts_gate = add(p + "mlp.experts.gate_proj.weight", {El, Im, H}, true);
         L.experts_up = add(p + "mlp.experts.up_proj.weight", {El, Im, H}, true);
         L.experts_down = add(p + "mlp.experts.down_proj.weight", {El, H, Im}, true);
-        for (int i : {L.experts_gate, L.experts_up, L.experts_down}) params_[static_cast<size_t>(i)].expert_shard = ep_ > 1;
+        for (int i : {L.experts_gate, L.experts_up, L.experts_down}) params_[static_cast<size_t>(i)].grad_group =
+              ep_ > 1 ? GradGroup::partition_replicas : GradGroup::world;
       } else {
         L.gate = add(p + "mlp.gate_proj.weight", {I, H}, true);
         L.up = add(p + "mlp.up_proj.weight", {I, H}, true);

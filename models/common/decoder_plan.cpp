@@ -280,4 +280,25 @@ void plan_dense_decoder(const PlanInputs& in, MemoryPlan& plan, const DenseDecod
            plan_phase::final_norm);
 }
 
+double decoder_step_flops(const ModelConfig& c, const DecoderLayerShape& layer, int64_t tokens,
+                          std::span<const int64_t> document_bounds) {
+  const DecoderDims s = shape_of(c, layer);
+  auto f = [](int64_t n) { return static_cast<double>(n); };
+  const double attention = f(s.qd * s.H + 2 * s.kvd * s.H + s.H * s.qd + (layer.qkv_bias ? s.qd + 2 * s.kvd : 0));
+  double weights = f(s.V * s.H);
+  for (int64_t l = 0; l < s.L; ++l)
+    weights += attention + (c.sparse(l) ? f(c.num_experts * s.H + 3 * c.num_experts_per_tok * c.moe_intermediate_size * s.H)
+                                        : f(3 * s.I * s.H));
+  const double T = f(tokens);
+  double squares = T * T;
+  if (!document_bounds.empty()) {
+    squares = 0;
+    for (size_t i = 1; i < document_bounds.size(); ++i) {
+      const double n = f(document_bounds[i] - document_bounds[i - 1]);
+      squares += n * n;
+    }
+  }
+  return 6 * weights * T + 6 * f(s.L) * f(s.qd) * squares;
+}
+
 }  // namespace lcx::decoder

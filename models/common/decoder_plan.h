@@ -3,6 +3,7 @@
 // recompute + backward. The module's plan() (lcx/plan.h) calls it with its head groups.
 #pragma once
 #include <cstdint>
+#include <span>
 
 #include "lcx/plan.h"
 
@@ -27,5 +28,13 @@ struct DecoderLayerShape {
 // moe_tile_rows: the tokens a sparse layer runs at once (0: all of them).
 void plan_dense_decoder(const PlanInputs& in, MemoryPlan& plan, const DenseDecoderAttention& attention = {},
                         int64_t moe_tile_rows = 0, const DecoderLayerShape& layer = {});
+
+// Model::step_flops of a decoder of this layer shape: 6 per token for each GEMM weight a token
+// meets (q, k, v, o, the biases, the dense MLP's or the router and its top-k experts', the
+// head), plus per layer 6 * heads * head_dim per (query, key) pair: the QK^T and PV products
+// (2 d FLOPs each per pair and head) over the causal square counted whole, x3 for the backward.
+// With document bounds only each document's own square counts.
+double decoder_step_flops(const ModelConfig& c, const DecoderLayerShape& layer, int64_t tokens,
+                          std::span<const int64_t> document_bounds);
 
 }  // namespace lcx::decoder

@@ -33,7 +33,9 @@
 #include <deque>
 #include <filesystem>
 #include <map>
+#include <memory>
 #include <optional>
+#include <regex>
 
 namespace lcx {
 namespace {
@@ -45,8 +47,14 @@ struct LoraOptions {
   double alpha = 8;
   double dropout = 0;
   bool use_rslora = false;
+  // target_modules as PEFT matches it: a list (or "all-linear") adapts its projections in every
+  // layer; a pattern (any other string) adapts a module whose whole name it matches
+  // ("model.layers.3.self_attn.q_proj"; a sparse layer's experts by expert 0's,
+  // "model.layers.3.mlp.experts.0.gate_proj"), as Python's re.fullmatch does.
   std::array<bool, kLinearCount> targets{};
   bool all_linear = false;
+  std::string pattern;
+  std::shared_ptr<const std::regex> regex;  // pattern compiled
   // A sparse layer's experts adapted too (per expert) where target_modules names their projections.
   bool experts = false;
   std::optional<std::vector<std::string>> modules_to_save;
@@ -136,7 +144,7 @@ class Lora final : public Adapter {
     has_.assign(layers_.size() * kLinearCount, false);
     experts_.assign(layers_.size(), {});
     has_experts_.assign(layers_.size() * kLinearCount, false);
-    first_expert_ = ctx.first_expert;
+    first_expert_ = 0;
     seed_ = ctx.seed;
     pass_key_ = 0;
     local_experts_ = 0;
@@ -152,7 +160,7 @@ class Lora final : public Adapter {
       if (ctx.stack_factors)
         for (const auto& set : {std::vector<int>{0, 1, 2}, std::vector<int>{4, 5}}) {
           int64_t rows = 0;
-          for (int m : set) rows += o_.targets[static_cast<size_t>(m)] ? o_.r : 0;
+          for (int m : set) rows += targeted(l, m, false) ? o_.r : 0;
           if (rows < 2 * o_.r || (set[0] == static_cast<int>(Linear::gate_proj) && cfg.sparse(l))) continue;
           const auto it = base.find(peft::base_weight_name(l, linear_name(static_cast<Linear>(set[0]))));
           if (it == base.end()) continue;  // refused below, by name
@@ -160,21 +168,21 @@ class Lora final : public Adapter {
           Stack st{Tensor::empty({rows, in}, ctx.dtype, ctx.device, MemoryCategory::weights),
                    Tensor::zeros({rows, in}, DType::f32, ctx.device, MemoryCategory::gradients), 0};
           for (int m : set)
-            if (o_.targets[static_cast<size_t>(m)]) {
+            if (targeted(l, m, false)) {
               stacks[static_cast<size_t>(m)] = st;
               st.row += o_.r;
             }
         }
       for (int m = 0; m < kLinearCount; ++m) {
-        if (!o_.targets[static_cast<size_t>(m)]) continue;
-        const std::string module = linear_name(static_cast<Linear>(m));
-        const std::string wname = peft::base_weight_name(l, module);
-        const auto it = base.find(wname);
         // A sparse layer's experts (mixture of experts) are no linear modules of their own, as in
         // transformers 5: "all-linear" passes them by, as PEFT does; named, they are refused.
         const bool sparse = cfg.sparse(l) && m >= static_cast<int>(Linear::gate_proj);
+        if (!targeted(l, m, sparse)) continue;
+        const std::string module = linear_name(static_cast<Linear>(m));
+        const std::string wname = peft::base_weight_name(l, module);
+        const auto it = base.find(wname);
         if (sparse && o_.experts) {
-          count += attach_experts(static_cast<int>(l), static_cast<Linear>(m), base, cfg, ctx);
+          count += attach_experts(static_cast<int>(l), static_cast<Linear>(m), base, ctx);
           continue;
         }
         if (sparse && o_.all_linear) continue;
@@ -219,6 +227,13 @@ class Lora final : public Adapter {
         count += a.value.numel() + b.value.numel();
       }
     }
+    if (count == 0)
+      throw Error(str("lora: ", o_.key("target_modules"), " = ", targets_text(), " adapts no module of this model"),
+                  o_.key("target_modules"), str("match the layers' projections (", joined_modules(), "), or \"all-linear\""));
+    if (o_.experts && local_experts_ == 0)
+      throw Error(str("lora: ", o_.key("experts"), " = true, but ", o_.key("target_modules"), " = ", targets_text(),
+                      " adapts none of the experts' projections"),
+                  o_.key("experts"), "match the experts' gate_proj, up_proj or down_proj, or set experts = false");
     // The base frozen, but for modules_to_save.
     int64_t trained = 0;
     for (Parameter* p : model.parameters()) {
@@ -311,7 +326,13 @@ class Lora final : public Adapter {
     const auto shapes = projection_shapes(c);
     // A sparse layer's experts take no factors (attach passes them by).
     auto adapted = [&](int64_t layer, int m) {
-      return o_.targets[static_cast<size_t>(m)] && !(c.sparse(layer) && m >= static_cast<int>(Linear::gate_proj));
+      return !(c.sparse(layer) && m >= static_cast<int>(Linear::gate_proj)) && targeted(layer, m, false);
+    };
+    // Adapted in some layer: the [T, r] products live one layer at a time.
+    auto target = [&](Linear which) {
+      for (int64_t l = 0; l < c.num_layers; ++l)
+        if (adapted(l, static_cast<int>(which))) return true;
+      return false;
     };
     int64_t per_layer = 0, n = 0;
     for (int64_t l = 0; l < c.num_layers; ++l) {
@@ -343,10 +364,22 @@ class Lora final : public Adapter {
     // g = scale dy B_e [rows, r] and the factors' grouped wgrads.
     if (o_.experts && c.sparse_layers() > 0) {
       const int64_t El = c.num_experts / std::max<int64_t>(1, in.ep), H = c.hidden_size, Im = c.moe_intermediate_size;
-      int64_t ne = 0;
-      for (int m = static_cast<int>(Linear::gate_proj); m < kLinearCount; ++m)
-        if (target(static_cast<Linear>(m))) ne += El * o_.r * (H + Im);
-      const int64_t all = ne * c.sparse_layers(), per = (all + shards - 1) / shards;
+      // The sparse layers whose experts' projection m is adapted, and the most one layer holds.
+      std::array<int64_t, kLinearCount> layers{};
+      int64_t ne = 0, all = 0;
+      for (int64_t l = 0; l < c.num_layers; ++l) {
+        if (!c.sparse(l)) continue;
+        int64_t here = 0;
+        for (int m = static_cast<int>(Linear::gate_proj); m < kLinearCount; ++m)
+          if (targeted(l, m, true)) {
+            ++layers[static_cast<size_t>(m)];
+            here += El * o_.r * (H + Im);
+          }
+        ne = std::max(ne, here);
+        all += here;
+      }
+      auto expert_target = [&](Linear which) { return layers[static_cast<size_t>(which)] > 0; };
+      const int64_t per = (all + shards - 1) / shards;
       plan.add("lora_expert_weights", str("LoRA factors of the experts (", all, ")"), PlanCategory::weights, per * ab,
                plan_phase::always);
       plan.add("lora_expert_gradients", "LoRA factors of the experts' gradients", PlanCategory::gradients,
@@ -366,7 +399,7 @@ class Lora final : public Adapter {
       // the outputs' gradients (2H + 4I columns). There the product adds r columns, which raise
       // the layer's peak only where that moment is (or becomes) its widest; every other product
       // comes where [rows, I] buffers (I >= r) were just released, in the forward as in the backward.
-      if (target(Linear::down_proj)) {
+      if (expert_target(Linear::down_proj)) {
         const int64_t tile = in.recipe.get("qwen3", "moe_tile_rows", 0) > 0
                                  ? std::min<int64_t>(in.tokens_per_rank, in.recipe.get("qwen3", "moe_tile_rows", 0))
                                  : in.tokens_per_rank;
@@ -381,11 +414,11 @@ class Lora final : public Adapter {
       const double t = static_cast<double>(in.tokens_per_rank * std::max<int64_t>(1, c.num_experts_per_tok)),
                    rr = static_cast<double>(o_.r);
       for (int m = static_cast<int>(Linear::gate_proj); m < kLinearCount; ++m) {
-        if (!target(static_cast<Linear>(m))) continue;
+        const double n_layers = static_cast<double>(layers[static_cast<size_t>(m)]);
         const double inn = static_cast<double>(m == static_cast<int>(Linear::down_proj) ? Im : H),
                      out = static_cast<double>(m == static_cast<int>(Linear::down_proj) ? H : Im);
-        plan.work.gemm_flops += static_cast<double>(c.sparse_layers()) * 2 * t * rr * (5 * inn + 4 * out);
-        plan.work.memory_bytes += static_cast<double>(c.sparse_layers()) * t * static_cast<double>(ab) * (5 * inn + 4 * out);
+        plan.work.gemm_flops += n_layers * 2 * t * rr * (5 * inn + 4 * out);
+        plan.work.memory_bytes += n_layers * t * static_cast<double>(ab) * (5 * inn + 4 * out);
       }
     }
 
@@ -471,13 +504,19 @@ class Lora final : public Adapter {
   }
 
  private:
-  bool target(Linear m) const { return o_.targets[static_cast<size_t>(m)]; }
+  // Whether target_modules adapts projection m of `layer` (a sparse layer's experts' with expert).
+  bool targeted(int64_t layer, int m, bool expert) const { return adapts(o_.targets, o_.regex.get(), layer, m, expert); }
+  // The same for a list (or "all-linear": every entry set) or a pattern, as PEFT matches a module.
+  static bool adapts(const std::array<bool, kLinearCount>& listed, const std::regex* pattern, int64_t layer, int m,
+                     bool expert) {
+    if (!pattern) return listed[static_cast<size_t>(m)];
+    return std::regex_match(peft::module_name(layer, linear_name(static_cast<Linear>(m)), expert ? 0 : -1), *pattern);
+  }
 
   // Layer l's experts' `which`: factors stacked by this rank's experts, A drawn per expert keyed by
   // its PEFT name (Hub number), so every ep starts from the factors one rank would. Returns the
   // factors' element count.
-  int64_t attach_experts(int l, Linear which, const std::map<std::string, Parameter*>& base, const ModelConfig& cfg,
-                         const AdapterContext& ctx) {
+  int64_t attach_experts(int l, Linear which, const std::map<std::string, Parameter*>& base, const AdapterContext& ctx) {
     const std::string module = linear_name(which);
     const std::string wname = str("model.layers.", l, ".mlp.experts.", module, ".weight");
     const auto it = base.find(wname);
@@ -492,14 +531,15 @@ class Lora final : public Adapter {
     const std::string stem = wname.substr(0, wname.size() - 7);
     Parameter& a = add_param(stem + ".lora_A.weight", {El, o_.r, in}, ctx);
     Parameter& b = add_param(stem + ".lora_B.weight", {El, out, o_.r}, ctx);
-    // The experts' shards: gradients summed over the ranks holding the same experts, as the experts' are.
-    a.expert_shard = b.expert_shard = it->second->expert_shard || El < cfg.num_experts;
+    // This rank's experts' factors: their gradients summed where the experts' are.
+    a.grad_group = b.grad_group = it->second->grad_group;
+    first_expert_ = ctx.partition_index * El;
     Tensor ha = Tensor::empty(a.value.shape(), DType::f32, Device::cpu());
     const float bound = 1.f / std::sqrt(static_cast<float>(in));
     float* pa = ha.data_as<float>();
     const int64_t per = o_.r * in;
     for (int64_t e = 0; e < El; ++e) {
-      const uint64_t key = name_key(ctx.seed, peft::base_weight_name(l, module, ctx.first_expert + e) + ".lora_A");
+      const uint64_t key = name_key(ctx.seed, peft::base_weight_name(l, module, first_expert_ + e) + ".lora_A");
       for (int64_t i = 0; i < per; ++i) {
         const uint64_t bits = mix(key + static_cast<uint64_t>(i));
         const float u = static_cast<float>(bits >> 40) * (1.f / 16777216.f);
@@ -583,15 +623,21 @@ class Lora final : public Adapter {
     if (a.config.r != o_.r)
       throw Error(str("lora: ", dir, " holds an adapter of r = ", a.config.r, ", this run's ", o_.key("r"), " is ", o_.r),
                   o_.key("r"), str("set ", o_.key("r"), " = ", a.config.r));
-    for (int m = 0; m < kLinearCount; ++m) {
-      const std::string module = linear_name(static_cast<Linear>(m));
-      const bool there = std::find(a.config.target_modules.begin(), a.config.target_modules.end(), module) !=
-                         a.config.target_modules.end();
-      if (there != target(static_cast<Linear>(m)))
-        throw Error(str("lora: ", dir, " adapts ", peft_targets(a.config.target_modules), ", this run's ",
-                        o_.key("target_modules"), " ", targets_text()),
-                    o_.key("target_modules"), str("set ", o_.key("target_modules"), " to the adapter's"));
-    }
+    // The same modules adapted (a sparse layer's experts are counted below).
+    std::array<bool, kLinearCount> listed{};
+    for (int m = 0; m < kLinearCount; ++m)
+      listed[static_cast<size_t>(m)] = std::find(a.config.target_modules.begin(), a.config.target_modules.end(),
+                                                 linear_name(static_cast<Linear>(m))) != a.config.target_modules.end();
+    const std::regex theirs = a.config.target_pattern.empty() ? std::regex() : std::regex(a.config.target_pattern);
+    const ModelConfig& c = model.config();
+    for (int64_t l = 0; l < c.num_layers; ++l)
+      for (int m = 0; m < kLinearCount; ++m) {
+        if (c.sparse(l) && m >= static_cast<int>(Linear::gate_proj)) continue;
+        if (adapts(listed, a.config.target_pattern.empty() ? nullptr : &theirs, l, m, false) != targeted(l, m, false))
+          throw Error(str("lora: ", dir, " adapts ", peft_targets(a.config), ", this run's ", o_.key("target_modules"), " ",
+                          targets_text(), ": they differ on ", peft::module_name(l, linear_name(static_cast<Linear>(m)))),
+                      o_.key("target_modules"), str("set ", o_.key("target_modules"), " to the adapter's"));
+      }
     if (std::abs(a.config.lora_alpha - o_.alpha) > 1e-12 || a.config.use_rslora != o_.use_rslora)
       log::warn(str("lora: ", dir, " was trained with lora_alpha ", a.config.lora_alpha, a.config.use_rslora ? " (rsLoRA)" : "",
                     "; this run scales by ", o_.key("alpha"), " = ", o_.alpha, o_.use_rslora ? " (rsLoRA)" : ""));
@@ -661,8 +707,9 @@ class Lora final : public Adapter {
     c.lora_dropout = o_.dropout;
     c.use_rslora = o_.use_rslora;
     c.all_linear = o_.all_linear;
+    c.target_pattern = o_.pattern;
     for (int m = 0; m < kLinearCount; ++m)
-      if (target(static_cast<Linear>(m))) c.target_modules.push_back(linear_name(static_cast<Linear>(m)));
+      if (o_.pattern.empty() && o_.targets[static_cast<size_t>(m)]) c.target_modules.push_back(linear_name(static_cast<Linear>(m)));
     c.base_model_name_or_path = base;
     c.modules_to_save = o_.modules_to_save;
     return c;
@@ -676,14 +723,13 @@ class Lora final : public Adapter {
     return s;
   }
   static std::string joined_modules() { return joined({std::begin(kModules), std::end(kModules)}); }
-  static std::string peft_targets(const std::vector<std::string>& v) { return "[" + joined(v) + "]"; }
-  std::string targets_text() const {
-    if (o_.all_linear) return "all-linear";
-    std::vector<std::string> v;
-    for (int m = 0; m < kLinearCount; ++m)
-      if (target(static_cast<Linear>(m))) v.push_back(kModules[m]);
-    return peft_targets(v);
+  // An adapter's target_modules as its adapter_config.json gives them.
+  static std::string peft_targets(const peft::AdapterConfig& c) {
+    if (c.all_linear) return "all-linear";
+    if (!c.target_pattern.empty()) return "'" + c.target_pattern + "'";
+    return "[" + joined(c.target_modules) + "]";
   }
+  std::string targets_text() const { return peft_targets(peft_config("")); }
   static int64_t base_count(Model& model) {
     int64_t n = 0;
     for (Parameter* p : model.parameters()) n += p->value.numel();
@@ -711,8 +757,10 @@ std::unique_ptr<Plugin> create(const PluginArgs& args) {
   c.describe("dropout", "dropout on each adapter's input in training (PEFT's lora_dropout); evaluation drops nothing",
              "in [0, 1); > 0 not with experts = true", "0");
   c.describe("use_rslora", "rank-stabilized LoRA: scale = alpha / sqrt(r)");
-  c.describe("target_modules", "the projections adapted in every layer, or \"all-linear\"",
-             "a list of q_proj k_proj v_proj o_proj gate_proj up_proj down_proj, or \"all-linear\"", "\"all-linear\"");
+  c.describe("target_modules",
+             "the projections adapted, as PEFT's target_modules: a list adapts them in every layer; any other string is a "
+             "regex a module's whole name must match (\"model.layers.3.self_attn.q_proj\")",
+             "a list of q_proj k_proj v_proj o_proj gate_proj up_proj down_proj, \"all-linear\", or a regex", "\"all-linear\"");
   c.describe("experts", "adapt a mixture-of-experts model's experts too: gate_proj, up_proj and down_proj of target_modules, per expert",
              "true or false (true needs a model with sparse layers)", "false");
   c.describe("modules_to_save", "modules trained whole beside the adapters, matched as PEFT does (a module whose name ends with the entry)",
@@ -732,15 +780,21 @@ std::unique_ptr<Plugin> create(const PluginArgs& args) {
     if (!c.has("target_modules")) listed = false;
   } catch (const Error&) {
     const std::string s = c.get_string("target_modules", "all-linear");
-    if (s != "all-linear")
-      c.fail("target_modules", str("'", s, "' is neither a list of modules nor \"all-linear\""),
-             "e.g. [\"q_proj\", \"v_proj\"] or \"all-linear\"");
     listed = false;
+    if (s != "all-linear") {
+      try {
+        o.regex = std::make_shared<const std::regex>(s);
+      } catch (const std::regex_error& e) {
+        c.fail("target_modules", str("'", s, "' is not a regex (", e.what(), ")"),
+               "e.g. \".*\\.(q_proj|v_proj)\", a list [\"q_proj\", \"v_proj\"] or \"all-linear\"");
+      }
+      o.pattern = s;
+    }
   }
-  if (!listed) {
+  if (!listed && o.pattern.empty()) {
     o.all_linear = true;
     o.targets.fill(true);
-  } else {
+  } else if (listed) {
     if (targets.empty()) c.fail("target_modules", "is empty: nothing would train", "name the projections, or \"all-linear\"");
     for (const auto& t : targets) {
       if (t == "all-linear") {
@@ -758,7 +812,7 @@ std::unique_ptr<Plugin> create(const PluginArgs& args) {
     }
   }
   o.experts = c.get_bool("experts", false);
-  if (o.experts && !o.targets[static_cast<size_t>(Linear::gate_proj)] && !o.targets[static_cast<size_t>(Linear::up_proj)] &&
+  if (o.experts && o.pattern.empty() && !o.targets[static_cast<size_t>(Linear::gate_proj)] && !o.targets[static_cast<size_t>(Linear::up_proj)] &&
       !o.targets[static_cast<size_t>(Linear::down_proj)])
     c.fail("experts", "is true, but target_modules names none of the experts' projections",
            "add gate_proj, up_proj or down_proj to target_modules (or \"all-linear\"), or set experts = false");

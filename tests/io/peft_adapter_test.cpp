@@ -191,9 +191,11 @@ TEST(PeftAdapter, RefusesConfigsByKeyAndFix) {
   EXPECT_EQ(t.key, "target_modules");
   EXPECT_EQ(t.fix, "keep only modules among q_proj k_proj v_proj o_proj gate_proj up_proj down_proj");
   EXPECT_NE(t.message.find("\"lm_head\""), std::string::npos) << t.message;
-  t = config_refusal("target_modules", ".*proj");
+  // A string is a regex of module names, as PEFT reads it; one that is none is refused.
+  t = config_refusal("target_modules", "model.layers.(0");
   EXPECT_EQ(t.key, "target_modules");
-  EXPECT_EQ(t.fix, "list the modules among q_proj k_proj v_proj o_proj gate_proj up_proj down_proj, or give \"all-linear\"");
+  EXPECT_EQ(t.fix, "list the modules among q_proj k_proj v_proj o_proj gate_proj up_proj down_proj, give \"all-linear\", "
+                   "or a regex of module names");
   t = config_refusal("target_modules", nlohmann::json::array());
   EXPECT_EQ(t.key, "target_modules");
   t = config_refusal("bias", "lora_only");
@@ -222,6 +224,24 @@ fs::path handwritten_adapter(const std::string& tag, const nlohmann::json& confi
   test::write_file(dir / "adapter_config.json", config.dump());
   safetensors::write_file((dir / "adapter_model.safetensors").string(), tensors, DType::f32);
   return dir;
+}
+
+TEST(PeftAdapter, ARegexStringMatchesWholeModuleNamesAndWritesBackAsItself) {
+  nlohmann::json j = base_config();
+  j["target_modules"] = R"(model\.layers\.0\.self_attn\.q_proj)";
+  const auto c = peft::parse_config(j.dump(), "adapter_config.json");
+  EXPECT_EQ(c.target_pattern, R"(model\.layers\.0\.self_attn\.q_proj)");
+  EXPECT_TRUE(c.target_modules.empty());
+  EXPECT_EQ(nlohmann::json::parse(peft::config_json(c))["target_modules"], c.target_pattern);
+  // Layer 0's q_proj is read; layer 1's is a module the pattern does not match.
+  std::mt19937 rng(4);
+  auto pair = [&](int layer) -> std::vector<safetensors::NamedTensor> {
+    const std::string stem = "base_model.model.model.layers." + std::to_string(layer) + ".self_attn.q_proj.lora_";
+    return {{stem + "A.weight", random_tensor({8, kHidden}, rng)}, {stem + "B.weight", random_tensor({kHidden, 8}, rng)}};
+  };
+  EXPECT_EQ(peft::read_adapter(handwritten_adapter("peft-re0", j, pair(0)).string()).pairs.size(), 1u);
+  EXPECT_EQ(test::thrown_by([&] { peft::read_adapter(handwritten_adapter("peft-re1", j, pair(1)).string()); }).key,
+            "base_model.model.model.layers.1.self_attn.q_proj.lora_A.weight");
 }
 
 TEST(PeftAdapter, RefusesTensorsThatDisagreeWithTheConfig) {

@@ -280,7 +280,7 @@ EpOutcome expert_step(const fs::path& dir, const Sequence& seq, int64_t valid, c
     const StepResult got = train_step(slots, s.parallel->shard(seq, seq_index(mesh.shape(), mesh.coord())),
                                       1.0 / static_cast<double>(m.dp * valid), device, 1.0 / m.dp);
     for (Parameter* p : s.model->parameters())
-      (p->expert_shard ? *mesh.expert_replicas() : world).all_reduce(p->grad);
+      (p->grad_group == GradGroup::partition_replicas ? *mesh.partition_replicas() : world).all_reduce(p->grad);
     double sum = got.loss_sum;
     world.all_reduce(std::span<double>(&sum, 1));
     out.loss[static_cast<size_t>(r)] = sum / static_cast<double>(m.dp * valid);
@@ -289,7 +289,7 @@ EpOutcome expert_step(const fs::path& dir, const Sequence& seq, int64_t valid, c
   const std::vector<Parameter*> first = ranks[0].model->parameters();
   for (size_t i = 0; i < first.size(); ++i) {
     std::vector<float> g = first[i]->grad.to_floats();
-    if (first[i]->expert_shard) {
+    if (first[i]->grad_group == GradGroup::partition_replicas) {
       EXPECT_EQ(first[i]->value.size(0) * m.ep, ranks[0].model->config().num_experts) << first[i]->name;
       for (int r = 1; r < m.ep; ++r) {
         const std::vector<float> more = ranks[static_cast<size_t>(r)].model->parameters()[i]->grad.to_floats();
@@ -435,7 +435,7 @@ TEST(Qwen3Moe, ExpertRanksWithUnevenTokensEqualOneRank) {
       models[static_cast<size_t>(r)]->zero_grad();
       const StepResult got = train_step(st, shards[static_cast<size_t>(r)], 1.0 / static_cast<double>(valid), Device::cpu(), 0.5);
       for (Parameter* p : models[static_cast<size_t>(r)]->parameters())
-        (p->expert_shard ? *mesh.expert_replicas() : world).all_reduce(p->grad);
+        (p->grad_group == GradGroup::partition_replicas ? *mesh.partition_replicas() : world).all_reduce(p->grad);
       double sums[2] = {got.loss_sum, 0.5 * got.aux.value};
       world.all_reduce(std::span<double>(sums, 2));
       loss[static_cast<size_t>(r)] = sums[0];
@@ -453,7 +453,7 @@ TEST(Qwen3Moe, ExpertRanksWithUnevenTokensEqualOneRank) {
     const std::vector<Parameter*> want = one->parameters(), a = models[0]->parameters(), b = models[1]->parameters();
     for (size_t i = 0; i < want.size(); ++i) {
       std::vector<float> got = a[i]->grad.to_floats();
-      if (a[i]->expert_shard) {
+      if (a[i]->grad_group == GradGroup::partition_replicas) {
         const std::vector<float> g = b[i]->grad.to_floats();
         got.insert(got.end(), g.begin(), g.end());
       }

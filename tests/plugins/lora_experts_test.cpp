@@ -47,13 +47,13 @@ struct Adapted {
   std::shared_ptr<Model> model;
   std::shared_ptr<Adapter> lora;
   std::unique_ptr<test::DefaultSlots> slots;
-  explicit Adapted(const std::string& table = kLora, std::shared_ptr<Model> m = nullptr, int64_t first_expert = 0,
+  explicit Adapted(const std::string& table = kLora, std::shared_ptr<Model> m = nullptr, int partition_index = 0,
                    bool randomize_b = true, DType dtype = DType::f32) {
     model = m ? m : test::make_qwen3();
     model->init_random(kSpec, 9, Device::cpu(), dtype);
     lora = test::make_plugin<Adapter>("lora", table);
     AdapterContext ctx{Device::cpu(), dtype, 11, ""};
-    ctx.first_expert = first_expert;
+    ctx.partition_index = partition_index;
     lora->attach(*model, ctx);
     uint32_t seed = 100;
     if (randomize_b)
@@ -86,7 +86,7 @@ TEST(LoraExperts, FactorsAreStackedPerExpertAndTheExpertsFrozen) {
   EXPECT_EQ(d->b->value.shape(), (Shape{4, 24, 2}));
   EXPECT_EQ(g->rank(), 2);
   EXPECT_FLOAT_EQ(g->scale, 3.f);
-  EXPECT_FALSE(g->a->expert_shard);  // one rank holds every expert
+  EXPECT_EQ(g->a->grad_group, GradGroup::world);  // one rank holds every expert
   // PEFT's init per expert: A ~ U(-1/sqrt(in), 1/sqrt(in)), each expert its own draw; B zero.
   const std::vector<float> av = g->a->value.to_floats();
   const float bound = 1.f / std::sqrt(24.f);
@@ -213,7 +213,7 @@ TEST(LoraExperts, SavedFilesMergeAndLoadBack) {
 }
 
 // ep 2 (dp 2: two sequences, one a rank) against one rank over both: each rank holds 2 of the 4
-// experts' factors (drawn by Hub number: the one rank's rows), marked expert_shard; the loss and
+// experts' factors (drawn by Hub number: the one rank's rows), their gradients summed over the ranks holding the same experts; the loss and
 // every factor's gradient (the experts' concatenated in expert order) equal one rank's.
 TEST(LoraExperts, ExpertRanksEqualOneRank) {
   const std::vector<Shard> shards = {tokens_shard(22, 1), tokens_shard(17, 3)};
@@ -232,7 +232,7 @@ TEST(LoraExperts, ExpertRanksEqualOneRank) {
     PluginLoader loader({test::build_plugin_dir()});
     auto model = std::dynamic_pointer_cast<Model>(
         loader.create("qwen3", PluginArgs{"qwen3", m.section("qwen3"), Device::cpu(), shape, r}));
-    ranks.push_back(std::make_unique<Adapted>(kLora, model, 2 * r, false));
+    ranks.push_back(std::make_unique<Adapted>(kLora, model, r, false));
     // The factors: A as drawn (checked against the one rank's rows), B the one rank's rows.
     const std::vector<Parameter*> mine = ranks.back()->lora->parameters(), all = one.lora->parameters();
     for (size_t i = 0; i < mine.size(); ++i) {
@@ -240,7 +240,7 @@ TEST(LoraExperts, ExpertRanksEqualOneRank) {
         mine[i]->value.copy_from(all[i]->value);
         continue;
       }
-      EXPECT_TRUE(mine[i]->expert_shard) << mine[i]->name;
+      EXPECT_EQ(mine[i]->grad_group, GradGroup::partition_replicas) << mine[i]->name;
       const Tensor rows = all[i]->value.rows(2 * r, 2 * r + 2);
       if (mine[i]->name.find("lora_A") != std::string::npos) {
         EXPECT_EQ(mine[i]->value.to_floats(), rows.to_floats()) << mine[i]->name << ": drawn per expert by its Hub number";
@@ -258,7 +258,7 @@ TEST(LoraExperts, ExpertRanksEqualOneRank) {
     for (Parameter* p : a.lora->parameters()) p->grad.zero();
     a.model->zero_grad();
     const StepResult got = train_step(st, shards[static_cast<size_t>(r)], 1.0 / static_cast<double>(valid), Device::cpu(), 0.5);
-    for (Parameter* p : a.lora->parameters()) (p->expert_shard ? *mesh.expert_replicas() : world).all_reduce(p->grad);
+    for (Parameter* p : a.lora->parameters()) (p->grad_group == GradGroup::partition_replicas ? *mesh.partition_replicas() : world).all_reduce(p->grad);
     double sum = got.loss_sum;
     world.all_reduce(std::span<double>(&sum, 1));
     loss[static_cast<size_t>(r)] = sum;
@@ -268,7 +268,7 @@ TEST(LoraExperts, ExpertRanksEqualOneRank) {
   const std::vector<Parameter*> w = one.lora->parameters(), a = ranks[0]->lora->parameters(), b = ranks[1]->lora->parameters();
   for (size_t i = 0; i < w.size(); ++i) {
     std::vector<float> got = a[i]->grad.to_floats();
-    if (a[i]->expert_shard) {
+    if (a[i]->grad_group == GradGroup::partition_replicas) {
       const std::vector<float> more = b[i]->grad.to_floats();
       got.insert(got.end(), more.begin(), more.end());
     }

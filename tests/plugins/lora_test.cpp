@@ -232,6 +232,45 @@ TEST(Lora, SavesPeftFilesAndStartsFromThem) {
   EXPECT_DOUBLE_EQ(r.loss_sum / static_cast<double>(r.valid), want);
 }
 
+// target_modules as a regex (PEFT's re.fullmatch on the module's name): only the modules it
+// matches are adapted, here layer 1's q_proj and v_proj alone; the file keeps the pattern, and a
+// run starts from it with the same pattern only.
+TEST(Lora, RegexTargetsTheModulesItMatches) {
+  const std::string table = "r = 4\ntarget_modules = 'model\\.layers\\.1\\.self_attn\\.(q|v)_proj'";
+  Adapted a(table);
+  std::vector<std::string> names;
+  for (Parameter* p : a.lora->parameters()) names.push_back(p->name);
+  EXPECT_EQ(names, (std::vector<std::string>{"model.layers.1.self_attn.q_proj.lora_A.weight", "model.layers.1.self_attn.q_proj.lora_B.weight",
+                                             "model.layers.1.self_attn.v_proj.lora_A.weight", "model.layers.1.self_attn.v_proj.lora_B.weight"}));
+  const Shard shard = tokens_shard(16, 5);
+  const StepResult r = a.step(shard);
+  for (Parameter* p : a.lora->parameters()) {
+    double sum = 0;
+    for (float g : p->grad.to_floats()) sum += static_cast<double>(g) * g;
+    EXPECT_GT(sum, 0) << p->name << " trains";
+  }
+
+  const fs::path dir = test::temp_dir("lora-regex");
+  a.lora->save(dir.string(), "base");
+  const nlohmann::json cfg = nlohmann::json::parse(std::ifstream(dir / "adapter_config.json"));
+  EXPECT_EQ(cfg.at("target_modules"), "model\\.layers\\.1\\.self_attn\\.(q|v)_proj");
+  EXPECT_EQ(peft::read_adapter(dir.string()).pairs.size(), 2u);
+
+  auto start = [&](const std::string& lora_table) {
+    auto model = test::make_qwen3();
+    model->init_random(tiny_spec(), 3, Device::cpu(), DType::f32);
+    auto lora = test::make_plugin<Adapter>("lora", lora_table + "\ninit_from = \"" + dir.string() + "\"");
+    lora->attach(*model, AdapterContext{Device::cpu(), DType::f32, 99, ""});
+    model->zero_grad();
+    test::DefaultSlots s(*model);
+    s.slots.adapter = lora.get();
+    return train_step(s.slots, shard, 1.0 / static_cast<double>(test::count_valid(shard)), Device::cpu()).loss_sum;
+  };
+  EXPECT_DOUBLE_EQ(start(table), r.loss_sum);
+  // The same projections in every layer are other modules.
+  EXPECT_EQ(test::thrown_by([&] { start("r = 4\ntarget_modules = [\"q_proj\", \"v_proj\"]"); }).key, "lora.target_modules");
+}
+
 // PyTorch's LoRA step (gen_lora_fixture.py: nn.Linear plus PEFT's branch, norms trained whole)
 // on a transformers fixture: the loss and every trained gradient in fp32.
 TEST(Lora, EqualsThePyTorchReference) {
@@ -296,6 +335,8 @@ TEST(Lora, RefusalsNameTheKey) {
   EXPECT_EQ(thrown("r = 17").key, "lora.r");  // k_proj is [16, 32]: r <= 16
   EXPECT_EQ(thrown("target_modules = [\"qkv_proj\"]").key, "lora.target_modules");
   EXPECT_EQ(thrown("target_modules = []").key, "lora.target_modules");
+  EXPECT_EQ(thrown("target_modules = 'model.layers.(0'").key, "lora.target_modules");  // not a regex
+  EXPECT_EQ(thrown("target_modules = '.*\\.qkv_proj'").key, "lora.target_modules");   // matches no module
   EXPECT_EQ(thrown("dropout = 1.0").key, "lora.dropout");
   EXPECT_EQ(thrown("dropout = -0.1").key, "lora.dropout");
   EXPECT_EQ(thrown("alpha = -1").key, "lora.alpha");

@@ -141,17 +141,17 @@ class Mesh {
   // cp x sp: the ranks that share one sequence (loss and valid-token counts of one sequence),
   // ranked by seq_index (the order of their shards) whatever the placement order.
   Communicator& seq() const { return *seq_; }
-  // Expert parallelism (MeshShape::ep > 1; null otherwise): the ep consecutive world ranks that
-  // split the experts, ranked by expert_index, and the ranks holding the same experts (one per
-  // group), over which those experts' gradients are summed.
-  Communicator* experts() const { return experts_.get(); }
-  Communicator* expert_replicas() const { return expert_replicas_.get(); }
+  // MeshShape::ep > 1 (null otherwise): the ep consecutive world ranks that each hold one part of
+  // the model's partitioned parameters (GradGroup::partition_replicas), ranked by expert_index, and
+  // the ranks holding the same part (one per partition), over which its gradients are summed.
+  Communicator* partition() const { return partition_.get(); }
+  Communicator* partition_replicas() const { return partition_replicas_.get(); }
 
  private:
   Communicator& world_;
   MeshShape shape_;
   MeshCoord coord_;
-  std::unique_ptr<Communicator> dp_, cp_, sp_, seq_, experts_, expert_replicas_;
+  std::unique_ptr<Communicator> dp_, cp_, sp_, seq_, partition_, partition_replicas_;
 };
 
 }  // namespace lcx

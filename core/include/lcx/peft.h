@@ -26,6 +26,9 @@ struct AdapterConfig {
   double lora_dropout = 0;
   std::vector<std::string> target_modules;  // short names, in lora_modules() order
   bool all_linear = false;                  // written back as the string "all-linear"
+  // target_modules given as any other string: a regex a module's whole name must match
+  // (module_name; PEFT's re.fullmatch), target_modules then empty.
+  std::string target_pattern;
   bool use_rslora = false;
   std::string base_model_name_or_path;
   std::optional<std::vector<std::string>> modules_to_save;  // null when absent
@@ -56,6 +59,9 @@ struct Adapter {
 bool saved_module(const std::vector<std::string>& modules_to_save, const std::string& tensor);
 // "self_attn.q_proj" or "mlp.gate_proj"; with an expert (>= 0), "mlp.experts.5.gate_proj".
 std::string module_path(const std::string& module, int64_t expert = -1);
+// The module's name as PEFT matches target_modules against it: "model.layers.3.self_attn.q_proj"
+// (an expert's: "model.layers.3.mlp.experts.5.gate_proj").
+std::string module_name(int64_t layer, const std::string& module, int64_t expert = -1);
 // The base checkpoint's name of the matrix: "model.layers.3.self_attn.q_proj.weight" (an expert's:
 // "model.layers.3.mlp.experts.5.gate_proj.weight", as the Hub's Qwen3-MoE checkpoints store them).
 std::string base_weight_name(int64_t layer, const std::string& module, int64_t expert = -1);

@@ -37,8 +37,8 @@ Mesh::Mesh(Communicator& world, const MeshShape& shape)
   seq_ = world.split(d, seq_index(shape, coord_), "seq");
   if (shape.ep > 1) {
     const int r = world.rank();
-    experts_ = world.split(r / shape.ep, expert_index(shape, r), "ep");
-    expert_replicas_ = world.split(expert_index(shape, r), r / shape.ep, "edp");
+    partition_ = world.split(r / shape.ep, expert_index(shape, r), "ep");
+    partition_replicas_ = world.split(expert_index(shape, r), r / shape.ep, "edp");
   }
 }
 

@@ -13,6 +13,7 @@
 #include <memory>
 #include <mutex>
 #include <nlohmann/json.hpp>
+#include <regex>
 #include <set>
 #include <sstream>
 #include <thread>
@@ -159,8 +160,12 @@ std::string module_path(const std::string& module, int64_t expert) {
   return (module_rank(module) < 4 ? "self_attn." : "mlp.") + module;
 }
 
+std::string module_name(int64_t layer, const std::string& module, int64_t expert) {
+  return str("model.layers.", layer, ".", module_path(module, expert));
+}
+
 std::string base_weight_name(int64_t layer, const std::string& module, int64_t expert) {
-  return str("model.layers.", layer, ".", module_path(module, expert), ".weight");
+  return module_name(layer, module, expert) + ".weight";
 }
 
 std::string lora_key(int64_t layer, const std::string& module, char which, int64_t expert) {
@@ -217,10 +222,15 @@ AdapterConfig parse_config(const std::string& json_text, const std::string& sour
     throw bad("target_modules", "must be given", str("set target_modules to a list of ", all, " or \"all-linear\""));
   const json& t = j["target_modules"];
   std::set<int> chosen;
-  if (t.is_string()) {
-    if (t != "all-linear")
-      throw bad("target_modules", "as a string must be \"all-linear\" (lcx does not match module regexes)",
-                str("list the modules among ", all, ", or give \"all-linear\""));
+  if (t.is_string() && t != "all-linear") {
+    c.target_pattern = t.get<std::string>();
+    try {
+      std::regex check(c.target_pattern);
+    } catch (const std::regex_error& e) {
+      throw bad("target_modules", str("'", c.target_pattern, "' is not a regex (", e.what(), ")"),
+                str("list the modules among ", all, ", give \"all-linear\", or a regex of module names"));
+    }
+  } else if (t.is_string()) {
     c.all_linear = true;
     for (size_t i = 0; i < lora_modules().size(); ++i) chosen.insert(static_cast<int>(i));
   } else if (t.is_array() && !t.empty()) {
@@ -272,7 +282,9 @@ std::string config_json(const AdapterConfig& c) {
   j["r"] = c.r;
   j["rank_pattern"] = json::object();
   j["revision"] = nullptr;
-  j["target_modules"] = c.all_linear ? json("all-linear") : json(c.target_modules);
+  j["target_modules"] = c.all_linear                  ? json("all-linear")
+                        : !c.target_pattern.empty() ? json(c.target_pattern)
+                                                    : json(c.target_modules);
   j["task_type"] = "CAUSAL_LM";
   j["use_dora"] = false;
   j["use_rslora"] = c.use_rslora;
@@ -304,6 +316,11 @@ Adapter read_adapter(const std::string& dir) {
   const auto ckpt = safetensors::Checkpoint::open(weights_path.string());
   std::map<std::tuple<int64_t, int64_t, int>, LoraPair> pairs;  // layer, expert (-1: none), module
   const std::string where = weights_path.string();
+  const std::regex pattern = c.target_pattern.empty() ? std::regex() : std::regex(c.target_pattern);
+  auto targeted = [&](int64_t layer, const std::string& module, int64_t expert) {
+    if (!c.target_pattern.empty()) return std::regex_match(module_name(layer, module, expert), pattern);
+    return std::find(c.target_modules.begin(), c.target_modules.end(), module) != c.target_modules.end();
+  };
   for (const auto& name : ckpt.names()) {
     if (name.rfind(kPrefix, 0) != 0)
       throw Error(str(where, ": ", name, " is not a PEFT key (they begin with ", kPrefix, ")"), name,
@@ -315,9 +332,9 @@ Adapter read_adapter(const std::string& dir) {
     int64_t expert = -1;
     if (parse_lora_name(rest, layer, module, which, expert)) {
       const int rank = module_rank(module);
-      if (rank < 0 || std::find(c.target_modules.begin(), c.target_modules.end(), module) == c.target_modules.end())
-        throw Error(str(where, ": ", name, " adapts ", module, ", which is not in target_modules (",
-                        joined(c.target_modules), ")"),
+      if (rank < 0 || !targeted(layer, module, expert))
+        throw Error(str(where, ": ", name, " adapts ", module, ", which target_modules (",
+                        c.target_pattern.empty() ? joined(c.target_modules) : "'" + c.target_pattern + "'", ") does not match"),
                     name, "give the adapter_config.json saved with these weights");
       const Shape& s = ckpt.info(name).shape;
       const bool ok = s.size() == 2 && (which == 'A' ? s[0] == c.r : s[1] == c.r) && s[0] > 0 && s[1] > 0;

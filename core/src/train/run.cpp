@@ -182,15 +182,15 @@ RankIO Run::rank_io() const { return RankIO{rank(), world_size(), rank_.world, s
 void Run::check_parallelism() const {
   // A plan builds no ranks: it checks the mesh the manifest asks for.
   const MeshShape shape = rank_.mesh ? mesh_shape() : configured_mesh(cfg_.distributed);
-  // ZeRO-3 shards every parameter over the world, an expert's too, while expert parallelism gives
-  // each group's ranks different experts: the two would need the experts' shards gathered over
-  // the ranks holding the same experts only, which ShardedParams does not do.
+  // ZeRO-3 shards every parameter over the world, a partitioned one's part too, while ep gives
+  // each partition's ranks different parts: the two would need those shards gathered over the
+  // ranks holding the same part only (GradGroup::partition_replicas), which ShardedParams does not do.
   if (shape.ep > 1 && cfg_.distributed.shard_parameters)
-    throw Error(str("[distributed] ep = ", shape.ep, " with shard_parameters = true: ZeRO-3 does not shard experts held by "
-                    "expert parallelism"),
+    throw Error(str("[distributed] ep = ", shape.ep, " with shard_parameters = true: ZeRO-3 does not shard the parameters "
+                    "ep partitions over its ranks"),
                 "distributed.shard_parameters",
-                "set [distributed] shard_parameters = false (each rank then holds its E/ep experts and every other "
-                "parameter whole), or ep = 1");
+                "set [distributed] shard_parameters = false (each rank then holds its 1/ep part of the partitioned "
+                "parameters and every other parameter whole), or ep = 1");
   const Parallelism& par = *slots_.parallel;
   auto it = slots_.providers.find(LCX_SLOT_PARALLELISM);
   const std::string name = it != slots_.providers.end() ? it->second.name : std::string("the parallelism");
@@ -293,11 +293,10 @@ void Run::load_or_init_weights(const std::string& resume_dir) {
   Adapter& adapter = *slots_.adapter;
   const bool resumed = !resume_dir.empty() && adapter.saved_in(resume_dir);
   const bool shards = rank_.world && cfg_.distributed.shard_parameters && world_size() > 1;
-  Communicator* experts = rank_.mesh ? rank_.mesh->experts() : nullptr;
-  const int64_t first_expert = experts && experts->size() > 1 ? experts->rank() * (model().config().num_experts / experts->size()) : 0;
+  Communicator* partition = rank_.mesh ? rank_.mesh->partition() : nullptr;
   adapter.attach(model(), AdapterContext{device_, dtype_, static_cast<uint64_t>(cfg_.run.seed), resumed ? resume_dir : "",
                                          !shards && grad_dtype_for(cfg_.train, dtype_, world_size()) == DType::f32,
-                                         first_expert});
+                                         partition ? partition->rank() : 0});
 }
 
 void Run::load_base_weights(const std::string& resume_dir) {
@@ -419,14 +418,14 @@ std::vector<Parameter*> Run::trainable_parameters() const {
 double Run::grad_norm() {
   if (shards_) return shards_->grad_norm();
   const double norm = optimizer().grad_norm();
-  Communicator* group = rank_.mesh ? rank_.mesh->experts() : nullptr;
+  Communicator* group = rank_.mesh ? rank_.mesh->partition() : nullptr;
   if (!group) return norm;
-  // The provider's norm counts this rank's gradients: every one but the experts' is the same on
-  // every rank after the all-reduce, while each rank of an expert-parallel group holds other
-  // experts'. Their squares are summed over the group, so each expert counts once, as on one rank.
+  // The provider's norm counts this rank's gradients: every one is the same on every rank after
+  // the all-reduce but a partitioned parameter's, whose ranks hold other parts. Their squares are
+  // summed over the partition, so each part counts once, as on one rank.
   double mine = 0;
   for (Parameter* p : trainable_parameters())
-    if (p->expert_shard) mine += adamw::sum_squares(p->grad);
+    if (p->grad_group == GradGroup::partition_replicas) mine += adamw::sum_squares(p->grad);
   double all = mine;
   group->all_reduce(std::span<double>(&all, 1));
   return std::sqrt(std::max(0.0, norm * norm - mine + all));
@@ -435,21 +434,21 @@ double Run::grad_norm() {
 std::string Run::save(const TrainerState& state, const CheckpointContents& contents) {
   optimizer().synchronize();  // the weights saved are the updated ones
   if (hooks_) hooks_->gather_all();
-  // Under expert parallelism rank 0 writes every expert, as it writes ZeRO-3's gathered
-  // parameters: each layer's experts gathered over its group (rank order is expert order) for the
-  // save, then its own again. Only the first group's ranks take part; the others hold copies.
-  // An adapter's factors of the experts (Adapter::find_experts) are gathered the same way.
-  // One parameter's experts are gathered on the GPU at a time and rank 0 keeps them in host
-  // memory for the writer (which copies every tensor to the host anyway): all of Qwen3-30B-A3B's
-  // experts at once would be 57 GB more on each GPU of the group, past an 80 GB card's budget.
+  // Rank 0 writes every part of a partitioned parameter (the model's or the adapter's), as it
+  // writes ZeRO-3's gathered parameters: the parts gathered over the partition (rank order is
+  // row order) for the save, then its own again. Only the first partition's ranks take part; the
+  // others hold copies. One parameter is gathered on the GPU at a time and rank 0 keeps it in
+  // host memory for the writer (which copies every tensor to the host anyway): all of
+  // Qwen3-30B-A3B's partitioned weights at once would be 57 GB more on each GPU of the
+  // partition, past an 80 GB card's budget.
   std::vector<std::pair<Parameter*, Tensor>> own;
-  Communicator* group = rank_.mesh ? rank_.mesh->experts() : nullptr;
+  Communicator* group = rank_.mesh ? rank_.mesh->partition() : nullptr;
   std::vector<Parameter*> params = model().parameters();
   if (slots_.adapter->active())
     for (Parameter* p : slots_.adapter->parameters()) params.push_back(p);
   if (group && rank() < group->size())
     for (Parameter* p : params) {
-      if (!p->expert_shard) continue;
+      if (p->grad_group != GradGroup::partition_replicas) continue;
       Shape shape = p->value.shape();
       shape[0] *= group->size();
       Tensor whole = Tensor::empty(shape, p->value.dtype(), p->value.device(), MemoryCategory::weights);

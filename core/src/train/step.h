@@ -63,7 +63,7 @@ struct StepResult {
   int64_t valid = 0;    // targets that are not -100
   double forward_s = 0;   // embed + layers + final norm
   double backward_s = 0;  // loss + final norm backward + layers' recompute and backward + embed
-  AuxLoss aux;            // the model's auxiliary loss of this pass (a mixture of experts' load balance)
+  AuxLoss aux;            // the model's auxiliary loss of this pass (Model::aux_loss)
 };
 
 // Tells the positional encoding and the parallelism the model's shape, and the parallelism its

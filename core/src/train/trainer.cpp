@@ -40,29 +40,6 @@
 namespace lcx {
 namespace {
 
-// Model FLOPs of one sequence's step (forward + backward = 3x forward), per the usual accounting:
-// 6 per matmul parameter per token (layers and the head, not the embedding lookup) plus causal
-// attention counted once: 6 * layers * heads * head_dim * T^2 (QK^T and PV, half the square, times
-// 3). With masked documents only each document's own square counts, the attention the step does:
-// counting the whole sequence's would report 64 short documents of 131,072 tokens at 25x their
-// attention work, and an MFU above 100%.
-double step_flops(const ModelConfig& c, const Sequence& seq) {
-  const double h = static_cast<double>(c.hidden_size), d = static_cast<double>(c.head_dim);
-  const double q = static_cast<double>(c.num_heads) * d, kv = static_cast<double>(c.num_kv_heads) * d;
-  const double layer = h * q + 2 * h * kv + q * h + 3 * h * static_cast<double>(c.intermediate_size);
-  const double matmul_params = static_cast<double>(c.num_layers) * layer + static_cast<double>(c.vocab_size) * h;
-  const double tokens = static_cast<double>(seq.tokens.numel());
-  double squares = tokens * tokens;
-  if (!seq.document_bounds.empty()) {
-    squares = 0;
-    for (size_t i = 1; i < seq.document_bounds.size(); ++i) {
-      const double n = static_cast<double>(seq.document_bounds[i] - seq.document_bounds[i - 1]);
-      squares += n * n;
-    }
-  }
-  return 6 * matmul_params * tokens + 6 * static_cast<double>(c.num_layers) * static_cast<double>(c.num_heads) * d * squares;
-}
-
 int64_t host_peak_bytes() {
   rusage u{};
   getrusage(RUSAGE_SELF, &u);
@@ -247,7 +224,7 @@ Trainer::StepRecord Trainer::train_step() {
   state_.sequences_done += static_cast<int64_t>(batch.sequences.size());
   state_.num_tokens += static_cast<double>(r.tokens);
   for (const Sequence& seq : batch.sequences) {
-    r.flops += step_flops(run_.model().config(), seq);
+    r.flops += run_.model().step_flops(seq.tokens.numel(), seq.document_bounds);
     r.documents += seq.document_count;
   }
   return r;
@@ -300,14 +277,15 @@ void Trainer::forward_backward_step(const Batch& batch, StepRecord& r) {
     timeline_ = std::make_unique<StepTimeline>(device);
   try {
     if (r.valid > 0) {
-      // The step trains the mean of its sequences' auxiliary losses (a mixture of experts').
+      // The step trains the mean of its sequences' auxiliary losses.
       const double aux_weight = 1.0 / static_cast<double>(batch.sequences.size());
-      // Expert parallelism: every rank of a group takes part in each pass's exchanges, so a rank
-      // with fewer of the step's sequences than another of its group (an epoch's short last step)
-      // runs the difference as passes over the step's first sequence that weigh nothing (loss
-      // and auxiliary weights 0: their gradients are zeros, their losses not counted).
+      // Every rank of the model's partition (StepContext::partition) takes part in each pass's
+      // exchanges, so a rank with fewer of the step's sequences than another of its partition (an
+      // epoch's short last step) runs the difference as passes over the step's first sequence
+      // that weigh nothing (loss and auxiliary weights 0: their gradients are zeros, their losses
+      // not counted).
       size_t passes = mine_end - mine_begin;
-      if (Communicator* group = run_.mesh() ? run_.mesh()->experts() : nullptr) {
+      if (Communicator* group = run_.mesh() ? run_.mesh()->partition() : nullptr) {
         std::vector<double> counts(static_cast<size_t>(group->size()), 0.0);
         counts[static_cast<size_t>(group->rank())] = static_cast<double>(passes);
         group->all_reduce(std::span<double>(counts));
@@ -363,10 +341,11 @@ void Trainer::reduce_across_ranks(StepRecord& r) {
     ProfilePhase phase(StepPhase::communication);
     allocator_for(run_.device()).recorder().set_tag("communication");
     world->all_reduce(std::span<double>(sums, 3));
-    // An expert shard's gradient is summed over the ranks holding the same experts only.
-    Communicator* replicas = run_.mesh() ? run_.mesh()->expert_replicas() : nullptr;
+    // Each gradient over the ranks its parameter names (Parameter::grad_group).
+    Communicator* replicas = run_.mesh() ? run_.mesh()->partition_replicas() : nullptr;
     if (!run_.sharded())
-      for (Parameter* p : run_.trainable_parameters()) (p->expert_shard && replicas ? *replicas : *world).all_reduce(p->grad);
+      for (Parameter* p : run_.trainable_parameters())
+        (p->grad_group == GradGroup::partition_replicas && replicas ? *replicas : *world).all_reduce(p->grad);
   }
   StopSignals::request_read(state_.step + 1);
   r.loss_sum = sums[0];

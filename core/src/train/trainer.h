@@ -25,8 +25,8 @@ struct TrainOptions {
 std::string resume_command(const std::vector<std::string>& argv);
 
 // Each rank creates its own slot objects (a plugin may hold per-rank state), after its mesh is
-// bound, so a Parallelism plugin finds its communicators; `rank` is its world rank (a model under
-// expert parallelism builds only its experts).
+// bound, so a Parallelism plugin finds its communicators; `rank` is its world rank (a model that
+// partitions parameters over [distributed] ep ranks builds only its part).
 using SlotFactory = std::function<SlotSet(Device, int rank)>;
 
 // Returns the process exit code: 0 when the run finished, 130 when it stopped on a signal after

@@ -71,10 +71,10 @@ struct AdapterContext {
   // the run shards the parameters (ZeRO-3) or keeps GEMM weights' gradients in another dtype,
   // which would replace the parameters' views of the stacks with tensors of their own.
   bool stack_factors = true;
-  // The first expert (Hub number) of a sparse layer that this rank holds, under expert parallelism
-  // ([distributed] ep): the experts' factors are drawn per expert, by its Hub number, so every ep
-  // starts from the factors one rank would.
-  int64_t first_expert = 0;
+  // This rank's place in Mesh::partition(): the part of each partitioned parameter it holds
+  // (GradGroup::partition_replicas), rows [index * n, (index + 1) * n) of the whole, so factors
+  // drawn per row of the whole start from what one rank would draw.
+  int partition_index = 0;
 };
 
 class Adapter : public Plugin {

@@ -2,6 +2,7 @@
 // There is no autograd: the step (core) runs embed -> layers -> final norm -> Loss, then the
 // layers' backward last to first, recomputing each layer from the input MemoryStrategy kept.
 #pragma once
+#include <span>
 #include <string>
 #include <vector>
 
@@ -66,6 +67,17 @@ struct AuxLoss {
   bool present = false;  // the model has one
 };
 
+// The ranks a parameter's gradient is summed over, which follow from the ranks that hold it.
+enum class GradGroup : uint8_t {
+  // Every rank holds the whole parameter (or, under ZeRO-3, its shard of it): summed over the world.
+  world,
+  // Each rank of Mesh::partition() holds its own part of it (rows of dim 0, in the group's rank
+  // order; a mixture of experts' experts under [distributed] ep): summed over
+  // Mesh::partition_replicas(), the ranks holding the same part. Its squares count once per
+  // partition in the gradient's norm, and a save gathers the parts over the partition.
+  partition_replicas,
+};
+
 struct Parameter {
   std::string name;  // the HF name, e.g. "model.layers.0.self_attn.q_proj.weight"
   Tensor value;      // compute copy (bf16 on GPU by default)
@@ -79,10 +91,7 @@ struct Parameter {
   // Not trained (the Adapter slot froze it): no gradient tensor, no optimizer state, and the
   // backward computes no gradient for it.
   bool frozen = false;
-  // This rank's share of a layer's experts under expert parallelism (MeshShape::ep > 1): its
-  // gradient is summed over the ranks holding the same experts (Mesh::expert_replicas), not the
-  // world, and counts once per expert-parallel group in the gradient's norm.
-  bool expert_shard = false;
+  GradGroup grad_group = GradGroup::world;
 };
 
 struct StepContext {
@@ -105,10 +114,11 @@ struct StepContext {
   // The ranks that share this sequence (cp x sp), for statistics over the whole sequence (the
   // load-balancing loss's); null where one rank holds it.
   class Communicator* sequence = nullptr;
-  // The expert-parallel group ([distributed] ep consecutive ranks, each holding E/ep of every
-  // sparse layer's experts), through which a sparse layer sends its tokens' rows to the ranks
-  // holding their experts; null where every rank holds every expert.
-  class Communicator* experts = nullptr;
+  // Mesh::partition(): the ranks holding the parts of the model's partitioned parameters
+  // (GradGroup::partition_replicas), through which a layer sends its rows to the rank holding the
+  // part they need (a sparse layer's tokens to their experts); null where one rank holds them whole.
+  // Its ranks exchange in every pass, so the step runs as many passes on each of them.
+  class Communicator* partition = nullptr;
   // int64 [T] on the device: each row's index in its sequence (Shard::indices, 0 .. T-1 where the
   // shard has none), by which the adapters' dropout draws (LowRank).
   Tensor rows;
@@ -141,6 +151,12 @@ class Model : public Plugin {
   // The last forward pass's auxiliary loss (embed_forward begins a pass, final_norm_forward ends
   // it; the layers' recomputes after it do not count); its gradient is the layers' backward's.
   virtual AuxLoss aux_loss() const { return {}; }
+  // The model FLOPs of one training step over a sequence of `tokens` (forward and backward, 3x
+  // the forward; no recompute), for the MFU: 6 per token for each weight its GEMMs multiply it by
+  // (the head's included, the embedding lookup's not; a mixture of experts' experts that token
+  // takes), plus the attention's score and value products over the (query, key) pairs the mask
+  // allows. document_bounds as Sequence::document_bounds (empty: one causal sequence).
+  virtual double step_flops(int64_t tokens, std::span<const int64_t> document_bounds) const = 0;
   virtual Tensor head_weight() = 0;  // [V,H]: lm_head, or the embedding when tied
   virtual Tensor head_grad() = 0;    // fp32 [V,H], shared with the embedding's when tied
   // Adds what this provider holds during a step to `plan` (lcx/plan.h); the default adds nothing.
