@@ -12,8 +12,8 @@
 #include "data/tokenizer.h"
 #include "data/utf8.h"
 #include "data_test_util.h"
-#include "support/test_util.h"
 #include "lcx/error.h"
+#include "support/test_util.h"
 
 namespace lcx {
 namespace {

@@ -339,11 +339,18 @@ std::vector<PlanKnob> plan_knobs(const PlanInputs& in, const PlanSlots& slots, c
   // Each provider that would replace a core default, alone, then all of them together.
   PlanSlots combined = slots;
   std::vector<std::string> loads;
+  std::vector<const Offer*> adapters;
   for (const Offer& o : offers) {
     if (o.slot == LCX_SLOT_PARALLELISM || !runs_default(slots, o.slot)) continue;
     PlanSlots s = slots;
     if (!place(s, o)) continue;
     add(str("load ", o.name, " (", o.why, ")"), {o.name}, {}, in, s);
+    // An adapter changes what trains, not only where it lives: offered on its own, never folded
+    // into the other providers' fixes.
+    if (o.slot == LCX_SLOT_ADAPTER) {
+      adapters.push_back(&o);
+      continue;
+    }
     place(combined, o);
     loads.push_back(o.name);
   }
@@ -386,14 +393,24 @@ std::vector<PlanKnob> plan_knobs(const PlanInputs& in, const PlanSlots& slots, c
   if (longest > 0 && longest < in.seq_len)
     add(str("lower data.seq_len to ", longest), {}, {{"data.seq_len", std::to_string(longest)}}, with_seq(in, longest),
         slots);
-  // No length fits as loaded, and the providers above together do not fit this one: the longest
-  // that fits with them.
-  const bool combined_fits = !loads.empty() && peak_of(in, combined) <= gpu_bytes;
-  if (longest == 0 && !loads.empty() && !combined_fits) {
-    const int64_t with_all = longest_fitting_seq(in, combined, gpu_bytes, unit);
-    if (with_all > 0)
-      add(str("load ", join(loads, " and "), ", and lower data.seq_len to ", with_all), loads,
-          {{"data.seq_len", std::to_string(with_all)}}, with_seq(in, with_all), combined);
+  // No length fits as loaded: the longest that fits with the providers above together, and with
+  // them and each adapter, where this length does not.
+  if (longest == 0) {
+    auto shorter = [&](const std::vector<std::string>& names, const PlanSlots& with) {
+      if (names.empty() || peak_of(in, with) <= gpu_bytes) return;
+      const int64_t n = longest_fitting_seq(in, with, gpu_bytes, unit);
+      if (n > 0)
+        add(str("load ", join(names, " and "), ", and lower data.seq_len to ", n), names,
+            {{"data.seq_len", std::to_string(n)}}, with_seq(in, n), with);
+    };
+    shorter(loads, combined);
+    for (const Offer* a : adapters) {
+      PlanSlots with = combined;
+      place(with, *a);
+      std::vector<std::string> names = loads;
+      names.push_back(a->name);
+      shorter(names, with);
+    }
   }
   return knobs;
 }
