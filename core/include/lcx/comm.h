@@ -142,8 +142,9 @@ class Mesh {
   // ranked by seq_index (the order of their shards) whatever the placement order.
   Communicator& seq() const { return *seq_; }
   // MeshShape::ep > 1 (null otherwise): the ep consecutive world ranks that each hold one part of
-  // the model's partitioned parameters (GradGroup::partition_replicas), ranked by expert_index, and
-  // the ranks holding the same part (one per partition), over which its gradients are summed.
+  // the model's partitioned parameters (GradGroup::partition_replicas), ranked by their place in
+  // it (world rank mod ep, lcx/mesh_shape.h), and the ranks holding the same part (one per
+  // partition), over which its gradients are summed.
   Communicator* partition() const { return partition_.get(); }
   Communicator* partition_replicas() const { return partition_replicas_.get(); }
 

@@ -44,8 +44,8 @@ struct PluginArgs {
   Device device;      // where the run computes
   MeshShape mesh;     // [distributed] dp x cp x sp as configured (dp may still widen to the world)
   // This rank in the world; 0 where the provider is made for no rank (plans, checks). A model
-  // under expert parallelism learns from it (expert_index) which experts it builds, before any
-  // weight exists: a rank holds only its experts' weights, never the whole layer's.
+  // that partitions parameters over [distributed] ep ranks learns from it (with `mesh`) which part
+  // it builds, before any weight exists: a rank holds only its part, never the whole.
   int rank = 0;
 };
 
