@@ -105,6 +105,29 @@ TEST(AttentionDispatch, AdaServesHeadDim128OnCudnnAlone) {
   EXPECT_LE(smem::mma(true, 64), kRtx4090.smem_per_block);
 }
 
+// Without cuDNN, auto on a GPU without the Hopper kernels would run everything on the mma kernels
+// (7-8x under cuDNN's rate): refused with the fix; own or mma take it knowingly; a Hopper GPU has
+// its own kernels at cuDNN's forward rate and PyTorch flash's backward rate.
+TEST(AttentionDispatch, WithoutCudnnOnlyHopperRunsUnderAuto) {
+  for (DeviceCaps d : {kA100, kRtx4090, kB200}) {
+    d.cudnn = false;
+    try {
+      check_fast_attention(Choice::automatic, d);
+      ADD_FAILURE() << "sm_" << d.major << d.minor << " without cuDNN was not refused";
+    } catch (const Error& e) {
+      EXPECT_EQ(e.key(), "run.attention");
+      EXPECT_NE(std::string(e.what()).find("no cuDNN loaded"), std::string::npos) << e.what();
+      EXPECT_NE(e.fix().find("nvidia-cudnn-cu13"), std::string::npos) << e.fix();
+    }
+    EXPECT_NO_THROW(check_fast_attention(Choice::own, d));
+    EXPECT_NO_THROW(check_fast_attention(Choice::mma, d));
+  }
+  DeviceCaps hopper = kH100;
+  hopper.cudnn = false;
+  EXPECT_NO_THROW(check_fast_attention(Choice::automatic, hopper));
+  EXPECT_NO_THROW(check_fast_attention(Choice::automatic, kA100));  // cuDNN loaded
+}
+
 TEST(AttentionDispatch, ForcedCudnnNamesWhatItRefuses) {
   Call ring = causal(4096);
   ring.keys = 8192;

@@ -120,6 +120,13 @@ int run_plan_command(const Manifest& m, const CoreConfig& cfg, const PluginLoade
                                                               in.weight_dtype, in.model.head_dim, in.tokens_per_rank,
                                                               ops::attention::caps_of(major, minor)))
       std::printf("  %s\n", line.c_str());
+    ops::attention::DeviceCaps bare = ops::attention::caps_of(major, minor);
+    bare.cudnn = false;
+    try {
+      ops::attention::check_fast_attention(choice.value_or(ops::attention::Choice::automatic), bare);
+    } catch (const Error& e) {
+      std::printf("  without cuDNN: refused (%s)\n", e.fix().c_str());
+    }
   }
   std::printf("\nrecipe: %s, predicted step %.1f s (keys set in the manifest win)\n",
               gpu_fits && host_fits ? "the fastest that fits" : "the leanest (nothing fits)",

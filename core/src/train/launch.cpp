@@ -30,13 +30,21 @@ void log_device(const Run& run) {
                            : ""));
 }
 
+// A GPU whose attention would run 7-8x under cuDNN's rate without a word is refused (dispatch.h).
+void check_attention() {
+#ifdef LCX_HAVE_CUDA
+  ops::attention::check_fast_attention(ops::attention::choice(), ops::cuda::attention_device_caps());
+#endif
+}
+
 // Which attention backend each kind of the run's calls takes on this GPU.
 void log_attention(const Run& run) {
 #ifdef LCX_HAVE_CUDA
   const PlanInputs& in = run.planned();
   const ops::attention::Choice choice = ops::attention::choice();
+  const ops::attention::DeviceCaps caps = ops::cuda::attention_device_caps();
   for (const std::string& line : ops::attention::plan_lines(choice, in.weight_dtype, in.model.head_dim,
-                                                            in.tokens_per_rank, ops::cuda::attention_device_caps()))
+                                                            in.tokens_per_rank, caps))
     log::info(str("attention ([run] attention = ", ops::attention::name(choice), "): ", line));
 #else
   (void)run;
@@ -87,6 +95,7 @@ int train_rank(const CoreConfig& cfg, const Manifest& manifest, const SlotFactor
   }
   run.plan_local_step(opts.force);
   if (run.lead()) log_recipe(run);
+  if (device.is_cuda()) check_attention();
   if (run.lead() && device.is_cuda()) log_attention(run);
   const RunLength length = run_length(run);
   if (run.lead())

@@ -158,6 +158,15 @@ DeviceCaps caps_of(int major, int minor) {
 void set_choice(Choice c) { g_choice.store(c); }
 Choice choice() { return g_choice.load(); }
 
+void check_fast_attention(Choice choice, const DeviceCaps& d) {
+  if (choice != Choice::automatic || d.cudnn || d.major == 9) return;
+  throw Error(str("this GPU (sm_", d.major, d.minor, ") has no cuDNN loaded and no Hopper attention kernels: every attention "
+                  "call would run on lcx's sm_80 kernels, 7-8x slower than cuDNN or PyTorch's flash attention"),
+              "run.attention",
+              "install cuDNN 9 (NVIDIA's libcudnn9-cuda-13 package, or `pip install nvidia-cudnn-cu13` and `source "
+              "lcx-env.sh`, which finds the wheel); or set [run] attention = \"own\" to train on lcx's kernels anyway");
+}
+
 std::vector<std::string> plan_lines(Choice choice, DType dtype, int64_t head_dim, int64_t rows, const DeviceCaps& d) {
   std::vector<std::string> lines;
   auto line = [&](const std::string& kind, Call c, bool own) {

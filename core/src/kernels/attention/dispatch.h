@@ -88,6 +88,13 @@ std::string describe(const Call& c);
 void set_choice(Choice c);
 Choice choice();
 
+// Under auto on a GPU without cuDNN and without the Hopper kernels (anything but sm_90), every
+// attention call of 16-bit head_dim <= 128 would run on the mma kernels, which measured 47.7 TFLOP/s
+// forward and 39.1 backward at 32,768 causal tokens on an H200, 7-8x under PyTorch's flash backend
+// (docs/PERF.md). Such a run is refused at its start with the fix (cuDNN), not taken silently;
+// [run] attention = "own" or "mma" takes it knowingly. Throws lcx::Error naming run.attention.
+void check_fast_attention(Choice choice, const DeviceCaps& d);
+
 // Which backend each kind of call of a run takes: one line per kind (causal forward below and from
 // kOwnForwardMinRows rows, backward, a document's rows on the own kernels), for the log and --plan.
 std::vector<std::string> plan_lines(Choice choice, DType dtype, int64_t head_dim, int64_t rows, const DeviceCaps& d);
