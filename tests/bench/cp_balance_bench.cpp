@@ -1,4 +1,4 @@
-// Work per rank under cp_ring (issue 12, part 5). Virtual ranks sharing one GPU run at once, so
+// Work per rank under cp_ring. Virtual ranks sharing one GPU run at once, so
 // their kernels overlap and a rank's own time cannot be read off a joint run; instead each rank's
 // ring schedule runs alone on the device: at every ring step the attention pieces cp_ring computes
 // for it (schedule.h, the plugin's own schedule), forward and backward, on tensors of the

@@ -1,4 +1,4 @@
-// Document-masked attention (issue 23) against full causal attention over the same tokens: for
+// Document-masked attention against full causal attention over the same tokens: for
 // each length mix, the sequence of --tokens tokens is cut into documents, and one forward and one
 // backward of Qwen3-8B's attention shape are timed both ways (the device synchronized around each
 // call, the median of --reps). Useful FLOPs count only the score entries a query may see: a causal

@@ -1,4 +1,4 @@
-// The loss on its own, for issue 7 part 3: loss_chunked (loaded through the real plugin loader)
+// The loss on its own: loss_chunked (loaded through the real plugin loader)
 // against core's plain full-logits loss, forward + backward on random data of one head's shape
 // (default Qwen3-4B's: H 2560, V 151,936, bf16 on the GPU), at each length asked, and a sweep of
 // chunk_rows. For every run: the median time of the timed calls after a warm-up (the device is

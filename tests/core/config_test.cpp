@@ -70,7 +70,7 @@ TEST(Manifest, SetOverridesAndTypeChecks) {
   EXPECT_EQ(m.section("train").get_string("schedule", ""), "linear");
   m.set("new_section.key=[1, 2]");
   EXPECT_TRUE(m.section("new_section").has("key"));
-  // A fraction over a whole number is the key's reader's to judge (issue 53: lora.alpha = 16 in the
+  // A fraction over a whole number is the key's reader's to judge (lora.alpha = 16 in the
   // file takes --set lora.alpha=2.5); one read as an integer is refused by its name.
   Manifest fraction = Manifest::parse(kManifest, "m.toml");
   fraction.set("train.max_steps=1.5");

@@ -202,7 +202,7 @@ TEST(ChatTemplates, ATemplateWithoutTurnMarkersIsRefusedForAssistantLoss) {
   EXPECT_EQ(chat.render(c, LossOn::all).text, "q");  // every token still trains
 }
 
-// Issue 53: a template that reads a variable nobody gives fails on any conversation: its fix
+// A template that reads a variable nobody gives fails on any conversation: its fix
 // names the variable and where to give it, not the turn markers.
 TEST(ChatTemplates, AnUndefinedVariableIsNamedWithWhereToGiveIt) {
   const ChatTemplate t = ChatTemplate::parse(

@@ -437,7 +437,7 @@ TEST(ChatTemplate, RefusesAtRenderWhatIsKnownOnlyThen) {
   }
 }
 
-// Issue 53 item 9: a template from an untrusted file that grows a string or a list without
+// A template from an untrusted file that grows a string or a list without
 // bound is refused by its line once past the bound, never run until memory is gone.
 TEST(ChatTemplate, RefusesGrowthWithoutBound) {
   const ordered_json ctx = ordered_json::parse(R"({"messages": []})");

@@ -106,7 +106,7 @@ TEST(TokenizeCli, ChatPrintsEachConversationsIdsAndMask) {
   EXPECT_EQ(run("--tokenizer " + path + " --chat " + dir + "/chat.jsonl --count").status, 2);
 }
 
-// Issue 53: --spans prints the text of what trains, special tokens shown; a plain prompt and
+// --spans prints the text of what trains, special tokens shown; a plain prompt and
 // completion train the end-of-text written after them, and tokenize shows it.
 TEST(TokenizeCli, SpansShowTheTrainedTextAndTheEndOfTextThatTrains) {
   auto path = test::qwen3_tokenizer_path();

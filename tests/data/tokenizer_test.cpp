@@ -108,7 +108,7 @@ TEST(Tokenizer, MultiThreadedEqualsSingleThreaded) {
   EXPECT_TRUE(batch[2].empty());
 }
 
-// Issue 53: a text read a block at a time (tokenize --file on a file larger than memory) gives the
+// A text read a block at a time (tokenize --file on a file larger than memory) gives the
 // ids of the whole text, whatever the block size; a tokenizer whose text cannot be cut (Llama 2's
 // prepended prefix) holds the text whole and gives them too.
 TEST(Tokenizer, StreamedBlocksEqualTheWholeText) {
@@ -270,7 +270,7 @@ TEST(Tokenizer, RefusesWhatItDoesNotImplement) {
   EXPECT_THROW(Tokenizer::load(dir + "/missing.json"), Error);
 }
 
-// Issue 53: an id near 1e9 in the vocabulary (a damaged file) is refused by name, not allocated
+// An id near 1e9 in the vocabulary (a damaged file) is refused by name, not allocated
 // for (a string per id: 32 GB, then std::bad_alloc).
 TEST(Tokenizer, RefusesVocabularyIdsPastAnyVocabulary) {
   std::string dir = test::temp_dir();

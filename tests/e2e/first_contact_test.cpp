@@ -1,4 +1,4 @@
-// What a new user and a hostile probe tried (issue 36's numbered cases): paths resolved against
+// What a new user and a hostile probe tried: paths resolved against
 // the manifest, every input checked before long work, the run folder locked and protected,
 // damaged or non-finite state never taken or saved, sizes and ranks bounded, messages that name
 // the file and the fix. Each case runs the real binary, as a user would.

@@ -226,7 +226,7 @@ TEST_F(LoraTrain, MergedCheckpointIsTheAdaptedModel) {
   EXPECT_NEAR(plain, adapted, 1e-5 * adapted);
 }
 
-// Issue 53: an adapter's checkpoint resumed by a run without the adapter is refused: it holds no
+// An adapter's checkpoint resumed by a run without the adapter is refused: it holds no
 // model weights to train whole.
 TEST_F(LoraTrain, AdapterCheckpointIsNotResumedAsFullFineTuning) {
   const Result one = train("one", {});
@@ -242,7 +242,7 @@ TEST_F(LoraTrain, AdapterCheckpointIsNotResumedAsFullFineTuning) {
   EXPECT_FALSE(fs::exists(dir / "one" / "checkpoint-4"));
 }
 
-// Issue 53: a modules_to_save entry that trains nothing (a name no module ends with, or lm_head of
+// A modules_to_save entry that trains nothing (a name no module ends with, or lm_head of
 // a model whose head is its embedding) is refused by its key, and so is a resume that would train
 // a module the checkpoint did not.
 TEST_F(LoraTrain, ModulesToSaveThatTrainNothingOrChangeOnResumeAreRefused) {

@@ -1,4 +1,4 @@
-// What a probe of lcx-train found could be lost or go unbounded (issue 53): a checkpoint's files
+// What a probe of lcx-train found could be lost or go unbounded: a checkpoint's files
 // checked before a resume, rotation that keeps the checkpoint a damaged resume started from,
 // another trainer's checkpoint never deleted, eval's files kept in --out, and a CPU run past the
 // host's memory refused before any work. Each case runs the real binary, as a user would.

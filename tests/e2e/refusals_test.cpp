@@ -1,4 +1,4 @@
-// lcx-train refusing what would otherwise run wrong or mislead (issue 19): a checkpoint's own rope
+// lcx-train refusing what would otherwise run wrong or mislead: a checkpoint's own rope
 // scaling, values out of range, sizes past 64 bits or past the data, a folder given for a file,
 // and fixes that name the real mistake. Each case runs the real binary and reads its exit code
 // and message, as a user would.
@@ -167,7 +167,7 @@ TEST_F(Refusals, SizesPastSixtyFourBitsOrPastTheData) {
   EXPECT_EQ(plan.exit_code, 1) << plan.output;  // huge but countable: planned, and it does not fit
   EXPECT_NE(plan.output.find("verdict: does NOT fit"), std::string::npos) << plan.output;
 
-  // On a host with the memory for such a step (the CPU's check comes first, issue 53 item 8).
+  // On a host with the memory for such a step (the CPU's check comes first).
   auto run = lcx("--config " + m + " --set data.seq_len=1000000000000 --set run.host_memory=1000000TB");
   EXPECT_EQ(run.exit_code, 2) << run.output;
   const Refusal longer = refusal_of(run.output);
@@ -214,10 +214,10 @@ TEST_F(Refusals, FixesNameTheRealMistake) {
   }
 }
 
-// Issue 22 item 1: a step whose pinned host bytes pass the host's memory ([run] host_memory here,
+// A step whose pinned host bytes pass the host's memory ([run] host_memory here,
 // MemAvailable and the cgroup's room by default) is refused with the amount and the fix before
 // training, not left to a failed pin or the OOM killer. On the CPU the pinned bytes are part of
-// the step's host bytes, which are held to the host's memory as a whole (issue 53 item 8).
+// the step's host bytes, which are held to the host's memory as a whole.
 TEST_F(Refusals, OffloadPastTheHostMemoryIsRefusedBeforeTraining) {
   const std::string m = manifest("max_steps = 1\n", "[plugins]\nload = [\"offload\"]\n");
   auto short_host = lcx("--config " + m + " --set run.host_memory=1KB");
@@ -235,7 +235,7 @@ TEST_F(Refusals, OffloadPastTheHostMemoryIsRefusedBeforeTraining) {
   EXPECT_TRUE(std::filesystem::exists(dir / "out" / "metrics.jsonl"));
 }
 
-// Issue 24 item 4: a mesh the loaded plugins cannot serve is refused by the plan, naming the axis,
+// A mesh the loaded plugins cannot serve is refused by the plan, naming the axis,
 // never printed as if something would run it.
 TEST_F(Refusals, PlanRefusesAMeshNoLoadedPluginServes) {
   const std::string m = manifest("max_steps = 1\n", "[distributed]\ncp = 2\nsp = 2\n[plugins]\nload = [\"cp_ring\"]\n");
@@ -270,7 +270,7 @@ TEST_F(Refusals, PlanRefusesAMeshNoLoadedPluginServes) {
   EXPECT_NE(served.output.find("memory plan"), std::string::npos) << served.output;
 }
 
-// Issue 24: cp and sp both above 1 with both axes' providers loaded is the two-dimensional mesh:
+// Cp and sp both above 1 with both axes' providers loaded is the two-dimensional mesh:
 // sp_ulysses stacks over cp_ring whichever order [plugins] load names them, the plan counts both
 // and training runs; a sequence the mesh cannot split is refused by name before any step.
 TEST_F(Refusals, TwoDimensionalSequenceParallelismStacksBothProviders) {

@@ -459,7 +459,7 @@ TEST(PeftMerge, RefusesAnAdapterThatMissesLayersOfTheBase) {
   EXPECT_NE(t.message.find("has LoRA weights for layers 0, but layers_to_transform of"), std::string::npos) << t.message;
 }
 
-// Issue 53 item 10: NaN in an adapter is refused when it is read (merge, init_from), by tensor and
+// NaN in an adapter is refused when it is read (merge, init_from), by tensor and
 // element, never written into a merged model.
 TEST(PeftAdapter, RefusesWeightsThatAreNotFinite) {
   std::mt19937 rng(10);

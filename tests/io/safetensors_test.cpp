@@ -112,7 +112,7 @@ TEST(Safetensors, WeightRelabelledAsIntegerIsRefused) {
   EXPECT_EQ(refused, 1);
 }
 
-// Issue 53: a damaged header is named as a damaged file, with a fix, not the JSON parser's text.
+// A damaged header is named as a damaged file, with a fix, not the JSON parser's text.
 TEST(Safetensors, DamagedHeaderSaysTheFileIsDamaged) {
   auto dir = test::temp_dir("st-damaged");
   const auto path = dir / "optimizer.safetensors";

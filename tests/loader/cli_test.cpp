@@ -147,7 +147,7 @@ TEST_F(Cli, SetIsTypeChecked) {
   EXPECT_EQ(r.exit_code, 2) << r.output;
   EXPECT_NE(r.output.find("train.max_steps wants an integer (as "), std::string::npos) << r.output;
   EXPECT_NE(r.output.find("run.toml:3 gives it), got a string"), std::string::npos) << r.output;
-  // Issue 53: a number over a number of the other kind; the key's reader judges a fraction.
+  // A number over a number of the other kind; the key's reader judges a fraction.
   auto whole = manifest("[train]\nlr = 1\nmax_steps = 10\n");
   auto fraction = lcx("--config " + whole + " --dry-run --set train.lr=2.5");
   EXPECT_FALSE(fraction.output.find("wants an integer") != std::string::npos) << fraction.output;

@@ -58,7 +58,7 @@ TEST(PluginLoader, RefusesAFileThatIsNotALibrary) {
   EXPECT_NE(msg.find("is not a shared library (no ELF header in its 9 bytes)"), std::string::npos) << msg;
 }
 
-// Issue 53 item 11: a library cut short (an interrupted copy) maps pages past its end, and dlopen
+// A library cut short (an interrupted copy) maps pages past its end, and dlopen
 // touching them is a bus error; its headers are checked against its size first, in a listing, a
 // dry run and a run alike.
 TEST(PluginLoader, RefusesALibraryCutShortBeforeOpeningIt) {
@@ -128,7 +128,7 @@ TEST(PluginLoader, RefusesAPluginSomeoneElseCouldReplace) {
   EXPECT_NE(e.message.find("is owned by user 4242, not by this user"), std::string::npos) << e.message;
 }
 
-// Issue 53: a plugin given by path in a shared folder such as /tmp (sticky, writable by all) is
+// A plugin given by path in a shared folder such as /tmp (sticky, writable by all) is
 // refused with a fix that moves it, never one that would chmod the shared folder.
 TEST(PluginLoader, APluginInASharedFolderIsToldToMove) {
   namespace fs = std::filesystem;

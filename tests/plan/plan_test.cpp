@@ -183,7 +183,7 @@ TEST(PlanArithmetic, ChunkedLossIsFarBelowFullLogits) {
   ASSERT_NE(chunked.loss, nullptr);
   const MemoryPlan a = build_plan(in, full), b = build_plan(in, chunked);
   const int64_t full_loss = sum_by(a, "nll", plan_phase::loss), chunk_loss = sum_by(b, "loss_chunked", plan_phase::loss);
-  // Plain fp32 logits alone are 80 GB at 128k tokens; issue 7's target for the chunked loss is
+  // Plain fp32 logits alone are 80 GB at 128k tokens; the chunked loss's target is
   // under 1.5 GB.
   EXPECT_GE(full_loss, 131072LL * 151936 * 4 * 2);
   EXPECT_LT(static_cast<double>(chunk_loss), 1.5e9);
@@ -202,7 +202,7 @@ TEST(PlanArithmetic, ChunkedLossIsFarBelowFullLogits) {
   EXPECT_EQ(rows(1024), chunk_loss);  // the default
 }
 
-// An offload as issue 9 describes it: two layer inputs on the GPU, every input in pinned memory.
+// An offload of this shape: two layer inputs on the GPU, every input in pinned memory.
 class HostStrategy final : public MemoryStrategy {
  public:
   void begin_step(int) override {}
@@ -597,7 +597,7 @@ TEST(PlanArithmetic, KnobsNameWhatWouldFit) {
   EXPECT_LT(offload->peak, build_plan(in, qwen3_slots()).peak().bytes);
 }
 
-// Issue 53: where no length fits as loaded (Qwen3-8B fine-tuned whole in 24 GiB), the fixes name
+// Where no length fits as loaded (Qwen3-8B fine-tuned whole in 24 GiB), the fixes name
 // an installed adapter, and the providers together with the longest sequence that fits with them.
 TEST(PlanArithmetic, NothingFitsOffersAnAdapterAndAShorterSequence) {
   const PlanInputs in = inputs("qwen3-8b", 1 << 20);
@@ -643,7 +643,7 @@ TEST(PlanSizes, ParsesGpuMemory) {
   EXPECT_EQ(parse_memory_size("1.5tb"), 3LL << 39);
   EXPECT_EQ(parse_memory_size("4096"), 4096);
   EXPECT_EQ(parse_memory_size(" 16 GB"), 16LL << 30);
-  // Issue 53: only decimal numbers (stod alone reads "0x10GB" as 16 GiB).
+  // Only decimal numbers (stod alone reads "0x10GB" as 16 GiB).
   EXPECT_EQ(parse_memory_size("1e3"), 1000);
   for (const char* bad : {"eighty", "80XB", "-1GB", "0GB", "", "0x10GB", "0X10", "inf", "nanGB", "GB", "1.2.3GB", "1e+GB"})
     EXPECT_THROW(parse_memory_size(bad), Error) << bad;

@@ -113,7 +113,7 @@ inline std::string describe(const LossCase& c) {
              dtype_name(c.dtype), c.ignored.empty() ? "" : " with ignored chunks");
 }
 
-// The cases part 2 of issue 7 names: tied and untied heads, chunks with every label ignored, T not
+// The chunked loss's cases: tied and untied heads, chunks with every label ignored, T not
 // a multiple of chunk_rows, T smaller than chunk_rows, odd V (and one-row chunks, and chunks cut
 // into slices of logits).
 inline std::vector<LossCase> issue_cases(DType dtype) {

@@ -1,7 +1,7 @@
 // loss_chunked on the GPU: the fused chunk kernel against its CPU twin, and the plugin's CUDA path
 // (cuBLASLt GEMMs in bf16 with fp32 accumulation, the fused kernel writing bf16 dlogits) against
 // core's plain loss computed on the CPU in fp32 from the same bf16 inputs, at bf16 tolerance, over
-// every case of issue 7 part 2. Skipped, visibly, without a GPU.
+// every case of loss_chunked_cases.h. Skipped, visibly, without a GPU.
 #include <gtest/gtest.h>
 
 #include <cmath>

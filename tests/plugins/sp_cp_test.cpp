@@ -1,4 +1,4 @@
-// Two-dimensional sequence parallelism (issue 24): sp_ulysses stacked over cp_ring, on CPU
+// Two-dimensional sequence parallelism: sp_ulysses stacked over cp_ring, on CPU
 // thread-ranks in fp32, against one rank holding the whole sequence; how core stacks the pair
 // from a manifest; and the trainer running the mesh, dp x cp x sp included.
 #include <gtest/gtest.h>

@@ -60,7 +60,7 @@ TEST(Schedule, TransformersFormulas) {
   EXPECT_THROW(schedule_factor("exp", 0, 0, 1), Error);
 }
 
-// Issue 53: a signal that comes after a step's ranks have read the stop request (its reduce) is
+// A signal that comes after a step's ranks have read the stop request (its reduce) is
 // seen by the next step's, which is the one that finishes: the handler names that one.
 TEST(StopSignal, NamesTheStepThatWillFinish) {
   int fds[2];
@@ -85,7 +85,7 @@ TEST(StopSignal, NamesTheStepThatWillFinish) {
   EXPECT_NE(said.find("SIGINT received: step 9 will finish, then a checkpoint is saved"), std::string::npos) << said;
 }
 
-// Issue 53: the command printed to go on after a stop keeps the run's own arguments.
+// The command printed to go on after a stop keeps the run's own arguments.
 TEST(ResumeCommand, KeepsTheOverridesAndResumesTheLatest) {
   EXPECT_EQ(resume_command({"lcx-train", "--config", "run.toml", "--set", "train.lr=1e-5", "--overwrite"}),
             "lcx-train --config run.toml --set train.lr=1e-5 --resume latest");
