@@ -187,6 +187,46 @@ TEST(PreTokenizer, PiecesFollowTheRegex) {
   EXPECT_EQ(pieces("\x1F" "a"), (V{"\x1F" "a"}));            // U+001F is not
 }
 
+// Llama 3's pattern (digits in runs of up to three) split by hand equals PCRE2 running the regex
+// itself, on random texts of the classes the pattern tells apart.
+TEST(PreTokenizer, Llama3PiecesByHandEqualTheRegex) {
+  const pretok::Regex re(pretok::kLlama3Pattern);
+  const std::vector<std::string> alphabet = {" ", "  ", "\n", "\r", "\t", "a", "Z", "word", "'", "s", "ll", "1", "23",
+                                             "\xD9\xA3", ".", "!", "\xC3\xA9", "\xE4\xB8\xAD", "\xE3\x80\x80",
+                                             "\xF0\x9F\x91\x8D", "\xC2\xBD"};
+  std::mt19937 rng(11);
+  for (int n = 0; n < 3000; ++n) {
+    std::string s;
+    const int len = 1 + static_cast<int>(rng() % 24);
+    for (int k = 0; k < len; ++k) s += alphabet[rng() % alphabet.size()];
+    std::vector<std::string> by_hand, by_regex;
+    for (size_t p = 0; p < s.size();) {
+      const size_t e = pretok::next_piece(s, p, 3);
+      ASSERT_GT(e, p);
+      by_hand.push_back(s.substr(p, e - p));
+      p = e;
+    }
+    size_t prev = 0, st = 0, en = 0;
+    for (size_t pos = 0; pos < s.size() && re.find(s, pos, st, en);) {
+      if (st > prev) by_regex.push_back(s.substr(prev, st - prev));
+      if (en > st) by_regex.push_back(s.substr(st, en - st));
+      prev = en;
+      pos = en > st ? en : st + 1;
+    }
+    if (prev < s.size()) by_regex.push_back(s.substr(prev));
+    ASSERT_EQ(by_hand, by_regex) << show(s);
+  }
+  using V = std::vector<std::string>;
+  std::vector<std::string> got;
+  const std::string digits = "a1234567 89";
+  for (size_t p = 0; p < digits.size();) {
+    const size_t e = pretok::next_piece(digits, p, 3);
+    got.push_back(digits.substr(p, e - p));
+    p = e;
+  }
+  EXPECT_EQ(got, (V{"a", "123", "456", "7", " ", "89"}));
+}
+
 TEST(PreTokenizer, SafeCutsChangeNoPiece) {
   const std::vector<std::string> alphabet = {" ", "  ", "\n", "\r", "\t", "a", "Z", "word", "'", "s", "1", ".", "!",
                                              "\xC3\xA9", "\xE4\xB8\xAD", "\xE3\x80\x80", "\xF0\x9F\x91\x8D", "\xCC\x81"};

@@ -15,6 +15,8 @@ namespace lcx::pretok {
 
 const char* const kQwenPattern =
     R"((?i:'s|'t|'re|'ve|'m|'ll|'d)|[^\r\n\p{L}\p{N}]?\p{L}+|\p{N}| ?[^\s\p{L}\p{N}]+[\r\n]*|\s*[\r\n]+|\s+(?!\S)|\s+)";
+const char* const kLlama3Pattern =
+    R"((?i:'s|'t|'re|'ve|'m|'ll|'d)|[^\r\n\p{L}\p{N}]?\p{L}+|\p{N}{1,3}| ?[^\s\p{L}\p{N}]+[\r\n]*|\s*[\r\n]+|\s+(?!\S)|\s+)";
 
 namespace {
 
@@ -71,7 +73,7 @@ CharClass char_class(uint32_t cp) {
   return classify(cp);
 }
 
-size_t next_piece(std::string_view text, size_t pos) {
+size_t next_piece(std::string_view text, size_t pos, int max_digits) {
   Cursor c{reinterpret_cast<const unsigned char*>(text.data()), text.size()};
   const size_t n = c.n;
   CharClass cls0, cls1;
@@ -109,8 +111,18 @@ size_t next_piece(std::string_view text, size_t pos) {
     c.at(p1, cls1, len1);
     if (cls1 == kLetter) return run(p1 + len1, kLetter);
   }
-  // \p{N}
-  if (cls0 == kNumber) return p1;
+  // \p{N}, or \p{N}{1,max_digits}
+  if (cls0 == kNumber) {
+    size_t i = p1;
+    for (int d = 1; d < max_digits && i < n; ++d) {
+      CharClass k;
+      int l;
+      c.at(i, k, l);
+      if (k != kNumber) break;
+      i += l;
+    }
+    return i;
+  }
   // ' '?[^\s\p{L}\p{N}]+[\r\n]*
   size_t other_start = std::string_view::npos;
   if (cls0 == kOther) {
@@ -320,7 +332,7 @@ void segments(const Step& step, std::string_view subject, size_t n, std::vector<
   size_t prev = 0;
   if (step.kind == Step::kQwenSplit) {
     while (prev < n) {
-      const size_t e = next_piece(subject, prev);
+      const size_t e = next_piece(subject, prev, step.max_digits);
       segs.push_back({prev, e, true});
       prev = e;
     }
@@ -377,7 +389,7 @@ bool Steps::split(std::string_view text, size_t n, std::vector<Piece>& out) cons
     size_t prev = 0;
     if (first.kind == Step::kQwenSplit) {
       while (prev < n) {
-        const size_t e = next_piece(text, prev);
+        const size_t e = next_piece(text, prev, first.max_digits);
         out.push_back({static_cast<uint32_t>(prev), static_cast<uint32_t>(e), false});
         prev = e;
       }

@@ -22,13 +22,16 @@
 namespace lcx::pretok {
 
 extern const char* const kQwenPattern;
+// Llama 3's: the Qwen pattern with digits in runs of up to three (\p{N}{1,3}).
+extern const char* const kLlama3Pattern;
 extern const char* const kGpt2Pattern;  // ByteLevel's own regex (use_regex)
 
 enum CharClass : uint8_t { kOther = 0, kLetter = 1, kNumber = 2, kSpace = 3 };
 CharClass char_class(uint32_t cp);
 
-// The Qwen pattern: end (exclusive byte offset) of the piece that starts at `pos` (< s.size()).
-size_t next_piece(std::string_view s, size_t pos);
+// The Qwen pattern (max_digits 1) or Llama 3's (max_digits 3): end (exclusive byte offset) of the
+// piece that starts at `pos` (< s.size()).
+size_t next_piece(std::string_view s, size_t pos, int max_digits = 1);
 
 // Whether cutting `s` at `pos` may leave the pieces unchanged: right after a '\n' when the next code
 // point is not whitespace, and at the space of "ASCII letter, space, ASCII letter". Both keep NFC
@@ -74,6 +77,7 @@ struct Step {
   std::string literal;                 // kStringSplit
   Behavior behavior = Behavior::kIsolated;
   bool invert = false;
+  uint8_t max_digits = 1;  // kQwenSplit: 1 (Qwen2/3's pattern) or 3 (Llama 3's)
 };
 
 // The steps of a tokenizer.json pre_tokenizer, flattened.
@@ -98,7 +102,7 @@ class Steps {
         !steps[0].invert) {
       size_t prev = 0;
       while (prev < n) {
-        const size_t e = next_piece(text, prev);
+        const size_t e = next_piece(text, prev, steps[0].max_digits);
         f(Piece{static_cast<uint32_t>(prev), static_cast<uint32_t>(e), false});
         prev = e;
       }

@@ -505,8 +505,9 @@ void parse_pre_tokenizer(const std::string& path, const std::string& key, const 
     const json& pattern = member(p, "pattern");
     if (pattern.is_object() && pattern.contains("Regex") && pattern["Regex"].is_string()) {
       const std::string re = pattern["Regex"].get<std::string>();
-      if (re == pretok::kQwenPattern) {
+      if (re == pretok::kQwenPattern || re == pretok::kLlama3Pattern) {
         step.kind = pretok::Step::kQwenSplit;
+        step.max_digits = re == pretok::kLlama3Pattern ? 3 : 1;
       } else {
         step.kind = pretok::Step::kRegexSplit;
         step.regex = compile(path, key + ".pattern.Regex", re);
