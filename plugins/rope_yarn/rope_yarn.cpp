@@ -17,6 +17,7 @@
 #include <lcx/slots/positional_encoding.h>
 
 #include <algorithm>
+#include <atomic>
 #include <cmath>
 #include <ios>
 #include <nlohmann/json.hpp>
@@ -83,8 +84,10 @@ YarnKeys read_manifest(const ConfigView& cfg) {
   return k;
 }
 
-// The checkpoint's YaRN values; another scaling type is refused.
-YarnKeys read_checkpoint(const std::string& text) {
+// The checkpoint's YaRN values. Another scaling type is refused, unless the manifest gives both
+// factor and original_max_position_embeddings: then YaRN replaces it knowingly (the long-context
+// recipe for Llama 3.x: YaRN over the base frequencies in place of its llama3 scaling), said once.
+YarnKeys read_checkpoint(const std::string& text, const YarnKeys& manifest) {
   nlohmann::json j;
   try {
     j = nlohmann::json::parse(text.empty() ? "{}" : text);
@@ -101,11 +104,19 @@ YarnKeys read_checkpoint(const std::string& text) {
   std::string type = j.value("rope_type", j.value("type", std::string()));
   if (type != "yarn") {
     // YaRN over a model trained with another scaling would give it positions it never saw.
-    if (!type.empty() && type != "default")
-      throw Error(str("rope_yarn: the checkpoint's rope parameters are of rope_type '", type,
-                      "', which YaRN does not reproduce"),
-                  "rope_parameters.rope_type",
-                  "use a checkpoint with plain rotary positions (rope_type 'default') or with YaRN ('yarn')");
+    if (!type.empty() && type != "default") {
+      if (!manifest.factor || !manifest.original_max)
+        throw Error(str("rope_yarn: the checkpoint's rope parameters are of rope_type '", type,
+                        "', which YaRN does not reproduce"),
+                    "rope_parameters.rope_type",
+                    str("set [rope_yarn] factor and ", kOriginalMax,
+                        " to replace its scaling with YaRN over the base frequencies (for Llama 3.1 at 1M tokens: "
+                        "factor = 128.0 over 8192), or use a checkpoint with rope_type 'default' or 'yarn'"));
+      static std::atomic<bool> said{false};
+      if (!said.exchange(true))
+        log::warn(str("rope_yarn: YaRN (factor ", *manifest.factor, " over ", *manifest.original_max,
+                      " positions) replaces the checkpoint's rope_type '", type, "'; saved checkpoints say rope_type 'yarn'"));
+    }
     return k;
   }
   auto number = [&](const char* key) -> std::optional<double> {
@@ -147,7 +158,7 @@ class YarnRope final : public PositionalEncoding {
     if (!(info.rope_theta > 1))
       throw Error(str("rope_yarn: rope_theta must be > 1, got ", info.rope_theta), "rope_theta");
     info_ = info;
-    const YarnKeys ckpt = read_checkpoint(info.rope_parameters_json);
+    const YarnKeys ckpt = read_checkpoint(info.rope_parameters_json, manifest_);
     keys_.factor = merge("factor", manifest_.factor, ckpt.factor);
     keys_.original_max = merge(kOriginalMax, manifest_.original_max, ckpt.original_max);
     keys_.beta_fast = merge("beta_fast", manifest_.beta_fast, ckpt.beta_fast);

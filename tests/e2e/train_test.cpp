@@ -7,6 +7,7 @@
 #include <unistd.h>
 
 #include <chrono>
+#include <cmath>
 #include <fstream>
 #include <nlohmann/json.hpp>
 #include <map>
@@ -74,6 +75,48 @@ TEST_F(TrainRun, TinyModelOverfitsARepeatedText) {
   EXPECT_TRUE(std::filesystem::exists(dir / "out" / "checkpoint-60" / "model.safetensors"));
   EXPECT_TRUE(std::filesystem::exists(dir / "out" / "checkpoint-60" / "config.json"));
   EXPECT_TRUE(std::filesystem::exists(dir / "out" / "log.jsonl"));
+}
+
+// Every family on the decoder library works with every single-GPU technique: loss_chunked,
+// tiled_mlp, offload and host_adamw give the losses of the plain run (to fp32 rounding), and
+// rope_yarn trains (its positions differ, so its losses do too). Llama with llama3 rope, Mistral,
+// Qwen2 with its biases.
+TEST_F(TrainRun, EveryFamilyTrainsTheSameWithEachTechnique) {
+  write_tokens(random_pattern(97, 5), 40);
+  struct Family {
+    const char* module;
+    const char* extra;  // config.json keys beyond the tiny shape
+  };
+  const Family families[] = {
+      {"llama", R"(, "rope_scaling": {"rope_type": "llama3", "factor": 8.0, "low_freq_factor": 1.0, "high_freq_factor": 4.0, "original_max_position_embeddings": 16})"},
+      {"mistral", ""},
+      {"qwen2", ""},
+  };
+  for (const Family& f : families) {
+    SCOPED_TRACE(f.module);
+    auto run = [&](const std::string& plugins, const std::string& tables) {
+      std::string m = test::tiny_run_manifest(dir / "out", dir / "data.tokens", 3, false, "max_steps = 4\nsave_final = false\n",
+                                              "[plugins]\nload = [" + plugins + "]\n" + tables);
+      m.replace(m.find("module = \"qwen3\""), 16, std::string("module = \"") + f.module + "\"");
+      m.replace(m.find("\"tie_word_embeddings\": false}"), 29, std::string("\"tie_word_embeddings\": false") + f.extra + "}");
+      test::write_file(dir / "run.toml", m);
+      auto r = train("--config " + (dir / "run.toml").string() + " --overwrite");
+      EXPECT_EQ(r.exit_code, 0) << r.output;
+      return losses();
+    };
+    const std::vector<double> plain = run("", "");
+    ASSERT_EQ(plain.size(), 4u);
+    for (const char* plugin : {"\"loss_chunked\"", "\"tiled_mlp\"", "\"offload\"", "\"host_adamw\""}) {
+      SCOPED_TRACE(plugin);
+      const std::vector<double> got = run(plugin, std::string(plugin) == "\"tiled_mlp\"" ? "[tiled_mlp]\ntile_rows = 8\n" : "");
+      ASSERT_EQ(got.size(), plain.size());
+      for (size_t i = 0; i < got.size(); ++i) EXPECT_NEAR(got[i], plain[i], 1e-4 * std::abs(plain[i])) << "step " << i + 1;
+    }
+    const std::vector<double> yarn =
+        run("\"rope_yarn\"", "[rope_yarn]\nfactor = 4.0\noriginal_max_position_embeddings = 16\n");
+    ASSERT_EQ(yarn.size(), 4u);
+    for (double l : yarn) EXPECT_TRUE(std::isfinite(l));
+  }
 }
 
 TEST_F(TrainRun, ResumeMatchesAStraightRunBitForBit) {

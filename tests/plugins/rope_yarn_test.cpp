@@ -207,12 +207,21 @@ TEST(RopeYarn, ReadsTransformers4RopeScaling) {
 
 void expect_error_naming(const std::function<void()>& f, const std::string& key);
 
-TEST(RopeYarn, RefusesOtherScalingTypesOfTheCheckpoint) {
-  // YaRN over a model trained with another scaling would give it positions it never saw.
+TEST(RopeYarn, ReplacesAnotherScalingOnlyWhereTheManifestSaysHow) {
+  // YaRN over a model trained with another scaling, from the checkpoint's values alone, would give
+  // it positions it never saw: refused. With factor and original_max_position_embeddings in the
+  // manifest, YaRN replaces that scaling (Llama 3.1's llama3 at 1M tokens): the base frequencies
+  // rescaled as for a plain checkpoint.
   for (const char* type : {"linear", "dynamic", "llama3", "longrope"}) {
     const json params = {{"rope_type", type}, {"factor", 2.0}, {"rope_theta", 1e6}};
+    auto half = load_yarn("factor = 4.0\n");
+    expect_error_naming([&] { half->configure(model_info(128, 1e6, 40960, params)); }, str("rope_type '", type, "'"));
     auto rope = load_yarn("factor = 4.0\noriginal_max_position_embeddings = 40960\n");
-    expect_error_naming([&] { rope->configure(model_info(128, 1e6, 40960, params)); }, str("rope_type '", type, "'"));
+    auto plain = load_yarn("factor = 4.0\noriginal_max_position_embeddings = 40960\n");
+    rope->configure(model_info(128, 1e6, 40960, params));
+    plain->configure(model_info(128, 1e6, 40960, json::object()));
+    EXPECT_EQ(rope->inv_freq(), plain->inv_freq()) << type;
+    EXPECT_EQ(json::parse(rope->hf_rope_parameters())["rope_type"], "yarn");
   }
 }
 
