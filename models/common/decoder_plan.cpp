@@ -116,9 +116,12 @@ void plan_dense_decoder(const PlanInputs& in, MemoryPlan& plan, const DenseDecod
 
   // The attention half runs one head group at a time: nq query and nkv kv heads, per token q, qr,
   // attn (and their grads) of nq*d, k, kr, v (and grads) of nkv*d; fp32 q/k norm rstd and LSE.
+  // Without q/k norms rotary runs in place on q and k: no normed copies, no rstd.
   const int64_t nq = s.Hq / G, nkv = s.Hkv / G, gq = nq * s.d, gkv = nkv * s.d;
+  const int64_t normed = layer.qk_norm ? 1 : 0;
   const std::string heads = G == 1 ? std::string("all heads") : str("one of ", G, " head groups");
-  const int64_t group_f32 = T * 4 * (2 * nq + nkv);
+  const std::string qr = layer.qk_norm ? "normed q/k, " : "";
+  const int64_t group_f32 = T * 4 * (nq + normed * (nq + nkv));
 
   // layer_forward at its worst: the attention moment (h1, o [T,H], one group's q, k, v, qr, kr,
   // attn and, with groups, its o_proj columns) and then the MLP's (x1 = o, h2 and the MLP slot's
@@ -126,9 +129,9 @@ void plan_dense_decoder(const PlanInputs& in, MemoryPlan& plan, const DenseDecod
   // backward holds one [T,H] more and the larger group transient.
   plan.add("forward_residual", "layer forward: h1, o/x1 [T,H]", PlanCategory::transient, 2 * T * s.H * ab,
            plan_phase::forward);
-  plan.add("forward_attention", "layer forward: q, k, v, normed q/k, attn out (" + heads + ")", PlanCategory::transient,
-           T * (3 * gq + 3 * gkv) * ab, plan_phase::forward);
-  plan.add("forward_stats", "layer forward: fp32 norm rstd, q/k norm rstd and LSE (" + heads + ")",
+  plan.add("forward_attention", "layer forward: q, k, v, " + qr + "attn out (" + heads + ")", PlanCategory::transient,
+           T * ((2 + normed) * gq + (2 + normed) * gkv) * ab, plan_phase::forward);
+  plan.add("forward_stats", std::string("layer forward: fp32 norm rstd, ") + (layer.qk_norm ? "q/k norm rstd and " : "") + "LSE (" + heads + ")",
            PlanCategory::transient, T * 4 + group_f32, plan_phase::forward);
   if (G > 1)
     plan.add("forward_o_columns", "layer forward: one group's o_proj columns [H," + std::to_string(gq) + "]",
@@ -148,8 +151,8 @@ void plan_dense_decoder(const PlanInputs& in, MemoryPlan& plan, const DenseDecod
            T * (2 * s.H * ab + 4), plan_phase::mlp_backward);
   if (G == 1 && !from_forward)
     plan.add("mlp_backward_attention",
-             "MLP backward: q, k, v, normed q/k, attn out, LSE kept for the attention backward",
-             PlanCategory::transient, T * (3 * gq + 3 * gkv) * ab + group_f32, plan_phase::mlp_backward);
+             "MLP backward: q, k, v, " + qr + "attn out, LSE kept for the attention backward",
+             PlanCategory::transient, T * ((2 + normed) * gq + (2 + normed) * gkv) * ab + group_f32, plan_phase::mlp_backward);
   if (keep)
     plan.add("mlp_backward_kept_outputs",
              "MLP backward: every group's attn out and LSE, kept for the attention backward", PlanCategory::transient,
@@ -165,15 +168,17 @@ void plan_dense_decoder(const PlanInputs& in, MemoryPlan& plan, const DenseDecod
       plan.add("attention_backward_kept_outputs",
                "attention backward: every group's attn out and LSE, kept from the recompute", PlanCategory::transient,
                outputs, plan_phase::backward);
-    plan.add("attention_backward_tensors", "attention backward: q, k, v, normed q/k, dattn, dq, dk, dv (" + heads + ")",
-             PlanCategory::transient, T * (4 * gq + 5 * gkv) * ab, plan_phase::backward);
-    plan.add("attention_backward_stats", "attention backward: fp32 q/k norm rstd (" + heads + ")",
-             PlanCategory::transient, T * 4 * (nq + nkv), plan_phase::backward);
+    plan.add("attention_backward_tensors", "attention backward: q, k, v, " + qr + "dattn, dq, dk, dv (" + heads + ")",
+             PlanCategory::transient, T * ((3 + normed) * gq + (4 + normed) * gkv) * ab, plan_phase::backward);
+    if (layer.qk_norm)
+      plan.add("attention_backward_stats", "attention backward: fp32 q/k norm rstd (" + heads + ")",
+               PlanCategory::transient, T * 4 * (nq + nkv), plan_phase::backward);
   } else {
     plan.add("attention_backward_tensors",
-             "attention backward: q, k, v, normed q/k, attn out, dattn, dq, dk, dv (" + heads + ")",
-             PlanCategory::transient, T * (5 * gq + 5 * gkv) * ab, plan_phase::backward);
-    plan.add("attention_backward_stats", "attention backward: fp32 q/k norm rstd and LSE (" + heads + ")",
+             "attention backward: q, k, v, " + qr + "attn out, dattn, dq, dk, dv (" + heads + ")",
+             PlanCategory::transient, T * ((4 + normed) * gq + (4 + normed) * gkv) * ab, plan_phase::backward);
+    plan.add("attention_backward_stats",
+             std::string("attention backward: fp32 ") + (layer.qk_norm ? "q/k norm rstd and " : "") + "LSE (" + heads + ")",
              PlanCategory::transient, group_f32, plan_phase::backward);
   }
 

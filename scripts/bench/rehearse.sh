@@ -16,6 +16,9 @@
 # of PLUGINS; ARGS adds lcx-train flags to both (e.g. --set run.host_memory=125GB); ONE_LAYER=0 skips (b). About 4 minutes
 # a case for Qwen3-4B at 1M tokens on one H200 (rehearsal ~1.5 min, the layer's step ~70 s).
 #   CASES="qwen3-4b:1048576 qwen3-8b:1048576" OUT=/tmp/rh scripts/bench/rehearse.sh build
+# With CONFIG, a shipped manifest is rehearsed as users run it: its module, plugins and tables, the
+# checkpoint's path replaced by the case's preset, the data by random ids (PLUGINS, MASTER unused):
+#   CONFIG=configs/llama31_8b_lora_1m_80gb.toml CASES="llama-3.1-8b:1048576" scripts/bench/rehearse.sh build
 set -uo pipefail
 build=${1:-build}
 out=${OUT:-/tmp/lcx-rehearse}
@@ -26,19 +29,45 @@ limit=${REHEARSE_TIMEOUT:-300}  # seconds per run; a device call has 600 for all
 mkdir -p "$out"
 load=$(printf '"%s",' $plugins)
 
+# The case's module, tokenizer and ordinary-token bound, by the preset's family.
+family() {
+  case $1 in
+    llama-*) module=llama tokenizer=data/llama3_1/tokenizer.json top=128000 ;;
+    mistral-*) module=mistral tokenizer=data/llama2/tokenizer.json top=32000 ;;
+    qwen2*) module=qwen2 tokenizer=data/qwen3/tokenizer.json top=151643 ;;
+    *) module=qwen3 tokenizer=data/qwen3/tokenizer.json top=151643 ;;
+  esac
+}
+
 # manifest <folder> <init JSON> <tokens>
 manifest() {
+  python3 -c "import numpy as np; np.random.default_rng(0).integers(0, $top, size=$3, dtype=np.uint32).tofile('$1/ids.tokens')"
+  if [[ -n ${CONFIG:-} ]]; then
+    python3 - "$CONFIG" "$1" "$2" "$3" "$PWD/$tokenizer" <<'PY'
+import sys
+config, folder, init, tokens, tokenizer = sys.argv[1:]
+lines = []
+for line in open(config).read().splitlines():
+    key = line.split("=")[0].strip() if "=" in line and not line.lstrip().startswith("#") else ""
+    lines.append({"path": f"init = '{init}'", "init": f"init = '{init}'", "tokenizer": f'tokenizer = "{tokenizer}"',
+                  "source": f'source = "{folder}/ids.tokens"', "output_dir": f'output_dir = "{folder}/out"',
+                  "seq_len": f"seq_len = {tokens}", "epochs": "max_steps = 1", "max_steps": "max_steps = 1",
+                  "save_steps": "save_final = false"}.get(key, line))
+open(f"{folder}/run.toml", "w").write("\n".join(lines) + "\n")
+PY
+    return
+  fi
   cat >"$1/run.toml" <<TOML
 [run]
 output_dir = "$1/out"
 device = "cuda"
 seed = 0
 [model]
-module = "qwen3"
+module = "$module"
 init = '$2'
 dtype = "bf16"
 [data]
-tokenizer = "$PWD/data/qwen3/tokenizer.json"
+tokenizer = "$PWD/$tokenizer"
 source = "$1/ids.tokens"
 seq_len = $3
 drop_last = true
@@ -52,12 +81,12 @@ master_dtype = "$master"
 [plugins]
 load = [${load%,}]
 TOML
-  python3 -c "import numpy as np; np.random.default_rng(0).integers(0, 151643, size=$3, dtype=np.uint32).tofile('$1/ids.tokens')"
 }
 
 for c in $cases; do
   model=${c%%:*}
   tokens=${c##*:}
+  family "$model"
   full=$out/$model-$tokens/rehearsal
   one=$out/$model-$tokens/one-layer
   rm -rf "$full" "$one" && mkdir -p "$full" "$one"

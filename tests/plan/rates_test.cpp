@@ -85,7 +85,7 @@ TEST(Rates, ShippedTableHoldsTheH200Row) {
 }
 
 // Every GPU lcx ships a row for is found by the name its device properties give, each row saying
-// what it rests on: the H200's measured, the others from datasheets (H100 PCIe and SXM apart).
+// what it rests on: the H200's and the H100 SXM's measured, the others from datasheets.
 TEST(Rates, ShippedTableHasARowPerGpuByItsDeviceName) {
   const RatesTable t = RatesTable::load(shipped_rates_path());
   const struct {
@@ -110,6 +110,8 @@ TEST(Rates, ShippedTableHasARowPerGpuByItsDeviceName) {
     EXPECT_LT(c.row.get(rate_name::attention_backward), c.row.get(rate_name::gemm));
   }
   EXPECT_EQ(t.find("NVIDIA H200")->basis, kBasisCalibrate);
+  EXPECT_EQ(t.find("NVIDIA H100 80GB HBM3")->basis, kBasisCalibrate);
+  EXPECT_EQ(t.find("NVIDIA H100 PCIe")->basis, kBasisDatasheet);
   EXPECT_EQ(t.find("NVIDIA A100-SXM4-80GB")->basis, kBasisDatasheet);
   EXPECT_GT(t.find("NVIDIA A100-SXM4-80GB")->get(rate_name::memory), t.find("NVIDIA A100-SXM4-40GB")->get(rate_name::memory));
   EXPECT_GT(t.find("NVIDIA H100 PCIe")->get(rate_name::host_copy), t.find("NVIDIA L40S")->get(rate_name::host_copy));
