@@ -71,6 +71,20 @@ TEST(AttentionDispatch, OwnNeverTakesCudnn) {
   EXPECT_EQ(candidates(Choice::automatic, causal(4096), no_cudnn), (std::vector<B>{B::hopper, B::mma, B::reference}));
 }
 
+// sm80: what an A100 runs, on any GPU: cuDNN, then the sm_80 kernels, never the Hopper ones; and,
+// without cuDNN, refused at the start as auto is on a GPU without Hopper kernels.
+TEST(AttentionDispatch, Sm80LeavesTheHopperKernelsOut) {
+  EXPECT_EQ(candidates(Choice::sm80, causal(4096), kH100), (std::vector<B>{B::cudnn, B::mma, B::reference}));
+  EXPECT_EQ(candidates(Choice::sm80, causal(2 * kOwnForwardMinRows), kH100),
+            (std::vector<B>{B::cudnn, B::mma, B::reference}));
+  EXPECT_EQ(candidates(Choice::sm80, causal(4096), kH100, true), (std::vector<B>{B::mma, B::reference}));
+  EXPECT_EQ(candidates(Choice::sm80, causal(4096), kA100), candidates(Choice::automatic, causal(4096), kA100));
+  DeviceCaps no_cudnn = kH100;
+  no_cudnn.cudnn = false;
+  EXPECT_THROW(check_fast_attention(Choice::sm80, no_cudnn), Error);
+  EXPECT_NO_THROW(check_fast_attention(Choice::sm80, kH100));
+}
+
 TEST(AttentionDispatch, Fp32AndOddHeadSizesFallToTheReferenceKernels) {
   EXPECT_EQ(candidates(Choice::automatic, causal(4096, 128, DType::f32), kH100), (std::vector<B>{B::reference}));
   EXPECT_EQ(candidates(Choice::automatic, causal(4096, 80), kH100), (std::vector<B>{B::cudnn, B::reference}));
@@ -145,7 +159,7 @@ TEST(AttentionDispatch, ForcedCudnnNamesWhatItRefuses) {
 }
 
 TEST(AttentionDispatch, ChoiceNames) {
-  for (const char* n : {"auto", "cudnn", "own", "hopper", "mma", "reference"}) {
+  for (const char* n : {"auto", "cudnn", "own", "hopper", "mma", "reference", "sm80"}) {
     const auto c = parse_choice(n);
     ASSERT_TRUE(c) << n;
     EXPECT_STREQ(name(*c), n);

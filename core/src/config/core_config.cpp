@@ -183,10 +183,11 @@ CoreConfig read_core_config(const Manifest& m, const std::vector<std::string>& p
     v.describe("rehearse", "one step's allocations at full size with the attention math cut, measured against the plan");
     c.run.rehearse = v.get_bool("rehearse", c.run.rehearse);
     v.describe("attention", "which kernels run the GPU's attention: auto picks per call (cuDNN; the Hopper forward from "
-               "131,072 causal rows; else lcx's own); own: lcx's own kernels, never cuDNN; cudnn, hopper (H100/H200), "
-               "mma (tensor cores, sm_80+) or reference (fp32): that backend alone, a call it cannot serve an error");
+               "131,072 causal rows; else lcx's own); own: lcx's own kernels, never cuDNN; sm80: auto without the Hopper "
+               "kernels (what an A100 runs); cudnn, hopper (H100/H200), mma (tensor cores, sm_80+) or reference (fp32): "
+               "that backend alone, a call it cannot serve an error");
     c.run.attention = v.get_string("attention", c.run.attention);
-    one_of(v, "attention", c.run.attention, {"auto", "cudnn", "own", "hopper", "mma", "reference"});
+    one_of(v, "attention", c.run.attention, {"auto", "cudnn", "own", "hopper", "mma", "reference", "sm80"});
     // A memory budget: "auto" or a size parse_memory_size reads.
     auto budget = [&v](const char* key, std::string& value, const char* meaning) {
       try {

@@ -83,12 +83,14 @@ const char* name(Choice c) {
     case Choice::hopper: return "hopper";
     case Choice::mma: return "mma";
     case Choice::reference: return "reference";
+    case Choice::sm80: return "sm80";
   }
   return "?";
 }
 
 std::optional<Choice> parse_choice(std::string_view s) {
-  for (Choice c : {Choice::automatic, Choice::cudnn, Choice::own, Choice::hopper, Choice::mma, Choice::reference})
+  for (Choice c :
+       {Choice::automatic, Choice::cudnn, Choice::own, Choice::hopper, Choice::mma, Choice::reference, Choice::sm80})
     if (s == name(c)) return c;
   return std::nullopt;
 }
@@ -124,12 +126,13 @@ std::vector<Backend> candidates(Choice choice, const Call& c, const DeviceCaps& 
       if (!own) return forced(Backend::cudnn);
       break;
     case Choice::own: own = true; break;
-    case Choice::automatic: break;
+    case Choice::automatic:
+    case Choice::sm80: break;
   }
   std::vector<Backend> out;
   std::string whys;
   for (Backend b : kBackends) {
-    if (own && b == Backend::cudnn) continue;
+    if ((own && b == Backend::cudnn) || (choice == Choice::sm80 && b == Backend::hopper)) continue;
     const std::string why = refusal(b, c, d);
     if (why.empty())
       out.push_back(b);
@@ -159,7 +162,8 @@ void set_choice(Choice c) { g_choice.store(c); }
 Choice choice() { return g_choice.load(); }
 
 void check_fast_attention(Choice choice, const DeviceCaps& d) {
-  if (choice != Choice::automatic || d.cudnn || d.major == 9) return;
+  if ((choice != Choice::automatic && choice != Choice::sm80) || d.cudnn || (d.major == 9 && choice == Choice::automatic))
+    return;
   throw Error(str("this GPU (sm_", d.major, d.minor, ") has no cuDNN loaded and no Hopper attention kernels: every attention "
                   "call would run on lcx's sm_80 kernels, 7-8x slower than cuDNN or PyTorch's flash attention"),
               "run.attention",

@@ -10,8 +10,8 @@
 // positions, rows, direction, the device's compute capability and shared memory, cuDNN loaded),
 // and candidates() orders those that do, as flash-attention's heuristics pick among its kernels.
 // The run's choice is [run] attention: auto; own (lcx's own kernels, the best that serves, never
-// cuDNN: what a machine without cuDNN runs); or one backend forced, which makes a call it cannot
-// serve an error naming why. Pure logic, no CUDA: CPU tests check every rule.
+// cuDNN: what a machine without cuDNN runs); sm80 (auto without the Hopper kernels: what an A100
+// runs, on any GPU); or one backend forced, which makes a call it cannot serve an error naming why. Pure logic, no CUDA: CPU tests check every rule.
 #pragma once
 #include <cstdint>
 #include <optional>
@@ -24,16 +24,16 @@
 namespace lcx::ops::attention {
 
 enum class Backend { cudnn, hopper, mma, reference };
-enum class Choice { automatic, cudnn, own, hopper, mma, reference };
+enum class Choice { automatic, cudnn, own, hopper, mma, reference, sm80 };
 inline constexpr Backend kBackends[] = {Backend::cudnn, Backend::hopper, Backend::mma, Backend::reference};
-inline constexpr const char* kChoiceNames = "auto, cudnn, own, hopper, mma or reference";
+inline constexpr const char* kChoiceNames = "auto, cudnn, own, hopper, mma, reference or sm80";
 
 const char* name(Backend b);
 const char* name(Choice c);
 // The choice of a [run] attention value; nullopt for anything but kChoiceNames.
 std::optional<Choice> parse_choice(std::string_view s);
 // Whether cuDNN may run calls under this choice (auto and cudnn).
-inline bool cudnn_allowed(Choice c) { return c == Choice::automatic || c == Choice::cudnn; }
+inline bool cudnn_allowed(Choice c) { return c == Choice::automatic || c == Choice::cudnn || c == Choice::sm80; }
 
 // The device as the backends judge it.
 struct DeviceCaps {
