@@ -343,6 +343,11 @@ class HostAdamW final : public Optimizer {
   // gradient and its compute copy). Nothing more on the GPU: the gradients stay where the model
   // plans them, and the copies read and write the parameters' own tensors.
   void plan(const PlanInputs& in, MemoryPlan& plan) const override {
+    // The plan refuses what configure would, so --plan never offers a run that stops at its start.
+    if (in.master_dtype != DType::f32)
+      throw Error(str("host_adamw keeps fp32 master weights and moments; [train] master_dtype = \"",
+                      dtype_name(in.master_dtype), "\""),
+                  "train.master_dtype", "set master_dtype = \"fp32\", or drop host_adamw from [plugins] load");
     if (plan.parameters == 0) return;
     const int64_t n = plan.parameters, gemm = plan.gemm_parameters;
     const int64_t w = static_cast<int64_t>(dtype_size(in.weight_dtype));

@@ -176,6 +176,19 @@ TEST(HostAdamW, RefusesBf16MastersAndSeveralRanksByName) {
       EXPECT_EQ(std::string(e.what()).find("ZeRO-3") != std::string::npos, sharded) << e.what();
     }
   }
+  // --plan refuses it as the run's start does, so no plan offers a run that cannot start.
+  PlanInputs in;
+  in.model = a->config();
+  in.seq_len = in.tokens_per_rank = 16;
+  in.master_dtype = DType::bf16;
+  MemoryPlan plan;
+  a->plan(in, plan);
+  try {
+    host->plan(in, plan);
+    ADD_FAILURE() << "the plan took master_dtype bf16";
+  } catch (const Error& e) {
+    EXPECT_EQ(e.key(), "train.master_dtype");
+  }
   EXPECT_THROW(make_host_adamw("threads = -1"), Error);
   EXPECT_THROW(make_host_adamw("thread = 2"), Error);  // a misspelt key
 }
