@@ -59,6 +59,9 @@ struct AttentionParams {
   int64_t q_offset = 0;
   int64_t k_offset = 0;
   std::span<const int64_t> documents;  // empty: one document
+  // > 0 (causal only): a query at position p sees only keys at positions > p - window (W keys,
+  // itself included), as transformers' sliding_attention layers mask; with documents, both.
+  int64_t window = 0;
 };
 void attention_forward(const Tensor& q, const Tensor& k, const Tensor& v, Tensor& out, Tensor& lse,
                        const AttentionParams& p);
