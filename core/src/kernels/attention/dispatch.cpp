@@ -21,6 +21,8 @@ std::string cudnn_refusal(const Call& c, const DeviceCaps& d) {
   if (!c.inputs_aligned || !c.out_aligned || !c.grads_aligned) return "cuDNN attention takes 16-byte aligned tensors";
   if (c.head_dim % 8 != 0 || c.head_dim > 128) return "cuDNN attention takes head_dim a multiple of 8 up to 128";
   if (c.causal && !c.same_positions) return "cuDNN attention takes causal blocks only with equal query and key positions";
+  if (c.window > 0 && !(c.causal && c.same_positions))
+    return "cuDNN's band mask takes a window only on a causal block with equal query and key positions";
   if (c.rows == 0 || c.keys == 0) return "empty sequence";
   return {};
 }
@@ -105,7 +107,7 @@ std::string refusal(Backend b, const Call& c, const DeviceCaps& d) {
 
 std::string describe(const Call& c) {
   return str(c.causal ? "causal " : "full ", c.backward ? "backward " : "forward ", dtype_name(c.dtype), " head_dim ",
-             c.head_dim, ", ", c.rows, " x ", c.keys, " rows");
+             c.head_dim, ", ", c.rows, " x ", c.keys, " rows", c.window > 0 ? str(", window ", c.window) : "");
 }
 
 std::vector<Backend> candidates(Choice choice, const Call& c, const DeviceCaps& d, bool own) {
@@ -139,8 +141,10 @@ std::vector<Backend> candidates(Choice choice, const Call& c, const DeviceCaps& 
   if (out.empty())
     throw Error(str("no attention backend runs a ", describe(c), whys), "run.attention",
                 "fp32 or head sizes over 128 run on the CPU (run.device = \"cpu\"); see each backend's reason above");
-  // A long causal forward: the Hopper kernel ahead of cuDNN.
-  if (!own && !c.backward && c.causal && c.rows >= kOwnForwardMinRows && out.size() > 1 && out[0] == Backend::cudnn &&
+  // A long causal forward: the Hopper kernel ahead of cuDNN (measured without a window; a windowed
+  // one stays on cuDNN's band mask).
+  if (!own && !c.backward && c.causal && c.window == 0 && c.rows >= kOwnForwardMinRows && out.size() > 1 &&
+      out[0] == Backend::cudnn &&
       out[1] == Backend::hopper)
     std::swap(out[0], out[1]);
   return out;
@@ -167,7 +171,8 @@ void check_fast_attention(Choice choice, const DeviceCaps& d) {
               "lcx-env.sh`, which finds the wheel); or set [run] attention = \"own\" to train on lcx's kernels anyway");
 }
 
-std::vector<std::string> plan_lines(Choice choice, DType dtype, int64_t head_dim, int64_t rows, const DeviceCaps& d) {
+std::vector<std::string> plan_lines(Choice choice, DType dtype, int64_t head_dim, int64_t rows, const DeviceCaps& d,
+                                    int64_t window) {
   std::vector<std::string> lines;
   auto line = [&](const std::string& kind, Call c, bool own) {
     c.dtype = dtype;
@@ -199,6 +204,14 @@ std::vector<std::string> plan_lines(Choice choice, DType dtype, int64_t head_dim
   line("a document cuDNN's batches do not take, forward", doc, true);
   doc.backward = true;
   line("a document cuDNN's batches do not take, backward", doc, true);
+  if (window > 0) {
+    Call win;
+    win.rows = win.keys = rows;
+    win.window = window;
+    line(str("windowed (", window, ") causal forward of ", rows, " rows"), win, false);
+    win.backward = true;
+    line(str("windowed (", window, ") backward of ", rows, " rows"), win, false);
+  }
   return lines;
 }
 

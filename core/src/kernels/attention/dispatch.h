@@ -61,10 +61,14 @@ struct Call {
   int64_t rows = 1, keys = 1;  // query rows T, key rows S
   bool causal = true;
   bool same_positions = true;  // T == S at equal offsets: a causal block cuDNN's mask expresses
+  // > 0: the sliding window (ops::AttentionParams::window). Every backend takes it on a causal block
+  // of equal positions (cuDNN as its band mask); the own kernels anywhere, skipping the key tiles
+  // outside it, so a windowed call costs T x W rather than T x S / 2.
+  int64_t window = 0;
 };
 
-// The automatic choice runs a causal forward of at least this many query rows on the Hopper
-// kernel, ahead of cuDNN, where that serves: there it measured 1.07-1.09x cuDNN's rate on three
+// The automatic choice runs a causal forward (without a window) of at least this many query rows on
+// the Hopper kernel, ahead of cuDNN, where that serves: there it measured 1.07-1.09x cuDNN's rate on three
 // H100s, where at 16k-64k tokens it ranged from 0.93x to 1.02x from one card to the next
 // (docs/PERF.md, the kernel table). The backward stays cuDNN's wherever cuDNN loads.
 inline constexpr int64_t kOwnForwardMinRows = 131072;
@@ -81,7 +85,8 @@ std::string refusal(Backend b, const Call& c, const DeviceCaps& d);
 // (lcx::Error naming [run] attention, the call and each backend's reason) where nothing serves.
 std::vector<Backend> candidates(Choice choice, const Call& c, const DeviceCaps& d, bool own = false);
 
-// "causal forward bf16 head_dim 128, 65536 x 65536 rows": a call in a refusal.
+// "causal forward bf16 head_dim 128, 65536 x 65536 rows" (", window 4096" where it has one): a
+// call in a refusal.
 std::string describe(const Call& c);
 
 // The choice the GPU attention runs under ([run] attention; auto until set), process-wide.
@@ -96,7 +101,9 @@ Choice choice();
 void check_fast_attention(Choice choice, const DeviceCaps& d);
 
 // Which backend each kind of call of a run takes: one line per kind (causal forward below and from
-// kOwnForwardMinRows rows, backward, a document's rows on the own kernels), for the log and --plan.
-std::vector<std::string> plan_lines(Choice choice, DType dtype, int64_t head_dim, int64_t rows, const DeviceCaps& d);
+// kOwnForwardMinRows rows, backward, a document's rows on the own kernels, and with `window` > 0 a
+// windowed layer's forward and backward), for the log and --plan.
+std::vector<std::string> plan_lines(Choice choice, DType dtype, int64_t head_dim, int64_t rows, const DeviceCaps& d,
+                                    int64_t window = 0);
 
 }  // namespace lcx::ops::attention

@@ -58,6 +58,7 @@ attention::Call forward_call(const Tensor& q, const Tensor& k, const Tensor& v, 
   c.keys = k.size(0);
   c.causal = ap.causal;
   c.same_positions = q.size(0) == k.size(0) && ap.q_offset == ap.k_offset;
+  c.window = ap.window;
   return c;
 }
 
@@ -100,6 +101,7 @@ attn::Params make_params(const Tensor& q, const Tensor& k, const Tensor& v, cons
   p.q_offset = ap.q_offset;
   p.k_offset = ap.k_offset;
   p.causal = ap.causal;
+  p.window = ap.window;
   p.scale = ap.scale;
   p.scale_log2 = ap.scale * 1.4426950408889634f;  // log2(e): the kernels' scores live in the exp2 domain
   p.tq = q.dtype();

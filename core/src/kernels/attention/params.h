@@ -27,6 +27,9 @@ struct Params {
   float scale;       // softmax scale
   float scale_log2;  // scale * log2(e): scores live in the exp2 domain
   bool causal;
+  // > 0: query row i sees key j only where k_offset + j > q_offset + i - window (the sliding
+  // window, W keys ending at the query's own position); 0: no window.
+  int64_t window;
 };
 
 // hopper/forward_sm90a.cu: bf16, head_dim 128, on sm_90.

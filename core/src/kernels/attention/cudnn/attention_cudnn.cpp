@@ -242,6 +242,22 @@ class Graph {
     pointwise(CUDNN_POINTWISE_BINARY_SELECT, s, scalar(neg_uid), out, keep_it);
     return out;
   }
+  // Keeps s where the column index + window > the row index, else `neg` (uid neg_uid): the sliding
+  // window's left bound (the window, uid window_uid, a float by value), spelled as cuDNN's own SDPA
+  // graphs spell their band mask's (GEN_INDEX, ADD in fp32, CMP_GT, BINARY_SELECT) after the causal
+  // mask, which its flash engines recognise to skip the key tiles outside the band.
+  DescPtr window_mask(const DescPtr& s, const Dims& dims, const Dims& strides, int64_t window_uid, int64_t neg_uid) {
+    auto row = virt(CUDNN_DATA_INT32, dims, strides), col = virt(CUDNN_DATA_INT32, dims, strides);
+    pointwise(CUDNN_POINTWISE_GEN_INDEX, s, nullptr, row, nullptr, CUDNN_DATA_INT32, 2);
+    pointwise(CUDNN_POINTWISE_GEN_INDEX, s, nullptr, col, nullptr, CUDNN_DATA_INT32, 3);
+    auto shifted = virt(CUDNN_DATA_FLOAT, dims, strides);
+    pointwise(CUDNN_POINTWISE_ADD, col, scalar(window_uid), shifted, nullptr, CUDNN_DATA_FLOAT);
+    auto keep_it = virt(CUDNN_DATA_BOOLEAN, dims, strides);
+    pointwise(CUDNN_POINTWISE_CMP_GT, shifted, row, keep_it, nullptr, CUDNN_DATA_BOOLEAN);
+    auto out = virt(CUDNN_DATA_FLOAT, dims, strides);
+    pointwise(CUDNN_POINTWISE_BINARY_SELECT, s, scalar(neg_uid), out, keep_it);
+    return out;
+  }
   const std::vector<DescPtr>& ops() const { return ops_; }
 
  private:
@@ -256,7 +272,7 @@ class Graph {
 
 enum Uid : int64_t {
   kQ = 1, kK, kV, kO, kStats, kScale, kNeg, kDO, kDQ, kDK, kDV, kSoftmaxSum, kDQAccum, kOne, kSeqQ, kSeqKV, kPadNeg,
-  kQOffsets, kKOffsets
+  kQOffsets, kKOffsets, kWindow, kWindowNeg
 };
 
 struct Plan {
@@ -352,7 +368,8 @@ std::pair<DescPtr, DescPtr> ragged_offsets(Graph& g, const Shape4& s) {
 }
 
 // The forward graph's operations, each finalized (which checks shapes and types); not yet a plan.
-std::unique_ptr<Plan> forward_plan(const Shape4& s, DType dt, bool causal) {
+// `windowed`: the band mask after the causal one, the window passed by value with each call.
+std::unique_ptr<Plan> forward_plan(const Shape4& s, DType dt, bool causal, bool windowed) {
   auto p = std::make_unique<Plan>();
   Graph& g = p->graph;
   const cudnnDataType_t io = cudnn_type(dt), f32 = CUDNN_DATA_FLOAT;
@@ -373,7 +390,8 @@ std::unique_ptr<Plan> forward_plan(const Shape4& s, DType dt, bool causal) {
   g.pointwise(CUDNN_POINTWISE_MUL, S0, g.scalar(kScale), S1);
   // The padding mask, then the causal one: the order of cuDNN's own SDPA graphs.
   auto padded = s.padded ? g.padding_mask(S1, s.s_dims(), s.s_strides(), seq_q, seq_kv, kPadNeg) : S1;
-  auto scores = causal ? g.causal_mask(padded, s.s_dims(), s.s_strides(), kNeg) : padded;
+  auto masked = causal ? g.causal_mask(padded, s.s_dims(), s.s_strides(), kNeg) : padded;
+  auto scores = windowed ? g.window_mask(masked, s.s_dims(), s.s_strides(), kWindow, kWindowNeg) : masked;
   auto M = g.virt(f32, s.row_dims(), s.row_strides());
   g.reduction(CUDNN_REDUCE_TENSOR_MAX, scores, M);
   auto Z = g.virt(f32, s.s_dims(), s.s_strides());
@@ -392,7 +410,7 @@ std::unique_ptr<Plan> forward_plan(const Shape4& s, DType dt, bool causal) {
 }
 
 // The backward graph's operations, likewise.
-std::unique_ptr<Plan> backward_plan(const Shape4& s, DType dt, bool causal) {
+std::unique_ptr<Plan> backward_plan(const Shape4& s, DType dt, bool causal, bool windowed) {
   auto p = std::make_unique<Plan>();
   Graph& g = p->graph;
   const cudnnDataType_t io = cudnn_type(dt), f32 = CUDNN_DATA_FLOAT;
@@ -422,8 +440,8 @@ std::unique_ptr<Plan> backward_plan(const Shape4& s, DType dt, bool causal) {
   g.reduction(CUDNN_REDUCE_TENSOR_ADD, dOO, rowsum);
   g.pointwise(CUDNN_POINTWISE_MUL, rowsum, g.scalar(kOne), softmax_sum);
 
-  // P = exp(scale * Q K^T - stats), masked (padding before the stats, causal after: as cuDNN's
-  // own SDPA backward graphs)
+  // P = exp(scale * Q K^T - stats), masked (padding before the stats, causal and the window after:
+  // as cuDNN's own SDPA backward graphs)
   auto S0 = g.virt(f32, s.s_dims(), s.s_strides());
   g.matmul(Q, KT, S0, seq_q, seq_kv);
   auto S1 = g.virt(f32, s.s_dims(), s.s_strides());
@@ -432,8 +450,9 @@ std::unique_ptr<Plan> backward_plan(const Shape4& s, DType dt, bool causal) {
   auto S2 = g.virt(f32, s.s_dims(), s.s_strides());
   g.pointwise(CUDNN_POINTWISE_SUB, S1p, stats, S2);
   auto S3 = causal ? g.causal_mask(S2, s.s_dims(), s.s_strides(), kNeg) : S2;
+  auto S4 = windowed ? g.window_mask(S3, s.s_dims(), s.s_strides(), kWindow, kWindowNeg) : S3;
   auto P = g.virt(f32, s.s_dims(), s.s_strides());
-  g.pointwise(CUDNN_POINTWISE_EXP, S3, nullptr, P);
+  g.pointwise(CUDNN_POINTWISE_EXP, S4, nullptr, P);
 
   // dV = P^T dO, summed over each GQA group
   auto PT = g.virt(io, s.st_dims(), s.st_strides());
@@ -477,19 +496,19 @@ std::unique_ptr<Plan> backward_plan(const Shape4& s, DType dt, bool causal) {
   return p;
 }
 
-using PlanKey = std::tuple<bool, int64_t, int64_t, int64_t, int64_t, int64_t, int64_t, int, bool, bool, bool>;
+using PlanKey = std::tuple<bool, int64_t, int64_t, int64_t, int64_t, int64_t, int64_t, int, bool, bool, bool, bool>;
 std::map<PlanKey, std::unique_ptr<Plan>> g_plans;  // nullptr: cuDNN refused the shape
 
 // The cached plan for the call, built on first use; nullptr when cuDNN refuses it (logged once,
 // or thrown when the choice is `cudnn`, but for a ragged shape: its padded twin still runs on cuDNN).
 // Called under g_mu.
-Plan* plan_for(bool backward, const Shape4& s, DType t, bool causal) {
-  const PlanKey key{backward, s.b, s.T, s.S, s.Hq, s.Hkv, s.d, static_cast<int>(t), causal, s.padded, s.ragged};
+Plan* plan_for(bool backward, const Shape4& s, DType t, bool causal, bool windowed) {
+  const PlanKey key{backward, s.b, s.T, s.S, s.Hq, s.Hkv, s.d, static_cast<int>(t), causal, s.padded, s.ragged, windowed};
   auto it = g_plans.find(key);
   if (it == g_plans.end()) {
     std::unique_ptr<Plan> plan;
     try {
-      plan = backward ? backward_plan(s, t, causal) : forward_plan(s, t, causal);
+      plan = backward ? backward_plan(s, t, causal, windowed) : forward_plan(s, t, causal, windowed);
       finalize_plan(*plan);
     } catch (const Error& e) {
       if (forced() && !s.ragged) throw;
@@ -498,7 +517,8 @@ Plan* plan_for(bool backward, const Shape4& s, DType t, bool causal) {
       if (!s.ragged || !std::exchange(ragged_told, true))
         log::warn(str("cuDNN attention ", backward ? "backward" : "forward", " refused b=", s.b,
                       s.ragged ? " (ragged)" : s.padded ? " (padded)" : "", " T=", s.T, " S=", s.S, " Hq=",
-                      s.Hq, " Hkv=", s.Hkv, " d=", s.d, causal ? " causal" : " full", ": ", e.what(),
+                      s.Hq, " Hkv=", s.Hkv, " d=", s.d, causal ? " causal" : " full", windowed ? " windowed" : "",
+                      ": ", e.what(),
                       s.ragged ? "; padded copies of its documents run it (later ragged refusals are not logged)"
                                : "; the own kernels run it"));
     }
@@ -508,6 +528,20 @@ Plan* plan_for(bool backward, const Shape4& s, DType t, bool causal) {
     throw Error("cuDNN refused this attention shape earlier (see the log)", "run.attention",
                 "attention = \"auto\" runs it on lcx's own kernels");
   return it->second.get();
+}
+
+// The masks' by-value scalars a plan of these params reads: the causal mask's fill, the window and
+// its fill (`neg` and `window` outlive the call's execute).
+void add_masks(const ops::AttentionParams& p, std::vector<int64_t>& uids, std::vector<void*>& ptrs, float& neg,
+               float& window) {
+  if (p.causal) {
+    uids.push_back(kNeg);
+    ptrs.push_back(&neg);
+  }
+  if (p.window > 0) {
+    uids.insert(uids.end(), {kWindow, kWindowNeg});
+    ptrs.insert(ptrs.end(), {&window, &neg});
+  }
 }
 
 // Allocates the plan's workspace, then hands the call to `launch`: first zeroing `accumulator`
@@ -551,24 +585,21 @@ bool cudnn_attention_forward(const Tensor& q, const Tensor& k, const Tensor& v, 
                              const ops::AttentionParams& p, ops::Launch launch) {
   std::lock_guard lock(g_mu);
   const Shape4 s{1, q.size(0), k.size(0), q.size(1), k.size(1), q.size(2)};
-  Plan* plan = plan_for(false, s, q.dtype(), p.causal);
+  Plan* plan = plan_for(false, s, q.dtype(), p.causal, p.window > 0);
   if (!plan) return false;
-  float scale = p.scale, neg = -FLT_MAX;
+  float scale = p.scale, neg = -FLT_MAX, window = static_cast<float>(p.window);
   std::vector<int64_t> uids{kQ, kK, kV, kO, kStats, kScale};
   std::vector<void*> ptrs{q.data(), k.data(), v.data(), out.data(), lse.data(), &scale};
-  if (p.causal) {
-    uids.push_back(kNeg);
-    ptrs.push_back(&neg);
-  }
+  add_masks(p, uids, ptrs, neg, window);
   execute(*plan, uids, ptrs, q.device(), launch);
   return true;
 }
 
 int64_t cudnn_attention_workspace(bool backward, int64_t T, int64_t S, int64_t Hq, int64_t Hkv, int64_t d, DType t,
-                                  bool causal) {
+                                  bool causal, bool windowed) {
   std::lock_guard lock(g_mu);
   if (!api() || barred()) return -1;
-  const Plan* plan = plan_for(backward, Shape4{1, T, S, Hq, Hkv, d}, t, causal);
+  const Plan* plan = plan_for(backward, Shape4{1, T, S, Hq, Hkv, d}, t, causal, windowed);
   return plan ? plan->workspace : -1;
 }
 
@@ -577,18 +608,15 @@ bool cudnn_attention_backward(const Tensor& q, const Tensor& k, const Tensor& v,
                               const ops::AttentionParams& p, ops::Launch launch) {
   std::lock_guard lock(g_mu);
   const Shape4 s{1, q.size(0), k.size(0), q.size(1), k.size(1), q.size(2)};
-  Plan* plan = plan_for(true, s, q.dtype(), p.causal);
+  Plan* plan = plan_for(true, s, q.dtype(), p.causal, p.window > 0);
   if (!plan) return false;
   Tensor softmax_sum = Tensor::empty({s.Hq, s.T}, DType::f32, q.device());
   Tensor dq_accum = Tensor::empty({s.Hq, s.T, s.d}, DType::f32, q.device());
-  float scale = p.scale, neg = -FLT_MAX, one = 1.f;
+  float scale = p.scale, neg = -FLT_MAX, one = 1.f, window = static_cast<float>(p.window);
   std::vector<int64_t> uids{kQ, kK, kV, kO, kStats, kScale, kDO, kDQ, kDK, kDV, kSoftmaxSum, kDQAccum, kOne};
   std::vector<void*> ptrs{q.data(),  k.data(),  v.data(),           out.data(),      lse.data(), &scale, dout.data(),
                           dq.data(), dk.data(), dv.data(), softmax_sum.data(), dq_accum.data(), &one};
-  if (p.causal) {
-    uids.push_back(kNeg);
-    ptrs.push_back(&neg);
-  }
+  add_masks(p, uids, ptrs, neg, window);
   execute(*plan, uids, ptrs, q.device(), launch, &dq_accum);
   return true;
 }
@@ -608,7 +636,7 @@ bool g_ragged = true;  // set_cudnn_ragged_documents; guarded by g_mu
 // The batch's plan, padded or ragged, or nullptr (the caller runs its documents another way).
 // Called under g_mu.
 Plan* batch_plan(bool backward, bool ragged, int64_t B, int64_t Sq, int64_t Sk, int64_t Hq, int64_t Hkv, int64_t d,
-                 DType t, bool causal) {
+                 DType t, bool causal, bool windowed) {
   if (barred() || (ragged && !g_ragged)) return nullptr;
   if (const char* why = padded_refusal(t, d)) {
     if (forced())
@@ -616,7 +644,7 @@ Plan* batch_plan(bool backward, bool ragged, int64_t B, int64_t Sq, int64_t Sk, 
                   "attention = \"auto\" runs these documents on lcx's own kernels");
     return nullptr;
   }
-  return plan_for(backward, Shape4{B, Sq, Sk, Hq, Hkv, d, true, ragged}, t, causal);
+  return plan_for(backward, Shape4{B, Sq, Sk, Hq, Hkv, d, true, ragged}, t, causal, windowed);
 }
 
 void* device(const void* p) { return const_cast<void*>(p); }
@@ -625,7 +653,7 @@ void* device(const void* p) { return const_cast<void*>(p); }
 void batch_forward(Plan& plan, const Tensor& q, const Tensor& k, const Tensor& v, Tensor& out, Tensor& stats,
                    const int32_t* seq_q, const int32_t* seq_kv, const int64_t* q_at, const int64_t* k_at,
                    const ops::AttentionParams& p, ops::Launch launch) {
-  float scale = p.scale, neg = -FLT_MAX;
+  float scale = p.scale, neg = -FLT_MAX, window = static_cast<float>(p.window);
   std::vector<int64_t> uids{kQ, kK, kV, kO, kStats, kScale, kPadNeg, kSeqQ, kSeqKV};
   std::vector<void*> ptrs{q.data(), k.data(), v.data(), out.data(), stats.data(), &scale, &neg, device(seq_q),
                           device(seq_kv)};
@@ -633,10 +661,7 @@ void batch_forward(Plan& plan, const Tensor& q, const Tensor& k, const Tensor& v
     uids.insert(uids.end(), {kQOffsets, kKOffsets});
     ptrs.insert(ptrs.end(), {device(q_at), device(k_at)});
   }
-  if (p.causal) {
-    uids.push_back(kNeg);
-    ptrs.push_back(&neg);
-  }
+  add_masks(p, uids, ptrs, neg, window);
   execute(plan, uids, ptrs, q.device(), launch);
 }
 
@@ -648,7 +673,7 @@ void batch_backward(Plan& plan, int64_t B, int64_t Sq, const Tensor& q, const Te
   const int64_t Hq = q.size(1), d = q.size(2);
   Tensor softmax_sum = Tensor::empty({B * Hq * Sq}, DType::f32, q.device());
   Tensor dq_accum = Tensor::empty({B * Hq * Sq * d}, DType::f32, q.device());
-  float scale = p.scale, neg = -FLT_MAX, one = 1.f;
+  float scale = p.scale, neg = -FLT_MAX, one = 1.f, window = static_cast<float>(p.window);
   std::vector<int64_t> uids{kQ,  kK,          kV,       kO,   kStats,  kScale, kDO,    kDQ,
                             kDK, kDV, kSoftmaxSum, kDQAccum, kOne, kPadNeg, kSeqQ, kSeqKV};
   std::vector<void*> ptrs{q.data(),  k.data(),  v.data(),           out.data(),      stats.data(), &scale,
@@ -658,19 +683,16 @@ void batch_backward(Plan& plan, int64_t B, int64_t Sq, const Tensor& q, const Te
     uids.insert(uids.end(), {kQOffsets, kKOffsets});
     ptrs.insert(ptrs.end(), {device(q_at), device(k_at)});
   }
-  if (p.causal) {
-    uids.push_back(kNeg);
-    ptrs.push_back(&neg);
-  }
+  add_masks(p, uids, ptrs, neg, window);
   execute(plan, uids, ptrs, q.device(), launch, &dq_accum);
 }
 
 }  // namespace
 
 bool cudnn_batch_attention_ready(bool backward, bool ragged, int64_t B, int64_t Sq, int64_t Sk, int64_t Hq,
-                                 int64_t Hkv, int64_t d, DType t, bool causal) {
+                                 int64_t Hkv, int64_t d, DType t, bool causal, bool windowed) {
   std::lock_guard lock(g_mu);
-  return batch_plan(backward, ragged, B, Sq, Sk, Hq, Hkv, d, t, causal) != nullptr;
+  return batch_plan(backward, ragged, B, Sq, Sk, Hq, Hkv, d, t, causal, windowed) != nullptr;
 }
 
 namespace {
@@ -680,7 +702,8 @@ template <class Run>
 void with_batch_plan(bool backward, const Tensor& q, const Tensor& k, const int64_t* q_offsets, int64_t B, int64_t Sq,
                      int64_t Sk, const ops::AttentionParams& p, Run run) {
   std::lock_guard lock(g_mu);
-  Plan* plan = batch_plan(backward, q_offsets != nullptr, B, Sq, Sk, q.size(1), k.size(1), q.size(2), q.dtype(), p.causal);
+  Plan* plan = batch_plan(backward, q_offsets != nullptr, B, Sq, Sk, q.size(1), k.size(1), q.size(2), q.dtype(), p.causal,
+                          p.window > 0);
   LCX_CHECK(plan, "a cuDNN batch of documents without a plan: ask cudnn_batch_attention_ready first");
   run(*plan);
 }

@@ -53,17 +53,13 @@ __global__ void __launch_bounds__(kTcThreads) attn_bwd_dq_tc_kernel(const Params
   load_tile_tc<D, T>(dOs, p.dout, q0, p.T, p.Hq, hq, L::LDH);
   const float lse2 = qi < p.T ? p.lse_in[hq * p.T + qi] * kLog2e : -INFINITY;
   const float delta = qi < p.T ? p.delta[hq * p.T + qi] : 0.f;
-  int64_t n_end = p.S;
-  if (p.causal) {
-    const int64_t last_q = q0 + lcx::cuda::lmin(kBr, p.T - q0) - 1;
-    n_end = lcx::cuda::lmax(0, lcx::cuda::lmin(p.S, p.q_offset + last_q - p.k_offset + 1));
-  }
+  const int64_t n_end = key_end(p, q0, kBr);
 
   FragAcc dq[D / 16];
 #pragma unroll
   for (int n = 0; n < D / 16; ++n) wmma::fill_fragment(dq[n], 0.f);
 
-  for (int64_t k0 = 0; k0 < n_end; k0 += kBc) {
+  for (int64_t k0 = first_key(p, q0, kBc); k0 < n_end; k0 += kBc) {
     __syncthreads();
     load_tile_tc<D, T>(Ks, p.k, k0, p.S, p.Hkv, hk, L::LDH);
     load_tile_tc<D, T>(Vs, p.v, k0, p.S, p.Hkv, hk, L::LDH);
@@ -116,8 +112,7 @@ __global__ void __launch_bounds__(kTcThreads) attn_bwd_dkv_tc_kernel(const Param
 
   load_tile_tc<D, T>(Ks, p.k, k0, p.S, p.Hkv, hk, L::LDH);
   load_tile_tc<D, T>(Vs, p.v, k0, p.S, p.Hkv, hk, L::LDH);
-  int64_t q_begin = 0;
-  if (p.causal) q_begin = lcx::cuda::lmax(0, p.k_offset + k0 - p.q_offset) / kBr * kBr;
+  const int64_t q_begin = first_query(p, k0, kBr), q_stop = query_end(p, k0, kBc);
 
   FragAcc dk[D / 16], dv[D / 16];
 #pragma unroll
@@ -127,7 +122,7 @@ __global__ void __launch_bounds__(kTcThreads) attn_bwd_dkv_tc_kernel(const Param
   }
 
   for (int64_t hq = hk * group; hq < (hk + 1) * group; ++hq) {
-    for (int64_t q0 = q_begin; q0 < p.T; q0 += kBr) {
+    for (int64_t q0 = q_begin; q0 < q_stop; q0 += kBr) {
       __syncthreads();
       load_tile_tc<D, T>(Qs, p.q, q0, p.T, p.Hq, hq, L::LDH);
       load_tile_tc<D, T>(dOs, p.dout, q0, p.T, p.Hq, hq, L::LDH);

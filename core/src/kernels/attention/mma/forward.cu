@@ -30,13 +30,9 @@ __global__ void __launch_bounds__(kTcThreads) attn_fwd_tc_kernel(const Params p)
   load_tile_tc<D, T>(Qs, p.q, q0, p.T, p.Hq, hq, L::LDH);
   for (int i = threadIdx.x; i < 64 * L::LDO; i += blockDim.x) Os[i] = 0.f;
   float m = -INFINITY, l = 0.f;
-  int64_t n_end = p.S;
-  if (p.causal) {
-    const int64_t last_q = q0 + lcx::cuda::lmin(kBr, p.T - q0) - 1;
-    n_end = lcx::cuda::lmax(0, lcx::cuda::lmin(p.S, p.q_offset + last_q - p.k_offset + 1));
-  }
+  const int64_t n_end = key_end(p, q0, kBr);
 
-  for (int64_t k0 = 0; k0 < n_end; k0 += kBc) {
+  for (int64_t k0 = first_key(p, q0, kBc); k0 < n_end; k0 += kBc) {
     __syncthreads();
     load_tile_tc<D, T>(Ks, p.k, k0, p.S, p.Hkv, hk, L::LDH);
     load_tile_tc<D, T>(Vs, p.v, k0, p.S, p.Hkv, hk, L::LDH);
