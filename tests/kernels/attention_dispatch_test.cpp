@@ -144,6 +144,42 @@ TEST(AttentionDispatch, ForcedCudnnNamesWhatItRefuses) {
   EXPECT_EQ(candidates(Choice::automatic, misaligned, kH100), (std::vector<B>{B::mma, B::reference}));
 }
 
+// A sliding window: cuDNN takes it on a causal block of equal positions (its band mask), the own
+// kernels everywhere (they take the positions); a windowed long forward stays on cuDNN, whose band
+// mask skips the tiles outside the window as the own kernels do.
+TEST(AttentionDispatch, WindowedCallsRunOnCudnnsBandMaskOrTheOwnKernels) {
+  Call win = causal(65536);
+  win.window = 4096;
+  EXPECT_EQ(candidates(Choice::automatic, win, kH100), (std::vector<B>{B::cudnn, B::hopper, B::mma, B::reference}));
+  win.backward = true;
+  EXPECT_EQ(candidates(Choice::automatic, win, kH100), (std::vector<B>{B::cudnn, B::hopper, B::mma, B::reference}));
+  Call long_win = causal(kOwnForwardMinRows);
+  long_win.window = 128;
+  EXPECT_EQ(candidates(Choice::automatic, long_win, kH100).front(), B::cudnn);
+  EXPECT_EQ(candidates(Choice::automatic, long_win, kA100), (std::vector<B>{B::cudnn, B::mma, B::reference}));
+
+  // A ring's piece: queries and keys at other positions, or full attention with a window.
+  Call ring = causal(4096);
+  ring.keys = 8192;
+  ring.same_positions = false;
+  ring.window = 1000;
+  EXPECT_EQ(candidates(Choice::automatic, ring, kH100), (std::vector<B>{B::hopper, B::mma, B::reference}));
+  Call full = causal(4096);
+  full.causal = false;
+  full.window = 1000;
+  EXPECT_EQ(refusal(B::cudnn, full, kH100),
+            "cuDNN's band mask takes a window only on a causal block with equal query and key positions");
+  EXPECT_EQ(candidates(Choice::automatic, full, kH100), (std::vector<B>{B::hopper, B::mma, B::reference}));
+  const std::string why = error_of(Choice::cudnn, full, kH100);
+  EXPECT_NE(why.find("cannot run a full forward bf16 head_dim 128, 4096 x 4096 rows, window 1000: cuDNN's band mask"),
+            std::string::npos)
+      << why;
+  // The own kernels and the fp32 ones take the window at every dtype and head size they take.
+  Call f32 = causal(4096, 64, DType::f32);
+  f32.window = 17;
+  EXPECT_EQ(candidates(Choice::automatic, f32, kH100), (std::vector<B>{B::reference}));
+}
+
 TEST(AttentionDispatch, ChoiceNames) {
   for (const char* n : {"auto", "cudnn", "own", "hopper", "mma", "reference"}) {
     const auto c = parse_choice(n);
@@ -161,6 +197,10 @@ TEST(AttentionDispatch, PlanLinesNameTheBackendOfEachKindOfCall) {
   EXPECT_EQ(lines[1], "causal forward of 262144 rows: hopper");
   EXPECT_EQ(lines[2], "backward of 262144 rows: cudnn (mma where cuDNN refuses the plan)");
   EXPECT_EQ(lines[3], "a document cuDNN's batches do not take, forward: hopper");
+  const std::vector<std::string> windowed = plan_lines(Choice::automatic, DType::bf16, 128, 262144, kH100, 4096);
+  ASSERT_EQ(windowed.size(), 7u);
+  EXPECT_EQ(windowed[5], "windowed (4096) causal forward of 262144 rows: cudnn (hopper where cuDNN refuses the plan)");
+  EXPECT_EQ(windowed[6], "windowed (4096) backward of 262144 rows: cudnn (mma where cuDNN refuses the plan)");
   const std::vector<std::string> ada = plan_lines(Choice::mma, DType::bf16, 128, 4096, kRtx4090);
   EXPECT_NE(ada[0].find("refused: [run] attention = \"mma\" cannot run"), std::string::npos) << ada[0];
 }
