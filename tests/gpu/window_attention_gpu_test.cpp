@@ -1,0 +1,334 @@
+// Sliding-window attention (ops::AttentionParams::window) on each GPU backend against a naive fp64
+// reference written here: windows of 1, 17, 128 and 1000 keys over up to 4,096 tokens, head_dim 64
+// and 128, GQA, packed documents with both masks at once, and a ring's pieces whose queries and
+// keys sit at other positions (the window reaching only some keys, or none). Each backend forced in
+// turn ([run] attention names it, so a call it cannot run is an error, never a silent fallback),
+// then the automatic choice. Cases a backend does not take (its dtype, head size, device; cuDNN's
+// band mask off a causal block of equal positions) are left out by the dispatch's own rule, and a
+// test where none is left skips visibly.
+#include <gtest/gtest.h>
+
+#include <algorithm>
+#include <cmath>
+#include <random>
+#include <string>
+#include <vector>
+
+#include "gpu/gpu_test_util.h"
+#include "lcx/ops.h"
+#include "support/test_util.h"
+
+#ifdef LCX_HAVE_CUDA
+#include "kernels/attention/dispatch.h"
+#include "kernels/cuda/cuda_ops.h"
+#endif
+
+namespace lcx::test {
+namespace {
+
+struct WindowCase {
+  const char* name;
+  int64_t T, S, Hq, Hkv, d;
+  bool causal;
+  int64_t q_offset, k_offset, window;
+  std::vector<int64_t> documents;  // empty: one document
+
+  ops::AttentionParams params() const {
+    ops::AttentionParams p;
+    p.causal = causal;
+    p.q_offset = q_offset;
+    p.k_offset = k_offset;
+    p.window = window;
+    p.documents = documents;
+    return p;
+  }
+};
+
+const std::vector<WindowCase>& window_cases() {
+  static const std::vector<WindowCase> cases = {
+      {"W=1: each query sees itself alone", 300, 300, 4, 2, 128, true, 0, 0, 1, {}},
+      {"W=17, GQA 4, ragged tiles", 1000, 1000, 8, 2, 128, true, 0, 0, 17, {}},
+      {"W=128 at head_dim 64", 2048, 2048, 4, 1, 64, true, 0, 0, 128, {}},
+      {"W=128 over 4096 tokens, 8 / 2 heads", 4096, 4096, 8, 2, 128, true, 0, 0, 128, {}},
+      {"W=1000 over 4096 tokens", 4096, 4096, 4, 1, 128, true, 0, 0, 1000, {}},
+      {"W=1000 over 4096 tokens at head_dim 64", 4096, 4096, 4, 2, 64, true, 0, 0, 1000, {}},
+      {"W=1000, wider than the sequence", 500, 500, 2, 1, 128, true, 0, 0, 1000, {}},
+      {"W=1000 with documents longer and shorter than it", 3000, 3000, 4, 2, 128, true, 0, 0, 1000,
+       {0, 700, 701, 2200, 2263, 3000}},
+      {"W=17 with documents, head_dim 64", 1500, 1500, 4, 1, 64, true, 0, 0, 17, {0, 5, 200, 203, 1100, 1500}},
+      {"a ring piece: queries 500.. against keys 0..700, W=128", 200, 700, 4, 2, 128, true, 500, 0, 128, {}},
+      {"a ring block wholly in the past, W=300", 256, 512, 4, 1, 128, true, 512, 0, 300, {}},
+      {"a past block beyond the window: nothing seen", 128, 128, 2, 1, 128, true, 1000, 0, 200, {}},
+      {"a ring piece with documents, W=17", 300, 600, 4, 2, 64, true, 300, 0, 17, {0, 250, 320, 450, 900}},
+  };
+  return cases;
+}
+
+std::string case_name(const WindowCase& c, DType t) {
+  return str(c.name, " (T=", c.T, " S=", c.S, " Hq=", c.Hq, " Hkv=", c.Hkv, " d=", c.d, " W=", c.window, ", ",
+             dtype_name(t), ")");
+}
+
+// The reference: every (query, key) pair the masks leave, in fp64, from the inputs as rounded.
+class Reference {
+ public:
+  // The scale the ops resolve (1 / sqrt(d) in fp32).
+  explicit Reference(const WindowCase& c) : c_(c), scale_(double(1.f / std::sqrt(static_cast<float>(c.d)))) {}
+
+  bool sees(int64_t i, int64_t j) const {
+    const int64_t qp = c_.q_offset + i, kp = c_.k_offset + j;
+    if (c_.causal && kp > qp) return false;
+    if (c_.window > 0 && kp <= qp - c_.window) return false;
+    if (!c_.documents.empty() && doc(qp) != doc(kp)) return false;
+    return true;
+  }
+
+  // out [T, Hq, d], lse [Hq, T] (natural log, -inf where nothing is seen).
+  void forward(const std::vector<float>& q, const std::vector<float>& k, const std::vector<float>& v,
+               std::vector<float>& out, std::vector<float>& lse) const {
+    const int64_t T = c_.T, Hq = c_.Hq, Hkv = c_.Hkv, d = c_.d, g = Hq / Hkv;
+    out.assign(size_t(T * Hq * d), 0.f);
+    lse.assign(size_t(Hq * T), -INFINITY);
+    std::vector<double> s, acc(static_cast<size_t>(d));
+    for (int64_t h = 0; h < Hq; ++h)
+      for (int64_t i = 0; i < T; ++i) {
+        const auto [lo, hi] = keys_of(i);
+        s.assign(size_t(std::max<int64_t>(0, hi - lo)), -INFINITY);
+        double m = -INFINITY;
+        for (int64_t j = lo; j < hi; ++j) {
+          if (!sees(i, j)) continue;
+          s[size_t(j - lo)] = scale_ * dot(&q[size_t((i * Hq + h) * d)], &k[size_t((j * Hkv + h / g) * d)], d);
+          m = std::max(m, s[size_t(j - lo)]);
+        }
+        if (m == -INFINITY) continue;
+        std::fill(acc.begin(), acc.end(), 0.0);
+        double l = 0;
+        for (int64_t j = lo; j < hi; ++j) {
+          if (s[size_t(j - lo)] == -INFINITY) continue;
+          const double pr = std::exp(s[size_t(j - lo)] - m);
+          l += pr;
+          const float* vj = &v[size_t((j * Hkv + h / g) * d)];
+          for (int64_t c = 0; c < d; ++c) acc[size_t(c)] += pr * vj[c];
+        }
+        for (int64_t c = 0; c < d; ++c) out[size_t((i * Hq + h) * d + c)] = float(acc[size_t(c)] / l);
+        lse[size_t(h * T + i)] = float(m + std::log(l));
+      }
+  }
+
+  // dq, dk, dv from out and lse as the backward kernels take them.
+  void backward(const std::vector<float>& q, const std::vector<float>& k, const std::vector<float>& v,
+                const std::vector<float>& out, const std::vector<float>& lse, const std::vector<float>& dout,
+                std::vector<float>& dq, std::vector<float>& dk, std::vector<float>& dv) const {
+    const int64_t T = c_.T, S = c_.S, Hq = c_.Hq, Hkv = c_.Hkv, d = c_.d, g = Hq / Hkv;
+    std::vector<double> gq(size_t(T * Hq * d), 0.0), gk(size_t(S * Hkv * d), 0.0), gv(size_t(S * Hkv * d), 0.0);
+    for (int64_t h = 0; h < Hq; ++h)
+      for (int64_t i = 0; i < T; ++i) {
+        const double l = lse[size_t(h * T + i)];
+        if (l == -INFINITY) continue;
+        const float* qi = &q[size_t((i * Hq + h) * d)];
+        const float* doi = &dout[size_t((i * Hq + h) * d)];
+        const double delta = dot(doi, &out[size_t((i * Hq + h) * d)], d);
+        const auto [lo, hi] = keys_of(i);
+        for (int64_t j = lo; j < hi; ++j) {
+          if (!sees(i, j)) continue;
+          const int64_t kv = (j * Hkv + h / g) * d;
+          const double pr = std::exp(scale_ * dot(qi, &k[size_t(kv)], d) - l);
+          const double ds = pr * (dot(doi, &v[size_t(kv)], d) - delta);
+          for (int64_t c = 0; c < d; ++c) {
+            gq[size_t((i * Hq + h) * d + c)] += scale_ * ds * k[size_t(kv + c)];
+            gk[size_t(kv + c)] += scale_ * ds * qi[c];
+            gv[size_t(kv + c)] += pr * doi[c];
+          }
+        }
+      }
+    dq.assign(gq.begin(), gq.end());
+    dk.assign(gk.begin(), gk.end());
+    dv.assign(gv.begin(), gv.end());
+  }
+
+ private:
+  static double dot(const float* a, const float* b, int64_t n) {
+    double acc = 0;
+    for (int64_t c = 0; c < n; ++c) acc += double(a[c]) * double(b[c]);
+    return acc;
+  }
+  int64_t doc(int64_t pos) const {
+    return std::upper_bound(c_.documents.begin(), c_.documents.end(), pos) - c_.documents.begin();
+  }
+  // The key rows the window and the causal mask leave query row i: [lo, hi).
+  std::pair<int64_t, int64_t> keys_of(int64_t i) const {
+    const int64_t qp = c_.q_offset + i;
+    int64_t lo = 0, hi = c_.S;
+    if (c_.window > 0) lo = std::clamp<int64_t>(qp - c_.window + 1 - c_.k_offset, 0, c_.S);
+    if (c_.causal) hi = std::clamp<int64_t>(qp + 1 - c_.k_offset, 0, c_.S);
+    return {lo, std::max(lo, hi)};
+  }
+
+  const WindowCase& c_;
+  double scale_;
+};
+
+// lse where finite within `tol` (relative L2), -inf in the same places.
+void expect_same_lse(const Tensor& got, const std::vector<float>& want, double tol) {
+  std::vector<float> g = got.to_floats(), w = want;
+  ASSERT_EQ(g.size(), w.size());
+  for (size_t i = 0; i < g.size(); ++i) {
+    ASSERT_EQ(std::isinf(g[i]), std::isinf(w[i])) << "lse element " << i << ": " << g[i] << " vs " << w[i];
+    if (std::isinf(w[i])) g[i] = w[i] = 0.f;
+  }
+  EXPECT_LE(rel_l2(g, w), tol);
+}
+
+void expect_close(const Tensor& got, const std::vector<float>& want, DType t, const char* what) {
+  const double err = rel_l2(got.to_floats(), want);
+  EXPECT_LE(err, tolerance(t)) << what << " (" << dtype_name(t) << "): relative L2 " << err;
+}
+
+// A gradient that is zero in exact arithmetic (W = 1: each softmax has one term, so dS = dP - delta
+// = 0 and dq = dk = 0) holds only rounding: its root mean square stays far below the O(0.1) of a
+// real gradient's elements.
+void expect_rounding_only(const Tensor& got, const char* what) {
+  const std::vector<float> g = got.to_floats();
+  double sum = 0;
+  for (float x : g) sum += double(x) * x;
+  const double rms = g.empty() ? 0 : std::sqrt(sum / double(g.size()));
+  EXPECT_LE(rms, 1e-3) << what << " should be zero up to rounding: root mean square " << rms;
+}
+
+// One case, forward and backward, on the GPU under the current choice against the reference. The
+// backward starts from the reference's out (in the case's dtype) and lse. With `twice`, the
+// backward runs again and must give the same dq bits (the Hopper backward's ordered additions).
+void check_case(const WindowCase& c, DType t, std::mt19937& rng, bool twice = false) {
+  SCOPED_TRACE(case_name(c, t));
+  const ops::AttentionParams p = c.params();
+  const Tensor q = host_normal({c.T, c.Hq, c.d}, t, rng), k = host_normal({c.S, c.Hkv, c.d}, t, rng),
+               v = host_normal({c.S, c.Hkv, c.d}, t, rng), dout = host_normal({c.T, c.Hq, c.d}, t, rng);
+  const std::vector<float> qf = q.to_floats(), kf = k.to_floats(), vf = v.to_floats(), dof = dout.to_floats();
+  const Reference ref(c);
+  std::vector<float> out, lse;
+  ref.forward(qf, kf, vf, out, lse);
+
+  const Tensor gq = on_gpu(q), gk = on_gpu(k), gv = on_gpu(v);
+  Tensor gout = poisoned_gpu({c.T, c.Hq, c.d}, t), glse = poisoned_gpu({c.Hq, c.T}, DType::f32);
+  ops::attention_forward(gq, gk, gv, gout, glse, p);
+  expect_close(gout, out, t, "out");
+  expect_same_lse(glse, lse, t == DType::f32 ? 1e-5 : 1e-4);
+
+  const Tensor out_t = Tensor::from_floats(out, {c.T, c.Hq, c.d}, t);
+  std::vector<float> dq, dk, dv;
+  ref.backward(qf, kf, vf, out_t.to_floats(), lse, dof, dq, dk, dv);
+  const Tensor gout_ref = on_gpu(out_t), glse_ref = on_gpu(Tensor::from_floats(lse, {c.Hq, c.T}, DType::f32)),
+               gdout = on_gpu(dout);
+  std::vector<float> first;
+  for (int run = 0; run < (twice ? 2 : 1); ++run) {
+    Tensor gdq = poisoned_gpu(q.shape(), t), gdk = poisoned_gpu(k.shape(), t), gdv = poisoned_gpu(v.shape(), t);
+    ops::attention_backward(gq, gk, gv, gout_ref, glse_ref, gdout, gdq, gdk, gdv, p);
+    if (run == 0 && c.window == 1) {
+      expect_rounding_only(gdq, "dq");
+      expect_rounding_only(gdk, "dk");
+      expect_close(gdv, dv, t, "dv");
+      first = gdq.to_floats();
+    } else if (run == 0) {
+      expect_close(gdq, dq, t, "dq");
+      expect_close(gdk, dk, t, "dk");
+      expect_close(gdv, dv, t, "dv");
+      first = gdq.to_floats();
+    } else {
+      EXPECT_EQ(gdq.to_floats(), first) << "dq differs between two runs";
+    }
+  }
+}
+
+class GpuWindowAttention : public ::testing::Test {
+ protected:
+  void SetUp() override {
+    LCX_SKIP_WITHOUT_GPU();
+    seed_ = fresh_seed();
+    rng_.seed(seed_);
+    RecordProperty("seed", std::to_string(seed_));
+  }
+  std::string trace() const { return str("seed ", seed_); }
+  uint32_t seed_ = 0;
+  std::mt19937 rng_;
+};
+
+#ifdef LCX_HAVE_CUDA
+using ops::attention::Backend;
+using ops::attention::Choice;
+
+// Selects the attention kernels for one test and restores the automatic choice after it.
+struct KernelChoice {
+  explicit KernelChoice(Choice k) { ops::attention::set_choice(k); }
+  ~KernelChoice() { ops::attention::set_choice(Choice::automatic); }
+};
+
+// Whether `b` takes the case's calls on this GPU, by the dispatch's rules: the whole call, or with
+// documents each document's rows (cuDNN's batches take the documents of a causal call of equal
+// positions; what they leave runs on the own kernels, which a forced cuDNN allows).
+bool serves(Backend b, const WindowCase& c, DType t) {
+  ops::attention::Call call;
+  call.dtype = t;
+  call.head_dim = c.d;
+  call.rows = c.T;
+  call.keys = c.S;
+  // A causal block whose keys all precede its first query is full attention (ops.cpp).
+  call.causal = c.causal && !(c.documents.empty() && c.k_offset + c.S <= c.q_offset + 1);
+  call.same_positions = c.T == c.S && c.q_offset == c.k_offset;
+  call.window = c.window;
+  const ops::attention::DeviceCaps caps = ops::cuda::attention_device_caps();
+  if (b == Backend::cudnn && !c.documents.empty()) return call.same_positions && ops::attention::refusal(b, call, caps).empty();
+  for (bool backward : {false, true}) {
+    call.backward = backward;
+    if (!ops::attention::refusal(b, call, caps).empty()) return false;
+  }
+  return true;
+}
+
+void run_backend(Backend b, Choice choice, std::initializer_list<DType> dtypes, std::mt19937& rng, bool twice = false) {
+  KernelChoice forced(choice);
+  int ran = 0;
+  for (const WindowCase& c : window_cases())
+    for (DType t : dtypes) {
+      if (!serves(b, c, t)) continue;
+      check_case(c, t, rng, twice);
+      ++ran;
+    }
+  if (ran == 0) GTEST_SKIP() << "the " << ops::attention::name(b) << " kernels take none of the cases on this GPU";
+}
+
+TEST_F(GpuWindowAttention, ReferenceKernelsAgainstTheNaiveReference) {
+  SCOPED_TRACE(trace());
+  run_backend(Backend::reference, Choice::reference, {DType::f32, DType::bf16}, rng_);
+}
+
+TEST_F(GpuWindowAttention, MmaKernelsAgainstTheNaiveReference) {
+  SCOPED_TRACE(trace());
+  run_backend(Backend::mma, Choice::mma, {DType::bf16, DType::f16}, rng_);
+}
+
+// The Hopper backward adds each query step's dQ in key-block order, from the first key block the
+// step's window reaches: the same bits twice.
+TEST_F(GpuWindowAttention, HopperKernelsAgainstTheNaiveReference) {
+  SCOPED_TRACE(trace());
+  run_backend(Backend::hopper, Choice::hopper, {DType::bf16}, rng_, true);
+}
+
+// cuDNN's band mask ([run] attention = "cudnn": a plan cuDNN refuses is an error, so passing means
+// its graphs ran), single calls and document batches.
+TEST_F(GpuWindowAttention, CudnnBandMaskAgainstTheNaiveReference) {
+  SCOPED_TRACE(trace());
+  run_backend(Backend::cudnn, Choice::cudnn, {DType::bf16, DType::f16}, rng_);
+}
+
+// What a run takes: every case under the automatic choice.
+TEST_F(GpuWindowAttention, AutomaticChoiceAgainstTheNaiveReference) {
+  SCOPED_TRACE(trace());
+  KernelChoice automatic(Choice::automatic);
+  for (const WindowCase& c : window_cases()) check_case(c, DType::bf16, rng_);
+}
+#else
+TEST_F(GpuWindowAttention, NeedsTheCudaBuild) { GTEST_SKIP() << "built without the CUDA backend"; }
+#endif
+
+}  // namespace
+}  // namespace lcx::test
