@@ -543,8 +543,13 @@ AttentionParams check_attention(const char* op, const Tensor& q, const Tensor& k
       if (d[i] <= d[i - 1])
         fail(op, str("document bound ", i, " (", d[i], ") does not follow bound ", i - 1, " (", d[i - 1], ")"));
   }
+  if (p.window < 0 || (p.window > 0 && !p.causal))
+    fail(op, str("window is ", p.window, (p.causal ? "" : " with causal false"),
+                 "; a sliding window is 0 (none) or > 0 on causal attention (the W keys ending at the query)"));
   AttentionParams r = p;
   if (r.scale == 0.f) r.scale = 1.f / std::sqrt(static_cast<float>(q.size(2)));
+  // A window reaching back past the first key from the last query hides nothing.
+  if (r.window > 0 && p.q_offset + q.size(0) - r.window <= p.k_offset) r.window = 0;
   // One document holding every query and key masks nothing: the unmasked kernels serve.
   if (!d.empty()) {
     const auto last = std::upper_bound(d.begin(), d.end(), std::min(p.q_offset, p.k_offset));
@@ -552,8 +557,9 @@ AttentionParams check_attention(const char* op, const Tensor& q, const Tensor& k
   }
   // Every key at or before the first query: the causal mask hides nothing, and as a full block it
   // runs on cuDNN, which takes causal blocks only at equal positions (a ring's piece of one
-  // document against its earlier chunk would otherwise fall to the own kernels).
-  if (r.causal && r.documents.empty() && p.k_offset + k.size(0) <= p.q_offset + 1) r.causal = false;
+  // document against its earlier chunk would otherwise fall to the own kernels). A window still
+  // masks such a block, so it stays causal.
+  if (r.causal && r.documents.empty() && r.window == 0 && p.k_offset + k.size(0) <= p.q_offset + 1) r.causal = false;
   return r;
 }
 
