@@ -1,6 +1,6 @@
 // Sliding-window attention (ops::AttentionParams::window) on each GPU backend against a naive fp64
-// reference written here: windows of 1, 17, 128 and 1000 keys over up to 4,096 tokens, head_dim 64
-// and 128, GQA, packed documents with both masks at once, and a ring's pieces whose queries and
+// reference written here: windows of 1, 17, 128 and 1000 keys over up to 4,096 tokens, head_dim 64,
+// 128 and 256 (cuDNN and the tensor-core kernels on sm_90 take it), GQA, packed documents with both masks at once, and a ring's pieces whose queries and
 // keys sit at other positions (the window reaching only some keys, or none). Each backend forced in
 // turn ([run] attention names it, so a call it cannot run is an error, never a silent fallback),
 // then the automatic choice. Cases a backend does not take (its dtype, head size, device; cuDNN's
@@ -60,6 +60,9 @@ const std::vector<WindowCase>& window_cases() {
       {"a ring block wholly in the past, W=300", 256, 512, 4, 1, 128, true, 512, 0, 300, {}},
       {"a past block beyond the window: nothing seen", 128, 128, 2, 1, 128, true, 1000, 0, 200, {}},
       {"a ring piece with documents, W=17", 300, 600, 4, 2, 64, true, 300, 0, 17, {0, 250, 320, 450, 900}},
+      {"W=128 at head_dim 256 (Gemma 3)", 1024, 1024, 4, 2, 256, true, 0, 0, 128, {}},
+      {"W=1000 with documents at head_dim 256", 2048, 2048, 2, 1, 256, true, 0, 0, 1000, {0, 900, 2048}},
+      {"a ring piece at head_dim 256, W=300", 256, 768, 2, 1, 256, true, 512, 0, 300, {}},
   };
   return cases;
 }
@@ -271,8 +274,9 @@ bool serves(Backend b, const WindowCase& c, DType t) {
   call.head_dim = c.d;
   call.rows = c.T;
   call.keys = c.S;
-  // A causal block whose keys all precede its first query is full attention (ops.cpp).
-  call.causal = c.causal && !(c.documents.empty() && c.k_offset + c.S <= c.q_offset + 1);
+  // A causal block whose keys all precede its first query is full attention (ops.cpp), unless a
+  // window still masks it.
+  call.causal = c.causal && !(c.documents.empty() && c.window == 0 && c.k_offset + c.S <= c.q_offset + 1);
   call.same_positions = c.T == c.S && c.q_offset == c.k_offset;
   call.window = c.window;
   const ops::attention::DeviceCaps caps = ops::cuda::attention_device_caps();

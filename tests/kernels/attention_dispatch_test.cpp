@@ -76,9 +76,30 @@ TEST(AttentionDispatch, Fp32AndOddHeadSizesFallToTheReferenceKernels) {
   EXPECT_EQ(candidates(Choice::automatic, causal(4096, 80), kH100), (std::vector<B>{B::cudnn, B::reference}));
   EXPECT_EQ(candidates(Choice::automatic, causal(4096, 64, DType::f16), kH100),
             (std::vector<B>{B::cudnn, B::mma, B::reference}));
-  const std::string why = error_of(Choice::automatic, causal(4096, 256), kH100);
+  const std::string why = error_of(Choice::automatic, causal(4096, 512), kH100);
+  EXPECT_NE(why.find("no attention backend runs a causal forward bf16 head_dim 512"), std::string::npos) << why;
+  EXPECT_NE(why.find("mma: the tensor-core kernels take head_dim 64, 128 or 256, not 512"), std::string::npos) << why;
+}
+
+// head_dim 256 (Gemma 3): cuDNN on sm_90 (its flash engines take 256 there, forward and backward),
+// then the tensor-core kernels where a block gets their 190 KB of shared memory; an A100 has neither,
+// and the fp32 kernels stop at 128.
+TEST(AttentionDispatch, HeadDim256RunsOnCudnnAndTheTensorCoreKernelsOfSm90) {
+  EXPECT_EQ(candidates(Choice::automatic, causal(4096, 256), kH100), (std::vector<B>{B::cudnn, B::mma}));
+  EXPECT_EQ(candidates(Choice::automatic, causal(4096, 256, DType::bf16, true), kH100), (std::vector<B>{B::cudnn, B::mma}));
+  EXPECT_EQ(candidates(Choice::own, causal(4096, 256, DType::f16, true), kB200), (std::vector<B>{B::mma}));
+  EXPECT_EQ(smem::mma(false, 256), 194560);
+  EXPECT_EQ(smem::mma(true, 256), 188416);
+  const std::string why = error_of(Choice::automatic, causal(4096, 256), kA100);
   EXPECT_NE(why.find("no attention backend runs a causal forward bf16 head_dim 256"), std::string::npos) << why;
-  EXPECT_NE(why.find("mma: the tensor-core kernels take head_dim 64 or 128, not 256"), std::string::npos) << why;
+  EXPECT_NE(why.find("cudnn: cuDNN attention takes head_dim a multiple of 8 up to 128 on sm_80 (256 on sm_90), not 256"),
+            std::string::npos)
+      << why;
+  EXPECT_NE(why.find("mma: the tensor-core kernels need 190 KB of shared memory a block at head_dim 256; this GPU gives "
+                     "163 KB"),
+            std::string::npos)
+      << why;
+  EXPECT_NE(why.find("reference: the fp32 kernels take head_dim up to 128, not 256"), std::string::npos) << why;
 }
 
 TEST(AttentionDispatch, AmpereAndBlackwellNeverReachTheHopperKernels) {

@@ -19,7 +19,9 @@ std::string cudnn_refusal(const Call& c, const DeviceCaps& d) {
   if (!sixteen_bit(c.dtype)) return "cuDNN attention takes bf16 or fp16";
   if (!c.out_matches || !c.dout_matches || !c.grads_match) return "cuDNN attention takes one dtype for every tensor";
   if (!c.inputs_aligned || !c.out_aligned || !c.grads_aligned) return "cuDNN attention takes 16-byte aligned tensors";
-  if (c.head_dim % 8 != 0 || c.head_dim > 128) return "cuDNN attention takes head_dim a multiple of 8 up to 128";
+  if (c.head_dim % 8 != 0 || c.head_dim > cudnn_max_head_dim(d))
+    return str("cuDNN attention takes head_dim a multiple of 8 up to ", cudnn_max_head_dim(d), " on sm_", d.major, d.minor,
+               " (256 on sm_90), not ", c.head_dim);
   if (c.causal && !c.same_positions) return "cuDNN attention takes causal blocks only with equal query and key positions";
   if (c.window > 0 && !(c.causal && c.same_positions))
     return "cuDNN's band mask takes a window only on a causal block with equal query and key positions";
@@ -50,7 +52,8 @@ std::string mma_refusal(const Call& c, const DeviceCaps& d) {
   if (!sixteen_bit(c.dtype)) return "the tensor-core kernels take bf16 or fp16";
   if (!c.dout_matches) return "the tensor-core kernels take dout in q's dtype";
   if (!c.inputs_aligned) return "the tensor-core kernels take 16-byte aligned q, k, v and dout";
-  if (c.head_dim != 64 && c.head_dim != 128) return str("the tensor-core kernels take head_dim 64 or 128, not ", c.head_dim);
+  if (c.head_dim != 64 && c.head_dim != 128 && c.head_dim != 256)
+    return str("the tensor-core kernels take head_dim 64, 128 or 256, not ", c.head_dim);
   if (const int64_t need = smem::mma(c.backward, c.head_dim); need > d.smem_per_block)
     return str("the tensor-core kernels need ", kib(need), " of shared memory a block at head_dim ", c.head_dim,
                "; this GPU gives ", kib(d.smem_per_block));

@@ -73,6 +73,10 @@ struct Call {
 // (docs/PERF.md, the kernel table). The backward stays cuDNN's wherever cuDNN loads.
 inline constexpr int64_t kOwnForwardMinRows = 131072;
 
+// The largest head_dim cuDNN's attention takes on this device (both directions): 256 on sm_90, whose
+// flash engines take it forward and backward; 128 elsewhere.
+inline int64_t cudnn_max_head_dim(const DeviceCaps& d) { return d.major == 9 && d.minor == 0 ? 256 : 128; }
+
 // Why `b` does not serve the call on this device, or "" when it does. cuDNN may still refuse when
 // it builds the call's plan; the caller then goes on to the next candidate (auto) or fails (cudnn).
 std::string refusal(Backend b, const Call& c, const DeviceCaps& d);

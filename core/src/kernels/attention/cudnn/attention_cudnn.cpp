@@ -13,7 +13,7 @@
 // (and the own kernels serve) where libcudnn.so.9 is absent.
 // Taken (the rules are the dispatch's, kernels/attention/dispatch.cpp, which calls in here only
 // where they hold): bf16/fp16 q, k, v, out (and dout, dq, dk, dv) of one dtype, head_dim a
-// multiple of 8 up to 128, 16-byte aligned rows, and either a full (non-causal) block or a causal
+// multiple of 8 up to 128 (256 on sm_90), 16-byte aligned rows, and either a full (non-causal) block or a causal
 // one with equal query and key positions (T == S, q_offset == k_offset). Ring attention's other
 // causal blocks run on the own kernels.
 // Padded batches (document masks, documents.cpp) give the graphs a batch dimension b
@@ -51,6 +51,7 @@
 #include "cuda/check_libs.h"
 #include "cuda/stream.h"
 #include "kernels/attention/dispatch.h"
+#include "kernels/cuda/cuda_ops.h"
 #include "lcx/log.h"
 
 namespace lcx::cuda {
@@ -623,12 +624,13 @@ bool cudnn_attention_backward(const Tensor& q, const Tensor& k, const Tensor& v,
 
 namespace {
 
-// Why cuDNN does not take padded batches of this dtype and head size, or nullptr when it may.
-const char* padded_refusal(DType t, int64_t d) {
+// Why cuDNN does not take padded batches of this dtype and head size, or "" when it may.
+std::string padded_refusal(DType t, int64_t d) {
   if (!api()) return "libcudnn.so.9 is not loadable";
   if (t != DType::bf16 && t != DType::f16) return "cuDNN attention takes bf16 or fp16";
-  if (d % 8 != 0 || d > 128) return "cuDNN attention takes head_dim a multiple of 8 up to 128";
-  return nullptr;
+  const int64_t most = ops::attention::cudnn_max_head_dim(ops::cuda::attention_device_caps());
+  if (d % 8 != 0 || d > most) return str("cuDNN attention takes head_dim a multiple of 8 up to ", most, " here");
+  return {};
 }
 
 bool g_ragged = true;  // set_cudnn_ragged_documents; guarded by g_mu
@@ -638,7 +640,7 @@ bool g_ragged = true;  // set_cudnn_ragged_documents; guarded by g_mu
 Plan* batch_plan(bool backward, bool ragged, int64_t B, int64_t Sq, int64_t Sk, int64_t Hq, int64_t Hkv, int64_t d,
                  DType t, bool causal, bool windowed) {
   if (barred() || (ragged && !g_ragged)) return nullptr;
-  if (const char* why = padded_refusal(t, d)) {
+  if (const std::string why = padded_refusal(t, d); !why.empty()) {
     if (forced())
       throw Error(str("[run] attention = \"cudnn\": ", why), "run.attention",
                   "attention = \"auto\" runs these documents on lcx's own kernels");

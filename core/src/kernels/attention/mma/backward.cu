@@ -1,8 +1,10 @@
 // Attention backward on tensor cores (WMMA, bf16/fp16 operands, fp32 accumulation), built for every
-// target from sm_80: lcx's own backward for 16-bit inputs with head_dim 64 or 128 wherever the
+// target from sm_80: lcx's own backward for 16-bit inputs with head_dim 64, 128 or 256 wherever the
 // Hopper kernel (hopper/) does not run; the fp32 CUDA-core kernels (reference/) serve everything
-// else and stay the exact second opinion. At head_dim 128 a block needs 120 KB of shared memory
-// (smem.h), which sm_86, sm_89 and sm_120 do not give: the dispatch refuses it there.
+// else up to 128 and stay the exact second opinion. At head_dim 128 a block needs 120 KB of shared
+// memory (smem.h), which sm_86, sm_89 and sm_120 do not give, and at 256 184 KB, which only sm_90
+// and sm_100 give: the dispatch refuses the others. At 256 the dk/dv kernel's two accumulators
+// (256 floats a thread) spill to local memory: a fallback where cuDNN does not serve, not a fast path.
 // Same loop orders and masks as those kernels, after the same preprocess (delta = rowsum(dO * O)):
 //  - dq: per query block, S and dP = dO V^T per strip, dS = P (dP - delta) rounded to the input
 //    dtype, dq += dS K in register fragments.
@@ -193,21 +195,25 @@ void launch_bwd_tc(const Params& p) {
 
 static_assert(int64_t(Tc<64>::dq_smem) == attention::smem::mma_backward_dq(64) &&
                   int64_t(Tc<128>::dq_smem) == attention::smem::mma_backward_dq(128) &&
+                  int64_t(Tc<256>::dq_smem) == attention::smem::mma_backward_dq(256) &&
                   int64_t(Tc<64>::dkv_smem) == attention::smem::mma_backward_dkv(64) &&
-                  int64_t(Tc<128>::dkv_smem) == attention::smem::mma_backward_dkv(128),
+                  int64_t(Tc<128>::dkv_smem) == attention::smem::mma_backward_dkv(128) &&
+                  int64_t(Tc<256>::dkv_smem) == attention::smem::mma_backward_dkv(256),
               "smem.h states the kernels' shared memory");
 
 }  // namespace
 
 void mma_backward(const Params& p) {
-  LCX_CHECK((p.tq == DType::bf16 || p.tq == DType::f16) && (p.d == 64 || p.d == 128),
-            "the tensor-core backward takes bf16 or fp16 at head_dim 64 or 128");
+  LCX_CHECK((p.tq == DType::bf16 || p.tq == DType::f16) && (p.d == 64 || p.d == 128 || p.d == 256),
+            "the tensor-core backward takes bf16 or fp16 at head_dim 64, 128 or 256");
   if (p.tq == DType::bf16) {
     if (p.d == 64) return launch_bwd_tc<64, __nv_bfloat16>(p);
-    return launch_bwd_tc<128, __nv_bfloat16>(p);
+    if (p.d == 128) return launch_bwd_tc<128, __nv_bfloat16>(p);
+    return launch_bwd_tc<256, __nv_bfloat16>(p);
   }
   if (p.d == 64) return launch_bwd_tc<64, __half>(p);
-  launch_bwd_tc<128, __half>(p);
+  if (p.d == 128) return launch_bwd_tc<128, __half>(p);
+  launch_bwd_tc<256, __half>(p);
 }
 
 }  // namespace lcx::ops::cuda::attn

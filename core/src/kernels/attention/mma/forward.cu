@@ -1,8 +1,9 @@
 // Attention forward on tensor cores (WMMA, bf16/fp16 operands, fp32 accumulation), built for every
-// target from sm_80: lcx's own forward for 16-bit inputs with head_dim 64 or 128 wherever the
+// target from sm_80: lcx's own forward for 16-bit inputs with head_dim 64, 128 or 256 wherever the
 // Hopper kernel (hopper/) does not run; the fp32 CUDA-core kernel (reference/) serves everything
-// else and stays the exact second opinion. At head_dim 128 a block needs 110 KB of shared memory
-// (smem.h), which sm_86, sm_89 and sm_120 do not give: the dispatch refuses it there.
+// else up to 128 and stays the exact second opinion. At head_dim 128 a block needs 110 KB of shared
+// memory (smem.h), which sm_86, sm_89 and sm_120 do not give, and at 256 190 KB, which only sm_90
+// and sm_100 give: the dispatch refuses the others.
 // Same loop order and masks as that kernel: a block of 4 warps owns 64 query rows; per 64-key tile
 // each warp computes its 16-row strip of S = Q K^T into shared memory, runs the online softmax on
 // those rows itself (two lanes per row, m and l in registers), rescales its rows of the fp32 output
@@ -100,20 +101,23 @@ void launch_fwd_tc(const Params& p) {
 }
 
 static_assert(int64_t(Tc<64>::fwd_smem) == attention::smem::mma_forward(64) &&
-                  int64_t(Tc<128>::fwd_smem) == attention::smem::mma_forward(128),
+                  int64_t(Tc<128>::fwd_smem) == attention::smem::mma_forward(128) &&
+                  int64_t(Tc<256>::fwd_smem) == attention::smem::mma_forward(256),
               "smem.h states the kernels' shared memory");
 
 }  // namespace
 
 void mma_forward(const Params& p) {
-  LCX_CHECK((p.tq == DType::bf16 || p.tq == DType::f16) && (p.d == 64 || p.d == 128),
-            "the tensor-core forward takes bf16 or fp16 at head_dim 64 or 128");
+  LCX_CHECK((p.tq == DType::bf16 || p.tq == DType::f16) && (p.d == 64 || p.d == 128 || p.d == 256),
+            "the tensor-core forward takes bf16 or fp16 at head_dim 64, 128 or 256");
   if (p.tq == DType::bf16) {
     if (p.d == 64) return launch_fwd_tc<64, __nv_bfloat16>(p);
-    return launch_fwd_tc<128, __nv_bfloat16>(p);
+    if (p.d == 128) return launch_fwd_tc<128, __nv_bfloat16>(p);
+    return launch_fwd_tc<256, __nv_bfloat16>(p);
   }
   if (p.d == 64) return launch_fwd_tc<64, __half>(p);
-  launch_fwd_tc<128, __half>(p);
+  if (p.d == 128) return launch_fwd_tc<128, __half>(p);
+  launch_fwd_tc<256, __half>(p);
 }
 
 }  // namespace lcx::ops::cuda::attn
