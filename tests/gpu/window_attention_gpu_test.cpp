@@ -1,15 +1,18 @@
 // Sliding-window attention (ops::AttentionParams::window) on each GPU backend against a naive fp64
 // reference written here: windows of 1, 17, 128 and 1000 keys over up to 4,096 tokens, head_dim 64,
-// 128 and 256 (cuDNN and the tensor-core kernels on sm_90 take it), GQA, packed documents with both masks at once, and a ring's pieces whose queries and
-// keys sit at other positions (the window reaching only some keys, or none). Each backend forced in
-// turn ([run] attention names it, so a call it cannot run is an error, never a silent fallback),
-// then the automatic choice. Cases a backend does not take (its dtype, head size, device; cuDNN's
-// band mask off a causal block of equal positions) are left out by the dispatch's own rule, and a
-// test where none is left skips visibly.
+// 128 and 256 (cuDNN and the tensor-core kernels on sm_90 take it), GQA, packed documents with both
+// masks at once, and a ring's pieces whose queries and keys sit at other positions: the window
+// reaching only some keys, or none; a chunk beside the rows before it that its window reaches, as
+// cp_ring runs a windowed layer. Each backend forced in turn ([run] attention names it, so a call it
+// cannot run is an error, never a silent fallback), then the automatic choice. Cases a backend does
+// not take (its dtype, head size, device; cuDNN's band mask off a causal block of equal positions or
+// of queries at the end of its keys) are left out by the dispatch's own rule, and a test where none
+// is left skips visibly.
 #include <gtest/gtest.h>
 
 #include <algorithm>
 #include <cmath>
+#include <cstdlib>
 #include <random>
 #include <string>
 #include <vector>
@@ -19,6 +22,7 @@
 #include "support/test_util.h"
 
 #ifdef LCX_HAVE_CUDA
+#include "kernels/attention/cudnn/attention_cudnn.h"
 #include "kernels/attention/dispatch.h"
 #include "kernels/cuda/cuda_ops.h"
 #endif
@@ -60,6 +64,12 @@ const std::vector<WindowCase>& window_cases() {
       {"a ring block wholly in the past, W=300", 256, 512, 4, 1, 128, true, 512, 0, 300, {}},
       {"a past block beyond the window: nothing seen", 128, 128, 2, 1, 128, true, 1000, 0, 200, {}},
       {"a ring piece with documents, W=17", 300, 600, 4, 2, 64, true, 300, 0, 17, {0, 250, 320, 450, 900}},
+      // A ring's chunk beside its halo, the W - 1 rows before it (cp_ring's windowed layers): cuDNN
+      // takes these with its masks aligned bottom-right.
+      {"a ring chunk beside its halo, W=384", 512, 512 + 383, 4, 2, 128, true, 1000, 617, 384, {}},
+      {"a ring chunk beside its halo, W=128 at head_dim 64", 1024, 1024 + 127, 8, 2, 64, true, 4096, 3969, 128, {}},
+      {"a ring chunk beside a halo cut short, W=1000", 1200, 1500, 4, 1, 128, true, 2000, 1700, 1000, {}},
+      {"a ring chunk beside its halo at head_dim 256, W=1024", 512, 1535, 2, 1, 256, true, 1023, 0, 1024, {}},
       {"W=128 at head_dim 256 (Gemma 3)", 1024, 1024, 4, 2, 256, true, 0, 0, 128, {}},
       {"W=1000 with documents at head_dim 256", 2048, 2048, 2, 1, 256, true, 0, 0, 1000, {0, 900, 2048}},
       {"a ring piece at head_dim 256, W=300", 256, 768, 2, 1, 256, true, 512, 0, 300, {}},
@@ -265,6 +275,13 @@ struct KernelChoice {
   ~KernelChoice() { ops::attention::set_choice(Choice::automatic); }
 };
 
+// Whether the loaded cuDNN is older than major.minor.
+bool cudnn_before(int major, int minor) {
+  const std::string v = cuda::cudnn_version();
+  const int got_major = std::atoi(v.c_str()), got_minor = std::atoi(v.c_str() + v.find('.') + 1);
+  return got_major < major || (got_major == major && got_minor < minor);
+}
+
 // Whether `b` takes the case's calls on this GPU, by the dispatch's rules: the whole call, or with
 // documents each document's rows (cuDNN's batches take the documents of a causal call of equal
 // positions; what they leave runs on the own kernels, which a forced cuDNN allows).
@@ -274,12 +291,15 @@ bool serves(Backend b, const WindowCase& c, DType t) {
   call.head_dim = c.d;
   call.rows = c.T;
   call.keys = c.S;
-  // A causal block whose keys all precede its first query is full attention (ops.cpp), unless a
-  // window still masks it.
-  call.causal = c.causal && !(c.documents.empty() && c.window == 0 && c.k_offset + c.S <= c.q_offset + 1);
+  // As ops.cpp resolves the params: a window that hides nothing is dropped, and a causal block whose
+  // keys all precede its first query is full attention unless a window still masks it.
+  call.window = c.q_offset + c.T - c.window <= c.k_offset ? 0 : c.window;
+  call.causal = c.causal && !(c.documents.empty() && call.window == 0 && c.k_offset + c.S <= c.q_offset + 1);
   call.same_positions = c.T == c.S && c.q_offset == c.k_offset;
-  call.window = c.window;
+  call.ends_aligned = c.T <= c.S && c.q_offset + c.T == c.k_offset + c.S;
   const ops::attention::DeviceCaps caps = ops::cuda::attention_device_caps();
+  // cuDNN before 9.6 declines a window aligned bottom-right (attention_cudnn.cpp).
+  if (b == Backend::cudnn && c.T != c.S && cudnn_before(9, 6)) return false;
   if (b == Backend::cudnn && !c.documents.empty()) return call.same_positions && ops::attention::refusal(b, call, caps).empty();
   for (bool backward : {false, true}) {
     call.backward = backward;

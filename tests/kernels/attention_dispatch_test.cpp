@@ -165,9 +165,11 @@ TEST(AttentionDispatch, ForcedCudnnNamesWhatItRefuses) {
   EXPECT_EQ(candidates(Choice::automatic, misaligned, kH100), (std::vector<B>{B::mma, B::reference}));
 }
 
-// A sliding window: cuDNN takes it on a causal block of equal positions (its band mask), the own
-// kernels everywhere (they take the positions); a windowed long forward stays on cuDNN, whose band
-// mask skips the tiles outside the window as the own kernels do.
+// A sliding window: cuDNN takes it on a causal block of equal positions (its band mask) or of queries
+// at the last of the keys' positions reaching back less than the window (a ring's chunk beside its
+// halo: the masks aligned bottom-right), the own kernels everywhere (they take the positions); a
+// windowed long forward stays on cuDNN, whose band mask skips the tiles outside the window as the
+// own kernels do.
 TEST(AttentionDispatch, WindowedCallsRunOnCudnnsBandMaskOrTheOwnKernels) {
   Call win = causal(65536);
   win.window = 4096;
@@ -179,17 +181,32 @@ TEST(AttentionDispatch, WindowedCallsRunOnCudnnsBandMaskOrTheOwnKernels) {
   EXPECT_EQ(candidates(Choice::automatic, long_win, kH100).front(), B::cudnn);
   EXPECT_EQ(candidates(Choice::automatic, long_win, kA100), (std::vector<B>{B::cudnn, B::mma, B::reference}));
 
-  // A ring's piece: queries and keys at other positions, or full attention with a window.
+  // A ring's chunk of 4096 queries beside the 999 keys before it that its window of 1000 reaches.
+  Call halo = causal(4096);
+  halo.keys = 4096 + 999;
+  halo.same_positions = false;
+  halo.ends_aligned = true;
+  halo.window = 1000;
+  EXPECT_EQ(candidates(Choice::automatic, halo, kH100), (std::vector<B>{B::cudnn, B::hopper, B::mma, B::reference}));
+  halo.backward = true;
+  EXPECT_EQ(candidates(Choice::automatic, halo, kA100), (std::vector<B>{B::cudnn, B::mma, B::reference}));
+  // Keys reaching back as far as the window or further, or not ending at the queries: the own kernels.
+  halo.keys = 4096 + 1000;
+  EXPECT_EQ(refusal(B::cudnn, halo, kH100),
+            "cuDNN's band mask takes a causal block whose keys reach back past its queries only by less than the "
+            "window (1000), not by 1000");
   Call ring = causal(4096);
   ring.keys = 8192;
   ring.same_positions = false;
   ring.window = 1000;
   EXPECT_EQ(candidates(Choice::automatic, ring, kH100), (std::vector<B>{B::hopper, B::mma, B::reference}));
+  ring.window = 0;
+  ring.ends_aligned = true;  // without a window such a block stays on the own kernels
+  EXPECT_EQ(candidates(Choice::automatic, ring, kH100), (std::vector<B>{B::hopper, B::mma, B::reference}));
   Call full = causal(4096);
   full.causal = false;
   full.window = 1000;
-  EXPECT_EQ(refusal(B::cudnn, full, kH100),
-            "cuDNN's band mask takes a window only on a causal block with equal query and key positions");
+  EXPECT_EQ(refusal(B::cudnn, full, kH100), "cuDNN's band mask takes a window only on a causal block");
   EXPECT_EQ(candidates(Choice::automatic, full, kH100), (std::vector<B>{B::hopper, B::mma, B::reference}));
   const std::string why = error_of(Choice::cudnn, full, kH100);
   EXPECT_NE(why.find("cannot run a full forward bf16 head_dim 128, 4096 x 4096 rows, window 1000: cuDNN's band mask"),

@@ -22,9 +22,15 @@ std::string cudnn_refusal(const Call& c, const DeviceCaps& d) {
   if (c.head_dim % 8 != 0 || c.head_dim > cudnn_max_head_dim(d))
     return str("cuDNN attention takes head_dim a multiple of 8 up to ", cudnn_max_head_dim(d), " on sm_", d.major, d.minor,
                " (256 on sm_90), not ", c.head_dim);
-  if (c.causal && !c.same_positions) return "cuDNN attention takes causal blocks only with equal query and key positions";
-  if (c.window > 0 && !(c.causal && c.same_positions))
-    return "cuDNN's band mask takes a window only on a causal block with equal query and key positions";
+  const bool halo_block = c.window > 0 && c.causal && c.ends_aligned && c.keys - c.rows < c.window;
+  if (c.causal && !c.same_positions && !halo_block) {
+    if (c.window > 0 && c.ends_aligned)
+      return str("cuDNN's band mask takes a causal block whose keys reach back past its queries only by less than the "
+                 "window (", c.window, "), not by ", c.keys - c.rows);
+    return "cuDNN attention takes causal blocks only with equal query and key positions, or (with a window) with the "
+           "queries at the last of the keys' positions";
+  }
+  if (c.window > 0 && !c.causal) return "cuDNN's band mask takes a window only on a causal block";
   if (c.rows == 0 || c.keys == 0) return "empty sequence";
   return {};
 }

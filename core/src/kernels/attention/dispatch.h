@@ -61,10 +61,14 @@ struct Call {
   int64_t rows = 1, keys = 1;  // query rows T, key rows S
   bool causal = true;
   bool same_positions = true;  // T == S at equal offsets: a causal block cuDNN's mask expresses
-  // > 0: the sliding window (ops::AttentionParams::window). Every backend takes it on a causal block
-  // of equal positions (cuDNN as its band mask); the own kernels anywhere, skipping the key tiles
-  // outside it, so a windowed call costs T x W rather than T x S / 2.
+  // > 0: the sliding window (ops::AttentionParams::window). The own kernels take it anywhere,
+  // skipping the key tiles outside it, so a windowed call costs T x W rather than T x S / 2. cuDNN
+  // takes it as its band mask on a causal block of equal positions, or on one whose queries are the
+  // last T of the keys' positions (`ends_aligned`: the keys reach `halo` = S - T rows further back,
+  // a ring's chunk beside the rows before it that its window reaches), its masks then aligned
+  // bottom-right, where the first query's window reaches the first key (halo < window).
   int64_t window = 0;
+  bool ends_aligned = false;  // q_offset + T == k_offset + S with T <= S
 };
 
 // The automatic choice runs a causal forward (without a window) of at least this many query rows on

@@ -59,6 +59,7 @@ attention::Call forward_call(const Tensor& q, const Tensor& k, const Tensor& v, 
   c.causal = ap.causal;
   c.same_positions = q.size(0) == k.size(0) && ap.q_offset == ap.k_offset;
   c.window = ap.window;
+  c.ends_aligned = q.size(0) <= k.size(0) && ap.q_offset + q.size(0) == ap.k_offset + k.size(0);
   return c;
 }
 

@@ -162,6 +162,8 @@ class Graph {
   }
   // A float passed by value through the variant pack.
   DescPtr scalar(int64_t uid) { return tensor(uid, CUDNN_DATA_FLOAT, {1, 1, 1, 1}, {1, 1, 1, 1}, false, true); }
+  // An int32 passed by value likewise.
+  DescPtr scalar_i32(int64_t uid) { return tensor(uid, CUDNN_DATA_INT32, {1, 1, 1, 1}, {1, 1, 1, 1}, false, true); }
 
   void pointwise(cudnnPointwiseMode_t mode, const DescPtr& x, const DescPtr& b, const DescPtr& y,
                  const DescPtr& t = nullptr, cudnnDataType_t precision = CUDNN_DATA_FLOAT, int64_t axis = -1) {
@@ -214,11 +216,21 @@ class Graph {
     op->finalize();
     ops_.push_back(op);
   }
-  // Keeps s where the row index >= the column index, else `neg` (uid kNegUid): the causal mask.
-  DescPtr causal_mask(const DescPtr& s, const Dims& dims, const Dims& strides, int64_t neg_uid) {
+  // Keeps s where the row index >= the column index, else `neg` (uid neg_uid): the causal mask. With
+  // kv_rows_uid and q_rows_uid (int32 scalars by value, S and T), where the row index + S - T >= the
+  // column index: queries at the last T of the S keys' positions, as cuDNN's own SDPA graphs align a
+  // causal mask bottom-right for fixed sizes.
+  DescPtr causal_mask(const DescPtr& s, const Dims& dims, const Dims& strides, int64_t neg_uid,
+                      int64_t kv_rows_uid = -1, int64_t q_rows_uid = -1) {
     auto row = virt(CUDNN_DATA_INT32, dims, strides), col = virt(CUDNN_DATA_INT32, dims, strides);
     pointwise(CUDNN_POINTWISE_GEN_INDEX, s, nullptr, row, nullptr, CUDNN_DATA_INT32, 2);
     pointwise(CUDNN_POINTWISE_GEN_INDEX, s, nullptr, col, nullptr, CUDNN_DATA_INT32, 3);
+    if (kv_rows_uid >= 0) {
+      auto plus_kv = virt(CUDNN_DATA_INT32, dims, strides), shifted = virt(CUDNN_DATA_INT32, dims, strides);
+      pointwise(CUDNN_POINTWISE_ADD, row, scalar_i32(kv_rows_uid), plus_kv, nullptr, CUDNN_DATA_INT32, 3);
+      pointwise(CUDNN_POINTWISE_SUB, plus_kv, scalar_i32(q_rows_uid), shifted, nullptr, CUDNN_DATA_INT32, 3);
+      row = shifted;
+    }
     auto keep_it = virt(CUDNN_DATA_BOOLEAN, dims, strides);
     pointwise(CUDNN_POINTWISE_CMP_GE, row, col, keep_it, nullptr, CUDNN_DATA_BOOLEAN);
     auto out = virt(CUDNN_DATA_FLOAT, dims, strides);
@@ -244,9 +256,10 @@ class Graph {
     return out;
   }
   // Keeps s where the column index + window > the row index, else `neg` (uid neg_uid): the sliding
-  // window's left bound (the window, uid window_uid, a float by value), spelled as cuDNN's own SDPA
-  // graphs spell their band mask's (GEN_INDEX, ADD in fp32, CMP_GT, BINARY_SELECT) after the causal
-  // mask, which its flash engines recognise to skip the key tiles outside the band.
+  // window's left bound (the window, uid window_uid, a float by value; W - (S - T) where the masks
+  // are aligned bottom-right), spelled as cuDNN's own SDPA graphs spell their band mask's
+  // (GEN_INDEX, ADD in fp32, CMP_GT, BINARY_SELECT) after the causal mask, which its flash engines
+  // recognise to skip the key tiles outside the band.
   DescPtr window_mask(const DescPtr& s, const Dims& dims, const Dims& strides, int64_t window_uid, int64_t neg_uid) {
     auto row = virt(CUDNN_DATA_INT32, dims, strides), col = virt(CUDNN_DATA_INT32, dims, strides);
     pointwise(CUDNN_POINTWISE_GEN_INDEX, s, nullptr, row, nullptr, CUDNN_DATA_INT32, 2);
@@ -273,7 +286,7 @@ class Graph {
 
 enum Uid : int64_t {
   kQ = 1, kK, kV, kO, kStats, kScale, kNeg, kDO, kDQ, kDK, kDV, kSoftmaxSum, kDQAccum, kOne, kSeqQ, kSeqKV, kPadNeg,
-  kQOffsets, kKOffsets, kWindow, kWindowNeg
+  kQOffsets, kKOffsets, kWindow, kWindowNeg, kSeqKvRows, kSeqQRows
 };
 
 struct Plan {
@@ -361,6 +374,11 @@ struct Shape4 {
   Dims offset_dims() const { return {b + 1, 1, 1, 1}; }
 };
 
+// A single call's causal mask aligns bottom-right where its keys outnumber its queries: the dispatch
+// sends cuDNN such a call only with a window, the queries at the last of the keys' positions (a
+// ring's chunk beside the rows before it that its window reaches).
+bool bottom_right(const Shape4& s, bool causal) { return causal && !s.padded && s.S != s.T; }
+
 // The query side's and the key side's ragged offsets of a ragged shape's graph, else nullptrs.
 std::pair<DescPtr, DescPtr> ragged_offsets(Graph& g, const Shape4& s) {
   if (!s.ragged) return {};
@@ -391,7 +409,9 @@ std::unique_ptr<Plan> forward_plan(const Shape4& s, DType dt, bool causal, bool 
   g.pointwise(CUDNN_POINTWISE_MUL, S0, g.scalar(kScale), S1);
   // The padding mask, then the causal one: the order of cuDNN's own SDPA graphs.
   auto padded = s.padded ? g.padding_mask(S1, s.s_dims(), s.s_strides(), seq_q, seq_kv, kPadNeg) : S1;
-  auto masked = causal ? g.causal_mask(padded, s.s_dims(), s.s_strides(), kNeg) : padded;
+  auto masked = !causal                   ? padded
+                : bottom_right(s, causal) ? g.causal_mask(padded, s.s_dims(), s.s_strides(), kNeg, kSeqKvRows, kSeqQRows)
+                                          : g.causal_mask(padded, s.s_dims(), s.s_strides(), kNeg);
   auto scores = windowed ? g.window_mask(masked, s.s_dims(), s.s_strides(), kWindow, kWindowNeg) : masked;
   auto M = g.virt(f32, s.row_dims(), s.row_strides());
   g.reduction(CUDNN_REDUCE_TENSOR_MAX, scores, M);
@@ -450,7 +470,9 @@ std::unique_ptr<Plan> backward_plan(const Shape4& s, DType dt, bool causal, bool
   auto S1p = s.padded ? g.padding_mask(S1, s.s_dims(), s.s_strides(), seq_q, seq_kv, kPadNeg) : S1;
   auto S2 = g.virt(f32, s.s_dims(), s.s_strides());
   g.pointwise(CUDNN_POINTWISE_SUB, S1p, stats, S2);
-  auto S3 = causal ? g.causal_mask(S2, s.s_dims(), s.s_strides(), kNeg) : S2;
+  auto S3 = !causal                   ? S2
+            : bottom_right(s, causal) ? g.causal_mask(S2, s.s_dims(), s.s_strides(), kNeg, kSeqKvRows, kSeqQRows)
+                                      : g.causal_mask(S2, s.s_dims(), s.s_strides(), kNeg);
   auto S4 = windowed ? g.window_mask(S3, s.s_dims(), s.s_strides(), kWindow, kWindowNeg) : S3;
   auto P = g.virt(f32, s.s_dims(), s.s_strides());
   g.pointwise(CUDNN_POINTWISE_EXP, S4, nullptr, P);
@@ -531,18 +553,38 @@ Plan* plan_for(bool backward, const Shape4& s, DType t, bool causal, bool window
   return it->second.get();
 }
 
-// The masks' by-value scalars a plan of these params reads: the causal mask's fill, the window and
-// its fill (`neg` and `window` outlive the call's execute).
-void add_masks(const ops::AttentionParams& p, std::vector<int64_t>& uids, std::vector<void*>& ptrs, float& neg,
-               float& window) {
+// The by-value scalars of a call's masks; they outlive its execute().
+struct MaskValues {
+  float neg = -FLT_MAX, window = 0;
+  int32_t kv_rows = 0, q_rows = 0;
+};
+
+// The masks' scalars a plan of shape s reads: the causal mask's fill (and its bottom-right shift),
+// the window (counted from the bottom-right diagonal there) and its fill.
+void add_masks(const ops::AttentionParams& p, const Shape4& s, MaskValues& m, std::vector<int64_t>& uids,
+               std::vector<void*>& ptrs) {
+  const bool shifted = bottom_right(s, p.causal);
   if (p.causal) {
     uids.push_back(kNeg);
-    ptrs.push_back(&neg);
+    ptrs.push_back(&m.neg);
+  }
+  if (shifted) {
+    m.kv_rows = static_cast<int32_t>(s.S);
+    m.q_rows = static_cast<int32_t>(s.T);
+    uids.insert(uids.end(), {kSeqKvRows, kSeqQRows});
+    ptrs.insert(ptrs.end(), {&m.kv_rows, &m.q_rows});
   }
   if (p.window > 0) {
+    m.window = static_cast<float>(shifted ? p.window - (s.S - s.T) : p.window);
     uids.insert(uids.end(), {kWindow, kWindowNeg});
-    ptrs.insert(ptrs.end(), {&window, &neg});
+    ptrs.insert(ptrs.end(), {&m.window, &m.neg});
   }
+}
+
+// cuDNN before 9.6 computes a window aligned bottom-right only where T == S (cuDNN's frontend
+// refuses the rest there): its calls of more keys than queries decline to the own kernels.
+bool takes_bottom_right(const Shape4& s, bool causal) {
+  return !bottom_right(s, causal) || api()->get_version() >= 90600;
 }
 
 // Allocates the plan's workspace, then hands the call to `launch`: first zeroing `accumulator`
@@ -586,12 +628,14 @@ bool cudnn_attention_forward(const Tensor& q, const Tensor& k, const Tensor& v, 
                              const ops::AttentionParams& p, ops::Launch launch) {
   std::lock_guard lock(g_mu);
   const Shape4 s{1, q.size(0), k.size(0), q.size(1), k.size(1), q.size(2)};
+  if (!takes_bottom_right(s, p.causal)) return false;
   Plan* plan = plan_for(false, s, q.dtype(), p.causal, p.window > 0);
   if (!plan) return false;
-  float scale = p.scale, neg = -FLT_MAX, window = static_cast<float>(p.window);
+  float scale = p.scale;
+  MaskValues masks;
   std::vector<int64_t> uids{kQ, kK, kV, kO, kStats, kScale};
   std::vector<void*> ptrs{q.data(), k.data(), v.data(), out.data(), lse.data(), &scale};
-  add_masks(p, uids, ptrs, neg, window);
+  add_masks(p, s, masks, uids, ptrs);
   execute(*plan, uids, ptrs, q.device(), launch);
   return true;
 }
@@ -609,15 +653,17 @@ bool cudnn_attention_backward(const Tensor& q, const Tensor& k, const Tensor& v,
                               const ops::AttentionParams& p, ops::Launch launch) {
   std::lock_guard lock(g_mu);
   const Shape4 s{1, q.size(0), k.size(0), q.size(1), k.size(1), q.size(2)};
+  if (!takes_bottom_right(s, p.causal)) return false;
   Plan* plan = plan_for(true, s, q.dtype(), p.causal, p.window > 0);
   if (!plan) return false;
   Tensor softmax_sum = Tensor::empty({s.Hq, s.T}, DType::f32, q.device());
   Tensor dq_accum = Tensor::empty({s.Hq, s.T, s.d}, DType::f32, q.device());
-  float scale = p.scale, neg = -FLT_MAX, one = 1.f, window = static_cast<float>(p.window);
+  float scale = p.scale, one = 1.f;
+  MaskValues masks;
   std::vector<int64_t> uids{kQ, kK, kV, kO, kStats, kScale, kDO, kDQ, kDK, kDV, kSoftmaxSum, kDQAccum, kOne};
   std::vector<void*> ptrs{q.data(),  k.data(),  v.data(),           out.data(),      lse.data(), &scale, dout.data(),
                           dq.data(), dk.data(), dv.data(), softmax_sum.data(), dq_accum.data(), &one};
-  add_masks(p, uids, ptrs, neg, window);
+  add_masks(p, s, masks, uids, ptrs);
   execute(*plan, uids, ptrs, q.device(), launch, &dq_accum);
   return true;
 }
@@ -655,7 +701,8 @@ void* device(const void* p) { return const_cast<void*>(p); }
 void batch_forward(Plan& plan, const Tensor& q, const Tensor& k, const Tensor& v, Tensor& out, Tensor& stats,
                    const int32_t* seq_q, const int32_t* seq_kv, const int64_t* q_at, const int64_t* k_at,
                    const ops::AttentionParams& p, ops::Launch launch) {
-  float scale = p.scale, neg = -FLT_MAX, window = static_cast<float>(p.window);
+  float scale = p.scale, neg = -FLT_MAX;
+  MaskValues masks;
   std::vector<int64_t> uids{kQ, kK, kV, kO, kStats, kScale, kPadNeg, kSeqQ, kSeqKV};
   std::vector<void*> ptrs{q.data(), k.data(), v.data(), out.data(), stats.data(), &scale, &neg, device(seq_q),
                           device(seq_kv)};
@@ -663,7 +710,7 @@ void batch_forward(Plan& plan, const Tensor& q, const Tensor& k, const Tensor& v
     uids.insert(uids.end(), {kQOffsets, kKOffsets});
     ptrs.insert(ptrs.end(), {device(q_at), device(k_at)});
   }
-  add_masks(p, uids, ptrs, neg, window);
+  add_masks(p, Shape4{0, 0, 0, 0, 0, 0, true}, masks, uids, ptrs);
   execute(plan, uids, ptrs, q.device(), launch);
 }
 
@@ -675,7 +722,8 @@ void batch_backward(Plan& plan, int64_t B, int64_t Sq, const Tensor& q, const Te
   const int64_t Hq = q.size(1), d = q.size(2);
   Tensor softmax_sum = Tensor::empty({B * Hq * Sq}, DType::f32, q.device());
   Tensor dq_accum = Tensor::empty({B * Hq * Sq * d}, DType::f32, q.device());
-  float scale = p.scale, neg = -FLT_MAX, one = 1.f, window = static_cast<float>(p.window);
+  float scale = p.scale, neg = -FLT_MAX, one = 1.f;
+  MaskValues masks;
   std::vector<int64_t> uids{kQ,  kK,          kV,       kO,   kStats,  kScale, kDO,    kDQ,
                             kDK, kDV, kSoftmaxSum, kDQAccum, kOne, kPadNeg, kSeqQ, kSeqKV};
   std::vector<void*> ptrs{q.data(),  k.data(),  v.data(),           out.data(),      stats.data(), &scale,
@@ -685,7 +733,7 @@ void batch_backward(Plan& plan, int64_t B, int64_t Sq, const Tensor& q, const Te
     uids.insert(uids.end(), {kQOffsets, kKOffsets});
     ptrs.insert(ptrs.end(), {device(q_at), device(k_at)});
   }
-  add_masks(p, uids, ptrs, neg, window);
+  add_masks(p, Shape4{0, 0, 0, 0, 0, 0, true}, masks, uids, ptrs);
   execute(plan, uids, ptrs, q.device(), launch, &dq_accum);
 }
 
