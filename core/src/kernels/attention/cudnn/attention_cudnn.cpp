@@ -582,9 +582,15 @@ void add_masks(const ops::AttentionParams& p, const Shape4& s, MaskValues& m, st
 }
 
 // cuDNN before 9.6 computes a window aligned bottom-right only where T == S (cuDNN's frontend
-// refuses the rest there): its calls of more keys than queries decline to the own kernels.
+// refuses the rest there): its calls of more keys than queries decline to the own kernels, which
+// the log says once. Called under g_mu.
 bool takes_bottom_right(const Shape4& s, bool causal) {
-  return !bottom_right(s, causal) || api()->get_version() >= 90600;
+  if (!bottom_right(s, causal) || api()->get_version() >= 90600) return true;
+  static bool told = false;
+  if (!std::exchange(told, true))
+    log::warn(str("cuDNN ", cudnn_version(), " does not take a windowed chunk beside its halo (queries at the last of ",
+                  "more key positions; cuDNN 9.6 does): the own kernels run such calls"));
+  return false;
 }
 
 // Allocates the plan's workspace, then hands the call to `launch`: first zeroing `accumulator`
