@@ -647,6 +647,43 @@ void attention_backward(const Tensor& q, const Tensor& k, const Tensor& v, const
 }
 
 namespace {
+// out [T,H,d], lse fp32 [H,T], sinks with a logit for heads head0 .. head0 + H - 1.
+void check_sinks(const char* op, const Tensor& out, const Tensor& lse, const Tensor& sinks, int64_t head0) {
+  need_float(op, "out", out);
+  need_dim(op, "out", out, 3);
+  need_dtype(op, "lse", lse, DType::f32);
+  need_shape(op, "lse", lse, {out.size(1), out.size(0)}, "out", out);
+  need_float(op, "sinks", sinks);
+  need_dim(op, "sinks", sinks, 1);
+  if (head0 < 0 || head0 + out.size(1) > sinks.size(0))
+    fail(op, str("heads ", head0, " to ", head0 + out.size(1) - 1, " of ", desc("out", out), " have no logit in ",
+                 desc("sinks", sinks), "; head0 + heads must be at most the sinks' length"));
+}
+}  // namespace
+
+void attention_sinks_forward(Tensor& out, Tensor& lse, const Tensor& sinks, int64_t head0) {
+  const char* op = "attention_sinks_forward";
+  const bool cuda = on_cuda(op, {{"out", &out}, {"lse", &lse}, {"sinks", &sinks}});
+  check_sinks(op, out, lse, sinks, head0);
+  ProfileScope scope(OpKind::attention_fwd, op);
+  LCX_ROUTE(cuda, attention_sinks_forward, out, lse, sinks, head0);
+}
+
+void attention_sinks_backward(const Tensor& out, const Tensor& lse, const Tensor& dout, const Tensor& sinks,
+                              int64_t head0, Tensor& dsinks) {
+  const char* op = "attention_sinks_backward";
+  const bool cuda =
+      on_cuda(op, {{"out", &out}, {"lse", &lse}, {"dout", &dout}, {"sinks", &sinks}, {"dsinks", &dsinks}});
+  check_sinks(op, out, lse, sinks, head0);
+  need_same_shape(op, "dout", dout, "out", out);
+  need_dtype(op, "dout", dout, out.dtype());
+  need_dtype(op, "dsinks", dsinks, DType::f32);
+  need_same_shape(op, "dsinks", dsinks, "sinks", sinks);
+  ProfileScope scope(OpKind::attention_bwd, op);
+  LCX_ROUTE(cuda, attention_sinks_backward, out, lse, dout, sinks, head0, dsinks);
+}
+
+namespace {
 
 // A block's rows within q and k; causal blocks square; no two blocks sharing a query or a key row.
 void check_blocks(const char* op, const Tensor& q, const Tensor& k, bool causal,
