@@ -2,7 +2,7 @@
 # Sliding-window attention on the GPU in one device call, from the repository root with the bundle
 # carried as .bundle: the GPU tests that hold each backend's window to a naive reference
 # (GpuWindowAttention.*, tests/gpu/window_attention_gpu_test.cpp), then a windowed layer at 131,072
-# tokens (32 query heads, 8 key/value heads of 128; W 128 and 4096) beside full causal attention of
+# tokens (32 query heads, 8 key/value heads of 128; W 128, 1024 and 4096) beside full causal attention of
 # the same shape on each backend forced in turn (bench_gpu --window-attention): forward, backward
 # and both, with `ratio` = the windowed time over what its T x W (query, key) pairs take at that
 # backend's full causal rate (the bar: 1.25). Logs go to $OUT; the table is printed last.
@@ -25,7 +25,7 @@ if [[ ${TESTS:-1} != 0 ]]; then
 fi
 
 log=$out/bench_window.log
-timeout "${BENCH_TIMEOUT:-500}" build/tests/bench_gpu --window-attention "${TOKENS:-131072}" "${WINDOWS:-128,4096}" \
+timeout "${BENCH_TIMEOUT:-500}" build/tests/bench_gpu --window-attention "${TOKENS:-131072}" "${WINDOWS:-128,1024,4096}" \
   "${BACKENDS:-cudnn,hopper,mma}" "${REPS:-3}" >"$log" 2>&1
 echo "bench_gpu --window-attention: rc $?" >>"$summary"
 {
