@@ -19,6 +19,12 @@ struct Family {
   bool qk_norm = false;   // per-head RMSNorm of q and k before rotary (Qwen3)
   bool qkv_bias = false;  // biases on the q, k and v projections (Qwen2)
   bool experts = false;   // sparse layers may run a mixture of experts (Qwen3-MoE): moe_tile_rows is a key
+  // "sliding_attention" layers attend within ModelConfig::sliding_window (Gemma 3, GPT-OSS); a
+  // family without it refuses such layers by layer_types.
+  bool sliding_window = false;
+  // Learned attention sinks (GPT-OSS): each layer's "self_attn.sinks" [num_heads], one logit per
+  // query head joining its softmax's denominator (ops::attention_sinks_forward).
+  bool sinks = false;
   // A checkpoint's config.json; refuses what the family does not compute, naming the key.
   ModelConfig (*from_hf)(const HfConfig& c) = nullptr;
   // A preset name or a JSON object of config.json keys (init_random, describe); init_std, when not

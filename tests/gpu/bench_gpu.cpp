@@ -127,6 +127,72 @@ void bench_attention_forward(int64_t T, bool causal, int reps, bool backward) {
 #endif
 }
 
+// A windowed layer (ops::AttentionParams::window) beside full causal attention of the same shape
+// (T tokens, 32 query heads, 8 key/value heads of 128), forward, backward and both, on each backend
+// forced in turn: cuDNN's band mask, the Hopper kernels, the sm_80 tensor-core kernels (`backends`:
+// a comma-separated subset of cudnn,hopper,mma,reference). A windowed call's work is T x W (query,
+// key) pairs, full causal attention's T (T + 1) / 2; `ratio` is the windowed time over what T x W
+// pairs take at the backend's full causal rate: 1 is work proportional to the window with no loss
+// of rate; the bar is 1.25. Tiles bound it from below: a block of B query rows walks the key
+// tiles of W + B - 1 positions, so 128-row blocks compute about (W + 128) / W of the pairs (2 at
+// W = 128, 1.03 at 4096) and 64-row ones (W + 64) / W.
+void bench_window_attention(int64_t T, const std::vector<int64_t>& windows, const std::string& backends, int reps) {
+#ifdef LCX_HAVE_CUDA
+  const int64_t Hq = 32, Hkv = 8, d = 128;
+  const lcx::Device g = lcx::Device::cuda();
+  Tensor q = gpu_random({T, Hq, d}, DType::bf16), k = gpu_random({T, Hkv, d}, DType::bf16),
+         v = gpu_random({T, Hkv, d}, DType::bf16), dout = gpu_random({T, Hq, d}, DType::bf16);
+  Tensor out = Tensor::empty({T, Hq, d}, DType::bf16, g), lse = Tensor::empty({Hq, T}, DType::f32, g);
+  Tensor dq = Tensor::empty(q.shape(), DType::bf16, g), dk = Tensor::empty(k.shape(), DType::bf16, g),
+         dv = Tensor::empty(v.shape(), DType::bf16, g);
+  using lcx::ops::attention::Choice;
+  const std::pair<const char*, Choice> kinds[] = {
+      {"cudnn", Choice::cudnn}, {"hopper", Choice::hopper}, {"mma", Choice::mma}, {"reference", Choice::reference}};
+  const double full_pairs = 0.5 * double(T) * double(T + 1);
+  for (const auto& [name, kind] : kinds) {
+    if (("," + backends + ",").find(lcx::str(",", name, ",")) == std::string::npos) continue;
+    if (kind == Choice::cudnn && lcx::cuda::cudnn_version().empty()) {
+      std::printf("window %s: libcudnn.so.9 is not loadable here\n", name);
+      continue;
+    }
+    lcx::ops::attention::set_choice(kind);
+    double full[2] = {0, 0};  // forward, backward ms of full causal attention
+    std::vector<int64_t> all{0};  // full causal first: the rate the windows are held to
+    all.insert(all.end(), windows.begin(), windows.end());
+    for (const int64_t W : all) {
+      lcx::ops::AttentionParams p;
+      p.window = W;
+      const std::string shape = lcx::str("T=", T, " Hq=32 Hkv=8 d=128", W ? lcx::str(" W=", W) : std::string(" causal"));
+      const double pairs = W ? double(T) * double(W) : full_pairs;
+      try {
+        const double f = median_ms([&] { lcx::ops::attention_forward(q, k, v, out, lse, p); }, reps);
+        const double b =
+            median_ms([&] { lcx::ops::attention_backward(q, k, v, out, lse, dout, dq, dk, dv, p); }, reps);
+        const double flop = 4.0 * d * Hq * pairs;
+        if (W == 0) {
+          full[0] = f;
+          full[1] = b;
+        }
+        const double times[3] = {f, b, f + b}, flops[3] = {flop, 2.5 * flop, 3.5 * flop};
+        const char* parts[3] = {"fwd", "bwd", "fwd+bwd"};
+        for (int i = 0; i < 3; ++i) {
+          const double full_ms = i < 2 ? full[i] : full[0] + full[1];
+          const double ratio = full_ms > 0 ? times[i] / (full_ms * pairs / full_pairs) : 0;
+          std::printf("window %-9s %-7s | %-34s | %9.3f ms | %7.1f TFLOP/s | ratio %.3f\n", name, parts[i],
+                      shape.c_str(), times[i], flops[i] / times[i] / 1e9, ratio);
+        }
+        std::fflush(stdout);
+      } catch (const std::exception& e) {
+        std::printf("window %s | %s: refused: %s\n", name, shape.c_str(), e.what());
+      }
+    }
+  }
+  lcx::ops::attention::set_choice(Choice::automatic);
+#else
+  (void)T, (void)windows, (void)backends, (void)reps;
+#endif
+}
+
 void bench_memory_bound(int64_t T, int64_t H, int64_t I, int64_t V) {
   const lcx::Device g = lcx::Device::cuda();
   {
@@ -171,6 +237,28 @@ int main(int argc, char** argv) {
     return 0;
   }
   const bool quick = argc > 1 && std::strcmp(argv[1], "--quick") == 0;
+  // --window-attention [T [W,W,... [backends [reps]]]]: windowed layers beside full causal attention
+  // (bench_window_attention), by default at 131,072 tokens, W 128 (GPT-OSS), 1024 (Gemma 3) and 4096,
+  // on cudnn,hopper,mma, 3 runs.
+  if (argc > 1 && std::strcmp(argv[1], "--window-attention") == 0) {
+    const int64_t T = argc > 2 ? std::atoll(argv[2]) : 131072;
+    std::vector<int64_t> windows;
+    for (const char* w = argc > 3 ? argv[3] : "128,1024,4096";; ++w) {
+      char* end = nullptr;
+      windows.push_back(std::strtoll(w, &end, 10));
+      if (*end != ',') break;
+      w = end;
+    }
+    const std::string backends = argc > 4 ? argv[4] : "cudnn,hopper,mma";
+    const int reps = argc > 5 ? std::atoi(argv[5]) : 3;
+    try {
+      bench_window_attention(T, windows, backends, reps);
+    } catch (const std::exception& e) {
+      std::printf("bench failed: %s\n", e.what());
+      return 1;
+    }
+    return 0;
+  }
   // --attention-forward [T causal|full [reps]]: cuDNN's forward beside the own one at 16k-128k
   // tokens (or the one shape given), nothing else; --attention the backward too.
   const bool attention_only = argc > 1 && (std::strcmp(argv[1], "--attention-forward") == 0 || std::strcmp(argv[1], "--attention") == 0);

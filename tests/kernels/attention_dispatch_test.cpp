@@ -90,9 +90,30 @@ TEST(AttentionDispatch, Fp32AndOddHeadSizesFallToTheReferenceKernels) {
   EXPECT_EQ(candidates(Choice::automatic, causal(4096, 80), kH100), (std::vector<B>{B::cudnn, B::reference}));
   EXPECT_EQ(candidates(Choice::automatic, causal(4096, 64, DType::f16), kH100),
             (std::vector<B>{B::cudnn, B::mma, B::reference}));
-  const std::string why = error_of(Choice::automatic, causal(4096, 256), kH100);
+  const std::string why = error_of(Choice::automatic, causal(4096, 512), kH100);
+  EXPECT_NE(why.find("no attention backend runs a causal forward bf16 head_dim 512"), std::string::npos) << why;
+  EXPECT_NE(why.find("mma: the tensor-core kernels take head_dim 64, 128 or 256, not 512"), std::string::npos) << why;
+}
+
+// head_dim 256 (Gemma 3): cuDNN on sm_90 (its flash engines take 256 there, forward and backward),
+// then the tensor-core kernels where a block gets their 190 KB of shared memory; an A100 has neither,
+// and the fp32 kernels stop at 128.
+TEST(AttentionDispatch, HeadDim256RunsOnCudnnAndTheTensorCoreKernelsOfSm90) {
+  EXPECT_EQ(candidates(Choice::automatic, causal(4096, 256), kH100), (std::vector<B>{B::cudnn, B::mma}));
+  EXPECT_EQ(candidates(Choice::automatic, causal(4096, 256, DType::bf16, true), kH100), (std::vector<B>{B::cudnn, B::mma}));
+  EXPECT_EQ(candidates(Choice::own, causal(4096, 256, DType::f16, true), kB200), (std::vector<B>{B::mma}));
+  EXPECT_EQ(smem::mma(false, 256), 194560);
+  EXPECT_EQ(smem::mma(true, 256), 188416);
+  const std::string why = error_of(Choice::automatic, causal(4096, 256), kA100);
   EXPECT_NE(why.find("no attention backend runs a causal forward bf16 head_dim 256"), std::string::npos) << why;
-  EXPECT_NE(why.find("mma: the tensor-core kernels take head_dim 64 or 128, not 256"), std::string::npos) << why;
+  EXPECT_NE(why.find("cudnn: cuDNN attention takes head_dim a multiple of 8 up to 128 on sm_80 (256 on sm_90), not 256"),
+            std::string::npos)
+      << why;
+  EXPECT_NE(why.find("mma: the tensor-core kernels need 190 KB of shared memory a block at head_dim 256; this GPU gives "
+                     "163 KB"),
+            std::string::npos)
+      << why;
+  EXPECT_NE(why.find("reference: the fp32 kernels take head_dim up to 128, not 256"), std::string::npos) << why;
 }
 
 TEST(AttentionDispatch, AmpereAndBlackwellNeverReachTheHopperKernels) {
@@ -158,6 +179,59 @@ TEST(AttentionDispatch, ForcedCudnnNamesWhatItRefuses) {
   EXPECT_EQ(candidates(Choice::automatic, misaligned, kH100), (std::vector<B>{B::mma, B::reference}));
 }
 
+// A sliding window: cuDNN takes it on a causal block of equal positions (its band mask) or of queries
+// at the last of the keys' positions reaching back less than the window (a ring's chunk beside its
+// halo: the masks aligned bottom-right), the own kernels everywhere (they take the positions); a
+// windowed long forward stays on cuDNN, whose band mask skips the tiles outside the window as the
+// own kernels do.
+TEST(AttentionDispatch, WindowedCallsRunOnCudnnsBandMaskOrTheOwnKernels) {
+  Call win = causal(65536);
+  win.window = 4096;
+  EXPECT_EQ(candidates(Choice::automatic, win, kH100), (std::vector<B>{B::cudnn, B::hopper, B::mma, B::reference}));
+  win.backward = true;
+  EXPECT_EQ(candidates(Choice::automatic, win, kH100), (std::vector<B>{B::cudnn, B::hopper, B::mma, B::reference}));
+  Call long_win = causal(kOwnForwardMinRows);
+  long_win.window = 128;
+  EXPECT_EQ(candidates(Choice::automatic, long_win, kH100).front(), B::cudnn);
+  EXPECT_EQ(candidates(Choice::automatic, long_win, kA100), (std::vector<B>{B::cudnn, B::mma, B::reference}));
+
+  // A ring's chunk of 4096 queries beside the 999 keys before it that its window of 1000 reaches.
+  Call halo = causal(4096);
+  halo.keys = 4096 + 999;
+  halo.same_positions = false;
+  halo.ends_aligned = true;
+  halo.window = 1000;
+  EXPECT_EQ(candidates(Choice::automatic, halo, kH100), (std::vector<B>{B::cudnn, B::hopper, B::mma, B::reference}));
+  halo.backward = true;
+  EXPECT_EQ(candidates(Choice::automatic, halo, kA100), (std::vector<B>{B::cudnn, B::mma, B::reference}));
+  // Keys reaching back as far as the window or further, or not ending at the queries: the own kernels.
+  halo.keys = 4096 + 1000;
+  EXPECT_EQ(refusal(B::cudnn, halo, kH100),
+            "cuDNN's band mask takes a causal block whose keys reach back past its queries only by less than the "
+            "window (1000), not by 1000");
+  Call ring = causal(4096);
+  ring.keys = 8192;
+  ring.same_positions = false;
+  ring.window = 1000;
+  EXPECT_EQ(candidates(Choice::automatic, ring, kH100), (std::vector<B>{B::hopper, B::mma, B::reference}));
+  ring.window = 0;
+  ring.ends_aligned = true;  // without a window such a block stays on the own kernels
+  EXPECT_EQ(candidates(Choice::automatic, ring, kH100), (std::vector<B>{B::hopper, B::mma, B::reference}));
+  Call full = causal(4096);
+  full.causal = false;
+  full.window = 1000;
+  EXPECT_EQ(refusal(B::cudnn, full, kH100), "cuDNN's band mask takes a window only on a causal block");
+  EXPECT_EQ(candidates(Choice::automatic, full, kH100), (std::vector<B>{B::hopper, B::mma, B::reference}));
+  const std::string why = error_of(Choice::cudnn, full, kH100);
+  EXPECT_NE(why.find("cannot run a full forward bf16 head_dim 128, 4096 x 4096 rows, window 1000: cuDNN's band mask"),
+            std::string::npos)
+      << why;
+  // The own kernels and the fp32 ones take the window at every dtype and head size they take.
+  Call f32 = causal(4096, 64, DType::f32);
+  f32.window = 17;
+  EXPECT_EQ(candidates(Choice::automatic, f32, kH100), (std::vector<B>{B::reference}));
+}
+
 TEST(AttentionDispatch, ChoiceNames) {
   for (const char* n : {"auto", "cudnn", "own", "hopper", "mma", "reference", "sm80"}) {
     const auto c = parse_choice(n);
@@ -175,6 +249,10 @@ TEST(AttentionDispatch, PlanLinesNameTheBackendOfEachKindOfCall) {
   EXPECT_EQ(lines[1], "causal forward of 262144 rows: hopper");
   EXPECT_EQ(lines[2], "backward of 262144 rows: cudnn (mma where cuDNN refuses the plan)");
   EXPECT_EQ(lines[3], "a document cuDNN's batches do not take, forward: hopper");
+  const std::vector<std::string> windowed = plan_lines(Choice::automatic, DType::bf16, 128, 262144, kH100, 4096);
+  ASSERT_EQ(windowed.size(), 7u);
+  EXPECT_EQ(windowed[5], "windowed (4096) causal forward of 262144 rows: cudnn (hopper where cuDNN refuses the plan)");
+  EXPECT_EQ(windowed[6], "windowed (4096) backward of 262144 rows: cudnn (mma where cuDNN refuses the plan)");
   const std::vector<std::string> ada = plan_lines(Choice::mma, DType::bf16, 128, 4096, kRtx4090);
   EXPECT_NE(ada[0].find("refused: [run] attention = \"mma\" cannot run"), std::string::npos) << ada[0];
 }

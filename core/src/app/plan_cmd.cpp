@@ -116,9 +116,12 @@ int run_plan_command(const Manifest& m, const CoreConfig& cfg, const PluginLoade
     const double cc = rates.row.get(rate_name::compute_capability, 9.0);
     const int major = static_cast<int>(cc), minor = static_cast<int>(std::lround((cc - major) * 10));
     std::printf("# attention ([run] attention = %s, on sm_%d%d with cuDNN):\n", cfg.run.attention.c_str(), major, minor);
+    const std::vector<std::string>& types = in.model.layer_types;
+    const int64_t window =
+        std::find(types.begin(), types.end(), "sliding_attention") != types.end() ? in.model.sliding_window : 0;
     for (const std::string& line : ops::attention::plan_lines(choice.value_or(ops::attention::Choice::automatic),
                                                               in.weight_dtype, in.model.head_dim, in.tokens_per_rank,
-                                                              ops::attention::caps_of(major, minor)))
+                                                              ops::attention::caps_of(major, minor), window))
       std::printf("  %s\n", line.c_str());
     ops::attention::DeviceCaps bare = ops::attention::caps_of(major, minor);
     bare.cudnn = false;

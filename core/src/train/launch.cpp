@@ -1,5 +1,6 @@
 // The ranks of a training run: the process's role (one rank, thread-ranks, a launcher of worker
 // processes, or one NCCL worker), each rank's Run built part by part, then handed to the Trainer.
+#include <algorithm>
 #include <cmath>
 #include <memory>
 
@@ -43,8 +44,11 @@ void log_attention(const Run& run) {
   const PlanInputs& in = run.planned();
   const ops::attention::Choice choice = ops::attention::choice();
   const ops::attention::DeviceCaps caps = ops::cuda::attention_device_caps();
+  const std::vector<std::string>& types = in.model.layer_types;
+  const int64_t window =
+      std::find(types.begin(), types.end(), "sliding_attention") != types.end() ? in.model.sliding_window : 0;
   for (const std::string& line : ops::attention::plan_lines(choice, in.weight_dtype, in.model.head_dim,
-                                                            in.tokens_per_rank, caps))
+                                                            in.tokens_per_rank, caps, window))
     log::info(str("attention ([run] attention = ", ops::attention::name(choice), "): ", line));
 #else
   (void)run;

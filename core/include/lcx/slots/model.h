@@ -32,6 +32,9 @@ struct ModelConfig {
   double rms_norm_eps = 1e-6;
   bool tie_word_embeddings = false;
   std::vector<std::string> layer_types;  // one per layer
+  // The window of the "sliding_attention" layers (transformers' sliding_window): a query at
+  // position p sees the keys at positions p - W + 1 .. p (W keys, itself included). 0: none.
+  int64_t sliding_window = 0;
   std::string rope_parameters_json = "{}";
   std::string torch_dtype = "bfloat16";
   // Mixture of experts (model_type "qwen3_moe"): num_experts 0 for a dense model. A layer is

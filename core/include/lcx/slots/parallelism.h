@@ -21,6 +21,7 @@ struct ParallelModelInfo {
   int64_t num_kv_heads = 0;
   int64_t head_dim = 0;
   std::vector<std::string> layer_types;  // "full_attention" / "sliding_attention" / ...
+  int64_t sliding_window = 0;            // ModelConfig::sliding_window
 };
 
 struct AttentionArgs {
@@ -29,6 +30,9 @@ struct AttentionArgs {
   // The shard's document_bounds (lcx/sequence.h), over the whole sequence: a token attends only
   // to its own document. Empty: to every earlier token.
   std::span<const int64_t> documents;
+  // > 0 (causal only): a query at position p sees only keys at positions > p - window, as
+  // transformers' sliding_attention layers mask (with documents, both masks at once).
+  int64_t window = 0;
 };
 
 class Mesh;

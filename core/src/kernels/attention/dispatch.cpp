@@ -19,8 +19,18 @@ std::string cudnn_refusal(const Call& c, const DeviceCaps& d) {
   if (!sixteen_bit(c.dtype)) return "cuDNN attention takes bf16 or fp16";
   if (!c.out_matches || !c.dout_matches || !c.grads_match) return "cuDNN attention takes one dtype for every tensor";
   if (!c.inputs_aligned || !c.out_aligned || !c.grads_aligned) return "cuDNN attention takes 16-byte aligned tensors";
-  if (c.head_dim % 8 != 0 || c.head_dim > 128) return "cuDNN attention takes head_dim a multiple of 8 up to 128";
-  if (c.causal && !c.same_positions) return "cuDNN attention takes causal blocks only with equal query and key positions";
+  if (c.head_dim % 8 != 0 || c.head_dim > cudnn_max_head_dim(d))
+    return str("cuDNN attention takes head_dim a multiple of 8 up to ", cudnn_max_head_dim(d), " on sm_", d.major, d.minor,
+               " (256 on sm_90), not ", c.head_dim);
+  const bool halo_block = c.window > 0 && c.causal && c.ends_aligned && c.keys - c.rows < c.window;
+  if (c.causal && !c.same_positions && !halo_block) {
+    if (c.window > 0 && c.ends_aligned)
+      return str("cuDNN's band mask takes a causal block whose keys reach back past its queries only by less than the "
+                 "window (", c.window, "), not by ", c.keys - c.rows);
+    return "cuDNN attention takes causal blocks only with equal query and key positions, or (with a window) with the "
+           "queries at the last of the keys' positions";
+  }
+  if (c.window > 0 && !c.causal) return "cuDNN's band mask takes a window only on a causal block";
   if (c.rows == 0 || c.keys == 0) return "empty sequence";
   return {};
 }
@@ -48,7 +58,8 @@ std::string mma_refusal(const Call& c, const DeviceCaps& d) {
   if (!sixteen_bit(c.dtype)) return "the tensor-core kernels take bf16 or fp16";
   if (!c.dout_matches) return "the tensor-core kernels take dout in q's dtype";
   if (!c.inputs_aligned) return "the tensor-core kernels take 16-byte aligned q, k, v and dout";
-  if (c.head_dim != 64 && c.head_dim != 128) return str("the tensor-core kernels take head_dim 64 or 128, not ", c.head_dim);
+  if (c.head_dim != 64 && c.head_dim != 128 && c.head_dim != 256)
+    return str("the tensor-core kernels take head_dim 64, 128 or 256, not ", c.head_dim);
   if (const int64_t need = smem::mma(c.backward, c.head_dim); need > d.smem_per_block)
     return str("the tensor-core kernels need ", kib(need), " of shared memory a block at head_dim ", c.head_dim,
                "; this GPU gives ", kib(d.smem_per_block));
@@ -107,7 +118,7 @@ std::string refusal(Backend b, const Call& c, const DeviceCaps& d) {
 
 std::string describe(const Call& c) {
   return str(c.causal ? "causal " : "full ", c.backward ? "backward " : "forward ", dtype_name(c.dtype), " head_dim ",
-             c.head_dim, ", ", c.rows, " x ", c.keys, " rows");
+             c.head_dim, ", ", c.rows, " x ", c.keys, " rows", c.window > 0 ? str(", window ", c.window) : "");
 }
 
 std::vector<Backend> candidates(Choice choice, const Call& c, const DeviceCaps& d, bool own) {
@@ -142,8 +153,10 @@ std::vector<Backend> candidates(Choice choice, const Call& c, const DeviceCaps& 
   if (out.empty())
     throw Error(str("no attention backend runs a ", describe(c), whys), "run.attention",
                 "fp32 or head sizes over 128 run on the CPU (run.device = \"cpu\"); see each backend's reason above");
-  // A long causal forward: the Hopper kernel ahead of cuDNN.
-  if (!own && !c.backward && c.causal && c.rows >= kOwnForwardMinRows && out.size() > 1 && out[0] == Backend::cudnn &&
+  // A long causal forward: the Hopper kernel ahead of cuDNN (measured without a window; a windowed
+  // one stays on cuDNN's band mask).
+  if (!own && !c.backward && c.causal && c.window == 0 && c.rows >= kOwnForwardMinRows && out.size() > 1 &&
+      out[0] == Backend::cudnn &&
       out[1] == Backend::hopper)
     std::swap(out[0], out[1]);
   return out;
@@ -171,7 +184,8 @@ void check_fast_attention(Choice choice, const DeviceCaps& d) {
               "lcx-env.sh`, which finds the wheel); or set [run] attention = \"own\" to train on lcx's kernels anyway");
 }
 
-std::vector<std::string> plan_lines(Choice choice, DType dtype, int64_t head_dim, int64_t rows, const DeviceCaps& d) {
+std::vector<std::string> plan_lines(Choice choice, DType dtype, int64_t head_dim, int64_t rows, const DeviceCaps& d,
+                                    int64_t window) {
   std::vector<std::string> lines;
   auto line = [&](const std::string& kind, Call c, bool own) {
     c.dtype = dtype;
@@ -203,6 +217,14 @@ std::vector<std::string> plan_lines(Choice choice, DType dtype, int64_t head_dim
   line("a document cuDNN's batches do not take, forward", doc, true);
   doc.backward = true;
   line("a document cuDNN's batches do not take, backward", doc, true);
+  if (window > 0) {
+    Call win;
+    win.rows = win.keys = rows;
+    win.window = window;
+    line(str("windowed (", window, ") causal forward of ", rows, " rows"), win, false);
+    win.backward = true;
+    line(str("windowed (", window, ") backward of ", rows, " rows"), win, false);
+  }
   return lines;
 }
 

@@ -61,13 +61,25 @@ struct Call {
   int64_t rows = 1, keys = 1;  // query rows T, key rows S
   bool causal = true;
   bool same_positions = true;  // T == S at equal offsets: a causal block cuDNN's mask expresses
+  // > 0: the sliding window (ops::AttentionParams::window). The own kernels take it anywhere,
+  // skipping the key tiles outside it, so a windowed call costs T x W rather than T x S / 2. cuDNN
+  // takes it as its band mask on a causal block of equal positions, or on one whose queries are the
+  // last T of the keys' positions (`ends_aligned`: the keys reach `halo` = S - T rows further back,
+  // a ring's chunk beside the rows before it that its window reaches), its masks then aligned
+  // bottom-right, where the first query's window reaches the first key (halo < window).
+  int64_t window = 0;
+  bool ends_aligned = false;  // q_offset + T == k_offset + S with T <= S
 };
 
-// The automatic choice runs a causal forward of at least this many query rows on the Hopper
-// kernel, ahead of cuDNN, where that serves: there it measured 1.07-1.09x cuDNN's rate on three
+// The automatic choice runs a causal forward (without a window) of at least this many query rows on
+// the Hopper kernel, ahead of cuDNN, where that serves: there it measured 1.07-1.09x cuDNN's rate on three
 // H100s, where at 16k-64k tokens it ranged from 0.93x to 1.02x from one card to the next
 // (docs/PERF.md, the kernel table). The backward stays cuDNN's wherever cuDNN loads.
 inline constexpr int64_t kOwnForwardMinRows = 131072;
+
+// The largest head_dim cuDNN's attention takes on this device (both directions): 256 on sm_90, whose
+// flash engines take it forward and backward; 128 elsewhere.
+inline int64_t cudnn_max_head_dim(const DeviceCaps& d) { return d.major == 9 && d.minor == 0 ? 256 : 128; }
 
 // Why `b` does not serve the call on this device, or "" when it does. cuDNN may still refuse when
 // it builds the call's plan; the caller then goes on to the next candidate (auto) or fails (cudnn).
@@ -81,7 +93,8 @@ std::string refusal(Backend b, const Call& c, const DeviceCaps& d);
 // (lcx::Error naming [run] attention, the call and each backend's reason) where nothing serves.
 std::vector<Backend> candidates(Choice choice, const Call& c, const DeviceCaps& d, bool own = false);
 
-// "causal forward bf16 head_dim 128, 65536 x 65536 rows": a call in a refusal.
+// "causal forward bf16 head_dim 128, 65536 x 65536 rows" (", window 4096" where it has one): a
+// call in a refusal.
 std::string describe(const Call& c);
 
 // The choice the GPU attention runs under ([run] attention; auto until set), process-wide.
@@ -96,7 +109,9 @@ Choice choice();
 void check_fast_attention(Choice choice, const DeviceCaps& d);
 
 // Which backend each kind of call of a run takes: one line per kind (causal forward below and from
-// kOwnForwardMinRows rows, backward, a document's rows on the own kernels), for the log and --plan.
-std::vector<std::string> plan_lines(Choice choice, DType dtype, int64_t head_dim, int64_t rows, const DeviceCaps& d);
+// kOwnForwardMinRows rows, backward, a document's rows on the own kernels, and with `window` > 0 a
+// windowed layer's forward and backward), for the log and --plan.
+std::vector<std::string> plan_lines(Choice choice, DType dtype, int64_t head_dim, int64_t rows, const DeviceCaps& d,
+                                    int64_t window = 0);
 
 }  // namespace lcx::ops::attention

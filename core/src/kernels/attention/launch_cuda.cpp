@@ -58,6 +58,8 @@ attention::Call forward_call(const Tensor& q, const Tensor& k, const Tensor& v, 
   c.keys = k.size(0);
   c.causal = ap.causal;
   c.same_positions = q.size(0) == k.size(0) && ap.q_offset == ap.k_offset;
+  c.window = ap.window;
+  c.ends_aligned = q.size(0) <= k.size(0) && ap.q_offset + q.size(0) == ap.k_offset + k.size(0);
   return c;
 }
 
@@ -100,6 +102,7 @@ attn::Params make_params(const Tensor& q, const Tensor& k, const Tensor& v, cons
   p.q_offset = ap.q_offset;
   p.k_offset = ap.k_offset;
   p.causal = ap.causal;
+  p.window = ap.window;
   p.scale = ap.scale;
   p.scale_log2 = ap.scale * 1.4426950408889634f;  // log2(e): the kernels' scores live in the exp2 domain
   p.tq = q.dtype();

@@ -27,6 +27,9 @@ struct Params {
   float scale;       // softmax scale
   float scale_log2;  // scale * log2(e): scores live in the exp2 domain
   bool causal;
+  // > 0: query row i sees key j only where k_offset + j > q_offset + i - window (the sliding
+  // window, W keys ending at the query's own position); 0: no window.
+  int64_t window;
 };
 
 // hopper/forward_sm90a.cu: bf16, head_dim 128, on sm_90.
@@ -35,7 +38,7 @@ void hopper_forward(const Params& p);
 // accumulator in `scratch`, hopper_backward_scratch bytes the caller allocates.
 int64_t hopper_backward_scratch(int64_t T, int64_t Hq);
 void hopper_backward(const Params& p, void* scratch);
-// mma/forward.cu, mma/backward.cu: bf16 or fp16, head_dim 64 or 128; the backward reads p.delta,
+// mma/forward.cu, mma/backward.cu: bf16 or fp16, head_dim 64, 128 or 256; the backward reads p.delta,
 // which backward_delta fills.
 void mma_forward(const Params& p);
 void mma_backward(const Params& p);

@@ -17,7 +17,7 @@ constexpr int64_t reference_backward_dkv(int64_t D) {
   return 4 * ((2 * 64 + 2 * 64) * (D + 1) + 2 * 64 * (64 + 1) + 2 * 64);
 }
 
-// Tensor-core (WMMA) kernels, head_dim D of 64 or 128: 16-bit tiles of row stride D + 8, fp32
+// Tensor-core (WMMA) kernels, head_dim D of 64, 128 or 256: 16-bit tiles of row stride D + 8, fp32
 // scores of stride 68, 16-bit probabilities of stride 72, the fp32 output of stride D + 4.
 constexpr int64_t mma_tile(int64_t D) { return 2 * 64 * (D + 8); }
 constexpr int64_t mma_scores() { return 4 * 64 * (64 + 4); }

@@ -13,7 +13,7 @@
 // (and the own kernels serve) where libcudnn.so.9 is absent.
 // Taken (the rules are the dispatch's, kernels/attention/dispatch.cpp, which calls in here only
 // where they hold): bf16/fp16 q, k, v, out (and dout, dq, dk, dv) of one dtype, head_dim a
-// multiple of 8 up to 128, 16-byte aligned rows, and either a full (non-causal) block or a causal
+// multiple of 8 up to 128 (256 on sm_90), 16-byte aligned rows, and either a full (non-causal) block or a causal
 // one with equal query and key positions (T == S, q_offset == k_offset). Ring attention's other
 // causal blocks run on the own kernels.
 // Padded batches (document masks, documents.cpp) give the graphs a batch dimension b
@@ -51,6 +51,7 @@
 #include "cuda/check_libs.h"
 #include "cuda/stream.h"
 #include "kernels/attention/dispatch.h"
+#include "kernels/cuda/cuda_ops.h"
 #include "lcx/log.h"
 
 namespace lcx::cuda {
@@ -161,6 +162,8 @@ class Graph {
   }
   // A float passed by value through the variant pack.
   DescPtr scalar(int64_t uid) { return tensor(uid, CUDNN_DATA_FLOAT, {1, 1, 1, 1}, {1, 1, 1, 1}, false, true); }
+  // An int32 passed by value likewise.
+  DescPtr scalar_i32(int64_t uid) { return tensor(uid, CUDNN_DATA_INT32, {1, 1, 1, 1}, {1, 1, 1, 1}, false, true); }
 
   void pointwise(cudnnPointwiseMode_t mode, const DescPtr& x, const DescPtr& b, const DescPtr& y,
                  const DescPtr& t = nullptr, cudnnDataType_t precision = CUDNN_DATA_FLOAT, int64_t axis = -1) {
@@ -213,11 +216,21 @@ class Graph {
     op->finalize();
     ops_.push_back(op);
   }
-  // Keeps s where the row index >= the column index, else `neg` (uid kNegUid): the causal mask.
-  DescPtr causal_mask(const DescPtr& s, const Dims& dims, const Dims& strides, int64_t neg_uid) {
+  // Keeps s where the row index >= the column index, else `neg` (uid neg_uid): the causal mask. With
+  // kv_rows_uid and q_rows_uid (int32 scalars by value, S and T), where the row index + S - T >= the
+  // column index: queries at the last T of the S keys' positions, as cuDNN's own SDPA graphs align a
+  // causal mask bottom-right for fixed sizes.
+  DescPtr causal_mask(const DescPtr& s, const Dims& dims, const Dims& strides, int64_t neg_uid,
+                      int64_t kv_rows_uid = -1, int64_t q_rows_uid = -1) {
     auto row = virt(CUDNN_DATA_INT32, dims, strides), col = virt(CUDNN_DATA_INT32, dims, strides);
     pointwise(CUDNN_POINTWISE_GEN_INDEX, s, nullptr, row, nullptr, CUDNN_DATA_INT32, 2);
     pointwise(CUDNN_POINTWISE_GEN_INDEX, s, nullptr, col, nullptr, CUDNN_DATA_INT32, 3);
+    if (kv_rows_uid >= 0) {
+      auto plus_kv = virt(CUDNN_DATA_INT32, dims, strides), shifted = virt(CUDNN_DATA_INT32, dims, strides);
+      pointwise(CUDNN_POINTWISE_ADD, row, scalar_i32(kv_rows_uid), plus_kv, nullptr, CUDNN_DATA_INT32, 3);
+      pointwise(CUDNN_POINTWISE_SUB, plus_kv, scalar_i32(q_rows_uid), shifted, nullptr, CUDNN_DATA_INT32, 3);
+      row = shifted;
+    }
     auto keep_it = virt(CUDNN_DATA_BOOLEAN, dims, strides);
     pointwise(CUDNN_POINTWISE_CMP_GE, row, col, keep_it, nullptr, CUDNN_DATA_BOOLEAN);
     auto out = virt(CUDNN_DATA_FLOAT, dims, strides);
@@ -242,6 +255,23 @@ class Graph {
     pointwise(CUDNN_POINTWISE_BINARY_SELECT, s, scalar(neg_uid), out, keep_it);
     return out;
   }
+  // Keeps s where the column index + window > the row index, else `neg` (uid neg_uid): the sliding
+  // window's left bound (the window, uid window_uid, a float by value; W - (S - T) where the masks
+  // are aligned bottom-right), spelled as cuDNN's own SDPA graphs spell their band mask's
+  // (GEN_INDEX, ADD in fp32, CMP_GT, BINARY_SELECT) after the causal mask, which its flash engines
+  // recognise to skip the key tiles outside the band.
+  DescPtr window_mask(const DescPtr& s, const Dims& dims, const Dims& strides, int64_t window_uid, int64_t neg_uid) {
+    auto row = virt(CUDNN_DATA_INT32, dims, strides), col = virt(CUDNN_DATA_INT32, dims, strides);
+    pointwise(CUDNN_POINTWISE_GEN_INDEX, s, nullptr, row, nullptr, CUDNN_DATA_INT32, 2);
+    pointwise(CUDNN_POINTWISE_GEN_INDEX, s, nullptr, col, nullptr, CUDNN_DATA_INT32, 3);
+    auto shifted = virt(CUDNN_DATA_FLOAT, dims, strides);
+    pointwise(CUDNN_POINTWISE_ADD, col, scalar(window_uid), shifted, nullptr, CUDNN_DATA_FLOAT);
+    auto keep_it = virt(CUDNN_DATA_BOOLEAN, dims, strides);
+    pointwise(CUDNN_POINTWISE_CMP_GT, shifted, row, keep_it, nullptr, CUDNN_DATA_BOOLEAN);
+    auto out = virt(CUDNN_DATA_FLOAT, dims, strides);
+    pointwise(CUDNN_POINTWISE_BINARY_SELECT, s, scalar(neg_uid), out, keep_it);
+    return out;
+  }
   const std::vector<DescPtr>& ops() const { return ops_; }
 
  private:
@@ -256,7 +286,7 @@ class Graph {
 
 enum Uid : int64_t {
   kQ = 1, kK, kV, kO, kStats, kScale, kNeg, kDO, kDQ, kDK, kDV, kSoftmaxSum, kDQAccum, kOne, kSeqQ, kSeqKV, kPadNeg,
-  kQOffsets, kKOffsets
+  kQOffsets, kKOffsets, kWindow, kWindowNeg, kSeqKvRows, kSeqQRows
 };
 
 struct Plan {
@@ -344,6 +374,11 @@ struct Shape4 {
   Dims offset_dims() const { return {b + 1, 1, 1, 1}; }
 };
 
+// A single call's causal mask aligns bottom-right where its keys outnumber its queries: the dispatch
+// sends cuDNN such a call only with a window, the queries at the last of the keys' positions (a
+// ring's chunk beside the rows before it that its window reaches).
+bool bottom_right(const Shape4& s, bool causal) { return causal && !s.padded && s.S != s.T; }
+
 // The query side's and the key side's ragged offsets of a ragged shape's graph, else nullptrs.
 std::pair<DescPtr, DescPtr> ragged_offsets(Graph& g, const Shape4& s) {
   if (!s.ragged) return {};
@@ -352,7 +387,8 @@ std::pair<DescPtr, DescPtr> ragged_offsets(Graph& g, const Shape4& s) {
 }
 
 // The forward graph's operations, each finalized (which checks shapes and types); not yet a plan.
-std::unique_ptr<Plan> forward_plan(const Shape4& s, DType dt, bool causal) {
+// `windowed`: the band mask after the causal one, the window passed by value with each call.
+std::unique_ptr<Plan> forward_plan(const Shape4& s, DType dt, bool causal, bool windowed) {
   auto p = std::make_unique<Plan>();
   Graph& g = p->graph;
   const cudnnDataType_t io = cudnn_type(dt), f32 = CUDNN_DATA_FLOAT;
@@ -373,7 +409,10 @@ std::unique_ptr<Plan> forward_plan(const Shape4& s, DType dt, bool causal) {
   g.pointwise(CUDNN_POINTWISE_MUL, S0, g.scalar(kScale), S1);
   // The padding mask, then the causal one: the order of cuDNN's own SDPA graphs.
   auto padded = s.padded ? g.padding_mask(S1, s.s_dims(), s.s_strides(), seq_q, seq_kv, kPadNeg) : S1;
-  auto scores = causal ? g.causal_mask(padded, s.s_dims(), s.s_strides(), kNeg) : padded;
+  auto masked = !causal                   ? padded
+                : bottom_right(s, causal) ? g.causal_mask(padded, s.s_dims(), s.s_strides(), kNeg, kSeqKvRows, kSeqQRows)
+                                          : g.causal_mask(padded, s.s_dims(), s.s_strides(), kNeg);
+  auto scores = windowed ? g.window_mask(masked, s.s_dims(), s.s_strides(), kWindow, kWindowNeg) : masked;
   auto M = g.virt(f32, s.row_dims(), s.row_strides());
   g.reduction(CUDNN_REDUCE_TENSOR_MAX, scores, M);
   auto Z = g.virt(f32, s.s_dims(), s.s_strides());
@@ -392,7 +431,7 @@ std::unique_ptr<Plan> forward_plan(const Shape4& s, DType dt, bool causal) {
 }
 
 // The backward graph's operations, likewise.
-std::unique_ptr<Plan> backward_plan(const Shape4& s, DType dt, bool causal) {
+std::unique_ptr<Plan> backward_plan(const Shape4& s, DType dt, bool causal, bool windowed) {
   auto p = std::make_unique<Plan>();
   Graph& g = p->graph;
   const cudnnDataType_t io = cudnn_type(dt), f32 = CUDNN_DATA_FLOAT;
@@ -422,8 +461,8 @@ std::unique_ptr<Plan> backward_plan(const Shape4& s, DType dt, bool causal) {
   g.reduction(CUDNN_REDUCE_TENSOR_ADD, dOO, rowsum);
   g.pointwise(CUDNN_POINTWISE_MUL, rowsum, g.scalar(kOne), softmax_sum);
 
-  // P = exp(scale * Q K^T - stats), masked (padding before the stats, causal after: as cuDNN's
-  // own SDPA backward graphs)
+  // P = exp(scale * Q K^T - stats), masked (padding before the stats, causal and the window after:
+  // as cuDNN's own SDPA backward graphs)
   auto S0 = g.virt(f32, s.s_dims(), s.s_strides());
   g.matmul(Q, KT, S0, seq_q, seq_kv);
   auto S1 = g.virt(f32, s.s_dims(), s.s_strides());
@@ -431,9 +470,12 @@ std::unique_ptr<Plan> backward_plan(const Shape4& s, DType dt, bool causal) {
   auto S1p = s.padded ? g.padding_mask(S1, s.s_dims(), s.s_strides(), seq_q, seq_kv, kPadNeg) : S1;
   auto S2 = g.virt(f32, s.s_dims(), s.s_strides());
   g.pointwise(CUDNN_POINTWISE_SUB, S1p, stats, S2);
-  auto S3 = causal ? g.causal_mask(S2, s.s_dims(), s.s_strides(), kNeg) : S2;
+  auto S3 = !causal                   ? S2
+            : bottom_right(s, causal) ? g.causal_mask(S2, s.s_dims(), s.s_strides(), kNeg, kSeqKvRows, kSeqQRows)
+                                      : g.causal_mask(S2, s.s_dims(), s.s_strides(), kNeg);
+  auto S4 = windowed ? g.window_mask(S3, s.s_dims(), s.s_strides(), kWindow, kWindowNeg) : S3;
   auto P = g.virt(f32, s.s_dims(), s.s_strides());
-  g.pointwise(CUDNN_POINTWISE_EXP, S3, nullptr, P);
+  g.pointwise(CUDNN_POINTWISE_EXP, S4, nullptr, P);
 
   // dV = P^T dO, summed over each GQA group
   auto PT = g.virt(io, s.st_dims(), s.st_strides());
@@ -477,19 +519,19 @@ std::unique_ptr<Plan> backward_plan(const Shape4& s, DType dt, bool causal) {
   return p;
 }
 
-using PlanKey = std::tuple<bool, int64_t, int64_t, int64_t, int64_t, int64_t, int64_t, int, bool, bool, bool>;
+using PlanKey = std::tuple<bool, int64_t, int64_t, int64_t, int64_t, int64_t, int64_t, int, bool, bool, bool, bool>;
 std::map<PlanKey, std::unique_ptr<Plan>> g_plans;  // nullptr: cuDNN refused the shape
 
 // The cached plan for the call, built on first use; nullptr when cuDNN refuses it (logged once,
 // or thrown when the choice is `cudnn`, but for a ragged shape: its padded twin still runs on cuDNN).
 // Called under g_mu.
-Plan* plan_for(bool backward, const Shape4& s, DType t, bool causal) {
-  const PlanKey key{backward, s.b, s.T, s.S, s.Hq, s.Hkv, s.d, static_cast<int>(t), causal, s.padded, s.ragged};
+Plan* plan_for(bool backward, const Shape4& s, DType t, bool causal, bool windowed) {
+  const PlanKey key{backward, s.b, s.T, s.S, s.Hq, s.Hkv, s.d, static_cast<int>(t), causal, s.padded, s.ragged, windowed};
   auto it = g_plans.find(key);
   if (it == g_plans.end()) {
     std::unique_ptr<Plan> plan;
     try {
-      plan = backward ? backward_plan(s, t, causal) : forward_plan(s, t, causal);
+      plan = backward ? backward_plan(s, t, causal, windowed) : forward_plan(s, t, causal, windowed);
       finalize_plan(*plan);
     } catch (const Error& e) {
       if (forced() && !s.ragged) throw;
@@ -498,7 +540,8 @@ Plan* plan_for(bool backward, const Shape4& s, DType t, bool causal) {
       if (!s.ragged || !std::exchange(ragged_told, true))
         log::warn(str("cuDNN attention ", backward ? "backward" : "forward", " refused b=", s.b,
                       s.ragged ? " (ragged)" : s.padded ? " (padded)" : "", " T=", s.T, " S=", s.S, " Hq=",
-                      s.Hq, " Hkv=", s.Hkv, " d=", s.d, causal ? " causal" : " full", ": ", e.what(),
+                      s.Hq, " Hkv=", s.Hkv, " d=", s.d, causal ? " causal" : " full", windowed ? " windowed" : "",
+                      ": ", e.what(),
                       s.ragged ? "; padded copies of its documents run it (later ragged refusals are not logged)"
                                : "; the own kernels run it"));
     }
@@ -508,6 +551,46 @@ Plan* plan_for(bool backward, const Shape4& s, DType t, bool causal) {
     throw Error("cuDNN refused this attention shape earlier (see the log)", "run.attention",
                 "attention = \"auto\" runs it on lcx's own kernels");
   return it->second.get();
+}
+
+// The by-value scalars of a call's masks; they outlive its execute().
+struct MaskValues {
+  float neg = -FLT_MAX, window = 0;
+  int32_t kv_rows = 0, q_rows = 0;
+};
+
+// The masks' scalars a plan of shape s reads: the causal mask's fill (and its bottom-right shift),
+// the window (counted from the bottom-right diagonal there) and its fill.
+void add_masks(const ops::AttentionParams& p, const Shape4& s, MaskValues& m, std::vector<int64_t>& uids,
+               std::vector<void*>& ptrs) {
+  const bool shifted = bottom_right(s, p.causal);
+  if (p.causal) {
+    uids.push_back(kNeg);
+    ptrs.push_back(&m.neg);
+  }
+  if (shifted) {
+    m.kv_rows = static_cast<int32_t>(s.S);
+    m.q_rows = static_cast<int32_t>(s.T);
+    uids.insert(uids.end(), {kSeqKvRows, kSeqQRows});
+    ptrs.insert(ptrs.end(), {&m.kv_rows, &m.q_rows});
+  }
+  if (p.window > 0) {
+    m.window = static_cast<float>(shifted ? p.window - (s.S - s.T) : p.window);
+    uids.insert(uids.end(), {kWindow, kWindowNeg});
+    ptrs.insert(ptrs.end(), {&m.window, &m.neg});
+  }
+}
+
+// cuDNN before 9.6 computes a window aligned bottom-right only where T == S (cuDNN's frontend
+// refuses the rest there): its calls of more keys than queries decline to the own kernels, which
+// the log says once. Called under g_mu.
+bool takes_bottom_right(const Shape4& s, bool causal) {
+  if (!bottom_right(s, causal) || api()->get_version() >= 90600) return true;
+  static bool told = false;
+  if (!std::exchange(told, true))
+    log::warn(str("cuDNN ", cudnn_version(), " does not take a windowed chunk beside its halo (queries at the last of ",
+                  "more key positions; cuDNN 9.6 does): the own kernels run such calls"));
+  return false;
 }
 
 // Allocates the plan's workspace, then hands the call to `launch`: first zeroing `accumulator`
@@ -551,24 +634,23 @@ bool cudnn_attention_forward(const Tensor& q, const Tensor& k, const Tensor& v, 
                              const ops::AttentionParams& p, ops::Launch launch) {
   std::lock_guard lock(g_mu);
   const Shape4 s{1, q.size(0), k.size(0), q.size(1), k.size(1), q.size(2)};
-  Plan* plan = plan_for(false, s, q.dtype(), p.causal);
+  if (!takes_bottom_right(s, p.causal)) return false;
+  Plan* plan = plan_for(false, s, q.dtype(), p.causal, p.window > 0);
   if (!plan) return false;
-  float scale = p.scale, neg = -FLT_MAX;
+  float scale = p.scale;
+  MaskValues masks;
   std::vector<int64_t> uids{kQ, kK, kV, kO, kStats, kScale};
   std::vector<void*> ptrs{q.data(), k.data(), v.data(), out.data(), lse.data(), &scale};
-  if (p.causal) {
-    uids.push_back(kNeg);
-    ptrs.push_back(&neg);
-  }
+  add_masks(p, s, masks, uids, ptrs);
   execute(*plan, uids, ptrs, q.device(), launch);
   return true;
 }
 
 int64_t cudnn_attention_workspace(bool backward, int64_t T, int64_t S, int64_t Hq, int64_t Hkv, int64_t d, DType t,
-                                  bool causal) {
+                                  bool causal, bool windowed) {
   std::lock_guard lock(g_mu);
   if (!api() || barred()) return -1;
-  const Plan* plan = plan_for(backward, Shape4{1, T, S, Hq, Hkv, d}, t, causal);
+  const Plan* plan = plan_for(backward, Shape4{1, T, S, Hq, Hkv, d}, t, causal, windowed);
   return plan ? plan->workspace : -1;
 }
 
@@ -577,30 +659,30 @@ bool cudnn_attention_backward(const Tensor& q, const Tensor& k, const Tensor& v,
                               const ops::AttentionParams& p, ops::Launch launch) {
   std::lock_guard lock(g_mu);
   const Shape4 s{1, q.size(0), k.size(0), q.size(1), k.size(1), q.size(2)};
-  Plan* plan = plan_for(true, s, q.dtype(), p.causal);
+  if (!takes_bottom_right(s, p.causal)) return false;
+  Plan* plan = plan_for(true, s, q.dtype(), p.causal, p.window > 0);
   if (!plan) return false;
   Tensor softmax_sum = Tensor::empty({s.Hq, s.T}, DType::f32, q.device());
   Tensor dq_accum = Tensor::empty({s.Hq, s.T, s.d}, DType::f32, q.device());
-  float scale = p.scale, neg = -FLT_MAX, one = 1.f;
+  float scale = p.scale, one = 1.f;
+  MaskValues masks;
   std::vector<int64_t> uids{kQ, kK, kV, kO, kStats, kScale, kDO, kDQ, kDK, kDV, kSoftmaxSum, kDQAccum, kOne};
   std::vector<void*> ptrs{q.data(),  k.data(),  v.data(),           out.data(),      lse.data(), &scale, dout.data(),
                           dq.data(), dk.data(), dv.data(), softmax_sum.data(), dq_accum.data(), &one};
-  if (p.causal) {
-    uids.push_back(kNeg);
-    ptrs.push_back(&neg);
-  }
+  add_masks(p, s, masks, uids, ptrs);
   execute(*plan, uids, ptrs, q.device(), launch, &dq_accum);
   return true;
 }
 
 namespace {
 
-// Why cuDNN does not take padded batches of this dtype and head size, or nullptr when it may.
-const char* padded_refusal(DType t, int64_t d) {
+// Why cuDNN does not take padded batches of this dtype and head size, or "" when it may.
+std::string padded_refusal(DType t, int64_t d) {
   if (!api()) return "libcudnn.so.9 is not loadable";
   if (t != DType::bf16 && t != DType::f16) return "cuDNN attention takes bf16 or fp16";
-  if (d % 8 != 0 || d > 128) return "cuDNN attention takes head_dim a multiple of 8 up to 128";
-  return nullptr;
+  const int64_t most = ops::attention::cudnn_max_head_dim(ops::cuda::attention_device_caps());
+  if (d % 8 != 0 || d > most) return str("cuDNN attention takes head_dim a multiple of 8 up to ", most, " here");
+  return {};
 }
 
 bool g_ragged = true;  // set_cudnn_ragged_documents; guarded by g_mu
@@ -608,15 +690,15 @@ bool g_ragged = true;  // set_cudnn_ragged_documents; guarded by g_mu
 // The batch's plan, padded or ragged, or nullptr (the caller runs its documents another way).
 // Called under g_mu.
 Plan* batch_plan(bool backward, bool ragged, int64_t B, int64_t Sq, int64_t Sk, int64_t Hq, int64_t Hkv, int64_t d,
-                 DType t, bool causal) {
+                 DType t, bool causal, bool windowed) {
   if (barred() || (ragged && !g_ragged)) return nullptr;
-  if (const char* why = padded_refusal(t, d)) {
+  if (const std::string why = padded_refusal(t, d); !why.empty()) {
     if (forced())
       throw Error(str("[run] attention = \"cudnn\": ", why), "run.attention",
                   "attention = \"auto\" runs these documents on lcx's own kernels");
     return nullptr;
   }
-  return plan_for(backward, Shape4{B, Sq, Sk, Hq, Hkv, d, true, ragged}, t, causal);
+  return plan_for(backward, Shape4{B, Sq, Sk, Hq, Hkv, d, true, ragged}, t, causal, windowed);
 }
 
 void* device(const void* p) { return const_cast<void*>(p); }
@@ -626,6 +708,7 @@ void batch_forward(Plan& plan, const Tensor& q, const Tensor& k, const Tensor& v
                    const int32_t* seq_q, const int32_t* seq_kv, const int64_t* q_at, const int64_t* k_at,
                    const ops::AttentionParams& p, ops::Launch launch) {
   float scale = p.scale, neg = -FLT_MAX;
+  MaskValues masks;
   std::vector<int64_t> uids{kQ, kK, kV, kO, kStats, kScale, kPadNeg, kSeqQ, kSeqKV};
   std::vector<void*> ptrs{q.data(), k.data(), v.data(), out.data(), stats.data(), &scale, &neg, device(seq_q),
                           device(seq_kv)};
@@ -633,10 +716,7 @@ void batch_forward(Plan& plan, const Tensor& q, const Tensor& k, const Tensor& v
     uids.insert(uids.end(), {kQOffsets, kKOffsets});
     ptrs.insert(ptrs.end(), {device(q_at), device(k_at)});
   }
-  if (p.causal) {
-    uids.push_back(kNeg);
-    ptrs.push_back(&neg);
-  }
+  add_masks(p, Shape4{0, 0, 0, 0, 0, 0, true}, masks, uids, ptrs);
   execute(plan, uids, ptrs, q.device(), launch);
 }
 
@@ -649,6 +729,7 @@ void batch_backward(Plan& plan, int64_t B, int64_t Sq, const Tensor& q, const Te
   Tensor softmax_sum = Tensor::empty({B * Hq * Sq}, DType::f32, q.device());
   Tensor dq_accum = Tensor::empty({B * Hq * Sq * d}, DType::f32, q.device());
   float scale = p.scale, neg = -FLT_MAX, one = 1.f;
+  MaskValues masks;
   std::vector<int64_t> uids{kQ,  kK,          kV,       kO,   kStats,  kScale, kDO,    kDQ,
                             kDK, kDV, kSoftmaxSum, kDQAccum, kOne, kPadNeg, kSeqQ, kSeqKV};
   std::vector<void*> ptrs{q.data(),  k.data(),  v.data(),           out.data(),      stats.data(), &scale,
@@ -658,19 +739,16 @@ void batch_backward(Plan& plan, int64_t B, int64_t Sq, const Tensor& q, const Te
     uids.insert(uids.end(), {kQOffsets, kKOffsets});
     ptrs.insert(ptrs.end(), {device(q_at), device(k_at)});
   }
-  if (p.causal) {
-    uids.push_back(kNeg);
-    ptrs.push_back(&neg);
-  }
+  add_masks(p, Shape4{0, 0, 0, 0, 0, 0, true}, masks, uids, ptrs);
   execute(plan, uids, ptrs, q.device(), launch, &dq_accum);
 }
 
 }  // namespace
 
 bool cudnn_batch_attention_ready(bool backward, bool ragged, int64_t B, int64_t Sq, int64_t Sk, int64_t Hq,
-                                 int64_t Hkv, int64_t d, DType t, bool causal) {
+                                 int64_t Hkv, int64_t d, DType t, bool causal, bool windowed) {
   std::lock_guard lock(g_mu);
-  return batch_plan(backward, ragged, B, Sq, Sk, Hq, Hkv, d, t, causal) != nullptr;
+  return batch_plan(backward, ragged, B, Sq, Sk, Hq, Hkv, d, t, causal, windowed) != nullptr;
 }
 
 namespace {
@@ -680,7 +758,8 @@ template <class Run>
 void with_batch_plan(bool backward, const Tensor& q, const Tensor& k, const int64_t* q_offsets, int64_t B, int64_t Sq,
                      int64_t Sk, const ops::AttentionParams& p, Run run) {
   std::lock_guard lock(g_mu);
-  Plan* plan = batch_plan(backward, q_offsets != nullptr, B, Sq, Sk, q.size(1), k.size(1), q.size(2), q.dtype(), p.causal);
+  Plan* plan = batch_plan(backward, q_offsets != nullptr, B, Sq, Sk, q.size(1), k.size(1), q.size(2), q.dtype(), p.causal,
+                          p.window > 0);
   LCX_CHECK(plan, "a cuDNN batch of documents without a plan: ask cudnn_batch_attention_ready first");
   run(*plan);
 }

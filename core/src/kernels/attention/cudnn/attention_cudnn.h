@@ -21,16 +21,17 @@ bool cudnn_attention_backward(const Tensor& q, const Tensor& k, const Tensor& v,
                               const Tensor& lse, const Tensor& dout, Tensor& dq, Tensor& dk, Tensor& dv,
                               const ops::AttentionParams& p, ops::Launch launch);
 
-// The workspace in bytes cuDNN asks of one attention call of this shape (what execute() allocates
+// The workspace in bytes cuDNN asks of one attention call of this shape (`windowed`: under a window) (what execute() allocates
 // beside the call's tensors); -1 when cuDNN is absent or refuses the shape. Builds and caches the
 // plan the call would use; allocates no device memory. For the memory plan's checks.
 int64_t cudnn_attention_workspace(bool backward, int64_t T, int64_t S, int64_t Hq, int64_t Hkv, int64_t d, DType t,
-                                  bool causal);
+                                  bool causal, bool windowed = false);
 
 // Batches of B documents (documents.cpp), each element padded to Sq query and Sk key
 // rows, its first seq_q[b] queries and seq_kv[b] keys real; seq_q, seq_kv int32 [B] on the device,
 // 16-byte aligned (the same table when queries and keys are the same rows); stats [B, Hq, Sq] fp32.
-// Causal (p.causal, which needs Sq = Sk and equal lengths) within each element.
+// Causal (p.causal, which needs Sq = Sk and equal lengths) within each element; with p.window > 0
+// (causal only) the window too, counted from each element's first row (`windowed` in ready()).
 // - Padded (q_offsets and k_offsets nullptr): q, out, dout, dq [B*Sq, Hq, d] and k, v, dk, dv
 //   [B*Sk, Hkv, d], element b's rows one after another, the padded rows zero; their outputs are
 //   meaningless.
@@ -45,7 +46,7 @@ int64_t cudnn_attention_workspace(bool backward, int64_t T, int64_t S, int64_t H
 // where the run's choice keeps cuDNN out. The calls need
 // it to have said true.
 bool cudnn_batch_attention_ready(bool backward, bool ragged, int64_t B, int64_t Sq, int64_t Sk, int64_t Hq,
-                                 int64_t Hkv, int64_t d, DType t, bool causal);
+                                 int64_t Hkv, int64_t d, DType t, bool causal, bool windowed = false);
 void cudnn_batch_attention_forward(const Tensor& q, const Tensor& k, const Tensor& v, Tensor& out, Tensor& stats,
                                    const int32_t* seq_q, const int32_t* seq_kv, const int64_t* q_offsets,
                                    const int64_t* k_offsets, int64_t B, int64_t Sq, int64_t Sk,

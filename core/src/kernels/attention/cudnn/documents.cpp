@@ -53,6 +53,11 @@ bool packable(std::initializer_list<const Tensor*> ts) {
   return true;
 }
 
+// cuDNN's band mask counts a window from each element's first query and key rows, which are the
+// same positions only in causal elements (a document's own rows); full elements (a ring's earlier
+// key chunk) with a window run on the own kernels, which take the positions.
+bool window_fits(const AttentionParams& p) { return p.window <= 0 || p.causal; }
+
 // The batches of one call that cuDNN takes, with their tables on the device: batch i's query
 // lengths at table(i, 0), first query rows at table(i, 1), and the same of its keys at 2 and 3
 // (int32, B rounded up to 4), then for a ragged batch its query and key ragged offsets (int64,
@@ -139,7 +144,7 @@ Batches batches_for(bool backward, const Tensor& q, const Tensor& k, const Atten
     for (DocumentPairBatch& b : grouped(q_spans, k_spans, which, ragged ? LengthClasses::octave : LengthClasses::fine)) {
       const int64_t B = static_cast<int64_t>(b.docs.size());
       if (!lcx::cuda::cudnn_batch_attention_ready(backward, ragged, B, b.q_rows, b.k_rows, Hq, Hkv, d, q.dtype(),
-                                                  p.causal)) {
+                                                  p.causal, p.window > 0)) {
         refused.insert(refused.end(), b.docs.begin(), b.docs.end());
         continue;
       }
@@ -191,7 +196,7 @@ std::vector<char> attention_forward_documents(const Tensor& q, const Tensor& k, 
                                               Tensor& lse, const AttentionParams& p,
                                               const std::vector<DocumentSpan>& q_spans,
                                               const std::vector<DocumentSpan>& k_spans, Launch launch) {
-  if (!packable({&q, &k, &v, &out})) return std::vector<char>(q_spans.size(), 0);
+  if (!packable({&q, &k, &v, &out}) || !window_fits(p)) return std::vector<char>(q_spans.size(), 0);
   const Batches batches = batches_for(false, q, k, p, q_spans, k_spans);
   const int64_t Hq = q.size(1), Hkv = k.size(1);
   for (size_t i = 0; i < batches.list.size(); ++i) {
@@ -217,7 +222,7 @@ std::vector<char> attention_backward_documents(const Tensor& q, const Tensor& k,
                                                Tensor& dv, const AttentionParams& p,
                                                const std::vector<DocumentSpan>& q_spans,
                                                const std::vector<DocumentSpan>& k_spans, Launch launch) {
-  if (!packable({&q, &k, &v, &out, &dout, &dq, &dk, &dv})) return std::vector<char>(q_spans.size(), 0);
+  if (!packable({&q, &k, &v, &out, &dout, &dq, &dk, &dv}) || !window_fits(p)) return std::vector<char>(q_spans.size(), 0);
   const Batches batches = batches_for(true, q, k, p, q_spans, k_spans);
   const int64_t Hq = q.size(1), Hkv = k.size(1);
   for (size_t i = 0; i < batches.list.size(); ++i) {

@@ -1,5 +1,6 @@
 // Attention backward for Hopper (sm_90a), the forward's twin (forward_sm90a.cu): bf16 q, k,
-// v, out, dout, head_dim 128, fp32 accumulation, causal or full with the ring's offsets, GQA.
+// v, out, dout, head_dim 128, fp32 accumulation, causal or full with the ring's offsets, a sliding
+// window (each key block walks only the query steps within it), GQA.
 // Three kernels, as the forward's own backward has them:
 // - per query row and head, the log-sum-exp in the exp2 domain beside delta = rowsum(dout * out),
 //   in rows padded to whole query steps, so one bulk copy brings a step's pairs beside its Q;
@@ -120,13 +121,15 @@ __global__ void __launch_bounds__(kThreads, 1)
   const int64_t k0 = nb * kKeys;
   const int64_t group = p.Hq / p.Hkv;
   const int64_t m_steps = (p.T + kStep - 1) / kStep;
-  int64_t m_begin = 0;  // the first query step that sees a key of this block
-  if (p.causal) m_begin = lcx::cuda::lmin(m_steps, lcx::cuda::lmax(0, p.k_offset + k0 - p.q_offset) / kStep);
+  // The query steps [m_begin, m_end) that see a key of this block: causal, from the first query
+  // at or after its first key; a window, up to the last query within W of its last key.
+  const int64_t m_begin = lcx::cuda::lmin(m_steps, first_query(p, k0, kStep) / kStep);
+  const int64_t m_end = lcx::cuda::lmax(m_begin, (query_end(p, k0, kKeys) + kStep - 1) / kStep);
   // Steps go query step by query step, the group's heads within each: a block then trails the
   // block before it (which starts two query steps earlier) by whole query steps, so its waits for
   // that block's dQ additions are short. Heads outermost would hold every block of a causal call
   // to the pace of the first, which has the most steps per head.
-  const int64_t steps = (m_steps - m_begin) * group;
+  const int64_t steps = (m_end - m_begin) * group;
 
   if (threadIdx.x == 0) {
     bar_init(&sm.kv_full, 1);
@@ -145,14 +148,17 @@ __global__ void __launch_bounds__(kThreads, 1)
     asm volatile("setmaxnreg.dec.sync.aligned.u32 %0;\n" ::"n"(kProducerRegs) : "memory");
     if (threadIdx.x == 32) {
       // The counter of step `it` advances once that step's addition is complete, which is
-      // awaited a step late so two additions are in flight.
+      // awaited a step late so two additions are in flight. The key blocks adding to a query step
+      // are consecutive, from the first its window reaches (0 without a window): this block's
+      // turn comes after those before it.
       int* pending = nullptr;
       for (int64_t it = 0; it < steps; ++it) {
         const int b = it % 2;
         const int64_t h = hk * group + it % group, m = m_begin + it / group;
         int* counter = counters + h * m_steps + m;
+        const int64_t turn = nb - first_key(p, m * kStep, kKeys) / kKeys;
         bar_wait(&sm.dq_full[b], (it / 2) & 1);
-        while (load_acquire(counter) < nb) {
+        while (load_acquire(counter) < turn) {
         }
         bulk_reduce_add(dq_acc + (h * m_steps + m) * (kStep * kHd), sm.dq[b], kDqBytes);
         asm volatile("cp.async.bulk.wait_group.read 0;" ::: "memory");
@@ -223,15 +229,20 @@ __global__ void __launch_bounds__(kThreads, 1)
     wgmma_commit();
 
     const float2* stat = sm.stats[s];  // by query column of the step
-    const bool unmasked = k0 + wk * kWgKeys + kWgKeys <= p.S && q0 + kStep <= p.T &&
-                          (!p.causal || p.k_offset + k0 + wk * kWgKeys + kWgKeys - 1 <= p.q_offset + q0);
+    const bool unmasked =
+        k0 + wk * kWgKeys + kWgKeys <= p.S && q0 + kStep <= p.T &&
+        (!p.causal || p.k_offset + k0 + wk * kWgKeys + kWgKeys - 1 <= p.q_offset + q0) &&
+        (p.window <= 0 || p.q_offset + q0 + kStep - 1 - (p.k_offset + k0 + wk * kWgKeys) < p.window);
     // The masks in 32-bit terms relative to this thread's first key and the step's first query:
-    // key row 0 or 8 below it is real below key_lim, query column c below query_lim, and (causal)
-    // seen where c - row + ahead >= 0.
+    // key row 0 or 8 below it is real below key_lim, query column c below query_lim, (causal)
+    // seen where c - row + ahead >= 0 and (a window) where c - row < behind. Both clamp to a
+    // range past any c - row, which keeps their sign.
     const int key_lim = static_cast<int>(lcx::cuda::lmin(16, p.S - key0));
     const int query_lim = static_cast<int>(lcx::cuda::lmin(kStep, p.T - q0));
-    const int ahead = static_cast<int>(
-        lcx::cuda::lmax(-(1 << 20), lcx::cuda::lmin(1 << 20, p.q_offset + q0 - p.k_offset - key0)));
+    const int64_t ahead64 = p.q_offset + q0 - p.k_offset - key0;
+    const int ahead = static_cast<int>(lcx::cuda::lmax(-(1 << 20), lcx::cuda::lmin(1 << 20, ahead64)));
+    const int behind = p.window <= 0 ? (1 << 20)
+                                     : static_cast<int>(lcx::cuda::lmax(-(1 << 20), lcx::cuda::lmin(1 << 20, p.window - ahead64)));
     wgmma_wait<1>();
     pin(st);
 #pragma unroll
@@ -240,7 +251,7 @@ __global__ void __launch_bounds__(kThreads, 1)
       bool seen = true;
       if (!unmasked) {
         const int row = 8 * ((i >> 1) & 1);
-        seen = row < key_lim && col < query_lim && (!p.causal || col - row + ahead >= 0);
+        seen = row < key_lim && col < query_lim && (!p.causal || col - row + ahead >= 0) && col - row < behind;
       }
       st[i] = seen ? fast_exp2(fmaf(st[i], sl2, -stat[col].x)) : 0.f;  // P^T
     }

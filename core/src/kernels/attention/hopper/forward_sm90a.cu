@@ -1,5 +1,6 @@
 // Attention forward for Hopper (sm_90a): bf16 q, k, v, head_dim 128, fp32 accumulation, GQA
-// without copying K/V, causal or full with the ring's position offsets, the log-sum-exp out. The
+// without copying K/V, causal or full with the ring's position offsets, a sliding window (the key
+// tiles outside it skipped, the partial ones masked), the log-sum-exp out. The
 // same contract as the other forward kernels (params.h), built for the H100 and H200's
 // tensor-core path that WMMA cannot reach:
 // - TMA (cp.async.bulk.tensor) brings Q once and K/V tiles of 128 rows into shared memory in the
@@ -77,12 +78,10 @@ __global__ void __launch_bounds__(kThreads, 1)
   if (p.causal) mb = blocks_m - 1 - mb;  // the blocks with the most tiles first
   const int64_t q0 = mb * kBlockM;
   const int64_t hk = hq / (p.Hq / p.Hkv);
-  int64_t n_end = p.S;
-  if (p.causal) {
-    const int64_t last_q = q0 + lcx::cuda::lmin(kBlockM, p.T - q0) - 1;
-    n_end = lcx::cuda::lmax(0, lcx::cuda::lmin(p.S, p.q_offset + last_q - p.k_offset + 1));
-  }
-  const int n_tiles = static_cast<int>((n_end + kBlockN - 1) / kBlockN);
+  // Key tiles t0 .. t0 + n_tiles - 1: from the first a window lets the block's first row see to
+  // the last causal's lets its last row see.
+  const int64_t t0 = first_key(p, q0, kBlockN) / kBlockN;
+  const int n_tiles = static_cast<int>(lcx::cuda::lmax(0, (key_end(p, q0, kBlockM) + kBlockN - 1) / kBlockN - t0));
 
   if (threadIdx.x == 0) {
     bar_init(&sm.q_full, 1);
@@ -108,7 +107,7 @@ __global__ void __launch_bounds__(kThreads, 1)
       for (int j = 0; j < n_tiles; ++j) {
         const int s = j % kStages;
         const uint32_t phase = (j / kStages) & 1;
-        const int row = j * kBlockN;
+        const int row = static_cast<int>((t0 + j) * kBlockN);
         bar_wait(&sm.k_empty[s], phase ^ 1);
         bar_expect(&sm.k_full[s], kTileBytes);
         tma_load(sm.k[s][0], &k_map, &sm.k_full[s], 0, static_cast<int>(hk), row);
@@ -140,14 +139,18 @@ __global__ void __launch_bounds__(kThreads, 1)
   // One tile's scores in s become probabilities in place (masked, max-shifted, exp2), each row's
   // running max, sum and the factor alpha that rescales what was accumulated before.
   auto softmax = [&](int j) {
-    const int64_t k0 = int64_t(j) * kBlockN;
-    const bool unmasked = k0 + kBlockN <= p.S && (!p.causal || p.k_offset + k0 + kBlockN - 1 <= p.q_offset + wg_row0);
+    const int64_t k0 = (t0 + j) * kBlockN;
+    const bool unmasked = k0 + kBlockN <= p.S &&
+                          (!p.causal || p.k_offset + k0 + kBlockN - 1 <= p.q_offset + wg_row0) &&
+                          (p.window <= 0 || p.k_offset + k0 > p.q_offset + wg_row0 + kWgM - 1 - p.window);
     if (!unmasked) {
 #pragma unroll
       for (int i = 0; i < 64; ++i) {
         const int64_t qi = row0 + ((i >> 1) & 1) * 8;
         const int64_t kj = k0 + 8 * (i / 4) + col0 + (i & 1);
-        if (!(kj < p.S && (!p.causal || p.k_offset + kj <= p.q_offset + qi))) s[i] = -INFINITY;
+        if (!(kj < p.S && (!p.causal || p.k_offset + kj <= p.q_offset + qi) &&
+              (p.window <= 0 || p.k_offset + kj > p.q_offset + qi - p.window)))
+          s[i] = -INFINITY;
       }
     }
     float mx[2] = {-INFINITY, -INFINITY};

@@ -1,8 +1,10 @@
 // Attention backward on tensor cores (WMMA, bf16/fp16 operands, fp32 accumulation), built for every
-// target from sm_80: lcx's own backward for 16-bit inputs with head_dim 64 or 128 wherever the
+// target from sm_80: lcx's own backward for 16-bit inputs with head_dim 64, 128 or 256 wherever the
 // Hopper kernel (hopper/) does not run; the fp32 CUDA-core kernels (reference/) serve everything
-// else and stay the exact second opinion. At head_dim 128 a block needs 120 KB of shared memory
-// (smem.h), which sm_86, sm_89 and sm_120 do not give: the dispatch refuses it there.
+// else up to 128 and stay the exact second opinion. At head_dim 128 a block needs 120 KB of shared
+// memory (smem.h), which sm_86, sm_89 and sm_120 do not give, and at 256 184 KB, which only sm_90
+// and sm_100 give: the dispatch refuses the others. At 256 the dk/dv kernel's two accumulators
+// (256 floats a thread) spill to local memory: a fallback where cuDNN does not serve, not a fast path.
 // Same loop orders and masks as those kernels, after the same preprocess (delta = rowsum(dO * O)):
 //  - dq: per query block, S and dP = dO V^T per strip, dS = P (dP - delta) rounded to the input
 //    dtype, dq += dS K in register fragments.
@@ -53,17 +55,13 @@ __global__ void __launch_bounds__(kTcThreads) attn_bwd_dq_tc_kernel(const Params
   load_tile_tc<D, T>(dOs, p.dout, q0, p.T, p.Hq, hq, L::LDH);
   const float lse2 = qi < p.T ? p.lse_in[hq * p.T + qi] * kLog2e : -INFINITY;
   const float delta = qi < p.T ? p.delta[hq * p.T + qi] : 0.f;
-  int64_t n_end = p.S;
-  if (p.causal) {
-    const int64_t last_q = q0 + lcx::cuda::lmin(kBr, p.T - q0) - 1;
-    n_end = lcx::cuda::lmax(0, lcx::cuda::lmin(p.S, p.q_offset + last_q - p.k_offset + 1));
-  }
+  const int64_t n_end = key_end(p, q0, kBr);
 
   FragAcc dq[D / 16];
 #pragma unroll
   for (int n = 0; n < D / 16; ++n) wmma::fill_fragment(dq[n], 0.f);
 
-  for (int64_t k0 = 0; k0 < n_end; k0 += kBc) {
+  for (int64_t k0 = first_key(p, q0, kBc); k0 < n_end; k0 += kBc) {
     __syncthreads();
     load_tile_tc<D, T>(Ks, p.k, k0, p.S, p.Hkv, hk, L::LDH);
     load_tile_tc<D, T>(Vs, p.v, k0, p.S, p.Hkv, hk, L::LDH);
@@ -116,8 +114,7 @@ __global__ void __launch_bounds__(kTcThreads) attn_bwd_dkv_tc_kernel(const Param
 
   load_tile_tc<D, T>(Ks, p.k, k0, p.S, p.Hkv, hk, L::LDH);
   load_tile_tc<D, T>(Vs, p.v, k0, p.S, p.Hkv, hk, L::LDH);
-  int64_t q_begin = 0;
-  if (p.causal) q_begin = lcx::cuda::lmax(0, p.k_offset + k0 - p.q_offset) / kBr * kBr;
+  const int64_t q_begin = first_query(p, k0, kBr), q_stop = query_end(p, k0, kBc);
 
   FragAcc dk[D / 16], dv[D / 16];
 #pragma unroll
@@ -127,7 +124,7 @@ __global__ void __launch_bounds__(kTcThreads) attn_bwd_dkv_tc_kernel(const Param
   }
 
   for (int64_t hq = hk * group; hq < (hk + 1) * group; ++hq) {
-    for (int64_t q0 = q_begin; q0 < p.T; q0 += kBr) {
+    for (int64_t q0 = q_begin; q0 < q_stop; q0 += kBr) {
       __syncthreads();
       load_tile_tc<D, T>(Qs, p.q, q0, p.T, p.Hq, hq, L::LDH);
       load_tile_tc<D, T>(dOs, p.dout, q0, p.T, p.Hq, hq, L::LDH);
@@ -198,21 +195,25 @@ void launch_bwd_tc(const Params& p) {
 
 static_assert(int64_t(Tc<64>::dq_smem) == attention::smem::mma_backward_dq(64) &&
                   int64_t(Tc<128>::dq_smem) == attention::smem::mma_backward_dq(128) &&
+                  int64_t(Tc<256>::dq_smem) == attention::smem::mma_backward_dq(256) &&
                   int64_t(Tc<64>::dkv_smem) == attention::smem::mma_backward_dkv(64) &&
-                  int64_t(Tc<128>::dkv_smem) == attention::smem::mma_backward_dkv(128),
+                  int64_t(Tc<128>::dkv_smem) == attention::smem::mma_backward_dkv(128) &&
+                  int64_t(Tc<256>::dkv_smem) == attention::smem::mma_backward_dkv(256),
               "smem.h states the kernels' shared memory");
 
 }  // namespace
 
 void mma_backward(const Params& p) {
-  LCX_CHECK((p.tq == DType::bf16 || p.tq == DType::f16) && (p.d == 64 || p.d == 128),
-            "the tensor-core backward takes bf16 or fp16 at head_dim 64 or 128");
+  LCX_CHECK((p.tq == DType::bf16 || p.tq == DType::f16) && (p.d == 64 || p.d == 128 || p.d == 256),
+            "the tensor-core backward takes bf16 or fp16 at head_dim 64, 128 or 256");
   if (p.tq == DType::bf16) {
     if (p.d == 64) return launch_bwd_tc<64, __nv_bfloat16>(p);
-    return launch_bwd_tc<128, __nv_bfloat16>(p);
+    if (p.d == 128) return launch_bwd_tc<128, __nv_bfloat16>(p);
+    return launch_bwd_tc<256, __nv_bfloat16>(p);
   }
   if (p.d == 64) return launch_bwd_tc<64, __half>(p);
-  launch_bwd_tc<128, __half>(p);
+  if (p.d == 128) return launch_bwd_tc<128, __half>(p);
+  launch_bwd_tc<256, __half>(p);
 }
 
 }  // namespace lcx::ops::cuda::attn

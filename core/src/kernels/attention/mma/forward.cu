@@ -1,8 +1,9 @@
 // Attention forward on tensor cores (WMMA, bf16/fp16 operands, fp32 accumulation), built for every
-// target from sm_80: lcx's own forward for 16-bit inputs with head_dim 64 or 128 wherever the
+// target from sm_80: lcx's own forward for 16-bit inputs with head_dim 64, 128 or 256 wherever the
 // Hopper kernel (hopper/) does not run; the fp32 CUDA-core kernel (reference/) serves everything
-// else and stays the exact second opinion. At head_dim 128 a block needs 110 KB of shared memory
-// (smem.h), which sm_86, sm_89 and sm_120 do not give: the dispatch refuses it there.
+// else up to 128 and stays the exact second opinion. At head_dim 128 a block needs 110 KB of shared
+// memory (smem.h), which sm_86, sm_89 and sm_120 do not give, and at 256 190 KB, which only sm_90
+// and sm_100 give: the dispatch refuses the others.
 // Same loop order and masks as that kernel: a block of 4 warps owns 64 query rows; per 64-key tile
 // each warp computes its 16-row strip of S = Q K^T into shared memory, runs the online softmax on
 // those rows itself (two lanes per row, m and l in registers), rescales its rows of the fp32 output
@@ -30,13 +31,9 @@ __global__ void __launch_bounds__(kTcThreads) attn_fwd_tc_kernel(const Params p)
   load_tile_tc<D, T>(Qs, p.q, q0, p.T, p.Hq, hq, L::LDH);
   for (int i = threadIdx.x; i < 64 * L::LDO; i += blockDim.x) Os[i] = 0.f;
   float m = -INFINITY, l = 0.f;
-  int64_t n_end = p.S;
-  if (p.causal) {
-    const int64_t last_q = q0 + lcx::cuda::lmin(kBr, p.T - q0) - 1;
-    n_end = lcx::cuda::lmax(0, lcx::cuda::lmin(p.S, p.q_offset + last_q - p.k_offset + 1));
-  }
+  const int64_t n_end = key_end(p, q0, kBr);
 
-  for (int64_t k0 = 0; k0 < n_end; k0 += kBc) {
+  for (int64_t k0 = first_key(p, q0, kBc); k0 < n_end; k0 += kBc) {
     __syncthreads();
     load_tile_tc<D, T>(Ks, p.k, k0, p.S, p.Hkv, hk, L::LDH);
     load_tile_tc<D, T>(Vs, p.v, k0, p.S, p.Hkv, hk, L::LDH);
@@ -104,20 +101,23 @@ void launch_fwd_tc(const Params& p) {
 }
 
 static_assert(int64_t(Tc<64>::fwd_smem) == attention::smem::mma_forward(64) &&
-                  int64_t(Tc<128>::fwd_smem) == attention::smem::mma_forward(128),
+                  int64_t(Tc<128>::fwd_smem) == attention::smem::mma_forward(128) &&
+                  int64_t(Tc<256>::fwd_smem) == attention::smem::mma_forward(256),
               "smem.h states the kernels' shared memory");
 
 }  // namespace
 
 void mma_forward(const Params& p) {
-  LCX_CHECK((p.tq == DType::bf16 || p.tq == DType::f16) && (p.d == 64 || p.d == 128),
-            "the tensor-core forward takes bf16 or fp16 at head_dim 64 or 128");
+  LCX_CHECK((p.tq == DType::bf16 || p.tq == DType::f16) && (p.d == 64 || p.d == 128 || p.d == 256),
+            "the tensor-core forward takes bf16 or fp16 at head_dim 64, 128 or 256");
   if (p.tq == DType::bf16) {
     if (p.d == 64) return launch_fwd_tc<64, __nv_bfloat16>(p);
-    return launch_fwd_tc<128, __nv_bfloat16>(p);
+    if (p.d == 128) return launch_fwd_tc<128, __nv_bfloat16>(p);
+    return launch_fwd_tc<256, __nv_bfloat16>(p);
   }
   if (p.d == 64) return launch_fwd_tc<64, __half>(p);
-  launch_fwd_tc<128, __half>(p);
+  if (p.d == 128) return launch_fwd_tc<128, __half>(p);
+  launch_fwd_tc<256, __half>(p);
 }
 
 }  // namespace lcx::ops::cuda::attn

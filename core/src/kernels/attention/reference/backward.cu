@@ -3,7 +3,8 @@
 //  2. dq: one block per 64 query rows of one head walks the key tiles it can see, recomputes
 //     P = exp(S - lse) from the saved log-sum-exp, dS = P * (dP - delta), dq += dS K;
 //  3. dk, dv: one block per 64 key rows of one key/value head walks every query head of its GQA
-//     group and the query tiles that can see its keys: dv += P^T dout, dk += dS^T q.
+//     group and the query tiles that can see its keys (causal: from the first at or after them; a
+//     window: up to the last within it): dv += P^T dout, dk += dS^T q.
 // Splitting dq from dk/dv recomputes S twice but needs no atomics: every output element has one
 // owner, so the result is deterministic and GQA's sum over the group is a plain loop. Rows that
 // saw no key (lse = -inf) get p = 0. Math is fp32 CUDA-core FMA from fp32 shared-memory tiles,
@@ -54,17 +55,13 @@ __global__ void __launch_bounds__(kBr* TPR) attn_bwd_dq_kernel(const Params p) {
   load_tile<D>(dOs, p.dout, p.tdo, q0, p.T, p.Hq, hq, p.d);
   const float lse2 = qi < p.T ? p.lse_in[hq * p.T + qi] * kLog2e : -INFINITY;
   const float delta = qi < p.T ? p.delta[hq * p.T + qi] : 0.f;
-  int64_t n_end = p.S;
-  if (p.causal) {
-    const int64_t last_q = q0 + lcx::cuda::lmin(kBr, p.T - q0) - 1;
-    n_end = lcx::cuda::lmax(0, lcx::cuda::lmin(p.S, p.q_offset + last_q - p.k_offset + 1));
-  }
+  const int64_t n_end = key_end(p, q0, kBr);
 
   float dq[D / TPR];
 #pragma unroll
   for (int c = 0; c < D / TPR; ++c) dq[c] = 0.f;
 
-  for (int64_t k0 = 0; k0 < n_end; k0 += kBc) {
+  for (int64_t k0 = first_key(p, q0, kBc); k0 < n_end; k0 += kBc) {
     __syncthreads();
     load_tile<D>(Ks, p.k, p.tk, k0, p.S, p.Hkv, hk, p.d);
     load_tile<D>(Vs, p.v, p.tv, k0, p.S, p.Hkv, hk, p.d);
@@ -119,15 +116,14 @@ __global__ void __launch_bounds__(kBc* TPR) attn_bwd_dkv_kernel(const Params p) 
   load_tile<D>(Ks, p.k, p.tk, k0, p.S, p.Hkv, hk, p.d);
   load_tile<D>(Vs, p.v, p.tv, k0, p.S, p.Hkv, hk, p.d);
   // The first query tile holding a row that can see this block's first key.
-  int64_t q_begin = 0;
-  if (p.causal) q_begin = lcx::cuda::lmax(0, p.k_offset + k0 - p.q_offset) / kBr * kBr;
+  const int64_t q_begin = first_query(p, k0, kBr), q_stop = query_end(p, k0, kBc);
 
   float dk[D / TPR], dv[D / TPR];
 #pragma unroll
   for (int c = 0; c < D / TPR; ++c) dk[c] = dv[c] = 0.f;
 
   for (int64_t hq = hk * group; hq < (hk + 1) * group; ++hq) {
-    for (int64_t q0 = q_begin; q0 < p.T; q0 += kBr) {
+    for (int64_t q0 = q_begin; q0 < q_stop; q0 += kBr) {
       __syncthreads();
       load_tile<D>(Qs, p.q, p.tq, q0, p.T, p.Hq, hq, p.d);
       load_tile<D>(dOs, p.dout, p.tdo, q0, p.T, p.Hq, hq, p.d);

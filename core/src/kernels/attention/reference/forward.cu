@@ -2,8 +2,9 @@
 // rows of one head walks the key/value tiles its rows can see, keeping a running max and sum per
 // row (online softmax in the exp2 domain), so no T x S matrix exists anywhere. K/V tiles come from
 // the query head's key/value head (GQA: head hq reads kv head hq / (Hq / Hkv)). Causal runs stop
-// at the last tile a row of the block can see, with positions offset by q_offset / k_offset so a
-// ring-attention block can be full, causal or half. Two threads share a query row: each scores
+// at the last tile a row of the block can see, and a sliding window's start at the first (the tile
+// bounds of common.cuh), with positions offset by q_offset / k_offset so a ring-attention block can
+// be full, causal or half. Two threads share a query row: each scores
 // half of the tile's keys and accumulates half of the output columns. Math is fp32 CUDA-core FMA
 // from fp32 tiles in shared memory: exact against the CPU to fp32 rounding, any float dtype, every
 // target from sm_80; the fallback and the second opinion beside the tensor-core kernels (mma/),
@@ -41,18 +42,14 @@ __global__ void __launch_bounds__(kBr* TPR) attn_fwd_kernel(const Params p) {
   const int64_t hq = blockIdx.y, hk = hq / (p.Hq / p.Hkv);
 
   load_tile<D>(Qs, p.q, p.tq, q0, p.T, p.Hq, hq, p.d);
-  int64_t n_end = p.S;
-  if (p.causal) {
-    const int64_t last_q = q0 + lcx::cuda::lmin(kBr, p.T - q0) - 1;
-    n_end = lcx::cuda::lmax(0, lcx::cuda::lmin(p.S, p.q_offset + last_q - p.k_offset + 1));
-  }
+  const int64_t n_end = key_end(p, q0, kBr);
 
   float m = -INFINITY, l = 0.f;
   float o[D / TPR];
 #pragma unroll
   for (int c = 0; c < D / TPR; ++c) o[c] = 0.f;
 
-  for (int64_t k0 = 0; k0 < n_end; k0 += kBc) {
+  for (int64_t k0 = first_key(p, q0, kBc); k0 < n_end; k0 += kBc) {
     __syncthreads();  // the previous tile's K, V and P are no longer read
     load_tile<D>(Ks, p.k, p.tk, k0, p.S, p.Hkv, hk, p.d);
     load_tile<D>(Vs, p.v, p.tv, k0, p.S, p.Hkv, hk, p.d);
