@@ -521,7 +521,7 @@ class DecoderModel final : public Model {
     plan_dense_decoder(in, plan,
                        {resolve_groups(in.model.num_kv_heads, in.cp * in.sp == 1, in.recipe.get(table_, kHeadGroups, 0)),
                         keep_outputs_, keeps_attention(in.recipe)},
-                       tile, {family_.qk_norm, family_.qkv_bias});
+                       tile, {family_.qk_norm, family_.qkv_bias, family_.sinks});
   }
 
   void final_norm_forward(const Tensor& x, Tensor& y) override {
@@ -540,7 +540,7 @@ class DecoderModel final : public Model {
   }
 
   double step_flops(int64_t tokens, std::span<const int64_t> document_bounds) const override {
-    return decoder_step_flops(cfg_, {family_.qk_norm, family_.qkv_bias}, tokens, document_bounds);
+    return decoder_step_flops(cfg_, {family_.qk_norm, family_.qkv_bias, family_.sinks}, tokens, document_bounds);
   }
 
   Tensor head_weight() override { return W(head_); }

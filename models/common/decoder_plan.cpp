@@ -6,7 +6,9 @@
 
 #include <algorithm>
 #include <string>
+#include <vector>
 
+#include "lcx/attention_cost.h"
 #include "lcx/error.h"
 
 namespace lcx::decoder {
@@ -14,14 +16,14 @@ namespace {
 
 struct DecoderDims {
   int64_t V, H, I, L, Hq, Hkv, d, qd, kvd;
-  int64_t extra;  // a layer's q/k norms and q/k/v biases
+  int64_t extra;  // a layer's q/k norms, q/k/v biases and sinks
 };
 
 DecoderDims shape_of(const ModelConfig& c, const DecoderLayerShape& layer) {
   const int64_t d = c.head_dim > 0 ? c.head_dim : c.hidden_size / c.num_heads;
   const int64_t qd = c.num_heads * d, kvd = c.num_kv_heads * d;
   return {c.vocab_size, c.hidden_size, c.intermediate_size, c.num_layers, c.num_heads, c.num_kv_heads, d, qd, kvd,
-          (layer.qk_norm ? 2 * d : 0) + (layer.qkv_bias ? qd + 2 * kvd : 0)};
+          (layer.qk_norm ? 2 * d : 0) + (layer.qkv_bias ? qd + 2 * kvd : 0) + (layer.sinks ? c.num_heads : 0)};
 }
 
 // One decoder layer's parameters on a rank: input and post-attention norms, q/k/v/o projections,
@@ -206,7 +208,16 @@ void plan_dense_decoder(const PlanInputs& in, MemoryPlan& plan, const DenseDecod
     double recompute = 2 * t * (from_forward ? o : qkv + o) + 2 * t * (2.0 / 3.0) * mlp;
     if (from_forward || G > 1) recompute += 2 * t * qkv;
     const int attention_forwards = from_forward ? 1 : (G > 1 && !keep ? 3 : 2);
-    const double pairs = t * seq / 2 * static_cast<double>(s.Hq);  // causal: half of T x seq per head
+    // Attention pairs over the layers: causal, half of T x seq per head; a sliding-window layer's
+    // rows see at most W keys (causal_pairs), about T x W. `pairs` is the layers' mean.
+    double layer_pairs = 0;
+    for (int64_t l = 0; l < s.L; ++l) {
+      const bool windowed = static_cast<size_t>(l) < c.layer_types.size() &&
+                            c.layer_types[static_cast<size_t>(l)] == "sliding_attention" && c.sliding_window > 0;
+      layer_pairs += windowed ? t * static_cast<double>(causal_pairs(in.seq_len, c.sliding_window)) / seq : t * seq / 2;
+    }
+    layer_pairs *= static_cast<double>(s.Hq);
+    const double pairs = layer_pairs / static_cast<double>(s.L);
     StepWork& w = plan.work;
     // The attention half's projections run per head group: q/k/v in the forward, the recompute
     // and the backward (two per forward GEMM), o_proj likewise when there are groups.
@@ -214,8 +225,8 @@ void plan_dense_decoder(const PlanInputs& in, MemoryPlan& plan, const DenseDecod
     w.gemm_flops += static_cast<double>(s.L) * (fwd + recompute + backward * fwd) - static_cast<double>(s.L) * grouped;
     w.grouped_gemm_flops += static_cast<double>(s.L) * grouped;
     w.head_groups = G;
-    w.attention_forward_flops += static_cast<double>(s.L) * attention_forwards * pairs * 4 * static_cast<double>(s.d);
-    w.attention_backward_flops += static_cast<double>(s.L) * 2.5 * pairs * 4 * static_cast<double>(s.d);
+    w.attention_forward_flops += attention_forwards * layer_pairs * 4 * static_cast<double>(s.d);
+    w.attention_backward_flops += 2.5 * layer_pairs * 4 * static_cast<double>(s.d);
     // Elementwise passes over [T,I] (SwiGLU forward, recompute, backward) and [T,H] (norms, adds,
     // rotary); the optimizer adds its own.
     w.memory_bytes += static_cast<double>(s.L) * t * static_cast<double>(ab) * (11.0 * width + 24.0 * s.H);
@@ -295,15 +306,23 @@ double decoder_step_flops(const ModelConfig& c, const DecoderLayerShape& layer, 
     weights += attention + (c.sparse(l) ? f(c.num_experts * s.H + 3 * c.num_experts_per_tok * c.moe_intermediate_size * s.H)
                                         : f(3 * s.I * s.H));
   const double T = f(tokens);
-  double squares = T * T;
-  if (!document_bounds.empty()) {
-    squares = 0;
-    for (size_t i = 1; i < document_bounds.size(); ++i) {
-      const double n = f(document_bounds[i] - document_bounds[i - 1]);
-      squares += n * n;
-    }
+  // Per layer, the documents' squares (T x T, or per document): twice the causal pairs. A sliding
+  // window's layer counts twice its pairs likewise, about 2 T x W.
+  std::vector<int64_t> lengths;
+  if (document_bounds.empty()) lengths.push_back(tokens);
+  for (size_t i = 1; i < document_bounds.size(); ++i) lengths.push_back(document_bounds[i] - document_bounds[i - 1]);
+  double squares = 0, windowed = 0;
+  for (int64_t n : lengths) {
+    squares += f(n) * f(n);
+    windowed += 2 * f(causal_pairs(n, c.sliding_window));
   }
-  return 6 * weights * T + 6 * f(s.L) * f(s.qd) * squares;
+  double attention_flops = 0;
+  for (int64_t l = 0; l < s.L; ++l) {
+    const bool sliding = static_cast<size_t>(l) < c.layer_types.size() &&
+                         c.layer_types[static_cast<size_t>(l)] == "sliding_attention" && c.sliding_window > 0;
+    attention_flops += 6 * f(s.qd) * (sliding ? windowed : squares);
+  }
+  return 6 * weights * T + attention_flops;
 }
 
 }  // namespace lcx::decoder

@@ -24,6 +24,7 @@ struct DenseDecoderAttention {
 struct DecoderLayerShape {
   bool qk_norm = true;    // per-head q_norm and k_norm [head_dim] each (Qwen3)
   bool qkv_bias = false;  // biases of q, k and v [Hq*d], [Hkv*d], [Hkv*d] (Qwen2)
+  bool sinks = false;     // attention sinks [Hq] (GPT-OSS)
 };
 // moe_tile_rows: the tokens a sparse layer runs at once (0: all of them).
 void plan_dense_decoder(const PlanInputs& in, MemoryPlan& plan, const DenseDecoderAttention& attention = {},
@@ -33,7 +34,8 @@ void plan_dense_decoder(const PlanInputs& in, MemoryPlan& plan, const DenseDecod
 // meets (q, k, v, o, the biases, the dense MLP's or the router and its top-k experts', the
 // head), plus per layer 6 * heads * head_dim per (query, key) pair: the QK^T and PV products
 // (2 d FLOPs each per pair and head) over the causal square counted whole, x3 for the backward.
-// With document bounds only each document's own square counts.
+// With document bounds only each document's own square counts; a sliding_attention layer counts
+// twice its window's pairs (lcx/attention_cost.h causal_pairs) in place of the square.
 double decoder_step_flops(const ModelConfig& c, const DecoderLayerShape& layer, int64_t tokens,
                           std::span<const int64_t> document_bounds);
 
