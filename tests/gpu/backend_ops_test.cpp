@@ -626,7 +626,9 @@ std::vector<OpCase> attention_sinks_cases(bool backward) {
                          const Tensor dout = at(dev, host_normal({T, H, d}, t, rng));
                          Tensor ds = at(dev, host_normal({12}, DType::f32, rng));
                          ops::attention_sinks_backward(o, lse, dout, sinks, 4, ds);
-                         return std::vector<Output>{out("dsinks", ds)};
+                         // A sum over T x d products that cancel, in another order on each backend:
+                         // measured 2.7e-5 apart on an H100 (bf16 inputs, fp32 sums), held to 1e-4.
+                         return std::vector<Output>{out("dsinks", ds, 1e-4)};
                        }});
   return cases;
 }
