@@ -6,6 +6,7 @@
 #include <gtest/gtest.h>
 
 #include <chrono>
+#include <ctime>
 #include <fstream>
 #include <iostream>
 #include <map>
@@ -558,6 +559,29 @@ TEST(ChatTemplate, HashIsTheSourcesSha256) {
   EXPECT_EQ(a.hash(), b.hash());
   EXPECT_NE(a.hash(), c.hash());
   EXPECT_EQ(a.hash().size(), 64u);
+}
+
+// strftime_now reads the day a render is given (GPT-OSS's "Current date: " in a golden), else the
+// local clock, as transformers' datetime.now() does.
+TEST(ChatTemplate, StrftimeNowReadsTheGivenDayOrTheClock) {
+  const ChatTemplate t = ChatTemplate::parse("Current date: {{ strftime_now('%Y-%m-%d') }} {{ strftime_now('%d %b %Y') }}", "d");
+  std::tm day{};
+  day.tm_year = 2025 - 1900;
+  day.tm_mon = 7;
+  day.tm_mday = 5;
+  day.tm_hour = 12;
+  EXPECT_EQ(t.render(ordered_json::object(), &day).text, "Current date: 2025-08-05 05 Aug 2025");
+  auto today = [] {
+    const std::time_t now = std::time(nullptr);
+    std::tm tm{};
+    localtime_r(&now, &tm);
+    char buf[64];
+    return std::string(buf, std::strftime(buf, sizeof buf, "%Y-%m-%d", &tm));
+  };
+  const std::string before = today();
+  const std::string got = ChatTemplate::parse("{{ strftime_now('%Y-%m-%d') }}", "d").render(ordered_json::object()).text;
+  const std::string after = today();
+  EXPECT_TRUE(got == before || got == after) << got;
 }
 
 // Not a timed test: prints how long a conversation of about 4 MB takes, for the record.
