@@ -204,5 +204,35 @@ TEST(ChatFamilies, AssistantTurnsOfLlama31Gemma3AndMistral) {
   }
 }
 
+// A message of two tool calls: GPT-OSS's template renders the first alone (as transformers does,
+// without a word), so lcx refuses the conversation, naming the message and the fix, rather than
+// train on it without the second call; Qwen2.5's renders both, and trains.
+TEST(ChatFamilies, ToolCallsATemplateDropsAreRefused) {
+  const std::string line =
+      R"({"messages": [{"role": "user", "content": "Time and weather?"}, {"role": "assistant", "tool_calls": [)"
+      R"({"type": "function", "function": {"name": "get_time", "arguments": {}}}, )"
+      R"({"type": "function", "function": {"name": "get_weather", "arguments": {"city": "Oslo"}}}]}, )"
+      R"({"role": "tool", "content": "noon"}, {"role": "tool", "content": "rain"}, {"role": "assistant", "content": "Noon, rain."}]})";
+  Conversation c;
+  ASSERT_EQ(parse_conversation(line, "chat", c), "");
+  const std::string gptoss = test::family_tokenizer_path("gptoss"), qwen = test::family_tokenizer_path("qwen3");
+  if (!std::filesystem::exists(gptoss) || !std::filesystem::exists(qwen))
+    GTEST_SKIP() << "data/gptoss or data/qwen3 missing: run scripts/fetch_data.sh";
+  const ChatRenderer harmony = ChatRenderer::load(gptoss, fixtures() + "chat/templates/gptoss.jinja", "{}");
+  const auto thrown = test::thrown_by([&] { harmony.render(c, LossOn::assistant); });
+  ASSERT_TRUE(thrown.thrown);
+  EXPECT_EQ(thrown.key, "data.chat_template");
+  EXPECT_NE(thrown.message.find("messages[1] holds 2 tool calls and the chat template renders only the first"),
+            std::string::npos)
+      << thrown.message;
+  const ChatRenderer qwen25 = ChatRenderer::load(qwen, fixtures() + "chat/templates/qwen25.jinja", "{}");
+  const ChatText out = qwen25.render(c, LossOn::assistant);
+  EXPECT_NE(out.text.find("get_weather"), std::string::npos);
+  const Tokenizer tok = load("gptoss");
+  const auto enc = encode_conversations(harmony, tok, {std::string_view(line)}, "chat", LossOn::assistant, 1);
+  ASSERT_EQ(enc.size(), 1u);
+  EXPECT_NE(enc[0].error.find("renders only the first"), std::string::npos) << enc[0].error;
+}
+
 }  // namespace
 }  // namespace lcx

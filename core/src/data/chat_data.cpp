@@ -555,7 +555,28 @@ ChatText ChatRenderer::render(Conversation c, LossOn loss_on) const {
     for (size_t i = 0; i < c.prompt_messages; ++i) prompt.push_back(c.messages[i]);
     prompt_ctx = render_context(s.base, std::move(prompt), c.tools, true);
   }
+  // A message of several tool calls whose template renders only some of them (GPT-OSS's renders
+  // the first, as transformers does, silently): the render with its first call alone is the same.
+  std::vector<size_t> parallel_calls;
+  for (size_t i = 0; i < c.messages.size(); ++i) {
+    auto calls = c.messages[i].find("tool_calls");
+    if (calls != c.messages[i].end() && calls->is_array() && calls->size() > 1) parallel_calls.push_back(i);
+  }
+  const ojson messages = parallel_calls.empty() ? ojson() : c.messages;
+  const ojson tools = parallel_calls.empty() ? ojson() : c.tools;
   RenderedText r = s.tmpl.render(render_context(s.base, std::move(c.messages), std::move(c.tools), false));
+  for (size_t i : parallel_calls) {
+    ojson fewer = messages;
+    ojson& calls = fewer[i]["tool_calls"];
+    const size_t n = calls.size();
+    calls = ojson::array({calls[0]});
+    if (s.tmpl.render(render_context(s.base, std::move(fewer), tools, false)).text == r.text)
+      throw Error(str("messages[", i, "] holds ", n, " tool calls and the chat template renders only the first, so the "
+                      "others would not be trained on"),
+                  "data.chat_template",
+                  "split them into one assistant message each, with each call's tool result after it (GPT-OSS's "
+                  "template takes one call a message)");
+  }
   if (r.text.size() >= (uint64_t{1} << 32))
     throw Error(str("a conversation renders to ", r.text.size(), " bytes, more than lcx's 4 GiB a conversation"));
   const uint32_t size = static_cast<uint32_t>(r.text.size());
