@@ -346,6 +346,18 @@ lineafter)J"},
      R"J(1 True user user user h d |||False)J"},
     {"Subscripts", R"J({{ xs.append }}|{{ "abc".nope }}|{{ "abc".nope is defined }})J",
      R"J(||False)J"},
+    // What GPT-OSS's template leans on: a macro that defaults a variable the caller may set (and
+    // sees one set at the top level after it was defined), a recursive macro over JSON schemas
+    // (p['items'] of a dict without the key is its items method, so true), type tests chained,
+    // a namespace holding none, slices by loop.index, `in` on a message, a loop's set not leaking.
+    {"Harmony", R"J({%- macro build() -%}{%- if who is not defined %}{%- set who = "default" %}{%- endif %}{{- who }}{%- endmacro -%}{{ build() }}|{% set who = "outer" %}{{ build() }})J",
+     R"J(default|outer)J"},
+    {"Harmony", R"J({%- macro ts(p, req, nullable=false) -%}{%- if p.type == "array" -%}{%- if p['items'] -%}{{ ts(p['items'], req) }}[]{%- else -%}any[]{%- endif -%}{%- elif p.type is defined and p.type is iterable and p.type is not string and p.type is not mapping and p.type[0] is defined -%}{{ p.type | join(" | ") }}{%- elif p.type == "string" -%}string{%- else -%}any{%- endif -%}{{ "?" if nullable }}{%- endmacro -%}{{ ts({"type": "array", "items": {"type": "string"}}, []) }} {{ ts({"type": "array"}, []) }} {{ ts({"type": ["string", "number"]}, [], true) }} {{ ts({}, []) }})J",
+     R"J(string[] any[] string | number? any)J"},
+    {"Harmony", R"J({%- set last = namespace(name=none) %}{{ last.name is none }}{% set last.name = "f" %}{{ last.name is none }}|{%- for m in msgs -%}{{ msgs[loop.index:] | length }}{%- endfor -%}|{{ "role" in msgs[0] }}{{ "thinking" in msgs[0] }}|{%- set flag = false -%}{%- for x in xs -%}{%- set flag = true -%}{%- endfor -%}{{ flag }})J",
+     R"J(TrueFalse|10|TrueFalse|False)J"},
+    {"Harmony", R"J({{ d|tojson }} {{ s|tojson }} {{ (d.get("zz") if d.zz is defined else "json") + "!" }} {{ xs|join(" | ") }} {{ '"' + ["a", "b"]|join('" | "') + '"' }})J",
+     R"J({"a": 1, "b": [1, 2]} "héllo wörld" json! 1 | 2 | 3 "a" | "b")J"},
 };
 
 TEST(ChatTemplate, ConstructsMatchJinja2) {
