@@ -163,6 +163,7 @@ class frozen_clock:
         self.date, self.modules, self.saved = date, modules, []
 
     def __enter__(self):
+        import types
         from datetime import datetime
         if self.date:
             fixed = datetime.fromisoformat(self.date + "T12:00:00")
@@ -173,8 +174,17 @@ class frozen_clock:
                     return fixed
 
             for m in self.modules:
-                self.saved.append((m, m.datetime))
-                m.datetime = Frozen
+                old = getattr(m, "datetime", None)
+                if isinstance(old, type):  # from datetime import datetime
+                    new = Frozen
+                elif isinstance(old, types.ModuleType):  # import datetime
+                    new = types.ModuleType("datetime")
+                    new.__dict__.update(old.__dict__)
+                    new.datetime = Frozen
+                else:
+                    raise SystemExit(f"{m.__name__} has no datetime to freeze strftime_now with")
+                self.saved.append((m, old))
+                m.datetime = new
         return self
 
     def __exit__(self, *exc):
@@ -201,6 +211,8 @@ def chat_row_transformers(tok, c, fixtures):
             row.pop("text", None)
             row["error"] = f"{type(e).__name__}: {e}"
             return row
+        if "date" in c and "strftime_now" in template and c["date"] not in row["text"]:
+            raise SystemExit(f"{c['name']}: strftime_now did not read {c['date']}: transformers' clock was not frozen")
         if "mask_template" in c:
             masked = read_template(fixtures, c["mask_template"])
             text = tok.apply_chat_template(c["messages"], tokenize=False, chat_template=masked, **common)
