@@ -146,6 +146,14 @@ TEST(ChatFamilies, AssistantMasksEqualTransformersWithGenerationMarkers) {
     ASSERT_EQ(enc.ids, g["ids"].get<std::vector<int32_t>>());
     const auto want = g["assistant_masks"].get<std::vector<uint8_t>>();
     const TurnMarkers markers = probe_turn_markers(t, base, plain);
+    if (family == "gptoss") {
+      // The answer a message follows, the last answer, a tool call.
+      EXPECT_EQ(markers.header, "<|start|>assistant");
+      EXPECT_EQ(markers.closers, (std::vector<std::string>{"<|end|>", "<|return|>", "<|call|>"}));
+    } else {
+      EXPECT_EQ(markers.header, "<start_of_turn>model\n");
+      EXPECT_EQ(markers.closers, std::vector<std::string>{"<end_of_turn>\n"});
+    }
     EXPECT_EQ(token_mask(assistant_turns(r, markers), enc.spans), want);
     ByteRanges blocks;
     for (const auto& [b, e] : rg.generation) blocks.emplace_back(static_cast<uint32_t>(b), static_cast<uint32_t>(e));
