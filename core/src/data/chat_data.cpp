@@ -469,8 +469,9 @@ ChatRenderer::ChatRenderer(ChatTemplate t, std::string source, ojson base) {
   s->tmpl = std::move(t);
   s->source = std::move(source);
   s->base = std::move(base);
-  // "lcx-chat 2": a turn closes at any of its probed closers, and a message whose tool calls the
-  // template drops is refused; token caches of the rules before are not read.
+  // The version names the rules that turn a template into tokens and masks (a turn closes at any
+  // of its probed closers; a message whose tool calls the template drops is refused): a token
+  // cache written under other rules is not read.
   s->key = sha256_string(str("lcx-chat 2\n", s->tmpl.hash(), "\n", s->base.dump()));
   // Probed once per template; kept for the render to use, or its failure for when it is needed.
   if (!s->tmpl.has_generation_blocks()) {
