@@ -16,9 +16,7 @@ no GPU needed):
 2. With --lcx (a built lcx-train), runs `lcx-train tokenize --chat --mask` on the conversations
    transformers renders, with the fixture templates and today's date, and compares its ids with
    apply_chat_template(tokenize=True) and its mask with return_assistant_tokens_mask under the
-   mask_template (add_generation_prompt false: lcx renders training conversations). A message
-   whose content is a list of text parts is reported, not counted: lcx joins the parts with a
-   newline before the template sees them, where Gemma 3's template renders each part trimmed.
+   mask_template (add_generation_prompt false: lcx renders training conversations).
 
 Prints one line per conversation and exits 1 on any difference.
 """
@@ -137,11 +135,7 @@ def check_lcx(lcx, convs, autos, data):
                 problems.append("ids differ " + first_difference(ours, ids))
             if mask is not None and our_mask != mask:
                 problems.append("mask differs " + first_difference(our_mask, mask))
-            parts = any(isinstance(m.get("content"), list) for m in c["messages"])
-            if problems and parts:
-                problems.append("not counted: lcx joins content parts with a newline")
-            else:
-                bad += bool(problems)
+            bad += bool(problems)
             print(f"lcx     {c['name']}: " + ("; ".join(problems) if problems else
                                               f"equal ({len(ids)} tokens, {sum(our_mask)} trained)"))
     return bad

@@ -120,7 +120,8 @@ TEST(ChatLines, SayWhatIsWrongWithALine) {
             "`prompt` is a string and `completion` a list: give both as strings or both as message lists");
 }
 
-// ShareGPT's turns become messages; content given as parts is its text parts joined by newlines.
+// ShareGPT's turns become messages; content given as text parts stays parts (bare strings among
+// them are joined by newlines).
 TEST(ChatLines, ReadShareGptAndContentParts) {
   Conversation c;
   ASSERT_EQ(parse_conversation(R"({"conversations":[{"from":"system","value":"Be brief."},{"from":"human","value":"Hi"},)"
@@ -134,8 +135,11 @@ TEST(ChatLines, ReadShareGptAndContentParts) {
                                R"({"type":"text","text":"two parts"}]},{"role":"assistant","content":[{"type":"text","text":"Seen."}]}]})",
                                "chat", parts),
             "");
-  EXPECT_EQ(parts.messages[0]["content"], "Look:\ntwo parts");
-  EXPECT_EQ(parts.messages[1]["content"], "Seen.");
+  EXPECT_EQ(parts.messages[0]["content"].dump(), R"([{"type":"text","text":"Look:"},{"type":"text","text":"two parts"}])");
+  EXPECT_EQ(parts.messages[1]["content"].dump(), R"([{"type":"text","text":"Seen."}])");
+  Conversation bare;
+  ASSERT_EQ(parse_conversation(R"({"messages":[{"role":"user","content":["Look:",{"type":"text","text":"two"}]}]})", "chat", bare), "");
+  EXPECT_EQ(bare.messages[0]["content"], "Look:\ntwo");
 }
 
 TEST(ChatLines, ReadPromptCompletionInBothForms) {

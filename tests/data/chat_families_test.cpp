@@ -242,5 +242,29 @@ TEST(ChatFamilies, ToolCallsATemplateDropsAreRefused) {
   EXPECT_NE(enc[0].error.find("renders only the first"), std::string::npos) << enc[0].error;
 }
 
+// Content given as text parts: Gemma 3's template renders the parts itself (each trimmed, the
+// system message's first alone), and gets them as transformers hands them over, so the ids are
+// apply_chat_template's; Qwen2.5's renders strings only (a list would print as its Python repr)
+// and gets the parts' text joined by newlines.
+TEST(ChatFamilies, ContentPartsReachATemplateThatRendersThem) {
+  const std::string line =
+      R"({"messages": [{"role": "system", "content": [{"type": "text", "text": "Be kind."}, {"type": "text", "text": "Also brief."}]}, )"
+      R"({"role": "user", "content": [{"type": "text", "text": "Describe "}, {"type": "text", "text": " this."}]}, )"
+      R"({"role": "assistant", "content": [{"type": "text", "text": "Done."}]}]})";
+  const std::string gemma = test::family_tokenizer_path("gemma3"), qwen = test::family_tokenizer_path("qwen3");
+  if (!std::filesystem::exists(gemma) || !std::filesystem::exists(qwen))
+    GTEST_SKIP() << "data/gemma3 or data/qwen3 missing: run scripts/fetch_data.sh";
+  Conversation c;
+  ASSERT_EQ(parse_conversation(line, "chat", c), "");
+  const ChatText g = ChatRenderer::load(gemma, "", "{}").render(c, LossOn::assistant);
+  EXPECT_EQ(g.text, "<bos><start_of_turn>user\nBe kind.\n\nDescribethis.<end_of_turn>\n<start_of_turn>model\nDone.<end_of_turn>\n");
+  ordered_json ctx = {{"messages", ordered_json::parse(line)["messages"]}, {"tools", nullptr}, {"documents", nullptr},
+                      {"add_generation_prompt", false}, {"bos_token", "<bos>"}, {"eos_token", "<eos>"}};
+  EXPECT_EQ(ChatTemplate::parse(test::read_file(fixtures() + "chat/templates/gemma3.jinja"), "gemma3").render(ctx).text, g.text);
+  const ChatText q = ChatRenderer::load(qwen, fixtures() + "chat/templates/qwen25.jinja", "{}").render(c, LossOn::assistant);
+  EXPECT_NE(q.text.find("<|im_start|>system\nBe kind.\nAlso brief.<|im_end|>"), std::string::npos) << q.text;
+  EXPECT_NE(q.text.find("<|im_start|>user\nDescribe \n this.<|im_end|>"), std::string::npos) << q.text;
+}
+
 }  // namespace
 }  // namespace lcx

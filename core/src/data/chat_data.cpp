@@ -68,6 +68,21 @@ void parallel_for(size_t n, int threads, F&& f) {
   if (failure) std::rethrow_exception(failure);
 }
 
+// A message's text parts joined by a newline, as OpenAI-compatible servers join them for
+// templates that render only strings.
+std::string parts_text(const ojson& parts) {
+  std::string text;
+  for (size_t k = 0; k < parts.size(); ++k)
+    text += (k ? "\n" : "") + (parts[k].is_string() ? parts[k].get<std::string>() : parts[k]["text"].get<std::string>());
+  return text;
+}
+
+// Every message's content given as parts, as its joined text.
+void join_parts(ojson& messages) {
+  for (ojson& m : messages)
+    if (auto c = m.find("content"); c != m.end() && c->is_array()) *c = parts_text(*c);
+}
+
 // Checks a message list in place and brings it to the form templates are written for: an
 // assistant message without text gets "" (Qwen3's template tests `'</think>' in content`, which
 // Jinja refuses on null, so a turn of tool calls alone would not render), and tool-call arguments
@@ -93,15 +108,15 @@ std::string check_messages(ojson& msgs, const char* field) {
       if (r != "assistant") return str(at, " (", r, ") has no content");
       m["content"] = "";
     } else if (content->is_array()) {
-      // Parts as the OpenAI and transformers message formats write them: text parts joined by a
-      // newline (as OpenAI-compatible servers join them for text-only templates); an image or
-      // audio part has no text to train on and is refused by its type.
-      std::string text;
+      // Parts as the OpenAI and transformers message formats write them, kept for a template that
+      // renders parts (join_parts joins them for the others); an image or audio part has no text
+      // to train on and is refused by its type. Bare strings among them are joined here.
+      bool bare = false;
       for (size_t k = 0; k < content->size(); ++k) {
         const ojson& part = (*content)[k];
         const std::string pat = str(at, ".content[", k, "]");
         if (part.is_string()) {
-          text += (k ? "\n" : "") + part.get<std::string>();
+          bare = true;
           continue;
         }
         if (!part.is_object()) return str(pat, " is ", json_kind(part), ", not a part object");
@@ -111,9 +126,8 @@ std::string check_messages(ojson& msgs, const char* field) {
           return str(pat, " is a part of type \"", type->get<std::string>(), "\"; lcx trains on text parts only");
         auto t = part.find("text");
         if (t == part.end() || !t->is_string()) return str(pat, " (text) has no text string");
-        text += (k ? "\n" : "") + t->get<std::string>();
       }
-      *content = std::move(text);
+      if (bare || content->empty()) *content = parts_text(*content);
     } else if (!content->is_string()) {
       return str(at, ": content is ", json_kind(*content), ", not a string");
     }
@@ -340,6 +354,25 @@ std::string tool_call_closer(const ChatTemplate& t, const ojson& base, const Tur
   return std::string(turn.substr(brace + 1, opens - brace - 1));
 }
 
+// Whether the template renders a content given as text parts itself (Gemma 3's iterates them, as
+// transformers hands them over) rather than strings only (Qwen3's renders a list as nothing,
+// Qwen2.5's as its Python repr): each part's text in the render, not inside quotes.
+bool renders_parts(const ChatTemplate& t, const ojson& base) {
+  const std::string one = "lcx probe: part one", two = "lcx probe: part two";
+  const ojson parts = ojson::array({{{"type", "text"}, {"text", one}}, {{"type", "text"}, {"text", two}}});
+  RenderedText r;
+  try {
+    r = t.render(render_context(base, ojson::array({{{"role", "user"}, {"content", parts}}}), nullptr, false));
+  } catch (const Error&) {
+    return false;
+  }
+  for (const std::string& p : {one, two}) {
+    const size_t at = r.text.find(p);
+    if (at == std::string::npos || (at > 0 && (r.text[at - 1] == '\'' || r.text[at - 1] == '"'))) return false;
+  }
+  return true;
+}
+
 }  // namespace
 
 TurnMarkers probe_turn_markers(const ChatTemplate& t, const ojson& base, const std::string& name) {
@@ -462,6 +495,7 @@ struct ChatRenderer::State {
   ojson base;
   TurnMarkers markers;
   std::string probe_error, probe_key, probe_fix;  // set when the probe failed
+  bool parts = false;  // the template renders content given as parts itself
 };
 
 ChatRenderer::ChatRenderer(ChatTemplate t, std::string source, ojson base) {
@@ -473,6 +507,7 @@ ChatRenderer::ChatRenderer(ChatTemplate t, std::string source, ojson base) {
   // of its probed closers; a message whose tool calls the template drops is refused): a token
   // cache written under other rules is not read.
   s->key = sha256_string(str("lcx-chat 2\n", s->tmpl.hash(), "\n", s->base.dump()));
+  s->parts = renders_parts(s->tmpl, s->base);
   // Probed once per template; kept for the render to use, or its failure for when it is needed.
   if (!s->tmpl.has_generation_blocks()) {
     try {
@@ -549,6 +584,7 @@ ChatText ChatRenderer::render(Conversation c, LossOn loss_on) const {
     out.eos_trains = true;
     return out;
   }
+  if (!s.parts) join_parts(c.messages);
   ojson prompt_ctx;
   if (loss_on == LossOn::completion) {
     if (c.prompt_messages == 0)

@@ -31,7 +31,10 @@ const char* loss_on_name(LossOn l);
 
 // One line, checked: what the template is given.
 struct Conversation {
-  nlohmann::ordered_json messages = nlohmann::ordered_json::array();  // prompt_completion: prompt, then completion
+  // prompt_completion: prompt, then completion. A content of text parts stays a list of parts:
+  // the renderer gives a template that renders parts (Gemma 3's) the list, as transformers does,
+  // and the others the parts' text joined by newlines.
+  nlohmann::ordered_json messages = nlohmann::ordered_json::array();
   nlohmann::ordered_json tools;  // null when the line has none
   size_t prompt_messages = 0;    // prompt_completion as messages: messages[0, prompt_messages) are the prompt
   bool plain = false;            // prompt_completion as two strings, trained without a template
