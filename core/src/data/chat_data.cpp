@@ -504,8 +504,8 @@ ChatRenderer::ChatRenderer(ChatTemplate t, std::string source, ojson base) {
   s->source = std::move(source);
   s->base = std::move(base);
   // The version names the rules that turn a template into tokens and masks (a turn closes at any
-  // of its probed closers; a message whose tool calls the template drops is refused): a token
-  // cache written under other rules is not read.
+  // of its probed closers; a message whose tool calls the template drops is refused; content
+  // parts reach a template that renders them): a token cache written under other rules is not read.
   s->key = sha256_string(str("lcx-chat 2\n", s->tmpl.hash(), "\n", s->base.dump()));
   s->parts = renders_parts(s->tmpl, s->base);
   // Probed once per template; kept for the render to use, or its failure for when it is needed.
