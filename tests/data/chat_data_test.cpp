@@ -40,7 +40,7 @@ std::vector<std::string> trained_runs(const std::string& text, const ByteRanges&
 }
 
 using Runs = std::vector<std::string>;
-const TurnMarkers kChatMl{"<|im_start|>assistant\n", "<|im_end|>\n"};
+const TurnMarkers kChatMl{"<|im_start|>assistant\n", {"<|im_end|>\n"}};
 
 TEST(ChatTurns, TrainEachAssistantTurnAfterItsHeaderThroughItsCloser) {
   Builder b;
@@ -100,8 +100,11 @@ TEST(ChatLines, SayWhatIsWrongWithALine) {
   EXPECT_EQ(why(R"({"text":"hi"})"), "no `messages` (or ShareGPT `conversations`) field");
   EXPECT_EQ(why(R"({"messages":[]})"), "`messages` holds no message");
   EXPECT_EQ(why(R"({"messages":[{"role":"bot","content":"x"}]})"),
-            "messages[0]: role \"bot\" is not one of system, user, assistant, tool");
+            "messages[0]: role \"bot\" is not one of system, developer, user, assistant, tool");
   EXPECT_EQ(why(R"({"messages":[{"role":"user"}]})"), "messages[0] (user) has no content");
+  EXPECT_EQ(why(R"({"messages":[{"role":"developer","content":"x"},{"role":"assistant","content":"y","thinking":3}]})"),
+            "messages[1]: thinking is a number, not a string");
+  EXPECT_EQ(why(R"({"messages":[{"role":"developer","content":"x"},{"role":"assistant","content":"y","thinking":"z"}]})"), "");
   EXPECT_EQ(why(R"({"messages":[{"role":"user","content":[{"type":"image","url":"x.png"}]}]})"),
             "messages[0].content[0] is a part of type \"image\"; lcx trains on text parts only");
   EXPECT_EQ(why(R"({"messages":[{"role":"user","content":[{"type":"text"}]}]})"),
@@ -117,7 +120,8 @@ TEST(ChatLines, SayWhatIsWrongWithALine) {
             "`prompt` is a string and `completion` a list: give both as strings or both as message lists");
 }
 
-// ShareGPT's turns become messages; content given as parts is its text parts joined by newlines.
+// ShareGPT's turns become messages; content given as text parts stays parts (bare strings among
+// them are joined by newlines).
 TEST(ChatLines, ReadShareGptAndContentParts) {
   Conversation c;
   ASSERT_EQ(parse_conversation(R"({"conversations":[{"from":"system","value":"Be brief."},{"from":"human","value":"Hi"},)"
@@ -131,8 +135,11 @@ TEST(ChatLines, ReadShareGptAndContentParts) {
                                R"({"type":"text","text":"two parts"}]},{"role":"assistant","content":[{"type":"text","text":"Seen."}]}]})",
                                "chat", parts),
             "");
-  EXPECT_EQ(parts.messages[0]["content"], "Look:\ntwo parts");
-  EXPECT_EQ(parts.messages[1]["content"], "Seen.");
+  EXPECT_EQ(parts.messages[0]["content"].dump(), R"([{"type":"text","text":"Look:"},{"type":"text","text":"two parts"}])");
+  EXPECT_EQ(parts.messages[1]["content"].dump(), R"([{"type":"text","text":"Seen."}])");
+  Conversation bare;
+  ASSERT_EQ(parse_conversation(R"({"messages":[{"role":"user","content":["Look:",{"type":"text","text":"two"}]}]})", "chat", bare), "");
+  EXPECT_EQ(bare.messages[0]["content"], "Look:\ntwo");
 }
 
 TEST(ChatLines, ReadPromptCompletionInBothForms) {
@@ -284,7 +291,7 @@ TEST(ChatQwen3, ProbesItsHeaderAndCloser) {
     const ChatRenderer chat = q.chat(kwargs);
     const TurnMarkers& m = chat.markers();
     EXPECT_EQ(m.header, "<|im_start|>assistant\n") << kwargs;
-    EXPECT_EQ(m.closer, "<|im_end|>\n") << kwargs;
+    EXPECT_EQ(m.closers, std::vector<std::string>{"<|im_end|>\n"}) << kwargs;
   }
 }
 
@@ -399,7 +406,7 @@ TEST(ChatDataset, ReportsBadLinesByLineAndConversationsWithNothingToTrain) {
   EXPECT_EQ(r.documents, 2);
   EXPECT_EQ(r.bad_conversations, 2);
   ASSERT_EQ(r.bad_examples.size(), 2u);
-  EXPECT_EQ(r.bad_examples[0], f.cfg.source + ":2: messages[0]: role \"bot\" is not one of system, user, assistant, tool");
+  EXPECT_EQ(r.bad_examples[0], f.cfg.source + ":2: messages[0]: role \"bot\" is not one of system, developer, user, assistant, tool");
   EXPECT_EQ(r.bad_examples[1], f.cfg.source + ":4: not JSON");
   EXPECT_EQ(r.untrained, 1);
   EXPECT_EQ(r.first_untrained, f.cfg.source + ":5");

@@ -6,6 +6,7 @@
 #include <gtest/gtest.h>
 
 #include <chrono>
+#include <ctime>
 #include <fstream>
 #include <iostream>
 #include <map>
@@ -345,6 +346,18 @@ lineafter)J"},
      R"J(1 True user user user h d |||False)J"},
     {"Subscripts", R"J({{ xs.append }}|{{ "abc".nope }}|{{ "abc".nope is defined }})J",
      R"J(||False)J"},
+    // What GPT-OSS's template leans on: a macro that defaults a variable the caller may set (and
+    // sees one set at the top level after it was defined), a recursive macro over JSON schemas
+    // (p['items'] of a dict without the key is its items method, so true), type tests chained,
+    // a namespace holding none, slices by loop.index, `in` on a message, a loop's set not leaking.
+    {"Harmony", R"J({%- macro build() -%}{%- if who is not defined %}{%- set who = "default" %}{%- endif %}{{- who }}{%- endmacro -%}{{ build() }}|{% set who = "outer" %}{{ build() }})J",
+     R"J(default|outer)J"},
+    {"Harmony", R"J({%- macro ts(p, req, nullable=false) -%}{%- if p.type == "array" -%}{%- if p['items'] -%}{{ ts(p['items'], req) }}[]{%- else -%}any[]{%- endif -%}{%- elif p.type is defined and p.type is iterable and p.type is not string and p.type is not mapping and p.type[0] is defined -%}{{ p.type | join(" | ") }}{%- elif p.type == "string" -%}string{%- else -%}any{%- endif -%}{{ "?" if nullable }}{%- endmacro -%}{{ ts({"type": "array", "items": {"type": "string"}}, []) }} {{ ts({"type": "array"}, []) }} {{ ts({"type": ["string", "number"]}, [], true) }} {{ ts({}, []) }})J",
+     R"J(string[] any[] string | number? any)J"},
+    {"Harmony", R"J({%- set last = namespace(name=none) %}{{ last.name is none }}{% set last.name = "f" %}{{ last.name is none }}|{%- for m in msgs -%}{{ msgs[loop.index:] | length }}{%- endfor -%}|{{ "role" in msgs[0] }}{{ "thinking" in msgs[0] }}|{%- set flag = false -%}{%- for x in xs -%}{%- set flag = true -%}{%- endfor -%}{{ flag }})J",
+     R"J(TrueFalse|10|TrueFalse|False)J"},
+    {"Harmony", R"J({{ d|tojson }} {{ s|tojson }} {{ (d.get("zz") if d.zz is defined else "json") + "!" }} {{ xs|join(" | ") }} {{ '"' + ["a", "b"]|join('" | "') + '"' }})J",
+     R"J({"a": 1, "b": [1, 2]} "héllo wörld" json! 1 | 2 | 3 "a" | "b")J"},
 };
 
 TEST(ChatTemplate, ConstructsMatchJinja2) {
@@ -558,6 +571,29 @@ TEST(ChatTemplate, HashIsTheSourcesSha256) {
   EXPECT_EQ(a.hash(), b.hash());
   EXPECT_NE(a.hash(), c.hash());
   EXPECT_EQ(a.hash().size(), 64u);
+}
+
+// strftime_now reads the day a render is given (GPT-OSS's "Current date: " in a golden), else the
+// local clock, as transformers' datetime.now() does.
+TEST(ChatTemplate, StrftimeNowReadsTheGivenDayOrTheClock) {
+  const ChatTemplate t = ChatTemplate::parse("Current date: {{ strftime_now('%Y-%m-%d') }} {{ strftime_now('%d %b %Y') }}", "d");
+  std::tm day{};
+  day.tm_year = 2025 - 1900;
+  day.tm_mon = 7;
+  day.tm_mday = 5;
+  day.tm_hour = 12;
+  EXPECT_EQ(t.render(ordered_json::object(), &day).text, "Current date: 2025-08-05 05 Aug 2025");
+  auto today = [] {
+    const std::time_t now = std::time(nullptr);
+    std::tm tm{};
+    localtime_r(&now, &tm);
+    char buf[64];
+    return std::string(buf, std::strftime(buf, sizeof buf, "%Y-%m-%d", &tm));
+  };
+  const std::string before = today();
+  const std::string got = ChatTemplate::parse("{{ strftime_now('%Y-%m-%d') }}", "d").render(ordered_json::object()).text;
+  const std::string after = today();
+  EXPECT_TRUE(got == before || got == after) << got;
 }
 
 // Not a timed test: prints how long a conversation of about 4 MB takes, for the record.

@@ -5,8 +5,10 @@
 #include <gtest/gtest.h>
 #include <zlib.h>
 
+#include <cmath>
 #include <fstream>
 #include <nlohmann/json.hpp>
+#include <sstream>
 
 #include "support/test_util.h"
 
@@ -213,6 +215,69 @@ TEST_F(DataRun, WeightedSourcesAndAHeldOutShare) {
   auto resumed = lcx("--config " + m + " --resume latest");
   ASSERT_EQ(resumed.exit_code, 0) << resumed.output;
   EXPECT_DOUBLE_EQ(metrics().back()["loss"].get<double>(), loss3);
+}
+
+// GPT-OSS's harmony conversations (gpt-oss-20b's chat_template.jinja, its tokenizer) train the tiny
+// model with loss_on = "assistant": only the assistant messages' tokens are targets (the kept
+// reasoning, the tool calls, the answers), as many as `lcx-train tokenize --mask` marks. The model
+// is the tiny Qwen3 with GPT-OSS's vocabulary: what is under test is the data, not the family.
+TEST_F(DataRun, GptOssHarmonyConversationsTrainTheAssistantsMessages) {
+  const fs::path tok = fs::path(LCX_SOURCE_DIR) / "data" / "gptoss" / "tokenizer.json";
+  if (!fs::exists(tok)) GTEST_SKIP() << "data/gptoss/ absent: run scripts/fetch_data.sh";
+  const fs::path tmpl = fs::path(LCX_SOURCE_DIR) / "tests/data/fixtures/chat/templates/gptoss.jinja";
+  const json tools = json::array({{{"type", "function"},
+                                   {"function", {{"name", "add"}, {"description", "Adds two numbers."},
+                                                 {"parameters", {{"type", "object"},
+                                                                 {"properties", {{"a", {{"type", "number"}}}, {"b", {{"type", "number"}}}}},
+                                                                 {"required", {"a", "b"}}}}}}}});
+  std::string lines;
+  for (int i = 0; i < 4; ++i) {
+    const std::string a = std::to_string(i), b = std::to_string(i + 2), sum = std::to_string(2 * i + 2);
+    json call = {{"type", "function"}, {"function", {{"name", "add"}, {"arguments", {{"a", i}, {"b", i + 2}}}}}};
+    json m = json::array({{{"role", "developer"}, {"content", "Use the tool for sums."}},
+                          {{"role", "user"}, {"content", "What is " + a + " + " + b + "?"}},
+                          {{"role", "assistant"}, {"thinking", "Call add."}, {"tool_calls", json::array({call})}},
+                          {{"role", "tool"}, {"content", sum}},
+                          {{"role", "assistant"}, {"thinking", "The tool says " + sum + "."}, {"content", sum + "."}}});
+    lines += json{{"messages", m}, {"tools", tools}}.dump() + "\n";
+  }
+  test::write_file(dir / "chat.jsonl", lines);
+  std::string m = manifest(dir / "chat.jsonl", "seq_len = 512\npacking = \"bfd\"\nchat_template = \"" + tmpl.string() + "\"\n",
+                           "max_steps = 2\n");
+  std::string text;
+  {
+    std::ifstream in(m);
+    text.assign(std::istreambuf_iterator<char>(in), {});
+  }
+  const std::string vocab = "\"vocab_size\": 151936", qwen = "tokenizer = \"" + test::qwen3_tokenizer() + "\"";
+  text.replace(text.find(vocab), vocab.size(), "\"vocab_size\": 201088");
+  text.replace(text.find(qwen), qwen.size(), "tokenizer = \"" + tok.string() + "\"");
+  test::write_file(m, text);
+  auto r = lcx("--config " + m);
+  ASSERT_EQ(r.exit_code, 0) << r.output;
+  EXPECT_TRUE(has(r.output, "data: 1 file, 4 conversations")) << r.output;
+  // Best-fit packs the four conversations whole, two to a sequence of 512: the two steps see each once.
+  const auto rows = metrics();
+  ASSERT_EQ(rows.size(), 2u);
+  int64_t targets = 0;
+  for (const json& row : rows) {
+    EXPECT_TRUE(std::isfinite(row["loss"].get<double>())) << row.dump();
+    targets += row["valid_targets"].get<int64_t>();
+  }
+
+  auto t = lcx("tokenize --tokenizer " + tok.string() + " --chat " + (dir / "chat.jsonl").string() +
+               " --tokenizer-config " + tmpl.string() + " --mask");
+  ASSERT_EQ(t.exit_code, 0) << t.output;
+  std::istringstream in(t.output);
+  int64_t tokens = 0, trained = 0, k = 0;
+  for (std::string line; std::getline(in, line); ++k) {
+    std::istringstream nums(line);
+    for (int64_t x; nums >> x;) (k % 2 ? trained : tokens) += k % 2 ? x : 1;
+  }
+  ASSERT_GT(trained, 0);
+  EXPECT_LT(trained, tokens / 4);
+  // The targets are the marked tokens (a label is the token itself, shifted onto the one before).
+  EXPECT_EQ(targets, trained) << r.output;
 }
 
 // Sequences whose labels are all -100 (conversations of a system prompt and a user turn only, cut

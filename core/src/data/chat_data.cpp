@@ -68,6 +68,21 @@ void parallel_for(size_t n, int threads, F&& f) {
   if (failure) std::rethrow_exception(failure);
 }
 
+// A message's text parts joined by a newline, as OpenAI-compatible servers join them for
+// templates that render only strings.
+std::string parts_text(const ojson& parts) {
+  std::string text;
+  for (size_t k = 0; k < parts.size(); ++k)
+    text += (k ? "\n" : "") + (parts[k].is_string() ? parts[k].get<std::string>() : parts[k]["text"].get<std::string>());
+  return text;
+}
+
+// Every message's content given as parts, as its joined text.
+void join_parts(ojson& messages) {
+  for (ojson& m : messages)
+    if (auto c = m.find("content"); c != m.end() && c->is_array()) *c = parts_text(*c);
+}
+
 // Checks a message list in place and brings it to the form templates are written for: an
 // assistant message without text gets "" (Qwen3's template tests `'</think>' in content`, which
 // Jinja refuses on null, so a turn of tool calls alone would not render), and tool-call arguments
@@ -85,22 +100,23 @@ std::string check_messages(ojson& msgs, const char* field) {
     auto role = m.find("role");
     if (role == m.end() || !role->is_string()) return str(at, " has no role");
     const std::string r = role->get<std::string>();
-    if (r != "system" && r != "user" && r != "assistant" && r != "tool")
-      return str(at, ": role \"", r, "\" is not one of system, user, assistant, tool");
+    // developer: the OpenAI role GPT-OSS's template renders as its developer message.
+    if (r != "system" && r != "developer" && r != "user" && r != "assistant" && r != "tool")
+      return str(at, ": role \"", r, "\" is not one of system, developer, user, assistant, tool");
     auto content = m.find("content");
     if (content == m.end() || content->is_null()) {
       if (r != "assistant") return str(at, " (", r, ") has no content");
       m["content"] = "";
     } else if (content->is_array()) {
-      // Parts as the OpenAI and transformers message formats write them: text parts joined by a
-      // newline (as OpenAI-compatible servers join them for text-only templates); an image or
-      // audio part has no text to train on and is refused by its type.
-      std::string text;
+      // Parts as the OpenAI and transformers message formats write them, kept for a template that
+      // renders parts (join_parts joins them for the others); an image or audio part has no text
+      // to train on and is refused by its type. Bare strings among them are joined here.
+      bool bare = false;
       for (size_t k = 0; k < content->size(); ++k) {
         const ojson& part = (*content)[k];
         const std::string pat = str(at, ".content[", k, "]");
         if (part.is_string()) {
-          text += (k ? "\n" : "") + part.get<std::string>();
+          bare = true;
           continue;
         }
         if (!part.is_object()) return str(pat, " is ", json_kind(part), ", not a part object");
@@ -110,14 +126,15 @@ std::string check_messages(ojson& msgs, const char* field) {
           return str(pat, " is a part of type \"", type->get<std::string>(), "\"; lcx trains on text parts only");
         auto t = part.find("text");
         if (t == part.end() || !t->is_string()) return str(pat, " (text) has no text string");
-        text += (k ? "\n" : "") + t->get<std::string>();
       }
-      *content = std::move(text);
+      if (bare || content->empty()) *content = parts_text(*content);
     } else if (!content->is_string()) {
       return str(at, ": content is ", json_kind(*content), ", not a string");
     }
-    if (auto rc = m.find("reasoning_content"); rc != m.end() && !rc->is_null() && !rc->is_string())
-      return str(at, ": reasoning_content is ", json_kind(*rc), ", not a string");
+    // The reasoning: Qwen3's templates read reasoning_content, GPT-OSS's thinking.
+    for (const char* field : {"reasoning_content", "thinking"})
+      if (auto rc = m.find(field); rc != m.end() && !rc->is_null() && !rc->is_string())
+        return str(at, ": ", field, " is ", json_kind(*rc), ", not a string");
     auto calls = m.find("tool_calls");
     if (calls == m.end() || calls->is_null()) continue;
     if (r != "assistant") return str(at, " (", r, ") has tool_calls; only the assistant calls tools");
@@ -285,6 +302,79 @@ std::string parse_conversation(std::string_view line, const std::string& format,
   return {};
 }
 
+namespace {
+
+// Where, in the text between an assistant turn's reply and the next message's words, that
+// message's turn opens: the position (not the first) whose text shares the longest prefix with the
+// assistant's header, as every turn of a template opens alike (`<|start|>`, `<|im_start|>`); 0
+// where none shares a byte.
+size_t turn_opening(std::string_view between, std::string_view header) {
+  size_t best = 0, best_len = 0;
+  for (size_t p = 1; p < between.size(); ++p) {
+    size_t n = 0;
+    while (n < header.size() && p + n < between.size() && between[p + n] == header[n]) ++n;
+    if (n > best_len) best = p, best_len = n;
+  }
+  return best;
+}
+
+// The closer of a turn that calls a tool, where its template closes it with none of `m`'s
+// closers: rendered with one call (arguments {}) and its result, the turn opens at a header the
+// template wrote, and closes with what the template writes after the arguments' closing brace,
+// up to where the result's turn opens. "" where the template refuses the probe or needs nothing.
+std::string tool_call_closer(const ChatTemplate& t, const ojson& base, const TurnMarkers& m) {
+  const std::string user = "lcx probe: the user's words", result = "lcx probe: the tool's result";
+  const ojson call = {{"type", "function"}, {"function", {{"name", "lcx_probe"}, {"arguments", ojson::object()}}}};
+  const ojson messages = ojson::array({{{"role", "user"}, {"content", user}},
+                                       {{"role", "assistant"}, {"content", ""}, {"tool_calls", ojson::array({call})}},
+                                       {{"role", "tool"}, {"content", result}}});
+  const ojson tools = ojson::array({{{"type", "function"},
+                                     {"function", {{"name", "lcx_probe"}, {"description", "lcx probe"},
+                                                   {"parameters", {{"type", "object"}, {"properties", ojson::object()}}}}}}});
+  RenderedText r;
+  try {
+    r = t.render(render_context(base, messages, tools, false));
+  } catch (const Error&) {
+    return {};
+  }
+  const std::string& s = r.text;
+  size_t at = s.find(user);
+  if (at == std::string::npos) return {};
+  while ((at = s.find(m.header, at)) != std::string::npos && !from_template(r, at, m.header.size())) ++at;
+  if (at == std::string::npos) return {};
+  const size_t begin = at + m.header.size(), result_at = s.find(result, begin);
+  if (result_at == std::string::npos) return {};
+  const std::string_view turn = std::string_view(s).substr(begin, result_at - begin);
+  for (const std::string& c : m.closers)
+    if (turn.find(c) != std::string_view::npos) return {};
+  const size_t opens = turn_opening(turn, m.header), brace = turn.substr(0, opens).rfind('}');
+  if (opens == 0 || brace == std::string_view::npos || brace + 1 >= opens ||
+      !from_template(r, begin + brace + 1, opens - brace - 1))
+    return {};
+  return std::string(turn.substr(brace + 1, opens - brace - 1));
+}
+
+// Whether the template renders a content given as text parts itself (Gemma 3's iterates them, as
+// transformers hands them over) rather than strings only (Qwen3's renders a list as nothing,
+// Qwen2.5's as its Python repr): each part's text in the render, not inside quotes.
+bool renders_parts(const ChatTemplate& t, const ojson& base) {
+  const std::string one = "lcx probe: part one", two = "lcx probe: part two";
+  const ojson parts = ojson::array({{{"type", "text"}, {"text", one}}, {{"type", "text"}, {"text", two}}});
+  RenderedText r;
+  try {
+    r = t.render(render_context(base, ojson::array({{{"role", "user"}, {"content", parts}}}), nullptr, false));
+  } catch (const Error&) {
+    return false;
+  }
+  for (const std::string& p : {one, two}) {
+    const size_t at = r.text.find(p);
+    if (at == std::string::npos || (at > 0 && (r.text[at - 1] == '\'' || r.text[at - 1] == '"'))) return false;
+  }
+  return true;
+}
+
+}  // namespace
+
 TurnMarkers probe_turn_markers(const ChatTemplate& t, const ojson& base, const std::string& name) {
   auto fail = [&](const std::string& what) {
     throw Error(str(name, ": the assistant's turns cannot be told apart in this chat template: ", what), "data.loss_on",
@@ -339,17 +429,32 @@ TurnMarkers probe_turn_markers(const ChatTemplate& t, const ojson& base, const s
     m.header = r2.text.substr(e2 - n, n);
     header_at = e2 - n;
   }
-  m.closer = common_prefix(turn2.substr(a2 + reply.size()), turn3.substr(a3 + reply.size()));
   if (m.header.empty()) fail("the generation prompt and the assistant's turns begin with nothing in common");
-  if (m.closer.empty()) fail("nothing in the template closes the assistant's turn");
-  if (!from_template(r2, header_at, m.header.size()) || !from_template(r2, t0.size() + a2 + reply.size(), m.closer.size()))
-    fail("the assistant's header or closer holds the message's own text");
+  if (!from_template(r2, header_at, m.header.size())) fail("the assistant's header holds the message's own text");
+  const size_t tail2_at = t0.size() + a2 + reply.size(), tail3_at = t0.size() + a3 + reply.size();
+  const std::string_view tail2 = std::string_view(r2.text).substr(tail2_at);
+  const std::string_view tail3 = std::string_view(r3.text).substr(tail3_at);
+  const std::string shared = common_prefix(tail2, tail3);
+  if (!shared.empty() && shared.size() == tail2.size()) {
+    if (!from_template(r2, tail2_at, shared.size())) fail("the assistant's closer holds the message's own text");
+    m.closers = {shared};
+  } else {
+    // The last turn closes otherwise than one a message follows: all that follows the last is its
+    // closer; the other's ends where the user's turn opens.
+    const size_t again_at = tail3.find(again);
+    const size_t opens = again_at == std::string_view::npos ? 0 : turn_opening(tail3.substr(0, again_at), m.header);
+    if (tail2.empty() || opens == 0) fail("nothing in the template closes the assistant's turn");
+    if (!from_template(r2, tail2_at, tail2.size()) || !from_template(r3, tail3_at, opens))
+      fail("the assistant's closer holds the message's own text");
+    m.closers = {std::string(tail3.substr(0, opens)), std::string(tail2)};
+  }
+  if (std::string call = tool_call_closer(t, base, m); !call.empty()) m.closers.push_back(std::move(call));
   return m;
 }
 
 ByteRanges assistant_turns(const RenderedText& r, const TurnMarkers& m) {
   const std::string& s = r.text;
-  LCX_CHECK(r.from_data.size() == s.size() && s.size() < (uint64_t{1} << 32) && !m.header.empty() && !m.closer.empty());
+  LCX_CHECK(r.from_data.size() == s.size() && s.size() < (uint64_t{1} << 32) && !m.header.empty() && !m.closers.empty());
   ByteRanges out;
   for (size_t at = 0; (at = s.find(m.header, at)) != std::string::npos;) {
     if (!from_template(r, at, m.header.size())) {
@@ -357,12 +462,16 @@ ByteRanges assistant_turns(const RenderedText& r, const TurnMarkers& m) {
       continue;
     }
     const size_t begin = at + m.header.size();
-    size_t end = s.size();
-    for (size_t c = begin; (c = s.find(m.closer, c)) != std::string::npos; ++c)
-      if (from_template(r, c, m.closer.size())) {
-        end = c + m.closer.size();
-        break;
-      }
+    // The first closer the template wrote after the header; of two at one place, the longer.
+    size_t end = s.size(), first = std::string::npos;
+    for (const std::string& closer : m.closers) {
+      LCX_CHECK(!closer.empty());
+      for (size_t c = begin; (c = s.find(closer, c)) != std::string::npos && c <= first; ++c)
+        if (from_template(r, c, closer.size())) {
+          if (c < first || c + closer.size() > end) first = c, end = c + closer.size();
+          break;
+        }
+    }
     if (end > begin) out.emplace_back(static_cast<uint32_t>(begin), static_cast<uint32_t>(end));
     at = end;
   }
@@ -386,6 +495,7 @@ struct ChatRenderer::State {
   ojson base;
   TurnMarkers markers;
   std::string probe_error, probe_key, probe_fix;  // set when the probe failed
+  bool parts = false;  // the template renders content given as parts itself
 };
 
 ChatRenderer::ChatRenderer(ChatTemplate t, std::string source, ojson base) {
@@ -393,7 +503,11 @@ ChatRenderer::ChatRenderer(ChatTemplate t, std::string source, ojson base) {
   s->tmpl = std::move(t);
   s->source = std::move(source);
   s->base = std::move(base);
-  s->key = sha256_string(str("lcx-chat 1\n", s->tmpl.hash(), "\n", s->base.dump()));
+  // The version names the rules that turn a template into tokens and masks (a turn closes at any
+  // of its probed closers; a message whose tool calls the template drops is refused; content
+  // parts reach a template that renders them): a token cache written under other rules is not read.
+  s->key = sha256_string(str("lcx-chat 2\n", s->tmpl.hash(), "\n", s->base.dump()));
+  s->parts = renders_parts(s->tmpl, s->base);
   // Probed once per template; kept for the render to use, or its failure for when it is needed.
   if (!s->tmpl.has_generation_blocks()) {
     try {
@@ -470,6 +584,7 @@ ChatText ChatRenderer::render(Conversation c, LossOn loss_on) const {
     out.eos_trains = true;
     return out;
   }
+  if (!s.parts) join_parts(c.messages);
   ojson prompt_ctx;
   if (loss_on == LossOn::completion) {
     if (c.prompt_messages == 0)
@@ -479,7 +594,28 @@ ChatText ChatRenderer::render(Conversation c, LossOn loss_on) const {
     for (size_t i = 0; i < c.prompt_messages; ++i) prompt.push_back(c.messages[i]);
     prompt_ctx = render_context(s.base, std::move(prompt), c.tools, true);
   }
+  // A message of several tool calls whose template renders only some of them (GPT-OSS's renders
+  // the first, as transformers does, silently): the render with its first call alone is the same.
+  std::vector<size_t> parallel_calls;
+  for (size_t i = 0; i < c.messages.size(); ++i) {
+    auto calls = c.messages[i].find("tool_calls");
+    if (calls != c.messages[i].end() && calls->is_array() && calls->size() > 1) parallel_calls.push_back(i);
+  }
+  const ojson messages = parallel_calls.empty() ? ojson() : c.messages;
+  const ojson tools = parallel_calls.empty() ? ojson() : c.tools;
   RenderedText r = s.tmpl.render(render_context(s.base, std::move(c.messages), std::move(c.tools), false));
+  for (size_t i : parallel_calls) {
+    ojson fewer = messages;
+    ojson& calls = fewer[i]["tool_calls"];
+    const size_t n = calls.size();
+    calls = ojson::array({calls[0]});
+    if (s.tmpl.render(render_context(s.base, std::move(fewer), tools, false)).text == r.text)
+      throw Error(str("messages[", i, "] holds ", n, " tool calls and the chat template renders only the first, so the "
+                      "others would not be trained on"),
+                  "data.chat_template",
+                  "split them into one assistant message each, with each call's tool result after it (GPT-OSS's "
+                  "template takes one call a message)");
+  }
   if (r.text.size() >= (uint64_t{1} << 32))
     throw Error(str("a conversation renders to ", r.text.size(), " bytes, more than lcx's 4 GiB a conversation"));
   const uint32_t size = static_cast<uint32_t>(r.text.size());

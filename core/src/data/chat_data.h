@@ -7,10 +7,13 @@
 //
 // Which bytes train (LossOn::assistant): each assistant turn after its role header, through the
 // template's closer and the newline it writes after it (`<|im_end|>\n` in Qwen3: TRL's training
-// templates put the same bytes inside {% generation %}). The header and closer are learned by
+// templates put the same bytes inside {% generation %}). The header and closers are learned by
 // rendering probe conversations (probe_turn_markers) and found in a real render only where no byte
-// of them came from the data, so text that spells a header cannot open a turn. A template with
-// {% generation %} blocks says it itself: its blocks train instead.
+// of them came from the data, so text that spells a header cannot open a turn. GPT-OSS's harmony
+// format opens every assistant message, each channel's, with `<|start|>assistant` and closes it
+// with <|end|>, <|return|> (the conversation's last) or <|call|> (a tool call): each such message
+// trains from after the header through its closer. A template with {% generation %} blocks says
+// it itself: its blocks train instead.
 #pragma once
 #include <cstdint>
 #include <nlohmann/json.hpp>
@@ -28,7 +31,10 @@ const char* loss_on_name(LossOn l);
 
 // One line, checked: what the template is given.
 struct Conversation {
-  nlohmann::ordered_json messages = nlohmann::ordered_json::array();  // prompt_completion: prompt, then completion
+  // prompt_completion: prompt, then completion. A content of text parts stays a list of parts:
+  // the renderer gives a template that renders parts (Gemma 3's) the list, as transformers does,
+  // and the others the parts' text joined by newlines.
+  nlohmann::ordered_json messages = nlohmann::ordered_json::array();
   nlohmann::ordered_json tools;  // null when the line has none
   size_t prompt_messages = 0;    // prompt_completion as messages: messages[0, prompt_messages) are the prompt
   bool plain = false;            // prompt_completion as two strings, trained without a template
@@ -39,21 +45,28 @@ struct Conversation {
 // wrong with it, in a few words.
 std::string parse_conversation(std::string_view line, const std::string& format, Conversation& c);
 
-// The strings that open and close an assistant turn in the template's own text.
+// The strings that open and close an assistant turn in the template's own text: one header, and
+// the closers a turn may end with (one in most templates).
 struct TurnMarkers {
-  std::string header, closer;
+  std::string header;
+  std::vector<std::string> closers;
 };
 // Renders [user], [user] with the generation prompt, [user, assistant] and [user, assistant, user]
 // with `base`'s variables: the header is what the generation prompt and both assistant turns have
-// in common before the reply, the closer what follows the reply in both. Throws lcx::Error (key
-// data.loss_on) when the template shows none.
+// in common before the reply, the closer what follows the reply in both. Where the last turn
+// closes otherwise than one a message follows (harmony's <|return|> and <|end|>), both are
+// closers: the last's is all that follows it, the other's what precedes the next turn's opening
+// (the text that shares the most with the header). A tool call whose turn holds neither gets the
+// closer its template writes after the arguments (harmony's <|call|>), from a probe with one
+// call; a template that refuses that probe has none. Throws lcx::Error (key data.loss_on) when
+// the template shows no header or closer.
 TurnMarkers probe_turn_markers(const ChatTemplate& t, const nlohmann::ordered_json& base, const std::string& name);
 
 // Byte ranges [begin, end) of a text, in order and apart: the bytes that train.
 using ByteRanges = std::vector<std::pair<uint32_t, uint32_t>>;
 
 // Each assistant turn's bytes: from the end of a header whose bytes are all the template's
-// through the end of the next closer so written (or the end of the text).
+// through the end of the first closer so written after it (or the end of the text).
 ByteRanges assistant_turns(const RenderedText& r, const TurnMarkers& m);
 
 // 1 for each token with a trained byte in its span (transformers marks a generation span's tokens

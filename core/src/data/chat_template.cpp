@@ -34,7 +34,7 @@ ChatTemplate ChatTemplate::parse(const std::string& source, const std::string& n
   return t;
 }
 
-RenderedText ChatTemplate::render(const nlohmann::ordered_json& context) const {
+RenderedText ChatTemplate::render(const nlohmann::ordered_json& context, const std::tm* now) const {
   std::vector<std::pair<std::string, jinja::Value>> vars;
   int line = 0;
   try {
@@ -46,7 +46,7 @@ RenderedText ChatTemplate::render(const nlohmann::ordered_json& context) const {
       else
         vars.emplace_back(key, jinja::from_json(value, key == "tools" ? 1 : 0));
     }
-    jinja::Rendered r = jinja::run(impl_->program, std::move(vars), &line);
+    jinja::Rendered r = jinja::run(impl_->program, std::move(vars), &line, now);
     RenderedText out;
     out.text = r.text.str();
     out.from_data.reserve(out.text.size());

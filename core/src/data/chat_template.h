@@ -18,6 +18,7 @@
 // that are not data, so a message whose text contains `<|im_start|>assistant` cannot open a turn.
 #pragma once
 #include <cstdint>
+#include <ctime>
 #include <memory>
 #include <nlohmann/json.hpp>
 #include <string>
@@ -38,10 +39,12 @@ class ChatTemplate {
   static ChatTemplate parse(const std::string& source, const std::string& name);
 
   // Renders with `context` as the template's variables (messages, tools, add_generation_prompt,
-  // bos_token, eos_token, and chat_template_kwargs such as enable_thinking). Throws lcx::Error on
-  // raise_exception and on runtime errors (an undefined value called, a type without that method),
-  // naming the template's line.
-  RenderedText render(const nlohmann::ordered_json& context) const;
+  // bos_token, eos_token, and chat_template_kwargs such as enable_thinking). strftime_now reads
+  // `now` (a local time: a render that must not depend on the day, as GPT-OSS's "Current date"
+  // in a golden) or the clock where it is null. Throws lcx::Error on raise_exception and on
+  // runtime errors (an undefined value called, a type without that method), naming the template's
+  // line.
+  RenderedText render(const nlohmann::ordered_json& context, const std::tm* now = nullptr) const;
 
   bool has_generation_blocks() const;
   const std::string& hash() const;  // sha256 of the source, for the token cache's key

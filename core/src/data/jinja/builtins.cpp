@@ -969,7 +969,7 @@ Value slice(const Value& obj, const Value& start, const Value& stop, const Value
   return Value::list(std::move(out), obj.seq, obj.data);
 }
 
-Value global_function(const std::string& name) {
+Value global_function(const std::string& name, const std::tm* now) {
   if (name == "range") {
     return method(name, [](Args& a) {
       if (!a.kw.empty() || a.pos.empty() || a.pos.size() > 3) throw Failure("range() takes 1 to 3 integers");
@@ -1021,12 +1021,16 @@ Value global_function(const std::string& name) {
     });
   }
   if (name == "strftime_now") {
-    return method(name, [](Args& a) {
+    return method(name, [now](Args& a) {
       if (a.pos.size() != 1 || !a.kw.empty()) throw Failure("strftime_now() takes one argument");
       const std::string fmt = as_text(a.pos[0], "the format").str();
-      const std::time_t now = std::time(nullptr);
       std::tm tm{};
-      localtime_r(&now, &tm);
+      if (now) {
+        tm = *now;
+      } else {
+        const std::time_t clock = std::time(nullptr);
+        localtime_r(&clock, &tm);
+      }
       char buf[512];
       const size_t n = std::strftime(buf, sizeof buf, fmt.c_str(), &tm);
       if (n == 0 && !fmt.empty()) throw Failure("strftime_now's format gives nothing or is too long");

@@ -3,6 +3,7 @@
 // ImmutableSandboxedEnvironment and transformers' overrides (tojson, raise_exception,
 // strftime_now). Only those listed here exist; the parser refuses any other filter or test.
 #pragma once
+#include <ctime>
 #include <string>
 
 #include "data/jinja/value.h"
@@ -33,8 +34,9 @@ std::vector<Value> iterate(const Value& v);
 int64_t py_len(const Value& v);
 Value slice(const Value& obj, const Value& start, const Value& stop, const Value& step);
 
-// The globals: range, namespace, dict, raise_exception, strftime_now.
-Value global_function(const std::string& name);
+// The globals: range, namespace, dict, raise_exception, strftime_now (reading `now`, the local
+// time, or the clock where it is null).
+Value global_function(const std::string& name, const std::tm* now);
 
 // Raised by raise_exception(msg): the message is the template's own.
 class TemplateRaised : public Failure {

@@ -183,7 +183,7 @@ bool contains(const Value& seq, const Value& x) {
 
 class Interpreter {
  public:
-  Interpreter(int* error_line) : error_line_(error_line) {}
+  Interpreter(int* error_line, const std::tm* now) : error_line_(error_line), now_(now) {}
 
   Rendered render(const Program& p, std::vector<std::pair<std::string, Value>> context) {
     auto root = std::make_shared<Scope>();
@@ -387,7 +387,7 @@ class Interpreter {
 
   Value lookup(const std::string& name, Scope& scope) {
     if (const Value* v = scope.find(name)) return *v;
-    return global_function(name);
+    return global_function(name, now_);
   }
 
   Value eval(const Expr& e, Scope& scope) {
@@ -525,6 +525,7 @@ class Interpreter {
   }
 
   int* error_line_;
+  const std::tm* now_;
   int macro_depth_ = 0;
   int buffered_ = 0;  // inside a macro, a block set or a generation body: jinja2 buffers, not yields
   int64_t yielded_ = 0;  // outputs jinja2 would have yielded at the top level so far
@@ -534,8 +535,9 @@ class Interpreter {
 
 }  // namespace
 
-Rendered run(const Program& program, std::vector<std::pair<std::string, Value>> context, int* error_line) {
-  Interpreter in(error_line);
+Rendered run(const Program& program, std::vector<std::pair<std::string, Value>> context, int* error_line,
+             const std::tm* now) {
+  Interpreter in(error_line, now);
   return in.render(program, std::move(context));
 }
 
