@@ -14,14 +14,14 @@ namespace {
 
 struct DecoderDims {
   int64_t V, H, I, L, Hq, Hkv, d, qd, kvd;
-  int64_t extra;  // a layer's q/k norms and q/k/v biases
+  int64_t extra;  // a layer's q/k norms, q/k/v biases and sandwich norms
 };
 
 DecoderDims shape_of(const ModelConfig& c, const DecoderLayerShape& layer) {
   const int64_t d = c.head_dim > 0 ? c.head_dim : c.hidden_size / c.num_heads;
   const int64_t qd = c.num_heads * d, kvd = c.num_kv_heads * d;
   return {c.vocab_size, c.hidden_size, c.intermediate_size, c.num_layers, c.num_heads, c.num_kv_heads, d, qd, kvd,
-          (layer.qk_norm ? 2 * d : 0) + (layer.qkv_bias ? qd + 2 * kvd : 0)};
+          (layer.qk_norm ? 2 * d : 0) + (layer.qkv_bias ? qd + 2 * kvd : 0) + (layer.sandwich_norms ? 2 * c.hidden_size : 0)};
 }
 
 // One decoder layer's parameters on a rank: input and post-attention norms, q/k/v/o projections,
@@ -130,6 +130,9 @@ void plan_dense_decoder(const PlanInputs& in, MemoryPlan& plan, const DenseDecod
            T * (3 * gq + 3 * gkv) * ab, plan_phase::forward);
   plan.add("forward_stats", "layer forward: fp32 norm rstd, q/k norm rstd and LSE (" + heads + ")",
            PlanCategory::transient, T * 4 + group_f32, plan_phase::forward);
+  if (layer.sandwich_norms)
+    plan.add("forward_sandwich", "layer forward: the attention's and the MLP's normed outputs [T,H]",
+             PlanCategory::transient, T * (s.H * ab + 4), plan_phase::forward);
   if (G > 1)
     plan.add("forward_o_columns", "layer forward: one group's o_proj columns [H," + std::to_string(gq) + "]",
              PlanCategory::transient, s.H * gq * ab, plan_phase::forward);
@@ -146,6 +149,12 @@ void plan_dense_decoder(const PlanInputs& in, MemoryPlan& plan, const DenseDecod
   plan.kept_bytes_per_layer = from_forward ? outputs : 0;
   plan.add("mlp_backward_residual", "MLP backward: x1, h2 [T,H], fp32 rstd", PlanCategory::transient,
            T * (2 * s.H * ab + 4), plan_phase::mlp_backward);
+  if (layer.sandwich_norms) {
+    plan.add("mlp_backward_sandwich", "MLP backward: the attention's output before its norm, the MLP's output and its "
+             "gradient [T,H], fp32 rstd", PlanCategory::transient, T * (3 * s.H * ab + 8), plan_phase::mlp_backward);
+    plan.add("attention_backward_sandwich", "attention backward: the gradient of the attention's output [T,H]",
+             PlanCategory::transient, T * s.H * ab, plan_phase::backward);
+  }
   if (G == 1 && !from_forward)
     plan.add("mlp_backward_attention",
              "MLP backward: q, k, v, normed q/k, attn out, LSE kept for the attention backward",
@@ -199,6 +208,7 @@ void plan_dense_decoder(const PlanInputs& in, MemoryPlan& plan, const DenseDecod
     // The backward's GEMMs per forward one: the input's gradient, and the weight's unless frozen.
     const double backward = in.base_frozen ? 1 : 2;
     double recompute = 2 * t * (from_forward ? o : qkv + o) + 2 * t * (2.0 / 3.0) * mlp;
+    if (layer.sandwich_norms) recompute += 2 * t * mlp;  // the MLP's output again, for its norm's backward
     if (from_forward || G > 1) recompute += 2 * t * qkv;
     const int attention_forwards = from_forward ? 1 : (G > 1 && !keep ? 3 : 2);
     const double pairs = t * seq / 2 * static_cast<double>(s.Hq);  // causal: half of T x seq per head
