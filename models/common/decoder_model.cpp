@@ -82,6 +82,7 @@ struct LayerParams {
   int input_norm, q, k, v, o, post_norm;
   int q_norm = -1, k_norm = -1;            // Qwen3's per-head norms
   int q_bias = -1, k_bias = -1, v_bias = -1;  // Qwen2's projection biases
+  int sinks = -1;                             // GPT-OSS's attention sinks [num_heads]
   int64_t window = 0;                         // a sliding_attention layer's window; 0: full
   bool own_rope = false;  // rotates with the sliding layers' tables (sliding_rope_parameters_json)
   // Gemma's sandwich: the norms of the attention's and of the MLP's outputs before their residuals
@@ -443,6 +444,9 @@ class DecoderModel final : public Model {
       }
       if (trains(L.o)) accumulate_columns(G(L.o), hg, dout, a.attn.view({T, hg.nq * d}), 1.f);
       Tensor dq = act({T, hg.nq, d}, x), dk = act({T, hg.nkv, d}, x), dv = act({T, hg.nkv, d}, x);
+      // a.attn and a.lse carry the sinks (group_forward): the plain backward is then exact for q, k, v.
+      if (L.sinks >= 0 && trains(L.sinks))
+        ops::attention_sinks_backward(a.attn, a.lse, dattn, W(L.sinks), hg.q0, G(L.sinks));
       ctx.parallel->attention_backward(a.qr, a.kr, a.v.view({T, hg.nkv, d}), a.attn, a.lse, dattn, dq, dk, dv,
                                        args(ctx, L));
       dattn = Tensor();
@@ -922,6 +926,7 @@ class DecoderModel final : public Model {
         L.q_norm = add(p + "self_attn.q_norm.weight", {d});
         L.k_norm = add(p + "self_attn.k_norm.weight", {d});
       }
+      if (family_.sinks) L.sinks = add(p + "self_attn.sinks", {cfg.num_heads});
       if (family_.sliding_window && cfg.layer_types[static_cast<size_t>(l)] == "sliding_attention") {
         if (cfg.sliding_window <= 0)
           throw Error(str(family_.name, ": layer ", l, " is sliding_attention but sliding_window is ", cfg.sliding_window),
@@ -1139,6 +1144,8 @@ class DecoderModel final : public Model {
     a.attn = act({T, hg.nq, d}, h1);
     a.lse = f32({hg.nq, T}, h1);
     ctx.parallel->attention_forward(a.qr, a.kr, a.v.view({T, hg.nkv, d}), a.attn, a.lse, args(ctx, L));
+    // Sinks join the softmax once the attention has seen every key (after a ring's merge).
+    if (L.sinks >= 0) ops::attention_sinks_forward(a.attn, a.lse, W(L.sinks), hg.q0);
     return a;
   }
 

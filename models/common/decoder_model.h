@@ -24,6 +24,9 @@ struct Family {
   // "sliding_attention" layers attend within ModelConfig::sliding_window (Gemma 3, GPT-OSS); a
   // family without it refuses such layers by layer_types.
   bool sliding_window = false;
+  // Learned attention sinks (GPT-OSS): each layer's "self_attn.sinks" [num_heads], one logit per
+  // query head joining its softmax's denominator (ops::attention_sinks_forward).
+  bool sinks = false;
   // Every RMSNorm's weight read as (1 + w), the product in fp32 rounded once (Gemma3RMSNorm,
   // ops::rmsnorm_offset_forward); such weights start at 0.
   bool unit_offset_norms = false;
