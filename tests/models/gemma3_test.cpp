@@ -324,8 +324,9 @@ TEST(Gemma3Export, SavedFoldersLoadBackBitForBit) {
       "rope_parameters":{"sliding_attention":{"rope_type":"default","rope_theta":10000.0},
                          "full_attention":{"rope_type":"linear","factor":8.0,"rope_theta":1000000.0}}})",
                  9, Device::cpu(), DType::bf16);
-  for (Parameter* p : a->parameters())
+  for (Parameter* p : a->parameters()) {
     if (p->value.dim() == 1) EXPECT_EQ(p->value.to_floats(), std::vector<float>(p->value.numel(), 0.f)) << p->name;
+  }
   test::DefaultSlots sa(*a);
   const fs::path dir = test::temp_dir("gemma3_export");
   a->save_hf(dir.string(), DType::bf16, sa.rope->hf_rope_parameters());
@@ -365,6 +366,49 @@ TEST(Gemma3Export, SavedFoldersLoadBackBitForBit) {
   const std::vector<std::string> kept = saved.names();
   EXPECT_EQ(std::set<std::string>(kept.begin(), kept.end()), gemma3_names(mm->config().num_layers));
   EXPECT_EQ(nlohmann::json::parse(std::ifstream(text / "config.json"))["model_type"], "gemma3_text");
+}
+
+// Without transformers: every kind of parameter's gradient against central differences of the loss
+// (fp32, a large init so the differences stand out of the rounding; norms drawn away from 0), over
+// 24 tokens with a window of 4, both layer kinds, the sliding ones on their own rotary base.
+TEST(Gemma3Gradients, MatchFiniteDifferences) {
+  auto m = test::make_plugin<Model>(kModule);
+  m->init_random(R"({"hidden_size":32,"intermediate_size":48,"num_hidden_layers":2,"num_attention_heads":4,
+    "num_key_value_heads":2,"head_dim":8,"vocab_size":64,"initializer_range":0.3,"query_pre_attn_scalar":12,
+    "sliding_window":4,"layer_types":["sliding_attention","full_attention"],
+    "rope_parameters":{"sliding_attention":{"rope_type":"default","rope_theta":100.0},
+                       "full_attention":{"rope_type":"linear","factor":2.0,"rope_theta":10000.0}}})",
+                 17, Device::cpu(), DType::f32);
+  uint32_t seed = 3;
+  for (Parameter* p : m->parameters())
+    if (p->value.dim() == 1) test::fill_normal(p->value, seed++, 0.3f);
+  std::vector<int64_t> ids(24);
+  for (size_t t = 0; t < ids.size(); ++t) ids[t] = static_cast<int64_t>((t * 37 + 5) % 64);
+  Shard shard = test::shard_from_labels(ids, ids);
+  const int64_t valid = test::count_valid(shard);
+  test::DefaultSlots s(*m);
+  test::mean_loss_step(s, shard, valid);
+  const double eps = 1e-2;
+  size_t checked = 0;
+  for (Parameter* p : m->parameters()) {
+    std::vector<float> numeric, analytic;
+    const std::vector<float> grad = p->grad.to_floats();
+    const int64_t stride = std::max<int64_t>(1, p->value.numel() / 6);
+    for (int64_t i = 0; i < p->value.numel(); i += stride) {
+      float& v = p->value.data_as<float>()[i];
+      const float keep = v;
+      v = keep + static_cast<float>(eps);
+      const double up = eval_step(s.slots, shard, Device::cpu()).loss_sum;
+      v = keep - static_cast<float>(eps);
+      const double down = eval_step(s.slots, shard, Device::cpu()).loss_sum;
+      v = keep;
+      numeric.push_back(static_cast<float>((up - down) / (2 * eps) / static_cast<double>(valid)));
+      analytic.push_back(grad[static_cast<size_t>(i)]);
+    }
+    EXPECT_LE(test::rel_l2(analytic, numeric), 2e-2) << p->name;
+    ++checked;
+  }
+  EXPECT_EQ(checked, gemma3_names(2).size());
 }
 
 int64_t parameter_count(const ModelConfig& c) {
