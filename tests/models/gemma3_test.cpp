@@ -252,6 +252,53 @@ TEST(Gemma3PackedParity, EachMeshEqualsTransformers) {
   }
 }
 
+// Without transformers: a random Gemma 3 (windows of 5, both layer kinds, each with its rotary
+// base) over three packed documents on cp 2, sp 2 and cp 2 x sp 2 thread-ranks equals one rank, loss
+// and every gradient: the sliding layers' own tables follow each rank's positions.
+TEST(Gemma3MeshParity, RanksEqualOneRankWithoutFixtures) {
+  auto m = test::make_plugin<Model>(kModule);
+  m->init_random(R"({"hidden_size":32,"intermediate_size":48,"num_hidden_layers":3,"num_attention_heads":4,
+    "num_key_value_heads":2,"head_dim":8,"vocab_size":64,"initializer_range":0.2,"query_pre_attn_scalar":12,
+    "sliding_window":5,"layer_types":["sliding_attention","full_attention","sliding_attention"],
+    "rope_parameters":{"sliding_attention":{"rope_type":"default","rope_theta":100.0},
+                       "full_attention":{"rope_type":"linear","factor":2.0,"rope_theta":10000.0}}})",
+                 23, Device::cpu(), DType::f32);
+  uint32_t seed = 5;
+  for (Parameter* p : m->parameters())
+    if (p->value.dim() == 1) test::fill_normal(p->value, seed++, 0.3f);
+  const fs::path dir = test::temp_dir("gemma3_mesh");
+  m->save_hf(dir.string(), DType::f32, "{\"rope_type\":\"linear\",\"factor\":2.0,\"rope_theta\":10000.0}");
+  std::vector<int64_t> ids(48), labels(48);
+  for (size_t t = 0; t < ids.size(); ++t) ids[t] = labels[t] = static_cast<int64_t>(1 + (t * 29 + 3) % 63);
+  labels[12] = labels[33] = -100;
+  const Sequence seq = sequence(ids, labels, {0, 19, 36, 48});
+  int64_t valid = 0;
+  for (int64_t t = 0; t < seq.targets.numel(); ++t) valid += seq.targets.data_as<int64_t>()[t] != -100;
+  const double scale = 1.0 / static_cast<double>(valid);
+  std::shared_ptr<Model> one;
+  const auto [want_sum, want_count] = mesh_step(dir, seq, scale, kMeshes[0], one);
+  // The window bites on one rank too: the same weights with windows past every document differ.
+  {
+    nlohmann::json cfg = nlohmann::json::parse(std::ifstream(dir / "config.json"));
+    cfg["sliding_window"] = 48;
+    const fs::path wide = test::temp_dir("gemma3_mesh_wide");
+    fs::copy(dir, wide, fs::copy_options::overwrite_existing | fs::copy_options::recursive);
+    std::ofstream(wide / "config.json") << cfg.dump();
+    std::shared_ptr<Model> unwindowed;
+    const double full_sum = mesh_step(wide, seq, scale, kMeshes[0], unwindowed).first;
+    EXPECT_GT(std::abs(full_sum - want_sum), 1e-3 * want_sum) << "the window of 5 changed nothing";
+  }
+  std::map<std::string, std::vector<float>> want;
+  for (Parameter* p : one->parameters()) want[p->name] = p->grad.to_floats();
+  for (const MeshCase& mesh : {kMeshes[1], kMeshes[2], kMeshes[3]}) {
+    std::shared_ptr<Model> model;
+    const auto [loss_sum, count] = mesh_step(dir, seq, scale, mesh, model);
+    EXPECT_EQ(count, want_count) << mesh.name;
+    EXPECT_NEAR(loss_sum, want_sum, 1e-6 * want_sum) << mesh.name;
+    expect_grads(*model, want, 1e-5, str("random gemma3, ", mesh.name));
+  }
+}
+
 // LoRA on Gemma 3's projections (q/k/v/o with q/k norms after them, the GeGLU MLP): with B drawn at
 // random, the adapted model's loss equals the base with W + scale B A merged, the base stays frozen
 // and every factor gets a gradient.
