@@ -44,6 +44,12 @@ int64_t all_layers(const ModelConfig& c, const DecoderDims& s, int64_t ep,
   for (int64_t l = 0; l < s.L; ++l) n += per_layer(c, s, ep, l);
   return n;
 }
+// Whether layer l attends within ModelConfig::sliding_window (a family computing sliding layers;
+// the others refuse them before any plan).
+bool windowed(const ModelConfig& c, int64_t l) {
+  return c.sliding_window > 0 && static_cast<size_t>(l) < c.layer_types.size() &&
+         c.layer_types[static_cast<size_t>(l)] == "sliding_attention";
+}
 int64_t largest_layer(const ModelConfig& c, const DecoderDims& s, int64_t ep) {
   int64_t n = 0;
   for (int64_t l = 0; l < s.L; ++l) n = std::max(n, layer_params(c, s, ep, l));
@@ -211,7 +217,15 @@ void plan_dense_decoder(const PlanInputs& in, MemoryPlan& plan, const DenseDecod
     if (layer.sandwich_norms) recompute += 2 * t * mlp;  // the MLP's output again, for its norm's backward
     if (from_forward || G > 1) recompute += 2 * t * qkv;
     const int attention_forwards = from_forward ? 1 : (G > 1 && !keep ? 3 : 2);
-    const double pairs = t * seq / 2 * static_cast<double>(s.Hq);  // causal: half of T x seq per head
+    // The (query, key) pairs of all the layers: causal, half of T x seq per head; a sliding layer's
+    // W keys a query, less the first W positions' shortfall (document starts taken as none).
+    double keys = 0;
+    for (int64_t l = 0; l < s.L; ++l) {
+      const double W = static_cast<double>(c.sliding_window);
+      keys += windowed(c, l) && W < seq ? W - W * (W - 1) / (2 * seq) : seq / 2;
+    }
+    const double all_pairs = t * keys * static_cast<double>(s.Hq);
+    const double pairs = all_pairs / static_cast<double>(s.L);  // a layer's, on average
     StepWork& w = plan.work;
     // The attention half's projections run per head group: q/k/v in the forward, the recompute
     // and the backward (two per forward GEMM), o_proj likewise when there are groups.
@@ -219,8 +233,8 @@ void plan_dense_decoder(const PlanInputs& in, MemoryPlan& plan, const DenseDecod
     w.gemm_flops += static_cast<double>(s.L) * (fwd + recompute + backward * fwd) - static_cast<double>(s.L) * grouped;
     w.grouped_gemm_flops += static_cast<double>(s.L) * grouped;
     w.head_groups = G;
-    w.attention_forward_flops += static_cast<double>(s.L) * attention_forwards * pairs * 4 * static_cast<double>(s.d);
-    w.attention_backward_flops += static_cast<double>(s.L) * 2.5 * pairs * 4 * static_cast<double>(s.d);
+    w.attention_forward_flops += attention_forwards * all_pairs * 4 * static_cast<double>(s.d);
+    w.attention_backward_flops += 2.5 * all_pairs * 4 * static_cast<double>(s.d);
     // Elementwise passes over [T,I] (SwiGLU forward, recompute, backward) and [T,H] (norms, adds,
     // rotary); the optimizer adds its own.
     w.memory_bytes += static_cast<double>(s.L) * t * static_cast<double>(ab) * (11.0 * width + 24.0 * s.H);
@@ -300,15 +314,19 @@ double decoder_step_flops(const ModelConfig& c, const DecoderLayerShape& layer, 
     weights += attention + (c.sparse(l) ? f(c.num_experts * s.H + 3 * c.num_experts_per_tok * c.moe_intermediate_size * s.H)
                                         : f(3 * s.I * s.H));
   const double T = f(tokens);
-  double squares = T * T;
-  if (!document_bounds.empty()) {
-    squares = 0;
-    for (size_t i = 1; i < document_bounds.size(); ++i) {
-      const double n = f(document_bounds[i] - document_bounds[i - 1]);
-      squares += n * n;
-    }
-  }
-  return 6 * weights * T + 6 * f(s.L) * f(s.qd) * squares;
+  // A sliding layer's band counted as the causal square is: twice its (query, key) pairs, n W -
+  // W (W - 1) / 2 for a document of n >= W tokens, the whole square below that.
+  const double W = f(c.sliding_window);
+  auto square = [&](double n, bool band) { return band && n > W ? 2 * (n * W - W * (W - 1) / 2) : n * n; };
+  auto squares = [&](bool band) {
+    if (document_bounds.empty()) return square(T, band);
+    double sum = 0;
+    for (size_t i = 1; i < document_bounds.size(); ++i) sum += square(f(document_bounds[i] - document_bounds[i - 1]), band);
+    return sum;
+  };
+  double attention_squares = 0;
+  for (int64_t l = 0; l < s.L; ++l) attention_squares += squares(windowed(c, l));
+  return 6 * weights * T + 6 * f(s.qd) * attention_squares;
 }
 
 }  // namespace lcx::decoder

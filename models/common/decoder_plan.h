@@ -36,7 +36,8 @@ void plan_dense_decoder(const PlanInputs& in, MemoryPlan& plan, const DenseDecod
 // meets (q, k, v, o, the biases, the dense MLP's or the router and its top-k experts', the
 // head), plus per layer 6 * heads * head_dim per (query, key) pair: the QK^T and PV products
 // (2 d FLOPs each per pair and head) over the causal square counted whole, x3 for the backward.
-// With document bounds only each document's own square counts.
+// With document bounds only each document's own square counts; a sliding_attention layer counts
+// its band (twice its pairs, n W - W (W - 1) / 2 a document) in place of the square.
 double decoder_step_flops(const ModelConfig& c, const DecoderLayerShape& layer, int64_t tokens,
                           std::span<const int64_t> document_bounds);
 

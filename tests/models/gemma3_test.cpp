@@ -372,7 +372,8 @@ TEST(Gemma3Export, SavedFoldersLoadBackBitForBit) {
                          "full_attention":{"rope_type":"linear","factor":8.0,"rope_theta":1000000.0}}})",
                  9, Device::cpu(), DType::bf16);
   for (Parameter* p : a->parameters()) {
-    if (p->value.dim() == 1) EXPECT_EQ(p->value.to_floats(), std::vector<float>(p->value.numel(), 0.f)) << p->name;
+    if (p->value.dim() != 1) continue;
+    EXPECT_EQ(p->value.to_floats(), std::vector<float>(p->value.numel(), 0.f)) << p->name;
   }
   test::DefaultSlots sa(*a);
   const fs::path dir = test::temp_dir("gemma3_export");
@@ -501,6 +502,25 @@ TEST(Gemma3Presets, HaveThePublicShapes) {
   EXPECT_EQ(big.num_layers, 62);
   EXPECT_EQ(big.head_dim, 128);
   EXPECT_NEAR(big.attention_scale, 1.0 / std::sqrt(168.0), 1e-15);
+}
+
+// The model FLOPs (MFU's) count a sliding layer's band, twice its pairs, in place of the causal
+// square: n W - W (W - 1) / 2 pairs a document of n >= W tokens, the square below that.
+TEST(Gemma3Flops, SlidingLayersCountTheirBand) {
+  const std::string shape = R"({"hidden_size":32,"intermediate_size":48,"num_hidden_layers":3,"num_attention_heads":4,
+    "num_key_value_heads":2,"head_dim":8,"vocab_size":64,"layer_types":["sliding_attention","full_attention","sliding_attention"],
+    "sliding_window":)";
+  auto windowed = test::make_plugin<Model>(kModule), wide = test::make_plugin<Model>(kModule);
+  windowed->init_random(shape + "16}", 1, Device::cpu(), DType::f32);
+  wide->init_random(shape + "4096}", 1, Device::cpu(), DType::f32);
+  const double qd = 4 * 8, T = 1000, W = 16;
+  const double band = 2 * (T * W - W * (W - 1) / 2);
+  EXPECT_NEAR(wide->step_flops(1000, {}) - windowed->step_flops(1000, {}), 6 * qd * 2 * (T * T - band), 1e-6 * T * T);
+  // Documents: one of 10 tokens (below the window: its square) and one of 990.
+  const std::vector<int64_t> docs = {0, 10, 1000};
+  const double doc_band = 100 + 2 * (990 * W - W * (W - 1) / 2);
+  EXPECT_NEAR(wide->step_flops(1000, docs) - windowed->step_flops(1000, docs), 6 * qd * 2 * (100 + 990.0 * 990 - doc_band),
+              1e-6 * T * T);
 }
 
 // A config.json with `edit` applied, written to a fresh folder; returns the key the module's
