@@ -459,6 +459,42 @@ TEST(Gemma3Gradients, MatchFiniteDifferences) {
   EXPECT_EQ(checked, gemma3_names(2).size());
 }
 
+// A gemma3 checkpoint as transformers 4 wrote the Hub's (language_model.model.*, the vision tower
+// and projector beside, the config's keys in text_config) and as 5 writes it (model.language_model.*):
+// the language model loads bit for bit, the tower stays unread.
+TEST(Gemma3Checkpoint, MultimodalNamesOfBothVersionsLoadTheLanguageModel) {
+  auto a = test::make_plugin<Model>(kModule);
+  const nlohmann::json text = {{"model_type", "gemma3_text"}, {"hidden_size", 32}, {"intermediate_size", 48},
+                               {"num_hidden_layers", 2}, {"num_attention_heads", 4}, {"num_key_value_heads", 2},
+                               {"head_dim", 8}, {"vocab_size", 64}, {"sliding_window", 4}, {"sliding_window_pattern", 2},
+                               {"rope_scaling", {{"rope_type", "linear"}, {"factor", 8.0}}}};
+  a->init_random(text.dump(), 31, Device::cpu(), DType::bf16);
+  for (const std::string prefix : {"language_model.model.", "model.language_model."}) {
+    std::vector<safetensors::NamedTensor> tensors;
+    for (Parameter* p : a->parameters()) tensors.push_back({prefix + p->name.substr(6), p->value});  // drop "model."
+    const Tensor tower = Tensor::zeros({4, 8}, DType::bf16, Device::cpu());
+    const std::string outer = prefix == "model.language_model." ? "model." : "";
+    tensors.push_back({outer + "vision_tower.vision_model.embeddings.patch_embedding.weight", tower});
+    tensors.push_back({outer + "multi_modal_projector.mm_input_projection_weight", tower});
+    const fs::path dir = test::temp_dir("gemma3_multimodal");
+    safetensors::write_checkpoint(dir.string(), tensors, DType::bf16);
+    nlohmann::json cfg = {{"model_type", "gemma3"}, {"architectures", {"Gemma3ForConditionalGeneration"}},
+                          {"text_config", text}, {"vision_config", {{"model_type", "siglip_vision_model"}}},
+                          {"mm_tokens_per_image", 256}, {"image_token_index", 262144}};
+    cfg["text_config"].erase("model_type");
+    std::ofstream(dir / "config.json") << cfg.dump();
+    auto b = load(dir, DType::bf16);
+    EXPECT_EQ(b->config().layer_types, (std::vector<std::string>{"sliding_attention", "full_attention"})) << prefix;
+    EXPECT_EQ(nlohmann::json::parse(b->config().rope_parameters_json)["factor"], 8.0) << prefix;
+    auto pa = a->parameters(), pb = b->parameters();
+    ASSERT_EQ(pa.size(), pb.size());
+    for (size_t i = 0; i < pa.size(); ++i) {
+      ASSERT_EQ(pa[i]->name, pb[i]->name);
+      EXPECT_EQ(0, std::memcmp(pa[i]->value.data(), pb[i]->value.data(), pa[i]->value.nbytes())) << prefix << pa[i]->name;
+    }
+  }
+}
+
 int64_t parameter_count(const ModelConfig& c) {
   const int64_t H = c.hidden_size, d = c.head_dim, qd = c.num_heads * d, kvd = c.num_kv_heads * d;
   const int64_t layer = 4 * H + 2 * d + 2 * qd * H + 2 * kvd * H + 3 * H * c.intermediate_size;
