@@ -299,6 +299,14 @@ void plan_dense_decoder(const PlanInputs& in, MemoryPlan& plan, const DenseDecod
                PlanCategory::transient, (E / ep) * Im * s.H * ab, plan_phase::mlp_backward);
   }
 
+  // The sliding layers' own rotary tables (ModelConfig::sliding_rope_parameters_json), built once
+  // per shard and held through the step beside the PositionalEncoding slot's.
+  bool any_windowed = false;
+  for (int64_t l = 0; l < s.L; ++l) any_windowed = any_windowed || windowed(in.model, l);
+  if (any_windowed && !in.model.sliding_rope_parameters_json.empty())
+    plan.add("sliding_rope_tables", "sliding layers' rope cos/sin [T,d/2] fp32", PlanCategory::transient,
+             2 * T * (s.d / 2) * 4, plan_phase::step);
+
   // final_norm_backward recomputes the norm: y [T,H] and fp32 rstd [T].
   plan.add("final_norm_recompute", "final norm recompute: y [T,H], rstd", PlanCategory::transient, T * (s.H * ab + 4),
            plan_phase::final_norm);
