@@ -9,7 +9,7 @@ windows are small (8 or 16 of 64 tokens) so sliding layers differ from full ones
 both. Token id 0 (Gemma's pad_token_id, whose embedding row nn.Embedding leaves without gradient) is
 kept out of the inputs.
 
-  gemma3_text_f32   gemma3_text, fp32 on disk, hidden 48 (sqrt(48) is not a round scale), head_dim 32
+  gemma3_text_f32   gemma3_text, fp32 on disk, hidden 48 (sqrt(48) is not a round scale), head_dim 16
                     (heads x head_dim != hidden), query_pre_attn_scalar 24 (not head_dim), GQA 4/2,
                     full layers with rope_theta 1e6 and linear scaling 8 beside sliding ones at 1e4.
   gemma3_text_bf16  gemma3_text, bf16 on disk, in transformers 4's config form (rope_theta,
@@ -46,7 +46,7 @@ IGNORED = (0, 5, 17, 40)  # label positions set to -100
 S, F = "sliding_attention", "full_attention"
 
 MODELS = [
-    dict(name="gemma3_text_f32", hidden=48, intermediate=80, heads=4, kv=2, head_dim=32, scalar=24, window=8,
+    dict(name="gemma3_text_f32", hidden=48, intermediate=80, heads=4, kv=2, head_dim=16, scalar=24, window=8,
          layer_types=[S, F, S, S], rope={S: {"rope_type": "default", "rope_theta": 10000.0},
                                          F: {"rope_type": "linear", "rope_theta": 1000000.0, "factor": 8.0}},
          dtype=torch.float32),
