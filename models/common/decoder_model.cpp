@@ -22,6 +22,14 @@
 // go as soon as their last reader has run, so the layer's peak is the larger of two moments, the
 // MLP's backward and one group's attention backward (plan_dense_decoder counts both). Parameter
 // gradients are fp32 and accumulate across calls.
+//
+// Gemma 3 (Family::sandwich_norms, unit_offset_norms, scaled_embedding, GeGLU): every norm reads its
+// weight as (1 + w), the embedding's rows are scaled by sqrt(H), and a layer is
+//   x1 = x + rmsnorm_pa(attention(rmsnorm_in(x))) ; y = x1 + rmsnorm_pf(mlp(rmsnorm_pre(x1)))
+// with gelu_tanh for silu. The backward recomputes the MLP's output (its norm's backward needs it)
+// before the MLP slot's own backward, and holds the attention's output before its norm through
+// the MLP's backward. Sliding layers see ModelConfig::sliding_window keys and may rotate with
+// their own base (sliding_rope_parameters_json: tables built here from StepContext::positions).
 #include <cmath>
 #include <algorithm>
 #include <limits>
@@ -31,6 +39,7 @@
 #include <fstream>
 #include <map>
 #include <set>
+#include <nlohmann/json.hpp>
 #include <vector>
 
 #include "lcx/comm.h"
@@ -75,6 +84,11 @@ struct LayerParams {
   int q_bias = -1, k_bias = -1, v_bias = -1;  // Qwen2's projection biases
   int sinks = -1;                             // GPT-OSS's attention sinks [num_heads]
   int64_t window = 0;                         // a sliding_attention layer's window; 0: full
+  bool own_rope = false;  // rotates with the sliding layers' tables (sliding_rope_parameters_json)
+  // Gemma's sandwich: the norms of the attention's and of the MLP's outputs before their residuals
+  // (post_attention_layernorm, post_feedforward_layernorm); post_norm is then the MLP's input norm
+  // (pre_feedforward_layernorm).
+  int attn_out_norm = -1, mlp_out_norm = -1;
   int gate = -1, up = -1, down = -1;  // the dense MLP's
   // A sparse layer's router [E,H] and every expert's gate, up [E,I,H] and down [E,H,I] stacked.
   bool sparse = false;
@@ -146,11 +160,21 @@ class DecoderModel final : public Model {
     for (const auto& p : params_)
       if (is_experts(p.name))
         for (int64_t e = 0; e < cfg_.num_experts; ++e) expected.insert(expert_name(p.name, e));
-    for (const auto& name : ck.names()) {
+    // The stored name of each parameter (the family may store them under other names) and the
+    // tensors the family leaves unread.
+    std::map<std::string, std::string> stored_as;
+    int64_t unread = 0;
+    for (const auto& stored : ck.names()) {
+      const std::string name = family_.checkpoint_name ? family_.checkpoint_name(stored) : stored;
+      if (name.empty()) {
+        ++unread;
+        continue;
+      }
+      stored_as[name] = stored;
       if (expected.count(name)) continue;
       if (name == "lm_head.weight" && cfg_.tie_word_embeddings) continue;  // redundant copy of a tied head
       if (name.size() > 20 && name.substr(name.size() - 20) == ".rotary_emb.inv_freq") continue;  // old buffers
-      throw Error(str(ck.file_of(name), ": tensor '", name, "' is unexpected in a ", cfg_.model_type, " checkpoint with ",
+      throw Error(str(ck.file_of(stored), ": tensor '", stored, "' is unexpected in a ", cfg_.model_type, " checkpoint with ",
                       cfg_.num_layers, " layers", cfg_.tie_word_embeddings ? " and a tied head" : "",
                       cfg_.num_experts > 0 ? str(", ", cfg_.sparse_layers(), " of them sparse with ", cfg_.num_experts, " experts") : ""),
                   {}, "check that config.json belongs to these weights");
@@ -158,17 +182,22 @@ class DecoderModel final : public Model {
     std::vector<safetensors::LoadTarget> targets;
     uint64_t stored = 0;  // bytes read
     for (const auto& p : entries) {
-      if (!ck.has(p.name))
+      const auto at = stored_as.find(p.name);
+      if (at == stored_as.end())
         throw Error(str(ck.path(), ": tensor '", p.name, "' is missing"), {},
                     p.name == "lm_head.weight" ? "an untied model needs lm_head.weight, or set tie_word_embeddings"
                                                : "the checkpoint is incomplete or belongs to another config");
-      const auto& info = ck.info(p.name);
+      const std::string& name = at->second;
+      const auto& info = ck.info(name);
       if (info.shape != p.value.shape())
-        throw Error(str(ck.file_of(p.name), ": tensor '", p.name, "' has shape ", shape_str(info.shape), " but config.json implies ",
+        throw Error(str(ck.file_of(name), ": tensor '", name, "' has shape ", shape_str(info.shape), " but config.json implies ",
                         shape_str(p.value.shape())));
-      targets.push_back({p.name, p.value});
+      targets.push_back({name, p.value});
       stored += info.end - info.begin;
     }
+    if (unread > 0)
+      log::info(str(family_.name, ": ", unread, " tensors of ", dir, " are not the language model's (a vision tower) "
+                    "and are left unread; a save writes the language model alone"));
     const auto start = std::chrono::steady_clock::now();
     safetensors::LoadOptions opt;
     opt.check_finite = check_finite_;
@@ -193,7 +222,8 @@ class DecoderModel final : public Model {
     double std = 0.02;
     ModelConfig cfg = family_.from_spec(spec, &std);
     build(cfg, device, dtype);
-    // transformers' _init_weights: Linear and Embedding ~ N(0, initializer_range), RMSNorm = 1.
+    // transformers' _init_weights: Linear and Embedding ~ N(0, initializer_range), RMSNorm = 1
+    // (its weight 0 where read as 1 + w).
     for (auto& p : params_) {
       // An expert-parallel rank's experts are its rows of the whole layer's draw, so every ep
       // starts from the weights one rank would (the draw is per parameter, not per expert).
@@ -201,7 +231,9 @@ class DecoderModel final : public Model {
       const bool slice = is_experts(p.name) && ep_ > 1;
       if (slice) shape[0] = cfg.num_experts;
       Tensor host = Tensor::empty(shape, dtype, Device::cpu(), MemoryCategory::weights);
-      if (p.value.dim() == 1)
+      if (p.value.dim() == 1 && family_.unit_offset_norms)
+        host.zero();  // (1 + w) norms start at w = 0, as transformers' Gemma3RMSNorm
+      else if (p.value.dim() == 1)
         fill_ones(host);
       else
         fill_normal(host, init_key(seed, p.name), std);
@@ -241,11 +273,17 @@ class DecoderModel final : public Model {
 
   void embed_forward(const Tensor& tokens, Tensor& x) override {
     ops::embedding_forward(tokens, W(embed_), x);
+    if (family_.scaled_embedding) ops::scale_inplace(x, embed_scale());
     begin_pass(x);
   }
 
   void embed_backward(const Tensor& tokens, const Tensor& dx) override {
-    if (trains(embed_)) ops::embedding_backward(tokens, dx, G(embed_));
+    if (!trains(embed_)) return;
+    if (!family_.scaled_embedding) return ops::embedding_backward(tokens, dx, G(embed_));
+    Tensor scaled = act(dx.shape(), dx);
+    ops::cast(dx, scaled);
+    ops::scale_inplace(scaled, embed_scale());
+    ops::embedding_backward(tokens, scaled, G(embed_));
   }
 
   void layer_forward(int layer, const Tensor& x, Tensor& y, StepContext& ctx) override {
@@ -262,6 +300,10 @@ class DecoderModel final : public Model {
         ctx.memory->keep(layer, a.attn);
         ctx.memory->keep(layer, a.lse);
       }
+    }
+    if (L.attn_out_norm >= 0) {
+      Tensor rstd;
+      x1 = normed(L.attn_out_norm, x1, rstd);
     }
     ops::add(x, x1, x1);  // x1 = x + o, in o's buffer
     Tensor rstd2;
@@ -280,6 +322,11 @@ class DecoderModel final : public Model {
       mlp(ctx).forward(h2, mlp_weights(L, ctx), y);
     }
     h2 = Tensor();
+    if (L.mlp_out_norm >= 0) {
+      Tensor rstd;
+      const Tensor m = normed(L.mlp_out_norm, y, rstd);
+      return ops::add(x1, m, y);
+    }
     ops::add(x1, y, y);
   }
 
@@ -310,18 +357,43 @@ class DecoderModel final : public Model {
       adapter_inputs(lo, h1);
       x1 = attention_out(L, h1, ctx, groups, groups == 1 || keep_outputs_ ? &kept : nullptr, false, lo);
     }
+    // Sandwich: the attention's output o before its norm, held for that norm's backward.
+    Tensor o_raw, rstd_o;
+    if (L.attn_out_norm >= 0) {
+      o_raw = x1;
+      x1 = normed(L.attn_out_norm, o_raw, rstd_o);
+    }
     ops::add(x, x1, x1);
     Tensor rstd2;
     Tensor h2 = post_norm(L, x1, rstd2);
 
-    // MLP: y = x1 + mlp(h2). dx holds dh2 until the attention's backward needs it for dh1.
-    mlp_backward(L, h2, dy, dx, ctx);
+    // MLP: y = x1 + mlp(h2), or x1 + norm(mlp(h2)) whose backward needs mlp(h2) again. dx holds
+    // dh2 until the attention's backward needs it for dh1.
+    if (L.mlp_out_norm >= 0) {
+      Tensor m = act({T, cfg_.hidden_size}, x);
+      mlp(ctx).forward(h2, mlp_weights(L, ctx), m);
+      Tensor rstd_m;
+      normed(L.mlp_out_norm, m, rstd_m);
+      Tensor dm = act({T, cfg_.hidden_size}, x);
+      norm_backward(L.mlp_out_norm, m, rstd_m, dy, dm);
+      m = Tensor();
+      mlp_backward(L, h2, dm, dx, ctx);
+    } else {
+      mlp_backward(L, h2, dy, dx, ctx);
+    }
     h2 = Tensor();
     Tensor dx1 = act({T, cfg_.hidden_size}, x);
-    ops::rmsnorm_backward(x1, W(L.post_norm), rstd2, dx, dx1, norm_grad(L.post_norm));
+    norm_backward(L.post_norm, x1, rstd2, dx, dx1);
     ops::add(dx1, dy, dx1);  // the residual path
     x1 = Tensor();
     rstd2 = Tensor();
+    // The gradient of the attention's output: dx1, or through the sandwich's norm of it.
+    Tensor dout = dx1;
+    if (L.attn_out_norm >= 0) {
+      dout = act({T, cfg_.hidden_size}, x);
+      norm_backward(L.attn_out_norm, o_raw, rstd_o, dx1, dout);
+      o_raw = rstd_o = Tensor();
+    }
 
     // Attention: x1 = x + sum over groups of attn_g @ Wo[:, group's columns]^T. h1 is recomputed
     // (the same bits) rather than held through the MLP; dh1 accumulates in dx.
@@ -332,11 +404,11 @@ class DecoderModel final : public Model {
     Tensor go;
     if (lo.o) {
       go = act({T, lo.o->rank()}, x);
-      ops::matmul(dx1, false, lo.o->b->value, false, go, lo.o->scale);
+      ops::matmul(dout, false, lo.o->b->value, false, go, lo.o->scale);
       if (!lo.o->b->frozen) {
         Tensor uo = act(go.shape(), x);
         ops::cast(lo.uo, uo);
-        ops::matmul(dx1, true, uo, false, lo.o->b->grad, lo.o->scale, 1.f);
+        ops::matmul(dout, true, uo, false, lo.o->b->grad, lo.o->scale, 1.f);
       }
       lo.uo = Tensor();
     }
@@ -358,7 +430,7 @@ class DecoderModel final : public Model {
       Tensor dattn = act({T, hg.nq, d}, x);
       {
         Tensor dattn2 = dattn.view({T, hg.nq * d});
-        ops::matmul(dx1, false, o_columns(W(L.o), hg), false, dattn2);
+        ops::matmul(dout, false, o_columns(W(L.o), hg), false, dattn2);
         if (lo.o && !lo.o->dropping()) {
           ops::matmul(go, false, o_columns(lo.o->a->value, hg), false, dattn2, 1.f, 1.f);
           if (!lo.o->a->frozen) accumulate_columns(lo.o->a->grad, hg, go, a.attn.view({T, hg.nq * d}), 1.f);
@@ -370,7 +442,7 @@ class DecoderModel final : public Model {
             accumulate_columns(lo.o->a->grad, hg, go, o_lora_input(lo, hg, a.attn.view({T, hg.nq * d}), buffer), 1.f);
         }
       }
-      if (trains(L.o)) accumulate_columns(G(L.o), hg, dx1, a.attn.view({T, hg.nq * d}), 1.f);
+      if (trains(L.o)) accumulate_columns(G(L.o), hg, dout, a.attn.view({T, hg.nq * d}), 1.f);
       Tensor dq = act({T, hg.nq, d}, x), dk = act({T, hg.nkv, d}, x), dv = act({T, hg.nkv, d}, x);
       // a.attn and a.lse carry the sinks (group_forward): the plain backward is then exact for q, k, v.
       if (L.sinks >= 0 && trains(L.sinks))
@@ -379,8 +451,9 @@ class DecoderModel final : public Model {
                                        args(ctx, L));
       dattn = Tensor();
       a.attn = a.lse = a.qr = a.kr = Tensor();
-      ops::rotary_backward(dq, ctx.rope->cos, ctx.rope->sin);
-      ops::rotary_backward(dk, ctx.rope->cos, ctx.rope->sin);
+      const RopeTables& rope = rope_for(L, ctx);
+      ops::rotary_backward(dq, rope.cos, rope.sin);
+      ops::rotary_backward(dk, rope.cos, rope.sin);
       Tensor dq_raw, dk_raw;
       if (L.q_norm < 0) {
         dq_raw = dq.view({T * hg.nq, d});
@@ -388,12 +461,10 @@ class DecoderModel final : public Model {
         dq = a.q = dk = a.k = Tensor();
       } else {
         dq_raw = act({T * hg.nq, d}, x);
-        ops::rmsnorm_backward(a.q.view({T * hg.nq, d}), W(L.q_norm), a.rstd_q, dq.view({T * hg.nq, d}), dq_raw,
-                              norm_grad(L.q_norm));
+        norm_backward(L.q_norm, a.q.view({T * hg.nq, d}), a.rstd_q, dq.view({T * hg.nq, d}), dq_raw);
         dq = a.q = a.rstd_q = Tensor();
         dk_raw = act({T * hg.nkv, d}, x);
-        ops::rmsnorm_backward(a.k.view({T * hg.nkv, d}), W(L.k_norm), a.rstd_k, dk.view({T * hg.nkv, d}), dk_raw,
-                              norm_grad(L.k_norm));
+        norm_backward(L.k_norm, a.k.view({T * hg.nkv, d}), a.rstd_k, dk.view({T * hg.nkv, d}), dk_raw);
         dk = a.k = a.rstd_k = Tensor();
       }
       const Tensor dq2 = dq_raw.view({T, hg.nq * d}), dk2 = dk_raw.view({T, hg.nkv * d}),
@@ -409,7 +480,7 @@ class DecoderModel final : public Model {
     }
     h1 = Tensor();
     Tensor dxn = act({T, cfg_.hidden_size}, x);
-    ops::rmsnorm_backward(x, W(L.input_norm), rstd1, dx, dxn, norm_grad(L.input_norm));
+    norm_backward(L.input_norm, x, rstd1, dx, dxn);
     ops::add(dxn, dx1, dx);
   }
 
@@ -521,12 +592,12 @@ class DecoderModel final : public Model {
     plan_dense_decoder(in, plan,
                        {resolve_groups(in.model.num_kv_heads, in.cp * in.sp == 1, in.recipe.get(table_, kHeadGroups, 0)),
                         keep_outputs_, keeps_attention(in.recipe)},
-                       tile, {family_.qk_norm, family_.qkv_bias, family_.sinks});
+                       tile, {family_.qk_norm, family_.qkv_bias, family_.sinks, family_.sandwich_norms});
   }
 
   void final_norm_forward(const Tensor& x, Tensor& y) override {
     Tensor rstd = Tensor::empty({x.size(0)}, DType::f32, x.device());
-    ops::rmsnorm_forward(x, W(final_norm_), eps(), y, rstd);
+    norm_forward(final_norm_, x, y, rstd);
     end_pass();
   }
 
@@ -535,12 +606,12 @@ class DecoderModel final : public Model {
   void final_norm_backward(const Tensor& x, const Tensor& dy, Tensor& dx) override {
     Tensor rstd = Tensor::empty({x.size(0)}, DType::f32, x.device());
     Tensor y = Tensor::empty(x.shape(), x.dtype(), x.device());
-    ops::rmsnorm_forward(x, W(final_norm_), eps(), y, rstd);
-    ops::rmsnorm_backward(x, W(final_norm_), rstd, dy, dx, norm_grad(final_norm_));
+    norm_forward(final_norm_, x, y, rstd);
+    norm_backward(final_norm_, x, rstd, dy, dx);
   }
 
   double step_flops(int64_t tokens, std::span<const int64_t> document_bounds) const override {
-    return decoder_step_flops(cfg_, {family_.qk_norm, family_.qkv_bias, family_.sinks}, tokens, document_bounds);
+    return decoder_step_flops(cfg_, {family_.qk_norm, family_.qkv_bias, family_.sinks, family_.sandwich_norms}, tokens, document_bounds);
   }
 
   Tensor head_weight() override { return W(head_); }
@@ -564,7 +635,7 @@ class DecoderModel final : public Model {
   }
   MlpWeights mlp_weights(const LayerParams& L, const StepContext& ctx) {
     return {W(L.gate), W(L.up), W(L.down), lora(ctx, L, Linear::gate_proj), lora(ctx, L, Linear::up_proj),
-            lora(ctx, L, Linear::down_proj), ctx.rows};
+            lora(ctx, L, Linear::down_proj), ctx.rows, family_.activation};
   }
   // The layer's attention-half factors; with h1, also h1's products with q, k and v's A.
   AttnLora attn_lora(const LayerParams& L, const StepContext& ctx, const Tensor& h1) {
@@ -603,11 +674,49 @@ class DecoderModel final : public Model {
   MlpStrategy& mlp(const StepContext& ctx) { return ctx.mlp ? *ctx.mlp : *whole_mlp_; }
   AttentionArgs args(const StepContext& ctx, const LayerParams& L) const {
     AttentionArgs a;
-    a.scale = static_cast<float>(1.0 / std::sqrt(static_cast<double>(cfg_.head_dim)));
+    a.scale = static_cast<float>(cfg_.attention_scale > 0 ? cfg_.attention_scale
+                                                          : 1.0 / std::sqrt(static_cast<double>(cfg_.head_dim)));
     a.causal = true;
     a.documents = ctx.documents;
     a.window = L.window;
     return a;
+  }
+  // Gemma's embedding scale: sqrt(hidden_size) in fp32, rounded to the table's dtype, as
+  // transformers' Gemma3TextScaledWordEmbedding multiplies.
+  float embed_scale() const {
+    const float s = static_cast<float>(std::sqrt(static_cast<double>(cfg_.hidden_size)));
+    switch (params_[static_cast<size_t>(embed_)].value.dtype()) {
+      case DType::bf16: return bf16_to_float(float_to_bf16(s));
+      case DType::f16: return f16_to_float(float_to_f16(s));
+      default: return s;
+    }
+  }
+  // The rotary tables of layer L: the PositionalEncoding slot's, or for a sliding layer rotating
+  // with its own base (Gemma 3's local 10000) the ones built here from the shard's positions, as
+  // transformers computes them (fp32 position times fp32 inv_freq), once per shard.
+  const RopeTables& rope_for(const LayerParams& L, const StepContext& ctx) {
+    if (!L.own_rope) return *ctx.rope;
+    if (!ctx.positions.defined())
+      throw Error(str(family_.name, ": layer ", L.index, " rotates with the sliding layers' own base and needs the "
+                      "shard's positions, which this caller's StepContext lacks"),
+                  {}, "pass Shard::positions in StepContext::positions");
+    const int64_t T = ctx.positions.numel();
+    const int64_t* pos = ctx.positions.data_as<const int64_t>();
+    if (own_rope_.cos.defined() && own_rope_.cos.device() == ctx.device && own_rope_positions_.size() == static_cast<size_t>(T) &&
+        std::equal(own_rope_positions_.begin(), own_rope_positions_.end(), pos))
+      return own_rope_;
+    own_rope_positions_.assign(pos, pos + T);
+    const int64_t half = static_cast<int64_t>(own_inv_freq_.size());
+    Tensor cos = Tensor::empty({T, half}, DType::f32), sin = Tensor::empty({T, half}, DType::f32);
+    for (int64_t t = 0; t < T; ++t)
+      for (int64_t i = 0; i < half; ++i) {
+        const float f = static_cast<float>(pos[t]) * own_inv_freq_[static_cast<size_t>(i)];
+        cos.data_as<float>()[t * half + i] = std::cos(f);
+        sin.data_as<float>()[t * half + i] = std::sin(f);
+      }
+    own_rope_.cos = ctx.device.is_cuda() ? cos.to(ctx.device) : cos;
+    own_rope_.sin = ctx.device.is_cuda() ? sin.to(ctx.device) : sin;
+    return own_rope_;
   }
   // Every tensor of a Hugging Face checkpoint of this model and the value it fills or is written
   // from: a parameter, or one expert's slice of a stacked experts' parameter.
@@ -776,7 +885,11 @@ class DecoderModel final : public Model {
     if (ep_ > 1 && cfg.num_experts % ep_ != 0)
       throw Error(str("[distributed] ep = ", ep_, " does not divide the model's ", cfg.num_experts, " experts"),
                   "distributed.ep", str("set ep to a divisor of ", cfg.num_experts, " that divides the world size"));
+    if (family_.sandwich_norms && cfg.sparse_layers() > 0)
+      throw Error(str(family_.name, ": a mixture of experts under sandwich norms is not computed"), "num_experts",
+                  "use a dense checkpoint");
     cfg_ = cfg;
+    own_inv_freq_ = own_inv_freq(cfg);
     first_expert_ = ep_ > 1 ? ep_index_ * (cfg.num_experts / ep_) : 0;
     params_.clear();
     layers_.clear();
@@ -819,8 +932,14 @@ class DecoderModel final : public Model {
           throw Error(str(family_.name, ": layer ", l, " is sliding_attention but sliding_window is ", cfg.sliding_window),
                       "sliding_window", "set sliding_window in config.json to the layers' window (> 0)");
         L.window = cfg.sliding_window;
+        L.own_rope = !own_inv_freq_.empty();
       }
-      L.post_norm = add(p + "post_attention_layernorm.weight", {H});
+      if (family_.sandwich_norms) {
+        L.attn_out_norm = add(p + "post_attention_layernorm.weight", {H});
+        L.post_norm = add(p + "pre_feedforward_layernorm.weight", {H});
+      } else {
+        L.post_norm = add(p + "post_attention_layernorm.weight", {H});
+      }
       if (cfg.sparse(l)) {
         // The router stays whole (every rank routes its own tokens over every expert); the
         // experts are this rank's E/ep.
@@ -837,6 +956,7 @@ class DecoderModel final : public Model {
         L.up = add(p + "mlp.up_proj.weight", {I, H}, true);
         L.down = add(p + "mlp.down_proj.weight", {H, I}, true);
       }
+      if (family_.sandwich_norms) L.mlp_out_norm = add(p + "post_feedforward_layernorm.weight", {H});
       layers_.push_back(L);
     }
     final_norm_ = add("model.norm.weight", {H});
@@ -845,6 +965,25 @@ class DecoderModel final : public Model {
       if (!computes(cfg.layer_types[l]))
         log::warn(str(family_.name, ": layer ", l, " is ", cfg.layer_types[l],
                       "; this module computes full causal attention only and will refuse to run it"));
+  }
+
+  // The sliding layers' own inv_freq where they rotate otherwise than the full ones (empty
+  // otherwise): transformers' default rope with their rope_theta, 1 / theta ** (2i / d) in fp32.
+  static std::vector<float> own_inv_freq(const ModelConfig& cfg) {
+    if (cfg.sliding_rope_parameters_json.empty()) return {};
+    const nlohmann::json j = nlohmann::json::parse(cfg.sliding_rope_parameters_json);
+    const std::string type = j.value("rope_type", std::string("default"));
+    if (type != "default" || !j.contains("rope_theta"))
+      throw Error(str("the sliding layers' rope parameters ", cfg.sliding_rope_parameters_json,
+                      " are not the default kind with a rope_theta"),
+                  "rope_parameters.sliding_attention", "give them {\"rope_type\": \"default\", \"rope_theta\": ...}");
+    const double theta = j.at("rope_theta").get<double>();
+    const int64_t d = cfg.head_dim;
+    std::vector<float> inv(static_cast<size_t>(d / 2));
+    for (int64_t i = 0; i < d / 2; ++i)
+      inv[static_cast<size_t>(i)] = static_cast<float>(
+          1.0 / std::pow(theta, static_cast<double>(static_cast<float>(2 * i) / static_cast<float>(d))));
+    return inv;
   }
 
   // Whether this family computes layers of `type`: full attention, and sliding windows where it has them.
@@ -935,17 +1074,23 @@ class DecoderModel final : public Model {
     return ones_.rows(0, T);
   }
 
-  Tensor input_norm(const LayerParams& L, const Tensor& x, Tensor& rstd) {
+  Tensor input_norm(const LayerParams& L, const Tensor& x, Tensor& rstd) { return normed(L.input_norm, x, rstd); }
+  Tensor post_norm(const LayerParams& L, const Tensor& x1, Tensor& rstd) { return normed(L.post_norm, x1, rstd); }
+  // RMSNorm of rows x [T, n] by parameter w: the family's kind ((1 + w) or w), rstd fp32 [T].
+  Tensor normed(int w, const Tensor& x, Tensor& rstd) {
     Tensor h = act(x.shape(), x);
-    rstd = f32({x.size(0)}, x);
-    ops::rmsnorm_forward(x, W(L.input_norm), eps(), h, rstd);
+    rstd = f32({x.numel() / x.size(-1)}, x);
+    norm_forward(w, x, h, rstd);
     return h;
   }
-  Tensor post_norm(const LayerParams& L, const Tensor& x1, Tensor& rstd) {
-    Tensor h = act(x1.shape(), x1);
-    rstd = f32({x1.size(0)}, x1);
-    ops::rmsnorm_forward(x1, W(L.post_norm), eps(), h, rstd);
-    return h;
+  void norm_forward(int w, const Tensor& x, Tensor& y, Tensor& rstd) {
+    if (family_.unit_offset_norms) return ops::rmsnorm_offset_forward(x, W(w), 1.f, eps(), y, rstd);
+    ops::rmsnorm_forward(x, W(w), eps(), y, rstd);
+  }
+  // dx from dy; the weight's gradient accumulates (norm_grad).
+  void norm_backward(int w, const Tensor& x, const Tensor& rstd, const Tensor& dy, Tensor& dx) {
+    if (family_.unit_offset_norms) return ops::rmsnorm_offset_backward(x, W(w), 1.f, rstd, dy, dx, norm_grad(w));
+    ops::rmsnorm_backward(x, W(w), rstd, dy, dx, norm_grad(w));
   }
 
   // q, k, v of one group (with the biases' rows of the group where the family has them), the
@@ -970,23 +1115,24 @@ class DecoderModel final : public Model {
       ops::matmul(one, false, kv_rows(bias_column(L.k_bias), hg), true, a.k, 1.f, 1.f);
       ops::matmul(one, false, kv_rows(bias_column(L.v_bias), hg), true, a.v, 1.f, 1.f);
     }
+    const RopeTables& rope = rope_for(L, ctx);
     if (L.q_norm < 0) {  // no per-head norm: rotary in place on the projections
       a.qr = a.q.view({T, hg.nq, d});
       a.kr = a.k.view({T, hg.nkv, d});
-      ops::rotary_forward(a.qr, ctx.rope->cos, ctx.rope->sin);
-      ops::rotary_forward(a.kr, ctx.rope->cos, ctx.rope->sin);
+      ops::rotary_forward(a.qr, rope.cos, rope.sin);
+      ops::rotary_forward(a.kr, rope.cos, rope.sin);
       return a;
     }
     a.qr = act({T * hg.nq, d}, h1);
     a.kr = act({T * hg.nkv, d}, h1);
     a.rstd_q = f32({T * hg.nq}, h1);
     a.rstd_k = f32({T * hg.nkv}, h1);
-    ops::rmsnorm_forward(a.q.view({T * hg.nq, d}), W(L.q_norm), eps(), a.qr, a.rstd_q);
-    ops::rmsnorm_forward(a.k.view({T * hg.nkv, d}), W(L.k_norm), eps(), a.kr, a.rstd_k);
+    norm_forward(L.q_norm, a.q.view({T * hg.nq, d}), a.qr, a.rstd_q);
+    norm_forward(L.k_norm, a.k.view({T * hg.nkv, d}), a.kr, a.rstd_k);
     a.qr = a.qr.view({T, hg.nq, d});
     a.kr = a.kr.view({T, hg.nkv, d});
-    ops::rotary_forward(a.qr, ctx.rope->cos, ctx.rope->sin);
-    ops::rotary_forward(a.kr, ctx.rope->cos, ctx.rope->sin);
+    ops::rotary_forward(a.qr, rope.cos, rope.sin);
+    ops::rotary_forward(a.kr, rope.cos, rope.sin);
     return a;
   }
 
@@ -1062,6 +1208,9 @@ class DecoderModel final : public Model {
   std::unique_ptr<MlpStrategy> whole_mlp_ = make_whole_mlp();  // for callers whose StepContext names no MLP
   std::map<int64_t, Tensor> norm_scratch_;  // frozen norms' discarded weight gradients, by size
   Tensor ones_;  // ones()'s, as long as the longest shard yet
+  std::vector<float> own_inv_freq_;           // the sliding layers' own rotary frequencies, if any
+  RopeTables own_rope_;                        // their tables for the shard of own_rope_positions_
+  std::vector<int64_t> own_rope_positions_;
   Pass pass_;     // the forward pass under way (mixture of experts)
   AuxLoss aux_;   // the last pass's auxiliary loss
 };

@@ -2,13 +2,15 @@
 // through the PositionalEncoding slot, attention through the Parallelism slot) and a SwiGLU MLP
 // (through the MLP slot) or a sparse mixture of experts, a final RMSNorm and a head, tied or not;
 // parameters by Hugging Face name, explicit forward and backward, HF load and save, plan terms.
-// A family is a recipe: what its layers carry beyond that (q/k norms, q/k/v biases) and how its
-// config.json reads and writes. Linked into each model module; not part of the plugin ABI.
+// A family is a recipe: what its layers carry beyond that (q/k norms, q/k/v biases, sliding
+// windows, Gemma's (1 + w) and sandwich norms, scaled embedding and GeGLU) and how its config.json
+// reads and writes. Linked into each model module; not part of the plugin ABI.
 #pragma once
 #include <memory>
 #include <string>
 
 #include "lcx/hf_config.h"
+#include "lcx/ops.h"
 #include "lcx/plugin.h"
 #include "lcx/slots/model.h"
 
@@ -25,6 +27,22 @@ struct Family {
   // Learned attention sinks (GPT-OSS): each layer's "self_attn.sinks" [num_heads], one logit per
   // query head joining its softmax's denominator (ops::attention_sinks_forward).
   bool sinks = false;
+  // Every RMSNorm's weight read as (1 + w), the product in fp32 rounded once (Gemma3RMSNorm,
+  // ops::rmsnorm_offset_forward); such weights start at 0.
+  bool unit_offset_norms = false;
+  // Four norms a layer (Gemma 2 and 3): post_attention_layernorm on the attention's output before
+  // its residual, pre_feedforward_layernorm on the MLP's input, post_feedforward_layernorm on the
+  // MLP's output before its residual.
+  bool sandwich_norms = false;
+  // The embedding's rows times sqrt(hidden_size) rounded to the weights' dtype (Gemma); the tied
+  // head reads the table unscaled.
+  bool scaled_embedding = false;
+  // The gated MLP's activation: silu (SwiGLU) or gelu_tanh (Gemma's gelu_pytorch_tanh).
+  ops::GateActivation activation = ops::GateActivation::silu;
+  // A checkpoint tensor's name as this decoder names the parameter ("model.layers.0...."), or ""
+  // for a tensor the family leaves unread (a multimodal checkpoint's vision tower); null: the
+  // names are the decoder's. Saving writes the decoder's names.
+  std::string (*checkpoint_name)(const std::string& stored) = nullptr;
   // A checkpoint's config.json; refuses what the family does not compute, naming the key.
   ModelConfig (*from_hf)(const HfConfig& c) = nullptr;
   // A preset name or a JSON object of config.json keys (init_random, describe); init_std, when not

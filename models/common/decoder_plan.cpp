@@ -16,14 +16,15 @@ namespace {
 
 struct DecoderDims {
   int64_t V, H, I, L, Hq, Hkv, d, qd, kvd;
-  int64_t extra;  // a layer's q/k norms, q/k/v biases and sinks
+  int64_t extra;  // a layer's q/k norms, q/k/v biases, sinks and sandwich norms
 };
 
 DecoderDims shape_of(const ModelConfig& c, const DecoderLayerShape& layer) {
   const int64_t d = c.head_dim > 0 ? c.head_dim : c.hidden_size / c.num_heads;
   const int64_t qd = c.num_heads * d, kvd = c.num_kv_heads * d;
   return {c.vocab_size, c.hidden_size, c.intermediate_size, c.num_layers, c.num_heads, c.num_kv_heads, d, qd, kvd,
-          (layer.qk_norm ? 2 * d : 0) + (layer.qkv_bias ? qd + 2 * kvd : 0) + (layer.sinks ? c.num_heads : 0)};
+          (layer.qk_norm ? 2 * d : 0) + (layer.qkv_bias ? qd + 2 * kvd : 0) + (layer.sinks ? c.num_heads : 0) +
+              (layer.sandwich_norms ? 2 * c.hidden_size : 0)};
 }
 
 // One decoder layer's parameters on a rank: input and post-attention norms, q/k/v/o projections,
@@ -45,6 +46,12 @@ int64_t all_layers(const ModelConfig& c, const DecoderDims& s, int64_t ep,
   int64_t n = 0;
   for (int64_t l = 0; l < s.L; ++l) n += per_layer(c, s, ep, l);
   return n;
+}
+// Whether layer l attends within ModelConfig::sliding_window (a family computing sliding layers;
+// the others refuse them before any plan).
+bool windowed(const ModelConfig& c, int64_t l) {
+  return c.sliding_window > 0 && static_cast<size_t>(l) < c.layer_types.size() &&
+         c.layer_types[static_cast<size_t>(l)] == "sliding_attention";
 }
 int64_t largest_layer(const ModelConfig& c, const DecoderDims& s, int64_t ep) {
   int64_t n = 0;
@@ -135,6 +142,9 @@ void plan_dense_decoder(const PlanInputs& in, MemoryPlan& plan, const DenseDecod
            T * ((2 + normed) * gq + (2 + normed) * gkv) * ab, plan_phase::forward);
   plan.add("forward_stats", std::string("layer forward: fp32 norm rstd, ") + (layer.qk_norm ? "q/k norm rstd and " : "") + "LSE (" + heads + ")",
            PlanCategory::transient, T * 4 + group_f32, plan_phase::forward);
+  if (layer.sandwich_norms)
+    plan.add("forward_sandwich", "layer forward: the attention's and the MLP's normed outputs [T,H]",
+             PlanCategory::transient, T * (s.H * ab + 4), plan_phase::forward);
   if (G > 1)
     plan.add("forward_o_columns", "layer forward: one group's o_proj columns [H," + std::to_string(gq) + "]",
              PlanCategory::transient, s.H * gq * ab, plan_phase::forward);
@@ -151,6 +161,12 @@ void plan_dense_decoder(const PlanInputs& in, MemoryPlan& plan, const DenseDecod
   plan.kept_bytes_per_layer = from_forward ? outputs : 0;
   plan.add("mlp_backward_residual", "MLP backward: x1, h2 [T,H], fp32 rstd", PlanCategory::transient,
            T * (2 * s.H * ab + 4), plan_phase::mlp_backward);
+  if (layer.sandwich_norms) {
+    plan.add("mlp_backward_sandwich", "MLP backward: the attention's output before its norm, the MLP's output and its "
+             "gradient [T,H], fp32 rstd", PlanCategory::transient, T * (3 * s.H * ab + 8), plan_phase::mlp_backward);
+    plan.add("attention_backward_sandwich", "attention backward: the gradient of the attention's output [T,H]",
+             PlanCategory::transient, T * s.H * ab, plan_phase::backward);
+  }
   if (G == 1 && !from_forward)
     plan.add("mlp_backward_attention",
              "MLP backward: q, k, v, " + qr + "attn out, LSE kept for the attention backward",
@@ -206,16 +222,14 @@ void plan_dense_decoder(const PlanInputs& in, MemoryPlan& plan, const DenseDecod
     // The backward's GEMMs per forward one: the input's gradient, and the weight's unless frozen.
     const double backward = in.base_frozen ? 1 : 2;
     double recompute = 2 * t * (from_forward ? o : qkv + o) + 2 * t * (2.0 / 3.0) * mlp;
+    if (layer.sandwich_norms) recompute += 2 * t * mlp;  // the MLP's output again, for its norm's backward
     if (from_forward || G > 1) recompute += 2 * t * qkv;
     const int attention_forwards = from_forward ? 1 : (G > 1 && !keep ? 3 : 2);
     // Attention pairs over the layers: causal, half of T x seq per head; a sliding-window layer's
     // rows see at most W keys (causal_pairs), about T x W. `pairs` is the layers' mean.
     double layer_pairs = 0;
-    for (int64_t l = 0; l < s.L; ++l) {
-      const bool windowed = static_cast<size_t>(l) < c.layer_types.size() &&
-                            c.layer_types[static_cast<size_t>(l)] == "sliding_attention" && c.sliding_window > 0;
-      layer_pairs += windowed ? t * static_cast<double>(causal_pairs(in.seq_len, c.sliding_window)) / seq : t * seq / 2;
-    }
+    for (int64_t l = 0; l < s.L; ++l)
+      layer_pairs += windowed(c, l) ? t * static_cast<double>(causal_pairs(in.seq_len, c.sliding_window)) / seq : t * seq / 2;
     layer_pairs *= static_cast<double>(s.Hq);
     const double pairs = layer_pairs / static_cast<double>(s.L);
     StepWork& w = plan.work;
@@ -291,6 +305,14 @@ void plan_dense_decoder(const PlanInputs& in, MemoryPlan& plan, const DenseDecod
                PlanCategory::transient, (E / ep) * Im * s.H * ab, plan_phase::mlp_backward);
   }
 
+  // The sliding layers' own rotary tables (ModelConfig::sliding_rope_parameters_json), built once
+  // per shard and held through the step beside the PositionalEncoding slot's.
+  bool any_windowed = false;
+  for (int64_t l = 0; l < s.L; ++l) any_windowed = any_windowed || windowed(in.model, l);
+  if (any_windowed && !in.model.sliding_rope_parameters_json.empty())
+    plan.add("sliding_rope_tables", "sliding layers' rope cos/sin [T,d/2] fp32", PlanCategory::transient,
+             2 * T * (s.d / 2) * 4, plan_phase::step);
+
   // final_norm_backward recomputes the norm: y [T,H] and fp32 rstd [T].
   plan.add("final_norm_recompute", "final norm recompute: y [T,H], rstd", PlanCategory::transient, T * (s.H * ab + 4),
            plan_phase::final_norm);
@@ -311,17 +333,13 @@ double decoder_step_flops(const ModelConfig& c, const DecoderLayerShape& layer, 
   std::vector<int64_t> lengths;
   if (document_bounds.empty()) lengths.push_back(tokens);
   for (size_t i = 1; i < document_bounds.size(); ++i) lengths.push_back(document_bounds[i] - document_bounds[i - 1]);
-  double squares = 0, windowed = 0;
+  double squares = 0, band = 0;
   for (int64_t n : lengths) {
     squares += f(n) * f(n);
-    windowed += 2 * f(causal_pairs(n, c.sliding_window));
+    band += 2 * f(causal_pairs(n, c.sliding_window));
   }
   double attention_flops = 0;
-  for (int64_t l = 0; l < s.L; ++l) {
-    const bool sliding = static_cast<size_t>(l) < c.layer_types.size() &&
-                         c.layer_types[static_cast<size_t>(l)] == "sliding_attention" && c.sliding_window > 0;
-    attention_flops += 6 * f(s.qd) * (sliding ? windowed : squares);
-  }
+  for (int64_t l = 0; l < s.L; ++l) attention_flops += 6 * f(s.qd) * (windowed(c, l) ? band : squares);
   return 6 * weights * T + attention_flops;
 }
 

@@ -25,6 +25,9 @@ struct DecoderLayerShape {
   bool qk_norm = true;    // per-head q_norm and k_norm [head_dim] each (Qwen3)
   bool qkv_bias = false;  // biases of q, k and v [Hq*d], [Hkv*d], [Hkv*d] (Qwen2)
   bool sinks = false;     // attention sinks [Hq] (GPT-OSS)
+  // Gemma's four norms a layer: two [H] more, the attention's output held before its norm, and the
+  // MLP's output recomputed in the backward for its norm's.
+  bool sandwich_norms = false;
 };
 // moe_tile_rows: the tokens a sparse layer runs at once (0: all of them).
 void plan_dense_decoder(const PlanInputs& in, MemoryPlan& plan, const DenseDecoderAttention& attention = {},

@@ -168,6 +168,31 @@ std::vector<OpCase> rmsnorm_cases(bool backward) {
   return cases;
 }
 
+// Gemma's (1 + w) form: weights around 0, so the offset carries the scale.
+std::vector<OpCase> rmsnorm_offset_cases(bool backward) {
+  std::vector<OpCase> cases;
+  for (Shape shape : {Shape{37, 1152}, Shape{50, 4, 256}, Shape{9, 100}})
+    for (DType t : kDtypes)
+      cases.push_back({str(shape_str(shape), " ", dtype_name(t)), [=](Device d, std::mt19937& rng) {
+                         const int64_t n = shape.back(), rows = shape_numel(shape) / n;
+                         const Tensor xh = host_normal(shape, t, rng, 2.f);
+                         const Tensor wh = Tensor::from_floats(normal(n, rng, 0.3f), {n}, t);
+                         const Tensor x = at(d, xh), w = at(d, wh);
+                         if (!backward) {
+                           Tensor y = poisoned(shape, t, d), rstd = poisoned({rows}, DType::f32, d);
+                           ops::rmsnorm_offset_forward(x, w, 1.f, 1e-6f, y, rstd);
+                           return std::vector<Output>{out("y", y), out("rstd", rstd)};
+                         }
+                         Tensor yh = Tensor::empty(shape, t), rstdh = Tensor::empty({rows}, DType::f32);
+                         ops::rmsnorm_offset_forward(xh, wh, 1.f, 1e-6f, yh, rstdh);
+                         const Tensor dy = at(d, host_normal(shape, t, rng));
+                         Tensor dx = poisoned(shape, t, d), dw = at(d, host_normal({n}, DType::f32, rng));
+                         ops::rmsnorm_offset_backward(x, w, 1.f, at(d, rstdh), dy, dx, dw);
+                         return std::vector<Output>{out("dx", dx), out("dw", dw)};
+                       }});
+  return cases;
+}
+
 std::vector<OpCase> rotary_cases(bool backward) {
   const int64_t T = 50, heads = 6, n = 128;
   std::vector<OpCase> cases;
@@ -189,6 +214,27 @@ std::vector<OpCase> rotary_cases(bool backward) {
                          ops::rotary_forward(x, cos, sin);
                        return std::vector<Output>{out(backward ? "dx" : "x", x)};
                      }});
+  return cases;
+}
+
+// As swiglu_cases, through gated_forward / gated_backward's GeGLU (tanh GELU).
+std::vector<OpCase> geglu_cases(bool backward) {
+  std::vector<OpCase> cases;
+  for (Shape shape : {Shape{33, 3072}, Shape{7, 13}})
+    for (DType t : kDtypes)
+      cases.push_back({str(shape_str(shape), " ", dtype_name(t)), [=](Device d, std::mt19937& rng) {
+                         const Tensor gate = at(d, host_normal(shape, t, rng, 3.f));
+                         const Tensor up = at(d, host_normal(shape, t, rng));
+                         if (!backward) {
+                           Tensor y = poisoned(shape, t, d);
+                           ops::gated_forward(ops::GateActivation::gelu_tanh, gate, up, y);
+                           return std::vector<Output>{out("out", y)};
+                         }
+                         const Tensor dout = at(d, host_normal(shape, t, rng));
+                         Tensor dg = poisoned(shape, t, d), du = poisoned(shape, t, d);
+                         ops::gated_backward(ops::GateActivation::gelu_tanh, gate, up, dout, dg, du);
+                         return std::vector<Output>{out("dgate", dg), out("dup", du)};
+                       }});
   return cases;
 }
 
@@ -645,6 +691,10 @@ const std::map<std::string, std::vector<OpCase>>& op_table() {
       {"rotary_backward", rotary_cases(true)},
       {"swiglu_forward", swiglu_cases(false)},
       {"swiglu_backward", swiglu_cases(true)},
+      {"geglu_tanh_forward", geglu_cases(false)},
+      {"geglu_tanh_backward", geglu_cases(true)},
+      {"rmsnorm_offset_forward", rmsnorm_offset_cases(false)},
+      {"rmsnorm_offset_backward", rmsnorm_offset_cases(true)},
       {"add", add_cases(false)},
       {"add_inplace", add_cases(true)},
       {"scale_inplace", scale_cases()},

@@ -1,4 +1,4 @@
-// Embedding, rotary, SwiGLU and the elementwise ops on the CPU: against naive loops and, for the
+// Embedding, rotary, SwiGLU, GeGLU (tanh GELU) and the elementwise ops on the CPU: against naive loops and, for the
 // backwards, against central finite differences.
 #include "kernels/kernel_test_util.h"
 
@@ -111,6 +111,38 @@ TEST(SwigluCpu, BackwardMatchesFiniteDifferences) {
   };
   test::expect_grad(g, dg.to_floats(), loss, "swiglu dgate");
   test::expect_grad(u, du.to_floats(), loss, "swiglu dup");
+}
+
+// torch's gelu(approximate="tanh"), written out in double.
+double gelu_tanh(double g) { return 0.5 * g * (1 + std::tanh(std::sqrt(2 / M_PI) * (g + 0.044715 * g * g * g))); }
+
+TEST(GegluTanhCpu, ForwardMatchesNaive) {
+  Tensor g = rand_tensor({3, 7}, 30, DType::f32, 3.f), u = rand_tensor({3, 7}, 31);
+  Tensor out = Tensor::empty({3, 7}, DType::f32);
+  ops::geglu_tanh_forward(g, u, out);
+  const auto gv = g.to_floats(), uv = u.to_floats(), o = out.to_floats();
+  for (size_t i = 0; i < o.size(); ++i) EXPECT_NEAR(o[i], gelu_tanh(gv[i]) * uv[i], 1e-5f * (1 + std::abs(o[i])));
+  // gated_forward dispatches by the activation.
+  Tensor via = Tensor::empty({3, 7}, DType::f32), silu = Tensor::empty({3, 7}, DType::f32);
+  ops::gated_forward(ops::GateActivation::gelu_tanh, g, u, via);
+  EXPECT_EQ(via.to_floats(), o);
+  ops::gated_forward(ops::GateActivation::silu, g, u, silu);
+  EXPECT_NE(silu.to_floats(), o);
+}
+
+TEST(GegluTanhCpu, BackwardMatchesFiniteDifferences) {
+  Tensor g = rand_tensor({4, 5}, 32, DType::f32, 2.f), u = rand_tensor({4, 5}, 33);
+  const auto w = test::randn(g.numel(), 34);
+  Tensor dout = Tensor::from_floats(w, g.shape(), DType::f32);
+  Tensor dg = Tensor::empty(g.shape(), DType::f32), du = Tensor::empty(g.shape(), DType::f32);
+  ops::geglu_tanh_backward(g, u, dout, dg, du);
+  auto loss = [&] {
+    Tensor out = Tensor::empty(g.shape(), DType::f32);
+    ops::geglu_tanh_forward(g, u, out);
+    return test::probe(out, w);
+  };
+  test::expect_grad(g, dg.to_floats(), loss, "geglu_tanh dgate");
+  test::expect_grad(u, du.to_floats(), loss, "geglu_tanh dup");
 }
 
 TEST(ElementwiseCpu, AddMixedDtypesAndAliasing) {

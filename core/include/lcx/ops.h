@@ -22,6 +22,13 @@ void rmsnorm_forward(const Tensor& x, const Tensor& w, float eps, Tensor& y, Ten
 void rmsnorm_backward(const Tensor& x, const Tensor& w, const Tensor& rstd, const Tensor& dy,
                       Tensor& dx, Tensor& dw);
 
+// Over the last dimension with the weight read as (offset + w): y = cast(x * rstd * (offset + w))
+// computed in fp32 and rounded once, as transformers' Gemma3RMSNorm (offset 1: weights stored
+// around 0). Backward writes dx and accumulates dw += dy * x * rstd (fp32).
+void rmsnorm_offset_forward(const Tensor& x, const Tensor& w, float offset, float eps, Tensor& y, Tensor& rstd);
+void rmsnorm_offset_backward(const Tensor& x, const Tensor& w, float offset, const Tensor& rstd, const Tensor& dy,
+                             Tensor& dx, Tensor& dw);
+
 // x [T,heads,d] in place, rotate-half convention; cos/sin fp32 [T, d/2].
 void rotary_forward(Tensor& x, const Tensor& cos, const Tensor& sin);
 void rotary_backward(Tensor& dx, const Tensor& cos, const Tensor& sin);
@@ -30,6 +37,17 @@ void rotary_backward(Tensor& dx, const Tensor& cos, const Tensor& sin);
 void swiglu_forward(const Tensor& gate, const Tensor& up, Tensor& out);
 void swiglu_backward(const Tensor& gate, const Tensor& up, const Tensor& dout, Tensor& dgate,
                      Tensor& dup);
+
+// out = gelu_tanh(gate) * up, gelu_tanh(g) = 0.5 g (1 + tanh(sqrt(2/pi) (g + 0.044715 g^3))) (torch's
+// gelu with approximate="tanh", transformers' gelu_pytorch_tanh); backward writes dgate, dup.
+void geglu_tanh_forward(const Tensor& gate, const Tensor& up, Tensor& out);
+void geglu_tanh_backward(const Tensor& gate, const Tensor& up, const Tensor& dout, Tensor& dgate,
+                         Tensor& dup);
+// The gated MLP's activation: silu (SwiGLU) or gelu_tanh (GeGLU), and the ops computing it.
+enum class GateActivation : uint8_t { silu, gelu_tanh };
+void gated_forward(GateActivation act, const Tensor& gate, const Tensor& up, Tensor& out);
+void gated_backward(GateActivation act, const Tensor& gate, const Tensor& up, const Tensor& dout, Tensor& dgate,
+                    Tensor& dup);
 
 void add(const Tensor& a, const Tensor& b, Tensor& out);  // out may alias a or b
 void add_inplace(Tensor& acc, const Tensor& x);             // acc += x (any float dtypes)

@@ -196,6 +196,31 @@ void rmsnorm_backward(const Tensor& x, const Tensor& w, const Tensor& rstd, cons
   LCX_ROUTE(cuda, rmsnorm_backward, x, w, rstd, dy, dx, dw);
 }
 
+void rmsnorm_offset_forward(const Tensor& x, const Tensor& w, float offset, float eps, Tensor& y, Tensor& rstd) {
+  const char* op = "rmsnorm_offset_forward";
+  const bool cuda = on_cuda(op, {{"x", &x}, {"w", &w}, {"y", &y}, {"rstd", &rstd}});
+  check_rmsnorm(op, x, w, rstd);
+  need_float(op, "y", y);
+  need_same_shape(op, "y", y, "x", x);
+  ProfileScope scope(OpKind::norm, op);
+  LCX_ROUTE(cuda, rmsnorm_offset_forward, x, w, offset, eps, y, rstd);
+}
+
+void rmsnorm_offset_backward(const Tensor& x, const Tensor& w, float offset, const Tensor& rstd, const Tensor& dy,
+                             Tensor& dx, Tensor& dw) {
+  const char* op = "rmsnorm_offset_backward";
+  const bool cuda = on_cuda(op, {{"x", &x}, {"w", &w}, {"rstd", &rstd}, {"dy", &dy}, {"dx", &dx}, {"dw", &dw}});
+  check_rmsnorm(op, x, w, rstd);
+  need_float(op, "dy", dy);
+  need_same_shape(op, "dy", dy, "x", x);
+  need_float(op, "dx", dx);
+  need_same_shape(op, "dx", dx, "x", x);
+  need_dtype(op, "dw", dw, DType::f32);
+  need_same_shape(op, "dw", dw, "w", w);
+  ProfileScope scope(OpKind::norm, op);
+  LCX_ROUTE(cuda, rmsnorm_offset_backward, x, w, offset, rstd, dy, dx, dw);
+}
+
 namespace {
 void check_rotary(const char* op, const char* name, const Tensor& x, const Tensor& cos, const Tensor& sin) {
   need_float(op, name, x);
@@ -244,6 +269,39 @@ void swiglu_backward(const Tensor& gate, const Tensor& up, const Tensor& dout, T
   }
   ProfileScope scope(OpKind::swiglu, op);
   LCX_ROUTE(cuda, swiglu_backward, gate, up, dout, dgate, dup);
+}
+
+void geglu_tanh_forward(const Tensor& gate, const Tensor& up, Tensor& out) {
+  const char* op = "geglu_tanh_forward";
+  const bool cuda = on_cuda(op, {{"gate", &gate}, {"up", &up}, {"out", &out}});
+  for (Arg x : {Arg{"gate", &gate}, Arg{"up", &up}, Arg{"out", &out}}) need_float(op, x.first, *x.second);
+  need_same_shape(op, "up", up, "gate", gate);
+  need_same_shape(op, "out", out, "gate", gate);
+  ProfileScope scope(OpKind::swiglu, op);
+  LCX_ROUTE(cuda, geglu_tanh_forward, gate, up, out);
+}
+
+void geglu_tanh_backward(const Tensor& gate, const Tensor& up, const Tensor& dout, Tensor& dgate, Tensor& dup) {
+  const char* op = "geglu_tanh_backward";
+  const bool cuda =
+      on_cuda(op, {{"gate", &gate}, {"up", &up}, {"dout", &dout}, {"dgate", &dgate}, {"dup", &dup}});
+  for (Arg x : {Arg{"gate", &gate}, Arg{"up", &up}, Arg{"dout", &dout}, Arg{"dgate", &dgate}, Arg{"dup", &dup}}) {
+    need_float(op, x.first, *x.second);
+    need_same_shape(op, x.first, *x.second, "gate", gate);
+  }
+  ProfileScope scope(OpKind::swiglu, op);
+  LCX_ROUTE(cuda, geglu_tanh_backward, gate, up, dout, dgate, dup);
+}
+
+void gated_forward(GateActivation act, const Tensor& gate, const Tensor& up, Tensor& out) {
+  if (act == GateActivation::gelu_tanh) return geglu_tanh_forward(gate, up, out);
+  swiglu_forward(gate, up, out);
+}
+
+void gated_backward(GateActivation act, const Tensor& gate, const Tensor& up, const Tensor& dout, Tensor& dgate,
+                    Tensor& dup) {
+  if (act == GateActivation::gelu_tanh) return geglu_tanh_backward(gate, up, dout, dgate, dup);
+  swiglu_backward(gate, up, dout, dgate, dup);
 }
 
 void add(const Tensor& a, const Tensor& b, Tensor& out) {

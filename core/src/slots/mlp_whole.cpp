@@ -1,7 +1,8 @@
-// MlpStrategy "whole": the MLP over every row at once. gate, up and act = silu(gate) * up are
-// [T,I] (swiglu_forward writes act in one pass, so three tensors where PyTorch holds four); the
-// backward recomputes them and adds dact, dgate, dup. An adapted projection adds its low-rank
-// update (lcx/slots/adapter.h); a frozen weight (its grad undefined) gets no gradient GEMM.
+// MlpStrategy "whole": the MLP over every row at once. gate, up and act = silu(gate) * up (or
+// gelu_tanh(gate) * up, MlpWeights::activation) are [T,I] (gated_forward writes act in one pass,
+// so three tensors where PyTorch holds four); the backward recomputes them and adds dact, dgate,
+// dup. An adapted projection adds its low-rank update (lcx/slots/adapter.h); a frozen weight (its
+// grad undefined) gets no gradient GEMM.
 #include <utility>
 #include <vector>
 
@@ -22,7 +23,7 @@ class WholeMlp final : public MlpStrategy {
     project_in(x, w, gate, up, ut);
     ut = Tensor();
     Tensor act = Tensor::empty({T, I}, x.dtype(), x.device());
-    ops::swiglu_forward(gate, up, act);
+    ops::gated_forward(w.activation, gate, up, act);
     project(act, w.down, w.down_lr, out, w.rows);
   }
 
@@ -34,14 +35,14 @@ class WholeMlp final : public MlpStrategy {
     Tensor ut;  // gate's and up's adapter products, kept from the recompute for dB
     project_in(x, w, gate, up, ut);
     Tensor act = Tensor::empty({T, I}, dt, dev);
-    ops::swiglu_forward(gate, up, act);
+    ops::gated_forward(w.activation, gate, up, act);
     Tensor dact = Tensor::empty({T, I}, dt, dev);
     if (grad.down.defined()) ops::matmul(dout, true, act, false, grad.down, 1.f, 1.f);
     // An adapter's input gradient first, the projection's GEMM accumulating onto it.
     if (w.down_lr) lowrank_backward(act, dout, *w.down_lr, dact, 0.f, w.rows);
     ops::matmul(dout, false, w.down, false, dact, 1.f, w.down_lr ? 1.f : 0.f);
     Tensor dgate = Tensor::empty({T, I}, dt, dev), dup = Tensor::empty({T, I}, dt, dev);
-    ops::swiglu_backward(gate, up, dact, dgate, dup);
+    ops::gated_backward(w.activation, gate, up, dact, dgate, dup);
     if (grad.gate.defined()) ops::matmul(dgate, true, x, false, grad.gate, 1.f, 1.f);
     if (grad.up.defined()) ops::matmul(dup, true, x, false, grad.up, 1.f, 1.f);
     // gate's and up's adapters: g^T = scale * B^T dy^T of each in one [2r, T] tensor, then dx and

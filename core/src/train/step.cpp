@@ -53,7 +53,7 @@ Tensor forward_only(StepSlots& s, StepHooks& hooks, const Shard& shard, Device d
   hand_recipe(s);
   const int64_t T = shard.tokens.size(0), H = cfg.hidden_size;
   StepContext ctx{&rope, s.parallel, device, s.mlp, nullptr, s.recipe, shard.document_bounds, s.adapter, 1.0,
-                  s.mesh ? &s.mesh->seq() : nullptr, s.mesh ? s.mesh->partition() : nullptr, row_indices(shard, device)};
+                  s.mesh ? &s.mesh->seq() : nullptr, s.mesh ? s.mesh->partition() : nullptr, row_indices(shard, device), shard.positions};
   const Tensor tokens = on(shard.tokens, device);
   Tensor x = Tensor::empty({T, H}, act_dtype(s), device, MemoryCategory::activations);
   s.optimizer->weights_needed(Optimizer::kNonLayer);
@@ -132,7 +132,7 @@ StepResult train_step(StepSlots& s, const Shard& shard, double grad_scale, Devic
   recorder.set_tag("forward");
   const RopeTables rope = s.positional->tables(shard.positions, device);
   StepContext ctx{&rope, s.parallel, device, s.mlp, &memory, s.recipe, shard.document_bounds, s.adapter, aux_weight,
-                  s.mesh ? &s.mesh->seq() : nullptr, s.mesh ? s.mesh->partition() : nullptr, row_indices(shard, device)};
+                  s.mesh ? &s.mesh->seq() : nullptr, s.mesh ? s.mesh->partition() : nullptr, row_indices(shard, device), shard.positions};
   // A layer whose input is not saved runs without the memory strategy: it keeps nothing, and its
   // backward recomputes everything from the rebuilt input.
   StepContext unsaved = ctx;

@@ -3,7 +3,7 @@
 // Core's "whole" runs every row together (four [T,I] intermediates at full length); a strategy
 // may cut the rows into tiles, since each row's output depends only on that row.
 //
-//   out [T,H] = (silu(x @ w_gate^T) * (x @ w_up^T)) @ w_down^T
+//   out [T,H] = (act(x @ w_gate^T) * (x @ w_up^T)) @ w_down^T,  act = silu or gelu_tanh (MlpWeights::activation)
 //
 // backward recomputes what it needs from x (nothing is kept between forward and backward), writes
 // dx and accumulates the weights' fp32 gradients (beta 1), as the model's other gradients do.
@@ -12,6 +12,7 @@
 // (lcx/knob.h), and adds each tile's cost to MemoryPlan::work, so the plan weighs larger tiles'
 // speed against their memory.
 #pragma once
+#include "lcx/ops.h"
 #include "lcx/plugin.h"
 #include "lcx/tensor.h"
 
@@ -35,6 +36,8 @@ struct MlpWeights {
   // share of them), by which the adapters' dropout draws, so a tile draws what the whole MLP would;
   // undefined reads as 0 .. T-1.
   Tensor rows;
+  // The gate's activation: silu (SwiGLU, the default) or gelu_tanh (Gemma's GeGLU).
+  ops::GateActivation activation = ops::GateActivation::silu;
 };
 
 class MlpStrategy : public Plugin {

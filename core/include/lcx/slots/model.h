@@ -36,6 +36,14 @@ struct ModelConfig {
   // position p sees the keys at positions p - W + 1 .. p (W keys, itself included). 0: none.
   int64_t sliding_window = 0;
   std::string rope_parameters_json = "{}";
+  // The sliding_attention layers' rope parameters where they rotate otherwise than the full
+  // layers (Gemma 3: rope_theta 10000, unscaled, beside the full layers' 1e6 with their scaling);
+  // empty: every layer rotates with rope_parameters_json. The PositionalEncoding slot's tables are
+  // the full layers'; a model computes the sliding layers' from StepContext::positions.
+  std::string sliding_rope_parameters_json;
+  // The softmax scale of the attention scores; 0: 1/sqrt(head_dim). Gemma 3 scales by
+  // query_pre_attn_scalar^-0.5.
+  double attention_scale = 0;
   std::string torch_dtype = "bfloat16";
   // Mixture of experts (model_type "qwen3_moe"): num_experts 0 for a dense model. A layer is
   // sparse unless listed in mlp_only_layers, every decoder_sparse_step-th (transformers' rule);
@@ -125,6 +133,10 @@ struct StepContext {
   // int64 [T] on the device: each row's index in its sequence (Shard::indices, 0 .. T-1 where the
   // shard has none), by which the adapters' dropout draws (LowRank).
   Tensor rows;
+  // int64 [T] on the host: each row's position (Shard::positions, restarting per document), from
+  // which a model builds rotary tables of its own (ModelConfig::sliding_rope_parameters_json);
+  // undefined where the caller has none, and then such a model refuses to run.
+  Tensor positions;
 };
 
 class Model : public Plugin {

@@ -22,6 +22,11 @@ void rotary_forward(Tensor& x, const Tensor& cos, const Tensor& sin);
 void rotary_backward(Tensor& dx, const Tensor& cos, const Tensor& sin);
 void swiglu_forward(const Tensor& gate, const Tensor& up, Tensor& out);
 void swiglu_backward(const Tensor& gate, const Tensor& up, const Tensor& dout, Tensor& dgate, Tensor& dup);
+void geglu_tanh_forward(const Tensor& gate, const Tensor& up, Tensor& out);
+void geglu_tanh_backward(const Tensor& gate, const Tensor& up, const Tensor& dout, Tensor& dgate, Tensor& dup);
+void rmsnorm_offset_forward(const Tensor& x, const Tensor& w, float offset, float eps, Tensor& y, Tensor& rstd);
+void rmsnorm_offset_backward(const Tensor& x, const Tensor& w, float offset, const Tensor& rstd, const Tensor& dy,
+                             Tensor& dx, Tensor& dw);
 void add(const Tensor& a, const Tensor& b, Tensor& out);
 void add_inplace(Tensor& acc, const Tensor& x);
 void scale_inplace(Tensor& x, float s);

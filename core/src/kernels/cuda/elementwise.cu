@@ -1,4 +1,5 @@
-// Elementwise ops on the GPU: add, add_inplace, scale_inplace, cast, and SwiGLU forward/backward.
+// Elementwise ops on the GPU: add, add_inplace, scale_inplace, cast, SwiGLU and GeGLU (tanh GELU,
+// kernels/cpu/geglu_cpu.cpp) forward/backward.
 // Each is one grid-stride pass that widens to fp32, computes, and rounds once on store, so the
 // result is bit-for-bit what the CPU reference stores. Every thread loads its element before it
 // stores, so an output may alias an input. Memory-bound: one read of each input and one write of
@@ -49,6 +50,35 @@ __global__ void swiglu_bwd_kernel(const void* gate, DType tg, const void* up, DT
     const float sg = sigmoid(g);
     st(dgate, tdg, i, d * u * sg * (1.f + g * (1.f - sg)));
     st(dup, tdu, i, d * g * sg);
+  }
+}
+
+constexpr float kGeluBeta = 0.7978845608028654f;  // sqrt(2 / pi)
+constexpr float kGeluKappa = 0.044715f;
+
+// gelu_tanh(g) and its derivative, as torch's gelu(approximate="tanh") and its backward.
+__device__ __forceinline__ void gelu_tanh(float g, float& value, float& slope) {
+  const float t = tanhf(kGeluBeta * (g + kGeluKappa * g * g * g));
+  value = 0.5f * g * (1.f + t);
+  slope = 0.5f * (1.f + t) + 0.5f * g * (1.f - t * t) * kGeluBeta * (1.f + 3.f * kGeluKappa * g * g);
+}
+
+__global__ void geglu_fwd_kernel(const void* gate, DType tg, const void* up, DType tu, void* out, DType to, int64_t n) {
+  for (int64_t i = blockIdx.x * int64_t(blockDim.x) + threadIdx.x; i < n; i += int64_t(gridDim.x) * blockDim.x) {
+    float v, slope;
+    gelu_tanh(ld(gate, tg, i), v, slope);
+    st(out, to, i, v * ld(up, tu, i));
+  }
+}
+
+__global__ void geglu_bwd_kernel(const void* gate, DType tg, const void* up, DType tu, const void* dout, DType td,
+                                 void* dgate, DType tdg, void* dup, DType tdu, int64_t n) {
+  for (int64_t i = blockIdx.x * int64_t(blockDim.x) + threadIdx.x; i < n; i += int64_t(gridDim.x) * blockDim.x) {
+    float v, slope;
+    gelu_tanh(ld(gate, tg, i), v, slope);
+    const float d = ld(dout, td, i);
+    st(dgate, tdg, i, d * ld(up, tu, i) * slope);
+    st(dup, tdu, i, d * v);
   }
 }
 
@@ -118,6 +148,40 @@ __global__ void swiglu_bwd_bf16x8(const __nv_bfloat16* gate, const __nv_bfloat16
       const float dg = d[k] * u[k] * sg * (1.f + g[k] * (1.f - sg));
       u[k] = d[k] * g[k] * sg;
       g[k] = dg;
+    }
+    lcx::cuda::store8(dgate + i * 8, g);
+    lcx::cuda::store8(dup + i * 8, u);
+  }
+}
+
+__global__ void geglu_fwd_bf16x8(const __nv_bfloat16* gate, const __nv_bfloat16* up, __nv_bfloat16* out, int64_t n8) {
+  LCX_FOR_EACH_VEC8(n8) {
+    float g[8], u[8];
+    lcx::cuda::load8(gate + i * 8, g);
+    lcx::cuda::load8(up + i * 8, u);
+#pragma unroll
+    for (int k = 0; k < 8; ++k) {
+      float v, slope;
+      gelu_tanh(g[k], v, slope);
+      g[k] = v * u[k];
+    }
+    lcx::cuda::store8(out + i * 8, g);
+  }
+}
+
+__global__ void geglu_bwd_bf16x8(const __nv_bfloat16* gate, const __nv_bfloat16* up, const __nv_bfloat16* dout,
+                                 __nv_bfloat16* dgate, __nv_bfloat16* dup, int64_t n8) {
+  LCX_FOR_EACH_VEC8(n8) {
+    float g[8], u[8], d[8];
+    lcx::cuda::load8(gate + i * 8, g);
+    lcx::cuda::load8(up + i * 8, u);
+    lcx::cuda::load8(dout + i * 8, d);
+#pragma unroll
+    for (int k = 0; k < 8; ++k) {
+      float v, slope;
+      gelu_tanh(g[k], v, slope);
+      g[k] = d[k] * u[k] * slope;
+      u[k] = d[k] * v;
     }
     lcx::cuda::store8(dgate + i * 8, g);
     lcx::cuda::store8(dup + i * 8, u);
@@ -228,6 +292,43 @@ void swiglu_backward(const Tensor& gate, const Tensor& up, const Tensor& dout, T
   }
   if (done == n) return;
   swiglu_bwd_kernel<<<lcx::cuda::grid_for(n - done, kThreads), kThreads, 0, stream>>>(
+      at<const void>(gate, done), gate.dtype(), at<const void>(up, done), up.dtype(), at<const void>(dout, done),
+      dout.dtype(), at<void>(dgate, done), dgate.dtype(), at<void>(dup, done), dup.dtype(), n - done);
+  LCX_CUDA_LAUNCH_CHECK();
+}
+
+void geglu_tanh_forward(const Tensor& gate, const Tensor& up, Tensor& out) {
+  const int64_t n = gate.numel();
+  if (n == 0) return;
+  cudaStream_t stream = lcx::cuda::current_stream();
+  int64_t done = 0;
+  if (lcx::cuda::bf16_vectorizable({&gate, &up, &out}) && n >= 8) {
+    done = n / 8 * 8;
+    geglu_fwd_bf16x8<<<lcx::cuda::grid_for(n / 8, kThreads), kThreads, 0, stream>>>(
+        gate.data_as<const __nv_bfloat16>(), up.data_as<const __nv_bfloat16>(), out.data_as<__nv_bfloat16>(), n / 8);
+    LCX_CUDA_LAUNCH_CHECK();
+  }
+  if (done == n) return;
+  geglu_fwd_kernel<<<lcx::cuda::grid_for(n - done, kThreads), kThreads, 0, stream>>>(
+      at<const void>(gate, done), gate.dtype(), at<const void>(up, done), up.dtype(), at<void>(out, done),
+      out.dtype(), n - done);
+  LCX_CUDA_LAUNCH_CHECK();
+}
+
+void geglu_tanh_backward(const Tensor& gate, const Tensor& up, const Tensor& dout, Tensor& dgate, Tensor& dup) {
+  const int64_t n = gate.numel();
+  if (n == 0) return;
+  cudaStream_t stream = lcx::cuda::current_stream();
+  int64_t done = 0;
+  if (lcx::cuda::bf16_vectorizable({&gate, &up, &dout, &dgate, &dup}) && n >= 8) {
+    done = n / 8 * 8;
+    geglu_bwd_bf16x8<<<lcx::cuda::grid_for(n / 8, kThreads), kThreads, 0, stream>>>(
+        gate.data_as<const __nv_bfloat16>(), up.data_as<const __nv_bfloat16>(), dout.data_as<const __nv_bfloat16>(),
+        dgate.data_as<__nv_bfloat16>(), dup.data_as<__nv_bfloat16>(), n / 8);
+    LCX_CUDA_LAUNCH_CHECK();
+  }
+  if (done == n) return;
+  geglu_bwd_kernel<<<lcx::cuda::grid_for(n - done, kThreads), kThreads, 0, stream>>>(
       at<const void>(gate, done), gate.dtype(), at<const void>(up, done), up.dtype(), at<const void>(dout, done),
       dout.dtype(), at<void>(dgate, done), dgate.dtype(), at<void>(dup, done), dup.dtype(), n - done);
   LCX_CUDA_LAUNCH_CHECK();
