@@ -22,6 +22,8 @@ void rotary_forward(Tensor& x, const Tensor& cos, const Tensor& sin);
 void rotary_backward(Tensor& dx, const Tensor& cos, const Tensor& sin);
 void swiglu_forward(const Tensor& gate, const Tensor& up, Tensor& out);
 void swiglu_backward(const Tensor& gate, const Tensor& up, const Tensor& dout, Tensor& dgate, Tensor& dup);
+void swiglu_clamped_forward(const Tensor& gate_up, float alpha, float limit, Tensor& out);
+void swiglu_clamped_backward(const Tensor& gate_up, const Tensor& dout, float alpha, float limit, Tensor& dgate_up);
 void add(const Tensor& a, const Tensor& b, Tensor& out);
 void add_inplace(Tensor& acc, const Tensor& x);
 void scale_inplace(Tensor& x, float s);

@@ -1,0 +1,567 @@
+// GPT-OSS (models/gpt_oss) on the decoder library. The sparse MLP's fused layout (router bias,
+// top-k then softmax over the k, gate_up [E,H,2I] interleaved with its bias, down [E,I,H] with its
+// bias, the clamped SwiGLU) against its formulas written here in double, and its backward against
+// finite differences of them; MXFP4: a hand-made block dequantized by hand, transformers'
+// convert_moe_packed_tensors on random blocks (fixtures/gpt_oss/mxfp4_tensor), and a checkpoint
+// with MXFP4 experts loaded, trained and saved in bf16 without its quantization_config; the
+// presets' public shapes; refusals by key.
+#include <gtest/gtest.h>
+
+#include <cmath>
+#include <cstring>
+#include <filesystem>
+#include <fstream>
+#include <nlohmann/json.hpp>
+#include <random>
+
+#include "lcx/error.h"
+#include "lcx/ops.h"
+#include "lcx/safetensors.h"
+#include "models/model_util.h"
+#include "moe.h"
+#include "moe_mxfp4.h"
+#include "plugins/sp_cp_cases.h"
+
+namespace lcx {
+namespace {
+
+namespace fs = std::filesystem;
+
+const fs::path kFixtures = fs::path(LCX_TEST_DATA_DIR) / "models" / "fixtures" / "gpt_oss";
+
+std::shared_ptr<Model> make_gpt_oss(const std::string& table = "") { return test::make_plugin<Model>("gpt_oss", table); }
+
+std::vector<double> doubles(const Tensor& t) {
+  const std::vector<float> f = t.to_floats();
+  return std::vector<double>(f.begin(), f.end());
+}
+
+std::vector<int64_t> ints(const Tensor& t) {
+  std::vector<int64_t> v(static_cast<size_t>(t.numel()));
+  for (int64_t i = 0; i < t.numel(); ++i) v[static_cast<size_t>(i)] = t.data_as<int64_t>()[i];
+  return v;
+}
+
+using test::rel_l2;
+
+// HF labels (unshifted) -> lcx's sequence: targets[t] = labels[t + 1]; with bounds, the packed
+// documents each attend to themselves.
+Sequence sequence_of(const safetensors::Checkpoint& expected) {
+  const std::vector<int64_t> ids = ints(expected.load("input_ids", DType::i64));
+  const std::vector<int64_t> labels = ints(expected.load("labels", DType::i64));
+  Sequence s;
+  const int64_t T = static_cast<int64_t>(ids.size());
+  s.tokens = Tensor::empty({T}, DType::i32);
+  s.targets = Tensor::empty({T}, DType::i64);
+  for (int64_t t = 0; t < T; ++t) {
+    s.tokens.data_as<int32_t>()[t] = static_cast<int32_t>(ids[static_cast<size_t>(t)]);
+    s.targets.data_as<int64_t>()[t] = t + 1 < T ? labels[static_cast<size_t>(t + 1)] : -100;
+  }
+  if (expected.has("document_bounds")) {
+    s.document_bounds = ints(expected.load("document_bounds", DType::i64));
+    s.document_count = static_cast<int>(s.document_bounds.size()) - 1;
+  }
+  return s;
+}
+
+double scalar(const safetensors::Checkpoint& c, const char* name) { return c.load(name, DType::f32).to_floats()[0]; }
+
+// The fixtures of gen_gpt_oss_fixtures.py with a model step: gpt_oss_basic (fp32 on disk, 2 layers
+// sliding then full), gpt_oss_aux (bf16 on disk, 3 layers, the load-balancing loss trained),
+// gpt_oss_packed (three documents each attending to itself) and gpt_oss_mxfp4 (MXFP4 experts).
+const char* const kNames[] = {"gpt_oss_basic", "gpt_oss_aux", "gpt_oss_packed", "gpt_oss_mxfp4"};
+
+std::shared_ptr<PositionalEncoding> yarn() { return test::make_plugin<PositionalEncoding>("rope_yarn"); }
+
+// One rank, fp32 on the CPU: the loss within 1e-6 relative (the LM loss, the load-balancing loss
+// and what transformers reports), the logits slice and every gradient within 1e-5 relative L2.
+TEST(GptOssParity, OneRankEqualsTransformers) {
+  for (const char* name : kNames) {
+    const fs::path dir = kFixtures / name;
+    ASSERT_TRUE(fs::exists(dir / "expected.safetensors")) << dir << ": python3 tests/models/gen_gpt_oss_fixtures.py";
+    auto model = make_gpt_oss();
+    model->load_hf(dir.string(), Device::cpu(), DType::f32);
+    const ModelConfig& cfg = model->config();
+    const safetensors::Checkpoint expected = safetensors::Checkpoint::open((dir / "expected.safetensors").string());
+    const Shard shard = make_single_rank()->shard(sequence_of(expected), 0);
+    const int64_t valid = test::count_valid(shard);
+    test::DefaultSlots s(*model, yarn());
+    const StepResult r = test::mean_loss_step(s, shard, valid);
+    ASSERT_TRUE(r.aux.present);
+    auto rel = [](double got, double want) { return std::abs(got - want) / std::abs(want); };
+    const double lm = r.loss_sum / static_cast<double>(r.valid);
+    EXPECT_LE(rel(lm, scalar(expected, "lm_loss")), 1e-6) << name << ": LM loss " << lm;
+    if (expected.has("aux_loss")) {
+      EXPECT_LE(rel(r.aux.value, scalar(expected, "aux_loss")), 1e-6) << name << ": aux loss " << r.aux.value;
+      EXPECT_LE(rel(lm + r.aux.coef * r.aux.value, scalar(expected, "loss")), 1e-6) << name << ": the loss reported";
+      EXPECT_EQ(r.aux.coef, cfg.output_router_logits ? cfg.router_aux_loss_coef : 0.0);
+    }
+    const Tensor want_logits = expected.load("logits", DType::f32);
+    const Tensor hidden = forward_hidden(s.slots, shard, Device::cpu());
+    Tensor logits = Tensor::empty({hidden.size(0), cfg.vocab_size}, DType::f32);
+    ops::matmul(hidden, false, model->head_weight(), true, logits);
+    const std::vector<float> all = logits.to_floats();
+    std::vector<float> got;
+    for (int64_t t = 0; t < hidden.size(0); ++t)
+      for (int64_t v = 0; v < want_logits.size(1); ++v) got.push_back(all[static_cast<size_t>(t * cfg.vocab_size + v)]);
+    EXPECT_LE(rel_l2(got, want_logits.to_floats()), 1e-5) << name << ": logits";
+    double worst = 0;
+    for (Parameter* p : model->parameters()) {
+      const double g = rel_l2(p->grad.to_floats(), expected.load("grad." + p->name, DType::f32).to_floats());
+      EXPECT_LE(g, 1e-5) << name << ": " << p->name;
+      worst = std::max(worst, g);
+    }
+    std::printf("%s: LM loss %.7f rel %.2e, aux %.6f (coef %g), worst gradient rel L2 %.2e over %zu parameters\n", name, lm,
+                rel(lm, scalar(expected, "lm_loss")), r.aux.value, r.aux.coef, worst, model->parameters().size());
+  }
+}
+
+// The fixtures over thread-ranks sharing the sequence: cp_ring 2, sp_ulysses 2 and cp 2 x sp 2
+// (the sliding window and the sinks under each, the packed documents' masks with them). The loss
+// summed over the ranks and every gradient summed as the trainer sums them equal transformers'.
+TEST(GptOssParity, SequenceRanksEqualTransformers) {
+  struct MeshCase {
+    int cp, sp;
+  };
+  for (const char* name : {"gpt_oss_basic", "gpt_oss_aux", "gpt_oss_packed"})
+    for (const MeshCase m : {MeshCase{2, 1}, MeshCase{1, 2}, MeshCase{2, 2}}) {
+      const fs::path dir = kFixtures / name;
+      const safetensors::Checkpoint expected = safetensors::Checkpoint::open((dir / "expected.safetensors").string());
+      const Sequence seq = sequence_of(expected);
+      int64_t valid = 0;
+      for (int64_t t = 0; t < seq.targets.numel(); ++t) valid += seq.targets.data_as<int64_t>()[t] != -100;
+      const std::string what = str(name, " on cp ", m.cp, " x sp ", m.sp);
+      const int n = m.cp * m.sp;
+      std::vector<test::Slots> ranks(static_cast<size_t>(n));
+      for (auto& r : ranks) {
+        r.model = make_gpt_oss();
+        r.model->load_hf(dir.string(), Device::cpu(), DType::f32);
+        r.loss = std::shared_ptr<Loss>(make_full_logits_loss());
+        r.rope = yarn();
+        r.memory = std::shared_ptr<MemoryStrategy>(make_on_device_memory());
+        r.parallel = m.sp == 1   ? test::make_plugin<Parallelism>("cp_ring", "", Device::cpu(), nullptr, MeshShape{1, m.cp, 1})
+                     : m.cp == 1 ? test::make_plugin<Parallelism>("sp_ulysses", "", Device::cpu(), nullptr, MeshShape{1, 1, m.sp})
+                                 : test::load_stacked(m.cp, m.sp);
+      }
+      std::vector<double> loss(static_cast<size_t>(n)), aux(static_cast<size_t>(n));
+      run_in_process(n, [&](Communicator& comm) {
+        Mesh mesh(comm, {.dp = 1, .cp = m.cp, .sp = m.sp});
+        const int r = comm.rank();
+        const StepResult got = test::rank_step(ranks[static_cast<size_t>(r)], mesh, mesh.seq(), seq,
+                                               seq_index(mesh.shape(), mesh.coord()), 1.0 / static_cast<double>(valid),
+                                               Device::cpu());
+        double sum = got.loss_sum;
+        mesh.seq().all_reduce(std::span<double>(&sum, 1));
+        loss[static_cast<size_t>(r)] = sum / static_cast<double>(valid);
+        aux[static_cast<size_t>(r)] = got.aux.value;
+      });
+      const double want_lm = scalar(expected, "lm_loss");
+      for (int r = 0; r < n; ++r) {
+        EXPECT_NEAR(loss[static_cast<size_t>(r)], want_lm, 1e-6 * want_lm) << what;
+        if (expected.has("aux_loss")) {
+          EXPECT_NEAR(aux[static_cast<size_t>(r)], scalar(expected, "aux_loss"), 1e-6 * scalar(expected, "aux_loss"))
+              << what << ": rank " << r;
+        }
+      }
+      double worst = 0;
+      for (Parameter* p : ranks[0].model->parameters()) {
+        const double g = rel_l2(p->grad.to_floats(), expected.load("grad." + p->name, DType::f32).to_floats());
+        EXPECT_LE(g, 1e-5) << p->name << ": " << what;
+        worst = std::max(worst, g);
+      }
+      std::printf("%s: LM loss %.7f (transformers %.7f), worst gradient rel L2 %.2e\n", what.c_str(), loss[0], want_lm, worst);
+    }
+}
+
+// The fused sparse MLP from its formulas, in double: out [T,H].
+struct Ref {
+  int64_t T, H, E, I, k;
+  double alpha, limit;
+  std::vector<double> h, router, rbias, gate_up, gu_bias, down, d_bias;
+  std::vector<double> forward() const {
+    std::vector<double> out(static_cast<size_t>(T * H), 0.0);
+    for (int64_t t = 0; t < T; ++t) {
+      std::vector<double> logit(static_cast<size_t>(E));
+      for (int64_t e = 0; e < E; ++e) {
+        double s = rbias[e];
+        for (int64_t c = 0; c < H; ++c) s += h[t * H + c] * router[e * H + c];
+        logit[e] = s;
+      }
+      std::vector<int64_t> idx(static_cast<size_t>(E));
+      for (int64_t e = 0; e < E; ++e) idx[e] = e;
+      std::stable_sort(idx.begin(), idx.end(), [&](int64_t a, int64_t b) { return logit[a] > logit[b]; });
+      double mx = logit[idx[0]], z = 0;
+      for (int64_t j = 0; j < k; ++j) z += std::exp(logit[idx[j]] - mx);
+      for (int64_t j = 0; j < k; ++j) {
+        const int64_t e = idx[j];
+        const double w = std::exp(logit[e] - mx) / z;
+        std::vector<double> act(static_cast<size_t>(I));
+        for (int64_t i = 0; i < I; ++i) {
+          double g = gu_bias[e * 2 * I + 2 * i], u = gu_bias[e * 2 * I + 2 * i + 1];
+          for (int64_t c = 0; c < H; ++c) {
+            g += h[t * H + c] * gate_up[(e * H + c) * 2 * I + 2 * i];
+            u += h[t * H + c] * gate_up[(e * H + c) * 2 * I + 2 * i + 1];
+          }
+          g = std::min(g, limit);
+          u = std::clamp(u, -limit, limit);
+          act[i] = (u + 1) * g / (1 + std::exp(-alpha * g));
+        }
+        for (int64_t c = 0; c < H; ++c) {
+          double y = d_bias[e * H + c];
+          for (int64_t i = 0; i < I; ++i) y += act[i] * down[(e * I + i) * H + c];
+          out[t * H + c] += w * y;
+        }
+      }
+    }
+    return out;
+  }
+  double loss(const std::vector<double>& r) const {
+    const std::vector<double> o = forward();
+    double s = 0;
+    for (size_t i = 0; i < o.size(); ++i) s += o[i] * r[i];
+    return s;
+  }
+};
+
+Tensor random_tensor(Shape s, uint32_t seed, float scale) {
+  Tensor t = Tensor::empty(std::move(s), DType::f32);
+  test::fill_normal(t, seed, scale);
+  return t;
+}
+
+// 9 tokens over 5 experts, 3 per token, H 16, I 8: the forward equals the formulas to fp32's
+// rounding, with some gate/up values past the limit (so the clamps are exercised), and every
+// gradient (router, its bias, gate_up, its bias, down, its bias, the input) equals central
+// differences of the double formulas.
+TEST(GptOssMoe, FusedExpertsEqualTheFormulasAndTheirDerivatives) {
+  const int64_t T = 9, H = 16, E = 5, I = 8, k = 3;
+  const float alpha = 1.702f, limit = 0.9f;
+  decoder::MoeWeights w;
+  w.router = random_tensor({E, H}, 1, 0.5f);
+  w.router_bias = random_tensor({E}, 2, 0.3f);
+  w.gate_up = random_tensor({E, H, 2 * I}, 3, 0.4f);
+  w.gate_up_bias = random_tensor({E, 2 * I}, 4, 0.2f);
+  w.down = random_tensor({E, I, H}, 5, 0.4f);
+  w.down_bias = random_tensor({E, H}, 6, 0.2f);
+  w.alpha = alpha;
+  w.limit = limit;
+  const Tensor h = random_tensor({T, H}, 7, 1.f);
+  const Tensor dout = random_tensor({T, H}, 8, 1.f);
+
+  Ref ref{T, H, E, I, k, alpha, limit, doubles(h), doubles(w.router), doubles(w.router_bias), doubles(w.gate_up),
+          doubles(w.gate_up_bias), doubles(w.down), doubles(w.down_bias)};
+  int past = 0, total = 0;
+  for (int64_t t = 0; t < T; ++t)
+    for (int64_t e = 0; e < E; ++e)
+      for (int64_t j = 0; j < 2 * I; ++j) {
+        double v = ref.gu_bias[e * 2 * I + j];
+        for (int64_t c = 0; c < H; ++c) v += ref.h[t * H + c] * ref.gate_up[(e * H + c) * 2 * I + j];
+        past += (j % 2 == 0 ? v > limit : std::abs(v) > limit) ? 1 : 0;
+        ++total;
+      }
+  EXPECT_GT(past, total / 10) << "the clamps must bite";
+  EXPECT_LT(past, total * 9 / 10);
+
+  const decoder::MoeRouting r = decoder::moe_route(h, w.router, k, true, w.router_bias);
+  Tensor out = Tensor::empty({T, H}, DType::f32);
+  decoder::moe_forward(h, w, r, out);
+  const std::vector<double> want = ref.forward();
+  const std::vector<float> got = out.to_floats();
+  for (size_t i = 0; i < want.size(); ++i) EXPECT_NEAR(got[i], want[i], 1e-5 * (1 + std::abs(want[i]))) << i;
+
+  decoder::MoeWeights grads;
+  grads.router = Tensor::zeros({E, H}, DType::f32);
+  grads.router_bias = Tensor::zeros({E}, DType::f32);
+  grads.gate_up = Tensor::zeros({E, H, 2 * I}, DType::f32);
+  grads.gate_up_bias = Tensor::zeros({E, 2 * I}, DType::f32);
+  grads.down = Tensor::zeros({E, I, H}, DType::f32);
+  grads.down_bias = Tensor::zeros({E, H}, DType::f32);
+  Tensor dh = Tensor::empty({T, H}, DType::f32);
+  decoder::moe_backward(h, w, r, true, dout, nullptr, dh, grads);
+
+  const std::vector<double> R = doubles(dout);
+  auto check = [&](const char* name, std::vector<double>& values, const Tensor& grad) {
+    const std::vector<float> g = grad.to_floats();
+    double worst = 0;
+    for (size_t i = 0; i < values.size(); ++i) {
+      const double keep = values[i], eps = 1e-6;
+      values[i] = keep + eps;
+      const double up = ref.loss(R);
+      values[i] = keep - eps;
+      const double dn = ref.loss(R);
+      values[i] = keep;
+      const double fd = (up - dn) / (2 * eps);
+      worst = std::max(worst, std::abs(g[i] - fd) / (1e-3 + std::abs(fd)));
+      EXPECT_NEAR(g[i], fd, 1e-3 * (1 + std::abs(fd))) << name << "[" << i << "]";
+    }
+    std::printf("%s: worst gradient rel %.2e over %zu values\n", name, worst, values.size());
+  };
+  check("router", ref.router, grads.router);
+  check("router_bias", ref.rbias, grads.router_bias);
+  check("gate_up", ref.gate_up, grads.gate_up);
+  check("gate_up_bias", ref.gu_bias, grads.gate_up_bias);
+  check("down", ref.down, grads.down);
+  check("down_bias", ref.d_bias, grads.down_bias);
+  check("input", ref.h, dh);
+}
+
+// The clamped SwiGLU op alone: values at, below and above the limit on both sides; the gradient is
+// zero where a clamp holds the value (torch's clamp passes none outside its range).
+TEST(GptOssMoe, ClampedSwigluOp) {
+  const float alpha = 1.702f, limit = 2.f;
+  const std::vector<float> gu = {-3.f, -3.f, 0.5f, 1.f, 2.f, 2.f, 3.f, -1.f, -1.f, 2.5f};
+  const Tensor x = Tensor::from_floats(gu, {1, 10}, DType::f32);
+  Tensor out = Tensor::empty({1, 5}, DType::f32);
+  ops::swiglu_clamped_forward(x, alpha, limit, out);
+  const std::vector<float> o = out.to_floats();
+  for (int i = 0; i < 5; ++i) {
+    const double g = std::min<double>(gu[2 * i], limit), u = std::clamp<double>(gu[2 * i + 1], -limit, limit);
+    EXPECT_NEAR(o[i], (u + 1) * g / (1 + std::exp(-alpha * g)), 1e-6) << i;
+  }
+  Tensor d = Tensor::from_floats({1, 1, 1, 1, 1}, {1, 5}, DType::f32);
+  Tensor dgu = Tensor::empty({1, 10}, DType::f32);
+  ops::swiglu_clamped_backward(x, d, alpha, limit, dgu);
+  const std::vector<float> g = dgu.to_floats();
+  EXPECT_NE(g[0], 0.f);   // gate -3: below the limit, passes
+  EXPECT_EQ(g[1], 0.f);   // up -3: clamped at -2
+  EXPECT_NE(g[4], 0.f);   // gate exactly at the limit passes, as torch's clamp
+  EXPECT_NE(g[5], 0.f);   // up exactly at the limit passes
+  EXPECT_EQ(g[6], 0.f);   // gate 3: clamped
+  EXPECT_EQ(g[9], 0.f);   // up 2.5: clamped
+  EXPECT_THROW(ops::swiglu_clamped_forward(x, alpha, limit, dgu), Error);  // out must be [N, I]
+}
+
+// One expert's block by hand: in = 32 (one block), out = 2 rows. Row 0's scale 128 (x2), row 1's
+// 125 (x1/4); byte j holds value 2j in its low nibble and 2j + 1 in its high one; the result is
+// [in, out], the stored rows transposed.
+TEST(GptOssMxfp4, DequantizesAHandMadeBlock) {
+  std::vector<uint8_t> blocks(2 * 16, 0), scales = {128, 125};
+  blocks[0] = 0x71;   // row 0: values 0, 1 = codes 1 (0.5), 7 (6)
+  blocks[1] = 0x9F;   // values 2, 3 = codes 15 (-6), 9 (-0.5)
+  blocks[15] = 0x8C;  // values 30, 31 = codes 12 (-2), 8 (-0)
+  blocks[16] = 0x42;  // row 1: values 0, 1 = codes 2 (1), 4 (2)
+  blocks[31] = 0xB3;  // values 30, 31 = codes 3 (1.5), 11 (-1.5)
+  std::vector<float> w(32 * 2, 99.f);
+  decoder::mxfp4_dequantize_expert(blocks.data(), scales.data(), 32, 2, w.data());
+  auto at = [&](int i, int o) { return w[static_cast<size_t>(i * 2 + o)]; };
+  EXPECT_EQ(at(0, 0), 1.f);
+  EXPECT_EQ(at(1, 0), 12.f);
+  EXPECT_EQ(at(2, 0), -12.f);
+  EXPECT_EQ(at(3, 0), -1.f);
+  EXPECT_EQ(at(30, 0), -4.f);
+  EXPECT_EQ(at(31, 0), 0.f);
+  EXPECT_TRUE(std::signbit(at(31, 0)));
+  EXPECT_EQ(at(4, 0), 0.f);  // a zero byte: code 0 both
+  EXPECT_EQ(at(0, 1), 0.25f);
+  EXPECT_EQ(at(1, 1), 0.5f);
+  EXPECT_EQ(at(30, 1), 0.375f);
+  EXPECT_EQ(at(31, 1), -0.375f);
+}
+
+// The raw bytes of a U8 tensor of a safetensors file.
+std::vector<uint8_t> u8(const safetensors::File& f, const std::string& name) {
+  const safetensors::TensorInfo* t = f.find(name);
+  EXPECT_TRUE(t) << name;
+  if (!t) return {};
+  EXPECT_EQ(t->dtype, "U8") << name;
+  return std::vector<uint8_t>(f.bytes(*t), f.bytes(*t) + (t->end - t->begin));
+}
+
+// Random blocks and scales (every code, scales 2^-17 .. 2^12, one 2^-127) through transformers'
+// convert_moe_packed_tensors (bf16): the same values, bit for bit.
+TEST(GptOssMxfp4, EqualsTransformersOnRandomBlocks) {
+  const fs::path file = kFixtures / "mxfp4_tensor" / "mxfp4.safetensors";
+  ASSERT_TRUE(fs::exists(file)) << file << ": python3 tests/models/gen_gpt_oss_fixtures.py --out tests/models/fixtures/gpt_oss";
+  const safetensors::File f(file.string());
+  const std::vector<uint8_t> blocks = u8(f, "blocks"), scales = u8(f, "scales");
+  const safetensors::Checkpoint ck = safetensors::Checkpoint::open(file.string());
+  const Tensor want = ck.load("dequantized", DType::f32);  // [E, in, out]
+  ASSERT_EQ(want.dim(), 3);
+  const int64_t E = want.size(0), in = want.size(1), out = want.size(2);
+  ASSERT_EQ(static_cast<int64_t>(blocks.size()), E * out * in / 2);
+  const std::vector<float> w = want.to_floats();
+  int64_t differ = 0;
+  for (int64_t e = 0; e < E; ++e) {
+    std::vector<float> got(static_cast<size_t>(in * out));
+    decoder::mxfp4_dequantize_expert(blocks.data() + e * out * in / 2, scales.data() + e * out * (in / 32), in, out,
+                                     got.data());
+    for (int64_t i = 0; i < in * out; ++i) {
+      // Stored as bf16 by both: round ours as the model's bf16 would.
+      const float mine = bf16_to_float(float_to_bf16(got[static_cast<size_t>(i)]));
+      if (std::memcmp(&mine, &w[static_cast<size_t>(e * in * out + i)], sizeof(float)) != 0) ++differ;
+    }
+  }
+  EXPECT_EQ(differ, 0) << "of " << E * in * out << " values";
+}
+
+// Writes a safetensors file of raw tensors (name, dtype, shape, bytes) in the given order.
+void write_raw(const fs::path& path, const std::vector<std::tuple<std::string, std::string, Shape, std::vector<uint8_t>>>& ts) {
+  nlohmann::ordered_json header;
+  uint64_t at = 0;
+  for (const auto& [name, dtype, shape, bytes] : ts) {
+    header[name] = {{"dtype", dtype}, {"shape", shape}, {"data_offsets", {at, at + bytes.size()}}};
+    at += bytes.size();
+  }
+  std::string text = header.dump();
+  while (text.size() % 8 != 0) text += ' ';
+  std::ofstream out(path, std::ios::binary);
+  const uint64_t n = text.size();
+  out.write(reinterpret_cast<const char*>(&n), 8);
+  out << text;
+  for (const auto& t : ts) out.write(reinterpret_cast<const char*>(std::get<3>(t).data()), std::get<3>(t).size());
+}
+
+std::vector<uint8_t> random_bytes(size_t n, uint32_t seed, int lo, int hi) {
+  std::mt19937 gen(seed);
+  std::uniform_int_distribution<int> d(lo, hi);
+  std::vector<uint8_t> v(n);
+  for (auto& b : v) b = static_cast<uint8_t>(d(gen));
+  return v;
+}
+
+// A checkpoint as the Hub's gpt-oss releases are laid out: config.json with quantization_config
+// mxfp4, the experts' weights as _blocks and _scales, everything else bf16. lcx loads it with the
+// experts dequantized (equal to the format read by hand), trains a step, and saves a bf16 folder
+// without quantization_config whose experts are those values, which loads back bit for bit.
+TEST(GptOssMxfp4, LoadsAQuantizedCheckpointAndSavesItUnquantized) {
+  const fs::path dir = test::temp_dir("gpt-oss-mxfp4");
+  auto fresh = make_gpt_oss();
+  fresh->init_random(R"({"hidden_size": 64, "intermediate_size": 32, "num_local_experts": 3,
+                     "layer_types": ["full_attention", "full_attention"]})", 7, Device::cpu(), DType::bf16);
+  fresh->save_hf((dir / "plain").string(), DType::bf16, fresh->config().rope_parameters_json);
+  // The quantized folder: every tensor but the experts' weights, and their blocks and scales.
+  const fs::path q = dir / "quantized";
+  fs::create_directories(q);
+  std::vector<safetensors::NamedTensor> rest;
+  std::vector<std::tuple<std::string, std::string, Shape, std::vector<uint8_t>>> experts;
+  std::map<std::string, std::pair<std::vector<uint8_t>, std::vector<uint8_t>>> codes;
+  uint32_t seed = 100;
+  for (Parameter* p : fresh->parameters()) {
+    const bool w = p->name.ends_with("experts.gate_up_proj") || p->name.ends_with("experts.down_proj");
+    if (!w) {
+      rest.push_back({p->name, p->value});
+      continue;
+    }
+    const int64_t E = p->value.size(0), in = p->value.size(1), out = p->value.size(2);
+    std::vector<uint8_t> b = random_bytes(static_cast<size_t>(E * out * in / 2), seed++, 0, 255);
+    std::vector<uint8_t> s = random_bytes(static_cast<size_t>(E * out * in / 32), seed++, 118, 124);
+    experts.emplace_back(p->name + "_blocks", "U8", Shape{E, out, in / 32, 16}, b);
+    experts.emplace_back(p->name + "_scales", "U8", Shape{E, out, in / 32}, s);
+    codes[p->name] = {b, s};
+  }
+  safetensors::write_file((q / "model-00001-of-00002.safetensors").string(), rest, DType::bf16);
+  write_raw(q / "model-00002-of-00002.safetensors", experts);
+  nlohmann::json index;
+  for (const auto& t : rest) index["weight_map"][t.name] = "model-00001-of-00002.safetensors";
+  for (const auto& t : experts) index["weight_map"][std::get<0>(t)] = "model-00002-of-00002.safetensors";
+  std::ofstream(q / "model.safetensors.index.json") << index.dump();
+  nlohmann::json cfg = nlohmann::json::parse(std::ifstream(dir / "plain" / "config.json"));
+  cfg["quantization_config"] = {{"quant_method", "mxfp4"}, {"modules_to_not_convert", {"model.layers.*.self_attn"}}};
+  std::ofstream(q / "config.json") << cfg.dump(2);
+
+  auto m = make_gpt_oss();
+  m->load_hf(q.string(), Device::cpu(), DType::f32);
+  for (Parameter* p : m->parameters()) {
+    auto it = codes.find(p->name);
+    if (it == codes.end()) continue;
+    const int64_t E = p->value.size(0), in = p->value.size(1), out = p->value.size(2);
+    const std::vector<float> got = p->value.to_floats();
+    for (int64_t e = 0; e < E; ++e) {
+      std::vector<float> want(static_cast<size_t>(in * out));
+      decoder::mxfp4_dequantize_expert(it->second.first.data() + e * out * in / 2, it->second.second.data() + e * out * (in / 32),
+                                       in, out, want.data());
+      for (int64_t i = 0; i < in * out; ++i)
+        ASSERT_EQ(got[static_cast<size_t>(e * in * out + i)], want[static_cast<size_t>(i)]) << p->name << " expert " << e;
+    }
+  }
+  // A step trains every parameter, the dequantized experts included.
+  std::vector<int64_t> ids(24), labels(24);
+  for (int64_t t = 0; t < 24; ++t) ids[t] = labels[t] = (t * 37 + 11) % 512;
+  const Shard shard = test::shard_from_labels(ids, labels);
+  test::DefaultSlots s(*m, test::make_plugin<PositionalEncoding>("rope_yarn"));
+  const StepResult r = test::mean_loss_step(s, shard, test::count_valid(shard));
+  EXPECT_TRUE(std::isfinite(r.loss_sum));
+  for (Parameter* p : m->parameters()) {
+    double n = 0;
+    for (float g : p->grad.to_floats()) n += std::abs(g);
+    EXPECT_GT(n, 0) << p->name;
+  }
+  // Saved unquantized: no quantization_config, the experts' values as loaded.
+  m->save_hf((dir / "saved").string(), DType::bf16, m->config().rope_parameters_json);
+  const nlohmann::json saved = nlohmann::json::parse(std::ifstream(dir / "saved" / "config.json"));
+  EXPECT_FALSE(saved.contains("quantization_config"));
+  EXPECT_EQ(saved.at("model_type"), "gpt_oss");
+  auto back = make_gpt_oss();
+  back->load_hf((dir / "saved").string(), Device::cpu(), DType::f32);
+  const std::vector<Parameter*> a = m->parameters(), b = back->parameters();
+  ASSERT_EQ(a.size(), b.size());
+  for (size_t i = 0; i < a.size(); ++i) {
+    if (!codes.count(a[i]->name)) continue;
+    EXPECT_EQ(a[i]->value.to_floats(), b[i]->value.to_floats()) << a[i]->name;  // bf16-exact values
+  }
+  fs::remove_all(dir);
+}
+
+// A quantization other than MXFP4 is refused by key, before any tensor is read.
+TEST(GptOssConfig, RefusesOtherQuantizationAndMissingBiases) {
+  const fs::path dir = test::temp_dir("gpt-oss-refuse");
+  auto write = [&](const nlohmann::json& extra) {
+    nlohmann::json c = {{"model_type", "gpt_oss"}, {"vocab_size", 64}, {"hidden_size", 32},
+                        {"intermediate_size", 32}, {"num_hidden_layers", 2}, {"num_attention_heads", 2},
+                        {"num_key_value_heads", 1}, {"head_dim", 16}, {"num_local_experts", 4}};
+    c.update(extra);
+    std::ofstream(dir / "config.json") << c.dump();
+  };
+  auto refusal = [&] {
+    auto m = make_gpt_oss();
+    try {
+      m->describe((dir / "config.json").string());
+    } catch (const Error& e) {
+      return e.key();
+    }
+    return std::string("accepted");
+  };
+  write(nlohmann::json::object());
+  EXPECT_EQ(refusal(), "accepted");
+  write({{"quantization_config", {{"quant_method", "bitsandbytes"}}}});
+  EXPECT_EQ(refusal(), "quantization_config");
+  write({{"attention_bias", false}});
+  EXPECT_EQ(refusal(), "attention_bias");
+  write({{"num_experts_per_tok", 5}});
+  EXPECT_EQ(refusal(), "num_experts_per_tok");
+  write({{"swiglu_limit", -1.0}});
+  auto m = make_gpt_oss();
+  EXPECT_THROW(m->load_hf(dir.string(), Device::cpu(), DType::f32), Error);
+  fs::remove_all(dir);
+}
+
+// The presets have the public config.json shapes.
+TEST(GptOssConfig, PresetsHaveThePublicShapes) {
+  auto m = make_gpt_oss();
+  const ModelConfig a = m->describe("gpt-oss-20b");
+  EXPECT_EQ(a.num_layers, 24);
+  EXPECT_EQ(a.num_experts, 32);
+  EXPECT_EQ(a.num_experts_per_tok, 4);
+  EXPECT_EQ(a.hidden_size, 2880);
+  EXPECT_EQ(a.moe_intermediate_size, 2880);
+  EXPECT_EQ(a.num_heads, 64);
+  EXPECT_EQ(a.num_kv_heads, 8);
+  EXPECT_EQ(a.head_dim, 64);
+  EXPECT_EQ(a.vocab_size, 201088);
+  EXPECT_EQ(a.sliding_window, 128);
+  EXPECT_EQ(a.layer_types[0], "sliding_attention");
+  EXPECT_EQ(a.layer_types[1], "full_attention");
+  const nlohmann::json rope = nlohmann::json::parse(a.rope_parameters_json);
+  EXPECT_EQ(rope.at("rope_type"), "yarn");
+  EXPECT_EQ(rope.at("factor"), 32.0);
+  EXPECT_EQ(rope.at("original_max_position_embeddings"), 4096);
+  EXPECT_EQ(rope.at("truncate"), false);
+  EXPECT_EQ(rope.at("rope_theta"), 150000.0);
+  const ModelConfig b = m->describe("gpt-oss-120b");
+  EXPECT_EQ(b.num_layers, 36);
+  EXPECT_EQ(b.num_experts, 128);
+  EXPECT_THROW(m->describe("gpt-oss-7b"), Error);
+}
+
+}  // namespace
+}  // namespace lcx
