@@ -75,6 +75,8 @@ struct LayerParams {
   int q_norm = -1, k_norm = -1;            // Qwen3's per-head norms
   int q_bias = -1, k_bias = -1, v_bias = -1;  // Qwen2's projection biases
   int o_bias = -1;                            // GPT-OSS's (with q, k, v's)
+  int sinks = -1;                             // GPT-OSS's attention sinks [num_heads]
+  int64_t window = 0;                         // a sliding_attention layer's window; 0: full
   int gate = -1, up = -1, down = -1;  // the dense MLP's
   // A sparse layer's router [E,H] and every expert's gate, up [E,I,H] and down [E,H,I] stacked.
   bool sparse = false;
@@ -399,7 +401,11 @@ class DecoderModel final : public Model {
       }
       if (trains(L.o)) accumulate_columns(G(L.o), hg, dx1, a.attn.view({T, hg.nq * d}), 1.f);
       Tensor dq = act({T, hg.nq, d}, x), dk = act({T, hg.nkv, d}, x), dv = act({T, hg.nkv, d}, x);
-      ctx.parallel->attention_backward(a.qr, a.kr, a.v.view({T, hg.nkv, d}), a.attn, a.lse, dattn, dq, dk, dv, args(ctx));
+      // a.attn and a.lse carry the sinks (group_forward): the plain backward is then exact for q, k, v.
+      if (L.sinks >= 0 && trains(L.sinks))
+        ops::attention_sinks_backward(a.attn, a.lse, dattn, W(L.sinks), hg.q0, G(L.sinks));
+      ctx.parallel->attention_backward(a.qr, a.kr, a.v.view({T, hg.nkv, d}), a.attn, a.lse, dattn, dq, dk, dv,
+                                       args(ctx, L));
       dattn = Tensor();
       a.attn = a.lse = a.qr = a.kr = Tensor();
       ops::rotary_backward(dq, ctx.rope->cos, ctx.rope->sin);
@@ -629,11 +635,12 @@ class DecoderModel final : public Model {
     ops::matmul(u, false, lo.o->b->value, true, o, lo.o->scale, 1.f);
   }
   MlpStrategy& mlp(const StepContext& ctx) { return ctx.mlp ? *ctx.mlp : *whole_mlp_; }
-  AttentionArgs args(const StepContext& ctx) const {
+  AttentionArgs args(const StepContext& ctx, const LayerParams& L) const {
     AttentionArgs a;
     a.scale = static_cast<float>(1.0 / std::sqrt(static_cast<double>(cfg_.head_dim)));
     a.causal = true;
     a.documents = ctx.documents;
+    a.window = L.window;
     return a;
   }
   // Every tensor of a Hugging Face checkpoint of this model and the value it fills or is written
@@ -885,6 +892,13 @@ class DecoderModel final : public Model {
         L.q_norm = add(p + "self_attn.q_norm.weight", {d});
         L.k_norm = add(p + "self_attn.k_norm.weight", {d});
       }
+      if (family_.sinks) L.sinks = add(p + "self_attn.sinks", {cfg.num_heads});
+      if (family_.sliding_window && cfg.layer_types[static_cast<size_t>(l)] == "sliding_attention") {
+        if (cfg.sliding_window <= 0)
+          throw Error(str(family_.name, ": layer ", l, " is sliding_attention but sliding_window is ", cfg.sliding_window),
+                      "sliding_window", "set sliding_window in config.json to the layers' window (> 0)");
+        L.window = cfg.sliding_window;
+      }
       L.post_norm = add(p + "post_attention_layernorm.weight", {H});
       if (cfg.sparse(l)) {
         // The router stays whole (every rank routes its own tokens over every expert); the
@@ -921,13 +935,18 @@ class DecoderModel final : public Model {
     final_norm_ = add("model.norm.weight", {H});
     head_ = cfg.tie_word_embeddings ? embed_ : add("lm_head.weight", {V, H});
     for (size_t l = 0; l < cfg.layer_types.size(); ++l)
-      if (cfg.layer_types[l] != "full_attention")
+      if (!computes(cfg.layer_types[l]))
         log::warn(str(family_.name, ": layer ", l, " is ", cfg.layer_types[l],
                       "; this module computes full causal attention only and will refuse to run it"));
   }
 
+  // Whether this family computes layers of `type`: full attention, and sliding windows where it has them.
+  bool computes(const std::string& type) const {
+    return type == "full_attention" || (family_.sliding_window && type == "sliding_attention");
+  }
+
   const LayerParams& checked_layer(int layer, const StepContext& ctx) const {
-    if (cfg_.layer_types[static_cast<size_t>(layer)] != "full_attention")
+    if (!computes(cfg_.layer_types[static_cast<size_t>(layer)]))
       throw Error(str(family_.name, ": layer ", layer, " is ", cfg_.layer_types[static_cast<size_t>(layer)],
                       ", which this module does not compute"),
                   "layer_types", "use a checkpoint with full attention in every layer (use_sliding_window false)");
@@ -1071,7 +1090,9 @@ class DecoderModel final : public Model {
     GroupActs a = group_inputs(L, h1, hg, ctx, lo);
     a.attn = act({T, hg.nq, d}, h1);
     a.lse = f32({hg.nq, T}, h1);
-    ctx.parallel->attention_forward(a.qr, a.kr, a.v.view({T, hg.nkv, d}), a.attn, a.lse, args(ctx));
+    ctx.parallel->attention_forward(a.qr, a.kr, a.v.view({T, hg.nkv, d}), a.attn, a.lse, args(ctx, L));
+    // Sinks join the softmax once the attention has seen every key (after a ring's merge).
+    if (L.sinks >= 0) ops::attention_sinks_forward(a.attn, a.lse, W(L.sinks), hg.q0);
     return a;
   }
 

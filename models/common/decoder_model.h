@@ -31,6 +31,12 @@ struct Family {
   bool qk_norm = false;   // per-head RMSNorm of q and k before rotary (Qwen3)
   bool qkv_bias = false;  // biases on the q, k and v projections (Qwen2)
   bool experts = false;   // sparse layers may run a mixture of experts (Qwen3-MoE): moe_tile_rows is a key
+  // "sliding_attention" layers attend within ModelConfig::sliding_window (Gemma 3, GPT-OSS); a
+  // family without it refuses such layers by layer_types.
+  bool sliding_window = false;
+  // Learned attention sinks (GPT-OSS): each layer's "self_attn.sinks" [num_heads], one logit per
+  // query head joining its softmax's denominator (ops::attention_sinks_forward).
+  bool sinks = false;
   bool o_bias = false;    // a bias on o_proj too (GPT-OSS's attention_bias: q, k, v and o)
   // The experts' layout a config.json (or an init spec, as JSON keys) gives; null: Qwen3-MoE's.
   ExpertsLayout (*experts_layout)(const HfConfig& c) = nullptr;

@@ -213,6 +213,8 @@ std::unique_ptr<Plugin> create(const PluginArgs& args) {
   static const decoder::Family family{.name = "gpt_oss",
                                        .qkv_bias = true,
                                        .experts = true,
+                                       .sliding_window = true,
+                                       .sinks = true,
                                        .o_bias = true,
                                        .experts_layout = experts_layout,
                                        .from_hf = config_from_hf,

@@ -30,6 +30,21 @@ inline int64_t range_work(std::span<const int64_t> documents, int64_t a, int64_t
   return w;
 }
 
+// A sliding-window layer's work for the queries at positions [a, b): a query at position p sees
+// min(W, p - s + 1) keys, s its document's start.
+inline int64_t range_window_work(std::span<const int64_t> documents, int64_t a, int64_t b, int64_t window) {
+  auto upto = [window](int64_t x) {  // sum of min(W, i) for i = 1 .. x
+    return x <= window ? x * (x + 1) / 2 : window * (window + 1) / 2 + (x - window) * window;
+  };
+  if (documents.empty()) return upto(b) - upto(a);
+  int64_t w = 0;
+  for (auto d = std::upper_bound(documents.begin(), documents.end(), a) - 1; d + 1 < documents.end() && *d < b; ++d) {
+    const int64_t s = d[0], lo = std::max(a, d[0]), hi = std::min(b, d[1]);
+    if (hi > lo) w += upto(hi - s) - upto(lo - s);
+  }
+  return w;
+}
+
 // That work in each chunk of c rows.
 inline std::vector<int64_t> chunk_work(std::span<const int64_t> documents, int64_t L, int64_t c) {
   std::vector<int64_t> w(static_cast<size_t>(L / c), 0);
@@ -61,7 +76,14 @@ struct RingCosts {
                                       // (AttentionWork::call_octaves: 32,768 keys count 6)
   int64_t query_tile_pairs = 39'000;  // a tile of 128 query rows (AttentionWork::query_tiles: a
                                       // thread block of the forward, the backward's per-row passes)
+  // The model's layers: full attention ones weigh their ring's cost, sliding-window ones (window
+  // W) their windows' pairs (range_window_work); the balance weighs a layout by their sum.
+  int64_t full_layers = 1, window_layers = 0, window = 0;
   bool timed() const { return call_pairs > 0; }
+  // What the windowed layers add to the queries at positions [a, b).
+  int64_t windowed(std::span<const int64_t> documents, int64_t a, int64_t b) const {
+    return window_layers > 0 ? window_layers * range_window_work(documents, a, b, window) : 0;
+  }
 };
 
 // The masked work alone ([cp_ring] balance = "work").
@@ -106,15 +128,20 @@ inline AttentionWork pair_work(std::span<const int64_t> documents, int64_t qg, i
 // not on which ranks hold it, so a rank's cost is the sum of its chunks'.
 inline std::vector<int64_t> chunk_cost(std::span<const int64_t> documents, int64_t L, int64_t c,
                                        const RingCosts& costs) {
-  if (!costs.timed()) return chunk_work(documents, L, c);
   std::vector<int64_t> w(static_cast<size_t>(L / c), 0);
+  if (!costs.timed()) {
+    w = chunk_work(documents, L, c);
+    for (auto& x : w) x *= costs.full_layers;
+  }
   for (size_t i = 0; i < w.size(); ++i) {
     const int64_t at = static_cast<int64_t>(i) * c;
-    const int64_t start = *(std::upper_bound(documents.begin(), documents.end(), at) - 1);
-    for (int64_t j = start / c; j <= static_cast<int64_t>(i); ++j) {
-      const AttentionWork pw = pair_work(documents, at, j * c, c);
-      w[i] += work_cost(pw, costs);
+    if (costs.timed()) {
+      const int64_t start = *(std::upper_bound(documents.begin(), documents.end(), at) - 1);
+      int64_t full = 0;
+      for (int64_t j = start / c; j <= static_cast<int64_t>(i); ++j) full += work_cost(pair_work(documents, at, j * c, c), costs);
+      w[i] = costs.full_layers * full;
     }
+    w[i] += costs.windowed(documents, at, at + c);
   }
   return w;
 }
@@ -133,15 +160,18 @@ inline AttentionWork round_work(const Round& round) {
 }
 
 // Rank r's predicted cost over the whole ring: every round's computed pairs plus its calls' cost
-// (work_cost).
+// (work_cost), times the full layers, plus the windowed layers' pairs on its chunks.
 inline int64_t rank_cost(const ChunkLayout& layout, int r, std::span<const int64_t> documents,
                          const RingCosts& costs) {
   int64_t cost = 0;
-  for (int j = 0; j < layout.n; ++j)
-    for (const Round& round : step_rounds(r, j, layout, true, documents)) {
-      const AttentionWork w = round_work(round);
-      cost += work_cost(w, costs);
-    }
+  if (costs.full_layers > 0)
+    for (int j = 0; j < layout.n; ++j)
+      for (const Round& round : step_rounds(r, j, layout, true, documents)) {
+        const AttentionWork w = round_work(round);
+        cost += work_cost(w, costs);
+      }
+  cost *= costs.full_layers;
+  for (int64_t ch : layout.of(r)) cost += costs.windowed(documents, layout.begin(ch), layout.begin(ch) + layout.rows(ch));
   return cost;
 }
 

@@ -24,6 +24,9 @@
 // backward with the final out and LSE gives that block's exact share of dQ, dK and dV (flash
 // attention's identity); dQ adds up locally, dK/dV add up in fp32 accumulators that travel around
 // the ring behind their K/V and reach their owner after the last step.
+// Sliding-window layers (AttentionArgs::window) take no ring pass: each chunk fetches only the keys
+// its window reaches, the W - 1 positions before it, from their owners (window.h), forward and
+// backward, packed documents masked at once.
 #include <lcx/comm.h>
 #include <lcx/defaults.h>
 #include <lcx/log.h>
@@ -47,6 +50,7 @@
 #include "layout.h"
 #include "ring_merge.h"
 #include "schedule.h"
+#include "window.h"
 
 namespace lcx {
 namespace {
@@ -66,6 +70,7 @@ ops::AttentionParams params_of(const AttentionArgs& a, bool causal) {
 ops::AttentionParams whole_params(const AttentionArgs& a) {
   ops::AttentionParams p = params_of(a, a.causal);
   p.documents = a.documents;
+  p.window = a.window;
   return p;
 }
 
@@ -147,12 +152,27 @@ class CpRing final : public Parallelism {
   CpRing(int cp, std::optional<cp_ring::RingCosts> costs) : cp_(cp), costs_(costs) {}
 
   void configure(const ParallelModelInfo& info, Mesh* mesh) override {
-    for (size_t l = 0; l < info.layer_types.size(); ++l)
+    int64_t windowed = 0;
+    for (size_t l = 0; l < info.layer_types.size(); ++l) {
+      if (info.layer_types[l] == "sliding_attention") {
+        ++windowed;
+        continue;
+      }
       if (info.layer_types[l] != "full_attention")
         throw Error(str("cp_ring: layer ", l, " is ", info.layer_types[l],
-                        "; ring attention computes full causal attention only, and a sliding-window or chunked "
-                        "layer would need its window cut across the ring"),
-                    "layer_types", "use a model with full attention in every layer (Qwen3, Qwen3-MoE), or drop cp_ring");
+                        "; ring attention computes full causal and sliding-window attention only"),
+                    "layer_types", "use a model with full or sliding-window attention layers, or drop cp_ring");
+    }
+    if (windowed > 0 && info.sliding_window <= 0)
+      throw Error(str("cp_ring: ", windowed, " layers are sliding_attention but the model's sliding_window is ",
+                      info.sliding_window),
+                  "sliding_window", "set the model's sliding_window (config.json) to its layers' window");
+    // The balance weighs each layer by its work: a windowed layer's is its rows' windows.
+    if (costs_) {
+      costs_->full_layers = static_cast<int64_t>(info.layer_types.size()) - windowed;
+      costs_->window_layers = windowed;
+      costs_->window = info.sliding_window;
+    }
     if (mesh) check_mesh(*mesh);
     mesh_ = mesh;
     layers_ = static_cast<int64_t>(info.layer_types.size());
@@ -218,6 +238,7 @@ class CpRing final : public Parallelism {
     if (!ring) return ops::attention_forward(q, k, v, out, lse, whole_params(args));
     const int r = ring->rank(), n = ring->size(), next = (r + 1) % n, prev = (r + n - 1) % n;
     const ChunkLayout& layout = layout_of(q, n, args);
+    if (args.window > 0) return window_forward(q, k, v, out, lse, args, *ring);
     const int64_t c = layout.c;
     const Device dev = q.device();
     if (mesh_->world().rank() == 0 && !logged_.exchange(true)) log_traffic(q.size(0), k, n);
@@ -257,6 +278,7 @@ class CpRing final : public Parallelism {
     if (!ring) return ops::attention_backward(q, k, v, out, lse, dout, dq, dk, dv, whole_params(args));
     const int r = ring->rank(), n = ring->size(), next = (r + 1) % n, prev = (r + n - 1) % n;
     const ChunkLayout& layout = layout_of(q, n, args);
+    if (args.window > 0) return window_backward(q, k, v, out, lse, dout, dq, dk, dv, args, *ring);
     const int64_t c = layout.c, T = q.size(0);
     const Device dev = q.device();
     if (!args.documents.empty()) return backward_rounds(q, k, v, out, lse, dout, dq, dk, dv, args, *ring);
@@ -329,6 +351,19 @@ class CpRing final : public Parallelism {
              plan_phase::backward);
     plan.add("ring_lse_delta", "LSE per chunk and attention backward delta [Hq,T] fp32", PlanCategory::transient,
              2 * Hq * T * 4, plan_phase::backward);
+    // Sliding-window layers (window.h) hold their chunks' halos beside rows the ring's buffers above
+    // bound: K and V of up to 2k (W - 1) positions (k = 1 on the zigzag; balanced layouts cut up to
+    // kMaxK chunk pairs a rank), and their dK/dV in fp32 on the way back.
+    const auto& types = in.model.layer_types;
+    if (in.model.sliding_window > 0 && std::ranges::count(types, std::string("sliding_attention")) > 0) {
+      const int64_t pairs = in.documents_masked ? cp_ring::kMaxK : 1;
+      const int64_t halo = std::min(2 * pairs * (in.model.sliding_window - 1), in.seq_len - T);
+      for (const char* phase : {plan_phase::forward, plan_phase::backward})
+        plan.add("ring_window_halos", "sliding-window halos: K, V [2k(W-1),Hkv,d]", PlanCategory::communication,
+                 2 * halo * Hkv * d * w, phase);
+      plan.add("ring_window_halo_grads", "sliding-window halos' dK, dV fp32", PlanCategory::communication,
+               2 * halo * Hkv * d * 4, plan_phase::backward);
+    }
     // The largest piece has T query rows (lcx/attention_cost.h: what one attention call allocates).
     const AttentionBytes piece = attention_call_bytes(Hq, T, d);
     plan.add("attention_forward_workspace", "attention forward workspace (cuDNN)", PlanCategory::transient,
@@ -352,6 +387,149 @@ class CpRing final : public Parallelism {
     if (m.shape().cp != cp_)
       throw Error(str("cp_ring was created for cp = ", cp_, " but the rank mesh has cp = ", m.shape().cp),
                   "distributed.cp", "create the plugin with the [distributed] shape its mesh has (PluginArgs::mesh)");
+  }
+
+  // The last layout's window plan (window.h) for this window and these bounds.
+  const cp_ring::WindowPlan& window_plan_of(const AttentionArgs& a) {
+    if (window_ != a.window || window_layout_.n != layout_.n || window_layout_.chunks != layout_.chunks ||
+        window_layout_.bounds != layout_.bounds || window_layout_.c != layout_.c ||
+        !std::ranges::equal(window_documents_, a.documents)) {
+      window_plan_ = cp_ring::window_plan(layout_, a.window, a.documents);
+      window_ = a.window;
+      window_layout_ = layout_;
+      window_documents_.assign(a.documents.begin(), a.documents.end());
+    }
+    return window_plan_;
+  }
+
+  static ops::AttentionParams window_params(const AttentionArgs& a, const cp_ring::WindowChunk& w) {
+    ops::AttentionParams p;
+    p.scale = a.scale;
+    p.causal = true;
+    p.q_offset = w.begin;
+    p.k_offset = w.halo_begin;
+    p.documents = a.documents;
+    p.window = a.window;
+    return p;
+  }
+
+  // Per chunk of this rank, its keys and values over [halo; chunk]: the halo's rows from their
+  // owners (this rank's own rows copied), this rank's rows sent to whoever needs them.
+  void gather_halos(const Tensor& k, const Tensor& v, const cp_ring::WindowPlan& plan, Communicator& ring,
+                    std::vector<Tensor>& kx, std::vector<Tensor>& vx) {
+    const int r = ring.rank();
+    const auto& mine = plan.chunks[static_cast<size_t>(r)];
+    for (const cp_ring::WindowChunk& w : mine) {
+      const int64_t halo = w.begin - w.halo_begin;
+      Shape shape{halo + w.rows, k.size(1), k.size(2)};
+      kx.push_back(Tensor::empty(shape, k.dtype(), k.device(), MemoryCategory::communication));
+      vx.push_back(Tensor::empty(shape, v.dtype(), v.device(), MemoryCategory::communication));
+      Tensor ko = kx.back().rows(halo, halo + w.rows), vo = vx.back().rows(halo, halo + w.rows);
+      ops::cast(k.rows(w.row, w.row + w.rows), ko);
+      ops::cast(v.rows(w.row, w.row + w.rows), vo);
+    }
+    std::vector<P2POp> moves;
+    for (const cp_ring::HaloSegment& s : plan.segments) {
+      if (s.owner != r && s.requester != r) continue;
+      const Tensor ks = k.rows(s.src, s.src + s.rows), vs = v.rows(s.src, s.src + s.rows);
+      if (s.requester == r) {
+        Tensor kd = kx[static_cast<size_t>(s.slot)].rows(s.dst, s.dst + s.rows);
+        Tensor vd = vx[static_cast<size_t>(s.slot)].rows(s.dst, s.dst + s.rows);
+        if (s.owner == r) {
+          ops::cast(ks, kd);
+          ops::cast(vs, vd);
+        } else {
+          moves.push_back(P2POp::recv(kd, s.owner));
+          moves.push_back(P2POp::recv(vd, s.owner));
+        }
+      } else {
+        moves.push_back(P2POp::send(ks, s.requester));
+        moves.push_back(P2POp::send(vs, s.requester));
+      }
+    }
+    if (!moves.empty()) ring.send_recv(std::move(moves));
+  }
+
+  void window_forward(const Tensor& q, const Tensor& k, const Tensor& v, Tensor& out, Tensor& lse,
+                      const AttentionArgs& args, Communicator& ring) {
+    const cp_ring::WindowPlan& plan = window_plan_of(args);
+    std::vector<Tensor> kx, vx;
+    gather_halos(k, v, plan, ring, kx, vx);
+    const auto& mine = plan.chunks[static_cast<size_t>(ring.rank())];
+    for (size_t i = 0; i < mine.size(); ++i) {
+      const cp_ring::WindowChunk& w = mine[i];
+      Tensor o = out.rows(w.row, w.row + w.rows);
+      Tensor l = Tensor::empty({q.size(1), w.rows}, DType::f32, q.device());
+      ops::attention_forward(q.rows(w.row, w.row + w.rows), kx[i], vx[i], o, l, window_params(args, w));
+      ops::copy_columns(l, 0, lse, w.row, w.rows);
+    }
+  }
+
+  // Each chunk's backward over [halo; chunk]: its dQ rows are whole; its chunk's dK/dV add into
+  // this rank's fp32 sums, its halo's go back (fp32) to their owners and add into theirs.
+  void window_backward(const Tensor& q, const Tensor& k, const Tensor& v, const Tensor& out, const Tensor& lse,
+                       const Tensor& dout, Tensor& dq, Tensor& dk, Tensor& dv, const AttentionArgs& args,
+                       Communicator& ring) {
+    const cp_ring::WindowPlan& plan = window_plan_of(args);
+    const int r = ring.rank();
+    const Device dev = q.device();
+    std::vector<Tensor> kx, vx;
+    gather_halos(k, v, plan, ring, kx, vx);
+    Tensor dk_acc = Tensor::zeros(k.shape(), DType::f32, dev), dv_acc = Tensor::zeros(v.shape(), DType::f32, dev);
+    const auto& mine = plan.chunks[static_cast<size_t>(r)];
+    std::vector<Tensor> halo_dk, halo_dv;  // per chunk, fp32
+    for (size_t i = 0; i < mine.size(); ++i) {
+      const cp_ring::WindowChunk& w = mine[i];
+      const int64_t halo = w.begin - w.halo_begin, q0 = w.row, q1 = w.row + w.rows;
+      Tensor dqs = dq.rows(q0, q1);
+      Tensor dkx = Tensor::empty(kx[i].shape(), k.dtype(), dev), dvx = Tensor::empty(vx[i].shape(), v.dtype(), dev);
+      ops::attention_backward(q.rows(q0, q1), kx[i], vx[i], out.rows(q0, q1), lse_columns(lse, q0, w.rows),
+                              dout.rows(q0, q1), dqs, dkx, dvx, window_params(args, w));
+      Tensor dko = dk_acc.rows(q0, q1), dvo = dv_acc.rows(q0, q1);
+      ops::add_inplace(dko, dkx.rows(halo, halo + w.rows));
+      ops::add_inplace(dvo, dvx.rows(halo, halo + w.rows));
+      halo_dk.push_back(Tensor::empty({halo, k.size(1), k.size(2)}, DType::f32, dev, MemoryCategory::communication));
+      halo_dv.push_back(Tensor::empty({halo, v.size(1), v.size(2)}, DType::f32, dev, MemoryCategory::communication));
+      if (halo > 0) {
+        ops::cast(dkx.rows(0, halo), halo_dk.back());
+        ops::cast(dvx.rows(0, halo), halo_dv.back());
+      }
+    }
+    std::vector<P2POp> moves;
+    struct Arriving {
+      int64_t src;
+      Tensor dk, dv;
+    };
+    std::vector<Arriving> arriving;
+    for (const cp_ring::HaloSegment& s : plan.segments) {
+      if (s.owner != r && s.requester != r) continue;
+      if (s.requester == r) {
+        const Tensor gk = halo_dk[static_cast<size_t>(s.slot)].rows(s.dst, s.dst + s.rows);
+        const Tensor gv = halo_dv[static_cast<size_t>(s.slot)].rows(s.dst, s.dst + s.rows);
+        if (s.owner == r) {
+          Tensor ak = dk_acc.rows(s.src, s.src + s.rows), av = dv_acc.rows(s.src, s.src + s.rows);
+          ops::add_inplace(ak, gk);
+          ops::add_inplace(av, gv);
+        } else {
+          moves.push_back(P2POp::send(gk, s.owner));
+          moves.push_back(P2POp::send(gv, s.owner));
+        }
+      } else {
+        Arriving a{s.src, Tensor::empty({s.rows, k.size(1), k.size(2)}, DType::f32, dev, MemoryCategory::communication),
+                   Tensor::empty({s.rows, v.size(1), v.size(2)}, DType::f32, dev, MemoryCategory::communication)};
+        moves.push_back(P2POp::recv(a.dk, s.requester));
+        moves.push_back(P2POp::recv(a.dv, s.requester));
+        arriving.push_back(std::move(a));
+      }
+    }
+    if (!moves.empty()) ring.send_recv(std::move(moves));
+    for (const Arriving& a : arriving) {
+      Tensor ak = dk_acc.rows(a.src, a.src + a.dk.size(0)), av = dv_acc.rows(a.src, a.src + a.dv.size(0));
+      ops::add_inplace(ak, a.dk);
+      ops::add_inplace(av, a.dv);
+    }
+    ops::cast(dk_acc, dk);
+    ops::cast(dv_acc, dv);
   }
 
   // With packed documents each ring step runs as rounds (schedule.h step_rounds): one call of
@@ -550,6 +728,10 @@ class CpRing final : public Parallelism {
   ChunkLayout layout_;                     // layout_of's last answer, for layout_documents_
   std::vector<int64_t> layout_documents_;
   std::vector<std::vector<cp_ring::Round>> rounds_;  // rounds_of's, per block owner j
+  cp_ring::WindowPlan window_plan_;                  // window_plan_of's, for these:
+  int64_t window_ = 0;
+  ChunkLayout window_layout_;
+  std::vector<int64_t> window_documents_;
   int rounds_rank_ = -1;
   bool rounds_causal_ = true;
 };

@@ -55,12 +55,13 @@ class Ulysses final : public Parallelism {
 
   void configure(const ParallelModelInfo& info, Mesh* mesh) override {
     const std::string key = "distributed.sp";
+    // Every rank holds the whole sequence of its heads, so a sliding window applies as it is; a
+    // chunked layer's mask the attention ops do not compute.
     for (size_t l = 0; l < info.layer_types.size(); ++l)
-      if (info.layer_types[l] != "full_attention")
+      if (info.layer_types[l] != "full_attention" && info.layer_types[l] != "sliding_attention")
         throw Error(str(table_, ": layer ", l, " is ", info.layer_types[l],
-                        "; Ulysses gives every rank the whole sequence of its heads and computes full causal "
-                        "attention only"),
-                    key, "use a model with full attention in every layer (Qwen3, Qwen3-MoE), or drop sp_ulysses");
+                        "; Ulysses computes full causal and sliding-window attention only"),
+                    "layer_types", "use a model with full or sliding-window attention layers, or drop sp_ulysses");
     if (info.num_heads % sp_ != 0)
       throw Error(str(table_, ": ", info.num_heads, " query heads do not divide over sp = ", sp_,
                       " ranks (each rank takes num_heads / sp of them)"),
@@ -320,6 +321,7 @@ class Ulysses final : public Parallelism {
     p.scale = a.scale;
     p.causal = a.causal;
     p.documents = a.documents;  // the all-to-all gives each rank whole sequences: bounds hold as they are
+    p.window = a.window;        // ... and the window, over the same positions
     return p;
   }
 

@@ -608,6 +608,29 @@ std::vector<OpCase> cross_entropy_chunk_cases() {
   return cases;
 }
 
+// Attention sinks (GPT-OSS) on an attention output of a head group (heads 4.. of 12 sinks), with
+// rows that saw no key (lse -inf); the backward accumulates onto a gradient already holding values.
+std::vector<OpCase> attention_sinks_cases(bool backward) {
+  std::vector<OpCase> cases;
+  for (DType t : kDtypes)
+    for (int64_t d : {64, 128})
+      cases.push_back({str("[1031,8,", d, "] heads 4.. of 12 ", dtype_name(t)), [=](Device dev, std::mt19937& rng) {
+                         const int64_t T = 1031, H = 8;
+                         Tensor o = at(dev, host_normal({T, H, d}, t, rng));
+                         std::vector<float> l = normal(H * T, rng, 2.f);
+                         for (int64_t i = 0; i < H * T; i += 97) l[static_cast<size_t>(i)] = -INFINITY;
+                         Tensor lse = at(dev, Tensor::from_floats(l, {H, T}, DType::f32));
+                         const Tensor sinks = at(dev, host_normal({12}, t, rng, 2.f));
+                         ops::attention_sinks_forward(o, lse, sinks, 4);
+                         if (!backward) return std::vector<Output>{out("out", o), out("lse", lse)};
+                         const Tensor dout = at(dev, host_normal({T, H, d}, t, rng));
+                         Tensor ds = at(dev, host_normal({12}, DType::f32, rng));
+                         ops::attention_sinks_backward(o, lse, dout, sinks, 4, ds);
+                         return std::vector<Output>{out("dsinks", ds)};
+                       }});
+  return cases;
+}
+
 // One row per op of lcx/ops.h.
 const std::map<std::string, std::vector<OpCase>>& op_table() {
   static const std::map<std::string, std::vector<OpCase>> table = {
@@ -636,6 +659,8 @@ const std::map<std::string, std::vector<OpCase>>& op_table() {
       {"grouped_matmul_wgrad", grouped_matmul_wgrad_cases()},
       {"attention_forward", attention_cases(false)},
       {"attention_backward", attention_cases(true)},
+      {"attention_sinks_forward", attention_sinks_cases(false)},
+      {"attention_sinks_backward", attention_sinks_cases(true)},
       {"cross_entropy_forward_backward", cross_entropy_cases()},
       {"cross_entropy_chunk", cross_entropy_chunk_cases()},
   };

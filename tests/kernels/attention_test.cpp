@@ -17,6 +17,7 @@ struct Case {
   bool causal;
   int64_t q_offset = 0, k_offset = 0;
   std::vector<int64_t> documents = {};  // cumulative bounds over positions; empty: one document
+  int64_t window = 0;                   // > 0: a query sees the keys at positions > its own - window
 };
 
 // The document holding `pos`: the count of bounds at or before it.
@@ -26,7 +27,7 @@ int64_t document_of(const std::vector<int64_t>& bounds, int64_t pos) {
 
 std::string name(const Case& c) {
   return str("T=", c.T, " S=", c.S, " Hq=", c.Hq, " Hkv=", c.Hkv, " d=", c.d, c.causal ? " causal" : " full",
-             " q_offset=", c.q_offset, " k_offset=", c.k_offset, " documents=", c.documents.size());
+             " q_offset=", c.q_offset, " k_offset=", c.k_offset, " documents=", c.documents.size(), " window=", c.window);
 }
 
 ops::AttentionParams params(const Case& c, float scale = 0) {
@@ -36,6 +37,7 @@ ops::AttentionParams params(const Case& c, float scale = 0) {
   p.q_offset = c.q_offset;
   p.k_offset = c.k_offset;
   p.documents = c.documents;
+  p.window = c.window;
   return p;
 }
 
@@ -53,6 +55,7 @@ void naive_attention(const Tensor& q, const Tensor& k, const Tensor& v, const Ca
       double mx = -INFINITY;
       for (int64_t j = 0; j < c.S; ++j) {
         if (c.causal && c.k_offset + j > c.q_offset + i) continue;
+        if (c.window > 0 && c.k_offset + j <= c.q_offset + i - c.window) continue;
         if (!c.documents.empty() &&
             document_of(c.documents, c.k_offset + j) != document_of(c.documents, c.q_offset + i))
           continue;
@@ -117,6 +120,58 @@ TEST(AttentionCpu, ForwardMatchesExplicitSoftmax) {
       }
     }
   }
+}
+
+// A sliding window (transformers' sliding_attention mask: the W keys ending at the query), alone,
+// with offsets as a ring's halo gives them (keys starting before the queries), with a window wider
+// than every row reaches, narrower than the key block, and with packed documents: both masks.
+const Case kWindowCases[] = {
+    {150, 150, 4, 2, 8, true, 0, 0, {}, 20},                  // windows inside and across key blocks
+    {150, 150, 2, 1, 8, true, 0, 0, {}, 1},                   // a query sees only itself
+    {70, 70, 2, 2, 8, true, 0, 0, {}, 100},                   // wider than the sequence: no mask
+    {40, 59, 4, 2, 8, true, 100, 81, {}, 20},                 // queries 100.. against keys 81..: a halo of 19
+    {30, 60, 4, 2, 8, true, 30, 0, {}, 35},                   // later queries against all earlier keys
+    {150, 150, 4, 2, 8, true, 0, 0, {0, 10, 70, 71, 150}, 25}, // documents and window at once
+    {40, 59, 2, 1, 8, true, 100, 81, {0, 90, 120, 140}, 12},  // both, with offsets
+};
+
+TEST(AttentionCpu, WindowMatchesExplicitSoftmax) {
+  for (const Case& c : kWindowCases) {
+    SCOPED_TRACE(name(c));
+    Inputs in = inputs(c);
+    Tensor out = Tensor::empty({c.T, c.Hq, c.d}, DType::f32), lse = Tensor::empty({c.Hq, c.T}, DType::f32);
+    ops::attention_forward(in.q, in.k, in.v, out, lse, params(c));
+    std::vector<float> want_out, want_lse;
+    naive_attention(in.q, in.k, in.v, c, want_out, want_lse);
+    EXPECT_LT(test::max_diff(out.to_floats(), want_out), 2e-5f);
+    EXPECT_LT(test::max_diff(lse.to_floats(), want_lse), 2e-5f);
+  }
+}
+
+// The window masks something the causal mask alone would not: without it the result differs.
+TEST(AttentionCpu, WindowChangesTheResult) {
+  Case c{100, 100, 2, 1, 8, true, 0, 0, {}, 10};
+  Inputs in = inputs(c);
+  Tensor windowed = Tensor::empty({c.T, c.Hq, c.d}, DType::f32), lse = Tensor::empty({c.Hq, c.T}, DType::f32);
+  ops::attention_forward(in.q, in.k, in.v, windowed, lse, params(c));
+  c.window = 0;
+  Tensor plain = Tensor::empty({c.T, c.Hq, c.d}, DType::f32);
+  ops::attention_forward(in.q, in.k, in.v, plain, lse, params(c));
+  EXPECT_GT(test::max_diff(windowed.to_floats(), plain.to_floats()), 1e-3f);
+  EXPECT_EQ(test::max_diff(windowed.rows(0, 10).to_floats(), plain.rows(0, 10).to_floats()), 0.f);
+}
+
+TEST(AttentionCpu, RefusesAWindowWithoutCausal) {
+  const Case c{8, 8, 2, 1, 4, false, 0, 0, {}, 4};
+  Inputs in = inputs(c);
+  Tensor out = Tensor::empty({c.T, c.Hq, c.d}, DType::f32), lse = Tensor::empty({c.Hq, c.T}, DType::f32);
+  EXPECT_NE(test::error_of([&] { ops::attention_forward(in.q, in.k, in.v, out, lse, params(c)); })
+                .find("window is 4 with causal false"),
+            std::string::npos);
+  Case negative{8, 8, 2, 1, 4, true, 0, 0, {}, -1};
+  EXPECT_NE(test::error_of([&] { ops::attention_forward(in.q, in.k, in.v, out, lse, params(negative)); })
+                .find("window is -1"),
+            std::string::npos);
 }
 
 TEST(AttentionCpu, RowThatSeesNothingIsZeroWithMinusInfLse) {
@@ -235,6 +290,13 @@ TEST(AttentionCpu, BackwardMatchesFiniteDifferences) {
   check_backward({12, 12, 4, 2, 4, true, 0, 0, {0, 1, 5, 12}}, 1);   // packed documents
   check_backward({12, 12, 2, 1, 4, false, 0, 0, {0, 7, 12}}, 1);     // full within documents
   check_backward({6, 12, 2, 1, 4, true, 6, 0, {0, 4, 9, 12}}, 1);     // with offsets
+}
+
+TEST(AttentionCpu, WindowBackwardMatchesFiniteDifferences) {
+  check_backward({12, 12, 4, 2, 4, true, 0, 0, {}, 3}, 1);
+  check_backward({8, 12, 2, 1, 4, true, 10, 6, {}, 4}, 1);                // a halo's offsets
+  check_backward({12, 12, 2, 1, 4, true, 0, 0, {0, 5, 12}, 3}, 1);        // documents and window
+  check_backward({70, 70, 2, 1, 4, true, 0, 0, {}, 66}, 7);               // across the key block
 }
 
 // The mask's work is the sum of the squared document lengths, and its result is each document's

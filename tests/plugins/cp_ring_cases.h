@@ -59,11 +59,13 @@ struct AttnCase {
   bool causal = true;
   std::vector<int64_t> documents = {};  // packed documents' bounds over the sequence; empty: one
   std::string ring_table = {};           // the cp_ring table the ranks are created with
+  int64_t window = 0;                    // > 0: a sliding-window layer of this window
 };
 
 inline std::string describe(const AttnCase& c) {
   return str("cp=", c.cp, " chunk=", c.chunk, " Hq=", c.Hq, " Hkv=", c.Hkv, " d=", c.d, c.causal ? " causal" : " full",
-             c.documents.empty() ? "" : str(" ", c.documents.size() - 1, " documents"));
+             c.documents.empty() ? "" : str(" ", c.documents.size() - 1, " documents"),
+             c.window > 0 ? str(" window=", c.window) : "");
 }
 
 // Relative L2 errors of ring attention against one rank holding the whole sequence.
@@ -88,11 +90,13 @@ inline AttnErrors ring_attention_errors(const AttnCase& c, Device device, DType 
   args.scale = 1.f / std::sqrt(static_cast<float>(c.d));
   args.causal = c.causal;
   args.documents = c.documents;
+  args.window = c.window;
 
   ops::AttentionParams p;
   p.scale = args.scale;
   p.causal = c.causal;
   p.documents = c.documents;
+  p.window = c.window;
   Tensor out = Tensor::empty({L, c.Hq, c.d}, DType::f32), lse = Tensor::empty({c.Hq, L}, DType::f32);
   Tensor dq = Tensor::empty(q.shape(), DType::f32), dk = Tensor::empty(k.shape(), DType::f32),
          dv = Tensor::empty(v.shape(), DType::f32);
@@ -109,7 +113,8 @@ inline AttnErrors ring_attention_errors(const AttnCase& c, Device device, DType 
   info.num_heads = c.Hq;
   info.num_kv_heads = c.Hkv;
   info.head_dim = c.d;
-  info.layer_types = {"full_attention"};
+  info.layer_types = {c.window > 0 ? "sliding_attention" : "full_attention", "full_attention"};
+  info.sliding_window = c.window;
   Sequence seq = iota_sequence(L);
   seq.document_bounds = c.documents;  // shard() lays the chunks out by them, as attention does
 

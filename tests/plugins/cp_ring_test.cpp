@@ -17,6 +17,7 @@
 #include "lcx/safetensors.h"
 #include "plugins/cp_ring_cases.h"
 #include "balance.h"
+#include "window.h"
 
 namespace lcx {
 namespace {
@@ -375,17 +376,21 @@ TEST(CpRingShard, PackedDocumentsRestartPositionsAndKeepTheBounds) {
   EXPECT_NE(moved.fix.find("[data] attend_across_documents"), std::string::npos) << moved.fix;
 }
 
-TEST(CpRingRefuses, SlidingWindowAndChunkedLayers) {
+// Chunked layers by layer_types; sliding-window layers run, but not without their window.
+TEST(CpRingRefuses, ChunkedLayersAndSlidingLayersWithoutAWindow) {
   auto p = test::make_cp_ring(2);
   ParallelModelInfo info;
   info.num_heads = info.num_kv_heads = 2;
   info.head_dim = 8;
-  for (const char* kind : {"sliding_attention", "chunked_attention"}) {
-    info.layer_types = {"full_attention", kind};
-    const test::Thrown e = test::thrown_by([&] { p->configure(info, nullptr); });
-    EXPECT_EQ(e.key, "layer_types");
-    EXPECT_NE(e.message.find(str("layer 1 is ", kind)), std::string::npos) << e.message;
-  }
+  info.layer_types = {"full_attention", "chunked_attention"};
+  test::Thrown e = test::thrown_by([&] { p->configure(info, nullptr); });
+  EXPECT_EQ(e.key, "layer_types");
+  EXPECT_NE(e.message.find("layer 1 is chunked_attention"), std::string::npos) << e.message;
+  info.layer_types = {"full_attention", "sliding_attention"};
+  e = test::thrown_by([&] { p->configure(info, nullptr); });
+  EXPECT_EQ(e.key, "sliding_window");
+  info.sliding_window = 16;
+  EXPECT_FALSE(test::thrown_by([&] { p->configure(info, nullptr); }).thrown);
   info.layer_types = {"full_attention", "full_attention"};
   EXPECT_FALSE(test::thrown_by([&] { p->configure(info, nullptr); }).thrown);
 }
@@ -498,6 +503,64 @@ TEST(CpRingAttention, PackedDocumentsMovedBoundsEqualSingleRank) {
     ASSERT_FALSE(cp_ring::balanced_layout(docs, L, cp).bounds.empty()) << "cp " << cp;
     test::expect_ring_attention({cp, L / (2 * cp), 4, 2, 8, true, docs}, Device::cpu(), DType::f32, kFp32Tol);
   }
+}
+
+// A sliding-window layer: each chunk against its halo (window.h). Windows within a chunk, past a
+// chunk (the halo from two earlier chunks, one of them the rank's own under the zigzag), of one
+// key, wider than the sequence; with packed documents both masks, on the zigzag and on balanced
+// layouts (chunks cut finer, bounds moved).
+TEST(CpRingAttention, WindowEqualsSingleRank) {
+  for (int cp : {2, 4})
+    for (int64_t w : {1, 5, 8, 20, 100}) {
+      test::expect_ring_attention({cp, 8, 4, 2, 8, true, {}, {}, w}, Device::cpu(), DType::f32, kFp32Tol);
+      test::expect_ring_attention({cp, 8, 4, 1, 8, true, {0, 3, 4, 30, 2 * cp * 8}, {}, w}, Device::cpu(), DType::f32,
+                                  kFp32Tol);
+    }
+  test::expect_ring_attention({2, 1024, 4, 2, 8, true, kCutFiner, kBalanceWork, 300}, Device::cpu(), DType::f32,
+                              kFp32Tol);
+  for (const auto& [cp, docs] : test::kMovedBounds)
+    test::expect_ring_attention({cp, docs.back() / (2 * cp), 2, 1, 8, true, docs, {}, 700}, Device::cpu(), DType::f32,
+                                kFp32Tol);
+}
+
+// The halos are the W - 1 positions before each chunk, trimmed at its document's start, each
+// fetched from the chunk that holds it: exactly the positions the window reaches, no more.
+TEST(CpRingWindow, HalosAreWhatTheWindowReaches) {
+  const cp_ring::ChunkLayout z = cp_ring::zigzag_layout(64, 4);  // chunks of 8; rank 1 holds 1 and 6
+  const cp_ring::WindowPlan plan = cp_ring::window_plan(z, 11, {});
+  const auto& r1 = plan.chunks[1];
+  ASSERT_EQ(r1.size(), 2u);
+  EXPECT_EQ(r1[0].begin, 8);
+  EXPECT_EQ(r1[0].halo_begin, 0);   // 8 - 10 clipped at the sequence's start
+  EXPECT_EQ(r1[1].begin, 48);
+  EXPECT_EQ(r1[1].halo_begin, 38);  // 10 positions: 2 of chunk 4 (rank 3) and 8 of chunk 5 (rank 2)
+  int64_t fetched = 0;
+  for (const cp_ring::HaloSegment& s : plan.segments)
+    if (s.requester == 1 && s.slot == 1) {
+      fetched += s.rows;
+      EXPECT_EQ(s.owner, s.begin < 40 ? 3 : 2);
+    }
+  EXPECT_EQ(fetched, 10);
+  // A document starting inside the halo trims it.
+  const std::vector<int64_t> docs = {0, 44, 64};
+  EXPECT_EQ(cp_ring::window_plan(z, 11, docs).chunks[1][1].halo_begin, 44);
+}
+
+// The balance weighs a windowed layer by its windows' pairs: a long document's chunks are each
+// worth rows x W, not their causal square.
+TEST(CpRingWindow, BalanceWeighsWindowedLayersByTheirWork) {
+  const std::vector<int64_t> docs = {0, 4096};
+  EXPECT_EQ(cp_ring::range_window_work(docs, 0, 4096, 100), 100 * 101 / 2 + (4096 - 100) * 100);
+  EXPECT_EQ(cp_ring::range_window_work({}, 10, 20, 4), 40);
+  const std::vector<int64_t> two = {0, 3, 4096};
+  EXPECT_EQ(cp_ring::range_window_work(two, 0, 6, 4), (1 + 2 + 3) + (1 + 2 + 3));
+  cp_ring::RingCosts windowed = cp_ring::kMaskedWorkOnly;
+  windowed.full_layers = 0;
+  windowed.window_layers = 3;
+  windowed.window = 64;
+  const std::vector<int64_t> w = cp_ring::chunk_cost(docs, 4096, 512, windowed);
+  EXPECT_EQ(w[0], 3 * cp_ring::range_window_work(docs, 0, 512, 64));
+  EXPECT_EQ(w[7], 3 * 512 * 64);  // the causal square would weigh the last chunk 15 x the first
 }
 
 class CpRingStepCpu : public ::testing::TestWithParam<int> {};
@@ -669,6 +732,32 @@ TEST(CpRingPlan, RingBuffersAndAccumulators) {
   in.cp = 1;
   p->plan(in, single);
   EXPECT_EQ(single.category_bytes(PlanCategory::communication), 0);
+}
+
+// Sliding-window layers add their halos: 2 (W - 1) rows of K and V on the zigzag, their fp32
+// gradients in the backward; a model of full layers adds none.
+TEST(CpRingPlan, SlidingWindowHalos) {
+  auto p = test::make_cp_ring(4);
+  PlanInputs in;
+  in.model.num_heads = 64;
+  in.model.num_kv_heads = 8;
+  in.model.head_dim = 64;
+  in.model.layer_types = {"sliding_attention", "full_attention"};
+  in.model.sliding_window = 128;
+  in.seq_len = 1 << 20;
+  in.cp = 4;
+  in.tokens_per_rank = in.seq_len / 4;
+  MemoryPlan plan;
+  p->plan(in, plan);
+  const int64_t halo = 2 * 127 * 8 * 64;
+  ASSERT_NE(plan.find("ring_window_halos"), nullptr);
+  EXPECT_EQ(plan.find("ring_window_halos")->bytes, 2 * halo * 2);
+  ASSERT_NE(plan.find("ring_window_halo_grads"), nullptr);
+  EXPECT_EQ(plan.find("ring_window_halo_grads")->bytes, 2 * halo * 4);
+  in.model.layer_types = {"full_attention", "full_attention"};
+  MemoryPlan full;
+  p->plan(in, full);
+  EXPECT_EQ(full.find("ring_window_halos"), nullptr);
 }
 
 }  // namespace

@@ -63,6 +63,7 @@ struct Attention2dCase {
   std::vector<int64_t> documents;  // packed documents' bounds over the whole sequence; empty: one
   MeshOrder order = MeshOrder::sp_inner;
   std::string ring_table;  // the cp_ring table
+  int64_t window = 0;      // > 0: a sliding-window layer of this window
 };
 
 inline void check_attention_2d(const Attention2dCase& c) {
@@ -70,9 +71,10 @@ inline void check_attention_2d(const Attention2dCase& c) {
   const int64_t L = c.L, Hq = c.Hq, Hkv = c.Hkv, d = c.d;
   const std::string what = str("cp ", c.cp, " x sp ", c.sp, " ", mesh_order_name(c.order), ", Hq ", Hq, ", Hkv ", Hkv,
                                ", d ", d, ", L ", L, ", ", dtype_name(c.dtype),
-                               c.documents.empty() ? "" : str(", ", c.documents.size() - 1, " documents"));
+                               c.documents.empty() ? "" : str(", ", c.documents.size() - 1, " documents"),
+                               c.window > 0 ? str(", window ", c.window) : "");
   const SingleRankAttention ref = single_rank_attention(L, Hq, Hkv, d, c.dtype, c.device, c.documents,
-                                                       static_cast<uint32_t>(100 * c.cp + 10 * c.sp + Hkv));
+                                                       static_cast<uint32_t>(100 * c.cp + 10 * c.sp + Hkv), c.window);
   const Tensor &q = ref.q, &k = ref.k, &v = ref.v, &dout = ref.dout, &out = ref.out, &lse = ref.lse, &dq = ref.dq,
                &dk = ref.dk, &dv = ref.dv;
   const AttentionArgs& args = ref.args;

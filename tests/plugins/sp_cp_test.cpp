@@ -97,6 +97,22 @@ TEST(SpCpExact, AttentionWithDocumentsEqualsSingleRank) {
   }
 }
 
+// A sliding-window layer under cp x sp: the all-to-all gives each rank its cp shard's rows of its
+// heads, and the ring fetches each chunk's halo; with packed documents both masks.
+TEST(SpCpExact, AttentionWithAWindowEqualsSingleRank) {
+  for (auto [cp, sp] : {std::pair{2, 2}, {4, 2}})
+    for (int64_t w : {3, 10}) {
+      test::Attention2dCase c;
+      c.cp = cp;
+      c.sp = sp;
+      c.L = 48;
+      c.window = w;
+      test::check_attention_2d(c);
+      c.documents = {0, 1, 12, 13, 30, 48};
+      test::check_attention_2d(c);
+    }
+}
+
 // Documents the ring's layout balanced for work cuts into chunks of 512 (k = 2), each cp shard then
 // cut in sp.
 TEST(SpCpExact, AttentionWithDocumentsCutFinerEqualsSingleRank) {

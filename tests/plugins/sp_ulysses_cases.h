@@ -58,6 +58,7 @@ struct AttentionCase {
   Tolerance tol;
   bool reuse_forward = true;  // false: backward on copies, so the plugin moves its inputs again
   std::vector<int64_t> documents;  // packed documents' bounds over the whole sequence; empty: one
+  int64_t window = 0;              // > 0: a sliding-window layer of this window
 };
 
 // The single-rank attention a parity case holds the ranks to: q, k, v and dout of [L, H, d] drawn
@@ -70,7 +71,7 @@ struct SingleRankAttention {
 };
 inline SingleRankAttention single_rank_attention(int64_t L, int64_t Hq, int64_t Hkv, int64_t d, DType dtype,
                                                  Device device, const std::vector<int64_t>& documents,
-                                                 uint32_t seed) {
+                                                 uint32_t seed, int64_t window = 0) {
   std::mt19937 rng(seed);
   std::normal_distribution<float> dist(0.f, 1.f);
   auto rnd = [&](Shape s) {
@@ -85,9 +86,11 @@ inline SingleRankAttention single_rank_attention(int64_t L, int64_t Hq, int64_t 
   a.dout = rnd({L, Hq, d});
   a.args.scale = 1.f / std::sqrt(static_cast<float>(d));
   a.args.documents = documents;
+  a.args.window = window;
   ops::AttentionParams p;
   p.scale = a.args.scale;
   p.documents = documents;
+  p.window = window;
   a.out = Tensor::empty({L, Hq, d}, dtype, device);
   a.lse = Tensor::empty({Hq, L}, DType::f32, device);
   ops::attention_forward(a.q, a.k, a.v, a.out, a.lse, p);
@@ -98,7 +101,8 @@ inline SingleRankAttention single_rank_attention(int64_t L, int64_t Hq, int64_t 
   a.info.num_heads = Hq;
   a.info.num_kv_heads = Hkv;
   a.info.head_dim = d;
-  a.info.layer_types = {"full_attention", "full_attention"};
+  a.info.layer_types = {window > 0 ? "sliding_attention" : "full_attention", "full_attention"};
+  a.info.sliding_window = window;
   return a;
 }
 
@@ -109,9 +113,10 @@ inline void check_attention(const AttentionCase& c) {
   const int64_t T = c.tokens_per_rank, L = T * sp, Hq = c.Hq, Hkv = c.Hkv, d = c.d;
   const std::string what = str("sp ", sp, ", Hq ", Hq, ", Hkv ", Hkv, ", d ", d, ", T/rank ", T, ", ",
                                dtype_name(c.dtype), c.reuse_forward ? "" : ", backward on copies",
-                               c.documents.empty() ? "" : str(", ", c.documents.size() - 1, " documents"));
-  const SingleRankAttention ref =
-      single_rank_attention(L, Hq, Hkv, d, c.dtype, c.device, c.documents, static_cast<uint32_t>(1000 * sp + 10 * Hkv + d));
+                               c.documents.empty() ? "" : str(", ", c.documents.size() - 1, " documents"),
+                               c.window > 0 ? str(", window ", c.window) : "");
+  const SingleRankAttention ref = single_rank_attention(L, Hq, Hkv, d, c.dtype, c.device, c.documents,
+                                                        static_cast<uint32_t>(1000 * sp + 10 * Hkv + d), c.window);
   const Tensor &q = ref.q, &k = ref.k, &v = ref.v, &dout = ref.dout, &out = ref.out, &lse = ref.lse, &dq = ref.dq,
                &dk = ref.dk, &dv = ref.dv;
   const AttentionArgs& args = ref.args;

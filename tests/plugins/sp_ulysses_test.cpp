@@ -68,7 +68,7 @@ TEST(SpUlysses, ShardsAreContiguousWithGlobalPositions) {
   EXPECT_NE(e.message.find("10 tokens"), std::string::npos) << e.message;
 }
 
-TEST(SpUlysses, RefusesHeadsThatDoNotSplitAndSlidingLayers) {
+TEST(SpUlysses, RefusesHeadsThatDoNotSplitAndChunkedLayers) {
   auto p = test::load_ulysses(4);
   // Each refused by [distributed] sp, its fix the divisor or multiple sp needs.
   test::Thrown e = test::thrown_by([&] { p->configure(model_info(6, 2), nullptr); });
@@ -80,12 +80,11 @@ TEST(SpUlysses, RefusesHeadsThatDoNotSplitAndSlidingLayers) {
   e = test::thrown_by([&] { test::load_ulysses(4)->configure(model_info(12, 3), nullptr); });
   EXPECT_EQ(e.key, "distributed.sp");
   EXPECT_EQ(e.fix, "use an sp that is a multiple of 3");
-  e = test::thrown_by([&] { p->configure(model_info(8, 2, {"full_attention", "sliding_attention"}), nullptr); });
-  EXPECT_EQ(e.key, "distributed.sp");
-  EXPECT_NE(e.message.find("layer 1 is sliding_attention"), std::string::npos) << e.message;
   e = test::thrown_by([&] { p->configure(model_info(8, 2, {"chunked_attention"}), nullptr); });
-  EXPECT_EQ(e.key, "distributed.sp");
+  EXPECT_EQ(e.key, "layer_types");
   EXPECT_NE(e.message.find("layer 0 is chunked_attention"), std::string::npos) << e.message;
+  EXPECT_FALSE(
+      test::thrown_by([&] { p->configure(model_info(8, 2, {"full_attention", "sliding_attention"}), nullptr); }).thrown);
   EXPECT_FALSE(test::thrown_by([&] { p->configure(model_info(8, 2), nullptr); }).thrown);
   EXPECT_FALSE(test::thrown_by([&] { p->configure(model_info(8, 8), nullptr); }).thrown);
 }
@@ -208,6 +207,21 @@ TEST(SpUlyssesExact, AttentionWithDocumentsEqualsSingleRank) {
     c.documents = {0, 1, 7, 20, 12 * sp};
     test::check_attention(c);
   }
+}
+
+// A sliding window applies as it is to the whole sequence each rank gets, documents or not.
+TEST(SpUlyssesExact, AttentionWithAWindowEqualsSingleRank) {
+  for (int sp : {2, 4})
+    for (int64_t w : {1, 7, 30}) {
+      test::AttentionCase c;
+      c.sp = sp;
+      c.tokens_per_rank = 12;
+      c.Hkv = 2;
+      c.window = w;
+      test::check_attention(c);
+      c.documents = {0, 1, 7, 20, 12 * sp};
+      test::check_attention(c);
+    }
 }
 
 TEST(SpUlyssesExact, TrainingStepWithPackedDocumentsEqualsSingleRank) {

@@ -76,6 +76,17 @@ void attention_backward(const Tensor& q, const Tensor& k, const Tensor& v, const
                         const Tensor& lse, const Tensor& dout, Tensor& dq, Tensor& dk, Tensor& dv,
                         const AttentionParams& p);
 
+// Learned attention sinks (GPT-OSS): one logit s_h per query head joins every row's softmax
+// denominator with a zero value vector. After attention_forward's out and lse (over all the keys:
+// after a ring's merge), in place: lse' = logaddexp(lse, s_h), out' = out * exp(lse - lse'). Heads
+// [0, H) of out [T,H,d] and lse fp32 [H,T] take sinks[head0 + h] (a head group's, an sp rank's);
+// sinks [>= head0 + H] of any float dtype. The attention backward given out' and lse' is then the
+// sinks' exact backward for q, k and v (the sink's value is zero); attention_sinks_backward adds
+// dsinks[head0 + h] -= sum over rows i of exp(s_h - lse'_i) * dot(dout_i, out'_i) into dsinks fp32.
+void attention_sinks_forward(Tensor& out, Tensor& lse, const Tensor& sinks, int64_t head0);
+void attention_sinks_backward(const Tensor& out, const Tensor& lse, const Tensor& dout, const Tensor& sinks,
+                              int64_t head0, Tensor& dsinks);
+
 // Attention of separate blocks in one call (a ring step's chunk pairs under document masks): block
 // i's query rows [q_begin, q_begin + q_rows) of q see its key rows [k_begin, k_begin + k_rows) of
 // k, all of them, or with causal (then q_rows == k_rows, the two at equal positions) those at or

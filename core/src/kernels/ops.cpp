@@ -573,8 +573,13 @@ AttentionParams check_attention(const char* op, const Tensor& q, const Tensor& k
       if (d[i] <= d[i - 1])
         fail(op, str("document bound ", i, " (", d[i], ") does not follow bound ", i - 1, " (", d[i - 1], ")"));
   }
+  if (p.window < 0 || (p.window > 0 && !p.causal))
+    fail(op, str("window is ", p.window, (p.causal ? "" : " with causal false"),
+                 "; a sliding window is 0 (none) or > 0 on causal attention (the W keys ending at the query)"));
   AttentionParams r = p;
   if (r.scale == 0.f) r.scale = 1.f / std::sqrt(static_cast<float>(q.size(2)));
+  // A window reaching back past the first key from the last query hides nothing.
+  if (r.window > 0 && p.q_offset + q.size(0) - r.window <= p.k_offset) r.window = 0;
   // One document holding every query and key masks nothing: the unmasked kernels serve.
   if (!d.empty()) {
     const auto last = std::upper_bound(d.begin(), d.end(), std::min(p.q_offset, p.k_offset));
@@ -582,8 +587,9 @@ AttentionParams check_attention(const char* op, const Tensor& q, const Tensor& k
   }
   // Every key at or before the first query: the causal mask hides nothing, and as a full block it
   // runs on cuDNN, which takes causal blocks only at equal positions (a ring's piece of one
-  // document against its earlier chunk would otherwise fall to the own kernels).
-  if (r.causal && r.documents.empty() && p.k_offset + k.size(0) <= p.q_offset + 1) r.causal = false;
+  // document against its earlier chunk would otherwise fall to the own kernels). A window still
+  // masks such a block, so it stays causal.
+  if (r.causal && r.documents.empty() && r.window == 0 && p.k_offset + k.size(0) <= p.q_offset + 1) r.causal = false;
   return r;
 }
 
@@ -668,6 +674,43 @@ void attention_backward(const Tensor& q, const Tensor& k, const Tensor& v, const
   const CheckedBackward checked = check_attention_backward(op, q, k, v, out, lse, dout, dq, dk, dv, p);
   ProfileScope scope(OpKind::attention_bwd, op);
   attention_table().backward(checked.cuda, q, k, v, out, lse, dout, dq, dk, dv, checked.params);
+}
+
+namespace {
+// out [T,H,d], lse fp32 [H,T], sinks with a logit for heads head0 .. head0 + H - 1.
+void check_sinks(const char* op, const Tensor& out, const Tensor& lse, const Tensor& sinks, int64_t head0) {
+  need_float(op, "out", out);
+  need_dim(op, "out", out, 3);
+  need_dtype(op, "lse", lse, DType::f32);
+  need_shape(op, "lse", lse, {out.size(1), out.size(0)}, "out", out);
+  need_float(op, "sinks", sinks);
+  need_dim(op, "sinks", sinks, 1);
+  if (head0 < 0 || head0 + out.size(1) > sinks.size(0))
+    fail(op, str("heads ", head0, " to ", head0 + out.size(1) - 1, " of ", desc("out", out), " have no logit in ",
+                 desc("sinks", sinks), "; head0 + heads must be at most the sinks' length"));
+}
+}  // namespace
+
+void attention_sinks_forward(Tensor& out, Tensor& lse, const Tensor& sinks, int64_t head0) {
+  const char* op = "attention_sinks_forward";
+  const bool cuda = on_cuda(op, {{"out", &out}, {"lse", &lse}, {"sinks", &sinks}});
+  check_sinks(op, out, lse, sinks, head0);
+  ProfileScope scope(OpKind::attention_fwd, op);
+  LCX_ROUTE(cuda, attention_sinks_forward, out, lse, sinks, head0);
+}
+
+void attention_sinks_backward(const Tensor& out, const Tensor& lse, const Tensor& dout, const Tensor& sinks,
+                              int64_t head0, Tensor& dsinks) {
+  const char* op = "attention_sinks_backward";
+  const bool cuda =
+      on_cuda(op, {{"out", &out}, {"lse", &lse}, {"dout", &dout}, {"sinks", &sinks}, {"dsinks", &dsinks}});
+  check_sinks(op, out, lse, sinks, head0);
+  need_same_shape(op, "dout", dout, "out", out);
+  need_dtype(op, "dout", dout, out.dtype());
+  need_dtype(op, "dsinks", dsinks, DType::f32);
+  need_same_shape(op, "dsinks", dsinks, "sinks", sinks);
+  ProfileScope scope(OpKind::attention_bwd, op);
+  LCX_ROUTE(cuda, attention_sinks_backward, out, lse, dout, sinks, head0, dsinks);
 }
 
 namespace {

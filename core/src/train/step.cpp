@@ -107,6 +107,7 @@ void configure_slots(StepSlots& s) {
   par.num_kv_heads = c.num_kv_heads;
   par.head_dim = c.head_dim;
   par.layer_types = c.layer_types;
+  par.sliding_window = c.sliding_window;
   s.parallel->configure(par, s.mesh);
 }
 

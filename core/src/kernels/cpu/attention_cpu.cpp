@@ -10,7 +10,8 @@
 // the query heads of its group) and the dq rows of those heads.
 // Positions: query i sits at q_offset + i, key j at k_offset + j; causal hides keys past the query.
 // Document bounds narrow each query's keys to its own document's, so the work is the sum of the
-// documents' squared lengths.
+// documents' squared lengths; a window narrows them to the W positions ending at the query's, so a
+// windowed row walks at most W keys (work T x W). Both at once where both are given.
 // Inputs are widened to fp32 once; outputs are rounded once into their dtypes.
 #include <algorithm>
 #include <cmath>
@@ -39,6 +40,7 @@ struct Dims {
       begin = std::max(begin, *(next - 1) - p.k_offset);
       end = std::min(end, *next - p.k_offset);
     }
+    if (p.window > 0) begin = std::max(begin, pos - p.window + 1 - p.k_offset);
     begin = std::clamp<int64_t>(begin, 0, S);
     return {begin, std::clamp<int64_t>(end, begin, S)};
   }

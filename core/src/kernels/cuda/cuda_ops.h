@@ -30,6 +30,9 @@ void scale_inplace(Tensor& x, float s);
 void cast(const Tensor& src, Tensor& dst);
 void dropout(const Tensor& x, float p, uint64_t key, const Tensor& rows, int64_t col0, Tensor& out, float beta);
 void copy_columns(const Tensor& src, int64_t src_col, Tensor& dst, int64_t dst_col, int64_t cols);
+void attention_sinks_forward(Tensor& out, Tensor& lse, const Tensor& sinks, int64_t head0);
+void attention_sinks_backward(const Tensor& out, const Tensor& lse, const Tensor& dout, const Tensor& sinks,
+                              int64_t head0, Tensor& dsinks);
 void moe_route(const Tensor& logits, int64_t k, bool norm_topk, Tensor& weights, Tensor& experts, Tensor* probs);
 void moe_permute(const Tensor& experts, int64_t num_experts, Tensor& order, Tensor& position, Tensor& offsets);
 void gather_rows(const Tensor& x, const Tensor& rows, int64_t divide, Tensor& out);
