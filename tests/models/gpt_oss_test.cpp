@@ -16,7 +16,9 @@
 
 #include "lcx/error.h"
 #include "lcx/ops.h"
+#include "lcx/peft.h"
 #include "lcx/safetensors.h"
+#include "lcx/slots/adapter.h"
 #include "models/model_util.h"
 #include "moe.h"
 #include "moe_mxfp4.h"
@@ -171,6 +173,164 @@ TEST(GptOssParity, SequenceRanksEqualTransformers) {
       }
       std::printf("%s: LM loss %.7f (transformers %.7f), worst gradient rel L2 %.2e\n", what.c_str(), loss[0], want_lm, worst);
     }
+}
+
+constexpr const char* kSmall = R"({"hidden_size": 64, "intermediate_size": 32, "num_local_experts": 4,
+    "num_experts_per_tok": 2, "sliding_window": 6, "swiglu_limit": 1.5})";
+constexpr const char* kLoraTable =
+    "r = 3\nalpha = 6\ntarget_modules = [\"q_proj\", \"k_proj\", \"v_proj\", \"o_proj\"]\n"
+    "target_parameters = [\"mlp.experts.gate_up_proj\", \"mlp.experts.down_proj\"]";
+
+std::shared_ptr<Model> small_model() {
+  auto m = make_gpt_oss();
+  m->init_random(kSmall, 11, Device::cpu(), DType::f32);
+  uint32_t seed = 900;  // biases and sinks away from their zero init
+  for (Parameter* p : m->parameters())
+    if (p->name.ends_with("bias") || p->name.ends_with("sinks")) test::fill_normal(p->value, seed++, 0.3f);
+  return m;
+}
+
+Shard small_shard() {
+  std::vector<int64_t> ids(40), labels(40);
+  for (int64_t t = 0; t < 40; ++t) ids[t] = labels[t] = (t * 53 + 7) % 512;
+  labels[3] = labels[20] = -100;
+  return test::shard_from_labels(ids, labels);
+}
+
+// LoRA on the attention (q, k, v, o with their biases frozen) and, through PEFT's
+// target_parameters, on the fused experts per expert: with every factor random, the adapted
+// model's loss equals the base with the deltas merged (W + scale B A; an expert's
+// W[e] + scale A_e^T B_e^T), the base stays frozen, and every factor's gradient is the chain rule
+// through the merged weight's: dA = scale B^T dW and dB = scale dW A^T (an expert's
+// dA_e = scale (dW_e B_e)^T, dB_e = scale dW_e^T A_e^T).
+TEST(GptOssLora, AttentionAndExpertsEqualTheMergedModel) {
+  const Shard shard = small_shard();
+  const int64_t valid = test::count_valid(shard);
+  auto adapted = small_model();
+  auto lora = test::make_plugin<Adapter>("lora", kLoraTable);
+  lora->attach(*adapted, AdapterContext{Device::cpu(), DType::f32, 5, ""});
+  uint32_t seed = 40;
+  for (Parameter* p : lora->parameters()) test::fill_normal(p->value, seed++, 0.2f);
+  test::DefaultSlots sa(*adapted, yarn());
+  sa.slots.adapter = lora.get();
+  const StepResult ra = test::mean_loss_step(sa, shard, valid);
+  for (Parameter* p : adapted->parameters()) EXPECT_TRUE(p->frozen && !p->grad.defined()) << p->name;
+
+  auto merged = small_model();
+  std::map<std::string, Parameter*> base, factors;
+  for (Parameter* p : merged->parameters()) base[p->name] = p;
+  for (Parameter* p : lora->parameters()) factors[p->name] = p;
+  const float scale = 2.f;
+  int merges = 0;
+  for (const auto& [fname, a] : factors) {
+    const size_t at = fname.find(".lora_A.weight");
+    if (at == std::string::npos) continue;
+    const std::string stem = fname.substr(0, at);
+    Parameter* b = factors.at(stem + ".lora_B.weight");
+    const bool expert = a->value.dim() == 3;
+    Parameter* w = base.at(expert ? stem : stem + ".weight");
+    if (!expert) {
+      ops::matmul(b->value, false, a->value, false, w->value, scale, 1.f);
+    } else {
+      for (int64_t e = 0; e < w->value.size(0); ++e) {
+        Tensor we = w->value.rows(e, e + 1).view({w->value.size(1), w->value.size(2)});
+        const Tensor ae = a->value.rows(e, e + 1).view({a->value.size(1), a->value.size(2)});
+        const Tensor be = b->value.rows(e, e + 1).view({b->value.size(1), b->value.size(2)});
+        ops::matmul(ae, true, be, true, we, scale, 1.f);
+      }
+    }
+    ++merges;
+  }
+  EXPECT_EQ(merges, 6 * 2);
+  test::DefaultSlots sm(*merged, yarn());
+  const StepResult rm = test::mean_loss_step(sm, shard, valid);
+  EXPECT_NEAR(ra.loss_sum, rm.loss_sum, 1e-6 * std::abs(rm.loss_sum));
+
+  double worst = 0;
+  for (const auto& [fname, a] : factors) {
+    const size_t at = fname.find(".lora_A.weight");
+    if (at == std::string::npos) continue;
+    const std::string stem = fname.substr(0, at);
+    Parameter* b = factors.at(stem + ".lora_B.weight");
+    const bool expert = a->value.dim() == 3;
+    const Parameter* w = base.at(expert ? stem : stem + ".weight");
+    Tensor da = Tensor::zeros(a->value.shape(), DType::f32), db = Tensor::zeros(b->value.shape(), DType::f32);
+    if (!expert) {
+      ops::matmul(b->value, true, w->grad, false, da, scale);
+      ops::matmul(w->grad, false, a->value, true, db, scale);
+    } else {
+      for (int64_t e = 0; e < w->value.size(0); ++e) {
+        const Tensor ge = w->grad.rows(e, e + 1).view({w->value.size(1), w->value.size(2)});
+        const Tensor ae = a->value.rows(e, e + 1).view({a->value.size(1), a->value.size(2)});
+        const Tensor be = b->value.rows(e, e + 1).view({b->value.size(1), b->value.size(2)});
+        Tensor dae = da.rows(e, e + 1).view(ae.shape()), dbe = db.rows(e, e + 1).view(be.shape());
+        ops::matmul(be, true, ge, true, dae, scale);   // [r,out] @ [out,in]
+        ops::matmul(ge, true, ae, true, dbe, scale);   // [out,in] @ [in,r]
+      }
+    }
+    const double ga = rel_l2(a->grad.to_floats(), da.to_floats()), gb = rel_l2(b->grad.to_floats(), db.to_floats());
+    EXPECT_LE(ga, 1e-5) << fname;
+    EXPECT_LE(gb, 1e-5) << stem << ".lora_B.weight";
+    worst = std::max({worst, ga, gb});
+  }
+  std::printf("LoRA against the merged model: loss %.7f / %.7f, worst factor gradient rel L2 %.2e\n", ra.loss_sum / valid,
+              rm.loss_sum / valid, worst);
+}
+
+// The adapter's files are PEFT's: target_parameters in adapter_config.json, the experts' factors as
+// ParamWrapper's lora_A [r*E, in] and lora_B [out, r*E] under the experts module's keys (the first
+// target parameter's wrapped inside the second's: "...mlp.experts.base_layer.lora_A.weight"); a run
+// starting from the folder (init_from) holds the same factors, and lcx-train merge folds them into
+// the base as the adapted model computes.
+TEST(GptOssLora, SavesPeftFilesAndStartsFromThem) {
+  auto model = small_model();
+  auto lora = test::make_plugin<Adapter>("lora", kLoraTable);
+  lora->attach(*model, AdapterContext{Device::cpu(), DType::f32, 5, ""});
+  uint32_t seed = 70;
+  for (Parameter* p : lora->parameters()) test::fill_normal(p->value, seed++, 0.2f);
+  const fs::path dir = test::temp_dir("gpt-oss-peft");
+  lora->save((dir / "adapter").string(), "base");
+  const nlohmann::json cfg = nlohmann::json::parse(std::ifstream(dir / "adapter" / "adapter_config.json"));
+  EXPECT_EQ(cfg.at("target_parameters"), nlohmann::json({"mlp.experts.gate_up_proj", "mlp.experts.down_proj"}));
+  const safetensors::Checkpoint ck = safetensors::Checkpoint::open((dir / "adapter" / "adapter_model.safetensors").string());
+  const std::string l0 = "base_model.model.model.layers.0.";
+  EXPECT_EQ(ck.info(l0 + "mlp.experts.base_layer.lora_A.weight").shape, (Shape{3 * 4, 64}));   // gate_up: in = H
+  EXPECT_EQ(ck.info(l0 + "mlp.experts.base_layer.lora_B.weight").shape, (Shape{64, 3 * 4}));   // out = 2I
+  EXPECT_EQ(ck.info(l0 + "mlp.experts.lora_A.weight").shape, (Shape{3 * 4, 32}));              // down: in = I
+  EXPECT_EQ(ck.info(l0 + "mlp.experts.lora_B.weight").shape, (Shape{64, 3 * 4}));               // out = H
+  EXPECT_TRUE(ck.has(l0 + "self_attn.o_proj.lora_A.weight"));
+  EXPECT_EQ(ck.names().size(), 2u * 2 * 6);
+  // PEFT's layout: lora_B's column j*E + e is expert e's B[:, j].
+  std::map<std::string, Parameter*> factors;
+  for (Parameter* p : lora->parameters()) factors[p->name] = p;
+  const std::vector<float> b_lcx = factors.at("model.layers.1.mlp.experts.down_proj.lora_B.weight")->value.to_floats();
+  const std::vector<float> b_peft = ck.load("base_model.model.model.layers.1.mlp.experts.lora_B.weight", DType::f32).to_floats();
+  for (int64_t e = 0; e < 4; ++e)
+    for (int64_t o = 0; o < 64; ++o)
+      for (int64_t j = 0; j < 3; ++j)
+        ASSERT_EQ(b_peft[static_cast<size_t>(o * 12 + j * 4 + e)], b_lcx[static_cast<size_t>((e * 64 + o) * 3 + j)]);
+
+  auto again = small_model();
+  auto from = test::make_plugin<Adapter>("lora", str(kLoraTable, "\ninit_from = \"", (dir / "adapter").string(), "\""));
+  from->attach(*again, AdapterContext{Device::cpu(), DType::f32, 99, ""});
+  const std::vector<Parameter*> x = lora->parameters(), y = from->parameters();
+  ASSERT_EQ(x.size(), y.size());
+  for (size_t i = 0; i < x.size(); ++i) EXPECT_EQ(x[i]->value.to_floats(), y[i]->value.to_floats()) << x[i]->name;
+
+  // Merged by lcx-train merge into the saved base: the merged model computes the adapted loss.
+  model->save_hf((dir / "base").string(), DType::f32, model->config().rope_parameters_json);
+  peft::merge((dir / "base").string(), (dir / "adapter").string(), (dir / "merged").string(), {.progress = false});
+  auto merged = make_gpt_oss();
+  merged->load_hf((dir / "merged").string(), Device::cpu(), DType::f32);
+  const Shard shard = small_shard();
+  const int64_t valid = test::count_valid(shard);
+  test::DefaultSlots sa(*model, yarn());
+  sa.slots.adapter = lora.get();
+  const StepResult ra = test::mean_loss_step(sa, shard, valid);
+  test::DefaultSlots sm(*merged, yarn());
+  const StepResult rm = test::mean_loss_step(sm, shard, valid);
+  EXPECT_NEAR(ra.loss_sum, rm.loss_sum, 1e-5 * std::abs(rm.loss_sum));
+  fs::remove_all(dir);
 }
 
 // The fused sparse MLP from its formulas, in double: out [T,H].
