@@ -404,7 +404,11 @@ class DecoderModel final : public Model {
       // a.attn and a.lse carry the sinks (group_forward): the plain backward is then exact for q, k, v.
       if (L.sinks >= 0 && trains(L.sinks))
         ops::attention_sinks_backward(a.attn, a.lse, dattn, W(L.sinks), hg.q0, G(L.sinks));
-      ctx.parallel->attention_backward(a.qr, a.kr, a.v.view({T, hg.nkv, d}), a.attn, a.lse, dattn, dq, dk, dv,
+      // A Parallelism may hold its forward's output and LSE for the backward, known by the tensors'
+      // identity (sp_ulysses' head-sharded copies); the sinks changed both after that forward, so
+      // it is handed a copy of the output and takes them anew.
+      const Tensor attn = L.sinks >= 0 ? a.attn.clone() : a.attn;
+      ctx.parallel->attention_backward(a.qr, a.kr, a.v.view({T, hg.nkv, d}), attn, a.lse, dattn, dq, dk, dv,
                                        args(ctx, L));
       dattn = Tensor();
       a.attn = a.lse = a.qr = a.kr = Tensor();

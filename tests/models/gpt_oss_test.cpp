@@ -333,6 +333,81 @@ TEST(GptOssLora, SavesPeftFilesAndStartsFromThem) {
   fs::remove_all(dir);
 }
 
+// The whole model (sliding window 6 and full layers, sinks, biases, the experts with the
+// load-balancing loss trained) over thread-ranks sharing the sequence, cp_ring 2, sp_ulysses 2 and
+// cp 2 x sp 2, with and without packed documents: the loss and every gradient equal one rank's.
+TEST(GptOssParallel, SequenceRanksEqualOneRank) {
+  const std::string spec = R"({"hidden_size": 64, "intermediate_size": 32, "num_local_experts": 4,
+      "num_experts_per_tok": 2, "sliding_window": 6, "swiglu_limit": 1.5, "output_router_logits": true,
+      "router_aux_loss_coef": 0.05})";
+  auto make = [&] {
+    auto m = make_gpt_oss();
+    m->init_random(spec, 11, Device::cpu(), DType::f32);
+    uint32_t seed = 900;
+    for (Parameter* p : m->parameters())
+      if (p->name.ends_with("bias") || p->name.ends_with("sinks")) test::fill_normal(p->value, seed++, 0.3f);
+    return m;
+  };
+  for (const bool packed : {false, true}) {
+    Sequence seq;
+    const int64_t T = 48;
+    seq.tokens = Tensor::empty({T}, DType::i32);
+    seq.targets = Tensor::empty({T}, DType::i64);
+    for (int64_t t = 0; t < T; ++t) {
+      seq.tokens.data_as<int32_t>()[t] = static_cast<int32_t>((t * 53 + 7) % 512);
+      seq.targets.data_as<int64_t>()[t] = t % 7 == 3 || t == T - 1 ? -100 : (t * 31 + 5) % 512;
+    }
+    if (packed) {
+      seq.document_bounds = {0, 20, 35, 48};
+      seq.document_count = 3;
+    }
+    int64_t valid = 0;
+    for (int64_t t = 0; t < T; ++t) valid += seq.targets.data_as<int64_t>()[t] != -100;
+    auto one = make();
+    test::DefaultSlots s(*one, yarn());
+    const StepResult want = test::mean_loss_step(s, make_single_rank()->shard(seq, 0), valid);
+    for (const auto [cp, sp] : {std::pair{2, 1}, std::pair{1, 2}, std::pair{2, 2}}) {
+      const std::string what = str(packed ? "packed" : "one document", " on cp ", cp, " x sp ", sp);
+      const int n = cp * sp;
+      std::vector<test::Slots> ranks(static_cast<size_t>(n));
+      for (auto& r : ranks) {
+        r.model = make();
+        r.loss = std::shared_ptr<Loss>(make_full_logits_loss());
+        r.rope = yarn();
+        r.memory = std::shared_ptr<MemoryStrategy>(make_on_device_memory());
+        r.parallel = sp == 1   ? test::make_plugin<Parallelism>("cp_ring", "", Device::cpu(), nullptr, MeshShape{1, cp, 1})
+                     : cp == 1 ? test::make_plugin<Parallelism>("sp_ulysses", "", Device::cpu(), nullptr, MeshShape{1, 1, sp})
+                               : test::load_stacked(cp, sp);
+      }
+      std::vector<double> loss(static_cast<size_t>(n)), aux(static_cast<size_t>(n));
+      run_in_process(n, [&](Communicator& comm) {
+        Mesh mesh(comm, {.dp = 1, .cp = cp, .sp = sp});
+        const int r = comm.rank();
+        const StepResult got = test::rank_step(ranks[static_cast<size_t>(r)], mesh, mesh.seq(), seq,
+                                               seq_index(mesh.shape(), mesh.coord()), 1.0 / static_cast<double>(valid),
+                                               Device::cpu());
+        double sum = got.loss_sum;
+        mesh.seq().all_reduce(std::span<double>(&sum, 1));
+        loss[static_cast<size_t>(r)] = sum;
+        aux[static_cast<size_t>(r)] = got.aux.value;
+      });
+      for (int r = 0; r < n; ++r) {
+        EXPECT_NEAR(loss[static_cast<size_t>(r)], want.loss_sum, 1e-6 * std::abs(want.loss_sum)) << what;
+        EXPECT_NEAR(aux[static_cast<size_t>(r)], want.aux.value, 1e-6 * want.aux.value) << what;
+      }
+      const std::vector<Parameter*> a = one->parameters(), b = ranks[0].model->parameters();
+      double worst = 0;
+      for (size_t i = 0; i < a.size(); ++i) {
+        const double g = rel_l2(b[i]->grad.to_floats(), a[i]->grad.to_floats());
+        EXPECT_LE(g, 1e-5) << a[i]->name << ": " << what;
+        worst = std::max(worst, g);
+      }
+      std::printf("%s: loss %.7f (one rank %.7f), aux %.6f, worst gradient rel L2 %.2e\n", what.c_str(),
+                  loss[0] / valid, want.loss_sum / valid, aux[0], worst);
+    }
+  }
+}
+
 // The fused sparse MLP from its formulas, in double: out [T,H].
 struct Ref {
   int64_t T, H, E, I, k;
