@@ -464,6 +464,41 @@ class Lora final : public Adapter {
       }
     }
 
+    // The target parameters' factors (GPT-OSS's fused experts): per layer holding them, this rank's
+    // E/ep experts' A [r, in] and B [out, r] (gate_up_proj: in H, out 2I; down_proj: in I, out H);
+    // each routed row runs u = x A_e^T and its update, and in the backward u again, g and the
+    // factors' grouped wgrads, as the experts' adapters above.
+    if (!o_.target_parameters.empty() && c.sparse_layers() > 0) {
+      const int64_t El = c.num_experts / std::max<int64_t>(1, in.ep), H = c.hidden_size, Im = c.moe_intermediate_size;
+      int64_t per_layer_factors = 0;
+      double flops = 0, bytes = 0;
+      const double t = static_cast<double>(in.tokens_per_rank * std::max<int64_t>(1, c.num_experts_per_tok)),
+                   rr = static_cast<double>(o_.r);
+      for (const std::string& p : o_.target_parameters) {
+        const bool gate_up = p.ends_with("gate_up_proj");
+        const int64_t inn = gate_up ? H : Im, out = gate_up ? 2 * Im : H;
+        per_layer_factors += El * o_.r * (inn + out);
+        flops += 2 * t * rr * (5.0 * static_cast<double>(inn) + 4.0 * static_cast<double>(out));
+        bytes += t * static_cast<double>(ab) * (5.0 * static_cast<double>(inn) + 4.0 * static_cast<double>(out));
+      }
+      const int64_t layers = c.sparse_layers(), all = per_layer_factors * layers, per = (all + shards - 1) / shards;
+      plan.add("lora_parameter_weights", str("LoRA factors of the target parameters (", all, ")"), PlanCategory::weights,
+               per * ab, plan_phase::always);
+      plan.add("lora_parameter_gradients", "LoRA factors of the target parameters' gradients", PlanCategory::gradients,
+               per * (shards > 1 ? 4 : gb), plan_phase::always);
+      plan.parameters += all;
+      plan.gemm_parameters += all;
+      if (shards > 1) {
+        plan.add("lora_parameter_gathered_layer", "one layer's gathered LoRA factors of the target parameters",
+                 PlanCategory::communication, per_layer_factors * ab, plan_phase::forward);
+        for (const char* phase : {plan_phase::mlp_backward, plan_phase::backward})
+          plan.add("lora_parameter_gathered_layer_grads", "one layer's gathered target parameters' factors + full fp32 grads",
+                   PlanCategory::communication, per_layer_factors * (ab + 4), phase);
+      }
+      plan.work.gemm_flops += static_cast<double>(layers) * flops;
+      plan.work.memory_bytes += static_cast<double>(layers) * bytes;
+    }
+
     // A layer's [T, r] products (qwen3_model.cpp): h1 @ A^T of q, k, v and the fp32 sum of
     // attn @ Ao^T live from the attention's recompute through the MLP's backward; the attention
     // backward adds scale * dx1 @ Bo and the fp32 sums of dq @ Bq (k, v) with their rounding.

@@ -333,6 +333,74 @@ TEST(GptOssLora, SavesPeftFilesAndStartsFromThem) {
   fs::remove_all(dir);
 }
 
+// PEFT's own adapter on gpt_oss_basic (fixtures/gpt_oss/gpt_oss_lora: get_peft_model with
+// target_modules q/k/v/o_proj and target_parameters the experts' gate_up_proj and down_proj, every
+// factor random, saved by save_pretrained): lcx starts from the folder (init_from) and computes
+// PEFT's loss and every factor's gradient, compared under PEFT's key names (lora_A [r*E, in] as lcx's
+// [E, r, in]; lora_B [out, r*E], column j*E + e, as lcx's [E, out, r]), the experts' too, and a save
+// writes the same keys back.
+TEST(GptOssLora, EqualsPeftOnItsOwnAdapter) {
+  const fs::path dir = kFixtures / "gpt_oss_lora", base = kFixtures / "gpt_oss_basic";
+  ASSERT_TRUE(fs::exists(dir / "expected.safetensors")) << dir << ": python3 tests/models/gen_gpt_oss_fixtures.py";
+  const nlohmann::json cfg = nlohmann::json::parse(std::ifstream(dir / "adapter_config.json"));
+  auto model = make_gpt_oss();
+  model->load_hf(base.string(), Device::cpu(), DType::f32);
+  auto lora = test::make_plugin<Adapter>(
+      "lora", str("r = ", cfg.at("r").get<int64_t>(), "\nalpha = ", cfg.at("lora_alpha").get<double>(),
+                  "\ntarget_modules = [\"q_proj\", \"k_proj\", \"v_proj\", \"o_proj\"]\n",
+                  "target_parameters = ", cfg.at("target_parameters").dump(), "\ninit_from = \"", dir.string(), "\""));
+  lora->attach(*model, AdapterContext{Device::cpu(), DType::f32, 1, ""});
+  const safetensors::Checkpoint expected = safetensors::Checkpoint::open((dir / "expected.safetensors").string());
+  const Shard shard = make_single_rank()->shard(sequence_of(expected), 0);
+  const int64_t valid = test::count_valid(shard);
+  test::DefaultSlots s(*model, yarn());
+  s.slots.adapter = lora.get();
+  const StepResult r = test::mean_loss_step(s, shard, valid);
+  const double lm = r.loss_sum / static_cast<double>(valid), want = scalar(expected, "loss");
+  EXPECT_LE(std::abs(lm - want) / want, 1e-6) << "loss " << lm << ", PEFT " << want;
+  // lcx's factor name -> PEFT's key, by saving the adapter and pairing the files' tensors.
+  const fs::path out = test::temp_dir("gpt-oss-peft-keys");
+  lora->save(out.string(), "base");
+  const safetensors::Checkpoint saved = safetensors::Checkpoint::open((out / "adapter_model.safetensors").string());
+  const safetensors::Checkpoint theirs = safetensors::Checkpoint::open((dir / "adapter_model.safetensors").string());
+  EXPECT_EQ(saved.names(), theirs.names()) << "lcx writes PEFT's keys";
+  size_t checked = 0;
+  double worst = 0;
+  for (Parameter* p : lora->parameters()) {
+    std::vector<float> g = p->grad.to_floats();
+    std::string key;
+    const bool a = p->name.ends_with(".lora_A.weight");
+    const std::string stem = p->name.substr(0, p->name.size() - 14);  // without ".lora_X.weight"
+    if (p->value.dim() == 3) {
+      const std::string parameter = stem.substr(stem.find(".mlp.") + 1);
+      const int64_t layer = std::stoll(stem.substr(13, stem.find('.', 13) - 13));
+      peft::AdapterConfig pc;
+      for (const auto& t : cfg.at("target_parameters")) pc.target_parameters.push_back(t.get<std::string>());
+      key = peft::parameter_lora_key(layer, pc, parameter, a ? 'A' : 'B');
+      if (!a) {  // [E, out, r] -> [out, r*E]
+        const int64_t E = p->value.size(0), o = p->value.size(1), rr = p->value.size(2);
+        std::vector<float> peft_b(g.size());
+        for (int64_t e = 0; e < E; ++e)
+          for (int64_t i = 0; i < o; ++i)
+            for (int64_t j = 0; j < rr; ++j) peft_b[static_cast<size_t>(i * rr * E + j * E + e)] = g[static_cast<size_t>((e * o + i) * rr + j)];
+        g = peft_b;
+      }
+    } else {
+      key = "base_model.model." + p->name;
+    }
+    const std::string gname = "grad." + key;
+    ASSERT_TRUE(expected.has(gname)) << p->name << " -> " << key;
+    const double e = rel_l2(g, expected.load(gname, DType::f32).to_floats());
+    EXPECT_LE(e, 1e-5) << key;
+    worst = std::max(worst, e);
+    ++checked;
+  }
+  EXPECT_EQ(checked, theirs.names().size());
+  std::printf("PEFT's adapter: loss %.7f (PEFT %.7f), worst factor gradient rel L2 %.2e over %zu factors\n", lm, want, worst,
+              checked);
+  fs::remove_all(out);
+}
+
 // The whole model (sliding window 6 and full layers, sinks, biases, the experts with the
 // load-balancing loss trained) over thread-ranks sharing the sequence, cp_ring 2, sp_ulysses 2 and
 // cp 2 x sp 2, with and without packed documents: the loss and every gradient equal one rank's.
