@@ -62,7 +62,7 @@ class SingleRank final : public Parallelism {
     p.scale = a.scale;
     p.causal = a.causal;
     p.documents = a.documents;
-    p.window = a.window;  // a sliding_attention layer's keys: the W ending at each query
+    p.window = a.window;
     return p;
   }
 };
