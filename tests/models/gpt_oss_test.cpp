@@ -418,6 +418,83 @@ TEST(GptOssLora, EqualsPeftOnItsOwnAdapter) {
   fs::remove_all(out);
 }
 
+// Expert parallelism ([distributed] ep) on the fused layout: a saved small model (the one-rank
+// reference) loaded by every rank, each holding its E/ep experts' rows of gate_up_proj, down_proj
+// and their biases (read from the whole tensors), over ep 2 x cp 2 and ep 2 across dp 2 (each dp rank
+// a copy of the sequence at half the weight): the loss, and every gradient (the experts' summed over
+// the ranks holding the same experts, each rank's slice in expert order), equal one rank's.
+TEST(GptOssParallel, ExpertRanksEqualOneRank) {
+  const fs::path dir = test::temp_dir("gpt-oss-ep");
+  auto one = small_model();
+  one->save_hf(dir.string(), DType::f32, one->config().rope_parameters_json);
+  const Shard shard = small_shard();
+  Sequence seq;
+  seq.tokens = shard.tokens;
+  seq.targets = shard.targets;
+  const int64_t valid = test::count_valid(shard);
+  test::DefaultSlots s(*one, yarn());
+  const StepResult want = test::mean_loss_step(s, shard, valid);
+  struct EpCase {
+    int dp, cp, ep;
+  };
+  for (const EpCase m : {EpCase{1, 2, 2}, EpCase{2, 1, 2}}) {
+    const std::string what = str("ep ", m.ep, " with dp ", m.dp, " x cp ", m.cp);
+    const MeshShape shape{.dp = m.dp, .cp = m.cp, .sp = 1, .ep = m.ep};
+    const int n = m.dp * m.cp;
+    std::vector<test::Slots> ranks(static_cast<size_t>(n));
+    for (int r = 0; r < n; ++r) {
+      test::Slots& t = ranks[static_cast<size_t>(r)];
+      Manifest manifest = Manifest::parse("[gpt_oss]\n", "test manifest");
+      PluginLoader loader({test::build_plugin_dir()});
+      t.model = std::dynamic_pointer_cast<Model>(
+          loader.create("gpt_oss", PluginArgs{"gpt_oss", manifest.section("gpt_oss"), Device::cpu(), shape, r}));
+      t.model->load_hf(dir.string(), Device::cpu(), DType::f32);
+      t.loss = std::shared_ptr<Loss>(make_full_logits_loss());
+      t.rope = yarn();
+      t.memory = std::shared_ptr<MemoryStrategy>(make_on_device_memory());
+      t.parallel = m.cp > 1 ? test::make_plugin<Parallelism>("cp_ring", "", Device::cpu(), nullptr, MeshShape{1, m.cp, 1})
+                            : std::shared_ptr<Parallelism>(make_single_rank());
+    }
+    std::vector<double> loss(static_cast<size_t>(n));
+    run_in_process(n, [&](Communicator& world) {
+      Mesh mesh(world, shape);
+      const int r = world.rank();
+      test::Slots& t = ranks[static_cast<size_t>(r)];
+      StepSlots slots = t.slots();
+      slots.mesh = &mesh;
+      configure_slots(slots);
+      t.model->zero_grad();
+      const StepResult got = train_step(slots, t.parallel->shard(seq, seq_index(mesh.shape(), mesh.coord())),
+                                        1.0 / static_cast<double>(m.dp * valid), Device::cpu(), 1.0 / m.dp);
+      for (Parameter* p : t.model->parameters())
+        (p->grad_group == GradGroup::partition_replicas ? *mesh.partition_replicas() : world).all_reduce(p->grad);
+      double sum = got.loss_sum;
+      world.all_reduce(std::span<double>(&sum, 1));
+      loss[static_cast<size_t>(r)] = sum / m.dp;
+    });
+    for (int r = 0; r < n; ++r) EXPECT_NEAR(loss[static_cast<size_t>(r)], want.loss_sum, 1e-6 * want.loss_sum) << what;
+    const std::vector<Parameter*> a = one->parameters(), first = ranks[0].model->parameters();
+    ASSERT_EQ(a.size(), first.size());
+    double worst = 0;
+    for (size_t i = 0; i < a.size(); ++i) {
+      std::vector<float> g = first[i]->grad.to_floats();
+      if (first[i]->grad_group == GradGroup::partition_replicas) {
+        EXPECT_EQ(first[i]->value.size(0) * m.ep, 4) << first[i]->name;
+        for (int r = 1; r < m.ep; ++r) {
+          const std::vector<float> more = ranks[static_cast<size_t>(r)].model->parameters()[i]->grad.to_floats();
+          g.insert(g.end(), more.begin(), more.end());
+        }
+      }
+      const double e = rel_l2(g, a[i]->grad.to_floats());
+      EXPECT_LE(e, 1e-5) << a[i]->name << ": " << what;
+      worst = std::max(worst, e);
+    }
+    std::printf("%s: loss %.7f (one rank %.7f), worst gradient rel L2 %.2e\n", what.c_str(), loss[0] / valid,
+                want.loss_sum / valid, worst);
+  }
+  fs::remove_all(dir);
+}
+
 // The whole model (sliding window 6 and full layers, sinks, biases, the experts with the
 // load-balancing loss trained) over thread-ranks sharing the sequence, cp_ring 2, sp_ulysses 2 and
 // cp 2 x sp 2, with and without packed documents: the loss and every gradient equal one rank's.
