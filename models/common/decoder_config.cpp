@@ -14,7 +14,14 @@ const std::set<std::string>& common_keys() {
   return keys;
 }
 
-void read_common(const HfConfig& c, ModelConfig& m, const std::string& display, bool derive_head_dim) {
+bool quantized_mxfp4(const HfConfig& c) {
+  if (!c.has("quantization_config")) return false;
+  const nlohmann::json q = nlohmann::json::parse(c.raw("quantization_config"), nullptr, false);
+  return q.is_object() && q.value("quant_method", std::string()) == "mxfp4";
+}
+
+void read_common(const HfConfig& c, ModelConfig& m, const std::string& display, bool derive_head_dim,
+                 bool mxfp4_experts) {
   m.vocab_size = c.get_int("vocab_size", m.vocab_size);
   m.hidden_size = c.get_int("hidden_size", m.hidden_size);
   m.intermediate_size = c.get_int("intermediate_size", m.intermediate_size);
@@ -43,7 +50,7 @@ void read_common(const HfConfig& c, ModelConfig& m, const std::string& display, 
     throw Error(str(c.source(), ": partial_rotary_factor is ", c.get_double("partial_rotary_factor", 1.0), "; ", display,
                     " rotates every dimension of a head"),
                 "partial_rotary_factor", "use a checkpoint with partial_rotary_factor 1");
-  if (c.has("quantization_config"))
+  if (c.has("quantization_config") && !(mxfp4_experts && quantized_mxfp4(c)))
     throw Error(str(c.source(), ": quantization_config is set; this module reads unquantized bf16/fp16/fp32 weights"),
                 "quantization_config", "use the checkpoint's unquantized release");
   if (c.get_double("attention_dropout", 0.0) != 0.0)

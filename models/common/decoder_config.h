@@ -17,8 +17,13 @@ namespace lcx::decoder {
 const std::set<std::string>& common_keys();
 // Reads the common keys over m. head_dim, when the config has none: m.head_dim where
 // derive_head_dim is false (Qwen3's fixed default), else hidden_size / num_attention_heads.
-// Refuses the variants named above; `display` names the family in messages ("Qwen3").
-void read_common(const HfConfig& c, ModelConfig& m, const std::string& display, bool derive_head_dim);
+// Refuses the variants named above; `display` names the family in messages ("Qwen3"). With
+// mxfp4_experts a quantization_config of quant_method "mxfp4" passes (the family dequantizes its
+// experts at load); any other is refused.
+void read_common(const HfConfig& c, ModelConfig& m, const std::string& display, bool derive_head_dim,
+                 bool mxfp4_experts = false);
+// Whether config.json's quantization_config is MXFP4 ({"quant_method": "mxfp4", ...}).
+bool quantized_mxfp4(const HfConfig& c);
 // Shape checks (sizes positive, heads divide, head_dim even, layer types known); `source` names
 // the config in messages.
 void validate_common(const ModelConfig& c, const std::string& source, const std::string& display);

@@ -56,6 +56,7 @@
 #include "decoder_init.h"
 #include "decoder_model.h"
 #include "moe.h"
+#include "moe_mxfp4.h"
 #include "decoder_plan.h"
 
 namespace lcx::decoder {
@@ -82,6 +83,7 @@ struct LayerParams {
   int input_norm, q, k, v, o, post_norm;
   int q_norm = -1, k_norm = -1;            // Qwen3's per-head norms
   int q_bias = -1, k_bias = -1, v_bias = -1;  // Qwen2's projection biases
+  int o_bias = -1;                            // GPT-OSS's (with q, k, v's)
   int sinks = -1;                             // GPT-OSS's attention sinks [num_heads]
   int64_t window = 0;                         // a sliding_attention layer's window; 0: full
   bool own_rope = false;  // rotates with the sliding layers' tables (sliding_rope_parameters_json)
@@ -93,6 +95,8 @@ struct LayerParams {
   // A sparse layer's router [E,H] and every expert's gate, up [E,I,H] and down [E,H,I] stacked.
   bool sparse = false;
   int router = -1, experts_gate = -1, experts_up = -1, experts_down = -1;
+  // The fused layout's (ExpertsLayout::fused): the router's bias, gate_up [E,H,2I] and the biases.
+  int router_bias = -1, experts_gate_up = -1, experts_gate_up_bias = -1, experts_down_bias = -1;
 };
 
 // Whether a parameter is a sparse layer's stacked experts ("model.layers.3.mlp.experts.gate_proj.weight").
@@ -150,6 +154,7 @@ class DecoderModel final : public Model {
   void load_hf(const std::string& dir, Device device, DType dtype) override {
     HfConfig hc = HfConfig::load(dir);
     ModelConfig cfg = family_.from_hf(hc);
+    layout_ = family_.experts_layout ? family_.experts_layout(hc) : ExpertsLayout{};
     safetensors::Checkpoint ck = safetensors::Checkpoint::open(dir);
     build(cfg, device, dtype);
     // Refuse what does not belong before converting anything: a wrong folder fails in a second.
@@ -158,8 +163,15 @@ class DecoderModel final : public Model {
     for (const auto& e : entries) expected.insert(e.name);
     // Under expert parallelism the other ranks' experts belong to the checkpoint too; this rank reads only its own.
     for (const auto& p : params_)
-      if (is_experts(p.name))
+      if (is_experts(p.name) && !layout_.fused)
         for (int64_t e = 0; e < cfg_.num_experts; ++e) expected.insert(expert_name(p.name, e));
+    // MXFP4 experts: their blocks and scales stand in for the weights.
+    for (const auto& p : params_)
+      if (mxfp4_stored(p.name)) {
+        expected.erase(p.name);
+        expected.insert(p.name + "_blocks");
+        expected.insert(p.name + "_scales");
+      }
     // The stored name of each parameter (the family may store them under other names) and the
     // tensors the family leaves unread.
     std::map<std::string, std::string> stored_as;
@@ -180,8 +192,13 @@ class DecoderModel final : public Model {
                   {}, "check that config.json belongs to these weights");
     }
     std::vector<safetensors::LoadTarget> targets;
+    std::vector<safetensors::NamedTensor> by_hand;  // dequantized, or this rank's rows of a whole tensor
     uint64_t stored = 0;  // bytes read
     for (const auto& p : entries) {
+      if (mxfp4_stored(p.name) || (layout_.fused && is_experts(p.name) && p.value.size(0) != cfg_.num_experts)) {
+        by_hand.push_back(p);
+        continue;
+      }
       const auto at = stored_as.find(p.name);
       if (at == stored_as.end())
         throw Error(str(ck.path(), ": tensor '", p.name, "' is missing"), {},
@@ -203,6 +220,7 @@ class DecoderModel final : public Model {
     opt.check_finite = check_finite_;
     opt.progress = true;
     ck.load_into(targets, opt);
+    for (auto& p : by_hand) load_experts_by_hand(ck, p);
     const double s = std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
     char took[64];
     std::snprintf(took, sizeof took, "%.1f s (%.2f GB/s)", s, s > 0 ? static_cast<double>(stored) / 1e9 / s : 0.0);
@@ -221,6 +239,12 @@ class DecoderModel final : public Model {
   void init_random(const std::string& spec, uint64_t seed, Device device, DType dtype) override {
     double std = 0.02;
     ModelConfig cfg = family_.from_spec(spec, &std);
+    if (family_.experts_layout) {
+      const auto first = spec.find_first_not_of(" \t\n");
+      const bool json = first != std::string::npos && spec[first] == '{';
+      layout_ = family_.experts_layout(HfConfig::parse(json ? spec : "{}", "model init spec"));
+      layout_.mxfp4 = false;
+    }
     build(cfg, device, dtype);
     // transformers' _init_weights: Linear and Embedding ~ N(0, initializer_range), RMSNorm = 1
     // (its weight 0 where read as 1 + w).
@@ -251,7 +275,8 @@ class DecoderModel final : public Model {
     safetensors::write_checkpoint(dir, checkpoint_entries(), dtype, max_shard_bytes_);
     const std::string path = (fs::path(dir) / "config.json").string();
     std::ofstream out(path);
-    out << family_.to_json(cfg_, rope_parameters_json, dtype);
+    out << (family_.to_json_with_experts ? family_.to_json_with_experts(cfg_, layout_, rope_parameters_json, dtype)
+                                         : family_.to_json(cfg_, rope_parameters_json, dtype));
     if (!out) throw Error(str(path, ": write failed"));
   }
 
@@ -350,7 +375,7 @@ class DecoderModel final : public Model {
       x1 = act({T, cfg_.hidden_size}, x);
       for (int64_t g = 0; g < groups; ++g)
         project_out(L, head_group(g, groups), kept[static_cast<size_t>(g)].attn, x1, g, lo);
-      finish_o_lora(lo, x1);
+      finish_o(L, lo, x1);
     } else {
       Tensor rstd1;
       const Tensor h1 = input_norm(L, x, rstd1);
@@ -386,6 +411,10 @@ class DecoderModel final : public Model {
     norm_backward(L.post_norm, x1, rstd2, dx, dx1);
     ops::add(dx1, dy, dx1);  // the residual path
     x1 = Tensor();
+    if (L.o_bias >= 0 && trains(L.o_bias)) {  // db_o += dx1^T 1
+      Tensor gb = G(L.o_bias).view({cfg_.hidden_size, 1});
+      ops::matmul(dx1, true, ones(T, dx1), false, gb, 1.f, 1.f);
+    }
     rstd2 = Tensor();
     // The gradient of the attention's output: dx1, or through the sandwich's norm of it.
     Tensor dout = dx1;
@@ -447,7 +476,11 @@ class DecoderModel final : public Model {
       // a.attn and a.lse carry the sinks (group_forward): the plain backward is then exact for q, k, v.
       if (L.sinks >= 0 && trains(L.sinks))
         ops::attention_sinks_backward(a.attn, a.lse, dattn, W(L.sinks), hg.q0, G(L.sinks));
-      ctx.parallel->attention_backward(a.qr, a.kr, a.v.view({T, hg.nkv, d}), a.attn, a.lse, dattn, dq, dk, dv,
+      // A Parallelism may hold its forward's output and LSE for the backward, known by the tensors'
+      // identity (sp_ulysses' head-sharded copies); the sinks changed both after that forward, so
+      // it is handed a copy of the output and takes them anew.
+      const Tensor attn = L.sinks >= 0 ? a.attn.clone() : a.attn;
+      ctx.parallel->attention_backward(a.qr, a.kr, a.v.view({T, hg.nkv, d}), attn, a.lse, dattn, dq, dk, dv,
                                        args(ctx, L));
       dattn = Tensor();
       a.attn = a.lse = a.qr = a.kr = Tensor();
@@ -487,7 +520,7 @@ class DecoderModel final : public Model {
   // A sparse layer's or the MLP slot's backward from h2: dh2 into dx, the weights' gradients.
   void mlp_backward(const LayerParams& L, const Tensor& h2, const Tensor& dy, Tensor& dx, StepContext& ctx) {
     if (L.sparse) {
-      MoeWeights grads{G(L.router), G(L.experts_gate), G(L.experts_up), G(L.experts_down)};
+      MoeWeights grads = moe_grads(L);
       const Tensor aux = aux_grad(ctx, dy);
       for (const auto& [t0, t1] : moe_tiles(h2.size(0), ctx)) {
         const Tensor h = h2.rows(t0, t1);
@@ -664,6 +697,11 @@ class DecoderModel final : public Model {
     Tensor g = lo.block(gt32, lr);
     ops::matmul(rows(lr->b->value), true, dy, true, g, lr->scale, group == 0 ? 0.f : 1.f);
   }
+  // After the last group: o_proj's bias (where the family has one), then its adapter's update.
+  void finish_o(const LayerParams& L, AttnLora& lo, Tensor& o) {
+    if (L.o_bias >= 0) ops::matmul(ones(o.size(0), o), false, W(L.o_bias).view({1, W(L.o_bias).numel()}), false, o, 1.f, 1.f);
+    finish_o_lora(lo, o);
+  }
   // o += scale * uo @ Bo^T, uo (attn @ Ao^T summed over the groups) rounded once.
   void finish_o_lora(AttnLora& lo, Tensor& o) {
     if (!lo.o) return;
@@ -723,7 +761,7 @@ class DecoderModel final : public Model {
   std::vector<safetensors::NamedTensor> checkpoint_entries() const {
     std::vector<safetensors::NamedTensor> out;
     for (const auto& p : params_) {
-      if (p.name.find(".mlp.experts.") == std::string::npos) {
+      if (p.name.find(".mlp.experts.") == std::string::npos || layout_.fused) {  // fused experts: whole tensors
         out.push_back({p.name, p.value});
         continue;
       }
@@ -737,8 +775,52 @@ class DecoderModel final : public Model {
   }
 
   // Mixture of experts. A sparse layer's routing, the same in its forward and its recompute.
+  Tensor Wopt(int i) { return i >= 0 ? W(i) : Tensor(); }
+  Tensor Gopt(int i) { return i >= 0 ? G(i) : Tensor(); }
   MoeWeights moe_weights(const LayerParams& L) {
-    return {W(L.router), W(L.experts_gate), W(L.experts_up), W(L.experts_down)};
+    MoeWeights w{.router = W(L.router), .router_bias = Wopt(L.router_bias), .gate = Wopt(L.experts_gate),
+                 .up = Wopt(L.experts_up), .down = W(L.experts_down), .gate_up = Wopt(L.experts_gate_up),
+                 .gate_up_bias = Wopt(L.experts_gate_up_bias), .down_bias = Wopt(L.experts_down_bias)};
+    w.alpha = layout_.swiglu_alpha;
+    w.limit = layout_.swiglu_limit;
+    return w;
+  }
+  MoeWeights moe_grads(const LayerParams& L) {
+    return {.router = G(L.router), .router_bias = Gopt(L.router_bias), .gate = Gopt(L.experts_gate),
+            .up = Gopt(L.experts_up), .down = G(L.experts_down), .gate_up = Gopt(L.experts_gate_up),
+            .gate_up_bias = Gopt(L.experts_gate_up_bias), .down_bias = Gopt(L.experts_down_bias)};
+  }
+  // A fused experts' weight the checkpoint holds as MXFP4 blocks and scales.
+  bool mxfp4_stored(const std::string& name) const {
+    if (!layout_.mxfp4 || !is_experts(name)) return false;
+    auto ends = [&](const std::string& s) {
+      return name.size() >= s.size() && name.compare(name.size() - s.size(), s.size(), s) == 0;
+    };
+    return ends(".gate_up_proj") || ends(".down_proj");
+  }
+  // A fused experts' tensor this rank fills itself: dequantized from MXFP4, or its experts' rows of
+  // the whole tensor (expert parallelism).
+  void load_experts_by_hand(const safetensors::Checkpoint& ck, safetensors::NamedTensor& p) {
+    const int64_t first = p.value.size(0) == cfg_.num_experts ? 0 : first_expert_;
+    if (mxfp4_stored(p.name)) {
+      mxfp4_load_experts(ck, p.name, first, p.value);
+      if (check_finite_) check_finite_weights(p.name, p.value);
+      return;
+    }
+    const Tensor whole = ck.load(p.name, p.value.dtype(), Device::cpu(), check_finite_);
+    if (whole.size(0) != cfg_.num_experts)
+      throw Error(str(ck.file_of(p.name), ": tensor '", p.name, "' holds ", whole.size(0), " experts, config.json says ",
+                      cfg_.num_experts));
+    Tensor mine = Tensor::empty(p.value.shape(), p.value.dtype(), Device::cpu());
+    mine.copy_from(whole.rows(first, first + p.value.size(0)));
+    p.value.copy_from(mine);
+  }
+  void check_finite_weights(const std::string& name, const Tensor& t) const {
+    const std::vector<float> v = t.to_floats();
+    for (size_t i = 0; i < v.size(); ++i)
+      if (!std::isfinite(v[i]))
+        throw Error(str(family_.name, ": '", name, "' dequantized from MXFP4 holds ", v[i], " at element ", i),
+                    "check_finite", "the checkpoint's scales reach past fp32 (e8m0 255); use another release");
   }
   // The experts' adapters (Adapter::find_experts); a sparse layer has no projections of its own
   // to adapt, so an adapter answering find() for them is refused.
@@ -752,7 +834,7 @@ class DecoderModel final : public Model {
                         ctx.adapter->find(L.index, Linear::down_proj)))
       throw Error(str(family_.name, ": layer ", L.index, " is sparse; its MLP is experts, adapted per expert (find_experts)"),
                   "lora.experts", "set [lora] experts = true to adapt the experts");
-    return moe_route(h2, W(L.router), cfg_.num_experts_per_tok, cfg_.norm_topk_prob);
+    return moe_route(h2, W(L.router), cfg_.num_experts_per_tok, cfg_.norm_topk_prob, Wopt(L.router_bias));
   }
   // The load-balancing loss over one forward pass, as transformers' load_balancing_loss_func with
   // no attention mask: the N = T x (sparse layers) rows of router probabilities p, the share f_e of
@@ -917,6 +999,7 @@ class DecoderModel final : public Model {
       L.k = add(p + "self_attn.k_proj.weight", {kvd, H}, true);
       L.v = add(p + "self_attn.v_proj.weight", {kvd, H}, true);
       L.o = add(p + "self_attn.o_proj.weight", {H, qd}, true);
+      if (family_.o_bias) L.o_bias = add(p + "self_attn.o_proj.bias", {H});
       if (family_.qkv_bias) {
         L.q_bias = add(p + "self_attn.q_proj.bias", {qd});
         L.k_bias = add(p + "self_attn.k_proj.bias", {kvd});
@@ -945,12 +1028,26 @@ class DecoderModel final : public Model {
         // experts are this rank's E/ep.
         const int64_t E = cfg.num_experts, El = E / ep_, Im = cfg.moe_intermediate_size;
         L.sparse = true;
-        L.router = add(p + "mlp.gate.weight", {E, H}, true);
-        L.experts_gate = add(p + "mlp.experts.gate_proj.weight", {El, Im, H}, true);
-        L.experts_up = add(p + "mlp.experts.up_proj.weight", {El, Im, H}, true);
-        L.experts_down = add(p + "mlp.experts.down_proj.weight", {El, H, Im}, true);
-        for (int i : {L.experts_gate, L.experts_up, L.experts_down}) params_[static_cast<size_t>(i)].grad_group =
-              ep_ > 1 ? GradGroup::partition_replicas : GradGroup::world;
+        if (layout_.fused) {
+          L.router = add(p + "mlp.router.weight", {E, H}, true);
+          L.router_bias = add(p + "mlp.router.bias", {E});
+          L.experts_gate_up = add(p + "mlp.experts.gate_up_proj", {El, H, 2 * Im}, true);
+          L.experts_gate_up_bias = add(p + "mlp.experts.gate_up_proj_bias", {El, 2 * Im});
+          L.experts_down = add(p + "mlp.experts.down_proj", {El, Im, H}, true);
+          L.experts_down_bias = add(p + "mlp.experts.down_proj_bias", {El, H});
+          // transformers' Trainer decays no bias, whatever its rank.
+          for (int i : {L.router_bias, L.experts_gate_up_bias, L.experts_down_bias})
+            params_[static_cast<size_t>(i)].decay = false;
+        } else {
+          L.router = add(p + "mlp.gate.weight", {E, H}, true);
+          L.experts_gate = add(p + "mlp.experts.gate_proj.weight", {El, Im, H}, true);
+          L.experts_up = add(p + "mlp.experts.up_proj.weight", {El, Im, H}, true);
+          L.experts_down = add(p + "mlp.experts.down_proj.weight", {El, H, Im}, true);
+        }
+        for (int i : {L.experts_gate, L.experts_up, L.experts_down, L.experts_gate_up, L.experts_gate_up_bias,
+                      L.experts_down_bias})
+          if (i >= 0)
+            params_[static_cast<size_t>(i)].grad_group = ep_ > 1 ? GradGroup::partition_replicas : GradGroup::world;
       } else {
         L.gate = add(p + "mlp.gate_proj.weight", {I, H}, true);
         L.up = add(p + "mlp.up_proj.weight", {I, H}, true);
@@ -1186,7 +1283,7 @@ class DecoderModel final : public Model {
       else
         keep->push_back(GroupActs{.attn = std::move(a.attn), .lse = std::move(a.lse)});
     }
-    finish_o_lora(lo, o);
+    finish_o(L, lo, o);
     return o;
   }
 
@@ -1212,6 +1309,7 @@ class DecoderModel final : public Model {
   RopeTables own_rope_;                        // their tables for the shard of own_rope_positions_
   std::vector<int64_t> own_rope_positions_;
   Pass pass_;     // the forward pass under way (mixture of experts)
+  ExpertsLayout layout_;  // the experts' layout (the family's, from the checkpoint or the init spec)
   AuxLoss aux_;   // the last pass's auxiliary loss
 };
 

@@ -16,6 +16,18 @@
 
 namespace lcx::decoder {
 
+// How a family's sparse layers store and compute their experts (moe.h's two layouts).
+struct ExpertsLayout {
+  // GPT-OSS's: mlp.router.weight and .bias, mlp.experts.gate_up_proj [E,H,2I] (gate and up
+  // interleaved) and down_proj [E,I,H] stored whole with a bias each, the clamped SwiGLU. Otherwise
+  // Qwen3-MoE's: mlp.gate.weight and one tensor per expert and projection.
+  bool fused = false;
+  float swiglu_alpha = 1.702f, swiglu_limit = 7.f;
+  // The checkpoint stores gate_up_proj and down_proj as MXFP4 (`*_blocks`, `*_scales`), as the Hub's
+  // gpt-oss releases do: dequantized at load (moe_mxfp4.h); a save writes them unquantized.
+  bool mxfp4 = false;
+};
+
 struct Family {
   std::string name;       // the module's name: messages and the manifest's default table ("qwen3")
   bool qk_norm = false;   // per-head RMSNorm of q and k before rotary (Qwen3)
@@ -43,6 +55,9 @@ struct Family {
   // for a tensor the family leaves unread (a multimodal checkpoint's vision tower); null: the
   // names are the decoder's. Saving writes the decoder's names.
   std::string (*checkpoint_name)(const std::string& stored) = nullptr;
+  bool o_bias = false;    // a bias on o_proj too (GPT-OSS's attention_bias: q, k, v and o)
+  // The experts' layout a config.json (or an init spec, as JSON keys) gives; null: Qwen3-MoE's.
+  ExpertsLayout (*experts_layout)(const HfConfig& c) = nullptr;
   // A checkpoint's config.json; refuses what the family does not compute, naming the key.
   ModelConfig (*from_hf)(const HfConfig& c) = nullptr;
   // A preset name or a JSON object of config.json keys (init_random, describe); init_std, when not
@@ -50,6 +65,9 @@ struct Family {
   ModelConfig (*from_spec)(const std::string& spec, double* init_std) = nullptr;
   // The config.json transformers reads back, with these rope parameters.
   std::string (*to_json)(const ModelConfig& c, const std::string& rope_parameters_json, DType dtype) = nullptr;
+  // In place of to_json where the config carries the experts' layout too (GPT-OSS's swiglu_limit).
+  std::string (*to_json_with_experts)(const ModelConfig& c, const ExpertsLayout& experts,
+                                      const std::string& rope_parameters_json, DType dtype) = nullptr;
 };
 
 // The Model a module's factory returns: the family's recipe, and the module's manifest table

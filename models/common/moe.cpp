@@ -100,7 +100,7 @@ struct Experts {
   std::optional<Dispatch> d;
   Experts(const MoeRouting& routing, const MoeWeights& w, Communicator* comm) : r(routing) {
     if (!comm) return;
-    const int64_t E = w.router.size(0), El = w.gate.size(0);
+    const int64_t E = w.router.size(0), El = w.local_experts();
     if (El * comm->size() != E)
       throw Error(str("qwen3: this rank holds ", El, " of ", E, " experts, but its expert-parallel group has ", comm->size(),
                       " ranks"),
@@ -140,7 +140,65 @@ void lora_rows_backward(const Tensor& x, const Tensor& dy, const LowRank& lr, st
   ops::grouped_matmul(g, lr.a->value, false, off, dx, 1.f, 1.f);
 }
 
+// [n, 1] ones in x's dtype and device: the K = 1 GEMMs that add a bias row and sum its gradient.
+Tensor ones_like_rows(int64_t n, const Tensor& x) {
+  Tensor host = Tensor::empty({n, 1}, DType::f32, Device::cpu());
+  for (int64_t i = 0; i < n; ++i) host.data_as<float>()[i] = 1.f;
+  Tensor typed = Tensor::empty({n, 1}, x.dtype(), Device::cpu());
+  ops::cast(host, typed);
+  return x.device().is_cuda() ? typed.to(x.device()) : typed;
+}
+
+// y[rows of e] += bias[e] for each expert's rows: a K = 1 GEMM per expert (ones @ bias row), as the
+// decoder adds its biases, so every backend adds them with the GEMM it has.
+void add_expert_bias(Tensor& y, const Tensor& bias, std::span<const int64_t> off) {
+  if (y.size(0) == 0) return;
+  const Tensor one = ones_like_rows(y.size(0), y);
+  for (size_t e = 0; e + 1 < off.size(); ++e) {
+    if (off[e + 1] == off[e]) continue;
+    Tensor ye = y.rows(off[e], off[e + 1]);
+    const Tensor b = bias.rows(static_cast<int64_t>(e), static_cast<int64_t>(e) + 1);
+    ops::matmul(one.rows(off[e], off[e + 1]), false, b, false, ye, 1.f, 1.f);
+  }
+}
+
+// dbias[e] += sum over expert e's rows of dy (dy^T @ ones per expert).
+void expert_bias_grad(const Tensor& dy, std::span<const int64_t> off, Tensor& dbias) {
+  if (!dbias.defined() || dy.size(0) == 0) return;
+  const Tensor one = ones_like_rows(dy.size(0), dy);
+  for (size_t e = 0; e + 1 < off.size(); ++e) {
+    if (off[e + 1] == off[e]) continue;
+    Tensor g = dbias.rows(static_cast<int64_t>(e), static_cast<int64_t>(e) + 1);
+    ops::matmul(one.rows(off[e], off[e + 1]), true, dy.rows(off[e], off[e + 1]), false, g, 1.f, 1.f);
+  }
+}
+
+// The fused layout's first half: gate_up [n,2I] (with its bias and adapter) and the activation.
+ExpertActs fused_acts(const Tensor& xs, const MoeWeights& w, std::span<const int64_t> off, const MoeLora& lora) {
+  const int64_t n = xs.size(0), I2 = w.gate_up.size(2);
+  ExpertActs a;
+  a.xs = xs;
+  a.gate = like({n, I2}, xs);  // gate and up interleaved
+  a.act = like({n, I2 / 2}, xs);
+  if (n == 0) return a;
+  ops::grouped_matmul(a.xs, w.gate_up, false, off, a.gate);
+  add_expert_bias(a.gate, w.gate_up_bias, off);
+  if (lora.gate) lora_rows(a.xs, *lora.gate, off, a.gate);
+  ops::swiglu_clamped_forward(a.gate, w.alpha, w.limit, a.act);
+  return a;
+}
+
+// ys [n,H] = the experts' down projection of their activations (with the fused layout's bias,
+// and the adapter).
+void expert_down(const Tensor& act, const MoeWeights& w, std::span<const int64_t> off, const MoeLora& lora, Tensor& ys) {
+  if (ys.size(0) == 0) return;
+  ops::grouped_matmul(act, w.down, !w.fused(), off, ys);
+  if (w.fused()) add_expert_bias(ys, w.down_bias, off);
+  if (lora.down) lora_rows(act, *lora.down, off, ys);
+}
+
 ExpertActs expert_acts(const Tensor& xs, const MoeWeights& w, std::span<const int64_t> off, const MoeLora& lora) {
+  if (w.fused()) return fused_acts(xs, w, off, lora);
   const int64_t n = xs.size(0), I = w.gate.size(1);
   ExpertActs a;
   a.xs = xs;
@@ -166,7 +224,31 @@ Tensor sorted_inputs(const Tensor& h, const MoeRouting& r) {
 
 }  // namespace
 
-MoeRouting moe_route(const Tensor& h, const Tensor& router, int64_t top_k, bool norm_topk) {
+namespace {
+// From the slots' input gradients (sorted order, this rank's tokens) and the routing weights'
+// gradients: dh, and the router's gradients.
+void finish_backward(const Tensor& h, const MoeWeights& w, const MoeRouting& r, bool norm_topk, const Tensor* aux_grad,
+                     Tensor dxs, const Tensor& dweights, Tensor& dh, MoeWeights& grads) {
+  const int64_t T = h.size(0), k = r.weights.size(1);
+  if (T == 0) return;
+  // Back to the tokens: each token's k slots summed (the gather's backward), in slot order.
+  Tensor ones = Tensor::zeros({T, k}, DType::f32, Device::cpu());
+  for (int64_t i = 0; i < T * k; ++i) ones.data_as<float>()[i] = 1.f;
+  ops::moe_combine(dxs, r.position, h.device().is_cuda() ? ones.to(h.device()) : ones, dh);
+  dxs = Tensor();
+  // The router: through the top-k weights (and the load-balancing loss's probabilities).
+  Tensor dlogits = like({T, w.router.size(0)}, h);
+  ops::moe_route_backward(r.probs, r.experts, r.weights, dweights, norm_topk, aux_grad, dlogits);
+  ops::matmul(dlogits, false, w.router, false, dh, 1.f, 1.f);
+  if (grads.router.defined()) ops::matmul(dlogits, true, h, false, grads.router, 1.f, 1.f);
+  if (grads.router_bias.defined()) {
+    Tensor gb = grads.router_bias.view({w.router.size(0), 1});
+    ops::matmul(dlogits, true, ones_like_rows(T, h), false, gb, 1.f, 1.f);
+  }
+}
+}  // namespace
+
+MoeRouting moe_route(const Tensor& h, const Tensor& router, int64_t top_k, bool norm_topk, const Tensor& router_bias) {
   const int64_t T = h.size(0), E = router.size(0);
   MoeRouting r;
   if (T == 0) {
@@ -179,6 +261,8 @@ MoeRouting moe_route(const Tensor& h, const Tensor& router, int64_t top_k, bool 
   }
   Tensor logits = like({T, E}, h);
   ops::matmul(h, false, router, true, logits);
+  if (router_bias.defined())
+    ops::matmul(ones_like_rows(T, h), false, router_bias.view({1, E}), false, logits, 1.f, 1.f);
   r.probs = Tensor::empty({T, E}, DType::f32, h.device());
   r.weights = Tensor::empty({T, top_k}, DType::f32, h.device());
   r.experts = Tensor::empty({T, top_k}, DType::i32, h.device());
@@ -199,10 +283,7 @@ void moe_forward(const Tensor& h, const MoeWeights& w, const MoeRouting& r, Tens
   ExpertActs a = expert_acts(ex.to(sorted_inputs(h, r)), w, ex.offsets(), lora);
   a.xs = a.gate = a.up = Tensor();
   Tensor ys = like({a.act.size(0), h.size(1)}, h);
-  if (ys.size(0) > 0) {
-    ops::grouped_matmul(a.act, w.down, true, ex.offsets(), ys);
-    if (lora.down) lora_rows(a.act, *lora.down, ex.offsets(), ys);
-  }
+  expert_down(a.act, w, ex.offsets(), lora, ys);
   a.act = Tensor();
   ys = ex.back(ys);
   if (h.size(0) > 0) ops::moe_combine(ys, r.position, r.weights, out);
@@ -210,16 +291,13 @@ void moe_forward(const Tensor& h, const MoeWeights& w, const MoeRouting& r, Tens
 
 void moe_backward(const Tensor& h, const MoeWeights& w, const MoeRouting& r, bool norm_topk, const Tensor& dout,
                   const Tensor* aux_grad, Tensor& dh, MoeWeights& grads, Communicator* experts, const MoeLora& lora) {
-  const int64_t T = h.size(0), H = h.size(1), n = r.order.numel(), k = r.weights.size(1), I = w.gate.size(1);
+  const int64_t T = h.size(0), H = h.size(1), n = r.order.numel(), k = r.weights.size(1);
   const Experts ex(r, w, experts);
   const std::span<const int64_t> off = ex.offsets();
   ExpertActs a = expert_acts(ex.to(sorted_inputs(h, r)), w, off, lora);
   const int64_t R = a.xs.size(0);  // the rows this rank's experts run
   Tensor ys = like({R, H}, h);
-  if (R > 0) {  // the forward's very GEMMs, in its order: the same bits
-    ops::grouped_matmul(a.act, w.down, true, off, ys);
-    if (lora.down) lora_rows(a.act, *lora.down, off, ys);
-  }
+  expert_down(a.act, w, off, lora, ys);  // the forward's very GEMMs, in its order: the same bits
   ys = ex.back(ys);
   // The combine: each slot's output gradient (its weight times its token's) and each weight's.
   Tensor dys = like({n, H}, h);
@@ -227,12 +305,36 @@ void moe_backward(const Tensor& h, const MoeWeights& w, const MoeRouting& r, boo
   if (T > 0) ops::moe_combine_backward(dout, ys, r.order, r.position, r.weights, dys, dweights);
   ys = Tensor();
   dys = ex.to(dys);
-  // down: dact = dys @ Wd[e], dWd[e] += dys_e^T @ act_e.
-  Tensor dact = like({R, I}, h);
-  if (R > 0) ops::grouped_matmul(dys, w.down, false, off, dact);
-  if (grads.down.defined() && R > 0) ops::grouped_matmul_wgrad(dys, a.act, off, grads.down);
+  // down: dact = dys @ Wd[e]^T (fused: [in,out]) or dys @ Wd[e], and its gradient.
+  Tensor dact = like({R, a.act.size(1)}, h);
+  if (R > 0) ops::grouped_matmul(dys, w.down, w.fused(), off, dact);
+  if (grads.down.defined() && R > 0) {
+    if (w.fused())
+      ops::grouped_matmul_wgrad(a.act, dys, off, grads.down);  // dWd[e] += act_e^T @ dys_e  [I,H]
+    else
+      ops::grouped_matmul_wgrad(dys, a.act, off, grads.down);  // dWd[e] += dys_e^T @ act_e  [H,I]
+  }
+  if (w.fused()) expert_bias_grad(dys, off, grads.down_bias);
   if (lora.down && R > 0) lora_rows_backward(a.act, dys, *lora.down, off, dact);
   dys = a.act = Tensor();
+  if (w.fused()) {
+    // gate_up: through the clamped SwiGLU, then dW[e] += x_e^T @ dgu_e [H,2I], the bias, the
+    // adapter and the rows' gradient dgu @ W[e]^T.
+    Tensor dgu = like({R, a.gate.size(1)}, h);
+    if (R > 0) ops::swiglu_clamped_backward(a.gate, dact, w.alpha, w.limit, dgu);
+    dact = a.gate = Tensor();
+    if (grads.gate_up.defined() && R > 0) ops::grouped_matmul_wgrad(a.xs, dgu, off, grads.gate_up);
+    expert_bias_grad(dgu, off, grads.gate_up_bias);
+    Tensor dxs = like({R, H}, h);
+    if (R > 0) {
+      ops::grouped_matmul(dgu, w.gate_up, true, off, dxs);
+      if (lora.gate) lora_rows_backward(a.xs, dgu, *lora.gate, off, dxs);
+    }
+    dgu = a.xs = Tensor();
+    finish_backward(h, w, r, norm_topk, aux_grad, ex.back(dxs), dweights, dh, grads);
+    return;
+  }
+  const int64_t I = w.gate.size(1);
   Tensor dgate = like({R, I}, h), dup = like({R, I}, h);
   if (R > 0) ops::swiglu_backward(a.gate, a.up, dact, dgate, dup);
   dact = a.gate = a.up = Tensor();
@@ -246,18 +348,7 @@ void moe_backward(const Tensor& h, const MoeWeights& w, const MoeRouting& r, boo
     if (lora.up) lora_rows_backward(a.xs, dup, *lora.up, off, dxs);
   }
   dgate = dup = a.xs = Tensor();
-  dxs = ex.back(dxs);
-  if (T == 0) return;
-  // Back to the tokens: each token's k slots summed (the gather's backward), in slot order.
-  Tensor ones = Tensor::zeros({T, k}, DType::f32, Device::cpu());
-  for (int64_t i = 0; i < T * k; ++i) ones.data_as<float>()[i] = 1.f;
-  ops::moe_combine(dxs, r.position, h.device().is_cuda() ? ones.to(h.device()) : ones, dh);
-  dxs = Tensor();
-  // The router: through the top-k weights (and the load-balancing loss's probabilities).
-  Tensor dlogits = like({T, w.router.size(0)}, h);
-  ops::moe_route_backward(r.probs, r.experts, r.weights, dweights, norm_topk, aux_grad, dlogits);
-  ops::matmul(dlogits, false, w.router, false, dh, 1.f, 1.f);
-  if (grads.router.defined()) ops::matmul(dlogits, true, h, false, grads.router, 1.f, 1.f);
+  finish_backward(h, w, r, norm_topk, aux_grad, ex.back(dxs), dweights, dh, grads);
 }
 
 }  // namespace lcx::decoder

@@ -37,16 +37,30 @@ class Communicator;
 
 namespace lcx::decoder {
 
-// One sparse layer's weights (values), or their gradients (fp32, or undefined where frozen).
+// One sparse layer's weights (values), or their gradients (fp32, or undefined where frozen), in
+// one of two layouts:
+//  - Qwen3-MoE's: gate, up [E,I,H] and down [E,H,I], every expert's gate_proj, up_proj, down_proj,
+//    and out = silu(gate) * up;
+//  - GPT-OSS's (fused: gate_up defined): gate_up [E,H,2I] with gate and up interleaved along its
+//    last axis, down [E,I,H] (both [in,out]), each with a bias per expert (gate_up_bias [E,2I],
+//    down_bias [E,H]), the router with a bias [E], and the clamped SwiGLU of swiglu_clamped_forward
+//    (alpha, limit):
+//      y_e = swiglu_clamped(x_e @ gate_up[e] + gate_up_bias[e]) @ down[e] + down_bias[e]
+// Under expert parallelism the experts' tensors are this rank's E/ep experts ([E/ep, ...]).
 struct MoeWeights {
-  Tensor router;           // [E,H]: HF's mlp.gate.weight
-  Tensor gate, up, down;   // [E,I,H], [E,I,H], [E,H,I]: every expert's gate_proj, up_proj, down_proj
-                           // (under expert parallelism this rank's E/ep experts: [E/ep, ...])
+  Tensor router;           // [E,H]: HF's mlp.gate.weight (mlp.router.weight)
+  Tensor router_bias;      // [E] or undefined
+  Tensor gate, up, down;
+  Tensor gate_up, gate_up_bias, down_bias;
+  float alpha = 0, limit = 0;  // the clamped SwiGLU's (fused layout)
+  bool fused() const { return gate_up.defined(); }
+  int64_t local_experts() const { return fused() ? gate_up.size(0) : gate.size(0); }
 };
 
 // Low-rank adapters on the experts (Adapter::find_experts), each null where not adapted: the
 // factors of this rank's experts, A [E_local, r, in], B [E_local, out, r]. Expert e's rows x_e get
 //   gate_e = x_e Wg[e]^T + scale * (x_e Ag[e]^T) Bg[e]^T   (up and down alike)
+// In the fused layout `gate` adapts gate_up (out = 2I, interleaved as the weight) and up is null.
 // as two more grouped GEMMs over the same sorted rows (the rank r inner), and the backward
 // accumulates the factors' gradients (grouped wgrad), never the frozen experts'.
 struct MoeLora {
@@ -66,7 +80,10 @@ struct MoeRouting {
 
 // h may have no rows (a rank of an expert-parallel group whose tokens ran out before the
 // group's last tile): the routing is then empty, its offsets all 0.
-MoeRouting moe_route(const Tensor& h, const Tensor& router, int64_t top_k, bool norm_topk);
+// router_bias, when defined ([E]), is added to the logits (GPT-OSS). Its softmax over the k largest
+// logits is moe_route's top-k of the whole softmax renormalized (norm_topk): the same numbers.
+MoeRouting moe_route(const Tensor& h, const Tensor& router, int64_t top_k, bool norm_topk,
+                     const Tensor& router_bias = {});
 // out [T,H] = the block's output for h [T,H] under routing r. experts: the expert-parallel group
 // (w holds this rank's experts), or null where w holds every expert.
 void moe_forward(const Tensor& h, const MoeWeights& w, const MoeRouting& r, Tensor& out, Communicator* experts = nullptr,

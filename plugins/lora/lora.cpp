@@ -7,6 +7,12 @@
 // PEFT does: a module whose name ends with the entry), which train whole (LongLoRA's embeddings
 // and norms).
 //
+// With target_parameters (PEFT's ParamWrapper), a fused experts' parameter W [E, in, out] (GPT-OSS's
+// mlp.experts.gate_up_proj and down_proj) is adapted per expert: A [E_local, r, in] and
+// B [E_local, out, r], expert e's delta scale * A_e^T B_e^T; its files hold PEFT's lora_A [r*E, in]
+// (expert-major rows) and lora_B [out, r*E] (column j*E + e) under the module's keys
+// (peft::parameter_lora_key).
+//
 // With experts = true, a sparse layer's (mixture of experts) gate_proj, up_proj and down_proj
 // are adapted per expert: A [E_local, r, in] and B [E_local, out, r] stacked by the experts this
 // rank holds, as the experts' weights are, and the layer runs them as grouped GEMMs over each
@@ -57,6 +63,9 @@ struct LoraOptions {
   std::shared_ptr<const std::regex> regex;  // pattern compiled
   // A sparse layer's experts adapted too (per expert) where target_modules names their projections.
   bool experts = false;
+  // PEFT's target_parameters: fused experts' parameters adapted directly ("mlp.experts.gate_up_proj",
+  // "mlp.experts.down_proj": GPT-OSS's [E, in, out] weights), per expert, in the order given.
+  std::vector<std::string> target_parameters;
   std::optional<std::vector<std::string>> modules_to_save;
   std::string init_from;
   std::string table = "lora";
@@ -227,6 +236,19 @@ class Lora final : public Adapter {
         count += a.value.numel() + b.value.numel();
       }
     }
+    param_slots_.clear();
+    for (const std::string& t : o_.target_parameters) {
+      int64_t found = 0;
+      for (int64_t l = 0; l < cfg.num_layers; ++l) {
+        const auto it = base.find(str("model.layers.", l, ".", t));
+        if (it == base.end()) continue;
+        count += attach_parameter(static_cast<int>(l), t, *it->second, ctx);
+        ++found;
+      }
+      if (found == 0)
+        throw Error(str("lora: ", o_.key("target_parameters"), " names ", t, ", which no layer of this model holds"),
+                    o_.key("target_parameters"), "name the fused experts' parameters: \"mlp.experts.gate_up_proj\", \"mlp.experts.down_proj\"");
+    }
     if (count == 0)
       throw Error(str("lora: ", o_.key("target_modules"), " = ", targets_text(), " adapts no module of this model"),
                   o_.key("target_modules"), str("match the layers' projections (", joined_modules(), "), or \"all-linear\""));
@@ -249,7 +271,8 @@ class Lora final : public Adapter {
     const std::string from = !ctx.resume_dir.empty() ? ctx.resume_dir : o_.init_from;
     if (!from.empty()) load_from(from, model, base, ctx.resume_dir.empty());
     log::info(str("lora: r ", o_.r, ", alpha ", o_.alpha, o_.use_rslora ? " (rsLoRA)" : "", ", scale ", o_.scale(), o_.dropout > 0 ? str(", dropout ", o_.dropout) : std::string(), " on ",
-                  targets_text(), o_.experts ? str(" and every expert (", local_experts_, " on this rank)") : std::string(), ": ", count, " adapter parameters", trained ? str(" + ", trained, " trained whole (",
+                  targets_text(), o_.experts ? str(" and every expert (", local_experts_, " on this rank)") : std::string(),
+                  o_.target_parameters.empty() ? std::string() : str(" and per expert ", joined(o_.target_parameters)), ": ", count, " adapter parameters", trained ? str(" + ", trained, " trained whole (",
                   joined(*o_.modules_to_save), ")") : std::string(), "; the base's ", base_count(model) - trained,
                   " frozen", from.empty() ? std::string() : str("; from ", from)));
   }
@@ -281,10 +304,29 @@ class Lora final : public Adapter {
         a.pairs.push_back({static_cast<int64_t>(l), linear_name(static_cast<Linear>(m)), to_host_f32(lr->a->value),
                            to_host_f32(lr->b->value)});
       }
+    for (const ParamSlot& ps : param_slots_) {
+      const LowRank& lr = experts_[static_cast<size_t>(ps.layer)][static_cast<size_t>(ps.which)];
+      if (lr.a->value.size(0) != num_experts_)
+        throw Error(str("lora: saving ", ps.parameter, "'s adapters needs every expert's factors; this rank holds ",
+                        lr.a->value.size(0), " of ", num_experts_), o_.key("target_parameters"),
+                    "save through the run (Run::save gathers them), or train with [distributed] ep = 1");
+      const Tensor ha = to_host_f32(lr.a->value), hb = to_host_f32(lr.b->value);  // [E, r, in], [E, out, r]
+      const int64_t E = ha.size(0), r = ha.size(1), in = ha.size(2), out = hb.size(1);
+      Tensor pb = Tensor::empty({out, r * E}, DType::f32);  // PEFT's [out, r*E]: column j*E + e
+      for (int64_t e = 0; e < E; ++e)
+        for (int64_t o = 0; o < out; ++o)
+          for (int64_t j = 0; j < r; ++j) pb.data_as<float>()[o * r * E + j * E + e] = hb.data_as<float>()[(e * out + o) * r + j];
+      peft::LoraPair pair;
+      pair.layer = ps.layer;
+      pair.parameter = ps.parameter;
+      pair.a = ha.view({E * r, in}).clone();
+      pair.b = pb;
+      a.pairs.push_back(std::move(pair));
+    }
     for (size_t l = 0; l < layers_.size(); ++l)
       for (int m = 0; m < kLinearCount; ++m) {
         const LowRank* lr = find_experts(static_cast<int>(l), static_cast<Linear>(m));
-        if (!lr) continue;
+        if (!lr || is_param_slot(static_cast<int64_t>(l), m)) continue;
         // Written by rank 0 with every expert: under expert parallelism the run gathers the
         // factors over the group around the save (Run::save), as it gathers the experts.
         if (lr->a->value.size(0) != num_experts_)
@@ -422,6 +464,41 @@ class Lora final : public Adapter {
       }
     }
 
+    // The target parameters' factors (GPT-OSS's fused experts): per layer holding them, this rank's
+    // E/ep experts' A [r, in] and B [out, r] (gate_up_proj: in H, out 2I; down_proj: in I, out H);
+    // each routed row runs u = x A_e^T and its update, and in the backward u again, g and the
+    // factors' grouped wgrads, as the experts' adapters above.
+    if (!o_.target_parameters.empty() && c.sparse_layers() > 0) {
+      const int64_t El = c.num_experts / std::max<int64_t>(1, in.ep), H = c.hidden_size, Im = c.moe_intermediate_size;
+      int64_t per_layer_factors = 0;
+      double flops = 0, bytes = 0;
+      const double t = static_cast<double>(in.tokens_per_rank * std::max<int64_t>(1, c.num_experts_per_tok)),
+                   rr = static_cast<double>(o_.r);
+      for (const std::string& p : o_.target_parameters) {
+        const bool gate_up = p.ends_with("gate_up_proj");
+        const int64_t inn = gate_up ? H : Im, out = gate_up ? 2 * Im : H;
+        per_layer_factors += El * o_.r * (inn + out);
+        flops += 2 * t * rr * (5.0 * static_cast<double>(inn) + 4.0 * static_cast<double>(out));
+        bytes += t * static_cast<double>(ab) * (5.0 * static_cast<double>(inn) + 4.0 * static_cast<double>(out));
+      }
+      const int64_t layers = c.sparse_layers(), all = per_layer_factors * layers, per = (all + shards - 1) / shards;
+      plan.add("lora_parameter_weights", str("LoRA factors of the target parameters (", all, ")"), PlanCategory::weights,
+               per * ab, plan_phase::always);
+      plan.add("lora_parameter_gradients", "LoRA factors of the target parameters' gradients", PlanCategory::gradients,
+               per * (shards > 1 ? 4 : gb), plan_phase::always);
+      plan.parameters += all;
+      plan.gemm_parameters += all;
+      if (shards > 1) {
+        plan.add("lora_parameter_gathered_layer", "one layer's gathered LoRA factors of the target parameters",
+                 PlanCategory::communication, per_layer_factors * ab, plan_phase::forward);
+        for (const char* phase : {plan_phase::mlp_backward, plan_phase::backward})
+          plan.add("lora_parameter_gathered_layer_grads", "one layer's gathered target parameters' factors + full fp32 grads",
+                   PlanCategory::communication, per_layer_factors * (ab + 4), phase);
+      }
+      plan.work.gemm_flops += static_cast<double>(layers) * flops;
+      plan.work.memory_bytes += static_cast<double>(layers) * bytes;
+    }
+
     // A layer's [T, r] products (qwen3_model.cpp): h1 @ A^T of q, k, v and the fp32 sum of
     // attn @ Ao^T live from the attention's recompute through the MLP's backward; the attention
     // backward adds scale * dx1 @ Bo and the fp32 sums of dq @ Bq (k, v) with their rounding.
@@ -554,6 +631,56 @@ class Lora final : public Adapter {
     return a.value.numel() + b.value.numel();
   }
 
+  // A target parameter of layer l (a fused experts' W [E_local, in, out]): factors A [E_local, r, in]
+  // and B [E_local, out, r] in the experts' slot its name gives (gate_up_proj: the fused gate and
+  // up, where find_experts(gate_proj) is read; down_proj), A drawn per expert from its PEFT rows.
+  int64_t attach_parameter(int l, const std::string& parameter, const Parameter& w, const AdapterContext& ctx) {
+    const std::string key = o_.key("target_parameters");
+    Linear which;
+    if (parameter.ends_with("experts.gate_up_proj"))
+      which = Linear::gate_proj;
+    else if (parameter.ends_with("experts.down_proj"))
+      which = Linear::down_proj;
+    else
+      throw Error(str("lora: ", key, " names ", parameter, "; lcx adapts the fused experts' gate_up_proj and down_proj"),
+                  key, "use \"mlp.experts.gate_up_proj\" and \"mlp.experts.down_proj\"");
+    if (w.value.dim() != 3)
+      throw Error(str("lora: ", key, " names ", w.name, ", which is ", w.value.dim(), "-D, not fused experts [E, in, out]"),
+                  key, "name the fused experts' parameters");
+    if (is_param_slot(l, static_cast<int>(which)) || find_experts(l, which))
+      throw Error(str("lora: ", w.name, " is adapted twice (", key, " and experts)"), key, "name each parameter once");
+    const int64_t El = w.value.size(0), in = w.value.size(1), out = w.value.size(2);
+    if (o_.r > std::min(out, in))
+      throw Error(str("lora: r = ", o_.r, " is larger than an expert's ", parameter, " [", in, ", ", out, "] can hold"),
+                  o_.key("r"), str("use r <= ", std::min(out, in)));
+    Parameter& a = add_param(w.name + ".lora_A.weight", {El, o_.r, in}, ctx);
+    Parameter& b = add_param(w.name + ".lora_B.weight", {El, out, o_.r}, ctx);
+    a.grad_group = b.grad_group = w.grad_group;
+    first_expert_ = ctx.partition_index * El;
+    // PEFT's lora_A is one nn.Linear(in, r * E): kaiming_uniform over in, as every A here.
+    Tensor ha = Tensor::empty(a.value.shape(), DType::f32, Device::cpu());
+    const float bound = 1.f / std::sqrt(static_cast<float>(in));
+    float* pa = ha.data_as<float>();
+    const int64_t per = o_.r * in;
+    for (int64_t e = 0; e < El; ++e) {
+      const uint64_t k = name_key(ctx.seed, str(w.name, ".", first_expert_ + e, ".lora_A"));
+      for (int64_t i = 0; i < per; ++i) {
+        const uint64_t bits = mix(k + static_cast<uint64_t>(i));
+        const float u = static_cast<float>(bits >> 40) * (1.f / 16777216.f);
+        pa[e * per + i] = (2.f * u - 1.f) * bound;
+      }
+    }
+    set_value(a, ha);
+    b.value.zero();
+    experts_[static_cast<size_t>(l)][static_cast<size_t>(which)] = LowRank{&a, &b, static_cast<float>(o_.scale()), {}, {}, 0};
+    has_experts_[static_cast<size_t>(l) * kLinearCount + static_cast<size_t>(which)] = true;
+    param_slots_.push_back({l, static_cast<int>(which), parameter});
+    return a.value.numel() + b.value.numel();
+  }
+  bool is_param_slot(int64_t l, int m) const {
+    return std::any_of(param_slots_.begin(), param_slots_.end(), [&](const ParamSlot& p) { return p.layer == l && p.which == m; });
+  }
+
   // A factor of its own, or rows of a stack (value and gradient views of it).
   Parameter& add_param(const std::string& name, Shape shape, const AdapterContext& ctx, const Stack* st = nullptr) {
     Parameter p;
@@ -609,7 +736,11 @@ class Lora final : public Adapter {
     const int64_t E = model.config().num_experts;
     peft::check_against_base(a, model.config().num_layers, [&](const std::string& name) -> std::optional<Shape> {
       const auto it = base.find(name);
-      if (it != base.end()) return it->second->value.shape();
+      if (it != base.end()) {
+        Shape s = it->second->value.shape();
+        if (s.size() == 3 && name.find(".mlp.experts.") != std::string::npos) s[0] = E;  // every expert's, whatever ep
+        return s;
+      }
       // An expert's matrix ("...mlp.experts.5.gate_proj.weight"): a slice of the stacked experts.
       const size_t at = name.find(".mlp.experts.");
       if (at == std::string::npos) return std::nullopt;
@@ -644,8 +775,32 @@ class Lora final : public Adapter {
     int64_t expert_pairs = 0, expected = 0;
     for (size_t l = 0; l < layers_.size(); ++l)
       for (int m = 0; m < kLinearCount; ++m)
-        if (find_experts(static_cast<int>(l), static_cast<Linear>(m))) expected += E;
+        if (find_experts(static_cast<int>(l), static_cast<Linear>(m)) && !is_param_slot(static_cast<int64_t>(l), m))
+          expected += E;
+    size_t parameter_pairs = 0;
     for (const auto& p : a.pairs) {
+      if (!p.parameter.empty()) {  // PEFT's [r*E, in] and [out, r*E] into this rank's [El, r, in], [El, out, r]
+        const auto slot = std::find_if(param_slots_.begin(), param_slots_.end(),
+                                       [&](const ParamSlot& s) { return s.layer == p.layer && s.parameter == p.parameter; });
+        if (slot == param_slots_.end())
+          throw Error(str("lora: ", dir, " adapts layer ", p.layer, "'s ", p.parameter, ", which this run's ",
+                          o_.key("target_parameters"), " does not"),
+                      o_.key("target_parameters"), "set target_parameters to the adapter's");
+        ++parameter_pairs;
+        const LowRank& lr = experts_[static_cast<size_t>(slot->layer)][static_cast<size_t>(slot->which)];
+        const int64_t El = lr.a->value.size(0), r = o_.r, in = lr.a->value.size(2), out = lr.b->value.size(1);
+        Tensor ha = Tensor::empty({El, r, in}, DType::f32), hb = Tensor::empty({El, out, r}, DType::f32);
+        for (int64_t e = 0; e < El; ++e) {
+          const int64_t x = first_expert_ + e;
+          std::copy_n(p.a.data_as<float>() + x * r * in, r * in, ha.data_as<float>() + e * r * in);
+          for (int64_t o = 0; o < out; ++o)
+            for (int64_t j = 0; j < r; ++j)
+              hb.data_as<float>()[(e * out + o) * r + j] = p.b.data_as<float>()[o * r * E + j * E + x];
+        }
+        set_value(*lr.a, ha);
+        set_value(*lr.b, hb);
+        continue;
+      }
       const int m = static_cast<int>(std::find_if(std::begin(kModules), std::end(kModules),
                                                   [&](const char* n) { return p.module == n; }) - std::begin(kModules));
       if (p.expert >= 0) {
@@ -668,6 +823,10 @@ class Lora final : public Adapter {
       set_value(*lr.a, p.a);
       set_value(*lr.b, p.b);
     }
+    if (parameter_pairs != param_slots_.size())
+      throw Error(str("lora: ", dir, " holds ", parameter_pairs, " target parameters' adapters, this run adapts ",
+                      param_slots_.size(), " (", o_.key("target_parameters"), ")"),
+                  o_.key("target_parameters"), "set target_parameters to the adapter's");
     if (expert_pairs != expected)
       throw Error(str("lora: ", dir, " holds ", expert_pairs, " experts' adapters, this run adapts ", expected, " (",
                       o_.key("experts"), " = ", o_.experts ? "true" : "false", ")"),
@@ -712,6 +871,7 @@ class Lora final : public Adapter {
       if (o_.pattern.empty() && o_.targets[static_cast<size_t>(m)]) c.target_modules.push_back(linear_name(static_cast<Linear>(m)));
     c.base_model_name_or_path = base;
     c.modules_to_save = o_.modules_to_save;
+    c.target_parameters = o_.target_parameters;
     return c;
   }
 
@@ -743,6 +903,13 @@ class Lora final : public Adapter {
   // The experts' factors (find_experts), stacked by this rank's experts [first_expert_, + local_experts_).
   std::vector<std::array<LowRank, kLinearCount>> experts_;
   std::vector<bool> has_experts_;
+  // The target parameters' factors: which experts' slot of which layer holds each.
+  struct ParamSlot {
+    int64_t layer;
+    int which;
+    std::string parameter;
+  };
+  std::vector<ParamSlot> param_slots_;
   int64_t first_expert_ = 0, local_experts_ = 0, num_experts_ = 0;
   uint64_t seed_ = 0, pass_key_ = 0;  // LowRank::dropout_pass points at pass_key_
   std::vector<std::pair<std::string, Parameter*>> saved_;
@@ -820,6 +987,13 @@ std::unique_ptr<Plugin> create(const PluginArgs& args) {
   if (o.experts && o.dropout > 0)
     c.fail("dropout", str(o.dropout, " with experts = true: the experts' adapters take no dropout"),
            "set dropout = 0, or experts = false (dropout then applies to the attention's adapters)");
+  c.describe("target_parameters",
+             "fused experts' parameters adapted per expert, as PEFT's target_parameters (GPT-OSS: \"mlp.experts.gate_up_proj\", "
+             "\"mlp.experts.down_proj\")",
+             "a list of parameter names", "[]");
+  o.target_parameters = c.get_strings("target_parameters", {});
+  if (!o.target_parameters.empty() && o.dropout > 0)
+    c.fail("dropout", str(o.dropout, " with target_parameters: PEFT's ParamWrapper takes no dropout"), "set dropout = 0");
   if (c.has("modules_to_save")) o.modules_to_save = c.get_strings("modules_to_save", {});
   o.init_from = c.get_string("init_from", "");
   return std::make_unique<Lora>(std::move(o));

@@ -259,6 +259,28 @@ std::vector<OpCase> swiglu_cases(bool backward) {
   return cases;
 }
 
+// GPT-OSS's clamped SwiGLU over interleaved gate and up: scale 3 puts a share of both past the
+// limit 2 (clamped, no gradient) and the rest inside.
+std::vector<OpCase> swiglu_clamped_cases(bool backward) {
+  std::vector<OpCase> cases;
+  for (Shape shape : {Shape{33, 2 * 2880}, Shape{7, 26}})
+    for (DType t : kDtypes)
+      cases.push_back({str(shape_str(shape), " ", dtype_name(t)), [=](Device d, std::mt19937& rng) {
+                         const Tensor gu = at(d, host_normal(shape, t, rng, 3.f));
+                         const Shape half{shape[0], shape[1] / 2};
+                         if (!backward) {
+                           Tensor y = poisoned(half, t, d);
+                           ops::swiglu_clamped_forward(gu, 1.702f, 2.f, y);
+                           return std::vector<Output>{out("out", y)};
+                         }
+                         const Tensor dout = at(d, host_normal(half, t, rng));
+                         Tensor dgu = poisoned(shape, t, d);
+                         ops::swiglu_clamped_backward(gu, dout, 1.702f, 2.f, dgu);
+                         return std::vector<Output>{out("dgate_up", dgu)};
+                       }});
+  return cases;
+}
+
 const Shape kElementwise{129, 257};
 
 std::vector<OpCase> add_cases(bool inplace) {
@@ -695,6 +717,8 @@ const std::map<std::string, std::vector<OpCase>>& op_table() {
       {"geglu_tanh_backward", geglu_cases(true)},
       {"rmsnorm_offset_forward", rmsnorm_offset_cases(false)},
       {"rmsnorm_offset_backward", rmsnorm_offset_cases(true)},
+      {"swiglu_clamped_forward", swiglu_clamped_cases(false)},
+      {"swiglu_clamped_backward", swiglu_clamped_cases(true)},
       {"add", add_cases(false)},
       {"add_inplace", add_cases(true)},
       {"scale_inplace", scale_cases()},

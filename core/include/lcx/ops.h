@@ -37,6 +37,12 @@ void rotary_backward(Tensor& dx, const Tensor& cos, const Tensor& sin);
 void swiglu_forward(const Tensor& gate, const Tensor& up, Tensor& out);
 void swiglu_backward(const Tensor& gate, const Tensor& up, const Tensor& dout, Tensor& dgate,
                      Tensor& dup);
+// GPT-OSS's clamped SwiGLU over gate and up interleaved in one row (gate_up [N,2I]: gate the even
+// columns, up the odd ones): g = min(gate, limit), u = clamp(up, -limit, limit),
+// out [N,I] = (u + 1) * g * sigmoid(alpha * g). The backward writes dgate_up [N,2I] (zero where a
+// clamp held the value, as torch's clamp passes no gradient outside its range).
+void swiglu_clamped_forward(const Tensor& gate_up, float alpha, float limit, Tensor& out);
+void swiglu_clamped_backward(const Tensor& gate_up, const Tensor& dout, float alpha, float limit, Tensor& dgate_up);
 
 // out = gelu_tanh(gate) * up, gelu_tanh(g) = 0.5 g (1 + tanh(sqrt(2/pi) (g + 0.044715 g^3))) (torch's
 // gelu with approximate="tanh", transformers' gelu_pytorch_tanh); backward writes dgate, dup.

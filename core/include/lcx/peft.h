@@ -32,6 +32,10 @@ struct AdapterConfig {
   bool use_rslora = false;
   std::string base_model_name_or_path;
   std::optional<std::vector<std::string>> modules_to_save;  // null when absent
+  // PEFT's target_parameters: 3-D parameters adapted directly, by the end of their name
+  // ("mlp.experts.gate_up_proj", "mlp.experts.down_proj": GPT-OSS's fused experts), as PEFT's
+  // ParamWrapper does; in the order given (which sets their keys: parameter_lora_key).
+  std::vector<std::string> target_parameters;
   // alpha / r, or alpha / sqrt(r) with use_rslora (PEFT's rank-stabilized scale).
   double scale() const;
 };
@@ -44,6 +48,10 @@ struct LoraPair {
   // A sparse layer's expert (its gate_proj, up_proj or down_proj: "mlp.experts.5.gate_proj"), or
   // -1 for the layer's own projection.
   int64_t expert = -1;
+  // A target parameter ("mlp.experts.gate_up_proj", module then empty) of E experts' [E, in, out]
+  // weights, with a [r*E, in] and b [out, r*E] as PEFT's ParamWrapper stores them: expert e's delta
+  // is scale * sum_j a[e*r + j, i] b[o, j*E + e] at [e, i, o].
+  std::string parameter;
 };
 
 struct Adapter {
@@ -69,6 +77,15 @@ std::string base_weight_name(int64_t layer, const std::string& module, int64_t e
 // an expert's: "base_model.model.model.layers.3.mlp.experts.5.gate_proj.lora_A.weight".
 std::string lora_key(int64_t layer, const std::string& module, char which, int64_t expert = -1);
 
+// PEFT's key of a target parameter's factor. PEFT wraps the parameter's module once per target
+// parameter of that module, each wrapper around the one before, so the first listed is innermost:
+// "base_model.model.model.layers.3.mlp.experts.base_layer.lora_A.weight" for the first of two on
+// mlp.experts, "...mlp.experts.lora_A.weight" for the last.
+std::string parameter_lora_key(int64_t layer, const AdapterConfig& config, const std::string& parameter, char which);
+// Expert e's delta of a target parameter's factors into w [in, out] (fp32, +=): scale * sum_j
+// a[e*r + j, :]^T b[:, j*E + e]^T.
+void add_expert_low_rank(float* w, const float* a, const float* b, int64_t e, int64_t E, int64_t in, int64_t out,
+                         int64_t r, float scale);
 // adapter_config.json's text to a config, validated; `source` names the file in errors.
 AdapterConfig parse_config(const std::string& json_text, const std::string& source);
 // The config as PEFT writes it (its other keys at PEFT's defaults).

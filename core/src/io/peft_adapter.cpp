@@ -168,6 +168,37 @@ std::string base_weight_name(int64_t layer, const std::string& module, int64_t e
   return module_name(layer, module, expert) + ".weight";
 }
 
+// "mlp.experts" of "mlp.experts.gate_up_proj".
+std::string parameter_module(const std::string& parameter) {
+  const size_t dot = parameter.rfind('.');
+  return dot == std::string::npos ? std::string() : parameter.substr(0, dot);
+}
+
+std::string parameter_lora_key(int64_t layer, const AdapterConfig& config, const std::string& parameter, char which) {
+  const std::string module = parameter_module(parameter);
+  int64_t outer = 0;  // target parameters of the same module listed after this one: its wrappers
+  bool seen = false;
+  for (const std::string& t : config.target_parameters) {
+    if (t == parameter) seen = true;
+    else if (seen && parameter_module(t) == module) ++outer;
+  }
+  std::string path = module;
+  for (int64_t i = 0; i < outer; ++i) path += ".base_layer";
+  return str(kPrefix, "model.layers.", layer, ".", path, ".lora_", which, ".weight");
+}
+
+void add_expert_low_rank(float* w, const float* a, const float* b, int64_t e, int64_t E, int64_t in, int64_t out,
+                         int64_t r, float scale) {
+  for (int64_t j = 0; j < r; ++j) {
+    const float* aj = a + (e * r + j) * in;
+    for (int64_t i = 0; i < in; ++i) {
+      const float s = scale * aj[i];
+      float* wi = w + i * out;
+      for (int64_t o = 0; o < out; ++o) wi[o] += s * b[o * r * E + j * E + e];
+    }
+  }
+}
+
 std::string lora_key(int64_t layer, const std::string& module, char which, int64_t expert) {
   return str(kPrefix, "model.layers.", layer, ".", module_path(module, expert), ".lora_", which, ".weight");
 }
@@ -246,6 +277,20 @@ AdapterConfig parse_config(const std::string& json_text, const std::string& sour
               str("set target_modules to a list of ", all, " or \"all-linear\""));
   }
   for (const int i : chosen) c.target_modules.push_back(lora_modules()[static_cast<size_t>(i)]);
+  if (j.contains("target_parameters") && !j["target_parameters"].is_null()) {
+    const json& tp = j["target_parameters"];
+    if (!tp.is_array())
+      throw bad("target_parameters", "must be null or a list of parameter names", "e.g. [\"mlp.experts.gate_up_proj\"]");
+    for (const auto& x : tp) {
+      if (!x.is_string() || parameter_module(x.get<std::string>()).empty())
+        throw bad("target_parameters", str("names ", x.dump(), ", not a parameter of a module"),
+                  "name parameters as PEFT does: \"mlp.experts.gate_up_proj\", \"mlp.experts.down_proj\"");
+      c.target_parameters.push_back(x.get<std::string>());
+    }
+    if (!c.target_parameters.empty() && c.lora_dropout != 0)
+      throw bad("lora_dropout", "must be 0 with target_parameters (PEFT's ParamWrapper cannot drop its input)",
+                "set lora_dropout to 0");
+  }
   if (j.contains("base_model_name_or_path") && j["base_model_name_or_path"].is_string())
     c.base_model_name_or_path = j["base_model_name_or_path"].get<std::string>();
   if (j.contains("modules_to_save") && !j["modules_to_save"].is_null()) {
@@ -285,6 +330,7 @@ std::string config_json(const AdapterConfig& c) {
   j["target_modules"] = c.all_linear                  ? json("all-linear")
                         : !c.target_pattern.empty() ? json(c.target_pattern)
                                                     : json(c.target_modules);
+  j["target_parameters"] = c.target_parameters.empty() ? json(nullptr) : json(c.target_parameters);
   j["task_type"] = "CAUSAL_LM";
   j["use_dora"] = false;
   j["use_rslora"] = c.use_rslora;
@@ -297,6 +343,11 @@ void write_adapter(const std::string& dir, const Adapter& adapter, DType dtype) 
   fs::create_directories(dir);
   std::vector<safetensors::NamedTensor> tensors;
   for (const auto& p : adapter.pairs) {
+    if (!p.parameter.empty()) {
+      tensors.push_back({parameter_lora_key(p.layer, adapter.config, p.parameter, 'A'), p.a});
+      tensors.push_back({parameter_lora_key(p.layer, adapter.config, p.parameter, 'B'), p.b});
+      continue;
+    }
     tensors.push_back({lora_key(p.layer, p.module, 'A', p.expert), p.a});
     tensors.push_back({lora_key(p.layer, p.module, 'B', p.expert), p.b});
   }
@@ -321,14 +372,38 @@ Adapter read_adapter(const std::string& dir) {
     if (!c.target_pattern.empty()) return std::regex_match(module_name(layer, module, expert), pattern);
     return std::find(c.target_modules.begin(), c.target_modules.end(), module) != c.target_modules.end();
   };
+  std::map<std::pair<int64_t, std::string>, LoraPair> parameter_pairs;
   for (const auto& name : ckpt.names()) {
     if (name.rfind(kPrefix, 0) != 0)
       throw Error(str(where, ": ", name, " is not a PEFT key (they begin with ", kPrefix, ")"), name,
                   "give an adapter PEFT saved for a causal LM");
     const std::string rest = name.substr(std::string(kPrefix).size());
-    int64_t layer = 0;
-    std::string module;
+    // A target parameter's factor: its key as parameter_lora_key writes it for the key's layer.
+    std::string parameter;
     char which = 0;
+    int64_t layer = 0;
+    {
+      std::string module;
+      int64_t expert = -1;
+      if (!c.target_parameters.empty() && parse_lora_name(rest, layer, module, which, expert))
+        for (const std::string& t : c.target_parameters)
+          if (parameter_lora_key(layer, c, t, which) == name) parameter = t;
+    }
+    if (!parameter.empty()) {
+      const Shape& s = ckpt.info(name).shape;
+      const bool ok = s.size() == 2 && s[0] > 0 && s[1] > 0 && (which == 'A' ? s[0] % c.r == 0 : s[1] % c.r == 0);
+      if (!ok)
+        throw Error(str(where, ": ", name, " has shape ", shape_str(s), ", but a target parameter's lora_", which, " is ",
+                        which == 'A' ? "[r * experts, in]" : "[out, r * experts]", " with r = ", c.r),
+                    name, "give the adapter_config.json saved with these weights (its r)");
+      LoraPair& p = parameter_pairs[{layer, parameter}];
+      p.layer = layer;
+      p.parameter = parameter;
+      (which == 'A' ? p.a : p.b) = ckpt.load(name, DType::f32);
+      refuse_nonfinite(where, name, which == 'A' ? p.a : p.b);
+      continue;
+    }
+    std::string module;
     int64_t expert = -1;
     if (parse_lora_name(rest, layer, module, which, expert)) {
       const int rank = module_rank(module);
@@ -358,6 +433,13 @@ Adapter read_adapter(const std::string& dir) {
     a.saved.emplace_back(rest, ckpt.load(name, dtype_from_name(dtype)));
     refuse_nonfinite(where, name, a.saved.back().second);
   }
+  for (auto& [k, p] : parameter_pairs) {
+    if (!p.a.data() || !p.b.data() || p.a.shape()[0] != p.b.shape()[1])
+      throw Error(str(where, ": ", parameter_lora_key(p.layer, c, p.parameter, 'A'), " and its lora_B do not pair (",
+                      p.a.data() ? shape_str(p.a.shape()) : "absent", ", ", p.b.data() ? shape_str(p.b.shape()) : "absent", ")"),
+                  parameter_lora_key(p.layer, c, p.parameter, p.a.data() ? 'B' : 'A'), "give the adapter's whole safetensors file");
+    a.pairs.push_back(std::move(p));
+  }
   for (auto& [k, p] : pairs) {
     if (!p.a.data() || !p.b.data()) {
       const char missing = p.a.data() ? 'B' : 'A';
@@ -375,6 +457,20 @@ void check_against_base(const Adapter& adapter, int64_t num_layers,
                         const std::function<std::optional<Shape>(const std::string&)>& base_shape) {
   const std::string fix = "merge the adapter into the base it was trained on";
   for (const auto& p : adapter.pairs) {
+    if (!p.parameter.empty()) {  // [E, in, out]: a [r*E, in], b [out, r*E]
+      const std::string key = parameter_lora_key(p.layer, adapter.config, p.parameter, 'A');
+      const std::string base = str("model.layers.", p.layer, ".", p.parameter);
+      if (p.layer >= num_layers)
+        throw Error(str(key, " names layer ", p.layer, ", but the base has ", num_layers, " layers"), key, fix);
+      const auto s = base_shape(base);
+      if (!s) throw Error(str(key, ": the base has no ", base), key, fix);
+      const int64_t r = adapter.config.r;
+      if (s->size() != 3 || p.a.shape() != Shape{(*s)[0] * r, (*s)[1]} || p.b.shape() != Shape{(*s)[2], (*s)[0] * r})
+        throw Error(str(key, " and its lora_B are ", shape_str(p.a.shape()), " and ", shape_str(p.b.shape()), ", but the base's ",
+                        base, " is ", shape_str(*s), ": they must be [r * experts, in] and [out, r * experts]"),
+                    key, fix);
+      continue;
+    }
     const std::string key = lora_key(p.layer, p.module, 'A', p.expert);
     if (p.layer >= num_layers)
       throw Error(str(key, " names layer ", p.layer, ", but the base has ", num_layers, " layers"), key, fix);
@@ -453,10 +549,19 @@ static void check_layers_adapted(const Adapter& adapter, const std::string& adap
     for (int64_t l = 0; l < num_layers; ++l) want.insert(l);
   }
   std::map<std::string, std::set<int64_t>> layers;
-  for (const auto& p : adapter.pairs) layers[p.expert >= 0 ? "experts." + p.module : p.module].insert(p.layer);
+  for (const auto& p : adapter.pairs)
+    layers[!p.parameter.empty() ? "parameter." + p.parameter : p.expert >= 0 ? "experts." + p.module : p.module].insert(p.layer);
   for (const auto& [module, got] : layers) {
     const bool experts = module.starts_with("experts.");
-    const std::set<int64_t> held = layers_holding(base_names, experts ? module.substr(8) : module, experts);
+    std::set<int64_t> held;
+    if (module.starts_with("parameter.")) {  // a target parameter: the layers whose tensor it is
+      const std::string parameter = module.substr(10);
+      for (int64_t l = 0; l < num_layers; ++l)
+        if (std::find(base_names.begin(), base_names.end(), str("model.layers.", l, ".", parameter)) != base_names.end())
+          held.insert(l);
+    } else {
+      held = layers_holding(base_names, experts ? module.substr(8) : module, experts);
+    }
     std::set<int64_t> want_here;
     for (const int64_t l : want)
       if (held.count(l)) want_here.insert(l);
@@ -524,7 +629,11 @@ void merge(const std::string& base_dir, const std::string& adapter_dir, const st
   const float scale = static_cast<float>(adapter.config.scale());
   std::map<int64_t, std::pair<size_t, std::vector<std::string>>> per_layer;  // done count, modules
   // An expert's matrix shows once per layer as "experts.gate_proj", however many experts.
-  for (const auto& p : adapter.pairs) per_layer[p.layer].second.push_back(p.expert >= 0 ? "experts." + p.module : p.module);
+  for (const auto& p : adapter.pairs)
+    per_layer[p.layer].second.push_back(!p.parameter.empty() ? p.parameter : p.expert >= 0 ? "experts." + p.module : p.module);
+  auto base_name = [](const LoraPair& p) {
+    return p.parameter.empty() ? base_weight_name(p.layer, p.module, p.expert) : str("model.layers.", p.layer, ".", p.parameter);
+  };
   std::vector<Tensor> merged(adapter.pairs.size());
   std::atomic<size_t> next{0};
   std::mutex mu;
@@ -534,10 +643,17 @@ void merge(const std::string& base_dir, const std::string& adapter_dir, const st
     for (size_t i; (i = next.fetch_add(1)) < adapter.pairs.size();) {
       try {
         const LoraPair& p = adapter.pairs[i];
-        const std::string name = base_weight_name(p.layer, p.module, p.expert);
+        const std::string name = base_name(p);
         Tensor w = ckpt.load(name, DType::f32);
-        add_low_rank(w.data_as<float>(), p.b.data_as<float>(), p.a.data_as<float>(), w.shape()[0], w.shape()[1],
-                     adapter.config.r, scale);
+        if (!p.parameter.empty()) {  // [E, in, out], each expert its own delta
+          const int64_t E = w.shape()[0], in = w.shape()[1], out = w.shape()[2];
+          for (int64_t e = 0; e < E; ++e)
+            add_expert_low_rank(w.data_as<float>() + e * in * out, p.a.data_as<float>(), p.b.data_as<float>(), e, E, in, out,
+                                adapter.config.r, scale);
+        } else {
+          add_low_rank(w.data_as<float>(), p.b.data_as<float>(), p.a.data_as<float>(), w.shape()[0], w.shape()[1],
+                       adapter.config.r, scale);
+        }
         merged[i] = w.to(dtype);
         std::lock_guard<std::mutex> lock(mu);
         auto& [done, modules] = per_layer[p.layer];
@@ -564,7 +680,7 @@ void merge(const std::string& base_dir, const std::string& adapter_dir, const st
   for (auto& t : pool) t.join();
   if (!failure.empty()) throw Error(str("merge failed: ", failure));
   for (size_t i = 0; i < adapter.pairs.size(); ++i)
-    by_name[base_weight_name(adapter.pairs[i].layer, adapter.pairs[i].module, adapter.pairs[i].expert)] = merged[i];
+    by_name[base_name(adapter.pairs[i])] = merged[i];
   for (const auto& [name, t] : adapter.saved) by_name[name] = t;
 
   std::vector<safetensors::NamedTensor> out;

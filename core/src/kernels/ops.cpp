@@ -304,6 +304,36 @@ void gated_backward(GateActivation act, const Tensor& gate, const Tensor& up, co
   swiglu_backward(gate, up, dout, dgate, dup);
 }
 
+namespace {
+void check_swiglu_clamped(const char* op, const Tensor& gate_up, const char* half_name, const Tensor& half, float alpha,
+                          float limit) {
+  need_float(op, "gate_up", gate_up);
+  need_float(op, half_name, half);
+  need_dim(op, "gate_up", gate_up, 2);
+  if (gate_up.size(1) % 2 != 0) fail(op, str(desc("gate_up", gate_up), " needs an even width (gate and up interleaved)"));
+  need_shape(op, half_name, half, {gate_up.size(0), gate_up.size(1) / 2}, "gate_up", gate_up);
+  if (!(limit > 0) || !(alpha > 0)) fail(op, str("alpha ", alpha, " and limit ", limit, " must be positive"));
+}
+}  // namespace
+
+void swiglu_clamped_forward(const Tensor& gate_up, float alpha, float limit, Tensor& out) {
+  const char* op = "swiglu_clamped_forward";
+  const bool cuda = on_cuda(op, {{"gate_up", &gate_up}, {"out", &out}});
+  check_swiglu_clamped(op, gate_up, "out", out, alpha, limit);
+  ProfileScope scope(OpKind::swiglu, op);
+  LCX_ROUTE(cuda, swiglu_clamped_forward, gate_up, alpha, limit, out);
+}
+
+void swiglu_clamped_backward(const Tensor& gate_up, const Tensor& dout, float alpha, float limit, Tensor& dgate_up) {
+  const char* op = "swiglu_clamped_backward";
+  const bool cuda = on_cuda(op, {{"gate_up", &gate_up}, {"dout", &dout}, {"dgate_up", &dgate_up}});
+  check_swiglu_clamped(op, gate_up, "dout", dout, alpha, limit);
+  need_float(op, "dgate_up", dgate_up);
+  need_same_shape(op, "dgate_up", dgate_up, "gate_up", gate_up);
+  ProfileScope scope(OpKind::swiglu, op);
+  LCX_ROUTE(cuda, swiglu_clamped_backward, gate_up, dout, alpha, limit, dgate_up);
+}
+
 void add(const Tensor& a, const Tensor& b, Tensor& out) {
   const char* op = "add";
   const bool cuda = on_cuda(op, {{"a", &a}, {"b", &b}, {"out", &out}});

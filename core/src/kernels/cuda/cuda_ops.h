@@ -27,6 +27,8 @@ void geglu_tanh_backward(const Tensor& gate, const Tensor& up, const Tensor& dou
 void rmsnorm_offset_forward(const Tensor& x, const Tensor& w, float offset, float eps, Tensor& y, Tensor& rstd);
 void rmsnorm_offset_backward(const Tensor& x, const Tensor& w, float offset, const Tensor& rstd, const Tensor& dy,
                              Tensor& dx, Tensor& dw);
+void swiglu_clamped_forward(const Tensor& gate_up, float alpha, float limit, Tensor& out);
+void swiglu_clamped_backward(const Tensor& gate_up, const Tensor& dout, float alpha, float limit, Tensor& dgate_up);
 void add(const Tensor& a, const Tensor& b, Tensor& out);
 void add_inplace(Tensor& acc, const Tensor& x);
 void scale_inplace(Tensor& x, float s);

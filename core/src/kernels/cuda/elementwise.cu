@@ -82,6 +82,26 @@ __global__ void geglu_bwd_kernel(const void* gate, DType tg, const void* up, DTy
   }
 }
 
+// The clamped SwiGLU over gate_up [rows, 2I] (gate and up interleaved): i counts out's elements.
+__global__ void swiglu_clamped_fwd_kernel(const void* gu, DType tg, void* out, DType to, float alpha, float limit,
+                                          int64_t n) {
+  for (int64_t i = blockIdx.x * int64_t(blockDim.x) + threadIdx.x; i < n; i += int64_t(gridDim.x) * blockDim.x) {
+    const float g = fminf(ld(gu, tg, 2 * i), limit), u = fminf(fmaxf(ld(gu, tg, 2 * i + 1), -limit), limit);
+    st(out, to, i, (u + 1.f) * (g * sigmoid(alpha * g)));
+  }
+}
+
+__global__ void swiglu_clamped_bwd_kernel(const void* gu, DType tg, const void* dout, DType td, void* dgu, DType tdg,
+                                          float alpha, float limit, int64_t n) {
+  for (int64_t i = blockIdx.x * int64_t(blockDim.x) + threadIdx.x; i < n; i += int64_t(gridDim.x) * blockDim.x) {
+    const float gate = ld(gu, tg, 2 * i), up = ld(gu, tg, 2 * i + 1), d = ld(dout, td, i);
+    const float g = fminf(gate, limit), u = fminf(fmaxf(up, -limit), limit);
+    const float s = sigmoid(alpha * g);
+    st(dgu, tdg, 2 * i, gate <= limit ? d * (u + 1.f) * s * (1.f + alpha * g * (1.f - s)) : 0.f);
+    st(dgu, tdg, 2 * i + 1, up >= -limit && up <= limit ? d * g * s : 0.f);
+  }
+}
+
 // The 8-wide bf16 kernels: i counts groups of eight elements.
 #define LCX_FOR_EACH_VEC8(n8) \
   for (int64_t i = blockIdx.x * int64_t(blockDim.x) + threadIdx.x; i < (n8); i += int64_t(gridDim.x) * blockDim.x)
@@ -331,6 +351,22 @@ void geglu_tanh_backward(const Tensor& gate, const Tensor& up, const Tensor& dou
   geglu_bwd_kernel<<<lcx::cuda::grid_for(n - done, kThreads), kThreads, 0, stream>>>(
       at<const void>(gate, done), gate.dtype(), at<const void>(up, done), up.dtype(), at<const void>(dout, done),
       dout.dtype(), at<void>(dgate, done), dgate.dtype(), at<void>(dup, done), dup.dtype(), n - done);
+  LCX_CUDA_LAUNCH_CHECK();
+}
+
+void swiglu_clamped_forward(const Tensor& gate_up, float alpha, float limit, Tensor& out) {
+  const int64_t n = out.numel();
+  if (n == 0) return;
+  swiglu_clamped_fwd_kernel<<<lcx::cuda::grid_for(n, kThreads), kThreads, 0, lcx::cuda::current_stream()>>>(
+      gate_up.data(), gate_up.dtype(), out.data(), out.dtype(), alpha, limit, n);
+  LCX_CUDA_LAUNCH_CHECK();
+}
+
+void swiglu_clamped_backward(const Tensor& gate_up, const Tensor& dout, float alpha, float limit, Tensor& dgate_up) {
+  const int64_t n = dout.numel();
+  if (n == 0) return;
+  swiglu_clamped_bwd_kernel<<<lcx::cuda::grid_for(n, kThreads), kThreads, 0, lcx::cuda::current_stream()>>>(
+      gate_up.data(), gate_up.dtype(), dout.data(), dout.dtype(), dgate_up.data(), dgate_up.dtype(), alpha, limit, n);
   LCX_CUDA_LAUNCH_CHECK();
 }
 
