@@ -193,7 +193,8 @@ class DecoderModel final : public Model {
     double std = 0.02;
     ModelConfig cfg = family_.from_spec(spec, &std);
     build(cfg, device, dtype);
-    // transformers' _init_weights: Linear and Embedding ~ N(0, initializer_range), RMSNorm = 1.
+    // transformers' _init_weights: Linear and Embedding ~ N(0, initializer_range), RMSNorm = 1,
+    // attention sinks ~ N(0, initializer_range) (GptOssAttention).
     for (auto& p : params_) {
       // An expert-parallel rank's experts are its rows of the whole layer's draw, so every ep
       // starts from the weights one rank would (the draw is per parameter, not per expert).
@@ -201,7 +202,7 @@ class DecoderModel final : public Model {
       const bool slice = is_experts(p.name) && ep_ > 1;
       if (slice) shape[0] = cfg.num_experts;
       Tensor host = Tensor::empty(shape, dtype, Device::cpu(), MemoryCategory::weights);
-      if (p.value.dim() == 1)
+      if (p.value.dim() == 1 && !p.name.ends_with(".self_attn.sinks"))
         fill_ones(host);
       else
         fill_normal(host, init_key(seed, p.name), std);

@@ -62,6 +62,7 @@ class SingleRank final : public Parallelism {
     p.scale = a.scale;
     p.causal = a.causal;
     p.documents = a.documents;
+    p.window = a.window;
     return p;
   }
 };
