@@ -223,7 +223,7 @@ class DecoderModel final : public Model {
     ModelConfig cfg = family_.from_spec(spec, &std);
     build(cfg, device, dtype);
     // transformers' _init_weights: Linear and Embedding ~ N(0, initializer_range), RMSNorm = 1
-    // (its weight 0 where read as 1 + w).
+    // (its weight 0 where read as 1 + w), attention sinks ~ N(0, initializer_range) (GptOssAttention).
     for (auto& p : params_) {
       // An expert-parallel rank's experts are its rows of the whole layer's draw, so every ep
       // starts from the weights one rank would (the draw is per parameter, not per expert).
@@ -231,9 +231,10 @@ class DecoderModel final : public Model {
       const bool slice = is_experts(p.name) && ep_ > 1;
       if (slice) shape[0] = cfg.num_experts;
       Tensor host = Tensor::empty(shape, dtype, Device::cpu(), MemoryCategory::weights);
-      if (p.value.dim() == 1 && family_.unit_offset_norms)
+      const bool sinks = p.name.ends_with(".self_attn.sinks");
+      if (p.value.dim() == 1 && !sinks && family_.unit_offset_norms)
         host.zero();  // (1 + w) norms start at w = 0, as transformers' Gemma3RMSNorm
-      else if (p.value.dim() == 1)
+      else if (p.value.dim() == 1 && !sinks)
         fill_ones(host);
       else
         fill_normal(host, init_key(seed, p.name), std);
@@ -592,7 +593,7 @@ class DecoderModel final : public Model {
     plan_dense_decoder(in, plan,
                        {resolve_groups(in.model.num_kv_heads, in.cp * in.sp == 1, in.recipe.get(table_, kHeadGroups, 0)),
                         keep_outputs_, keeps_attention(in.recipe)},
-                       tile, {family_.qk_norm, family_.qkv_bias, family_.sandwich_norms});
+                       tile, {family_.qk_norm, family_.qkv_bias, family_.sinks, family_.sandwich_norms});
   }
 
   void final_norm_forward(const Tensor& x, Tensor& y) override {
@@ -611,7 +612,7 @@ class DecoderModel final : public Model {
   }
 
   double step_flops(int64_t tokens, std::span<const int64_t> document_bounds) const override {
-    return decoder_step_flops(cfg_, {family_.qk_norm, family_.qkv_bias, family_.sandwich_norms}, tokens, document_bounds);
+    return decoder_step_flops(cfg_, {family_.qk_norm, family_.qkv_bias, family_.sinks, family_.sandwich_norms}, tokens, document_bounds);
   }
 
   Tensor head_weight() override { return W(head_); }

@@ -6,7 +6,9 @@
 
 #include <algorithm>
 #include <string>
+#include <vector>
 
+#include "lcx/attention_cost.h"
 #include "lcx/error.h"
 
 namespace lcx::decoder {
@@ -14,14 +16,15 @@ namespace {
 
 struct DecoderDims {
   int64_t V, H, I, L, Hq, Hkv, d, qd, kvd;
-  int64_t extra;  // a layer's q/k norms, q/k/v biases and sandwich norms
+  int64_t extra;  // a layer's q/k norms, q/k/v biases, sinks and sandwich norms
 };
 
 DecoderDims shape_of(const ModelConfig& c, const DecoderLayerShape& layer) {
   const int64_t d = c.head_dim > 0 ? c.head_dim : c.hidden_size / c.num_heads;
   const int64_t qd = c.num_heads * d, kvd = c.num_kv_heads * d;
   return {c.vocab_size, c.hidden_size, c.intermediate_size, c.num_layers, c.num_heads, c.num_kv_heads, d, qd, kvd,
-          (layer.qk_norm ? 2 * d : 0) + (layer.qkv_bias ? qd + 2 * kvd : 0) + (layer.sandwich_norms ? 2 * c.hidden_size : 0)};
+          (layer.qk_norm ? 2 * d : 0) + (layer.qkv_bias ? qd + 2 * kvd : 0) + (layer.sinks ? c.num_heads : 0) +
+              (layer.sandwich_norms ? 2 * c.hidden_size : 0)};
 }
 
 // One decoder layer's parameters on a rank: input and post-attention norms, q/k/v/o projections,
@@ -46,7 +49,7 @@ int64_t all_layers(const ModelConfig& c, const DecoderDims& s, int64_t ep,
 }
 // Whether layer l attends within ModelConfig::sliding_window (a family computing sliding layers;
 // the others refuse them before any plan).
-bool windowed(const ModelConfig& c, int64_t l) {
+bool sliding_layer(const ModelConfig& c, int64_t l) {
   return c.sliding_window > 0 && static_cast<size_t>(l) < c.layer_types.size() &&
          c.layer_types[static_cast<size_t>(l)] == "sliding_attention";
 }
@@ -217,15 +220,16 @@ void plan_dense_decoder(const PlanInputs& in, MemoryPlan& plan, const DenseDecod
     if (layer.sandwich_norms) recompute += 2 * t * mlp;  // the MLP's output again, for its norm's backward
     if (from_forward || G > 1) recompute += 2 * t * qkv;
     const int attention_forwards = from_forward ? 1 : (G > 1 && !keep ? 3 : 2);
-    // The (query, key) pairs of all the layers: causal, half of T x seq per head; a sliding layer's
-    // W keys a query, less the first W positions' shortfall (document starts taken as none).
-    double keys = 0;
+    // Attention pairs over the layers: causal, half of T x seq per head; a sliding-window layer's
+    // rows see at most W keys (causal_pairs), about T x W. `pairs` is the layers' mean.
+    double layer_pairs = 0;
     for (int64_t l = 0; l < s.L; ++l) {
-      const double W = static_cast<double>(c.sliding_window);
-      keys += windowed(c, l) && W < seq ? W - W * (W - 1) / (2 * seq) : seq / 2;
+      const bool windowed = static_cast<size_t>(l) < c.layer_types.size() &&
+                            c.layer_types[static_cast<size_t>(l)] == "sliding_attention" && c.sliding_window > 0;
+      layer_pairs += windowed ? t * static_cast<double>(causal_pairs(in.seq_len, c.sliding_window)) / seq : t * seq / 2;
     }
-    const double all_pairs = t * keys * static_cast<double>(s.Hq);
-    const double pairs = all_pairs / static_cast<double>(s.L);  // a layer's, on average
+    layer_pairs *= static_cast<double>(s.Hq);
+    const double pairs = layer_pairs / static_cast<double>(s.L);
     StepWork& w = plan.work;
     // The attention half's projections run per head group: q/k/v in the forward, the recompute
     // and the backward (two per forward GEMM), o_proj likewise when there are groups.
@@ -233,8 +237,8 @@ void plan_dense_decoder(const PlanInputs& in, MemoryPlan& plan, const DenseDecod
     w.gemm_flops += static_cast<double>(s.L) * (fwd + recompute + backward * fwd) - static_cast<double>(s.L) * grouped;
     w.grouped_gemm_flops += static_cast<double>(s.L) * grouped;
     w.head_groups = G;
-    w.attention_forward_flops += attention_forwards * all_pairs * 4 * static_cast<double>(s.d);
-    w.attention_backward_flops += 2.5 * all_pairs * 4 * static_cast<double>(s.d);
+    w.attention_forward_flops += attention_forwards * layer_pairs * 4 * static_cast<double>(s.d);
+    w.attention_backward_flops += 2.5 * layer_pairs * 4 * static_cast<double>(s.d);
     // Elementwise passes over [T,I] (SwiGLU forward, recompute, backward) and [T,H] (norms, adds,
     // rotary); the optimizer adds its own.
     w.memory_bytes += static_cast<double>(s.L) * t * static_cast<double>(ab) * (11.0 * width + 24.0 * s.H);
@@ -302,7 +306,7 @@ void plan_dense_decoder(const PlanInputs& in, MemoryPlan& plan, const DenseDecod
   // The sliding layers' own rotary tables (ModelConfig::sliding_rope_parameters_json), built once
   // per shard and held through the step beside the PositionalEncoding slot's.
   bool any_windowed = false;
-  for (int64_t l = 0; l < s.L; ++l) any_windowed = any_windowed || windowed(in.model, l);
+  for (int64_t l = 0; l < s.L; ++l) any_windowed = any_windowed || sliding_layer(in.model, l);
   if (any_windowed && !in.model.sliding_rope_parameters_json.empty())
     plan.add("sliding_rope_tables", "sliding layers' rope cos/sin [T,d/2] fp32", PlanCategory::transient,
              2 * T * (s.d / 2) * 4, plan_phase::step);
@@ -322,19 +326,23 @@ double decoder_step_flops(const ModelConfig& c, const DecoderLayerShape& layer, 
     weights += attention + (c.sparse(l) ? f(c.num_experts * s.H + 3 * c.num_experts_per_tok * c.moe_intermediate_size * s.H)
                                         : f(3 * s.I * s.H));
   const double T = f(tokens);
-  // A sliding layer's band counted as the causal square is: twice its (query, key) pairs, n W -
-  // W (W - 1) / 2 for a document of n >= W tokens, the whole square below that.
-  const double W = f(c.sliding_window);
-  auto square = [&](double n, bool band) { return band && n > W ? 2 * (n * W - W * (W - 1) / 2) : n * n; };
-  auto squares = [&](bool band) {
-    if (document_bounds.empty()) return square(T, band);
-    double sum = 0;
-    for (size_t i = 1; i < document_bounds.size(); ++i) sum += square(f(document_bounds[i] - document_bounds[i - 1]), band);
-    return sum;
-  };
-  double attention_squares = 0;
-  for (int64_t l = 0; l < s.L; ++l) attention_squares += squares(windowed(c, l));
-  return 6 * weights * T + 6 * f(s.qd) * attention_squares;
+  // Per layer, the documents' squares (T x T, or per document): twice the causal pairs. A sliding
+  // window's layer counts twice its pairs likewise, about 2 T x W.
+  std::vector<int64_t> lengths;
+  if (document_bounds.empty()) lengths.push_back(tokens);
+  for (size_t i = 1; i < document_bounds.size(); ++i) lengths.push_back(document_bounds[i] - document_bounds[i - 1]);
+  double squares = 0, windowed = 0;
+  for (int64_t n : lengths) {
+    squares += f(n) * f(n);
+    windowed += 2 * f(causal_pairs(n, c.sliding_window));
+  }
+  double attention_flops = 0;
+  for (int64_t l = 0; l < s.L; ++l) {
+    const bool sliding = static_cast<size_t>(l) < c.layer_types.size() &&
+                         c.layer_types[static_cast<size_t>(l)] == "sliding_attention" && c.sliding_window > 0;
+    attention_flops += 6 * f(s.qd) * (sliding ? windowed : squares);
+  }
+  return 6 * weights * T + attention_flops;
 }
 
 }  // namespace lcx::decoder

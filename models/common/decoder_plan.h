@@ -24,6 +24,7 @@ struct DenseDecoderAttention {
 struct DecoderLayerShape {
   bool qk_norm = true;    // per-head q_norm and k_norm [head_dim] each (Qwen3)
   bool qkv_bias = false;  // biases of q, k and v [Hq*d], [Hkv*d], [Hkv*d] (Qwen2)
+  bool sinks = false;     // attention sinks [Hq] (GPT-OSS)
   // Gemma's four norms a layer: two [H] more, the attention's output held before its norm, and the
   // MLP's output recomputed in the backward for its norm's.
   bool sandwich_norms = false;
@@ -37,7 +38,7 @@ void plan_dense_decoder(const PlanInputs& in, MemoryPlan& plan, const DenseDecod
 // head), plus per layer 6 * heads * head_dim per (query, key) pair: the QK^T and PV products
 // (2 d FLOPs each per pair and head) over the causal square counted whole, x3 for the backward.
 // With document bounds only each document's own square counts; a sliding_attention layer counts
-// its band (twice its pairs, n W - W (W - 1) / 2 a document) in place of the square.
+// twice its window's pairs (lcx/attention_cost.h causal_pairs) in place of the square.
 double decoder_step_flops(const ModelConfig& c, const DecoderLayerShape& layer, int64_t tokens,
                           std::span<const int64_t> document_bounds);
 

@@ -7,6 +7,7 @@
 
 #include "config/manifest.h"
 #include "kernels/cudnn_sizes.h"
+#include "lcx/attention_cost.h"
 #include "lcx/defaults.h"
 #include "plan/plan.h"
 #include "support/test_util.h"
@@ -280,6 +281,21 @@ TEST(PlanArithmetic, CheckpointEveryKLayersSavesInputsAndCostsAForward) {
 }
 
 // train.rebuild_each (k >= 3): one rebuilt input beside the backward instead of k - 1, two beside a
+// A sliding_attention layer's attention work is its window's pairs (about T x W per head), not
+// the causal half of T x seq: half the layers windowed at W = 128 take the other half's time.
+TEST(PlanArithmetic, WindowedLayersCountTheirWindowsPairs) {
+  PlanInputs in = inputs("qwen3-4b", 131072);
+  const MemoryPlan full = build_plan(in, qwen3_slots());
+  for (size_t l = 0; l < in.model.layer_types.size(); l += 2) in.model.layer_types[l] = "sliding_attention";
+  in.model.sliding_window = 128;
+  const MemoryPlan half = build_plan(in, qwen3_slots());
+  const double seq = 131072, window_row = static_cast<double>(causal_pairs(131072, 128)) / seq;
+  const double want = (window_row + seq / 2) / (2 * (seq / 2));
+  EXPECT_NEAR(half.work.attention_forward_flops / full.work.attention_forward_flops, want, 1e-12);
+  EXPECT_NEAR(half.work.attention_backward_flops / full.work.attention_backward_flops, want, 1e-12);
+  EXPECT_LT(want, 0.51);
+}
+
 // rebuild's forward; n(n-1)/2 forwards a segment of n instead of n - 1. The search takes it only
 // where holding the segment does not fit; [train] rebuild_each set is the one value declared.
 TEST(PlanArithmetic, RebuildEachHoldsOneInputAndCostsForwards) {

@@ -218,9 +218,13 @@ struct StepPlugins {
   };
   std::string model_spec = kTinyQwen3;
   std::string model_table;  // the [qwen3] table, e.g. attention_head_groups = 2
+  // Another model than the qwen3 module, made and filled (a family of the decoder library made in
+  // the test).
+  std::function<std::shared_ptr<Model>(Device, DType)> model;
 };
 
 inline std::shared_ptr<Model> tiny_model(Device device, DType dtype, const StepPlugins& with = {}) {
+  if (with.model) return with.model(device, dtype);
   auto m = make_qwen3(with.model_table);
   m->init_random(with.model_spec, 11, device, dtype);
   return m;

@@ -41,6 +41,20 @@ TEST_P(CpRingAttentionGpu, Bf16PackedDocuments) {
                               kBf16Tol);
 }
 
+// Sliding-window layers: each chunk's halo fetched, one windowed call per chunk over [halo; chunk]
+// at their positions (queries after the first key), head_dim 64, 128 and 256; with documents.
+TEST_P(CpRingAttentionGpu, Bf16Window) {
+  LCX_SKIP_WITHOUT_GPU();
+  const int cp = GetParam();
+  const int64_t L = 2 * cp * 96;
+  for (int64_t d : {64, 128, 256})
+    for (int64_t w : {32, 130}) {
+      test::expect_ring_attention({cp, 96, 8, 2, d, true, {}, {}, w}, Device::cuda(), DType::bf16, kBf16Tol);
+      test::expect_ring_attention({cp, 96, 8, 2, d, true, {0, 1, 50, 97, 300, L - 7, L}, {}, w}, Device::cuda(),
+                                  DType::bf16, kBf16Tol);
+    }
+}
+
 // The default layout with its chunks' bounds moved: pieces of unequal rows through the rounds.
 TEST(CpRingAttentionGpuMovedBounds, Bf16PackedDocuments) {
   LCX_SKIP_WITHOUT_GPU();

@@ -18,6 +18,13 @@ struct AttentionBytes {
 };
 AttentionBytes attention_call_bytes(int64_t hq, int64_t T, int64_t d, bool masked = false);
 
+// The (query, key) pairs causal attention over n rows computes: n (n + 1) / 2, or under a sliding
+// window of W keys (window > 0) sum over rows of min(W, row + 1): about n x W once n passes W.
+inline int64_t causal_pairs(int64_t n, int64_t window = 0) {
+  if (window <= 0 || n <= window) return n * (n + 1) / 2;
+  return window * (window + 1) / 2 + (n - window) * window;
+}
+
 // The query rows the backend's attention works on at a time: a call's query_tiles count them.
 inline constexpr int64_t kAttentionTileRows = 128;
 
@@ -32,7 +39,9 @@ struct AttentionWork {
 };
 // Document i has q_lengths[i] query rows and k_lengths[i] key rows; same_rows: its queries and
 // keys are the same rows (causal within each document; k_lengths is then not read), else every
-// query attends to every key of its document. Documents without rows are left out.
-AttentionWork attention_work(std::span<const int64_t> q_lengths, std::span<const int64_t> k_lengths, bool same_rows);
+// query attends to every key of its document. Documents without rows are left out. window > 0: a
+// sliding window of W keys (same_rows: causal_pairs; else each query sees at most W keys).
+AttentionWork attention_work(std::span<const int64_t> q_lengths, std::span<const int64_t> k_lengths, bool same_rows,
+                             int64_t window = 0);
 
 }  // namespace lcx

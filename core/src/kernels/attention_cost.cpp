@@ -17,10 +17,11 @@ AttentionBytes attention_call_bytes(int64_t hq, int64_t T, int64_t d, bool maske
   return {kCudnnForwardWorkspace, cudnn_dq_accumulator_bytes(hq, T, d) + cudnn_backward_workspace_bytes(hq, T, d), 0};
 }
 
-AttentionWork attention_work(std::span<const int64_t> q_lengths, std::span<const int64_t> k_lengths, bool same_rows) {
+AttentionWork attention_work(std::span<const int64_t> q_lengths, std::span<const int64_t> k_lengths, bool same_rows,
+                             int64_t window) {
   const ops::PaddedWork w = ops::padded_work(std::vector<int64_t>(q_lengths.begin(), q_lengths.end()),
                                              std::vector<int64_t>(k_lengths.begin(), k_lengths.end()), same_rows,
-                                             ops::LengthClasses::octave);
+                                             ops::LengthClasses::octave, window);
   return {w.pairs, w.calls, w.call_octaves, w.query_tiles};
 }
 

@@ -32,6 +32,8 @@
 #include <utility>
 #include <vector>
 
+#include "lcx/attention_cost.h"
+
 namespace lcx::ops {
 
 inline constexpr int64_t kMinPaddedRows = 128;
@@ -153,8 +155,9 @@ inline int64_t call_octaves(int64_t key_rows) {
                     static_cast<int64_t>(std::bit_width(static_cast<uint64_t>(kTailFreeKeyRows - 1)));
   return std::max<int64_t>(0, o);
 }
+// window > 0: a sliding window of W keys, whose kernels skip the key tiles outside it.
 inline PaddedWork padded_work(const std::vector<int64_t>& q_lengths, const std::vector<int64_t>& k_lengths,
-                              bool same_rows, LengthClasses classes = LengthClasses::fine) {
+                              bool same_rows, LengthClasses classes = LengthClasses::fine, int64_t window = 0) {
   PaddedWork w;
   auto rows = [&](size_t i, const std::vector<int64_t>& lengths) { return computed_rows(lengths[i], classes); };
   auto tiles = [](int64_t computed) { return (computed + kMinPaddedRows - 1) / kMinPaddedRows; };
@@ -162,7 +165,7 @@ inline PaddedWork padded_work(const std::vector<int64_t>& q_lengths, const std::
     for (const DocumentBatch& b : document_batches(q_lengths, classes)) {
       for (size_t i : b.docs) {
         const int64_t q = rows(i, q_lengths);
-        w.pairs += q * (q + 1) / 2;
+        w.pairs += causal_pairs(q, window);
         w.query_tiles += tiles(q);
       }
       ++w.calls;
@@ -172,7 +175,7 @@ inline PaddedWork padded_work(const std::vector<int64_t>& q_lengths, const std::
     for (const DocumentPairBatch& b : document_pair_batches(q_lengths, k_lengths, classes)) {
       for (size_t i : b.docs) {
         const int64_t q = rows(i, q_lengths);
-        w.pairs += q * rows(i, k_lengths);
+        w.pairs += q * (window > 0 ? std::min(window, rows(i, k_lengths)) : rows(i, k_lengths));
         w.query_tiles += tiles(q);
       }
       ++w.calls;
