@@ -49,7 +49,7 @@ int64_t all_layers(const ModelConfig& c, const DecoderDims& s, int64_t ep,
 }
 // Whether layer l attends within ModelConfig::sliding_window (a family computing sliding layers;
 // the others refuse them before any plan).
-bool windowed(const ModelConfig& c, int64_t l) {
+bool sliding_layer(const ModelConfig& c, int64_t l) {
   return c.sliding_window > 0 && static_cast<size_t>(l) < c.layer_types.size() &&
          c.layer_types[static_cast<size_t>(l)] == "sliding_attention";
 }
@@ -308,7 +308,7 @@ void plan_dense_decoder(const PlanInputs& in, MemoryPlan& plan, const DenseDecod
   // The sliding layers' own rotary tables (ModelConfig::sliding_rope_parameters_json), built once
   // per shard and held through the step beside the PositionalEncoding slot's.
   bool any_windowed = false;
-  for (int64_t l = 0; l < s.L; ++l) any_windowed = any_windowed || windowed(in.model, l);
+  for (int64_t l = 0; l < s.L; ++l) any_windowed = any_windowed || sliding_layer(in.model, l);
   if (any_windowed && !in.model.sliding_rope_parameters_json.empty())
     plan.add("sliding_rope_tables", "sliding layers' rope cos/sin [T,d/2] fp32", PlanCategory::transient,
              2 * T * (s.d / 2) * 4, plan_phase::step);

@@ -541,7 +541,7 @@ TEST(Gemma3Presets, HaveThePublicShapes) {
 }
 
 // The model FLOPs (MFU's) count a sliding layer's band, twice its pairs, in place of the causal
-// square: n W - W (W - 1) / 2 pairs a document of n >= W tokens, the square below that.
+// square: n W - W (W - 1) / 2 pairs a document of n >= W tokens, n (n + 1) / 2 below that.
 TEST(Gemma3Flops, SlidingLayersCountTheirBand) {
   const std::string shape = R"({"hidden_size":32,"intermediate_size":48,"num_hidden_layers":3,"num_attention_heads":4,
     "num_key_value_heads":2,"head_dim":8,"vocab_size":64,"layer_types":["sliding_attention","full_attention","sliding_attention"],
@@ -551,11 +551,11 @@ TEST(Gemma3Flops, SlidingLayersCountTheirBand) {
   wide->init_random(shape + "4096}", 1, Device::cpu(), DType::f32);
   const double qd = 4 * 8, T = 1000, W = 16;
   const double band = 2 * (T * W - W * (W - 1) / 2);
-  EXPECT_NEAR(wide->step_flops(1000, {}) - windowed->step_flops(1000, {}), 6 * qd * 2 * (T * T - band), 1e-6 * T * T);
+  EXPECT_NEAR(wide->step_flops(1000, {}) - windowed->step_flops(1000, {}), 6 * qd * 2 * (T * (T + 1) - band), 1e-6 * T * T);
   // Documents: one of 10 tokens (below the window: its square) and one of 990.
   const std::vector<int64_t> docs = {0, 10, 1000};
-  const double doc_band = 100 + 2 * (990 * W - W * (W - 1) / 2);
-  EXPECT_NEAR(wide->step_flops(1000, docs) - windowed->step_flops(1000, docs), 6 * qd * 2 * (100 + 990.0 * 990 - doc_band),
+  const double doc_band = 2 * (990 * W - W * (W - 1) / 2);
+  EXPECT_NEAR(wide->step_flops(1000, docs) - windowed->step_flops(1000, docs), 6 * qd * 2 * (990.0 * 991 - doc_band),
               1e-6 * T * T);
 }
 
