@@ -52,7 +52,8 @@ void mxfp4_dequantize_expert(const uint8_t* blocks, const uint8_t* scales, int64
     }
 }
 
-void mxfp4_load_experts(const safetensors::Checkpoint& ck, const std::string& name, int64_t first, Tensor& dst) {
+void mxfp4_load_experts(const safetensors::Checkpoint& ck, const std::string& name, int64_t first, Tensor& dst,
+                        bool check_finite) {
   LCX_CHECK(dst.dim() == 3, "mxfp4_load_experts: ", name, " must be [experts, in, out]");
   const int64_t El = dst.size(0), in = dst.size(1), out = dst.size(2);
   if (in % 32 != 0)
@@ -72,6 +73,12 @@ void mxfp4_load_experts(const safetensors::Checkpoint& ck, const std::string& na
   for (int64_t e = 0; e < El; ++e) {
     const int64_t x = first + e;
     mxfp4_dequantize_expert(blocks + x * out * (in / 32) * 16, scales + x * out * (in / 32), in, out, values.data());
+    if (check_finite)
+      for (size_t i = 0; i < values.size(); ++i)
+        if (!std::isfinite(values[i]))
+          throw Error(str(ck.file_of(scales_name), ": expert ", x, " of '", name, "' dequantizes to ", values[i],
+                          " at [", static_cast<int64_t>(i) / out, ", ", static_cast<int64_t>(i) % out, "] (an e8m0 scale of 255)"),
+                      "check_finite", "use a release without such scales, or check_finite = false to load it anyway");
     Tensor row = dst.rows(e, e + 1);
     row.copy_from(Tensor::from_floats(values, {1, in, out}, dst.dtype(), Device::cpu()));
   }

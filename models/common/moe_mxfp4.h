@@ -21,7 +21,9 @@ namespace lcx::decoder {
 void mxfp4_dequantize_expert(const uint8_t* blocks, const uint8_t* scales, int64_t in, int64_t out, float* out_values);
 
 // Fills dst [El, in, out] (any float dtype, any device) with experts first .. first + El of the
-// checkpoint's `<name>_blocks` and `<name>_scales`, checking their dtypes and shapes by name.
-void mxfp4_load_experts(const safetensors::Checkpoint& ck, const std::string& name, int64_t first, Tensor& dst);
+// checkpoint's `<name>_blocks` and `<name>_scales`, checking their dtypes and shapes by name; with
+// check_finite, a value past fp32 (a scale of 255: 2^128) is refused naming the expert and element.
+void mxfp4_load_experts(const safetensors::Checkpoint& ck, const std::string& name, int64_t first, Tensor& dst,
+                        bool check_finite = true);
 
 }  // namespace lcx::decoder
