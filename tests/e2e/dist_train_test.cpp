@@ -20,6 +20,11 @@ namespace {
 
 struct DistTrain : ::testing::Test {
   std::filesystem::path dir = test::temp_dir("dist");
+  // Each test's runs write checkpoints of several hundred MB: gone with the test.
+  void TearDown() override {
+    std::error_code ec;
+    std::filesystem::remove_all(dir, ec);
+  }
   void SetUp() override {
     if (!std::filesystem::exists(test::qwen3_tokenizer())) GTEST_SKIP() << "data/qwen3/tokenizer.json absent: run scripts/fetch_data.sh";
     std::ofstream out(dir / "data.tokens", std::ios::binary);
