@@ -53,6 +53,12 @@ bool sliding_layer(const ModelConfig& c, int64_t l) {
   return c.sliding_window > 0 && static_cast<size_t>(l) < c.layer_types.size() &&
          c.layer_types[static_cast<size_t>(l)] == "sliding_attention";
 }
+// Whether layer l attends within ModelConfig::sliding_window (a family computing sliding layers;
+// the others refuse them before any plan).
+bool windowed(const ModelConfig& c, int64_t l) {
+  return c.sliding_window > 0 && static_cast<size_t>(l) < c.layer_types.size() &&
+         c.layer_types[static_cast<size_t>(l)] == "sliding_attention";
+}
 int64_t largest_layer(const ModelConfig& c, const DecoderDims& s, int64_t ep) {
   int64_t n = 0;
   for (int64_t l = 0; l < s.L; ++l) n = std::max(n, layer_params(c, s, ep, l));
