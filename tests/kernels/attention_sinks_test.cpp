@@ -86,7 +86,9 @@ TEST(AttentionSinksCpu, BackwardMatchesFiniteDifferences) {
   // The sinks' gradient accumulates onto what dsinks held (0.25); heads outside the group keep it.
   std::vector<float> ds = dsinks.to_floats();
   for (int64_t h = 0; h < kSinks; ++h) {
-    if (h < kHead0 || h >= kHead0 + Hq) EXPECT_EQ(ds[static_cast<size_t>(h)], 0.25f) << "sink " << h;
+    if (h < kHead0 || h >= kHead0 + Hq) {
+      EXPECT_EQ(ds[static_cast<size_t>(h)], 0.25f) << "sink " << h;
+    }
     ds[static_cast<size_t>(h)] -= 0.25f;
   }
   EXPECT_GT(test::max_abs(ds), 1e-3f);

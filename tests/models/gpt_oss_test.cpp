@@ -528,7 +528,7 @@ TEST(GptOssParallel, SequenceRanksEqualOneRank) {
     auto one = make();
     test::DefaultSlots s(*one, yarn());
     const StepResult want = test::mean_loss_step(s, make_single_rank()->shard(seq, 0), valid);
-    for (const auto [cp, sp] : {std::pair{2, 1}, std::pair{1, 2}, std::pair{2, 2}}) {
+    for (const auto& [cp, sp] : {std::pair{2, 1}, std::pair{1, 2}, std::pair{2, 2}}) {
       const std::string what = str(packed ? "packed" : "one document", " on cp ", cp, " x sp ", sp);
       const int n = cp * sp;
       std::vector<test::Slots> ranks(static_cast<size_t>(n));
