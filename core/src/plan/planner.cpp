@@ -330,10 +330,18 @@ bool runs_default(const PlanSlots& s, uint32_t slot) {
 std::vector<PlanKnob> plan_knobs(const PlanInputs& in, const PlanSlots& slots, const PluginLoader* loader,
                                  int64_t gpu_bytes, int64_t unit) {
   std::vector<PlanKnob> knobs;
+  // False, and nothing offered, where a provider refuses this run's settings (host_adamw under
+  // master_dtype bf16): it is no fix.
   auto add = [&](std::string action, std::vector<std::string> load, std::vector<std::pair<std::string, std::string>> set,
                  const PlanInputs& i, const PlanSlots& s) {
-    const int64_t peak = peak_of(i, s);
+    int64_t peak = 0;
+    try {
+      peak = peak_of(i, s);
+    } catch (const Error&) {
+      return false;
+    }
     knobs.push_back({std::move(action), std::move(load), std::move(set), peak, peak <= gpu_bytes});
+    return true;
   };
   const std::vector<Offer> offers = installed_offers(loader);
   // Each provider that would replace a core default, alone, then all of them together.
@@ -344,7 +352,7 @@ std::vector<PlanKnob> plan_knobs(const PlanInputs& in, const PlanSlots& slots, c
     if (o.slot == LCX_SLOT_PARALLELISM || !runs_default(slots, o.slot)) continue;
     PlanSlots s = slots;
     if (!place(s, o)) continue;
-    add(str("load ", o.name, " (", o.why, ")"), {o.name}, {}, in, s);
+    if (!add(str("load ", o.name, " (", o.why, ")"), {o.name}, {}, in, s)) continue;
     // An adapter changes what trains, not only where it lives: offered on its own, never folded
     // into the other providers' fixes.
     if (o.slot == LCX_SLOT_ADAPTER) {
