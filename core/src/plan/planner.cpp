@@ -330,8 +330,8 @@ bool runs_default(const PlanSlots& s, uint32_t slot) {
 std::vector<PlanKnob> plan_knobs(const PlanInputs& in, const PlanSlots& slots, const PluginLoader* loader,
                                  int64_t gpu_bytes, int64_t unit) {
   std::vector<PlanKnob> knobs;
-  // False, and nothing offered, where a provider refuses this run's settings (host_adamw under
-  // master_dtype bf16): it is no fix.
+  // False, and nothing offered, where a provider refuses this run's settings (an optimizer that
+  // needs an fp32 master under master_dtype bf16): it is no fix.
   auto add = [&](std::string action, std::vector<std::string> load, std::vector<std::pair<std::string, std::string>> set,
                  const PlanInputs& i, const PlanSlots& s) {
     int64_t peak = 0;
