@@ -20,6 +20,7 @@
 #include "lcx/ops.h"
 #include "lcx/safetensors.h"
 #include "lcx/slots/adapter.h"
+#include "models/lora_merge_check.h"
 #include "plugins/sp_cp_cases.h"
 
 namespace lcx {
@@ -309,42 +310,7 @@ TEST(Gemma3Lora, EqualsTheMergedModelWithTheBaseFrozen) {
     ASSERT_TRUE(fs::exists(dir / "expected.safetensors")) << dir;
     safetensors::Checkpoint expected = safetensors::Checkpoint::open((dir / "expected.safetensors").string());
     Shard shard = test::shard_from_labels(ints(expected.load("input_ids", DType::i64)), ints(expected.load("labels", DType::i64)));
-    const int64_t valid = test::count_valid(shard);
-    auto adapted = load(dir);
-    auto lora = test::make_plugin<Adapter>("lora", "r = 4\nalpha = 8\ntarget_modules = \"all-linear\"");
-    lora->attach(*adapted, AdapterContext{Device::cpu(), DType::f32, 5, ""});
-    uint32_t seed = 40;
-    for (Parameter* p : lora->parameters())
-      if (p->name.find("lora_B") != std::string::npos) test::fill_normal(p->value, seed++, 0.1f);
-    test::DefaultSlots sa(*adapted);
-    sa.slots.adapter = lora.get();
-    const StepResult ra = test::mean_loss_step(sa, shard, valid);
-    for (Parameter* p : adapted->parameters()) EXPECT_TRUE(p->frozen && !p->grad.defined()) << p->name;
-    for (Parameter* p : lora->parameters()) {
-      double sq = 0;
-      for (float g : p->grad.to_floats()) sq += static_cast<double>(g) * g;
-      EXPECT_GT(sq, 0) << p->name << " got no gradient";
-    }
-
-    auto merged = load(dir);
-    std::map<std::string, Parameter*> base;
-    for (Parameter* p : merged->parameters()) base[p->name] = p;
-    std::map<std::string, Parameter*> factors;
-    for (Parameter* p : lora->parameters()) factors[p->name] = p;
-    int merges = 0;
-    for (const auto& [fname, a] : factors) {
-      const size_t at = fname.find(".lora_A.weight");
-      if (at == std::string::npos) continue;
-      const std::string stem = fname.substr(0, at);
-      Parameter* b = factors.at(stem + ".lora_B.weight");
-      Parameter* w = base.at(stem + ".weight");
-      ops::matmul(b->value, false, a->value, false, w->value, 2.f, 1.f);  // W += (alpha / r) B A
-      ++merges;
-    }
-    EXPECT_EQ(merges, 7 * static_cast<int>(merged->config().num_layers));
-    test::DefaultSlots sm(*merged);
-    const StepResult rm = test::mean_loss_step(sm, shard, valid);
-    EXPECT_NEAR(ra.loss_sum, rm.loss_sum, 1e-5 * std::abs(rm.loss_sum)) << name;
+    test::expect_lora_equals_merged_model([&] { return load(dir); }, shard, name);
   }
 }
 
