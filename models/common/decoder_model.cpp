@@ -408,10 +408,16 @@ class DecoderModel final : public Model {
       mlp_backward(L, h2, dy, dx, ctx);
     }
     h2 = Tensor();
-    Tensor dx1 = act({T, cfg_.hidden_size}, x);
-    norm_backward(L.post_norm, x1, rstd2, dx, dx1);
-    ops::add(dx1, dy, dx1);  // the residual path
-    x1 = Tensor();
+    // dx1 = dy (the residual path) + the post-norm's backward of dh2, written over dy: the caller
+    // drops dy after this call (Model::layer_backward), so the attention's backward holds one
+    // [T,H] less.
+    Tensor dx1 = dy;
+    {
+      Tensor dn = act({T, cfg_.hidden_size}, x);
+      norm_backward(L.post_norm, x1, rstd2, dx, dn);
+      x1 = Tensor();
+      ops::add(dx1, dn, dx1);
+    }
     if (L.o_bias >= 0 && trains(L.o_bias)) {  // db_o += dx1^T 1
       Tensor gb = G(L.o_bias).view({cfg_.hidden_size, 1});
       ops::matmul(dx1, true, ones(T, dx1), false, gb, 1.f, 1.f);

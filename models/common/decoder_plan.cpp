@@ -181,12 +181,12 @@ void plan_dense_decoder(const PlanInputs& in, MemoryPlan& plan, const DenseDecod
     plan.add("mlp_backward_kept_outputs",
              "MLP backward: every group's attn out and LSE, kept for the attention backward", PlanCategory::transient,
              outputs, plan_phase::mlp_backward);
-  // Second moment: the attention backward of one group, beside dx1 and the recomputed h1 (dh1
-  // accumulates in the caller's dx): the group's recomputed tensors and dattn, dq, dk, dv; with
+  // Second moment: the attention backward of one group, beside the recomputed h1 (dx1 is written
+  // over the caller's dy, dh1 accumulates in the caller's dx): the group's recomputed tensors and dattn, dq, dk, dv; with
   // keep_outputs the group's q, k, v, normed q/k beside every group's kept output (the first
   // group's backward holds them all).
-  plan.add("attention_backward_residual", "attention backward: h1, dx1 [T,H], fp32 rstd", PlanCategory::transient,
-           T * (2 * s.H * ab + 4), plan_phase::backward);
+  plan.add("attention_backward_residual", "attention backward: h1 [T,H], fp32 rstd", PlanCategory::transient,
+           T * (s.H * ab + 4), plan_phase::backward);
   if (keep || from_forward) {
     if (keep)
       plan.add("attention_backward_kept_outputs",

@@ -452,7 +452,7 @@ TEST(PlanCli, HostMemoryIsABudgetCountedOverTheNodesRanks) {
 // Qwen3-4B at 1,048,576 tokens on one H200 (139 GiB) with 125 GB of host, the recipe of
 // docs/PERF.md (83.3 GiB on the GPU with every input offloaded). With every saved input in pinned
 // memory (offload.gpu_layers = 0, train.checkpoint_every = 1) no recipe fits the host (180 GiB of
-// inputs); left to the plan, the search keeps 12 inputs on the GPU; with 100 GB of host it saves
+// inputs); left to the plan, the search keeps 13 inputs on the GPU; with 100 GB of host it saves
 // every second layer's input. Those figures are unmasked attention's (attend_across_documents =
 // true); masked per document, cuDNN's batches read and write the documents in place (ragged
 // offsets), holding per padded row little beyond the unmasked call's accumulator and workspace,
@@ -476,7 +476,7 @@ TEST(PlanCli, HostBudgetMovesTheRecipeToPlacementAndDeeperRecompute) {
             std::string::npos)
       << all_out_run.output;
 
-  const Knobs placed{{"qwen3.keep_attention", "false"}, {"qwen3.attention_head_groups", "4"}, {"offload.gpu_layers", "12"}};
+  const Knobs placed{{"qwen3.keep_attention", "false"}, {"qwen3.attention_head_groups", "4"}, {"offload.gpu_layers", "13"}};
   auto chosen_run = run_command(plan);
   ASSERT_EQ(chosen_run.exit_code, 0) << chosen_run.output;
   const PlanOutput chosen = parse_plan(chosen_run.output);
@@ -499,19 +499,19 @@ TEST(PlanCli, HostBudgetMovesTheRecipeToPlacementAndDeeperRecompute) {
   EXPECT_EQ(value_of(deeper.recipe, "train.checkpoint_every"), "2") << deeper_run.output;
 }
 
-// Qwen3-8B at 1M on the same machine: with the offload's own prefetch window (3 inputs of 8 GiB)
+// Qwen3-8B at 1M on a GPU of 131 GiB (8 GiB below the H200's, where prefetching two inputs fits
+// with every second layer saved): with the offload's own prefetch window (3 inputs of 8 GiB)
 // nothing fits both budgets; the plan then tries loading nothing ahead (the window's bytes go to
-// saved inputs, each copy in is exposed and costed) and fits with every third layer saved: the
-// recipe an H200 rehearsal measured equal to this plan (docs/PERF.md). A prefetch key set wins: then
-// only rebuilding each input from its saved one (train.rebuild_each, a deeper and slower recompute)
-// fits beside the window.
+// saved inputs, each copy in is exposed and costed) and fits with every third layer saved. A
+// prefetch key set wins: then only rebuilding each input from its saved one (train.rebuild_each, a
+// deeper and slower recompute) fits beside the window.
 TEST(PlanCli, NothingLoadedAheadWhenTheWindowDoesNotFit) {
   const std::string dir = ::testing::TempDir() + "lcx-plan-8b-1m";
   std::filesystem::create_directories(dir);
   test::write_file(dir + "/plan.toml", "[model]\nmodule = \"qwen3\"\ninit = \"qwen3-8b\"\n[data]\nseq_len = 1048576\n"
                                        "[train]\nmaster_dtype = \"bf16\"\n"
                                        "[plugins]\nload = [\"loss_chunked\", \"offload\", \"tiled_mlp\"]\n");
-  const std::string plan = test::lcx_train() + " --plan --config " + dir + "/plan.toml --gpu-memory 139GiB --host-memory 120GiB";
+  const std::string plan = test::lcx_train() + " --plan --config " + dir + "/plan.toml --gpu-memory 131GiB --host-memory 120GiB";
   auto chosen_run = run_command(plan);
   ASSERT_EQ(chosen_run.exit_code, 0) << chosen_run.output;
   const PlanOutput chosen = parse_plan(chosen_run.output);

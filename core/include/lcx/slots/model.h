@@ -158,7 +158,9 @@ class Model : public Plugin {
   virtual void embed_forward(const Tensor& tokens, Tensor& x) = 0;  // x [T,H]
   virtual void embed_backward(const Tensor& tokens, const Tensor& dx) = 0;
   virtual void layer_forward(int layer, const Tensor& x, Tensor& y, StepContext& ctx) = 0;
-  // Recomputes the layer from x, then writes dx and accumulates the layer's parameter grads.
+  // Recomputes the layer from x, then writes dx and accumulates the layer's parameter grads. dy's
+  // memory is the model's to overwrite (the step drops it after), so a layer's backward need not
+  // hold the residual's gradient beside it.
   virtual void layer_backward(int layer, const Tensor& x, const Tensor& dy, Tensor& dx,
                               StepContext& ctx) = 0;
   virtual void final_norm_forward(const Tensor& x, Tensor& y) = 0;
