@@ -4,11 +4,12 @@
 #  (a) lcx-train --rehearse of the full-depth model at that length with the recipe the plan chooses
 #      (one step's exact allocations, GPU and pinned host, with the attention math cut): its
 #      measured peaks against the plan's (rehearsal.json);
-#  (b) one real step of the same model cut to 1 layer (init num_hidden_layers = 1) at that length,
+#  (b) one real step of the same model cut to CUT_LAYERS layers (default 1; 2 for a model whose
+#      layers alternate windowed and full attention, so the cut holds one of each) at that length,
 #      with the rehearsal's attention choices (keep_attention, head groups; other choices are its
 #      own plan's), traced (--profile, step 1): the layer's forward and backward from the trace;
 #  (c) the table: rehearsal peaks vs plan, the layer's time and the full step by arithmetic,
-#        full step = L x (layer forward + layer backward)                       [1-layer trace]
+#        full step = L / n x (cut's forward + backward)                        [n-layer trace]
 #                  + (1-layer step - layer forward - layer backward - its optimizer)
 #                                     [embedding, final norm, head + loss, host gaps: once per step]
 #                  + the full-depth optimizer                    [measured by the rehearsal, real]
@@ -33,6 +34,7 @@ load=$(printf '"%s",' $plugins)
 family() {
   case $1 in
     llama-*) module=llama tokenizer=data/llama3_1/tokenizer.json top=128000 ;;
+    gpt-oss-*) module=gpt_oss tokenizer=data/gptoss/tokenizer.json top=199998 ;;
     mistral-*) module=mistral tokenizer=data/llama2/tokenizer.json top=32000 ;;
     qwen2*) module=qwen2 tokenizer=data/qwen3/tokenizer.json top=151643 ;;
     *) module=qwen3 tokenizer=data/qwen3/tokenizer.json top=151643 ;;
@@ -91,7 +93,7 @@ for c in $cases; do
   one=$out/$model-$tokens/one-layer
   rm -rf "$full" "$one" && mkdir -p "$full" "$one"
   manifest "$full" "{\"preset\": \"$model\"}" "$tokens"
-  manifest "$one" "{\"preset\": \"$model\", \"num_hidden_layers\": 1}" "$tokens"
+  manifest "$one" "{\"preset\": \"$model\", \"num_hidden_layers\": ${CUT_LAYERS:-1}}" "$tokens"
   start=$(date +%s)
   timeout "$limit" "$build/bin/lcx-train" --config "$full/run.toml" --rehearse ${ARGS:-} >"$full/lcx.log" 2>&1
   echo "$c rehearsal: rc $? in $(($(date +%s) - start)) s"
@@ -141,14 +143,16 @@ for c in cases:
     try:
         m = step_rows(f"{base}/one-layer/out/metrics.jsonl")[0]
         span = layer_seconds(f"{base}/one-layer/out/trace-step1.json")
+        rest = m["step_s"] - span["forward"] - span["backward"] - m["time_optimizer_s"]
+        n = int(os.environ.get("CUT_LAYERS", "1"))  # the cut's layers: one layer's time is their mean
+        span = {p: s / n for p, s in span.items()}
         layer = span["forward"] + span["backward"]
-        rest = m["step_s"] - layer - m["time_optimizer_s"]
         # checkpoint_every = k: the backward runs the forward of each unsaved layer once more.
         k = max(1, r["recipe_choices"].get("train.checkpoint_every", 1))
         rebuilt = L - (L + k - 1) // k
         predicted = L * layer + rebuilt * span["forward"] + rest + r["optimizer_s"]
         again = f" + {rebuilt} x {span['forward']:.2f}" if rebuilt else ""
-        row += [f"{span['forward']:.2f} + {span['backward']:.2f} (1 layer of {L})", f"{rest:.2f}", f"{r['optimizer_s']:.2f}",
+        row += [f"{span['forward']:.2f} + {span['backward']:.2f} (a layer of {L}, mean of {n})", f"{rest:.2f}", f"{r['optimizer_s']:.2f}",
                 f"{L} x {layer:.2f}{again} + {rest:.2f} + {r['optimizer_s']:.2f} = {predicted:.1f}"]
     except (OSError, ValueError, IndexError, KeyError) as e:
         row += [f"1-layer step failed ({type(e).__name__}: {e})", "", "", ""]
