@@ -22,7 +22,7 @@ void parse_subcommand(const po::options_description& desc, int argc, char** argv
 CliOptions parse_cli(int argc, char** argv) {
   CliOptions o;
   po::options_description desc(
-      "lcx-train: long-context fine-tuning of Qwen3 models\n\n"
+      "lcx-train: long-context fine-tuning of Hugging Face decoder models (Qwen3, Llama, Mistral, Qwen2, Gemma 3, GPT-OSS)\n\n"
       "Usage: lcx-train --config run.toml [--set section.key=value]... [--disable NAME]...\n"
       "       lcx-train config [--markdown]   (every key: type, default, meaning)\n"
       "       lcx-train tokenize --tokenizer FILE (--text STRING | --file PATH) [--count]\n"
