@@ -231,20 +231,32 @@ class DecoderModel final : public Model {
 
   ModelConfig describe(const std::string& spec) const override {
     std::error_code ec;  // an init spec is JSON text, often longer than a path may be
-    if (std::filesystem::is_directory(spec, ec) || std::filesystem::path(spec).filename() == "config.json")
-      return family_.from_hf(HfConfig::load(spec));
-    return family_.from_spec(spec, nullptr);
+    ModelConfig c;
+    ExpertsLayout layout;
+    if (std::filesystem::is_directory(spec, ec) || std::filesystem::path(spec).filename() == "config.json") {
+      const HfConfig hc = HfConfig::load(spec);
+      c = family_.from_hf(hc);
+      if (family_.experts_layout) layout = family_.experts_layout(hc);
+    } else {
+      c = family_.from_spec(spec, nullptr);
+      if (family_.experts_layout) layout = spec_layout(spec);
+    }
+    c.linear_modules = linear_modules(c, family_, layout);
+    return c;
+  }
+  // The experts' layout an init spec gives (its JSON keys; a preset name: the family's default).
+  ExpertsLayout spec_layout(const std::string& spec) const {
+    const auto first = spec.find_first_not_of(" \t\n");
+    const bool json = first != std::string::npos && spec[first] == '{';
+    ExpertsLayout layout = family_.experts_layout(HfConfig::parse(json ? spec : "{}", "model init spec"));
+    layout.mxfp4 = false;
+    return layout;
   }
 
   void init_random(const std::string& spec, uint64_t seed, Device device, DType dtype) override {
     double std = 0.02;
     ModelConfig cfg = family_.from_spec(spec, &std);
-    if (family_.experts_layout) {
-      const auto first = spec.find_first_not_of(" \t\n");
-      const bool json = first != std::string::npos && spec[first] == '{';
-      layout_ = family_.experts_layout(HfConfig::parse(json ? spec : "{}", "model init spec"));
-      layout_.mxfp4 = false;
-    }
+    if (family_.experts_layout) layout_ = spec_layout(spec);
     build(cfg, device, dtype);
     // transformers' _init_weights: Linear and Embedding ~ N(0, initializer_range), RMSNorm = 1
     // (its weight 0 where read as 1 + w), attention sinks ~ N(0, initializer_range) (GptOssAttention).
@@ -664,17 +676,17 @@ class DecoderModel final : public Model {
     if (!t.defined() || t.device() != W(i).device()) t = Tensor::zeros(W(i).shape(), DType::f32, W(i).device());
     return t;
   }
-  const LowRank* lora(const StepContext& ctx, const LayerParams& L, Linear m) const {
-    return ctx.adapter ? ctx.adapter->find(L.index, m) : nullptr;
+  const LowRank* lora(const StepContext& ctx, const LayerParams& L, Proj m) const {
+    return ctx.adapter ? ctx.adapter->find(L.index, static_cast<int>(m)) : nullptr;
   }
   MlpWeights mlp_weights(const LayerParams& L, const StepContext& ctx) {
-    return {W(L.gate), W(L.up), W(L.down), lora(ctx, L, Linear::gate_proj), lora(ctx, L, Linear::up_proj),
-            lora(ctx, L, Linear::down_proj), ctx.rows, family_.activation};
+    return {W(L.gate), W(L.up), W(L.down), lora(ctx, L, Proj::gate_proj), lora(ctx, L, Proj::up_proj),
+            lora(ctx, L, Proj::down_proj), ctx.rows, family_.activation};
   }
   // The layer's attention-half factors; with h1, also h1's products with q, k and v's A.
   AttnLora attn_lora(const LayerParams& L, const StepContext& ctx, const Tensor& h1) {
-    AttnLora lo{lora(ctx, L, Linear::q_proj), lora(ctx, L, Linear::k_proj), lora(ctx, L, Linear::v_proj),
-                lora(ctx, L, Linear::o_proj)};
+    AttnLora lo{lora(ctx, L, Proj::q_proj), lora(ctx, L, Proj::k_proj), lora(ctx, L, Proj::v_proj),
+                lora(ctx, L, Proj::o_proj)};
     lo.rows = ctx.rows;
     for (const LowRank* lr : {lo.q, lo.k, lo.v})
       if (lr) lo.in.push_back(lr);
@@ -815,18 +827,19 @@ class DecoderModel final : public Model {
     mine.copy_from(whole.rows(first, first + p.value.size(0)));
     p.value.copy_from(mine);
   }
-  // The experts' adapters (Adapter::find_experts); a sparse layer has no projections of its own
-  // to adapt, so an adapter answering find() for them is refused.
+  // The experts' adapters (Adapter::find_experts); a sparse layer's MLP modules are experts
+  // (LinearModule::experts), so an adapter answering find() for them is refused.
   MoeLora moe_lora(const LayerParams& L, const StepContext& ctx) const {
     if (!ctx.adapter) return {};
-    return {ctx.adapter->find_experts(L.index, Linear::gate_proj), ctx.adapter->find_experts(L.index, Linear::up_proj),
-            ctx.adapter->find_experts(L.index, Linear::down_proj)};
+    auto find = [&](Proj m) { return ctx.adapter->find_experts(L.index, static_cast<int>(m)); };
+    if (layout_.fused) return {find(Proj::gate_up_proj), nullptr, find(Proj::down_proj)};
+    return {find(Proj::gate_proj), find(Proj::up_proj), find(Proj::down_proj)};
   }
   MoeRouting route(const LayerParams& L, const Tensor& h2, const StepContext& ctx) {
-    if (ctx.adapter && (ctx.adapter->find(L.index, Linear::gate_proj) || ctx.adapter->find(L.index, Linear::up_proj) ||
-                        ctx.adapter->find(L.index, Linear::down_proj)))
-      throw Error(str(family_.name, ": layer ", L.index, " is sparse; its MLP is experts, adapted per expert (find_experts)"),
-                  "lora.experts", "set [lora] experts = true to adapt the experts");
+    for (const Proj m : {Proj::gate_proj, Proj::up_proj, Proj::down_proj, Proj::gate_up_proj})
+      if (ctx.adapter && ctx.adapter->find(L.index, static_cast<int>(m)))
+        throw Error(str(family_.name, ": layer ", L.index, " is sparse; its MLP modules are experts, adapted per expert (find_experts)"),
+                    {}, "adapt the experts through Adapter::find_experts");
     return moe_route(h2, W(L.router), cfg_.num_experts_per_tok, cfg_.norm_topk_prob, Wopt(L.router_bias));
   }
   // The load-balancing loss over one forward pass, as transformers' load_balancing_loss_func with
@@ -964,6 +977,7 @@ class DecoderModel final : public Model {
       throw Error(str(family_.name, ": a mixture of experts under sandwich norms is not computed"), "num_experts",
                   "use a dense checkpoint");
     cfg_ = cfg;
+    cfg_.linear_modules = linear_modules(cfg, family_, layout_);
     own_inv_freq_ = own_inv_freq(cfg);
     first_expert_ = ep_ > 1 ? ep_index_ * (cfg.num_experts / ep_) : 0;
     params_.clear();

@@ -10,6 +10,7 @@
 
 #include "lcx/attention_cost.h"
 #include "lcx/error.h"
+#include "decoder_model.h"
 
 namespace lcx::decoder {
 namespace {
@@ -63,6 +64,92 @@ int64_t largest_layer(const ModelConfig& c, const DecoderDims& s, int64_t ep) {
   int64_t n = 0;
   for (int64_t l = 0; l < s.L; ++l) n = std::max(n, layer_params(c, s, ep, l));
   return n;
+}
+
+// The rank of the factors an adapter puts on module m (plain, or a sparse layer's experts, one
+// module each as Qwen3-MoE's) in any layer: the largest (0: none).
+int64_t adapted_rank(const PlanInputs& in, Proj m, bool experts) {
+  int64_t r = 0;
+  for (size_t l = 0; l < in.model.linear_modules.size(); ++l) {
+    const auto& mods = in.model.linear_modules[l];
+    for (size_t i = 0; i < mods.size(); ++i)
+      if (mods[i].id == static_cast<int>(m) && (mods[i].experts > 0) == experts && !mods[i].parameter)
+        r = std::max(r, in.adapter_rank(static_cast<int64_t>(l), i));
+  }
+  return r;
+}
+
+// The [rows, r] products this decoder makes with the adapters' factors (PlanInputs::adapter_ranks;
+// decoder_model.cpp, mlp_whole.cpp, moe.cpp), and the dropped inputs beside the calls that read
+// them (adapter_none.cpp).
+void plan_adapter_products(const PlanInputs& in, MemoryPlan& plan, int64_t moe_tile_rows) {
+  const ModelConfig& c = in.model;
+  const int64_t ab = static_cast<int64_t>(dtype_size(in.weight_dtype));
+  const int64_t T = in.tokens_per_rank, H = c.hidden_size;
+  // The experts' [rows, r] products (u = x A_e^T, g = scale dy B_e) live one at a time, each beside
+  // buffers the sparse layer's plan ("moe_backward") already holds at its widest moment but one:
+  // down's backward, beside the experts' inputs, gate, up, silu*up, dact and the outputs' gradients
+  // (2H + 4I columns). There the product adds r columns, which raise the layer's peak only where
+  // that moment is (or becomes) its widest; every other product comes where [rows, I] buffers
+  // (I >= r) were just released, in the forward as in the backward.
+  if (const int64_t rd = adapted_rank(in, Proj::down_proj, true); rd > 0 && c.sparse_layers() > 0) {
+    const int64_t Im = c.moe_intermediate_size;
+    const int64_t tile = moe_tile_rows > 0 ? std::min<int64_t>(T, moe_tile_rows) : T;
+    const int64_t tk = tile * std::max<int64_t>(1, c.num_experts_per_tok), ep = std::max<int64_t>(1, in.ep), R = tk * ep;
+    const int64_t widest = ep == 1 ? tk * std::max({3 * H + 3 * Im, 2 * H + 4 * Im, H + 5 * Im})
+                                   : std::max({R * (2 * H + 3 * Im) + tk * H, R * (2 * H + 4 * Im), R * (H + 5 * Im)});
+    const int64_t extra = std::max<int64_t>(0, R * (2 * H + 4 * Im + rd) - widest) * ab;
+    if (extra > 0)
+      plan.add("lora_expert_backward", "LoRA on the experts: down's [rows, r] product beside its backward's widest moment",
+               PlanCategory::transient, extra, plan_phase::mlp_backward);
+  }
+
+  // A layer's [T, r] products (decoder_model.cpp): h1 @ A^T of q, k, v and the fp32 sum of
+  // attn @ Ao^T live from the attention's recompute through the MLP's backward; the attention
+  // backward adds scale * dx1 @ Bo and the fp32 sums of dq @ Bq (k, v) with their rounding.
+  const int64_t q = adapted_rank(in, Proj::q_proj, false), k = adapted_rank(in, Proj::k_proj, false),
+                v = adapted_rank(in, Proj::v_proj, false), o = adapted_rank(in, Proj::o_proj, false);
+  const int64_t gate = adapted_rank(in, Proj::gate_proj, false), up = adapted_rank(in, Proj::up_proj, false),
+                down = adapted_rank(in, Proj::down_proj, false);
+  const int64_t qkv = (q + k + v) * T * ab, uo = o * T * 4;
+  const int64_t mlp_tile = std::min<int64_t>(T, in.recipe.get("tiled_mlp", "tile_rows", 0) > 0
+                                                    ? in.recipe.get("tiled_mlp", "tile_rows", 0) : T);
+  const bool mlp = gate + up + down > 0 && c.sparse_layers() < c.num_layers;
+  if (qkv + uo > 0)
+    plan.add("lora_forward", "LoRA: h1 @ A^T of q, k, v [T,r], fp32 attn @ Ao^T [T,r] and its rounding",
+             PlanCategory::transient, qkv + uo + o * T * ab, plan_phase::forward);
+  // The MLP's backward holds gate's and up's u^T from its recompute to the end (with the
+  // stacked g^T beside them at the end), and down's u and g while down's backward runs.
+  const int64_t n_in = gate + up;
+  const int64_t mlp_products = mlp ? std::max(n_in + 2 * down, 2 * n_in) * mlp_tile * ab : 0;
+  if (qkv + uo + mlp_products > 0)
+    plan.add("lora_mlp_backward", "LoRA: the attention's [T,r] products held through the MLP backward, the MLP's",
+             PlanCategory::transient, qkv + uo + mlp_products, plan_phase::mlp_backward);
+  const int64_t back = qkv + o * T * ab + (q + k + v) * T * 4 + std::max({q, k, v}) * T * ab;
+  if (back > 0)
+    plan.add("lora_attention_backward", "LoRA: h1 @ A^T, scale dx1 @ Bo, fp32 sums of dq @ Bq (k, v) [T,r]",
+             PlanCategory::transient, back, plan_phase::backward);
+
+  // Dropout: the dropped input of one projection at a time ([rows, in] beside the call that
+  // reads it, adapter_none.cpp): h1's [T,H] or the attention's [T,Hq*d] (a head group's columns
+  // of it, counted whole) in the forward and the attention backward, and the MLP's input [tile,H]
+  // beside the MLP backward's widest moment, or act's [tile,I] beside the forward's MLP.
+  if (in.adapter_dropout) {
+    const int64_t d = c.head_dim > 0 ? c.head_dim : H / std::max<int64_t>(1, c.num_heads);
+    const int64_t attn_in = std::max(q + k + v > 0 ? H : 0, o > 0 ? c.num_heads * d : 0);
+    const bool mlp_in = mlp && gate + up > 0, mlp_down = mlp && down > 0;
+    const int64_t fwd = std::max(T * attn_in, mlp_tile * std::max(mlp_in ? H : 0, mlp_down ? c.intermediate_size : 0)) * ab;
+    if (fwd > 0)
+      plan.add("lora_dropout_forward", "LoRA dropout: one projection's dropped input", PlanCategory::transient, fwd,
+               plan_phase::forward);
+    if (attn_in > 0)
+      plan.add("lora_dropout_backward", "LoRA dropout: one attention projection's dropped input or its masked gradient",
+               PlanCategory::transient, T * attn_in * ab, plan_phase::backward);
+    // gate's and up's u^T are released just before (mlp_whole.cpp), so the input adds the rest.
+    if (mlp_in)
+      plan.add("lora_dropout_mlp_backward", "LoRA dropout: gate's or up's dropped input or its masked gradient",
+               PlanCategory::transient, mlp_tile * std::max<int64_t>(0, H - n_in) * ab, plan_phase::mlp_backward);
+  }
 }
 
 }  // namespace
@@ -322,6 +409,7 @@ void plan_dense_decoder(const PlanInputs& in, MemoryPlan& plan, const DenseDecod
   // final_norm_backward recomputes the norm: y [T,H] and fp32 rstd [T].
   plan.add("final_norm_recompute", "final norm recompute: y [T,H], rstd", PlanCategory::transient, T * (s.H * ab + 4),
            plan_phase::final_norm);
+  plan_adapter_products(in, plan, moe_tile_rows);
 }
 
 double decoder_step_flops(const ModelConfig& c, const DecoderLayerShape& layer, int64_t tokens,

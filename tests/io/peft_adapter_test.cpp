@@ -189,13 +189,12 @@ TEST(PeftAdapter, RefusesConfigsByKeyAndFix) {
   EXPECT_EQ(t.key, "r");
   t = config_refusal("target_modules", {"q_proj", "lm_head"});
   EXPECT_EQ(t.key, "target_modules");
-  EXPECT_EQ(t.fix, "keep only modules among q_proj k_proj v_proj o_proj gate_proj up_proj down_proj");
+  EXPECT_EQ(t.fix, "keep only the layers' linear modules, e.g. q_proj v_proj (the head trains whole through modules_to_save)");
   EXPECT_NE(t.message.find("\"lm_head\""), std::string::npos) << t.message;
   // A string is a regex of module names, as PEFT reads it; one that is none is refused.
   t = config_refusal("target_modules", "model.layers.(0");
   EXPECT_EQ(t.key, "target_modules");
-  EXPECT_EQ(t.fix, "list the modules among q_proj k_proj v_proj o_proj gate_proj up_proj down_proj, give \"all-linear\", "
-                   "or a regex of module names");
+  EXPECT_EQ(t.fix, "list the layers' linear modules, e.g. q_proj v_proj, give \"all-linear\", or a regex of module names");
   t = config_refusal("target_modules", nlohmann::json::array());
   EXPECT_EQ(t.key, "target_modules");
   t = config_refusal("bias", "lora_only");

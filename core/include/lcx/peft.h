@@ -2,14 +2,16 @@
 // with PEFT's own key names, so an adapter moves between lcx and transformers + PEFT unchanged, and
 // the merge of an adapter into its base Hugging Face checkpoint (W + scale * B @ A).
 //
-// Only what lcx's Qwen3 can adapt is accepted: the seven linear projections of a decoder layer
-// (q_proj k_proj v_proj o_proj gate_proj up_proj down_proj; a sparse layer's gate/up/down per
-// expert, "mlp.experts.5.gate_proj"), bias "none", one rank and one alpha for
-// every module. Everything else is refused naming the adapter_config.json key or the tensor.
+// Modules are named by their path under a layer ("self_attn.q_proj", "mlp.experts.gate_proj"); the
+// standard decoder's seven projections may be named by their last part alone ("q_proj"), as PEFT's
+// target_modules names them. One rank and one alpha for every module; anything else is refused
+// naming the adapter_config.json key or the tensor.
 #pragma once
 #include <cstdint>
 #include <functional>
+#include <memory>
 #include <optional>
+#include <regex>
 #include <string>
 #include <vector>
 
@@ -17,14 +19,16 @@
 
 namespace lcx::peft {
 
-// The projections an adapter may target, in the order a layer runs them.
+// The standard decoder's projections, in the order a layer runs them: the short names a module
+// path's last part may be given by.
 const std::vector<std::string>& lora_modules();
 
 struct AdapterConfig {
   int64_t r = 8;
   double lora_alpha = 8;
   double lora_dropout = 0;
-  std::vector<std::string> target_modules;  // short names, in lora_modules() order
+  // The names listed (lora_modules() first, in their order, then any other in the order given).
+  std::vector<std::string> target_modules;
   bool all_linear = false;                  // written back as the string "all-linear"
   // target_modules given as any other string: a regex a module's whole name must match
   // (module_name; PEFT's re.fullmatch), target_modules then empty.
@@ -43,7 +47,7 @@ struct AdapterConfig {
 // One adapted matrix: A [r, in] and B [out, r] in fp32 on the host.
 struct LoraPair {
   int64_t layer = 0;
-  std::string module;  // "q_proj", ...
+  std::string module;  // "q_proj" (a standard projection's short name), or the module's path
   Tensor a, b;
   // A sparse layer's expert (its gate_proj, up_proj or down_proj: "mlp.experts.5.gate_proj"), or
   // -1 for the layer's own projection.
@@ -61,11 +65,30 @@ struct Adapter {
   std::vector<std::pair<std::string, Tensor>> saved;
 };
 
+// PEFT's target_modules rule: a list takes a module whose full name ("model.layers.3.self_attn.q_proj")
+// equals an entry or ends with "." + entry; "all-linear" every linear module but the output head;
+// any other string is a regex the whole name must match (Python's re.fullmatch).
+class TargetModules {
+ public:
+  explicit TargetModules(const AdapterConfig& config);
+  bool matches(const std::string& module_name) const;
+  // Whether one entry of a list takes `module_name`.
+  static bool entry_matches(const std::string& entry, const std::string& module_name);
+
+ private:
+  std::vector<std::string> names_;
+  bool all_ = false;
+  std::shared_ptr<const std::regex> pattern_;
+};
+
 // Whether the base's tensor `tensor` ("model.norm.weight") belongs to a module of modules_to_save:
 // as PEFT matches them, its module's name ("model.norm") ends with one of the names ("norm" holds
 // every norm, "embed_tokens" the embedding).
 bool saved_module(const std::vector<std::string>& modules_to_save, const std::string& tensor);
-// "self_attn.q_proj" or "mlp.gate_proj"; with an expert (>= 0), "mlp.experts.5.gate_proj".
+// A module's path under its layer: a path given ("mlp.experts.gate_proj") is itself, one of the
+// standard projections' short names is its path ("self_attn.q_proj", "mlp.gate_proj"). With an
+// expert (>= 0), that expert's module: its number before the path's last part
+// ("mlp.experts.5.gate_proj"; a short name's: "mlp.experts.5." + name).
 std::string module_path(const std::string& module, int64_t expert = -1);
 // The module's name as PEFT matches target_modules against it: "model.layers.3.self_attn.q_proj"
 // (an expert's: "model.layers.3.mlp.experts.5.gate_proj").
