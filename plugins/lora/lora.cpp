@@ -22,6 +22,10 @@
 // ("model.layers.3.mlp.experts.5.gate_proj.lora_A.weight"), which merge folds into the Hub's
 // per-expert weights.
 //
+// With bias (PEFT's), biases train whole beside the factors: "all", every parameter of the model
+// named with "bias"; "lora_only", those of the adapted modules (Qwen2's q, k, v; GPT-OSS's
+// attention). They are saved under PEFT's keys (peft::bias_key) and start a run from init_from.
+//
 // Files are PEFT's: a checkpoint holds adapter_config.json and adapter_model.safetensors with
 // PEFT's key names (lcx/peft.h); init_from starts from such a folder, and `lcx-train merge`
 // folds one into its base.
@@ -71,6 +75,9 @@ struct LoraOptions {
   // matched as the list is, in the order given.
   std::vector<std::string> target_parameters;
   std::optional<std::vector<std::string>> modules_to_save;
+  // PEFT's bias: "none", "all" (every base parameter named with "bias" trains) or "lora_only" (the
+  // biases of the adapted modules).
+  std::string bias = "none";
   std::string init_from;
   std::string table = "lora";
   double scale() const { return use_rslora ? alpha / std::sqrt(static_cast<double>(r)) : alpha / static_cast<double>(r); }
@@ -200,12 +207,14 @@ class Lora final : public Adapter {
       p->grad = Tensor();
     }
     if (o_.modules_to_save) refuse_unmatched_saved(*o_.modules_to_save, model.config().tie_word_embeddings);
+    trained += train_biases(model);
     const std::string from = !ctx.resume_dir.empty() ? ctx.resume_dir : o_.init_from;
     if (!from.empty()) load_from(from, model, base, ctx.resume_dir.empty());
     log::info(str("lora: r ", o_.r, ", alpha ", o_.alpha, o_.use_rslora ? " (rsLoRA)" : "", ", scale ", o_.scale(), o_.dropout > 0 ? str(", dropout ", o_.dropout) : std::string(), " on ",
                   targets_text(), o_.experts ? str(" and every expert (", local_experts_, " on this rank)") : std::string(),
                   o_.target_parameters.empty() ? std::string() : str(" and per expert ", joined(o_.target_parameters)), ": ", count, " adapter parameters", trained ? str(" + ", trained, " trained whole (",
-                  joined(*o_.modules_to_save), ")") : std::string(), "; the base's ", base_count(model) - trained,
+                  o_.modules_to_save ? joined(*o_.modules_to_save) : std::string(), biases_.empty() ? "" : str(o_.modules_to_save ? ", " : "", biases_.size(), " biases"),
+                  ")") : std::string(), "; the base's ", base_count(model) - trained,
                   " frozen", from.empty() ? std::string() : str("; from ", from)));
   }
 
@@ -264,6 +273,7 @@ class Lora final : public Adapter {
       }
     for (const auto& [name, p] : saved_)
       a.saved.emplace_back(name, p->value.device().is_cuda() ? p->value.to(Device::cpu()) : p->value);
+    for (const auto& [name, p] : biases_) a.biases.emplace_back(name, to_host_f32(p->value));
     peft::write_adapter(dir, a, DType::f32);
   }
 
@@ -286,6 +296,14 @@ class Lora final : public Adapter {
     in.adapter_ranks.assign(use.size(), {});
     for (size_t l = 0; l < use.size(); ++l)
       for (const Use& u : use[l]) in.adapter_ranks[l].push_back(u.kind == Use::none ? 0 : o_.r);
+    // The biases trained whole (bias): the linear modules' (a router's few are not counted).
+    if (o_.bias != "none")
+      for (size_t l = 0; l < use.size(); ++l)
+        for (size_t i = 0; i < use[l].size(); ++i) {
+          const LinearModule& m = in.model.linear_modules[l][i];
+          if (m.bias && (o_.bias == "all" || (use[l][i].kind == Use::plain)))
+            in.base_trained_parameters += std::max<int64_t>(1, m.experts) * m.out_features;
+        }
     in.adapter_dropout = o_.dropout > 0;
   }
 
@@ -451,6 +469,38 @@ class Lora final : public Adapter {
                       " adapts none of the experts' modules"),
                   o_.key("experts"), "match the experts' modules (e.g. gate_proj, up_proj, down_proj), or set experts = false");
     return out;
+  }
+
+  // Unfreezes the biases `bias` trains, as PEFT's bias option does: "all", every parameter of the
+  // base named with "bias"; "lora_only", the bias of each adapted linear module. Refuses a setting
+  // that would train none. Returns their element count.
+  int64_t train_biases(Model& model) {
+    biases_.clear();
+    if (o_.bias == "none") return 0;
+    std::set<std::string> adapted;
+    std::vector<std::string> with_bias;
+    for (size_t l = 0; l < modules_.size(); ++l)
+      for (const LinearModule& m : modules_[l]) {
+        if (!m.bias) continue;
+        if (std::find(with_bias.begin(), with_bias.end(), m.path) == with_bias.end()) with_bias.push_back(m.path);
+        if (m.experts == 0 && find(static_cast<int>(l), m.id)) adapted.insert(full_name(static_cast<int64_t>(l), m.path) + ".bias");
+      }
+    int64_t n = 0;
+    for (Parameter* p : model.parameters()) {
+      const bool take = o_.bias == "all" ? p->name.find("bias") != std::string::npos : adapted.count(p->name) > 0;
+      if (!take || !p->frozen) continue;  // modules_to_save trains it already
+      p->frozen = false;
+      n += p->value.numel();
+      biases_.emplace_back(p->name, p);
+    }
+    if (biases_.empty())
+      throw Error(str("lora: ", o_.key("bias"), " = \"", o_.bias, "\", but ",
+                      o_.bias == "all" ? std::string("this model has no bias") : str(o_.key("target_modules"), " = ", targets_text(), " adapts no module with a bias"),
+                      " (its linear modules with a bias: ", with_bias.empty() ? std::string("none") : joined(with_bias), ")"),
+                  o_.key("bias"),
+                  with_bias.empty() ? std::string("set bias = \"none\": this model's linear modules have no bias to train")
+                                    : str("set bias = \"none\", or adapt modules with a bias (", joined(with_bias), ")"));
+    return n;
   }
 
   // A's values drawn per element: U(-1/sqrt(in), 1/sqrt(in)) (PEFT's kaiming_uniform_(a = sqrt(5))).
@@ -722,6 +772,16 @@ class Lora final : public Adapter {
       throw Error(str("lora: ", dir, " holds ", expert_pairs, " experts' adapters, this run adapts ", expected, " (",
                       o_.key("experts"), " = ", o_.experts ? "true" : "false", ")"),
                   o_.key("experts"), "set experts to match the adapter (true where it holds mlp.experts.N keys)");
+    if (a.config.bias != o_.bias)
+      throw Error(str("lora: ", dir, " trained bias = \"", a.config.bias, "\", this run's ", o_.key("bias"), " is \"", o_.bias, "\""),
+                  o_.key("bias"), str("set ", o_.key("bias"), " = \"", a.config.bias, "\""));
+    for (const auto& [name, t] : a.biases) {
+      const auto it = std::find_if(biases_.begin(), biases_.end(), [&](const auto& b) { return b.first == name; });
+      if (it == biases_.end())
+        throw Error(str("lora: ", dir, " trains ", name, ", which this run's ", o_.key("bias"), " = \"", o_.bias, "\" does not"),
+                    o_.key("bias"), "adapt the modules the adapter adapts");
+      set_value(*it->second, t);
+    }
     for (const auto& [name, t] : a.saved) {
       const auto it = base.find(name);
       if (it == base.end() || it->second->frozen)
@@ -768,6 +828,7 @@ class Lora final : public Adapter {
     c.base_model_name_or_path = base;
     c.modules_to_save = o_.modules_to_save;
     c.target_parameters = o_.target_parameters;
+    c.bias = o_.bias;
     return c;
   }
 
@@ -806,6 +867,7 @@ class Lora final : public Adapter {
   int64_t first_expert_ = 0, local_experts_ = 0, num_experts_ = 0;
   uint64_t seed_ = 0, pass_key_ = 0;  // LowRank::dropout_pass points at pass_key_
   std::vector<std::pair<std::string, Parameter*>> saved_;
+  std::vector<std::pair<std::string, Parameter*>> biases_;  // the biases `bias` trains
 };
 
 std::unique_ptr<Plugin> create(const PluginArgs& args) {
@@ -870,6 +932,14 @@ std::unique_ptr<Plugin> create(const PluginArgs& args) {
   if (!o.target_parameters.empty() && o.dropout > 0)
     c.fail("dropout", str(o.dropout, " with target_parameters: PEFT's ParamWrapper takes no dropout"), "set dropout = 0");
   if (c.has("modules_to_save")) o.modules_to_save = c.get_strings("modules_to_save", {});
+  c.describe("bias",
+             "biases trained beside the adapters, as PEFT's bias: \"none\"; \"all\", every parameter of the model named with "
+             "\"bias\"; \"lora_only\", the biases of the adapted modules (saved with the adapter)",
+             "\"none\", \"all\" or \"lora_only\" (not \"none\" only for a model with biases: Qwen2's q, k, v; GPT-OSS's)",
+             "\"none\"");
+  o.bias = c.get_string("bias", "none");
+  if (o.bias != "none" && o.bias != "all" && o.bias != "lora_only")
+    c.fail("bias", str("'", o.bias, "' is none of PEFT's settings"), "use \"none\", \"all\" or \"lora_only\"");
   o.init_from = c.get_string("init_from", "");
   return std::make_unique<Lora>(std::move(o));
 }

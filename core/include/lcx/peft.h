@@ -4,7 +4,8 @@
 //
 // Modules are named by their path under a layer ("self_attn.q_proj", "mlp.experts.gate_proj"); the
 // standard decoder's seven projections may be named by their last part alone ("q_proj"), as PEFT's
-// target_modules names them. One rank and one alpha for every module; anything else is refused
+// target_modules names them. Biases trained beside the factors (bias "all", "lora_only") are read and
+// written under PEFT's keys. One rank and one alpha for every module; anything else is refused
 // naming the adapter_config.json key or the tensor.
 #pragma once
 #include <cstdint>
@@ -40,6 +41,10 @@ struct AdapterConfig {
   // ("mlp.experts.gate_up_proj", "mlp.experts.down_proj": GPT-OSS's fused experts), as PEFT's
   // ParamWrapper does; in the order given (which sets their keys: parameter_lora_key).
   std::vector<std::string> target_parameters;
+  // PEFT's bias: "none"; "all", every parameter of the base named with "bias" trained; "lora_only",
+  // the biases of the adapted modules. Trained biases are saved whole beside the factors
+  // (Adapter::biases).
+  std::string bias = "none";
   // alpha / r, or alpha / sqrt(r) with use_rslora (PEFT's rank-stabilized scale).
   double scale() const;
 };
@@ -63,7 +68,14 @@ struct Adapter {
   std::vector<LoraPair> pairs;  // sorted by layer, then expert (the layer's own first), then lora_modules() order
   // Whole tensors of modules_to_save, by the base's name ("lm_head.weight"), in their own dtype.
   std::vector<std::pair<std::string, Tensor>> saved;
+  // The biases trained (AdapterConfig::bias), by the base's name ("model.layers.0.self_attn.q_proj.bias").
+  // Stored under PEFT's keys: the base model's state_dict name, where a module PEFT wraps holds its
+  // own tensors under ".base_layer" ("...self_attn.q_proj.base_layer.bias" of an adapted q_proj).
+  std::vector<std::pair<std::string, Tensor>> biases;
 };
+
+// PEFT's key of a trained bias of the base (Adapter::biases) in an adapter of these pairs.
+std::string bias_key(const Adapter& adapter, const std::string& base_name);
 
 // PEFT's target_modules rule: a list takes a module whose full name ("model.layers.3.self_attn.q_proj")
 // equals an entry or ends with "." + entry; "all-linear" every linear module but the output head;

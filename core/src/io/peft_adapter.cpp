@@ -202,6 +202,27 @@ std::string parameter_lora_key(int64_t layer, const AdapterConfig& config, const
   return str(kPrefix, "model.layers.", layer, ".", path, ".lora_", which, ".weight");
 }
 
+std::string bias_key(const Adapter& adapter, const std::string& base_name) {
+  const size_t dot = base_name.rfind('.');
+  if (dot == std::string::npos) return kPrefix + base_name;
+  const std::string module = base_name.substr(0, dot);
+  // PEFT wraps each adapted module once (its tensors then under ".base_layer"), and a module of
+  // target parameters once per parameter it adapts there.
+  int64_t wraps = 0;
+  for (const LoraPair& p : adapter.pairs) {
+    if (p.parameter.empty() && p.expert < 0 && module_name(p.layer, p.module) == module) wraps = std::max<int64_t>(wraps, 1);
+  }
+  for (const std::string& t : adapter.config.target_parameters)
+    for (const LoraPair& p : adapter.pairs)
+      if (p.parameter == t && str("model.layers.", p.layer, ".", parameter_module(t)) == module) {
+        ++wraps;
+        break;
+      }
+  std::string key = kPrefix + module;
+  for (int64_t i = 0; i < wraps; ++i) key += ".base_layer";
+  return key + base_name.substr(dot);
+}
+
 void add_expert_low_rank(float* w, const float* a, const float* b, int64_t e, int64_t E, int64_t in, int64_t out,
                          int64_t r, float scale) {
   for (int64_t j = 0; j < r; ++j) {
@@ -251,9 +272,12 @@ AdapterConfig parse_config(const std::string& json_text, const std::string& sour
     if (!j["use_rslora"].is_boolean()) throw bad("use_rslora", "must be true or false", "set use_rslora to true or false");
     c.use_rslora = j["use_rslora"].get<bool>();
   }
-  const std::string bias = j.contains("bias") && j["bias"].is_string() ? j["bias"].get<std::string>() : "none";
-  if (j.contains("bias") && !j["bias"].is_null() && bias != "none")
-    throw bad("bias", "must be \"none\": Qwen3's projections have no bias to train", "train the adapter with bias=\"none\"");
+  if (j.contains("bias") && !j["bias"].is_null()) {
+    const std::string bias = j["bias"].is_string() ? j["bias"].get<std::string>() : std::string();
+    if (bias != "none" && bias != "all" && bias != "lora_only")
+      throw bad("bias", "must be \"none\", \"all\" or \"lora_only\"", "train the adapter with one of PEFT's bias settings");
+    c.bias = bias;
+  }
   if (j.contains("use_dora") && j["use_dora"].is_boolean() && j["use_dora"].get<bool>())
     throw bad("use_dora", "is not supported: a DoRA adapter rescales W, which lcx does not implement",
               "give a plain LoRA adapter (use_dora false)");
@@ -331,7 +355,7 @@ std::string config_json(const AdapterConfig& c) {
   j["alpha_pattern"] = json::object();
   j["auto_mapping"] = nullptr;
   j["base_model_name_or_path"] = c.base_model_name_or_path.empty() ? json(nullptr) : json(c.base_model_name_or_path);
-  j["bias"] = "none";
+  j["bias"] = c.bias;
   j["fan_in_fan_out"] = false;
   j["inference_mode"] = true;
   j["init_lora_weights"] = true;
@@ -372,6 +396,7 @@ void write_adapter(const std::string& dir, const Adapter& adapter, DType dtype) 
     tensors.push_back({lora_key(p.layer, p.module, 'B', p.expert), p.b});
   }
   for (const auto& [name, t] : adapter.saved) tensors.push_back({kPrefix + name, t});
+  for (const auto& [name, t] : adapter.biases) tensors.push_back({bias_key(adapter, name), t});
   safetensors::write_file((fs::path(dir) / kWeightsFile).string(), tensors, dtype);
   std::ofstream(fs::path(dir) / kConfigFile) << config_json(adapter.config);
 }
@@ -447,6 +472,14 @@ Adapter read_adapter(const std::string& dir) {
       refuse_nonfinite(where, name, which == 'A' ? p.a : p.b);
       continue;
     }
+    // A trained bias (bias "all" or "lora_only"): the base's tensor, under the module PEFT wrapped.
+    if (c.bias != "none" && rest.find("bias") != std::string::npos) {
+      std::string base = rest;
+      for (size_t at; (at = base.find(".base_layer.")) != std::string::npos;) base.erase(at, 11);
+      a.biases.emplace_back(base, ckpt.load(name, DType::f32));
+      refuse_nonfinite(where, name, a.biases.back().second);
+      continue;
+    }
     const bool saved = c.modules_to_save && saved_module(*c.modules_to_save, rest);
     if (!saved)
       throw Error(str(where, ": ", name, " is neither a LoRA key of a target module nor a tensor of modules_to_save"),
@@ -509,6 +542,13 @@ void check_against_base(const Adapter& adapter, int64_t num_layers,
       throw Error(str(bkey, " has shape ", shape_str(p.b.shape()), ", but the base's ", base_weight_name(p.layer, p.module, p.expert),
                       " is ", shape_str(*s), ": lora_B must be [", (*s)[0], ", r]"),
                   bkey, fix);
+  }
+  for (const auto& [name, t] : adapter.biases) {
+    const auto s = base_shape(name);
+    if (!s || *s != t.shape())
+      throw Error(str(bias_key(adapter, name), " (bias \"", adapter.config.bias, "\") has shape ", shape_str(t.shape()),
+                      ", but the base ", s ? "has " + shape_str(*s) + " for " + name : "has no " + name),
+                  bias_key(adapter, name), fix);
   }
   for (const auto& [name, t] : adapter.saved) {
     const auto s = base_shape(name);
@@ -705,6 +745,7 @@ void merge(const std::string& base_dir, const std::string& adapter_dir, const st
   for (size_t i = 0; i < adapter.pairs.size(); ++i)
     by_name[base_name(adapter.pairs[i])] = merged[i];
   for (const auto& [name, t] : adapter.saved) by_name[name] = t;
+  for (const auto& [name, t] : adapter.biases) by_name[name] = t.to(dtype);
 
   std::vector<safetensors::NamedTensor> out;
   for (const auto& [name, t] : by_name) out.push_back({name, t});
