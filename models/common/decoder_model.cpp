@@ -242,6 +242,7 @@ class DecoderModel final : public Model {
       if (family_.experts_layout) layout = spec_layout(spec);
     }
     c.linear_modules = linear_modules(c, family_, layout);
+    c.mlp_slot_layers = c.num_layers - c.sparse_layers();
     return c;
   }
   // The experts' layout an init spec gives (its JSON keys; a preset name: the family's default).
@@ -625,6 +626,14 @@ class DecoderModel final : public Model {
     return out;
   }
 
+  // Under expert parallelism, the experts a rank holds.
+  std::string plan_summary(const PlanInputs& in) const override {
+    const ModelConfig& m = in.model;
+    if (in.ep <= 1 || m.sparse_layers() == 0) return {};
+    return str("  experts: ", m.num_experts / in.ep, " of ", m.num_experts, " a rank (ep ", in.ep,
+               "), their buffers for every token of the group's ranks on one rank's experts\n");
+  }
+
   // The dense decoder's terms with this module's head groups (auto resolved as groups_for() does).
   void plan(const PlanInputs& in, MemoryPlan& plan) const override {
     // Layers between checkpoints keep nothing (the step runs them without a memory strategy), so
@@ -978,6 +987,7 @@ class DecoderModel final : public Model {
                   "use a dense checkpoint");
     cfg_ = cfg;
     cfg_.linear_modules = linear_modules(cfg, family_, layout_);
+    cfg_.mlp_slot_layers = cfg.num_layers - cfg.sparse_layers();
     own_inv_freq_ = own_inv_freq(cfg);
     first_expert_ = ep_ > 1 ? ep_index_ * (cfg.num_experts / ep_) : 0;
     params_.clear();

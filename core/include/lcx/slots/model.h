@@ -75,6 +75,9 @@ struct ModelConfig {
   // output head is none of them. Set by the module (Model::describe and config()), so a plan made
   // before any weight exists sees them too.
   std::vector<std::vector<LinearModule>> linear_modules;
+  // The layers whose MLP runs through the MLP slot (StepContext::mlp); the others run an MLP of the
+  // model's own, which its plan counts (a mixture of experts' sparse layers). -1: every layer.
+  int64_t mlp_slot_layers = -1;
   // Layer l's module of that path, or null.
   const LinearModule* linear_module(int64_t layer, const std::string& path) const {
     if (layer < 0 || static_cast<size_t>(layer) >= linear_modules.size()) return nullptr;
@@ -211,6 +214,10 @@ class Model : public Plugin {
   virtual double step_flops(int64_t tokens, std::span<const int64_t> document_bounds) const = 0;
   virtual Tensor head_weight() = 0;  // [V,H]: lm_head, or the embedding when tied
   virtual Tensor head_grad() = 0;    // fp32 [V,H], shared with the embedding's when tied
+  // Lines the plan's header adds under the model's shape (each ending in a newline): what this
+  // module does with the run's mesh beyond the common layout (which part of its parameters a rank
+  // holds). The default adds none.
+  virtual std::string plan_summary(const PlanInputs& /*in*/) const { return {}; }
   // Adds what this provider holds during a step to `plan` (lcx/plan.h); the default adds nothing.
   virtual void plan(const PlanInputs& /*in*/, MemoryPlan& /*plan*/) const {}
 };
