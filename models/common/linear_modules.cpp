@@ -1,5 +1,6 @@
 // The decoder's linear modules as a layer exposes them to adapters (ModelConfig::linear_modules):
 // what decoder_model.cpp builds, named as transformers' modules are.
+#include "decoder_config.h"
 #include "decoder_model.h"
 
 namespace lcx::decoder {
@@ -25,16 +26,16 @@ std::vector<std::vector<LinearModule>> linear_modules(const ModelConfig& c, cons
     layer.push_back(module("self_attn.k_proj", H, kvd, family.qkv_bias, Proj::k_proj, ProjInput::attention_in));
     layer.push_back(module("self_attn.v_proj", H, kvd, family.qkv_bias, Proj::v_proj, ProjInput::attention_in));
     layer.push_back(module("self_attn.o_proj", qd, H, family.o_bias, Proj::o_proj, ProjInput::attention_out));
-    if (!c.sparse(l)) {
+    if (!sparse(c, l)) {
       layer.push_back(module("mlp.gate_proj", H, I, false, Proj::gate_proj, ProjInput::mlp_in));
       layer.push_back(module("mlp.up_proj", H, I, false, Proj::up_proj, ProjInput::mlp_in));
       layer.push_back(module("mlp.down_proj", I, H, false, Proj::down_proj, ProjInput::mlp_act));
       continue;
     }
-    const int64_t Im = c.moe_intermediate_size;
+    const int64_t Im = moe(c).moe_intermediate_size;
     auto experts = [&](LinearModule m) {
-      m.experts = c.num_experts;
-      m.experts_per_token = c.num_experts_per_tok;
+      m.experts = moe(c).num_experts;
+      m.experts_per_token = moe(c).num_experts_per_tok;
       m.parameter = layout.fused;
       return m;
     };

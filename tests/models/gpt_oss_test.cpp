@@ -14,6 +14,7 @@
 #include <nlohmann/json.hpp>
 #include <random>
 
+#include "decoder_config.h"
 #include "lcx/error.h"
 #include "lcx/ops.h"
 #include "lcx/peft.h"
@@ -101,7 +102,7 @@ void expect_one_rank(const char* name, const Mode& mode) {
   if (expected.has("aux_loss")) {
     EXPECT_LE(rel(r.aux.value, scalar(expected, "aux_loss")), mode.loss_tol) << name << ": aux loss " << r.aux.value;
     EXPECT_LE(rel(lm + r.aux.coef * r.aux.value, scalar(expected, "loss")), mode.loss_tol) << name << ": the loss reported";
-    EXPECT_EQ(r.aux.coef, cfg.output_router_logits ? cfg.router_aux_loss_coef : 0.0);
+    EXPECT_EQ(r.aux.coef, decoder::moe(cfg).output_router_logits ? decoder::moe(cfg).router_aux_loss_coef : 0.0);
   }
   const Tensor want_logits = expected.load("logits", DType::f32);
   const Tensor hidden = forward_hidden(s.slots, shard, mode.device);
@@ -937,10 +938,10 @@ TEST(GptOssConfig, PresetsHaveThePublicShapes) {
   auto m = make_gpt_oss();
   const ModelConfig a = m->describe("gpt-oss-20b");
   EXPECT_EQ(a.num_layers, 24);
-  EXPECT_EQ(a.num_experts, 32);
-  EXPECT_EQ(a.num_experts_per_tok, 4);
+  EXPECT_EQ(decoder::moe(a).num_experts, 32);
+  EXPECT_EQ(decoder::moe(a).num_experts_per_tok, 4);
   EXPECT_EQ(a.hidden_size, 2880);
-  EXPECT_EQ(a.moe_intermediate_size, 2880);
+  EXPECT_EQ(decoder::moe(a).moe_intermediate_size, 2880);
   EXPECT_EQ(a.num_heads, 64);
   EXPECT_EQ(a.num_kv_heads, 8);
   EXPECT_EQ(a.head_dim, 64);
@@ -956,7 +957,7 @@ TEST(GptOssConfig, PresetsHaveThePublicShapes) {
   EXPECT_EQ(rope.at("rope_theta"), 150000.0);
   const ModelConfig b = m->describe("gpt-oss-120b");
   EXPECT_EQ(b.num_layers, 36);
-  EXPECT_EQ(b.num_experts, 128);
+  EXPECT_EQ(decoder::moe(b).num_experts, 128);
   EXPECT_THROW(m->describe("gpt-oss-7b"), Error);
 }
 

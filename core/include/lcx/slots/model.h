@@ -76,7 +76,7 @@ struct ModelConfig {
   // before any weight exists sees them too.
   std::vector<std::vector<LinearModule>> linear_modules;
   // The layers whose MLP runs through the MLP slot (StepContext::mlp); the others run an MLP of the
-  // model's own, which its plan counts (a mixture of experts' sparse layers). -1: every layer.
+  // model's own, which its plan counts. -1: every layer.
   int64_t mlp_slot_layers = -1;
   // Layer l's module of that path, or null.
   const LinearModule* linear_module(int64_t layer, const std::string& path) const {
@@ -85,28 +85,11 @@ struct ModelConfig {
       if (m.path == path) return &m;
     return nullptr;
   }
-  // Mixture of experts (model_type "qwen3_moe"): num_experts 0 for a dense model. A layer is
-  // sparse unless listed in mlp_only_layers, every decoder_sparse_step-th (transformers' rule);
-  // the others run the dense MLP of intermediate_size.
-  int64_t num_experts = 0;
-  int64_t num_experts_per_tok = 0;
-  int64_t moe_intermediate_size = 0;
-  bool norm_topk_prob = false;
-  int64_t decoder_sparse_step = 1;
-  std::vector<int64_t> mlp_only_layers;
-  double router_aux_loss_coef = 0;
-  bool output_router_logits = false;  // the load-balancing loss joins the trained loss
-  bool sparse(int64_t layer) const {
-    if (num_experts <= 0 || decoder_sparse_step <= 0) return false;
-    for (int64_t l : mlp_only_layers)
-      if (l == layer) return false;
-    return (layer + 1) % decoder_sparse_step == 0;
-  }
-  int64_t sparse_layers() const {
-    int64_t n = 0;
-    for (int64_t l = 0; l < num_layers; ++l) n += sparse(l) ? 1 : 0;
-    return n;
-  }
+  // What the family's module reads beyond these (a mixture of experts' shape and routing, the
+  // decoder library's MoeConfig), as JSON text: set and read by the module alone, carried with the
+  // config so a plan made from describe() sees it too. Data, not an object of the module's: a
+  // config outlives the module's library. Empty where the family has none.
+  std::string family_json;
 };
 
 // The auxiliary loss of a model's last forward pass (embed_forward .. final_norm_forward): for a
