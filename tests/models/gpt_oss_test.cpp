@@ -295,6 +295,47 @@ TEST(GptOssLora, AttentionAndExpertsEqualTheMergedModel) {
               rm.loss_sum / valid, worst);
 }
 
+// PEFT's bias = "all" on GPT-OSS: every parameter named with "bias" trains (the attention's, the
+// router's, the experts'), each gets a gradient with the rest of the base frozen, and each is saved
+// under the base model's state_dict name as PEFT wraps it (an adapted projection's under its
+// base_layer; the experts, wrapped once per target parameter, under two) and read back by init_from.
+TEST(GptOssLora, BiasAllTrainsEveryBiasAndSavesItUnderPeftsKeys) {
+  auto model = small_model();
+  const std::string table = std::string(kLoraTable) + "\nbias = \"all\"";
+  auto lora = test::make_plugin<Adapter>("lora", table);
+  lora->attach(*model, AdapterContext{Device::cpu(), DType::f32, 5, ""});
+  uint32_t seed = 90;
+  for (Parameter* p : lora->parameters()) test::fill_normal(p->value, seed++, 0.2f);
+  model->zero_grad();
+  test::DefaultSlots s(*model, yarn());
+  s.slots.adapter = lora.get();
+  const Shard shard = small_shard();
+  test::mean_loss_step(s, shard, test::count_valid(shard));
+  std::map<std::string, std::vector<float>> biases;
+  for (Parameter* p : model->parameters()) {
+    const bool bias = p->name.find("bias") != std::string::npos;
+    EXPECT_EQ(p->frozen, !bias) << p->name;
+    if (!bias) continue;
+    double sq = 0;
+    for (float g : p->grad.to_floats()) sq += static_cast<double>(g) * g;
+    EXPECT_GT(sq, 0) << p->name << " got no gradient";
+    biases[p->name] = p->value.to_floats();
+  }
+  EXPECT_EQ(biases.size(), 2u * 7);  // per layer: q, k, v, o, the router's, gate_up's and down's
+  const fs::path dir = test::temp_dir("gpt-oss-bias");
+  lora->save(dir.string(), "base");
+  const safetensors::Checkpoint ck = safetensors::Checkpoint::open((dir / "adapter_model.safetensors").string());
+  const std::string l1 = "base_model.model.model.layers.1.";
+  for (const char* key : {"self_attn.q_proj.base_layer.bias", "self_attn.o_proj.base_layer.bias", "mlp.router.bias",
+                          "mlp.experts.base_layer.base_layer.gate_up_proj_bias", "mlp.experts.base_layer.base_layer.down_proj_bias"})
+    EXPECT_TRUE(ck.has(l1 + key)) << key;
+  auto again = small_model();
+  auto from = test::make_plugin<Adapter>("lora", table + "\ninit_from = \"" + dir.string() + "\"");
+  from->attach(*again, AdapterContext{Device::cpu(), DType::f32, 6, ""});
+  for (Parameter* p : again->parameters())
+    if (biases.count(p->name)) EXPECT_EQ(p->value.to_floats(), biases.at(p->name)) << p->name;
+}
+
 // The adapter's files are PEFT's: target_parameters in adapter_config.json, the experts' factors as
 // ParamWrapper's lora_A [r*E, in] and lora_B [out, r*E] under the experts module's keys (the first
 // target parameter's wrapped inside the second's: "...mlp.experts.base_layer.lora_A.weight"); a run
