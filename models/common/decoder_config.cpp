@@ -1,8 +1,56 @@
 #include "decoder_config.h"
 
+#include <map>
+
 #include "lcx/error.h"
 
 namespace lcx::decoder {
+
+// Parsed once per distinct text and thread: the layers and the plan ask for it often.
+const MoeConfig& moe(const ModelConfig& c) {
+  static const MoeConfig none;
+  if (c.family_json.empty()) return none;
+  thread_local std::map<std::string, MoeConfig> parsed;
+  const auto it = parsed.find(c.family_json);
+  if (it != parsed.end()) return it->second;
+  const nlohmann::json j = nlohmann::json::parse(c.family_json);
+  MoeConfig e;
+  e.num_experts = j.at("num_experts").get<int64_t>();
+  e.num_experts_per_tok = j.at("num_experts_per_tok").get<int64_t>();
+  e.moe_intermediate_size = j.at("moe_intermediate_size").get<int64_t>();
+  e.norm_topk_prob = j.at("norm_topk_prob").get<bool>();
+  e.decoder_sparse_step = j.at("decoder_sparse_step").get<int64_t>();
+  e.mlp_only_layers = j.at("mlp_only_layers").get<std::vector<int64_t>>();
+  e.router_aux_loss_coef = j.at("router_aux_loss_coef").get<double>();
+  e.output_router_logits = j.at("output_router_logits").get<bool>();
+  return parsed.emplace(c.family_json, std::move(e)).first->second;
+}
+
+void set_moe(ModelConfig& c, const MoeConfig& e) {
+  c.family_json = nlohmann::json{{"num_experts", e.num_experts},
+                                 {"num_experts_per_tok", e.num_experts_per_tok},
+                                 {"moe_intermediate_size", e.moe_intermediate_size},
+                                 {"norm_topk_prob", e.norm_topk_prob},
+                                 {"decoder_sparse_step", e.decoder_sparse_step},
+                                 {"mlp_only_layers", e.mlp_only_layers},
+                                 {"router_aux_loss_coef", e.router_aux_loss_coef},
+                                 {"output_router_logits", e.output_router_logits}}
+                      .dump();
+}
+
+bool sparse(const ModelConfig& c, int64_t layer) {
+  const MoeConfig& m = moe(c);
+  if (m.num_experts <= 0 || m.decoder_sparse_step <= 0) return false;
+  for (int64_t l : m.mlp_only_layers)
+    if (l == layer) return false;
+  return (layer + 1) % m.decoder_sparse_step == 0;
+}
+
+int64_t sparse_layers(const ModelConfig& c) {
+  int64_t n = 0;
+  for (int64_t l = 0; l < c.num_layers; ++l) n += sparse(c, l) ? 1 : 0;
+  return n;
+}
 
 const std::set<std::string>& common_keys() {
   static const std::set<std::string> keys = {

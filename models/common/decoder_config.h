@@ -13,6 +13,27 @@
 
 namespace lcx::decoder {
 
+// A mixture of experts (Qwen3-MoE's config.json keys; GPT-OSS's num_local_experts), the family part
+// of a ModelConfig (ModelConfig::family_json): num_experts 0 for a dense model. A layer is sparse unless
+// listed in mlp_only_layers, every decoder_sparse_step-th (transformers' rule); the others run the
+// dense MLP of intermediate_size.
+struct MoeConfig {
+  int64_t num_experts = 0;
+  int64_t num_experts_per_tok = 0;
+  int64_t moe_intermediate_size = 0;
+  bool norm_topk_prob = false;
+  int64_t decoder_sparse_step = 1;
+  std::vector<int64_t> mlp_only_layers;
+  double router_aux_loss_coef = 0;
+  bool output_router_logits = false;  // the load-balancing loss joins the trained loss
+};
+// c's experts (a dense config's: none).
+const MoeConfig& moe(const ModelConfig& c);
+// Writes e as c's experts.
+void set_moe(ModelConfig& c, const MoeConfig& e);
+bool sparse(const ModelConfig& c, int64_t layer);
+int64_t sparse_layers(const ModelConfig& c);
+
 // The keys every family's config.json may hold; a family adds its own.
 const std::set<std::string>& common_keys();
 // Reads the common keys over m. head_dim, when the config has none: m.head_dim where

@@ -53,6 +53,7 @@
 #include "lcx/safetensors.h"
 #include "lcx/slots/adapter.h"
 #include "lcx/slots/model.h"
+#include "decoder_config.h"
 #include "decoder_init.h"
 #include "decoder_model.h"
 #include "moe.h"
@@ -164,7 +165,7 @@ class DecoderModel final : public Model {
     // Under expert parallelism the other ranks' experts belong to the checkpoint too; this rank reads only its own.
     for (const auto& p : params_)
       if (is_experts(p.name) && !layout_.fused)
-        for (int64_t e = 0; e < cfg_.num_experts; ++e) expected.insert(expert_name(p.name, e));
+        for (int64_t e = 0; e < moe(cfg_).num_experts; ++e) expected.insert(expert_name(p.name, e));
     // MXFP4 experts: their blocks and scales stand in for the weights.
     for (const auto& p : params_)
       if (mxfp4_stored(p.name)) {
@@ -188,14 +189,14 @@ class DecoderModel final : public Model {
       if (name.size() > 20 && name.substr(name.size() - 20) == ".rotary_emb.inv_freq") continue;  // old buffers
       throw Error(str(ck.file_of(stored), ": tensor '", stored, "' is unexpected in a ", cfg_.model_type, " checkpoint with ",
                       cfg_.num_layers, " layers", cfg_.tie_word_embeddings ? " and a tied head" : "",
-                      cfg_.num_experts > 0 ? str(", ", cfg_.sparse_layers(), " of them sparse with ", cfg_.num_experts, " experts") : ""),
+                      moe(cfg_).num_experts > 0 ? str(", ", sparse_layers(cfg_), " of them sparse with ", moe(cfg_).num_experts, " experts") : ""),
                   {}, "check that config.json belongs to these weights");
     }
     std::vector<safetensors::LoadTarget> targets;
     std::vector<safetensors::NamedTensor> by_hand;  // dequantized, or this rank's rows of a whole tensor
     uint64_t stored = 0;  // bytes read
     for (const auto& p : entries) {
-      if (mxfp4_stored(p.name) || (layout_.fused && is_experts(p.name) && p.value.size(0) != cfg_.num_experts)) {
+      if (mxfp4_stored(p.name) || (layout_.fused && is_experts(p.name) && p.value.size(0) != moe(cfg_).num_experts)) {
         by_hand.push_back(p);
         continue;
       }
@@ -231,20 +232,33 @@ class DecoderModel final : public Model {
 
   ModelConfig describe(const std::string& spec) const override {
     std::error_code ec;  // an init spec is JSON text, often longer than a path may be
-    if (std::filesystem::is_directory(spec, ec) || std::filesystem::path(spec).filename() == "config.json")
-      return family_.from_hf(HfConfig::load(spec));
-    return family_.from_spec(spec, nullptr);
+    ModelConfig c;
+    ExpertsLayout layout;
+    if (std::filesystem::is_directory(spec, ec) || std::filesystem::path(spec).filename() == "config.json") {
+      const HfConfig hc = HfConfig::load(spec);
+      c = family_.from_hf(hc);
+      if (family_.experts_layout) layout = family_.experts_layout(hc);
+    } else {
+      c = family_.from_spec(spec, nullptr);
+      if (family_.experts_layout) layout = spec_layout(spec);
+    }
+    c.linear_modules = linear_modules(c, family_, layout);
+    c.mlp_slot_layers = c.num_layers - sparse_layers(c);
+    return c;
+  }
+  // The experts' layout an init spec gives (its JSON keys; a preset name: the family's default).
+  ExpertsLayout spec_layout(const std::string& spec) const {
+    const auto first = spec.find_first_not_of(" \t\n");
+    const bool json = first != std::string::npos && spec[first] == '{';
+    ExpertsLayout layout = family_.experts_layout(HfConfig::parse(json ? spec : "{}", "model init spec"));
+    layout.mxfp4 = false;
+    return layout;
   }
 
   void init_random(const std::string& spec, uint64_t seed, Device device, DType dtype) override {
     double std = 0.02;
     ModelConfig cfg = family_.from_spec(spec, &std);
-    if (family_.experts_layout) {
-      const auto first = spec.find_first_not_of(" \t\n");
-      const bool json = first != std::string::npos && spec[first] == '{';
-      layout_ = family_.experts_layout(HfConfig::parse(json ? spec : "{}", "model init spec"));
-      layout_.mxfp4 = false;
-    }
+    if (family_.experts_layout) layout_ = spec_layout(spec);
     build(cfg, device, dtype);
     // transformers' _init_weights: Linear and Embedding ~ N(0, initializer_range), RMSNorm = 1
     // (its weight 0 where read as 1 + w), attention sinks ~ N(0, initializer_range) (GptOssAttention).
@@ -253,7 +267,7 @@ class DecoderModel final : public Model {
       // starts from the weights one rank would (the draw is per parameter, not per expert).
       Shape shape = p.value.shape();
       const bool slice = is_experts(p.name) && ep_ > 1;
-      if (slice) shape[0] = cfg.num_experts;
+      if (slice) shape[0] = moe(cfg).num_experts;
       Tensor host = Tensor::empty(shape, dtype, Device::cpu(), MemoryCategory::weights);
       const bool sinks = p.name.ends_with(".self_attn.sinks");
       if (p.value.dim() == 1 && !sinks && family_.unit_offset_norms)
@@ -335,7 +349,7 @@ class DecoderModel final : public Model {
     Tensor rstd2;
     Tensor h2 = post_norm(L, x1, rstd2);
     if (L.sparse) {
-      std::vector<int64_t> load(static_cast<size_t>(cfg_.num_experts), 0);
+      std::vector<int64_t> load(static_cast<size_t>(moe(cfg_).num_experts), 0);
       for (const auto& [t0, t1] : moe_tiles(h2.size(0), ctx)) {
         const Tensor h = h2.rows(t0, t1);
         Tensor out = y.rows(t0, t1);
@@ -533,7 +547,7 @@ class DecoderModel final : public Model {
         const Tensor h = h2.rows(t0, t1);
         Tensor dh = dx.rows(t0, t1);
         const MoeRouting r = route(L, h, ctx);
-        moe_backward(h, moe_weights(L), r, cfg_.norm_topk_prob, dy.rows(t0, t1), aux.defined() ? &aux : nullptr, dh,
+        moe_backward(h, moe_weights(L), r, moe(cfg_).norm_topk_prob, dy.rows(t0, t1), aux.defined() ? &aux : nullptr, dh,
                      grads, experts(ctx), moe_lora(L, ctx));
       }
       return;
@@ -596,7 +610,7 @@ class DecoderModel final : public Model {
     }
     // Under "auto", a sparse layer's tokens in tiles: larger tiles hold more of the experts' rows at
     // once and wait on the router less often; the largest that fits.
-    if (moe_tile_rows_ == 0 && in.model.sparse_layers() > 0) {
+    if (moe_tile_rows_ == 0 && sparse_layers(in.model) > 0) {
       Knob k;
       k.name = kMoeTileRows;
       k.values = values_up_to({4096, 16384, 65536, std::numeric_limits<int64_t>::max()},
@@ -617,6 +631,14 @@ class DecoderModel final : public Model {
       out.push_back(std::move(k));
     }
     return out;
+  }
+
+  // Under expert parallelism, the experts a rank holds.
+  std::string plan_summary(const PlanInputs& in) const override {
+    const ModelConfig& m = in.model;
+    if (in.ep <= 1 || sparse_layers(m) == 0) return {};
+    return str("  experts: ", moe(m).num_experts / in.ep, " of ", moe(m).num_experts, " a rank (ep ", in.ep,
+               "), their buffers for every token of the group's ranks on one rank's experts\n");
   }
 
   // The dense decoder's terms with this module's head groups (auto resolved as groups_for() does).
@@ -670,17 +692,17 @@ class DecoderModel final : public Model {
     if (!t.defined() || t.device() != W(i).device()) t = Tensor::zeros(W(i).shape(), DType::f32, W(i).device());
     return t;
   }
-  const LowRank* lora(const StepContext& ctx, const LayerParams& L, Linear m) const {
-    return ctx.adapter ? ctx.adapter->find(L.index, m) : nullptr;
+  const LowRank* lora(const StepContext& ctx, const LayerParams& L, Proj m) const {
+    return ctx.adapter ? ctx.adapter->find(L.index, static_cast<int>(m)) : nullptr;
   }
   MlpWeights mlp_weights(const LayerParams& L, const StepContext& ctx) {
-    return {W(L.gate), W(L.up), W(L.down), lora(ctx, L, Linear::gate_proj), lora(ctx, L, Linear::up_proj),
-            lora(ctx, L, Linear::down_proj), ctx.rows, family_.activation};
+    return {W(L.gate), W(L.up), W(L.down), lora(ctx, L, Proj::gate_proj), lora(ctx, L, Proj::up_proj),
+            lora(ctx, L, Proj::down_proj), ctx.rows, family_.activation};
   }
   // The layer's attention-half factors; with h1, also h1's products with q, k and v's A.
   AttnLora attn_lora(const LayerParams& L, const StepContext& ctx, const Tensor& h1) {
-    AttnLora lo{lora(ctx, L, Linear::q_proj), lora(ctx, L, Linear::k_proj), lora(ctx, L, Linear::v_proj),
-                lora(ctx, L, Linear::o_proj)};
+    AttnLora lo{lora(ctx, L, Proj::q_proj), lora(ctx, L, Proj::k_proj), lora(ctx, L, Proj::v_proj),
+                lora(ctx, L, Proj::o_proj)};
     lo.rows = ctx.rows;
     for (const LowRank* lr : {lo.q, lo.k, lo.v})
       if (lr) lo.in.push_back(lr);
@@ -774,7 +796,7 @@ class DecoderModel final : public Model {
       }
       // This rank's experts under their Hub numbers: all of them without expert parallelism, or
       // where the run gathered the whole layer's around a save (Run::save).
-      const int64_t first = p.value.size(0) == cfg_.num_experts ? 0 : first_expert_;
+      const int64_t first = p.value.size(0) == moe(cfg_).num_experts ? 0 : first_expert_;
       for (int64_t e = 0; e < p.value.size(0); ++e)
         out.push_back({expert_name(p.name, first + e), p.value.rows(e, e + 1).view({p.value.size(1), p.value.size(2)})});
     }
@@ -808,32 +830,33 @@ class DecoderModel final : public Model {
   // A fused experts' tensor this rank fills itself: dequantized from MXFP4, or its experts' rows of
   // the whole tensor (expert parallelism).
   void load_experts_by_hand(const safetensors::Checkpoint& ck, safetensors::NamedTensor& p) {
-    const int64_t first = p.value.size(0) == cfg_.num_experts ? 0 : first_expert_;
+    const int64_t first = p.value.size(0) == moe(cfg_).num_experts ? 0 : first_expert_;
     if (mxfp4_stored(p.name)) {
       mxfp4_load_experts(ck, p.name, first, p.value, check_finite_);
       return;
     }
     const Tensor whole = ck.load(p.name, p.value.dtype(), Device::cpu(), check_finite_);
-    if (whole.size(0) != cfg_.num_experts)
+    if (whole.size(0) != moe(cfg_).num_experts)
       throw Error(str(ck.file_of(p.name), ": tensor '", p.name, "' holds ", whole.size(0), " experts, config.json says ",
-                      cfg_.num_experts));
+                      moe(cfg_).num_experts));
     Tensor mine = Tensor::empty(p.value.shape(), p.value.dtype(), Device::cpu());
     mine.copy_from(whole.rows(first, first + p.value.size(0)));
     p.value.copy_from(mine);
   }
-  // The experts' adapters (Adapter::find_experts); a sparse layer has no projections of its own
-  // to adapt, so an adapter answering find() for them is refused.
+  // The experts' adapters (Adapter::find_experts); a sparse layer's MLP modules are experts
+  // (LinearModule::experts), so an adapter answering find() for them is refused.
   MoeLora moe_lora(const LayerParams& L, const StepContext& ctx) const {
     if (!ctx.adapter) return {};
-    return {ctx.adapter->find_experts(L.index, Linear::gate_proj), ctx.adapter->find_experts(L.index, Linear::up_proj),
-            ctx.adapter->find_experts(L.index, Linear::down_proj)};
+    auto find = [&](Proj m) { return ctx.adapter->find_experts(L.index, static_cast<int>(m)); };
+    if (layout_.fused) return {find(Proj::gate_up_proj), nullptr, find(Proj::down_proj)};
+    return {find(Proj::gate_proj), find(Proj::up_proj), find(Proj::down_proj)};
   }
   MoeRouting route(const LayerParams& L, const Tensor& h2, const StepContext& ctx) {
-    if (ctx.adapter && (ctx.adapter->find(L.index, Linear::gate_proj) || ctx.adapter->find(L.index, Linear::up_proj) ||
-                        ctx.adapter->find(L.index, Linear::down_proj)))
-      throw Error(str(family_.name, ": layer ", L.index, " is sparse; its MLP is experts, adapted per expert (find_experts)"),
-                  "lora.experts", "set [lora] experts = true to adapt the experts");
-    return moe_route(h2, W(L.router), cfg_.num_experts_per_tok, cfg_.norm_topk_prob, Wopt(L.router_bias));
+    for (const Proj m : {Proj::gate_proj, Proj::up_proj, Proj::down_proj, Proj::gate_up_proj})
+      if (ctx.adapter && ctx.adapter->find(L.index, static_cast<int>(m)))
+        throw Error(str(family_.name, ": layer ", L.index, " is sparse; its MLP modules are experts, adapted per expert (find_experts)"),
+                    {}, "adapt the experts through Adapter::find_experts");
+    return moe_route(h2, W(L.router), moe(cfg_).num_experts_per_tok, moe(cfg_).norm_topk_prob, Wopt(L.router_bias));
   }
   // The load-balancing loss over one forward pass, as transformers' load_balancing_loss_func with
   // no attention mask: the N = T x (sparse layers) rows of router probabilities p, the share f_e of
@@ -853,10 +876,10 @@ class DecoderModel final : public Model {
   };
   void begin_pass(const Tensor& x) {
     pass_ = Pass{};
-    if (cfg_.num_experts <= 0) return;
+    if (moe(cfg_).num_experts <= 0) return;
     pass_.open = true;
-    pass_.counts.assign(static_cast<size_t>(cfg_.num_experts), 0.0);
-    pass_.prob_sum = Tensor::zeros({1, cfg_.num_experts}, DType::f32, x.device());
+    pass_.counts.assign(static_cast<size_t>(moe(cfg_).num_experts), 0.0);
+    pass_.prob_sum = Tensor::zeros({1, moe(cfg_).num_experts}, DType::f32, x.device());
     Tensor ones = Tensor::empty({x.size(0), 1}, DType::f32, Device::cpu());
     for (int64_t i = 0; i < x.size(0); ++i) ones.data_as<float>()[i] = 1.f;
     pass_.ones = x.device().is_cuda() ? ones.to(x.device()) : ones;
@@ -867,7 +890,7 @@ class DecoderModel final : public Model {
     pass_.sequence = ctx.sequence;
     const int64_t T = r.probs.size(0);
     pass_.rows += T;
-    for (int64_t e = 0; e < cfg_.num_experts; ++e) {
+    for (int64_t e = 0; e < moe(cfg_).num_experts; ++e) {
       const int64_t c = r.offsets[static_cast<size_t>(e + 1)] - r.offsets[static_cast<size_t>(e)];
       pass_.counts[static_cast<size_t>(e)] += static_cast<double>(c);
       load[static_cast<size_t>(e)] += c;
@@ -917,7 +940,7 @@ class DecoderModel final : public Model {
     pass_.open = false;
     aux_ = AuxLoss{};
     aux_.present = true;
-    aux_.coef = cfg_.output_router_logits ? cfg_.router_aux_loss_coef : 0.0;
+    aux_.coef = moe(cfg_).output_router_logits ? moe(cfg_).router_aux_loss_coef : 0.0;
     if (pass_.rows == 0) return;
     const std::vector<float> probs = pass_.prob_sum.to_floats();
     std::vector<double> p(probs.begin(), probs.end());
@@ -934,7 +957,7 @@ class DecoderModel final : public Model {
     const double N = static_cast<double>(pass_.rows);
     double sum = 0;
     for (size_t e = 0; e < p.size(); ++e) sum += pass_.counts[e] / N * (p[e] / N);
-    aux_.value = static_cast<double>(cfg_.num_experts) * sum;
+    aux_.value = static_cast<double>(moe(cfg_).num_experts) * sum;
     aux_.expert_tokens_min = pass_.min_load;
     aux_.expert_tokens_max = pass_.max_load;
     pass_.prob_sum = pass_.ones = Tensor();
@@ -942,12 +965,12 @@ class DecoderModel final : public Model {
   // d(coef * aux)/dp[n,e] for this step's share (ctx.aux_weight); undefined when the loss does
   // not train.
   Tensor aux_grad(const StepContext& ctx, const Tensor& like) const {
-    if (!cfg_.output_router_logits || cfg_.router_aux_loss_coef == 0 || pass_.rows == 0) return Tensor();
-    const double N = static_cast<double>(pass_.rows), E = static_cast<double>(cfg_.num_experts);
+    if (!moe(cfg_).output_router_logits || moe(cfg_).router_aux_loss_coef == 0 || pass_.rows == 0) return Tensor();
+    const double N = static_cast<double>(pass_.rows), E = static_cast<double>(moe(cfg_).num_experts);
     std::vector<float> g(pass_.counts.size());
     for (size_t e = 0; e < g.size(); ++e)
-      g[e] = static_cast<float>(ctx.aux_weight * cfg_.router_aux_loss_coef * E * pass_.counts[e] / (N * N));
-    return Tensor::from_floats(g, {cfg_.num_experts}, DType::f32, like.device());
+      g[e] = static_cast<float>(ctx.aux_weight * moe(cfg_).router_aux_loss_coef * E * pass_.counts[e] / (N * N));
+    return Tensor::from_floats(g, {moe(cfg_).num_experts}, DType::f32, like.device());
   }
 
   int64_t parameter_count() const {
@@ -960,18 +983,20 @@ class DecoderModel final : public Model {
   void build(const ModelConfig& cfg, Device device, DType dtype) {
     if (!is_floating(dtype)) throw Error(str(family_.name, ": weights must be a float dtype, not ", dtype_name(dtype)));
     resolve_groups(cfg.num_kv_heads, true, 0);  // an explicit count must divide the kv heads: refused before any weight
-    if (ep_ > 1 && cfg.sparse_layers() == 0)
+    if (ep_ > 1 && sparse_layers(cfg) == 0)
       throw Error(str("[distributed] ep = ", ep_, " but this ", cfg.model_type, " model has no experts to split"),
                   "distributed.ep", "set ep = 1 for a dense model");
-    if (ep_ > 1 && cfg.num_experts % ep_ != 0)
-      throw Error(str("[distributed] ep = ", ep_, " does not divide the model's ", cfg.num_experts, " experts"),
-                  "distributed.ep", str("set ep to a divisor of ", cfg.num_experts, " that divides the world size"));
-    if (family_.sandwich_norms && cfg.sparse_layers() > 0)
+    if (ep_ > 1 && moe(cfg).num_experts % ep_ != 0)
+      throw Error(str("[distributed] ep = ", ep_, " does not divide the model's ", moe(cfg).num_experts, " experts"),
+                  "distributed.ep", str("set ep to a divisor of ", moe(cfg).num_experts, " that divides the world size"));
+    if (family_.sandwich_norms && sparse_layers(cfg) > 0)
       throw Error(str(family_.name, ": a mixture of experts under sandwich norms is not computed"), "num_experts",
                   "use a dense checkpoint");
     cfg_ = cfg;
+    cfg_.linear_modules = linear_modules(cfg, family_, layout_);
+    cfg_.mlp_slot_layers = cfg.num_layers - sparse_layers(cfg);
     own_inv_freq_ = own_inv_freq(cfg);
-    first_expert_ = ep_ > 1 ? ep_index_ * (cfg.num_experts / ep_) : 0;
+    first_expert_ = ep_ > 1 ? ep_index_ * (moe(cfg).num_experts / ep_) : 0;
     params_.clear();
     layers_.clear();
     const int64_t H = cfg.hidden_size, I = cfg.intermediate_size, V = cfg.vocab_size, d = cfg.head_dim;
@@ -1022,10 +1047,10 @@ class DecoderModel final : public Model {
       } else {
         L.post_norm = add(p + "post_attention_layernorm.weight", {H});
       }
-      if (cfg.sparse(l)) {
+      if (sparse(cfg, l)) {
         // The router stays whole (every rank routes its own tokens over every expert); the
         // experts are this rank's E/ep.
-        const int64_t E = cfg.num_experts, El = E / ep_, Im = cfg.moe_intermediate_size;
+        const int64_t E = moe(cfg).num_experts, El = E / ep_, Im = moe(cfg).moe_intermediate_size;
         L.sparse = true;
         if (layout_.fused) {
           L.router = add(p + "mlp.router.weight", {E, H}, true);

@@ -8,6 +8,7 @@
 #pragma once
 #include <memory>
 #include <string>
+#include <vector>
 
 #include "lcx/hf_config.h"
 #include "lcx/ops.h"
@@ -69,6 +70,18 @@ struct Family {
   std::string (*to_json_with_experts)(const ModelConfig& c, const ExpertsLayout& experts,
                                       const std::string& rope_parameters_json, DType dtype) = nullptr;
 };
+
+// The standard decoder's linear modules, by the id a layer exposes each with (LinearModule::id,
+// Adapter::find): a dense layer's q, k, v, o, gate, up and down; a sparse layer's experts' gate,
+// up and down (Qwen3-MoE's, one nn.Linear per expert as PEFT sees them) or gate_up and down
+// (the fused layout's 3-D parameters).
+enum class Proj : int { q_proj, k_proj, v_proj, o_proj, gate_proj, up_proj, down_proj, gate_up_proj };
+// What each reads (LinearModule::input): the normed input, the attention's output, the MLP's
+// input, the gated activation.
+enum class ProjInput : int { attention_in, attention_out, mlp_in, mlp_act };
+// Every layer's linear modules of a model of config c, as the family builds them.
+std::vector<std::vector<LinearModule>> linear_modules(const ModelConfig& c, const Family& family,
+                                                      const ExpertsLayout& layout);
 
 // The Model a module's factory returns: the family's recipe, and the module's manifest table
 // (check_finite, max_shard_size, attention_head_groups, attention_keep_outputs, keep_attention, and

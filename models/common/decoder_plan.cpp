@@ -10,6 +10,8 @@
 
 #include "lcx/attention_cost.h"
 #include "lcx/error.h"
+#include "decoder_config.h"
+#include "decoder_model.h"
 
 namespace lcx::decoder {
 namespace {
@@ -31,7 +33,7 @@ DecoderDims shape_of(const ModelConfig& c, const DecoderLayerShape& layer) {
 // the per-head q_norm and k_norm and the q/k/v biases where the family has them, and its MLP: gate/up/down, or a sparse layer's router (whole on
 // every rank) and its experts (E/ep of them under expert parallelism).
 int64_t mlp_params(const ModelConfig& c, const DecoderDims& s, int64_t ep, int64_t layer) {
-  return c.sparse(layer) ? c.num_experts * s.H + 3 * (c.num_experts / ep) * c.moe_intermediate_size * s.H : 3 * s.I * s.H;
+  return sparse(c, layer) ? moe(c).num_experts * s.H + 3 * (moe(c).num_experts / ep) * moe(c).moe_intermediate_size * s.H : 3 * s.I * s.H;
 }
 int64_t layer_params(const ModelConfig& c, const DecoderDims& s, int64_t ep, int64_t layer) {
   return 2 * s.H + s.qd * s.H + 2 * s.kvd * s.H + s.H * s.qd + s.extra + mlp_params(c, s, ep, layer);
@@ -65,6 +67,92 @@ int64_t largest_layer(const ModelConfig& c, const DecoderDims& s, int64_t ep) {
   return n;
 }
 
+// The rank of the factors an adapter puts on module m (plain, or a sparse layer's experts, one
+// module each as Qwen3-MoE's) in any layer: the largest (0: none).
+int64_t adapted_rank(const PlanInputs& in, Proj m, bool experts) {
+  int64_t r = 0;
+  for (size_t l = 0; l < in.model.linear_modules.size(); ++l) {
+    const auto& mods = in.model.linear_modules[l];
+    for (size_t i = 0; i < mods.size(); ++i)
+      if (mods[i].id == static_cast<int>(m) && (mods[i].experts > 0) == experts && !mods[i].parameter)
+        r = std::max(r, in.adapter_rank(static_cast<int64_t>(l), i));
+  }
+  return r;
+}
+
+// The [rows, r] products this decoder makes with the adapters' factors (PlanInputs::adapter_ranks;
+// decoder_model.cpp, mlp_whole.cpp, moe.cpp), and the dropped inputs beside the calls that read
+// them (adapter_none.cpp).
+void plan_adapter_products(const PlanInputs& in, MemoryPlan& plan, int64_t moe_tile_rows) {
+  const ModelConfig& c = in.model;
+  const int64_t ab = static_cast<int64_t>(dtype_size(in.weight_dtype));
+  const int64_t T = in.tokens_per_rank, H = c.hidden_size;
+  // The experts' [rows, r] products (u = x A_e^T, g = scale dy B_e) live one at a time, each beside
+  // buffers the sparse layer's plan ("moe_backward") already holds at its widest moment but one:
+  // down's backward, beside the experts' inputs, gate, up, silu*up, dact and the outputs' gradients
+  // (2H + 4I columns). There the product adds r columns, which raise the layer's peak only where
+  // that moment is (or becomes) its widest; every other product comes where [rows, I] buffers
+  // (I >= r) were just released, in the forward as in the backward.
+  if (const int64_t rd = adapted_rank(in, Proj::down_proj, true); rd > 0 && sparse_layers(c) > 0) {
+    const int64_t Im = moe(c).moe_intermediate_size;
+    const int64_t tile = moe_tile_rows > 0 ? std::min<int64_t>(T, moe_tile_rows) : T;
+    const int64_t tk = tile * std::max<int64_t>(1, moe(c).num_experts_per_tok), ep = std::max<int64_t>(1, in.ep), R = tk * ep;
+    const int64_t widest = ep == 1 ? tk * std::max({3 * H + 3 * Im, 2 * H + 4 * Im, H + 5 * Im})
+                                   : std::max({R * (2 * H + 3 * Im) + tk * H, R * (2 * H + 4 * Im), R * (H + 5 * Im)});
+    const int64_t extra = std::max<int64_t>(0, R * (2 * H + 4 * Im + rd) - widest) * ab;
+    if (extra > 0)
+      plan.add("lora_expert_backward", "LoRA on the experts: down's [rows, r] product beside its backward's widest moment",
+               PlanCategory::transient, extra, plan_phase::mlp_backward);
+  }
+
+  // A layer's [T, r] products (decoder_model.cpp): h1 @ A^T of q, k, v and the fp32 sum of
+  // attn @ Ao^T live from the attention's recompute through the MLP's backward; the attention
+  // backward adds scale * dx1 @ Bo and the fp32 sums of dq @ Bq (k, v) with their rounding.
+  const int64_t q = adapted_rank(in, Proj::q_proj, false), k = adapted_rank(in, Proj::k_proj, false),
+                v = adapted_rank(in, Proj::v_proj, false), o = adapted_rank(in, Proj::o_proj, false);
+  const int64_t gate = adapted_rank(in, Proj::gate_proj, false), up = adapted_rank(in, Proj::up_proj, false),
+                down = adapted_rank(in, Proj::down_proj, false);
+  const int64_t qkv = (q + k + v) * T * ab, uo = o * T * 4;
+  const int64_t mlp_tile = std::min<int64_t>(T, in.recipe.get("tiled_mlp", "tile_rows", 0) > 0
+                                                    ? in.recipe.get("tiled_mlp", "tile_rows", 0) : T);
+  const bool mlp = gate + up + down > 0 && sparse_layers(c) < c.num_layers;
+  if (qkv + uo > 0)
+    plan.add("lora_forward", "LoRA: h1 @ A^T of q, k, v [T,r], fp32 attn @ Ao^T [T,r] and its rounding",
+             PlanCategory::transient, qkv + uo + o * T * ab, plan_phase::forward);
+  // The MLP's backward holds gate's and up's u^T from its recompute to the end (with the
+  // stacked g^T beside them at the end), and down's u and g while down's backward runs.
+  const int64_t n_in = gate + up;
+  const int64_t mlp_products = mlp ? std::max(n_in + 2 * down, 2 * n_in) * mlp_tile * ab : 0;
+  if (qkv + uo + mlp_products > 0)
+    plan.add("lora_mlp_backward", "LoRA: the attention's [T,r] products held through the MLP backward, the MLP's",
+             PlanCategory::transient, qkv + uo + mlp_products, plan_phase::mlp_backward);
+  const int64_t back = qkv + o * T * ab + (q + k + v) * T * 4 + std::max({q, k, v}) * T * ab;
+  if (back > 0)
+    plan.add("lora_attention_backward", "LoRA: h1 @ A^T, scale dx1 @ Bo, fp32 sums of dq @ Bq (k, v) [T,r]",
+             PlanCategory::transient, back, plan_phase::backward);
+
+  // Dropout: the dropped input of one projection at a time ([rows, in] beside the call that
+  // reads it, adapter_none.cpp): h1's [T,H] or the attention's [T,Hq*d] (a head group's columns
+  // of it, counted whole) in the forward and the attention backward, and the MLP's input [tile,H]
+  // beside the MLP backward's widest moment, or act's [tile,I] beside the forward's MLP.
+  if (in.adapter_dropout) {
+    const int64_t d = c.head_dim > 0 ? c.head_dim : H / std::max<int64_t>(1, c.num_heads);
+    const int64_t attn_in = std::max(q + k + v > 0 ? H : 0, o > 0 ? c.num_heads * d : 0);
+    const bool mlp_in = mlp && gate + up > 0, mlp_down = mlp && down > 0;
+    const int64_t fwd = std::max(T * attn_in, mlp_tile * std::max(mlp_in ? H : 0, mlp_down ? c.intermediate_size : 0)) * ab;
+    if (fwd > 0)
+      plan.add("lora_dropout_forward", "LoRA dropout: one projection's dropped input", PlanCategory::transient, fwd,
+               plan_phase::forward);
+    if (attn_in > 0)
+      plan.add("lora_dropout_backward", "LoRA dropout: one attention projection's dropped input or its masked gradient",
+               PlanCategory::transient, T * attn_in * ab, plan_phase::backward);
+    // gate's and up's u^T are released just before (mlp_whole.cpp), so the input adds the rest.
+    if (mlp_in)
+      plan.add("lora_dropout_mlp_backward", "LoRA dropout: gate's or up's dropped input or its masked gradient",
+               PlanCategory::transient, mlp_tile * std::max<int64_t>(0, H - n_in) * ab, plan_phase::mlp_backward);
+  }
+}
+
 }  // namespace
 
 void plan_dense_decoder(const PlanInputs& in, MemoryPlan& plan, const DenseDecoderAttention& attention,
@@ -80,7 +168,7 @@ void plan_dense_decoder(const PlanInputs& in, MemoryPlan& plan, const DenseDecod
   const int64_t head = in.model.tie_word_embeddings ? 0 : s.V * s.H;
   // Under expert parallelism a rank holds E/ep of each sparse layer's experts (and their
   // gradients; the optimizer plans their state from plan.parameters): its parameters are these.
-  const int64_t ep = in.model.sparse_layers() > 0 ? std::max<int64_t>(1, in.ep) : 1;
+  const int64_t ep = sparse_layers(in.model) > 0 ? std::max<int64_t>(1, in.ep) : 1;
   const int64_t n = s.V * s.H + all_layers(in.model, s, ep, layer_params) + s.H + head;  // embedding, layers, final norm, head
   // ZeRO-3 over the whole mesh (core/src/distributed/sharded_params.h): a rank keeps 1/world of each
   // parameter's value and fp32 grad (and its master and moments: the optimizer's plan).
@@ -215,12 +303,12 @@ void plan_dense_decoder(const PlanInputs& in, MemoryPlan& plan, const DenseDecod
     // The MLP's weights a token passes through, over the layers: 3 H I for a dense layer; the
     // router and k experts' 3 H I_moe for a sparse one. Its elementwise width likewise.
     const ModelConfig& c = in.model;
-    const double sparse = static_cast<double>(c.sparse_layers()), dense = static_cast<double>(s.L) - sparse;
-    const double k_moe = static_cast<double>(c.num_experts_per_tok), i_moe = static_cast<double>(c.moe_intermediate_size);
+    const double sparse = static_cast<double>(sparse_layers(c)), dense = static_cast<double>(s.L) - sparse;
+    const double k_moe = static_cast<double>(moe(c).num_experts_per_tok), i_moe = static_cast<double>(moe(c).moe_intermediate_size);
     // The experts' weights apart (expert): they run as grouped GEMMs, at their own rate.
     const double qkv = static_cast<double>(s.H * (s.qd + 2 * s.kvd)), o = static_cast<double>(s.qd * s.H),
                  mlp = (dense * 3.0 * static_cast<double>(s.H * s.I) +
-                        sparse * static_cast<double>(s.H) * static_cast<double>(c.num_experts)) /
+                        sparse * static_cast<double>(s.H) * static_cast<double>(moe(c).num_experts)) /
                        static_cast<double>(s.L),
                  expert = sparse * static_cast<double>(s.H) * 3.0 * k_moe * i_moe / static_cast<double>(s.L);
     const double width = (dense * static_cast<double>(s.I) + sparse * k_moe * i_moe) / static_cast<double>(s.L);
@@ -270,11 +358,11 @@ void plan_dense_decoder(const PlanInputs& in, MemoryPlan& plan, const DenseDecod
   // experts' rows. Every token's k rows are sorted whatever the experts they go to, so the buffers
   // are T*k rows however unevenly the tokens route (all to one expert included): the bound is exact.
   // With tiles, T is a tile's tokens.
-  if (in.model.sparse_layers() > 0) {
+  if (sparse_layers(in.model) > 0) {
     const ModelConfig& c = in.model;
     const int64_t Tm = moe_tile_rows > 0 ? std::min(moe_tile_rows, in.tokens_per_rank) : in.tokens_per_rank;
-    const int64_t E = c.num_experts, tk = Tm * c.num_experts_per_tok, Im = c.moe_intermediate_size;
-    const int64_t routing = Tm * E * (ab + 4) + Tm * c.num_experts_per_tok * 8 + tk * 8;
+    const int64_t E = moe(c).num_experts, tk = Tm * moe(c).num_experts_per_tok, Im = moe(c).moe_intermediate_size;
+    const int64_t routing = Tm * E * (ab + 4) + Tm * moe(c).num_experts_per_tok * 8 + tk * 8;
     // The backward's widest moment: the experts' inputs, gate, up and silu*up with their outputs
     // and those outputs' gradients (the combine's backward), or later dact beside them, or dgate
     // and dup beside gate, up and dact; then the router's gradient [T,E].
@@ -283,7 +371,7 @@ void plan_dense_decoder(const PlanInputs& in, MemoryPlan& plan, const DenseDecod
       plan.add("moe_forward", "sparse MLP forward: routing, experts' inputs, gate, up, silu*up [T*k rows]",
                PlanCategory::transient, routing + tk * (s.H + 3 * Im) * ab, plan_phase::forward);
       plan.add("moe_backward", "sparse MLP backward: routing, experts' rows and their gradients [T*k rows]",
-               PlanCategory::transient, routing + Tm * c.num_experts_per_tok * 4 + tk * widest * ab + Tm * E * ab,
+               PlanCategory::transient, routing + Tm * moe(c).num_experts_per_tok * 4 + tk * widest * ab + Tm * E * ab,
                plan_phase::mlp_backward);
     } else {
       // Expert parallelism: a rank's experts run the rows every rank of its group sends them. At
@@ -301,7 +389,7 @@ void plan_dense_decoder(const PlanInputs& in, MemoryPlan& plan, const DenseDecod
       plan.add("moe_backward", str("sparse MLP backward, expert-parallel: routing, experts' rows of ep ", ep,
                                    " ranks (worst case T*k*ep rows) and their gradients, this rank's T*k returned"),
                PlanCategory::transient,
-               routing + Tm * c.num_experts_per_tok * 4 + widest_ep * ab + Tm * E * ab,
+               routing + Tm * moe(c).num_experts_per_tok * 4 + widest_ep * ab + Tm * E * ab,
                plan_phase::mlp_backward);
     }
     // cuBLAS's grouped GEMM takes one dtype for all its operands: a 16-bit weight gradient is
@@ -322,6 +410,7 @@ void plan_dense_decoder(const PlanInputs& in, MemoryPlan& plan, const DenseDecod
   // final_norm_backward recomputes the norm: y [T,H] and fp32 rstd [T].
   plan.add("final_norm_recompute", "final norm recompute: y [T,H], rstd", PlanCategory::transient, T * (s.H * ab + 4),
            plan_phase::final_norm);
+  plan_adapter_products(in, plan, moe_tile_rows);
 }
 
 double decoder_step_flops(const ModelConfig& c, const DecoderLayerShape& layer, int64_t tokens,
@@ -331,7 +420,7 @@ double decoder_step_flops(const ModelConfig& c, const DecoderLayerShape& layer, 
   const double attention = f(s.qd * s.H + 2 * s.kvd * s.H + s.H * s.qd + (layer.qkv_bias ? s.qd + 2 * s.kvd : 0));
   double weights = f(s.V * s.H);
   for (int64_t l = 0; l < s.L; ++l)
-    weights += attention + (c.sparse(l) ? f(c.num_experts * s.H + 3 * c.num_experts_per_tok * c.moe_intermediate_size * s.H)
+    weights += attention + (sparse(c, l) ? f(moe(c).num_experts * s.H + 3 * moe(c).num_experts_per_tok * moe(c).moe_intermediate_size * s.H)
                                         : f(3 * s.I * s.H));
   const double T = f(tokens);
   // Per layer, the documents' squares (T x T, or per document): twice the causal pairs. A sliding

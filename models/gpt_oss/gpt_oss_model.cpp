@@ -49,14 +49,16 @@ ModelConfig transformers_defaults() {
   c.rms_norm_eps = 1e-5;
   c.tie_word_embeddings = false;
   c.sliding_window = 128;
-  c.num_experts = 128;
-  c.num_experts_per_tok = 4;
-  c.moe_intermediate_size = c.intermediate_size;
+  decoder::MoeConfig e;
+  e.num_experts = 128;
+  e.num_experts_per_tok = 4;
+  e.moe_intermediate_size = c.intermediate_size;
   // Softmax over the k largest logits is the top-k of the whole softmax renormalized.
-  c.norm_topk_prob = true;
-  c.decoder_sparse_step = 1;
-  c.router_aux_loss_coef = 0.001;
-  c.output_router_logits = false;
+  e.norm_topk_prob = true;
+  e.decoder_sparse_step = 1;
+  e.router_aux_loss_coef = 0.001;
+  e.output_router_logits = false;
+  decoder::set_moe(c, e);
   c.torch_dtype = "bfloat16";
   c.layer_types = alternating(c.num_layers);
   return c;
@@ -65,17 +67,19 @@ ModelConfig transformers_defaults() {
 // The public shapes (the Hub's config.json of openai/gpt-oss-20b and -120b).
 ModelConfig preset(const std::string& name) {
   ModelConfig c = transformers_defaults();
-  c.router_aux_loss_coef = 0.9;
+  decoder::MoeConfig e = decoder::moe(c);
+  e.router_aux_loss_coef = 0.9;
   if (name == "gpt-oss-20b") {
     c.num_layers = 24;
-    c.num_experts = 32;
+    e.num_experts = 32;
   } else if (name == "gpt-oss-120b") {
     c.num_layers = 36;
-    c.num_experts = 128;
+    e.num_experts = 128;
   } else {
     throw Error(str("model init '", name, "' is neither a preset nor a JSON object"), "model.init",
                 "use gpt-oss-20b, gpt-oss-120b, or {\"hidden_size\": 64, ...}");
   }
+  decoder::set_moe(c, e);
   c.layer_types = alternating(c.num_layers);
   return c;
 }
@@ -85,13 +89,15 @@ ModelConfig small_default() {
   ModelConfig c = transformers_defaults();
   c.vocab_size = 512;
   c.hidden_size = 64;
-  c.intermediate_size = c.moe_intermediate_size = 32;
+  decoder::MoeConfig e = decoder::moe(c);
+  c.intermediate_size = e.moe_intermediate_size = 32;
   c.num_layers = 2;
   c.num_heads = 4;
   c.num_kv_heads = 2;
   c.head_dim = 16;
-  c.num_experts = 4;
-  c.num_experts_per_tok = 2;
+  e.num_experts = 4;
+  e.num_experts_per_tok = 2;
+  decoder::set_moe(c, e);
   c.sliding_window = 8;
   c.max_position_embeddings = 4096;
   c.rope_parameters_json = nlohmann::json{{"rope_type", "yarn"},
@@ -130,19 +136,21 @@ ModelConfig apply(const HfConfig& c, ModelConfig base) {
     throw Error(str(c.source(), ": attention_bias is false; this module computes GPT-OSS with biases on q, k, v and o"),
                 "attention_bias", "use a checkpoint with attention_bias true");
   m.sliding_window = c.get_int("sliding_window", m.sliding_window);
-  m.num_experts = c.get_int("num_local_experts", c.get_int("num_experts", m.num_experts));
-  m.num_experts_per_tok = c.get_int("num_experts_per_tok", c.get_int("experts_per_token", m.num_experts_per_tok));
+  decoder::MoeConfig e = decoder::moe(m);
+  e.num_experts = c.get_int("num_local_experts", c.get_int("num_experts", e.num_experts));
+  e.num_experts_per_tok = c.get_int("num_experts_per_tok", c.get_int("experts_per_token", e.num_experts_per_tok));
   if (c.has("num_experts_per_tok") && c.has("experts_per_token") &&
       c.get_int("num_experts_per_tok", 0) != c.get_int("experts_per_token", 0))
     throw Error(str(c.source(), ": num_experts_per_tok ", c.get_int("num_experts_per_tok", 0), " and experts_per_token ",
                     c.get_int("experts_per_token", 0), " differ"),
                 "num_experts_per_tok", "set both to the number of experts each token runs");
-  m.moe_intermediate_size = m.intermediate_size;
-  m.norm_topk_prob = true;
-  m.decoder_sparse_step = 1;
-  m.mlp_only_layers.clear();
-  m.router_aux_loss_coef = c.get_double("router_aux_loss_coef", m.router_aux_loss_coef);
-  m.output_router_logits = c.get_bool("output_router_logits", m.output_router_logits);
+  e.moe_intermediate_size = m.intermediate_size;
+  e.norm_topk_prob = true;
+  e.decoder_sparse_step = 1;
+  e.mlp_only_layers.clear();
+  e.router_aux_loss_coef = c.get_double("router_aux_loss_coef", e.router_aux_loss_coef);
+  e.output_router_logits = c.get_bool("output_router_logits", e.output_router_logits);
+  decoder::set_moe(m, e);
   return m;
 }
 
@@ -161,8 +169,9 @@ decoder::ExpertsLayout experts_layout(const HfConfig& c) {
 
 void validate(const ModelConfig& c, const std::string& source) {
   decoder::validate_common(c, source, "GPT-OSS");
-  if (c.num_experts < 1 || c.num_experts_per_tok < 1 || c.num_experts_per_tok > c.num_experts)
-    throw Error(str(source, ": num_experts_per_tok ", c.num_experts_per_tok, " of num_local_experts ", c.num_experts,
+  const decoder::MoeConfig& e = decoder::moe(c);
+  if (e.num_experts < 1 || e.num_experts_per_tok < 1 || e.num_experts_per_tok > e.num_experts)
+    throw Error(str(source, ": num_experts_per_tok ", e.num_experts_per_tok, " of num_local_experts ", e.num_experts,
                     " is not a valid routing"),
                 "num_experts_per_tok", "1 <= num_experts_per_tok <= num_local_experts");
   for (const auto& t : c.layer_types)
@@ -192,11 +201,12 @@ std::string config_to_json(const ModelConfig& c, const decoder::ExpertsLayout& e
   j["sliding_window"] = c.sliding_window;
   j["attention_bias"] = true;
   j["attention_dropout"] = 0.0;
-  j["num_local_experts"] = c.num_experts;
-  j["num_experts_per_tok"] = c.num_experts_per_tok;
-  j["experts_per_token"] = c.num_experts_per_tok;
-  j["router_aux_loss_coef"] = c.router_aux_loss_coef;
-  j["output_router_logits"] = c.output_router_logits;
+  const decoder::MoeConfig& e = decoder::moe(c);
+  j["num_local_experts"] = e.num_experts;
+  j["num_experts_per_tok"] = e.num_experts_per_tok;
+  j["experts_per_token"] = e.num_experts_per_tok;
+  j["router_aux_loss_coef"] = e.router_aux_loss_coef;
+  j["output_router_logits"] = e.output_router_logits;
   j["swiglu_limit"] = experts.swiglu_limit;
   j["swiglu_alpha"] = experts.swiglu_alpha;
   j["initializer_range"] = 0.02;

@@ -53,14 +53,16 @@ ModelConfig preset(const std::string& name) {
       c.model_type = "qwen3_moe";
       c.hidden_size = s.hidden;
       c.intermediate_size = s.inter;
-      c.moe_intermediate_size = s.moe_inter;
+      decoder::MoeConfig e;
+      e.moe_intermediate_size = s.moe_inter;
       c.num_layers = s.layers;
       c.num_heads = s.heads;
       c.num_kv_heads = s.kv;
-      c.num_experts = 128;
-      c.num_experts_per_tok = 8;
-      c.norm_topk_prob = true;
-      c.router_aux_loss_coef = 0.001;
+      e.num_experts = 128;
+      e.num_experts_per_tok = 8;
+      e.norm_topk_prob = true;
+      e.router_aux_loss_coef = 0.001;
+      decoder::set_moe(c, e);
       c.tie_word_embeddings = false;
       c.layer_types.assign(static_cast<size_t>(c.num_layers), "full_attention");
       return c;
@@ -121,7 +123,7 @@ ModelConfig apply(const HfConfig& c, ModelConfig base) {
   if (c.has("model_type")) {
     m.model_type = c.get_string("model_type", "");
     if (m.model_type != "qwen3" && m.model_type != "qwen3_moe") c.expect_model_type("qwen3");
-  } else if (c.get_int("num_experts", c.get_int("num_local_experts", m.num_experts)) > 0) {
+  } else if (c.get_int("num_experts", c.get_int("num_local_experts", decoder::moe(m).num_experts)) > 0) {
     m.model_type = "qwen3_moe";  // an init spec that names experts
   }
   if (m.model_type == "qwen3_moe") read_moe(c, m);
@@ -137,49 +139,52 @@ ModelConfig apply(const HfConfig& c, ModelConfig base) {
 
 // The mixture-of-experts keys, over transformers' Qwen3MoeConfig defaults.
 void read_moe(const HfConfig& c, ModelConfig& m) {
+  decoder::MoeConfig e = decoder::moe(m);
   // The Hub's checkpoints say num_experts; transformers 5 writes num_local_experts.
-  m.num_experts = c.get_int("num_experts", c.get_int("num_local_experts", m.num_experts > 0 ? m.num_experts : 128));
-  m.num_experts_per_tok = c.get_int("num_experts_per_tok", m.num_experts_per_tok > 0 ? m.num_experts_per_tok : 8);
-  m.moe_intermediate_size = c.get_int("moe_intermediate_size", m.moe_intermediate_size > 0 ? m.moe_intermediate_size : 768);
-  m.norm_topk_prob = c.get_bool("norm_topk_prob", m.norm_topk_prob);
-  m.decoder_sparse_step = c.get_int("decoder_sparse_step", m.decoder_sparse_step);
-  m.router_aux_loss_coef = c.get_double("router_aux_loss_coef", m.router_aux_loss_coef > 0 ? m.router_aux_loss_coef : 0.001);
-  m.output_router_logits = c.get_bool("output_router_logits", m.output_router_logits);
+  e.num_experts = c.get_int("num_experts", c.get_int("num_local_experts", e.num_experts > 0 ? e.num_experts : 128));
+  e.num_experts_per_tok = c.get_int("num_experts_per_tok", e.num_experts_per_tok > 0 ? e.num_experts_per_tok : 8);
+  e.moe_intermediate_size = c.get_int("moe_intermediate_size", e.moe_intermediate_size > 0 ? e.moe_intermediate_size : 768);
+  e.norm_topk_prob = c.get_bool("norm_topk_prob", e.norm_topk_prob);
+  e.decoder_sparse_step = c.get_int("decoder_sparse_step", e.decoder_sparse_step);
+  e.router_aux_loss_coef = c.get_double("router_aux_loss_coef", e.router_aux_loss_coef > 0 ? e.router_aux_loss_coef : 0.001);
+  e.output_router_logits = c.get_bool("output_router_logits", e.output_router_logits);
   if (c.has("mlp_only_layers")) {
     const nlohmann::json j = nlohmann::json::parse(c.raw("mlp_only_layers"));
-    m.mlp_only_layers.clear();
+    e.mlp_only_layers.clear();
     if (!j.is_null()) {
       if (!j.is_array()) throw Error(str(c.source(), ": mlp_only_layers must be a list of layer numbers"), "mlp_only_layers");
       for (const auto& v : j) {
         if (!v.is_number_integer())
           throw Error(str(c.source(), ": mlp_only_layers holds ", v.dump(), ", not a layer number"), "mlp_only_layers");
-        m.mlp_only_layers.push_back(v.get<int64_t>());
+        e.mlp_only_layers.push_back(v.get<int64_t>());
       }
     }
   }
+  decoder::set_moe(m, e);
 }
 
 }  // namespace
 
 void validate(const ModelConfig& c, const std::string& source) {
+  const decoder::MoeConfig& e = decoder::moe(c);
   decoder::validate_common(c, source, "Qwen3");
   if (c.model_type != "qwen3_moe") return;
   auto positive = [&](const char* key, int64_t v) {
     if (v <= 0) throw Error(str(source, ": ", key, " is ", v, "; it must be positive"), key);
   };
-  positive("num_experts", c.num_experts);
-  positive("num_experts_per_tok", c.num_experts_per_tok);
-  positive("moe_intermediate_size", c.moe_intermediate_size);
-  positive("decoder_sparse_step", c.decoder_sparse_step);
-  if (c.num_experts_per_tok > c.num_experts)
-    throw Error(str(source, ": num_experts_per_tok ", c.num_experts_per_tok, " is larger than num_experts ", c.num_experts,
+  positive("num_experts", e.num_experts);
+  positive("num_experts_per_tok", e.num_experts_per_tok);
+  positive("moe_intermediate_size", e.moe_intermediate_size);
+  positive("decoder_sparse_step", e.decoder_sparse_step);
+  if (e.num_experts_per_tok > e.num_experts)
+    throw Error(str(source, ": num_experts_per_tok ", e.num_experts_per_tok, " is larger than num_experts ", e.num_experts,
                     ": each token picks its top-k of the experts"),
-                "num_experts_per_tok", str("use at most ", c.num_experts));
-  for (int64_t l : c.mlp_only_layers)
+                "num_experts_per_tok", str("use at most ", e.num_experts));
+  for (int64_t l : e.mlp_only_layers)
     if (l < 0 || l >= c.num_layers)
       throw Error(str(source, ": mlp_only_layers names layer ", l, " of a model with ", c.num_layers, " layers"),
                   "mlp_only_layers");
-  if (!(c.router_aux_loss_coef >= 0))
+  if (!(e.router_aux_loss_coef >= 0))
     throw Error(str(source, ": router_aux_loss_coef must not be negative"), "router_aux_loss_coef");
 }
 
@@ -211,14 +216,14 @@ std::string config_to_json(const ModelConfig& c, const std::string& rope_paramet
   j["use_cache"] = true;
   j["dtype"] = decoder::hf_dtype_name(dtype);
   if (moe) {
-    j["num_experts"] = c.num_experts;
-    j["num_experts_per_tok"] = c.num_experts_per_tok;
-    j["moe_intermediate_size"] = c.moe_intermediate_size;
-    j["norm_topk_prob"] = c.norm_topk_prob;
-    j["decoder_sparse_step"] = c.decoder_sparse_step;
-    j["mlp_only_layers"] = c.mlp_only_layers;
-    j["router_aux_loss_coef"] = c.router_aux_loss_coef;
-    j["output_router_logits"] = c.output_router_logits;
+    j["num_experts"] = decoder::moe(c).num_experts;
+    j["num_experts_per_tok"] = decoder::moe(c).num_experts_per_tok;
+    j["moe_intermediate_size"] = decoder::moe(c).moe_intermediate_size;
+    j["norm_topk_prob"] = decoder::moe(c).norm_topk_prob;
+    j["decoder_sparse_step"] = decoder::moe(c).decoder_sparse_step;
+    j["mlp_only_layers"] = decoder::moe(c).mlp_only_layers;
+    j["router_aux_loss_coef"] = decoder::moe(c).router_aux_loss_coef;
+    j["output_router_logits"] = decoder::moe(c).output_router_logits;
   }
   return j.dump(2) + "\n";
 }

@@ -1,24 +1,30 @@
 // lora: low-rank adapters on a frozen base (Hu et al. 2021), as PEFT defines them, in the
-// Adapter slot (lcx/slots/adapter.h). For each targeted projection W [out, in] of every layer it
-// holds A [r, in] and B [out, r], and the model computes y = x W^T + scale * (x A^T) B^T with
+// Adapter slot (lcx/slots/adapter.h). For each linear module W [out, in] the model lists
+// (ModelConfig::linear_modules) that target_modules matches, as PEFT matches it, it holds
+// A [r, in] and B [out, r], and the model computes y = x W^T + scale * (x A^T) B^T with
 // scale = alpha / r (alpha / sqrt(r) with use_rslora). A starts Kaiming-uniform (PEFT's
 // kaiming_uniform_(a = sqrt(5)): U(-1/sqrt(in), 1/sqrt(in))), B at zero, so the first step's
 // model is the base. Every model parameter is frozen except those of modules_to_save (matched as
 // PEFT does: a module whose name ends with the entry), which train whole (LongLoRA's embeddings
 // and norms).
 //
-// With target_parameters (PEFT's ParamWrapper), a fused experts' parameter W [E, in, out] (GPT-OSS's
-// mlp.experts.gate_up_proj and down_proj) is adapted per expert: A [E_local, r, in] and
+// With target_parameters (PEFT's ParamWrapper), stacked experts stored as one parameter
+// W [E, in, out] (LinearModule::parameter: GPT-OSS's mlp.experts.gate_up_proj and down_proj) are
+// adapted per expert: A [E_local, r, in] and
 // B [E_local, out, r], expert e's delta scale * A_e^T B_e^T; its files hold PEFT's lora_A [r*E, in]
 // (expert-major rows) and lora_B [out, r*E] (column j*E + e) under the module's keys
 // (peft::parameter_lora_key).
 //
-// With experts = true, a sparse layer's (mixture of experts) gate_proj, up_proj and down_proj
-// are adapted per expert: A [E_local, r, in] and B [E_local, out, r] stacked by the experts this
-// rank holds, as the experts' weights are, and the layer runs them as grouped GEMMs over each
-// expert's rows (qwen3_moe.cpp). Their files are PEFT's per-expert keys
+// With experts = true, the modules of one linear per expert that target_modules matches (a
+// sparse layer's mlp.experts.gate_proj, up_proj and down_proj in Qwen3-MoE) are adapted per
+// expert: A [E_local, r, in] and B [E_local, out, r] stacked by the experts this rank holds, as the
+// experts' weights are, and the layer runs them as grouped GEMMs over each expert's rows. Their files are PEFT's per-expert keys
 // ("model.layers.3.mlp.experts.5.gate_proj.lora_A.weight"), which merge folds into the Hub's
 // per-expert weights.
+//
+// With bias (PEFT's), biases train whole beside the factors: "all", every parameter of the model
+// named with "bias"; "lora_only", those of the adapted modules (Qwen2's q, k, v; GPT-OSS's
+// attention). They are saved under PEFT's keys (peft::bias_key) and start a run from init_from.
 //
 // Files are PEFT's: a checkpoint holds adapter_config.json and adapter_model.safetensors with
 // PEFT's key names (lcx/peft.h); init_from starts from such a folder, and `lcx-train merge`
@@ -42,6 +48,7 @@
 #include <memory>
 #include <optional>
 #include <regex>
+#include <set>
 
 namespace lcx {
 namespace {
@@ -53,20 +60,24 @@ struct LoraOptions {
   double alpha = 8;
   double dropout = 0;
   bool use_rslora = false;
-  // target_modules as PEFT matches it: a list (or "all-linear") adapts its projections in every
-  // layer; a pattern (any other string) adapts a module whose whole name it matches
-  // ("model.layers.3.self_attn.q_proj"; a sparse layer's experts by expert 0's,
-  // "model.layers.3.mlp.experts.0.gate_proj"), as Python's re.fullmatch does.
-  std::array<bool, kLinearCount> targets{};
+  // target_modules as PEFT matches it against the modules a model exposes (peft::TargetModules):
+  // a list of names (a module whose full name equals one or ends with "." + one), "all-linear"
+  // (every linear module), or a pattern (any other string: a regex the full name must match, as
+  // Python's re.fullmatch). A module of per-expert linears is matched by expert 0's name
+  // ("model.layers.3.mlp.experts.0.gate_proj").
+  std::vector<std::string> names;
   bool all_linear = false;
   std::string pattern;
-  std::shared_ptr<const std::regex> regex;  // pattern compiled
-  // A sparse layer's experts adapted too (per expert) where target_modules names their projections.
+  // Modules of stacked experts adapted too (per expert) where target_modules matches them.
   bool experts = false;
-  // PEFT's target_parameters: fused experts' parameters adapted directly ("mlp.experts.gate_up_proj",
-  // "mlp.experts.down_proj": GPT-OSS's [E, in, out] weights), per expert, in the order given.
+  // PEFT's target_parameters: experts stored as one 3-D parameter (LinearModule::parameter:
+  // GPT-OSS's "mlp.experts.gate_up_proj", "mlp.experts.down_proj") adapted directly, per expert,
+  // matched as the list is, in the order given.
   std::vector<std::string> target_parameters;
   std::optional<std::vector<std::string>> modules_to_save;
+  // PEFT's bias: "none", "all" (every base parameter named with "bias" trains) or "lora_only" (the
+  // biases of the adapted modules).
+  std::string bias = "none";
   std::string init_from;
   std::string table = "lora";
   double scale() const { return use_rslora ? alpha / std::sqrt(static_cast<double>(r)) : alpha / static_cast<double>(r); }
@@ -114,23 +125,22 @@ std::vector<std::pair<std::string, int64_t>> dense_other_params(const ModelConfi
   return out;
 }
 
-// [out, in] of each projection of a dense Qwen3 layer.
-std::array<std::pair<int64_t, int64_t>, kLinearCount> projection_shapes(const ModelConfig& c) {
-  const int64_t d = c.head_dim > 0 ? c.head_dim : c.hidden_size / std::max<int64_t>(1, c.num_heads);
-  const int64_t H = c.hidden_size, I = c.intermediate_size, qd = c.num_heads * d, kvd = c.num_kv_heads * d;
-  return {{{qd, H}, {kvd, H}, {kvd, H}, {H, qd}, {I, H}, {I, H}, {H, I}}};
-}
-
-// The A factors of one layer's projections that share an input, as rows of one tensor; `row` is
-// the next factor's first.
+// The A factors of one layer's modules that read one input (LinearModule::input), as rows of one
+// tensor; `row` is the next factor's first.
 struct Stack {
   Tensor value, grad;
   int64_t row = 0;
 };
 
+// What a table does with one linear module of a layer.
+struct Use {
+  enum Kind { none, plain, experts, parameter } kind = none;
+  int entry = -1;  // parameter: its entry of target_parameters
+};
+
 class Lora final : public Adapter {
  public:
-  explicit Lora(LoraOptions o) : o_(std::move(o)) {}
+  explicit Lora(LoraOptions o) : o_(std::move(o)), matcher_(peft_config("")) {}
 
   bool active() const override { return true; }
 
@@ -145,117 +155,46 @@ class Lora final : public Adapter {
 
   void attach(Model& model, const AdapterContext& ctx) override {
     const ModelConfig& cfg = model.config();
+    const std::vector<std::vector<Use>> use = uses(cfg);
     std::map<std::string, Parameter*> base;
     for (Parameter* p : model.parameters()) base[p->name] = p;
+    modules_ = cfg.linear_modules;
     params_.clear();
     saved_.clear();
     layers_.assign(static_cast<size_t>(cfg.num_layers), {});
-    has_.assign(layers_.size() * kLinearCount, false);
     experts_.assign(layers_.size(), {});
-    has_experts_.assign(layers_.size() * kLinearCount, false);
+    param_slots_.clear();
     first_expert_ = 0;
     seed_ = ctx.seed;
     pass_key_ = 0;
     local_experts_ = 0;
-    num_experts_ = cfg.num_experts;
-    if (o_.experts && cfg.sparse_layers() == 0)
-      throw Error(str("lora: ", o_.key("experts"), " = true, but this model has no experts (no sparse layer)"),
-                  o_.key("experts"), "set experts = false (a dense model's MLP is adapted by target_modules alone)");
+    num_experts_ = 0;
     int64_t count = 0;
     for (int64_t l = 0; l < cfg.num_layers; ++l) {
-      // q, k and v read one input, as gate and up do: the A's of each set that is adapted twice
+      const auto& mods = cfg.linear_modules[static_cast<size_t>(l)];
+      const auto& here = use[static_cast<size_t>(l)];
+      // Modules that read one input (q, k and v; gate and up): the A's of each input adapted twice
       // or more are rows of one tensor, so the model runs one GEMM over the input for them.
-      std::array<Stack, kLinearCount> stacks{};
-      if (ctx.stack_factors)
-        for (const auto& set : {std::vector<int>{0, 1, 2}, std::vector<int>{4, 5}}) {
-          int64_t rows = 0;
-          for (int m : set) rows += targeted(l, m, false) ? o_.r : 0;
-          if (rows < 2 * o_.r || (set[0] == static_cast<int>(Linear::gate_proj) && cfg.sparse(l))) continue;
-          const auto it = base.find(peft::base_weight_name(l, linear_name(static_cast<Linear>(set[0]))));
-          if (it == base.end()) continue;  // refused below, by name
-          const int64_t in = it->second->value.size(1);
-          Stack st{Tensor::empty({rows, in}, ctx.dtype, ctx.device, MemoryCategory::weights),
-                   Tensor::zeros({rows, in}, DType::f32, ctx.device, MemoryCategory::gradients), 0};
-          for (int m : set)
-            if (targeted(l, m, false)) {
-              stacks[static_cast<size_t>(m)] = st;
-              st.row += o_.r;
-            }
+      std::map<int, Stack> stacks;
+      if (ctx.stack_factors) {
+        std::map<int, std::pair<int64_t, int64_t>> rows;  // input: rows, in_features
+        for (size_t i = 0; i < mods.size(); ++i)
+          if (here[i].kind == Use::plain) rows[mods[i].input] = {rows[mods[i].input].first + o_.r, mods[i].in_features};
+        for (const auto& [input, n] : rows)
+          if (n.first >= 2 * o_.r)
+            stacks[input] = Stack{Tensor::empty({n.first, n.second}, ctx.dtype, ctx.device, MemoryCategory::weights),
+                                  Tensor::zeros({n.first, n.second}, DType::f32, ctx.device, MemoryCategory::gradients), 0};
+      }
+      for (size_t i = 0; i < mods.size(); ++i) {
+        const auto st = stacks.find(mods[i].input);
+        switch (here[i].kind) {
+          case Use::plain: count += attach_plain(static_cast<int>(l), mods[i], base, ctx, st == stacks.end() ? nullptr : &st->second); break;
+          case Use::experts: count += attach_experts(static_cast<int>(l), mods[i], base, ctx); break;
+          case Use::parameter: count += attach_parameter(static_cast<int>(l), mods[i], here[i].entry, base, ctx); break;
+          case Use::none: break;
         }
-      for (int m = 0; m < kLinearCount; ++m) {
-        // A sparse layer's experts (mixture of experts) are no linear modules of their own, as in
-        // transformers 5: "all-linear" passes them by, as PEFT does; named, they are refused.
-        const bool sparse = cfg.sparse(l) && m >= static_cast<int>(Linear::gate_proj);
-        if (!targeted(l, m, sparse)) continue;
-        const std::string module = linear_name(static_cast<Linear>(m));
-        const std::string wname = peft::base_weight_name(l, module);
-        const auto it = base.find(wname);
-        if (sparse && o_.experts) {
-          count += attach_experts(static_cast<int>(l), static_cast<Linear>(m), base, ctx);
-          continue;
-        }
-        if (sparse && o_.all_linear) continue;
-        if (sparse)
-          throw Error(str("lora: layer ", l, " is sparse (mixture of experts): its experts' ", module,
-                          " take an adapter only with ", o_.key("experts"), " = true"),
-                      o_.key("experts"), "set experts = true to adapt every expert, or target the attention projections");
-        if (it == base.end())
-          throw Error(str("lora: target module ", module, " has no weight ", wname, " in this model"),
-                      o_.key("target_modules"), str("target the model's projections: ", joined_modules()));
-        const Tensor& w = it->second->value;
-        const int64_t out = w.size(0), in = w.size(1);
-        if (o_.r > std::min(out, in))
-          throw Error(str("lora: r = ", o_.r, " is larger than ", wname, " [", out, ", ", in, "] can hold"), o_.key("r"),
-                      str("use r <= ", std::min(out, in)));
-        const std::string stem = wname.substr(0, wname.size() - 7);  // without ".weight"
-        const Stack& st = stacks[static_cast<size_t>(m)];
-        if (st.value.defined() && st.value.size(1) != in)
-          throw Error(str("lora: ", wname, " reads ", in, " features where the layer's other projections of its input read ",
-                          st.value.size(1)), o_.key("target_modules"), "this model's layers are not Qwen3's");
-        Parameter& a = add_param(stem + ".lora_A.weight", {o_.r, in}, ctx, &st);
-        Parameter& b = add_param(stem + ".lora_B.weight", {out, o_.r}, ctx);
-        // A ~ U(-1/sqrt(in), 1/sqrt(in)), B = 0 (PEFT's init_lora_weights = True).
-        Tensor ha = Tensor::empty(a.value.shape(), DType::f32, Device::cpu());
-        const float bound = 1.f / std::sqrt(static_cast<float>(in));  // kaiming_uniform_(a = sqrt(5))
-        uint64_t key = name_key(ctx.seed, a.name);
-        float* pa = ha.data_as<float>();
-        for (int64_t i = 0; i < ha.numel(); ++i) {
-          const uint64_t bits = mix(key + static_cast<uint64_t>(i));
-          const float u = static_cast<float>(bits >> 40) * (1.f / 16777216.f);  // [0, 1) in 24 bits
-          pa[i] = (2.f * u - 1.f) * bound;
-        }
-        set_value(a, ha);
-        b.value.zero();
-        LowRank lr{&a, &b, static_cast<float>(o_.scale()), st.value, st.grad, st.row};
-        // Each projection draws its own mask (PEFT's Dropout per module), from the pass's key.
-        lr.dropout = static_cast<float>(o_.dropout);
-        lr.dropout_stream = static_cast<uint64_t>(l * kLinearCount + m);
-        lr.dropout_pass = &pass_key_;
-        layers_[static_cast<size_t>(l)][static_cast<size_t>(m)] = lr;
-        has_[static_cast<size_t>(l) * kLinearCount + static_cast<size_t>(m)] = true;
-        count += a.value.numel() + b.value.numel();
       }
     }
-    param_slots_.clear();
-    for (const std::string& t : o_.target_parameters) {
-      int64_t found = 0;
-      for (int64_t l = 0; l < cfg.num_layers; ++l) {
-        const auto it = base.find(str("model.layers.", l, ".", t));
-        if (it == base.end()) continue;
-        count += attach_parameter(static_cast<int>(l), t, *it->second, ctx);
-        ++found;
-      }
-      if (found == 0)
-        throw Error(str("lora: ", o_.key("target_parameters"), " names ", t, ", which no layer of this model holds"),
-                    o_.key("target_parameters"), "name the fused experts' parameters: \"mlp.experts.gate_up_proj\", \"mlp.experts.down_proj\"");
-    }
-    if (count == 0)
-      throw Error(str("lora: ", o_.key("target_modules"), " = ", targets_text(), " adapts no module of this model"),
-                  o_.key("target_modules"), str("match the layers' projections (", joined_modules(), "), or \"all-linear\""));
-    if (o_.experts && local_experts_ == 0)
-      throw Error(str("lora: ", o_.key("experts"), " = true, but ", o_.key("target_modules"), " = ", targets_text(),
-                      " adapts none of the experts' projections"),
-                  o_.key("experts"), "match the experts' gate_proj, up_proj or down_proj, or set experts = false");
     // The base frozen, but for modules_to_save.
     int64_t trained = 0;
     for (Parameter* p : model.parameters()) {
@@ -268,25 +207,19 @@ class Lora final : public Adapter {
       p->grad = Tensor();
     }
     if (o_.modules_to_save) refuse_unmatched_saved(*o_.modules_to_save, model.config().tie_word_embeddings);
+    trained += train_biases(model);
     const std::string from = !ctx.resume_dir.empty() ? ctx.resume_dir : o_.init_from;
     if (!from.empty()) load_from(from, model, base, ctx.resume_dir.empty());
     log::info(str("lora: r ", o_.r, ", alpha ", o_.alpha, o_.use_rslora ? " (rsLoRA)" : "", ", scale ", o_.scale(), o_.dropout > 0 ? str(", dropout ", o_.dropout) : std::string(), " on ",
                   targets_text(), o_.experts ? str(" and every expert (", local_experts_, " on this rank)") : std::string(),
                   o_.target_parameters.empty() ? std::string() : str(" and per expert ", joined(o_.target_parameters)), ": ", count, " adapter parameters", trained ? str(" + ", trained, " trained whole (",
-                  joined(*o_.modules_to_save), ")") : std::string(), "; the base's ", base_count(model) - trained,
+                  o_.modules_to_save ? joined(*o_.modules_to_save) : std::string(), biases_.empty() ? "" : str(o_.modules_to_save ? ", " : "", biases_.size(), " biases"),
+                  ")") : std::string(), "; the base's ", base_count(model) - trained,
                   " frozen", from.empty() ? std::string() : str("; from ", from)));
   }
 
-  const LowRank* find(int layer, Linear which) const override {
-    const size_t i = static_cast<size_t>(layer) * kLinearCount + static_cast<size_t>(which);
-    return i < has_.size() && has_[i] ? &layers_[static_cast<size_t>(layer)][static_cast<size_t>(which)] : nullptr;
-  }
-
-  const LowRank* find_experts(int layer, Linear which) const override {
-    const size_t i = static_cast<size_t>(layer) * kLinearCount + static_cast<size_t>(which);
-    return i < has_experts_.size() && has_experts_[i] ? &experts_[static_cast<size_t>(layer)][static_cast<size_t>(which)]
-                                                      : nullptr;
-  }
+  const LowRank* find(int layer, int id) const override { return lookup(layers_, layer, id); }
+  const LowRank* find_experts(int layer, int id) const override { return lookup(experts_, layer, id); }
 
   std::vector<Parameter*> parameters() override {
     std::vector<Parameter*> out;
@@ -298,14 +231,14 @@ class Lora final : public Adapter {
     peft::Adapter a;
     a.config = peft_config(base);
     for (size_t l = 0; l < layers_.size(); ++l)
-      for (int m = 0; m < kLinearCount; ++m) {
-        const LowRank* lr = find(static_cast<int>(l), static_cast<Linear>(m));
+      for (const LinearModule& m : modules_[l]) {
+        if (m.experts > 0) continue;
+        const LowRank* lr = find(static_cast<int>(l), m.id);
         if (!lr) continue;
-        a.pairs.push_back({static_cast<int64_t>(l), linear_name(static_cast<Linear>(m)), to_host_f32(lr->a->value),
-                           to_host_f32(lr->b->value)});
+        a.pairs.push_back({static_cast<int64_t>(l), m.path, to_host_f32(lr->a->value), to_host_f32(lr->b->value)});
       }
     for (const ParamSlot& ps : param_slots_) {
-      const LowRank& lr = experts_[static_cast<size_t>(ps.layer)][static_cast<size_t>(ps.which)];
+      const LowRank& lr = *find_experts(static_cast<int>(ps.layer), ps.id);
       if (lr.a->value.size(0) != num_experts_)
         throw Error(str("lora: saving ", ps.parameter, "'s adapters needs every expert's factors; this rank holds ",
                         lr.a->value.size(0), " of ", num_experts_), o_.key("target_parameters"),
@@ -324,9 +257,9 @@ class Lora final : public Adapter {
       a.pairs.push_back(std::move(pair));
     }
     for (size_t l = 0; l < layers_.size(); ++l)
-      for (int m = 0; m < kLinearCount; ++m) {
-        const LowRank* lr = find_experts(static_cast<int>(l), static_cast<Linear>(m));
-        if (!lr || is_param_slot(static_cast<int64_t>(l), m)) continue;
+      for (const LinearModule& m : modules_[l]) {
+        const LowRank* lr = find_experts(static_cast<int>(l), m.id);
+        if (!lr || m.parameter) continue;
         // Written by rank 0 with every expert: under expert parallelism the run gathers the
         // factors over the group around the save (Run::save), as it gathers the experts.
         if (lr->a->value.size(0) != num_experts_)
@@ -335,12 +268,12 @@ class Lora final : public Adapter {
                       o_.key("experts"), "save through the run (Run::save gathers them), or train with [distributed] ep = 1");
         const Tensor ha = to_host_f32(lr->a->value), hb = to_host_f32(lr->b->value);
         for (int64_t e = 0; e < ha.size(0); ++e)
-          a.pairs.push_back({static_cast<int64_t>(l), linear_name(static_cast<Linear>(m)),
-                             ha.rows(e, e + 1).view({ha.size(1), ha.size(2)}).clone(),
+          a.pairs.push_back({static_cast<int64_t>(l), m.path, ha.rows(e, e + 1).view({ha.size(1), ha.size(2)}).clone(),
                              hb.rows(e, e + 1).view({hb.size(1), hb.size(2)}).clone(), e});
       }
     for (const auto& [name, p] : saved_)
       a.saved.emplace_back(name, p->value.device().is_cuda() ? p->value.to(Device::cpu()) : p->value);
+    for (const auto& [name, p] : biases_) a.biases.emplace_back(name, to_host_f32(p->value));
     peft::write_adapter(dir, a, DType::f32);
   }
 
@@ -359,326 +292,318 @@ class Lora final : public Adapter {
     if (o_.modules_to_save)
       for (const auto& [name, n] : dense_other_params(in.model))
         if (peft::saved_module(*o_.modules_to_save, name)) in.base_trained_parameters += n;
+    const auto use = uses(in.model);
+    in.adapter_ranks.assign(use.size(), {});
+    for (size_t l = 0; l < use.size(); ++l)
+      for (const Use& u : use[l]) in.adapter_ranks[l].push_back(u.kind == Use::none ? 0 : o_.r);
+    // The biases trained whole (bias): the linear modules' (a router's few are not counted).
+    if (o_.bias != "none")
+      for (size_t l = 0; l < use.size(); ++l)
+        for (size_t i = 0; i < use[l].size(); ++i) {
+          const LinearModule& m = in.model.linear_modules[l][i];
+          if (m.bias && (o_.bias == "all" || (use[l][i].kind == Use::plain)))
+            in.base_trained_parameters += std::max<int64_t>(1, m.experts) * m.out_features;
+        }
+    in.adapter_dropout = o_.dropout > 0;
   }
 
   // The factors (values, gradients; the optimizer plans their master and moments from
-  // MemoryPlan::parameters), each layer's [T, r] products, and their work.
+  // MemoryPlan::parameters) and their work; the model plans the products it makes with them
+  // (PlanInputs::adapter_ranks).
   void plan(const PlanInputs& in, MemoryPlan& plan) const override {
     const ModelConfig& c = in.model;
-    const auto shapes = projection_shapes(c);
-    // A sparse layer's experts take no factors (attach passes them by).
-    auto adapted = [&](int64_t layer, int m) {
-      return !(c.sparse(layer) && m >= static_cast<int>(Linear::gate_proj)) && targeted(layer, m, false);
-    };
-    // Adapted in some layer: the [T, r] products live one layer at a time.
-    auto target = [&](Linear which) {
-      for (int64_t l = 0; l < c.num_layers; ++l)
-        if (adapted(l, static_cast<int>(which))) return true;
-      return false;
-    };
-    int64_t per_layer = 0, n = 0;
-    for (int64_t l = 0; l < c.num_layers; ++l) {
-      int64_t here = 0;
-      for (int m = 0; m < kLinearCount; ++m)
-        if (adapted(l, m)) here += o_.r * (shapes[static_cast<size_t>(m)].first + shapes[static_cast<size_t>(m)].second);
-      per_layer = std::max(per_layer, here);
-      n += here;
-    }
+    const auto use = uses(c);
     const int64_t ab = static_cast<int64_t>(dtype_size(in.weight_dtype)), gb = static_cast<int64_t>(dtype_size(in.grad_dtype));
     // Sharded over the ranks with the base (ZeRO-3), a layer's factors gathered around its work.
-    const int64_t shards = parameter_shards(in), per_rank = (n + shards - 1) / shards;
-    plan.add("lora_weights", str("LoRA factors A, B (", n, ")"), PlanCategory::weights, per_rank * ab, plan_phase::always);
-    plan.add("lora_gradients", str("LoRA factors' gradients (", dtype_name(shards > 1 ? DType::f32 : in.grad_dtype), ")"),
-             PlanCategory::gradients, per_rank * (shards > 1 ? 4 : gb), plan_phase::always);
-    if (shards > 1) {
-      plan.add("lora_gathered_layer", "one layer's gathered LoRA factors", PlanCategory::communication, per_layer * ab,
-               plan_phase::forward);
-      for (const char* phase : {plan_phase::mlp_backward, plan_phase::backward})
-        plan.add("lora_gathered_layer_grads", "one layer's gathered LoRA factors + full fp32 grads",
-                 PlanCategory::communication, per_layer * (ab + 4), phase);
-    }
-    plan.parameters += n;
-    plan.gemm_parameters += n;
-
-    // The experts' factors (experts = true): per sparse layer and adapted projection, this rank's
-    // E/ep experts' A [r, in] and B [out, r]; in the layer's work, each of the layer's routed rows
-    // (T * k of them) runs u = x A_e^T [rows, r] and its update, and in the backward u again,
-    // g = scale dy B_e [rows, r] and the factors' grouped wgrads.
-    if (o_.experts && c.sparse_layers() > 0) {
-      const int64_t El = c.num_experts / std::max<int64_t>(1, in.ep), H = c.hidden_size, Im = c.moe_intermediate_size;
-      // The sparse layers whose experts' projection m is adapted, and the most one layer holds.
-      std::array<int64_t, kLinearCount> layers{};
-      int64_t ne = 0, all = 0;
-      for (int64_t l = 0; l < c.num_layers; ++l) {
-        if (!c.sparse(l)) continue;
-        int64_t here = 0;
-        for (int m = static_cast<int>(Linear::gate_proj); m < kLinearCount; ++m)
-          if (targeted(l, m, true)) {
-            ++layers[static_cast<size_t>(m)];
-            here += El * o_.r * (H + Im);
-          }
-        ne = std::max(ne, here);
-        all += here;
+    const int64_t shards = parameter_shards(in), ep = std::max<int64_t>(1, in.ep);
+    // Per kind: the factors of every layer, and the most one layer holds.
+    int64_t n[4] = {}, widest[4] = {};
+    for (size_t l = 0; l < use.size(); ++l) {
+      int64_t here[4] = {};
+      for (size_t i = 0; i < use[l].size(); ++i) {
+        const LinearModule& m = c.linear_modules[l][i];
+        if (use[l][i].kind == Use::none) continue;
+        here[use[l][i].kind] += (m.experts > 0 ? m.experts / ep : 1) * o_.r * (m.in_features + m.out_features);
       }
-      auto expert_target = [&](Linear which) { return layers[static_cast<size_t>(which)] > 0; };
-      const int64_t per = (all + shards - 1) / shards;
-      plan.add("lora_expert_weights", str("LoRA factors of the experts (", all, ")"), PlanCategory::weights, per * ab,
-               plan_phase::always);
-      plan.add("lora_expert_gradients", "LoRA factors of the experts' gradients", PlanCategory::gradients,
-               per * (shards > 1 ? 4 : gb), plan_phase::always);
-      plan.parameters += all;
-      plan.gemm_parameters += all;
-      if (shards > 1) {  // ZeRO-3: a sparse layer's expert factors gathered around its work, as the others are
-        plan.add("lora_expert_gathered_layer", "one sparse layer's gathered LoRA factors of the experts",
-                 PlanCategory::communication, ne * ab, plan_phase::forward);
-        for (const char* phase : {plan_phase::mlp_backward, plan_phase::backward})
-          plan.add("lora_expert_gathered_layer_grads", "one sparse layer's gathered LoRA factors of the experts + full fp32 grads",
-                   PlanCategory::communication, ne * (ab + 4), phase);
-      }
-      // The [rows, r] products (u = x A_e^T, g = scale dy B_e) live one at a time, each beside
-      // buffers the sparse layer's plan (qwen3_plan.cpp, "moe_backward") already holds at its widest
-      // moment but one: down's backward, beside the experts' inputs, gate, up, silu*up, dact and
-      // the outputs' gradients (2H + 4I columns). There the product adds r columns, which raise
-      // the layer's peak only where that moment is (or becomes) its widest; every other product
-      // comes where [rows, I] buffers (I >= r) were just released, in the forward as in the backward.
-      if (expert_target(Linear::down_proj)) {
-        const int64_t tile = in.recipe.get("qwen3", "moe_tile_rows", 0) > 0
-                                 ? std::min<int64_t>(in.tokens_per_rank, in.recipe.get("qwen3", "moe_tile_rows", 0))
-                                 : in.tokens_per_rank;
-        const int64_t tk = tile * std::max<int64_t>(1, c.num_experts_per_tok), ep = std::max<int64_t>(1, in.ep), R = tk * ep;
-        const int64_t widest = ep == 1 ? tk * std::max({3 * H + 3 * Im, 2 * H + 4 * Im, H + 5 * Im})
-                                       : std::max({R * (2 * H + 3 * Im) + tk * H, R * (2 * H + 4 * Im), R * (H + 5 * Im)});
-        const int64_t extra = std::max<int64_t>(0, R * (2 * H + 4 * Im + o_.r) - widest) * ab;
-        if (extra > 0)
-          plan.add("lora_expert_backward", "LoRA on the experts: down's [rows, r] product beside its backward's widest moment",
-                   PlanCategory::transient, extra, plan_phase::mlp_backward);
-      }
-      const double t = static_cast<double>(in.tokens_per_rank * std::max<int64_t>(1, c.num_experts_per_tok)),
-                   rr = static_cast<double>(o_.r);
-      for (int m = static_cast<int>(Linear::gate_proj); m < kLinearCount; ++m) {
-        const double n_layers = static_cast<double>(layers[static_cast<size_t>(m)]);
-        const double inn = static_cast<double>(m == static_cast<int>(Linear::down_proj) ? Im : H),
-                     out = static_cast<double>(m == static_cast<int>(Linear::down_proj) ? H : Im);
-        plan.work.gemm_flops += n_layers * 2 * t * rr * (5 * inn + 4 * out);
-        plan.work.memory_bytes += n_layers * t * static_cast<double>(ab) * (5 * inn + 4 * out);
+      for (int k = 1; k < 4; ++k) {
+        n[k] += here[k];
+        widest[k] = std::max(widest[k], here[k]);
       }
     }
-
-    // The target parameters' factors (GPT-OSS's fused experts): per layer holding them, this rank's
-    // E/ep experts' A [r, in] and B [out, r] (gate_up_proj: in H, out 2I; down_proj: in I, out H);
-    // each routed row runs u = x A_e^T and its update, and in the backward u again, g and the
-    // factors' grouped wgrads, as the experts' adapters above.
-    if (!o_.target_parameters.empty() && c.sparse_layers() > 0) {
-      const int64_t El = c.num_experts / std::max<int64_t>(1, in.ep), H = c.hidden_size, Im = c.moe_intermediate_size;
-      int64_t per_layer_factors = 0;
-      double flops = 0, bytes = 0;
-      const double t = static_cast<double>(in.tokens_per_rank * std::max<int64_t>(1, c.num_experts_per_tok)),
-                   rr = static_cast<double>(o_.r);
-      for (const std::string& p : o_.target_parameters) {
-        const bool gate_up = p.ends_with("gate_up_proj");
-        const int64_t inn = gate_up ? H : Im, out = gate_up ? 2 * Im : H;
-        per_layer_factors += El * o_.r * (inn + out);
-        flops += 2 * t * rr * (5.0 * static_cast<double>(inn) + 4.0 * static_cast<double>(out));
-        bytes += t * static_cast<double>(ab) * (5.0 * static_cast<double>(inn) + 4.0 * static_cast<double>(out));
-      }
-      const int64_t layers = c.sparse_layers(), all = per_layer_factors * layers, per = (all + shards - 1) / shards;
-      plan.add("lora_parameter_weights", str("LoRA factors of the target parameters (", all, ")"), PlanCategory::weights,
-               per * ab, plan_phase::always);
-      plan.add("lora_parameter_gradients", "LoRA factors of the target parameters' gradients", PlanCategory::gradients,
-               per * (shards > 1 ? 4 : gb), plan_phase::always);
-      plan.parameters += all;
-      plan.gemm_parameters += all;
+    auto add = [&](int kind, const std::string& id, const std::string& what) {
+      if (kind != Use::plain && n[kind] == 0) return;
+      const int64_t per_rank = (n[kind] + shards - 1) / shards;
+      plan.add(id + "weights", str("LoRA factors", what, " (", n[kind], ")"), PlanCategory::weights, per_rank * ab, plan_phase::always);
+      plan.add(id + "gradients", str("LoRA factors", what, "' gradients (", dtype_name(shards > 1 ? DType::f32 : in.grad_dtype), ")"),
+               PlanCategory::gradients, per_rank * (shards > 1 ? 4 : gb), plan_phase::always);
+      plan.parameters += n[kind];
+      plan.gemm_parameters += n[kind];
       if (shards > 1) {
-        plan.add("lora_parameter_gathered_layer", "one layer's gathered LoRA factors of the target parameters",
-                 PlanCategory::communication, per_layer_factors * ab, plan_phase::forward);
+        plan.add(id + "gathered_layer", str("one layer's gathered LoRA factors", what), PlanCategory::communication,
+                 widest[kind] * ab, plan_phase::forward);
         for (const char* phase : {plan_phase::mlp_backward, plan_phase::backward})
-          plan.add("lora_parameter_gathered_layer_grads", "one layer's gathered target parameters' factors + full fp32 grads",
-                   PlanCategory::communication, per_layer_factors * (ab + 4), phase);
+          plan.add(id + "gathered_layer_grads", str("one layer's gathered LoRA factors", what, " + full fp32 grads"),
+                   PlanCategory::communication, widest[kind] * (ab + 4), phase);
       }
-      plan.work.gemm_flops += static_cast<double>(layers) * flops;
-      plan.work.memory_bytes += static_cast<double>(layers) * bytes;
-    }
+    };
+    add(Use::plain, "lora_", "");
+    add(Use::experts, "lora_expert_", " of the experts");
+    add(Use::parameter, "lora_parameter_", " of the target parameters");
 
-    // A layer's [T, r] products (qwen3_model.cpp): h1 @ A^T of q, k, v and the fp32 sum of
-    // attn @ Ao^T live from the attention's recompute through the MLP's backward; the attention
-    // backward adds scale * dx1 @ Bo and the fp32 sums of dq @ Bq (k, v) with their rounding.
-    const int64_t T = in.tokens_per_rank, r = o_.r;
-    const bool q = target(Linear::q_proj), k = target(Linear::k_proj), v = target(Linear::v_proj),
-               o = target(Linear::o_proj);
-    const int64_t qkv = (q + k + v) * T * r * ab, uo = o ? T * r * 4 : 0;
-    const int64_t mlp_tile = std::min<int64_t>(T, in.recipe.get("tiled_mlp", "tile_rows", 0) > 0
-                                                      ? in.recipe.get("tiled_mlp", "tile_rows", 0) : T);
-    const bool mlp = (target(Linear::gate_proj) || target(Linear::up_proj) || target(Linear::down_proj)) &&
-                     c.sparse_layers() < c.num_layers;
-    if (qkv + uo > 0)
-      plan.add("lora_forward", "LoRA: h1 @ A^T of q, k, v [T,r], fp32 attn @ Ao^T [T,r] and its rounding",
-               PlanCategory::transient, qkv + uo + (o ? T * r * ab : 0), plan_phase::forward);
-    // The MLP's backward holds gate's and up's u^T from its recompute to the end (with the
-    // stacked g^T beside them at the end), and down's u and g while down's backward runs.
-    const int64_t n_in = target(Linear::gate_proj) + target(Linear::up_proj);
-    const int64_t mlp_products = mlp ? std::max(n_in + 2 * target(Linear::down_proj), 2 * n_in) * mlp_tile * r * ab : 0;
-    if (qkv + uo + mlp_products > 0)
-      plan.add("lora_mlp_backward", "LoRA: the attention's [T,r] products held through the MLP backward, the MLP's",
-               PlanCategory::transient, qkv + uo + mlp_products, plan_phase::mlp_backward);
-    const int64_t back = qkv + (o ? T * r * ab : 0) + (q + k + v) * T * r * 4 + ((q || k || v) ? T * r * ab : 0);
-    if (back > 0)
-      plan.add("lora_attention_backward", "LoRA: h1 @ A^T, scale dx1 @ Bo, fp32 sums of dq @ Bq (k, v) [T,r]",
-               PlanCategory::transient, back, plan_phase::backward);
-
-    // Dropout: the dropped input of one projection at a time ([rows, in] beside the call that
-    // reads it, adapter_none.cpp): h1's [T,H] or the attention's [T,Hq*d] (a head group's columns
-    // of it, counted whole) in the forward and the attention backward, and the MLP's input [tile,H]
-    // beside the MLP backward's widest moment, or act's [tile,I] beside the forward's MLP.
-    if (o_.dropout > 0) {
-      const int64_t H = c.hidden_size;
-      const int64_t d = c.head_dim > 0 ? c.head_dim : H / std::max<int64_t>(1, c.num_heads);
-      const int64_t attn_in = std::max((q || k || v) ? H : 0, o ? c.num_heads * d : 0);
-      const bool mlp_in = mlp && (target(Linear::gate_proj) || target(Linear::up_proj)), down = mlp && target(Linear::down_proj);
-      const int64_t fwd = std::max(T * attn_in, mlp_tile * std::max(mlp_in ? H : 0, down ? c.intermediate_size : 0)) * ab;
-      if (fwd > 0)
-        plan.add("lora_dropout_forward", "LoRA dropout: one projection's dropped input", PlanCategory::transient, fwd,
-                 plan_phase::forward);
-      if (attn_in > 0)
-        plan.add("lora_dropout_backward", "LoRA dropout: one attention projection's dropped input or its masked gradient",
-                 PlanCategory::transient, T * attn_in * ab, plan_phase::backward);
-      // gate's and up's u^T are released just before (mlp_whole.cpp), so the input adds the rest.
-      if (mlp_in)
-        plan.add("lora_dropout_mlp_backward", "LoRA dropout: gate's or up's dropped input or its masked gradient",
-                 PlanCategory::transient, mlp_tile * std::max<int64_t>(0, H - n_in * r) * ab, plan_phase::mlp_backward);
-      // Its work: each adapted projection's input dropped in the forward and the recompute (a
-      // read and a write each), and in the backward the masked gradient (a read, dx read and
-      // written) and the dropped input again: 9 passes over [T, in].
-      for (int64_t l = 0; l < c.num_layers; ++l)
-        for (int m = 0; m < kLinearCount; ++m)
-          if (adapted(l, m))
-            plan.work.memory_bytes += 9.0 * static_cast<double>(T) * static_cast<double>(shapes[static_cast<size_t>(m)].second) *
-                                      static_cast<double>(ab);
-    }
-
-    // The work, per adapted projection and layer: u = x A^T and the update y = scale u B^T in the
-    // forward and again in the recompute (y written first, the projection's GEMM reading it in
-    // its epilogue); in the backward g = scale dy B, dx (+)= g A, dA += g^T x, u again and
-    // dB += scale dy^T u. Each reads or writes the full [T, in] or [T, out] side once, which is
-    // what they cost: r is far below what keeps a GEMM compute-bound. 5 passes over [T, in] and
-    // 4 over [T, out] in all; where the A's of projections that read one input are stacked (q, k,
-    // v; gate, up: not under ZeRO-3 or 16-bit gradients), one GEMM makes that input's passes for
-    // all of them.
+    // The work, per adapted module and layer: u = x A^T and the update y = scale u B^T in the
+    // forward and again in the recompute (y written first, the module's GEMM reading it in its
+    // epilogue); in the backward g = scale dy B, dx (+)= g A, dA += g^T x, u again and
+    // dB += scale dy^T u. Each reads or writes the full [rows, in] or [rows, out] side once, which
+    // is what they cost: r is far below what keeps a GEMM compute-bound. 5 passes over [rows, in]
+    // and 4 over [rows, out] in all; where the A's of modules that read one input are stacked (not
+    // under ZeRO-3 or 16-bit gradients), one GEMM makes that input's passes for all of them. An
+    // experts module runs each routed row (tokens x experts_per_token) through its expert's
+    // factors. With dropout, each adapted plain module's input is dropped in the forward and the
+    // recompute (a read and a write each), and in the backward the masked gradient (a read, dx
+    // read and written) and the dropped input again: 9 passes over [T, in].
     const bool stacked = shards == 1 && in.grad_dtype == DType::f32;
-    const double t = static_cast<double>(T), rr = static_cast<double>(r);
-    for (int64_t l = 0; l < c.num_layers; ++l)
-      for (int m = 0; m < kLinearCount; ++m) {
-        if (!adapted(l, m)) continue;
-        const double out = static_cast<double>(shapes[static_cast<size_t>(m)].first),
-                     inn = static_cast<double>(shapes[static_cast<size_t>(m)].second);
-        // Of the projections reading one input, the first adapted one pays that input's passes.
-        auto input_of = [](int j) { return j <= 2 ? 0 : j == 3 ? 1 : j <= 5 ? 2 : 3; };  // h1, attn, h2, act
-        bool shared = false;
-        for (int j = 0; j < m; ++j) shared = shared || (adapted(l, j) && input_of(j) == input_of(m));
-        const bool pays_input = !stacked || !shared;
+    const double T = static_cast<double>(in.tokens_per_rank), rr = static_cast<double>(o_.r);
+    for (size_t l = 0; l < use.size(); ++l) {
+      std::set<int> inputs_paid;
+      for (size_t i = 0; i < use[l].size(); ++i) {
+        if (use[l][i].kind == Use::none) continue;
+        const LinearModule& m = c.linear_modules[l][i];
+        const double inn = static_cast<double>(m.in_features), out = static_cast<double>(m.out_features);
+        const double t = m.experts > 0 ? T * static_cast<double>(std::max<int64_t>(1, m.experts_per_token)) : T;
+        const bool pays_input = m.experts > 0 || !stacked || inputs_paid.insert(m.input).second;
         plan.work.gemm_flops += 2 * t * rr * (5 * inn + 4 * out);
         plan.work.memory_bytes += t * static_cast<double>(ab) * ((pays_input ? 5 * inn : 0) + 4 * out);
+        if (o_.dropout > 0 && m.experts == 0) plan.work.memory_bytes += 9.0 * T * inn * static_cast<double>(ab);
       }
+    }
   }
 
  private:
-  // Whether target_modules adapts projection m of `layer` (a sparse layer's experts' with expert).
-  bool targeted(int64_t layer, int m, bool expert) const { return adapts(o_.targets, o_.regex.get(), layer, m, expert); }
-  // The same for a list (or "all-linear": every entry set) or a pattern, as PEFT matches a module.
-  static bool adapts(const std::array<bool, kLinearCount>& listed, const std::regex* pattern, int64_t layer, int m,
-                     bool expert) {
-    if (!pattern) return listed[static_cast<size_t>(m)];
-    return std::regex_match(peft::module_name(layer, linear_name(static_cast<Linear>(m)), expert ? 0 : -1), *pattern);
+  static const LowRank* lookup(const std::vector<std::map<int, LowRank>>& by_layer, int layer, int id) {
+    if (layer < 0 || static_cast<size_t>(layer) >= by_layer.size()) return nullptr;
+    const auto& m = by_layer[static_cast<size_t>(layer)];
+    const auto it = m.find(id);
+    return it == m.end() ? nullptr : &it->second;
   }
 
-  // Layer l's experts' `which`: factors stacked by this rank's experts, A drawn per expert keyed by
-  // its PEFT name (Hub number), so every ep starts from the factors one rank would. Returns the
-  // factors' element count.
-  int64_t attach_experts(int l, Linear which, const std::map<std::string, Parameter*>& base, const AdapterContext& ctx) {
-    const std::string module = linear_name(which);
-    const std::string wname = str("model.layers.", l, ".mlp.experts.", module, ".weight");
+  static std::string full_name(int64_t layer, const std::string& path) { return str("model.layers.", layer, ".", path); }
+
+  // The model's module paths, each once, in the order its layers hold them (plain and per-expert
+  // modules, or the parameters of stacked experts).
+  static std::string module_names(const ModelConfig& c, bool parameters) {
+    std::vector<std::string> seen;
+    for (const auto& layer : c.linear_modules)
+      for (const LinearModule& m : layer)
+        if (m.parameter == parameters && std::find(seen.begin(), seen.end(), m.path) == seen.end()) seen.push_back(m.path);
+    return seen.empty() ? std::string("none") : joined(seen);
+  }
+
+  // What this table does with each module of each layer, as PEFT matches target_modules and
+  // target_parameters; refuses, by key, an entry that names no module of the model and what the
+  // model's modules cannot take.
+  std::vector<std::vector<Use>> uses(const ModelConfig& c) const {
+    if (static_cast<int64_t>(c.linear_modules.size()) != c.num_layers)
+      throw Error(str("lora: the model exposes the linear modules of ", c.linear_modules.size(), " layers of its ",
+                      c.num_layers, " (ModelConfig::linear_modules)"),
+                  o_.key("target_modules"), "use a model module that lists its layers' linear modules");
+    bool sparse = false;
+    for (const auto& layer : c.linear_modules)
+      for (const LinearModule& m : layer) sparse = sparse || (m.experts > 0 && !m.parameter);
+    if (o_.experts && !sparse)
+      throw Error(str("lora: ", o_.key("experts"), " = true, but this model has no experts of one linear module each"),
+                  o_.key("experts"),
+                  "set experts = false (a dense model's modules are adapted by target_modules alone; fused experts by "
+                  "target_parameters)");
+    std::vector<bool> named(o_.names.size()), parameter_named(o_.target_parameters.size());
+    std::vector<std::vector<Use>> out(c.linear_modules.size());
+    int64_t adapted = 0, experts_adapted = 0;
+    for (size_t l = 0; l < c.linear_modules.size(); ++l) {
+      const int64_t layer = static_cast<int64_t>(l);
+      for (const LinearModule& m : c.linear_modules[l]) {
+        Use u;
+        if (m.parameter) {
+          const std::string name = full_name(layer, m.path);
+          for (size_t i = 0; i < o_.target_parameters.size(); ++i)
+            if (peft::TargetModules::entry_matches(o_.target_parameters[i], name)) {
+              u = {Use::parameter, static_cast<int>(i)};
+              parameter_named[i] = true;
+            }
+        } else {
+          const std::string name = full_name(layer, m.experts > 0 ? peft::module_path(m.path, 0) : m.path);
+          if (matcher_.matches(name)) {
+            for (size_t i = 0; i < o_.names.size(); ++i)
+              if (peft::TargetModules::entry_matches(o_.names[i], name)) named[i] = true;
+            if (m.experts == 0) {
+              u.kind = Use::plain;
+            } else if (o_.experts) {
+              u.kind = Use::experts;
+              ++experts_adapted;
+            } else if (!o_.all_linear) {
+              // Experts are no linear modules of their own, as in transformers 5: "all-linear"
+              // passes them by, as PEFT does; named, they need experts = true.
+              throw Error(str("lora: ", name, " is a module of ", m.experts, " experts: they take an adapter only with ",
+                              o_.key("experts"), " = true"),
+                          o_.key("experts"), "set experts = true to adapt every expert, or target the other modules");
+            }
+          }
+        }
+        adapted += u.kind != Use::none;
+        out[l].push_back(u);
+      }
+    }
+    for (size_t i = 0; i < o_.names.size(); ++i)
+      if (!named[i])
+        throw Error(str("lora: ", o_.key("target_modules"), " names \"", o_.names[i], "\", which matches no linear module of this ",
+                        c.model_type, " model (its modules: ", module_names(c, false), ")"),
+                    o_.key("target_modules"), str("name modules of the model (", module_names(c, false), "), or \"all-linear\""));
+    for (size_t i = 0; i < o_.target_parameters.size(); ++i)
+      if (!parameter_named[i])
+        throw Error(str("lora: ", o_.key("target_parameters"), " names ", o_.target_parameters[i],
+                        ", which no layer of this model holds as stacked experts (its: ", module_names(c, true), ")"),
+                    o_.key("target_parameters"), str("name the model's experts' parameters: ", module_names(c, true)));
+    if (adapted == 0)
+      throw Error(str("lora: ", o_.key("target_modules"), " = ", targets_text(), " adapts no module of this model"),
+                  o_.key("target_modules"), str("match the layers' modules (", module_names(c, false), "), or \"all-linear\""));
+    if (o_.experts && experts_adapted == 0)
+      throw Error(str("lora: ", o_.key("experts"), " = true, but ", o_.key("target_modules"), " = ", targets_text(),
+                      " adapts none of the experts' modules"),
+                  o_.key("experts"), "match the experts' modules (e.g. gate_proj, up_proj, down_proj), or set experts = false");
+    return out;
+  }
+
+  // Unfreezes the biases `bias` trains, as PEFT's bias option does: "all", every parameter of the
+  // base named with "bias"; "lora_only", the bias of each adapted linear module. Refuses a setting
+  // that would train none. Returns their element count.
+  int64_t train_biases(Model& model) {
+    biases_.clear();
+    if (o_.bias == "none") return 0;
+    std::set<std::string> adapted;
+    std::vector<std::string> with_bias;
+    for (size_t l = 0; l < modules_.size(); ++l)
+      for (const LinearModule& m : modules_[l]) {
+        if (!m.bias) continue;
+        if (std::find(with_bias.begin(), with_bias.end(), m.path) == with_bias.end()) with_bias.push_back(m.path);
+        if (m.experts == 0 && find(static_cast<int>(l), m.id)) adapted.insert(full_name(static_cast<int64_t>(l), m.path) + ".bias");
+      }
+    int64_t n = 0;
+    for (Parameter* p : model.parameters()) {
+      const bool take = o_.bias == "all" ? p->name.find("bias") != std::string::npos : adapted.count(p->name) > 0;
+      if (!take || !p->frozen) continue;  // modules_to_save trains it already
+      p->frozen = false;
+      n += p->value.numel();
+      biases_.emplace_back(p->name, p);
+    }
+    if (biases_.empty())
+      throw Error(str("lora: ", o_.key("bias"), " = \"", o_.bias, "\", but ",
+                      o_.bias == "all" ? std::string("this model has no bias") : str(o_.key("target_modules"), " = ", targets_text(), " adapts no module with a bias"),
+                      " (its linear modules with a bias: ", with_bias.empty() ? std::string("none") : joined(with_bias), ")"),
+                  o_.key("bias"),
+                  with_bias.empty() ? std::string("set bias = \"none\": this model's linear modules have no bias to train")
+                                    : str("set bias = \"none\", or adapt modules with a bias (", joined(with_bias), ")"));
+    return n;
+  }
+
+  // A's values drawn per element: U(-1/sqrt(in), 1/sqrt(in)) (PEFT's kaiming_uniform_(a = sqrt(5))).
+  static void draw_a(float* a, int64_t n, uint64_t key, int64_t in) {
+    const float bound = 1.f / std::sqrt(static_cast<float>(in));
+    for (int64_t i = 0; i < n; ++i) {
+      const uint64_t bits = mix(key + static_cast<uint64_t>(i));
+      const float u = static_cast<float>(bits >> 40) * (1.f / 16777216.f);  // [0, 1) in 24 bits
+      a[i] = (2.f * u - 1.f) * bound;
+    }
+  }
+
+  void check_rank(const std::string& what, int64_t out, int64_t in) const {
+    if (o_.r > std::min(out, in))
+      throw Error(str("lora: r = ", o_.r, " is larger than ", what, " [", out, ", ", in, "] can hold"), o_.key("r"),
+                  str("use r <= ", std::min(out, in)));
+  }
+
+  // A plain linear module's factors, A's rows in the stack of its input where there is one.
+  int64_t attach_plain(int l, const LinearModule& m, const std::map<std::string, Parameter*>& base, const AdapterContext& ctx,
+                       Stack* st) {
+    const std::string stem = full_name(l, m.path), wname = stem + ".weight";
+    const auto it = base.find(wname);
+    if (it == base.end() || it->second->value.shape() != Shape{m.out_features, m.in_features})
+      throw Error(str("lora: the model lists ", stem, " [", m.out_features, ", ", m.in_features, "] but holds ",
+                      it == base.end() ? std::string("no ") + wname : str(wname, " ", shape_str(it->second->value.shape()))),
+                  o_.key("target_modules"), "the model module's linear modules disagree with its parameters: report it");
+    const int64_t out = m.out_features, in = m.in_features;
+    check_rank(wname, out, in);
+    Parameter& a = add_param(stem + ".lora_A.weight", {o_.r, in}, ctx, st);
+    Parameter& b = add_param(stem + ".lora_B.weight", {out, o_.r}, ctx);
+    // A ~ U(-1/sqrt(in), 1/sqrt(in)), B = 0 (PEFT's init_lora_weights = True).
+    Tensor ha = Tensor::empty(a.value.shape(), DType::f32, Device::cpu());
+    draw_a(ha.data_as<float>(), ha.numel(), name_key(ctx.seed, a.name), in);
+    set_value(a, ha);
+    b.value.zero();
+    LowRank lr{&a, &b, static_cast<float>(o_.scale()), st ? st->value : Tensor(), st ? st->grad : Tensor(), st ? st->row : 0};
+    if (st) st->row += o_.r;
+    // Each module draws its own mask (PEFT's Dropout per module), from the pass's key.
+    lr.dropout = static_cast<float>(o_.dropout);
+    lr.dropout_stream = (static_cast<uint64_t>(l) << 20) + static_cast<uint64_t>(m.id);
+    lr.dropout_pass = &pass_key_;
+    layers_[static_cast<size_t>(l)][m.id] = lr;
+    return a.value.numel() + b.value.numel();
+  }
+
+  // Layer l's module of per-expert linears: factors stacked by this rank's experts, A drawn per
+  // expert keyed by its PEFT name (Hub number), so every ep starts from the factors one rank
+  // would. Returns the factors' element count.
+  int64_t attach_experts(int l, const LinearModule& m, const std::map<std::string, Parameter*>& base, const AdapterContext& ctx) {
+    const std::string stem = full_name(l, m.path), wname = stem + ".weight";
     const auto it = base.find(wname);
     if (it == base.end() || it->second->value.dim() != 3)
-      throw Error(str("lora: layer ", l, " is sparse, but the model has no stacked experts' weight ", wname),
+      throw Error(str("lora: the model lists ", stem, " as ", m.experts, " experts but holds no stacked weight ", wname),
                   o_.key("experts"), "set experts = false");
     const Tensor& w = it->second->value;
     const int64_t El = w.size(0), out = w.size(1), in = w.size(2);
-    if (o_.r > std::min(out, in))
-      throw Error(str("lora: r = ", o_.r, " is larger than an expert's ", module, " [", out, ", ", in, "] can hold"),
-                  o_.key("r"), str("use r <= ", std::min(out, in)));
-    const std::string stem = wname.substr(0, wname.size() - 7);
+    check_rank(str("an expert's ", m.path), out, in);
     Parameter& a = add_param(stem + ".lora_A.weight", {El, o_.r, in}, ctx);
     Parameter& b = add_param(stem + ".lora_B.weight", {El, out, o_.r}, ctx);
     // This rank's experts' factors: their gradients summed where the experts' are.
     a.grad_group = b.grad_group = it->second->grad_group;
     first_expert_ = ctx.partition_index * El;
     Tensor ha = Tensor::empty(a.value.shape(), DType::f32, Device::cpu());
-    const float bound = 1.f / std::sqrt(static_cast<float>(in));
-    float* pa = ha.data_as<float>();
     const int64_t per = o_.r * in;
-    for (int64_t e = 0; e < El; ++e) {
-      const uint64_t key = name_key(ctx.seed, peft::base_weight_name(l, module, first_expert_ + e) + ".lora_A");
-      for (int64_t i = 0; i < per; ++i) {
-        const uint64_t bits = mix(key + static_cast<uint64_t>(i));
-        const float u = static_cast<float>(bits >> 40) * (1.f / 16777216.f);
-        pa[e * per + i] = (2.f * u - 1.f) * bound;
-      }
-    }
+    for (int64_t e = 0; e < El; ++e)
+      draw_a(ha.data_as<float>() + e * per, per, name_key(ctx.seed, peft::base_weight_name(l, m.path, first_expert_ + e) + ".lora_A"), in);
     set_value(a, ha);
     b.value.zero();
-    experts_[static_cast<size_t>(l)][static_cast<size_t>(which)] = LowRank{&a, &b, static_cast<float>(o_.scale()), {}, {}, 0};
-    has_experts_[static_cast<size_t>(l) * kLinearCount + static_cast<size_t>(which)] = true;
+    experts_[static_cast<size_t>(l)][m.id] = LowRank{&a, &b, static_cast<float>(o_.scale()), {}, {}, 0};
     local_experts_ = El;
+    num_experts_ = m.experts;
     return a.value.numel() + b.value.numel();
   }
 
-  // A target parameter of layer l (a fused experts' W [E_local, in, out]): factors A [E_local, r, in]
-  // and B [E_local, out, r] in the experts' slot its name gives (gate_up_proj: the fused gate and
-  // up, where find_experts(gate_proj) is read; down_proj), A drawn per expert from its PEFT rows.
-  int64_t attach_parameter(int l, const std::string& parameter, const Parameter& w, const AdapterContext& ctx) {
-    const std::string key = o_.key("target_parameters");
-    Linear which;
-    if (parameter.ends_with("experts.gate_up_proj"))
-      which = Linear::gate_proj;
-    else if (parameter.ends_with("experts.down_proj"))
-      which = Linear::down_proj;
-    else
-      throw Error(str("lora: ", key, " names ", parameter, "; lcx adapts the fused experts' gate_up_proj and down_proj"),
-                  key, "use \"mlp.experts.gate_up_proj\" and \"mlp.experts.down_proj\"");
-    if (w.value.dim() != 3)
-      throw Error(str("lora: ", key, " names ", w.name, ", which is ", w.value.dim(), "-D, not fused experts [E, in, out]"),
+  // Layer l's stacked experts stored as one parameter W [E_local, in, out] (PEFT's
+  // target_parameters): factors A [E_local, r, in] and B [E_local, out, r], A drawn per expert.
+  int64_t attach_parameter(int l, const LinearModule& m, int entry, const std::map<std::string, Parameter*>& base,
+                           const AdapterContext& ctx) {
+    const std::string key = o_.key("target_parameters"), name = full_name(l, m.path);
+    const auto it = base.find(name);
+    if (it == base.end() || it->second->value.dim() != 3)
+      throw Error(str("lora: the model lists ", name, " as ", m.experts, " experts' parameter [E, in, out] but holds ",
+                      it == base.end() ? std::string("none") : str(it->second->value.dim(), "-D")),
                   key, "name the fused experts' parameters");
-    if (is_param_slot(l, static_cast<int>(which)) || find_experts(l, which))
-      throw Error(str("lora: ", w.name, " is adapted twice (", key, " and experts)"), key, "name each parameter once");
+    const Parameter& w = *it->second;
     const int64_t El = w.value.size(0), in = w.value.size(1), out = w.value.size(2);
-    if (o_.r > std::min(out, in))
-      throw Error(str("lora: r = ", o_.r, " is larger than an expert's ", parameter, " [", in, ", ", out, "] can hold"),
-                  o_.key("r"), str("use r <= ", std::min(out, in)));
+    check_rank(str("an expert's ", m.path), out, in);
     Parameter& a = add_param(w.name + ".lora_A.weight", {El, o_.r, in}, ctx);
     Parameter& b = add_param(w.name + ".lora_B.weight", {El, out, o_.r}, ctx);
     a.grad_group = b.grad_group = w.grad_group;
     first_expert_ = ctx.partition_index * El;
     // PEFT's lora_A is one nn.Linear(in, r * E): kaiming_uniform over in, as every A here.
     Tensor ha = Tensor::empty(a.value.shape(), DType::f32, Device::cpu());
-    const float bound = 1.f / std::sqrt(static_cast<float>(in));
-    float* pa = ha.data_as<float>();
     const int64_t per = o_.r * in;
-    for (int64_t e = 0; e < El; ++e) {
-      const uint64_t k = name_key(ctx.seed, str(w.name, ".", first_expert_ + e, ".lora_A"));
-      for (int64_t i = 0; i < per; ++i) {
-        const uint64_t bits = mix(k + static_cast<uint64_t>(i));
-        const float u = static_cast<float>(bits >> 40) * (1.f / 16777216.f);
-        pa[e * per + i] = (2.f * u - 1.f) * bound;
-      }
-    }
+    for (int64_t e = 0; e < El; ++e)
+      draw_a(ha.data_as<float>() + e * per, per, name_key(ctx.seed, str(w.name, ".", first_expert_ + e, ".lora_A")), in);
     set_value(a, ha);
     b.value.zero();
-    experts_[static_cast<size_t>(l)][static_cast<size_t>(which)] = LowRank{&a, &b, static_cast<float>(o_.scale()), {}, {}, 0};
-    has_experts_[static_cast<size_t>(l) * kLinearCount + static_cast<size_t>(which)] = true;
-    param_slots_.push_back({l, static_cast<int>(which), parameter});
+    experts_[static_cast<size_t>(l)][m.id] = LowRank{&a, &b, static_cast<float>(o_.scale()), {}, {}, 0};
+    param_slots_.push_back({l, m.id, o_.target_parameters[static_cast<size_t>(entry)]});
+    num_experts_ = m.experts;
     return a.value.numel() + b.value.numel();
-  }
-  bool is_param_slot(int64_t l, int m) const {
-    return std::any_of(param_slots_.begin(), param_slots_.end(), [&](const ParamSlot& p) { return p.layer == l && p.which == m; });
   }
 
   // A factor of its own, or rows of a stack (value and gradient views of it).
@@ -726,6 +651,15 @@ class Lora final : public Adapter {
     }
   }
 
+  // The module of layer l a pair of an adapter file names (its path, an expert's or not), or null.
+  const LinearModule* module_of(const peft::LoraPair& p) const {
+    if (p.layer < 0 || static_cast<size_t>(p.layer) >= modules_.size()) return nullptr;
+    for (const LinearModule& m : modules_[static_cast<size_t>(p.layer)])
+      if (!m.parameter && (m.experts > 0) == (p.expert >= 0) && peft::module_path(p.module, p.expert) == peft::module_path(m.path, p.expert))
+        return &m;
+    return nullptr;
+  }
+
   // The factors (and modules_to_save) from a PEFT folder, checked against the model and this
   // table's r and target_modules.
   void load_from(const std::string& dir, Model& model, const std::map<std::string, Parameter*>& base, bool init) {
@@ -733,50 +667,57 @@ class Lora final : public Adapter {
     if (!fs::is_directory(dir))
       throw Error(str("lora: ", dir, " is not a folder"), key, "give a folder holding adapter_config.json and adapter_model.safetensors");
     const peft::Adapter a = peft::read_adapter(dir);
-    const int64_t E = model.config().num_experts;
-    peft::check_against_base(a, model.config().num_layers, [&](const std::string& name) -> std::optional<Shape> {
+    const ModelConfig& c = model.config();
+    // Every expert's count by its stacked tensor's name, whatever ep splits them.
+    std::map<std::string, int64_t> experts_of;
+    for (size_t l = 0; l < modules_.size(); ++l)
+      for (const LinearModule& m : modules_[l])
+        if (m.experts > 0) experts_of[full_name(static_cast<int64_t>(l), m.path) + (m.parameter ? "" : ".weight")] = m.experts;
+    peft::check_against_base(a, c.num_layers, [&](const std::string& name) -> std::optional<Shape> {
       const auto it = base.find(name);
       if (it != base.end()) {
         Shape s = it->second->value.shape();
-        if (s.size() == 3 && name.find(".mlp.experts.") != std::string::npos) s[0] = E;  // every expert's, whatever ep
+        if (const auto e = experts_of.find(name); e != experts_of.end()) s[0] = e->second;
         return s;
       }
-      // An expert's matrix ("...mlp.experts.5.gate_proj.weight"): a slice of the stacked experts.
-      const size_t at = name.find(".mlp.experts.");
-      if (at == std::string::npos) return std::nullopt;
-      const size_t e0 = at + 13, e1 = name.find('.', e0);
-      if (e1 == std::string::npos) return std::nullopt;
-      const int64_t e = std::stoll(name.substr(e0, e1 - e0));
-      const auto st = base.find(name.substr(0, e0) + name.substr(e1 + 1));
-      if (st == base.end() || st->second->value.dim() != 3 || e < 0 || e >= E) return std::nullopt;
-      return Shape{st->second->value.size(1), st->second->value.size(2)};
+      // An expert's matrix ("model.layers.3.mlp.experts.5.gate_proj.weight"): a slice of the stacked
+      // experts ("model.layers.3.mlp.experts.gate_proj.weight").
+      for (const auto& [stacked, E] : experts_of) {
+        if (!stacked.ends_with(".weight") || name.size() <= stacked.size() + 1) continue;
+        const size_t dot = stacked.rfind('.', stacked.size() - 8);  // before the module's last part
+        if (dot == std::string::npos || !name.starts_with(stacked.substr(0, dot + 1)) ||
+            !name.ends_with(stacked.substr(dot)))
+          continue;
+        const std::string number = name.substr(dot + 1, name.size() - stacked.size() - 1);
+        if (number.empty() || number.size() > 6 || !std::all_of(number.begin(), number.end(), ::isdigit)) continue;
+        const int64_t e = std::stoll(number);
+        const auto st = base.find(stacked);
+        if (st == base.end() || st->second->value.dim() != 3 || e >= E) return std::nullopt;
+        return Shape{st->second->value.size(1), st->second->value.size(2)};
+      }
+      return std::nullopt;
     });
     if (a.config.r != o_.r)
       throw Error(str("lora: ", dir, " holds an adapter of r = ", a.config.r, ", this run's ", o_.key("r"), " is ", o_.r),
                   o_.key("r"), str("set ", o_.key("r"), " = ", a.config.r));
-    // The same modules adapted (a sparse layer's experts are counted below).
-    std::array<bool, kLinearCount> listed{};
-    for (int m = 0; m < kLinearCount; ++m)
-      listed[static_cast<size_t>(m)] = std::find(a.config.target_modules.begin(), a.config.target_modules.end(),
-                                                 linear_name(static_cast<Linear>(m))) != a.config.target_modules.end();
-    const std::regex theirs = a.config.target_pattern.empty() ? std::regex() : std::regex(a.config.target_pattern);
-    const ModelConfig& c = model.config();
-    for (int64_t l = 0; l < c.num_layers; ++l)
-      for (int m = 0; m < kLinearCount; ++m) {
-        if (c.sparse(l) && m >= static_cast<int>(Linear::gate_proj)) continue;
-        if (adapts(listed, a.config.target_pattern.empty() ? nullptr : &theirs, l, m, false) != targeted(l, m, false))
+    // The same plain modules adapted (the experts' are counted below).
+    const peft::TargetModules theirs(a.config);
+    for (size_t l = 0; l < modules_.size(); ++l)
+      for (const LinearModule& m : modules_[l]) {
+        if (m.experts > 0) continue;
+        const std::string name = full_name(static_cast<int64_t>(l), m.path);
+        if (theirs.matches(name) != (find(static_cast<int>(l), m.id) != nullptr))
           throw Error(str("lora: ", dir, " adapts ", peft_targets(a.config), ", this run's ", o_.key("target_modules"), " ",
-                          targets_text(), ": they differ on ", peft::module_name(l, linear_name(static_cast<Linear>(m)))),
+                          targets_text(), ": they differ on ", name),
                       o_.key("target_modules"), str("set ", o_.key("target_modules"), " to the adapter's"));
       }
     if (std::abs(a.config.lora_alpha - o_.alpha) > 1e-12 || a.config.use_rslora != o_.use_rslora)
       log::warn(str("lora: ", dir, " was trained with lora_alpha ", a.config.lora_alpha, a.config.use_rslora ? " (rsLoRA)" : "",
                     "; this run scales by ", o_.key("alpha"), " = ", o_.alpha, o_.use_rslora ? " (rsLoRA)" : ""));
     int64_t expert_pairs = 0, expected = 0;
-    for (size_t l = 0; l < layers_.size(); ++l)
-      for (int m = 0; m < kLinearCount; ++m)
-        if (find_experts(static_cast<int>(l), static_cast<Linear>(m)) && !is_param_slot(static_cast<int64_t>(l), m))
-          expected += E;
+    for (size_t l = 0; l < modules_.size(); ++l)
+      for (const LinearModule& m : modules_[l])
+        if (!m.parameter && find_experts(static_cast<int>(l), m.id)) expected += m.experts;
     size_t parameter_pairs = 0;
     for (const auto& p : a.pairs) {
       if (!p.parameter.empty()) {  // PEFT's [r*E, in] and [out, r*E] into this rank's [El, r, in], [El, out, r]
@@ -787,7 +728,8 @@ class Lora final : public Adapter {
                           o_.key("target_parameters"), " does not"),
                       o_.key("target_parameters"), "set target_parameters to the adapter's");
         ++parameter_pairs;
-        const LowRank& lr = experts_[static_cast<size_t>(slot->layer)][static_cast<size_t>(slot->which)];
+        const LowRank& lr = *find_experts(static_cast<int>(slot->layer), slot->id);
+        const int64_t E = num_experts_;
         const int64_t El = lr.a->value.size(0), r = o_.r, in = lr.a->value.size(2), out = lr.b->value.size(1);
         Tensor ha = Tensor::empty({El, r, in}, DType::f32), hb = Tensor::empty({El, out, r}, DType::f32);
         for (int64_t e = 0; e < El; ++e) {
@@ -801,10 +743,9 @@ class Lora final : public Adapter {
         set_value(*lr.b, hb);
         continue;
       }
-      const int m = static_cast<int>(std::find_if(std::begin(kModules), std::end(kModules),
-                                                  [&](const char* n) { return p.module == n; }) - std::begin(kModules));
+      const LinearModule* m = module_of(p);
       if (p.expert >= 0) {
-        const LowRank* lr = find_experts(static_cast<int>(p.layer), static_cast<Linear>(m));
+        const LowRank* lr = m ? find_experts(static_cast<int>(p.layer), m->id) : nullptr;
         if (!lr)
           throw Error(str("lora: ", dir, " adapts layer ", p.layer, "'s experts, which this run does not (", o_.key("experts"),
                           " = ", o_.experts ? "true" : "false", ")"),
@@ -816,12 +757,12 @@ class Lora final : public Adapter {
         lr->b->value.rows(e, e + 1).view(p.b.shape()).copy_from(p.b.to(lr->b->value.dtype()));
         continue;
       }
-      const LowRank& lr = layers_.at(static_cast<size_t>(p.layer)).at(static_cast<size_t>(m));
-      if (!lr.a)
+      const LowRank* lr = m ? find(static_cast<int>(p.layer), m->id) : nullptr;
+      if (!lr)
         throw Error(str("lora: ", dir, " adapts layer ", p.layer, "'s ", p.module, ", which this run does not"),
                     o_.key("target_modules"), str("set ", o_.key("target_modules"), " to the adapter's"));
-      set_value(*lr.a, p.a);
-      set_value(*lr.b, p.b);
+      set_value(*lr->a, p.a);
+      set_value(*lr->b, p.b);
     }
     if (parameter_pairs != param_slots_.size())
       throw Error(str("lora: ", dir, " holds ", parameter_pairs, " target parameters' adapters, this run adapts ",
@@ -831,6 +772,16 @@ class Lora final : public Adapter {
       throw Error(str("lora: ", dir, " holds ", expert_pairs, " experts' adapters, this run adapts ", expected, " (",
                       o_.key("experts"), " = ", o_.experts ? "true" : "false", ")"),
                   o_.key("experts"), "set experts to match the adapter (true where it holds mlp.experts.N keys)");
+    if (a.config.bias != o_.bias)
+      throw Error(str("lora: ", dir, " trained bias = \"", a.config.bias, "\", this run's ", o_.key("bias"), " is \"", o_.bias, "\""),
+                  o_.key("bias"), str("set ", o_.key("bias"), " = \"", a.config.bias, "\""));
+    for (const auto& [name, t] : a.biases) {
+      const auto it = std::find_if(biases_.begin(), biases_.end(), [&](const auto& b) { return b.first == name; });
+      if (it == biases_.end())
+        throw Error(str("lora: ", dir, " trains ", name, ", which this run's ", o_.key("bias"), " = \"", o_.bias, "\" does not"),
+                    o_.key("bias"), "adapt the modules the adapter adapts");
+      set_value(*it->second, t);
+    }
     for (const auto& [name, t] : a.saved) {
       const auto it = base.find(name);
       if (it == base.end() || it->second->frozen)
@@ -867,22 +818,25 @@ class Lora final : public Adapter {
     c.use_rslora = o_.use_rslora;
     c.all_linear = o_.all_linear;
     c.target_pattern = o_.pattern;
-    for (int m = 0; m < kLinearCount; ++m)
-      if (o_.pattern.empty() && o_.targets[static_cast<size_t>(m)]) c.target_modules.push_back(linear_name(static_cast<Linear>(m)));
+    // The standard projections first, in their order, as PEFT's files list them once read back.
+    if (o_.pattern.empty() && !o_.all_linear) {
+      for (const std::string& m : peft::lora_modules())
+        if (std::find(o_.names.begin(), o_.names.end(), m) != o_.names.end()) c.target_modules.push_back(m);
+      for (const std::string& m : o_.names)
+        if (std::find(c.target_modules.begin(), c.target_modules.end(), m) == c.target_modules.end()) c.target_modules.push_back(m);
+    }
     c.base_model_name_or_path = base;
     c.modules_to_save = o_.modules_to_save;
     c.target_parameters = o_.target_parameters;
+    c.bias = o_.bias;
     return c;
   }
 
-  static constexpr const char* kModules[kLinearCount] = {"q_proj", "k_proj", "v_proj", "o_proj",
-                                                          "gate_proj", "up_proj", "down_proj"};
   static std::string joined(const std::vector<std::string>& v) {
     std::string s;
     for (const auto& x : v) s += (s.empty() ? "" : ", ") + x;
     return s;
   }
-  static std::string joined_modules() { return joined({std::begin(kModules), std::end(kModules)}); }
   // An adapter's target_modules as its adapter_config.json gives them.
   static std::string peft_targets(const peft::AdapterConfig& c) {
     if (c.all_linear) return "all-linear";
@@ -897,22 +851,23 @@ class Lora final : public Adapter {
   }
 
   LoraOptions o_;
+  peft::TargetModules matcher_;
+  std::vector<std::vector<LinearModule>> modules_;  // the model's, at attach
   std::deque<Parameter> params_;  // stable addresses: LowRank points into it
-  std::vector<std::array<LowRank, kLinearCount>> layers_;
-  std::vector<bool> has_;
-  // The experts' factors (find_experts), stacked by this rank's experts [first_expert_, + local_experts_).
-  std::vector<std::array<LowRank, kLinearCount>> experts_;
-  std::vector<bool> has_experts_;
-  // The target parameters' factors: which experts' slot of which layer holds each.
+  // The factors by layer and module id (LinearModule::id): plain modules', and experts' stacked by
+  // this rank's experts [first_expert_, + local_experts_).
+  std::vector<std::map<int, LowRank>> layers_, experts_;
+  // The target parameters' factors: which experts' module of which layer holds each.
   struct ParamSlot {
     int64_t layer;
-    int which;
+    int id;
     std::string parameter;
   };
   std::vector<ParamSlot> param_slots_;
   int64_t first_expert_ = 0, local_experts_ = 0, num_experts_ = 0;
   uint64_t seed_ = 0, pass_key_ = 0;  // LowRank::dropout_pass points at pass_key_
   std::vector<std::pair<std::string, Parameter*>> saved_;
+  std::vector<std::pair<std::string, Parameter*>> biases_;  // the biases `bias` trains
 };
 
 std::unique_ptr<Plugin> create(const PluginArgs& args) {
@@ -925,10 +880,11 @@ std::unique_ptr<Plugin> create(const PluginArgs& args) {
              "in [0, 1); > 0 not with experts = true", "0");
   c.describe("use_rslora", "rank-stabilized LoRA: scale = alpha / sqrt(r)");
   c.describe("target_modules",
-             "the projections adapted, as PEFT's target_modules: a list adapts them in every layer; any other string is a "
-             "regex a module's whole name must match (\"model.layers.3.self_attn.q_proj\")",
-             "a list of q_proj k_proj v_proj o_proj gate_proj up_proj down_proj, \"all-linear\", or a regex", "\"all-linear\"");
-  c.describe("experts", "adapt a mixture-of-experts model's experts too: gate_proj, up_proj and down_proj of target_modules, per expert",
+             "the linear modules adapted, as PEFT's target_modules matches the modules the model lists: a list takes a "
+             "module whose full name (\"model.layers.3.self_attn.q_proj\") equals an entry or ends with \".\" + entry; "
+             "any other string is a regex the full name must match; \"all-linear\" every linear module but the head",
+             "a list of module names (q_proj, self_attn.o_proj, ...), \"all-linear\", or a regex", "\"all-linear\"");
+  c.describe("experts", "adapt a mixture-of-experts model's experts too, per expert: its modules of one linear per expert that target_modules matches",
              "true or false (true needs a model with sparse layers)", "false");
   c.describe("modules_to_save", "modules trained whole beside the adapters, matched as PEFT does (a module whose name ends with the entry)",
              "e.g. [\"embed_tokens\", \"norm\", \"lm_head\"]", "[]");
@@ -940,17 +896,16 @@ std::unique_ptr<Plugin> create(const PluginArgs& args) {
   o.dropout = c.get_double("dropout", 0.0);
   if (!(o.dropout >= 0 && o.dropout < 1)) c.fail("dropout", str(o.dropout, " is not a probability below 1"), "e.g. dropout = 0.05");
   o.use_rslora = c.get_bool("use_rslora", false);
-  std::vector<std::string> targets;
   bool listed = true;
   try {
-    targets = c.get_strings("target_modules", {});
+    o.names = c.get_strings("target_modules", {});
     if (!c.has("target_modules")) listed = false;
   } catch (const Error&) {
     const std::string s = c.get_string("target_modules", "all-linear");
     listed = false;
     if (s != "all-linear") {
       try {
-        o.regex = std::make_shared<const std::regex>(s);
+        std::regex check(s);
       } catch (const std::regex_error& e) {
         c.fail("target_modules", str("'", s, "' is not a regex (", e.what(), ")"),
                "e.g. \".*\\.(q_proj|v_proj)\", a list [\"q_proj\", \"v_proj\"] or \"all-linear\"");
@@ -958,31 +913,13 @@ std::unique_ptr<Plugin> create(const PluginArgs& args) {
       o.pattern = s;
     }
   }
-  if (!listed && o.pattern.empty()) {
+  if (!listed && o.pattern.empty()) o.all_linear = true;
+  if (listed && o.names.empty()) c.fail("target_modules", "is empty: nothing would train", "name the modules, or \"all-linear\"");
+  if (std::find(o.names.begin(), o.names.end(), "all-linear") != o.names.end()) {
     o.all_linear = true;
-    o.targets.fill(true);
-  } else if (listed) {
-    if (targets.empty()) c.fail("target_modules", "is empty: nothing would train", "name the projections, or \"all-linear\"");
-    for (const auto& t : targets) {
-      if (t == "all-linear") {
-        o.all_linear = true;
-        o.targets.fill(true);
-        continue;
-      }
-      int found = -1;
-      for (int m = 0; m < kLinearCount; ++m)
-        if (t == linear_name(static_cast<Linear>(m))) found = m;
-      if (found < 0)
-        c.fail("target_modules", str("'", t, "' is not a projection of a Qwen3 layer"),
-               "use q_proj, k_proj, v_proj, o_proj, gate_proj, up_proj, down_proj or \"all-linear\"");
-      o.targets[static_cast<size_t>(found)] = true;
-    }
+    o.names.clear();
   }
   o.experts = c.get_bool("experts", false);
-  if (o.experts && o.pattern.empty() && !o.targets[static_cast<size_t>(Linear::gate_proj)] && !o.targets[static_cast<size_t>(Linear::up_proj)] &&
-      !o.targets[static_cast<size_t>(Linear::down_proj)])
-    c.fail("experts", "is true, but target_modules names none of the experts' projections",
-           "add gate_proj, up_proj or down_proj to target_modules (or \"all-linear\"), or set experts = false");
   // The experts' factors run as grouped GEMMs over rows sorted by expert, which have no mask path.
   if (o.experts && o.dropout > 0)
     c.fail("dropout", str(o.dropout, " with experts = true: the experts' adapters take no dropout"),
@@ -995,6 +932,14 @@ std::unique_ptr<Plugin> create(const PluginArgs& args) {
   if (!o.target_parameters.empty() && o.dropout > 0)
     c.fail("dropout", str(o.dropout, " with target_parameters: PEFT's ParamWrapper takes no dropout"), "set dropout = 0");
   if (c.has("modules_to_save")) o.modules_to_save = c.get_strings("modules_to_save", {});
+  c.describe("bias",
+             "biases trained beside the adapters, as PEFT's bias: \"none\"; \"all\", every parameter of the model named with "
+             "\"bias\"; \"lora_only\", the biases of the adapted modules (saved with the adapter)",
+             "\"none\", \"all\" or \"lora_only\" (not \"none\" only for a model with biases: Qwen2's q, k, v; GPT-OSS's)",
+             "\"none\"");
+  o.bias = c.get_string("bias", "none");
+  if (o.bias != "none" && o.bias != "all" && o.bias != "lora_only")
+    c.fail("bias", str("'", o.bias, "' is none of PEFT's settings"), "use \"none\", \"all\" or \"lora_only\"");
   o.init_from = c.get_string("init_from", "");
   return std::make_unique<Lora>(std::move(o));
 }

@@ -83,8 +83,8 @@ class TiledMlp final : public MlpStrategy {
   // Each tile is one call of core's whole MLP over its rows, so a tile's work beyond the arithmetic
   // (the model counts that) is whole's plan of one call: the tiles repeat it, and larger tiles save it.
   void plan(const PlanInputs& in, MemoryPlan& plan) const override {
-    // A model whose every layer is sparse runs no dense MLP: its own plan counts the experts'.
-    if (in.model.sparse_layers() == in.model.num_layers && in.model.num_layers > 0) return;
+    // A model whose every layer runs an MLP of its own plans it itself.
+    if (in.model.mlp_slot_layers == 0) return;
     const int64_t T = std::max<int64_t>(in.tokens_per_rank, 1);
     const int64_t R = std::min(T, rows(in.model.intermediate_size, in.weight_dtype, in.recipe.get(name_, kTileRows, 0)));
     const int64_t tile = R * in.model.intermediate_size * static_cast<int64_t>(dtype_size(in.weight_dtype));

@@ -189,18 +189,19 @@ TEST(PeftAdapter, RefusesConfigsByKeyAndFix) {
   EXPECT_EQ(t.key, "r");
   t = config_refusal("target_modules", {"q_proj", "lm_head"});
   EXPECT_EQ(t.key, "target_modules");
-  EXPECT_EQ(t.fix, "keep only modules among q_proj k_proj v_proj o_proj gate_proj up_proj down_proj");
+  EXPECT_EQ(t.fix, "keep only the layers' linear modules, e.g. q_proj v_proj (the head trains whole through modules_to_save)");
   EXPECT_NE(t.message.find("\"lm_head\""), std::string::npos) << t.message;
   // A string is a regex of module names, as PEFT reads it; one that is none is refused.
   t = config_refusal("target_modules", "model.layers.(0");
   EXPECT_EQ(t.key, "target_modules");
-  EXPECT_EQ(t.fix, "list the modules among q_proj k_proj v_proj o_proj gate_proj up_proj down_proj, give \"all-linear\", "
-                   "or a regex of module names");
+  EXPECT_EQ(t.fix, "list the layers' linear modules, e.g. q_proj v_proj, give \"all-linear\", or a regex of module names");
   t = config_refusal("target_modules", nlohmann::json::array());
   EXPECT_EQ(t.key, "target_modules");
-  t = config_refusal("bias", "lora_only");
+  t = config_refusal("bias", "lora");
   EXPECT_EQ(t.key, "bias");
-  EXPECT_EQ(t.fix, "train the adapter with bias=\"none\"");
+  EXPECT_EQ(t.fix, "train the adapter with one of PEFT's bias settings");
+  EXPECT_FALSE(config_refusal("bias", "lora_only").thrown);
+  EXPECT_FALSE(config_refusal("bias", "all").thrown);
   t = config_refusal("peft_type", "PREFIX_TUNING");
   EXPECT_EQ(t.key, "peft_type");
   EXPECT_EQ(t.fix, "give a LoRA adapter (peft_type \"LORA\")");
@@ -362,6 +363,36 @@ void check_merged(const fs::path& base, const fs::path& out, const peft::Adapter
     }
   for (const char* f : {"config.json", "generation_config.json", "tokenizer.json", "tokenizer_config.json"})
     EXPECT_EQ(read(out / f), read(base / f)) << f;
+}
+
+// Trained biases (bias "all" / "lora_only") are stored under PEFT's keys, the base model's
+// state_dict names: an adapted module's under its base_layer, another's under its own name; read
+// back by the base's names; a base without them is refused by the key.
+TEST(PeftAdapter, TrainedBiasesKeepPeftsKeysAndNeedABaseWithThem) {
+  std::mt19937 rng(9);
+  peft::Adapter a = random_adapter(4, 8, false, {"q_proj"}, rng);
+  a.config.bias = "all";
+  a.biases = {{"model.layers.0.self_attn.q_proj.bias", random_tensor({kHeads * kHeadDim}, rng)},
+              {"model.layers.1.self_attn.k_proj.bias", random_tensor({kKv * kHeadDim}, rng)}};
+  const fs::path dir = test::temp_dir("peft-bias");
+  peft::write_adapter(dir.string(), a);
+  EXPECT_EQ(nlohmann::json::parse(read(dir / "adapter_config.json"))["bias"], "all");
+  const auto st = safetensors::Checkpoint::open((dir / "adapter_model.safetensors").string());
+  EXPECT_TRUE(st.has("base_model.model.model.layers.0.self_attn.q_proj.base_layer.bias"));
+  EXPECT_TRUE(st.has("base_model.model.model.layers.1.self_attn.k_proj.bias"));
+  const peft::Adapter b = peft::read_adapter(dir.string());
+  ASSERT_EQ(b.biases.size(), 2u);
+  std::map<std::string, std::vector<float>> got;
+  for (const auto& [name, t] : b.biases) got[name] = t.to_floats();
+  for (const auto& [name, t] : a.biases) EXPECT_EQ(got.at(name), t.to_floats()) << name;
+  const fs::path base = tiny_base("peft-bias-base", DType::f32, rng);
+  const auto t = test::thrown_by([&] {
+    peft::merge(base.string(), dir.string(), (test::temp_dir("peft-bias-out") / "m").string(), {.progress = false});
+  });
+  EXPECT_TRUE(t.key == "base_model.model.model.layers.0.self_attn.q_proj.base_layer.bias" ||
+              t.key == "base_model.model.model.layers.1.self_attn.k_proj.bias")
+      << t.key;
+  EXPECT_EQ(t.fix, "merge the adapter into the base it was trained on");
 }
 
 TEST(PeftMerge, AddsScaledLowRankProductToEveryAdaptedMatrix) {

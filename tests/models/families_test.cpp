@@ -234,6 +234,72 @@ TEST(FamilyLora, EqualsTheMergedModelWithTheBaseFrozen) {
   }
 }
 
+// PEFT's bias = "lora_only" on Qwen2's q, k and v: their biases train beside the factors, the rest of
+// the base frozen. On a fresh adapter (B = 0) the model is the base, so the biases' gradients are
+// the full fine-tune's on the same batch. Saved under PEFT's keys (an adapted module's tensors sit
+// under its base_layer), a run started from the folder holds the trained values; a family without
+// biases refuses the setting by key.
+TEST(FamilyLora, BiasLoraOnlyTrainsTheAdaptedModulesBiases) {
+  const fs::path dir = kFixtures / "qwen2_bias_tied";
+  if (!fs::exists(dir / "expected.safetensors")) GTEST_SKIP() << kWrite;
+  safetensors::Checkpoint expected = safetensors::Checkpoint::open((dir / "expected.safetensors").string());
+  const Shard shard = test::shard_from_labels(ints(expected.load("input_ids", DType::i64)), ints(expected.load("labels", DType::i64)));
+  const int64_t valid = test::count_valid(shard);
+  auto full = load(dir);
+  full->zero_grad();
+  test::DefaultSlots sf(*full);
+  test::mean_loss_step(sf, shard, valid);
+  std::map<std::string, std::vector<float>> full_grads;
+  for (Parameter* p : full->parameters()) full_grads[p->name] = p->grad.to_floats();
+
+  const std::string table = "r = 4\nalpha = 8\ntarget_modules = [\"q_proj\", \"k_proj\", \"v_proj\"]\nbias = \"lora_only\"";
+  auto adapted = load(dir);
+  auto lora = test::make_plugin<Adapter>("lora", table);
+  lora->attach(*adapted, AdapterContext{Device::cpu(), DType::f32, 5, ""});
+  adapted->zero_grad();
+  test::DefaultSlots sa(*adapted);
+  sa.slots.adapter = lora.get();
+  test::mean_loss_step(sa, shard, valid);
+  int biases = 0;
+  for (Parameter* p : adapted->parameters()) {
+    const bool bias = p->name.ends_with(".bias");
+    EXPECT_EQ(p->frozen, !bias) << p->name;
+    if (!bias) continue;
+    ++biases;
+    const double rel = test::rel_l2(p->grad.to_floats(), full_grads.at(p->name));
+    EXPECT_LE(rel, 1e-6) << p->name;
+    EXPECT_GT(test::rel_l2(full_grads.at(p->name), std::vector<float>(full_grads.at(p->name).size(), 0.f)), 0) << p->name;
+  }
+  EXPECT_EQ(biases, 3 * static_cast<int>(adapted->config().num_layers));
+
+  uint32_t seed = 70;
+  std::map<std::string, std::vector<float>> trained;
+  for (Parameter* p : adapted->parameters())
+    if (!p->frozen) {
+      test::fill_normal(p->value, seed++, 0.3f);
+      trained[p->name] = p->value.to_floats();
+    }
+  const fs::path saved = test::temp_dir("family-lora-bias");
+  lora->save(saved.string(), dir.string());
+  EXPECT_EQ(nlohmann::json::parse(std::ifstream(saved / "adapter_config.json")).at("bias"), "lora_only");
+  const auto file = safetensors::Checkpoint::open((saved / "adapter_model.safetensors").string());
+  EXPECT_TRUE(file.has("base_model.model.model.layers.0.self_attn.q_proj.base_layer.bias"));
+  EXPECT_TRUE(file.has("base_model.model.model.layers.1.self_attn.v_proj.base_layer.bias"));
+  auto restarted = load(dir);
+  auto from = test::make_plugin<Adapter>("lora", table + "\ninit_from = \"" + saved.string() + "\"");
+  from->attach(*restarted, AdapterContext{Device::cpu(), DType::f32, 6, ""});
+  for (Parameter* p : restarted->parameters())
+    if (trained.count(p->name)) EXPECT_EQ(p->value.to_floats(), trained.at(p->name)) << p->name;
+
+  // Llama's projections have no bias: the setting is refused by its key.
+  const test::Thrown t = test::thrown_by([&] {
+    auto llama = load(kFixtures / "llama3_untied");
+    test::make_plugin<Adapter>("lora", "bias = \"all\"")->attach(*llama, AdapterContext{Device::cpu(), DType::f32, 1, ""});
+  });
+  EXPECT_EQ(t.key, "lora.bias");
+  EXPECT_EQ(t.fix, "set bias = \"none\": this model's linear modules have no bias to train");
+}
+
 // A module's save: config.json of its family (the rope parameters the positional encoding gives)
 // and safetensors that load back to the same bits.
 TEST(FamilyExport, SavedFoldersLoadBackBitForBit) {

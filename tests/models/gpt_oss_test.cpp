@@ -14,6 +14,7 @@
 #include <nlohmann/json.hpp>
 #include <random>
 
+#include "decoder_config.h"
 #include "lcx/error.h"
 #include "lcx/ops.h"
 #include "lcx/peft.h"
@@ -101,7 +102,7 @@ void expect_one_rank(const char* name, const Mode& mode) {
   if (expected.has("aux_loss")) {
     EXPECT_LE(rel(r.aux.value, scalar(expected, "aux_loss")), mode.loss_tol) << name << ": aux loss " << r.aux.value;
     EXPECT_LE(rel(lm + r.aux.coef * r.aux.value, scalar(expected, "loss")), mode.loss_tol) << name << ": the loss reported";
-    EXPECT_EQ(r.aux.coef, cfg.output_router_logits ? cfg.router_aux_loss_coef : 0.0);
+    EXPECT_EQ(r.aux.coef, decoder::moe(cfg).output_router_logits ? decoder::moe(cfg).router_aux_loss_coef : 0.0);
   }
   const Tensor want_logits = expected.load("logits", DType::f32);
   const Tensor hidden = forward_hidden(s.slots, shard, mode.device);
@@ -292,6 +293,47 @@ TEST(GptOssLora, AttentionAndExpertsEqualTheMergedModel) {
   }
   std::printf("LoRA against the merged model: loss %.7f / %.7f, worst factor gradient rel L2 %.2e\n", ra.loss_sum / valid,
               rm.loss_sum / valid, worst);
+}
+
+// PEFT's bias = "all" on GPT-OSS: every parameter named with "bias" trains (the attention's, the
+// router's, the experts'), each gets a gradient with the rest of the base frozen, and each is saved
+// under the base model's state_dict name as PEFT wraps it (an adapted projection's under its
+// base_layer; the experts, wrapped once per target parameter, under two) and read back by init_from.
+TEST(GptOssLora, BiasAllTrainsEveryBiasAndSavesItUnderPeftsKeys) {
+  auto model = small_model();
+  const std::string table = std::string(kLoraTable) + "\nbias = \"all\"";
+  auto lora = test::make_plugin<Adapter>("lora", table);
+  lora->attach(*model, AdapterContext{Device::cpu(), DType::f32, 5, ""});
+  uint32_t seed = 90;
+  for (Parameter* p : lora->parameters()) test::fill_normal(p->value, seed++, 0.2f);
+  model->zero_grad();
+  test::DefaultSlots s(*model, yarn());
+  s.slots.adapter = lora.get();
+  const Shard shard = small_shard();
+  test::mean_loss_step(s, shard, test::count_valid(shard));
+  std::map<std::string, std::vector<float>> biases;
+  for (Parameter* p : model->parameters()) {
+    const bool bias = p->name.find("bias") != std::string::npos;
+    EXPECT_EQ(p->frozen, !bias) << p->name;
+    if (!bias) continue;
+    double sq = 0;
+    for (float g : p->grad.to_floats()) sq += static_cast<double>(g) * g;
+    EXPECT_GT(sq, 0) << p->name << " got no gradient";
+    biases[p->name] = p->value.to_floats();
+  }
+  EXPECT_EQ(biases.size(), 2u * 7);  // per layer: q, k, v, o, the router's, gate_up's and down's
+  const fs::path dir = test::temp_dir("gpt-oss-bias");
+  lora->save(dir.string(), "base");
+  const safetensors::Checkpoint ck = safetensors::Checkpoint::open((dir / "adapter_model.safetensors").string());
+  const std::string l1 = "base_model.model.model.layers.1.";
+  for (const char* key : {"self_attn.q_proj.base_layer.bias", "self_attn.o_proj.base_layer.bias", "mlp.router.bias",
+                          "mlp.experts.base_layer.base_layer.gate_up_proj_bias", "mlp.experts.base_layer.base_layer.down_proj_bias"})
+    EXPECT_TRUE(ck.has(l1 + key)) << key;
+  auto again = small_model();
+  auto from = test::make_plugin<Adapter>("lora", table + "\ninit_from = \"" + dir.string() + "\"");
+  from->attach(*again, AdapterContext{Device::cpu(), DType::f32, 6, ""});
+  for (Parameter* p : again->parameters())
+    if (biases.count(p->name)) EXPECT_EQ(p->value.to_floats(), biases.at(p->name)) << p->name;
 }
 
 // The adapter's files are PEFT's: target_parameters in adapter_config.json, the experts' factors as
@@ -937,10 +979,10 @@ TEST(GptOssConfig, PresetsHaveThePublicShapes) {
   auto m = make_gpt_oss();
   const ModelConfig a = m->describe("gpt-oss-20b");
   EXPECT_EQ(a.num_layers, 24);
-  EXPECT_EQ(a.num_experts, 32);
-  EXPECT_EQ(a.num_experts_per_tok, 4);
+  EXPECT_EQ(decoder::moe(a).num_experts, 32);
+  EXPECT_EQ(decoder::moe(a).num_experts_per_tok, 4);
   EXPECT_EQ(a.hidden_size, 2880);
-  EXPECT_EQ(a.moe_intermediate_size, 2880);
+  EXPECT_EQ(decoder::moe(a).moe_intermediate_size, 2880);
   EXPECT_EQ(a.num_heads, 64);
   EXPECT_EQ(a.num_kv_heads, 8);
   EXPECT_EQ(a.head_dim, 64);
@@ -956,7 +998,7 @@ TEST(GptOssConfig, PresetsHaveThePublicShapes) {
   EXPECT_EQ(rope.at("rope_theta"), 150000.0);
   const ModelConfig b = m->describe("gpt-oss-120b");
   EXPECT_EQ(b.num_layers, 36);
-  EXPECT_EQ(b.num_experts, 128);
+  EXPECT_EQ(decoder::moe(b).num_experts, 128);
   EXPECT_THROW(m->describe("gpt-oss-7b"), Error);
 }
 

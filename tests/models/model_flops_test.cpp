@@ -7,6 +7,7 @@
 
 #include <vector>
 
+#include "decoder_config.h"
 #include "lcx/slots/model.h"
 #include "support/test_util.h"
 
@@ -62,7 +63,7 @@ TEST(ModelFlops, MixtureOfExpertsCountsTheExpertsATokenTakes) {
   auto m = built("qwen3", std::string("{") + kShape + R"(, "head_dim": 10, "model_type": "qwen3_moe", "num_experts": 4,
       "num_experts_per_tok": 2, "moe_intermediate_size": 12, "mlp_only_layers": [0]})");
   const ModelConfig& c = m->config();
-  ASSERT_EQ(c.sparse_layers(), 2);
+  ASSERT_EQ(decoder::sparse_layers(c), 2);
   const double T = 256, H = 48;
   // Layers 1 and 2 run the router [4, H] and 2 of 4 experts' gate, up and down instead of the dense MLP.
   const double sparse_less = 2 * (3 * H * 100 - (4 * H + 2 * 3 * 12 * H));

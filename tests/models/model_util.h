@@ -55,4 +55,12 @@ inline int64_t count_valid(const Shard& s) {
   return n;
 }
 
+// The id layer `layer` of the model exposes its linear module `path` by ("self_attn.q_proj";
+// LinearModule::id, what Adapter::find is asked by); throws where it lists none of that path.
+inline int module_id(const Model& model, int64_t layer, const std::string& path) {
+  const LinearModule* m = model.config().linear_module(layer, path);
+  if (!m) throw Error(str("the model lists no ", path, " in layer ", layer));
+  return m->id;
+}
+
 }  // namespace lcx::test

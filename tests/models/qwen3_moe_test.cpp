@@ -19,6 +19,7 @@
 #include <numeric>
 #include <nlohmann/json.hpp>
 
+#include "decoder_config.h"
 #include "lcx/error.h"
 #include "lcx/ops.h"
 #include "lcx/safetensors.h"
@@ -125,7 +126,7 @@ TEST_P(MoeParity, LossesLogitsAndEveryGradient) {
   EXPECT_LE(rel(lm, want_lm), mode.loss_tol) << "LM loss: lcx " << lm << ", transformers " << want_lm;
   EXPECT_LE(rel(r.aux.value, want_aux), mode.loss_tol) << "aux loss: lcx " << r.aux.value << ", transformers " << want_aux;
   EXPECT_LE(rel(lm + r.aux.coef * r.aux.value, want_loss), mode.loss_tol) << "the loss transformers reports";
-  EXPECT_EQ(r.aux.coef, cfg.output_router_logits ? cfg.router_aux_loss_coef : 0.0);
+  EXPECT_EQ(r.aux.coef, decoder::moe(cfg).output_router_logits ? decoder::moe(cfg).router_aux_loss_coef : 0.0);
   EXPECT_GE(r.aux.expert_tokens_max, r.aux.expert_tokens_min);
   EXPECT_GT(r.aux.expert_tokens_max, 0);
 
@@ -290,7 +291,7 @@ EpOutcome expert_step(const fs::path& dir, const Sequence& seq, int64_t valid, c
   for (size_t i = 0; i < first.size(); ++i) {
     std::vector<float> g = first[i]->grad.to_floats();
     if (first[i]->grad_group == GradGroup::partition_replicas) {
-      EXPECT_EQ(first[i]->value.size(0) * m.ep, ranks[0].model->config().num_experts) << first[i]->name;
+      EXPECT_EQ(first[i]->value.size(0) * m.ep, decoder::moe(ranks[0].model->config()).num_experts) << first[i]->name;
       for (int r = 1; r < m.ep; ++r) {
         const std::vector<float> more = ranks[static_cast<size_t>(r)].model->parameters()[i]->grad.to_floats();
         g.insert(g.end(), more.begin(), more.end());
@@ -544,8 +545,8 @@ TEST(Qwen3Moe, SavesTheHubsLayoutAndReadsItBack) {
   }
   auto again = test::make_qwen3();
   again->load_hf(out.string(), Device::cpu(), DType::f32);
-  EXPECT_EQ(again->config().num_experts_per_tok, 3);
-  EXPECT_TRUE(again->config().norm_topk_prob);
+  EXPECT_EQ(decoder::moe(again->config()).num_experts_per_tok, 3);
+  EXPECT_TRUE(decoder::moe(again->config()).norm_topk_prob);
   fs::remove_all(out);
 }
 
@@ -578,8 +579,8 @@ TEST(Qwen3Moe, RefusesByKey) {
             std::string::npos);
   EXPECT_EQ(refusal("{" + base + R"(, "num_experts": 4, "num_experts_per_tok": 2})"), "accepted");
   const ModelConfig c = test::make_qwen3()->describe("qwen3-30b-a3b");
-  EXPECT_EQ(c.num_experts, 128);
-  EXPECT_EQ(c.sparse_layers(), 48);
+  EXPECT_EQ(decoder::moe(c).num_experts, 128);
+  EXPECT_EQ(decoder::sparse_layers(c), 48);
 }
 
 // Every token routed to one expert (a zero router: uniform probabilities, ties to the lower

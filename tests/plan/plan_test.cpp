@@ -5,6 +5,7 @@
 
 #include <algorithm>
 
+#include "decoder_config.h"
 #include "config/manifest.h"
 #include "kernels/cudnn_sizes.h"
 #include "lcx/attention_cost.h"
@@ -480,8 +481,8 @@ TEST(PlanArithmetic, ExpertParallelDividesTheExperts) {
   ASSERT_EQ(eight.ep, 8);
   ASSERT_EQ(parameter_shards(eight), 1);
   const MemoryPlan a = build_plan(one, qwen3_slots()), b = build_plan(eight, qwen3_slots());
-  const int64_t E = m.num_experts, H = m.hidden_size, Im = m.moe_intermediate_size, k = m.num_experts_per_tok;
-  const int64_t experts = m.sparse_layers() * 3 * E * Im * H;
+  const int64_t E = decoder::moe(m).num_experts, H = m.hidden_size, Im = decoder::moe(m).moe_intermediate_size, k = decoder::moe(m).num_experts_per_tok;
+  const int64_t experts = decoder::sparse_layers(m) * 3 * E * Im * H;
   EXPECT_EQ(b.parameters, a.parameters - experts / 8 * 7);
   EXPECT_EQ(term(b, "parameters", "qwen3").bytes, b.parameters * 2);
   EXPECT_EQ(term(b, "gradients", "qwen3").bytes, b.parameters * 4);

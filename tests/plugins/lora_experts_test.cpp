@@ -73,13 +73,15 @@ struct Adapted {
 
 TEST(LoraExperts, FactorsAreStackedPerExpertAndTheExpertsFrozen) {
   Adapted a(kLora, nullptr, 0, false);
-  const LowRank* g = a.lora->find_experts(1, Linear::gate_proj);
-  const LowRank* d = a.lora->find_experts(1, Linear::down_proj);
+  const int gate = test::module_id(*a.model, 1, "mlp.experts.gate_proj");
+  const LowRank* g = a.lora->find_experts(1, gate);
+  const LowRank* d = a.lora->find_experts(1, test::module_id(*a.model, 1, "mlp.experts.down_proj"));
   ASSERT_NE(g, nullptr);
   ASSERT_NE(d, nullptr);
-  EXPECT_EQ(a.lora->find_experts(0, Linear::gate_proj), nullptr);  // layer 0 is dense
-  EXPECT_EQ(a.lora->find(1, Linear::gate_proj), nullptr);          // a sparse layer's MLP: the experts only
-  EXPECT_NE(a.lora->find(0, Linear::gate_proj), nullptr);
+  const int dense_gate = test::module_id(*a.model, 0, "mlp.gate_proj");
+  EXPECT_EQ(a.lora->find_experts(0, dense_gate), nullptr);  // layer 0 is dense
+  EXPECT_EQ(a.lora->find(1, gate), nullptr);                // a sparse layer's MLP: the experts only
+  EXPECT_NE(a.lora->find(0, dense_gate), nullptr);
   EXPECT_EQ(g->a->value.shape(), (Shape{4, 2, 24}));
   EXPECT_EQ(g->b->value.shape(), (Shape{4, 12, 2}));
   EXPECT_EQ(d->a->value.shape(), (Shape{4, 2, 12}));
@@ -95,7 +97,7 @@ TEST(LoraExperts, FactorsAreStackedPerExpertAndTheExpertsFrozen) {
   for (float x : g->b->value.to_floats()) ASSERT_EQ(x, 0.f);
   // Today's runs are unchanged: without experts = true, "all-linear" passes the experts by.
   Adapted plain("r = 2\nalpha = 6\ntarget_modules = \"all-linear\"", nullptr, 0, false);
-  EXPECT_EQ(plain.lora->find_experts(1, Linear::gate_proj), nullptr);
+  EXPECT_EQ(plain.lora->find_experts(1, gate), nullptr);
   EXPECT_EQ(plain.lora->parameters().size() + 6, a.lora->parameters().size());
   // The base frozen: a step gives the experts (and every base weight) no gradient.
   a.loss(tokens_shard(20, 1));
@@ -193,7 +195,7 @@ TEST(LoraExperts, SavedFilesMergeAndLoadBack) {
   for (const auto& n : lib.names()) EXPECT_EQ(cli.load(n, DType::f32).to_floats(), lib.load(n, DType::f32).to_floats()) << n;
   // Expert 2's merged gate_proj is W_2 + scale * B_2 A_2.
   {
-    const LowRank* g = a.lora->find_experts(1, Linear::gate_proj);
+    const LowRank* g = a.lora->find_experts(1, test::module_id(*a.model, 1, "mlp.experts.gate_proj"));
     std::vector<float> w = safetensors::Checkpoint::open((base_dir / "model.safetensors").string())
                                .load("model.layers.1.mlp.experts.2.gate_proj.weight", DType::f32)
                                .to_floats();

@@ -98,15 +98,16 @@ TEST(Lora, FreezesTheBaseAndInitializesAsPeft) {
     EXPECT_LT(lo, -0.5f * bound) << p->name << " does not fill its range";
     EXPECT_GT(hi, 0.5f * bound) << p->name;
   }
-  EXPECT_EQ(lora->find(0, Linear::down_proj)->scale, 1.f);  // alpha defaults to r
+  auto id = [&](const char* path) { return test::module_id(*a.model, 0, path); };
+  EXPECT_EQ(lora->find(0, id("mlp.down_proj"))->scale, 1.f);  // alpha defaults to r
   // Projections that read one input have their A's stacked, so one GEMM serves them (q, k, v;
   // gate, up); a run that may not stack them (ZeRO-3, gradients in another dtype) keeps each apart.
   for (int layer = 0; layer < 2; ++layer) {
     const Adapter& ad = *a.lora;
-    EXPECT_TRUE(lowrank_stacked({ad.find(layer, Linear::q_proj), ad.find(layer, Linear::k_proj),
-                                 ad.find(layer, Linear::v_proj)}));
-    EXPECT_TRUE(lowrank_stacked({ad.find(layer, Linear::gate_proj), ad.find(layer, Linear::up_proj)}));
-    EXPECT_FALSE(lowrank_stacked({ad.find(layer, Linear::q_proj), ad.find(layer, Linear::v_proj)}));
+    EXPECT_TRUE(lowrank_stacked({ad.find(layer, id("self_attn.q_proj")), ad.find(layer, id("self_attn.k_proj")),
+                                 ad.find(layer, id("self_attn.v_proj"))}));
+    EXPECT_TRUE(lowrank_stacked({ad.find(layer, id("mlp.gate_proj")), ad.find(layer, id("mlp.up_proj"))}));
+    EXPECT_FALSE(lowrank_stacked({ad.find(layer, id("self_attn.q_proj")), ad.find(layer, id("self_attn.v_proj"))}));
   }
   auto apart = test::make_plugin<Adapter>("lora", "r = 4");
   AdapterContext no_stack{Device::cpu(), DType::f32, 11, ""};
@@ -114,8 +115,8 @@ TEST(Lora, FreezesTheBaseAndInitializesAsPeft) {
   auto other = test::make_qwen3();
   other->init_random(tiny_spec(), 3, Device::cpu(), DType::f32);
   apart->attach(*other, no_stack);
-  EXPECT_FALSE(lowrank_stacked({apart->find(0, Linear::q_proj), apart->find(0, Linear::k_proj),
-                                apart->find(0, Linear::v_proj)}));
+  EXPECT_FALSE(lowrank_stacked({apart->find(0, id("self_attn.q_proj")), apart->find(0, id("self_attn.k_proj")),
+                                apart->find(0, id("self_attn.v_proj"))}));
 }
 
 // y = x W^T + s (x A^T) B^T is the merged model's y = x (W + s B A)^T: the losses agree.
@@ -129,11 +130,11 @@ TEST(Lora, ForwardEqualsTheMergedWeights) {
     std::map<std::string, Parameter*> by_name;
     for (Parameter* p : merged->parameters()) by_name[p->name] = p;
     for (int l = 0; l < 2; ++l)
-      for (int m = 0; m < kLinearCount; ++m) {
-        const LowRank* lr = a.lora->find(l, static_cast<Linear>(m));
+      for (const LinearModule& m : a.model->config().linear_modules[static_cast<size_t>(l)]) {
+        const LowRank* lr = a.lora->find(l, m.id);
         ASSERT_NE(lr, nullptr);
         EXPECT_FLOAT_EQ(lr->scale, static_cast<float>(12.0 / 2.0));  // alpha / sqrt(r)
-        Parameter* w = by_name.at(peft::base_weight_name(l, linear_name(static_cast<Linear>(m))));
+        Parameter* w = by_name.at(peft::base_weight_name(l, m.path));
         std::vector<float> wv = w->value.to_floats();
         const std::vector<float> av = lr->a->value.to_floats(), bv = lr->b->value.to_floats();
         peft::add_low_rank(wv.data(), bv.data(), av.data(), w->value.size(0), w->value.size(1), lr->rank(), lr->scale);
@@ -269,6 +270,41 @@ TEST(Lora, RegexTargetsTheModulesItMatches) {
   EXPECT_DOUBLE_EQ(start(table), r.loss_sum);
   // The same projections in every layer are other modules.
   EXPECT_EQ(test::thrown_by([&] { start("r = 4\ntarget_modules = [\"q_proj\", \"v_proj\"]"); }).key, "lora.target_modules");
+}
+
+// A regex selecting layers: every module of layers 1 and 2 of a 3-layer model, none of layer 0;
+// the names the list form would give match them in every layer alike.
+TEST(Lora, RegexSelectsASubsetOfLayers) {
+  auto model = test::make_qwen3();
+  model->init_random(tiny_spec(3), 3, Device::cpu(), DType::f32);
+  auto lora = test::make_plugin<Adapter>("lora", "r = 2\ntarget_modules = 'model\\.layers\\.[12]\\..*'");
+  lora->attach(*model, AdapterContext{Device::cpu(), DType::f32, 1, ""});
+  for (int layer = 0; layer < 3; ++layer)
+    for (const LinearModule& m : model->config().linear_modules[static_cast<size_t>(layer)])
+      EXPECT_EQ(lora->find(layer, m.id) != nullptr, layer > 0) << "layer " << layer << " " << m.path;
+  EXPECT_EQ(lora->parameters().size(), 2u * 7 * 2);
+  // A list entry may name a module by its path under the layer, as PEFT's suffix rule reads it.
+  auto listed = test::make_plugin<Adapter>("lora", "r = 2\ntarget_modules = [\"self_attn.o_proj\", \"down_proj\"]");
+  listed->attach(*model, AdapterContext{Device::cpu(), DType::f32, 1, ""});
+  for (int layer = 0; layer < 3; ++layer)
+    for (const LinearModule& m : model->config().linear_modules[static_cast<size_t>(layer)])
+      EXPECT_EQ(listed->find(layer, m.id) != nullptr, m.path == "self_attn.o_proj" || m.path == "mlp.down_proj") << m.path;
+}
+
+// A name the model has no module of is refused by key, the message naming the model's modules.
+TEST(Lora, ANameTheModelLacksIsRefusedWithItsModules) {
+  const test::Thrown t = test::thrown_by([] {
+    auto model = test::make_qwen3();
+    model->init_random(tiny_spec(), 3, Device::cpu(), DType::f32);
+    auto lora = test::make_plugin<Adapter>("lora", "target_modules = [\"q_proj\", \"wq\"]");
+    lora->attach(*model, AdapterContext{Device::cpu(), DType::f32, 1, ""});
+  });
+  EXPECT_EQ(t.key, "lora.target_modules");
+  EXPECT_NE(t.message.find("\"wq\""), std::string::npos) << t.message;
+  EXPECT_NE(t.message.find("self_attn.q_proj, self_attn.k_proj, self_attn.v_proj, self_attn.o_proj, mlp.gate_proj, "
+                           "mlp.up_proj, mlp.down_proj"),
+            std::string::npos)
+      << t.message;
 }
 
 // PyTorch's LoRA step (gen_lora_fixture.py: nn.Linear plus PEFT's branch, norms trained whole)

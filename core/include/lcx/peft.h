@@ -2,14 +2,17 @@
 // with PEFT's own key names, so an adapter moves between lcx and transformers + PEFT unchanged, and
 // the merge of an adapter into its base Hugging Face checkpoint (W + scale * B @ A).
 //
-// Only what lcx's Qwen3 can adapt is accepted: the seven linear projections of a decoder layer
-// (q_proj k_proj v_proj o_proj gate_proj up_proj down_proj; a sparse layer's gate/up/down per
-// expert, "mlp.experts.5.gate_proj"), bias "none", one rank and one alpha for
-// every module. Everything else is refused naming the adapter_config.json key or the tensor.
+// Modules are named by their path under a layer ("self_attn.q_proj", "mlp.experts.gate_proj"); the
+// standard decoder's seven projections may be named by their last part alone ("q_proj"), as PEFT's
+// target_modules names them. Biases trained beside the factors (bias "all", "lora_only") are read and
+// written under PEFT's keys. One rank and one alpha for every module; anything else is refused
+// naming the adapter_config.json key or the tensor.
 #pragma once
 #include <cstdint>
 #include <functional>
+#include <memory>
 #include <optional>
+#include <regex>
 #include <string>
 #include <vector>
 
@@ -17,14 +20,16 @@
 
 namespace lcx::peft {
 
-// The projections an adapter may target, in the order a layer runs them.
+// The standard decoder's projections, in the order a layer runs them: the short names a module
+// path's last part may be given by.
 const std::vector<std::string>& lora_modules();
 
 struct AdapterConfig {
   int64_t r = 8;
   double lora_alpha = 8;
   double lora_dropout = 0;
-  std::vector<std::string> target_modules;  // short names, in lora_modules() order
+  // The names listed (lora_modules() first, in their order, then any other in the order given).
+  std::vector<std::string> target_modules;
   bool all_linear = false;                  // written back as the string "all-linear"
   // target_modules given as any other string: a regex a module's whole name must match
   // (module_name; PEFT's re.fullmatch), target_modules then empty.
@@ -36,6 +41,10 @@ struct AdapterConfig {
   // ("mlp.experts.gate_up_proj", "mlp.experts.down_proj": GPT-OSS's fused experts), as PEFT's
   // ParamWrapper does; in the order given (which sets their keys: parameter_lora_key).
   std::vector<std::string> target_parameters;
+  // PEFT's bias: "none"; "all", every parameter of the base named with "bias" trained; "lora_only",
+  // the biases of the adapted modules. Trained biases are saved whole beside the factors
+  // (Adapter::biases).
+  std::string bias = "none";
   // alpha / r, or alpha / sqrt(r) with use_rslora (PEFT's rank-stabilized scale).
   double scale() const;
 };
@@ -43,7 +52,7 @@ struct AdapterConfig {
 // One adapted matrix: A [r, in] and B [out, r] in fp32 on the host.
 struct LoraPair {
   int64_t layer = 0;
-  std::string module;  // "q_proj", ...
+  std::string module;  // "q_proj" (a standard projection's short name), or the module's path
   Tensor a, b;
   // A sparse layer's expert (its gate_proj, up_proj or down_proj: "mlp.experts.5.gate_proj"), or
   // -1 for the layer's own projection.
@@ -59,13 +68,39 @@ struct Adapter {
   std::vector<LoraPair> pairs;  // sorted by layer, then expert (the layer's own first), then lora_modules() order
   // Whole tensors of modules_to_save, by the base's name ("lm_head.weight"), in their own dtype.
   std::vector<std::pair<std::string, Tensor>> saved;
+  // The biases trained (AdapterConfig::bias), by the base's name ("model.layers.0.self_attn.q_proj.bias").
+  // Stored under PEFT's keys: the base model's state_dict name, where a module PEFT wraps holds its
+  // own tensors under ".base_layer" ("...self_attn.q_proj.base_layer.bias" of an adapted q_proj).
+  std::vector<std::pair<std::string, Tensor>> biases;
+};
+
+// PEFT's key of a trained bias of the base (Adapter::biases) in an adapter of these pairs.
+std::string bias_key(const Adapter& adapter, const std::string& base_name);
+
+// PEFT's target_modules rule: a list takes a module whose full name ("model.layers.3.self_attn.q_proj")
+// equals an entry or ends with "." + entry; "all-linear" every linear module but the output head;
+// any other string is a regex the whole name must match (Python's re.fullmatch).
+class TargetModules {
+ public:
+  explicit TargetModules(const AdapterConfig& config);
+  bool matches(const std::string& module_name) const;
+  // Whether one entry of a list takes `module_name`.
+  static bool entry_matches(const std::string& entry, const std::string& module_name);
+
+ private:
+  std::vector<std::string> names_;
+  bool all_ = false;
+  std::shared_ptr<const std::regex> pattern_;
 };
 
 // Whether the base's tensor `tensor` ("model.norm.weight") belongs to a module of modules_to_save:
 // as PEFT matches them, its module's name ("model.norm") ends with one of the names ("norm" holds
 // every norm, "embed_tokens" the embedding).
 bool saved_module(const std::vector<std::string>& modules_to_save, const std::string& tensor);
-// "self_attn.q_proj" or "mlp.gate_proj"; with an expert (>= 0), "mlp.experts.5.gate_proj".
+// A module's path under its layer: a path given ("mlp.experts.gate_proj") is itself, one of the
+// standard projections' short names is its path ("self_attn.q_proj", "mlp.gate_proj"). With an
+// expert (>= 0), that expert's module: its number before the path's last part
+// ("mlp.experts.5.gate_proj"; a short name's: "mlp.experts.5." + name).
 std::string module_path(const std::string& module, int64_t expert = -1);
 // The module's name as PEFT matches target_modules against it: "model.layers.3.self_attn.q_proj"
 // (an expert's: "model.layers.3.mlp.experts.5.gate_proj").

@@ -71,6 +71,17 @@ struct PlanInputs {
   bool base_frozen = false;
   int64_t base_trained_parameters = 0;
   bool head_frozen = false;  // of those frozen, the head: the loss computes no gradient for it
+  // Set there too: the rank of the low-rank factors on each linear module, by layer and the
+  // module's place in ModelConfig::linear_modules (0: not adapted; empty: nothing is), and whether
+  // they drop their input. The model computes the update (lcx/slots/adapter.h), so it plans the
+  // products and dropped inputs it holds; the adapter plans its factors.
+  std::vector<std::vector<int64_t>> adapter_ranks;
+  bool adapter_dropout = false;
+  int64_t adapter_rank(int64_t layer, size_t module) const {
+    if (layer < 0 || static_cast<size_t>(layer) >= adapter_ranks.size()) return 0;
+    const auto& l = adapter_ranks[static_cast<size_t>(layer)];
+    return module < l.size() ? l[module] : 0;
+  }
 };
 
 // The ranks each parameter, its gradient and its optimizer state are split over: the world under

@@ -124,11 +124,9 @@ bool parse_lora_name(const std::string& rest, int64_t& layer, std::string& modul
         which = w;
         return true;
       }
-    // A projection lcx does not adapt: reported by its short name, or by its whole path where the
-    // short name is one lcx adapts elsewhere ("mlp.experts.5.q_proj" is no q_proj).
-    const size_t dot = path.rfind('.');
-    module = dot == std::string::npos ? path : path.substr(dot + 1);
-    if (module_rank(module) >= 0) module = path;
+    // Any other module by its path; a standard projection's short name under another path
+    // ("mlp.experts.5.q_proj" is no q_proj) is refused by its path too.
+    module = path;
     which = w;
     return true;
   }
@@ -156,8 +154,25 @@ bool saved_module(const std::vector<std::string>& modules_to_save, const std::st
 }
 
 std::string module_path(const std::string& module, int64_t expert) {
+  const size_t dot = module.rfind('.');
+  if (dot != std::string::npos) return expert < 0 ? module : str(module.substr(0, dot + 1), expert, module.substr(dot));
   if (expert >= 0) return str("mlp.experts.", expert, ".", module);
   return (module_rank(module) < 4 ? "self_attn." : "mlp.") + module;
+}
+
+TargetModules::TargetModules(const AdapterConfig& config) : names_(config.target_modules), all_(config.all_linear) {
+  if (!config.target_pattern.empty()) pattern_ = std::make_shared<const std::regex>(config.target_pattern);
+}
+
+bool TargetModules::entry_matches(const std::string& entry, const std::string& module_name) {
+  return module_name == entry || (module_name.size() > entry.size() && module_name.ends_with(entry) &&
+                                  module_name[module_name.size() - entry.size() - 1] == '.');
+}
+
+bool TargetModules::matches(const std::string& module_name) const {
+  if (pattern_) return std::regex_match(module_name, *pattern_);
+  if (all_) return true;
+  return std::any_of(names_.begin(), names_.end(), [&](const std::string& e) { return entry_matches(e, module_name); });
 }
 
 std::string module_name(int64_t layer, const std::string& module, int64_t expert) {
@@ -185,6 +200,27 @@ std::string parameter_lora_key(int64_t layer, const AdapterConfig& config, const
   std::string path = module;
   for (int64_t i = 0; i < outer; ++i) path += ".base_layer";
   return str(kPrefix, "model.layers.", layer, ".", path, ".lora_", which, ".weight");
+}
+
+std::string bias_key(const Adapter& adapter, const std::string& base_name) {
+  const size_t dot = base_name.rfind('.');
+  if (dot == std::string::npos) return kPrefix + base_name;
+  const std::string module = base_name.substr(0, dot);
+  // PEFT wraps each adapted module once (its tensors then under ".base_layer"), and a module of
+  // target parameters once per parameter it adapts there.
+  int64_t wraps = 0;
+  for (const LoraPair& p : adapter.pairs) {
+    if (p.parameter.empty() && p.expert < 0 && module_name(p.layer, p.module) == module) wraps = std::max<int64_t>(wraps, 1);
+  }
+  for (const std::string& t : adapter.config.target_parameters)
+    for (const LoraPair& p : adapter.pairs)
+      if (p.parameter == t && str("model.layers.", p.layer, ".", parameter_module(t)) == module) {
+        ++wraps;
+        break;
+      }
+  std::string key = kPrefix + module;
+  for (int64_t i = 0; i < wraps; ++i) key += ".base_layer";
+  return key + base_name.substr(dot);
 }
 
 void add_expert_low_rank(float* w, const float* a, const float* b, int64_t e, int64_t E, int64_t in, int64_t out,
@@ -236,47 +272,55 @@ AdapterConfig parse_config(const std::string& json_text, const std::string& sour
     if (!j["use_rslora"].is_boolean()) throw bad("use_rslora", "must be true or false", "set use_rslora to true or false");
     c.use_rslora = j["use_rslora"].get<bool>();
   }
-  const std::string bias = j.contains("bias") && j["bias"].is_string() ? j["bias"].get<std::string>() : "none";
-  if (j.contains("bias") && !j["bias"].is_null() && bias != "none")
-    throw bad("bias", "must be \"none\": Qwen3's projections have no bias to train", "train the adapter with bias=\"none\"");
+  if (j.contains("bias") && !j["bias"].is_null()) {
+    const std::string bias = j["bias"].is_string() ? j["bias"].get<std::string>() : std::string();
+    if (bias != "none" && bias != "all" && bias != "lora_only")
+      throw bad("bias", "must be \"none\", \"all\" or \"lora_only\"", "train the adapter with one of PEFT's bias settings");
+    c.bias = bias;
+  }
   if (j.contains("use_dora") && j["use_dora"].is_boolean() && j["use_dora"].get<bool>())
     throw bad("use_dora", "is not supported: a DoRA adapter rescales W, which lcx does not implement",
               "give a plain LoRA adapter (use_dora false)");
   if (j.contains("fan_in_fan_out") && j["fan_in_fan_out"].is_boolean() && j["fan_in_fan_out"].get<bool>())
-    throw bad("fan_in_fan_out", "must be false: Qwen3's projections are nn.Linear", "set fan_in_fan_out to false");
+    throw bad("fan_in_fan_out", "must be false: lcx's linear modules hold W as nn.Linear does, [out, in]", "set fan_in_fan_out to false");
   for (const char* key : {"rank_pattern", "alpha_pattern"})
     if (j.contains(key) && !j[key].is_null() && !(j[key].is_object() && j[key].empty()))
       throw bad(key, "is not supported: lcx uses one r and one lora_alpha for every module",
                 str("give an adapter with an empty ", key));
-  const std::string all = joined(lora_modules());
+  const std::string examples = "the layers' linear modules, e.g. q_proj v_proj";
   if (!j.contains("target_modules") || j["target_modules"].is_null())
-    throw bad("target_modules", "must be given", str("set target_modules to a list of ", all, " or \"all-linear\""));
+    throw bad("target_modules", "must be given", str("set target_modules to a list of ", examples, ", or \"all-linear\""));
   const json& t = j["target_modules"];
   std::set<int> chosen;
+  std::vector<std::string> others;
   if (t.is_string() && t != "all-linear") {
     c.target_pattern = t.get<std::string>();
     try {
       std::regex check(c.target_pattern);
     } catch (const std::regex_error& e) {
       throw bad("target_modules", str("'", c.target_pattern, "' is not a regex (", e.what(), ")"),
-                str("list the modules among ", all, ", give \"all-linear\", or a regex of module names"));
+                str("list ", examples, ", give \"all-linear\", or a regex of module names"));
     }
   } else if (t.is_string()) {
     c.all_linear = true;
     for (size_t i = 0; i < lora_modules().size(); ++i) chosen.insert(static_cast<int>(i));
   } else if (t.is_array() && !t.empty()) {
     for (const auto& m : t) {
-      const int rank = m.is_string() ? module_rank(m.get<std::string>()) : -1;
-      if (rank < 0)
-        throw Error(str(source, ": target_modules names ", m.dump(), ", which is not a projection lcx adapts"),
-                    "target_modules", str("keep only modules among ", all));
-      chosen.insert(rank);
+      const std::string name = m.is_string() ? m.get<std::string>() : std::string();
+      // The output head is no layer's module: lcx trains it whole (modules_to_save) or not at all.
+      if (name.empty() || TargetModules::entry_matches(name, "lm_head") || name.ends_with(".lm_head"))
+        throw Error(str(source, ": target_modules names ", m.dump(), ", which is not a linear module of a layer lcx adapts"),
+                    "target_modules", str("keep only ", examples, " (the head trains whole through modules_to_save)"));
+      const int rank = module_rank(name);
+      if (rank >= 0) chosen.insert(rank);
+      else if (std::find(others.begin(), others.end(), name) == others.end()) others.push_back(name);
     }
   } else {
     throw bad("target_modules", "must be a non-empty list or \"all-linear\"",
-              str("set target_modules to a list of ", all, " or \"all-linear\""));
+              str("set target_modules to a list of ", examples, ", or \"all-linear\""));
   }
   for (const int i : chosen) c.target_modules.push_back(lora_modules()[static_cast<size_t>(i)]);
+  c.target_modules.insert(c.target_modules.end(), others.begin(), others.end());
   if (j.contains("target_parameters") && !j["target_parameters"].is_null()) {
     const json& tp = j["target_parameters"];
     if (!tp.is_array())
@@ -311,7 +355,7 @@ std::string config_json(const AdapterConfig& c) {
   j["alpha_pattern"] = json::object();
   j["auto_mapping"] = nullptr;
   j["base_model_name_or_path"] = c.base_model_name_or_path.empty() ? json(nullptr) : json(c.base_model_name_or_path);
-  j["bias"] = "none";
+  j["bias"] = c.bias;
   j["fan_in_fan_out"] = false;
   j["inference_mode"] = true;
   j["init_lora_weights"] = true;
@@ -352,6 +396,7 @@ void write_adapter(const std::string& dir, const Adapter& adapter, DType dtype) 
     tensors.push_back({lora_key(p.layer, p.module, 'B', p.expert), p.b});
   }
   for (const auto& [name, t] : adapter.saved) tensors.push_back({kPrefix + name, t});
+  for (const auto& [name, t] : adapter.biases) tensors.push_back({bias_key(adapter, name), t});
   safetensors::write_file((fs::path(dir) / kWeightsFile).string(), tensors, dtype);
   std::ofstream(fs::path(dir) / kConfigFile) << config_json(adapter.config);
 }
@@ -365,12 +410,12 @@ Adapter read_adapter(const std::string& dir) {
   a.config = parse_config(read_text(config_path, "--adapter", fix), config_path.string());
   const AdapterConfig& c = a.config;
   const auto ckpt = safetensors::Checkpoint::open(weights_path.string());
-  std::map<std::tuple<int64_t, int64_t, int>, LoraPair> pairs;  // layer, expert (-1: none), module
+  // By layer, expert (-1: none), the standard projections' order (the others after them), module.
+  std::map<std::tuple<int64_t, int64_t, int>, std::map<std::string, LoraPair>> pairs;
   const std::string where = weights_path.string();
-  const std::regex pattern = c.target_pattern.empty() ? std::regex() : std::regex(c.target_pattern);
+  const TargetModules targets(c);
   auto targeted = [&](int64_t layer, const std::string& module, int64_t expert) {
-    if (!c.target_pattern.empty()) return std::regex_match(module_name(layer, module, expert), pattern);
-    return std::find(c.target_modules.begin(), c.target_modules.end(), module) != c.target_modules.end();
+    return targets.matches(module_name(layer, module, expert));
   };
   std::map<std::pair<int64_t, std::string>, LoraPair> parameter_pairs;
   for (const auto& name : ckpt.names()) {
@@ -406,8 +451,10 @@ Adapter read_adapter(const std::string& dir) {
     std::string module;
     int64_t expert = -1;
     if (parse_lora_name(rest, layer, module, which, expert)) {
+      // A standard projection's short name under another path than its own is none of them.
       const int rank = module_rank(module);
-      if (rank < 0 || !targeted(layer, module, expert))
+      const bool misplaced = module.find('.') != std::string::npos && module_rank(module.substr(module.rfind('.') + 1)) >= 0;
+      if (misplaced || !targeted(layer, module, expert))
         throw Error(str(where, ": ", name, " adapts ", module, ", which target_modules (",
                         c.target_pattern.empty() ? joined(c.target_modules) : "'" + c.target_pattern + "'", ") does not match"),
                     name, "give the adapter_config.json saved with these weights");
@@ -417,7 +464,7 @@ Adapter read_adapter(const std::string& dir) {
         throw Error(str(where, ": ", name, " has shape ", shape_str(s), ", but lora_", which, " is ",
                         which == 'A' ? "[r, in]" : "[out, r]", " with r = ", c.r),
                     name, "give the adapter_config.json saved with these weights (its r)");
-      LoraPair& p = pairs[{layer, expert, rank}];
+      LoraPair& p = pairs[{layer, expert, rank >= 0 ? rank : static_cast<int>(lora_modules().size())}][module];
       p.layer = layer;
       p.expert = expert;
       p.module = module;
@@ -425,10 +472,18 @@ Adapter read_adapter(const std::string& dir) {
       refuse_nonfinite(where, name, which == 'A' ? p.a : p.b);
       continue;
     }
+    // A trained bias (bias "all" or "lora_only"): the base's tensor, under the module PEFT wrapped.
+    if (c.bias != "none" && rest.find("bias") != std::string::npos) {
+      std::string base = rest;
+      for (size_t at; (at = base.find(".base_layer.")) != std::string::npos;) base.erase(at, 11);
+      a.biases.emplace_back(base, ckpt.load(name, DType::f32));
+      refuse_nonfinite(where, name, a.biases.back().second);
+      continue;
+    }
     const bool saved = c.modules_to_save && saved_module(*c.modules_to_save, rest);
     if (!saved)
       throw Error(str(where, ": ", name, " is neither a LoRA key of a target module nor a tensor of modules_to_save"),
-                  name, "give an adapter PEFT saved for a Qwen3 causal LM");
+                  name, "give an adapter PEFT saved for a causal LM");
     const std::string dtype = ckpt.info(name).dtype;
     a.saved.emplace_back(rest, ckpt.load(name, dtype_from_name(dtype)));
     refuse_nonfinite(where, name, a.saved.back().second);
@@ -440,14 +495,15 @@ Adapter read_adapter(const std::string& dir) {
                   parameter_lora_key(p.layer, c, p.parameter, p.a.data() ? 'B' : 'A'), "give the adapter's whole safetensors file");
     a.pairs.push_back(std::move(p));
   }
-  for (auto& [k, p] : pairs) {
-    if (!p.a.data() || !p.b.data()) {
-      const char missing = p.a.data() ? 'B' : 'A';
-      throw Error(str(where, ": ", lora_key(p.layer, p.module, missing == 'A' ? 'B' : 'A', p.expert), " has no lora_", missing),
-                  lora_key(p.layer, p.module, missing, p.expert), "give the adapter's whole safetensors file");
+  for (auto& [k, by_module] : pairs)
+    for (auto& [m, p] : by_module) {
+      if (!p.a.data() || !p.b.data()) {
+        const char missing = p.a.data() ? 'B' : 'A';
+        throw Error(str(where, ": ", lora_key(p.layer, p.module, missing == 'A' ? 'B' : 'A', p.expert), " has no lora_", missing),
+                    lora_key(p.layer, p.module, missing, p.expert), "give the adapter's whole safetensors file");
+      }
+      a.pairs.push_back(std::move(p));
     }
-    a.pairs.push_back(std::move(p));
-  }
   if (a.pairs.empty())
     throw Error(str(where, " holds no LoRA weights"), "--adapter", fix);
   return a;
@@ -486,6 +542,13 @@ void check_against_base(const Adapter& adapter, int64_t num_layers,
       throw Error(str(bkey, " has shape ", shape_str(p.b.shape()), ", but the base's ", base_weight_name(p.layer, p.module, p.expert),
                       " is ", shape_str(*s), ": lora_B must be [", (*s)[0], ", r]"),
                   bkey, fix);
+  }
+  for (const auto& [name, t] : adapter.biases) {
+    const auto s = base_shape(name);
+    if (!s || *s != t.shape())
+      throw Error(str(bias_key(adapter, name), " (bias \"", adapter.config.bias, "\") has shape ", shape_str(t.shape()),
+                      ", but the base ", s ? "has " + shape_str(*s) + " for " + name : "has no " + name),
+                  bias_key(adapter, name), fix);
   }
   for (const auto& [name, t] : adapter.saved) {
     const auto s = base_shape(name);
@@ -682,6 +745,7 @@ void merge(const std::string& base_dir, const std::string& adapter_dir, const st
   for (size_t i = 0; i < adapter.pairs.size(); ++i)
     by_name[base_name(adapter.pairs[i])] = merged[i];
   for (const auto& [name, t] : adapter.saved) by_name[name] = t;
+  for (const auto& [name, t] : adapter.biases) by_name[name] = t.to(dtype);
 
   std::vector<safetensors::NamedTensor> out;
   for (const auto& [name, t] : by_name) out.push_back({name, t});

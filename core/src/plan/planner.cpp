@@ -201,9 +201,7 @@ std::string format_plan(const MemoryPlan& plan, const PlanInputs& in, const Plan
     << m.vocab_size << (m.tie_word_embeddings ? ", tied head" : ", untied head") << "\n";
   o << "  sequence: " << with_commas(in.seq_len) << " tokens; mesh dp " << in.dp << " x cp " << in.cp << " x sp "
     << in.sp << " (world " << in.world_size << "): " << with_commas(in.tokens_per_rank) << " tokens per rank\n";
-  if (in.ep > 1)
-    o << "  experts: " << m.num_experts / in.ep << " of " << m.num_experts << " a rank (ep " << in.ep
-      << "), their buffers for every token of the group's ranks on one rank's experts\n";
+  if (const Model* model = slots.get<Model>()) o << model->plan_summary(in);
   // Placement matters only when both sequence axes have ranks: say which one shares a node.
   if (in.cp > 1 && in.sp > 1)
     o << "  placement: order " << mesh_order_name(in.order)

@@ -17,11 +17,6 @@ class NoAdapter final : public Adapter {
 
 std::unique_ptr<Adapter> make_no_adapter() { return std::make_unique<NoAdapter>(); }
 
-const char* linear_name(Linear m) {
-  static const char* names[kLinearCount] = {"q_proj", "k_proj", "v_proj", "o_proj", "gate_proj", "up_proj", "down_proj"};
-  return names[static_cast<int>(m)];
-}
-
 uint64_t LowRank::dropout_key() const {
   return ops::dropout_mix(*dropout_pass ^ ops::dropout_mix(dropout_stream + 0x9e3779b97f4a7c15ull));
 }

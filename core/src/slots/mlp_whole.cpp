@@ -92,8 +92,8 @@ class WholeMlp final : public MlpStrategy {
   }
 
   void plan(const PlanInputs& in, MemoryPlan& plan) const override {
-    // A model whose every layer is sparse runs no dense MLP: its own plan counts the experts'.
-    if (in.model.sparse_layers() == in.model.num_layers && in.model.num_layers > 0) return;
+    // A model whose every layer runs an MLP of its own plans it itself.
+    if (in.model.mlp_slot_layers == 0) return;
     const int64_t TI = in.tokens_per_rank * in.model.intermediate_size * static_cast<int64_t>(dtype_size(in.weight_dtype));
     plan.add("mlp_forward", "layer forward: MLP gate, up, act [T,I]", PlanCategory::transient, 3 * TI,
              plan_phase::forward);

@@ -1,8 +1,9 @@
 // Adapter slot: trainable weights beside a frozen model, as low-rank adapters add them. The provider attaches
 // once the model's weights exist (loaded, initialized or resumed): it creates its own parameters,
 // marks the model's parameters it does not train frozen (Parameter::frozen: no gradient tensor,
-// no optimizer state, no weight-gradient GEMM), and answers, for each linear projection of a
-// layer, the low-rank factors the model adds to it:
+// no optimizer state, no weight-gradient GEMM), and answers, for each linear module a layer
+// exposes (ModelConfig::linear_modules, asked by LinearModule::id), the low-rank factors the
+// model adds to it:
 //
 //   y = x W^T + scale * (x A^T) B^T,   A [r, in], B [out, r]
 //
@@ -23,20 +24,14 @@ namespace lcx {
 struct PlanInputs;
 struct MemoryPlan;
 
-// The linear projections of a decoder layer, in the order a layer runs them.
-enum class Linear : int { q_proj, k_proj, v_proj, o_proj, gate_proj, up_proj, down_proj };
-constexpr int kLinearCount = 7;
-// "q_proj", ..., "down_proj": the Hugging Face module names.
-const char* linear_name(Linear m);
-
 // One adapted projection: the factors and the scale (alpha / r, or alpha / sqrt(r) rank-stabilized).
 // The parameters' gradients are fp32 (or [train] grad_dtype) and accumulate across calls.
 struct LowRank {
   Parameter* a = nullptr;  // [r, in]
   Parameter* b = nullptr;  // [out, r]
   float scale = 1.f;
-  // Where the provider stacks the A factors of projections that read one input (q, k, v; gate,
-  // up) as consecutive rows of one tensor, that tensor (value; fp32 gradient) and this factor's
+  // Where the provider stacks the A factors of modules that read one input (LinearModule::input:
+  // q, k, v; gate, up) as consecutive rows of one tensor, that tensor (value; fp32 gradient) and this factor's
   // first row in it: then one GEMM over the input serves all of them (lowrank_inputs,
   // lowrank_input_backward). Undefined where A stands alone.
   Tensor stacked_a, stacked_grad;
@@ -55,7 +50,7 @@ struct LowRank {
   bool dropping() const { return dropout > 0.f && dropout_pass && *dropout_pass != 0; }
   uint64_t dropout_key() const;
 };
-// A sparse layer's experts' projection (Adapter::find_experts) is adapted per expert with the same
+// A module of stacked experts (LinearModule::experts > 0; Adapter::find_experts) is adapted per expert with the same
 // struct, its factors stacked by the experts this rank holds: a [E_local, r, in], b [E_local, out, r]
 // (never stacked_a), so one grouped GEMM runs every expert's rows through its own factors.
 
@@ -84,11 +79,12 @@ class Adapter : public Plugin {
   virtual void attach(Model& model, const AdapterContext& ctx) = 0;
   // Whether the run trains an adapter (false: full fine-tuning, every model parameter trained).
   virtual bool active() const { return false; }
-  // The factors of `which` in `layer`, or null where that projection is not adapted.
-  virtual const LowRank* find(int /*layer*/, Linear /*which*/) const { return nullptr; }
-  // The per-expert factors of a sparse layer's experts' `which` (gate_proj, up_proj, down_proj),
-  // stacked [E_local, ...] as the experts are, or null where the experts are not adapted.
-  virtual const LowRank* find_experts(int /*layer*/, Linear /*which*/) const { return nullptr; }
+  // The factors of the plain linear module `id` (LinearModule::id) of `layer`, or null where it
+  // is not adapted.
+  virtual const LowRank* find(int /*layer*/, int /*id*/) const { return nullptr; }
+  // The per-expert factors of the experts module `id` of `layer`, stacked [E_local, ...] as the
+  // experts are, or null where its experts are not adapted.
+  virtual const LowRank* find_experts(int /*layer*/, int /*id*/) const { return nullptr; }
   // The adapter's own trainable parameters (named "model.layers.<l>.<module path>.<factor>.weight",
   // as PEFT names them, so the optimizer's per-layer hooks and state files treat them as the layer's).
   virtual std::vector<Parameter*> parameters() { return {}; }
@@ -103,7 +99,8 @@ class Adapter : public Plugin {
   // Whether `dir` holds this provider's files (a checkpoint it wrote).
   virtual bool saved_in(const std::string& /*dir*/) const { return false; }
   // Before any provider plans: the parameters of the model it freezes (PlanInputs::base_frozen,
-  // base_trained_parameters), so the model's plan counts gradients only for what trains.
+  // base_trained_parameters), so the model's plan counts gradients only for what trains, and the
+  // modules it adapts (PlanInputs::adapter_ranks), so the model plans the products it makes with them.
   virtual void plan_inputs(PlanInputs& /*in*/) const {}
   virtual void plan(const PlanInputs& /*in*/, MemoryPlan& /*plan*/) const {}
 };

@@ -18,6 +18,32 @@ namespace lcx {
 struct PlanInputs;
 struct MemoryPlan;
 
+// A linear module of a layer, as the model exposes it to adapters (lcx/slots/adapter.h) and PEFT
+// matches it: y = x W^T (+ bias), W [out_features, in_features], or, stacked for a mixture of
+// experts, one such W per expert, each applied to the rows routed to it.
+struct LinearModule {
+  // The module's path under its layer, as transformers and PEFT name it: "self_attn.q_proj",
+  // "mlp.down_proj", "mlp.experts.gate_up_proj". Its full name is "model.layers.<l>." + path.
+  std::string path;
+  int64_t in_features = 0, out_features = 0;
+  bool bias = false;  // the module adds a bias (its parameter is path + ".bias")
+  // The experts stacked in it (every expert of the model, whatever ranks hold them); 0 for a plain
+  // linear module.
+  int64_t experts = 0;
+  // The experts each token's row is routed to (the rows an experts module runs per token).
+  int64_t experts_per_token = 0;
+  // How PEFT addresses stacked experts: false, one nn.Linear per expert, expert e's named by its
+  // number before the path's last part ("mlp.experts.5.gate_proj"); true, one 3-D parameter
+  // [experts, in, out] named by the path ("mlp.experts.gate_up_proj"), adapted by PEFT's
+  // target_parameters.
+  bool parameter = false;
+  // The model's number for it, unique in its layer: what Adapter::find(layer, id) is asked by.
+  int id = 0;
+  // Modules of one layer with the same input number read the same tensor (q, k and v read the
+  // normed input): an adapter may stack their factors so one GEMM over that input serves them.
+  int input = 0;
+};
+
 struct ModelConfig {
   std::string model_type;  // "qwen3"
   int64_t vocab_size = 0;
@@ -45,28 +71,25 @@ struct ModelConfig {
   // query_pre_attn_scalar^-0.5.
   double attention_scale = 0;
   std::string torch_dtype = "bfloat16";
-  // Mixture of experts (model_type "qwen3_moe"): num_experts 0 for a dense model. A layer is
-  // sparse unless listed in mlp_only_layers, every decoder_sparse_step-th (transformers' rule);
-  // the others run the dense MLP of intermediate_size.
-  int64_t num_experts = 0;
-  int64_t num_experts_per_tok = 0;
-  int64_t moe_intermediate_size = 0;
-  bool norm_topk_prob = false;
-  int64_t decoder_sparse_step = 1;
-  std::vector<int64_t> mlp_only_layers;
-  double router_aux_loss_coef = 0;
-  bool output_router_logits = false;  // the load-balancing loss joins the trained loss
-  bool sparse(int64_t layer) const {
-    if (num_experts <= 0 || decoder_sparse_step <= 0) return false;
-    for (int64_t l : mlp_only_layers)
-      if (l == layer) return false;
-    return (layer + 1) % decoder_sparse_step == 0;
+  // Each layer's linear modules (linear_modules[l]), in the order the layer runs them; the model's
+  // output head is none of them. Set by the module (Model::describe and config()), so a plan made
+  // before any weight exists sees them too.
+  std::vector<std::vector<LinearModule>> linear_modules;
+  // The layers whose MLP runs through the MLP slot (StepContext::mlp); the others run an MLP of the
+  // model's own, which its plan counts. -1: every layer.
+  int64_t mlp_slot_layers = -1;
+  // Layer l's module of that path, or null.
+  const LinearModule* linear_module(int64_t layer, const std::string& path) const {
+    if (layer < 0 || static_cast<size_t>(layer) >= linear_modules.size()) return nullptr;
+    for (const LinearModule& m : linear_modules[static_cast<size_t>(layer)])
+      if (m.path == path) return &m;
+    return nullptr;
   }
-  int64_t sparse_layers() const {
-    int64_t n = 0;
-    for (int64_t l = 0; l < num_layers; ++l) n += sparse(l) ? 1 : 0;
-    return n;
-  }
+  // What the family's module reads beyond these (a mixture of experts' shape and routing, the
+  // decoder library's MoeConfig), as JSON text: set and read by the module alone, carried with the
+  // config so a plan made from describe() sees it too. Data, not an object of the module's: a
+  // config outlives the module's library. Empty where the family has none.
+  std::string family_json;
 };
 
 // The auxiliary loss of a model's last forward pass (embed_forward .. final_norm_forward): for a
@@ -116,8 +139,8 @@ struct StepContext {
   Recipe recipe;  // the plan's choices (lcx/knob.h)
   // The shard's document_bounds, for the attention (AttentionArgs::documents).
   std::span<const int64_t> documents;
-  // The Adapter slot: the low-rank factors a layer adds to its projections; null (or a provider
-  // that adapts nothing) for full fine-tuning.
+  // The Adapter slot: the low-rank factors a layer adds to its linear modules (asked by
+  // LinearModule::id); null (or a provider that adapts nothing) for full fine-tuning.
   const class Adapter* adapter = nullptr;
   // This pass's share of the step's auxiliary loss (1 / the step's sequences): the weight of its
   // gradient beside the LM loss's.
@@ -176,6 +199,10 @@ class Model : public Plugin {
   virtual double step_flops(int64_t tokens, std::span<const int64_t> document_bounds) const = 0;
   virtual Tensor head_weight() = 0;  // [V,H]: lm_head, or the embedding when tied
   virtual Tensor head_grad() = 0;    // fp32 [V,H], shared with the embedding's when tied
+  // Lines the plan's header adds under the model's shape (each ending in a newline): what this
+  // module does with the run's mesh beyond the common layout (which part of its parameters a rank
+  // holds). The default adds none.
+  virtual std::string plan_summary(const PlanInputs& /*in*/) const { return {}; }
   // Adds what this provider holds during a step to `plan` (lcx/plan.h); the default adds nothing.
   virtual void plan(const PlanInputs& /*in*/, MemoryPlan& /*plan*/) const {}
 };

@@ -1,4 +1,4 @@
-// The experts' grouped GEMMs on the GPU (the CPU twin: kernels/cpu/grouped_matmul_cpu.cpp). One
+// Grouped GEMMs on the GPU: rows in groups, each group through its own weight (the CPU twin: kernels/cpu/grouped_matmul_cpu.cpp). One
 // cublasGemmGroupedBatchedEx call runs every group, each its own problem whose m, n or k is its row
 // count: CUDA 13.1's cuBLASLt has no grouped GEMM, and a GEMM per group would be a host loop of 128
 // small launches per projection. cuBLAS is column-major, so each row-major product is issued as its
@@ -10,7 +10,7 @@
 //
 // The grouped GEMM takes 16-bit operands only into a result of their dtype (no bf16 x bf16 -> fp32,
 // which cuBLASLt's single GEMM has): an fp32 y or dw from bf16 operands is the product in bf16, into
-// scratch (for dw, G*Nout*K values: 400 MB for 128 experts of 768x2048), then added in fp32 to beta
+// scratch (for dw, G*Nout*K values: 400 MB for 128 groups of 768x2048), then added in fp32 to beta
 // times the result. The weight gradient is thus rounded to bf16 once per call before it accumulates
 // in fp32, as under transformers' bf16 autocast. cuBLAS asks that the matrices of a pointer-array
 // GEMM on 16-bit data start 16-byte aligned (looser rules depend on each problem's k), else the
