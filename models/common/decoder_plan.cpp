@@ -275,6 +275,11 @@ void plan_dense_decoder(const PlanInputs& in, MemoryPlan& plan, const DenseDecod
   // group's backward holds them all).
   plan.add("attention_backward_residual", "attention backward: h1 [T,H], fp32 rstd", PlanCategory::transient,
            T * (s.H * ab + 4), plan_phase::backward);
+  // With sinks, the Parallelism's backward takes a copy of the group's output (the sinks changed it
+  // after that forward), beside the output itself.
+  if (layer.sinks)
+    plan.add("attention_backward_sinks_copy", "attention backward: the group's output copied for the Parallelism (sinks, " +
+             heads + ")", PlanCategory::transient, T * gq * ab, plan_phase::backward);
   if (keep || from_forward) {
     if (keep)
       plan.add("attention_backward_kept_outputs",
