@@ -20,6 +20,7 @@
 #include "lcx/peft.h"
 #include "lcx/safetensors.h"
 #include "lcx/slots/adapter.h"
+#include "models/fixture_sequence.h"
 #include "models/model_util.h"
 #include "moe.h"
 #include "moe_mxfp4.h"
@@ -39,33 +40,9 @@ std::vector<double> doubles(const Tensor& t) {
   return std::vector<double>(f.begin(), f.end());
 }
 
-std::vector<int64_t> ints(const Tensor& t) {
-  std::vector<int64_t> v(static_cast<size_t>(t.numel()));
-  for (int64_t i = 0; i < t.numel(); ++i) v[static_cast<size_t>(i)] = t.data_as<int64_t>()[i];
-  return v;
-}
-
+using test::ints;
 using test::rel_l2;
-
-// HF labels (unshifted) -> lcx's sequence: targets[t] = labels[t + 1]; with bounds, the packed
-// documents each attend to themselves.
-Sequence sequence_of(const safetensors::Checkpoint& expected) {
-  const std::vector<int64_t> ids = ints(expected.load("input_ids", DType::i64));
-  const std::vector<int64_t> labels = ints(expected.load("labels", DType::i64));
-  Sequence s;
-  const int64_t T = static_cast<int64_t>(ids.size());
-  s.tokens = Tensor::empty({T}, DType::i32);
-  s.targets = Tensor::empty({T}, DType::i64);
-  for (int64_t t = 0; t < T; ++t) {
-    s.tokens.data_as<int32_t>()[t] = static_cast<int32_t>(ids[static_cast<size_t>(t)]);
-    s.targets.data_as<int64_t>()[t] = t + 1 < T ? labels[static_cast<size_t>(t + 1)] : -100;
-  }
-  if (expected.has("document_bounds")) {
-    s.document_bounds = ints(expected.load("document_bounds", DType::i64));
-    s.document_count = static_cast<int>(s.document_bounds.size()) - 1;
-  }
-  return s;
-}
+using test::sequence_of;
 
 double scalar(const safetensors::Checkpoint& c, const char* name) { return c.load(name, DType::f32).to_floats()[0]; }
 
@@ -332,8 +309,11 @@ TEST(GptOssLora, BiasAllTrainsEveryBiasAndSavesItUnderPeftsKeys) {
   auto again = small_model();
   auto from = test::make_plugin<Adapter>("lora", table + "\ninit_from = \"" + dir.string() + "\"");
   from->attach(*again, AdapterContext{Device::cpu(), DType::f32, 6, ""});
-  for (Parameter* p : again->parameters())
-    if (biases.count(p->name)) EXPECT_EQ(p->value.to_floats(), biases.at(p->name)) << p->name;
+  for (Parameter* p : again->parameters()) {
+    if (biases.count(p->name)) {
+      EXPECT_EQ(p->value.to_floats(), biases.at(p->name)) << p->name;
+    }
+  }
 }
 
 // The adapter's files are PEFT's: target_parameters in adapter_config.json, the experts' factors as

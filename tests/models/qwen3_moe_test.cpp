@@ -23,6 +23,7 @@
 #include "lcx/error.h"
 #include "lcx/ops.h"
 #include "lcx/safetensors.h"
+#include "models/fixture_sequence.h"
 #include "models/model_util.h"
 #include "plugins/sp_cp_cases.h"
 
@@ -36,33 +37,9 @@ namespace fs = std::filesystem;
 const fs::path kFixtures = fs::path(LCX_TEST_DATA_DIR) / "models" / "fixtures";
 const char* const kNames[] = {"moe_norm_aux", "moe_step2_plain", "moe_packed"};
 
-std::vector<int64_t> ints(const Tensor& t) {
-  std::vector<int64_t> v(static_cast<size_t>(t.numel()));
-  for (int64_t i = 0; i < t.numel(); ++i) v[static_cast<size_t>(i)] = t.data_as<int64_t>()[i];
-  return v;
-}
-
+using test::ints;
 using test::rel_l2;
-
-// HF labels (unshifted) -> lcx's sequence: targets[t] = labels[t + 1]; with bounds, the packed
-// documents each attend to themselves.
-Sequence sequence_of(const safetensors::Checkpoint& expected) {
-  const std::vector<int64_t> ids = ints(expected.load("input_ids", DType::i64));
-  const std::vector<int64_t> labels = ints(expected.load("labels", DType::i64));
-  Sequence s;
-  const int64_t T = static_cast<int64_t>(ids.size());
-  s.tokens = Tensor::empty({T}, DType::i32);
-  s.targets = Tensor::empty({T}, DType::i64);
-  for (int64_t t = 0; t < T; ++t) {
-    s.tokens.data_as<int32_t>()[t] = static_cast<int32_t>(ids[static_cast<size_t>(t)]);
-    s.targets.data_as<int64_t>()[t] = t + 1 < T ? labels[static_cast<size_t>(t + 1)] : -100;
-  }
-  if (expected.has("document_bounds")) {
-    s.document_bounds = ints(expected.load("document_bounds", DType::i64));
-    s.document_count = static_cast<int>(s.document_bounds.size()) - 1;
-  }
-  return s;
-}
+using test::sequence_of;
 
 // The gradient transformers recorded for a parameter: under its own name, or for a stacked
 // experts' parameter each expert's slice ("...mlp.experts.M.gate_proj.weight") in expert order.
