@@ -958,8 +958,12 @@ class DecoderModel final : public Model {
     double sum = 0;
     for (size_t e = 0; e < p.size(); ++e) sum += pass_.counts[e] / N * (p[e] / N);
     aux_.value = static_cast<double>(moe(cfg_).num_experts) * sum;
-    aux_.expert_tokens_min = pass_.min_load;
-    aux_.expert_tokens_max = pass_.max_load;
+    // Rows an expert took, over layers and experts, and the busiest against the idlest (null when one
+    // took nothing).
+    const double lo = static_cast<double>(pass_.min_load), hi = static_cast<double>(pass_.max_load);
+    aux_.stats = {{"expert_tokens_min", lo, AuxStat::Combine::min},
+                  {"expert_tokens_max", hi, AuxStat::Combine::max},
+                  {"expert_load_ratio", lo > 0 ? hi / lo : std::numeric_limits<double>::quiet_NaN(), AuxStat::Combine::max}};
     pass_.prob_sum = pass_.ones = Tensor();
   }
   // d(coef * aux)/dp[n,e] for this step's share (ctx.aux_weight); undefined when the loss does

@@ -19,12 +19,22 @@
 // hides behind the forward of earlier ones. The two waits are timed (wait_seconds) and the device
 // one is a ProfileScope in the step trace.
 //
+// staging = "ring" keeps no gradient on the host between the backward and the update: the
+// gradients stay on the GPU (where the model holds them anyway) and the update copies them down
+// piece by piece through a small ring of pinned slots (ring_mib in all, 4 slots), three copies
+// ahead of the threads; each piece's new weights go up from the slot it came down to. The norm is
+// summed on the GPU (lcx::ops::sum_squares, lcx/grad_norm.h). This frees the staging's 4 bytes per
+// parameter of pinned host memory (29.9 GiB for an 8B model) for the price of the update's host
+// time before the next step: that step zeroes the gradients on the compute stream, so step()
+// returns only once the last piece's copy down is issued, and the compute stream waits for it.
+//
 // On CPU tensors the same code runs: copies between host buffers, events always complete
 // (lcx/stream.h), so CI runs the GPU's bookkeeping with a real worker thread.
 #include <lcx/clock.h>
 #include <lcx/adamw_scalars.h>
 #include <lcx/defaults.h>
 #include <lcx/error.h>
+#include <lcx/grad_norm.h>
 #include <lcx/pinned.h>
 #include <lcx/plan.h>
 #include <lcx/plugin.h>
@@ -33,6 +43,7 @@
 #include <lcx/stream.h>
 
 #include <algorithm>
+#include <array>
 #include <atomic>
 #include <cctype>
 #include <chrono>
@@ -136,7 +147,7 @@ constexpr int64_t kChunk = int64_t{1} << 16;  // elements per task: large enough
 
 class HostAdamW final : public Optimizer {
  public:
-  explicit HostAdamW(int threads) : threads_(threads) {}
+  HostAdamW(int threads, bool ring, size_t slot_bytes) : threads_(threads), ring_(ring), slot_bytes_(slot_bytes) {}
   // The parameters' memory may be reused once this is gone: no copy into it may still run.
   ~HostAdamW() override {
     if (worker_.joinable()) worker_.join();
@@ -170,6 +181,9 @@ class HostAdamW final : public Optimizer {
     device_ = params.front()->value.device();
     copy_ = Stream::create_copy(device_);
     produced_ = Event::create(device_);
+    grads_read_ = Event::create(device_);
+    for (Event& e : slot_down_) e = Event::create(device_);
+    pieces_.clear();
     // Group 0: the non-layer parameters; group 1 + l: layer l's.
     std::map<int, std::vector<Parameter*>> by_layer;
     for (Parameter* p : params) {
@@ -190,10 +204,16 @@ class HostAdamW final : public Optimizer {
         s.m = Tensor::zeros(p->value.shape(), DType::f32, Device::cpu(), MemoryCategory::optimizer);
         s.v = Tensor::zeros(p->value.shape(), DType::f32, Device::cpu(), MemoryCategory::optimizer);
         s.offset = offset;
+        s.elem_bytes = elem_bytes(*p);
         offset += staging_bytes(*p);
+        if (ring_) {  // pieces of at most a slot, in the update's order
+          const int64_t per = std::max<int64_t>(1, static_cast<int64_t>(slot_bytes_ / s.elem_bytes));
+          for (int64_t b = 0; b < p->value.numel(); b += per)
+            pieces_.push_back({static_cast<size_t>(layer + 1), g.params.size(), b, std::min(p->value.numel(), b + per)});
+        }
         g.params.push_back(std::move(s));
       }
-      g.staging = pinned_alloc(offset, MemoryCategory::optimizer);
+      if (!ring_) g.staging = pinned_alloc(offset, MemoryCategory::optimizer);
       g.grads_copied = Event::create(device_);
       g.uploaded = Event::create(device_);
       g.wait_start = Event::create(device_, true);
@@ -202,6 +222,7 @@ class HostAdamW final : public Optimizer {
         for (int64_t b = 0; b < g.params[k].p->value.numel(); b += kChunk)
           g.tasks.push_back({k, b, std::min(g.params[k].p->value.numel(), b + kChunk)});
     }
+    if (ring_) ring_buffer_ = pinned_alloc(kSlots * slot_bytes_, MemoryCategory::optimizer);
     updated_ = groups_.size();
   }
 
@@ -229,7 +250,7 @@ class HostAdamW final : public Optimizer {
   }
 
   void grads_final(int layer) override {
-    if (groups_.empty()) return;
+    if (groups_.empty() || ring_) return;  // the ring reads the gradients on the GPU during step()
     Group& g = group(layer);
     wait_for(static_cast<size_t>(layer + 1));  // the staging is the update's until then
     wait_for_norm(g);                           // and the norm thread's, while it reads it
@@ -238,6 +259,12 @@ class HostAdamW final : public Optimizer {
 
   double grad_norm() override {
     synchronize();
+    if (ring_) {
+      double sq = 0;
+      for (const Group& g : groups_)
+        for (const ParamState& s : g.params) sq += ops::sum_squares(whole_grad(s));
+      return std::sqrt(sq);
+    }
     stage_missing_grads();
     wait_for_norms();
     std::lock_guard<std::mutex> lock(mu_);
@@ -255,7 +282,7 @@ class HostAdamW final : public Optimizer {
 
   void step(double lr) override {
     synchronize();
-    stage_missing_grads();
+    if (!ring_) stage_missing_grads();
     wait_for_norms();  // the update overwrites the staging the norm thread reads
     for (Group& g : groups_) g.grads_staged = false;  // the next step's come from its backward
     ++step_;
@@ -269,8 +296,24 @@ class HostAdamW final : public Optimizer {
       std::lock_guard<std::mutex> lock(mu_);
       updated_ = 0;
       failed_ = nullptr;
+      grads_read_issued_ = false;
     }
-    worker_ = std::thread([this, h] { update_all(h); });
+    if (!ring_) {
+      worker_ = std::thread([this, h] { update_all(h); });
+      return;
+    }
+    produced_.record(Stream::compute(device_));
+    copy_.wait(produced_);
+    worker_ = std::thread([this, h] { update_ring(h); });
+    {
+      std::unique_lock<std::mutex> lock(mu_);
+      done_cv_.wait(lock, [&] { return grads_read_issued_ || failed_; });
+      if (failed_) {
+        lock.unlock();
+        synchronize();
+      }
+    }
+    Stream::compute(device_).wait(grads_read_);  // the next step's zeroing comes after the last copy down
   }
 
   int64_t steps() const override { return step_; }
@@ -356,8 +399,12 @@ class HostAdamW final : public Optimizer {
              true);
     plan.add("adamw_moments", "AdamW moments m, v fp32 (host)", PlanCategory::optimizer, 2 * n * 4, plan_phase::always,
              true);
-    plan.add("pinned_staging", "pinned staging: gradients down, new weights up", PlanCategory::optimizer,
-             gemm * std::max(gemm_grad, w) + (n - gemm) * std::max<int64_t>(4, w), plan_phase::always, true);
+    if (ring_)
+      plan.add("pinned_staging", str("pinned staging ring (", kSlots, " slots): gradients down, new weights up"),
+               PlanCategory::optimizer, static_cast<int64_t>(kSlots * slot_bytes_), plan_phase::always, true);
+    else
+      plan.add("pinned_staging", "pinned staging: gradients down, new weights up", PlanCategory::optimizer,
+               gemm * std::max(gemm_grad, w) + (n - gemm) * std::max<int64_t>(4, w), plan_phase::always, true);
   }
 
  private:
@@ -365,7 +412,14 @@ class HostAdamW final : public Optimizer {
     Parameter* p = nullptr;
     Tensor master, m, v;  // fp32, host
     size_t offset = 0;    // its slot in the group's staging
+    size_t elem_bytes = 4;  // an element's room in the staging: the larger of gradient and value
   };
+  // staging = "ring": a parameter's elements [begin, end), at most a slot's worth.
+  struct Piece {
+    size_t group, param;
+    int64_t begin, end;
+  };
+  static constexpr size_t kSlots = 4;
   struct Task {
     size_t param;
     int64_t begin, end;
@@ -456,6 +510,27 @@ class HostAdamW final : public Optimizer {
     while (end < name.size() && std::isdigit(static_cast<unsigned char>(name[end]))) ++end;
     if (end == prefix.size() || end >= name.size() || name[end] != '.') return Optimizer::kNonLayer;
     return std::stoi(name.substr(prefix.size(), end - prefix.size()));
+  }
+
+  static size_t elem_bytes(const Parameter& p) {
+    return std::max(p.grad.defined() ? dtype_size(p.grad.dtype()) : size_t{4}, dtype_size(p.value.dtype()));
+  }
+
+  const Tensor& whole_grad(const ParamState& s) const {
+    LCX_CHECK(s.p->grad.defined() && s.p->grad.numel() == s.p->value.numel(), "host_adamw: ", s.p->name,
+              " has no whole gradient");
+    LCX_CHECK(dtype_size(s.p->grad.dtype()) <= s.elem_bytes, "host_adamw: ", s.p->name, "'s gradient became ",
+              dtype_name(s.p->grad.dtype()), " after configure()");
+    return s.p->grad;
+  }
+
+  // Elements [begin, end) of a contiguous tensor, as a 1-D tensor on its device.
+  static Tensor flat_slice(const Tensor& t, int64_t begin, int64_t end) {
+    return Tensor::borrow(static_cast<char*>(t.data()) + begin * static_cast<int64_t>(dtype_size(t.dtype())),
+                          Shape{end - begin}, t.dtype(), t.device());
+  }
+  Tensor slot_view(size_t slot, DType dtype, int64_t n) const {
+    return Tensor::borrow(static_cast<char*>(ring_buffer_.data()) + slot * slot_bytes_, Shape{n}, dtype, Device::cpu());
   }
 
   // Rounded to 4 bytes so that every slot holds fp32 aligned (a no-op for even sizes, as every
@@ -549,7 +624,83 @@ class HostAdamW final : public Optimizer {
     }
   }
 
+  // staging = "ring": piece i comes down to slot i % kSlots, kSlots - 1 copies ahead of the threads,
+  // and its new weights go up from there; the copy stream's order keeps a slot's next copy down
+  // behind its last copy up.
+  void update_ring(Hyper h) {
+    const size_t n = pieces_.size();
+    auto copy_down = [&](size_t i) {
+      const Piece& pc = pieces_[i];
+      const ParamState& s = groups_[pc.group].params[pc.param];
+      const Tensor& grad = whole_grad(s);
+      Tensor slot = slot_view(i % kSlots, grad.dtype(), pc.end - pc.begin);
+      copy_async(slot, flat_slice(grad, pc.begin, pc.end), copy_);
+      slot_down_[i % kSlots].record(copy_);
+      if (i + 1 == n) grads_read();
+    };
+    try {
+      if (n == 0) grads_read();
+      for (size_t i = 0; i + 1 < kSlots && i < n; ++i) copy_down(i);
+      for (size_t i = 0; i < n; ++i) {
+        if (i + kSlots - 1 < n) copy_down(i + kSlots - 1);
+        const Piece& pc = pieces_[i];
+        Group& g = groups_[pc.group];
+        ParamState& s = g.params[pc.param];
+        slot_down_[i % kSlots].synchronize();
+        Hyper ht = h;
+        ht.weight_decay = s.p->decay ? static_cast<float>(cfg_.weight_decay) : 0.0f;
+        const int64_t len = pc.end - pc.begin, tasks = (len + kChunk - 1) / kChunk;
+        const Tensor grad = slot_view(i % kSlots, s.p->grad.dtype(), len);
+        parallel_for(threads_, tasks, [&](int64_t t) {
+          const int64_t b = t * kChunk, e = std::min(len, b + kChunk);
+          with_type(grad.dtype(), [&]<class G>(G*) {
+            adamw_chunk(grad.data_as<G>() + b, s.master.data_as<float>() + pc.begin + b,
+                        s.m.data_as<float>() + pc.begin + b, s.v.data_as<float>() + pc.begin + b, e - b, ht);
+          });
+        });
+        Tensor value = slot_view(i % kSlots, s.p->value.dtype(), len);  // over the gradients just read
+        parallel_for(threads_, tasks, [&](int64_t t) {
+          const int64_t b = t * kChunk, e = std::min(len, b + kChunk);
+          with_type(value.dtype(), [&]<class V>(V*) {
+            round_into(s.master.data_as<float>() + pc.begin + b, value.data_as<V>() + b, e - b);
+          });
+        });
+        Tensor dst = flat_slice(s.p->value, pc.begin, pc.end);
+        copy_async(dst, value, copy_);
+        if (i + 1 == n || pieces_[i + 1].group != pc.group) {
+          g.uploaded.record(copy_);
+          g.upload_pending = true;
+          std::lock_guard<std::mutex> lock(mu_);
+          updated_ = pc.group + 1;
+          done_cv_.notify_all();
+        }
+      }
+      std::lock_guard<std::mutex> lock(mu_);
+      updated_ = groups_.size();
+      done_cv_.notify_all();
+    } catch (...) {
+      std::lock_guard<std::mutex> lock(mu_);
+      failed_ = std::current_exception();
+      done_cv_.notify_all();
+    }
+  }
+
+  // The last copy down is issued: step() may return.
+  void grads_read() {
+    grads_read_.record(copy_);
+    std::lock_guard<std::mutex> lock(mu_);
+    grads_read_issued_ = true;
+    done_cv_.notify_all();
+  }
+
   const int threads_;
+  const bool ring_;
+  const size_t slot_bytes_;  // staging = "ring": one slot's bytes
+  std::vector<Piece> pieces_;
+  PinnedBuffer ring_buffer_;
+  std::array<Event, kSlots> slot_down_;  // the slot's gradients are down
+  Event grads_read_;                     // the last gradient is down (ring)
+  bool grads_read_issued_ = false;       // under mu_
   OptimizerConfig cfg_;
   int64_t step_ = 0;
   float grad_scale_ = 1.0f;
@@ -577,9 +728,23 @@ std::unique_ptr<Plugin> create(const PluginArgs& args) {
   const int64_t threads = args.config.get_int("threads", 0);
   if (threads < 0 || threads > 1024)
     args.config.fail("threads", str(threads, " is out of range"), "0 (every core but one) to 1024");
+  args.config.describe("staging",
+                       "where the gradients wait for the update: \"all\" (pinned host memory, 4 bytes a parameter, "
+                       "copied during the backward) or \"ring\" (on the GPU, copied down through ring_mib during the "
+                       "update)",
+                       "all, ring");
+  const std::string staging = args.config.get_string("staging", "all");
+  if (staging != "all" && staging != "ring")
+    args.config.fail("staging", str("\"", staging, "\" is not a staging"), "\"all\" or \"ring\"");
+  args.config.describe("ring_mib", "staging = \"ring\": the ring's pinned MiB (4 slots)", "0.001 to 65536");
+  const double ring_mib = args.config.get_double("ring_mib", 1024);
+  if (!(ring_mib >= 0.001 && ring_mib <= 65536))
+    args.config.fail("ring_mib", str(ring_mib, " is out of range"), "0.001 to 65536 (default 1024)");
+  const size_t slot = std::max<size_t>(4, static_cast<size_t>(ring_mib * 1024 * 1024) / 4 / 4 * 4);
   // The thread that issues the step's kernels keeps a core: the update runs beside the forward.
   const int cores = static_cast<int>(std::thread::hardware_concurrency());
-  return std::make_unique<HostAdamW>(threads > 0 ? static_cast<int>(threads) : std::max(1, cores - 1));
+  return std::make_unique<HostAdamW>(threads > 0 ? static_cast<int>(threads) : std::max(1, cores - 1), staging == "ring",
+                                     slot);
 }
 
 }  // namespace

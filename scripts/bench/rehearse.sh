@@ -20,6 +20,9 @@
 # With CONFIG, a shipped manifest is rehearsed as users run it: its module, plugins and tables, the
 # checkpoint's path replaced by the case's preset, the data by random ids (PLUGINS, MASTER unused):
 #   CONFIG=configs/llama31_8b_lora_1m_80gb.toml CASES="llama-3.1-8b:1048576" scripts/bench/rehearse.sh build
+# REHEARSAL=0 skips (a) where its peaks were measured before: (b) then takes SAME (the --set flags
+# of the plan's choices, from lcx-train --plan), and the arithmetic LAYERS and CHECKPOINT_EVERY
+# from the environment and the full depth's optimizer as L / n times the cut's.
 set -uo pipefail
 build=${1:-build}
 out=${OUT:-/tmp/lcx-rehearse}
@@ -94,6 +97,8 @@ for c in $cases; do
   rm -rf "$full" "$one" && mkdir -p "$full" "$one"
   manifest "$full" "{\"preset\": \"$model\"}" "$tokens"
   manifest "$one" "{\"preset\": \"$model\", \"num_hidden_layers\": ${CUT_LAYERS:-1}}" "$tokens"
+  same=${SAME:-}
+  if [[ ${REHEARSAL:-1} != 0 ]]; then
   start=$(date +%s)
   timeout "$limit" "$build/bin/lcx-train" --config "$full/run.toml" --rehearse ${ARGS:-} >"$full/lcx.log" 2>&1
   echo "$c rehearsal: rc $? in $(($(date +%s) - start)) s"
@@ -109,6 +114,7 @@ print(" ".join(f"--set {k}={str(v).lower()}" for k, v in c.items()
                if not k.startswith(("train.", "offload.")) and not (isinstance(v, int) and not isinstance(v, bool) and v <= 0)))
 PY
 )
+  fi
   [[ ${ONE_LAYER:-1} == 0 ]] && continue  # the rehearsal alone (the layer was timed before)
   start=$(date +%s)
   timeout "$limit" "$build/bin/lcx-train" --config "$one/run.toml" --profile --set run.profile_step=1 $same ${ARGS:-} \
@@ -130,7 +136,12 @@ for c in cases:
     base = f"{out}/{model}-{tokens}"
     row = [f"{model}, {int(tokens):,} tokens"]
     try:
-        r = json.load(open(f"{base}/rehearsal/out/rehearsal.json"))
+        if os.environ.get("REHEARSAL") == "0":  # the layer alone: the depth and choices from the environment
+            r = {"layers": int(os.environ["LAYERS"]), "recipe": "(not rehearsed)", "agree": True, "optimizer_s": None,
+                 "recipe_choices": {"train.checkpoint_every": int(os.environ.get("CHECKPOINT_EVERY", "1"))},
+                 "judged": [{"measured_bytes": 0, "plan_bytes": 0, "difference_bytes": 0}] * 2}
+        else:
+            r = json.load(open(f"{base}/rehearsal/out/rehearsal.json"))
     except (OSError, ValueError):
         log = open(f"{base}/rehearsal/lcx.log", errors="replace").read().strip().splitlines() if os.path.exists(f"{base}/rehearsal/lcx.log") else []
         print(f"| {row[0]} | rehearsal failed: {log[-1][:160] if log else 'no log'} | | | | | | | | | |")
@@ -146,6 +157,8 @@ for c in cases:
         rest = m["step_s"] - span["forward"] - span["backward"] - m["time_optimizer_s"]
         n = int(os.environ.get("CUT_LAYERS", "1"))  # the cut's layers: one layer's time is their mean
         span = {p: s / n for p, s in span.items()}
+        if r["optimizer_s"] is None:
+            r["optimizer_s"] = m["time_optimizer_s"] * L / n
         layer = span["forward"] + span["backward"]
         # checkpoint_every = k: the backward runs the forward of each unsaved layer once more.
         k = max(1, r["recipe_choices"].get("train.checkpoint_every", 1))

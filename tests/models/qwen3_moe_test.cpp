@@ -104,8 +104,8 @@ TEST_P(MoeParity, LossesLogitsAndEveryGradient) {
   EXPECT_LE(rel(r.aux.value, want_aux), mode.loss_tol) << "aux loss: lcx " << r.aux.value << ", transformers " << want_aux;
   EXPECT_LE(rel(lm + r.aux.coef * r.aux.value, want_loss), mode.loss_tol) << "the loss transformers reports";
   EXPECT_EQ(r.aux.coef, decoder::moe(cfg).output_router_logits ? decoder::moe(cfg).router_aux_loss_coef : 0.0);
-  EXPECT_GE(r.aux.expert_tokens_max, r.aux.expert_tokens_min);
-  EXPECT_GT(r.aux.expert_tokens_max, 0);
+  EXPECT_GE(static_cast<int64_t>(r.aux.stat("expert_tokens_max")), static_cast<int64_t>(r.aux.stat("expert_tokens_min")));
+  EXPECT_GT(static_cast<int64_t>(r.aux.stat("expert_tokens_max")), 0);
 
   // Logits of the first columns, from the final hidden state.
   const Tensor want_logits = expected.load("logits", DType::f32);
@@ -129,7 +129,7 @@ TEST_P(MoeParity, LossesLogitsAndEveryGradient) {
   std::printf("%s %s: LM loss rel %.2e, aux loss rel %.2e (aux %.6f, coef %g), worst gradient rel L2 %.2e over %zu "
               "parameters, experts' rows %lld..%lld\n",
               dir.filename().c_str(), mode.name, rel(lm, want_lm), rel(r.aux.value, want_aux), r.aux.value, r.aux.coef, worst,
-              checked, static_cast<long long>(r.aux.expert_tokens_min), static_cast<long long>(r.aux.expert_tokens_max));
+              checked, static_cast<long long>(r.aux.stat("expert_tokens_min")), static_cast<long long>(r.aux.stat("expert_tokens_max")));
 }
 
 INSTANTIATE_TEST_SUITE_P(Fixtures, MoeParity, ::testing::Combine(::testing::ValuesIn(kNames), ::testing::ValuesIn(kModes)),
@@ -390,7 +390,7 @@ TEST(Qwen3Moe, ExpertRanksWithUnevenTokensEqualOneRank) {
       const StepResult r = train_step(s.slots, sh, 1.0 / static_cast<double>(valid), Device::cpu(), 0.5);
       want_loss += r.loss_sum;
       want_aux += 0.5 * r.aux.value;
-      want_max = std::max(want_max, r.aux.expert_tokens_max);
+      want_max = std::max(want_max, static_cast<int64_t>(r.aux.stat("expert_tokens_max")));
     }
     const MeshShape shape{.dp = 2, .ep = 2};
     std::vector<std::shared_ptr<Model>> models;
@@ -418,7 +418,7 @@ TEST(Qwen3Moe, ExpertRanksWithUnevenTokensEqualOneRank) {
       world.all_reduce(std::span<double>(sums, 2));
       loss[static_cast<size_t>(r)] = sums[0];
       aux[static_cast<size_t>(r)] = sums[1];
-      most[static_cast<size_t>(r)] = got.aux.expert_tokens_max;
+      most[static_cast<size_t>(r)] = static_cast<int64_t>(got.aux.stat("expert_tokens_max"));
     });
     EXPECT_NEAR(loss[0], want_loss, 1e-6 * want_loss) << what;
     EXPECT_NEAR(aux[0], want_aux, 1e-6 * want_aux) << what;
@@ -577,8 +577,8 @@ TEST(Qwen3Moe, EveryTokenToOneExpert) {
   const Shard shard = test::shard_from_labels(ids, labels);
   test::DefaultSlots s(*model);
   const StepResult r = test::mean_loss_step(s, shard, test::count_valid(shard));
-  EXPECT_EQ(r.aux.expert_tokens_max, 40);
-  EXPECT_EQ(r.aux.expert_tokens_min, 0);
+  EXPECT_EQ(static_cast<int64_t>(r.aux.stat("expert_tokens_max")), 40);
+  EXPECT_EQ(static_cast<int64_t>(r.aux.stat("expert_tokens_min")), 0);
   EXPECT_NEAR(r.aux.value, 1.0, 1e-6);  // E * (1 * 1/E): every pick on one expert, probabilities uniform
   for (Parameter* p : model->parameters())
     for (float g : p->grad.to_floats()) ASSERT_TRUE(std::isfinite(g)) << p->name;

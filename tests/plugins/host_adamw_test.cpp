@@ -63,13 +63,14 @@ struct Compared {
 // the backward); model `b`, a copy of `a`, gets a's gradients and takes core's AdamW. Both clip by
 // their own norm as the trainer does. The forward of each step after the first waits on the
 // weights host_adamw updated in the background.
-Compared compare_with_core(Device device, DType dtype, int steps, double max_norm) {
+Compared compare_with_core(Device device, DType dtype, int steps, double max_norm,
+                           const std::string& table = "threads = 3") {
   auto a = test::make_qwen3(), b = test::make_qwen3();
   a->init_random(tiny_spec(3, 32), 5, device, dtype);
   b->init_random(tiny_spec(3, 32), 5, device, dtype);
   a->zero_grad();  // the gradients the run would give them, which the optimizers read
   b->zero_grad();
-  std::shared_ptr<Optimizer> host = make_host_adamw();
+  std::shared_ptr<Optimizer> host = make_host_adamw(table);
   host->configure(a->parameters(), decayed(), {});
   AdamW core(b->parameters(), decayed());
   test::DefaultSlots s(*a);
@@ -118,6 +119,17 @@ TEST_P(HostAdamWCpu, EqualsCoreAdamWWithClippingAndDecay) {
   // The same fp32 arithmetic in the same order: only the clip factor's last bit may differ.
   EXPECT_LT(c.worst_master, 1e-6);
   EXPECT_LT(c.worst_value, GetParam() == DType::bf16 ? 1e-2 : 1e-6);  // a master one ulp off may round to the next bf16
+}
+
+// staging = "ring" with slots of 2,620 bytes: every matrix goes through the ring in several pieces
+// (655 fp32 gradients each), so a piece's offsets into master, moments and weights are tested.
+TEST_P(HostAdamWCpu, RingEqualsCoreAdamW) {
+  const Compared c =
+      compare_with_core(Device::cpu(), GetParam(), 4, 0.05, "threads = 3\nstaging = \"ring\"\nring_mib = 0.01");
+  EXPECT_GE(c.clipped, 2);
+  EXPECT_LT(c.worst_norm, 1e-12);
+  EXPECT_LT(c.worst_master, 1e-6);
+  EXPECT_LT(c.worst_value, GetParam() == DType::bf16 ? 1e-2 : 1e-6);
 }
 
 INSTANTIATE_TEST_SUITE_P(Dtypes, HostAdamWCpu, ::testing::Values(DType::f32, DType::bf16),
@@ -194,6 +206,7 @@ TEST(HostAdamW, RefusesBf16MastersAndSeveralRanksByName) {
 }
 
 TEST(HostAdamW, PlanMatchesWhatItAllocates) {
+  for (const bool ring : {false, true})
   for (DType dtype : {DType::f32, DType::bf16}) {
     auto model = test::make_qwen3();
     model->init_random(tiny_spec(3, 32), 2, Device::cpu(), dtype);
@@ -203,7 +216,7 @@ TEST(HostAdamW, PlanMatchesWhatItAllocates) {
     in.weight_dtype = dtype;
     MemoryPlan plan;
     model->plan(in, plan);
-    std::shared_ptr<Optimizer> host = make_host_adamw();
+    std::shared_ptr<Optimizer> host = make_host_adamw(ring ? "staging = \"ring\"\nring_mib = 0.01" : "threads = 3");
     plan.contributor = "host_adamw";
     host->plan(in, plan);
     int64_t master = 0, moments = 0, staging = 0, gpu = 0;
@@ -228,7 +241,10 @@ TEST(HostAdamW, PlanMatchesWhatItAllocates) {
     EXPECT_EQ(master, grew(cpu0, cpu1, MemoryCategory::master_weights)) << dtype_name(dtype);
     EXPECT_EQ(moments, grew(cpu0, cpu1, MemoryCategory::optimizer)) << dtype_name(dtype);
     EXPECT_EQ(staging, pinned1.live_bytes - pinned0.live_bytes) << dtype_name(dtype);
-    EXPECT_EQ(staging, 4 * params);  // fp32 gradients are the larger
+    if (ring)
+      EXPECT_EQ(staging, 4 * 2620);  // 4 slots of 0.01 MiB / 4, rounded down to 4 bytes
+    else
+      EXPECT_EQ(staging, 4 * params);  // fp32 gradients are the larger
   }
 }
 
@@ -240,6 +256,17 @@ TEST(HostAdamWGpu, EqualsDeviceAdamW) {
   EXPECT_GE(c.clipped, 2);
   EXPECT_LT(c.worst_norm, 1e-5);  // the device sums squares in fp32 per block: the clip factor differs in its last bits
   EXPECT_LT(c.worst_master, 1e-4);  // nvcc may fuse multiply-adds the CPU rounds apart
+  EXPECT_LT(c.worst_value, 1e-2);
+}
+
+// The ring on the GPU: gradients read on the device for the norm and copied down through the
+// slots during step(), while the next step's zeroing waits for the last copy.
+TEST(HostAdamWGpu, RingEqualsDeviceAdamW) {
+  if (!cuda_available()) GTEST_SKIP() << "no GPU: host_adamw's GPU ring not run";
+  const Compared c = compare_with_core(Device::cuda(0), DType::bf16, 4, 0.05, "staging = \"ring\"\nring_mib = 0.01");
+  EXPECT_GE(c.clipped, 2);
+  EXPECT_LT(c.worst_norm, 1e-12);  // both sum squares with the same device kernel
+  EXPECT_LT(c.worst_master, 1e-4);
   EXPECT_LT(c.worst_value, 1e-2);
 }
 

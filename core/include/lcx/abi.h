@@ -6,7 +6,7 @@
 
 // Major: any change to a slot interface, Tensor layout or factory signature. Minor: additions
 // that older plugins can ignore. A plugin loads when majors match and its minor <= core's.
-#define LCX_ABI_MAJOR 12
+#define LCX_ABI_MAJOR 13
 #define LCX_ABI_MINOR 0
 #define LCX_PLUGIN_MAGIC 0x4C43585055474E31ull  // "LCXPUGN1"
 

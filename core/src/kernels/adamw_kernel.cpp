@@ -4,6 +4,7 @@
 #include <cmath>
 
 #include "kernels/adamw_kernel.h"
+#include "lcx/grad_norm.h"
 
 namespace lcx::adamw {
 namespace {
@@ -65,3 +66,9 @@ double sum_squares(const Tensor& grad) {
 }
 
 }  // namespace lcx::adamw
+
+namespace lcx::ops {
+
+double sum_squares(const Tensor& x) { return adamw::sum_squares(x); }
+
+}  // namespace lcx::ops

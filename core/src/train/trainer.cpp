@@ -15,6 +15,7 @@
 #include <filesystem>
 #include <fstream>
 #include <future>
+#include <limits>
 #include <memory>
 #include <nlohmann/json.hpp>
 #include <span>
@@ -307,12 +308,15 @@ void Trainer::forward_backward_step(const Batch& batch, StepRecord& r) {
         StepResult s = lcx::train_step(run_.step(), shard, 1.0 / static_cast<double>(r.valid), device, aux_weight);
         r.loss_sum += s.loss_sum;
         if (s.aux.present) {
-          const bool first = !r.aux.present;
           r.aux.present = true;
           r.aux.coef = s.aux.coef;
           r.aux.value += s.aux.value * aux_weight;
-          r.aux.expert_tokens_min = first ? s.aux.expert_tokens_min : std::min(r.aux.expert_tokens_min, s.aux.expert_tokens_min);
-          r.aux.expert_tokens_max = std::max(r.aux.expert_tokens_max, s.aux.expert_tokens_max);
+          for (const AuxStat& stat : s.aux.stats) {
+            auto it = std::find_if(r.aux.stats.begin(), r.aux.stats.end(), [&](const AuxStat& a) { return a.name == stat.name; });
+            if (it == r.aux.stats.end()) r.aux.stats.push_back(stat);
+            else if (std::isnan(it->value) || std::isnan(stat.value)) it->value = std::numeric_limits<double>::quiet_NaN();
+            else it->value = stat.combine == AuxStat::Combine::min ? std::min(it->value, stat.value) : std::max(it->value, stat.value);
+          }
         }
         r.forward_s += s.forward_s;
         r.backward_s += s.backward_s;
@@ -452,12 +456,12 @@ void Trainer::log_step(const StepRecord& r, const std::optional<EvalTotals>& eva
                       {"skipped", !r.finite || r.valid == 0}};
   if (r.aux.present) {
     m["aux_loss"] = r.aux.value;
-    m["expert_tokens_min"] = r.aux.expert_tokens_min;
-    m["expert_tokens_max"] = r.aux.expert_tokens_max;
-    // The busiest expert against the idlest (null when one took nothing).
-    m["expert_load_ratio"] = r.aux.expert_tokens_min > 0 ? nlohmann::json(static_cast<double>(r.aux.expert_tokens_max) /
-                                                                          static_cast<double>(r.aux.expert_tokens_min))
-                                                         : nlohmann::json(nullptr);
+    for (const AuxStat& stat : r.aux.stats) {  // counts as integers, NaN as null
+      const double v = stat.value;
+      if (std::isnan(v)) m[stat.name] = nullptr;
+      else if (v == std::floor(v) && std::abs(v) < 9.0e15) m[stat.name] = static_cast<int64_t>(v);
+      else m[stat.name] = v;
+    }
   }
   if (device.is_cuda()) {
     m["peak_gpu_bytes"] = allocator_for(device).stats().peak_bytes;

@@ -55,8 +55,8 @@ class Trainer {
     int64_t documents = 0;  // in the step's sequences; one cut by a sequence's end counts in both
     double flops = 0;
     double loss_sum = 0, loss = 0, grad_norm = 0, lr = 0;
-    // The model's auxiliary loss (a mixture of experts' load balance): the mean over the step's
-    // sequences, its coefficient (0 when it is logged, not trained), the experts' extreme loads.
+    // The model's auxiliary loss (a load-balancing loss, say): the mean over the step's
+    // sequences, its coefficient (0 when it is logged, not trained), the model's stats of it.
     AuxLoss aux;
     bool finite = true;
     bool stop = false;  // some rank was asked to stop

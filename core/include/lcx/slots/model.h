@@ -2,8 +2,10 @@
 // There is no autograd: the step (core) runs embed -> layers -> final norm -> Loss, then the
 // layers' backward last to first, recomputing each layer from the input MemoryStrategy kept.
 #pragma once
+#include <limits>
 #include <span>
 #include <string>
+#include <string_view>
 #include <vector>
 
 #include "lcx/plugin.h"
@@ -92,13 +94,28 @@ struct ModelConfig {
   std::string family_json;
 };
 
+// A figure a model logs beside its auxiliary loss (a column of metrics.jsonl, by name), and how a
+// step of several sequences combines their passes' values (NaN, logged as null, wins either way).
+struct AuxStat {
+  std::string name;
+  double value = 0;
+  enum class Combine : uint8_t { min, max } combine = Combine::max;
+};
+
 // The auxiliary loss of a model's last forward pass (embed_forward .. final_norm_forward): for a
-// mixture of experts, the load-balancing loss, with what the experts took.
+// mixture of experts, the load-balancing loss, with what the experts took as its stats.
 struct AuxLoss {
   double value = 0;   // the loss, its coefficient not applied
   double coef = 0;    // its weight in the trained (and reported) loss; 0: logged only
-  int64_t expert_tokens_min = 0, expert_tokens_max = 0;  // rows an expert took, over layers and experts
+  std::vector<AuxStat> stats;
   bool present = false;  // the model has one
+
+  // The stat of that name; NaN where the model gives none.
+  double stat(std::string_view name) const {
+    for (const AuxStat& s : stats)
+      if (s.name == name) return s.value;
+    return std::numeric_limits<double>::quiet_NaN();
+  }
 };
 
 // The ranks a parameter's gradient is summed over, which follow from the ranks that hold it.
