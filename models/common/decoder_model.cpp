@@ -244,6 +244,7 @@ class DecoderModel final : public Model {
     }
     c.linear_modules = linear_modules(c, family_, layout);
     c.mlp_slot_layers = c.num_layers - sparse_layers(c);
+    c.parameters = parameter_sizes(c, layout);
     return c;
   }
   // The experts' layout an init spec gives (its JSON keys; a preset name: the family's default).
@@ -983,6 +984,102 @@ class DecoderModel final : public Model {
     return n;
   }
 
+  // A parameter as the layer recipe declares it: its Hugging Face name and shape, whether its
+  // gradient is a GEMM's, whether it is a sparse layer's stacked experts (reduced over the ranks
+  // holding the same experts), and whether weight decay skips it although it is not 1-D (a bias).
+  struct ParamSpec {
+    std::string name;
+    Shape shape;
+    bool gemm = false, expert = false, no_decay = false;
+  };
+  struct Declared {
+    std::vector<LayerParams> layers;
+    int embed = -1, final_norm = -1, head = -1;
+  };
+  // Every parameter of the model in load order, each through add(ParamSpec) -> its index: build()
+  // makes them, describe() lists them (ModelConfig::parameters) before any weight exists.
+  template <class Add>
+  Declared declare(const ModelConfig& cfg, const ExpertsLayout& layout, Add&& add) const {
+    const int64_t H = cfg.hidden_size, I = cfg.intermediate_size, V = cfg.vocab_size, d = cfg.head_dim;
+    const int64_t qd = cfg.num_heads * d, kvd = cfg.num_kv_heads * d;
+    Declared out;
+    out.embed = add({"model.embed_tokens.weight", {V, H}});
+    for (int64_t l = 0; l < cfg.num_layers; ++l) {
+      const std::string p = str("model.layers.", l, ".");
+      LayerParams L;
+      L.index = static_cast<int>(l);
+      L.input_norm = add({p + "input_layernorm.weight", {H}});
+      L.q = add({p + "self_attn.q_proj.weight", {qd, H}, true});
+      L.k = add({p + "self_attn.k_proj.weight", {kvd, H}, true});
+      L.v = add({p + "self_attn.v_proj.weight", {kvd, H}, true});
+      L.o = add({p + "self_attn.o_proj.weight", {H, qd}, true});
+      if (family_.o_bias) L.o_bias = add({p + "self_attn.o_proj.bias", {H}});
+      if (family_.qkv_bias) {
+        L.q_bias = add({p + "self_attn.q_proj.bias", {qd}});
+        L.k_bias = add({p + "self_attn.k_proj.bias", {kvd}});
+        L.v_bias = add({p + "self_attn.v_proj.bias", {kvd}});
+      }
+      if (family_.qk_norm) {
+        L.q_norm = add({p + "self_attn.q_norm.weight", {d}});
+        L.k_norm = add({p + "self_attn.k_norm.weight", {d}});
+      }
+      if (family_.sinks) L.sinks = add({p + "self_attn.sinks", {cfg.num_heads}});
+      if (family_.sliding_window && cfg.layer_types[static_cast<size_t>(l)] == "sliding_attention") {
+        if (cfg.sliding_window <= 0)
+          throw Error(str(family_.name, ": layer ", l, " is sliding_attention but sliding_window is ", cfg.sliding_window),
+                      "sliding_window", "set sliding_window in config.json to the layers' window (> 0)");
+        L.window = cfg.sliding_window;
+        L.own_rope = !own_inv_freq(cfg).empty();
+      }
+      if (family_.sandwich_norms) {
+        L.attn_out_norm = add({p + "post_attention_layernorm.weight", {H}});
+        L.post_norm = add({p + "pre_feedforward_layernorm.weight", {H}});
+      } else {
+        L.post_norm = add({p + "post_attention_layernorm.weight", {H}});
+      }
+      if (sparse(cfg, l)) {
+        // The router stays whole (every rank routes its own tokens over every expert); the
+        // experts are this rank's E/ep.
+        const int64_t E = moe(cfg).num_experts, El = E / ep_, Im = moe(cfg).moe_intermediate_size;
+        L.sparse = true;
+        if (layout.fused) {
+          L.router = add({p + "mlp.router.weight", {E, H}, true});
+          L.router_bias = add({p + "mlp.router.bias", {E}, false, false, true});
+          L.experts_gate_up = add({p + "mlp.experts.gate_up_proj", {El, H, 2 * Im}, true, true});
+          L.experts_gate_up_bias = add({p + "mlp.experts.gate_up_proj_bias", {El, 2 * Im}, false, true, true});
+          L.experts_down = add({p + "mlp.experts.down_proj", {El, Im, H}, true, true});
+          L.experts_down_bias = add({p + "mlp.experts.down_proj_bias", {El, H}, false, true, true});
+        } else {
+          L.router = add({p + "mlp.gate.weight", {E, H}, true});
+          L.experts_gate = add({p + "mlp.experts.gate_proj.weight", {El, Im, H}, true, true});
+          L.experts_up = add({p + "mlp.experts.up_proj.weight", {El, Im, H}, true, true});
+          L.experts_down = add({p + "mlp.experts.down_proj.weight", {El, H, Im}, true, true});
+        }
+      } else {
+        L.gate = add({p + "mlp.gate_proj.weight", {I, H}, true});
+        L.up = add({p + "mlp.up_proj.weight", {I, H}, true});
+        L.down = add({p + "mlp.down_proj.weight", {H, I}, true});
+      }
+      if (family_.sandwich_norms) L.mlp_out_norm = add({p + "post_feedforward_layernorm.weight", {H}});
+      out.layers.push_back(L);
+    }
+    out.final_norm = add({"model.norm.weight", {H}});
+    out.head = cfg.tie_word_embeddings ? out.embed : add({"lm_head.weight", {V, H}});
+    return out;
+  }
+
+  // The parameters' names and sizes, from the recipe without allocating them.
+  std::vector<ParameterSize> parameter_sizes(const ModelConfig& cfg, const ExpertsLayout& layout) const {
+    std::vector<ParameterSize> out;
+    declare(cfg, layout, [&](const ParamSpec& spec) {
+      int64_t n = 1;
+      for (int64_t x : spec.shape) n *= x;
+      out.push_back({spec.name, n, spec.gemm});
+      return static_cast<int>(out.size() - 1);
+    });
+    return out;
+  }
+
   // The parameter list in HF order, with zeroed fp32 grads and values to be filled.
   void build(const ModelConfig& cfg, Device device, DType dtype) {
     if (!is_floating(dtype)) throw Error(str(family_.name, ": weights must be a float dtype, not ", dtype_name(dtype)));
@@ -999,93 +1096,29 @@ class DecoderModel final : public Model {
     cfg_ = cfg;
     cfg_.linear_modules = linear_modules(cfg, family_, layout_);
     cfg_.mlp_slot_layers = cfg.num_layers - sparse_layers(cfg);
+    cfg_.parameters = parameter_sizes(cfg, layout_);
     own_inv_freq_ = own_inv_freq(cfg);
     first_expert_ = ep_ > 1 ? ep_index_ * (moe(cfg).num_experts / ep_) : 0;
     params_.clear();
-    layers_.clear();
-    const int64_t H = cfg.hidden_size, I = cfg.intermediate_size, V = cfg.vocab_size, d = cfg.head_dim;
-    const int64_t qd = cfg.num_heads * d, kvd = cfg.num_kv_heads * d;
-    auto add = [&](const std::string& name, Shape shape, bool gemm = false) {
+    auto add = [&](const ParamSpec& spec) {
       Parameter p;
-      p.name = name;
-      p.gemm_grad = gemm;
-      p.value = Tensor::empty(shape, dtype, device, MemoryCategory::weights);
+      p.name = spec.name;
+      p.gemm_grad = spec.gemm;
+      p.value = Tensor::empty(spec.shape, dtype, device, MemoryCategory::weights);
       // No gradient yet: the run gives one to what it trains unsharded (Run::choose_grad_dtype),
       // after the adapter froze the base and ZeRO-3 took its shards, so a 30B model's fp32
       // gradients never sit beside its weights on a GPU that could not hold them.
-      p.decay = shape.size() > 1;  // norms are not decayed, as transformers' Trainer does
+      // Norms are not decayed, as transformers' Trainer does, nor any bias whatever its rank.
+      p.decay = spec.shape.size() > 1 && !spec.no_decay;
+      if (spec.expert) p.grad_group = ep_ > 1 ? GradGroup::partition_replicas : GradGroup::world;
       params_.push_back(std::move(p));
       return static_cast<int>(params_.size() - 1);
     };
-    embed_ = add("model.embed_tokens.weight", {V, H});
-    for (int64_t l = 0; l < cfg.num_layers; ++l) {
-      const std::string p = str("model.layers.", l, ".");
-      LayerParams L;
-      L.index = static_cast<int>(l);
-      L.input_norm = add(p + "input_layernorm.weight", {H});
-      L.q = add(p + "self_attn.q_proj.weight", {qd, H}, true);
-      L.k = add(p + "self_attn.k_proj.weight", {kvd, H}, true);
-      L.v = add(p + "self_attn.v_proj.weight", {kvd, H}, true);
-      L.o = add(p + "self_attn.o_proj.weight", {H, qd}, true);
-      if (family_.o_bias) L.o_bias = add(p + "self_attn.o_proj.bias", {H});
-      if (family_.qkv_bias) {
-        L.q_bias = add(p + "self_attn.q_proj.bias", {qd});
-        L.k_bias = add(p + "self_attn.k_proj.bias", {kvd});
-        L.v_bias = add(p + "self_attn.v_proj.bias", {kvd});
-      }
-      if (family_.qk_norm) {
-        L.q_norm = add(p + "self_attn.q_norm.weight", {d});
-        L.k_norm = add(p + "self_attn.k_norm.weight", {d});
-      }
-      if (family_.sinks) L.sinks = add(p + "self_attn.sinks", {cfg.num_heads});
-      if (family_.sliding_window && cfg.layer_types[static_cast<size_t>(l)] == "sliding_attention") {
-        if (cfg.sliding_window <= 0)
-          throw Error(str(family_.name, ": layer ", l, " is sliding_attention but sliding_window is ", cfg.sliding_window),
-                      "sliding_window", "set sliding_window in config.json to the layers' window (> 0)");
-        L.window = cfg.sliding_window;
-        L.own_rope = !own_inv_freq_.empty();
-      }
-      if (family_.sandwich_norms) {
-        L.attn_out_norm = add(p + "post_attention_layernorm.weight", {H});
-        L.post_norm = add(p + "pre_feedforward_layernorm.weight", {H});
-      } else {
-        L.post_norm = add(p + "post_attention_layernorm.weight", {H});
-      }
-      if (sparse(cfg, l)) {
-        // The router stays whole (every rank routes its own tokens over every expert); the
-        // experts are this rank's E/ep.
-        const int64_t E = moe(cfg).num_experts, El = E / ep_, Im = moe(cfg).moe_intermediate_size;
-        L.sparse = true;
-        if (layout_.fused) {
-          L.router = add(p + "mlp.router.weight", {E, H}, true);
-          L.router_bias = add(p + "mlp.router.bias", {E});
-          L.experts_gate_up = add(p + "mlp.experts.gate_up_proj", {El, H, 2 * Im}, true);
-          L.experts_gate_up_bias = add(p + "mlp.experts.gate_up_proj_bias", {El, 2 * Im});
-          L.experts_down = add(p + "mlp.experts.down_proj", {El, Im, H}, true);
-          L.experts_down_bias = add(p + "mlp.experts.down_proj_bias", {El, H});
-          // transformers' Trainer decays no bias, whatever its rank.
-          for (int i : {L.router_bias, L.experts_gate_up_bias, L.experts_down_bias})
-            params_[static_cast<size_t>(i)].decay = false;
-        } else {
-          L.router = add(p + "mlp.gate.weight", {E, H}, true);
-          L.experts_gate = add(p + "mlp.experts.gate_proj.weight", {El, Im, H}, true);
-          L.experts_up = add(p + "mlp.experts.up_proj.weight", {El, Im, H}, true);
-          L.experts_down = add(p + "mlp.experts.down_proj.weight", {El, H, Im}, true);
-        }
-        for (int i : {L.experts_gate, L.experts_up, L.experts_down, L.experts_gate_up, L.experts_gate_up_bias,
-                      L.experts_down_bias})
-          if (i >= 0)
-            params_[static_cast<size_t>(i)].grad_group = ep_ > 1 ? GradGroup::partition_replicas : GradGroup::world;
-      } else {
-        L.gate = add(p + "mlp.gate_proj.weight", {I, H}, true);
-        L.up = add(p + "mlp.up_proj.weight", {I, H}, true);
-        L.down = add(p + "mlp.down_proj.weight", {H, I}, true);
-      }
-      if (family_.sandwich_norms) L.mlp_out_norm = add(p + "post_feedforward_layernorm.weight", {H});
-      layers_.push_back(L);
-    }
-    final_norm_ = add("model.norm.weight", {H});
-    head_ = cfg.tie_word_embeddings ? embed_ : add("lm_head.weight", {V, H});
+    Declared d = declare(cfg, layout_, add);
+    layers_ = std::move(d.layers);
+    embed_ = d.embed;
+    final_norm_ = d.final_norm;
+    head_ = d.head;
     for (size_t l = 0; l < cfg.layer_types.size(); ++l)
       if (!computes(cfg.layer_types[l]))
         log::warn(str(family_.name, ": layer ", l, " is ", cfg.layer_types[l],

@@ -98,32 +98,6 @@ uint64_t name_key(uint64_t seed, const std::string& name) {
   return mix(seed ^ mix(h));
 }
 
-// The base's parameters that are not GEMM weights, by the dense decoder's names and sizes: what
-// modules_to_save may train whole, counted for the plan before any weight exists. The families'
-// layers differ in their per-head norms (Qwen3's) and projection biases (Qwen2's).
-std::vector<std::pair<std::string, int64_t>> dense_other_params(const ModelConfig& c) {
-  const int64_t d = c.head_dim > 0 ? c.head_dim : c.hidden_size / std::max<int64_t>(1, c.num_heads);
-  const bool qkv_bias = c.model_type == "qwen2";
-  const bool qk_norm = !qkv_bias && c.model_type != "llama" && c.model_type != "mistral";
-  std::vector<std::pair<std::string, int64_t>> out = {{"model.embed_tokens.weight", c.vocab_size * c.hidden_size}};
-  for (int64_t l = 0; l < c.num_layers; ++l) {
-    const std::string p = str("model.layers.", l, ".");
-    out.emplace_back(p + "input_layernorm.weight", c.hidden_size);
-    if (qkv_bias) {
-      out.emplace_back(p + "self_attn.q_proj.bias", c.num_heads * d);
-      out.emplace_back(p + "self_attn.k_proj.bias", c.num_kv_heads * d);
-      out.emplace_back(p + "self_attn.v_proj.bias", c.num_kv_heads * d);
-    }
-    if (qk_norm) {
-      out.emplace_back(p + "self_attn.q_norm.weight", d);
-      out.emplace_back(p + "self_attn.k_norm.weight", d);
-    }
-    out.emplace_back(p + "post_attention_layernorm.weight", c.hidden_size);
-  }
-  out.emplace_back("model.norm.weight", c.hidden_size);
-  if (!c.tie_word_embeddings) out.emplace_back("lm_head.weight", c.vocab_size * c.hidden_size);
-  return out;
-}
 
 // The A factors of one layer's modules that read one input (LinearModule::input), as rows of one
 // tensor; `row` is the next factor's first.
@@ -289,9 +263,13 @@ class Lora final : public Adapter {
     in.head_frozen = !(saved && peft::saved_module(*o_.modules_to_save, in.model.tie_word_embeddings
                                                                           ? "model.embed_tokens.weight"
                                                                           : "lm_head.weight"));
-    if (o_.modules_to_save)
-      for (const auto& [name, n] : dense_other_params(in.model))
-        if (peft::saved_module(*o_.modules_to_save, name)) in.base_trained_parameters += n;
+    // What modules_to_save trains whole, from the model's own list: its norms, embeddings, head and
+    // biases (the GEMM weights are the adapted modules').
+    if (o_.modules_to_save) {
+      LCX_CHECK(!in.model.parameters.empty(), "lora: the model module lists no parameters (ModelConfig::parameters)");
+      for (const ParameterSize& p : in.model.parameters)
+        if (!p.gemm && peft::saved_module(*o_.modules_to_save, p.name)) in.base_trained_parameters += p.numel;
+    }
     const auto use = uses(in.model);
     in.adapter_ranks.assign(use.size(), {});
     for (size_t l = 0; l < use.size(); ++l)

@@ -17,6 +17,7 @@
 #include <set>
 
 #include "lcx/ops.h"
+#include "lcx/plan.h"
 #include "lcx/safetensors.h"
 #include "lcx/slots/adapter.h"
 #include "models/lora_merge_check.h"
@@ -470,6 +471,40 @@ TEST(FamilyRefusals, NameTheKey) {
     ADD_FAILURE() << "a Mistral config without sliding_window loaded";
   } catch (const Error& e) {
     EXPECT_EQ(e.key(), "sliding_window");
+  }
+}
+
+// lora's plan counts what modules_to_save trains whole from the list of parameters the model
+// declares (ModelConfig::parameters), so a family's own norms, biases and sinks are counted as
+// the run trains them: Gemma 3's sandwich norms, Qwen2's q/k/v biases, GPT-OSS's experts' biases.
+TEST(FamiliesLora, PlanCountsWhatModulesToSaveTrains) {
+  const fs::path models = fs::path(LCX_TEST_DATA_DIR) / "models" / "fixtures";
+  const std::vector<std::pair<fs::path, std::string>> cases = {
+      {models / "families" / "qwen2_bias_tied", R"(["q_proj", "input_layernorm", "norm"])"},
+      {models / "families" / "llama3_untied", R"(["lm_head", "post_attention_layernorm"])"},
+      {models / "gemma3" / "gemma3_text_f32", R"(["pre_feedforward_layernorm", "post_feedforward_layernorm", "embed_tokens"])"},
+      {models / "gpt_oss" / "gpt_oss_basic", R"(["experts", "router", "norm"])"},
+  };
+  for (const auto& [dir, saved] : cases) {
+    if (!fs::exists(dir / "config.json")) GTEST_SKIP() << dir << " absent";
+    auto model = load(dir);
+    const ModelConfig described = model->describe(dir.string());
+    auto lora = test::make_plugin<Adapter>("lora", "r = 2\ntarget_modules = [\"o_proj\"]\nmodules_to_save = " + saved);
+    PlanInputs in;
+    in.model = described;
+    lora->plan_inputs(in);
+    lora->attach(*model, AdapterContext{Device::cpu(), DType::f32, 7, ""});
+    int64_t trained = 0, gemm_trained = 0;
+    for (Parameter* p : model->parameters())
+      if (!p->frozen) (p->gemm_grad ? gemm_trained : trained) += p->value.numel();
+    EXPECT_GT(trained, 0) << dir.filename();
+    EXPECT_EQ(in.base_trained_parameters, trained) << dir.filename() << " with modules_to_save = " << saved;
+    // The declared list is the built one, name for name.
+    std::vector<std::string> built;
+    for (Parameter* p : model->parameters()) built.push_back(p->name);
+    std::vector<std::string> declared;
+    for (const ParameterSize& p : described.parameters) declared.push_back(p.name);
+    EXPECT_EQ(declared, built) << dir.filename();
   }
 }
 

@@ -46,6 +46,14 @@ struct LinearModule {
   int input = 0;
 };
 
+// A parameter of the model by its Hugging Face name, its elements and whether its gradient is a
+// GEMM's (a linear module's weight, a router's), as the module declares it.
+struct ParameterSize {
+  std::string name;
+  int64_t numel = 0;
+  bool gemm = false;
+};
+
 struct ModelConfig {
   std::string model_type;  // "qwen3"
   int64_t vocab_size = 0;
@@ -77,6 +85,10 @@ struct ModelConfig {
   // output head is none of them. Set by the module (Model::describe and config()), so a plan made
   // before any weight exists sees them too.
   std::vector<std::vector<LinearModule>> linear_modules;
+  // Every parameter in load order (a mixture of experts' stacked experts at the share a rank of the
+  // model's [distributed] ep holds). Set by the module with linear_modules, for what a plan counts
+  // before any weight exists (the parameters an adapter's modules_to_save trains whole).
+  std::vector<ParameterSize> parameters;
   // The layers whose MLP runs through the MLP slot (StepContext::mlp); the others run an MLP of the
   // model's own, which its plan counts. -1: every layer.
   int64_t mlp_slot_layers = -1;
