@@ -44,8 +44,9 @@ RTX 6000 Ada, H100, H200, B200; later GPUs through compute_100 PTX, compiled by 
 first start). Older GPUs (V100, T4) are refused by name at the start.
 
 Needs: an NVIDIA driver for CUDA 13 (580 or newer); the CUDA 13 runtime libraries (libcudart.so.13,
-libcublas.so.13, libcublasLt.so.13); NCCL 2 (libnccl.so.2); cuDNN 9 (libcudnn.so.9) for the fastest
-attention (without it lcx runs its own kernels). Either from the CUDA toolkit and NVIDIA's packages,
+libcublas.so.13, libcublasLt.so.13); NCCL 2 (libnccl.so.2); cuDNN 9 (libcudnn.so.9) for attention
+on GPUs other than the H100 and H200 (lcx's own kernels there run at a seventh of its rate, so a run
+without cuDNN stops at the start unless [run] attention = "own"; on Hopper lcx's own kernels serve). Either from the CUDA toolkit and NVIDIA's packages,
 or from the PyTorch (cu130) wheels' nvidia-* packages, which lcx-env.sh finds.
 
   tar xzf $name.tar.gz
