@@ -610,6 +610,46 @@ std::vector<OpCase> attention_cases(bool backward) {
   return cases;
 }
 
+// Sliding-window attention (Gemma 3's, GPT-OSS's layers): a window of 1, 17 and 128 keys over a
+// sequence longer than a tile, head_dim 64 and 128, GQA; once more with packed documents, where a
+// query sees the keys both its window and its document allow.
+std::vector<OpCase> attention_window_cases(bool backward) {
+  struct Wc {
+    int64_t T, Hq, Hkv, d, window;
+    std::vector<int64_t> documents;
+  };
+  std::vector<OpCase> cases;
+  for (const Wc& c : {Wc{300, 4, 2, 64, 1, {}}, Wc{300, 4, 2, 64, 17, {}}, Wc{333, 8, 2, 128, 128, {}},
+                      Wc{300, 4, 2, 64, 17, {0, 40, 200, 300}}})
+    for (DType t : {DType::f32, DType::bf16}) {
+      cases.push_back({str("T=", c.T, " Hq=", c.Hq, " Hkv=", c.Hkv, " d=", c.d, " window=", c.window,
+                           c.documents.empty() ? "" : " documents", " ", dtype_name(t)),
+                       [=](Device d, std::mt19937& rng) {
+                         ops::AttentionParams p;
+                         p.causal = true;
+                         p.window = c.window;
+                         p.documents = c.documents;
+                         const Tensor qh = host_normal({c.T, c.Hq, c.d}, t, rng);
+                         const Tensor kh = host_normal({c.T, c.Hkv, c.d}, t, rng);
+                         const Tensor vh = host_normal({c.T, c.Hkv, c.d}, t, rng);
+                         const Tensor q = at(d, qh), k = at(d, kh), v = at(d, vh);
+                         if (!backward) {
+                           Tensor o = poisoned({c.T, c.Hq, c.d}, t, d), lse = poisoned({c.Hq, c.T}, DType::f32, d);
+                           ops::attention_forward(q, k, v, o, lse, p);
+                           return std::vector<Output>{out("out", o), out("lse", lse)};
+                         }
+                         Tensor oh = Tensor::empty({c.T, c.Hq, c.d}, t), lseh = Tensor::empty({c.Hq, c.T}, DType::f32);
+                         ops::attention_forward(qh, kh, vh, oh, lseh, p);
+                         const Tensor dout = at(d, host_normal({c.T, c.Hq, c.d}, t, rng));
+                         Tensor dq = poisoned(q.shape(), t, d), dk = poisoned(k.shape(), t, d),
+                                dv = poisoned(v.shape(), t, d);
+                         ops::attention_backward(q, k, v, at(d, oh), at(d, lseh), dout, dq, dk, dv, p);
+                         return std::vector<Output>{out("dq", dq), out("dk", dk), out("dv", dv)};
+                       }});
+    }
+  return cases;
+}
+
 // int64 targets, every fourth row (from row 1) ignored.
 Tensor targets_with_ignored(int64_t T, int64_t V, std::mt19937& rng) {
   std::uniform_int_distribution<int64_t> pick(0, V - 1);
@@ -735,6 +775,8 @@ const std::map<std::string, std::vector<OpCase>>& op_table() {
       {"grouped_matmul_wgrad", grouped_matmul_wgrad_cases()},
       {"attention_forward", attention_cases(false)},
       {"attention_backward", attention_cases(true)},
+      {"attention_window_forward", attention_window_cases(false)},
+      {"attention_window_backward", attention_window_cases(true)},
       {"attention_sinks_forward", attention_sinks_cases(false)},
       {"attention_sinks_backward", attention_sinks_cases(true)},
       {"cross_entropy_forward_backward", cross_entropy_cases()},
