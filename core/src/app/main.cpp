@@ -21,6 +21,7 @@
 #include "config/reference.h"
 #include "data/tokenizer.h"
 #include "lcx/abi.h"
+#include "lcx_git_hash.h"
 #include "lcx/error.h"
 #include "log/detail.h"
 #include "loader/plugin_loader.h"
