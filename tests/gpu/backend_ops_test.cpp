@@ -551,6 +551,27 @@ using test::AttnCase;
 
 // bf16/fp16 with head_dim 64 or 128 reach the fast kernels (cuDNN where it takes the call, else
 // the tensor-core ones), everything else the fp32 ones; ops_gpu_test.cpp pins each kernel in turn.
+// An attention call's outputs on device d: the forward's out and lse, or the backward's dq, dk, dv
+// given the CPU's out and lse (so only the backward differs between the two sides).
+std::vector<Output> attention_outputs(Device d, std::mt19937& rng, int64_t T, int64_t S, int64_t Hq, int64_t Hkv,
+                                      int64_t dim, DType t, const ops::AttentionParams& p, bool backward) {
+  const Tensor qh = host_normal({T, Hq, dim}, t, rng);
+  const Tensor kh = host_normal({S, Hkv, dim}, t, rng);
+  const Tensor vh = host_normal({S, Hkv, dim}, t, rng);
+  const Tensor q = at(d, qh), k = at(d, kh), v = at(d, vh);
+  if (!backward) {
+    Tensor o = poisoned({T, Hq, dim}, t, d), lse = poisoned({Hq, T}, DType::f32, d);
+    ops::attention_forward(q, k, v, o, lse, p);
+    return {out("out", o), out("lse", lse)};
+  }
+  Tensor oh = Tensor::empty({T, Hq, dim}, t), lseh = Tensor::empty({Hq, T}, DType::f32);
+  ops::attention_forward(qh, kh, vh, oh, lseh, p);
+  const Tensor dout = at(d, host_normal({T, Hq, dim}, t, rng));
+  Tensor dq = poisoned(q.shape(), t, d), dk = poisoned(k.shape(), t, d), dv = poisoned(v.shape(), t, d);
+  ops::attention_backward(q, k, v, at(d, oh), at(d, lseh), dout, dq, dk, dv, p);
+  return {out("dq", dq), out("dk", dk), out("dv", dv)};
+}
+
 std::vector<OpCase> attention_cases(bool backward) {
   std::vector<OpCase> cases;
   for (const AttnCase& c : test::kAttentionShapes)
@@ -559,24 +580,8 @@ std::vector<OpCase> attention_cases(bool backward) {
                            c.causal ? " causal" : " full", " q_offset=", c.q_offset, " k_offset=", c.k_offset, " ",
                            dtype_name(t)),
                        [=](Device d, std::mt19937& rng) {
-                         const ops::AttentionParams p = test::attention_params(c);
-                         const Tensor qh = host_normal({c.T, c.Hq, c.d}, t, rng);
-                         const Tensor kh = host_normal({c.S, c.Hkv, c.d}, t, rng);
-                         const Tensor vh = host_normal({c.S, c.Hkv, c.d}, t, rng);
-                         const Tensor q = at(d, qh), k = at(d, kh), v = at(d, vh);
-                         if (!backward) {
-                           Tensor o = poisoned({c.T, c.Hq, c.d}, t, d), lse = poisoned({c.Hq, c.T}, DType::f32, d);
-                           ops::attention_forward(q, k, v, o, lse, p);
-                           return std::vector<Output>{out("out", o), out("lse", lse)};
-                         }
-                         // The saved out and lse come from the CPU on both sides: only the backward differs.
-                         Tensor oh = Tensor::empty({c.T, c.Hq, c.d}, t), lseh = Tensor::empty({c.Hq, c.T}, DType::f32);
-                         ops::attention_forward(qh, kh, vh, oh, lseh, p);
-                         const Tensor dout = at(d, host_normal({c.T, c.Hq, c.d}, t, rng));
-                         Tensor dq = poisoned(q.shape(), t, d), dk = poisoned(k.shape(), t, d),
-                                dv = poisoned(v.shape(), t, d);
-                         ops::attention_backward(q, k, v, at(d, oh), at(d, lseh), dout, dq, dk, dv, p);
-                         return std::vector<Output>{out("dq", dq), out("dk", dk), out("dv", dv)};
+                         return attention_outputs(d, rng, c.T, c.S, c.Hq, c.Hkv, c.d, t, test::attention_params(c),
+                                                  backward);
                        }});
   for (const test::DocCase& c : test::kDocumentShapes)
     for (DType t : {DType::f32, DType::bf16}) {
@@ -589,22 +594,7 @@ std::vector<OpCase> attention_cases(bool backward) {
                          ops::AttentionParams p;
                          p.causal = c.causal;
                          p.documents = c.bounds;
-                         const Tensor qh = host_normal({T, c.Hq, c.d}, t, rng);
-                         const Tensor kh = host_normal({T, c.Hkv, c.d}, t, rng);
-                         const Tensor vh = host_normal({T, c.Hkv, c.d}, t, rng);
-                         const Tensor q = at(d, qh), k = at(d, kh), v = at(d, vh);
-                         if (!backward) {
-                           Tensor o = poisoned({T, c.Hq, c.d}, t, d), lse = poisoned({c.Hq, T}, DType::f32, d);
-                           ops::attention_forward(q, k, v, o, lse, p);
-                           return std::vector<Output>{out("out", o), out("lse", lse)};
-                         }
-                         Tensor oh = Tensor::empty({T, c.Hq, c.d}, t), lseh = Tensor::empty({c.Hq, T}, DType::f32);
-                         ops::attention_forward(qh, kh, vh, oh, lseh, p);
-                         const Tensor dout = at(d, host_normal({T, c.Hq, c.d}, t, rng));
-                         Tensor dq = poisoned(q.shape(), t, d), dk = poisoned(k.shape(), t, d),
-                                dv = poisoned(v.shape(), t, d);
-                         ops::attention_backward(q, k, v, at(d, oh), at(d, lseh), dout, dq, dk, dv, p);
-                         return std::vector<Output>{out("dq", dq), out("dk", dk), out("dv", dv)};
+                         return attention_outputs(d, rng, T, T, c.Hq, c.Hkv, c.d, t, p, backward);
                        }});
     }
   return cases;
@@ -629,22 +619,7 @@ std::vector<OpCase> attention_window_cases(bool backward) {
                          p.causal = true;
                          p.window = c.window;
                          p.documents = c.documents;
-                         const Tensor qh = host_normal({c.T, c.Hq, c.d}, t, rng);
-                         const Tensor kh = host_normal({c.T, c.Hkv, c.d}, t, rng);
-                         const Tensor vh = host_normal({c.T, c.Hkv, c.d}, t, rng);
-                         const Tensor q = at(d, qh), k = at(d, kh), v = at(d, vh);
-                         if (!backward) {
-                           Tensor o = poisoned({c.T, c.Hq, c.d}, t, d), lse = poisoned({c.Hq, c.T}, DType::f32, d);
-                           ops::attention_forward(q, k, v, o, lse, p);
-                           return std::vector<Output>{out("out", o), out("lse", lse)};
-                         }
-                         Tensor oh = Tensor::empty({c.T, c.Hq, c.d}, t), lseh = Tensor::empty({c.Hq, c.T}, DType::f32);
-                         ops::attention_forward(qh, kh, vh, oh, lseh, p);
-                         const Tensor dout = at(d, host_normal({c.T, c.Hq, c.d}, t, rng));
-                         Tensor dq = poisoned(q.shape(), t, d), dk = poisoned(k.shape(), t, d),
-                                dv = poisoned(v.shape(), t, d);
-                         ops::attention_backward(q, k, v, at(d, oh), at(d, lseh), dout, dq, dk, dv, p);
-                         return std::vector<Output>{out("dq", dq), out("dk", dk), out("dv", dv)};
+                         return attention_outputs(d, rng, c.T, c.T, c.Hq, c.Hkv, c.d, t, p, backward);
                        }});
     }
   return cases;
