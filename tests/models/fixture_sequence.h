@@ -17,9 +17,8 @@ inline std::vector<int64_t> ints(const Tensor& t) {
   return v;
 }
 
-inline Sequence sequence_of(const safetensors::Checkpoint& expected) {
-  const std::vector<int64_t> ids = ints(expected.load("input_ids", DType::i64));
-  const std::vector<int64_t> labels = ints(expected.load("labels", DType::i64));
+// HF labels (unshifted, -100 ignored) -> lcx targets: targets[t] = labels[t + 1], the last ignored.
+inline Sequence sequence_from_labels(const std::vector<int64_t>& ids, const std::vector<int64_t>& labels) {
   Sequence s;
   const int64_t T = static_cast<int64_t>(ids.size());
   s.tokens = Tensor::empty({T}, DType::i32);
@@ -28,6 +27,11 @@ inline Sequence sequence_of(const safetensors::Checkpoint& expected) {
     s.tokens.data_as<int32_t>()[t] = static_cast<int32_t>(ids[static_cast<size_t>(t)]);
     s.targets.data_as<int64_t>()[t] = t + 1 < T ? labels[static_cast<size_t>(t + 1)] : -100;
   }
+  return s;
+}
+
+inline Sequence sequence_of(const safetensors::Checkpoint& expected) {
+  Sequence s = sequence_from_labels(ints(expected.load("input_ids", DType::i64)), ints(expected.load("labels", DType::i64)));
   if (expected.has("document_bounds")) {
     s.document_bounds = ints(expected.load("document_bounds", DType::i64));
     s.document_count = static_cast<int>(s.document_bounds.size()) - 1;

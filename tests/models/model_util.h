@@ -9,6 +9,7 @@
 #include "lcx/defaults.h"
 #include "lcx/slots/model.h"
 #include "loader/plugin_loader.h"
+#include "models/fixture_sequence.h"
 #include "support/test_util.h"
 #include "train/step.h"
 
@@ -30,17 +31,9 @@ struct DefaultSlots {
   }
 };
 
-// HF labels (unshifted, -100 ignored) -> lcx targets: targets[t] = labels[t+1], last ignored.
+// HF labels -> one rank's shard (sequence_from_labels).
 inline Shard shard_from_labels(const std::vector<int64_t>& ids, const std::vector<int64_t>& labels) {
-  Sequence seq;
-  const int64_t T = static_cast<int64_t>(ids.size());
-  seq.tokens = Tensor::empty({T}, DType::i32);
-  seq.targets = Tensor::empty({T}, DType::i64);
-  for (int64_t t = 0; t < T; ++t) {
-    seq.tokens.data_as<int32_t>()[t] = static_cast<int32_t>(ids[static_cast<size_t>(t)]);
-    seq.targets.data_as<int64_t>()[t] = t + 1 < T ? labels[static_cast<size_t>(t + 1)] : -100;
-  }
-  return make_single_rank()->shard(seq, 0);
+  return make_single_rank()->shard(sequence_from_labels(ids, labels), 0);
 }
 
 // A loss of transformers' kind: mean over valid targets, gradients scaled to match.
