@@ -6,6 +6,7 @@
 //   name | shape | ms | rate
 #include <algorithm>
 #include <chrono>
+#include <cmath>
 #include <cstdio>
 #include <cstdlib>
 #include <cstring>
@@ -21,6 +22,7 @@
 #include "kernels/attention/cudnn/attention_cudnn.h"
 #include "kernels/attention/dispatch.h"
 #endif
+#include "kernels/grouped_gemm_choice.h"
 
 namespace {
 
@@ -229,6 +231,88 @@ void bench_memory_bound(int64_t T, int64_t H, int64_t I, int64_t V) {
   }
 }
 
+
+// The experts' grouped GEMMs at Qwen3-30B-A3B's shapes (128 experts, 8 a token, hidden 2048,
+// expert width 768) over `tokens` tokens routed with a real router's skew (every 32nd expert 4x the
+// mean rows, every 16th none, the rest the mean +-50%): each direction (the forward and the input
+// gradient of gate/up and down, the weights' gradients into fp32) through lcx's Hopper kernels and
+// through cuBLAS's grouped GEMM ([run] grouped_gemm = "cublas"), and a dense GEMM of the same
+// total work; the two grouped results are compared (largest difference over the largest value).
+void bench_grouped(int64_t tokens, int reps) {
+  const int64_t G = 128, H = 2048, I = 768, R = tokens * 8;
+  std::mt19937 rng(7);
+  std::vector<double> share(G);
+  double total = 0;
+  for (int64_t g = 0; g < G; ++g) {
+    share[g] = g % 32 == 3 ? 4.0 : g % 16 == 7 ? 0.0 : 0.5 + (rng() % 1000) / 1000.0;
+    total += share[g];
+  }
+  std::vector<int64_t> off{0};
+  for (int64_t g = 0; g < G; ++g)
+    off.push_back(g + 1 == G ? R : std::min(R, off.back() + static_cast<int64_t>(share[g] / total * R)));
+  int64_t biggest = 0;
+  for (int64_t g = 0; g < G; ++g) biggest = std::max(biggest, off[g + 1] - off[g]);
+  std::printf("grouped GEMMs: %lld tokens, %lld rows, largest expert %lld rows (mean %lld)\n", (long long)tokens,
+              (long long)R, (long long)biggest, (long long)(R / G));
+  const auto gpu = lcx::Device::cuda();
+  struct Dir {
+    const char* name;
+    int64_t K, N;  // reduction and result widths (wgrad: N result rows of K columns per expert)
+    int kind;      // 0: x w^T, 1: dy w, 2: dw += dy^T x
+  };
+  const Dir dirs[] = {{"gate or up fwd 2048->768", H, I, 0}, {"down fwd 768->2048", I, H, 0},
+                      {"gate or up dx 768->2048", I, H, 1},  {"down dx 2048->768", H, I, 1},
+                      {"gate or up dw [768,2048]", H, I, 2}, {"down dw [2048,768]", I, H, 2}};
+  for (const Dir& d : dirs) {
+    const double flops = 2.0 * R * d.K * d.N;
+    Tensor a = gpu_random({R, d.kind == 2 ? d.N : d.K}, DType::bf16);
+    Tensor b = gpu_random({R, d.K}, DType::bf16);  // wgrad's x
+    // Forward: w [G, N, K]; input gradient: w [G, K, N] (the same weights, the other way round).
+    Tensor w = gpu_random(d.kind == 0 ? lcx::Shape{G, d.N, d.K} : lcx::Shape{G, d.K, d.N}, DType::bf16, 0.05f);
+    Tensor own, theirs;
+    auto run = [&](Tensor& out) {
+      if (d.kind == 2) {
+        lcx::ops::grouped_matmul_wgrad(a, b, off, out, 1.f, 1.f);
+      } else {
+        lcx::ops::grouped_matmul(a, w, d.kind == 0, off, out);
+      }
+    };
+    const lcx::Shape out_shape = d.kind == 2 ? lcx::Shape{G, d.N, d.K} : lcx::Shape{R, d.N};
+    const DType out_type = d.kind == 2 ? DType::f32 : DType::bf16;
+    double ms[2];
+    for (int own_kernels = 1; own_kernels >= 0; --own_kernels) {
+      lcx::ops::set_own_grouped_gemm(own_kernels == 1);
+      Tensor& out = own_kernels ? own : theirs;
+      out = Tensor::empty(out_shape, out_type, gpu);
+      out.zero();
+      ms[own_kernels] = median_ms([&] { run(out); }, reps);
+      out.zero();
+      run(out);  // once onto zeros, to compare
+    }
+    lcx::ops::set_own_grouped_gemm(true);
+    const std::vector<float> x = own.to_floats(), y = theirs.to_floats();
+    double diff = 0, top = 0;
+    for (size_t i = 0; i < x.size(); ++i) {
+      diff = std::max(diff, static_cast<double>(std::fabs(x[i] - y[i])));
+      top = std::max(top, static_cast<double>(std::fabs(y[i])));
+    }
+    // The dense GEMM of the same work: [R, K] x [K, N] (wgrad: [N, R] x [R, K]).
+    double dense_ms;
+    if (d.kind == 2) {
+      Tensor c = Tensor::empty({d.N, d.K}, DType::f32, gpu);
+      dense_ms = median_ms([&] { lcx::ops::matmul(a, true, b, false, c, 1.f, 1.f); }, reps);
+    } else {
+      Tensor wd = gpu_random({d.N, d.K}, DType::bf16), c = Tensor::empty({R, d.N}, DType::bf16, gpu);
+      dense_ms = median_ms([&] { lcx::ops::matmul(a, false, wd, true, c, 1.f, 0.f); }, reps);
+    }
+    const double own_rate = flops / ms[1] / 1e9, blas_rate = flops / ms[0] / 1e9, dense_rate = flops / dense_ms / 1e9;
+    std::printf("%-26s | lcx %7.3f ms %6.1f TFLOP/s | cuBLAS grouped %7.3f ms %6.1f | dense %7.3f ms %6.1f | "
+                "lcx/cuBLAS %.2fx, lcx/dense %.0f%% | diff %.1e of %.2e\n",
+                d.name, ms[1], own_rate, ms[0], blas_rate, dense_ms, dense_rate, own_rate / blas_rate,
+                100 * own_rate / dense_rate, diff, top);
+    std::fflush(stdout);
+  }
+}
 }  // namespace
 
 int main(int argc, char** argv) {
@@ -237,6 +321,16 @@ int main(int argc, char** argv) {
     return 0;
   }
   const bool quick = argc > 1 && std::strcmp(argv[1], "--quick") == 0;
+  // --grouped [tokens [reps]]: the experts' grouped GEMMs (bench_grouped), by default at 32,768 tokens.
+  if (argc > 1 && std::strcmp(argv[1], "--grouped") == 0) {
+    try {
+      bench_grouped(argc > 2 ? std::atoll(argv[2]) : 32768, argc > 3 ? std::atoi(argv[3]) : 10);
+    } catch (const std::exception& e) {
+      std::printf("bench failed: %s\n", e.what());
+      return 1;
+    }
+    return 0;
+  }
   // --window-attention [T [W,W,... [backends [reps]]]]: windowed layers beside full causal attention
   // (bench_window_attention), by default at 131,072 tokens, W 128 (GPT-OSS), 1024 (Gemma 3) and 4096,
   // on cudnn,hopper,mma, 3 runs.

@@ -36,6 +36,9 @@ struct RunConfig {
   // Which kernels run the GPU's attention (kernels/attention/dispatch.h): auto | cudnn | own |
   // hopper | mma | reference.
   std::string attention = "auto";
+  // Which kernels run the experts' grouped GEMMs: auto (lcx's Hopper kernels on an H100/H200 where
+  // they serve, cuBLAS's grouped GEMM elsewhere) | cublas.
+  std::string grouped_gemm = "auto";
 };
 
 struct ModelSection {

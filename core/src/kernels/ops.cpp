@@ -21,6 +21,7 @@
 #include "kernels/attention_table.h"
 #include "kernels/cpu/cpu_ops.h"
 #include "kernels/dropout_mask.h"
+#include "kernels/grouped_gemm_choice.h"
 #include "lcx/profile.h"
 #ifdef LCX_HAVE_CUDA
 #include "kernels/cuda/cuda_ops.h"
@@ -556,6 +557,13 @@ bool past_blas_range(std::initializer_list<int64_t> dims) {
 }
 
 }  // namespace
+
+namespace {
+std::atomic<bool> g_own_grouped_gemm{true};
+}  // namespace
+
+void set_own_grouped_gemm(bool allowed) { g_own_grouped_gemm.store(allowed); }
+bool own_grouped_gemm() { return g_own_grouped_gemm.load(); }
 
 void grouped_matmul(const Tensor& x, const Tensor& w, bool trans_w, std::span<const int64_t> offsets, Tensor& y,
                     float alpha, float beta) {

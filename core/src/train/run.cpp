@@ -9,6 +9,7 @@
 #include "distributed/sharded_params.h"
 #include "kernels/adamw_kernel.h"
 #include "kernels/attention/dispatch.h"
+#include "kernels/grouped_gemm_choice.h"
 #include "lcx/pinned.h"
 #include "lcx/error.h"
 #include "lcx/log.h"
@@ -36,6 +37,7 @@ void choose_attention(const RunConfig& run) {
   const std::optional<ops::attention::Choice> c = ops::attention::parse_choice(run.attention);
   LCX_CHECK(c, "run.attention was checked when the manifest was read");
   ops::attention::set_choice(*c);
+  ops::set_own_grouped_gemm(run.grouped_gemm == "auto" && run.attention != "sm80");
 }
 
 void check_run_inputs(const CoreConfig& cfg, const SlotSet& slots) {

@@ -1,4 +1,6 @@
-// Grouped GEMMs on the GPU: rows in groups, each group through its own weight (the CPU twin: kernels/cpu/grouped_matmul_cpu.cpp). One
+// Grouped GEMMs on the GPU: rows in groups, each group through its own weight (the CPU twin:
+// kernels/cpu/grouped_matmul_cpu.cpp). On an H100/H200, lcx's Hopper kernels (grouped_gemm_sm90a.cu)
+// take the calls they serve unless [run] grouped_gemm = "cublas". Elsewhere one
 // cublasGemmGroupedBatchedEx call runs every group, each its own problem whose m, n or k is its row
 // count: CUDA 13.1's cuBLASLt has no grouped GEMM, and a GEMM per group would be a host loop of 128
 // small launches per projection. cuBLAS is column-major, so each row-major product is issued as its
@@ -27,6 +29,8 @@
 #include "cuda/check_libs.h"
 #include "kernels/cuda/common.cuh"
 #include "kernels/cuda/cuda_ops.h"
+#include "kernels/cuda/grouped_gemm_hopper.h"
+#include "kernels/grouped_gemm_choice.h"
 
 namespace lcx::ops::cuda {
 namespace {
@@ -139,6 +143,7 @@ void accumulate(const Tensor& part, float beta, Tensor& dst) {
 void grouped_matmul(const Tensor& x, const Tensor& w, bool trans_w, std::span<const int64_t> offsets, Tensor& y,
                     float alpha, float beta) {
   if (y.numel() == 0) return;
+  if (own_grouped_gemm() && grouped_hopper::grouped_matmul(x, w, trans_w, offsets, y, alpha, beta)) return;
   if (!aligned({&x, &w, &y})) {
     for (size_t g = 0; g + 1 < offsets.size(); ++g) {
       if (offsets[g + 1] == offsets[g]) continue;
@@ -169,6 +174,7 @@ void grouped_matmul(const Tensor& x, const Tensor& w, bool trans_w, std::span<co
 void grouped_matmul_wgrad(const Tensor& dy, const Tensor& x, std::span<const int64_t> offsets, Tensor& dw, float alpha,
                           float beta) {
   if (dw.numel() == 0) return;
+  if (own_grouped_gemm() && grouped_hopper::grouped_matmul_wgrad(dy, x, offsets, dw, alpha, beta)) return;
   if (!aligned({&dy, &x, &dw})) {
     for (size_t g = 0; g + 1 < offsets.size(); ++g) {
       Tensor dwg = dw.rows(static_cast<int64_t>(g), static_cast<int64_t>(g) + 1).view({dw.size(1), dw.size(2)});

@@ -1,0 +1,373 @@
+// The experts' grouped GEMMs on Hopper (sm_90a): rows sorted by expert, each group of rows through
+// its own weight, in bf16 with fp32 accumulation, one persistent launch for every group:
+// - M-grouped (the forward and the input gradient): y[rows of g] = alpha x[rows of g] op(w[g]) +
+//   beta y, op(w[g]) = w[g]^T (w[g] is [N, K], K contiguous) or w[g] ([K, N], N contiguous).
+// - K-grouped (the weights' gradient): dw[g] = alpha dy[rows of g]^T x[rows of g] + beta dw[g], the
+//   rows of g the reduction.
+// The design is the dense Hopper GEMM's (the attention kernels' hopper.cuh supplies the
+// instructions): tiles of 128 x 256 results, 64-deep slices of both operands brought by TMA into
+// 128-byte swizzled shared memory through 4 stages, one producer thread, two consumer warpgroups
+// of 64 result rows each issuing wgmma. The launch is persistent: one block per SM walks the tiles
+// of every group in turn (group by group, the tiles of a group's rows side by side), so a step's
+// skewed routing (an expert with 4x the mean rows, another with none) costs no launch and no idle
+// block, and the weights of a group are read from L2 by the blocks sharing them.
+// A group's rows start anywhere: TMA reads from any row, and a tile's rows past its group's end
+// are another group's (M-grouped: computed, not stored) or, as the reduction of a K-grouped tile,
+// zeroed in shared memory before the product reads them. Each tile's results go from the
+// accumulators to global memory directly, scaled by alpha and added to beta times what is there.
+// Served: bf16 operands, a bf16 or fp32 result, the output's columns a multiple of 256 (M-grouped)
+// or its rows of 128 and columns of 256 (K-grouped), an M-grouped reduction of 64s, at most 256
+// groups, on a compute capability 9.0 device; grouped_matmul.cu takes cuBLAS's grouped GEMM for the
+// rest.
+#include <algorithm>
+
+#include "kernels/attention/hopper/hopper.cuh"
+#include "kernels/cuda/grouped_gemm_hopper.h"
+
+namespace lcx::ops::cuda::grouped_hopper {
+namespace {
+
+using namespace attn::hopper;
+
+constexpr int kBM = 128, kBN = 256, kBK = 64, kStages = 4, kThreads = 384;
+constexpr int kMaxGroups = 256;
+
+enum class Mode { m_kmajor = 0, m_nmajor = 1, k_grouped = 2 };
+
+struct Params {
+  int groups, tiles;
+  int n;     // the result's columns
+  int m;     // K-grouped: the result's rows per group
+  int kred;  // M-grouped: the reduction's length
+  int n_tiles, m_tiles;  // per group (m_tiles: K-grouped only)
+  void* out;
+  int out_f32;
+  float alpha, beta;
+  int offsets[kMaxGroups + 1];     // the groups' rows
+  int tile_start[kMaxGroups + 1];  // the groups' first tiles
+};
+
+struct alignas(1024) Smem {
+  __nv_bfloat16 a[kStages][kBM * kBK];
+  __nv_bfloat16 b[kStages][kBN * kBK];
+  uint64_t full[kStages], empty[kStages];
+};
+constexpr size_t kSmemBytes = sizeof(Smem) + 1024;
+
+// A 2-D bf16 tensor map: boxes of 64 contiguous elements (128 bytes, the swizzle's span) by
+// box_outer rows, 128-byte swizzled, reads past the ends as zeros.
+CUtensorMap map_2d(const void* base, int64_t inner, int64_t outer, uint32_t box_outer) {
+  CUtensorMap map;
+  const cuuint64_t dims[2] = {static_cast<cuuint64_t>(inner), static_cast<cuuint64_t>(outer)};
+  const cuuint64_t strides[1] = {static_cast<cuuint64_t>(inner) * 2};
+  const cuuint32_t box[2] = {64, box_outer};
+  const cuuint32_t unit[2] = {1, 1};
+  const CUresult r = encoder()(&map, CU_TENSOR_MAP_DATA_TYPE_BFLOAT16, 2, const_cast<void*>(base), dims, strides, box,
+                               unit, CU_TENSOR_MAP_INTERLEAVE_NONE, CU_TENSOR_MAP_SWIZZLE_128B,
+                               CU_TENSOR_MAP_L2_PROMOTION_L2_256B, CU_TENSOR_MAP_FLOAT_OOB_FILL_NONE);
+  if (r != CUDA_SUCCESS) throw Error(str("cuTensorMapEncodeTiled failed (CUresult ", int(r), ")"));
+  return map;
+}
+
+#if defined(__CUDA_ARCH_FEAT_SM90_ALL)
+constexpr uint32_t kStageBytes = (kBM + kBN) * kBK * 2;  // 48 KB: A's 16, B's 32
+
+// One tile: its group, where its rows (M-grouped) or its result block (K-grouped) start, and the
+// 64-deep slices its reduction takes.
+struct Tile {
+  int g, m0, n0, rows, k_iters;
+};
+
+__device__ __forceinline__ Tile decode(const Params& p, int t, int& g, Mode mode) {
+  while (g + 1 < p.groups && p.tile_start[g + 1] <= t) ++g;
+  const int local = t - p.tile_start[g];
+  Tile tl;
+  tl.g = g;
+  tl.n0 = (local % p.n_tiles) * kBN;
+  const int begin = p.offsets[g], end = p.offsets[g + 1];
+  if (mode == Mode::k_grouped) {
+    tl.m0 = (local / p.n_tiles) * kBM;
+    tl.rows = end - begin;
+    tl.k_iters = (tl.rows + kBK - 1) / kBK;
+  } else {
+    tl.m0 = begin + (local / p.n_tiles) * kBM;
+    tl.rows = min(kBM, end - tl.m0);
+    tl.k_iters = p.kred / kBK;
+  }
+  return tl;
+}
+
+__device__ __forceinline__ void tma_2d(void* dst, const CUtensorMap* map, uint64_t* bar, int inner, int outer) {
+  asm volatile(
+      "cp.async.bulk.tensor.2d.shared::cluster.global.mbarrier::complete_tx::bytes [%0], [%1, {%3, %4}], [%2];" ::"r"(
+          smem_addr(dst)),
+      "l"(reinterpret_cast<uint64_t>(map)), "r"(smem_addr(bar)), "r"(inner), "r"(outer)
+      : "memory");
+}
+
+__device__ __forceinline__ void named_sync(uint32_t id, uint32_t threads) {
+  asm volatile("bar.sync %0, %1;" ::"r"(id), "r"(threads) : "memory");
+}
+
+__device__ __forceinline__ void store_pair(void* out, int out_f32, int64_t i, float v0, float v1, float beta) {
+  if (out_f32) {
+    float2* dst = reinterpret_cast<float2*>(static_cast<float*>(out) + i);
+    if (beta != 0.f) {
+      const float2 old = *dst;
+      v0 += beta * old.x;
+      v1 += beta * old.y;
+    }
+    *dst = make_float2(v0, v1);
+  } else {
+    uint32_t* dst = reinterpret_cast<uint32_t*>(static_cast<__nv_bfloat16*>(out) + i);
+    if (beta != 0.f) {
+      const __nv_bfloat162 old = *reinterpret_cast<const __nv_bfloat162*>(dst);
+      v0 += beta * __bfloat162float(old.x);
+      v1 += beta * __bfloat162float(old.y);
+    }
+    *dst = pack_bf16(v0, v1);
+  }
+}
+#endif  // __CUDA_ARCH_FEAT_SM90_ALL
+
+// a_map: M-grouped x [rows, kred] (boxes of 128 rows); K-grouped dy [rows, m] (boxes of 64 rows).
+// b_map: M-grouped, K-major: w as [groups * n, kred] (boxes of 256 rows); N-major: w as
+// [groups * kred, n] (boxes of 64 rows); K-grouped: x [rows, n] (boxes of 64 rows).
+template <Mode kMode>
+__global__ void __launch_bounds__(kThreads, 1)
+    grouped_kernel(const __grid_constant__ CUtensorMap a_map, const __grid_constant__ CUtensorMap b_map,
+                   const __grid_constant__ Params p) {
+#if defined(__CUDA_ARCH_FEAT_SM90_ALL)
+  extern __shared__ unsigned char smem_raw[];
+  Smem& sm = *reinterpret_cast<Smem*>((reinterpret_cast<uintptr_t>(smem_raw) + 1023) & ~uintptr_t(1023));
+  const int wg = threadIdx.x / 128;
+  if (threadIdx.x == 0) {
+    for (int s = 0; s < kStages; ++s) {
+      bar_init(&sm.full[s], 1);
+      bar_init(&sm.empty[s], 8);  // one arrival per consumer warp
+    }
+    asm volatile("fence.mbarrier_init.release.cluster;" ::: "memory");
+    asm volatile("fence.proxy.async.shared::cta;" ::: "memory");
+  }
+  __syncthreads();
+
+  if (wg == 0) {  // producer
+    asm volatile("setmaxnreg.dec.sync.aligned.u32 40;\n" ::: "memory");
+    if (threadIdx.x == 0) {
+      asm volatile("prefetch.tensormap [%0];" ::"l"(reinterpret_cast<uint64_t>(&a_map)) : "memory");
+      asm volatile("prefetch.tensormap [%0];" ::"l"(reinterpret_cast<uint64_t>(&b_map)) : "memory");
+      int stage = 0, g = 0;
+      uint32_t phase = 0;
+      for (int t = blockIdx.x; t < p.tiles; t += gridDim.x) {
+        const Tile tl = decode(p, t, g, kMode);
+        for (int kt = 0; kt < tl.k_iters; ++kt) {
+          bar_wait(&sm.empty[stage], phase ^ 1);
+          bar_expect(&sm.full[stage], kStageBytes);
+          uint64_t* bar = &sm.full[stage];
+          const int k0 = kt * kBK;
+          if constexpr (kMode == Mode::k_grouped) {
+            const int row = p.offsets[tl.g] + k0;
+            for (int j = 0; j < kBM / 64; ++j) tma_2d(sm.a[stage] + j * 64 * kBK, &a_map, bar, tl.m0 + 64 * j, row);
+            for (int j = 0; j < kBN / 64; ++j) tma_2d(sm.b[stage] + j * 64 * kBK, &b_map, bar, tl.n0 + 64 * j, row);
+          } else {
+            tma_2d(sm.a[stage], &a_map, bar, k0, tl.m0);
+            if constexpr (kMode == Mode::m_kmajor) {
+              tma_2d(sm.b[stage], &b_map, bar, k0, tl.g * p.n + tl.n0);
+            } else {
+              for (int j = 0; j < kBN / 64; ++j)
+                tma_2d(sm.b[stage] + j * 64 * kBK, &b_map, bar, tl.n0 + 64 * j, tl.g * p.kred + k0);
+            }
+          }
+          if (++stage == kStages) stage = 0, phase ^= 1;
+        }
+      }
+    }
+    return;
+  }
+
+  // consumers: warpgroup c owns the tile's result rows 64 c .. 64 c + 63
+  asm volatile("setmaxnreg.inc.sync.aligned.u32 232;\n" ::: "memory");
+  const int c = wg - 1, tid = threadIdx.x - 128 * wg, warp = tid / 32, lane = tid % 32;
+  constexpr int kTransA = kMode == Mode::k_grouped ? 1 : 0;
+  constexpr int kTransB = kMode == Mode::m_kmajor ? 0 : 1;
+  float acc0[64], acc1[64];  // result columns 0-127 and 128-255 of the tile
+  int stage = 0, g = 0, prev = 0;
+  uint32_t phase = 0;
+  for (int t = blockIdx.x; t < p.tiles; t += gridDim.x) {
+    const Tile tl = decode(p, t, g, kMode);
+#pragma unroll
+    for (int i = 0; i < 64; ++i) acc0[i] = acc1[i] = 0.f;
+    for (int kt = 0; kt < tl.k_iters; ++kt) {
+      bar_wait(&sm.full[stage], phase);
+      const uint32_t a_base = smem_addr(sm.a[stage]) + c * 64 * 128, b_base = smem_addr(sm.b[stage]);
+      if constexpr (kMode == Mode::k_grouped) {
+        // The last slice of a group: the rows past its end belong to the next group (or are TMA's
+        // zeros); zero them in this warpgroup's half of A so the product adds nothing of them.
+        const int valid = tl.rows - kt * kBK;
+        if (valid < kBK) {
+          uint4* half = reinterpret_cast<uint4*>(reinterpret_cast<char*>(sm.a[stage]) + c * 64 * 128);
+          for (int i = valid * 8 + tid; i < kBK * 8; i += 128) half[i] = make_uint4(0, 0, 0, 0);
+          asm volatile("fence.proxy.async.shared::cta;" ::: "memory");
+          named_sync(1 + c, 128);
+        }
+      }
+      pin(acc0);
+      pin(acc1);
+      wgmma_fence();
+#pragma unroll
+      for (int kk = 0; kk < kBK / 16; ++kk) {
+        uint64_t a, b0, b1;
+        if constexpr (kTransA) {
+          a = sw128_desc(a_base + kk * 16 * 128, 0, 1024);
+        } else {
+          a = sw128_desc(a_base + kk * 32, 16, 1024);
+        }
+        if constexpr (kTransB) {
+          b0 = sw128_desc(b_base + kk * 16 * 128, 64 * 128, 1024);
+          b1 = sw128_desc(b_base + 2 * 64 * 128 + kk * 16 * 128, 64 * 128, 1024);
+        } else {
+          b0 = sw128_desc(b_base + kk * 32, 16, 1024);
+          b1 = sw128_desc(b_base + 128 * 128 + kk * 32, 16, 1024);
+        }
+        wgmma_ss<kTransA, kTransB>(acc0, a, b0, 1);
+        wgmma_ss<kTransA, kTransB>(acc1, a, b1, 1);
+      }
+      wgmma_commit();
+      if (kt > 0) {
+        wgmma_wait<1>();  // the slice before this one is read: its stage goes back to the producer
+        if (lane == 0) bar_arrive(&sm.empty[prev]);
+      }
+      prev = stage;
+      if (++stage == kStages) stage = 0, phase ^= 1;
+    }
+    wgmma_wait<0>();
+    pin(acc0);
+    pin(acc1);
+    if (tl.k_iters > 0 && lane == 0) bar_arrive(&sm.empty[prev]);
+
+    // Thread t holds result rows 16 (t / 32) + (t % 32) / 4 and 8 below it; element i of a row
+    // pair sits in column 8 (i / 4) + 2 (t % 4) + i % 2 of row (i / 2) % 2.
+    const int row_in = c * 64 + warp * 16 + lane / 4;
+#pragma unroll
+    for (int h = 0; h < 2; ++h) {
+      const int r = row_in + 8 * h;
+      int64_t base;
+      if constexpr (kMode == Mode::k_grouped) {
+        base = (static_cast<int64_t>(tl.g) * p.m + tl.m0 + r) * p.n + tl.n0;
+      } else {
+        if (r >= tl.rows) continue;
+        base = static_cast<int64_t>(tl.m0 + r) * p.n + tl.n0;
+      }
+      base += 2 * (lane % 4);
+#pragma unroll
+      for (int q = 0; q < 16; ++q) {
+        store_pair(p.out, p.out_f32, base + 8 * q, p.alpha * acc0[4 * q + 2 * h], p.alpha * acc0[4 * q + 2 * h + 1],
+                   p.beta);
+        store_pair(p.out, p.out_f32, base + 128 + 8 * q, p.alpha * acc1[4 * q + 2 * h],
+                   p.alpha * acc1[4 * q + 2 * h + 1], p.beta);
+      }
+    }
+  }
+#endif  // __CUDA_ARCH_FEAT_SM90_ALL
+}
+
+bool aligned16(const Tensor& t) { return reinterpret_cast<uintptr_t>(t.data()) % 16 == 0; }
+
+int sm_count() {
+  int dev = 0, n = 0;
+  LCX_CUDA_CHECK(cudaGetDevice(&dev));
+  LCX_CUDA_CHECK(cudaDeviceGetAttribute(&n, cudaDevAttrMultiProcessorCount, dev));
+  return n;
+}
+
+template <Mode kMode>
+void launch(const CUtensorMap& a_map, const CUtensorMap& b_map, const Params& p) {
+  static const bool once = (attn::allow_smem(grouped_kernel<kMode>, kSmemBytes), true);
+  (void)once;
+  static const int sms = sm_count();
+  const int blocks = std::min(p.tiles, sms);
+  grouped_kernel<kMode><<<blocks, kThreads, kSmemBytes, lcx::cuda::current_stream()>>>(a_map, b_map, p);
+  LCX_CUDA_LAUNCH_CHECK();
+}
+
+// The groups' row offsets, if they fit the kernel's table and int.
+bool fill_offsets(std::span<const int64_t> offsets, Params& p) {
+  const size_t groups = offsets.size() - 1;
+  if (groups == 0 || groups > static_cast<size_t>(kMaxGroups) || offsets.back() == 0 ||
+      offsets.back() >= (int64_t(1) << 30))
+    return false;
+  p.groups = static_cast<int>(groups);
+  for (size_t g = 0; g <= groups; ++g) p.offsets[g] = static_cast<int>(offsets[g]);
+  return true;
+}
+
+bool served_operands(std::initializer_list<const Tensor*> bf16, const Tensor& out) {
+  if (!hopper_device() || (out.dtype() != DType::bf16 && out.dtype() != DType::f32) || !aligned16(out)) return false;
+  for (const Tensor* t : bf16)
+    if (t->dtype() != DType::bf16 || !aligned16(*t)) return false;
+  return true;
+}
+
+}  // namespace
+
+bool grouped_matmul(const Tensor& x, const Tensor& w, bool trans_w, std::span<const int64_t> offsets, Tensor& y,
+                    float alpha, float beta) {
+  const int64_t K = x.size(1), N = y.size(1);
+  if (!served_operands({&x, &w}, y) || N % kBN != 0 || K % kBK != 0 || N > (1 << 20) || K > (1 << 20)) return false;
+  Params p{};
+  if (!fill_offsets(offsets, p)) return false;
+  if (static_cast<int64_t>(p.groups) * std::max(N, K) >= (int64_t(1) << 31)) return false;
+  p.n = static_cast<int>(N);
+  p.kred = static_cast<int>(K);
+  p.n_tiles = static_cast<int>(N / kBN);
+  p.out = y.data();
+  p.out_f32 = y.dtype() == DType::f32;
+  p.alpha = alpha;
+  p.beta = beta;
+  int tiles = 0;
+  for (int g = 0; g < p.groups; ++g) {
+    p.tile_start[g] = tiles;
+    tiles += (p.offsets[g + 1] - p.offsets[g] + kBM - 1) / kBM * p.n_tiles;
+  }
+  p.tile_start[p.groups] = tiles;
+  p.tiles = tiles;
+  if (tiles == 0) return true;
+  const CUtensorMap a_map = map_2d(x.data(), K, x.size(0), kBM);
+  if (trans_w) {
+    launch<Mode::m_kmajor>(a_map, map_2d(w.data(), K, w.size(0) * N, kBN), p);
+  } else {
+    launch<Mode::m_nmajor>(a_map, map_2d(w.data(), N, w.size(0) * K, 64), p);
+  }
+  return true;
+}
+
+bool grouped_matmul_wgrad(const Tensor& dy, const Tensor& x, std::span<const int64_t> offsets, Tensor& dw, float alpha,
+                          float beta) {
+  const int64_t M = dy.size(1), N = x.size(1);
+  if (!served_operands({&dy, &x}, dw) || M % kBM != 0 || N % kBN != 0 || M > (1 << 20) || N > (1 << 20))
+    return false;
+  Params p{};
+  if (!fill_offsets(offsets, p)) return false;
+  if (static_cast<int64_t>(p.groups) * M * N >= (int64_t(1) << 40)) return false;
+  p.n = static_cast<int>(N);
+  p.m = static_cast<int>(M);
+  p.n_tiles = static_cast<int>(N / kBN);
+  p.m_tiles = static_cast<int>(M / kBM);
+  p.out = dw.data();
+  p.out_f32 = dw.dtype() == DType::f32;
+  p.alpha = alpha;
+  p.beta = beta;
+  // A group without rows has nothing to add: its tiles run only where beta rescales (or zeroes) it.
+  int tiles = 0;
+  for (int g = 0; g < p.groups; ++g) {
+    p.tile_start[g] = tiles;
+    if (p.offsets[g + 1] > p.offsets[g] || beta != 1.f) tiles += p.m_tiles * p.n_tiles;
+  }
+  p.tile_start[p.groups] = tiles;
+  p.tiles = tiles;
+  if (tiles == 0) return true;
+  launch<Mode::k_grouped>(map_2d(dy.data(), M, dy.size(0), 64), map_2d(x.data(), N, x.size(0), 64), p);
+  return true;
+}
+
+}  // namespace lcx::ops::cuda::grouped_hopper

@@ -1,0 +1,10 @@
+// Whether the experts' grouped GEMMs may take lcx's Hopper kernels ([run] grouped_gemm, set once
+// per run by train/run.cpp; true until then), or cuBLAS's grouped GEMM alone.
+#pragma once
+
+namespace lcx::ops {
+
+void set_own_grouped_gemm(bool allowed);
+bool own_grouped_gemm();
+
+}  // namespace lcx::ops
