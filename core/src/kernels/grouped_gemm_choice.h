@@ -1,4 +1,4 @@
-// Whether the experts' grouped GEMMs may take lcx's Hopper kernels ([run] grouped_gemm, set once
+// Whether the grouped GEMMs (ops::grouped_matmul, ops::grouped_matmul_wgrad) may take lcx's Hopper kernels ([run] grouped_gemm, set once
 // per run by train/run.cpp; true until then), or cuBLAS's grouped GEMM alone.
 #pragma once
 

@@ -1,4 +1,4 @@
-// The experts' grouped GEMMs on Hopper (sm_90a): rows sorted by expert, each group of rows through
+// The grouped GEMMs on Hopper (sm_90a): rows sorted by group, each group of rows through
 // its own weight, in bf16 with fp32 accumulation, one persistent launch for every group:
 // - M-grouped (the forward and the input gradient): y[rows of g] = alpha x[rows of g] op(w[g]) +
 //   beta y, op(w[g]) = w[g]^T (w[g] is [N, K], K contiguous) or w[g] ([K, N], N contiguous).
@@ -9,7 +9,7 @@
 // 128-byte swizzled shared memory through 4 stages, one producer thread, two consumer warpgroups
 // of 64 result rows each issuing wgmma. The launch is persistent: one block per SM walks the tiles
 // of every group in turn (group by group, the tiles of a group's rows side by side), so a step's
-// skewed routing (an expert with 4x the mean rows, another with none) costs no launch and no idle
+// skewed groups (one with 4x the mean rows, another with none) costs no launch and no idle
 // block, and the weights of a group are read from L2 by the blocks sharing them.
 // A group's rows start anywhere: TMA reads from any row, and a tile's rows past its group's end
 // are another group's (M-grouped: computed, not stored) or, as the reduction of a K-grouped tile,
