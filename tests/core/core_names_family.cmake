@@ -17,6 +17,8 @@ set(allowed
     core/src/train/checkpoint.h core/src/train/checkpoint.cpp
     # The plan's inputs (the ep axis) and the grouped expert GEMMs priced at their own measured rate.
     core/include/lcx/plan.h core/include/lcx/rates.h core/src/plan/rates.h core/src/plan/rates.cpp
+    # calibrate measures that rate at a mixture-of-experts layer's shapes.
+    core/src/app/calibrate_cmd.cpp
     # The Adapter slot: per-expert factors of a module of stacked experts (find_experts).
     core/include/lcx/slots/adapter.h
     # The Model slot: a linear module's stacked experts (the adapter and the plan size them).

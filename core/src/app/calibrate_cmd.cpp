@@ -14,6 +14,11 @@
 //   (norms, q/k norms, rotary, SwiGLU forward twice and backward, residual adds, the backward's
 //   norms), at 65,536 tokens, counted as the plan counts a layer's: T x 2 bytes x (11 I + 24 H).
 // - host_copy_bytes: pinned host -> GPU and GPU -> pinned host copies of 1 GiB, their mean rate.
+// - expert_gemm_flops: the grouped GEMMs of a mixture-of-experts layer at Qwen3-30B-A3B's shapes
+//   (128 experts, 8 a token, hidden 2048, expert width 768) over 32,768 tokens routed with a
+//   router's skew (every 32nd expert 4x the mean rows, every 16th none): the forward of gate, up
+//   and down and their input gradients, as ops::grouped_matmul runs them on this GPU ([run]
+//   grouped_gemm), 2 R N K FLOPs each.
 // Each figure is the median of a few timed calls after a warm-up, the device synchronized around
 // the host clock.
 #include <algorithm>
@@ -397,6 +402,32 @@ RatesRow measure(bool quick, const RatesRow* known) {
     std::printf("  %-28s %10.1f / %.1f GB/s to / from the GPU\n", "pinned host copies", bytes / up_s / 1e9,
                 bytes / down_s / 1e9);
     report("host copy (mean)", row.rates[rate_name::host_copy], "GB/s", 1e9, known, rate_name::host_copy);
+  }
+  {
+    const int64_t E = 128, H = 2048, I = 768, R = (quick ? 8192 : 32768) * 8;
+    std::vector<int64_t> off{0};
+    double total = 0;
+    std::vector<double> share(static_cast<size_t>(E));
+    for (int64_t e = 0; e < E; ++e) total += share[e] = e % 32 == 3 ? 4.0 : e % 16 == 7 ? 0.0 : 0.5 + (e * 37 % 64) / 64.0;
+    for (int64_t e = 0; e < E; ++e)
+      off.push_back(e + 1 == E ? R : std::min(R, off.back() + static_cast<int64_t>(share[e] / total * R)));
+    Tensor x = gpu_random({R, H}, DType::bf16), h = gpu_random({R, I}, DType::bf16);
+    Tensor w_in = gpu_random({E, I, H}, DType::bf16, 0.05f), w_out = gpu_random({E, H, I}, DType::bf16, 0.05f);
+    Tensor y_in = Tensor::empty({R, I}, DType::bf16, g), y_out = Tensor::empty({R, H}, DType::bf16, g);
+    const double s = median_seconds(
+        [&] {
+          ops::grouped_matmul(x, w_in, true, off, y_in);        // gate, up: x w[e]^T
+          ops::grouped_matmul(x, w_in, true, off, y_in);
+          ops::grouped_matmul(h, w_out, true, off, y_out);      // down
+          ops::grouped_matmul(h, w_in, false, off, y_out);      // gate's, up's input gradients: dy w[e]
+          ops::grouped_matmul(h, w_in, false, off, y_out, 1.f, 1.f);
+          ops::grouped_matmul(x, w_out, false, off, y_in);      // down's
+        },
+        reps);
+    row.rates[rate_name::expert_gemm] = 6 * 2 * static_cast<double>(R) * static_cast<double>(H * I) / s;
+    std::printf("  %-28s %10.2f ms for 6 calls over %lld rows\n", "expert grouped GEMMs", s * 1e3,
+                static_cast<long long>(R));
+    report("expert grouped GEMMs", row.rates[rate_name::expert_gemm], "TFLOP/s", 1e12, known, rate_name::expert_gemm);
   }
   random_pools().clear();
   return row;

@@ -30,8 +30,9 @@ inline constexpr const char* host_copy = "host_copy_bytes";            // pinned
 // The head groups at which a head group's projections (1/groups as wide) run at half the full
 // width's rate: g groups run at 1 / (1 + (g - 1) / (this - 1)) of it.
 inline constexpr const char* half_rate_groups = "head_groups_at_half_rate";
-// Optional: the experts' grouped GEMMs (cuBLAS's grouped batched GEMM over the experts sorted
-// rows), FLOP/s; a row without it takes kExpertGemmShare of its gemm_flops.
+// Optional: the experts' grouped GEMMs over their sorted rows (ops::grouped_matmul: lcx's Hopper
+// kernels on an H100/H200, cuBLAS's grouped GEMM elsewhere), FLOP/s, as calibrate measures them; a
+// row without it takes kExpertGemmShare of its gemm_flops.
 inline constexpr const char* expert_gemm = "expert_gemm_flops";
 // Optional: the dense bf16 peak the MFU is reported against (the datasheet's), FLOP/s; and the
 // device's memory in GiB, for choosing the nearest row of a GPU without its own.
