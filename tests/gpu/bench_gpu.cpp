@@ -263,12 +263,17 @@ void bench_grouped(int64_t tokens, int reps) {
   const Dir dirs[] = {{"gate or up fwd 2048->768", H, I, 0}, {"down fwd 768->2048", I, H, 0},
                       {"gate or up dx 768->2048", I, H, 1},  {"down dx 2048->768", H, I, 1},
                       {"gate or up dw [768,2048]", H, I, 2}, {"down dw [2048,768]", I, H, 2}};
+  // Drawn once: rows of each width, the weights both ways ([G, I, H] and [G, H, I]).
+  const Tensor rows_h = gpu_random({R, H}, DType::bf16), rows_i = gpu_random({R, I}, DType::bf16);
+  const Tensor w_ih = gpu_random({G, I, H}, DType::bf16, 0.05f), w_hi = gpu_random({G, H, I}, DType::bf16, 0.05f);
+  auto rows_of = [&](int64_t width) { return width == H ? rows_h : rows_i; };
+  auto weights = [&](int64_t first, int64_t second) { return first == I && second == H ? w_ih : w_hi; };
   for (const Dir& d : dirs) {
     const double flops = 2.0 * R * d.K * d.N;
-    Tensor a = gpu_random({R, d.kind == 2 ? d.N : d.K}, DType::bf16);
-    Tensor b = gpu_random({R, d.K}, DType::bf16);  // wgrad's x
-    // Forward: w [G, N, K]; input gradient: w [G, K, N] (the same weights, the other way round).
-    Tensor w = gpu_random(d.kind == 0 ? lcx::Shape{G, d.N, d.K} : lcx::Shape{G, d.K, d.N}, DType::bf16, 0.05f);
+    // Forward: a [R, K], w [G, N, K]; input gradient: a [R, K], w [G, K, N]; weights' gradient:
+    // a = dy [R, N], b = x [R, K].
+    const Tensor a = rows_of(d.kind == 2 ? d.N : d.K), b = rows_of(d.K);
+    const Tensor w = d.kind == 0 ? weights(d.N, d.K) : weights(d.K, d.N);
     Tensor own, theirs;
     auto run = [&](Tensor& out) {
       if (d.kind == 2) {
@@ -302,7 +307,8 @@ void bench_grouped(int64_t tokens, int reps) {
       Tensor c = Tensor::empty({d.N, d.K}, DType::f32, gpu);
       dense_ms = median_ms([&] { lcx::ops::matmul(a, true, b, false, c, 1.f, 1.f); }, reps);
     } else {
-      Tensor wd = gpu_random({d.N, d.K}, DType::bf16), c = Tensor::empty({R, d.N}, DType::bf16, gpu);
+      const Tensor wd = weights(d.N, d.K).rows(0, 1).view({d.N, d.K});
+      Tensor c = Tensor::empty({R, d.N}, DType::bf16, gpu);
       dense_ms = median_ms([&] { lcx::ops::matmul(a, false, wd, true, c, 1.f, 0.f); }, reps);
     }
     const double own_rate = flops / ms[1] / 1e9, blas_rate = flops / ms[0] / 1e9, dense_rate = flops / dense_ms / 1e9;
