@@ -14,4 +14,7 @@ bool grouped_matmul(const Tensor& x, const Tensor& w, bool trans_w, std::span<co
 bool grouped_matmul_wgrad(const Tensor& dy, const Tensor& x, std::span<const int64_t> offsets, Tensor& dw, float alpha,
                           float beta);
 
+// Which of the two designs runs (grouped_gemm_sm90a.cu): ping-pong (true) or cooperative.
+void set_ping_pong(bool on);
+
 }  // namespace lcx::ops::cuda::grouped_hopper

@@ -20,6 +20,7 @@
 // groups, on a compute capability 9.0 device; grouped_matmul.cu takes cuBLAS's grouped GEMM for the
 // rest.
 #include <algorithm>
+#include <atomic>
 
 #include "kernels/attention/hopper/hopper.cuh"
 #include "kernels/cuda/grouped_gemm_hopper.h"
@@ -29,7 +30,7 @@ namespace {
 
 using namespace attn::hopper;
 
-constexpr int kBM = 128, kBN = 256, kBK = 64, kStages = 4, kThreads = 384;
+constexpr int kBM = 128, kBK = 64, kThreads = 384;
 constexpr int kMaxGroups = 256;
 
 enum class Mode { m_kmajor = 0, m_nmajor = 1, k_grouped = 2 };
@@ -47,12 +48,6 @@ struct Params {
   int tile_start[kMaxGroups + 1];  // the groups' first tiles
 };
 
-struct alignas(1024) Smem {
-  __nv_bfloat16 a[kStages][kBM * kBK];
-  __nv_bfloat16 b[kStages][kBN * kBK];
-  uint64_t full[kStages], empty[kStages];
-};
-constexpr size_t kSmemBytes = sizeof(Smem) + 1024;
 
 // A 2-D bf16 tensor map: boxes of 64 contiguous elements (128 bytes, the swizzle's span) by
 // box_outer rows, 128-byte swizzled, reads past the ends as zeros.
@@ -70,20 +65,18 @@ CUtensorMap map_2d(const void* base, int64_t inner, int64_t outer, uint32_t box_
 }
 
 #if defined(__CUDA_ARCH_FEAT_SM90_ALL)
-constexpr uint32_t kStageBytes = (kBM + kBN) * kBK * 2;  // 48 KB: A's 16, B's 32
-
 // One tile: its group, where its rows (M-grouped) or its result block (K-grouped) start, and the
 // 64-deep slices its reduction takes.
 struct Tile {
   int g, m0, n0, rows, k_iters;
 };
 
-__device__ __forceinline__ Tile decode(const Params& p, int t, int& g, Mode mode) {
+__device__ __forceinline__ Tile decode(const Params& p, int t, int& g, Mode mode, int bn) {
   while (g + 1 < p.groups && p.tile_start[g + 1] <= t) ++g;
   const int local = t - p.tile_start[g];
   Tile tl;
   tl.g = g;
-  tl.n0 = (local % p.n_tiles) * kBN;
+  tl.n0 = (local % p.n_tiles) * bn;
   const int begin = p.offsets[g], end = p.offsets[g + 1];
   if (mode == Mode::k_grouped) {
     tl.m0 = (local / p.n_tiles) * kBM;
@@ -130,21 +123,38 @@ __device__ __forceinline__ void store_pair(void* out, int out_f32, int64_t i, fl
 }
 #endif  // __CUDA_ARCH_FEAT_SM90_ALL
 
+// Two designs share the code (kPing):
+// - cooperative: tiles of 128 x 256, both consumer warpgroups on one tile (64 rows each), 4 stages;
+// - ping-pong: tiles of 128 x 128, the consumer warpgroups taking the block's tiles in turn (each a
+//   whole tile, 6 stages between them), so one's results go out while the other multiplies.
 // a_map: M-grouped x [rows, kred] (boxes of 128 rows); K-grouped dy [rows, m] (boxes of 64 rows).
-// b_map: M-grouped, K-major: w as [groups * n, kred] (boxes of 256 rows); N-major: w as
+// b_map: M-grouped, K-major: w as [groups * n, kred] (boxes of a tile's columns); N-major: w as
 // [groups * kred, n] (boxes of 64 rows); K-grouped: x [rows, n] (boxes of 64 rows).
-template <Mode kMode>
+template <bool kPing>
+struct Design {
+  static constexpr int bn = kPing ? 128 : 256, stages = kPing ? 6 : 4;
+  static constexpr uint32_t a_bytes = kBM * kBK * 2, stage_bytes = a_bytes + bn * kBK * 2;
+  static constexpr size_t smem = stages * stage_bytes + 2 * stages * sizeof(uint64_t) + 1024;
+};
+
+template <Mode kMode, bool kPing>
 __global__ void __launch_bounds__(kThreads, 1)
     grouped_kernel(const __grid_constant__ CUtensorMap a_map, const __grid_constant__ CUtensorMap b_map,
                    const __grid_constant__ Params p) {
 #if defined(__CUDA_ARCH_FEAT_SM90_ALL)
+  using D = Design<kPing>;
+  constexpr int kBN_ = D::bn, kStages_ = D::stages;
   extern __shared__ unsigned char smem_raw[];
-  Smem& sm = *reinterpret_cast<Smem*>((reinterpret_cast<uintptr_t>(smem_raw) + 1023) & ~uintptr_t(1023));
+  unsigned char* base = reinterpret_cast<unsigned char*>((reinterpret_cast<uintptr_t>(smem_raw) + 1023) & ~uintptr_t(1023));
+  uint64_t* full = reinterpret_cast<uint64_t*>(base + kStages_ * D::stage_bytes);
+  uint64_t* empty = full + kStages_;
+  auto a_tile = [&](int s) { return base + s * D::stage_bytes; };
+  auto b_tile = [&](int s) { return base + s * D::stage_bytes + D::a_bytes; };
   const int wg = threadIdx.x / 128;
   if (threadIdx.x == 0) {
-    for (int s = 0; s < kStages; ++s) {
-      bar_init(&sm.full[s], 1);
-      bar_init(&sm.empty[s], 8);  // one arrival per consumer warp
+    for (int s = 0; s < kStages_; ++s) {
+      bar_init(&full[s], 1);
+      bar_init(&empty[s], kPing ? 4 : 8);  // one arrival per warp of the warpgroups reading the stage
     }
     asm volatile("fence.mbarrier_init.release.cluster;" ::: "memory");
     asm volatile("fence.proxy.async.shared::cta;" ::: "memory");
@@ -159,113 +169,129 @@ __global__ void __launch_bounds__(kThreads, 1)
       int stage = 0, g = 0;
       uint32_t phase = 0;
       for (int t = blockIdx.x; t < p.tiles; t += gridDim.x) {
-        const Tile tl = decode(p, t, g, kMode);
+        const Tile tl = decode(p, t, g, kMode, kBN_);
         for (int kt = 0; kt < tl.k_iters; ++kt) {
-          bar_wait(&sm.empty[stage], phase ^ 1);
-          bar_expect(&sm.full[stage], kStageBytes);
-          uint64_t* bar = &sm.full[stage];
+          bar_wait(&empty[stage], phase ^ 1);
+          bar_expect(&full[stage], D::stage_bytes);
+          uint64_t* bar = &full[stage];
+          unsigned char *sa = a_tile(stage), *sb = b_tile(stage);
           const int k0 = kt * kBK;
           if constexpr (kMode == Mode::k_grouped) {
             const int row = p.offsets[tl.g] + k0;
-            for (int j = 0; j < kBM / 64; ++j) tma_2d(sm.a[stage] + j * 64 * kBK, &a_map, bar, tl.m0 + 64 * j, row);
-            for (int j = 0; j < kBN / 64; ++j) tma_2d(sm.b[stage] + j * 64 * kBK, &b_map, bar, tl.n0 + 64 * j, row);
+            for (int j = 0; j < kBM / 64; ++j) tma_2d(sa + j * 8192, &a_map, bar, tl.m0 + 64 * j, row);
+            for (int j = 0; j < kBN_ / 64; ++j) tma_2d(sb + j * 8192, &b_map, bar, tl.n0 + 64 * j, row);
           } else {
-            tma_2d(sm.a[stage], &a_map, bar, k0, tl.m0);
+            tma_2d(sa, &a_map, bar, k0, tl.m0);
             if constexpr (kMode == Mode::m_kmajor) {
-              tma_2d(sm.b[stage], &b_map, bar, k0, tl.g * p.n + tl.n0);
+              tma_2d(sb, &b_map, bar, k0, tl.g * p.n + tl.n0);
             } else {
-              for (int j = 0; j < kBN / 64; ++j)
-                tma_2d(sm.b[stage] + j * 64 * kBK, &b_map, bar, tl.n0 + 64 * j, tl.g * p.kred + k0);
+              for (int j = 0; j < kBN_ / 64; ++j) tma_2d(sb + j * 8192, &b_map, bar, tl.n0 + 64 * j, tl.g * p.kred + k0);
             }
           }
-          if (++stage == kStages) stage = 0, phase ^= 1;
+          if (++stage == kStages_) stage = 0, phase ^= 1;
         }
       }
     }
     return;
   }
 
-  // consumers: warpgroup c owns the tile's result rows 64 c .. 64 c + 63
+  // consumers. Cooperative: warpgroup c holds the tile's rows 64 c .. 64 c + 63, columns 0-127 in
+  // acc0 and 128-255 in acc1. Ping-pong: warpgroup c takes the block's tiles c, c + 2, ..., rows
+  // 0-63 in acc0 and 64-127 in acc1.
   asm volatile("setmaxnreg.inc.sync.aligned.u32 232;\n" ::: "memory");
   const int c = wg - 1, tid = threadIdx.x - 128 * wg, warp = tid / 32, lane = tid % 32;
   constexpr int kTransA = kMode == Mode::k_grouped ? 1 : 0;
   constexpr int kTransB = kMode == Mode::m_kmajor ? 0 : 1;
-  float acc0[64], acc1[64];  // result columns 0-127 and 128-255 of the tile
+  float acc0[64], acc1[64];
   int stage = 0, g = 0, prev = 0;
   uint32_t phase = 0;
-  for (int t = blockIdx.x; t < p.tiles; t += gridDim.x) {
-    const Tile tl = decode(p, t, g, kMode);
+  int j = 0;
+  for (int t = blockIdx.x; t < p.tiles; t += gridDim.x, ++j) {
+    const Tile tl = decode(p, t, g, kMode, kBN_);
+    if (kPing && (j & 1) != c) {  // the other warpgroup's tile: its stages pass by
+      for (int kt = 0; kt < tl.k_iters; ++kt)
+        if (++stage == kStages_) stage = 0, phase ^= 1;
+      continue;
+    }
 #pragma unroll
     for (int i = 0; i < 64; ++i) acc0[i] = acc1[i] = 0.f;
     for (int kt = 0; kt < tl.k_iters; ++kt) {
-      bar_wait(&sm.full[stage], phase);
-      const uint32_t a_base = smem_addr(sm.a[stage]) + c * 64 * 128, b_base = smem_addr(sm.b[stage]);
+      bar_wait(&full[stage], phase);
+      unsigned char* sa = a_tile(stage);
       if constexpr (kMode == Mode::k_grouped) {
         // The last slice of a group: the rows past its end belong to the next group (or are TMA's
-        // zeros); zero them in this warpgroup's half of A so the product adds nothing of them.
+        // zeros); zero them in the A rows this warpgroup reads, so the product adds nothing of them.
         const int valid = tl.rows - kt * kBK;
         if (valid < kBK) {
-          uint4* half = reinterpret_cast<uint4*>(reinterpret_cast<char*>(sm.a[stage]) + c * 64 * 128);
-          for (int i = valid * 8 + tid; i < kBK * 8; i += 128) half[i] = make_uint4(0, 0, 0, 0);
+          for (int h = kPing ? 0 : c; h <= (kPing ? 1 : c); ++h) {
+            uint4* half = reinterpret_cast<uint4*>(sa + h * 8192);
+            for (int i = valid * 8 + tid; i < kBK * 8; i += 128) half[i] = make_uint4(0, 0, 0, 0);
+          }
           asm volatile("fence.proxy.async.shared::cta;" ::: "memory");
           named_sync(1 + c, 128);
         }
       }
+      const uint32_t a_base = smem_addr(sa), b_base = smem_addr(b_tile(stage));
       pin(acc0);
       pin(acc1);
       wgmma_fence();
 #pragma unroll
       for (int kk = 0; kk < kBK / 16; ++kk) {
-        uint64_t a, b0, b1;
-        if constexpr (kTransA) {
-          a = sw128_desc(a_base + kk * 16 * 128, 0, 1024);
+        // Operand halves: 64 rows of A (8 KB apart) or 128 columns of B.
+        auto a_desc = [&](int half) {
+          return kTransA ? sw128_desc(a_base + half * 8192 + kk * 16 * 128, 0, 1024)
+                         : sw128_desc(a_base + half * 8192 + kk * 32, 16, 1024);
+        };
+        auto b_desc = [&](int half) {
+          return kTransB ? sw128_desc(b_base + half * 2 * 8192 + kk * 16 * 128, 8192, 1024)
+                         : sw128_desc(b_base + half * 128 * 128 + kk * 32, 16, 1024);
+        };
+        if constexpr (kPing) {
+          wgmma_ss<kTransA, kTransB>(acc0, a_desc(0), b_desc(0), 1);
+          wgmma_ss<kTransA, kTransB>(acc1, a_desc(1), b_desc(0), 1);
         } else {
-          a = sw128_desc(a_base + kk * 32, 16, 1024);
+          wgmma_ss<kTransA, kTransB>(acc0, a_desc(c), b_desc(0), 1);
+          wgmma_ss<kTransA, kTransB>(acc1, a_desc(c), b_desc(1), 1);
         }
-        if constexpr (kTransB) {
-          b0 = sw128_desc(b_base + kk * 16 * 128, 64 * 128, 1024);
-          b1 = sw128_desc(b_base + 2 * 64 * 128 + kk * 16 * 128, 64 * 128, 1024);
-        } else {
-          b0 = sw128_desc(b_base + kk * 32, 16, 1024);
-          b1 = sw128_desc(b_base + 128 * 128 + kk * 32, 16, 1024);
-        }
-        wgmma_ss<kTransA, kTransB>(acc0, a, b0, 1);
-        wgmma_ss<kTransA, kTransB>(acc1, a, b1, 1);
       }
       wgmma_commit();
       if (kt > 0) {
         wgmma_wait<1>();  // the slice before this one is read: its stage goes back to the producer
-        if (lane == 0) bar_arrive(&sm.empty[prev]);
+        if (lane == 0) bar_arrive(&empty[prev]);
       }
       prev = stage;
-      if (++stage == kStages) stage = 0, phase ^= 1;
+      if (++stage == kStages_) stage = 0, phase ^= 1;
     }
     wgmma_wait<0>();
     pin(acc0);
     pin(acc1);
-    if (tl.k_iters > 0 && lane == 0) bar_arrive(&sm.empty[prev]);
+    if (tl.k_iters > 0 && lane == 0) bar_arrive(&empty[prev]);
 
-    // Thread t holds result rows 16 (t / 32) + (t % 32) / 4 and 8 below it; element i of a row
-    // pair sits in column 8 (i / 4) + 2 (t % 4) + i % 2 of row (i / 2) % 2.
-    const int row_in = c * 64 + warp * 16 + lane / 4;
+    // Thread t of a warpgroup holds rows 16 (t / 32) + (t % 32) / 4 and 8 below it of a 64-row
+    // product; element i of a row pair sits in column 8 (i / 4) + 2 (t % 4) + i % 2 of row (i / 2) % 2.
+    auto store = [&](const float(&acc)[64], int row0, int col0) {
 #pragma unroll
-    for (int h = 0; h < 2; ++h) {
-      const int r = row_in + 8 * h;
-      int64_t base;
-      if constexpr (kMode == Mode::k_grouped) {
-        base = (static_cast<int64_t>(tl.g) * p.m + tl.m0 + r) * p.n + tl.n0;
-      } else {
-        if (r >= tl.rows) continue;
-        base = static_cast<int64_t>(tl.m0 + r) * p.n + tl.n0;
-      }
-      base += 2 * (lane % 4);
+      for (int h = 0; h < 2; ++h) {
+        const int r = row0 + warp * 16 + lane / 4 + 8 * h;
+        int64_t at;
+        if constexpr (kMode == Mode::k_grouped) {
+          at = (static_cast<int64_t>(tl.g) * p.m + tl.m0 + r) * p.n + tl.n0;
+        } else {
+          if (r >= tl.rows) continue;
+          at = static_cast<int64_t>(tl.m0 + r) * p.n + tl.n0;
+        }
+        at += col0 + 2 * (lane % 4);
 #pragma unroll
-      for (int q = 0; q < 16; ++q) {
-        store_pair(p.out, p.out_f32, base + 8 * q, p.alpha * acc0[4 * q + 2 * h], p.alpha * acc0[4 * q + 2 * h + 1],
-                   p.beta);
-        store_pair(p.out, p.out_f32, base + 128 + 8 * q, p.alpha * acc1[4 * q + 2 * h],
-                   p.alpha * acc1[4 * q + 2 * h + 1], p.beta);
+        for (int q = 0; q < 16; ++q)
+          store_pair(p.out, p.out_f32, at + 8 * q, p.alpha * acc[4 * q + 2 * h], p.alpha * acc[4 * q + 2 * h + 1], p.beta);
       }
+    };
+    if constexpr (kPing) {
+      store(acc0, 0, 0);
+      store(acc1, 64, 0);
+    } else {
+      store(acc0, 64 * c, 0);
+      store(acc1, 64 * c, 128);
     }
   }
 #endif  // __CUDA_ARCH_FEAT_SM90_ALL
@@ -280,16 +306,26 @@ int sm_count() {
   return n;
 }
 
-template <Mode kMode>
-void launch(const CUtensorMap& a_map, const CUtensorMap& b_map, const Params& p) {
-  static const bool once = (attn::allow_smem(grouped_kernel<kMode>, kSmemBytes), true);
+std::atomic<bool> g_ping{false};
+
+template <Mode kMode, bool kPing>
+void launch_design(const CUtensorMap& a_map, const CUtensorMap& b_map, const Params& p) {
+  static const bool once = (attn::allow_smem(grouped_kernel<kMode, kPing>, Design<kPing>::smem), true);
   (void)once;
   static const int sms = sm_count();
   const int blocks = std::min(p.tiles, sms);
-  grouped_kernel<kMode><<<blocks, kThreads, kSmemBytes, lcx::cuda::current_stream()>>>(a_map, b_map, p);
+  grouped_kernel<kMode, kPing><<<blocks, kThreads, Design<kPing>::smem, lcx::cuda::current_stream()>>>(a_map, b_map, p);
   LCX_CUDA_LAUNCH_CHECK();
 }
 
+template <Mode kMode>
+void launch(bool ping, const CUtensorMap& a_map, const CUtensorMap& b_map, const Params& p) {
+  if (ping) {
+    launch_design<kMode, true>(a_map, b_map, p);
+  } else {
+    launch_design<kMode, false>(a_map, b_map, p);
+  }
+}
 // The groups' row offsets, if they fit the kernel's table and int.
 bool fill_offsets(std::span<const int64_t> offsets, Params& p) {
   const size_t groups = offsets.size() - 1;
@@ -313,13 +349,15 @@ bool served_operands(std::initializer_list<const Tensor*> bf16, const Tensor& ou
 bool grouped_matmul(const Tensor& x, const Tensor& w, bool trans_w, std::span<const int64_t> offsets, Tensor& y,
                     float alpha, float beta) {
   const int64_t K = x.size(1), N = y.size(1);
-  if (!served_operands({&x, &w}, y) || N % kBN != 0 || K % kBK != 0 || N > (1 << 20) || K > (1 << 20)) return false;
+  const bool ping = g_ping.load();
+  const int bn = ping ? 128 : 256;
+  if (!served_operands({&x, &w}, y) || N % bn != 0 || K % kBK != 0 || N > (1 << 20) || K > (1 << 20)) return false;
   Params p{};
   if (!fill_offsets(offsets, p)) return false;
   if (static_cast<int64_t>(p.groups) * std::max(N, K) >= (int64_t(1) << 31)) return false;
   p.n = static_cast<int>(N);
   p.kred = static_cast<int>(K);
-  p.n_tiles = static_cast<int>(N / kBN);
+  p.n_tiles = static_cast<int>(N / bn);
   p.out = y.data();
   p.out_f32 = y.dtype() == DType::f32;
   p.alpha = alpha;
@@ -334,9 +372,9 @@ bool grouped_matmul(const Tensor& x, const Tensor& w, bool trans_w, std::span<co
   if (tiles == 0) return true;
   const CUtensorMap a_map = map_2d(x.data(), K, x.size(0), kBM);
   if (trans_w) {
-    launch<Mode::m_kmajor>(a_map, map_2d(w.data(), K, w.size(0) * N, kBN), p);
+    launch<Mode::m_kmajor>(ping, a_map, map_2d(w.data(), K, w.size(0) * N, bn), p);
   } else {
-    launch<Mode::m_nmajor>(a_map, map_2d(w.data(), N, w.size(0) * K, 64), p);
+    launch<Mode::m_nmajor>(ping, a_map, map_2d(w.data(), N, w.size(0) * K, 64), p);
   }
   return true;
 }
@@ -344,14 +382,16 @@ bool grouped_matmul(const Tensor& x, const Tensor& w, bool trans_w, std::span<co
 bool grouped_matmul_wgrad(const Tensor& dy, const Tensor& x, std::span<const int64_t> offsets, Tensor& dw, float alpha,
                           float beta) {
   const int64_t M = dy.size(1), N = x.size(1);
-  if (!served_operands({&dy, &x}, dw) || M % kBM != 0 || N % kBN != 0 || M > (1 << 20) || N > (1 << 20))
+  const bool ping = g_ping.load();
+  const int bn = ping ? 128 : 256;
+  if (!served_operands({&dy, &x}, dw) || M % kBM != 0 || N % bn != 0 || M > (1 << 20) || N > (1 << 20))
     return false;
   Params p{};
   if (!fill_offsets(offsets, p)) return false;
   if (static_cast<int64_t>(p.groups) * M * N >= (int64_t(1) << 40)) return false;
   p.n = static_cast<int>(N);
   p.m = static_cast<int>(M);
-  p.n_tiles = static_cast<int>(N / kBN);
+  p.n_tiles = static_cast<int>(N / bn);
   p.m_tiles = static_cast<int>(M / kBM);
   p.out = dw.data();
   p.out_f32 = dw.dtype() == DType::f32;
@@ -366,8 +406,10 @@ bool grouped_matmul_wgrad(const Tensor& dy, const Tensor& x, std::span<const int
   p.tile_start[p.groups] = tiles;
   p.tiles = tiles;
   if (tiles == 0) return true;
-  launch<Mode::k_grouped>(map_2d(dy.data(), M, dy.size(0), 64), map_2d(x.data(), N, x.size(0), 64), p);
+  launch<Mode::k_grouped>(ping, map_2d(dy.data(), M, dy.size(0), 64), map_2d(x.data(), N, x.size(0), 64), p);
   return true;
 }
+
+void set_ping_pong(bool on) { g_ping.store(on); }
 
 }  // namespace lcx::ops::cuda::grouped_hopper
