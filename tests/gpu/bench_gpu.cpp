@@ -239,7 +239,7 @@ void bench_memory_bound(int64_t T, int64_t H, int64_t I, int64_t V) {
 // gradient of gate/up and down, the weights' gradients into fp32) through lcx's Hopper kernels and
 // through cuBLAS's grouped GEMM ([run] grouped_gemm = "cublas"), and a dense GEMM of the same
 // total work; the two grouped results are compared (largest difference over the largest value).
-void bench_grouped(int64_t tokens, int reps) {
+void bench_grouped(int64_t tokens, int reps, const std::string& designs) {
   const int64_t G = 128, H = 2048, I = 768, R = tokens * 8;
   std::mt19937 rng(7);
   std::vector<double> share(G);
@@ -289,6 +289,10 @@ void bench_grouped(int64_t tokens, int reps) {
     std::vector<float> reference;
     double diff[3] = {0, 0, 0}, top = 0;
     for (int v = 0; v < 3; ++v) {
+      if ((v == 1 && designs.find("coop") == std::string::npos) || (v == 2 && designs.find("ping") == std::string::npos)) {
+        ms[v] = 0;
+        continue;
+      }
       lcx::ops::set_own_grouped_gemm(v > 0);
 #ifdef LCX_HAVE_CUDA
       lcx::ops::cuda::grouped_hopper::set_ping_pong(v == 2);
@@ -307,7 +311,7 @@ void bench_grouped(int64_t tokens, int reps) {
       for (size_t i = 0; i < got.size(); ++i)
         diff[v] = std::max(diff[v], static_cast<double>(std::fabs(got[i] - reference[i])));
     }
-    lcx::ops::set_own_grouped_gemm(true);
+    lcx::ops::set_own_grouped_gemm(false);
 #ifdef LCX_HAVE_CUDA
     lcx::ops::cuda::grouped_hopper::set_ping_pong(false);
 #endif
@@ -323,6 +327,7 @@ void bench_grouped(int64_t tokens, int reps) {
     }
     const double blas_rate = flops / ms[0] / 1e9, dense_rate = flops / dense_ms / 1e9;
     for (int v = 1; v < 3; ++v) {
+      if (ms[v] == 0) continue;
       const double rate = flops / ms[v] / 1e9;
       std::printf("%-26s | %-11s %7.3f ms %6.1f TFLOP/s | cuBLAS grouped %7.3f ms %6.1f | dense %7.3f ms %6.1f | "
                   "%.2fx cuBLAS, %.0f%% of dense | diff %.1e of %.2e\n",
@@ -340,10 +345,12 @@ int main(int argc, char** argv) {
     return 0;
   }
   const bool quick = argc > 1 && std::strcmp(argv[1], "--quick") == 0;
-  // --grouped [tokens [reps]]: the experts' grouped GEMMs (bench_grouped), by default at 32,768 tokens.
+  // --grouped [tokens [reps [designs]]]: the experts' grouped GEMMs (bench_grouped), by default at
+  // 32,768 tokens, 10 runs, both designs of lcx's kernels (coop,ping).
   if (argc > 1 && std::strcmp(argv[1], "--grouped") == 0) {
     try {
-      bench_grouped(argc > 2 ? std::atoll(argv[2]) : 32768, argc > 3 ? std::atoi(argv[3]) : 10);
+      bench_grouped(argc > 2 ? std::atoll(argv[2]) : 32768, argc > 3 ? std::atoi(argv[3]) : 10,
+                    argc > 4 ? argv[4] : "coop,ping");
     } catch (const std::exception& e) {
       std::printf("bench failed: %s\n", e.what());
       return 1;

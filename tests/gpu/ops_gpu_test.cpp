@@ -22,6 +22,7 @@
 #include "kernels/attention/cudnn/attention_cudnn.h"
 #include "kernels/attention/dispatch.h"
 #include "kernels/cuda/cuda_ops.h"
+#include "kernels/cuda/grouped_gemm_hopper.h"
 #include "kernels/cudnn_sizes.h"
 #endif
 
@@ -561,6 +562,65 @@ TEST_F(GpuOps, GroupedMatmulOfMisalignedBf16RowsMatchesTheCpuTwin) {
   const std::vector<float> c = dw.to_floats(), d = dw_want.to_floats();
   for (size_t i = 0; i < c.size(); ++i) EXPECT_NEAR(c[i], d[i], 2e-2 * (1 + std::abs(d[i]))) << i;
 }
+
+
+#ifdef LCX_HAVE_CUDA
+// lcx's Hopper grouped GEMMs (kernels/cuda/grouped_gemm_sm90a.cu), both designs, called directly:
+// the forward (x w[g]^T), the input gradient (dy w[g], into fp32 with alpha 0.7 and beta 0.3) and
+// the weights' gradient into fp32 (beta 1,
+// and beta 0.5 where empty groups are rescaled), against the CPU twin over 16 groups of skewed
+// sizes (empty ones first, inside and last; tails of 1 to 127 rows past a tile). Then at a step's
+// scale (65,536 rows, Qwen3-30B-A3B's 128 experts of 2048 -> 768, one 4x the mean, some empty)
+// against cuBLAS's grouped GEMM. Stops where the kernels do not serve (not a compute capability 9.0
+// GPU).
+TEST_F(GpuOps, HopperGroupedGemmMatchesTheCpuTwin) {
+  SCOPED_TRACE(trace());
+  std::vector<int64_t> off{0};
+  for (int64_t rows : {0, 1, 130, 7, 0, 300, 64, 65, 129, 2, 0, 500, 33, 128, 256, 0}) off.push_back(off.back() + rows);
+  const int64_t G = 16, R = off.back(), K = 256, N = 512;
+  const Tensor x = host_normal({R, K}, DType::bf16, rng_), dy = host_normal({R, N}, DType::bf16, rng_);
+  const Tensor w_nk = host_normal({G, N, K}, DType::bf16, rng_);
+  const Tensor dw0 = host_normal({G, N, K}, DType::f32, rng_);
+  for (const bool ping : {false, true}) {
+    SCOPED_TRACE(ping ? "ping-pong" : "cooperative");
+    ops::cuda::grouped_hopper::set_ping_pong(ping);
+    Tensor y = Tensor::zeros({R, N}, DType::bf16, Device::cuda()), y_want = Tensor::zeros({R, N}, DType::bf16);
+    if (!ops::cuda::grouped_hopper::grouped_matmul(on_gpu(x), on_gpu(w_nk), true, off, y, 1.f, 0.f))
+      GTEST_SKIP() << "not a compute capability 9.0 GPU";
+    ops::grouped_matmul(x, w_nk, true, off, y_want);
+    EXPECT_CLOSE(y.to(Device::cpu()), y_want, DType::bf16);
+
+    Tensor dx = on_gpu(host_normal({R, K}, DType::f32, rng_)), dx_want = dx.to(Device::cpu());
+    ASSERT_TRUE(ops::cuda::grouped_hopper::grouped_matmul(on_gpu(dy), on_gpu(w_nk), false, off, dx, 0.7f, 0.3f));
+    ops::grouped_matmul(dy, w_nk, false, off, dx_want, 0.7f, 0.3f);
+    EXPECT_CLOSE(dx.to(Device::cpu()), dx_want, DType::bf16);
+
+    for (const float beta : {1.f, 0.5f}) {
+      Tensor dw = on_gpu(dw0), dw_want = dw0.to(Device::cpu());
+      ASSERT_TRUE(ops::cuda::grouped_hopper::grouped_matmul_wgrad(on_gpu(dy), on_gpu(x), off, dw, 1.f, beta));
+      ops::grouped_matmul_wgrad(dy, x, off, dw_want, 1.f, beta);
+      EXPECT_CLOSE(dw.to(Device::cpu()), dw_want, DType::bf16);
+    }
+  }
+
+  const int64_t E = 128, H = 2048, I = 768, rows = 65536;
+  std::vector<int64_t> big{0};
+  for (int64_t e = 0; e < E; ++e)
+    big.push_back(e + 1 == E ? rows : big.back() + (e % 32 == 3 ? 4 * rows / E : e % 16 == 7 ? 0 : rows / E - 33));
+  const Tensor xs = on_gpu(host_normal({rows, H}, DType::bf16, rng_));
+  const Tensor w = on_gpu(host_normal({E, I, H}, DType::bf16, rng_));
+  Tensor want = Tensor::zeros({rows, I}, DType::bf16, Device::cuda());
+  ops::cuda::grouped_matmul(xs, w, true, big, want, 1.f, 0.f);  // cuBLAS's (the run's choice is cublas)
+  for (const bool ping : {false, true}) {
+    SCOPED_TRACE(ping ? "ping-pong, 65,536 rows" : "cooperative, 65,536 rows");
+    ops::cuda::grouped_hopper::set_ping_pong(ping);
+    Tensor got = Tensor::zeros({rows, I}, DType::bf16, Device::cuda());
+    ASSERT_TRUE(ops::cuda::grouped_hopper::grouped_matmul(xs, w, true, big, got, 1.f, 0.f));
+    EXPECT_CLOSE(got.to(Device::cpu()), want.to(Device::cpu()), DType::bf16);
+  }
+  ops::cuda::grouped_hopper::set_ping_pong(false);
+}
+#endif
 
 }  // namespace
 }  // namespace lcx::test

@@ -188,11 +188,11 @@ CoreConfig read_core_config(const Manifest& m, const std::vector<std::string>& p
                "that backend alone, a call it cannot serve an error");
     c.run.attention = v.get_string("attention", c.run.attention);
     one_of(v, "attention", c.run.attention, {"auto", "cudnn", "own", "hopper", "mma", "reference", "sm80"});
-    v.describe("grouped_gemm", "which kernels run the experts' grouped GEMMs: auto takes lcx's Hopper kernels on an "
-               "H100/H200 where they serve (bf16, widths of 256s) and cuBLAS's grouped GEMM elsewhere, and so does "
-               "attention = \"sm80\" (what an A100 runs); cublas: cuBLAS's alone");
+    v.describe("grouped_gemm", "which kernels run the experts' grouped GEMMs: cublas, cuBLAS's grouped GEMM; hopper "
+               "(experimental: not yet verified at a step's sizes), lcx's Hopper kernels on an H100/H200 where they "
+               "serve (bf16, widths of 256s) and cuBLAS's elsewhere, as under attention = \"sm80\"");
     c.run.grouped_gemm = v.get_string("grouped_gemm", c.run.grouped_gemm);
-    one_of(v, "grouped_gemm", c.run.grouped_gemm, {"auto", "cublas"});
+    one_of(v, "grouped_gemm", c.run.grouped_gemm, {"cublas", "hopper"});
     // A memory budget: "auto" or a size parse_memory_size reads.
     auto budget = [&v](const char* key, std::string& value, const char* meaning) {
       try {

@@ -36,9 +36,10 @@ struct RunConfig {
   // Which kernels run the GPU's attention (kernels/attention/dispatch.h): auto | cudnn | own |
   // hopper | mma | reference.
   std::string attention = "auto";
-  // Which kernels run the experts' grouped GEMMs: auto (lcx's Hopper kernels on an H100/H200 where
-  // they serve, cuBLAS's grouped GEMM elsewhere) | cublas.
-  std::string grouped_gemm = "auto";
+  // Which kernels run the experts' grouped GEMMs: cublas (cuBLAS's grouped GEMM) | hopper (lcx's
+  // Hopper kernels on an H100/H200 where they serve, cuBLAS's elsewhere; not yet verified at a
+  // step's sizes, so not the default).
+  std::string grouped_gemm = "cublas";
 };
 
 struct ModelSection {

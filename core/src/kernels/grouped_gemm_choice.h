@@ -1,5 +1,6 @@
-// Whether the grouped GEMMs (ops::grouped_matmul, ops::grouped_matmul_wgrad) may take lcx's Hopper kernels ([run] grouped_gemm, set once
-// per run by train/run.cpp; true until then), or cuBLAS's grouped GEMM alone.
+// Whether the grouped GEMMs (ops::grouped_matmul, ops::grouped_matmul_wgrad) may take lcx's Hopper
+// kernels ([run] grouped_gemm = "hopper", set once per run by train/run.cpp; false until then), or
+// cuBLAS's grouped GEMM alone.
 #pragma once
 
 namespace lcx::ops {

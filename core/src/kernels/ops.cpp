@@ -559,7 +559,7 @@ bool past_blas_range(std::initializer_list<int64_t> dims) {
 }  // namespace
 
 namespace {
-std::atomic<bool> g_own_grouped_gemm{true};
+std::atomic<bool> g_own_grouped_gemm{false};
 }  // namespace
 
 void set_own_grouped_gemm(bool allowed) { g_own_grouped_gemm.store(allowed); }

@@ -37,7 +37,7 @@ void choose_attention(const RunConfig& run) {
   const std::optional<ops::attention::Choice> c = ops::attention::parse_choice(run.attention);
   LCX_CHECK(c, "run.attention was checked when the manifest was read");
   ops::attention::set_choice(*c);
-  ops::set_own_grouped_gemm(run.grouped_gemm == "auto" && run.attention != "sm80");
+  ops::set_own_grouped_gemm(run.grouped_gemm == "hopper" && run.attention != "sm80");
 }
 
 void check_run_inputs(const CoreConfig& cfg, const SlotSet& slots) {

@@ -1,6 +1,6 @@
 // Grouped GEMMs on the GPU: rows in groups, each group through its own weight (the CPU twin:
 // kernels/cpu/grouped_matmul_cpu.cpp). On an H100/H200, lcx's Hopper kernels (grouped_gemm_sm90a.cu)
-// take the calls they serve unless [run] grouped_gemm = "cublas". Elsewhere one
+// take the calls they serve under [run] grouped_gemm = "hopper". Otherwise one
 // cublasGemmGroupedBatchedEx call runs every group, each its own problem whose m, n or k is its row
 // count: CUDA 13.1's cuBLASLt has no grouped GEMM, and a GEMM per group would be a host loop of 128
 // small launches per projection. cuBLAS is column-major, so each row-major product is issued as its

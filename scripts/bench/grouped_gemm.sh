@@ -1,0 +1,26 @@
+#!/usr/bin/env bash
+# The experts' grouped GEMMs on the GPU in one device call, from the repository root with the bundle
+# carried as .bundle: lcx's Hopper kernels against the CPU twin and cuBLAS (GpuOps.HopperGroupedGemm*,
+# and the op table's grouped rows), then each design timed in its own process (a kernel fault ends
+# that process only) beside cuBLAS's grouped GEMM and a dense GEMM of the same work (bench_gpu
+# --grouped), and PyTorch's torch._grouped_mm on the same shapes (grouped_torch.py).
+#   OUT=/tmp/grouped TOKENS=32768 scripts/bench/grouped_gemm.sh
+set -uo pipefail
+out=${OUT:-/tmp/lcx-grouped}
+tokens=${TOKENS:-32768}
+mkdir -p "$out"
+source scripts/gpu_bundle.sh
+summary=$out/summary.md
+: >"$summary"
+timeout 120 build/tests/test_gpu --gtest_filter='*HopperGrouped*' >"$out/hopper_test.log" 2>&1
+echo "GpuOps.HopperGroupedGemm*: rc $? $(grep -E '^\[  (PASSED|FAILED|SKIPPED) ' "$out/hopper_test.log" | tr '\n' ' ')" >>"$summary"
+grep -E 'Failure|relative L2' "$out/hopper_test.log" | head -8 >>"$summary"
+for design in coop ping; do
+  timeout 120 build/tests/bench_gpu --grouped "$tokens" "${REPS:-10}" "$design" >"$out/bench_$design.log" 2>&1
+  echo "bench_gpu --grouped $tokens ($design): rc $?" >>"$summary"
+  grep -E '^(grouped|gate|down|bench)' "$out/bench_$design.log" >>"$summary"
+done
+timeout 120 python3 scripts/bench/grouped_torch.py --tokens "$tokens" >"$out/torch.log" 2>&1
+echo "grouped_torch.py: rc $?" >>"$summary"
+cat "$out/torch.log" >>"$summary"
+cat "$summary"
