@@ -35,6 +35,7 @@
 #include <lcx/defaults.h>
 #include <lcx/error.h>
 #include <lcx/grad_norm.h>
+#include <lcx/ops.h>
 #include <lcx/pinned.h>
 #include <lcx/plan.h>
 #include <lcx/plugin.h>
@@ -200,9 +201,9 @@ class HostAdamW final : public Optimizer {
         ParamState s;
         s.p = p;
         s.master = Tensor::empty(p->value.shape(), DType::f32, Device::cpu(), MemoryCategory::master_weights);
-        s.master.copy_from(p->value.to(Device::cpu()).to(DType::f32));
-        s.m = Tensor::zeros(p->value.shape(), DType::f32, Device::cpu(), MemoryCategory::optimizer);
-        s.v = Tensor::zeros(p->value.shape(), DType::f32, Device::cpu(), MemoryCategory::optimizer);
+        s.m = Tensor::empty(p->value.shape(), DType::f32, Device::cpu(), MemoryCategory::optimizer);
+        s.v = Tensor::empty(p->value.shape(), DType::f32, Device::cpu(), MemoryCategory::optimizer);
+        fill_state(p->value.to(Device::cpu()), s.master, s.m, s.v);
         s.offset = offset;
         s.elem_bytes = elem_bytes(*p);
         offset += staging_bytes(*p);
@@ -224,6 +225,22 @@ class HostAdamW final : public Optimizer {
     }
     if (ring_) ring_buffer_ = pinned_alloc(kSlots * slot_bytes_, MemoryCategory::optimizer);
     updated_ = groups_.size();
+  }
+
+  // The master from the weights (widened) and zero moments, in pieces on the update's threads, so
+  // that the fresh pages of an 8B model's 96 GB of state are first touched by all of them, not one.
+  void fill_state(const Tensor& host_value, Tensor& master_out, Tensor& m_out, Tensor& v_out) const {
+    constexpr int64_t kPiece = 16 * kChunk;
+    const int64_t n = master_out.numel();
+    const Tensor src = host_value.view({n});
+    Tensor master = master_out.view({n}), m = m_out.view({n}), v = v_out.view({n});
+    parallel_for(threads_, (n + kPiece - 1) / kPiece, [&](int64_t i) {
+      const int64_t b = i * kPiece, e = std::min(n, b + kPiece);
+      Tensor part = master.rows(b, e);
+      ops::cast(src.rows(b, e), part);
+      m.rows(b, e).zero();
+      v.rows(b, e).zero();
+    });
   }
 
   void weights_needed(int layer) override {
