@@ -17,8 +17,8 @@
 // - expert_gemm_flops: the grouped GEMMs of a mixture-of-experts layer at Qwen3-30B-A3B's shapes
 //   (128 experts, 8 a token, hidden 2048, expert width 768) over 32,768 tokens routed with a
 //   router's skew (every 32nd expert 4x the mean rows, every 16th none): the forward of gate, up
-//   and down and their input gradients, as ops::grouped_matmul runs them on this GPU ([run]
-//   grouped_gemm), 2 R N K FLOPs each.
+//   and down and their input gradients, as ops::grouped_matmul runs them by default (cuBLAS's
+//   grouped GEMM), 2 R N K FLOPs each.
 // Each figure is the median of a few timed calls after a warm-up, the device synchronized around
 // the host clock.
 #include <algorithm>
