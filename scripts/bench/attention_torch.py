@@ -9,25 +9,11 @@ not taken), so every backend accepts the call; the arithmetic is the same.
     python3 scripts/bench/attention_torch.py --tokens 4096 16384 32768
 """
 import argparse
-import statistics
 
 import torch
+from torch_timing import time_ms
 import torch.nn.functional as F
 from torch.nn.attention import SDPBackend, sdpa_kernel
-
-
-def time_ms(fn, reps):
-    fn()
-    torch.cuda.synchronize()
-    times = []
-    for _ in range(reps):
-        start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
-        start.record()
-        fn()
-        end.record()
-        torch.cuda.synchronize()
-        times.append(start.elapsed_time(end))
-    return statistics.median(times)
 
 
 def main():

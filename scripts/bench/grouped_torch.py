@@ -10,23 +10,9 @@ bf16; median of CUDA-event timed runs after a warm-up. A direction PyTorch refus
 """
 import argparse
 import random
-import statistics
 
 import torch
-
-
-def time_ms(fn, reps):
-    fn()
-    torch.cuda.synchronize()
-    times = []
-    for _ in range(reps):
-        start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
-        start.record()
-        fn()
-        end.record()
-        torch.cuda.synchronize()
-        times.append(start.elapsed_time(end))
-    return statistics.median(times)
+from torch_timing import time_ms
 
 
 def main():

@@ -21,6 +21,7 @@
 // rest.
 #include <algorithm>
 #include <atomic>
+#include <optional>
 
 #include "kernels/attention/hopper/hopper.cuh"
 #include "kernels/cuda/grouped_gemm_hopper.h"
@@ -326,15 +327,36 @@ void launch(bool ping, const CUtensorMap& a_map, const CUtensorMap& b_map, const
     launch_design<kMode, false>(a_map, b_map, p);
   }
 }
-// The groups' row offsets, if they fit the kernel's table and int.
-bool fill_offsets(std::span<const int64_t> offsets, Params& p) {
+// The parameters every mode shares: the groups' row offsets and the result, or nothing where the
+// offsets do not fit the kernel's table and int.
+std::optional<Params> base_params(std::span<const int64_t> offsets, Tensor& out, int64_t n, int bn, float alpha,
+                                  float beta) {
   const size_t groups = offsets.size() - 1;
   if (groups == 0 || groups > static_cast<size_t>(kMaxGroups) || offsets.back() == 0 ||
       offsets.back() >= (int64_t(1) << 30))
-    return false;
+    return std::nullopt;
+  Params p{};
   p.groups = static_cast<int>(groups);
   for (size_t g = 0; g <= groups; ++g) p.offsets[g] = static_cast<int>(offsets[g]);
-  return true;
+  p.n = static_cast<int>(n);
+  p.n_tiles = static_cast<int>(n / bn);
+  p.out = out.data();
+  p.out_f32 = out.dtype() == DType::f32;
+  p.alpha = alpha;
+  p.beta = beta;
+  return p;
+}
+
+// Numbers the tiles group by group: tiles_of(g) of group g.
+template <class F>
+void number_tiles(Params& p, F&& tiles_of) {
+  int tiles = 0;
+  for (int g = 0; g < p.groups; ++g) {
+    p.tile_start[g] = tiles;
+    tiles += tiles_of(g);
+  }
+  p.tile_start[p.groups] = tiles;
+  p.tiles = tiles;
 }
 
 bool served_operands(std::initializer_list<const Tensor*> bf16, const Tensor& out) {
@@ -352,24 +374,13 @@ bool grouped_matmul(const Tensor& x, const Tensor& w, bool trans_w, std::span<co
   const bool ping = g_ping.load();
   const int bn = ping ? 128 : 256;
   if (!served_operands({&x, &w}, y) || N % bn != 0 || K % kBK != 0 || N > (1 << 20) || K > (1 << 20)) return false;
-  Params p{};
-  if (!fill_offsets(offsets, p)) return false;
-  if (static_cast<int64_t>(p.groups) * std::max(N, K) >= (int64_t(1) << 31)) return false;
-  p.n = static_cast<int>(N);
+  if (static_cast<int64_t>(offsets.size()) * std::max(N, K) >= (int64_t(1) << 31)) return false;
+  std::optional<Params> made = base_params(offsets, y, N, bn, alpha, beta);
+  if (!made) return false;
+  Params& p = *made;
   p.kred = static_cast<int>(K);
-  p.n_tiles = static_cast<int>(N / bn);
-  p.out = y.data();
-  p.out_f32 = y.dtype() == DType::f32;
-  p.alpha = alpha;
-  p.beta = beta;
-  int tiles = 0;
-  for (int g = 0; g < p.groups; ++g) {
-    p.tile_start[g] = tiles;
-    tiles += (p.offsets[g + 1] - p.offsets[g] + kBM - 1) / kBM * p.n_tiles;
-  }
-  p.tile_start[p.groups] = tiles;
-  p.tiles = tiles;
-  if (tiles == 0) return true;
+  number_tiles(p, [&](int g) { return (p.offsets[g + 1] - p.offsets[g] + kBM - 1) / kBM * p.n_tiles; });
+  if (p.tiles == 0) return true;
   const CUtensorMap a_map = map_2d(x.data(), K, x.size(0), kBM);
   if (trans_w) {
     launch<Mode::m_kmajor>(ping, a_map, map_2d(w.data(), K, w.size(0) * N, bn), p);
@@ -386,26 +397,15 @@ bool grouped_matmul_wgrad(const Tensor& dy, const Tensor& x, std::span<const int
   const int bn = ping ? 128 : 256;
   if (!served_operands({&dy, &x}, dw) || M % kBM != 0 || N % bn != 0 || M > (1 << 20) || N > (1 << 20))
     return false;
-  Params p{};
-  if (!fill_offsets(offsets, p)) return false;
-  if (static_cast<int64_t>(p.groups) * M * N >= (int64_t(1) << 40)) return false;
-  p.n = static_cast<int>(N);
+  if (static_cast<int64_t>(offsets.size()) * M * N >= (int64_t(1) << 40)) return false;
+  std::optional<Params> made = base_params(offsets, dw, N, bn, alpha, beta);
+  if (!made) return false;
+  Params& p = *made;
   p.m = static_cast<int>(M);
-  p.n_tiles = static_cast<int>(N / bn);
   p.m_tiles = static_cast<int>(M / kBM);
-  p.out = dw.data();
-  p.out_f32 = dw.dtype() == DType::f32;
-  p.alpha = alpha;
-  p.beta = beta;
   // A group without rows has nothing to add: its tiles run only where beta rescales (or zeroes) it.
-  int tiles = 0;
-  for (int g = 0; g < p.groups; ++g) {
-    p.tile_start[g] = tiles;
-    if (p.offsets[g + 1] > p.offsets[g] || beta != 1.f) tiles += p.m_tiles * p.n_tiles;
-  }
-  p.tile_start[p.groups] = tiles;
-  p.tiles = tiles;
-  if (tiles == 0) return true;
+  number_tiles(p, [&](int g) { return p.offsets[g + 1] > p.offsets[g] || beta != 1.f ? p.m_tiles * p.n_tiles : 0; });
+  if (p.tiles == 0) return true;
   launch<Mode::k_grouped>(ping, map_2d(dy.data(), M, dy.size(0), 64), map_2d(x.data(), N, x.size(0), 64), p);
   return true;
 }
