@@ -190,7 +190,7 @@ CoreConfig read_core_config(const Manifest& m, const std::vector<std::string>& p
     one_of(v, "attention", c.run.attention, {"auto", "cudnn", "own", "hopper", "mma", "reference", "sm80"});
     v.describe("grouped_gemm", "which kernels run the experts' grouped GEMMs: cublas, cuBLAS's grouped GEMM; hopper "
                "(experimental: not yet verified at a step's sizes), lcx's Hopper kernels on an H100/H200 where they "
-               "serve (bf16, widths of 256s) and cuBLAS's elsewhere, as under attention = \"sm80\"");
+               "serve (bf16, widths of 256s), cuBLAS's elsewhere and under attention = \"sm80\"");
     c.run.grouped_gemm = v.get_string("grouped_gemm", c.run.grouped_gemm);
     one_of(v, "grouped_gemm", c.run.grouped_gemm, {"cublas", "hopper"});
     // A memory budget: "auto" or a size parse_memory_size reads.
