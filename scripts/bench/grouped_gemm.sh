@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # The experts' grouped GEMMs on the GPU in one device call, from the repository root with the bundle
-# carried as .bundle: lcx's Hopper kernels against the CPU twin and cuBLAS (GpuOps.HopperGroupedGemm*,
-# and the op table's grouped rows), then each design timed in its own process (a kernel fault ends
+# carried as .bundle: lcx's Hopper kernels against the CPU twin and cuBLAS
+# (GpuOps.HopperGroupedGemmMatchesTheCpuTwin), then each design timed in its own process (a kernel fault ends
 # that process only) beside cuBLAS's grouped GEMM and a dense GEMM of the same work (bench_gpu
 # --grouped; a design that fails runs again small under compute-sanitizer), and PyTorch's
 # torch._grouped_mm on the same shapes (grouped_torch.py).
